@@ -1,0 +1,25 @@
+//! Types shared by rtrace's kernel-side programs and its user space.
+//!
+//! Everything here is `#[repr(C)]`, `Copy` and free of padding surprises, so
+//! one definition serves both sides. The `user` feature adds `aya::Pod`
+//! implementations for user space; the eBPF crate never links aya.
+#![no_std]
+
+pub mod hist;
+pub mod offsets;
+pub mod runqlat;
+
+/// Length of `task_struct.comm`, including the terminating NUL.
+pub const TASK_COMM_LEN: usize = 16;
+
+/// Marks a shared type as plain old data for aya's map and global APIs.
+macro_rules! pod {
+    ($($t:ty),* $(,)?) => {
+        $(
+            #[cfg(feature = "user")]
+            // SAFETY: the type is `#[repr(C)]`, `Copy`, and every bit pattern is valid.
+            unsafe impl aya::Pod for $t {}
+        )*
+    };
+}
+pub(crate) use pod;

@@ -1,0 +1,314 @@
+//! Run-queue latency: the time from a task becoming runnable (woken, or
+//! preempted while still runnable) to it getting a CPU.
+//!
+//! Three sets of programs do the same job, one per attach mechanism; user
+//! space loads only the set that the running kernel supports. The BTF and
+//! raw tracepoint sets see `task_struct` pointers and read them through
+//! offsets from BTF; the classic tracepoint set reads the tracepoints'
+//! records through offsets from tracefs.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    Global,
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+    maps::{HashMap, PerCpuArray},
+    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
+};
+use rtrace_common::{
+    TASK_COMM_LEN,
+    runqlat::{Config, ERR_COUNT, ERR_HIST_UPDATE, ERR_READ, ERR_START_UPDATE, Entry, group},
+};
+use rtrace_ebpf::{count_error, hist_record_local, hist_record_shared, read_kernel};
+
+/// `BPF_F_NO_PREALLOC`: user space sizes the maps to `pid_max`, and
+/// preallocating that many entries would cost hundreds of megabytes.
+const NO_PREALLOC: u32 = 1;
+/// How far up the cgroup tree `-c` looks for the target.
+const MAX_CGROUP_DEPTH: usize = 16;
+/// `-EEXIST`: another CPU created the entry first.
+const EEXIST: i32 = -17;
+
+#[unsafe(no_mangle)]
+static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+
+/// Enqueue timestamp by thread id.
+#[map]
+static START: HashMap<u32, u64> = HashMap::with_max_entries(10240, NO_PREALLOC);
+/// Histograms by group key, for `-P`, `-L` and `--pidnss`.
+#[map]
+static HISTS: HashMap<u32, Entry> = HashMap::with_max_entries(10240, NO_PREALLOC);
+/// The single histogram when nothing is grouped: per CPU, so no atomics.
+#[map]
+static TOTAL: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
+/// An all-zero entry to create `HISTS` entries from; an `Entry` is far larger
+/// than the 512-byte eBPF stack.
+#[map]
+static ZERO: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
+/// Thread id to process id, learned at switch-out; only the classic
+/// tracepoint path needs it, since its records carry no tgid.
+#[map]
+static TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(10240, NO_PREALLOC);
+/// Failures that would otherwise lose samples silently.
+#[map]
+static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERR_COUNT, 0);
+
+#[inline(always)]
+fn task_u32(task: *const u8, offset: u32) -> u32 {
+    match read_kernel::<u32>(task, offset) {
+        Ok(v) => v,
+        Err(_) => {
+            count_error(&ERRORS, ERR_READ);
+            0
+        }
+    }
+}
+
+#[inline(always)]
+fn task_ptr(base: *const u8, offset: u32) -> *const u8 {
+    read_kernel::<*const u8>(base, offset).unwrap_or(core::ptr::null())
+}
+
+/// Whether `task` sits in the target cgroup or below it.
+#[inline(always)]
+fn in_cgroup(cfg: &Config, task: *const u8) -> bool {
+    let o = &cfg.task;
+    let cgrp = task_ptr(task_ptr(task, o.cgroups), o.dfl_cgrp);
+    let mut kn = task_ptr(cgrp, o.cgroup_kn);
+    for _ in 0..MAX_CGROUP_DEPTH {
+        if kn.is_null() {
+            return false;
+        }
+        if read_kernel::<u64>(kn, o.kn_id) == Ok(cfg.cgroup_id) {
+            return true;
+        }
+        kn = task_ptr(kn, o.kn_parent);
+    }
+    false
+}
+
+#[inline(always)]
+fn store_start(pid: u32) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    if START.insert(pid, now, 0).is_err() {
+        count_error(&ERRORS, ERR_START_UPDATE);
+    }
+}
+
+/// Takes and clears `pid`'s enqueue time; returns the latency in the
+/// configured unit.
+#[inline(always)]
+fn take_latency(cfg: &Config, pid: u32) -> Option<u64> {
+    let start = unsafe { *START.get_ptr(pid)? };
+    let _ = START.remove(pid);
+    let now = unsafe { bpf_ktime_get_ns() };
+    // A timestamp from another CPU can be a hair ahead of ours; a negative
+    // delta would otherwise become a huge bogus sample.
+    let delta = now.checked_sub(start)?;
+    Some(if cfg.unit_ns > 1 {
+        delta / cfg.unit_ns
+    } else {
+        delta
+    })
+}
+
+/// Counts one sample under `key`; `comm` fills a new entry's command.
+#[inline(always)]
+fn record(cfg: &Config, key: u32, value: u64, comm: impl FnOnce() -> [u8; TASK_COMM_LEN]) {
+    if cfg.group == group::NONE {
+        if let Some(e) = TOTAL.get_ptr_mut(0) {
+            hist_record_local(unsafe { &raw mut (*e).hist }, value);
+        }
+        return;
+    }
+    let entry = match HISTS.get_ptr_mut(key) {
+        Some(e) => e,
+        None => {
+            let Some(zero) = ZERO.get_ptr(0) else { return };
+            match HISTS.insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST)) {
+                Ok(()) | Err(EEXIST) => {}
+                Err(_) => {
+                    count_error(&ERRORS, ERR_HIST_UPDATE);
+                    return;
+                }
+            }
+            let Some(e) = HISTS.get_ptr_mut(key) else {
+                return;
+            };
+            unsafe { (*e).comm = comm() };
+            e
+        }
+    };
+    hist_record_shared(unsafe { &raw mut (*entry).hist }, value);
+}
+
+// ---- task_struct paths: tp_btf and raw_tracepoint ----
+
+#[inline(always)]
+fn enqueue_task(cfg: &Config, task: *const u8) {
+    let pid = task_u32(task, cfg.task.pid);
+    if pid == 0 {
+        return;
+    }
+    if cfg.target_tgid != 0 && task_u32(task, cfg.task.tgid) != cfg.target_tgid {
+        return;
+    }
+    if cfg.cgroup_id != 0 && !in_cgroup(cfg, task) {
+        return;
+    }
+    store_start(pid);
+}
+
+#[inline(always)]
+fn switch_task(preempt: u64, prev: *const u8, next: *const u8) {
+    let cfg = CONFIG.load();
+    // Preempted tasks stay on the run queue whatever their state says.
+    if preempt & 0xff != 0 || task_u32(prev, cfg.task.state) == 0 {
+        enqueue_task(&cfg, prev);
+    }
+    let pid = task_u32(next, cfg.task.pid);
+    if pid == 0 {
+        return;
+    }
+    let Some(lat) = take_latency(&cfg, pid) else {
+        return;
+    };
+    let key = match cfg.group {
+        group::PROCESS => task_u32(next, cfg.task.tgid),
+        group::THREAD => pid,
+        group::PIDNS => {
+            let ns = task_ptr(
+                task_ptr(next, cfg.task.nsproxy),
+                cfg.task.pid_ns_for_children,
+            );
+            task_u32(ns, cfg.task.pidns_inum)
+        }
+        _ => 0,
+    };
+    record(&cfg, key, lat, || {
+        read_kernel::<[u8; TASK_COMM_LEN]>(next, cfg.task.comm).unwrap_or([0; TASK_COMM_LEN])
+    });
+}
+
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn btf_sched_wakeup(ctx: BtfTracePointContext) -> i32 {
+    enqueue_task(&CONFIG.load(), ctx.arg(0));
+    0
+}
+
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn btf_sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
+    enqueue_task(&CONFIG.load(), ctx.arg(0));
+    0
+}
+
+#[btf_tracepoint(function = "sched_switch")]
+pub fn btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
+    switch_task(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sched_wakeup")]
+pub fn raw_sched_wakeup(ctx: RawTracePointContext) -> i32 {
+    enqueue_task(&CONFIG.load(), ctx.arg(0));
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sched_wakeup_new")]
+pub fn raw_sched_wakeup_new(ctx: RawTracePointContext) -> i32 {
+    enqueue_task(&CONFIG.load(), ctx.arg(0));
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
+    switch_task(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    0
+}
+
+// ---- classic tracepoint path: records instead of task pointers ----
+
+/// Whether the tgid filter or `-P` needs to know processes on this path.
+#[inline(always)]
+fn needs_tgid(cfg: &Config) -> bool {
+    cfg.target_tgid != 0 || cfg.group == group::PROCESS
+}
+
+#[inline(always)]
+fn tp_enqueue(ctx: &TracePointContext) {
+    let cfg = CONFIG.load();
+    let Ok(pid) = (unsafe { ctx.read_at::<u32>(cfg.tp.wakeup_pid as usize) }) else {
+        count_error(&ERRORS, ERR_READ);
+        return;
+    };
+    if pid == 0 {
+        return;
+    }
+    if cfg.target_tgid != 0 {
+        // A task that has never been switched out while traced has no known
+        // process yet; it cannot belong to the target's already-running
+        // threads, which all sleep through sched_switch.
+        match TGIDS.get_ptr(pid) {
+            Some(t) if unsafe { *t } == cfg.target_tgid => {}
+            _ => return,
+        }
+    }
+    store_start(pid);
+}
+
+#[tracepoint(category = "sched", name = "sched_wakeup")]
+pub fn tp_sched_wakeup(ctx: TracePointContext) -> u32 {
+    tp_enqueue(&ctx);
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_wakeup_new")]
+pub fn tp_sched_wakeup_new(ctx: TracePointContext) -> u32 {
+    tp_enqueue(&ctx);
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_switch")]
+pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
+    let cfg = CONFIG.load();
+    // The tracepoint runs on the outgoing task, so it is `current`.
+    let id = bpf_get_current_pid_tgid();
+    let (prev_tgid, prev_pid) = ((id >> 32) as u32, id as u32);
+    if prev_pid != 0 && needs_tgid(&cfg) {
+        let known = TGIDS.get_ptr(prev_pid).map(|t| unsafe { *t });
+        if known != Some(prev_tgid) && TGIDS.insert(prev_pid, prev_tgid, 0).is_err() {
+            count_error(&ERRORS, ERR_START_UPDATE);
+        }
+    }
+    // The record's prev_state is 0 for a runnable task and TASK_REPORT_MAX
+    // (0x100) for a preempted one; sleeping states set a bit in 0..=0x80.
+    let prev_state = unsafe { ctx.read_at::<u64>(cfg.tp.prev_state as usize) }.unwrap_or(1);
+    if prev_pid != 0
+        && prev_state & 0xff == 0
+        && (cfg.target_tgid == 0 || cfg.target_tgid == prev_tgid)
+    {
+        store_start(prev_pid);
+    }
+    let Ok(pid) = (unsafe { ctx.read_at::<u32>(cfg.tp.next_pid as usize) }) else {
+        count_error(&ERRORS, ERR_READ);
+        return 0;
+    };
+    if pid == 0 {
+        return 0;
+    }
+    let Some(lat) = take_latency(&cfg, pid) else {
+        return 0;
+    };
+    let key = match cfg.group {
+        group::PROCESS => TGIDS.get_ptr(pid).map_or(pid, |t| unsafe { *t }),
+        group::THREAD => pid,
+        _ => 0,
+    };
+    record(&cfg, key, lat, || {
+        unsafe { ctx.read_at::<[u8; TASK_COMM_LEN]>(cfg.tp.next_comm as usize) }
+            .unwrap_or([0; TASK_COMM_LEN])
+    });
+    0
+}

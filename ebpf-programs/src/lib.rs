@@ -1,0 +1,83 @@
+//! Helpers shared by rtrace's kernel-side programs.
+#![no_std]
+// BPF's `core` has no atomic types; the intrinsic lowers to BPF_ATOMIC_ADD.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
+
+use aya_ebpf::{helpers::bpf_probe_read_kernel, maps::PerCpuArray};
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use rtrace_common::hist::{self, Hist};
+
+/// Reads a `T` at `base + offset` in kernel memory.
+///
+/// Offsets come from BTF at run time, so a bad or missing member reads as an
+/// error instead of faulting.
+#[inline(always)]
+pub fn read_kernel<T>(base: *const u8, offset: u32) -> Result<T, i64> {
+    if base.is_null() {
+        return Err(-14);
+    }
+    // SAFETY: bpf_probe_read_kernel copes with any address.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T) }
+        .map_err(i64::from)
+}
+
+/// Adds one to slot `index` of a per-CPU error counter array.
+#[inline(always)]
+pub fn count_error(errors: &PerCpuArray<u64>, index: u32) {
+    if let Some(p) = errors.get_ptr_mut(index) {
+        // SAFETY: per-CPU value, and programs do not nest on one CPU here.
+        unsafe { *p += 1 };
+    }
+}
+
+/// The slot for `value`, in a form the verifier can bound.
+///
+/// LLVM proves `hist::slot` in range and drops any bounds check, but the
+/// verifier cannot follow its arithmetic; the volatile round trip hides the
+/// proof from LLVM so that the check survives for the verifier.
+#[inline(always)]
+fn bounded_slot(value: u64) -> Option<usize> {
+    let mut s = hist::slot(value);
+    // SAFETY: reads back a local just written.
+    s = unsafe { core::ptr::read_volatile(&raw const s) };
+    (s < hist::SLOTS).then_some(s)
+}
+
+/// Records `value` in a histogram that only this CPU writes.
+#[inline(always)]
+pub fn hist_record_local(h: *mut Hist, value: u64) {
+    let Some(s) = bounded_slot(value) else { return };
+    // SAFETY: `h` points into a map value and `s` is in bounds.
+    unsafe {
+        *(*h).slots.as_mut_ptr().add(s) += 1;
+        (*h).sum += value;
+        if value > (*h).max {
+            (*h).max = value;
+        }
+    }
+}
+
+/// Records `value` in a histogram that several CPUs may update at once.
+#[inline(always)]
+pub fn hist_record_shared(h: *mut Hist, value: u64) {
+    let Some(s) = bounded_slot(value) else { return };
+    // SAFETY: `h` points into a map value and `s` is in bounds; the counters
+    // are aligned for atomic access.
+    unsafe {
+        atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>((*h).slots.as_mut_ptr().add(s), 1);
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*h).sum, value);
+        // A lost race here can only under-report the max by one concurrent
+        // sample, which is cheaper than a compare-and-swap loop.
+        if value > (*h).max {
+            (*h).max = value;
+        }
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // SAFETY: the verifier rejects any program that could reach this.
+    unsafe { core::hint::unreachable_unchecked() }
+}

@@ -1,0 +1,49 @@
+//! `rtrace doctor`: what this kernel offers, each mechanism found by really
+//! loading and attaching a tiny program.
+
+use crate::{
+    GlobalArgs,
+    features::{self, Features, Mechanism},
+    output,
+};
+
+/// Prints the report.
+pub fn run(global: &GlobalArgs) -> anyhow::Result<()> {
+    crate::privs::check()?;
+    let release = features::kernel_release();
+    let btf = std::path::Path::new(crate::btf::VMLINUX).exists();
+    let lockdown = features::lockdown();
+    let mut f = Features::new();
+    let results: Vec<(Mechanism, Result<(), String>)> =
+        Mechanism::ALL.iter().map(|&m| (m, f.check(m))).collect();
+    if global.json {
+        let mechanisms: serde_json::Map<String, serde_json::Value> = results
+            .iter()
+            .map(|(m, r)| {
+                let v = match r {
+                    Ok(()) => serde_json::json!({ "works": true }),
+                    Err(why) => serde_json::json!({ "works": false, "error": why }),
+                };
+                (m.name().to_owned(), v)
+            })
+            .collect();
+        return output::json_line(&serde_json::json!({
+            "kernel": release, "btf": btf, "lockdown": lockdown, "mechanisms": mechanisms,
+        }));
+    }
+    println!("kernel     {release}");
+    println!(
+        "BTF        {}",
+        if btf { crate::btf::VMLINUX } else { "missing" }
+    );
+    println!("lockdown   {lockdown}");
+    println!();
+    println!("{:<16} WORKS", "MECHANISM");
+    for (m, r) in results {
+        match r {
+            Ok(()) => println!("{:<16} yes", m.name()),
+            Err(why) => println!("{:<16} no     {why}", m.name()),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! What the running kernel supports, learned by loading and attaching tiny
+//! programs for real, and the attach fallback chains built on that.
+
+use std::{collections::HashMap, fmt, num::NonZeroU32};
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::MapType,
+    programs::{
+        BtfTracePoint, FEntry, FExit, KProbe, PerfEvent, RawTracePoint, TracePoint, UProbe,
+        perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        uprobe::UProbeScope,
+    },
+};
+
+use crate::objects;
+
+/// A way of getting a program to run in the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Mechanism {
+    /// Classic tracepoints, with records described in tracefs.
+    Tracepoint,
+    /// Raw tracepoints (4.17+): the tracepoint's C arguments, untyped.
+    #[value(name = "raw_tracepoint")]
+    RawTracepoint,
+    /// BTF-typed raw tracepoints (5.5+).
+    #[value(name = "tp_btf")]
+    TpBtf,
+    /// fentry trampolines (5.5+, x86).
+    Fentry,
+    /// fexit trampolines.
+    Fexit,
+    /// kprobes.
+    Kprobe,
+    /// kretprobes.
+    Kretprobe,
+    /// uprobes.
+    Uprobe,
+    /// Sampling on software perf events such as cpu-clock.
+    #[value(name = "perf_event_sw")]
+    PerfEventSoftware,
+    /// Sampling on hardware perf events such as cycles.
+    #[value(name = "perf_event_hw")]
+    PerfEventHardware,
+    /// BPF ring buffer maps (5.8+).
+    #[value(name = "ringbuf")]
+    RingBuffer,
+    /// Task local storage maps (5.11+).
+    #[value(name = "task_storage")]
+    TaskStorage,
+}
+
+impl Mechanism {
+    /// Every mechanism, in the order `doctor` prints them.
+    pub const ALL: [Mechanism; 12] = [
+        Mechanism::Tracepoint,
+        Mechanism::RawTracepoint,
+        Mechanism::TpBtf,
+        Mechanism::Fentry,
+        Mechanism::Fexit,
+        Mechanism::Kprobe,
+        Mechanism::Kretprobe,
+        Mechanism::Uprobe,
+        Mechanism::PerfEventSoftware,
+        Mechanism::PerfEventHardware,
+        Mechanism::RingBuffer,
+        Mechanism::TaskStorage,
+    ];
+
+    /// The name users see, in `doctor`, `-v` and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Tracepoint => "tracepoint",
+            Mechanism::RawTracepoint => "raw_tracepoint",
+            Mechanism::TpBtf => "tp_btf",
+            Mechanism::Fentry => "fentry",
+            Mechanism::Fexit => "fexit",
+            Mechanism::Kprobe => "kprobe",
+            Mechanism::Kretprobe => "kretprobe",
+            Mechanism::Uprobe => "uprobe",
+            Mechanism::PerfEventSoftware => "perf_event_sw",
+            Mechanism::PerfEventHardware => "perf_event_hw",
+            Mechanism::RingBuffer => "ringbuf",
+            Mechanism::TaskStorage => "task_storage",
+        }
+    }
+}
+
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The function the uprobe probe attaches to, in rtrace's own executable.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn rtrace_uprobe_probe_target() -> u64 {
+    std::hint::black_box(42)
+}
+
+/// Keeps the uprobe target in the symbol table: the linker drops
+/// unreferenced functions.
+#[used]
+static UPROBE_TARGET: extern "C" fn() -> u64 = rtrace_uprobe_probe_target;
+
+/// Keeps a message readable: a verifier log is cut to its last line (the
+/// reason), unless `RTRACE_VERIFIER_LOG` asks for all of it.
+pub fn trim_verifier_log(msg: &str) -> String {
+    let Some(at) = msg.find("Verifier output:") else {
+        return msg.to_owned();
+    };
+    if std::env::var_os("RTRACE_VERIFIER_LOG").is_some() {
+        return msg.to_owned();
+    }
+    let head = msg[..at].trim_end().trim_end_matches('.');
+    let reason = msg[at..]
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with(':'))
+        .take_while(|l| !l.starts_with("verification time"))
+        .last();
+    match reason {
+        Some(r) => format!("{head}; verifier: {r} (set RTRACE_VERIFIER_LOG=1 for the whole log)"),
+        None => head.to_owned(),
+    }
+}
+
+/// Formats an error with its whole source chain on one line.
+pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        source = e.source();
+    }
+    trim_verifier_log(&out)
+}
+
+/// Probes mechanisms on demand and remembers the answers.
+#[derive(Default)]
+pub struct Features {
+    results: HashMap<Mechanism, Result<(), String>>,
+    probes: Option<Result<(Ebpf, Option<Btf>), String>>,
+}
+
+impl Features {
+    /// Creates a prober that has probed nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether `m` works here; the error says why not.
+    pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
+        if let Some(r) = self.results.get(&m) {
+            return r.clone();
+        }
+        let r = self.probe(m);
+        self.results.insert(m, r.clone());
+        r
+    }
+
+    fn probe(&mut self, m: Mechanism) -> Result<(), String> {
+        let map_check = |t: MapType| match aya::sys::is_map_supported(t) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("map type not supported by this kernel".to_owned()),
+            Err(e) => Err(chain(&e)),
+        };
+        match m {
+            Mechanism::RingBuffer => return map_check(MapType::RingBuf),
+            Mechanism::TaskStorage => return map_check(MapType::TaskStorage),
+            _ => {}
+        }
+        let (ebpf, btf) = self
+            .probes
+            .get_or_insert_with(|| {
+                let btf = Btf::from_sys_fs().ok();
+                EbpfLoader::new()
+                    .btf(btf.as_ref())
+                    .load(objects::PROBES)
+                    .map(|e| (e, btf))
+                    .map_err(|e| chain(&e))
+            })
+            .as_mut()
+            .map_err(|e| format!("loading the probe object failed: {e}"))?;
+        let need_btf = || {
+            btf.as_ref()
+                .ok_or_else(|| "no kernel BTF at /sys/kernel/btf/vmlinux".to_owned())
+        };
+        macro_rules! try_attach {
+            ($ty:ty, $name:literal, |$p:ident| $body:expr) => {{
+                let $p: &mut $ty = ebpf
+                    .program_mut($name)
+                    .ok_or_else(|| format!("probe program {} missing", $name))?
+                    .try_into()
+                    .map_err(|e| chain(&e))?;
+                $body.map_err(|e| chain(&e))?;
+                // Unloading detaches: the probe must leave nothing behind.
+                let _ = $p.unload();
+                Ok(())
+            }};
+        }
+        match m {
+            Mechanism::Tracepoint => {
+                crate::tracefs::root().map_err(|e| e.to_string())?;
+                try_attach!(TracePoint, "probe_tracepoint", |p| p
+                    .load()
+                    .and_then(|()| p.attach("sched", "sched_switch")))
+            }
+            Mechanism::RawTracepoint => try_attach!(RawTracePoint, "probe_raw_tracepoint", |p| p
+                .load()
+                .and_then(|()| p.attach("sched_switch"))),
+            Mechanism::TpBtf => {
+                let btf = need_btf()?.clone();
+                try_attach!(BtfTracePoint, "probe_tp_btf", |p| p
+                    .load("sched_switch", &btf)
+                    .and_then(|()| p.attach()))
+            }
+            Mechanism::Fentry => {
+                let btf = need_btf()?.clone();
+                try_attach!(FEntry, "probe_fentry", |p| p
+                    .load("vfs_read", &btf)
+                    .and_then(|()| p.attach()))
+            }
+            Mechanism::Fexit => {
+                let btf = need_btf()?.clone();
+                try_attach!(FExit, "probe_fexit", |p| p
+                    .load("vfs_read", &btf)
+                    .and_then(|()| p.attach()))
+            }
+            Mechanism::Kprobe => try_attach!(KProbe, "probe_kprobe", |p| p
+                .load()
+                .and_then(|()| p.attach("vfs_read", 0))),
+            Mechanism::Kretprobe => try_attach!(KProbe, "probe_kretprobe", |p| p
+                .load()
+                .and_then(|()| p.attach("vfs_read", 0))),
+            Mechanism::Uprobe => {
+                let exe = std::fs::read_link("/proc/self/exe").map_err(|e| e.to_string())?;
+                let pid = NonZeroU32::new(std::process::id()).expect("pid is nonzero");
+                try_attach!(UProbe, "probe_uprobe", |p| p.load().and_then(|()| p
+                    .attach(
+                        "rtrace_uprobe_probe_target",
+                        &exe,
+                        UProbeScope::OneProcess(pid)
+                    )))
+            }
+            Mechanism::PerfEventSoftware | Mechanism::PerfEventHardware => {
+                let config = if m == Mechanism::PerfEventSoftware {
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock)
+                } else {
+                    PerfEventConfig::Hardware(HardwareEvent::CpuCycles)
+                };
+                try_attach!(PerfEvent, "probe_perf_event", |p| p.load().and_then(|()| p
+                    .attach(
+                        config,
+                        PerfEventScope::CallingProcess { cpu: None },
+                        SamplePolicy::Period(1 << 40),
+                        false,
+                    )))
+            }
+            Mechanism::RingBuffer | Mechanism::TaskStorage => unreachable!("handled above"),
+        }
+    }
+}
+
+/// No mechanism of a chain worked.
+#[derive(Debug, thiserror::Error)]
+#[error("no attach mechanism works on this kernel; tried {}", tried_list(.tried))]
+pub struct AttachError {
+    /// Each mechanism tried, with why it failed.
+    pub tried: Vec<(Mechanism, String)>,
+}
+
+fn tried_list(tried: &[(Mechanism, String)]) -> String {
+    tried
+        .iter()
+        .map(|(m, why)| format!("{m} ({why})"))
+        .collect::<Vec<_>>()
+        .join(", then ")
+}
+
+/// Attaches with the first mechanism of `chain` that the kernel supports and
+/// that `attach` manages; `forced` restricts the chain to one mechanism.
+///
+/// Returns the mechanism used and the mechanisms skipped, with reasons, so
+/// that `-v` can name them.
+pub fn attach_chain<T>(
+    features: &mut Features,
+    chain: &[Mechanism],
+    forced: Option<Mechanism>,
+    mut attach: impl FnMut(Mechanism) -> anyhow::Result<T>,
+) -> Result<(Mechanism, T, Vec<(Mechanism, String)>), AttachError> {
+    let mut tried = Vec::new();
+    let candidates: Vec<Mechanism> = match forced {
+        Some(f) => vec![f],
+        None => chain.to_vec(),
+    };
+    for m in candidates {
+        if let Err(why) = features.check(m) {
+            tried.push((m, why));
+            continue;
+        }
+        match attach(m) {
+            Ok(t) => return Ok((m, t, tried)),
+            Err(e) => tried.push((m, trim_verifier_log(&format!("{e:#}")))),
+        }
+    }
+    Err(AttachError { tried })
+}
+
+/// The lockdown mode from securityfs, if it can be read.
+pub fn lockdown() -> String {
+    std::fs::read_to_string("/sys/kernel/security/lockdown")
+        .ok()
+        .and_then(|s| {
+            let start = s.find('[')? + 1;
+            let end = s[start..].find(']')? + start;
+            Some(s[start..end].to_owned())
+        })
+        .unwrap_or_else(|| "unknown (securityfs not mounted)".to_owned())
+}
+
+/// The kernel release, as `uname -r` prints it.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
+}

@@ -1,0 +1,74 @@
+//! rtrace: bcc's tracing tools as one self-contained binary.
+//!
+//! Each tool is a module under `tools/` with its kernel side in
+//! `ebpf-programs/src/bin/` and its shared types in `common/`; histograms,
+//! JSON, intervals and signals, attach fallback chains, BTF offsets and
+//! privilege checks are shared modules here.
+
+mod btf;
+mod doctor;
+mod features;
+mod objects;
+mod output;
+mod privs;
+mod tools;
+mod tracefs;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Options every tool takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GlobalArgs {
+    /// Say which attach mechanism was chosen and why others were skipped.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    /// Print one JSON object per line instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// eBPF tracing tools: bcc's tools in one binary, with no compiler,
+/// headers or Python needed at run time.
+#[derive(Debug, Parser)]
+#[command(name = "rtrace", version)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: tools::Command,
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn main() -> ExitCode {
+    // A bug must still be one line on stderr, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("rtrace: internal error: {info}");
+    }));
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rtrace: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(tools::run(cli.command, &cli.global)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("rtrace: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

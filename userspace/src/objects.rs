@@ -1,0 +1,17 @@
+//! The eBPF objects, built by `build.rs` and embedded in the binary so that
+//! one file runs anywhere with no compiler or headers.
+
+macro_rules! objects {
+    ($($name:ident => $file:literal),* $(,)?) => {
+        $(
+            #[doc = concat!("The `", $file, "` eBPF object.")]
+            pub static $name: &[u8] =
+                aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/", $file));
+        )*
+    };
+}
+
+objects! {
+    PROBES => "probes",
+    RUNQLAT => "runqlat",
+}

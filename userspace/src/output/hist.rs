@@ -1,0 +1,347 @@
+//! Histogram rendering shared by every histogram tool: libbpf-tools' log2
+//! layout in text, percentiles from HdrHistogram, and a JSON form.
+
+use std::fmt::Write as _;
+
+use rtrace_common::hist::{self, SLOTS};
+use serde::Serialize;
+
+/// One histogram's counts for an interval, in the kernel's log-linear slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Count per [`rtrace_common::hist`] slot.
+    pub slots: Vec<u64>,
+    /// Sum of the values.
+    pub sum: u64,
+    /// Largest value.
+    pub max: u64,
+}
+
+impl Default for Snapshot {
+    fn default() -> Self {
+        Self {
+            slots: vec![0; SLOTS],
+            sum: 0,
+            max: 0,
+        }
+    }
+}
+
+/// Percentiles reported by `--percentiles` and in JSON.
+pub const PERCENTILES: [(&str, f64); 4] =
+    [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p99.9", 99.9)];
+
+impl Snapshot {
+    /// Adds another (per-CPU) copy of the kernel's histogram.
+    pub fn add(&mut self, h: &hist::Hist) {
+        for (a, &b) in self.slots.iter_mut().zip(h.slots.iter()) {
+            *a += u64::from(b);
+        }
+        self.sum += h.sum;
+        self.max = self.max.max(h.max);
+    }
+
+    /// What happened between `earlier` and `self`, both cumulative.
+    ///
+    /// Counts and sums subtract exactly. The kernel's maximum is cumulative:
+    /// when it grew, the new one is this interval's; otherwise the
+    /// interval's maximum is bounded by its highest non-empty slot.
+    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+        let slots: Vec<u64> = self
+            .slots
+            .iter()
+            .zip(&earlier.slots)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        let max = if self.max > earlier.max {
+            self.max
+        } else {
+            slots
+                .iter()
+                .rposition(|&c| c > 0)
+                .map_or(0, |s| hist::slot_range(s).1.min(self.max))
+        };
+        Snapshot {
+            slots,
+            sum: self.sum.saturating_sub(earlier.sum),
+            max,
+        }
+    }
+
+    /// Number of values.
+    pub fn count(&self) -> u64 {
+        self.slots.iter().sum()
+    }
+
+    /// Counts folded into libbpf-tools' log2 buckets, up to the highest
+    /// non-empty one.
+    pub fn log2(&self) -> Vec<u64> {
+        let used = self.slots.iter().rposition(|&c| c > 0).map_or(0, |s| s + 1);
+        let mut out = Vec::new();
+        for (s, &c) in self.slots.iter().enumerate().take(used) {
+            let b = hist::log2_bucket(s);
+            if out.len() <= b {
+                out.resize(b + 1, 0);
+            }
+            out[b] += c;
+        }
+        out
+    }
+
+    /// The percentiles of [`PERCENTILES`], each within one sub-bucket
+    /// (under 1/16 relative error) and never above the maximum.
+    pub fn percentiles(&self) -> Vec<(&'static str, u64)> {
+        // Bounds cover every slot below the last; an auto-resizing histogram
+        // would silently clamp large values on record.
+        let top = hist::slot_range(SLOTS - 2).1;
+        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, top, 2)
+            .expect("bounds and precision are valid");
+        for (s, &c) in self.slots.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            let (low, high) = hist::slot_range(s);
+            let high = high.min(self.max.max(low));
+            let mid = (low + (high - low) / 2).clamp(1, top);
+            h.record_n(mid, c).expect("value within bounds");
+        }
+        PERCENTILES
+            .iter()
+            .map(|&(name, q)| {
+                let v = if h.is_empty() {
+                    0
+                } else {
+                    h.value_at_percentile(q)
+                };
+                (name, v.min(self.max))
+            })
+            .collect()
+    }
+
+    /// The JSON form of this histogram.
+    pub fn to_json(&self, unit: &str) -> HistJson {
+        let count = self.count();
+        let buckets = self
+            .log2()
+            .iter()
+            .enumerate()
+            .map(|(i, &count)| {
+                let (low, high) = log2_range(i);
+                Bucket { low, high, count }
+            })
+            .collect();
+        HistJson {
+            unit: unit.to_owned(),
+            count,
+            sum: self.sum,
+            avg: if count == 0 {
+                0.0
+            } else {
+                self.sum as f64 / count as f64
+            },
+            max: self.max,
+            percentiles: self
+                .percentiles()
+                .into_iter()
+                .map(|(n, v)| (n.to_owned(), v))
+                .collect(),
+            buckets,
+        }
+    }
+}
+
+/// One log2 bucket in JSON.
+#[derive(Debug, Serialize)]
+pub struct Bucket {
+    /// Lowest value counted.
+    pub low: u64,
+    /// Highest value counted.
+    pub high: u64,
+    /// How many.
+    pub count: u64,
+}
+
+/// A histogram in JSON.
+#[derive(Debug, Serialize)]
+pub struct HistJson {
+    /// The values' unit, e.g. `usecs`.
+    pub unit: String,
+    /// Number of values.
+    pub count: u64,
+    /// Their sum.
+    pub sum: u64,
+    /// Their mean.
+    pub avg: f64,
+    /// The largest.
+    pub max: u64,
+    /// p50, p90, p99 and p99.9.
+    pub percentiles: std::collections::BTreeMap<String, u64>,
+    /// Log2 buckets from `0 -> 1` up to the highest non-empty one.
+    pub buckets: Vec<Bucket>,
+}
+
+/// The value range of log2 bucket `i`, as libbpf-tools prints it.
+pub fn log2_range(i: usize) -> (u64, u64) {
+    let high = if i >= 63 {
+        u64::MAX
+    } else {
+        (1u64 << (i + 1)) - 1
+    };
+    let low = (high >> 1) + 1;
+    if low == high { (0, 1) } else { (low, high) }
+}
+
+fn stars(out: &mut String, val: u64, val_max: u64, width: u64) {
+    let num = if val_max == 0 {
+        0
+    } else {
+        val.min(val_max) * width / val_max
+    };
+    for _ in 0..num {
+        out.push('*');
+    }
+    for _ in num..width {
+        out.push(' ');
+    }
+    if val > val_max {
+        out.push('+');
+    }
+}
+
+/// Renders log2 counts exactly as libbpf-tools' `print_log2_hist` does;
+/// an empty histogram renders as nothing.
+pub fn render_log2(vals: &[u64], unit: &str) -> String {
+    let mut out = String::new();
+    let Some(idx_max) = vals.iter().rposition(|&v| v > 0) else {
+        return out;
+    };
+    let val_max = vals.iter().copied().max().unwrap_or(0);
+    let wide = idx_max > 32;
+    let (pad, name_w, width, nstars) = if wide {
+        (15, 29, 20, 20)
+    } else {
+        (5, 19, 10, 40)
+    };
+    let _ = writeln!(out, "{:pad$}{unit:<name_w$} : count    distribution", "");
+    for (i, &val) in vals.iter().enumerate().take(idx_max + 1) {
+        let (low, high) = log2_range(i);
+        let _ = write!(out, "{low:>width$} -> {high:<width$} : {val:<8} |");
+        stars(&mut out, val, val_max, nstars);
+        out.push_str("|\n");
+    }
+    out
+}
+
+/// Renders the `--percentiles` line.
+pub fn render_percentiles(s: &Snapshot, unit: &str) -> String {
+    let mut parts: Vec<String> = s
+        .percentiles()
+        .into_iter()
+        .map(|(n, v)| format!("{n} = {v}"))
+        .collect();
+    parts.push(format!("max = {}", s.max));
+    format!("percentiles ({unit}): {}\n", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(values: &[(u64, u64)]) -> Snapshot {
+        let mut s = Snapshot::default();
+        for &(v, n) in values {
+            s.slots[hist::slot(v)] += n;
+            s.sum += v * n;
+            s.max = s.max.max(v);
+        }
+        s
+    }
+
+    /// Captured from libbpf-tools 0.26 `runqlat 1 1` on this host.
+    const GOLDEN: &str = "     usecs               : count    distribution
+         0 -> 1          : 0        |                                        |
+         2 -> 3          : 1        |**                                      |
+         4 -> 7          : 2        |****                                    |
+         8 -> 15         : 8        |****************                        |
+        16 -> 31         : 20       |****************************************|
+        32 -> 63         : 9        |******************                      |
+        64 -> 127        : 2        |****                                    |
+       128 -> 255        : 0        |                                        |
+       256 -> 511        : 0        |                                        |
+       512 -> 1023       : 2        |****                                    |
+";
+
+    #[test]
+    fn log2_matches_libbpf_tools_layout() {
+        let s = snapshot(&[
+            (2, 1),
+            (5, 2),
+            (9, 8),
+            (20, 20),
+            (40, 9),
+            (100, 2),
+            (600, 2),
+        ]);
+        assert_eq!(render_log2(&s.log2(), "usecs"), GOLDEN);
+    }
+
+    #[test]
+    fn empty_histogram_renders_nothing() {
+        assert_eq!(render_log2(&Snapshot::default().log2(), "usecs"), "");
+    }
+
+    #[test]
+    fn wide_histograms_use_20_columns() {
+        let s = snapshot(&[(1 << 34, 1)]);
+        let text = render_log2(&s.log2(), "nsecs");
+        let first = text.lines().nth(1).unwrap();
+        assert_eq!(
+            first,
+            format!("{:>20} -> {:<20} : {:<8} |{:20}|", 0, 1, 0, "")
+        );
+        assert!(text.starts_with(&format!("{:15}{:<29} : count", "", "nsecs")));
+    }
+
+    #[test]
+    fn percentiles_are_within_a_sub_bucket() {
+        // 1..=1000, one each: p50 = 500, p90 = 900, p99 = 990.
+        let s = snapshot(&(1..=1000).map(|v| (v, 1)).collect::<Vec<_>>());
+        let p: std::collections::HashMap<_, _> = s.percentiles().into_iter().collect();
+        for (name, exact) in [("p50", 500.0), ("p90", 900.0), ("p99", 990.0)] {
+            let got = p[name] as f64;
+            assert!(
+                (got - exact).abs() / exact < 1.0 / 16.0,
+                "{name}: {got} vs {exact}"
+            );
+        }
+        assert!(p["p99.9"] <= 1000);
+    }
+
+    #[test]
+    fn deltas_subtract_counts_and_bound_the_max() {
+        let before = snapshot(&[(5, 3), (100, 1)]);
+        let mut after = before.clone();
+        after.slots[hist::slot(7)] += 2;
+        after.sum += 14;
+        let d = after.since(&before);
+        assert_eq!((d.count(), d.sum), (2, 14));
+        assert_eq!(
+            d.max, 7,
+            "the max is bounded by the slot, not the old max of 100"
+        );
+    }
+
+    #[test]
+    fn tail_samples_reach_p99() {
+        let mut s = Snapshot::default();
+        for _ in 0..55 {
+            s.slots[hist::slot(30)] += 1;
+        }
+        for v in [2100u64, 3000, 3926] {
+            s.slots[hist::slot(v)] += 1;
+        }
+        s.max = 3926;
+        let p: std::collections::HashMap<_, _> = s.percentiles().into_iter().collect();
+        assert!(p["p99"] >= 2048, "{p:?}");
+    }
+}

@@ -1,0 +1,132 @@
+//! Output shared by every tool: the interval loop with its signals,
+//! timestamps, JSON lines and the report of lost work at exit.
+//!
+//! Rust's stdout is line-buffered whatever it points at, so each line
+//! reaches a pipe or file as soon as it is printed; the loop flushes after
+//! each interval as well.
+
+pub mod hist;
+
+use std::{io::Write, time::Duration};
+
+use anyhow::Context as _;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// `[interval] [count]` and `-T`, as bcc's histogram tools take them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IntervalArgs {
+    /// Seconds between outputs; without it, print once at Ctrl-C.
+    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    pub interval: Option<u64>,
+    /// Number of outputs before exiting; without it, run until interrupted.
+    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+    /// Print a timestamp (HH:MM:SS) before each output.
+    #[arg(short = 'T', long)]
+    pub timestamp: bool,
+}
+
+/// What ends a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tick {
+    /// The interval elapsed.
+    Interval,
+    /// SIGINT, SIGTERM or SIGHUP arrived: print what there is, then exit 0.
+    Signal,
+}
+
+/// Waits for SIGINT, SIGTERM and SIGHUP. Create it before announcing that
+/// tracing has started, so that no signal can arrive unhandled.
+pub struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers.
+    pub fn new() -> anyhow::Result<Self> {
+        let mk = |k| signal(k).context("cannot install signal handlers");
+        Ok(Self {
+            int: mk(SignalKind::interrupt())?,
+            term: mk(SignalKind::terminate())?,
+            hup: mk(SignalKind::hangup())?,
+        })
+    }
+
+    /// Resolves when any of the three signals arrives.
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+            _ = self.hup.recv() => {}
+        }
+    }
+}
+
+/// Runs `emit` once per interval, or once at the end without an interval.
+///
+/// `emit` gets whether this output is the last. A signal ends the loop
+/// after one final output of the partial interval.
+pub async fn run_intervals(
+    args: &IntervalArgs,
+    signals: &mut Signals,
+    mut emit: impl FnMut(Tick, bool) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut done = 0u64;
+    loop {
+        let tick = match args.interval {
+            Some(secs) => tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(secs)) => Tick::Interval,
+                () = signals.recv() => Tick::Signal,
+            },
+            None => {
+                signals.recv().await;
+                Tick::Signal
+            }
+        };
+        done += 1;
+        let last = tick == Tick::Signal || args.count.is_some_and(|c| done >= c);
+        emit(tick, last)?;
+        std::io::stdout()
+            .flush()
+            .context("cannot write to stdout")?;
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// The local time as `HH:MM:SS`.
+pub fn hms() -> String {
+    // SAFETY: time and localtime_r write only into the locals given.
+    unsafe {
+        let t = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&t, &mut tm);
+        format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+    }
+}
+
+/// Seconds since the Unix epoch, for JSON.
+pub fn epoch_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Prints one JSON object as one line.
+pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let line = serde_json::to_string(value).context("cannot encode JSON")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").context("cannot write to stdout")
+}
+
+/// Reports counters of lost work on stderr, each only when nonzero.
+pub fn report_errors(names: &[&str], counts: &[u64]) {
+    for (name, &n) in names.iter().zip(counts) {
+        if n > 0 {
+            eprintln!("rtrace: warning: {n} {name}");
+        }
+    }
+}

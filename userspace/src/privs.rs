@@ -1,0 +1,43 @@
+//! Checks that the process may load eBPF programs, so that a missing
+//! capability gets one clear line instead of an EPERM from deep inside a load.
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Errors about privileges.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivError {
+    /// Capabilities needed for tracing are missing.
+    #[error(
+        "missing {0}: rtrace needs root, or CAP_BPF and CAP_PERFMON (CAP_SYS_ADMIN on kernels before 5.8)"
+    )]
+    Missing(String),
+}
+
+/// Reads the effective capability set from `/proc/self/status`.
+fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Fails unless the process holds what tracing needs.
+pub fn check() -> Result<(), PrivError> {
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1 << c) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .into_iter()
+        .filter(|&(c, _)| !has(c))
+        .map(|(_, n)| n)
+        .collect();
+    Err(PrivError::Missing(missing.join(" and ")))
+}

@@ -1,0 +1,55 @@
+//! The tools: one module each, and one line each in [`Command`] and [`run`].
+
+pub mod runqlat;
+
+use crate::GlobalArgs;
+
+/// The subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Show what this kernel supports and which attach mechanisms work.
+    Doctor,
+    /// Summarize run queue (scheduler) latency as a histogram.
+    Runqlat(runqlat::Args),
+}
+
+/// Runs one subcommand.
+pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
+    match command {
+        Command::Doctor => crate::doctor::run(global),
+        Command::Runqlat(args) => runqlat::run(args, global).await,
+    }
+}
+
+/// Fails with a clear message unless `pid` names a live process.
+pub fn check_pid(pid: u32) -> anyhow::Result<()> {
+    if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        anyhow::bail!("no such process: {pid}");
+    }
+    Ok(())
+}
+
+/// The kernel's `pid_max`: tables keyed by thread id sized to it can never
+/// fill up, unlike libbpf-tools' fixed 10240 entries.
+pub fn pid_max() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4_194_304)
+}
+
+/// The kernfs id of a cgroup v2 directory, which is its inode number.
+pub fn cgroup_id(path: &std::path::Path) -> anyhow::Result<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| anyhow::anyhow!("cannot use cgroup {}: {e}", path.display()))?;
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `c` is a valid path and `st` a valid out-pointer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 || st.f_type as i64 != CGROUP2_SUPER_MAGIC
+    {
+        anyhow::bail!("{} is not a cgroup v2 directory", path.display());
+    }
+    Ok(meta.ino())
+}

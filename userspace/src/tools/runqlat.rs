@@ -1,0 +1,358 @@
+//! `rtrace runqlat`: run-queue latency histograms, as libbpf-tools' runqlat
+//! prints them, with percentiles and JSON besides.
+
+use std::{collections::HashMap, path::PathBuf};
+
+use anyhow::Context as _;
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, PerCpuArray},
+    programs::{BtfTracePoint, RawTracePoint, TracePoint},
+};
+use rtrace_common::{
+    offsets::{MISSING, TaskOffsets},
+    runqlat::{Config, ERR_COUNT, ERR_NAMES, Entry, TracepointOffsets, group},
+};
+
+use crate::{
+    GlobalArgs,
+    btf::Btf as KernelBtf,
+    features::{Features, Mechanism, attach_chain},
+    objects,
+    output::{
+        self, IntervalArgs, Signals,
+        hist::{Snapshot, render_log2, render_percentiles},
+    },
+    privs, tracefs,
+};
+
+/// Best first: tp_btf reads typed task pointers cheapest; raw tracepoints
+/// work from 4.17; classic tracepoints everywhere.
+const CHAIN: [Mechanism; 3] = [
+    Mechanism::TpBtf,
+    Mechanism::RawTracepoint,
+    Mechanism::Tracepoint,
+];
+
+/// The three hooks, as (program suffix, tracepoint).
+const HOOKS: [&str; 3] = ["sched_wakeup", "sched_wakeup_new", "sched_switch"];
+
+/// Summarize run queue (scheduler) latency as a histogram.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  rtrace runqlat              # summarize until Ctrl-C
+  rtrace runqlat 1 10         # print 1 second summaries, 10 times
+  rtrace runqlat -mT 1        # 1s summaries, milliseconds, and timestamps
+  rtrace runqlat -P           # show each PID separately
+  rtrace runqlat -p 185       # trace PID 185 only
+  rtrace runqlat --percentiles --json 5")]
+pub struct Args {
+    #[command(flatten)]
+    interval: IntervalArgs,
+    /// Show milliseconds instead of microseconds.
+    #[arg(short = 'm', long)]
+    milliseconds: bool,
+    /// Print a histogram per process ID.
+    #[arg(short = 'P', long = "pids", group = "grouping")]
+    per_process: bool,
+    /// Print a histogram per thread ID.
+    #[arg(short = 'L', long = "tids", group = "grouping")]
+    per_thread: bool,
+    /// Print a histogram per PID namespace.
+    #[arg(long = "pidnss", group = "grouping")]
+    per_pidns: bool,
+    /// Trace this process (all its threads) only.
+    #[arg(short = 'p', long)]
+    pid: Option<u32>,
+    /// Trace tasks in this cgroup v2 directory, or below it, only.
+    #[arg(short = 'c', long, value_name = "CGROUP")]
+    cgroup: Option<PathBuf>,
+    /// Also print p50, p90, p99, p99.9 and the maximum.
+    #[arg(long)]
+    percentiles: bool,
+    /// Attach with this mechanism instead of the best one that works
+    /// (tp_btf, raw_tracepoint or tracepoint).
+    #[arg(long, value_enum, value_name = "MECHANISM")]
+    attach: Option<Mechanism>,
+}
+
+/// Resolves the task_struct members the BTF and raw tracepoint programs read.
+fn task_offsets(btf: &KernelBtf) -> Result<TaskOffsets, crate::btf::BtfError> {
+    let req = |s: &str, m: &[&str]| btf.member_any(s, m).map(|i| i.offset);
+    let opt = |s: &str, m: &[&str]| req(s, m).unwrap_or(MISSING);
+    Ok(TaskOffsets {
+        pid: req("task_struct", &["pid"])?,
+        tgid: req("task_struct", &["tgid"])?,
+        state: req("task_struct", &["__state", "state"])?,
+        comm: req("task_struct", &["comm"])?,
+        nsproxy: opt("task_struct", &["nsproxy"]),
+        pid_ns_for_children: opt("nsproxy", &["pid_ns_for_children"]),
+        pidns_inum: opt("pid_namespace", &["ns.inum"]),
+        cgroups: opt("task_struct", &["cgroups"]),
+        dfl_cgrp: opt("css_set", &["dfl_cgrp"]),
+        cgroup_kn: opt("cgroup", &["kn"]),
+        kn_id: opt("kernfs_node", &["id"]),
+        kn_parent: opt("kernfs_node", &["__parent", "parent"]),
+        _pad: 0,
+    })
+}
+
+fn tracepoint_offsets() -> Result<TracepointOffsets, tracefs::TracefsError> {
+    let wakeup = tracefs::Format::read("sched", "sched_wakeup")?;
+    let switch = tracefs::Format::read("sched", "sched_switch")?;
+    Ok(TracepointOffsets {
+        wakeup_pid: wakeup.offset("pid")?,
+        prev_pid: switch.offset("prev_pid")?,
+        prev_state: switch.offset("prev_state")?,
+        next_pid: switch.offset("next_pid")?,
+        next_comm: switch.offset("next_comm")?,
+        _pad: 0,
+    })
+}
+
+/// Loads the object with `cfg` and attaches the programs for `m`.
+fn load_and_attach(m: Mechanism, cfg: &Config, entries: u32) -> anyhow::Result<Ebpf> {
+    let mut ebpf = EbpfLoader::new()
+        .override_global("CONFIG", cfg, true)
+        .map_max_entries("START", entries)
+        .map_max_entries("HISTS", entries)
+        .map_max_entries("TGIDS", entries)
+        .load(objects::RUNQLAT)
+        .context("cannot load the runqlat programs")?;
+    let btf = match m {
+        Mechanism::TpBtf => Some(Btf::from_sys_fs().context("cannot read kernel BTF")?),
+        _ => None,
+    };
+    for hook in HOOKS {
+        let prefix = match m {
+            Mechanism::TpBtf => "btf",
+            Mechanism::RawTracepoint => "raw",
+            _ => "tp",
+        };
+        let name = format!("{prefix}_{hook}");
+        let prog = ebpf
+            .program_mut(&name)
+            .with_context(|| format!("program {name} missing from the object"))?;
+        let attached = match (m, &btf) {
+            (Mechanism::TpBtf, Some(btf)) => {
+                let p: &mut BtfTracePoint = prog.try_into()?;
+                p.load(hook, btf).and_then(|()| p.attach().map(drop))
+            }
+            (Mechanism::RawTracepoint, _) => {
+                let p: &mut RawTracePoint = prog.try_into()?;
+                p.load().and_then(|()| p.attach(hook).map(drop))
+            }
+            _ => {
+                let p: &mut TracePoint = prog.try_into()?;
+                p.load().and_then(|()| p.attach("sched", hook).map(drop))
+            }
+        };
+        attached.with_context(|| format!("cannot attach {name}"))?;
+    }
+    Ok(ebpf)
+}
+
+/// Reads cumulative histograms and turns them into per-interval ones.
+#[derive(Default)]
+struct Reader {
+    total: Snapshot,
+    groups: HashMap<u32, Snapshot>,
+}
+
+impl Reader {
+    /// The single histogram's counts since the last call.
+    fn total(&mut self, ebpf: &Ebpf) -> anyhow::Result<Snapshot> {
+        let map: PerCpuArray<_, Entry> =
+            PerCpuArray::try_from(ebpf.map("TOTAL").context("map TOTAL missing")?)?;
+        let mut now = Snapshot::default();
+        for e in map.get(&0, 0)?.iter() {
+            now.add(&e.hist);
+        }
+        let delta = now.since(&self.total);
+        self.total = now;
+        Ok(delta)
+    }
+
+    /// Per-group counts since the last call, with each group's command.
+    /// Groups idle for a whole interval are dropped from the kernel map so
+    /// that it holds only live ones.
+    fn groups(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<(u32, String, Snapshot)>> {
+        let mut map: BpfHashMap<_, u32, Entry> =
+            BpfHashMap::try_from(ebpf.map_mut("HISTS").context("map HISTS missing")?)?;
+        let mut out = Vec::new();
+        let mut idle = Vec::new();
+        let entries: Vec<(u32, Entry)> = map.iter().filter_map(Result::ok).collect();
+        for (key, entry) in entries {
+            let mut now = Snapshot::default();
+            now.add(&entry.hist);
+            let delta = match self.groups.get(&key) {
+                Some(prev) => now.since(prev),
+                None => now.clone(),
+            };
+            if delta.count() == 0 {
+                idle.push(key);
+                continue;
+            }
+            let end = entry
+                .comm
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(entry.comm.len());
+            let comm = String::from_utf8_lossy(&entry.comm[..end]).into_owned();
+            self.groups.insert(key, now);
+            out.push((key, comm, delta));
+        }
+        for key in idle {
+            let _ = map.remove(&key);
+            self.groups.remove(&key);
+        }
+        out.sort_by_key(|(k, _, _)| *k);
+        Ok(out)
+    }
+}
+
+fn read_errors(ebpf: &Ebpf) -> anyhow::Result<Vec<u64>> {
+    let map: PerCpuArray<_, u64> =
+        PerCpuArray::try_from(ebpf.map("ERRORS").context("map ERRORS missing")?)?;
+    (0..ERR_COUNT)
+        .map(|i| Ok(map.get(&i, 0)?.iter().sum()))
+        .collect()
+}
+
+/// Runs the tool.
+pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
+    if let Some(pid) = args.pid {
+        super::check_pid(pid)?;
+    }
+    if let Some(m) = args.attach.filter(|m| !CHAIN.contains(m)) {
+        anyhow::bail!("runqlat cannot attach with {m}; use tp_btf, raw_tracepoint or tracepoint");
+    }
+    let cgroup_id = args.cgroup.as_deref().map(super::cgroup_id).transpose()?;
+    privs::check()?;
+
+    let (unit, unit_ns) = if args.milliseconds {
+        ("msecs", 1_000_000)
+    } else {
+        ("usecs", 1_000)
+    };
+    let (grouping, label) = if args.per_process {
+        (group::PROCESS, "pid")
+    } else if args.per_thread {
+        (group::THREAD, "tid")
+    } else if args.per_pidns {
+        (group::PIDNS, "pidns")
+    } else {
+        (group::NONE, "")
+    };
+    let base = Config {
+        target_tgid: args.pid.unwrap_or(0),
+        group: grouping,
+        unit_ns,
+        cgroup_id: cgroup_id.unwrap_or(0),
+        task: TaskOffsets::default(),
+        tp: TracepointOffsets::default(),
+    };
+    let btf = KernelBtf::from_kernel();
+    let entries = super::pid_max();
+
+    let mut features = Features::new();
+    let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
+        let mut cfg = base;
+        if m == Mechanism::Tracepoint {
+            if grouping == group::PIDNS || cgroup_id.is_some() {
+                anyhow::bail!("--pidnss and -c need task structs, which tracepoint records lack");
+            }
+            cfg.tp = tracepoint_offsets()?;
+        } else {
+            let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+            cfg.task = task_offsets(btf)?;
+            let need = |v: u32, what: &str| {
+                if v == MISSING {
+                    anyhow::bail!("kernel BTF lacks {what}")
+                }
+                Ok(())
+            };
+            if grouping == group::PIDNS {
+                need(
+                    cfg.task.pidns_inum.min(cfg.task.pid_ns_for_children),
+                    "pid namespaces",
+                )?;
+            }
+            if cgroup_id.is_some() {
+                need(
+                    cfg.task
+                        .kn_parent
+                        .min(cfg.task.kn_id)
+                        .min(cfg.task.dfl_cgrp),
+                    "cgroups",
+                )?;
+            }
+        }
+        load_and_attach(m, &cfg, entries)
+    })?;
+    if global.verbose {
+        for (m, why) in &skipped {
+            eprintln!("rtrace: runqlat: skipped {m}: {why}");
+        }
+        eprintln!("rtrace: runqlat: attached with {mech}");
+    }
+
+    let mut signals = Signals::new()?;
+    eprintln!("Tracing run queue latency... Hit Ctrl-C to end.");
+    let mut reader = Reader::default();
+    output::run_intervals(&args.interval, &mut signals, |_, _| {
+        let groups = if grouping == group::NONE {
+            vec![(0, String::new(), reader.total(&ebpf)?)]
+        } else {
+            reader.groups(&mut ebpf)?
+        };
+        if global.json {
+            let hists: Vec<serde_json::Value> = groups
+                .iter()
+                .map(|(key, comm, s)| {
+                    let mut v = serde_json::to_value(s.to_json(unit)).unwrap_or_default();
+                    if grouping != group::NONE {
+                        v[label] = (*key).into();
+                        v["comm"] = comm.as_str().into();
+                    }
+                    v
+                })
+                .collect();
+            let errors = read_errors(&ebpf)?;
+            let errors: serde_json::Map<String, serde_json::Value> = ERR_NAMES
+                .iter()
+                .zip(errors)
+                .map(|(n, c)| ((*n).to_owned(), c.into()))
+                .collect();
+            return output::json_line(&serde_json::json!({
+                "tool": "runqlat",
+                "time": output::hms(),
+                "timestamp": output::epoch_secs(),
+                "attach": mech.name(),
+                "histograms": hists,
+                "errors": errors,
+            }));
+        }
+        let mut text = String::from("\n");
+        if args.interval.timestamp {
+            text.push_str(&format!("{:<8}\n", output::hms()));
+        }
+        for (key, comm, s) in &groups {
+            if grouping != group::NONE {
+                text.push_str(&format!("\n{label} = {key} {comm}\n"));
+            }
+            text.push_str(&render_log2(&s.log2(), unit));
+            if args.percentiles && s.count() > 0 {
+                text.push_str(&render_percentiles(s, unit));
+            }
+        }
+        use std::io::Write as _;
+        std::io::stdout()
+            .lock()
+            .write_all(text.as_bytes())
+            .context("cannot write to stdout")
+    })
+    .await?;
+    output::report_errors(&ERR_NAMES, &read_errors(&ebpf)?);
+    Ok(())
+}
