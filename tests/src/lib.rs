@@ -1,1 +1,232 @@
+//! Helpers for tests that run the real `rtrace` binary, as root, against the
+//! real kernel, with real workloads.
 
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::PathBuf,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+/// The rtrace binary under test: `RTRACE_BIN`, or the workspace's release build.
+pub fn rtrace_bin() -> PathBuf {
+    std::env::var_os("RTRACE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/rtrace"),
+        PathBuf::from,
+    )
+}
+
+/// A workload binary of this crate: test executables live in
+/// `target/<profile>/deps`, and the crate's binaries one level up.
+pub fn workload_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().and_then(|d| d.parent()).unwrap().join(name);
+    assert!(
+        path.exists(),
+        "workload {} missing; build this crate's binaries",
+        path.display()
+    );
+    path
+}
+
+/// A running rtrace whose stderr is collected line by line.
+pub struct Rtrace {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+    /// Every stderr line seen so far.
+    pub stderr_lines: Vec<String>,
+}
+
+impl Rtrace {
+    /// Starts `rtrace ARGS` and waits until it says it is tracing.
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(rtrace_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start rtrace; build it first (cargo xtask test does)");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut me = Self {
+            child,
+            stderr: rx,
+            stderr_lines: Vec::new(),
+        };
+        me.wait_stderr("Tracing");
+        me
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    pub fn wait_stderr(&mut self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            match self.stderr.recv_timeout(Duration::from_millis(100)) {
+                Ok(line) => {
+                    let hit = line.contains(needle);
+                    self.stderr_lines.push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Ok(Some(status)) = self.child.try_wait() {
+                        panic!(
+                            "rtrace exited ({status}) before printing {needle:?}: {:?}",
+                            self.stderr_lines
+                        );
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        panic!(
+            "rtrace never printed {needle:?}; stderr: {:?}",
+            self.stderr_lines
+        );
+    }
+
+    /// Sends `signal`, waits for exit, and returns (exit code, stdout, stderr).
+    pub fn stop(mut self, signal: i32) -> (i32, String, String) {
+        // SAFETY: kill with a valid pid and signal number.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let out = self.child.wait_with_output().unwrap();
+        self.stderr_lines.extend(self.stderr.try_iter());
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code().unwrap_or(-1),
+            stdout,
+            self.stderr_lines.join("\n"),
+        )
+    }
+
+    /// Waits for rtrace to exit on its own; returns (exit code, stdout, stderr).
+    pub fn wait(mut self) -> (i32, String, String) {
+        let out = self.child.wait_with_output().unwrap();
+        self.stderr_lines.extend(self.stderr.iter());
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code().unwrap_or(-1),
+            stdout,
+            self.stderr_lines.join("\n"),
+        )
+    }
+}
+
+/// Runs `rtrace ARGS` to completion: (exit code, stdout, stderr).
+pub fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(rtrace_bin())
+        .args(args)
+        .output()
+        .expect("cannot run rtrace");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The ping-pong workload: two threads on one CPU, `rounds` round trips.
+pub struct PingPong {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl PingPong {
+    /// Starts the workload; it waits for [`PingPong::play`].
+    pub fn start(rounds: u64) -> Self {
+        let mut child = Command::new(workload_bin("pingpong"))
+            .args([rounds.to_string(), "0".to_owned()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// The workload's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Plays all rounds and returns once every thread is asleep again.
+    pub fn play(&mut self) {
+        writeln!(self.stdin.as_mut().unwrap(), "go").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "done");
+        // Let the threads reach their final sleep.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    /// Context switches of all threads so far, from `/proc/PID/task/*/status`.
+    pub fn context_switches(&self) -> u64 {
+        let mut total = 0;
+        for task in std::fs::read_dir(format!("/proc/{}/task", self.pid())).unwrap() {
+            let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+            for line in status.lines() {
+                if let Some(v) = line
+                    .strip_prefix("voluntary_ctxt_switches:")
+                    .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+                {
+                    total += v.trim().parse::<u64>().unwrap();
+                }
+            }
+        }
+        total
+    }
+}
+
+impl Drop for PingPong {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Parses every stdout line as JSON.
+pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// Sums the counts of a text histogram in libbpf-tools' layout.
+pub fn text_hist_total(text: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.contains(" -> ") && l.contains('|'))
+        .map(|l| {
+            let count = l.split(':').nth(1).unwrap().split('|').next().unwrap();
+            count.trim().parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+/// SIGINT.
+pub const SIGINT: i32 = libc::SIGINT;
+/// SIGTERM.
+pub const SIGTERM: i32 = libc::SIGTERM;
+/// SIGHUP.
+pub const SIGHUP: i32 = libc::SIGHUP;
