@@ -45,8 +45,11 @@ fn bounded_slot(value: u64) -> Option<usize> {
 }
 
 /// Records `value` in a histogram that only this CPU writes.
+///
+/// # Safety
+/// `h` must point to a `Hist` in a per-CPU map value.
 #[inline(always)]
-pub fn hist_record_local(h: *mut Hist, value: u64) {
+pub unsafe fn hist_record_local(h: *mut Hist, value: u64) {
     let Some(s) = bounded_slot(value) else { return };
     // SAFETY: `h` points into a map value and `s` is in bounds.
     unsafe {
@@ -59,8 +62,11 @@ pub fn hist_record_local(h: *mut Hist, value: u64) {
 }
 
 /// Records `value` in a histogram that several CPUs may update at once.
+///
+/// # Safety
+/// `h` must point to a `Hist` in a map value.
 #[inline(always)]
-pub fn hist_record_shared(h: *mut Hist, value: u64) {
+pub unsafe fn hist_record_shared(h: *mut Hist, value: u64) {
     let Some(s) = bounded_slot(value) else { return };
     // SAFETY: `h` points into a map value and `s` is in bounds; the counters
     // are aligned for atomic access.

@@ -22,7 +22,6 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
-const KIND_FUNC: u32 = 12;
 const KIND_FLOAT: u32 = 16;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
@@ -261,13 +260,9 @@ impl Btf {
         None
     }
 
-    /// Resolves a dotted member path such as `ns.inum` inside `strukt`.
-    pub fn member(&self, strukt: &str, path: &str) -> Result<MemberInfo, BtfError> {
-        self.member_any(strukt, &[path])
-    }
-
-    /// Resolves the first of several candidate paths that exists, for
-    /// members renamed across kernels (`__state` was `state`).
+    /// Resolves the first of several candidate member paths that exists,
+    /// each dotted (`ns.inum`), for members renamed across kernels
+    /// (`__state` was `state`).
     pub fn member_any(&self, strukt: &str, candidates: &[&str]) -> Result<MemberInfo, BtfError> {
         let &root = self
             .structs_by_name
@@ -293,13 +288,6 @@ impl Btf {
                 candidates: candidates.join(" or "),
             })
     }
-
-    /// Whether the kernel has a function of this name (an fentry target).
-    pub fn has_func(&self, name: &str) -> bool {
-        self.types
-            .iter()
-            .any(|t| t.kind == KIND_FUNC && self.str(t.name) == name)
-    }
 }
 
 #[cfg(test)]
@@ -309,6 +297,12 @@ mod tests {
 
     fn kernel() -> Btf {
         Btf::from_kernel().expect("these tests need /sys/kernel/btf/vmlinux")
+    }
+
+    impl Btf {
+        fn member(&self, strukt: &str, path: &str) -> Result<MemberInfo, BtfError> {
+            self.member_any(strukt, &[path])
+        }
     }
 
     /// Offsets as pahole reads them from the same BTF: an independent parser.
@@ -381,6 +375,5 @@ mod tests {
         assert_eq!(nested.offset, base.offset + direct.offset);
         let inum = btf.member("pid_namespace", "ns.inum").unwrap();
         assert_eq!(inum.size, 4);
-        assert!(btf.has_func("schedule"));
     }
 }

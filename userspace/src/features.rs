@@ -284,6 +284,10 @@ fn tried_list(tried: &[(Mechanism, String)]) -> String {
         .join(", then ")
 }
 
+/// What [`attach_chain`] returns: the mechanism used, what attaching
+/// produced, and the mechanisms skipped with their reasons.
+pub type Attached<T> = (Mechanism, T, Vec<(Mechanism, String)>);
+
 /// Attaches with the first mechanism of `chain` that the kernel supports and
 /// that `attach` manages; `forced` restricts the chain to one mechanism.
 ///
@@ -294,7 +298,7 @@ pub fn attach_chain<T>(
     chain: &[Mechanism],
     forced: Option<Mechanism>,
     mut attach: impl FnMut(Mechanism) -> anyhow::Result<T>,
-) -> Result<(Mechanism, T, Vec<(Mechanism, String)>), AttachError> {
+) -> Result<Attached<T>, AttachError> {
     let mut tried = Vec::new();
     let candidates: Vec<Mechanism> = match forced {
         Some(f) => vec![f],

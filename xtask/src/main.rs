@@ -1,1 +1,146 @@
-fn main() {}
+//! Developer chores for rtrace: `cargo xtask setup | build | run | test | bench`.
+//!
+//! Every command first installs what is missing (nightly's rust-src, a
+//! pinned bpf-linker, Debian packages the tests and benchmarks use), so a
+//! fresh machine needs nothing but this repository.
+
+mod bench;
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+enum Cli {
+    /// Install whatever building and testing need (idempotent).
+    Setup,
+    /// Build the release `rtrace` binary, eBPF programs included.
+    Build,
+    /// Build, then run rtrace with the given arguments.
+    Run {
+        /// Arguments for rtrace, e.g. `runqlat 1 5`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Every check: fmt, clippy on both sides, unit and root integration tests.
+    Test,
+    /// Overhead benchmarks against the peers, measured in the same run.
+    Bench {
+        /// Which benchmark (default: all).
+        name: Option<String>,
+    },
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Runs a command, failing with its description if it fails.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Cargo on the nightly toolchain, for the eBPF crate.
+fn nightly_cargo() -> Command {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", "nightly", "cargo"]);
+    cmd.current_dir(root().join("ebpf-programs"));
+    // The outer cargo's variables would pin the nested one to stable.
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("CARGO") || k.starts_with("RUSTUP_TOOLCHAIN") || k.starts_with("RUSTC") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Builds rtrace and the test workloads in release mode.
+pub fn build() -> anyhow::Result<PathBuf> {
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "rtrace",
+        "-p",
+        "rtrace-integration-tests",
+        "--bins",
+    ]))?;
+    Ok(root().join("target/release/rtrace"))
+}
+
+fn test() -> anyhow::Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(nightly_cargo().args(["fmt", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--release",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(nightly_cargo().args(["clippy", "--release", "--", "-D", "warnings"]))?;
+    let bin = build()?;
+    run(cargo().args([
+        "test",
+        "--release",
+        "-p",
+        "rtrace-common",
+        "-p",
+        "rtrace",
+        "-p",
+        "xtask",
+    ]))?;
+    // Root tests: one at a time, since they trace the whole machine.
+    run(cargo()
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "rtrace-integration-tests",
+            "--",
+            "--test-threads=1",
+        ])
+        .env("RTRACE_BIN", &bin))?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    setup::ensure()?;
+    match cli {
+        Cli::Setup => Ok(()),
+        Cli::Build => build().map(drop),
+        Cli::Run { args } => {
+            let bin = build()?;
+            let status = Command::new(&bin).args(&args).status()?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cli::Test => test(),
+        Cli::Bench { name } => bench::run(name.as_deref()),
+    }
+}

@@ -23,8 +23,9 @@ use rtrace_common::{
 };
 use rtrace_ebpf::{count_error, hist_record_local, hist_record_shared, read_kernel};
 
-/// `BPF_F_NO_PREALLOC`: user space sizes the maps to `pid_max`, and
-/// preallocating that many entries would cost hundreds of megabytes.
+/// `BPF_F_NO_PREALLOC`, for maps that are updated rarely: user space sizes
+/// them to `pid_max`, and preallocating that many entries would cost
+/// hundreds of megabytes.
 const NO_PREALLOC: u32 = 1;
 /// How far up the cgroup tree `-c` looks for the target.
 const MAX_CGROUP_DEPTH: usize = 16;
@@ -34,9 +35,12 @@ const EEXIST: i32 = -17;
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
 
-/// Enqueue timestamp by thread id.
+/// Enqueue timestamp by thread id. Preallocated: allocating on every
+/// insert, as `BPF_F_NO_PREALLOC` does, more than doubled the cost per
+/// context switch. User space sizes it to the runnable tasks the system
+/// can have (`runnable_entries`).
 #[map]
-static START: HashMap<u32, u64> = HashMap::with_max_entries(10240, NO_PREALLOC);
+static START: HashMap<u32, u64> = HashMap::with_max_entries(10240, 0);
 /// Histograms by group key, for `-P`, `-L` and `--pidnss`.
 #[map]
 static HISTS: HashMap<u32, Entry> = HashMap::with_max_entries(10240, NO_PREALLOC);
@@ -55,8 +59,18 @@ static TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(10240, NO_PREALLOC);
 #[map]
 static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERR_COUNT, 0);
 
+/// Reads a u32 member of a task. `DIRECT` is for BTF-typed pointers
+/// (tp_btf), where the verifier turns a plain load into a cheap checked one;
+/// raw tracepoints pass untyped pointers and need the helper.
 #[inline(always)]
-fn task_u32(task: *const u8, offset: u32) -> u32 {
+fn task_u32<const DIRECT: bool>(task: *const u8, offset: u32) -> u32 {
+    if DIRECT {
+        // SAFETY: `task` is a BTF-typed task_struct pointer and `offset` a
+        // member's offset from BTF; the verifier checks the access.
+        return unsafe {
+            core::ptr::read_volatile(task.wrapping_add(offset as usize) as *const u32)
+        };
+    }
     match read_kernel::<u32>(task, offset) {
         Ok(v) => v,
         Err(_) => {
@@ -90,8 +104,7 @@ fn in_cgroup(cfg: &Config, task: *const u8) -> bool {
 }
 
 #[inline(always)]
-fn store_start(pid: u32) {
-    let now = unsafe { bpf_ktime_get_ns() };
+fn store_start(pid: u32, now: u64) {
     if START.insert(pid, now, 0).is_err() {
         count_error(&ERRORS, ERR_START_UPDATE);
     }
@@ -100,10 +113,9 @@ fn store_start(pid: u32) {
 /// Takes and clears `pid`'s enqueue time; returns the latency in the
 /// configured unit.
 #[inline(always)]
-fn take_latency(cfg: &Config, pid: u32) -> Option<u64> {
+fn take_latency(cfg: &Config, pid: u32, now: u64) -> Option<u64> {
     let start = unsafe { *START.get_ptr(pid)? };
     let _ = START.remove(pid);
-    let now = unsafe { bpf_ktime_get_ns() };
     // A timestamp from another CPU can be a hair ahead of ours; a negative
     // delta would otherwise become a huge bogus sample.
     let delta = now.checked_sub(start)?;
@@ -119,7 +131,8 @@ fn take_latency(cfg: &Config, pid: u32) -> Option<u64> {
 fn record(cfg: &Config, key: u32, value: u64, comm: impl FnOnce() -> [u8; TASK_COMM_LEN]) {
     if cfg.group == group::NONE {
         if let Some(e) = TOTAL.get_ptr_mut(0) {
-            hist_record_local(unsafe { &raw mut (*e).hist }, value);
+            // SAFETY: `e` is TOTAL's per-CPU value.
+            unsafe { hist_record_local(&raw mut (*e).hist, value) };
         }
         return;
     }
@@ -127,7 +140,12 @@ fn record(cfg: &Config, key: u32, value: u64, comm: impl FnOnce() -> [u8; TASK_C
         Some(e) => e,
         None => {
             let Some(zero) = ZERO.get_ptr(0) else { return };
-            match HISTS.insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST)) {
+            #[expect(
+                clippy::needless_borrows_for_generic_args,
+                reason = "passing by value would copy the entry onto the 512-byte stack"
+            )]
+            let inserted = HISTS.insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST));
+            match inserted {
                 Ok(()) | Err(EEXIST) => {}
                 Err(_) => {
                     count_error(&ERRORS, ERR_HIST_UPDATE);
@@ -141,49 +159,56 @@ fn record(cfg: &Config, key: u32, value: u64, comm: impl FnOnce() -> [u8; TASK_C
             e
         }
     };
-    hist_record_shared(unsafe { &raw mut (*entry).hist }, value);
+    // SAFETY: `entry` is a HISTS value.
+    unsafe { hist_record_shared(&raw mut (*entry).hist, value) };
 }
 
 // ---- task_struct paths: tp_btf and raw_tracepoint ----
 
 #[inline(always)]
-fn enqueue_task(cfg: &Config, task: *const u8) {
-    let pid = task_u32(task, cfg.task.pid);
+fn enqueue_task<const DIRECT: bool>(cfg: &Config, task: *const u8, now: u64) {
+    let pid = task_u32::<DIRECT>(task, cfg.task.pid);
     if pid == 0 {
         return;
     }
-    if cfg.target_tgid != 0 && task_u32(task, cfg.task.tgid) != cfg.target_tgid {
+    if cfg.target_tgid != 0 && task_u32::<DIRECT>(task, cfg.task.tgid) != cfg.target_tgid {
         return;
     }
     if cfg.cgroup_id != 0 && !in_cgroup(cfg, task) {
         return;
     }
-    store_start(pid);
+    store_start(pid, now);
 }
 
 #[inline(always)]
-fn switch_task(preempt: u64, prev: *const u8, next: *const u8) {
+fn wakeup_task<const DIRECT: bool>(task: *const u8) {
+    enqueue_task::<DIRECT>(&CONFIG.load(), task, unsafe { bpf_ktime_get_ns() });
+}
+
+#[inline(always)]
+fn switch_task<const DIRECT: bool>(preempt: u64, prev: *const u8, next: *const u8) {
     let cfg = CONFIG.load();
+    let now = unsafe { bpf_ktime_get_ns() };
     // Preempted tasks stay on the run queue whatever their state says.
-    if preempt & 0xff != 0 || task_u32(prev, cfg.task.state) == 0 {
-        enqueue_task(&cfg, prev);
+    if preempt & 0xff != 0 || task_u32::<DIRECT>(prev, cfg.task.state) == 0 {
+        enqueue_task::<DIRECT>(&cfg, prev, now);
     }
-    let pid = task_u32(next, cfg.task.pid);
+    let pid = task_u32::<DIRECT>(next, cfg.task.pid);
     if pid == 0 {
         return;
     }
-    let Some(lat) = take_latency(&cfg, pid) else {
+    let Some(lat) = take_latency(&cfg, pid, now) else {
         return;
     };
     let key = match cfg.group {
-        group::PROCESS => task_u32(next, cfg.task.tgid),
+        group::PROCESS => task_u32::<DIRECT>(next, cfg.task.tgid),
         group::THREAD => pid,
         group::PIDNS => {
             let ns = task_ptr(
                 task_ptr(next, cfg.task.nsproxy),
                 cfg.task.pid_ns_for_children,
             );
-            task_u32(ns, cfg.task.pidns_inum)
+            task_u32::<false>(ns, cfg.task.pidns_inum)
         }
         _ => 0,
     };
@@ -194,37 +219,37 @@ fn switch_task(preempt: u64, prev: *const u8, next: *const u8) {
 
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn btf_sched_wakeup(ctx: BtfTracePointContext) -> i32 {
-    enqueue_task(&CONFIG.load(), ctx.arg(0));
+    wakeup_task::<true>(ctx.arg(0));
     0
 }
 
 #[btf_tracepoint(function = "sched_wakeup_new")]
 pub fn btf_sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
-    enqueue_task(&CONFIG.load(), ctx.arg(0));
+    wakeup_task::<true>(ctx.arg(0));
     0
 }
 
 #[btf_tracepoint(function = "sched_switch")]
 pub fn btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
-    switch_task(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    switch_task::<true>(ctx.arg(0), ctx.arg(1), ctx.arg(2));
     0
 }
 
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn raw_sched_wakeup(ctx: RawTracePointContext) -> i32 {
-    enqueue_task(&CONFIG.load(), ctx.arg(0));
+    wakeup_task::<false>(ctx.arg(0));
     0
 }
 
 #[raw_tracepoint(tracepoint = "sched_wakeup_new")]
 pub fn raw_sched_wakeup_new(ctx: RawTracePointContext) -> i32 {
-    enqueue_task(&CONFIG.load(), ctx.arg(0));
+    wakeup_task::<false>(ctx.arg(0));
     0
 }
 
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
-    switch_task(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    switch_task::<false>(ctx.arg(0), ctx.arg(1), ctx.arg(2));
     0
 }
 
@@ -255,7 +280,7 @@ fn tp_enqueue(ctx: &TracePointContext) {
             _ => return,
         }
     }
-    store_start(pid);
+    store_start(pid, unsafe { bpf_ktime_get_ns() });
 }
 
 #[tracepoint(category = "sched", name = "sched_wakeup")]
@@ -273,6 +298,7 @@ pub fn tp_sched_wakeup_new(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "sched", name = "sched_switch")]
 pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
     let cfg = CONFIG.load();
+    let now = unsafe { bpf_ktime_get_ns() };
     // The tracepoint runs on the outgoing task, so it is `current`.
     let id = bpf_get_current_pid_tgid();
     let (prev_tgid, prev_pid) = ((id >> 32) as u32, id as u32);
@@ -289,7 +315,7 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
         && prev_state & 0xff == 0
         && (cfg.target_tgid == 0 || cfg.target_tgid == prev_tgid)
     {
-        store_start(prev_pid);
+        store_start(prev_pid, now);
     }
     let Ok(pid) = (unsafe { ctx.read_at::<u32>(cfg.tp.next_pid as usize) }) else {
         count_error(&ERRORS, ERR_READ);
@@ -298,7 +324,7 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
     if pid == 0 {
         return 0;
     }
-    let Some(lat) = take_latency(&cfg, pid) else {
+    let Some(lat) = take_latency(&cfg, pid, now) else {
         return 0;
     };
     let key = match cfg.group {

@@ -2,7 +2,7 @@
 //! back and forth over pipes, so every round is two context switches.
 //!
 //! Usage: `pingpong ROUNDS [CPU]`. It prints `ready`, waits for a line on
-//! stdin, plays ROUNDS rounds, prints `done`, and then blocks on stdin
+//! stdin, plays ROUNDS rounds, prints `done NANOSECONDS`, and then blocks on stdin
 //! with every thread asleep, so that its context-switch counts stay still
 //! until the test lets it exit by closing stdin.
 
@@ -79,10 +79,12 @@ fn main() {
     let mut line = String::new();
     println!("ready");
     stdin.lock().read_line(&mut line).unwrap();
+    let start = std::time::Instant::now();
     go_tx.send(()).unwrap();
     done_rx.recv().unwrap();
     done_rx.recv().unwrap();
-    println!("done");
+    // The elapsed time is what `cargo xtask bench runqlat` measures.
+    println!("done {}", start.elapsed().as_nanos());
     // Wait for EOF, then let the threads finish.
     let _ = stdin.lock().read_line(&mut line);
     drop(park_tx);

@@ -192,11 +192,7 @@ pub fn log2_range(i: usize) -> (u64, u64) {
 }
 
 fn stars(out: &mut String, val: u64, val_max: u64, width: u64) {
-    let num = if val_max == 0 {
-        0
-    } else {
-        val.min(val_max) * width / val_max
-    };
+    let num = (val.min(val_max) * width).checked_div(val_max).unwrap_or(0);
     for _ in 0..num {
         out.push('*');
     }

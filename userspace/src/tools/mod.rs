@@ -29,6 +29,20 @@ pub fn check_pid(pid: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Entries for a preallocated table of runnable tasks.
+///
+/// Only runnable tasks sit in it, so it needs no more than the number of
+/// threads; four times today's count (at least 65536, at most `pid_max`)
+/// leaves room to grow at a few megabytes, where `pid_max` entries could
+/// cost hundreds. Inserts that still fail are counted and reported.
+pub fn runnable_entries() -> u32 {
+    let threads: u32 = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(3)?.split('/').nth(1)?.parse().ok())
+        .unwrap_or(0);
+    threads.saturating_mul(4).max(65_536).min(pid_max())
+}
+
 /// The kernel's `pid_max`: tables keyed by thread id sized to it can never
 /// fill up, unlike libbpf-tools' fixed 10240 entries.
 pub fn pid_max() -> u32 {

@@ -114,7 +114,7 @@ fn tracepoint_offsets() -> Result<TracepointOffsets, tracefs::TracefsError> {
 fn load_and_attach(m: Mechanism, cfg: &Config, entries: u32) -> anyhow::Result<Ebpf> {
     let mut ebpf = EbpfLoader::new()
         .override_global("CONFIG", cfg, true)
-        .map_max_entries("START", entries)
+        .map_max_entries("START", super::runnable_entries())
         .map_max_entries("HISTS", entries)
         .map_max_entries("TGIDS", entries)
         .load(objects::RUNQLAT)

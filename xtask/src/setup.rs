@@ -1,0 +1,85 @@
+//! Installs the toolchain pieces and packages rtrace's build and tests need,
+//! skipping whatever is already there.
+
+use std::process::Command;
+
+use anyhow::Context as _;
+
+use crate::run;
+
+/// bpf-linker 0.11+ needs an external LLVM 23; 0.10 uses rustc's own LLVM.
+const BPF_LINKER_VERSION: &str = "0.10.0";
+/// Debian packages: pahole checks the BTF reader, libbpf-tools is the peer
+/// the benchmarks compare against, util-linux has setpriv for the
+/// capability test.
+const PACKAGES: [&str; 3] = ["dwarves", "libbpf-tools", "util-linux"];
+
+fn output(cmd: &mut Command) -> String {
+    cmd.output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Makes sure everything is installed.
+pub fn ensure() -> anyhow::Result<()> {
+    let toolchains = output(Command::new("rustup").args(["toolchain", "list"]));
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        eprintln!("xtask: installing the nightly toolchain");
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]));
+    for component in ["rust-src", "rustfmt", "clippy"] {
+        if !installed.lines().any(|l| l.starts_with(component)) {
+            eprintln!("xtask: adding {component} to nightly");
+            run(Command::new("rustup").args([
+                "component",
+                "add",
+                component,
+                "--toolchain",
+                "nightly",
+            ]))?;
+        }
+    }
+    let linker = output(Command::new("bpf-linker").arg("--version"));
+    if !linker.contains(BPF_LINKER_VERSION) {
+        eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION}");
+        run(Command::new("cargo").args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--locked",
+            "--force",
+        ]))
+        .context("cannot install bpf-linker")?;
+    }
+    let missing: Vec<&str> = PACKAGES
+        .into_iter()
+        .filter(|p| {
+            !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .contains("ok installed")
+        })
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        run(Command::new("apt-get").arg("update").arg("-qq"))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+        .context("cannot install Debian packages")?;
+    }
+    Ok(())
+}
