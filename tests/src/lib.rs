@@ -97,17 +97,10 @@ impl Rtrace {
     }
 
     /// Sends `signal`, waits for exit, and returns (exit code, stdout, stderr).
-    pub fn stop(mut self, signal: i32) -> (i32, String, String) {
+    pub fn stop(self, signal: i32) -> (i32, String, String) {
         // SAFETY: kill with a valid pid and signal number.
         unsafe { libc::kill(self.child.id() as i32, signal) };
-        let out = self.child.wait_with_output().unwrap();
-        self.stderr_lines.extend(self.stderr.try_iter());
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        (
-            out.status.code().unwrap_or(-1),
-            stdout,
-            self.stderr_lines.join("\n"),
-        )
+        self.wait()
     }
 
     /// Waits for rtrace to exit on its own; returns (exit code, stdout, stderr).
