@@ -110,13 +110,22 @@ fn tracepoint_offsets() -> Result<TracepointOffsets, tracefs::TracefsError> {
     })
 }
 
+/// Map sizes, decided once before any attach attempt.
+#[derive(Clone, Copy)]
+struct MapSizes {
+    /// The preallocated table of runnable tasks.
+    start: u32,
+    /// Tables keyed by thread or process id, allocated on demand.
+    by_id: u32,
+}
+
 /// Loads the object with `cfg` and attaches the programs for `m`.
-fn load_and_attach(m: Mechanism, cfg: &Config, entries: u32) -> anyhow::Result<Ebpf> {
+fn load_and_attach(m: Mechanism, cfg: &Config, sizes: MapSizes) -> anyhow::Result<Ebpf> {
     let mut ebpf = EbpfLoader::new()
         .override_global("CONFIG", cfg, true)
-        .map_max_entries("START", super::runnable_entries())
-        .map_max_entries("HISTS", entries)
-        .map_max_entries("TGIDS", entries)
+        .map_max_entries("START", sizes.start)
+        .map_max_entries("HISTS", sizes.by_id)
+        .map_max_entries("TGIDS", sizes.by_id)
         .load(objects::RUNQLAT)
         .context("cannot load the runqlat programs")?;
     let btf = match m {
@@ -253,7 +262,10 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         tp: TracepointOffsets::default(),
     };
     let btf = KernelBtf::from_kernel();
-    let entries = super::pid_max();
+    let sizes = MapSizes {
+        start: super::runnable_entries(),
+        by_id: super::pid_max(),
+    };
 
     let mut features = Features::new();
     let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
@@ -288,7 +300,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 )?;
             }
         }
-        load_and_attach(m, &cfg, entries)
+        load_and_attach(m, &cfg, sizes)
     })?;
     if global.verbose {
         for (m, why) in &skipped {
