@@ -4,6 +4,8 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
+pub mod task_storage;
+
 use aya_ebpf::{helpers::bpf_probe_read_kernel, maps::PerCpuArray};
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use rtrace_common::hist::{self, Hist};

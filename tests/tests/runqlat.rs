@@ -56,6 +56,16 @@ fn histogram_total_matches_context_switches_on_every_attach_path() {
 }
 
 #[test]
+fn tp_btf_counts_agree_with_task_storage_and_with_the_hash_map() {
+    let (total, switches, obj) = traced_run(&["--attach", "tp_btf"]);
+    assert_eq!(obj["start_store"], "task_storage");
+    assert_agrees(total, switches, "task storage");
+    let (total, switches, obj) = traced_run(&["--attach", "tp_btf", "--no-task-storage"]);
+    assert_eq!(obj["start_store"], "hash");
+    assert_agrees(total, switches, "hash map");
+}
+
+#[test]
 fn json_has_buckets_and_percentiles() {
     let (total, switches, obj) = traced_run(&[]);
     assert_agrees(total, switches, "default");

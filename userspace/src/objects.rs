@@ -14,4 +14,5 @@ macro_rules! objects {
 objects! {
     PROBES => "probes",
     RUNQLAT => "runqlat",
+    RUNQLAT_TS => "runqlat_ts",
 }

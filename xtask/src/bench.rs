@@ -116,13 +116,23 @@ fn runqlat() -> anyhow::Result<()> {
             Tracer::start(cmd, false)
         })),
     ));
-    for mech in ["tp_btf", "raw_tracepoint", "tracepoint"] {
+    // The default comes first: the target is judged on it.
+    let variants: [(&str, &[&str]); 4] = [
+        ("default", &[]),
+        (
+            "tp_btf, hash map",
+            &["--attach", "tp_btf", "--no-task-storage"],
+        ),
+        ("raw_tracepoint", &["--attach", "raw_tracepoint"]),
+        ("tracepoint", &["--attach", "tracepoint"]),
+    ];
+    for (what, args) in variants {
         let bin = rtrace.clone();
         configs.push((
-            format!("rtrace runqlat ({mech})"),
+            format!("rtrace runqlat ({what})"),
             Some(Box::new(move || {
                 let mut cmd = Command::new(&bin);
-                cmd.args(["runqlat", "--attach", mech]);
+                cmd.arg("runqlat").args(args);
                 Tracer::start(cmd, true)
             })),
         ));

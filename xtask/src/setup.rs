@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use crate::run;
 
 /// bpf-linker 0.11+ needs an external LLVM 23; 0.10 uses rustc's own LLVM.
-const BPF_LINKER_VERSION: &str = "0.10.0";
+const BPF_LINKER_VERSION: &str = "0.10.4";
 /// Debian packages: pahole checks the BTF reader, libbpf-tools is the peer
 /// the benchmarks compare against, util-linux has setpriv for the
 /// capability test.

@@ -5,35 +5,27 @@
 //! space loads only the set that the running kernel supports. The BTF and
 //! raw tracepoint sets see `task_struct` pointers and read them through
 //! offsets from BTF; the classic tracepoint set reads the tracepoints'
-//! records through offsets from tracefs.
+//! records through offsets from tracefs. Enqueue times are kept in a hash
+//! map here; `runqlat_ts` keeps them in task storage where the kernel has
+//! it.
 #![no_std]
 #![no_main]
 
+#[path = "../tools/runqlat.rs"]
+mod runqlat;
+
 use aya_ebpf::{
-    Global,
-    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::HashMap,
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
 use rtrace_common::{
     TASK_COMM_LEN,
-    runqlat::{Config, ERR_COUNT, ERR_HIST_UPDATE, ERR_READ, ERR_START_UPDATE, Entry, group},
+    runqlat::{Config, ERR_READ, ERR_START_UPDATE, group},
 };
-use rtrace_ebpf::{count_error, hist_record_local, hist_record_shared, read_kernel};
-
-/// `BPF_F_NO_PREALLOC`, for maps that are updated rarely: user space sizes
-/// them to `pid_max`, and preallocating that many entries would cost
-/// hundreds of megabytes.
-const NO_PREALLOC: u32 = 1;
-/// How far up the cgroup tree `-c` looks for the target.
-const MAX_CGROUP_DEPTH: usize = 16;
-/// `-EEXIST`: another CPU created the entry first.
-const EEXIST: i32 = -17;
-
-#[unsafe(no_mangle)]
-static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+use rtrace_ebpf::count_error;
+use runqlat::{CONFIG, ERRORS, NO_PREALLOC, Starts, latency, record, switch_task, wakeup_task};
 
 /// Enqueue timestamp by thread id. Preallocated: allocating on every
 /// insert, as `BPF_F_NO_PREALLOC` does, more than doubled the cost per
@@ -41,215 +33,64 @@ static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
 /// can have (`runnable_entries`).
 #[map]
 static START: HashMap<u32, u64> = HashMap::with_max_entries(10240, 0);
-/// Histograms by group key, for `-P`, `-L` and `--pidnss`.
-#[map]
-static HISTS: HashMap<u32, Entry> = HashMap::with_max_entries(10240, NO_PREALLOC);
-/// The single histogram when nothing is grouped: per CPU, so no atomics.
-#[map]
-static TOTAL: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
-/// An all-zero entry to create `HISTS` entries from; an `Entry` is far larger
-/// than the 512-byte eBPF stack.
-#[map]
-static ZERO: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
 /// Thread id to process id, learned at switch-out; only the classic
 /// tracepoint path needs it, since its records carry no tgid.
 #[map]
 static TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(10240, NO_PREALLOC);
-/// Failures that would otherwise lose samples silently.
-#[map]
-static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERR_COUNT, 0);
 
-/// Reads a u32 member of a task. `DIRECT` is for BTF-typed pointers
-/// (tp_btf), where the verifier turns a plain load into a cheap checked one;
-/// raw tracepoints pass untyped pointers and need the helper.
-#[inline(always)]
-fn task_u32<const DIRECT: bool>(task: *const u8, offset: u32) -> u32 {
-    if DIRECT {
-        // SAFETY: `task` is a BTF-typed task_struct pointer and `offset` a
-        // member's offset from BTF; the verifier checks the access.
-        return unsafe {
-            core::ptr::read_volatile(task.wrapping_add(offset as usize) as *const u32)
-        };
-    }
-    match read_kernel::<u32>(task, offset) {
-        Ok(v) => v,
-        Err(_) => {
-            count_error(&ERRORS, ERR_READ);
-            0
+/// Enqueue times in `START`, by thread id.
+struct ByPid;
+
+impl Starts for ByPid {
+    #[inline(always)]
+    fn store(_task: *const u8, pid: u32, now: u64) {
+        if START.insert(pid, now, 0).is_err() {
+            count_error(&ERRORS, ERR_START_UPDATE);
         }
     }
-}
 
-#[inline(always)]
-fn task_ptr(base: *const u8, offset: u32) -> *const u8 {
-    read_kernel::<*const u8>(base, offset).unwrap_or(core::ptr::null())
-}
-
-/// Whether `task` sits in the target cgroup or below it.
-#[inline(always)]
-fn in_cgroup(cfg: &Config, task: *const u8) -> bool {
-    let o = &cfg.task;
-    let cgrp = task_ptr(task_ptr(task, o.cgroups), o.dfl_cgrp);
-    let mut kn = task_ptr(cgrp, o.cgroup_kn);
-    for _ in 0..MAX_CGROUP_DEPTH {
-        if kn.is_null() {
-            return false;
-        }
-        if read_kernel::<u64>(kn, o.kn_id) == Ok(cfg.cgroup_id) {
-            return true;
-        }
-        kn = task_ptr(kn, o.kn_parent);
+    #[inline(always)]
+    fn take(_task: *const u8, pid: u32) -> Option<u64> {
+        // SAFETY: a START value, read before the entry is removed.
+        let start = unsafe { *START.get_ptr(pid)? };
+        let _ = START.remove(pid);
+        Some(start)
     }
-    false
-}
-
-#[inline(always)]
-fn store_start(pid: u32, now: u64) {
-    if START.insert(pid, now, 0).is_err() {
-        count_error(&ERRORS, ERR_START_UPDATE);
-    }
-}
-
-/// Takes and clears `pid`'s enqueue time; returns the latency in the
-/// configured unit.
-#[inline(always)]
-fn take_latency(cfg: &Config, pid: u32, now: u64) -> Option<u64> {
-    let start = unsafe { *START.get_ptr(pid)? };
-    let _ = START.remove(pid);
-    // A timestamp from another CPU can be a hair ahead of ours; a negative
-    // delta would otherwise become a huge bogus sample.
-    let delta = now.checked_sub(start)?;
-    Some(if cfg.unit_ns > 1 {
-        delta / cfg.unit_ns
-    } else {
-        delta
-    })
-}
-
-/// Counts one sample under `key`; `comm` fills a new entry's command.
-#[inline(always)]
-fn record(cfg: &Config, key: u32, value: u64, comm: impl FnOnce() -> [u8; TASK_COMM_LEN]) {
-    if cfg.group == group::NONE {
-        if let Some(e) = TOTAL.get_ptr_mut(0) {
-            // SAFETY: `e` is TOTAL's per-CPU value.
-            unsafe { hist_record_local(&raw mut (*e).hist, value) };
-        }
-        return;
-    }
-    let entry = match HISTS.get_ptr_mut(key) {
-        Some(e) => e,
-        None => {
-            let Some(zero) = ZERO.get_ptr(0) else { return };
-            #[expect(
-                clippy::needless_borrows_for_generic_args,
-                reason = "passing by value would copy the entry onto the 512-byte stack"
-            )]
-            let inserted = HISTS.insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST));
-            match inserted {
-                Ok(()) | Err(EEXIST) => {}
-                Err(_) => {
-                    count_error(&ERRORS, ERR_HIST_UPDATE);
-                    return;
-                }
-            }
-            let Some(e) = HISTS.get_ptr_mut(key) else {
-                return;
-            };
-            unsafe { (*e).comm = comm() };
-            e
-        }
-    };
-    // SAFETY: `entry` is a HISTS value.
-    unsafe { hist_record_shared(&raw mut (*entry).hist, value) };
-}
-
-// ---- task_struct paths: tp_btf and raw_tracepoint ----
-
-#[inline(always)]
-fn enqueue_task<const DIRECT: bool>(cfg: &Config, task: *const u8, now: u64) {
-    let pid = task_u32::<DIRECT>(task, cfg.task.pid);
-    if pid == 0 {
-        return;
-    }
-    if cfg.target_tgid != 0 && task_u32::<DIRECT>(task, cfg.task.tgid) != cfg.target_tgid {
-        return;
-    }
-    if cfg.cgroup_id != 0 && !in_cgroup(cfg, task) {
-        return;
-    }
-    store_start(pid, now);
-}
-
-#[inline(always)]
-fn wakeup_task<const DIRECT: bool>(task: *const u8) {
-    enqueue_task::<DIRECT>(&CONFIG.load(), task, unsafe { bpf_ktime_get_ns() });
-}
-
-#[inline(always)]
-fn switch_task<const DIRECT: bool>(preempt: u64, prev: *const u8, next: *const u8) {
-    let cfg = CONFIG.load();
-    let now = unsafe { bpf_ktime_get_ns() };
-    // Preempted tasks stay on the run queue whatever their state says.
-    if preempt & 0xff != 0 || task_u32::<DIRECT>(prev, cfg.task.state) == 0 {
-        enqueue_task::<DIRECT>(&cfg, prev, now);
-    }
-    let pid = task_u32::<DIRECT>(next, cfg.task.pid);
-    if pid == 0 {
-        return;
-    }
-    let Some(lat) = take_latency(&cfg, pid, now) else {
-        return;
-    };
-    let key = match cfg.group {
-        group::PROCESS => task_u32::<DIRECT>(next, cfg.task.tgid),
-        group::THREAD => pid,
-        group::PIDNS => {
-            let ns = task_ptr(
-                task_ptr(next, cfg.task.nsproxy),
-                cfg.task.pid_ns_for_children,
-            );
-            task_u32::<false>(ns, cfg.task.pidns_inum)
-        }
-        _ => 0,
-    };
-    record(&cfg, key, lat, || {
-        read_kernel::<[u8; TASK_COMM_LEN]>(next, cfg.task.comm).unwrap_or([0; TASK_COMM_LEN])
-    });
 }
 
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn btf_sched_wakeup(ctx: BtfTracePointContext) -> i32 {
-    wakeup_task::<true>(ctx.arg(0));
+    wakeup_task::<ByPid, true>(ctx.arg(0));
     0
 }
 
 #[btf_tracepoint(function = "sched_wakeup_new")]
 pub fn btf_sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
-    wakeup_task::<true>(ctx.arg(0));
+    wakeup_task::<ByPid, true>(ctx.arg(0));
     0
 }
 
 #[btf_tracepoint(function = "sched_switch")]
 pub fn btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
-    switch_task::<true>(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    switch_task::<ByPid, true>(ctx.arg(0), ctx.arg(1), ctx.arg(2));
     0
 }
 
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn raw_sched_wakeup(ctx: RawTracePointContext) -> i32 {
-    wakeup_task::<false>(ctx.arg(0));
+    wakeup_task::<ByPid, false>(ctx.arg(0));
     0
 }
 
 #[raw_tracepoint(tracepoint = "sched_wakeup_new")]
 pub fn raw_sched_wakeup_new(ctx: RawTracePointContext) -> i32 {
-    wakeup_task::<false>(ctx.arg(0));
+    wakeup_task::<ByPid, false>(ctx.arg(0));
     0
 }
 
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
-    switch_task::<false>(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    switch_task::<ByPid, false>(ctx.arg(0), ctx.arg(1), ctx.arg(2));
     0
 }
 
@@ -280,7 +121,7 @@ fn tp_enqueue(ctx: &TracePointContext) {
             _ => return,
         }
     }
-    store_start(pid, unsafe { bpf_ktime_get_ns() });
+    ByPid::store(core::ptr::null(), pid, unsafe { bpf_ktime_get_ns() });
 }
 
 #[tracepoint(category = "sched", name = "sched_wakeup")]
@@ -315,7 +156,7 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
         && prev_state & 0xff == 0
         && (cfg.target_tgid == 0 || cfg.target_tgid == prev_tgid)
     {
-        store_start(prev_pid, now);
+        ByPid::store(core::ptr::null(), prev_pid, now);
     }
     let Ok(pid) = (unsafe { ctx.read_at::<u32>(cfg.tp.next_pid as usize) }) else {
         count_error(&ERRORS, ERR_READ);
@@ -324,7 +165,8 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
     if pid == 0 {
         return 0;
     }
-    let Some(lat) = take_latency(&cfg, pid, now) else {
+    let Some(lat) = ByPid::take(core::ptr::null(), pid).and_then(|start| latency(&cfg, start, now))
+    else {
         return 0;
     };
     let key = match cfg.group {

@@ -17,7 +17,7 @@ use rtrace_common::{
 use crate::{
     GlobalArgs,
     btf::Btf as KernelBtf,
-    features::{Features, Mechanism, attach_chain},
+    features::{Features, Mechanism, attach_chain, trim_verifier_log},
     objects,
     output::{
         self, IntervalArgs, Signals,
@@ -74,6 +74,10 @@ pub struct Args {
     /// (tp_btf, raw_tracepoint or tracepoint).
     #[arg(long, value_enum, value_name = "MECHANISM")]
     attach: Option<Mechanism>,
+    /// Keep enqueue times in a hash map even where task local storage, which
+    /// is cheaper, is available (for comparison and testing).
+    #[arg(long)]
+    no_task_storage: bool,
 }
 
 /// Resolves the task_struct members the BTF and raw tracepoint programs read.
@@ -119,25 +123,43 @@ struct MapSizes {
     by_id: u32,
 }
 
+/// Where the kernel side keeps enqueue timestamps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    /// Task local storage: the cheapest, needs tp_btf and task storage.
+    Task,
+    /// A preallocated hash map by thread id: works everywhere.
+    Hash,
+}
+
 /// Loads the object with `cfg` and attaches the programs for `m`.
-fn load_and_attach(m: Mechanism, cfg: &Config, sizes: MapSizes) -> anyhow::Result<Ebpf> {
+fn load_and_attach(
+    m: Mechanism,
+    store: Store,
+    cfg: &Config,
+    sizes: MapSizes,
+) -> anyhow::Result<Ebpf> {
+    let (object, prefix) = match (m, store) {
+        (Mechanism::TpBtf, Store::Task) => (objects::RUNQLAT_TS, "ts"),
+        (Mechanism::TpBtf, Store::Hash) => (objects::RUNQLAT, "btf"),
+        (Mechanism::RawTracepoint, _) => (objects::RUNQLAT, "raw"),
+        _ => (objects::RUNQLAT, "tp"),
+    };
     let mut ebpf = EbpfLoader::new()
+        // aya has no user-space type for task storage, which only the
+        // programs use.
+        .allow_unsupported_maps()
         .override_global("CONFIG", cfg, true)
         .map_max_entries("START", sizes.start)
         .map_max_entries("HISTS", sizes.by_id)
         .map_max_entries("TGIDS", sizes.by_id)
-        .load(objects::RUNQLAT)
+        .load(object)
         .context("cannot load the runqlat programs")?;
     let btf = match m {
         Mechanism::TpBtf => Some(Btf::from_sys_fs().context("cannot read kernel BTF")?),
         _ => None,
     };
     for hook in HOOKS {
-        let prefix = match m {
-            Mechanism::TpBtf => "btf",
-            Mechanism::RawTracepoint => "raw",
-            _ => "tp",
-        };
         let name = format!("{prefix}_{hook}");
         let prog = ebpf
             .program_mut(&name)
@@ -268,6 +290,13 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     };
 
     let mut features = Features::new();
+    // Task storage saves a hash update and delete per context switch; the
+    // hash map stays as the fallback if it is missing or fails to load.
+    let mut task_store = if args.no_task_storage {
+        Err("disabled by --no-task-storage".to_owned())
+    } else {
+        features.check(Mechanism::TaskStorage)
+    };
     let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
         let mut cfg = base;
         if m == Mechanism::Tracepoint {
@@ -300,13 +329,28 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 )?;
             }
         }
-        load_and_attach(m, &cfg, sizes)
+        if m == Mechanism::TpBtf && task_store.is_ok() {
+            match load_and_attach(m, Store::Task, &cfg, sizes) {
+                Ok(ebpf) => return Ok(ebpf),
+                Err(e) => task_store = Err(trim_verifier_log(&format!("{e:#}"))),
+            }
+        }
+        load_and_attach(m, Store::Hash, &cfg, sizes)
     })?;
+    let store = if mech == Mechanism::TpBtf && task_store.is_ok() {
+        "task_storage"
+    } else {
+        "hash"
+    };
     if global.verbose {
         for (m, why) in &skipped {
             eprintln!("rtrace: runqlat: skipped {m}: {why}");
         }
-        eprintln!("rtrace: runqlat: attached with {mech}");
+        let why = match (&task_store, mech) {
+            (Err(why), Mechanism::TpBtf) => format!(" (task storage: {why})"),
+            _ => String::new(),
+        };
+        eprintln!("rtrace: runqlat: attached with {mech}, enqueue times in {store}{why}");
     }
 
     let mut signals = Signals::new()?;
@@ -341,6 +385,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 "time": output::hms(),
                 "timestamp": output::epoch_secs(),
                 "attach": mech.name(),
+                "start_store": store,
                 "histograms": hists,
                 "errors": errors,
             }));
