@@ -7,6 +7,7 @@
 
 pub mod hist;
 pub mod offsets;
+pub mod probes;
 pub mod runqlat;
 
 /// Length of `task_struct.comm`, including the terminating NUL.

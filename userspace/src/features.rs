@@ -13,6 +13,8 @@ use aya::{
     },
 };
 
+use rtrace_common::probes;
+
 use crate::objects;
 
 /// A way of getting a program to run in the kernel.
@@ -192,58 +194,93 @@ impl Features {
             btf.as_ref()
                 .ok_or_else(|| "no kernel BTF at /sys/kernel/btf/vmlinux".to_owned())
         };
+        // Attaches, makes the event happen, and checks that the program ran:
+        // some kernels accept an attach that never delivers.
         macro_rules! try_attach {
-            ($ty:ty, $name:literal, |$p:ident| $body:expr) => {{
-                let $p: &mut $ty = ebpf
-                    .program_mut($name)
-                    .ok_or_else(|| format!("probe program {} missing", $name))?
-                    .try_into()
-                    .map_err(|e| chain(&e))?;
-                $body.map_err(|e| chain(&e))?;
+            ($ty:ty, $name:literal, $slot:expr, $trigger:expr, |$p:ident| $body:expr) => {{
+                let result = {
+                    let $p: &mut $ty = ebpf
+                        .program_mut($name)
+                        .ok_or_else(|| format!("probe program {} missing", $name))?
+                        .try_into()
+                        .map_err(|e| chain(&e))?;
+                    $body.map(drop).map_err(|e| chain(&e))
+                };
+                let result = result.and_then(|()| {
+                    $trigger();
+                    fired(ebpf, $slot)
+                });
                 // Unloading detaches: the probe must leave nothing behind.
-                let _ = $p.unload();
-                Ok(())
+                if let Some(prog) = ebpf.program_mut($name) {
+                    let _ = <&mut $ty>::try_from(prog).map(|p| p.unload());
+                }
+                result
             }};
         }
+        // A context switch of this thread.
+        let switch = || std::thread::sleep(std::time::Duration::from_millis(2));
+        // A read(2), which goes through vfs_read.
+        let read = || drop(std::fs::read("/proc/self/stat"));
+        let call = || {
+            std::hint::black_box(rtrace_uprobe_probe_target());
+        };
+        // Enough CPU time for a 100 µs sampling period to expire many times.
+        let spin = || {
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(5) {
+                std::hint::spin_loop();
+            }
+        };
         match m {
             Mechanism::Tracepoint => {
                 crate::tracefs::root().map_err(|e| e.to_string())?;
-                try_attach!(TracePoint, "probe_tracepoint", |p| p
-                    .load()
-                    .and_then(|()| p.attach("sched", "sched_switch")))
+                try_attach!(
+                    TracePoint,
+                    "probe_tracepoint",
+                    probes::TRACEPOINT,
+                    switch,
+                    |p| p.load().and_then(|()| p.attach("sched", "sched_switch"))
+                )
             }
-            Mechanism::RawTracepoint => try_attach!(RawTracePoint, "probe_raw_tracepoint", |p| p
-                .load()
-                .and_then(|()| p.attach("sched_switch"))),
+            Mechanism::RawTracepoint => try_attach!(
+                RawTracePoint,
+                "probe_raw_tracepoint",
+                probes::RAW_TRACEPOINT,
+                switch,
+                |p| p.load().and_then(|()| p.attach("sched_switch"))
+            ),
             Mechanism::TpBtf => {
                 let btf = need_btf()?.clone();
-                try_attach!(BtfTracePoint, "probe_tp_btf", |p| p
+                try_attach!(BtfTracePoint, "probe_tp_btf", probes::TP_BTF, switch, |p| p
                     .load("sched_switch", &btf)
                     .and_then(|()| p.attach()))
             }
             Mechanism::Fentry => {
                 let btf = need_btf()?.clone();
-                try_attach!(FEntry, "probe_fentry", |p| p
+                try_attach!(FEntry, "probe_fentry", probes::FENTRY, read, |p| p
                     .load("vfs_read", &btf)
                     .and_then(|()| p.attach()))
             }
             Mechanism::Fexit => {
                 let btf = need_btf()?.clone();
-                try_attach!(FExit, "probe_fexit", |p| p
+                try_attach!(FExit, "probe_fexit", probes::FEXIT, read, |p| p
                     .load("vfs_read", &btf)
                     .and_then(|()| p.attach()))
             }
-            Mechanism::Kprobe => try_attach!(KProbe, "probe_kprobe", |p| p
+            Mechanism::Kprobe => try_attach!(KProbe, "probe_kprobe", probes::KPROBE, read, |p| p
                 .load()
                 .and_then(|()| p.attach("vfs_read", 0))),
-            Mechanism::Kretprobe => try_attach!(KProbe, "probe_kretprobe", |p| p
-                .load()
-                .and_then(|()| p.attach("vfs_read", 0))),
+            Mechanism::Kretprobe => {
+                try_attach!(KProbe, "probe_kretprobe", probes::KRETPROBE, read, |p| p
+                    .load()
+                    .and_then(|()| p.attach("vfs_read", 0)))
+            }
             Mechanism::Uprobe => {
                 let exe = std::fs::read_link("/proc/self/exe").map_err(|e| e.to_string())?;
                 let pid = NonZeroU32::new(std::process::id()).expect("pid is nonzero");
-                try_attach!(UProbe, "probe_uprobe", |p| p.load().and_then(|()| p
-                    .attach(
+                try_attach!(UProbe, "probe_uprobe", probes::UPROBE, call, |p| p
+                    .load()
+                    .and_then(|()| p.attach(
                         "rtrace_uprobe_probe_target",
                         &exe,
                         UProbeScope::OneProcess(pid)
@@ -251,20 +288,40 @@ impl Features {
             }
             Mechanism::PerfEventSoftware | Mechanism::PerfEventHardware => {
                 let config = if m == Mechanism::PerfEventSoftware {
+                    // cpu-clock periods are nanoseconds.
                     PerfEventConfig::Software(SoftwareEvent::CpuClock)
                 } else {
                     PerfEventConfig::Hardware(HardwareEvent::CpuCycles)
                 };
-                try_attach!(PerfEvent, "probe_perf_event", |p| p.load().and_then(|()| p
-                    .attach(
+                try_attach!(
+                    PerfEvent,
+                    "probe_perf_event",
+                    probes::PERF_EVENT,
+                    spin,
+                    |p| p.load().and_then(|()| p.attach(
                         config,
                         PerfEventScope::CallingProcess { cpu: None },
-                        SamplePolicy::Period(1 << 40),
+                        SamplePolicy::Period(100_000),
                         false,
-                    )))
+                    ))
+                )
             }
             Mechanism::RingBuffer | Mechanism::TaskStorage => unreachable!("handled above"),
         }
+    }
+}
+
+/// Whether the probe program in `slot` has run since the object was loaded.
+fn fired(ebpf: &Ebpf, slot: u32) -> Result<(), String> {
+    let hits: aya::maps::Array<_, u64> = ebpf
+        .map("HITS")
+        .ok_or("probe map HITS missing")?
+        .try_into()
+        .map_err(|e| chain(&e))?;
+    match hits.get(&slot, 0) {
+        Ok(0) => Err("attached, but the program never ran when its event happened".to_owned()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(chain(&e)),
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod bench;
 mod setup;
+mod vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -28,8 +29,19 @@ enum Cli {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Every check: fmt, clippy on both sides, unit and root integration tests.
-    Test,
+    /// Every check: fmt, clippy on both sides, unit and root integration
+    /// tests on this kernel, then the integration tests on other kernels.
+    Test {
+        /// Skip the kernels under qemu (for quick iterations).
+        #[arg(long)]
+        no_vm: bool,
+    },
+    /// The integration tests on Debian's kernels under qemu.
+    VmTest {
+        /// Passed to every test executable, e.g. a test name filter.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Overhead benchmarks against the peers, measured in the same run.
     Bench {
         /// Which benchmark (default: all).
@@ -91,7 +103,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
     Ok(root().join("target/release/rtrace"))
 }
 
-fn test() -> anyhow::Result<()> {
+fn test(vm: bool) -> anyhow::Result<()> {
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(nightly_cargo().args(["fmt", "--check"]))?;
     run(cargo().args([
@@ -126,11 +138,21 @@ fn test() -> anyhow::Result<()> {
             "--test-threads=1",
         ])
         .env("RTRACE_BIN", &bin))?;
+    if vm {
+        vm::run_matrix(&[])?;
+    }
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     let cli = Cli::parse();
+    if let Err(e) = dispatch(cli) {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<()> {
     setup::ensure()?;
     match cli {
         Cli::Setup => Ok(()),
@@ -140,7 +162,8 @@ fn main() -> anyhow::Result<()> {
             let status = Command::new(&bin).args(&args).status()?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Cli::Test => test(),
+        Cli::Test { no_vm } => test(!no_vm),
+        Cli::VmTest { args } => vm::run_matrix(&args),
         Cli::Bench { name } => bench::run(name.as_deref()),
     }
 }
