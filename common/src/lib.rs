@@ -5,6 +5,8 @@
 //! implementations for user space; the eBPF crate never links aya.
 #![no_std]
 
+pub mod events;
+pub mod execsnoop;
 pub mod hist;
 pub mod offsets;
 pub mod probes;

@@ -4,6 +4,7 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
+pub mod events;
 pub mod task_storage;
 
 use aya_ebpf::{helpers::bpf_probe_read_kernel, maps::PerCpuArray};

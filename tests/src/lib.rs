@@ -223,3 +223,37 @@ pub const SIGINT: i32 = libc::SIGINT;
 pub const SIGTERM: i32 = libc::SIGTERM;
 /// SIGHUP.
 pub const SIGHUP: i32 = libc::SIGHUP;
+
+/// A fresh cgroup v2 directory, removed on drop: under the hybrid
+/// hierarchy's `unified` mount where there is one (this host), else under
+/// the cgroup2 root (the VM guests).
+pub struct TestCgroup {
+    /// The directory.
+    pub path: String,
+}
+
+impl TestCgroup {
+    /// Creates `rtrace-<tag>-<pid>`.
+    pub fn new(tag: &str) -> Self {
+        let root = if std::path::Path::new("/sys/fs/cgroup/unified").is_dir() {
+            "/sys/fs/cgroup/unified"
+        } else {
+            "/sys/fs/cgroup"
+        };
+        let path = format!("{root}/rtrace-{tag}-{}", std::process::id());
+        std::fs::create_dir(&path).unwrap();
+        Self { path }
+    }
+
+    /// Moves process `pid` into the cgroup.
+    pub fn add(&self, pid: u32) {
+        std::fs::write(format!("{}/cgroup.procs", self.path), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Fails while members live; they are the tests' children, gone by now.
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}

@@ -1,7 +1,7 @@
 //! `rtrace runqlat` against real context switches.
 
 use rtrace_integration_tests::{
-    PingPong, Rtrace, SIGHUP, SIGINT, SIGTERM, json_lines, run, text_hist_total,
+    PingPong, Rtrace, SIGHUP, SIGINT, SIGTERM, TestCgroup, json_lines, run, text_hist_total,
 };
 
 const ROUNDS: u64 = 5_000;
@@ -174,17 +174,11 @@ fn per_pidns_keys_by_namespace_inode() {
 
 #[test]
 fn cgroup_filter_keeps_only_members() {
-    let dir = format!("/sys/fs/cgroup/unified/rtrace-test-{}", std::process::id());
-    let root = if std::path::Path::new("/sys/fs/cgroup/unified").is_dir() {
-        dir
-    } else {
-        format!("/sys/fs/cgroup/rtrace-test-{}", std::process::id())
-    };
-    std::fs::create_dir(&root).unwrap();
+    let cgroup = TestCgroup::new("runqlat");
     let mut inside = PingPong::start(ROUNDS);
     let mut outside = PingPong::start(ROUNDS);
-    std::fs::write(format!("{root}/cgroup.procs"), inside.pid().to_string()).unwrap();
-    let rtrace = Rtrace::start(&["runqlat", "-P", "--json", "-c", &root]);
+    cgroup.add(inside.pid());
+    let rtrace = Rtrace::start(&["runqlat", "-P", "--json", "-c", &cgroup.path]);
     let before = inside.context_switches();
     inside.play();
     outside.play();
@@ -192,7 +186,7 @@ fn cgroup_filter_keeps_only_members() {
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     let inside_pid = inside.pid();
     drop(inside);
-    let _ = std::fs::remove_dir(&root);
+    drop(cgroup);
     assert_eq!(code, 0, "{stderr}");
     let obj = json_lines(&stdout).pop().unwrap();
     let hists = obj["histograms"].as_array().unwrap();

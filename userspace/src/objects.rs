@@ -12,6 +12,7 @@ macro_rules! objects {
 }
 
 objects! {
+    EXECSNOOP => "execsnoop",
     PROBES => "probes",
     RUNQLAT => "runqlat",
     RUNQLAT_TS => "runqlat_ts",

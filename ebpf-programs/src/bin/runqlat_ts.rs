@@ -9,8 +9,9 @@
 mod runqlat;
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use rtrace_ebpf::task_storage::TaskStorage;
-use runqlat::{Starts, switch_task, wakeup_task};
+use rtrace_common::runqlat::ERR_START_UPDATE;
+use rtrace_ebpf::{count_error, task_storage::TaskStorage};
+use runqlat::{ERRORS, Starts, switch_task, wakeup_task};
 
 /// Enqueue time of each task, 0 while it is not waiting.
 #[unsafe(link_section = ".maps")]
@@ -23,10 +24,14 @@ impl Starts for InTask {
     #[inline(always)]
     fn store(task: *const u8, _pid: u32, now: u64) {
         let p = TASK_START.get(task, true);
-        if !p.is_null() {
-            // SAFETY: `p` is this task's storage.
-            unsafe { *p = now };
+        if p.is_null() {
+            // Out of memory, or (before 6.19) the storage's per-CPU busy
+            // guard refusing a nested call: counted, never silent.
+            count_error(&ERRORS, ERR_START_UPDATE);
+            return;
         }
+        // SAFETY: `p` is this task's storage.
+        unsafe { *p = now };
     }
 
     #[inline(always)]

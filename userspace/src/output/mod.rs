@@ -5,6 +5,7 @@
 //! reaches a pipe or file as soon as it is printed; the loop flushes after
 //! each interval as well.
 
+pub mod events;
 pub mod hist;
 
 use std::{io::Write, time::Duration};

@@ -1,5 +1,6 @@
 //! The tools: one module each, and one line each in [`Command`] and [`run`].
 
+pub mod execsnoop;
 pub mod runqlat;
 
 use crate::GlobalArgs;
@@ -11,6 +12,8 @@ pub enum Command {
     Doctor,
     /// Summarize run queue (scheduler) latency as a histogram.
     Runqlat(runqlat::Args),
+    /// Trace exec() syscalls (execve and execveat).
+    Execsnoop(execsnoop::Args),
 }
 
 /// Runs one subcommand.
@@ -18,6 +21,7 @@ pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
     match command {
         Command::Doctor => crate::doctor::run(global),
         Command::Runqlat(args) => runqlat::run(args, global).await,
+        Command::Execsnoop(args) => execsnoop::run(args, global).await,
     }
 }
 

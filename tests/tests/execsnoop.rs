@@ -1,0 +1,246 @@
+//! `rtrace execsnoop` against real execs of uniquely named programs.
+
+use std::{path::PathBuf, process::Command};
+
+use rtrace_integration_tests::{Rtrace, SIGINT, TestCgroup, json_lines, run, workload_bin};
+
+/// A private copy of `true` under a name no other process uses, so that
+/// the test's execs can be told from the rest of the machine's.
+struct Program {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl Program {
+    fn new(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("rtrace-execsnoop-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("rtx{tag}{}", std::process::id()));
+        std::fs::copy("/usr/bin/true", &path).unwrap();
+        Self { dir, path }
+    }
+
+    fn path(&self) -> &str {
+        self.path.to_str().unwrap()
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs execsnoop with `extra` around `work`; returns the JSON events whose
+/// first argument mentions `needle`.
+fn traced(extra: &[&str], needle: &str, work: impl FnOnce()) -> Vec<serde_json::Value> {
+    let mut args = vec!["execsnoop", "--json"];
+    args.extend_from_slice(extra);
+    let rtrace = Rtrace::start(&args);
+    work();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(!stderr.contains("lost"), "{stderr}");
+    json_lines(&stdout)
+        .into_iter()
+        .filter(|e| {
+            e["args"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|s| s.as_str().is_some_and(|s| s.contains(needle)))
+            })
+        })
+        .collect()
+}
+
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn every_exec_is_reported_once_with_args_pid_ppid_and_ret() {
+    const N: usize = 25;
+    let prog = Program::new("n");
+    let mut pids = Vec::new();
+    let events = traced(&[], prog.path(), || {
+        for i in 0..N {
+            let mut child = Command::new(prog.path())
+                .args(["first", "with space", &i.to_string()])
+                .spawn()
+                .unwrap();
+            pids.push(child.id());
+            assert!(child.wait().unwrap().success());
+        }
+    });
+    assert_eq!(events.len(), N, "{events:#?}");
+    let comm: String = prog
+        .path
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .chars()
+        .take(15)
+        .collect();
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(
+            strings(&e["args"]),
+            [prog.path(), "first", "with space", &i.to_string()],
+            "{e}"
+        );
+        assert_eq!(e["pid"], pids[i], "{e}");
+        assert_eq!(e["ppid"], std::process::id(), "{e}");
+        assert_eq!(e["ret"], 0, "{e}");
+        assert_eq!(e["comm"], comm.as_str(), "{e}");
+        assert_eq!(e["syscall"], "execve", "{e}");
+        assert_eq!(e["truncated"], false, "{e}");
+    }
+}
+
+#[test]
+fn failed_exec_shows_only_with_x() {
+    let missing = std::env::temp_dir().join(format!("rtrace-missing-{}", std::process::id()));
+    let spawn_missing = || {
+        assert!(Command::new(&missing).arg("nope").spawn().is_err());
+    };
+    let needle = missing.to_str().unwrap();
+    let with_x = traced(&["-x"], needle, spawn_missing);
+    assert_eq!(with_x.len(), 1, "{with_x:#?}");
+    assert_eq!(with_x[0]["ret"], -2, "ENOENT: {}", with_x[0]);
+    assert_eq!(strings(&with_x[0]["args"]), [needle, "nope"]);
+    let without = traced(&[], needle, spawn_missing);
+    assert!(without.is_empty(), "{without:#?}");
+}
+
+#[test]
+fn execveat_through_a_descriptor_is_reported() {
+    let prog = Program::new("at");
+    let events = traced(&[], prog.path(), || {
+        let status = Command::new(workload_bin("execveat"))
+            .args([prog.path(), "via-fd"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    });
+    // AT_EMPTY_PATH passes no file name, so argv[0] leads.
+    let ours: Vec<_> = events
+        .iter()
+        .filter(|e| e["syscall"] == "execveat")
+        .collect();
+    assert_eq!(ours.len(), 1, "{events:#?}");
+    assert_eq!(strings(&ours[0]["args"]), [prog.path(), "via-fd"]);
+    assert_eq!(ours[0]["ret"], 0);
+}
+
+#[test]
+fn max_args_truncates_with_a_marker() {
+    let prog = Program::new("max");
+    let long = "y".repeat(300);
+    let events = traced(&["--max-args", "3"], prog.path(), || {
+        Command::new(prog.path())
+            .args(["a", "b", "c", "d", "e"])
+            .status()
+            .unwrap();
+        Command::new(prog.path()).arg(&long).status().unwrap();
+    });
+    assert_eq!(events.len(), 2, "{events:#?}");
+    assert_eq!(strings(&events[0]["args"]), [prog.path(), "a", "b"]);
+    assert_eq!(events[0]["truncated"], true);
+    // An argument longer than the 128 bytes kept is cut, and says so.
+    let args = strings(&events[1]["args"]);
+    assert_eq!(args[1], "y".repeat(127));
+    assert_eq!(events[1]["truncated"], true);
+}
+
+#[test]
+fn line_filter_matches_arguments_and_name_filter_matches_comm() {
+    let prog = Program::new("l");
+    let tag = format!("marker{}", std::process::id());
+    let work = || {
+        Command::new(prog.path()).arg(&tag).status().unwrap();
+        Command::new(prog.path()).arg("other").status().unwrap();
+    };
+    // -l looks at the arguments, not the command name (libbpf-tools' bug).
+    let events = traced(&["-l", &tag], prog.path(), work);
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(strings(&events[0]["args"])[1], tag);
+    let name = prog.path.file_name().unwrap().to_str().unwrap()[..6].to_owned();
+    let events = traced(&["-n", &name], prog.path(), work);
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let events = traced(&["-n", "no-such-command"], prog.path(), work);
+    assert!(events.is_empty(), "{events:#?}");
+}
+
+#[test]
+fn text_output_has_libbpf_tools_columns_and_ppid() {
+    let prog = Program::new("txt");
+    let rtrace = Rtrace::start(&["execsnoop", "-U", "-T", "-q"]);
+    let child = Command::new(prog.path())
+        .arg("q\"uote")
+        .spawn()
+        .unwrap()
+        .wait_with_output();
+    assert!(child.unwrap().status.success());
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["TIME", "UID", "PCOMM", "PID", "PPID", "RET", "ARGS"]
+    );
+    let line = lines
+        .find(|l| l.contains(prog.path()))
+        .unwrap_or_else(|| panic!("no line for the exec: {stdout}"));
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols[1], "0", "uid: {line}");
+    assert_eq!(cols[4], std::process::id().to_string(), "ppid: {line}");
+    assert_eq!(cols[5], "0", "ret: {line}");
+    assert!(
+        line.ends_with(&format!("\"{}\" \"q\\\"uote\"", prog.path())),
+        "quoted args: {line}"
+    );
+}
+
+#[test]
+fn cgroup_filter_keeps_only_members() {
+    let cgroup = TestCgroup::new("execsnoop");
+    let dir = cgroup.path.clone();
+    let prog = Program::new("cg");
+    let events = traced(&["-c", &dir], prog.path(), || {
+        // Inside: a shell moves itself into the cgroup, then execs.
+        let script = format!(
+            "echo $$ > {dir}/cgroup.procs && exec {} inside",
+            prog.path()
+        );
+        assert!(
+            Command::new("sh")
+                .args(["-c", &script])
+                .status()
+                .unwrap()
+                .success()
+        );
+        Command::new(prog.path()).arg("outside").status().unwrap();
+    });
+    drop(cgroup);
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(strings(&events[0]["args"])[1], "inside");
+}
+
+#[test]
+fn bad_input_gets_one_line_and_nonzero_exit() {
+    let (code, _, stderr) = run(&["execsnoop", "--max-args", "0"]);
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = run(&["execsnoop", "--max-args", "61"]);
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = run(&["execsnoop", "--buffer-size", "lots"]);
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = run(&["execsnoop", "-c", "/tmp"]);
+    assert_ne!(code, 0);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("not a cgroup v2 directory"), "{stderr}");
+}
