@@ -356,9 +356,9 @@ fn execsnoop() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let program = dir.join("rtrace_storm");
     std::fs::copy("/bin/true", &program).context("cannot copy /bin/true")?;
-    // The program followed by its argument: the storm's own command line
-    // names the program too, but not like this.
-    let needle = "rtrace_storm storm-";
+    // The workers' argument: in text and in JSON alike, and absent from the
+    // storm's own command line, which names the program too.
+    let needle = "storm-";
     let peer_args = stdbuf_args(&peer, &[]);
     let peer_args: Vec<&str> = peer_args.iter().map(String::as_str).collect();
     let setups = vec![
