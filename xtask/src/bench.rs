@@ -176,6 +176,21 @@ impl Setup {
             })),
         }
     }
+
+    /// libbpf-tools' `tool`, started through stdbuf: those tools never
+    /// flush stdout, so their lines (the header included) would not reach
+    /// the pipe.
+    fn libbpf_tools(tool: &str, ready: Ready, needle: Option<&str>) -> anyhow::Result<Self> {
+        let path = libbpf_tool(tool)?;
+        let path = path.to_str().context("non-UTF-8 tool path")?;
+        Ok(Self::traced(
+            format!("libbpf-tools {tool}"),
+            "stdbuf",
+            &["-oL", path],
+            ready,
+            needle,
+        ))
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -246,14 +261,6 @@ fn libbpf_tool(name: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("libbpf-tools' {name} is missing (Debian package libbpf-tools)"))
 }
 
-/// libbpf-tools' tools never flush stdout; stdbuf makes their lines (the
-/// header included) reach the pipe.
-fn stdbuf_args(tool: &Path, args: &[&str]) -> Vec<String> {
-    let mut v = vec!["-oL".to_owned(), tool.display().to_string()];
-    v.extend(args.iter().map(|&a| a.to_owned()));
-    v
-}
-
 /// Plays one ping-pong game; returns nanoseconds per round trip.
 fn pingpong(workload: &Path) -> anyhow::Result<f64> {
     let mut child = Command::new(workload)
@@ -281,18 +288,9 @@ fn pingpong(workload: &Path) -> anyhow::Result<f64> {
 fn runqlat() -> anyhow::Result<()> {
     let rtrace = crate::build()?;
     let workload = crate::root().join("target/release/pingpong");
-    let peer = libbpf_tool("runqlat")?;
-    let peer_args = stdbuf_args(&peer, &[]);
-    let peer_args: Vec<&str> = peer_args.iter().map(String::as_str).collect();
     let mut setups = vec![
         Setup::bare(),
-        Setup::traced(
-            "libbpf-tools runqlat",
-            "stdbuf",
-            &peer_args,
-            Ready::Stdout("Tracing"),
-            None,
-        ),
+        Setup::libbpf_tools("runqlat", Ready::Stdout("Tracing"), None)?,
     ];
     // The default comes first: the target is judged on it.
     let variants: [(&str, &[&str]); 4] = [
@@ -350,7 +348,6 @@ fn exec_storm(workload: &Path, program: &Path) -> anyhow::Result<f64> {
 fn execsnoop() -> anyhow::Result<()> {
     let rtrace = crate::build()?;
     let workload = crate::root().join("target/release/execstorm");
-    let peer = libbpf_tool("execsnoop")?;
     // A copy of `true` under a name nothing else runs, to count events by.
     let dir = crate::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
@@ -359,17 +356,9 @@ fn execsnoop() -> anyhow::Result<()> {
     // The workers' argument: in text and in JSON alike, and absent from the
     // storm's own command line, which names the program too.
     let needle = "storm-";
-    let peer_args = stdbuf_args(&peer, &[]);
-    let peer_args: Vec<&str> = peer_args.iter().map(String::as_str).collect();
     let setups = vec![
         Setup::bare(),
-        Setup::traced(
-            "libbpf-tools execsnoop",
-            "stdbuf",
-            &peer_args,
-            Ready::Stdout("PCOMM"),
-            Some(needle),
-        ),
+        Setup::libbpf_tools("execsnoop", Ready::Stdout("PCOMM"), Some(needle))?,
         Setup::traced(
             "rtrace execsnoop",
             &rtrace,

@@ -21,8 +21,7 @@ use aya_ebpf::{
 use rtrace_common::{
     events::{LOST_SLOTS, LOST_TABLE},
     execsnoop::{
-        ARG_SIZE, ARGS_SIZE, Config, EnterOffsets, Event, FLAG_EXECVEAT, FLAG_TRUNCATED,
-        HEADER_SIZE, MAX_ARGS,
+        ARG_SIZE, ARGS_SIZE, Config, Event, FLAG_EXECVEAT, FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS,
     },
 };
 use rtrace_ebpf::{count_error, events::emit_bytes, read_kernel};
@@ -74,8 +73,13 @@ fn push_arg(e: *mut Event, used: u32, src: *const u8) -> Option<u32> {
 }
 
 #[inline(always)]
-fn enter(ctx: &TracePointContext, offsets: EnterOffsets, flags: u32) {
+fn enter(ctx: &TracePointContext, flags: u32) {
     let cfg = CONFIG.load();
+    let offsets = if flags & FLAG_EXECVEAT != 0 {
+        cfg.execveat
+    } else {
+        cfg.execve
+    };
     let uid = bpf_get_current_uid_gid() as u32;
     if cfg.filter_uid != 0 && uid != cfg.uid {
         return;
@@ -168,13 +172,13 @@ fn finish(tid: u32, retval: i32) {
 
 #[tracepoint(category = "syscalls", name = "sys_enter_execve")]
 pub fn tp_sys_enter_execve(ctx: TracePointContext) -> u32 {
-    enter(&ctx, CONFIG.load().execve, 0);
+    enter(&ctx, 0);
     0
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_execveat")]
 pub fn tp_sys_enter_execveat(ctx: TracePointContext) -> u32 {
-    enter(&ctx, CONFIG.load().execveat, FLAG_EXECVEAT);
+    enter(&ctx, FLAG_EXECVEAT);
     0
 }
 

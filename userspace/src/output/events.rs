@@ -92,26 +92,32 @@ impl EventStream {
             tokio::select! {
                 guard = self.ring.readable_mut() => {
                     let mut guard = guard.context("cannot poll the ring buffer")?;
-                    let ring = guard.get_inner_mut();
-                    while let Some(item) = ring.next() {
-                        if !handle(&item)? {
-                            return Ok(());
-                        }
+                    if !drain(guard.get_inner_mut(), &mut handle)? {
+                        return Ok(());
                     }
                     guard.clear_ready();
                 }
                 () = signals.recv() => {
-                    let ring = self.ring.get_mut();
-                    while let Some(item) = ring.next() {
-                        if !handle(&item)? {
-                            break;
-                        }
-                    }
+                    drain(self.ring.get_mut(), &mut handle)?;
                     return Ok(());
                 }
             }
         }
     }
+}
+
+/// Hands every event now in `ring` to `handle`; `false` if `handle` asked
+/// to stop.
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    handle: &mut impl FnMut(&[u8]) -> anyhow::Result<bool>,
+) -> anyhow::Result<bool> {
+    while let Some(item) = ring.next() {
+        if !handle(&item)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Events lost so far, summed over CPUs: (ring buffer full, table full).

@@ -116,6 +116,12 @@ pub fn epoch_secs() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// A NUL-terminated kernel string (`comm`, a file name) as text.
+pub fn c_string(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
 /// Prints one JSON object as one line.
 pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
     let line = serde_json::to_string(value).context("cannot encode JSON")?;

@@ -95,11 +95,6 @@ struct Exec {
     execveat: bool,
 }
 
-fn cstr(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 /// Decodes a ring buffer record: the event's header, then its used bytes of
 /// arguments.
 fn decode(record: &[u8]) -> Option<Exec> {
@@ -125,7 +120,7 @@ fn decode(record: &[u8]) -> Option<Exec> {
         ppid: head.ppid,
         uid: head.uid,
         retval: head.retval,
-        comm: cstr(&head.comm),
+        comm: output::c_string(&head.comm),
         args,
         truncated: head.flags & FLAG_TRUNCATED != 0,
         execveat: head.flags & FLAG_EXECVEAT != 0,

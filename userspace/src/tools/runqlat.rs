@@ -224,12 +224,7 @@ impl Reader {
                 idle.push(key);
                 continue;
             }
-            let end = entry
-                .comm
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(entry.comm.len());
-            let comm = String::from_utf8_lossy(&entry.comm[..end]).into_owned();
+            let comm = output::c_string(&entry.comm);
             self.groups.insert(key, now);
             out.push((key, comm, delta));
         }
