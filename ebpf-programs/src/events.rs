@@ -1,19 +1,64 @@
-//! Sending events to user space through a ring buffer, with every event
-//! that cannot be sent counted rather than silently dropped.
+//! Sending events to user space, with every event that cannot be sent
+//! counted rather than silently dropped.
+//!
+//! Each event tool is built twice from one source: with a BPF ring buffer
+//! (5.8 and later), and with a perf buffer for older kernels. The tool's
+//! code names `crate::EVENTS`, which each of the two objects defines as its
+//! own kind of [`Sink`].
 
-use aya_ebpf::maps::{PerCpuArray, RingBuf};
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_F_CURRENT_CPU,
+    helpers::generated::bpf_perf_event_output,
+    maps::{PerCpuArray, PerfEventByteArray, RingBuf},
+};
 
 use rtrace_common::events::LOST_EVENT;
 
 use crate::count_error;
+
+/// Where a tool's events go.
+pub trait Sink {
+    /// Sends `bytes` as one record; `false` if there was no room.
+    fn send<C: EbpfContext>(&self, ctx: &C, bytes: &[u8]) -> bool;
+}
+
+impl Sink for RingBuf {
+    #[inline(always)]
+    fn send<C: EbpfContext>(&self, _ctx: &C, bytes: &[u8]) -> bool {
+        self.output::<[u8]>(bytes, 0).is_ok()
+    }
+}
+
+impl Sink for PerfEventByteArray {
+    #[inline(always)]
+    fn send<C: EbpfContext>(&self, ctx: &C, bytes: &[u8]) -> bool {
+        // aya-ebpf's `output` drops the helper's result, which is the only
+        // sign of a full buffer this side sees.
+        let map = (self as *const Self).cast_mut().cast();
+        // SAFETY: a perf event array map definition is the map pointer the
+        // helper takes, and `bytes` is readable for its length.
+        let ret = unsafe {
+            bpf_perf_event_output(
+                ctx.as_ptr(),
+                map,
+                u64::from(BPF_F_CURRENT_CPU as u32),
+                bytes.as_ptr().cast_mut().cast(),
+                bytes.len() as u64,
+            )
+        };
+        ret == 0
+    }
+}
 
 /// Sends the `len` bytes at `data` (at most `max`) as one record.
 ///
 /// # Safety
 /// `data` must point to at least `max` readable bytes of a map value.
 #[inline(always)]
-pub unsafe fn emit_bytes(
-    ring: &RingBuf,
+pub unsafe fn emit_bytes<S: Sink, C: EbpfContext>(
+    sink: &S,
+    ctx: &C,
     lost: &PerCpuArray<u64>,
     data: *const u8,
     len: usize,
@@ -26,7 +71,18 @@ pub unsafe fn emit_bytes(
     }
     // SAFETY: `len <= max` bytes are readable, per the contract.
     let bytes = unsafe { core::slice::from_raw_parts(data, len) };
-    if ring.output::<[u8]>(bytes, 0).is_err() {
+    if !sink.send(ctx, bytes) {
+        count_error(lost, LOST_EVENT);
+    }
+}
+
+/// Sends a whole `T` as one record.
+#[inline(always)]
+pub fn emit<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, lost: &PerCpuArray<u64>, value: &T) {
+    let size = core::mem::size_of::<T>();
+    // SAFETY: `value` is `size` readable bytes.
+    let bytes = unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size) };
+    if !sink.send(ctx, bytes) {
         count_error(lost, LOST_EVENT);
     }
 }

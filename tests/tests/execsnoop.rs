@@ -63,10 +63,19 @@ fn strings(v: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn every_exec_is_reported_once_with_args_pid_ppid_and_ret() {
+    every_exec_is_reported(&[], "n");
+}
+
+#[test]
+fn perf_buffer_transport_reports_every_exec() {
+    every_exec_is_reported(&["--perf-buffer"], "pb");
+}
+
+fn every_exec_is_reported(extra: &[&str], tag: &str) {
     const N: usize = 25;
-    let prog = Program::new("n");
+    let prog = Program::new(tag);
     let mut pids = Vec::new();
-    let events = traced(&[], prog.path(), || {
+    let mut events = traced(extra, prog.path(), || {
         for i in 0..N {
             let mut child = Command::new(prog.path())
                 .args(["first", "with space", &i.to_string()])
@@ -77,6 +86,8 @@ fn every_exec_is_reported_once_with_args_pid_ppid_and_ret() {
         }
     });
     assert_eq!(events.len(), N, "{events:#?}");
+    // Perf buffers are per CPU, so only each CPU's events keep their order.
+    events.sort_by_key(|e| e["args"][3].as_str().unwrap().parse::<usize>().unwrap());
     let comm: String = prog
         .path
         .file_name()

@@ -13,6 +13,7 @@ macro_rules! objects {
 
 objects! {
     EXECSNOOP => "execsnoop",
+    EXECSNOOP_PERF => "execsnoop_perf",
     PROBES => "probes",
     RUNQLAT => "runqlat",
     RUNQLAT_TS => "runqlat_ts",

@@ -16,7 +16,7 @@ use crate::{
     objects,
     output::{
         self, Signals,
-        events::{BufferArgs, EventStream, report_lost},
+        events::{BufferArgs, EventStream, Transport, report_lost},
     },
     privs, tracefs,
 };
@@ -175,12 +175,14 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     privs::check()?;
 
     let mut features = Features::new();
+    let (transport, why) = Transport::choose(&mut features, &args.buffer);
     let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, None, |_| {
         let cfg = config(&args)?;
-        let mut ebpf = EbpfLoader::new()
-            .override_global("CONFIG", &cfg, true)
-            .map_max_entries(output::events::RING, args.buffer.buffer_size.0.get())
-            .load(objects::EXECSNOOP)
+        let mut loader = EbpfLoader::new();
+        loader.override_global("CONFIG", &cfg, true);
+        let mut ebpf = transport
+            .size(&mut loader, &args.buffer)
+            .load(transport.object(objects::EXECSNOOP, objects::EXECSNOOP_PERF))
             .context("cannot load the execsnoop programs")?;
         if let Some(cg) = &cgroup {
             let mut map: CgroupArray<_> = ebpf
@@ -206,8 +208,9 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             eprintln!("rtrace: execsnoop: skipped {m}: {why}");
         }
         eprintln!("rtrace: execsnoop: attached with {mech} (execve, execveat, sched_process_exec)");
+        transport.report("execsnoop", why.as_deref());
     }
-    let mut stream = EventStream::new(&mut ebpf)?;
+    let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
     let mut signals = Signals::new()?;
     eprintln!("Tracing exec()s... Hit Ctrl-C to end.");
     if !global.json {
@@ -288,5 +291,5 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             Ok(true)
         })
         .await?;
-    report_lost(&ebpf)
+    report_lost(&ebpf, &stream)
 }
