@@ -11,6 +11,7 @@ pub mod hist;
 pub mod offsets;
 pub mod probes;
 pub mod runqlat;
+pub mod tcplife;
 
 /// Length of `task_struct.comm`, including the terminating NUL.
 pub const TASK_COMM_LEN: usize = 16;

@@ -25,6 +25,21 @@ pub fn read_kernel<T>(base: *const u8, offset: u32) -> Result<T, i64> {
         .map_err(i64::from)
 }
 
+/// A reference to a global's load-time value, read in place.
+///
+/// `Global::load` copies the whole value onto the 512-byte stack, which a
+/// large configuration cannot afford in every program. Laundering the
+/// address through a volatile read keeps the compiler from folding the
+/// fields to the object's initial zeros, as it would through a plain
+/// reference to the static.
+#[inline(always)]
+pub fn global<T: Copy>(g: &'static aya_ebpf::Global<T>) -> &'static T {
+    // `Global<T>` is `repr(transparent)` over the value.
+    let p = (g as *const aya_ebpf::Global<T>).cast::<T>();
+    // SAFETY: reads back a local just written; the pointer is the global's.
+    unsafe { &*core::ptr::read_volatile(&raw const p) }
+}
+
 /// Adds one to slot `index` of a per-CPU error counter array.
 #[inline(always)]
 pub fn count_error(errors: &PerCpuArray<u64>, index: u32) {

@@ -374,6 +374,40 @@ pub fn attach_chain<T>(
     Err(AttachError { tried })
 }
 
+/// Loads program `name` of `ebpf` and attaches it to tracepoint
+/// `category:event` with mechanism `m`: tp_btf (which needs the kernel's
+/// `btf`), raw_tracepoint or tracepoint.
+pub fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &str,
+    m: Mechanism,
+    category: &str,
+    event: &str,
+    btf: Option<&Btf>,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let prog = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing from the object"))?;
+    let attached = match (m, btf) {
+        (Mechanism::TpBtf, Some(btf)) => {
+            let p: &mut BtfTracePoint = prog.try_into()?;
+            p.load(event, btf).and_then(|()| p.attach().map(drop))
+        }
+        (Mechanism::TpBtf, None) => anyhow::bail!("tp_btf needs the kernel's BTF"),
+        (Mechanism::RawTracepoint, _) => {
+            let p: &mut RawTracePoint = prog.try_into()?;
+            p.load().and_then(|()| p.attach(event).map(drop))
+        }
+        (Mechanism::Tracepoint, _) => {
+            let p: &mut TracePoint = prog.try_into()?;
+            p.load().and_then(|()| p.attach(category, event).map(drop))
+        }
+        _ => anyhow::bail!("{m} cannot attach to tracepoint {category}:{event}"),
+    };
+    attached.with_context(|| format!("cannot attach {name} to {category}:{event}"))
+}
+
 /// The lockdown mode from securityfs, if it can be read.
 pub fn lockdown() -> String {
     std::fs::read_to_string("/sys/kernel/security/lockdown")

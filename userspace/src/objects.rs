@@ -17,4 +17,6 @@ objects! {
     PROBES => "probes",
     RUNQLAT => "runqlat",
     RUNQLAT_TS => "runqlat_ts",
+    TCPLIFE => "tcplife",
+    TCPLIFE_PERF => "tcplife_perf",
 }

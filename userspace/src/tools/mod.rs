@@ -2,6 +2,7 @@
 
 pub mod execsnoop;
 pub mod runqlat;
+pub mod tcplife;
 
 use crate::GlobalArgs;
 
@@ -14,6 +15,8 @@ pub enum Command {
     Runqlat(runqlat::Args),
     /// Trace exec() syscalls (execve and execveat).
     Execsnoop(execsnoop::Args),
+    /// Trace the lifespan of TCP sessions and summarize.
+    Tcplife(tcplife::Args),
 }
 
 /// Runs one subcommand.
@@ -22,6 +25,7 @@ pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
         Command::Doctor => crate::doctor::run(global),
         Command::Runqlat(args) => runqlat::run(args, global).await,
         Command::Execsnoop(args) => execsnoop::run(args, global).await,
+        Command::Tcplife(args) => tcplife::run(args, global).await,
     }
 }
 

@@ -7,7 +7,6 @@ use anyhow::Context as _;
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, PerCpuArray},
-    programs::{BtfTracePoint, RawTracePoint, TracePoint},
 };
 use rtrace_common::{
     offsets::{MISSING, TaskOffsets},
@@ -17,7 +16,7 @@ use rtrace_common::{
 use crate::{
     GlobalArgs,
     btf::Btf as KernelBtf,
-    features::{Features, Mechanism, attach_chain, trim_verifier_log},
+    features::{Features, Mechanism, attach_chain, attach_tracepoint, trim_verifier_log},
     objects,
     output::{
         self, IntervalArgs, Signals,
@@ -160,25 +159,14 @@ fn load_and_attach(
         _ => None,
     };
     for hook in HOOKS {
-        let name = format!("{prefix}_{hook}");
-        let prog = ebpf
-            .program_mut(&name)
-            .with_context(|| format!("program {name} missing from the object"))?;
-        let attached = match (m, &btf) {
-            (Mechanism::TpBtf, Some(btf)) => {
-                let p: &mut BtfTracePoint = prog.try_into()?;
-                p.load(hook, btf).and_then(|()| p.attach().map(drop))
-            }
-            (Mechanism::RawTracepoint, _) => {
-                let p: &mut RawTracePoint = prog.try_into()?;
-                p.load().and_then(|()| p.attach(hook).map(drop))
-            }
-            _ => {
-                let p: &mut TracePoint = prog.try_into()?;
-                p.load().and_then(|()| p.attach("sched", hook).map(drop))
-            }
-        };
-        attached.with_context(|| format!("cannot attach {name}"))?;
+        attach_tracepoint(
+            &mut ebpf,
+            &format!("{prefix}_{hook}"),
+            m,
+            "sched",
+            hook,
+            btf.as_ref(),
+        )?;
     }
     Ok(ebpf)
 }

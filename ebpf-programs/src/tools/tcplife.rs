@@ -1,0 +1,289 @@
+//! TCP session lifetimes, from `sock:inet_sock_set_state`.
+//!
+//! A socket's birth is its first state below FIN_WAIT1, and its event is
+//! sent when it reaches CLOSE. The owner is taken only where the socket's
+//! process is surely the one running: at connect (SYN_SENT), at close or
+//! shutdown (FIN_WAIT1, LAST_ACK) and when accept(2) returns it. A server's
+//! sockets change state in softirq context, where the running task is
+//! whoever was interrupted; peers that take the task there report
+//! `swapper` or a stranger as the owner.
+//!
+//! Included by the `tcplife` (ring buffer) and `tcplife_perf` (perf
+//! buffer) objects, which each define `EVENTS`.
+
+use aya_ebpf::{
+    EbpfContext, Global,
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
+    },
+    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+    maps::{HashMap, PerCpuArray},
+    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
+};
+use rtrace_common::{
+    events::{LOST_SLOTS, LOST_TABLE},
+    tcplife::{
+        AF_INET, AF_INET6, Config, Event, MAX_PORTS, OWNER_ACTIVE, OWNER_FIN_SENT, Owner,
+        SockOffsets,
+    },
+};
+use rtrace_ebpf::{count_error, events::emit, global, read_kernel};
+
+use crate::EVENTS;
+
+const TCP_SYN_SENT: i32 = 2;
+const TCP_FIN_WAIT1: i32 = 4;
+const TCP_CLOSE: i32 = 7;
+const TCP_LAST_ACK: i32 = 9;
+const IPPROTO_TCP: u16 = 6;
+/// `SOCK_DONE` in `sk_flags`: set when the peer's FIN is processed.
+const SOCK_DONE: u64 = 1 << 1;
+/// `BPF_F_NO_PREALLOC`: sockets come and go, and most machines have far
+/// fewer open than the table could hold.
+const NO_PREALLOC: u32 = 1;
+
+#[unsafe(no_mangle)]
+static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+
+/// Live sockets, by address; user space sets the size.
+#[map]
+static SOCKS: HashMap<u64, Owner> = HashMap::with_max_entries(65536, NO_PREALLOC);
+/// Events lost, by cause (`LOST_*`).
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
+/// Where an event is put together.
+#[map]
+static SCRATCH: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn port_listed(ports: &[u16; MAX_PORTS], n: u16, port: u16) -> bool {
+    if n == 0 {
+        return true;
+    }
+    for (i, p) in ports.iter().enumerate() {
+        if i as u16 >= n {
+            break;
+        }
+        if *p == port {
+            return true;
+        }
+    }
+    false
+}
+
+/// Makes the current process the owner of `sk`, unless it has one.
+#[inline(always)]
+fn claim(sk: u64) {
+    let Some(o) = SOCKS.get_ptr_mut(&sk) else {
+        return;
+    };
+    // SAFETY: `o` is a SOCKS value; a racing claim can only write the same
+    // kind of data.
+    unsafe {
+        if (*o).pid == 0 {
+            (*o).pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            (*o).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        }
+    }
+}
+
+/// Handles one state change of socket `sk`; `protocol` is the record's,
+/// or `None` where it must be read from the socket.
+#[inline(always)]
+fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Option<u16>) {
+    let cfg = global(&CONFIG);
+    let so = &cfg.sock;
+    let skp = sk as *const u8;
+    let protocol = match protocol {
+        Some(p) => p,
+        None => read_kernel::<u16>(skp, so.protocol).unwrap_or(0),
+    };
+    if protocol != IPPROTO_TCP {
+        return;
+    }
+    if newstate < TCP_FIN_WAIT1 {
+        let family = read_kernel::<u16>(skp, so.family).unwrap_or(0);
+        if cfg.family != 0 && family != cfg.family {
+            return;
+        }
+        let owner = Owner {
+            birth_ns: unsafe { bpf_ktime_get_ns() },
+            pid: 0,
+            flags: if newstate == TCP_SYN_SENT {
+                OWNER_ACTIVE
+            } else {
+                0
+            },
+            comm: [0; 16],
+        };
+        // Keep the first birth: ESTABLISHED follows SYN_SENT or SYN_RECV.
+        if SOCKS.get_ptr(&sk).is_none()
+            && SOCKS.insert(&sk, &owner, u64::from(BPF_NOEXIST)).is_err()
+            && SOCKS.get_ptr(&sk).is_none()
+        {
+            count_error(&LOST, LOST_TABLE);
+        }
+        if newstate == TCP_SYN_SENT {
+            claim(sk);
+        }
+        return;
+    }
+    if newstate == TCP_FIN_WAIT1 || newstate == TCP_LAST_ACK {
+        claim(sk);
+        if let Some(o) = SOCKS.get_ptr_mut(&sk) {
+            // SAFETY: `o` is a SOCKS value.
+            unsafe { (*o).flags |= OWNER_FIN_SENT };
+        }
+        return;
+    }
+    if newstate != TCP_CLOSE {
+        return;
+    }
+    // Sockets born before tracing began have no birth: skip them, as the
+    // lifetime would be wrong.
+    let Some(o) = SOCKS.get_ptr(&sk) else {
+        return;
+    };
+    // SAFETY: `o` is a SOCKS value, read before it is removed below.
+    let owner = unsafe { *o };
+    let _ = SOCKS.remove(&sk);
+    let (pid, comm) = if owner.pid != 0 {
+        (owner.pid, owner.comm)
+    } else {
+        // Closed without a close(2) of its own, such as by a reset
+        // before accept: the current task is the best left.
+        (
+            (bpf_get_current_pid_tgid() >> 32) as u32,
+            bpf_get_current_comm().unwrap_or([0; 16]),
+        )
+    };
+    if cfg.pid != 0 && pid != cfg.pid {
+        return;
+    }
+    let lport = u16::from_be(read_kernel::<u16>(skp, so.sport).unwrap_or(0));
+    let dport = u16::from_be(read_kernel::<u16>(skp, so.dport).unwrap_or(0));
+    if !port_listed(&cfg.lports, cfg.n_lports, lport)
+        || !port_listed(&cfg.dports, cfg.n_dports, dport)
+    {
+        return;
+    }
+    let Some(e) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let family = read_kernel::<u16>(skp, so.family).unwrap_or(0);
+    // SAFETY: `e` is this CPU's scratch event.
+    unsafe {
+        (*e).saddr = [0; 16];
+        (*e).daddr = [0; 16];
+        if family == AF_INET6 {
+            (*e).saddr = read_kernel(skp, so.v6_rcv_saddr).unwrap_or([0; 16]);
+            (*e).daddr = read_kernel(skp, so.v6_daddr).unwrap_or([0; 16]);
+        } else if family == AF_INET {
+            let s: [u8; 4] = read_kernel(skp, so.rcv_saddr).unwrap_or([0; 4]);
+            let d: [u8; 4] = read_kernel(skp, so.daddr).unwrap_or([0; 4]);
+            (&mut (*e).saddr)[..4].copy_from_slice(&s);
+            (&mut (*e).daddr)[..4].copy_from_slice(&d);
+        } else {
+            return;
+        }
+        (*e).span_ns = bpf_ktime_get_ns().saturating_sub(owner.birth_ns);
+        let (rx_fin, tx_fin) = fins(skp, so, owner.flags);
+        let rx: u64 = read_kernel(skp, so.bytes_received).unwrap_or(0);
+        let tx: u64 = read_kernel(skp, so.bytes_acked).unwrap_or(0);
+        (*e).rx_bytes = rx.saturating_sub(rx_fin);
+        (*e).tx_bytes = tx.saturating_sub(tx_fin + u64::from(owner.flags & OWNER_ACTIVE));
+        (*e).pid = pid;
+        (*e).lport = lport;
+        (*e).dport = dport;
+        (*e).family = family;
+        (*e)._pad = [0; 3];
+        (*e).comm = comm;
+        emit(&EVENTS, ctx, &LOST, &*e);
+    }
+}
+
+/// Whether the peer's FIN was received, and whether ours was acknowledged,
+/// as 0 or 1: each took a sequence number that the byte counters include.
+#[inline(always)]
+fn fins(sk: *const u8, so: &SockOffsets, owner_flags: u32) -> (u64, u64) {
+    let flags = read_kernel::<u64>(sk, so.sk_flags).unwrap_or(0);
+    let una = read_kernel::<u32>(sk, so.snd_una).unwrap_or(0);
+    let write = read_kernel::<u32>(sk, so.write_seq).unwrap_or(1);
+    (
+        u64::from(flags & SOCK_DONE != 0),
+        u64::from(owner_flags & OWNER_FIN_SENT != 0 && una == write),
+    )
+}
+
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn btf_inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
+    let sk: u64 = ctx.arg(0);
+    let newstate: i32 = ctx.arg(2);
+    state_change(&ctx, sk, newstate, None);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn raw_inet_sock_set_state(ctx: RawTracePointContext) -> i32 {
+    let sk: u64 = ctx.arg(0);
+    let newstate: i32 = ctx.arg(2);
+    state_change(&ctx, sk, newstate, None);
+    0
+}
+
+#[tracepoint(category = "sock", name = "inet_sock_set_state")]
+pub fn tp_inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    let tp = &global(&CONFIG).tp;
+    // SAFETY: the offsets come from the tracepoint's format file.
+    let read = || unsafe {
+        Some((
+            ctx.read_at::<u64>(tp.skaddr as usize).ok()?,
+            ctx.read_at::<i32>(tp.newstate as usize).ok()?,
+            ctx.read_at::<u16>(tp.protocol as usize).ok()?,
+        ))
+    };
+    if let Some((sk, newstate, protocol)) = read() {
+        state_change(&ctx, sk, newstate, Some(protocol));
+    }
+    0
+}
+
+/// accept(2) returned descriptor `fd`: its socket belongs to the caller.
+#[inline(always)]
+fn accepted(ctx: &TracePointContext) {
+    let cfg = global(&CONFIG);
+    let so = &cfg.sock;
+    let Ok(fd) = (unsafe { ctx.read_at::<i64>(cfg.tp.accept_ret as usize) }) else {
+        return;
+    };
+    if fd < 0 {
+        return;
+    }
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let read_ptr = |base: *const u8, off: u32| {
+        read_kernel::<*const u8>(base, off).unwrap_or(core::ptr::null())
+    };
+    let fdt = read_ptr(read_ptr(task, so.task_files), so.files_fdt);
+    let max = read_kernel::<u32>(fdt, so.fdt_max_fds).unwrap_or(0);
+    if fd as u64 >= u64::from(max) {
+        return;
+    }
+    let file = read_ptr(read_ptr(fdt, so.fdt_fd), fd as u32 * 8);
+    let sk = read_ptr(read_ptr(file, so.file_private), so.socket_sk);
+    if !sk.is_null() {
+        claim(sk as u64);
+    }
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_accept4")]
+pub fn tp_sys_exit_accept4(ctx: TracePointContext) -> u32 {
+    accepted(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_accept")]
+pub fn tp_sys_exit_accept(ctx: TracePointContext) -> u32 {
+    accepted(&ctx);
+    0
+}
