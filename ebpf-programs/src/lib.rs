@@ -7,7 +7,11 @@
 pub mod events;
 pub mod task_storage;
 
-use aya_ebpf::{helpers::bpf_probe_read_kernel, maps::PerCpuArray};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::bpf_probe_read_kernel,
+    maps::{HashMap, PerCpuArray},
+};
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use rtrace_common::hist::{self, Hist};
 
@@ -38,6 +42,32 @@ pub fn global<T: Copy>(g: &'static aya_ebpf::Global<T>) -> &'static T {
     let p = (g as *const aya_ebpf::Global<T>).cast::<T>();
     // SAFETY: reads back a local just written; the pointer is the global's.
     unsafe { &*core::ptr::read_volatile(&raw const p) }
+}
+
+/// `-EEXIST`: another CPU created the entry first.
+const EEXIST: i32 = -17;
+
+/// The value under `key`, created as a copy of `zero`'s first value if
+/// missing, and whether it was created here; `None` if the map is full.
+///
+/// Large values such as histograms cannot be built on the stack, so a
+/// new one is copied from a zeroed map value.
+#[inline(always)]
+pub fn get_or_insert<K, V>(
+    map: &HashMap<K, V>,
+    key: &K,
+    zero: &PerCpuArray<V>,
+) -> Option<(*mut V, bool)> {
+    if let Some(v) = map.get_ptr_mut(key) {
+        return Some((v, false));
+    }
+    let z = zero.get_ptr(0)?;
+    // SAFETY: `z` points to a map value.
+    match map.insert(key, unsafe { &*z }, u64::from(BPF_NOEXIST)) {
+        Ok(()) | Err(EEXIST) => {}
+        Err(_) => return None,
+    }
+    map.get_ptr_mut(key).map(|v| (v, true))
 }
 
 /// Adds one to slot `index` of a per-CPU error counter array.

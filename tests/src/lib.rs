@@ -257,3 +257,109 @@ impl Drop for TestCgroup {
         let _ = std::fs::remove_dir(&self.path);
     }
 }
+
+/// A loop block device over a fresh 16 MiB file, detached on drop. Set up
+/// with the loop ioctls directly, so that the VM guests need no losetup.
+pub struct LoopDevice {
+    /// The device's name in /sys/block, such as `loop3`.
+    pub name: String,
+    /// `/dev/<name>`.
+    pub path: String,
+    file: std::path::PathBuf,
+    dev: std::fs::File,
+}
+
+impl LoopDevice {
+    /// Attaches a new loop device.
+    pub fn new(tag: &str) -> Self {
+        use std::os::fd::AsRawFd as _;
+        const LOOP_SET_FD: libc::c_ulong = 0x4C00;
+        const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+        let file = std::env::temp_dir().join(format!("rtrace-{tag}-{}.img", std::process::id()));
+        let backing = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&file)
+            .unwrap();
+        backing.set_len(16 << 20).unwrap();
+        let control = std::fs::File::open("/dev/loop-control")
+            .expect("no /dev/loop-control: the loop driver is not loaded");
+        // Tests running at once may be handed the same free device; the
+        // loser of the race gets EBUSY and asks again.
+        let mut tries = 0;
+        let (n, path, dev) = loop {
+            // SAFETY: the ioctl takes no argument and returns a device number.
+            let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+            assert!(
+                n >= 0,
+                "LOOP_CTL_GET_FREE: {}",
+                std::io::Error::last_os_error()
+            );
+            let path = format!("/dev/loop{n}");
+            let dev = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            // SAFETY: the ioctl takes the backing file's descriptor.
+            let rc = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_SET_FD, backing.as_raw_fd()) };
+            if rc == 0 {
+                break (n, path, dev);
+            }
+            let err = std::io::Error::last_os_error();
+            tries += 1;
+            assert!(
+                err.raw_os_error() == Some(libc::EBUSY) && tries < 50,
+                "LOOP_SET_FD: {err}"
+            );
+        };
+        let me = Self {
+            name: format!("loop{n}"),
+            path,
+            file,
+            dev,
+        };
+        me.settle();
+        me
+    }
+
+    /// Waits until the device has no request in flight (udev or the
+    /// kernel may probe a new device's partition table).
+    pub fn settle(&self) {
+        let inflight = format!("/sys/block/{}/inflight", self.name);
+        for _ in 0..200 {
+            let busy = std::fs::read_to_string(&inflight)
+                .unwrap_or_default()
+                .split_whitespace()
+                .any(|n| n != "0");
+            if !busy {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("{} stayed busy", self.name);
+    }
+
+    /// Requests completed so far, from /sys/block/<name>/stat: reads,
+    /// writes, discards and flushes.
+    pub fn completed(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/sys/block/{}/stat", self.name)).unwrap();
+        let f: Vec<u64> = stat
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        [0, 4, 11, 15].iter().filter_map(|&i| f.get(i)).sum()
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd as _;
+        const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
+        // SAFETY: the ioctl takes no argument.
+        unsafe { libc::ioctl(self.dev.as_raw_fd(), LOOP_CLR_FD, 0) };
+        let _ = std::fs::remove_file(&self.file);
+    }
+}

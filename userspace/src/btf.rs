@@ -18,6 +18,7 @@ const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
+const KIND_FUNC_PROTO: u32 = 13;
 const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
@@ -69,6 +70,10 @@ struct Type {
     members: Vec<Member>,
     /// Element type and count, for arrays.
     array: Option<(u32, u32)>,
+    /// Parameters, for function prototypes.
+    params: u32,
+    /// Enumerators as (name, value), for enums.
+    values: Vec<(u32, i64)>,
 }
 
 /// A parsed BTF blob.
@@ -141,6 +146,8 @@ impl Btf {
             size_or_type: 0,
             members: Vec::new(),
             array: None,
+            params: 0,
+            values: Vec::new(),
         }];
         let mut at = 0;
         while at < type_data.len() {
@@ -157,6 +164,8 @@ impl Btf {
                 size_or_type,
                 members: Vec::new(),
                 array: None,
+                params: 0,
+                values: Vec::new(),
             };
             at += match kind {
                 KIND_INT | 14 | 17 => 4, // int encoding, var linkage, decl_tag index
@@ -177,8 +186,35 @@ impl Btf {
                     }
                     vlen * 12
                 }
-                KIND_ENUM | 13 => vlen * 8, // enum values, func_proto params
-                15 | KIND_ENUM64 => vlen * 12, // datasec vars, enum64 values
+                KIND_ENUM => {
+                    for i in 0..vlen {
+                        let v = at + i * 8;
+                        let value = u32_at(type_data, v + 4)?;
+                        // Signed enums (kind_flag) sign-extend.
+                        let value = if kind_flag {
+                            i64::from(value as i32)
+                        } else {
+                            i64::from(value)
+                        };
+                        t.values.push((u32_at(type_data, v)?, value));
+                    }
+                    vlen * 8
+                }
+                KIND_FUNC_PROTO => {
+                    t.params = vlen as u32;
+                    vlen * 8
+                }
+                KIND_ENUM64 => {
+                    for i in 0..vlen {
+                        let v = at + i * 12;
+                        let lo = u64::from(u32_at(type_data, v + 4)?);
+                        let hi = u64::from(u32_at(type_data, v + 8)?);
+                        t.values
+                            .push((u32_at(type_data, v)?, ((hi << 32) | lo) as i64));
+                    }
+                    vlen * 12
+                }
+                15 => vlen * 12, // datasec vars
                 _ => 0,
             };
             types.push(t);
@@ -258,6 +294,31 @@ impl Btf {
             }
         }
         None
+    }
+
+    /// The number of C arguments tracepoint `event` passes to tp_btf and
+    /// raw tracepoint programs, from its `btf_trace_<event>` typedef (whose
+    /// prototype has a leading context pointer besides).
+    pub fn tracepoint_args(&self, event: &str) -> Option<u32> {
+        let name = format!("btf_trace_{event}");
+        let def = self
+            .types
+            .iter()
+            .find(|t| t.kind == KIND_TYPEDEF && self.str(t.name) == name)?;
+        let ptr = self.types.get(def.size_or_type as usize)?;
+        let proto = self.types.get(ptr.size_or_type as usize)?;
+        (ptr.kind == KIND_PTR && proto.kind == KIND_FUNC_PROTO)
+            .then(|| proto.params.saturating_sub(1))
+    }
+
+    /// The value of enumerator `name`, in whichever enum defines it.
+    pub fn enum_value(&self, name: &str) -> Option<i64> {
+        self.types
+            .iter()
+            .filter(|t| matches!(t.kind, KIND_ENUM | KIND_ENUM64))
+            .flat_map(|t| &t.values)
+            .find(|(n, _)| self.str(*n) == name)
+            .map(|&(_, v)| v)
     }
 
     /// Resolves the first of several candidate member paths that exists,
@@ -362,6 +423,19 @@ mod tests {
             btf.member("no_such_struct", "x"),
             Err(BtfError::NoStruct(_))
         ));
+    }
+
+    #[test]
+    fn tracepoint_arguments_and_enum_values_resolve() {
+        let btf = kernel();
+        // sched_switch(bool preempt, prev, next, unsigned int prev_state)
+        // since 5.18.
+        assert_eq!(btf.tracepoint_args("sched_switch"), Some(4));
+        assert_eq!(btf.tracepoint_args("block_rq_issue"), Some(1));
+        assert_eq!(btf.tracepoint_args("no_such_event"), None);
+        assert_eq!(btf.enum_value("REQ_OP_READ"), Some(0));
+        assert_eq!(btf.enum_value("REQ_OP_WRITE"), Some(1));
+        assert_eq!(btf.enum_value("no_such_enumerator"), None);
     }
 
     #[test]

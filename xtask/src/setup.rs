@@ -11,15 +11,16 @@ use crate::run;
 const BPF_LINKER_VERSION: &str = "0.10.4";
 /// Debian packages: pahole checks the BTF reader, libbpf-tools is the peer
 /// the benchmarks compare against, util-linux has setpriv for the
-/// capability test, and qemu, busybox and cpio run the other kernels of
-/// `vm-test`.
-const PACKAGES: [&str; 6] = [
+/// capability test, and qemu, busybox, cpio and xz (for the guests' loop
+/// module) run the other kernels of `vm-test`.
+const PACKAGES: [&str; 7] = [
     "dwarves",
     "libbpf-tools",
     "util-linux",
     "qemu-system-x86",
     "busybox-static",
     "cpio",
+    "xz-utils",
 ];
 
 fn output(cmd: &mut Command) -> String {

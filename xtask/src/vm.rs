@@ -196,6 +196,7 @@ mount -t securityfs nodev /sys/kernel/security
 mount -t bpf nodev /sys/fs/bpf
 mount -t cgroup2 nodev /sys/fs/cgroup
 ip link set lo up
+insmod /lib/modules/$(uname -r)/loop.ko 2>/dev/null
 ulimit -l unlimited
 expect=$(sed -n 's/.*rtrace\.expect=\([^ ]*\).*/\1/p' /proc/cmdline)
 echo "{MARK} kernel $(uname -r)"
@@ -213,8 +214,51 @@ poweroff -f
     )
 }
 
+/// Puts the loop driver of the kernel at `image` (`…/boot/vmlinuz-REL`)
+/// into the tree as `/lib/modules/REL/loop.ko`, uncompressed for busybox's
+/// insmod: biolatency's tests need a block device, and Debian builds loop
+/// as a module.
+fn loop_module(tree: &Path, image: &Path) -> anyhow::Result<()> {
+    let release = image
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("vmlinuz-"))
+        .context("kernel image is not named vmlinuz-RELEASE")?;
+    let root = image
+        .parent()
+        .and_then(Path::parent)
+        .context("kernel image outside a tree")?;
+    let dir = root
+        .join("lib/modules")
+        .join(release)
+        .join("kernel/drivers/block");
+    let dest = tree.join("lib/modules").join(release);
+    fs::create_dir_all(&dest)?;
+    let plain = dir.join("loop.ko");
+    if plain.exists() {
+        fs::copy(&plain, dest.join("loop.ko"))?;
+        return Ok(());
+    }
+    let packed = dir.join("loop.ko.xz");
+    let out = Command::new("xz")
+        .arg("-dc")
+        .arg(&packed)
+        .output()
+        .context("cannot run xz (Debian package xz-utils)")?;
+    if !out.status.success() {
+        bail!("cannot unpack {}", packed.display());
+    }
+    fs::write(dest.join("loop.ko"), out.stdout)?;
+    Ok(())
+}
+
 /// Builds the initramfs shared by every kernel.
-fn initramfs(rtrace: &Path, filter: &[String], dir: &Path) -> anyhow::Result<PathBuf> {
+fn initramfs(
+    rtrace: &Path,
+    filter: &[String],
+    kernels: &[&Path],
+    dir: &Path,
+) -> anyhow::Result<PathBuf> {
     let tree = dir.join("tree");
     if tree.exists() {
         fs::remove_dir_all(&tree)?;
@@ -252,6 +296,9 @@ fn initramfs(rtrace: &Path, filter: &[String], dir: &Path) -> anyhow::Result<Pat
         if Path::new(tool).exists() {
             elves.push((PathBuf::from(tool), tool.to_owned()));
         }
+    }
+    for image in kernels {
+        loop_module(&tree, image)?;
     }
     let mut libs = BTreeSet::new();
     for (from, to) in &elves {
@@ -426,12 +473,20 @@ pub fn run_matrix(filter: &[String]) -> anyhow::Result<()> {
     let rtrace = crate::build()?;
     let work = root().join("target/vm");
     fs::create_dir_all(&work)?;
-    let initrd = initramfs(&rtrace, filter, &work)?;
-    let mut outcomes = Vec::new();
-    let mut failed = false;
+    let mut kernels = Vec::new();
     for (pattern, expect) in KERNELS {
         let package = newest_package(pattern)?;
         let image = kernel_image(&package)?;
+        kernels.push((package, image, expect));
+    }
+    let images: Vec<&Path> = kernels
+        .iter()
+        .map(|(_, image, _)| image.as_path())
+        .collect();
+    let initrd = initramfs(&rtrace, filter, &images, &work)?;
+    let mut outcomes = Vec::new();
+    let mut failed = false;
+    for (package, image, expect) in kernels {
         eprintln!("xtask: vm-test: booting {package}");
         let start = Instant::now();
         let (log, timed_out) = boot(&image, &initrd, expect)?;

@@ -10,7 +10,6 @@
 
 use aya_ebpf::{
     Global,
-    bindings::BPF_NOEXIST,
     helpers::bpf_ktime_get_ns,
     macros::map,
     maps::{HashMap, PerCpuArray},
@@ -20,7 +19,7 @@ use rtrace_common::{
     runqlat::{Config, ERR_COUNT, ERR_HIST_UPDATE, ERR_READ, Entry, group},
 };
 
-use rtrace_ebpf::{count_error, hist_record_local, hist_record_shared, read_kernel};
+use rtrace_ebpf::{count_error, get_or_insert, hist_record_local, hist_record_shared, read_kernel};
 
 /// `BPF_F_NO_PREALLOC`, for maps that are updated rarely: user space sizes
 /// them to `pid_max`, and preallocating that many entries would cost
@@ -28,8 +27,6 @@ use rtrace_ebpf::{count_error, hist_record_local, hist_record_shared, read_kerne
 pub const NO_PREALLOC: u32 = 1;
 /// How far up the cgroup tree `-c` looks for the target.
 const MAX_CGROUP_DEPTH: usize = 16;
-/// `-EEXIST`: another CPU created the entry first.
-const EEXIST: i32 = -17;
 
 /// Set by user space before load.
 #[unsafe(no_mangle)]
@@ -124,29 +121,14 @@ pub fn record(cfg: &Config, key: u32, value: u64, comm: impl FnOnce() -> [u8; TA
         }
         return;
     }
-    let entry = match HISTS.get_ptr_mut(key) {
-        Some(e) => e,
-        None => {
-            let Some(zero) = ZERO.get_ptr(0) else { return };
-            #[expect(
-                clippy::needless_borrows_for_generic_args,
-                reason = "passing by value would copy the entry onto the 512-byte stack"
-            )]
-            let inserted = HISTS.insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST));
-            match inserted {
-                Ok(()) | Err(EEXIST) => {}
-                Err(_) => {
-                    count_error(&ERRORS, ERR_HIST_UPDATE);
-                    return;
-                }
-            }
-            let Some(e) = HISTS.get_ptr_mut(key) else {
-                return;
-            };
-            unsafe { (*e).comm = comm() };
-            e
-        }
+    let Some((entry, created)) = get_or_insert(&HISTS, &key, &ZERO) else {
+        count_error(&ERRORS, ERR_HIST_UPDATE);
+        return;
     };
+    if created {
+        // SAFETY: `entry` is a HISTS value.
+        unsafe { (*entry).comm = comm() };
+    }
     // SAFETY: `entry` is a HISTS value.
     unsafe { hist_record_shared(&raw mut (*entry).hist, value) };
 }

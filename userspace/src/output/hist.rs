@@ -1,8 +1,9 @@
 //! Histogram rendering shared by every histogram tool: libbpf-tools' log2
 //! layout in text, percentiles from HdrHistogram, and a JSON form.
 
-use std::fmt::Write as _;
+use std::{collections::HashMap, fmt::Write as _, hash::Hash};
 
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use rtrace_common::hist::{self, SLOTS};
 use serde::Serialize;
 
@@ -24,6 +25,51 @@ impl Default for Snapshot {
             sum: 0,
             max: 0,
         }
+    }
+}
+
+/// Turns a kernel hash map of cumulative histograms into per-interval ones.
+pub struct KeyedDeltas<K> {
+    prev: HashMap<K, Snapshot>,
+}
+
+impl<K> Default for KeyedDeltas<K> {
+    fn default() -> Self {
+        Self {
+            prev: HashMap::new(),
+        }
+    }
+}
+
+impl<K: aya::Pod + Eq + Hash + Ord> KeyedDeltas<K> {
+    /// Each key's value and its counts since the last call, by key.
+    ///
+    /// Keys idle for a whole interval are dropped from the kernel map, so
+    /// that it holds only live ones; a key seen again starts afresh.
+    pub fn read<V: aya::Pod>(
+        &mut self,
+        map: &mut BpfHashMap<&mut MapData, K, V>,
+        hist: impl Fn(&V) -> &hist::Hist,
+    ) -> Vec<(K, V, Snapshot)> {
+        let entries: Vec<(K, V)> = map.iter().filter_map(Result::ok).collect();
+        let mut out = Vec::new();
+        for (key, value) in entries {
+            let mut now = Snapshot::default();
+            now.add(hist(&value));
+            let delta = match self.prev.get(&key) {
+                Some(prev) => now.since(prev),
+                None => now.clone(),
+            };
+            if delta.count() == 0 {
+                let _ = map.remove(&key);
+                self.prev.remove(&key);
+                continue;
+            }
+            self.prev.insert(key, now);
+            out.push((key, value, delta));
+        }
+        out.sort_by_key(|(k, _, _)| *k);
+        out
     }
 }
 

@@ -1,5 +1,6 @@
 //! The tools: one module each, and one line each in [`Command`] and [`run`].
 
+pub mod biolatency;
 pub mod execsnoop;
 pub mod runqlat;
 pub mod tcplife;
@@ -17,6 +18,8 @@ pub enum Command {
     Execsnoop(execsnoop::Args),
     /// Trace the lifespan of TCP sessions and summarize.
     Tcplife(tcplife::Args),
+    /// Summarize block device I/O latency as a histogram.
+    Biolatency(biolatency::Args),
 }
 
 /// Runs one subcommand.
@@ -26,6 +29,7 @@ pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
         Command::Runqlat(args) => runqlat::run(args, global).await,
         Command::Execsnoop(args) => execsnoop::run(args, global).await,
         Command::Tcplife(args) => tcplife::run(args, global).await,
+        Command::Biolatency(args) => biolatency::run(args, global).await,
     }
 }
 

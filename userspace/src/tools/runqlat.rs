@@ -1,7 +1,7 @@
 //! `rtrace runqlat`: run-queue latency histograms, as libbpf-tools' runqlat
 //! prints them, with percentiles and JSON besides.
 
-use std::{collections::HashMap, path::PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
 use aya::{
@@ -20,7 +20,7 @@ use crate::{
     objects,
     output::{
         self, IntervalArgs, Signals,
-        hist::{Snapshot, render_log2, render_percentiles},
+        hist::{KeyedDeltas, Snapshot, render_log2, render_percentiles},
     },
     privs, tracefs,
 };
@@ -175,7 +175,7 @@ fn load_and_attach(
 #[derive(Default)]
 struct Reader {
     total: Snapshot,
-    groups: HashMap<u32, Snapshot>,
+    groups: KeyedDeltas<u32>,
 }
 
 impl Reader {
@@ -193,35 +193,15 @@ impl Reader {
     }
 
     /// Per-group counts since the last call, with each group's command.
-    /// Groups idle for a whole interval are dropped from the kernel map so
-    /// that it holds only live ones.
     fn groups(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<(u32, String, Snapshot)>> {
         let mut map: BpfHashMap<_, u32, Entry> =
             BpfHashMap::try_from(ebpf.map_mut("HISTS").context("map HISTS missing")?)?;
-        let mut out = Vec::new();
-        let mut idle = Vec::new();
-        let entries: Vec<(u32, Entry)> = map.iter().filter_map(Result::ok).collect();
-        for (key, entry) in entries {
-            let mut now = Snapshot::default();
-            now.add(&entry.hist);
-            let delta = match self.groups.get(&key) {
-                Some(prev) => now.since(prev),
-                None => now.clone(),
-            };
-            if delta.count() == 0 {
-                idle.push(key);
-                continue;
-            }
-            let comm = output::c_string(&entry.comm);
-            self.groups.insert(key, now);
-            out.push((key, comm, delta));
-        }
-        for key in idle {
-            let _ = map.remove(&key);
-            self.groups.remove(&key);
-        }
-        out.sort_by_key(|(k, _, _)| *k);
-        Ok(out)
+        Ok(self
+            .groups
+            .read(&mut map, |e| &e.hist)
+            .into_iter()
+            .map(|(key, entry, delta)| (key, output::c_string(&entry.comm), delta))
+            .collect())
     }
 }
 

@@ -1,0 +1,250 @@
+//! Block I/O latency: from a request's issue to the device (or its insert
+//! into the queue, with `-Q`) to its completion, as histograms.
+//!
+//! Three sets of programs do the same job, one per attach mechanism. The
+//! BTF and raw tracepoint sets see `struct request` pointers, read through
+//! offsets from BTF; before 5.11 `block_rq_insert` and `block_rq_issue`
+//! passed the request queue first, so those come in two forms (`_q`):
+//! a program may not even mention an argument its tracepoint lacks. The classic
+//! tracepoint set keys requests by device and sector, as its records have
+//! no request address.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    EbpfContext, Global,
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::bpf_ktime_get_ns,
+    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+    maps::{CgroupArray, HashMap, PerCpuArray},
+    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
+};
+use rtrace_common::{
+    biolatency::{
+        Config, ERR_COUNT, ERR_HIST_UPDATE, ERR_START_UPDATE, Entry, FLAGS_RWBS, HistKey, StartKey,
+    },
+    offsets::MISSING,
+};
+use rtrace_ebpf::{count_error, get_or_insert, global, hist_record_shared, read_kernel};
+
+/// `-EEXIST`: with `-Q`, the insert already started the clock.
+const EEXIST: i64 = -17;
+
+#[unsafe(no_mangle)]
+static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+
+/// Start times of requests in flight; user space sets the size.
+#[map]
+static START: HashMap<StartKey, u64> = HashMap::with_max_entries(65536, 0);
+/// The histograms, by disk and flags as the options ask.
+#[map]
+static HISTS: HashMap<HistKey, Entry> = HashMap::with_max_entries(4096, 0);
+/// A zeroed histogram to create new ones from.
+#[map]
+static ZERO: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
+/// Work that could not be done, by cause (`ERR_*`).
+#[map]
+static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERR_COUNT, 0);
+/// The cgroup of `-c`.
+#[map]
+static CGROUP: CgroupArray = CgroupArray::with_max_entries(1, 0);
+
+/// The clock starts for `key` on `dev`; `insert` says whether the request
+/// is entering the queue rather than going to the device.
+#[inline(always)]
+fn start(key: StartKey, dev: u32, insert: bool) {
+    let cfg = global(&CONFIG);
+    if cfg.filter_dev != 0 && dev != cfg.dev {
+        return;
+    }
+    if cfg.filter_cgroup != 0 && CGROUP.current_task_under_cgroup(0) != Ok(true) {
+        return;
+    }
+    // With -Q a request that went through the queue keeps its insert time;
+    // one that bypassed it starts at issue.
+    let flags = if cfg.queued != 0 && !insert {
+        BPF_NOEXIST
+    } else {
+        BPF_ANY
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    match START.insert(&key, &now, u64::from(flags)) {
+        Ok(()) => {}
+        Err(e) if i64::from(e) == EEXIST && flags == BPF_NOEXIST => {}
+        Err(_) => count_error(&ERRORS, ERR_START_UPDATE),
+    }
+}
+
+/// The request `key` completed on `dev` with `flags`.
+#[inline(always)]
+fn done(key: StartKey, dev: u32, flags: u64) {
+    let Some(t) = START.get_ptr(&key) else {
+        return;
+    };
+    // SAFETY: `t` is a START value, read before it is removed.
+    let then = unsafe { *t };
+    let _ = START.remove(&key);
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now < then {
+        return;
+    }
+    let cfg = global(&CONFIG);
+    let hkey = HistKey {
+        dev: if cfg.per_disk != 0 { dev } else { 0 },
+        _pad: 0,
+        flags: if cfg.per_flags != 0 { flags } else { 0 },
+    };
+    let Some((h, _)) = get_or_insert(&HISTS, &hkey, &ZERO) else {
+        count_error(&ERRORS, ERR_HIST_UPDATE);
+        return;
+    };
+    let delta = (now - then) / if cfg.unit_ns > 1 { cfg.unit_ns } else { 1 };
+    // SAFETY: `h` is a HISTS value.
+    unsafe { hist_record_shared(h, delta) };
+}
+
+/// A request's disk as a kernel `dev_t`.
+#[inline(always)]
+fn rq_dev(rq: *const u8) -> u32 {
+    let o = &global(&CONFIG).rq;
+    let disk = if o.q_disk != MISSING {
+        let q = read_kernel::<*const u8>(rq, o.q).unwrap_or(core::ptr::null());
+        read_kernel::<*const u8>(q, o.q_disk)
+    } else {
+        read_kernel::<*const u8>(rq, o.rq_disk)
+    }
+    .unwrap_or(core::ptr::null());
+    let major = read_kernel::<u32>(disk, o.major).unwrap_or(0);
+    let minor = read_kernel::<u32>(disk, o.first_minor).unwrap_or(0);
+    (major << 20) | minor
+}
+
+fn rq_key(rq: *const u8) -> StartKey {
+    StartKey {
+        id: rq as u64,
+        dev: 0,
+        _pad: 0,
+    }
+}
+
+#[inline(always)]
+fn typed_start(rq: *const u8, insert: bool) {
+    start(rq_key(rq), rq_dev(rq), insert);
+}
+
+#[inline(always)]
+fn typed_done(rq: *const u8) {
+    let flags = read_kernel::<u32>(rq, global(&CONFIG).rq.cmd_flags).unwrap_or(0);
+    done(rq_key(rq), rq_dev(rq), u64::from(flags));
+}
+
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn btf_block_rq_insert(ctx: BtfTracePointContext) -> i32 {
+    typed_start(ctx.arg(0), true);
+    0
+}
+
+/// Before 5.11 the request queue came first.
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn btf_block_rq_insert_q(ctx: BtfTracePointContext) -> i32 {
+    typed_start(ctx.arg(1), true);
+    0
+}
+
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn btf_block_rq_issue(ctx: BtfTracePointContext) -> i32 {
+    typed_start(ctx.arg(0), false);
+    0
+}
+
+/// Before 5.11 the request queue came first.
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn btf_block_rq_issue_q(ctx: BtfTracePointContext) -> i32 {
+    typed_start(ctx.arg(1), false);
+    0
+}
+
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn btf_block_rq_complete(ctx: BtfTracePointContext) -> i32 {
+    typed_done(ctx.arg(0));
+    0
+}
+
+#[raw_tracepoint(tracepoint = "block_rq_insert")]
+pub fn raw_block_rq_insert(ctx: RawTracePointContext) -> i32 {
+    typed_start(ctx.arg(0), true);
+    0
+}
+
+/// Before 5.11 the request queue came first.
+#[raw_tracepoint(tracepoint = "block_rq_insert")]
+pub fn raw_block_rq_insert_q(ctx: RawTracePointContext) -> i32 {
+    typed_start(ctx.arg(1), true);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "block_rq_issue")]
+pub fn raw_block_rq_issue(ctx: RawTracePointContext) -> i32 {
+    typed_start(ctx.arg(0), false);
+    0
+}
+
+/// Before 5.11 the request queue came first.
+#[raw_tracepoint(tracepoint = "block_rq_issue")]
+pub fn raw_block_rq_issue_q(ctx: RawTracePointContext) -> i32 {
+    typed_start(ctx.arg(1), false);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "block_rq_complete")]
+pub fn raw_block_rq_complete(ctx: RawTracePointContext) -> i32 {
+    typed_done(ctx.arg(0));
+    0
+}
+
+/// Reads a record's device and sector at the given offsets.
+#[inline(always)]
+fn record_key<C: EbpfContext>(ctx: &C, dev: u32, sector: u32) -> Option<(StartKey, u32)> {
+    let ctx = ctx.as_ptr() as *const u8;
+    let dev = read_kernel::<u32>(ctx, dev).ok()?;
+    let sector = read_kernel::<u64>(ctx, sector).ok()?;
+    Some((
+        StartKey {
+            id: sector,
+            dev,
+            _pad: 0,
+        },
+        dev,
+    ))
+}
+
+#[inline(always)]
+fn record_start(ctx: &TracePointContext, insert: bool) {
+    let tp = &global(&CONFIG).tp;
+    if let Some((key, dev)) = record_key(ctx, tp.dev, tp.sector) {
+        start(key, dev, insert);
+    }
+}
+
+#[tracepoint(category = "block", name = "block_rq_insert")]
+pub fn tp_block_rq_insert(ctx: TracePointContext) -> u32 {
+    record_start(&ctx, true);
+    0
+}
+
+#[tracepoint(category = "block", name = "block_rq_issue")]
+pub fn tp_block_rq_issue(ctx: TracePointContext) -> u32 {
+    record_start(&ctx, false);
+    0
+}
+
+#[tracepoint(category = "block", name = "block_rq_complete")]
+pub fn tp_block_rq_complete(ctx: TracePointContext) -> u32 {
+    let tp = &global(&CONFIG).tp;
+    if let Some((key, dev)) = record_key(&ctx, tp.done_dev, tp.done_sector) {
+        // The first 7 bytes of `rwbs` are enough for every flag letter.
+        let rwbs = read_kernel::<u64>(ctx.as_ptr() as *const u8, tp.done_rwbs).unwrap_or(0);
+        done(key, dev, (rwbs & 0x00ff_ffff_ffff_ffff) | FLAGS_RWBS);
+    }
+    0
+}

@@ -1,0 +1,142 @@
+//! `rtrace biolatency` against direct I/O to a loop device, checked
+//! against the device's own completion counters.
+
+use std::process::Command;
+
+use rtrace_integration_tests::{
+    LoopDevice, Rtrace, SIGINT, json_lines, run, text_hist_total, workload_bin,
+};
+
+const READS: u64 = 120;
+const WRITES: u64 = 40;
+
+fn direct_io(dev: &LoopDevice, reads: u64, writes: u64) {
+    let out = Command::new(workload_bin("directio"))
+        .args([&dev.path, &reads.to_string(), &writes.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs biolatency with `extra` around direct I/O to a new loop device;
+/// returns its stdout and the device's completions meanwhile.
+fn traced(tag: &str, extra: &[&str]) -> (String, u64, LoopDevice) {
+    let dev = LoopDevice::new(tag);
+    let mut args = vec!["biolatency", "-d", &dev.name];
+    args.extend_from_slice(extra);
+    let rtrace = Rtrace::start(&args);
+    dev.settle();
+    let before = dev.completed();
+    direct_io(&dev, READS, WRITES);
+    dev.settle();
+    let done = dev.completed() - before;
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    (stdout, done, dev)
+}
+
+/// The single JSON histogram's count.
+fn json_total(stdout: &str) -> u64 {
+    let lines = json_lines(stdout);
+    assert_eq!(lines.len(), 1, "{stdout}");
+    lines[0]["histograms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["count"].as_u64().unwrap())
+        .sum()
+}
+
+fn check_total_matches_diskstats(tag: &str, extra: &[&str]) {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    let (stdout, done, _dev) = traced(tag, &args);
+    // The workload's requests cannot merge, so the device saw exactly them.
+    assert_eq!(done, READS + WRITES, "diskstats delta");
+    assert_eq!(json_total(&stdout), done, "{stdout}");
+}
+
+#[test]
+fn histogram_total_matches_diskstats() {
+    check_total_matches_diskstats("bl", &[]);
+}
+
+#[test]
+fn attach_raw_tracepoint_total_matches_diskstats() {
+    check_total_matches_diskstats("blraw", &["--attach", "raw_tracepoint"]);
+}
+
+#[test]
+fn attach_tracepoint_total_matches_diskstats() {
+    check_total_matches_diskstats("bltp", &["--attach", "tracepoint"]);
+}
+
+#[test]
+fn queued_time_counts_every_request_once() {
+    check_total_matches_diskstats("blq", &["-Q"]);
+}
+
+#[test]
+fn text_histogram_total_matches_diskstats_in_milliseconds() {
+    let (stdout, done, _dev) = traced("bltxt", &["-m"]);
+    assert!(stdout.contains("msecs"), "{stdout}");
+    assert_eq!(text_hist_total(&stdout), done, "{stdout}");
+}
+
+/// Counts per `flags` label, on every mechanism: BTF programs label
+/// `cmd_flags` through the kernel's enums, tracepoints their `rwbs`.
+#[test]
+fn per_flag_histograms_split_reads_from_writes() {
+    for mech in ["tp_btf", "tracepoint"] {
+        let (stdout, _, _dev) = traced("blf", &["--json", "-F", "--attach", mech]);
+        let line = &json_lines(&stdout)[0];
+        let mut reads = 0;
+        let mut writes = 0;
+        for h in line["histograms"].as_array().unwrap() {
+            let label = h["flags"].as_str().unwrap();
+            let n = h["count"].as_u64().unwrap();
+            if label.ends_with("-Read") || label == "Read" {
+                reads += n;
+            } else if label.ends_with("Write") {
+                assert!(label.contains("Sync"), "O_DIRECT writes are sync: {label}");
+                writes += n;
+            } else {
+                panic!("unexpected label {label} on {mech}");
+            }
+        }
+        assert_eq!((reads, writes), (READS, WRITES), "{mech}: {stdout}");
+    }
+}
+
+#[test]
+fn per_disk_histogram_is_named_after_the_disk() {
+    let (stdout, done, dev) = traced("bld", &["--json", "-D"]);
+    let line = &json_lines(&stdout)[0];
+    let hists = line["histograms"].as_array().unwrap();
+    assert_eq!(hists.len(), 1, "{stdout}");
+    assert_eq!(hists[0]["disk"], dev.name.as_str());
+    assert_eq!(hists[0]["count"], done);
+    let (text, done, dev) = traced("bldt", &["-D"]);
+    assert!(text.contains(&format!("disk = {}", dev.name)), "{text}");
+    assert_eq!(text_hist_total(&text), done);
+}
+
+#[test]
+fn bad_input_gets_one_line_and_nonzero_exit() {
+    let (code, _, stderr) = run(&["biolatency", "-d", "no-such-disk"]);
+    assert_ne!(code, 0);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("no such disk: no-such-disk"), "{stderr}");
+    let (code, _, stderr) = run(&["biolatency", "--bogus"]);
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = run(&["biolatency", "0"]);
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = run(&["biolatency", "--attach", "fentry"]);
+    assert_ne!(code, 0);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
