@@ -105,6 +105,11 @@ pub const OWNER_ACTIVE: u32 = 1;
 /// LAST_ACK), which `bytes_acked` includes once acknowledged.
 pub const OWNER_FIN_SENT: u32 = 2;
 
+/// `Owner::flags`: the socket reached ESTABLISHED. A passive socket that
+/// never did is a loser of the kernel's race to create a connection's
+/// child socket, closed at once, not a session.
+pub const OWNER_ESTABLISHED: u32 = 4;
+
 /// What is known of a socket while it lives: when it was born and which
 /// process owns it.
 #[repr(C)]

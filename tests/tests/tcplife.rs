@@ -80,6 +80,7 @@ fn check_both_ends(extra: &[&str], family: u8) {
     assert_eq!(servers.len(), N, "{events:#?}");
     for e in &clients {
         assert_eq!(e["pid"], s.client, "client end: {e}");
+        assert_eq!(e["comm"], "tcpsessions", "{e}");
         assert_eq!(
             (e["tx_bytes"].as_u64(), e["rx_bytes"].as_u64()),
             (Some(UP), Some(DOWN)),
@@ -90,7 +91,7 @@ fn check_both_ends(extra: &[&str], family: u8) {
         // The server's sockets change state in softirq context; the owner
         // must still be the server, not whoever was interrupted.
         assert_eq!(e["pid"], s.server, "server end: {e}");
-        assert_eq!(e["comm"], "tcpsessions", "{e}");
+        assert_eq!(e["comm"], "tcpserver", "{e}");
         assert_eq!(
             (e["tx_bytes"].as_u64(), e["rx_bytes"].as_u64()),
             (Some(DOWN), Some(UP)),

@@ -19,6 +19,11 @@ const ROUNDS: u64 = 200_000;
 const EXECS: u64 = 1_500;
 /// Exec storm workers: one per core of these machines.
 const EXEC_WORKERS: u64 = 2;
+/// TCP sessions per trial of the connect storm.
+const SESSIONS: u64 = 2_000;
+/// Direct reads and writes per trial of the block I/O case.
+const IO_READS: u64 = 15_000;
+const IO_WRITES: u64 = 5_000;
 /// Trials per configuration; the median is reported.
 const TRIALS: usize = 5;
 
@@ -27,11 +32,17 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
     match name {
         None => {
             runqlat()?;
-            execsnoop()
+            execsnoop()?;
+            tcplife()?;
+            biolatency()
         }
         Some("runqlat") => runqlat(),
         Some("execsnoop") => execsnoop(),
-        Some(other) => bail!("unknown benchmark {other}; known: runqlat, execsnoop"),
+        Some("tcplife") => tcplife(),
+        Some("biolatency") => biolatency(),
+        Some(other) => {
+            bail!("unknown benchmark {other}; known: runqlat, execsnoop, tcplife, biolatency")
+        }
     }
 }
 
@@ -198,58 +209,107 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Nanoseconds all loaded BPF programs have run so far (while run-time
+/// statistics are on).
+fn bpf_run_ns() -> u64 {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| p.run_time().as_nanos() as u64)
+        .sum()
+}
+
+/// One setup's results: the median cost per operation, the median time its
+/// BPF programs ran per operation, and what its tracer said each trial.
+struct Outcome {
+    cost: f64,
+    bpf_ns: f64,
+    stops: Vec<Stopped>,
+}
+
 /// Runs every setup `TRIALS` times, interleaved, timing `workload` (which
-/// returns the cost of one operation); returns each setup's median and the
-/// events its tracer counted in each trial.
+/// returns the cost of one operation and how many it did); returns each
+/// setup's medians and what its tracer said in each trial.
+///
+/// BPF run-time statistics are on meanwhile, so the kernel also measures
+/// the programs' own time: a cost that the workload's timing noise (cross-
+/// CPU wakeups, a loop device's worker) cannot hide.
 fn trials(
     setups: &[Setup],
     unit: &str,
-    workload: impl Fn() -> anyhow::Result<f64>,
-) -> anyhow::Result<Vec<(f64, Vec<Stopped>)>> {
-    let mut samples: Vec<(Vec<f64>, Vec<Stopped>)> =
-        setups.iter().map(|_| (Vec::new(), Vec::new())).collect();
+    workload: impl Fn() -> anyhow::Result<(f64, u64)>,
+) -> anyhow::Result<Vec<Outcome>> {
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .context("cannot turn on BPF run-time statistics")?;
+    let mut samples: Vec<(Vec<f64>, Vec<f64>, Vec<Stopped>)> = setups
+        .iter()
+        .map(|_| (Vec::new(), Vec::new(), Vec::new()))
+        .collect();
     for trial in 0..TRIALS {
         for (i, s) in setups.iter().enumerate() {
             let tracer = s.start.as_ref().map(|f| f()).transpose()?;
             // Let attach-time work settle before timing.
             std::thread::sleep(Duration::from_millis(200));
-            let cost = workload()?;
+            let before = bpf_run_ns();
+            let (cost, ops) = workload()?;
+            let bpf = bpf_run_ns().saturating_sub(before) as f64 / ops.max(1) as f64;
             if let Some(t) = tracer {
-                samples[i].1.push(t.stop()?);
+                samples[i].2.push(t.stop()?);
             }
-            eprintln!("  trial {}: {:<40} {cost:>10.0} {unit}", trial + 1, s.label);
+            eprintln!(
+                "  trial {}: {:<40} {cost:>10.0} {unit} {bpf:>8.0} bpf ns/op",
+                trial + 1,
+                s.label
+            );
             samples[i].0.push(cost);
+            samples[i].1.push(bpf);
         }
     }
     Ok(samples
         .into_iter()
-        .map(|(costs, stops)| (median(costs), stops))
+        .map(|(costs, bpf, stops)| Outcome {
+            cost: median(costs),
+            bpf_ns: median(bpf),
+            stops,
+        })
         .collect())
 }
 
 /// Prints the table of added cost per setup; setup 0 is bare and setup 1
-/// the peer. Returns rtrace's default (setup 2) ratio to the peer.
-fn report(setups: &[Setup], medians: &[f64], unit: &str) -> f64 {
-    let bare = medians[0];
-    let peer_added = medians[1] - bare;
+/// the peer. Returns rtrace's default (setup 2) ratios to the peer: of the
+/// added cost, and of the BPF programs' time.
+fn report(setups: &[Setup], results: &[Outcome], unit: &str) -> (f64, f64) {
+    let bare = results[0].cost;
+    let peer_added = results[1].cost - bare;
+    let peer_bpf = results[1].bpf_ns;
     println!();
     println!(
-        "{:<40} {:>14} {:>12} {:>14}",
+        "{:<40} {:>14} {:>12} {:>14} {:>12} {:>12}",
         "configuration",
         unit,
         format!("added {}", unit.split('/').next().unwrap_or(unit)),
-        "added vs peer"
+        "added vs peer",
+        "bpf ns/op",
+        "bpf vs peer"
     );
-    for (s, &m) in setups.iter().zip(medians) {
-        let added = m - bare;
-        let ratio = if s.start.is_none() {
-            String::from("-")
+    for (s, r) in setups.iter().zip(results) {
+        let added = r.cost - bare;
+        let (ratio, bpf_ratio) = if s.start.is_none() {
+            (String::from("-"), String::from("-"))
         } else {
-            format!("{:.2}", added / peer_added)
+            (
+                format!("{:.2}", added / peer_added),
+                format!("{:.2}", r.bpf_ns / peer_bpf),
+            )
         };
-        println!("{:<40} {m:>14.0} {added:>12.0} {ratio:>14}", s.label);
+        println!(
+            "{:<40} {:>14.0} {added:>12.0} {ratio:>14} {:>12.0} {bpf_ratio:>12}",
+            s.label, r.cost, r.bpf_ns
+        );
     }
-    (medians[2] - bare) / peer_added
+    (
+        (results[2].cost - bare) / peer_added,
+        results[2].bpf_ns / peer_bpf,
+    )
 }
 
 /// The peer's binary in libbpf-tools.
@@ -262,7 +322,7 @@ fn libbpf_tool(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// Plays one ping-pong game; returns nanoseconds per round trip.
-fn pingpong(workload: &Path) -> anyhow::Result<f64> {
+fn pingpong(workload: &Path) -> anyhow::Result<(f64, u64)> {
     let mut child = Command::new(workload)
         .args([ROUNDS.to_string(), "0".into()])
         .stdin(Stdio::piped())
@@ -282,7 +342,7 @@ fn pingpong(workload: &Path) -> anyhow::Result<f64> {
         .strip_prefix("done ")
         .and_then(|v| v.trim().parse().ok())
         .with_context(|| format!("pingpong said {line:?}"))?;
-    Ok(ns / ROUNDS as f64)
+    Ok((ns / ROUNDS as f64, ROUNDS))
 }
 
 fn runqlat() -> anyhow::Result<()> {
@@ -318,31 +378,28 @@ fn runqlat() -> anyhow::Result<()> {
          median of {TRIALS} interleaved trials"
     );
     let results = trials(&setups, "ns/round trip", || pingpong(&workload))?;
-    let medians: Vec<f64> = results.iter().map(|r| r.0).collect();
-    let ratio = report(&setups, &medians, "ns/round trip");
+    let (ratio, bpf_ratio) = report(&setups, &results, "ns/round trip");
     println!();
     println!(
         "target: rtrace (default attach) adds at most 0.50x what libbpf-tools adds: {ratio:.2}x, {}",
         if ratio <= 0.5 { "met" } else { "NOT met" }
     );
+    println!("its BPF programs run {bpf_ratio:.2}x as long per round trip as libbpf-tools'");
     Ok(())
 }
 
 /// Runs the exec storm; returns microseconds per exec.
-fn exec_storm(workload: &Path, program: &Path) -> anyhow::Result<f64> {
-    let out = Command::new(workload)
-        .arg(EXECS.to_string())
-        .arg(EXEC_WORKERS.to_string())
-        .arg(program)
-        .output()
-        .context("cannot start execstorm")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let ns: f64 = text
-        .trim()
-        .strip_prefix("done ")
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("execstorm said {text:?}"))?;
-    Ok(ns / 1000.0 / (EXECS * EXEC_WORKERS) as f64)
+fn exec_storm(workload: &Path, program: &Path) -> anyhow::Result<(f64, u64)> {
+    let ns = timed(
+        Command::new(workload)
+            .arg(EXECS.to_string())
+            .arg(EXEC_WORKERS.to_string())
+            .arg(program),
+    )?;
+    Ok((
+        ns / 1000.0 / (EXECS * EXEC_WORKERS) as f64,
+        EXECS * EXEC_WORKERS,
+    ))
 }
 
 fn execsnoop() -> anyhow::Result<()> {
@@ -380,13 +437,56 @@ fn execsnoop() -> anyhow::Result<()> {
          median of {TRIALS} interleaved trials"
     );
     let results = trials(&setups, "us/exec", || exec_storm(&workload, &program))?;
-    let medians: Vec<f64> = results.iter().map(|r| r.0).collect();
-    let ratio = report(&setups, &medians, "us/exec");
+    let (ratio, bpf_ratio) = report(&setups, &results, "us/exec");
+    report_events(
+        &setups,
+        &results,
+        expected,
+        "events seen (fewer means lost)",
+    );
+    let rtrace_lost = results[2]
+        .stops
+        .iter()
+        .chain(&results[3].stops)
+        .any(|t| t.events != expected);
     println!();
-    println!("events seen per trial (expected {expected}; fewer means lost):");
-    for (s, (_, stops)) in setups.iter().zip(&results).skip(1) {
-        let seen: Vec<String> = stops.iter().map(|t| t.events.to_string()).collect();
-        let warned = stops.iter().any(|t| t.stderr.contains("lost"));
+    println!(
+        "rtrace adds {ratio:.2}x what libbpf-tools adds per exec (BPF time {bpf_ratio:.2}x); \
+         events lost: {}",
+        if rtrace_lost { "SOME" } else { "none" }
+    );
+    Ok(())
+}
+
+/// Runs a workload that prints `done NANOSECONDS` last; returns the
+/// nanoseconds.
+fn timed(cmd: &mut Command) -> anyhow::Result<f64> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    text.lines()
+        .last()
+        .and_then(|l| l.strip_prefix("done "))
+        .and_then(|l| l.split(' ').next_back())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("{cmd:?} said {text:?}"))
+}
+
+/// Prints how many events each tracer attributed to the workload per
+/// trial, against what the workload did.
+fn report_events(setups: &[Setup], results: &[Outcome], expected: u64, what: &str) {
+    println!();
+    println!("{what} per trial (expected {expected}):");
+    for (s, r) in setups.iter().zip(results).skip(1) {
+        let seen: Vec<String> = r.stops.iter().map(|t| t.events.to_string()).collect();
+        let warned = r.stops.iter().any(|t| t.stderr.contains("lost"));
         println!(
             "  {:<40} {}{}",
             s.label,
@@ -398,15 +498,138 @@ fn execsnoop() -> anyhow::Result<()> {
             }
         );
     }
-    let rtrace_lost = results[2]
-        .1
-        .iter()
-        .chain(&results[3].1)
-        .any(|t| t.events != expected);
+}
+
+fn tcplife() -> anyhow::Result<()> {
+    let rtrace = crate::build()?;
+    let workload = crate::root().join("target/release/tcpsessions");
+    // The server end of every session belongs to the workload's server,
+    // which names itself so: one line per session should carry its name,
+    // whatever context the kernel closed the socket in.
+    let needle = "tcpserver";
+    let setups = vec![
+        Setup::bare(),
+        Setup::libbpf_tools("tcplife", Ready::Stdout("PID"), Some(needle))?,
+        Setup::traced(
+            "rtrace tcplife",
+            &rtrace,
+            &["tcplife"],
+            Ready::Stderr("Tracing"),
+            Some(needle),
+        ),
+        Setup::traced(
+            "rtrace tcplife --json",
+            &rtrace,
+            &["tcplife", "--json"],
+            Ready::Stderr("Tracing"),
+            Some(needle),
+        ),
+    ];
+    eprintln!(
+        "bench tcplife: {SESSIONS} loopback TCP sessions one after another (connect, 100 bytes \
+         each way, close) between two processes pinned to CPU 0, median of {TRIALS} \
+         interleaved trials"
+    );
+    let results = trials(&setups, "us/session", || {
+        // Both ends on one CPU: each hand-off is then a context switch,
+        // not a cross-CPU wakeup of an idle vCPU, whose cost swings with
+        // whatever else runs and drowned the tracers' cost.
+        let ns = timed(
+            Command::new("taskset")
+                .args(["-c", "0"])
+                .arg(&workload)
+                .args(["4", &SESSIONS.to_string(), "100", "100"]),
+        )?;
+        Ok((ns / 1000.0 / SESSIONS as f64, SESSIONS))
+    })?;
+    let (ratio, bpf_ratio) = report(&setups, &results, "us/session");
+    report_events(
+        &setups,
+        &results,
+        SESSIONS,
+        "server ends attributed to the server process",
+    );
     println!();
     println!(
-        "rtrace adds {ratio:.2}x what libbpf-tools adds per exec; events lost: {}",
-        if rtrace_lost { "SOME" } else { "none" }
+        "rtrace adds {ratio:.2}x what libbpf-tools adds per TCP session (BPF time {bpf_ratio:.2}x)"
+    );
+    Ok(())
+}
+
+/// A loop device over a file in `target/bench`, detached on drop.
+struct Loop(String);
+
+impl Loop {
+    fn new() -> anyhow::Result<Self> {
+        let dir = crate::root().join("target/bench");
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("loop.img");
+        std::fs::File::create(&file)?.set_len(64 << 20)?;
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&file)
+            .output()
+            .context("cannot run losetup (Debian package util-linux)")?;
+        if !out.status.success() {
+            bail!(
+                "losetup failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(Self(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+fn biolatency() -> anyhow::Result<()> {
+    let rtrace = crate::build()?;
+    let workload = crate::root().join("target/release/directio");
+    let dev = Loop::new()?;
+    let setups = vec![
+        Setup::bare(),
+        Setup::libbpf_tools("biolatency", Ready::Stdout("Tracing"), None)?,
+        Setup::traced(
+            "rtrace biolatency",
+            &rtrace,
+            &["biolatency"],
+            Ready::Stderr("Tracing"),
+            None,
+        ),
+        Setup::traced(
+            "rtrace biolatency -Q -F -D",
+            &rtrace,
+            &["biolatency", "-Q", "-F", "-D"],
+            Ready::Stderr("Tracing"),
+            None,
+        ),
+    ];
+    let total = IO_READS + IO_WRITES;
+    eprintln!(
+        "bench biolatency: {IO_READS} reads and {IO_WRITES} writes of 4 KiB with O_DIRECT on {}, \
+         one at a time, median of {TRIALS} interleaved trials",
+        dev.0
+    );
+    let results = trials(&setups, "ns/io", || {
+        let ns = timed(Command::new(&workload).args([
+            dev.0.as_str(),
+            &IO_READS.to_string(),
+            &IO_WRITES.to_string(),
+        ]))?;
+        Ok((ns / total as f64, total))
+    })?;
+    let (ratio, bpf_ratio) = report(&setups, &results, "ns/io");
+    println!();
+    // A loop device's I/O crosses to its worker thread, whose wakeup
+    // varies by microseconds: more than the tracers add, so the BPF time is
+    // the figure to judge by here.
+    println!(
+        "rtrace's BPF programs run {bpf_ratio:.2}x as long per direct I/O as libbpf-tools' \
+         (added wall time {ratio:.2}x, within the loop device's noise)"
     );
     Ok(())
 }

@@ -49,12 +49,14 @@ static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERR_COUNT, 0);
 #[map]
 static CGROUP: CgroupArray = CgroupArray::with_max_entries(1, 0);
 
-/// The clock starts for `key` on `dev`; `insert` says whether the request
-/// is entering the queue rather than going to the device.
+/// The clock starts for `key`, on the device `dev` gives; `insert` says
+/// whether the request is entering the queue rather than going to the
+/// device. The device is read only if `-d` needs it: every kernel read
+/// is a helper call, and they were most of the programs' time.
 #[inline(always)]
-fn start(key: StartKey, dev: u32, insert: bool) {
+fn start(key: StartKey, dev: impl FnOnce() -> u32, insert: bool) {
     let cfg = global(&CONFIG);
-    if cfg.filter_dev != 0 && dev != cfg.dev {
+    if cfg.filter_dev != 0 && dev() != cfg.dev {
         return;
     }
     if cfg.filter_cgroup != 0 && CGROUP.current_task_under_cgroup(0) != Ok(true) {
@@ -68,31 +70,32 @@ fn start(key: StartKey, dev: u32, insert: bool) {
         BPF_ANY
     };
     let now = unsafe { bpf_ktime_get_ns() };
-    match START.insert(&key, &now, u64::from(flags)) {
+    match START.insert(key, now, u64::from(flags)) {
         Ok(()) => {}
         Err(e) if i64::from(e) == EEXIST && flags == BPF_NOEXIST => {}
         Err(_) => count_error(&ERRORS, ERR_START_UPDATE),
     }
 }
 
-/// The request `key` completed on `dev` with `flags`.
+/// The request `key` completed, on the device `dev` gives, with the flags
+/// `flags` gives; each is read only if the histograms are split by it.
 #[inline(always)]
-fn done(key: StartKey, dev: u32, flags: u64) {
-    let Some(t) = START.get_ptr(&key) else {
+fn done(key: StartKey, dev: impl FnOnce() -> u32, flags: impl FnOnce() -> u64) {
+    let Some(t) = START.get_ptr(key) else {
         return;
     };
     // SAFETY: `t` is a START value, read before it is removed.
     let then = unsafe { *t };
-    let _ = START.remove(&key);
+    let _ = START.remove(key);
     let now = unsafe { bpf_ktime_get_ns() };
     if now < then {
         return;
     }
     let cfg = global(&CONFIG);
     let hkey = HistKey {
-        dev: if cfg.per_disk != 0 { dev } else { 0 },
+        dev: if cfg.per_disk != 0 { dev() } else { 0 },
         _pad: 0,
-        flags: if cfg.per_flags != 0 { flags } else { 0 },
+        flags: if cfg.per_flags != 0 { flags() } else { 0 },
     };
     let Some((h, _)) = get_or_insert(&HISTS, &hkey, &ZERO) else {
         count_error(&ERRORS, ERR_HIST_UPDATE);
@@ -129,13 +132,13 @@ fn rq_key(rq: *const u8) -> StartKey {
 
 #[inline(always)]
 fn typed_start(rq: *const u8, insert: bool) {
-    start(rq_key(rq), rq_dev(rq), insert);
+    start(rq_key(rq), || rq_dev(rq), insert);
 }
 
 #[inline(always)]
 fn typed_done(rq: *const u8) {
-    let flags = read_kernel::<u32>(rq, global(&CONFIG).rq.cmd_flags).unwrap_or(0);
-    done(rq_key(rq), rq_dev(rq), u64::from(flags));
+    let flags = || u64::from(read_kernel::<u32>(rq, global(&CONFIG).rq.cmd_flags).unwrap_or(0));
+    done(rq_key(rq), || rq_dev(rq), flags);
 }
 
 #[btf_tracepoint(function = "block_rq_insert")]
@@ -222,7 +225,7 @@ fn record_key<C: EbpfContext>(ctx: &C, dev: u32, sector: u32) -> Option<(StartKe
 fn record_start(ctx: &TracePointContext, insert: bool) {
     let tp = &global(&CONFIG).tp;
     if let Some((key, dev)) = record_key(ctx, tp.dev, tp.sector) {
-        start(key, dev, insert);
+        start(key, || dev, insert);
     }
 }
 
@@ -243,8 +246,11 @@ pub fn tp_block_rq_complete(ctx: TracePointContext) -> u32 {
     let tp = &global(&CONFIG).tp;
     if let Some((key, dev)) = record_key(&ctx, tp.done_dev, tp.done_sector) {
         // The first 7 bytes of `rwbs` are enough for every flag letter.
-        let rwbs = read_kernel::<u64>(ctx.as_ptr() as *const u8, tp.done_rwbs).unwrap_or(0);
-        done(key, dev, (rwbs & 0x00ff_ffff_ffff_ffff) | FLAGS_RWBS);
+        let flags = || {
+            let rwbs = read_kernel::<u64>(ctx.as_ptr() as *const u8, tp.done_rwbs).unwrap_or(0);
+            (rwbs & 0x00ff_ffff_ffff_ffff) | FLAGS_RWBS
+        };
+        done(key, || dev, flags);
     }
     0
 }

@@ -24,14 +24,15 @@ use aya_ebpf::{
 use rtrace_common::{
     events::{LOST_SLOTS, LOST_TABLE},
     tcplife::{
-        AF_INET, AF_INET6, Config, Event, MAX_PORTS, OWNER_ACTIVE, OWNER_FIN_SENT, Owner,
-        SockOffsets,
+        AF_INET, AF_INET6, Config, Event, MAX_PORTS, OWNER_ACTIVE, OWNER_ESTABLISHED,
+        OWNER_FIN_SENT, Owner, SockOffsets,
     },
 };
 use rtrace_ebpf::{count_error, events::emit, global, read_kernel};
 
 use crate::EVENTS;
 
+const TCP_ESTABLISHED: i32 = 1;
 const TCP_SYN_SENT: i32 = 2;
 const TCP_FIN_WAIT1: i32 = 4;
 const TCP_CLOSE: i32 = 7;
@@ -75,7 +76,7 @@ fn port_listed(ports: &[u16; MAX_PORTS], n: u16, port: u16) -> bool {
 /// Makes the current process the owner of `sk`, unless it has one.
 #[inline(always)]
 fn claim(sk: u64) {
-    let Some(o) = SOCKS.get_ptr_mut(&sk) else {
+    let Some(o) = SOCKS.get_ptr_mut(sk) else {
         return;
     };
     // SAFETY: `o` is a SOCKS value; a racing claim can only write the same
@@ -118,20 +119,25 @@ fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Optio
             comm: [0; 16],
         };
         // Keep the first birth: ESTABLISHED follows SYN_SENT or SYN_RECV.
-        if SOCKS.get_ptr(&sk).is_none()
-            && SOCKS.insert(&sk, &owner, u64::from(BPF_NOEXIST)).is_err()
-            && SOCKS.get_ptr(&sk).is_none()
+        if SOCKS.get_ptr(sk).is_none()
+            && SOCKS.insert(sk, owner, u64::from(BPF_NOEXIST)).is_err()
+            && SOCKS.get_ptr(sk).is_none()
         {
             count_error(&LOST, LOST_TABLE);
         }
         if newstate == TCP_SYN_SENT {
             claim(sk);
+        } else if newstate == TCP_ESTABLISHED
+            && let Some(o) = SOCKS.get_ptr_mut(sk)
+        {
+            // SAFETY: `o` is a SOCKS value.
+            unsafe { (*o).flags |= OWNER_ESTABLISHED };
         }
         return;
     }
     if newstate == TCP_FIN_WAIT1 || newstate == TCP_LAST_ACK {
         claim(sk);
-        if let Some(o) = SOCKS.get_ptr_mut(&sk) {
+        if let Some(o) = SOCKS.get_ptr_mut(sk) {
             // SAFETY: `o` is a SOCKS value.
             unsafe { (*o).flags |= OWNER_FIN_SENT };
         }
@@ -142,12 +148,15 @@ fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Optio
     }
     // Sockets born before tracing began have no birth: skip them, as the
     // lifetime would be wrong.
-    let Some(o) = SOCKS.get_ptr(&sk) else {
+    let Some(o) = SOCKS.get_ptr(sk) else {
         return;
     };
     // SAFETY: `o` is a SOCKS value, read before it is removed below.
     let owner = unsafe { *o };
-    let _ = SOCKS.remove(&sk);
+    let _ = SOCKS.remove(sk);
+    if owner.flags & (OWNER_ACTIVE | OWNER_ESTABLISHED) == 0 {
+        return;
+    }
     let (pid, comm) = if owner.pid != 0 {
         (owner.pid, owner.comm)
     } else {

@@ -296,7 +296,7 @@ fn drain_perf(
 ) -> anyhow::Result<bool> {
     let flow = buf.try_fold((), |(), event| {
         let result = match event {
-            PerfEvent::Sample { head, tail } if tail.is_empty() => handle(head),
+            PerfEvent::Sample { head, tail: [] } => handle(head),
             PerfEvent::Sample { head, tail } => {
                 joined.clear();
                 joined.extend_from_slice(head);
