@@ -374,38 +374,91 @@ pub fn attach_chain<T>(
     Err(AttachError { tried })
 }
 
-/// Loads program `name` of `ebpf` and attaches it to tracepoint
-/// `category:event` with mechanism `m`: tp_btf (which needs the kernel's
-/// `btf`), raw_tracepoint or tracepoint.
-pub fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    name: &str,
-    m: Mechanism,
-    category: &str,
-    event: &str,
-    btf: Option<&Btf>,
+/// The chain of tools that hook tracepoints: tp_btf reads typed arguments
+/// cheapest (5.5+), raw tracepoints get them untyped (4.17+), classic
+/// tracepoints only their records, everywhere.
+pub const TRACEPOINT_CHAIN: [Mechanism; 3] = [
+    Mechanism::TpBtf,
+    Mechanism::RawTracepoint,
+    Mechanism::Tracepoint,
+];
+
+/// Fails unless a forced mechanism (`--attach`) is one of `chain`'s.
+pub fn check_forced(
+    tool: &str,
+    forced: Option<Mechanism>,
+    chain: &[Mechanism],
 ) -> anyhow::Result<()> {
-    use anyhow::Context as _;
-    let prog = ebpf
-        .program_mut(name)
-        .with_context(|| format!("program {name} missing from the object"))?;
-    let attached = match (m, btf) {
-        (Mechanism::TpBtf, Some(btf)) => {
-            let p: &mut BtfTracePoint = prog.try_into()?;
-            p.load(event, btf).and_then(|()| p.attach().map(drop))
+    if let Some(m) = forced.filter(|m| !chain.contains(m)) {
+        let names: Vec<&str> = chain.iter().map(|m| m.name()).collect();
+        anyhow::bail!("{tool} cannot attach with {m}; use {}", names.join(", "));
+    }
+    Ok(())
+}
+
+/// Attaches a tool's programs to tracepoints with one mechanism of
+/// [`TRACEPOINT_CHAIN`].
+pub struct Hooks {
+    mech: Mechanism,
+    btf: Option<Btf>,
+}
+
+impl Hooks {
+    /// Prepares to attach with `mech`, reading the kernel's BTF for tp_btf.
+    pub fn new(mech: Mechanism) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let btf = match mech {
+            Mechanism::TpBtf => Some(Btf::from_sys_fs().context("cannot read kernel BTF")?),
+            _ => None,
+        };
+        Ok(Self { mech, btf })
+    }
+
+    /// The name prefix of the programs written for this mechanism, by
+    /// convention: `btf_`, `raw_` or `tp_` before the event's name.
+    pub fn prefix(&self) -> &'static str {
+        match self.mech {
+            Mechanism::TpBtf => "btf",
+            Mechanism::RawTracepoint => "raw",
+            _ => "tp",
         }
-        (Mechanism::TpBtf, None) => anyhow::bail!("tp_btf needs the kernel's BTF"),
-        (Mechanism::RawTracepoint, _) => {
-            let p: &mut RawTracePoint = prog.try_into()?;
-            p.load().and_then(|()| p.attach(event).map(drop))
-        }
-        (Mechanism::Tracepoint, _) => {
-            let p: &mut TracePoint = prog.try_into()?;
-            p.load().and_then(|()| p.attach(category, event).map(drop))
-        }
-        _ => anyhow::bail!("{m} cannot attach to tracepoint {category}:{event}"),
-    };
-    attached.with_context(|| format!("cannot attach {name} to {category}:{event}"))
+    }
+
+    /// Loads program `name` of `ebpf` and attaches it to tracepoint
+    /// `category:event`.
+    pub fn attach(
+        &self,
+        ebpf: &mut Ebpf,
+        name: &str,
+        category: &str,
+        event: &str,
+    ) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let prog = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the object"))?;
+        let attached = match (self.mech, &self.btf) {
+            (Mechanism::TpBtf, Some(btf)) => {
+                let p: &mut BtfTracePoint = prog.try_into()?;
+                p.load(event, btf).and_then(|()| p.attach().map(drop))
+            }
+            (Mechanism::RawTracepoint, _) => {
+                let p: &mut RawTracePoint = prog.try_into()?;
+                p.load().and_then(|()| p.attach(event).map(drop))
+            }
+            (Mechanism::Tracepoint, _) => {
+                let p: &mut TracePoint = prog.try_into()?;
+                p.load().and_then(|()| p.attach(category, event).map(drop))
+            }
+            (m, _) => anyhow::bail!("{m} cannot attach to tracepoint {category}:{event}"),
+        };
+        attached.with_context(|| format!("cannot attach {name} to {category}:{event}"))
+    }
+
+    /// Attaches the conventionally named program for `category:event`.
+    pub fn attach_event(&self, ebpf: &mut Ebpf, category: &str, event: &str) -> anyhow::Result<()> {
+        self.attach(ebpf, &format!("{}_{event}", self.prefix()), category, event)
+    }
 }
 
 /// The lockdown mode from securityfs, if it can be read.

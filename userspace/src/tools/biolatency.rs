@@ -1,12 +1,12 @@
 //! `rtrace biolatency`: block I/O latency histograms, as libbpf-tools'
 //! biolatency prints them, with percentiles and JSON besides.
 
-use std::{collections::HashMap, io::Write as _, os::fd::AsRawFd as _, path::PathBuf};
+use std::{collections::HashMap, io::Write as _, path::PathBuf};
 
 use anyhow::Context as _;
 use aya::{
-    Btf, Ebpf, EbpfLoader,
-    maps::{CgroupArray, HashMap as BpfHashMap, PerCpuArray},
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, PerCpuArray},
 };
 use rtrace_common::{
     biolatency::{
@@ -18,7 +18,7 @@ use rtrace_common::{
 use crate::{
     GlobalArgs,
     btf::Btf as KernelBtf,
-    features::{Features, Mechanism, attach_chain, attach_tracepoint},
+    features::{Features, Hooks, Mechanism, TRACEPOINT_CHAIN, attach_chain, check_forced},
     objects,
     output::{
         self, IntervalArgs, Signals,
@@ -27,13 +27,9 @@ use crate::{
     privs, tracefs,
 };
 
-/// Best first: typed and raw arguments give the request itself; classic
-/// tracepoints only its device and sector.
-const CHAIN: [Mechanism; 3] = [
-    Mechanism::TpBtf,
-    Mechanism::RawTracepoint,
-    Mechanism::Tracepoint,
-];
+/// Typed and raw arguments give the request itself; classic tracepoints
+/// only its device and sector.
+const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 
 /// Summarize block device I/O latency as a histogram.
 #[derive(Debug, clap::Args)]
@@ -267,20 +263,9 @@ fn read_errors(ebpf: &Ebpf) -> anyhow::Result<Vec<u64>> {
 
 /// Runs the tool.
 pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    if let Some(m) = args.attach.filter(|m| !CHAIN.contains(m)) {
-        anyhow::bail!(
-            "biolatency cannot attach with {m}; use tp_btf, raw_tracepoint or tracepoint"
-        );
-    }
+    check_forced("biolatency", args.attach, &CHAIN)?;
     let dev = args.disk_name.as_deref().map(disk_by_name).transpose()?;
-    let cgroup = args
-        .cgroup
-        .as_deref()
-        .map(|p| {
-            super::cgroup_id(p)?;
-            std::fs::File::open(p).with_context(|| format!("cannot open cgroup {}", p.display()))
-        })
-        .transpose()?;
+    let cgroup = super::open_cgroup(args.cgroup.as_deref())?;
     privs::check()?;
 
     let (unit, unit_ns) = if args.milliseconds {
@@ -317,22 +302,9 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             .load(objects::BIOLATENCY)
             .context("cannot load the biolatency programs")?;
         if let Some(cg) = &cgroup {
-            let mut map: CgroupArray<_> = ebpf
-                .map_mut("CGROUP")
-                .context("map CGROUP missing")?
-                .try_into()?;
-            map.set(0, cg.as_raw_fd(), 0)
-                .context("cannot set the cgroup filter")?;
+            super::set_cgroup(&mut ebpf, cg)?;
         }
-        let kernel_btf = match m {
-            Mechanism::TpBtf => Some(Btf::from_sys_fs().context("cannot read kernel BTF")?),
-            _ => None,
-        };
-        let prefix = match m {
-            Mechanism::TpBtf => "btf",
-            Mechanism::RawTracepoint => "raw",
-            _ => "tp",
-        };
+        let attacher = Hooks::new(m)?;
         let hooks: &[&str] = if args.queued {
             &["block_rq_insert", "block_rq_issue", "block_rq_complete"]
         } else {
@@ -345,8 +317,8 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 } else {
                     ""
                 };
-            let name = format!("{prefix}_{hook}{suffix}");
-            attach_tracepoint(&mut ebpf, &name, m, "block", hook, kernel_btf.as_ref())?;
+            let name = format!("{}_{hook}{suffix}", attacher.prefix());
+            attacher.attach(&mut ebpf, &name, "block", hook)?;
         }
         Ok(ebpf)
     })?;

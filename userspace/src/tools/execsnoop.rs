@@ -1,10 +1,10 @@
 //! `rtrace execsnoop`: one line per exec, as libbpf-tools' execsnoop prints
 //! it, plus a PPID column, execveat, full argv and JSON.
 
-use std::{fmt::Write as _, io::Write as _, os::fd::AsRawFd as _, path::PathBuf, time::Instant};
+use std::{fmt::Write as _, io::Write as _, path::PathBuf, time::Instant};
 
 use anyhow::Context as _;
-use aya::{EbpfLoader, maps::CgroupArray, programs::TracePoint};
+use aya::EbpfLoader;
 use rtrace_common::execsnoop::{
     Config, EnterOffsets, Event, FLAG_EXECVEAT, FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS,
 };
@@ -12,7 +12,7 @@ use rtrace_common::execsnoop::{
 use crate::{
     GlobalArgs,
     btf::Btf as KernelBtf,
-    features::{Features, Mechanism, attach_chain},
+    features::{Features, Hooks, Mechanism, attach_chain},
     objects,
     output::{
         self, Signals,
@@ -25,13 +25,13 @@ use crate::{
 /// syscall functions would see nothing they miss.
 const CHAIN: [Mechanism; 1] = [Mechanism::Tracepoint];
 
-/// The programs, as (name, category, tracepoint).
-const HOOKS: [(&str, &str, &str); 5] = [
-    ("tp_sys_enter_execve", "syscalls", "sys_enter_execve"),
-    ("tp_sys_enter_execveat", "syscalls", "sys_enter_execveat"),
-    ("tp_sys_exit_execve", "syscalls", "sys_exit_execve"),
-    ("tp_sys_exit_execveat", "syscalls", "sys_exit_execveat"),
-    ("tp_sched_process_exec", "sched", "sched_process_exec"),
+/// The tracepoints, as (category, event); each has a `tp_<event>` program.
+const HOOKS: [(&str, &str); 5] = [
+    ("syscalls", "sys_enter_execve"),
+    ("syscalls", "sys_enter_execveat"),
+    ("syscalls", "sys_exit_execve"),
+    ("syscalls", "sys_exit_execveat"),
+    ("sched", "sched_process_exec"),
 ];
 
 /// Trace exec() syscalls (execve and execveat).
@@ -164,14 +164,7 @@ fn config(args: &Args) -> anyhow::Result<Config> {
 
 /// Runs the tool.
 pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    let cgroup = args
-        .cgroup
-        .as_deref()
-        .map(|p| {
-            super::cgroup_id(p)?;
-            std::fs::File::open(p).with_context(|| format!("cannot open cgroup {}", p.display()))
-        })
-        .transpose()?;
+    let cgroup = super::open_cgroup(args.cgroup.as_deref())?;
     privs::check()?;
 
     let mut features = Features::new();
@@ -185,21 +178,11 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             .load(transport.object(objects::EXECSNOOP, objects::EXECSNOOP_PERF))
             .context("cannot load the execsnoop programs")?;
         if let Some(cg) = &cgroup {
-            let mut map: CgroupArray<_> = ebpf
-                .map_mut("CGROUP")
-                .context("map CGROUP missing")?
-                .try_into()?;
-            map.set(0, cg.as_raw_fd(), 0)
-                .context("cannot set the cgroup filter")?;
+            super::set_cgroup(&mut ebpf, cg)?;
         }
-        for (name, category, tp) in HOOKS {
-            let p: &mut TracePoint = ebpf
-                .program_mut(name)
-                .with_context(|| format!("program {name} missing from the object"))?
-                .try_into()?;
-            p.load()
-                .and_then(|()| p.attach(category, tp).map(drop))
-                .with_context(|| format!("cannot attach {category}:{tp}"))?;
+        let hooks = Hooks::new(Mechanism::Tracepoint)?;
+        for (category, event) in HOOKS {
+            hooks.attach_event(&mut ebpf, category, event)?;
         }
         Ok(ebpf)
     })?;

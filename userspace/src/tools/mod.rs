@@ -79,3 +79,27 @@ pub fn cgroup_id(path: &std::path::Path) -> anyhow::Result<u64> {
     }
     Ok(meta.ino())
 }
+
+/// Opens the cgroup v2 directory of a `-c` option, if there is one, for
+/// [`set_cgroup`]: its checks run before any privilege check.
+pub fn open_cgroup(path: Option<&std::path::Path>) -> anyhow::Result<Option<std::fs::File>> {
+    use anyhow::Context as _;
+    path.map(|p| {
+        cgroup_id(p)?;
+        std::fs::File::open(p).with_context(|| format!("cannot open cgroup {}", p.display()))
+    })
+    .transpose()
+}
+
+/// Points an object's `CGROUP` array, which its programs test the current
+/// task against, at `cgroup`.
+pub fn set_cgroup(ebpf: &mut aya::Ebpf, cgroup: &std::fs::File) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use std::os::fd::AsRawFd as _;
+    let mut map: aya::maps::CgroupArray<_> = ebpf
+        .map_mut("CGROUP")
+        .context("map CGROUP missing")?
+        .try_into()?;
+    map.set(0, cgroup.as_raw_fd(), 0)
+        .context("cannot set the cgroup filter")
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use aya::{
-    Btf, Ebpf, EbpfLoader,
+    Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, PerCpuArray},
 };
 use rtrace_common::{
@@ -16,7 +16,9 @@ use rtrace_common::{
 use crate::{
     GlobalArgs,
     btf::Btf as KernelBtf,
-    features::{Features, Mechanism, attach_chain, attach_tracepoint, trim_verifier_log},
+    features::{
+        Features, Hooks, Mechanism, TRACEPOINT_CHAIN, attach_chain, check_forced, trim_verifier_log,
+    },
     objects,
     output::{
         self, IntervalArgs, Signals,
@@ -25,13 +27,7 @@ use crate::{
     privs, tracefs,
 };
 
-/// Best first: tp_btf reads typed task pointers cheapest; raw tracepoints
-/// work from 4.17; classic tracepoints everywhere.
-const CHAIN: [Mechanism; 3] = [
-    Mechanism::TpBtf,
-    Mechanism::RawTracepoint,
-    Mechanism::Tracepoint,
-];
+const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 
 /// The three hooks, as (program suffix, tracepoint).
 const HOOKS: [&str; 3] = ["sched_wakeup", "sched_wakeup_new", "sched_switch"];
@@ -154,19 +150,9 @@ fn load_and_attach(
         .map_max_entries("TGIDS", sizes.by_id)
         .load(object)
         .context("cannot load the runqlat programs")?;
-    let btf = match m {
-        Mechanism::TpBtf => Some(Btf::from_sys_fs().context("cannot read kernel BTF")?),
-        _ => None,
-    };
+    let hooks = Hooks::new(m)?;
     for hook in HOOKS {
-        attach_tracepoint(
-            &mut ebpf,
-            &format!("{prefix}_{hook}"),
-            m,
-            "sched",
-            hook,
-            btf.as_ref(),
-        )?;
+        hooks.attach(&mut ebpf, &format!("{prefix}_{hook}"), "sched", hook)?;
     }
     Ok(ebpf)
 }
@@ -218,9 +204,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     if let Some(pid) = args.pid {
         super::check_pid(pid)?;
     }
-    if let Some(m) = args.attach.filter(|m| !CHAIN.contains(m)) {
-        anyhow::bail!("runqlat cannot attach with {m}; use tp_btf, raw_tracepoint or tracepoint");
-    }
+    check_forced("runqlat", args.attach, &CHAIN)?;
     let cgroup_id = args.cgroup.as_deref().map(super::cgroup_id).transpose()?;
     privs::check()?;
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::{Btf, EbpfLoader};
+use aya::EbpfLoader;
 use rtrace_common::tcplife::{
     AF_INET, AF_INET6, Config, Event, MAX_PORTS, SockOffsets, TracepointOffsets,
 };
@@ -17,7 +17,7 @@ use rtrace_common::tcplife::{
 use crate::{
     GlobalArgs,
     btf::Btf as KernelBtf,
-    features::{Features, Mechanism, attach_chain, attach_tracepoint},
+    features::{Features, Hooks, Mechanism, TRACEPOINT_CHAIN, attach_chain, check_forced},
     objects,
     output::{
         self, Signals,
@@ -26,13 +26,8 @@ use crate::{
     privs, tracefs,
 };
 
-/// Best first: typed or raw arguments cost less than a tracepoint record,
-/// which is there since 4.16.
-const CHAIN: [Mechanism; 3] = [
-    Mechanism::TpBtf,
-    Mechanism::RawTracepoint,
-    Mechanism::Tracepoint,
-];
+/// `sock:inet_sock_set_state` is there since 4.16.
+const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 
 /// Trace the lifespan of TCP sessions and summarize.
 #[derive(Debug, clap::Args)]
@@ -201,9 +196,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     if let Some(pid) = args.pid {
         super::check_pid(pid)?;
     }
-    if let Some(m) = args.attach.filter(|m| !CHAIN.contains(m)) {
-        anyhow::bail!("tcplife cannot attach with {m}; use tp_btf, raw_tracepoint or tracepoint");
-    }
+    check_forced("tcplife", args.attach, &CHAIN)?;
     privs::check()?;
 
     let btf = KernelBtf::from_kernel().context("tcplife reads sockets through kernel BTF")?;
@@ -252,37 +245,13 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             .size(&mut loader, &args.buffer)
             .load(transport.object(objects::TCPLIFE, objects::TCPLIFE_PERF))
             .context("cannot load the tcplife programs")?;
-        let kernel_btf = match m {
-            Mechanism::TpBtf => Some(Btf::from_sys_fs().context("cannot read kernel BTF")?),
-            _ => None,
-        };
-        let prefix = match m {
-            Mechanism::TpBtf => "btf",
-            Mechanism::RawTracepoint => "raw",
-            _ => "tp",
-        };
-        attach_tracepoint(
-            &mut ebpf,
-            &format!("{prefix}_inet_sock_set_state"),
-            m,
-            "sock",
-            "inet_sock_set_state",
-            kernel_btf.as_ref(),
-        )?;
+        Hooks::new(m)?.attach_event(&mut ebpf, "sock", "inet_sock_set_state")?;
         // Owners are also taken at close, so a kernel without syscall
         // tracepoints loses only sockets that die before their owner
         // closes them.
-        for call in ["accept4", "accept"] {
-            let event = format!("sys_exit_{call}");
-            let name = format!("tp_{event}");
-            if let Err(e) = attach_tracepoint(
-                &mut ebpf,
-                &name,
-                Mechanism::Tracepoint,
-                "syscalls",
-                &event,
-                None,
-            ) {
+        let syscalls = Hooks::new(Mechanism::Tracepoint)?;
+        for event in ["sys_exit_accept4", "sys_exit_accept"] {
+            if let Err(e) = syscalls.attach_event(&mut ebpf, "syscalls", event) {
                 accept_skipped = Some(format!("{e:#}"));
             }
         }
