@@ -73,6 +73,24 @@ impl<K: aya::Pod + Eq + Hash + Ord> KeyedDeltas<K> {
     }
 }
 
+/// Appends one histogram of an interval's text: a heading line if there is
+/// one, the log2 table, and percentiles if asked for.
+pub fn push_hist(
+    text: &mut String,
+    head: Option<&str>,
+    s: &Snapshot,
+    unit: &str,
+    percentiles: bool,
+) {
+    if let Some(head) = head {
+        text.push_str(&format!("\n{head}\n"));
+    }
+    text.push_str(&render_log2(&s.log2(), unit));
+    if percentiles && s.count() > 0 {
+        text.push_str(&render_percentiles(s, unit));
+    }
+}
+
 /// Percentiles reported by `--percentiles` and in JSON.
 pub const PERCENTILES: [(&str, f64); 4] =
     [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p99.9", 99.9)];

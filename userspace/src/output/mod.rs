@@ -129,6 +129,34 @@ pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
     writeln!(out, "{line}").context("cannot write to stdout")
 }
 
+/// The `ERRORS` per-CPU counters of a histogram tool's object, summed over
+/// CPUs, one per name.
+pub fn read_errors(ebpf: &aya::Ebpf, names: &[&str]) -> anyhow::Result<Vec<u64>> {
+    let map: aya::maps::PerCpuArray<_, u64> =
+        aya::maps::PerCpuArray::try_from(ebpf.map("ERRORS").context("map ERRORS missing")?)?;
+    (0..names.len() as u32)
+        .map(|i| Ok(map.get(&i, 0)?.iter().sum()))
+        .collect()
+}
+
+/// The counters of [`read_errors`] as a JSON object keyed by their names.
+pub fn errors_json(names: &[&str], counts: &[u64]) -> serde_json::Value {
+    names
+        .iter()
+        .zip(counts)
+        .map(|(n, c)| ((*n).to_owned(), (*c).into()))
+        .collect::<serde_json::Map<String, serde_json::Value>>()
+        .into()
+}
+
+/// Writes an interval's text to stdout in one piece.
+pub fn write_text(text: &str) -> anyhow::Result<()> {
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .context("cannot write to stdout")
+}
+
 /// Reports counters of lost work on stderr, each only when nonzero.
 pub fn report_errors(names: &[&str], counts: &[u64]) {
     for (name, &n) in names.iter().zip(counts) {

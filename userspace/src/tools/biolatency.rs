@@ -1,16 +1,13 @@
 //! `rtrace biolatency`: block I/O latency histograms, as libbpf-tools'
 //! biolatency prints them, with percentiles and JSON besides.
 
-use std::{collections::HashMap, io::Write as _, path::PathBuf};
+use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::Context as _;
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, PerCpuArray},
-};
+use aya::{EbpfLoader, maps::HashMap as BpfHashMap};
 use rtrace_common::{
     biolatency::{
-        Config, ERR_COUNT, ERR_NAMES, Entry, FLAGS_RWBS, HistKey, RequestOffsets, TracepointOffsets,
+        Config, ERR_NAMES, Entry, FLAGS_RWBS, HistKey, RequestOffsets, TracepointOffsets,
     },
     offsets::MISSING,
 };
@@ -22,7 +19,7 @@ use crate::{
     objects,
     output::{
         self, IntervalArgs, Signals,
-        hist::{KeyedDeltas, Snapshot, render_log2, render_percentiles},
+        hist::{KeyedDeltas, Snapshot, push_hist, render_log2},
     },
     privs, tracefs,
 };
@@ -253,14 +250,6 @@ fn rwbs_label(flags: u64) -> String {
     parts.join("-")
 }
 
-fn read_errors(ebpf: &Ebpf) -> anyhow::Result<Vec<u64>> {
-    let map: PerCpuArray<_, u64> =
-        PerCpuArray::try_from(ebpf.map("ERRORS").context("map ERRORS missing")?)?;
-    (0..ERR_COUNT)
-        .map(|i| Ok(map.get(&i, 0)?.iter().sum()))
-        .collect()
-}
-
 /// Runs the tool.
 pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     check_forced("biolatency", args.attach, &CHAIN)?;
@@ -369,11 +358,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 }
                 out.push(v);
             }
-            let errors: serde_json::Map<String, serde_json::Value> = ERR_NAMES
-                .iter()
-                .zip(read_errors(&ebpf)?)
-                .map(|(n, c)| ((*n).to_owned(), c.into()))
-                .collect();
+            let errors = output::errors_json(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
             return output::json_line(&serde_json::json!({
                 "tool": "biolatency",
                 "time": output::hms(),
@@ -398,21 +383,13 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             if args.flag {
                 head.push(format!("flags = {}", flag_names.label(k.flags)));
             }
-            if !head.is_empty() {
-                text.push_str(&format!("\n{}\n", head.join("\t")));
-            }
-            text.push_str(&render_log2(&s.log2(), unit));
-            if args.percentiles && s.count() > 0 {
-                text.push_str(&render_percentiles(s, unit));
-            }
+            let head = (!head.is_empty()).then(|| head.join("\t"));
+            push_hist(&mut text, head.as_deref(), s, unit, args.percentiles);
         }
-        std::io::stdout()
-            .lock()
-            .write_all(text.as_bytes())
-            .context("cannot write to stdout")
+        output::write_text(&text)
     })
     .await?;
-    output::report_errors(&ERR_NAMES, &read_errors(&ebpf)?);
+    output::report_errors(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
     Ok(())
 }
 

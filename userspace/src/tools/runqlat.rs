@@ -10,7 +10,7 @@ use aya::{
 };
 use rtrace_common::{
     offsets::{MISSING, TaskOffsets},
-    runqlat::{Config, ERR_COUNT, ERR_NAMES, Entry, TracepointOffsets, group},
+    runqlat::{Config, ERR_NAMES, Entry, TracepointOffsets, group},
 };
 
 use crate::{
@@ -22,7 +22,7 @@ use crate::{
     objects,
     output::{
         self, IntervalArgs, Signals,
-        hist::{KeyedDeltas, Snapshot, render_log2, render_percentiles},
+        hist::{KeyedDeltas, Snapshot, push_hist},
     },
     privs, tracefs,
 };
@@ -191,14 +191,6 @@ impl Reader {
     }
 }
 
-fn read_errors(ebpf: &Ebpf) -> anyhow::Result<Vec<u64>> {
-    let map: PerCpuArray<_, u64> =
-        PerCpuArray::try_from(ebpf.map("ERRORS").context("map ERRORS missing")?)?;
-    (0..ERR_COUNT)
-        .map(|i| Ok(map.get(&i, 0)?.iter().sum()))
-        .collect()
-}
-
 /// Runs the tool.
 pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     if let Some(pid) = args.pid {
@@ -321,12 +313,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                     v
                 })
                 .collect();
-            let errors = read_errors(&ebpf)?;
-            let errors: serde_json::Map<String, serde_json::Value> = ERR_NAMES
-                .iter()
-                .zip(errors)
-                .map(|(n, c)| ((*n).to_owned(), c.into()))
-                .collect();
+            let errors = output::errors_json(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
             return output::json_line(&serde_json::json!({
                 "tool": "runqlat",
                 "time": output::hms(),
@@ -342,21 +329,12 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             text.push_str(&format!("{:<8}\n", output::hms()));
         }
         for (key, comm, s) in &groups {
-            if grouping != group::NONE {
-                text.push_str(&format!("\n{label} = {key} {comm}\n"));
-            }
-            text.push_str(&render_log2(&s.log2(), unit));
-            if args.percentiles && s.count() > 0 {
-                text.push_str(&render_percentiles(s, unit));
-            }
+            let head = (grouping != group::NONE).then(|| format!("{label} = {key} {comm}"));
+            push_hist(&mut text, head.as_deref(), s, unit, args.percentiles);
         }
-        use std::io::Write as _;
-        std::io::stdout()
-            .lock()
-            .write_all(text.as_bytes())
-            .context("cannot write to stdout")
+        output::write_text(&text)
     })
     .await?;
-    output::report_errors(&ERR_NAMES, &read_errors(&ebpf)?);
+    output::report_errors(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
     Ok(())
 }
