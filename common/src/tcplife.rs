@@ -63,16 +63,12 @@ pub struct SockOffsets {
 pub struct TracepointOffsets {
     /// `skaddr`.
     pub skaddr: u32,
-    /// `oldstate`.
-    pub oldstate: u32,
     /// `newstate`.
     pub newstate: u32,
     /// `protocol`.
     pub protocol: u32,
     /// `sys_exit_accept4.ret` (the same in `sys_exit_accept`).
     pub accept_ret: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
 }
 
 /// Load-time configuration, passed as the global `CONFIG`.

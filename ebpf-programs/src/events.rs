@@ -70,10 +70,9 @@ pub unsafe fn emit_bytes<S: Sink, C: EbpfContext>(
         return;
     }
     // SAFETY: `len <= max` bytes are readable, per the contract.
-    let bytes = unsafe { core::slice::from_raw_parts(data, len) };
-    if !sink.send(ctx, bytes) {
-        count_error(lost, LOST_EVENT);
-    }
+    send_counted(sink, ctx, lost, unsafe {
+        core::slice::from_raw_parts(data, len)
+    });
 }
 
 /// Sends a whole `T` as one record.
@@ -82,6 +81,12 @@ pub fn emit<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, lost: &PerCpuArray<u6
     let size = core::mem::size_of::<T>();
     // SAFETY: `value` is `size` readable bytes.
     let bytes = unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size) };
+    send_counted(sink, ctx, lost, bytes);
+}
+
+/// Sends `bytes`, counting it as lost if there is no room.
+#[inline(always)]
+fn send_counted<S: Sink, C: EbpfContext>(sink: &S, ctx: &C, lost: &PerCpuArray<u64>, bytes: &[u8]) {
     if !sink.send(ctx, bytes) {
         count_error(lost, LOST_EVENT);
     }

@@ -30,6 +30,21 @@ pub fn workload_bin(name: &str) -> PathBuf {
     path
 }
 
+/// Runs workload `name` with `args` to the end; returns its stdout, and
+/// fails the test with its stderr if it fails.
+pub fn run_workload(name: &str, args: &[String]) -> String {
+    let out = Command::new(workload_bin(name))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// A running rtrace whose stderr is collected line by line.
 pub struct Rtrace {
     child: Child,

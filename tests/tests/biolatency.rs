@@ -1,24 +1,17 @@
 //! `rtrace biolatency` against direct I/O to a loop device, checked
 //! against the device's own completion counters.
 
-use std::process::Command;
-
 use rtrace_integration_tests::{
-    LoopDevice, Rtrace, SIGINT, json_lines, run, text_hist_total, workload_bin,
+    LoopDevice, Rtrace, SIGINT, json_lines, run, run_workload, text_hist_total,
 };
 
 const READS: u64 = 120;
 const WRITES: u64 = 40;
 
 fn direct_io(dev: &LoopDevice, reads: u64, writes: u64) {
-    let out = Command::new(workload_bin("directio"))
-        .args([&dev.path, &reads.to_string(), &writes.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_workload(
+        "directio",
+        &[dev.path.clone(), reads.to_string(), writes.to_string()],
     );
 }
 

@@ -1,9 +1,7 @@
 //! `rtrace tcplife` against real loopback TCP sessions between two
 //! processes, with known byte counts each way.
 
-use std::process::Command;
-
-use rtrace_integration_tests::{Rtrace, SIGINT, json_lines, run, workload_bin};
+use rtrace_integration_tests::{Rtrace, SIGINT, json_lines, run, run_workload};
 
 /// What the workload did: who the two ends were and where the server
 /// listened.
@@ -19,16 +17,10 @@ fn sessions(family: u8, count: usize, up: usize, down: usize) -> Sessions {
 
 /// Like [`sessions`], with the server on `port` (0: any free port).
 fn sessions_on(family: u8, count: usize, up: usize, down: usize, port: u16) -> Sessions {
-    let out = Command::new(workload_bin("tcpsessions"))
-        .args([family as usize, count, up, down, port as usize].map(|n| n.to_string()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = run_workload(
+        "tcpsessions",
+        &[family as usize, count, up, down, port as usize].map(|n| n.to_string()),
     );
-    let text = String::from_utf8(out.stdout).unwrap();
     let f: Vec<u64> = text
         .trim()
         .strip_prefix("done ")

@@ -73,20 +73,31 @@ fn port_listed(ports: &[u16; MAX_PORTS], n: u16, port: u16) -> bool {
     false
 }
 
-/// Makes the current process the owner of `sk`, unless it has one.
+/// The current process and its command.
 #[inline(always)]
-fn claim(sk: u64) {
+fn current() -> (u32, [u8; 16]) {
+    (
+        (bpf_get_current_pid_tgid() >> 32) as u32,
+        bpf_get_current_comm().unwrap_or([0; 16]),
+    )
+}
+
+/// Adds `flags` to `sk`'s entry and, with `claim`, makes the current
+/// process its owner unless it has one; `false` if `sk` has no entry.
+#[inline(always)]
+fn mark(sk: u64, flags: u32, claim: bool) -> bool {
     let Some(o) = SOCKS.get_ptr_mut(sk) else {
-        return;
+        return false;
     };
     // SAFETY: `o` is a SOCKS value; a racing claim can only write the same
     // kind of data.
     unsafe {
-        if (*o).pid == 0 {
-            (*o).pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-            (*o).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        (*o).flags |= flags;
+        if claim && (*o).pid == 0 {
+            ((*o).pid, (*o).comm) = current();
         }
     }
+    true
 }
 
 /// Handles one state change of socket `sk`; `protocol` is the record's,
@@ -108,39 +119,30 @@ fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Optio
         if cfg.family != 0 && family != cfg.family {
             return;
         }
-        let owner = Owner {
-            birth_ns: unsafe { bpf_ktime_get_ns() },
-            pid: 0,
-            flags: if newstate == TCP_SYN_SENT {
-                OWNER_ACTIVE
-            } else {
-                0
-            },
-            comm: [0; 16],
+        let (flags, claim) = match newstate {
+            TCP_SYN_SENT => (OWNER_ACTIVE, true),
+            TCP_ESTABLISHED => (OWNER_ESTABLISHED, false),
+            _ => (0, false),
         };
         // Keep the first birth: ESTABLISHED follows SYN_SENT or SYN_RECV.
-        if SOCKS.get_ptr(sk).is_none()
-            && SOCKS.insert(sk, owner, u64::from(BPF_NOEXIST)).is_err()
-            && SOCKS.get_ptr(sk).is_none()
-        {
-            count_error(&LOST, LOST_TABLE);
+        if mark(sk, flags, claim) {
+            return;
         }
-        if newstate == TCP_SYN_SENT {
-            claim(sk);
-        } else if newstate == TCP_ESTABLISHED
-            && let Some(o) = SOCKS.get_ptr_mut(sk)
-        {
-            // SAFETY: `o` is a SOCKS value.
-            unsafe { (*o).flags |= OWNER_ESTABLISHED };
+        let (pid, comm) = if claim { current() } else { (0, [0; 16]) };
+        let owner = Owner {
+            birth_ns: unsafe { bpf_ktime_get_ns() },
+            pid,
+            flags,
+            comm,
+        };
+        // An insert that fails because another CPU's came first is no loss.
+        if SOCKS.insert(sk, owner, u64::from(BPF_NOEXIST)).is_err() && !mark(sk, flags, claim) {
+            count_error(&LOST, LOST_TABLE);
         }
         return;
     }
     if newstate == TCP_FIN_WAIT1 || newstate == TCP_LAST_ACK {
-        claim(sk);
-        if let Some(o) = SOCKS.get_ptr_mut(sk) {
-            // SAFETY: `o` is a SOCKS value.
-            unsafe { (*o).flags |= OWNER_FIN_SENT };
-        }
+        mark(sk, OWNER_FIN_SENT, true);
         return;
     }
     if newstate != TCP_CLOSE {
@@ -162,10 +164,7 @@ fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Optio
     } else {
         // Closed without a close(2) of its own, such as by a reset
         // before accept: the current task is the best left.
-        (
-            (bpf_get_current_pid_tgid() >> 32) as u32,
-            bpf_get_current_comm().unwrap_or([0; 16]),
-        )
+        current()
     };
     if cfg.pid != 0 && pid != cfg.pid {
         return;
@@ -281,7 +280,7 @@ fn accepted(ctx: &TracePointContext) {
     let file = read_ptr(read_ptr(fdt, so.fdt_fd), fd as u32 * 8);
     let sk = read_ptr(read_ptr(file, so.file_private), so.socket_sk);
     if !sk.is_null() {
-        claim(sk as u64);
+        mark(sk as u64, 0, true);
     }
 }
 

@@ -122,6 +122,50 @@ pub fn c_string(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
+/// The leading time columns of an event tool's lines: `-T` (HH:MM:SS)
+/// and `-t` (seconds since tracing started, in a column of `width`).
+pub struct TimeColumns {
+    time: bool,
+    timestamp: bool,
+    width: usize,
+    start: std::time::Instant,
+}
+
+impl TimeColumns {
+    /// Columns as the flags ask; seconds count from now.
+    pub fn new(time: bool, timestamp: bool, width: usize) -> Self {
+        Self {
+            time,
+            timestamp,
+            width,
+            start: std::time::Instant::now(),
+        }
+    }
+
+    /// Their headings, each followed by a space.
+    pub fn header(&self) -> String {
+        let mut out = String::new();
+        if self.time {
+            out.push_str(&format!("{:<8} ", "TIME"));
+        }
+        if self.timestamp {
+            out.push_str(&format!("{:<w$} ", "TIME(s)", w = self.width));
+        }
+        out
+    }
+
+    /// Appends their values for an event seen now.
+    pub fn push(&self, out: &mut String) {
+        if self.time {
+            out.push_str(&format!("{:<8} ", hms()));
+        }
+        if self.timestamp {
+            let secs = self.start.elapsed().as_secs_f64();
+            out.push_str(&format!("{secs:<w$.3} ", w = self.width));
+        }
+    }
+}
+
 /// Prints one JSON object as one line.
 pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
     let line = serde_json::to_string(value).context("cannot encode JSON")?;

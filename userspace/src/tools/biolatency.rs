@@ -199,10 +199,10 @@ impl FlagNames {
 
     /// A label such as `Sync-Write`.
     fn label(&self, flags: u64) -> String {
-        let mut parts: Vec<String> = Vec::new();
         if flags & FLAGS_RWBS != 0 {
             return rwbs_label(flags);
         }
+        let mut parts: Vec<String> = Vec::new();
         for (bit, name) in &self.bits {
             if flags & bit != 0 {
                 parts.push((*name).to_owned());

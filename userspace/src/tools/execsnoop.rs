@@ -1,7 +1,7 @@
 //! `rtrace execsnoop`: one line per exec, as libbpf-tools' execsnoop prints
 //! it, plus a PPID column, execveat, full argv and JSON.
 
-use std::{fmt::Write as _, io::Write as _, path::PathBuf, time::Instant};
+use std::{fmt::Write as _, io::Write as _, path::PathBuf};
 
 use anyhow::Context as _;
 use aya::EbpfLoader;
@@ -15,7 +15,7 @@ use crate::{
     features::{Features, Hooks, Mechanism, attach_chain},
     objects,
     output::{
-        self, Signals,
+        self, Signals, TimeColumns,
         events::{BufferArgs, EventStream, Transport, report_lost},
     },
     privs, tracefs,
@@ -196,14 +196,9 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
     let mut signals = Signals::new()?;
     eprintln!("Tracing exec()s... Hit Ctrl-C to end.");
+    let times = TimeColumns::new(args.time, args.timestamp, 8);
     if !global.json {
-        let mut head = String::new();
-        if args.time {
-            head.push_str(&format!("{:<8} ", "TIME"));
-        }
-        if args.timestamp {
-            head.push_str(&format!("{:<8} ", "TIME(s)"));
-        }
+        let mut head = times.header();
         if args.print_uid {
             head.push_str(&format!("{:<6} ", "UID"));
         }
@@ -217,7 +212,6 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         )
         .context("cannot write to stdout")?;
     }
-    let start = Instant::now();
     stream
         .run(&mut signals, |record| {
             let Some(e) = decode(record) else {
@@ -247,12 +241,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 return Ok(true);
             }
             let mut out = String::new();
-            if args.time {
-                let _ = write!(out, "{:<8} ", output::hms());
-            }
-            if args.timestamp {
-                let _ = write!(out, "{:<8.3} ", start.elapsed().as_secs_f64());
-            }
+            times.push(&mut out);
             if args.print_uid {
                 let _ = write!(out, "{:<6} ", e.uid);
             }

@@ -5,7 +5,6 @@ use std::{
     fmt::Write as _,
     io::Write as _,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    time::Instant,
 };
 
 use anyhow::Context as _;
@@ -20,7 +19,7 @@ use crate::{
     features::{Features, Hooks, Mechanism, TRACEPOINT_CHAIN, attach_chain, check_forced},
     objects,
     output::{
-        self, Signals,
+        self, Signals, TimeColumns,
         events::{BufferArgs, EventStream, Transport, report_lost},
     },
     privs, tracefs,
@@ -136,21 +135,22 @@ fn sock_offsets(btf: &KernelBtf) -> anyhow::Result<SockOffsets> {
     })
 }
 
-fn tracepoint_offsets() -> Result<TracepointOffsets, tracefs::TracefsError> {
+/// Fills in the `sock:inet_sock_set_state` record offsets, which only the
+/// classic tracepoint program reads.
+fn set_state_offsets(tp: &mut TracepointOffsets) -> Result<(), tracefs::TracefsError> {
     let f = tracefs::Format::read("sock", "inet_sock_set_state")?;
-    // Without syscall tracepoints the accept hooks are skipped, and this
-    // offset is unused.
-    let accept_ret = tracefs::Format::read("syscalls", "sys_exit_accept4")
+    tp.skaddr = f.offset("skaddr")?;
+    tp.newstate = f.offset("newstate")?;
+    tp.protocol = f.offset("protocol")?;
+    Ok(())
+}
+
+/// `sys_exit_accept4.ret`, or 0 without syscall tracepoints, where the
+/// accept hooks are skipped and it goes unused.
+fn accept_ret() -> u32 {
+    tracefs::Format::read("syscalls", "sys_exit_accept4")
         .and_then(|f| f.offset("ret"))
-        .unwrap_or(0);
-    Ok(TracepointOffsets {
-        skaddr: f.offset("skaddr")?,
-        oldstate: f.offset("oldstate")?,
-        newstate: f.offset("newstate")?,
-        protocol: f.offset("protocol")?,
-        accept_ret,
-        _pad: 0,
-    })
+        .unwrap_or(0)
 }
 
 /// A session as user space sees it.
@@ -223,7 +223,10 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         lports: lports.ports,
         dports: dports.ports,
         sock: sock_offsets(&btf)?,
-        tp: TracepointOffsets::default(),
+        tp: TracepointOffsets {
+            accept_ret: accept_ret(),
+            ..TracepointOffsets::default()
+        },
     };
 
     let mut features = Features::new();
@@ -231,7 +234,9 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     let mut accept_skipped = None;
     let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
         let mut cfg = base;
-        cfg.tp = tracepoint_offsets()?;
+        if m == Mechanism::Tracepoint {
+            set_state_offsets(&mut cfg.tp)?;
+        }
         if m != Mechanism::Tracepoint && cfg.sock.protocol == u32::MAX {
             anyhow::bail!("sock.sk_protocol is a bitfield on this kernel");
         }
@@ -272,13 +277,8 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     eprintln!("Tracing TCP sessions... Hit Ctrl-C to end.");
 
     let (addr_w, comm_w) = if args.wide { (39, 16) } else { (15, 16) };
-    let mut prefix_head = String::new();
-    if args.time {
-        prefix_head.push_str(&format!("{:<8} ", "TIME"));
-    }
-    if args.timestamp {
-        prefix_head.push_str(&format!("{:<9} ", "TIME(s)"));
-    }
+    let times = TimeColumns::new(args.time, args.timestamp, 9);
+    let prefix_head = times.header();
     if !global.json {
         let ip = if args.wide { "IP " } else { "" };
         writeln!(
@@ -295,7 +295,6 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         )
         .context("cannot write to stdout")?;
     }
-    let start = Instant::now();
     stream
         .run(&mut signals, |record| {
             let Some(s) = decode(record) else {
@@ -320,12 +319,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 return Ok(true);
             }
             let mut out = String::new();
-            if args.time {
-                let _ = write!(out, "{:<8} ", output::hms());
-            }
-            if args.timestamp {
-                let _ = write!(out, "{:<9.3} ", start.elapsed().as_secs_f64());
-            }
+            times.push(&mut out);
             let _ = write!(out, "{:<7} {:<comm_w$.comm_w$} ", s.pid, s.comm);
             if args.wide {
                 let _ = write!(out, "{:<2} ", if s.local.is_ipv4() { 4 } else { 6 });
