@@ -11,6 +11,7 @@ pub mod execsnoop;
 pub mod hist;
 pub mod offsets;
 pub mod probes;
+pub mod profile;
 pub mod runqlat;
 pub mod tcplife;
 

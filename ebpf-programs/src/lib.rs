@@ -70,6 +70,16 @@ pub fn get_or_insert<K, V>(
     map.get_ptr_mut(key).map(|v| (v, true))
 }
 
+/// Adds `value` to a counter that several CPUs may update at once.
+///
+/// # Safety
+/// `p` must point to an aligned `u64` in a map value.
+#[inline(always)]
+pub unsafe fn atomic_add(p: *mut u64, value: u64) {
+    // SAFETY: per the contract.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, value) };
+}
+
 /// Adds one to slot `index` of a per-CPU error counter array.
 #[inline(always)]
 pub fn count_error(errors: &PerCpuArray<u64>, index: u32) {
@@ -120,7 +130,7 @@ pub unsafe fn hist_record_shared(h: *mut Hist, value: u64) {
     // are aligned for atomic access.
     unsafe {
         atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>((*h).slots.as_mut_ptr().add(s), 1);
-        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*h).sum, value);
+        atomic_add(&raw mut (*h).sum, value);
         // A lost race here can only under-report the max by one concurrent
         // sample, which is cheaper than a compare-and-swap loop.
         if value > (*h).max {

@@ -56,6 +56,11 @@ pub struct Rtrace {
 impl Rtrace {
     /// Starts `rtrace ARGS` and waits until it says it is tracing.
     pub fn start(args: &[&str]) -> Self {
+        Self::start_until(args, "Tracing")
+    }
+
+    /// Starts `rtrace ARGS` and waits for a stderr line containing `ready`.
+    pub fn start_until(args: &[&str], ready: &str) -> Self {
         let mut child = Command::new(rtrace_bin())
             .args(args)
             .stdin(Stdio::null())
@@ -78,7 +83,7 @@ impl Rtrace {
             stderr: rx,
             stderr_lines: Vec::new(),
         };
-        me.wait_stderr("Tracing");
+        me.wait_stderr(ready);
         me
     }
 

@@ -11,6 +11,7 @@ mod features;
 mod objects;
 mod output;
 mod privs;
+mod symbolize;
 mod tools;
 mod tracefs;
 

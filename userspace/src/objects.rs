@@ -16,6 +16,8 @@ objects! {
     EXECSNOOP => "execsnoop",
     EXECSNOOP_PERF => "execsnoop_perf",
     PROBES => "probes",
+    PROFILE => "profile",
+    PROFILE_PERF => "profile_perf",
     RUNQLAT => "runqlat",
     RUNQLAT_TS => "runqlat_ts",
     TCPLIFE => "tcplife",

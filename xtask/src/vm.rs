@@ -277,14 +277,18 @@ fn initramfs(
 
     let mut elves = vec![(rtrace.to_path_buf(), "/t/rtrace".to_owned())];
     let release = root().join("target/release");
-    for entry in fs::read_dir(root().join("tests/src/bin"))? {
-        let name = entry?
-            .path()
-            .file_stem()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        elves.push((release.join(&name), format!("/t/{name}")));
+    // Workloads, and the profile fixtures the tests crate's build script
+    // puts beside them.
+    for dir in ["tests/src/bin", "tests/fixtures"] {
+        for entry in fs::read_dir(root().join(dir))? {
+            let name = entry?
+                .path()
+                .file_stem()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            elves.push((release.join(&name), format!("/t/{name}")));
+        }
     }
     for exe in test_executables()? {
         let name = exe.file_name().unwrap().to_string_lossy().into_owned();

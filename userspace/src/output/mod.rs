@@ -7,6 +7,7 @@
 
 pub mod events;
 pub mod hist;
+pub mod stacks;
 
 use std::{io::Write, time::Duration};
 

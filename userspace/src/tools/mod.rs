@@ -2,6 +2,8 @@
 
 pub mod biolatency;
 pub mod execsnoop;
+pub mod flamegraph;
+pub mod profile;
 pub mod runqlat;
 pub mod tcplife;
 
@@ -20,6 +22,10 @@ pub enum Command {
     Tcplife(tcplife::Args),
     /// Summarize block device I/O latency as a histogram.
     Biolatency(biolatency::Args),
+    /// Profile CPU usage by sampling stack traces, with flame graphs.
+    Profile(profile::Args),
+    /// Draw flame graphs from folded stacks (differential: `diff`).
+    Flamegraph(flamegraph::Args),
 }
 
 /// Runs one subcommand.
@@ -30,6 +36,8 @@ pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
         Command::Execsnoop(args) => execsnoop::run(args, global).await,
         Command::Tcplife(args) => tcplife::run(args, global).await,
         Command::Biolatency(args) => biolatency::run(args, global).await,
+        Command::Profile(args) => profile::run(args, global).await,
+        Command::Flamegraph(args) => flamegraph::run(args),
     }
 }
 

@@ -1,0 +1,97 @@
+//! Types of `rtrace profile`.
+
+use crate::TASK_COMM_LEN;
+
+/// Most frames kept of one stack, kernel or user (the kernel's default
+/// `perf_event_max_stack`).
+pub const MAX_DEPTH: usize = 127;
+
+/// `Config::filter`: every task.
+pub const FILTER_NONE: u32 = 0;
+/// `Config::filter`: only processes (thread group ids) in `TARGETS`.
+pub const FILTER_TGID: u32 = 1;
+/// `Config::filter`: only threads in `TARGETS`.
+pub const FILTER_TID: u32 = 2;
+
+/// `Key::flags`: the user stack could not be read or stored.
+pub const MISSED_USER: u32 = 1;
+/// `Key::flags`: the kernel stack could not be read or stored.
+pub const MISSED_KERNEL: u32 = 2;
+
+/// Load-time configuration, passed as the global `CONFIG`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    /// One of the `FILTER_*` values.
+    pub filter: u32,
+    /// Whether samples of the idle tasks (pid 0) count (`-I`).
+    pub include_idle: u32,
+    /// Whether user stacks are collected (not `-K`).
+    pub user: u32,
+    /// Whether kernel stacks are collected (not `-U`).
+    pub kernel: u32,
+}
+
+/// What samples are counted by: a process, its command and its two stacks.
+///
+/// A stack is named by a 64-bit hash of its frames, computed in the
+/// program; unlike `bpf_get_stackid`'s bucket index it cannot make two
+/// stacks collide in practice, and a stack table that is full is counted
+/// rather than silently merging samples.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    /// Process (thread group) id.
+    pub tgid: u32,
+    /// `MISSED_*` bits.
+    pub flags: u32,
+    /// Hash of the user stack in `STACKS`, or 0 for none.
+    pub user: u64,
+    /// Hash of the kernel stack in `STACKS`, or 0 for none.
+    pub kernel: u64,
+    /// Command of the sampled thread.
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// A stack's frames, leaf first.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Stack {
+    /// Instruction pointers: the sampled one, then return addresses.
+    pub ips: [u64; MAX_DEPTH],
+    /// Frames used in `ips`.
+    pub len: u64,
+}
+
+/// What the program tells user space as soon as a process gets its first
+/// sample for a new stack, so that its memory map and JIT symbols are
+/// captured while it still lives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// Process (thread group) id.
+    pub tgid: u32,
+    /// Keeps the struct free of trailing padding.
+    pub _pad: u32,
+}
+
+/// Index into the `ERRORS` per-CPU array: samples not counted, as the
+/// count table was full.
+pub const ERR_COUNTS_FULL: u32 = 0;
+/// Index into `ERRORS`: stacks not stored, as the stack table was full.
+pub const ERR_STACKS_FULL: u32 = 1;
+/// Index into `ERRORS`: user stacks the kernel could not walk.
+pub const ERR_USER_STACK: u32 = 2;
+/// Index into `ERRORS`: kernel stacks the kernel could not walk.
+pub const ERR_KERNEL_STACK: u32 = 3;
+/// Number of `ERRORS` slots.
+pub const ERR_COUNT: u32 = 4;
+/// What each `ERRORS` slot counts, for the report at exit.
+pub const ERR_NAMES: [&str; ERR_COUNT as usize] = [
+    "samples lost (count table full; raise --hash-storage-size)",
+    "stacks lost (stack table full; raise --stack-storage-size)",
+    "user stacks that could not be walked",
+    "kernel stacks that could not be walked",
+];
+
+crate::pod!(Config, Key, Stack, Seen);

@@ -1,0 +1,35 @@
+//! Builds the profile fixtures in `fixtures/` with frame pointers, next to
+//! this crate's other workload binaries (`target/<profile>/`), where the
+//! tests and the VM matrix find them.
+//!
+//! They are built with rustc directly because a cargo profile cannot force
+//! frame pointers for some binaries only, and the tests need them: the
+//! kernel walks user stacks by frame pointer.
+
+use std::{env, path::PathBuf, process::Command};
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    // OUT_DIR is target/<profile>/build/<crate>-<hash>/out.
+    let bin_dir = out.ancestors().nth(3).unwrap().to_path_buf();
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let fixtures = manifest.join("fixtures");
+    println!("cargo:rerun-if-changed={}", fixtures.display());
+    for entry in std::fs::read_dir(&fixtures).unwrap() {
+        let src = entry.unwrap().path();
+        if src.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let name = src.file_stem().unwrap().to_string_lossy().into_owned();
+        println!("cargo:rerun-if-changed={}", src.display());
+        let status = Command::new(&rustc)
+            .args(["--edition", "2024", "-C", "opt-level=2", "-g"])
+            .args(["-C", "force-frame-pointers=yes", "-o"])
+            .arg(bin_dir.join(&name))
+            .arg(&src)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
+        assert!(status.success(), "building fixture {name} failed");
+    }
+}

@@ -1,0 +1,609 @@
+//! `rtrace profile` and `rtrace flamegraph` against fixture programs built
+//! with frame pointers (`tests/fixtures/`, built by this crate's build
+//! script): known hot functions, JIT code named in a perf map, kernel
+//! frames, other events, and every output format.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    io::{BufRead, BufReader, Read as _, Write as _},
+    path::PathBuf,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::Duration,
+};
+
+use rtrace_integration_tests::{PingPong, Rtrace, SIGINT, json_lines, run, workload_bin};
+
+/// What `rtrace profile` prints to stderr once sampling has begun.
+const READY: &str = "Sampling";
+
+/// A fixture that prints `ready`, waits for a line, works and prints `done ...`.
+struct Fixture {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Fixture {
+    fn start(name: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(workload_bin(name))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready"), "{line}");
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    /// Lets it work to the end; returns the numbers of its `done` line.
+    fn run(mut self) -> Vec<i64> {
+        writeln!(self.stdin, "go").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert!(self.child.wait().unwrap().success());
+        let rest = line.strip_prefix("done").expect("no done line");
+        rest.split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect()
+    }
+}
+
+/// Folded stacks (`comm;frame;.. count`) as frames, root first, with counts.
+/// Names may hold spaces, so the count is after the last one.
+fn parse_folded(text: &str) -> BTreeMap<Vec<String>, u64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let (stack, count) = line.rsplit_once(' ').expect("no count");
+        let frames: Vec<String> = stack.split(';').map(str::to_owned).collect();
+        *out.entry(frames).or_insert(0) += count.parse::<u64>().expect("bad count");
+    }
+    out
+}
+
+/// Samples of stacks that contain a frame ending in `name`.
+fn count_with(folded: &BTreeMap<Vec<String>, u64>, name: &str) -> u64 {
+    folded
+        .iter()
+        .filter(|(f, _)| f.iter().any(|n| n.ends_with(name)))
+        .map(|(_, c)| c)
+        .sum()
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("rtrace-profile-{}-{name}", std::process::id()))
+}
+
+/// Profiles the `hotfuncs` CPU fixture for its whole run with `extra`
+/// arguments; returns rtrace's stdout and the fixture's CPU nanoseconds in
+/// `hot_alpha` and `hot_beta`.
+fn profile_hotfuncs(extra: &[&str]) -> (String, i64, i64) {
+    let fixture = Fixture::start("hotfuncs", &["cpu", "3"]);
+    let pid = fixture.pid();
+    let mut args = vec!["profile", "-F", "199", "-p", &pid];
+    args.extend_from_slice(extra);
+    let rtrace = Rtrace::start_until(&args, READY);
+    let done = fixture.run();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    (stdout, done[0], done[1])
+}
+
+#[test]
+fn hot_functions_in_proportion_with_their_callers() {
+    let (stdout, alpha_ns, beta_ns) = profile_hotfuncs(&["-f"]);
+    let folded = parse_folded(&stdout);
+    let alpha = count_with(&folded, "hotfuncs::hot_alpha");
+    let beta = count_with(&folded, "hotfuncs::hot_beta");
+    // Three seconds at 199 Hz is about 600 samples.
+    assert!(alpha + beta >= 300, "too few samples: {alpha} + {beta}");
+    let measured = alpha as f64 / (alpha + beta) as f64;
+    let expected = alpha_ns as f64 / (alpha_ns + beta_ns) as f64;
+    assert!(
+        (measured - expected).abs() <= 0.10,
+        "hot_alpha has {measured:.3} of the samples; the fixture spent {expected:.3} of its CPU time there"
+    );
+
+    // The whole chain: the hot function under work_caller under main, all
+    // under the fixture's command.
+    let mut chained = 0;
+    for (frames, count) in &folded {
+        let Some(i) = frames
+            .iter()
+            .position(|f| f.ends_with("::hot_alpha") || f.ends_with("::hot_beta"))
+        else {
+            continue;
+        };
+        assert_eq!(frames[0], "hotfuncs");
+        if i >= 2 && frames[i - 1] == "hotfuncs::work_caller" && frames[i - 2] == "hotfuncs::main" {
+            chained += count;
+        }
+    }
+    // A sample in a function's first instructions, before it has set up its
+    // frame, skips its caller; that is at most a few percent.
+    assert!(
+        chained as f64 >= 0.9 * (alpha + beta) as f64,
+        "only {chained} of {} hot samples have main;work_caller above them:\n{stdout}",
+        alpha + beta
+    );
+}
+
+#[test]
+fn jit_symbol_resolves_in_a_live_process() {
+    let mut jit = Command::new(workload_bin("jit"))
+        .arg("4")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(jit.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid = jit.id().to_string();
+    let (code, stdout, stderr) = run(&["profile", "-F", "199", "-p", &pid, "-f", "-a", "2"]);
+    let _ = jit.kill();
+    let _ = jit.wait();
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let hits = count_with(&folded, "rtrace_jit_fixture_hot_[j]");
+    assert!(hits >= 100, "JIT frame missing or rare ({hits}):\n{stdout}");
+}
+
+#[test]
+fn jit_symbol_resolves_after_the_process_deletes_its_map_and_exits() {
+    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-f"], READY);
+    let out = Command::new(workload_bin("jit"))
+        .args(["1.5", "--delete"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let pid: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .strip_prefix("ready ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(!std::path::Path::new(&format!("/tmp/perf-{pid}.map")).exists());
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let hits: u64 = folded
+        .iter()
+        .filter(|(f, _)| f[0] == "jit" && f.iter().any(|n| n == "rtrace_jit_fixture_hot"))
+        .map(|(_, c)| c)
+        .sum();
+    // 1.5 s at 199 Hz, nearly all of it in the JIT code.
+    assert!(hits >= 150, "JIT frame missing or rare ({hits}):\n{stdout}");
+}
+
+#[test]
+fn kernel_frames_resolve_to_kallsyms_names() {
+    let kallsyms: HashSet<String> = std::fs::read_to_string("/proc/kallsyms")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-K", "--json"], READY);
+    // Reading /dev/zero spends its time in the kernel's read path.
+    let status = Command::new("dd")
+        .args(["if=/dev/zero", "of=/dev/null", "bs=64k", "count=60000"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let mut frames = 0;
+    let mut read_path = 0;
+    for s in json_lines(&stdout).iter().filter(|s| s["comm"] == "dd") {
+        assert!(
+            s["user"].as_array().unwrap().is_empty(),
+            "-K kept user frames"
+        );
+        for f in s["kernel"].as_array().unwrap() {
+            let name = f["name"].as_str().unwrap();
+            assert_eq!(f["kind"], "kernel");
+            assert!(kallsyms.contains(name), "{name} is not a kernel symbol");
+            frames += 1;
+            if name == "ksys_read" || name == "vfs_read" {
+                read_path += s["count"].as_u64().unwrap();
+            }
+        }
+    }
+    assert!(frames > 0, "no kernel frames for dd:\n{stdout}");
+    assert!(
+        read_path > 0,
+        "no sample in ksys_read or vfs_read:\n{stdout}"
+    );
+}
+
+/// pprof's messages, decoded by prost independently of rtrace's encoder.
+mod pprof {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+    }
+}
+
+/// The stacks of a pprof profile in folded form: comm label, then the
+/// functions' system names root first.
+fn pprof_stacks(p: &pprof::Profile) -> BTreeMap<Vec<String>, u64> {
+    let s = |i: i64| p.string_table[i as usize].clone();
+    let names: BTreeMap<u64, String> = p
+        .function
+        .iter()
+        .map(|f| (f.id, s(f.system_name)))
+        .collect();
+    let locs: BTreeMap<u64, String> = p
+        .location
+        .iter()
+        .map(|l| (l.id, names[&l.line[0].function_id].clone()))
+        .collect();
+    let mut out = BTreeMap::new();
+    for sample in &p.sample {
+        let comm = sample
+            .label
+            .iter()
+            .find(|l| s(l.key) == "comm")
+            .map(|l| s(l.str))
+            .expect("no comm label");
+        let mut frames = vec![comm];
+        frames.extend(sample.location_id.iter().rev().map(|id| locs[id].clone()));
+        *out.entry(frames).or_insert(0) += sample.value[0] as u64;
+    }
+    out
+}
+
+/// Parses an SVG as XML; flame graphs carry a DOCTYPE.
+fn parse_svg(text: &str) -> Result<roxmltree::Document<'_>, roxmltree::Error> {
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    roxmltree::Document::parse_with_options(text, opts)
+}
+
+#[test]
+fn folded_pprof_speedscope_and_svg_agree() {
+    let (svg, pb, ss) = (temp("a.svg"), temp("a.pb.gz"), temp("a.speedscope.json"));
+    let (stdout, _, _) = profile_hotfuncs(&[
+        "-f",
+        "--svg",
+        svg.to_str().unwrap(),
+        "--pprof",
+        pb.to_str().unwrap(),
+        "--speedscope",
+        ss.to_str().unwrap(),
+    ]);
+    let folded = parse_folded(&stdout);
+    let total: u64 = folded.values().sum();
+    assert!(total >= 300, "too few samples: {total}");
+
+    // pprof: gzip, then profile.proto; the same stacks and counts as folded.
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&pb).unwrap())
+        .read_to_end(&mut raw)
+        .unwrap();
+    let profile = <pprof::Profile as prost::Message>::decode(raw.as_slice()).unwrap();
+    assert_eq!(profile.string_table[0], "");
+    assert_eq!(profile.sample_type.len(), 2);
+    assert!(profile.period > 0);
+    assert_eq!(pprof_stacks(&profile), folded, "pprof and folded differ");
+
+    // speedscope: the same total, every frame index valid.
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ss).unwrap()).unwrap();
+    let frames = doc["shared"]["frames"].as_array().unwrap().len();
+    let prof = &doc["profiles"][0];
+    let weights: u64 = prof["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_u64().unwrap())
+        .sum();
+    assert_eq!(weights, total);
+    for stack in prof["samples"].as_array().unwrap() {
+        for i in stack.as_array().unwrap() {
+            assert!((i.as_u64().unwrap() as usize) < frames);
+        }
+    }
+
+    // SVG: well-formed, with the hot functions in it.
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = parse_svg(&text).expect("SVG is not well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let titles: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text())
+        .collect();
+    assert!(titles.iter().any(|t| t.contains("hotfuncs::hot_alpha")));
+
+    // Folded output round-trips: written back out and read again by
+    // `flamegraph diff`, which needs both files to parse.
+    let before = temp("before.folded");
+    let after = temp("after.folded");
+    std::fs::write(&before, &stdout).unwrap();
+    let doubled: String = stdout
+        .lines()
+        .map(|l| {
+            let (stack, n) = l.rsplit_once(' ').unwrap();
+            let n: u64 = n.parse().unwrap();
+            let n = if stack.contains("hot_beta") { n * 2 } else { n };
+            format!("{stack} {n}\n")
+        })
+        .collect();
+    std::fs::write(&after, doubled).unwrap();
+    let diff = temp("diff.svg");
+    let (code, _, stderr) = run(&[
+        "flamegraph",
+        "diff",
+        before.to_str().unwrap(),
+        after.to_str().unwrap(),
+        "--svg",
+        diff.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let text = std::fs::read_to_string(&diff).unwrap();
+    let doc = parse_svg(&text).expect("diff SVG is not well-formed");
+    // hot_beta grew, so its frame is drawn red: more red than green or blue.
+    let beta = doc
+        .descendants()
+        .find(|n| {
+            n.has_tag_name("g")
+                && n.descendants().any(|t| {
+                    t.has_tag_name("title")
+                        && t.text()
+                            .is_some_and(|x| x.starts_with("hotfuncs::hot_beta "))
+                })
+        })
+        .expect("no hot_beta frame");
+    let fill = beta
+        .descendants()
+        .find_map(|n| n.attribute("fill"))
+        .unwrap();
+    let rgb: Vec<u32> = fill
+        .trim_start_matches("rgb(")
+        .trim_end_matches(')')
+        .split(',')
+        .map(|c| c.trim().parse().unwrap())
+        .collect();
+    assert!(
+        rgb[0] > rgb[1] && rgb[0] > rgb[2],
+        "hot_beta is {fill}, not red"
+    );
+    for f in [svg, pb, ss, before, after, diff] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+#[test]
+fn page_faults_event_counts_every_fault() {
+    let pages = 3000;
+    let fixture = Fixture::start("hotfuncs", &["faults", &pages.to_string()]);
+    let pid = fixture.pid();
+    let rtrace = Rtrace::start_until(
+        &[
+            "profile",
+            "-e",
+            "page-faults",
+            "-c",
+            "1",
+            "-U",
+            "-f",
+            "-p",
+            &pid,
+        ],
+        READY,
+    );
+    fixture.run();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let faults = count_with(&parse_folded(&stdout), "hotfuncs::touch_pages");
+    assert!(
+        faults.abs_diff(pages) <= pages / 20,
+        "{faults} page faults in touch_pages; it touched {pages} fresh pages"
+    );
+}
+
+#[test]
+fn context_switches_event_counts_every_switch() {
+    let mut pp = PingPong::start(2000);
+    let pid = pp.pid().to_string();
+    let rtrace = Rtrace::start_until(
+        &[
+            "profile",
+            "-e",
+            "context-switches",
+            "-c",
+            "1",
+            "-f",
+            "-p",
+            &pid,
+        ],
+        READY,
+    );
+    let before = pp.context_switches();
+    pp.play();
+    let switches = pp.context_switches() - before;
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let samples: u64 = parse_folded(&stdout).values().sum();
+    assert!(
+        samples.abs_diff(switches) <= switches / 10 + 5,
+        "{samples} context-switch samples; the threads switched {switches} times"
+    );
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["profile", "-p", "999999999"],
+            "no such process: 999999999",
+        ),
+        (&["profile", "-L", "999999999"], "no such thread: 999999999"),
+        (&["profile", "-C", "4096"], "CPU 4096 is not online"),
+        (&["profile", "-F", "10000000"], "perf_event_max_sample_rate"),
+        (
+            &[
+                "flamegraph",
+                "diff",
+                "/nonexistent/a",
+                "/nonexistent/b",
+                "--svg",
+                "/tmp/x.svg",
+            ],
+            "cannot open /nonexistent/a",
+        ),
+    ];
+    for (args, message) in cases {
+        let (code, stdout, stderr) = run(args);
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(stdout.is_empty());
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("rtrace: error: ") && stderr.contains(message),
+            "{args:?}: {stderr}"
+        );
+    }
+    for args in [
+        &["profile", "-F", "0"][..],
+        &["profile", "-U", "-K"],
+        &["profile", "-F", "99", "-c", "1000"],
+        &["profile", "--bogus"],
+    ] {
+        let (code, _, stderr) = run(args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+    }
+    // Hardware events need a PMU; without one the error says so.
+    let has_pmu = std::path::Path::new("/sys/bus/event_source/devices/cpu").exists();
+    let (code, _, stderr) = run(&["profile", "-e", "cycles", "1"]);
+    if has_pmu {
+        assert_eq!(code, 0, "{stderr}");
+    } else {
+        assert_eq!(code, 1);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("event cycles is not available") && stderr.contains("no hardware PMU"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn stacks_beyond_the_stack_table_are_counted_not_lost() {
+    let (stdout, _, _, stderr) = {
+        let fixture = Fixture::start("hotfuncs", &["cpu", "2"]);
+        let pid = fixture.pid();
+        let rtrace = Rtrace::start_until(
+            &[
+                "profile",
+                "-F",
+                "199",
+                "-p",
+                &pid,
+                "-f",
+                "--stack-storage-size",
+                "2",
+            ],
+            READY,
+        );
+        let done = fixture.run();
+        let (code, stdout, stderr) = rtrace.stop(SIGINT);
+        assert_eq!(code, 0, "{stderr}");
+        (stdout, done[0], done[1], stderr)
+    };
+    let folded = parse_folded(&stdout);
+    let total: u64 = folded.values().sum();
+    let missed = count_with(&folded, "[Missed User Stack]");
+    // Every sample is still counted, under a placeholder when its stack
+    // found no room, and the loss is reported.
+    assert!(total >= 200, "too few samples: {total}");
+    assert!(missed > 0, "no missed stacks with room for two:\n{stdout}");
+    let lost_line = stderr
+        .lines()
+        .find(|l| l.contains("stacks lost (stack table full"))
+        .unwrap_or_else(|| panic!("loss not reported: {stderr}"));
+    let lost: u64 = lost_line
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        lost >= missed,
+        "{lost} reported, {missed} samples with a missed stack"
+    );
+}

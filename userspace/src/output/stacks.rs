@@ -1,0 +1,267 @@
+//! Counted stacks and their outputs: bcc's multi-line and folded text,
+//! JSON lines, flame graphs (inferno), speedscope and pprof files.
+
+pub mod pprof;
+
+use std::{fmt::Write as _, io::Write as _, path::Path};
+
+use anyhow::Context as _;
+
+use crate::symbolize::{Frame, Kind};
+
+/// One distinct stack with its sample count.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Command of the sampled thread.
+    pub comm: String,
+    /// Process id.
+    pub pid: u32,
+    /// User frames, leaf first.
+    pub user: Vec<Frame>,
+    /// Kernel frames, leaf first.
+    pub kernel: Vec<Frame>,
+    /// Samples counted.
+    pub count: u64,
+}
+
+/// Placeholder frames for stacks that could not be walked or stored, as
+/// bcc names them.
+pub const MISSED_USER: &str = "[Missed User Stack]";
+/// See [`MISSED_USER`].
+pub const MISSED_KERNEL: &str = "[Missed Kernel Stack]";
+
+/// How text stacks are written.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextOptions {
+    /// Put a delimiter between kernel and user frames (`-d`).
+    pub delimiter: bool,
+    /// Suffix kernel, JIT and inlined frames with `_[k]`, `_[j]`, `_[i]`.
+    pub annotate: bool,
+}
+
+fn name(f: &Frame, annotate: bool) -> String {
+    if annotate {
+        format!("{}{}", f.name, f.kind.annotation())
+    } else {
+        f.name.clone()
+    }
+}
+
+/// A stack as one folded line, root first: `comm;user..;kernel.. count`.
+/// Semicolons in names become colons, since they separate frames.
+pub fn folded_line(s: &Sample, opts: TextOptions) -> String {
+    let clean = |n: String| n.replace(';', ":");
+    let mut line = clean(s.comm.replace(' ', "_"));
+    for f in s.user.iter().rev() {
+        line.push(';');
+        line.push_str(&clean(name(f, opts.annotate)));
+    }
+    if opts.delimiter && !s.user.is_empty() && !s.kernel.is_empty() {
+        line.push_str(";-");
+    }
+    for f in s.kernel.iter().rev() {
+        line.push(';');
+        line.push_str(&clean(name(f, opts.annotate)));
+    }
+    let _ = write!(line, " {}", s.count);
+    line
+}
+
+/// Writes folded stacks, the hottest first.
+pub fn write_folded(samples: &[Sample], opts: TextOptions) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for s in samples {
+        writeln!(out, "{}", folded_line(s, opts)).context("cannot write to stdout")?;
+    }
+    Ok(())
+}
+
+/// Writes bcc's multi-line form: frames leaf first, kernel then user, then
+/// the command and count; the hottest stack last, nearest the prompt, as
+/// bcc's profile prints it.
+pub fn write_multiline(samples: &[Sample], opts: TextOptions) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for s in samples.iter().rev() {
+        let mut text = String::new();
+        for f in &s.kernel {
+            let _ = writeln!(text, "    {}", name(f, opts.annotate));
+        }
+        if opts.delimiter && !s.kernel.is_empty() && !s.user.is_empty() {
+            text.push_str("    --\n");
+        }
+        for f in &s.user {
+            let _ = writeln!(text, "    {}", name(f, opts.annotate));
+        }
+        let _ = writeln!(text, "    {:<16} {} ({})", "-", s.comm, s.pid);
+        let _ = writeln!(text, "        {}\n", s.count);
+        out.write_all(text.as_bytes())
+            .context("cannot write to stdout")?;
+    }
+    Ok(())
+}
+
+/// Writes one JSON object per stack, frames leaf first.
+pub fn write_json(samples: &[Sample]) -> anyhow::Result<()> {
+    let frames = |fs: &[Frame]| -> Vec<serde_json::Value> {
+        fs.iter()
+            .map(|f| {
+                serde_json::json!({
+                    "name": f.name,
+                    "kind": kind_name(f.kind),
+                    "module": f.module,
+                })
+            })
+            .collect()
+    };
+    for s in samples {
+        super::json_line(&serde_json::json!({
+            "comm": s.comm,
+            "pid": s.pid,
+            "count": s.count,
+            "kernel": frames(&s.kernel),
+            "user": frames(&s.user),
+        }))?;
+    }
+    Ok(())
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Kernel => "kernel",
+        Kind::User => "user",
+        Kind::Jit => "jit",
+        Kind::Inlined => "inlined",
+    }
+}
+
+/// Flame graph settings.
+#[derive(Clone, Debug)]
+pub struct FlameOptions {
+    /// The graph's title.
+    pub title: String,
+    /// Draw it upside down, roots at the top.
+    pub icicle: bool,
+    /// What one sample stands for, as the tooltips name it.
+    pub count_name: String,
+}
+
+fn inferno_options(opts: &FlameOptions) -> inferno::flamegraph::Options<'static> {
+    use inferno::flamegraph::{
+        Direction,
+        color::{MultiPalette, Palette},
+    };
+    let mut o = inferno::flamegraph::Options::default();
+    o.title = opts.title.clone();
+    o.count_name = opts.count_name.clone();
+    // The java palette colors by the frames' `_[k]`, `_[j]` and `_[i]`
+    // suffixes (and C++ `::` names), as perf users know from FlameGraph's
+    // `--color=java`; the suffixes are not shown.
+    o.colors = Palette::Multi(MultiPalette::Java);
+    if opts.icicle {
+        o.direction = Direction::Inverted;
+    }
+    o
+}
+
+/// Writes an SVG flame graph of `samples` to `path`.
+pub fn write_svg(samples: &[Sample], path: &Path, opts: &FlameOptions) -> anyhow::Result<()> {
+    let annotated = TextOptions {
+        delimiter: false,
+        annotate: true,
+    };
+    let lines: Vec<String> = samples.iter().map(|s| folded_line(s, annotated)).collect();
+    let file = create(path)?;
+    let mut o = inferno_options(opts);
+    inferno::flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), file)
+        .with_context(|| format!("cannot write flame graph {}", path.display()))
+}
+
+/// Writes a differential flame graph of two folded files: frames colored
+/// red where AFTER has more samples, blue where it has fewer.
+pub fn write_diff_svg(
+    before: &Path,
+    after: &Path,
+    path: &Path,
+    normalize: bool,
+    opts: &FlameOptions,
+) -> anyhow::Result<()> {
+    let open = |p: &Path| {
+        std::fs::File::open(p)
+            .map(std::io::BufReader::new)
+            .with_context(|| format!("cannot open {}", p.display()))
+    };
+    let mut folded = Vec::new();
+    inferno::differential::from_readers(
+        inferno::differential::Options {
+            normalize,
+            strip_hex: false,
+        },
+        open(before)?,
+        open(after)?,
+        &mut folded,
+    )
+    .context("cannot read the folded stacks")?;
+    let mut o = inferno_options(opts);
+    let file = create(path)?;
+    inferno::flamegraph::from_reader(&mut o, folded.as_slice(), file)
+        .with_context(|| format!("cannot write flame graph {}", path.display()))
+}
+
+fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+    std::fs::File::create(path)
+        .map(std::io::BufWriter::new)
+        .with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// Writes a speedscope file (speedscope.app's "sampled" profile): one
+/// shared frame table and each stack root first, weighted by its count.
+pub fn write_speedscope(samples: &[Sample], path: &Path, name: &str) -> anyhow::Result<()> {
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut frames: Vec<serde_json::Value> = Vec::new();
+    let mut stacks = Vec::with_capacity(samples.len());
+    let mut weights = Vec::with_capacity(samples.len());
+    let annotated = TextOptions {
+        delimiter: false,
+        annotate: false,
+    };
+    for s in samples {
+        let all = std::iter::once(s.comm.clone())
+            .chain(s.user.iter().rev().map(|f| name_of(f, annotated)))
+            .chain(s.kernel.iter().rev().map(|f| name_of(f, annotated)));
+        let stack: Vec<usize> = all
+            .map(|n| {
+                *index.entry(n.clone()).or_insert_with(|| {
+                    frames.push(serde_json::json!({ "name": n }));
+                    frames.len() - 1
+                })
+            })
+            .collect();
+        stacks.push(stack);
+        weights.push(s.count);
+    }
+    let total: u64 = weights.iter().sum();
+    let doc = serde_json::json!({
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "exporter": concat!("rtrace ", env!("CARGO_PKG_VERSION")),
+        "name": name,
+        "activeProfileIndex": 0,
+        "shared": { "frames": frames },
+        "profiles": [{
+            "type": "sampled",
+            "name": name,
+            "unit": "none",
+            "startValue": 0,
+            "endValue": total,
+            "samples": stacks,
+            "weights": weights,
+        }],
+    });
+    let mut file = create(path)?;
+    serde_json::to_writer(&mut file, &doc)?;
+    file.flush()
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn name_of(f: &Frame, opts: TextOptions) -> String {
+    name(f, opts.annotate)
+}

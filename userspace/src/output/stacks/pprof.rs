@@ -1,0 +1,199 @@
+//! pprof's `profile.proto`, gzipped, as `go tool pprof` and the pprof
+//! tools of other languages read it.
+//!
+//! The few messages needed are encoded by hand: a protobuf code generator
+//! would add a build step and a dependency for about a hundred lines.
+
+use std::{collections::HashMap, io::Write as _, path::Path};
+
+use anyhow::Context as _;
+
+use super::Sample;
+use crate::symbolize::{Frame, Kind};
+
+/// A protobuf message being encoded.
+#[derive(Default)]
+struct Msg(Vec<u8>);
+
+impl Msg {
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+
+    fn key(&mut self, field: u32, wire: u8) {
+        self.varint(u64::from(field) << 3 | u64::from(wire));
+    }
+
+    /// An integer field (int64, uint64 or bool), left out when zero as
+    /// proto3 does.
+    fn int(&mut self, field: u32, v: u64) {
+        if v != 0 {
+            self.key(field, 0);
+            self.varint(v);
+        }
+    }
+
+    fn bytes(&mut self, field: u32, b: &[u8]) {
+        self.key(field, 2);
+        self.varint(b.len() as u64);
+        self.0.extend_from_slice(b);
+    }
+
+    fn msg(&mut self, field: u32, m: &Msg) {
+        self.bytes(field, &m.0);
+    }
+
+    fn packed(&mut self, field: u32, vs: impl IntoIterator<Item = u64>) {
+        let mut inner = Msg::default();
+        for v in vs {
+            inner.varint(v);
+        }
+        if !inner.0.is_empty() {
+            self.bytes(field, &inner.0);
+        }
+    }
+}
+
+/// The string table: index 0 is the empty string, as pprof requires.
+struct Strings {
+    index: HashMap<String, u64>,
+    list: Vec<String>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut s = Self {
+            index: HashMap::new(),
+            list: Vec::new(),
+        };
+        s.get("");
+        s
+    }
+
+    fn get(&mut self, v: &str) -> u64 {
+        if let Some(&i) = self.index.get(v) {
+            return i;
+        }
+        let i = self.list.len() as u64;
+        self.index.insert(v.to_owned(), i);
+        self.list.push(v.to_owned());
+        i
+    }
+}
+
+/// What the samples measure.
+pub struct Meta<'a> {
+    /// The sampled event, e.g. `cpu-clock`.
+    pub event: &'a str,
+    /// The unit of `period`, e.g. `nanoseconds` or `count`.
+    pub unit: &'a str,
+    /// Event units one sample stands for.
+    pub period: u64,
+    /// When profiling began, in nanoseconds since the epoch.
+    pub time_nanos: u64,
+    /// How long it lasted.
+    pub duration_nanos: u64,
+}
+
+/// Writes `samples` as a gzipped pprof profile. Each sample has two values,
+/// the sample count and that count times the period, and carries the
+/// command and pid as labels.
+pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result<()> {
+    let mut strings = Strings::new();
+    let mut profile = Msg::default();
+    let value_type = |strings: &mut Strings, ty: &str, unit: &str| {
+        let mut m = Msg::default();
+        m.int(1, strings.get(ty));
+        m.int(2, strings.get(unit));
+        m
+    };
+    let samples_type = value_type(&mut strings, "samples", "count");
+    let event_type = value_type(&mut strings, meta.event, meta.unit);
+    profile.msg(1, &samples_type);
+    profile.msg(1, &event_type);
+
+    // One function and one location per distinct frame.
+    let mut functions: HashMap<(String, Option<String>), u64> = HashMap::new();
+    let mut function_msgs = Vec::new();
+    let mut locations: HashMap<u64, u64> = HashMap::new();
+    let mut location_msgs = Vec::new();
+    let mut location_of = |f: &Frame, strings: &mut Strings| -> u64 {
+        let key = (display(f), f.module.clone());
+        let next = functions.len() as u64 + 1;
+        let fid = *functions.entry(key).or_insert_with(|| {
+            let mut m = Msg::default();
+            m.int(1, next);
+            m.int(2, strings.get(&display(f)));
+            m.int(3, strings.get(&f.name));
+            m.int(4, strings.get(f.module.as_deref().unwrap_or("")));
+            function_msgs.push(m);
+            next
+        });
+        *locations.entry(fid).or_insert_with(|| {
+            let mut line = Msg::default();
+            line.int(1, fid);
+            let mut m = Msg::default();
+            m.int(1, fid);
+            m.msg(4, &line);
+            location_msgs.push(m);
+            fid
+        })
+    };
+
+    let comm_key = strings.get("comm");
+    let pid_key = strings.get("pid");
+    for s in samples {
+        let ids: Vec<u64> = s
+            .kernel
+            .iter()
+            .chain(s.user.iter())
+            .map(|f| location_of(f, &mut strings))
+            .collect();
+        let mut m = Msg::default();
+        m.packed(1, ids);
+        m.packed(2, [s.count, s.count.saturating_mul(meta.period)]);
+        let mut comm = Msg::default();
+        comm.int(1, comm_key);
+        comm.int(2, strings.get(&s.comm));
+        m.msg(3, &comm);
+        let mut pid = Msg::default();
+        pid.int(1, pid_key);
+        pid.int(3, u64::from(s.pid));
+        m.msg(3, &pid);
+        profile.msg(2, &m);
+    }
+    for m in &location_msgs {
+        profile.msg(4, m);
+    }
+    for m in &function_msgs {
+        profile.msg(5, m);
+    }
+    let period_type = value_type(&mut strings, meta.event, meta.unit);
+    for s in &strings.list {
+        profile.bytes(6, s.as_bytes());
+    }
+    profile.int(9, meta.time_nanos);
+    profile.int(10, meta.duration_nanos);
+    profile.msg(11, &period_type);
+    profile.int(12, meta.period);
+
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
+    gz.write_all(&profile.0)
+        .and_then(|()| gz.finish().map(drop))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// A frame's name as pprof shows it: inlined frames are marked, as pprof
+/// has no other way to tell them apart in a location of their own.
+fn display(f: &Frame) -> String {
+    match f.kind {
+        Kind::Inlined => format!("{} (inlined)", f.name),
+        _ => f.name.clone(),
+    }
+}

@@ -1,0 +1,498 @@
+//! Turning instruction pointers into function names: kernel frames from
+//! kallsyms, user frames from ELF symbols and DWARF (demangled, with inlined
+//! functions), and JIT frames from `/tmp/perf-PID.map`.
+//!
+//! What a process's addresses mean is captured while it lives
+//! ([`Symbolizer::capture`]): its executable mappings, each with its file
+//! held open, and its perf map. A process that has exited, deleted its
+//! perf map, or lives in another mount namespace still resolves, because
+//! the files are read through the descriptors opened at capture time (from
+//! `/proc/PID/map_files`, which works across mount namespaces and for
+//! deleted files) rather than by path when the report is made.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use blazesym::{
+    MaybeDefault,
+    symbolize::{
+        Input, Symbolized, Symbolizer as Blaze,
+        source::{Elf, Kernel, Source},
+    },
+};
+
+/// What kind of code a frame is in; flame graphs color by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The kernel (or a kernel module, or a BPF program).
+    Kernel,
+    /// A user-space ELF file.
+    User,
+    /// JIT-compiled code named by a perf map.
+    Jit,
+    /// A function inlined into the frame below it.
+    Inlined,
+}
+
+impl Kind {
+    /// The suffix FlameGraph's and inferno's `java` palette color by.
+    pub fn annotation(self) -> &'static str {
+        match self {
+            Self::Kernel => "_[k]",
+            Self::User => "",
+            Self::Jit => "_[j]",
+            Self::Inlined => "_[i]",
+        }
+    }
+}
+
+/// One frame of a symbolized stack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// The function's name, demangled, or `[unknown]`.
+    pub name: String,
+    /// What kind of code it is.
+    pub kind: Kind,
+    /// The file the code is in (`[kernel]` and `[jit]` for those), if known.
+    pub module: Option<String>,
+}
+
+impl Frame {
+    fn new(name: impl Into<String>, kind: Kind, module: Option<&str>) -> Self {
+        Self {
+            name: name.into(),
+            kind,
+            module: module.map(str::to_owned),
+        }
+    }
+
+    /// A placeholder for a stack that could not be walked or stored.
+    pub fn missed(name: &str, kind: Kind) -> Self {
+        Self::new(name, kind, None)
+    }
+
+    fn unknown(kind: Kind, module: Option<&str>) -> Self {
+        Self::new("[unknown]", kind, module)
+    }
+}
+
+/// Identifies an open file: device and inode.
+type FileId = (u64, u64);
+
+/// An executable mapping of a process.
+struct Mapping {
+    start: u64,
+    end: u64,
+    /// File offset of `start`.
+    offset: u64,
+    /// The file, if it is file-backed and could be opened.
+    file: Option<FileId>,
+    /// What `/proc/PID/maps` calls it (a path, `[vdso]`, or empty).
+    name: String,
+}
+
+/// A symbol of a perf map.
+struct JitSymbol {
+    start: u64,
+    end: u64,
+    name: String,
+}
+
+/// What was captured of one process.
+#[derive(Default)]
+struct Process {
+    /// Every mapping ever seen, newest last: mappings that have since gone
+    /// may still have samples.
+    maps: Vec<Mapping>,
+    /// The perf map's symbols, sorted by start; later lines win, as perf
+    /// has it, so a range rewritten by the JIT gets its newest name.
+    jit: Vec<JitSymbol>,
+    /// Size of the perf map when last read.
+    jit_len: u64,
+    /// When the mappings were last read.
+    captured: Option<Instant>,
+}
+
+/// Where an address is, before any symbol lookup.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Loc {
+    Kernel(u64),
+    File(FileId, u64),
+    Jit(u32, u64),
+    Named(u32, usize),
+    Unknown,
+}
+
+/// An open file, with the name frames show for it.
+struct OpenFile {
+    file: File,
+    module: String,
+}
+
+/// Resolves kernel and user stacks; see the module documentation.
+pub struct Symbolizer {
+    blaze: Blaze,
+    files: HashMap<FileId, OpenFile>,
+    procs: HashMap<u32, Process>,
+}
+
+/// How often one process's mappings are read again while it gets new
+/// stacks: often enough to see new JIT code and libraries, seldom enough
+/// to cost nothing next to sampling.
+const RECAPTURE: Duration = Duration::from_millis(250);
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    /// A symbolizer with demangling, line info and inlined functions on.
+    pub fn new() -> Self {
+        raise_fd_limit();
+        Self {
+            blaze: Blaze::builder()
+                .enable_demangling(true)
+                .enable_inlined_fns(true)
+                .enable_code_info(true)
+                .build(),
+            files: HashMap::new(),
+            procs: HashMap::new(),
+        }
+    }
+
+    /// Captures process `pid`'s executable mappings and perf map, or
+    /// refreshes them if they were captured more than a moment ago (or
+    /// `force`). A process that is gone is left as last captured.
+    pub fn capture(&mut self, pid: u32, force: bool) {
+        if pid == 0 {
+            return;
+        }
+        let fresh = self
+            .procs
+            .get(&pid)
+            .and_then(|p| p.captured)
+            .is_some_and(|t| t.elapsed() < RECAPTURE);
+        if fresh && !force {
+            return;
+        }
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return;
+        };
+        let mut found = Vec::new();
+        for line in maps.lines() {
+            if let Some(m) = self.parse_mapping(pid, line) {
+                found.push(m);
+            }
+        }
+        let proc = self.procs.entry(pid).or_default();
+        for m in found {
+            let known = proc.maps.iter().any(|o| {
+                o.start == m.start && o.end == m.end && o.offset == m.offset && o.file == m.file
+            });
+            if !known {
+                proc.maps.push(m);
+            }
+        }
+        proc.captured = Some(Instant::now());
+        read_perf_map(pid, proc);
+    }
+
+    /// Parses one line of `/proc/PID/maps`, keeping executable mappings and
+    /// opening their files.
+    fn parse_mapping(&mut self, pid: u32, line: &str) -> Option<Mapping> {
+        let mut fields = line.splitn(6, ' ');
+        let range = fields.next()?;
+        let perms = fields.next()?;
+        let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+        let _dev = fields.next()?;
+        let inode: u64 = fields.next()?.parse().ok()?;
+        let name = fields.next().unwrap_or("").trim_start().to_owned();
+        if perms.as_bytes().get(2) != Some(&b'x') {
+            return None;
+        }
+        let (start, end) = range.split_once('-')?;
+        let (start, end) = (
+            u64::from_str_radix(start, 16).ok()?,
+            u64::from_str_radix(end, 16).ok()?,
+        );
+        let file = (inode != 0 && name.starts_with('/'))
+            .then(|| self.open_file(pid, range, &name))
+            .flatten();
+        Some(Mapping {
+            start,
+            end,
+            offset,
+            file,
+            name,
+        })
+    }
+
+    /// Opens a mapped file through the process's own view of it, once per
+    /// file across all processes.
+    fn open_file(&mut self, pid: u32, range: &str, name: &str) -> Option<FileId> {
+        let path = name.strip_suffix(" (deleted)").unwrap_or(name);
+        let file = File::open(format!("/proc/{pid}/map_files/{range}"))
+            .or_else(|_| File::open(format!("/proc/{pid}/root{path}")))
+            .ok()?;
+        let meta = file.metadata().ok()?;
+        let id = (meta.dev(), meta.ino());
+        self.files.entry(id).or_insert_with(|| OpenFile {
+            file,
+            module: path.rsplit('/').next().unwrap_or(path).to_owned(),
+        });
+        Some(id)
+    }
+
+    /// Symbolizes stacks, each leaf first, with `pid` `None` for kernel
+    /// stacks. Every address is looked up once, with one lookup per file.
+    ///
+    /// Frames come back leaf first, inlined functions before the function
+    /// they were inlined into.
+    pub fn symbolize(&mut self, stacks: &[(Option<u32>, &[u64])]) -> Vec<Vec<Frame>> {
+        // Return addresses point after the call; the call itself, one byte
+        // back, is in the right function and line even when the call is a
+        // function's last instruction.
+        let locs: Vec<Vec<Loc>> = stacks
+            .iter()
+            .map(|(pid, ips)| {
+                ips.iter()
+                    .enumerate()
+                    .map(|(i, &ip)| {
+                        let ip = if i == 0 { ip } else { ip.saturating_sub(1) };
+                        match pid {
+                            None => Loc::Kernel(ip),
+                            Some(pid) => self.locate(*pid, ip),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+
+        let mut kernel: Vec<u64> = Vec::new();
+        let mut by_file: HashMap<FileId, Vec<u64>> = HashMap::new();
+        for loc in locs.iter().flatten() {
+            match *loc {
+                Loc::Kernel(a) => kernel.push(a),
+                Loc::File(f, off) => by_file.entry(f).or_default().push(off),
+                _ => {}
+            }
+        }
+        let mut resolved: HashMap<Loc, Vec<Frame>> = HashMap::new();
+        kernel.sort_unstable();
+        kernel.dedup();
+        let src = Source::Kernel(Kernel {
+            // A vmlinux image would be searched for in several places on every
+            // run and is rarely installed; kallsyms has every function.
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Kernel::default()
+        });
+        let syms = self.blaze.symbolize(&src, Input::AbsAddr(&kernel));
+        for (i, a) in kernel.iter().enumerate() {
+            let sym = syms.as_ref().ok().and_then(|s| s.get(i));
+            resolved.insert(Loc::Kernel(*a), frames(sym, Kind::Kernel, "[kernel]"));
+        }
+        for (id, mut offsets) in by_file {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let Some(open) = self.files.get(&id) else {
+                continue;
+            };
+            let path = PathBuf::from(format!("/proc/self/fd/{}", open.file.as_raw_fd()));
+            let src = Source::Elf(Elf::new(path));
+            let syms = self.blaze.symbolize(&src, Input::FileOffset(&offsets));
+            for (i, off) in offsets.iter().enumerate() {
+                let sym = syms.as_ref().ok().and_then(|s| s.get(i));
+                resolved.insert(Loc::File(id, *off), frames(sym, Kind::User, &open.module));
+            }
+        }
+
+        locs.iter()
+            .map(|stack| {
+                stack
+                    .iter()
+                    .flat_map(|loc| match *loc {
+                        Loc::Kernel(_) | Loc::File(..) => resolved
+                            .get(loc)
+                            .cloned()
+                            .unwrap_or_else(|| vec![Frame::unknown(Kind::User, None)]),
+                        Loc::Jit(pid, a) => vec![self.jit_frame(pid, a)],
+                        Loc::Named(pid, i) => {
+                            let name = &self.procs[&pid].maps[i].name;
+                            vec![Frame::new(name.clone(), Kind::User, Some(name))]
+                        }
+                        Loc::Unknown => vec![Frame::unknown(Kind::User, None)],
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Where user address `ip` of `pid` is.
+    fn locate(&self, pid: u32, ip: u64) -> Loc {
+        let Some(proc) = self.procs.get(&pid) else {
+            return Loc::Unknown;
+        };
+        let Some((i, m)) = proc
+            .maps
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, m)| (m.start..m.end).contains(&ip))
+        else {
+            // Code in no mapping seen may still be in the perf map.
+            return Loc::Jit(pid, ip);
+        };
+        match m.file {
+            Some(f) => Loc::File(f, ip - m.start + m.offset),
+            None if m.name.starts_with('[') => Loc::Named(pid, i),
+            None => Loc::Jit(pid, ip),
+        }
+    }
+
+    /// The perf-map symbol at `ip` of `pid`, or `[unknown]`.
+    fn jit_frame(&self, pid: u32, ip: u64) -> Frame {
+        let jit = &self.procs[&pid].jit;
+        let i = jit.partition_point(|s| s.start <= ip);
+        match i.checked_sub(1).map(|i| &jit[i]) {
+            Some(s) if ip < s.end => Frame::new(s.name.clone(), Kind::Jit, Some("[jit]")),
+            _ => Frame::unknown(Kind::User, None),
+        }
+    }
+}
+
+/// The frames one blazesym result stands for: the inlined functions,
+/// innermost first, then the function itself.
+fn frames(sym: Option<&Symbolized<'_>>, kind: Kind, module: &str) -> Vec<Frame> {
+    match sym {
+        Some(Symbolized::Sym(s)) => {
+            let mut out: Vec<Frame> = s
+                .inlined
+                .iter()
+                .rev()
+                .map(|f| Frame::new(f.name.to_string(), Kind::Inlined, Some(module)))
+                .collect();
+            out.push(Frame::new(s.name.to_string(), kind, Some(module)));
+            out
+        }
+        _ => vec![Frame::unknown(kind, Some(module))],
+    }
+}
+
+/// Reads process `pid`'s perf map if it changed since last read. A map
+/// that is gone leaves the symbols read before.
+fn read_perf_map(pid: u32, proc: &mut Process) {
+    // A process in a container names its map by its own pid, in its own
+    // /tmp.
+    let nspid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|l| l.split_whitespace().last()?.parse::<u32>().ok())
+        })
+        .unwrap_or(pid);
+    let path = format!("/proc/{pid}/root/tmp/perf-{nspid}.map");
+    let Ok(meta) = std::fs::metadata(&path) else {
+        return;
+    };
+    if meta.len() == proc.jit_len {
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    proc.jit_len = meta.len();
+    let mut syms: Vec<JitSymbol> = Vec::new();
+    for line in text.lines() {
+        let mut f = line.splitn(3, ' ');
+        let hex = |s: Option<&str>| {
+            let s = s?.trim();
+            u64::from_str_radix(s.strip_prefix("0x").unwrap_or(s), 16).ok()
+        };
+        let (Some(start), Some(size), Some(name)) = (hex(f.next()), hex(f.next()), f.next()) else {
+            continue;
+        };
+        syms.push(JitSymbol {
+            start,
+            end: start.saturating_add(size),
+            name: name.trim_end().to_owned(),
+        });
+    }
+    // A stable sort keeps later lines after earlier ones at the same
+    // start; dedup then keeps the later.
+    syms.sort_by_key(|s| s.start);
+    let mut kept: Vec<JitSymbol> = Vec::with_capacity(syms.len());
+    for s in syms {
+        match kept.last_mut() {
+            Some(last) if last.start == s.start => *last = s,
+            _ => kept.push(s),
+        }
+    }
+    proc.jit = kept;
+}
+
+/// Raises the soft limit on open files to the hard one: every distinct
+/// mapped file of every sampled process stays open until the report.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit only read and write the struct given.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn marker_function_for_symbolizer_test() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn resolves_own_function_and_kernel_symbol() {
+        let mut s = Symbolizer::new();
+        let pid = std::process::id();
+        s.capture(pid, true);
+        let ip = marker_function_for_symbolizer_test as *const () as u64;
+        let out = s.symbolize(&[(Some(pid), &[ip])]);
+        assert!(
+            out[0]
+                .iter()
+                .any(|f| f.name.contains("marker_function_for_symbolizer_test")),
+            "{:?}",
+            out[0]
+        );
+    }
+
+    #[test]
+    fn perf_map_later_lines_win() {
+        let mut p = Process::default();
+        let pid = std::process::id();
+        let path = format!("/tmp/perf-{pid}.map");
+        std::fs::write(&path, "1000 10 old\n0x2000 0x20 other\n1000 10 new name\n").unwrap();
+        read_perf_map(pid, &mut p);
+        std::fs::remove_file(&path).unwrap();
+        let names: Vec<_> = p
+            .jit
+            .iter()
+            .map(|s| (s.start, s.end, s.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [(0x1000, 0x1010, "new name"), (0x2000, 0x2020, "other")]
+        );
+    }
+}
