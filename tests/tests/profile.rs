@@ -11,7 +11,9 @@ use std::{
     time::Duration,
 };
 
-use rtrace_integration_tests::{PingPong, Rtrace, SIGINT, json_lines, run, workload_bin};
+use rtrace_integration_tests::{
+    PingPong, Rtrace, SIGHUP, SIGINT, SIGTERM, json_lines, run, workload_bin,
+};
 
 /// What `rtrace profile` prints to stderr once sampling has begun.
 const READY: &str = "Sampling";
@@ -177,7 +179,8 @@ fn jit_symbol_resolves_after_the_process_deletes_its_map_and_exits() {
         .unwrap();
     assert!(!std::path::Path::new(&format!("/tmp/perf-{pid}.map")).exists());
     std::thread::sleep(Duration::from_millis(300));
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    // SIGTERM, as `timeout` and systemd send, still gets the report.
+    let (code, stdout, stderr) = rtrace.stop(SIGTERM);
     assert_eq!(code, 0, "{stderr}");
     let folded = parse_folded(&stdout);
     let hits: u64 = folded
@@ -416,32 +419,37 @@ fn folded_pprof_speedscope_and_svg_agree() {
     assert_eq!(code, 0, "{stderr}");
     let text = std::fs::read_to_string(&diff).unwrap();
     let doc = parse_svg(&text).expect("diff SVG is not well-formed");
-    // hot_beta grew, so its frame is drawn red: more red than green or blue.
-    let beta = doc
-        .descendants()
-        .find(|n| {
-            n.has_tag_name("g")
-                && n.descendants().any(|t| {
-                    t.has_tag_name("title")
-                        && t.text()
-                            .is_some_and(|x| x.starts_with("hotfuncs::hot_beta "))
-                })
-        })
-        .expect("no hot_beta frame");
-    let fill = beta
-        .descendants()
-        .find_map(|n| n.attribute("fill"))
-        .unwrap();
-    let rgb: Vec<u32> = fill
-        .trim_start_matches("rgb(")
-        .trim_end_matches(')')
-        .split(',')
-        .map(|c| c.trim().parse().unwrap())
+    // Stacks through hot_beta grew. A differential graph colors a frame by
+    // the change in its own (leaf) samples, so their leaf frames are red:
+    // more red than green or blue.
+    let grown_leaves: HashSet<String> = folded
+        .keys()
+        .filter(|f| f.iter().any(|n| n.ends_with("hotfuncs::hot_beta")))
+        .map(|f| format!("{} (", f.last().unwrap()))
         .collect();
-    assert!(
-        rgb[0] > rgb[1] && rgb[0] > rgb[2],
-        "hot_beta is {fill}, not red"
-    );
+    let red = |fill: &str| {
+        let rgb: Vec<u32> = fill
+            .trim_start_matches("rgb(")
+            .trim_end_matches(')')
+            .split(',')
+            .map(|c| c.trim().parse().unwrap())
+            .collect();
+        rgb[0] > rgb[1] && rgb[0] > rgb[2]
+    };
+    let mut leaves = 0;
+    for g in doc.descendants().filter(|n| n.has_tag_name("g")) {
+        let Some(title) = g.children().find(|t| t.has_tag_name("title")) else {
+            continue;
+        };
+        let title = title.text().unwrap_or("");
+        if !grown_leaves.iter().any(|l| title.starts_with(l.as_str())) || !title.contains("; +") {
+            continue;
+        }
+        let fill = g.children().find_map(|n| n.attribute("fill")).unwrap();
+        assert!(red(fill), "{title} grew but is {fill}, not red");
+        leaves += 1;
+    }
+    assert!(leaves > 0, "no grown hot_beta leaf in the diff graph");
     for f in [svg, pb, ss, before, after, diff] {
         let _ = std::fs::remove_file(f);
     }
@@ -496,7 +504,7 @@ fn context_switches_event_counts_every_switch() {
     let before = pp.context_switches();
     pp.play();
     let switches = pp.context_switches() - before;
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    let (code, stdout, stderr) = rtrace.stop(SIGHUP);
     assert_eq!(code, 0, "{stderr}");
     let samples: u64 = parse_folded(&stdout).values().sum();
     assert!(
@@ -605,5 +613,72 @@ fn stacks_beyond_the_stack_table_are_counted_not_lost() {
     assert!(
         lost >= missed,
         "{lost} reported, {missed} samples with a missed stack"
+    );
+}
+
+#[test]
+fn multiline_output_has_bcc_layout() {
+    let (stdout, _, _) = profile_hotfuncs(&["-d"]);
+    // Blocks of frames, leaf first, then `-  comm (pid)` and the count,
+    // separated by blank lines; the hottest last.
+    let mut counts = Vec::new();
+    for block in stdout.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let lines: Vec<&str> = block.lines().collect();
+        let n = lines.len();
+        assert!(n >= 3, "short block: {block:?}");
+        let who = lines[n - 2].trim_start();
+        assert!(who.starts_with("-") && who.ends_with(')'), "{block}");
+        assert!(who.contains("hotfuncs ("), "{block}");
+        counts.push(lines[n - 1].trim().parse::<u64>().expect("count line"));
+        for l in &lines[..n - 2] {
+            assert!(l.starts_with("    ") && !l.trim().is_empty(), "{block}");
+        }
+        if block.contains("hotfuncs::hot_alpha") {
+            let leaf = lines.iter().position(|l| l.trim() == "hotfuncs::hot_alpha");
+            let caller = lines
+                .iter()
+                .position(|l| l.trim() == "hotfuncs::work_caller");
+            assert!(leaf < caller, "frames are not leaf first: {block}");
+        }
+    }
+    assert!(counts.len() >= 2);
+    assert!(
+        counts.windows(2).all(|w| w[0] <= w[1]),
+        "not hottest last: {counts:?}"
+    );
+}
+
+#[test]
+fn thread_filter_and_idle_stacks() {
+    // -L: only the named thread (the fixture's main thread) is sampled.
+    let fixture = Fixture::start("hotfuncs", &["cpu", "1"]);
+    let tid = fixture.pid();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-L", &tid, "--json"], READY);
+    fixture.run();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let stacks = json_lines(&stdout);
+    assert!(!stacks.is_empty(), "no samples of thread {tid}");
+    for s in &stacks {
+        assert_eq!(s["pid"].to_string(), tid, "{s}");
+    }
+
+    // Idle CPUs show up as pid 0 only with -I.
+    let idle = |args: &[&str]| {
+        let mut all = vec!["profile", "-F", "199", "-K", "--json"];
+        all.extend_from_slice(args);
+        all.push("1");
+        let (code, stdout, stderr) = run(&all);
+        assert_eq!(code, 0, "{stderr}");
+        json_lines(&stdout)
+            .iter()
+            .filter(|s| s["pid"] == 0)
+            .map(|s| s["count"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(idle(&[]), 0, "idle samples without -I");
+    assert!(
+        idle(&["-I"]) > 0,
+        "no idle samples with -I on a mostly idle machine"
     );
 }

@@ -168,18 +168,21 @@ impl Symbolizer {
     }
 
     /// Captures process `pid`'s executable mappings and perf map, or
-    /// refreshes them if they were captured more than a moment ago (or
-    /// `force`). A process that is gone is left as last captured.
+    /// refreshes them: the perf map whenever it has grown, which costs a
+    /// `stat`, and the mappings if they were read more than a moment ago
+    /// (or `force`). A process that is gone is left as last captured.
     pub fn capture(&mut self, pid: u32, force: bool) {
         if pid == 0 {
             return;
         }
-        let fresh = self
-            .procs
-            .get(&pid)
-            .and_then(|p| p.captured)
-            .is_some_and(|t| t.elapsed() < RECAPTURE);
-        if fresh && !force {
+        if !force
+            && let Some(proc) = self.procs.get_mut(&pid)
+            && proc.captured.is_some_and(|t| t.elapsed() < RECAPTURE)
+        {
+            // A JIT names new code in its map before running it, so the
+            // first sample of that code is the moment to read the map,
+            // however recently the mappings were read.
+            read_perf_map(pid, proc);
             return;
         }
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {

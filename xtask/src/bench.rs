@@ -34,15 +34,17 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             runqlat()?;
             execsnoop()?;
             tcplife()?;
-            biolatency()
+            biolatency()?;
+            profile()
         }
         Some("runqlat") => runqlat(),
         Some("execsnoop") => execsnoop(),
         Some("tcplife") => tcplife(),
         Some("biolatency") => biolatency(),
-        Some(other) => {
-            bail!("unknown benchmark {other}; known: runqlat, execsnoop, tcplife, biolatency")
-        }
+        Some("profile") => profile(),
+        Some(other) => bail!(
+            "unknown benchmark {other}; known: runqlat, execsnoop, tcplife, biolatency, profile"
+        ),
     }
 }
 
@@ -52,6 +54,8 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
 enum Ready {
     Stdout(&'static str),
     Stderr(&'static str),
+    /// The tracer prints nothing when ready (perf record): give it this long.
+    After(Duration),
 }
 
 /// A tracer running while the workload plays.
@@ -109,6 +113,11 @@ impl Tracer {
         let (on_out, on_err) = match ready {
             Ready::Stdout(p) => (Some((p, tx)), None),
             Ready::Stderr(p) => (None, Some((p, tx))),
+            Ready::After(wait) => {
+                std::thread::sleep(wait);
+                tx.send(()).ok();
+                (None, None)
+            }
         };
         let stdout = watch(
             child.stdout.take().unwrap(),
@@ -298,7 +307,12 @@ fn report(setups: &[Setup], results: &[Outcome], unit: &str) -> (f64, f64) {
         } else {
             (
                 format!("{:.2}", added / peer_added),
-                format!("{:.2}", r.bpf_ns / peer_bpf),
+                // A peer without BPF programs (perf) has no BPF time.
+                if peer_bpf > 0.0 {
+                    format!("{:.2}", r.bpf_ns / peer_bpf)
+                } else {
+                    String::from("-")
+                },
             )
         };
         println!(
@@ -630,6 +644,139 @@ fn biolatency() -> anyhow::Result<()> {
     println!(
         "rtrace's BPF programs run {bpf_ratio:.2}x as long per direct I/O as libbpf-tools' \
          (added wall time {ratio:.2}x, within the loop device's noise)"
+    );
+    Ok(())
+}
+
+/// Rounds of the profile fixture's work per process per trial: about two
+/// seconds bare.
+const PROFILE_ROUNDS: u64 = 3_000;
+/// Profile fixture processes: one per core of these machines.
+const PROFILE_WORKERS: usize = 2;
+
+/// Runs the CPU-bound fixture on every core; returns nanoseconds per round
+/// (mean over the workers).
+fn cpu_work(fixture: &Path) -> anyhow::Result<(f64, u64)> {
+    let workers: Vec<_> = (0..PROFILE_WORKERS)
+        .map(|_| {
+            Command::new(fixture)
+                .args(["work", &PROFILE_ROUNDS.to_string()])
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("cannot start hotfuncs")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut total = 0.0;
+    for w in workers {
+        let out = w.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let ns: f64 = text
+            .trim()
+            .strip_prefix("done ")
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("hotfuncs said {text:?}"))?;
+        total += ns;
+    }
+    let rounds = PROFILE_ROUNDS * PROFILE_WORKERS as u64;
+    Ok((total / rounds as f64, rounds))
+}
+
+/// Seconds `f` took.
+fn seconds(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let t = std::time::Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn profile() -> anyhow::Result<()> {
+    let rtrace = crate::build()?;
+    let fixture = crate::root().join("target/release/hotfuncs");
+    let dir = crate::root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let data = dir.join("perf.data");
+    let data_s = data.to_str().context("non-UTF-8 path")?.to_owned();
+    let perf_ready = Ready::After(Duration::from_secs(1));
+    let mut ratios = Vec::new();
+    for hz in ["99", "999"] {
+        let setups = vec![
+            Setup::bare(),
+            Setup::traced(
+                format!("perf record -g -a -F {hz}"),
+                "perf",
+                &["record", "-q", "-g", "-a", "-F", hz, "-o", &data_s],
+                perf_ready,
+                None,
+            ),
+            Setup::traced(
+                format!("rtrace profile -F {hz}"),
+                &rtrace,
+                &["profile", "-F", hz, "-f"],
+                Ready::Stderr("Sampling"),
+                None,
+            ),
+        ];
+        eprintln!(
+            "bench profile: {PROFILE_WORKERS} CPU-bound processes (frame pointers), \
+             {PROFILE_ROUNDS} rounds each, sampled at {hz} Hz on every CPU, \
+             median of {TRIALS} interleaved trials"
+        );
+        let results = trials(&setups, "ns/round", || cpu_work(&fixture))?;
+        let (ratio, _) = report(&setups, &results, "ns/round");
+        ratios.push((hz, ratio, results[1].cost - results[0].cost));
+    }
+
+    // The report: from the signal to the last line, against perf's stop
+    // plus `perf script` (folded-ready text) and `perf report`.
+    eprintln!("bench profile: time from Ctrl-C to a finished report, 999 Hz, {TRIALS} trials");
+    let (mut ours, mut perf_script, mut perf_report) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..TRIALS {
+        let mut cmd = Command::new(&rtrace);
+        cmd.args(["profile", "-F", "999", "-f"]);
+        let t = Tracer::start(cmd, Ready::Stderr("Sampling"), Some(";".to_owned()))?;
+        cpu_work(&fixture)?;
+        let mut stacks = 0;
+        ours.push(seconds(|| {
+            stacks = t.stop()?.events;
+            Ok(())
+        })?);
+        let mut cmd = Command::new("perf");
+        cmd.args(["record", "-q", "-g", "-a", "-F", "999", "-o", &data_s]);
+        let t = Tracer::start(cmd, perf_ready, None)?;
+        cpu_work(&fixture)?;
+        let stop = seconds(|| t.stop().map(drop))?;
+        let quiet = |args: &[&str]| -> anyhow::Result<()> {
+            let out = Command::new("perf").args(args).output()?;
+            if !out.status.success() {
+                bail!("perf {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            Ok(())
+        };
+        let script = seconds(|| quiet(&["script", "-i", &data_s]))?;
+        let report = seconds(|| quiet(&["report", "--stdio", "-i", &data_s]))?;
+        eprintln!(
+            "  rtrace {:.3} s ({stacks} stacks); perf stop {stop:.3} s + script {script:.3} s, report {report:.3} s",
+            ours.last().unwrap()
+        );
+        perf_script.push(stop + script);
+        perf_report.push(stop + report);
+    }
+    let (ours, script, report) = (median(ours), median(perf_script), median(perf_report));
+    println!();
+    for (hz, ratio, peer_added) in ratios {
+        if peer_added <= 0.0 {
+            println!(
+                "at {hz} Hz neither tracer's cost rises above the run-to-run noise \
+                 (perf's added cost {peer_added:.0} ns/round)"
+            );
+        } else {
+            println!("rtrace profile at {hz} Hz adds {ratio:.2}x the overhead perf record -g adds");
+        }
+    }
+    println!(
+        "report time: rtrace {ours:.3} s; perf record stop + perf script {script:.3} s ({:.2}x); \
+         + perf report {report:.3} s ({:.2}x)",
+        ours / script,
+        ours / report
     );
     Ok(())
 }

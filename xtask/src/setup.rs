@@ -9,13 +9,14 @@ use crate::run;
 
 /// bpf-linker 0.11+ needs an external LLVM 23; 0.10 uses rustc's own LLVM.
 const BPF_LINKER_VERSION: &str = "0.10.4";
-/// Debian packages: pahole checks the BTF reader, libbpf-tools is the peer
-/// the benchmarks compare against, util-linux has setpriv for the
+/// Debian packages: pahole checks the BTF reader, libbpf-tools and perf
+/// (linux-perf) are the peers the benchmarks compare against, util-linux has setpriv for the
 /// capability test, and qemu, busybox, cpio and xz (for the guests' loop
 /// module) run the other kernels of `vm-test`.
-const PACKAGES: [&str; 7] = [
+const PACKAGES: [&str; 8] = [
     "dwarves",
     "libbpf-tools",
+    "linux-perf",
     "util-linux",
     "qemu-system-x86",
     "busybox-static",
