@@ -149,18 +149,20 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// The ping-pong workload: two threads on one CPU, `rounds` round trips.
-pub struct PingPong {
+/// A workload that prints `ready`, waits for a line on stdin, does its
+/// work and prints `done ...`.
+pub struct Workload {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
 }
 
-impl PingPong {
-    /// Starts the workload; it waits for [`PingPong::play`].
-    pub fn start(rounds: u64) -> Self {
-        let mut child = Command::new(workload_bin("pingpong"))
-            .args([rounds.to_string(), "0".to_owned()])
+impl Workload {
+    /// Starts workload `name` with `args`; returns it and the first line it
+    /// printed.
+    pub fn start(name: &str, args: &[String]) -> (Self, String) {
+        let mut child = Command::new(workload_bin(name))
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -169,12 +171,12 @@ impl PingPong {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready");
-        Self {
+        let me = Self {
             child,
             stdin,
             stdout,
-        }
+        };
+        (me, line)
     }
 
     /// The workload's process id.
@@ -182,12 +184,51 @@ impl PingPong {
         self.child.id()
     }
 
-    /// Plays all rounds and returns once every thread is asleep again.
-    pub fn play(&mut self) {
+    /// Lets it work; returns what its `done` line says after `done`.
+    pub fn go(&mut self) -> String {
         writeln!(self.stdin.as_mut().unwrap(), "go").unwrap();
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
-        assert!(line.starts_with("done"), "{line}");
+        line.strip_prefix("done")
+            .unwrap_or_else(|| panic!("no done line: {line:?}"))
+            .trim()
+            .to_owned()
+    }
+
+    /// Closes its stdin and waits for it to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        self.wait();
+    }
+}
+
+/// The ping-pong workload: two threads on one CPU, `rounds` round trips.
+pub struct PingPong {
+    work: Workload,
+}
+
+impl PingPong {
+    /// Starts the workload; it waits for [`PingPong::play`].
+    pub fn start(rounds: u64) -> Self {
+        let (work, line) = Workload::start("pingpong", &[rounds.to_string(), "0".to_owned()]);
+        assert_eq!(line.trim(), "ready");
+        Self { work }
+    }
+
+    /// The workload's process id.
+    pub fn pid(&self) -> u32 {
+        self.work.pid()
+    }
+
+    /// Plays all rounds and returns once every thread is asleep again.
+    pub fn play(&mut self) {
+        self.work.go();
         // Let the threads reach their final sleep.
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -207,13 +248,6 @@ impl PingPong {
             }
         }
         total
-    }
-}
-
-impl Drop for PingPong {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.wait();
     }
 }
 

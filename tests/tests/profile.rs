@@ -5,61 +5,34 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    io::{BufRead, BufReader, Read as _, Write as _},
+    io::{BufRead, BufReader, Read as _},
     path::PathBuf,
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use rtrace_integration_tests::{
-    PingPong, Rtrace, SIGHUP, SIGINT, SIGTERM, json_lines, run, workload_bin,
+    PingPong, Rtrace, SIGHUP, SIGINT, SIGTERM, Workload, json_lines, run, workload_bin,
 };
 
 /// What `rtrace profile` prints to stderr once sampling has begun.
 const READY: &str = "Sampling";
 
-/// A fixture that prints `ready`, waits for a line, works and prints `done ...`.
-struct Fixture {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+/// Starts a fixture, which waits for [`run_fixture`] once ready.
+fn start_fixture(name: &str, args: &[&str]) -> Workload {
+    let args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
+    let (fixture, line) = Workload::start(name, &args);
+    assert!(line.starts_with("ready"), "{line}");
+    fixture
 }
 
-impl Fixture {
-    fn start(name: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(workload_bin(name))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready"), "{line}");
-        Self {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    /// Lets it work to the end; returns the numbers of its `done` line.
-    fn run(mut self) -> Vec<i64> {
-        writeln!(self.stdin, "go").unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        assert!(self.child.wait().unwrap().success());
-        let rest = line.strip_prefix("done").expect("no done line");
-        rest.split_whitespace()
-            .map(|n| n.parse().unwrap())
-            .collect()
-    }
+/// Lets a fixture work to the end; returns the numbers of its `done` line.
+fn run_fixture(mut fixture: Workload) -> Vec<i64> {
+    let done = fixture.go();
+    assert!(fixture.wait().success());
+    done.split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect()
 }
 
 /// Folded stacks (`comm;frame;.. count`) as frames, root first, with counts.
@@ -91,12 +64,12 @@ fn temp(name: &str) -> PathBuf {
 /// arguments; returns rtrace's stdout and the fixture's CPU nanoseconds in
 /// `hot_alpha` and `hot_beta`.
 fn profile_hotfuncs(extra: &[&str]) -> (String, i64, i64) {
-    let fixture = Fixture::start("hotfuncs", &["cpu", "3"]);
-    let pid = fixture.pid();
+    let fixture = start_fixture("hotfuncs", &["cpu", "3"]);
+    let pid = fixture.pid().to_string();
     let mut args = vec!["profile", "-F", "199", "-p", &pid];
     args.extend_from_slice(extra);
     let rtrace = Rtrace::start_until(&args, READY);
-    let done = fixture.run();
+    let done = run_fixture(fixture);
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     (stdout, done[0], done[1])
@@ -458,8 +431,8 @@ fn folded_pprof_speedscope_and_svg_agree() {
 #[test]
 fn page_faults_event_counts_every_fault() {
     let pages = 3000;
-    let fixture = Fixture::start("hotfuncs", &["faults", &pages.to_string()]);
-    let pid = fixture.pid();
+    let fixture = start_fixture("hotfuncs", &["faults", &pages.to_string()]);
+    let pid = fixture.pid().to_string();
     let rtrace = Rtrace::start_until(
         &[
             "profile",
@@ -474,7 +447,7 @@ fn page_faults_event_counts_every_fault() {
         ],
         READY,
     );
-    fixture.run();
+    run_fixture(fixture);
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     let faults = count_with(&parse_folded(&stdout), "hotfuncs::touch_pages");
@@ -573,8 +546,8 @@ fn bad_input_is_one_clear_line() {
 #[test]
 fn stacks_beyond_the_stack_table_are_counted_not_lost() {
     let (stdout, _, _, stderr) = {
-        let fixture = Fixture::start("hotfuncs", &["cpu", "2"]);
-        let pid = fixture.pid();
+        let fixture = start_fixture("hotfuncs", &["cpu", "2"]);
+        let pid = fixture.pid().to_string();
         let rtrace = Rtrace::start_until(
             &[
                 "profile",
@@ -588,7 +561,7 @@ fn stacks_beyond_the_stack_table_are_counted_not_lost() {
             ],
             READY,
         );
-        let done = fixture.run();
+        let done = run_fixture(fixture);
         let (code, stdout, stderr) = rtrace.stop(SIGINT);
         assert_eq!(code, 0, "{stderr}");
         (stdout, done[0], done[1], stderr)
@@ -651,10 +624,10 @@ fn multiline_output_has_bcc_layout() {
 #[test]
 fn thread_filter_and_idle_stacks() {
     // -L: only the named thread (the fixture's main thread) is sampled.
-    let fixture = Fixture::start("hotfuncs", &["cpu", "1"]);
-    let tid = fixture.pid();
+    let fixture = start_fixture("hotfuncs", &["cpu", "1"]);
+    let tid = fixture.pid().to_string();
     let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-L", &tid, "--json"], READY);
-    fixture.run();
+    run_fixture(fixture);
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     let stacks = json_lines(&stdout);

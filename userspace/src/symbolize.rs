@@ -114,6 +114,9 @@ struct Process {
     jit: Vec<JitSymbol>,
     /// Size of the perf map when last read.
     jit_len: u64,
+    /// Where the perf map is, found once: it is looked at on every new
+    /// stack of the process.
+    jit_path: Option<String>,
     /// When the mappings were last read.
     captured: Option<Instant>,
 }
@@ -392,24 +395,14 @@ fn frames(sym: Option<&Symbolized<'_>>, kind: Kind, module: &str) -> Vec<Frame> 
 /// Reads process `pid`'s perf map if it changed since last read. A map
 /// that is gone leaves the symbols read before.
 fn read_perf_map(pid: u32, proc: &mut Process) {
-    // A process in a container names its map by its own pid, in its own
-    // /tmp.
-    let nspid = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|l| l.split_whitespace().last()?.parse::<u32>().ok())
-        })
-        .unwrap_or(pid);
-    let path = format!("/proc/{pid}/root/tmp/perf-{nspid}.map");
-    let Ok(meta) = std::fs::metadata(&path) else {
+    let path = proc.jit_path.get_or_insert_with(|| perf_map_path(pid));
+    let Ok(meta) = std::fs::metadata(&*path) else {
         return;
     };
     if meta.len() == proc.jit_len {
         return;
     }
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    let Ok(text) = std::fs::read_to_string(&*path) else {
         return;
     };
     proc.jit_len = meta.len();
@@ -440,6 +433,20 @@ fn read_perf_map(pid: u32, proc: &mut Process) {
         }
     }
     proc.jit = kept;
+}
+
+/// Where process `pid`'s perf map is: a process in a container names its
+/// map by its own pid, in its own /tmp.
+fn perf_map_path(pid: u32) -> String {
+    let nspid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|l| l.split_whitespace().last()?.parse::<u32>().ok())
+        })
+        .unwrap_or(pid);
+    format!("/proc/{pid}/root/tmp/perf-{nspid}.map")
 }
 
 /// Raises the soft limit on open files to the hard one: every distinct

@@ -352,10 +352,7 @@ fn pingpong(workload: &Path) -> anyhow::Result<(f64, u64)> {
     out.read_line(&mut line)?;
     drop(stdin);
     child.wait()?;
-    let ns: f64 = line
-        .strip_prefix("done ")
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("pingpong said {line:?}"))?;
+    let ns = done_ns(&line).with_context(|| format!("pingpong said {line:?}"))?;
     Ok((ns / ROUNDS as f64, ROUNDS))
 }
 
@@ -485,12 +482,19 @@ fn timed(cmd: &mut Command) -> anyhow::Result<f64> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
+    done_ns(&text).with_context(|| format!("{cmd:?} said {text:?}"))
+}
+
+/// The time a workload reports in its last line, `done [...] NS`.
+fn done_ns(text: &str) -> Option<f64> {
     text.lines()
-        .last()
-        .and_then(|l| l.strip_prefix("done "))
-        .and_then(|l| l.split(' ').next_back())
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("{cmd:?} said {text:?}"))
+        .last()?
+        .strip_prefix("done ")?
+        .split(' ')
+        .next_back()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Prints how many events each tracer attributed to the workload per
@@ -670,11 +674,7 @@ fn cpu_work(fixture: &Path) -> anyhow::Result<(f64, u64)> {
     for w in workers {
         let out = w.wait_with_output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let ns: f64 = text
-            .trim()
-            .strip_prefix("done ")
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("hotfuncs said {text:?}"))?;
+        let ns = done_ns(&text).with_context(|| format!("hotfuncs said {text:?}"))?;
         total += ns;
     }
     let rounds = PROFILE_ROUNDS * PROFILE_WORKERS as u64;

@@ -320,6 +320,17 @@ fn drain_perf(
     }
 }
 
+/// The fixed-size event `T` at the start of `record`, or `None` if the
+/// record is too short. Perf buffer records are padded past the event's
+/// end, and neither transport promises `T`'s alignment.
+pub fn record<T: aya::Pod>(record: &[u8]) -> Option<T> {
+    if record.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY: `T` is plain old data and the record holds one.
+    Some(unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) })
+}
+
 /// Events lost so far, summed over CPUs: (buffer full, table full).
 pub fn lost(ebpf: &Ebpf) -> anyhow::Result<(u64, u64)> {
     let map: PerCpuArray<_, u64> = PerCpuArray::try_from(

@@ -220,14 +220,10 @@ pub fn write_speedscope(samples: &[Sample], path: &Path, name: &str) -> anyhow::
     let mut frames: Vec<serde_json::Value> = Vec::new();
     let mut stacks = Vec::with_capacity(samples.len());
     let mut weights = Vec::with_capacity(samples.len());
-    let annotated = TextOptions {
-        delimiter: false,
-        annotate: false,
-    };
     for s in samples {
         let all = std::iter::once(s.comm.clone())
-            .chain(s.user.iter().rev().map(|f| name_of(f, annotated)))
-            .chain(s.kernel.iter().rev().map(|f| name_of(f, annotated)));
+            .chain(s.user.iter().rev().map(|f| f.name.clone()))
+            .chain(s.kernel.iter().rev().map(|f| f.name.clone()));
         let stack: Vec<usize> = all
             .map(|n| {
                 *index.entry(n.clone()).or_insert_with(|| {
@@ -260,8 +256,4 @@ pub fn write_speedscope(samples: &[Sample], path: &Path, name: &str) -> anyhow::
     serde_json::to_writer(&mut file, &doc)?;
     file.flush()
         .with_context(|| format!("cannot write {}", path.display()))
-}
-
-fn name_of(f: &Frame, opts: TextOptions) -> String {
-    name(f, opts.annotate)
 }

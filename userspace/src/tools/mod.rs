@@ -43,8 +43,19 @@ pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
 
 /// Fails with a clear message unless `pid` names a live process.
 pub fn check_pid(pid: u32) -> anyhow::Result<()> {
-    if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        anyhow::bail!("no such process: {pid}");
+    check_task(pid, "process")
+}
+
+/// Fails with a clear message unless `tid` names a live thread.
+pub fn check_tid(tid: u32) -> anyhow::Result<()> {
+    check_task(tid, "thread")
+}
+
+/// `/proc/ID` exists for threads as well as processes, though only
+/// process ids are listed.
+fn check_task(id: u32, what: &str) -> anyhow::Result<()> {
+    if id == 0 || !std::path::Path::new(&format!("/proc/{id}")).exists() {
+        anyhow::bail!("no such {what}: {id}");
     }
     Ok(())
 }

@@ -29,7 +29,7 @@ use crate::{
     objects,
     output::{
         self, Signals,
-        events::{BufferArgs, EventStream, Transport, report_lost},
+        events::{self, BufferArgs, EventStream, Transport, report_lost},
         stacks::{self, FlameOptions, Sample, TextOptions},
     },
     privs,
@@ -227,9 +227,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         super::check_pid(pid)?;
     }
     for &tid in &args.tid {
-        if tid == 0 || !std::path::Path::new(&format!("/proc/{tid}")).exists() {
-            anyhow::bail!("no such thread: {tid}");
-        }
+        super::check_tid(tid)?;
     }
     let online = online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?;
     let cpus = match args.cpu {
@@ -322,9 +320,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     let mut sym = Symbolizer::new();
     let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
     let run = stream.run(&mut signals, |bytes| {
-        if bytes.len() >= std::mem::size_of::<Seen>() {
-            // SAFETY: the program sends whole `Seen` records; read unaligned.
-            let seen: Seen = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        if let Some(seen) = events::record::<Seen>(bytes) {
             sym.capture(seen.tgid, false);
         }
         Ok(true)

@@ -20,7 +20,7 @@ use crate::{
     objects,
     output::{
         self, Signals, TimeColumns,
-        events::{BufferArgs, EventStream, Transport, report_lost},
+        events::{self, BufferArgs, EventStream, Transport, report_lost},
     },
     privs, tracefs,
 };
@@ -167,12 +167,7 @@ struct Session {
 }
 
 fn decode(record: &[u8]) -> Option<Session> {
-    // Perf buffer records are padded past the event's end.
-    if record.len() < size_of::<Event>() {
-        return None;
-    }
-    // SAFETY: `Event` is plain old data and the record holds one.
-    let e: Event = unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) };
+    let e: Event = events::record(record)?;
     let addr = |a: [u8; 16]| match e.family {
         AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from(a))),
         AF_INET => Some(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),

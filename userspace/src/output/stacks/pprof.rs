@@ -116,32 +116,31 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
     profile.msg(1, &samples_type);
     profile.msg(1, &event_type);
 
-    // One function and one location per distinct frame.
+    // One function per distinct frame, and one location for it with the
+    // same id.
     let mut functions: HashMap<(String, Option<String>), u64> = HashMap::new();
     let mut function_msgs = Vec::new();
-    let mut locations: HashMap<u64, u64> = HashMap::new();
     let mut location_msgs = Vec::new();
     let mut location_of = |f: &Frame, strings: &mut Strings| -> u64 {
-        let key = (display(f), f.module.clone());
+        let shown = display(f);
         let next = functions.len() as u64 + 1;
-        let fid = *functions.entry(key).or_insert_with(|| {
-            let mut m = Msg::default();
-            m.int(1, next);
-            m.int(2, strings.get(&display(f)));
-            m.int(3, strings.get(&f.name));
-            m.int(4, strings.get(f.module.as_deref().unwrap_or("")));
-            function_msgs.push(m);
-            next
-        });
-        *locations.entry(fid).or_insert_with(|| {
-            let mut line = Msg::default();
-            line.int(1, fid);
-            let mut m = Msg::default();
-            m.int(1, fid);
-            m.msg(4, &line);
-            location_msgs.push(m);
-            fid
-        })
+        *functions
+            .entry((shown.clone(), f.module.clone()))
+            .or_insert_with(|| {
+                let mut m = Msg::default();
+                m.int(1, next);
+                m.int(2, strings.get(&shown));
+                m.int(3, strings.get(&f.name));
+                m.int(4, strings.get(f.module.as_deref().unwrap_or("")));
+                function_msgs.push(m);
+                let mut line = Msg::default();
+                line.int(1, next);
+                let mut m = Msg::default();
+                m.int(1, next);
+                m.msg(4, &line);
+                location_msgs.push(m);
+                next
+            })
     };
 
     let comm_key = strings.get("comm");
