@@ -41,3 +41,20 @@ pub struct TaskOffsets {
 pub const MISSING: u32 = u32::MAX;
 
 crate::pod!(TaskOffsets);
+
+/// Offsets on the way from a task to the `struct file` behind one of its
+/// descriptors: `task->files->fdt->fd[fd]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdOffsets {
+    /// `task_struct.files`.
+    pub task_files: u32,
+    /// `files_struct.fdt`.
+    pub files_fdt: u32,
+    /// `fdtable.max_fds`.
+    pub fdt_max_fds: u32,
+    /// `fdtable.fd`.
+    pub fdt_fd: u32,
+}
+
+crate::pod!(FdOffsets);

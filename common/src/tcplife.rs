@@ -1,6 +1,6 @@
 //! Types of `rtrace tcplife`.
 
-use crate::TASK_COMM_LEN;
+use crate::{TASK_COMM_LEN, offsets::FdOffsets};
 
 /// Most ports `-L` or `-D` may list.
 pub const MAX_PORTS: usize = 16;
@@ -42,14 +42,8 @@ pub struct SockOffsets {
     pub snd_una: u32,
     /// `tcp_sock.write_seq`.
     pub write_seq: u32,
-    /// `task_struct.files`.
-    pub task_files: u32,
-    /// `files_struct.fdt`.
-    pub files_fdt: u32,
-    /// `fdtable.max_fds`.
-    pub fdt_max_fds: u32,
-    /// `fdtable.fd`.
-    pub fdt_fd: u32,
+    /// From a task to the file behind a descriptor.
+    pub fd: FdOffsets,
     /// `file.private_data`: the `struct socket` of a socket file.
     pub file_private: u32,
     /// `socket.sk`.

@@ -9,11 +9,14 @@ pub mod task_storage;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::bpf_probe_read_kernel,
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
     maps::{HashMap, PerCpuArray},
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
-use rtrace_common::hist::{self, Hist};
+use rtrace_common::{
+    hist::{self, Hist},
+    offsets::FdOffsets,
+};
 
 /// Reads a `T` at `base + offset` in kernel memory.
 ///
@@ -27,6 +30,28 @@ pub fn read_kernel<T>(base: *const u8, offset: u32) -> Result<T, i64> {
     // SAFETY: bpf_probe_read_kernel copes with any address.
     unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T) }
         .map_err(i64::from)
+}
+
+/// Reads a kernel pointer at `base + offset`, null if it cannot be read.
+#[inline(always)]
+pub fn read_ptr(base: *const u8, offset: u32) -> *const u8 {
+    read_kernel::<*const u8>(base, offset).unwrap_or(core::ptr::null())
+}
+
+/// The `struct file` behind descriptor `fd` of the current task, or null.
+#[inline(always)]
+pub fn file_of_fd(o: &FdOffsets, fd: i64) -> *const u8 {
+    if fd < 0 {
+        return core::ptr::null();
+    }
+    // SAFETY: the helper has no preconditions.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let fdt = read_ptr(read_ptr(task, o.task_files), o.files_fdt);
+    let max = read_kernel::<u32>(fdt, o.fdt_max_fds).unwrap_or(0);
+    if fd as u64 >= u64::from(max) {
+        return core::ptr::null();
+    }
+    read_ptr(read_ptr(fdt, o.fdt_fd), fd as u32 * 8)
 }
 
 /// A reference to a global's load-time value, read in place.

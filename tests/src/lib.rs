@@ -312,6 +312,123 @@ impl Drop for TestCgroup {
     }
 }
 
+/// Whether attach mechanism `name` (as `doctor` names it) works here.
+///
+/// In the VM matrix, `RTRACE_EXPECT_MECHANISMS` lists what the guest
+/// kernel must have, so a mechanism that broke fails its tests there
+/// instead of being passed over; elsewhere `rtrace doctor` answers.
+pub fn mechanism_works(name: &str) -> bool {
+    if let Ok(list) = std::env::var("RTRACE_EXPECT_MECHANISMS") {
+        if !list.is_empty() {
+            return list.split(',').any(|m| m == name);
+        }
+    }
+    let (code, stdout, stderr) = run(&["doctor", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    v["mechanisms"][name]["works"] == true
+}
+
+/// A file system mounted on a fresh directory for one test, unmounted
+/// and removed on drop.
+pub struct Mount {
+    /// The mount point.
+    pub path: String,
+    _device: Option<LoopDevice>,
+}
+
+impl Mount {
+    /// A fresh ext4 file system on a loop device, made with mke2fs, so the
+    /// test runs the same whatever file system holds `/tmp` (the VM
+    /// guests' is a ramfs).
+    pub fn ext4(tag: &str) -> Self {
+        let device = LoopDevice::new(tag);
+        let out = Command::new("mke2fs")
+            // Lazy initialization: zeroing tables asks the loop device for
+            // WRITE_ZEROES, which the guests' kernels log as unsupported.
+            .args([
+                "-q",
+                "-F",
+                "-t",
+                "ext4",
+                "-E",
+                "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+            ])
+            .arg(&device.path)
+            // Its built-in defaults, so that the guests need no config file.
+            .env("MKE2FS_CONFIG", "/nonexistent")
+            .output()
+            .expect("cannot run mke2fs (Debian package e2fsprogs)");
+        assert!(
+            out.status.success(),
+            "mke2fs failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self::mount(
+            tag,
+            "ext4",
+            &device.path.clone(),
+            "noinit_itable",
+            Some(device),
+        )
+    }
+
+    /// A fresh tmpfs.
+    pub fn tmpfs(tag: &str) -> Self {
+        Self::mount(tag, "tmpfs", "tmpfs", "", None)
+    }
+
+    fn mount(
+        tag: &str,
+        fstype: &str,
+        source: &str,
+        options: &str,
+        device: Option<LoopDevice>,
+    ) -> Self {
+        use std::ffi::CString;
+        let path = std::env::temp_dir()
+            .join(format!("rtrace-{tag}-{}-mnt", std::process::id()))
+            .to_string_lossy()
+            .into_owned();
+        std::fs::create_dir_all(&path).unwrap();
+        let (src, target, ty, data) = (
+            CString::new(source).unwrap(),
+            CString::new(path.as_str()).unwrap(),
+            CString::new(fstype).unwrap(),
+            CString::new(options).unwrap(),
+        );
+        // SAFETY: valid C strings.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                ty.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "cannot mount {fstype} on {path}: {}",
+            std::io::Error::last_os_error()
+        );
+        Self {
+            path,
+            _device: device,
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.path.as_str()).unwrap();
+        // SAFETY: a valid C string.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
 /// A loop block device over a fresh 16 MiB file, detached on drop. Set up
 /// with the loop ioctls directly, so that the VM guests need no losetup.
 pub struct LoopDevice {

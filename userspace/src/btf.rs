@@ -6,6 +6,7 @@
 //! offsets in as globals. Lookups see through anonymous structs and unions,
 //! and accept several candidate names for members renamed across kernels.
 
+use rtrace_common::offsets::FdOffsets;
 use std::{collections::HashMap, path::Path};
 
 /// Where the running kernel exposes its own BTF.
@@ -348,6 +349,21 @@ impl Btf {
                 strukt: strukt.to_owned(),
                 candidates: candidates.join(" or "),
             })
+    }
+
+    /// The offset of one member path, for members no kernel renamed.
+    pub fn offset(&self, strukt: &str, path: &str) -> Result<u32, BtfError> {
+        self.member_any(strukt, &[path]).map(|m| m.offset)
+    }
+
+    /// The way from a task to the file behind one of its descriptors.
+    pub fn fd_offsets(&self) -> Result<FdOffsets, BtfError> {
+        Ok(FdOffsets {
+            task_files: self.offset("task_struct", "files")?,
+            files_fdt: self.offset("files_struct", "fdt")?,
+            fdt_max_fds: self.offset("fdtable", "max_fds")?,
+            fdt_fd: self.offset("fdtable", "fd")?,
+        })
     }
 }
 

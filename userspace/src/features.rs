@@ -224,10 +224,11 @@ impl Features {
         let call = || {
             std::hint::black_box(rtrace_uprobe_probe_target());
         };
-        // Enough CPU time for a 100 µs sampling period to expire many times.
+        // Enough CPU time for a 100 µs sampling period to expire many times,
+        // even in an emulated guest whose timers run late.
         let spin = || {
             let start = std::time::Instant::now();
-            while start.elapsed() < std::time::Duration::from_millis(5) {
+            while start.elapsed() < std::time::Duration::from_millis(25) {
                 std::hint::spin_loop();
             }
         };
@@ -447,8 +448,10 @@ impl Hooks {
                 p.load().and_then(|()| p.attach(event).map(drop))
             }
             (Mechanism::Tracepoint, _) => {
+                // One program may serve several tracepoints.
                 let p: &mut TracePoint = prog.try_into()?;
-                p.load().and_then(|()| p.attach(category, event).map(drop))
+                let loaded = if p.fd().is_ok() { Ok(()) } else { p.load() };
+                loaded.and_then(|()| p.attach(category, event).map(drop))
             }
             (m, _) => anyhow::bail!("{m} cannot attach to tracepoint {category}:{event}"),
         };
@@ -459,6 +462,41 @@ impl Hooks {
     pub fn attach_event(&self, ebpf: &mut Ebpf, category: &str, event: &str) -> anyhow::Result<()> {
         self.attach(ebpf, &format!("{}_{event}", self.prefix()), category, event)
     }
+}
+
+/// Loads program `name` of `ebpf` and attaches it to kernel function
+/// `func` with `mech` (fentry, fexit, kprobe or kretprobe). A kprobe
+/// program may be attached to several functions; it is loaded once.
+pub fn attach_kernel_fn(
+    ebpf: &mut Ebpf,
+    name: &str,
+    mech: Mechanism,
+    func: &str,
+    btf: Option<&Btf>,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let prog = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing from the object"))?;
+    let attached = match mech {
+        Mechanism::Fentry | Mechanism::Fexit => {
+            let btf = btf.context("fentry and fexit need kernel BTF")?;
+            if mech == Mechanism::Fentry {
+                let p: &mut FEntry = prog.try_into()?;
+                p.load(func, btf).and_then(|()| p.attach().map(drop))
+            } else {
+                let p: &mut FExit = prog.try_into()?;
+                p.load(func, btf).and_then(|()| p.attach().map(drop))
+            }
+        }
+        Mechanism::Kprobe | Mechanism::Kretprobe => {
+            let p: &mut KProbe = prog.try_into()?;
+            let loaded = if p.fd().is_ok() { Ok(()) } else { p.load() };
+            loaded.and_then(|()| p.attach(func, 0).map(drop))
+        }
+        m => anyhow::bail!("{m} cannot attach to kernel function {func}"),
+    };
+    attached.with_context(|| format!("cannot attach {name} to {func} with {mech}"))
 }
 
 /// The lockdown mode from securityfs, if it can be read.

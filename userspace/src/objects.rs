@@ -15,6 +15,8 @@ objects! {
     BIOLATENCY => "biolatency",
     EXECSNOOP => "execsnoop",
     EXECSNOOP_PERF => "execsnoop_perf",
+    EXT4SLOWER => "ext4slower",
+    EXT4SLOWER_PERF => "ext4slower_perf",
     PROBES => "probes",
     PROFILE => "profile",
     PROFILE_PERF => "profile_perf",

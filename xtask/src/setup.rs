@@ -13,8 +13,9 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 /// (linux-perf) are the peers the benchmarks compare against, util-linux has setpriv for the
 /// capability test, and qemu, busybox, cpio and xz (for the guests' loop
 /// module) run the other kernels of `vm-test`.
-const PACKAGES: [&str; 8] = [
+const PACKAGES: [&str; 10] = [
     "dwarves",
+    "e2fsprogs",
     "libbpf-tools",
     "linux-perf",
     "util-linux",
@@ -22,6 +23,7 @@ const PACKAGES: [&str; 8] = [
     "busybox-static",
     "cpio",
     "xz-utils",
+    "python3",
 ];
 
 fn output(cmd: &mut Command) -> String {

@@ -295,8 +295,9 @@ fn initramfs(
         elves.push((exe, format!("/t/deps/{name}")));
     }
     // The capability test drops privileges with setpriv; execsnoop's tests
-    // copy a real `true` (busybox's applets only answer to their names).
-    for tool in ["/usr/bin/setpriv", "/usr/bin/true"] {
+    // copy a real `true` (busybox's applets only answer to their names);
+    // ext4slower's make a file system with mke2fs.
+    for tool in ["/usr/bin/setpriv", "/usr/bin/true", "/usr/sbin/mke2fs"] {
         if Path::new(tool).exists() {
             elves.push((PathBuf::from(tool), tool.to_owned()));
         }

@@ -15,7 +15,7 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
     },
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
     maps::{HashMap, PerCpuArray},
@@ -28,7 +28,7 @@ use rtrace_common::{
         OWNER_FIN_SENT, Owner, SockOffsets,
     },
 };
-use rtrace_ebpf::{count_error, events::emit, global, read_kernel};
+use rtrace_ebpf::{count_error, events::emit, file_of_fd, global, read_kernel, read_ptr};
 
 use crate::EVENTS;
 
@@ -268,16 +268,7 @@ fn accepted(ctx: &TracePointContext) {
     if fd < 0 {
         return;
     }
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let read_ptr = |base: *const u8, off: u32| {
-        read_kernel::<*const u8>(base, off).unwrap_or(core::ptr::null())
-    };
-    let fdt = read_ptr(read_ptr(task, so.task_files), so.files_fdt);
-    let max = read_kernel::<u32>(fdt, so.fdt_max_fds).unwrap_or(0);
-    if fd as u64 >= u64::from(max) {
-        return;
-    }
-    let file = read_ptr(read_ptr(fdt, so.fdt_fd), fd as u32 * 8);
+    let file = file_of_fd(&so.fd, fd);
     let sk = read_ptr(read_ptr(file, so.file_private), so.socket_sk);
     if !sk.is_null() {
         mark(sk as u64, 0, true);

@@ -43,6 +43,7 @@ pub struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    deadline: Option<tokio::time::Instant>,
 }
 
 impl Signals {
@@ -53,15 +54,30 @@ impl Signals {
             int: mk(SignalKind::interrupt())?,
             term: mk(SignalKind::terminate())?,
             hup: mk(SignalKind::hangup())?,
+            deadline: None,
         })
     }
 
-    /// Resolves when any of the three signals arrives.
+    /// Ends the run after `secs` seconds (`-d`), as a signal would.
+    pub fn stop_after(&mut self, secs: Option<u64>) {
+        self.deadline = secs.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    }
+
+    /// Resolves when any of the three signals arrives, or the deadline
+    /// passes.
     pub async fn recv(&mut self) {
+        let until = self.deadline;
+        let deadline = async {
+            match until {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = self.int.recv() => {}
             _ = self.term.recv() => {}
             _ = self.hup.recv() => {}
+            () = deadline => {}
         }
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod biolatency;
 pub mod execsnoop;
+pub mod ext4slower;
 pub mod flamegraph;
 pub mod profile;
 pub mod runqlat;
@@ -20,6 +21,8 @@ pub enum Command {
     Execsnoop(execsnoop::Args),
     /// Trace the lifespan of TCP sessions and summarize.
     Tcplife(tcplife::Args),
+    /// Trace ext4 reads, writes, opens and syncs slower than a threshold.
+    Ext4slower(ext4slower::Args),
     /// Summarize block device I/O latency as a histogram.
     Biolatency(biolatency::Args),
     /// Profile CPU usage by sampling stack traces, with flame graphs.
@@ -35,6 +38,7 @@ pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
         Command::Runqlat(args) => runqlat::run(args, global).await,
         Command::Execsnoop(args) => execsnoop::run(args, global).await,
         Command::Tcplife(args) => tcplife::run(args, global).await,
+        Command::Ext4slower(args) => ext4slower::run(args, global).await,
         Command::Biolatency(args) => biolatency::run(args, global).await,
         Command::Profile(args) => profile::run(args, global).await,
         Command::Flamegraph(args) => flamegraph::run(args),

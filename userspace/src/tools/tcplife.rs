@@ -126,10 +126,7 @@ fn sock_offsets(btf: &KernelBtf) -> anyhow::Result<SockOffsets> {
         sk_flags: common("skc_flags")?,
         snd_una: m("tcp_sock", "snd_una")?,
         write_seq: m("tcp_sock", "write_seq")?,
-        task_files: m("task_struct", "files")?,
-        files_fdt: m("files_struct", "fdt")?,
-        fdt_max_fds: m("fdtable", "max_fds")?,
-        fdt_fd: m("fdtable", "fd")?,
+        fd: btf.fd_offsets()?,
         file_private: m("file", "private_data")?,
         socket_sk: m("socket", "sk")?,
     })

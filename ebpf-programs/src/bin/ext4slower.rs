@@ -1,0 +1,12 @@
+//! Slow ext4 operations, sending events through a BPF ring buffer.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{macros::map, maps::RingBuf};
+
+/// Events to user space: a BPF ring buffer; user space sets the size.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+#[path = "../tools/ext4slower.rs"]
+mod ext4slower;

@@ -1,0 +1,12 @@
+//! Slow ext4 operations, sending events through per-CPU perf buffers, for kernels without a ring buffer.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{macros::map, maps::PerfEventByteArray};
+
+/// Events to user space: per-CPU perf buffers, for kernels without a ring buffer.
+#[map]
+static EVENTS: PerfEventByteArray = PerfEventByteArray::new(0);
+
+#[path = "../tools/ext4slower.rs"]
+mod ext4slower;

@@ -1,0 +1,360 @@
+//! ext4 reads, writes, opens and syncs slower than a threshold.
+//!
+//! Three ways in, one bookkeeping: an entry hook stores the operation by
+//! thread id, and the return hook times it and sends an event when it was
+//! slow enough.
+//! - fentry/fexit and kprobe/kretprobe on `ext4_file_read_iter`,
+//!   `ext4_file_write_iter`, `ext4_file_open` and `ext4_sync_file`, which
+//!   only ext4 files reach;
+//! - the syscall tracepoints of read, write, their positional and vector
+//!   forms, openat, fsync and fdatasync, for kernels with neither: there
+//!   the file behind the descriptor is looked up and kept only if its
+//!   superblock is ext4's.
+//!
+//! Included by the `ext4slower` (ring buffer) and `ext4slower_perf` (perf
+//! buffer) objects, which each define `EVENTS`.
+
+use aya_ebpf::{
+    EbpfContext, Global,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_kernel_str_bytes,
+    },
+    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    maps::{HashMap, PerCpuArray},
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
+};
+use rtrace_common::{
+    events::{LOST_SLOTS, LOST_TABLE},
+    ext4slower::{
+        Config, EXT4_SUPER_MAGIC, Entry, Event, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, WHOLE_FILE,
+    },
+};
+use rtrace_ebpf::{count_error, events::emit, file_of_fd, global, read_kernel, read_ptr};
+
+use crate::EVENTS;
+
+#[unsafe(no_mangle)]
+static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+
+/// Operations in flight, by thread id; user space sizes it to the threads
+/// the machine may have.
+#[map]
+static STARTS: HashMap<u32, Entry> = HashMap::with_max_entries(65536, 0);
+/// Events lost, by cause (`LOST_*`).
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
+
+/// Stores an operation at entry, unless `-p` rules its process out.
+#[inline(always)]
+fn enter(op: u32, file: *const u8, pos: i64, span: i64) {
+    let id = bpf_get_current_pid_tgid();
+    let cfg = global(&CONFIG);
+    let pid = (id >> 32) as u32;
+    if (cfg.pid != 0 && pid != cfg.pid) || pid == cfg.self_pid {
+        return;
+    }
+    let entry = Entry {
+        // SAFETY: the helper has no preconditions.
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        file: file as u64,
+        pos,
+        span,
+        op,
+        _pad: 0,
+    };
+    if STARTS.insert(id as u32, entry, 0).is_err() {
+        count_error(&LOST, LOST_TABLE);
+    }
+}
+
+/// Whether `file` lives on an ext4 (or ext2/3, served by ext4) superblock.
+#[inline(always)]
+fn on_ext4(file: *const u8) -> bool {
+    let o = &global(&CONFIG).file;
+    let sb = read_ptr(read_ptr(file, o.f_inode), o.i_sb);
+    // s_magic is an unsigned long.
+    read_kernel::<u64>(sb, o.s_magic).is_ok_and(|m| m == EXT4_SUPER_MAGIC)
+}
+
+/// Times the current thread's operation, which returned `ret`, and sends
+/// it if slow enough. `file` is the open's new file where entry had none.
+#[inline(always)]
+fn exit<C: EbpfContext>(ctx: &C, ret: i64, file: Option<*const u8>) {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(e) = STARTS.get_ptr(tid) else {
+        return;
+    };
+    // SAFETY: a STARTS value, copied before it is removed.
+    let entry = unsafe { *e };
+    let _ = STARTS.remove(tid);
+    if ret < 0 {
+        return;
+    }
+    let cfg = global(&CONFIG);
+    // SAFETY: the helper has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let delta = now.saturating_sub(entry.start_ns);
+    if delta < cfg.min_ns {
+        return;
+    }
+    let file = match file {
+        Some(f) => {
+            if !on_ext4(f) {
+                return;
+            }
+            f
+        }
+        None => entry.file as *const u8,
+    };
+    let mut event = Event {
+        end_ns: now,
+        delta_ns: delta,
+        bytes: match entry.op {
+            OP_READ | OP_WRITE => ret,
+            OP_FSYNC => entry.span,
+            _ => 0,
+        },
+        offset: entry.pos,
+        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        op: entry.op,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        name: [0; 32],
+    };
+    let o = &cfg.file;
+    let name = read_ptr(read_ptr(file, o.f_dentry), o.d_name);
+    if !name.is_null() {
+        // SAFETY: the helper copes with any address.
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut event.name) };
+    }
+    emit(&EVENTS, ctx, &LOST, &event);
+}
+
+/// The file and position of a `struct kiocb`.
+#[inline(always)]
+fn kiocb(iocb: *const u8) -> (*const u8, i64) {
+    let o = &global(&CONFIG).file;
+    (
+        read_ptr(iocb, o.ki_filp),
+        read_kernel::<i64>(iocb, o.ki_pos).unwrap_or(0),
+    )
+}
+
+/// The bytes `ext4_sync_file(file, start, end, datasync)` covers.
+#[inline(always)]
+fn sync_span(start: i64, end: i64) -> i64 {
+    if end == WHOLE_FILE {
+        WHOLE_FILE
+    } else {
+        end.saturating_sub(start).saturating_add(1)
+    }
+}
+
+// fentry/fexit: arguments typed by the kernel's BTF; fexit gets them all
+// again, then the return value.
+
+#[fentry(function = "ext4_file_read_iter")]
+pub fn fentry_read(ctx: FEntryContext) -> u32 {
+    let (file, pos) = kiocb(ctx.arg(0));
+    enter(OP_READ, file, pos, 0);
+    0
+}
+
+#[fentry(function = "ext4_file_write_iter")]
+pub fn fentry_write(ctx: FEntryContext) -> u32 {
+    let (file, pos) = kiocb(ctx.arg(0));
+    enter(OP_WRITE, file, pos, 0);
+    0
+}
+
+#[fentry(function = "ext4_file_open")]
+pub fn fentry_open(ctx: FEntryContext) -> u32 {
+    enter(OP_OPEN, ctx.arg(1), 0, 0);
+    0
+}
+
+#[fentry(function = "ext4_sync_file")]
+pub fn fentry_sync(ctx: FEntryContext) -> u32 {
+    let start: i64 = ctx.arg(1);
+    enter(OP_FSYNC, ctx.arg(0), start, sync_span(start, ctx.arg(2)));
+    0
+}
+
+#[fexit(function = "ext4_file_read_iter")]
+pub fn fexit_read(ctx: FExitContext) -> u32 {
+    exit(&ctx, ctx.arg(2), None);
+    0
+}
+
+#[fexit(function = "ext4_file_write_iter")]
+pub fn fexit_write(ctx: FExitContext) -> u32 {
+    exit(&ctx, ctx.arg(2), None);
+    0
+}
+
+#[fexit(function = "ext4_file_open")]
+pub fn fexit_open(ctx: FExitContext) -> u32 {
+    exit(&ctx, i64::from(ctx.arg::<i32>(2)), None);
+    0
+}
+
+#[fexit(function = "ext4_sync_file")]
+pub fn fexit_sync(ctx: FExitContext) -> u32 {
+    exit(&ctx, i64::from(ctx.arg::<i32>(4)), None);
+    0
+}
+
+// kprobes: the same, from registers.
+
+#[kprobe]
+pub fn kprobe_read(ctx: ProbeContext) -> u32 {
+    let (file, pos) = kiocb(ctx.arg(0).unwrap_or(core::ptr::null()));
+    enter(OP_READ, file, pos, 0);
+    0
+}
+
+#[kprobe]
+pub fn kprobe_write(ctx: ProbeContext) -> u32 {
+    let (file, pos) = kiocb(ctx.arg(0).unwrap_or(core::ptr::null()));
+    enter(OP_WRITE, file, pos, 0);
+    0
+}
+
+#[kprobe]
+pub fn kprobe_open(ctx: ProbeContext) -> u32 {
+    enter(OP_OPEN, ctx.arg(1).unwrap_or(core::ptr::null()), 0, 0);
+    0
+}
+
+#[kprobe]
+pub fn kprobe_sync(ctx: ProbeContext) -> u32 {
+    let start: i64 = ctx.arg(1).unwrap_or(0);
+    let end: i64 = ctx.arg(2).unwrap_or(WHOLE_FILE);
+    enter(
+        OP_FSYNC,
+        ctx.arg(0).unwrap_or(core::ptr::null()),
+        start,
+        sync_span(start, end),
+    );
+    0
+}
+
+/// One return probe serves all four functions: the entry says which.
+#[kretprobe]
+pub fn kretprobe_ext4(ctx: RetProbeContext) -> u32 {
+    let ret: i64 = ctx.ret();
+    // open and fsync return an int.
+    let ret = match STARTS.get_ptr(bpf_get_current_pid_tgid() as u32) {
+        // SAFETY: a STARTS value.
+        Some(e) if matches!(unsafe { (*e).op }, OP_OPEN | OP_FSYNC) => i64::from(ret as i32),
+        _ => ret,
+    };
+    exit(&ctx, ret, None);
+    0
+}
+
+// Syscall tracepoints: the descriptor's file must be looked up, and kept
+// only when ext4 serves it.
+
+/// Argument `n` of a `sys_enter_*` record.
+#[inline(always)]
+fn sys_arg(ctx: &TracePointContext, n: u32) -> i64 {
+    let at = global(&CONFIG).sys_args + n * 8;
+    // SAFETY: the offset comes from the tracepoint's format file.
+    unsafe { ctx.read_at::<i64>(at as usize) }.unwrap_or(-1)
+}
+
+/// A read or write of descriptor argument 0, at argument `pos_arg` or at
+/// the file's own position.
+#[inline(always)]
+fn sys_enter_rw(ctx: &TracePointContext, op: u32, pos_arg: Option<u32>) {
+    let file = file_of_fd(&global(&CONFIG).file.fd, sys_arg(ctx, 0));
+    if file.is_null() || !on_ext4(file) {
+        return;
+    }
+    let pos = match pos_arg {
+        Some(n) => sys_arg(ctx, n),
+        None => read_kernel::<i64>(file, global(&CONFIG).file.f_pos).unwrap_or(0),
+    };
+    enter(op, file, pos, 0);
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_read")]
+pub fn tp_sys_enter_read(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_READ, None);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_readv")]
+pub fn tp_sys_enter_readv(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_READ, None);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_pread64")]
+pub fn tp_sys_enter_pread64(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_READ, Some(3));
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_write")]
+pub fn tp_sys_enter_write(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_WRITE, None);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_writev")]
+pub fn tp_sys_enter_writev(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_WRITE, None);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_pwrite64")]
+pub fn tp_sys_enter_pwrite64(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_WRITE, Some(3));
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_fsync")]
+pub fn tp_sys_enter_fsync(ctx: TracePointContext) -> u32 {
+    sys_enter_sync(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_fdatasync")]
+pub fn tp_sys_enter_fdatasync(ctx: TracePointContext) -> u32 {
+    sys_enter_sync(&ctx);
+    0
+}
+
+/// fsync(2) and fdatasync(2) sync the whole file.
+#[inline(always)]
+fn sys_enter_sync(ctx: &TracePointContext) {
+    let file = file_of_fd(&global(&CONFIG).file.fd, sys_arg(ctx, 0));
+    if !file.is_null() && on_ext4(file) {
+        enter(OP_FSYNC, file, 0, WHOLE_FILE);
+    }
+}
+
+/// The file is not known until openat(2) returns its descriptor.
+#[tracepoint(category = "syscalls", name = "sys_enter_openat")]
+pub fn tp_sys_enter_openat(_ctx: TracePointContext) -> u32 {
+    enter(OP_OPEN, core::ptr::null(), 0, 0);
+    0
+}
+
+/// Attached to the exit of every syscall above.
+#[tracepoint(category = "syscalls", name = "sys_exit")]
+pub fn tp_sys_exit(ctx: TracePointContext) -> u32 {
+    let at = global(&CONFIG).sys_ret;
+    // SAFETY: the offset comes from the tracepoint's format file.
+    let ret = unsafe { ctx.read_at::<i64>(at as usize) }.unwrap_or(-1);
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let file = match STARTS.get_ptr(tid) {
+        // SAFETY: a STARTS value.
+        Some(e) if unsafe { (*e).op } == OP_OPEN => Some(file_of_fd(&global(&CONFIG).file.fd, ret)),
+        _ => None,
+    };
+    exit(&ctx, ret, file);
+    0
+}

@@ -1,0 +1,203 @@
+//! `rtrace ext4slower` against a workload of known reads, writes, opens
+//! and syncs on a fresh ext4 file system, on every attach path the kernel
+//! offers: the syscall tracepoints here, fentry and kprobes in the VM
+//! matrix.
+
+use rtrace_integration_tests::{
+    Mount, Rtrace, SIGHUP, SIGINT, SIGTERM, Workload, json_lines, mechanism_works, run,
+};
+
+/// One operation: (type, bytes, offset in bytes); -1 bytes is a sync of
+/// the whole file.
+type Op = (String, i64, i64);
+
+/// Runs the `fileops ops` workload in `dir` under `rtrace ext4slower
+/// ARGS`, stopped with `signal`; returns rtrace's stdout and stderr, the
+/// file's name and the operations the workload says it did.
+fn traced(dir: &str, args: &[&str], signal: i32) -> (String, String, String, Vec<Op>) {
+    let (mut work, ready) = Workload::start("fileops", &[dir.to_owned(), "ops".to_owned()]);
+    assert_eq!(ready.trim(), "ready");
+    let pid = work.pid().to_string();
+    let mut full = vec!["ext4slower", "-p", &pid];
+    full.extend_from_slice(args);
+    let rtrace = Rtrace::start(&full);
+    let done = work.go();
+    work.wait();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (code, stdout, stderr) = rtrace.stop(signal);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(!stderr.contains("lost"), "{stderr}");
+    let (name, did) = done.split_once(' ').unwrap();
+    let ops = did
+        .split(',')
+        .map(|op| {
+            let f: Vec<&str> = op.split(':').collect();
+            (
+                f[0].to_owned(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    (stdout, stderr, name.to_owned(), ops)
+}
+
+/// The operations of the text output's lines on file `name`, with the
+/// offset in KiB as printed.
+fn text_ops(stdout: &str, name: &str) -> Vec<Op> {
+    let mut lines = stdout.lines();
+    let header = lines.next().unwrap();
+    assert!(
+        header.starts_with("TIME     COMM             PID     T BYTES   OFF_KB   LAT(ms) FILENAME"),
+        "{header}"
+    );
+    lines
+        .filter(|l| l.ends_with(&format!(" {name}")))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f[1], "fileops", "{l}");
+            let lat: f64 = f[6].parse().unwrap();
+            assert!((0.0..10_000.0).contains(&lat), "{l}");
+            let bytes = if f[4] == "LL_MAX" {
+                -1
+            } else {
+                f[4].parse().unwrap()
+            };
+            (f[3].to_owned(), bytes, f[5].parse().unwrap())
+        })
+        .collect()
+}
+
+fn in_kib(ops: &[Op]) -> Vec<Op> {
+    ops.iter()
+        .map(|(t, b, off)| (t.clone(), *b, off / 1024))
+        .collect()
+}
+
+/// Every operation, exactly, on each attach path this kernel has.
+#[test]
+fn every_operation_is_reported_with_exact_bytes_on_every_path() {
+    let fs = Mount::ext4("e4all");
+    let mut ran = 0;
+    for mech in ["fentry", "kprobe", "tracepoint"] {
+        if !mechanism_works(mech) {
+            eprintln!("{mech} is not on this kernel: its run is left to the VM matrix");
+            continue;
+        }
+        let (stdout, stderr, name, did) =
+            traced(&fs.path, &["-v", "-m", "0", "--attach", mech], SIGINT);
+        assert!(
+            stderr.contains(&format!("attached with {mech}")),
+            "{stderr}"
+        );
+        assert_eq!(text_ops(&stdout, &name), in_kib(&did), "{mech}: {stdout}");
+        ran += 1;
+    }
+    assert!(ran > 0, "no attach path works");
+}
+
+/// The default chain picks the best path, and JSON carries exact offsets.
+#[test]
+fn json_has_exact_offsets_and_latencies() {
+    let fs = Mount::ext4("e4json");
+    let (stdout, _, name, did) = traced(&fs.path, &["--json", "0"], SIGTERM);
+    let got: Vec<Op> = json_lines(&stdout)
+        .into_iter()
+        .filter(|e| e["file"] == name.as_str())
+        .map(|e| {
+            assert_eq!(e["tool"], "ext4slower");
+            assert_eq!(e["comm"], "fileops");
+            let ns = e["latency_ns"].as_u64().unwrap();
+            let ms = e["latency_ms"].as_f64().unwrap();
+            assert!((ns as f64 / 1e6 - ms).abs() < 1e-9, "{e}");
+            let bytes = if e["whole_file"] == true {
+                -1
+            } else {
+                e["bytes"].as_i64().unwrap()
+            };
+            (
+                e["type"].as_str().unwrap().to_owned(),
+                bytes,
+                e["offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, did, "{stdout}");
+}
+
+#[test]
+fn csv_has_bcc_columns() {
+    let fs = Mount::ext4("e4csv");
+    let (stdout, _, name, did) = traced(&fs.path, &["-c", "-m", "0"], SIGHUP);
+    let mut lines = stdout.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE"
+    );
+    let rows: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .filter(|f: &Vec<String>| f[7] == name)
+        .collect();
+    let got: Vec<Op> = rows
+        .iter()
+        .map(|f| {
+            let bytes: i64 = f[4].parse().unwrap();
+            let bytes = if bytes == i64::MAX { -1 } else { bytes };
+            (f[3].clone(), bytes, f[5].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(got, did, "{stdout}");
+    let ends: Vec<u64> = rows.iter().map(|f| f[0].parse().unwrap()).collect();
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]), "in order: {ends:?}");
+}
+
+/// Operations faster than the threshold are not sent: a default run sees
+/// none of the workload's cached operations, but an fsync that goes to
+/// the disk can take longer, so only reads, writes and opens are checked.
+#[test]
+fn threshold_drops_fast_operations() {
+    let fs = Mount::ext4("e4min");
+    let (stdout, stderr, name, _) = traced(&fs.path, &["-m", "5000"], SIGINT);
+    assert!(
+        stderr.contains("Tracing ext4 operations slower than 5000 ms"),
+        "{stderr}"
+    );
+    assert!(text_ops(&stdout, &name).is_empty(), "{stdout}");
+}
+
+/// The tracepoint path sees every file system's reads and writes, and
+/// keeps only ext4's.
+#[test]
+fn other_file_systems_are_ignored() {
+    let tmp = Mount::tmpfs("e4tmpfs");
+    let (stdout, _, name, _) = traced(&tmp.path, &["-m", "0"], SIGINT);
+    assert!(text_ops(&stdout, &name).is_empty(), "{stdout}");
+}
+
+#[test]
+fn duration_ends_the_run() {
+    let rtrace = Rtrace::start(&["ext4slower", "-d", "1"]);
+    let (code, stdout, stderr) = rtrace.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("for 1 secs."), "{stderr}");
+    assert!(stdout.starts_with("TIME "), "{stdout}");
+}
+
+#[test]
+fn bad_input_gets_one_line_and_nonzero_exit() {
+    for (args, want) in [
+        (&["ext4slower", "-p", "999999999"][..], "no such process"),
+        (&["ext4slower", "--", "-3"][..], "bad threshold"),
+        (
+            &["ext4slower", "--attach", "tp_btf"][..],
+            "cannot attach with tp_btf",
+        ),
+    ] {
+        let (code, _, stderr) = run(args);
+        assert_ne!(code, 0, "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+    let (code, _, stderr) = run(&["ext4slower", "--bogus"]);
+    assert_eq!(code, 2, "{stderr}");
+}
