@@ -9,6 +9,7 @@ pub mod biolatency;
 pub mod events;
 pub mod execsnoop;
 pub mod ext4slower;
+pub mod gethostlatency;
 pub mod hist;
 pub mod offsets;
 pub mod probes;

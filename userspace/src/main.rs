@@ -14,6 +14,7 @@ mod privs;
 mod symbolize;
 mod tools;
 mod tracefs;
+mod uprobes;
 
 use std::process::ExitCode;
 

@@ -17,6 +17,8 @@ objects! {
     EXECSNOOP_PERF => "execsnoop_perf",
     EXT4SLOWER => "ext4slower",
     EXT4SLOWER_PERF => "ext4slower_perf",
+    GETHOSTLATENCY => "gethostlatency",
+    GETHOSTLATENCY_PERF => "gethostlatency_perf",
     PROBES => "probes",
     PROFILE => "profile",
     PROFILE_PERF => "profile_perf",

@@ -4,6 +4,7 @@ pub mod biolatency;
 pub mod execsnoop;
 pub mod ext4slower;
 pub mod flamegraph;
+pub mod gethostlatency;
 pub mod profile;
 pub mod runqlat;
 pub mod tcplife;
@@ -23,6 +24,8 @@ pub enum Command {
     Tcplife(tcplife::Args),
     /// Trace ext4 reads, writes, opens and syncs slower than a threshold.
     Ext4slower(ext4slower::Args),
+    /// Show latency of host name lookups (getaddrinfo, gethostbyname[2]).
+    Gethostlatency(gethostlatency::Args),
     /// Summarize block device I/O latency as a histogram.
     Biolatency(biolatency::Args),
     /// Profile CPU usage by sampling stack traces, with flame graphs.
@@ -39,6 +42,7 @@ pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
         Command::Execsnoop(args) => execsnoop::run(args, global).await,
         Command::Tcplife(args) => tcplife::run(args, global).await,
         Command::Ext4slower(args) => ext4slower::run(args, global).await,
+        Command::Gethostlatency(args) => gethostlatency::run(args, global).await,
         Command::Biolatency(args) => biolatency::run(args, global).await,
         Command::Profile(args) => profile::run(args, global).await,
         Command::Flamegraph(args) => flamegraph::run(args),

@@ -1,0 +1,100 @@
+//! Host name lookups through libc's resolver, timed from the call to its
+//! return with a uprobe and a uretprobe on each function.
+//!
+//! Included by the `gethostlatency` (ring buffer) and
+//! `gethostlatency_perf` (perf buffer) objects, which each define `EVENTS`.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_user_str_bytes,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{HashMap, PerCpuArray},
+    programs::{ProbeContext, RetProbeContext},
+};
+use rtrace_common::{
+    events::{LOST_SLOTS, LOST_TABLE},
+    gethostlatency::{Event, Start},
+};
+use rtrace_ebpf::{count_error, events::emit};
+
+use crate::EVENTS;
+
+/// Lookups in flight, by thread id; user space sizes it.
+#[map]
+static STARTS: HashMap<u32, Start> = HashMap::with_max_entries(65536, 0);
+/// Where a start is put together: it is too big for comfort on the stack.
+#[map]
+static SCRATCH: PerCpuArray<Start> = PerCpuArray::with_max_entries(1, 0);
+/// Where an event is put together.
+#[map]
+static EVENT: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
+/// Events lost, by cause (`LOST_*`).
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
+
+#[inline(always)]
+fn enter(ctx: &ProbeContext, func: u32) {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let host: *const u8 = ctx.arg(0).unwrap_or(core::ptr::null());
+    // SAFETY: `s` is this CPU's scratch value; the helper copes with any
+    // user address.
+    unsafe {
+        (*s).start_ns = bpf_ktime_get_ns();
+        (*s).func = func;
+        (*s)._pad = 0;
+        (*s).host = [0; 80];
+        if !host.is_null() {
+            let _ = bpf_probe_read_user_str_bytes(host, &mut (*s).host);
+        }
+        if STARTS.insert(bpf_get_current_pid_tgid() as u32, &*s, 0).is_err() {
+            count_error(&LOST, LOST_TABLE);
+        }
+    }
+}
+
+#[uprobe]
+pub fn enter_getaddrinfo(ctx: ProbeContext) -> u32 {
+    enter(&ctx, 0);
+    0
+}
+
+#[uprobe]
+pub fn enter_gethostbyname(ctx: ProbeContext) -> u32 {
+    enter(&ctx, 1);
+    0
+}
+
+#[uprobe]
+pub fn enter_gethostbyname2(ctx: ProbeContext) -> u32 {
+    enter(&ctx, 2);
+    0
+}
+
+/// Attached to the return of every function above.
+#[uretprobe]
+pub fn lookup_return(ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(s) = STARTS.get_ptr(id as u32) else {
+        return 0;
+    };
+    let Some(e) = EVENT.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: `s` is a STARTS value, read before it is removed; `e` is this
+    // CPU's scratch event.
+    unsafe {
+        let start = &*s;
+        (*e).delta_ns = bpf_ktime_get_ns().saturating_sub(start.start_ns);
+        (*e).pid = (id >> 32) as u32;
+        (*e).func = start.func;
+        (*e).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        (*e).host = start.host;
+        let _ = STARTS.remove(id as u32);
+        emit(&EVENTS, &ctx, &LOST, &*e);
+    }
+    0
+}

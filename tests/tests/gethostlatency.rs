@@ -1,0 +1,163 @@
+//! `rtrace gethostlatency` against real lookups by getent and Python.
+//!
+//! Not run in the VM matrix: uprobes work on the host, and the guests have
+//! no resolver configuration, NSS modules or Python to look anything up.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+};
+
+use rtrace_integration_tests::{Rtrace, SIGINT, json_lines, run};
+
+/// A Python that prints its pid, waits for a line on stdin, then resolves
+/// `localhost` with getaddrinfo.
+struct PyLookup {
+    child: std::process::Child,
+    pid: u32,
+}
+
+impl PyLookup {
+    fn start() -> Self {
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                "import os, sys, socket\n\
+                 print(os.getpid(), flush=True)\n\
+                 sys.stdin.readline()\n\
+                 socket.getaddrinfo('localhost', 80)\n\
+                 print('done', flush=True)",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("cannot run python3");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // pyenv's shim execs the real interpreter: the pid it prints is the
+        // one that makes the call.
+        let pid = line.trim().parse().unwrap();
+        Self { child, pid }
+    }
+
+    fn lookup(mut self) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "go").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+    }
+}
+
+/// Runs `getent hosts localhost`; returns its pid.
+fn getent() -> u32 {
+    let child = Command::new("getent")
+        .args(["hosts", "localhost"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("cannot run getent");
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "getent found no localhost");
+    pid
+}
+
+/// The JSON lookups of process `pid`.
+fn of_pid(stdout: &str, pid: u32) -> Vec<serde_json::Value> {
+    json_lines(stdout)
+        .into_iter()
+        .filter(|e| e["pid"] == pid)
+        .collect()
+}
+
+fn plausible(e: &serde_json::Value) {
+    let ns = e["latency_ns"].as_u64().unwrap();
+    assert!(ns > 0 && ns < 5_000_000_000, "{e}");
+    assert!((e["latency_ms"].as_f64().unwrap() - ns as f64 / 1e6).abs() < 1e-9);
+}
+
+#[test]
+fn getent_and_python_lookups_are_caught() {
+    let py = PyLookup::start();
+    let py_pid = py.pid;
+    let rtrace = Rtrace::start(&["gethostlatency", "--json"]);
+    let getent_pid = getent();
+    py.lookup();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let g = of_pid(&stdout, getent_pid);
+    assert!(!g.is_empty(), "no getent lookup: {stdout}");
+    for e in &g {
+        assert_eq!(e["comm"], "getent");
+        assert_eq!(e["host"], "localhost");
+        plausible(e);
+    }
+    let p = of_pid(&stdout, py_pid);
+    assert_eq!(p.len(), 1, "one getaddrinfo by Python: {stdout}");
+    assert_eq!(p[0]["function"], "getaddrinfo");
+    assert_eq!(p[0]["host"], "localhost");
+    plausible(&p[0]);
+}
+
+/// With -p, the process's own libc is traced, and only its calls shown.
+#[test]
+fn pid_filter_keeps_one_process() {
+    let py = PyLookup::start();
+    let pid = py.pid.to_string();
+    let rtrace = Rtrace::start(&["gethostlatency", "-v", "-p", &pid]);
+    let other = getent();
+    py.lookup();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains(&format!("/proc/{pid}/root/")), "{stderr}");
+    let mut lines = stdout.lines();
+    let header = lines.next().unwrap();
+    assert!(header.starts_with("TIME     PID     COMM"), "{header}");
+    assert!(header.ends_with("LATms HOST"), "{header}");
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    assert_eq!(rows[0][1], pid);
+    assert_eq!(rows[0][4], "localhost");
+    let ms: f64 = rows[0][3].parse().unwrap();
+    assert!(ms > 0.0 && ms < 5000.0, "{stdout}");
+    assert!(!stdout.contains(&format!(" {other} ")), "{stdout}");
+}
+
+/// `-l` takes the library's path.
+#[test]
+fn explicit_libc_path() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.rsplit('/').next().unwrap().starts_with("libc.so"))
+        .expect("this test links libc")
+        .to_owned();
+    let rtrace = Rtrace::start(&["gethostlatency", "--json", "-l", &libc]);
+    let pid = getent();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!of_pid(&stdout, pid).is_empty(), "{stdout}");
+}
+
+#[test]
+fn bad_input_gets_one_line_and_nonzero_exit() {
+    for (args, want) in [
+        (
+            &["gethostlatency", "-p", "999999999"][..],
+            "no such process",
+        ),
+        (
+            &["gethostlatency", "-l", "/no/such/libc.so.6"][..],
+            "not an ELF file",
+        ),
+    ] {
+        let (code, _, stderr) = run(args);
+        assert_ne!(code, 0, "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+    let (code, _, stderr) = run(&["gethostlatency", "--bogus"]);
+    assert_eq!(code, 2, "{stderr}");
+}

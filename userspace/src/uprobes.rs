@@ -1,0 +1,154 @@
+//! Finding the file a uprobe goes into, and attaching uprobes: shared by
+//! gethostlatency and argdist.
+//!
+//! A uprobe sits on a file's inode, so the file must be the one the traced
+//! processes really map. With a pid, it is looked up in that process's own
+//! mappings and mount namespace (`/proc/PID/root`), which finds a
+//! container's libc rather than the host's.
+
+use std::{
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Context as _;
+use aya::{
+    Ebpf,
+    programs::{UProbe, uprobe::UProbeScope},
+};
+
+/// Directories searched for a library by name, in the loader's order.
+const LIB_DIRS: [&str; 7] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+    "/usr/local/lib",
+];
+
+/// A uprobe target that names no file.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot find {target:?}: {looked}")]
+pub struct NotFound {
+    target: String,
+    looked: String,
+}
+
+/// The file that `target` names, as bcc's argdist and trace take it: a
+/// path; a library, bare (`c`) or with its prefix (`libc`); or an
+/// executable on `PATH`. With `pid`, in that process's view.
+pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
+    let root = match pid {
+        Some(p) => PathBuf::from(format!("/proc/{p}/root")),
+        None => PathBuf::from("/"),
+    };
+    let not_found = |looked: String| NotFound {
+        target: target.to_owned(),
+        looked,
+    };
+    if target.contains('/') {
+        let path = root.join(target.trim_start_matches('/'));
+        return if is_elf(&path) {
+            Ok(path)
+        } else {
+            Err(not_found(format!("{} is not an ELF file", path.display())))
+        };
+    }
+    let lib = if target.starts_with("lib") {
+        target.to_owned()
+    } else {
+        format!("lib{target}")
+    };
+    if let Some(p) = pid {
+        let maps = std::fs::read_to_string(format!("/proc/{p}/maps"))
+            .map_err(|e| not_found(format!("cannot read /proc/{p}/maps: {e}")))?;
+        if let Some(path) = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|path| names_library(path, &lib) || file_name(path) == target)
+        {
+            return Ok(root.join(path.trim_start_matches('/')));
+        }
+    }
+    for dir in LIB_DIRS {
+        let dir = root.join(dir.trim_start_matches('/'));
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        // `libc.so.6` beats `libc.so`, which may be a linker script.
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| names_library(&p.to_string_lossy(), &lib) && is_elf(p))
+            .collect();
+        found.sort_by_key(|p| std::cmp::Reverse(p.to_string_lossy().len()));
+        if let Some(p) = found.into_iter().next() {
+            return Ok(p);
+        }
+    }
+    let path_var = std::env::var("PATH").unwrap_or_default();
+    for dir in path_var.split(':').filter(|d| !d.is_empty()) {
+        let path = root.join(dir.trim_start_matches('/')).join(target);
+        if is_elf(&path) {
+            return Ok(path);
+        }
+    }
+    Err(not_found(format!(
+        "no {lib}.so* in the library directories{}, and no {target} on PATH",
+        pid.map(|p| format!(" or the mappings of process {p}"))
+            .unwrap_or_default()
+    )))
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Whether `path`'s file name is library `lib`'s: `libc.so.6`,
+/// `libc-2.31.so`, `libc.so`.
+fn names_library(path: &str, lib: &str) -> bool {
+    file_name(path)
+        .strip_prefix(lib)
+        .is_some_and(|rest| rest.starts_with(".so") || rest.starts_with('-'))
+}
+
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read as _;
+    let mut magic = [0; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"\x7fELF")
+}
+
+/// Loads uprobe program `prog` (once) and attaches it to `func` in
+/// `file`, for process `pid` only or for every process.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    func: &str,
+    file: &Path,
+    pid: Option<u32>,
+) -> anyhow::Result<()> {
+    let p: &mut UProbe = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} missing from the object"))?
+        .try_into()?;
+    if p.fd().is_err() {
+        p.load().map_err(|e| {
+            anyhow::anyhow!("cannot load program {prog}: {}", crate::features::chain(&e))
+        })?;
+    }
+    let scope = match pid.and_then(NonZeroU32::new) {
+        Some(p) => UProbeScope::OneProcess(p),
+        None => UProbeScope::AllProcesses,
+    };
+    p.attach(func, file, scope).map(drop).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot attach to {func} in {}: {}",
+            file.display(),
+            crate::features::chain(&e)
+        )
+    })
+}
