@@ -318,10 +318,10 @@ impl Drop for TestCgroup {
 /// kernel must have, so a mechanism that broke fails its tests there
 /// instead of being passed over; elsewhere `rtrace doctor` answers.
 pub fn mechanism_works(name: &str) -> bool {
-    if let Ok(list) = std::env::var("RTRACE_EXPECT_MECHANISMS") {
-        if !list.is_empty() {
-            return list.split(',').any(|m| m == name);
-        }
+    if let Ok(list) = std::env::var("RTRACE_EXPECT_MECHANISMS")
+        && !list.is_empty()
+    {
+        return list.split(',').any(|m| m == name);
     }
     let (code, stdout, stderr) = run(&["doctor", "--json"]);
     assert_eq!(code, 0, "{stderr}");
@@ -375,10 +375,10 @@ impl Mount {
 
     /// A fresh tmpfs.
     pub fn tmpfs(tag: &str) -> Self {
-        Self::mount(tag, "tmpfs", "tmpfs", "", None)
+        Self::attach(tag, "tmpfs", "tmpfs", "", None)
     }
 
-    fn mount(
+    fn attach(
         tag: &str,
         fstype: &str,
         source: &str,
