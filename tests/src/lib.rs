@@ -364,7 +364,7 @@ impl Mount {
             "mke2fs failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Self::mount(
+        Self::attach(
             tag,
             "ext4",
             &device.path.clone(),
