@@ -277,8 +277,8 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         println!("ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE");
     } else if !global.json {
         println!(
-            "{:<8} {:<16} {:<7} {} {:<7} {:<8} {:>7} FILENAME",
-            "TIME", "COMM", "PID", "T", "BYTES", "OFF_KB", "LAT(ms)"
+            "{:<8} {:<16} {:<7} T {:<7} {:<8} {:>7} FILENAME",
+            "TIME", "COMM", "PID", "BYTES", "OFF_KB", "LAT(ms)"
         );
     }
     stream
