@@ -1,4 +1,4 @@
-//! Builds the profile fixtures in `fixtures/` with frame pointers, next to
+//! Builds the profile and argdist fixtures in `fixtures/` with frame pointers, next to
 //! this crate's other workload binaries (`target/<profile>/`), where the
 //! tests and the VM matrix find them.
 //!

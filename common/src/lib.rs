@@ -5,6 +5,7 @@
 //! implementations for user space; the eBPF crate never links aya.
 #![no_std]
 
+pub mod argdist;
 pub mod biolatency;
 pub mod events;
 pub mod execsnoop;

@@ -12,6 +12,7 @@ macro_rules! objects {
 }
 
 objects! {
+    ARGDIST => "argdist",
     BIOLATENCY => "biolatency",
     EXECSNOOP => "execsnoop",
     EXECSNOOP_PERF => "execsnoop_perf",

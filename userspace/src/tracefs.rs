@@ -129,6 +129,18 @@ impl Format {
         }
     }
 
+    /// The fields' names, sorted, for error messages.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .fields
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !n.starts_with("common_"))
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Looks a field up by name.
     pub fn field(&self, name: &str) -> Result<&Field, TracefsError> {
         self.fields.get(name).ok_or_else(|| TracefsError::NoField {

@@ -50,7 +50,10 @@ fn enter(ctx: &ProbeContext, func: u32) {
         if !host.is_null() {
             let _ = bpf_probe_read_user_str_bytes(host, &mut (*s).host);
         }
-        if STARTS.insert(bpf_get_current_pid_tgid() as u32, &*s, 0).is_err() {
+        if STARTS
+            .insert(bpf_get_current_pid_tgid() as u32, *s, 0)
+            .is_err()
+        {
             count_error(&LOST, LOST_TABLE);
         }
     }

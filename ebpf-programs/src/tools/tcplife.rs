@@ -14,9 +14,7 @@
 use aya_ebpf::{
     EbpfContext, Global,
     bindings::BPF_NOEXIST,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
     maps::{HashMap, PerCpuArray},
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},

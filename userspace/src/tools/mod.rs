@@ -1,5 +1,6 @@
 //! The tools: one module each, and one line each in [`Command`] and [`run`].
 
+pub mod argdist;
 pub mod biolatency;
 pub mod execsnoop;
 pub mod ext4slower;
@@ -26,6 +27,9 @@ pub enum Command {
     Ext4slower(ext4slower::Args),
     /// Show latency of host name lookups (getaddrinfo, gethostbyname[2]).
     Gethostlatency(gethostlatency::Args),
+    /// Histograms and counts of function arguments, return values,
+    /// latencies and tracepoint fields.
+    Argdist(argdist::Args),
     /// Summarize block device I/O latency as a histogram.
     Biolatency(biolatency::Args),
     /// Profile CPU usage by sampling stack traces, with flame graphs.
@@ -43,6 +47,7 @@ pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
         Command::Tcplife(args) => tcplife::run(args, global).await,
         Command::Ext4slower(args) => ext4slower::run(args, global).await,
         Command::Gethostlatency(args) => gethostlatency::run(args, global).await,
+        Command::Argdist(args) => argdist::run(args, global).await,
         Command::Biolatency(args) => biolatency::run(args, global).await,
         Command::Profile(args) => profile::run(args, global).await,
         Command::Flamegraph(args) => flamegraph::run(args),

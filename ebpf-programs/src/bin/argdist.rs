@@ -1,0 +1,482 @@
+//! argdist: one generic program per probe slot, configured from parsed
+//! specs at load time, that computes a key of values at a function's
+//! entry or return or at a tracepoint, filters it, and counts it in a
+//! histogram or a frequency table. No code is generated at run time.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    EbpfContext, Global,
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user_str_bytes,
+    },
+    macros::{kprobe, kretprobe, map, tracepoint, uprobe, uretprobe},
+    maps::{HashMap, PerCpuArray},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+};
+use rtrace_common::{
+    argdist::{
+        CMP_EQ, CMP_GE, CMP_GT, CMP_LE, CMP_LT, CMP_NE, Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL,
+        ERR_SLOTS, Entry, KIND_RETURN, Key, MAX_ARGS, MAX_PROBES, MAX_VALUES, MODE_HIST, OP_ADD,
+        OP_AND, OP_DIV, OP_MUL, OP_SHL, OP_SHR, OP_SUB, Probe, SRC_ARG, SRC_COMM, SRC_CONST,
+        SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_RET, SRC_TID, STR_LEN,
+        VAL_SIGNED, VAL_STRING, VAL_USER, Value,
+    },
+    hist::Hist,
+};
+use rtrace_ebpf::{atomic_add, count_error, global, hist_record_local, read_kernel};
+
+#[unsafe(no_mangle)]
+static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+
+/// Frequency counts, by key; user space sizes it.
+#[map]
+static COUNTS: HashMap<Key, u64> = HashMap::with_max_entries(10240, 0);
+/// Histograms, by probe slot.
+#[map]
+static HISTS: PerCpuArray<Hist> = PerCpuArray::with_max_entries(MAX_PROBES as u32, 0);
+/// Entry times and arguments of calls in flight, by (slot << 32 | tid).
+#[map]
+static ENTRIES: HashMap<u64, Entry> = HashMap::with_max_entries(65536, 0);
+/// Where a key is put together.
+#[map]
+static KEY: PerCpuArray<Key> = PerCpuArray::with_max_entries(1, 0);
+/// Where a filter's string is read.
+#[map]
+static TEXT: PerCpuArray<[u8; STR_LEN]> = PerCpuArray::with_max_entries(1, 0);
+/// Work that could not be done, by `ERR_*`.
+#[map]
+static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERR_SLOTS, 0);
+
+/// Where values come from in one run of a program.
+struct Sources {
+    args: [u64; MAX_ARGS],
+    ret: u64,
+    entry: Option<Entry>,
+    /// The tracepoint record, or null.
+    record: *const u8,
+    id: u64,
+}
+
+/// The probe of `slot`, unless the current task is filtered out.
+#[inline(always)]
+fn probe(slot: usize) -> Option<&'static Probe> {
+    let cfg = global(&CONFIG);
+    let id = bpf_get_current_pid_tgid();
+    if (cfg.pid != 0 && (id >> 32) as u32 != cfg.pid) || (cfg.tid != 0 && id as u32 != cfg.tid) {
+        return None;
+    }
+    cfg.probes.get(slot)
+}
+
+/// Reads `size` bytes at `p` as an unsigned number.
+#[inline(always)]
+fn read_sized(p: *const u8, size: u32) -> u64 {
+    match size {
+        1 => read_kernel::<u8>(p, 0).map(u64::from),
+        2 => read_kernel::<u16>(p, 0).map(u64::from),
+        4 => read_kernel::<u32>(p, 0).map(u64::from),
+        _ => read_kernel::<u64>(p, 0),
+    }
+    .unwrap_or(0)
+}
+
+/// The value's raw 64 bits, before its type and operator apply.
+#[inline(always)]
+fn raw(v: &Value, s: &Sources) -> u64 {
+    let arg = |args: &[u64; MAX_ARGS]| args.get(v.index as usize).copied().unwrap_or(0);
+    match v.source {
+        SRC_CONST => v.imm,
+        SRC_ARG => arg(&s.args),
+        SRC_RET => s.ret,
+        SRC_ENTRY_ARG => s.entry.as_ref().map_or(0, |e| arg(&e.args)),
+        SRC_LATENCY => s.entry.as_ref().map_or(0, |e| {
+            // SAFETY: the helper has no preconditions.
+            unsafe { bpf_ktime_get_ns() }.saturating_sub(e.start_ns)
+        }),
+        SRC_PID => s.id >> 32,
+        SRC_TID => s.id & 0xffff_ffff,
+        SRC_FIELD => read_sized(s.record.wrapping_add(v.index as usize), v.size),
+        _ => 0,
+    }
+}
+
+/// A numeric value: cut to its type's size, then the operator applied.
+#[inline(always)]
+fn number(v: &Value, s: &Sources) -> u64 {
+    let mut x = raw(v, s);
+    if v.source == SRC_CONST {
+        return x;
+    }
+    let shift = 64u32.saturating_sub(v.size * 8);
+    if shift > 0 && shift < 64 {
+        x = if v.flags & VAL_SIGNED != 0 {
+            (((x << shift) as i64) >> shift) as u64
+        } else {
+            (x << shift) >> shift
+        };
+    }
+    let imm = v.imm;
+    match v.op {
+        OP_ADD => x.wrapping_add(imm),
+        OP_SUB => x.wrapping_sub(imm),
+        OP_MUL => x.wrapping_mul(imm),
+        OP_DIV if imm != 0 => {
+            if v.flags & VAL_SIGNED != 0 {
+                // BPF has no signed division before v4 of the ISA.
+                let (a, b) = (x as i64, imm as i64);
+                let q = a.unsigned_abs() / b.unsigned_abs();
+                if (a < 0) != (b < 0) {
+                    q.wrapping_neg()
+                } else {
+                    q
+                }
+            } else {
+                x / imm
+            }
+        }
+        OP_SHR => x >> (imm & 63),
+        OP_SHL => x << (imm & 63),
+        OP_AND => x & imm,
+        _ => x,
+    }
+}
+
+/// A string value into `buf`, NUL-padded, cut to `len` bytes.
+#[inline(always)]
+fn string(v: &Value, s: &Sources, len: u32, buf: &mut [u8; STR_LEN]) {
+    *buf = [0; STR_LEN];
+    match v.source {
+        SRC_COMM => {
+            let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+            buf[..16].copy_from_slice(&comm);
+        }
+        src => {
+            let p = if src == SRC_DATA_LOC {
+                let loc = read_sized(s.record.wrapping_add(v.index as usize), 4);
+                s.record.wrapping_add((loc & 0xffff) as usize)
+            } else {
+                raw(v, s) as *const u8
+            };
+            if !p.is_null() {
+                // SAFETY: the helpers cope with any address.
+                let _ = if v.flags & VAL_USER != 0 {
+                    unsafe { bpf_probe_read_user_str_bytes(p, buf) }
+                } else {
+                    unsafe { bpf_probe_read_kernel_str_bytes(p, buf) }
+                };
+            }
+        }
+    }
+    for (i, b) in buf.iter_mut().enumerate() {
+        if i as u32 >= len || i == STR_LEN - 1 {
+            *b = 0;
+        }
+    }
+}
+
+/// Whether the probe's filter lets this run through: comparisons joined
+/// by `&&`, groups of them by `||`.
+#[inline(always)]
+fn passes(p: &Probe, s: &Sources) -> bool {
+    if p.n_conds == 0 {
+        return true;
+    }
+    let mut any = false;
+    let mut group = true;
+    for (i, c) in p.conds.iter().enumerate() {
+        if i as u32 >= p.n_conds {
+            break;
+        }
+        let ok = if c.value.flags & VAL_STRING != 0 {
+            let Some(t) = TEXT.get_ptr_mut(0) else {
+                return false;
+            };
+            // SAFETY: this CPU's scratch buffer.
+            let t = unsafe { &mut *t };
+            string(&c.value, s, p.str_len, t);
+            let same = t.iter().zip(c.text.iter()).all(|(a, b)| a == b);
+            if c.cmp == CMP_NE { !same } else { same }
+        } else {
+            let x = number(&c.value, s);
+            let signed = c.value.flags & VAL_SIGNED != 0;
+            let (a, b) = (x as i64, c.imm as i64);
+            match c.cmp {
+                CMP_EQ => x == c.imm,
+                CMP_NE => x != c.imm,
+                CMP_LT => {
+                    if signed {
+                        a < b
+                    } else {
+                        x < c.imm
+                    }
+                }
+                CMP_LE => {
+                    if signed {
+                        a <= b
+                    } else {
+                        x <= c.imm
+                    }
+                }
+                CMP_GT => {
+                    if signed {
+                        a > b
+                    } else {
+                        x > c.imm
+                    }
+                }
+                CMP_GE => {
+                    if signed {
+                        a >= b
+                    } else {
+                        x >= c.imm
+                    }
+                }
+                _ => false,
+            }
+        };
+        group &= ok;
+        if c.or_next != 0 || i as u32 + 1 >= p.n_conds {
+            any |= group;
+            group = true;
+        }
+    }
+    any
+}
+
+/// Computes the key of probe `slot` and counts it.
+#[inline(always)]
+fn record(p: &Probe, slot: usize, s: &Sources) {
+    if !passes(p, s) {
+        return;
+    }
+    if p.mode == MODE_HIST {
+        let x = number(&p.values[0], s);
+        // Negative values count as zero, the histogram's lowest bucket.
+        let x = if p.values[0].flags & VAL_SIGNED != 0 && (x as i64) < 0 {
+            0
+        } else {
+            x
+        };
+        if let Some(h) = HISTS.get_ptr_mut(slot as u32) {
+            // SAFETY: a per-CPU histogram of this CPU.
+            unsafe { hist_record_local(h, x) };
+        }
+        return;
+    }
+    let Some(k) = KEY.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch key.
+    let k = unsafe { &mut *k };
+    k.probe = slot as u32;
+    k._pad = 0;
+    k.values = [0; MAX_VALUES];
+    k.strings[0] = [0; STR_LEN];
+    k.strings[1] = [0; STR_LEN];
+    for (i, v) in p.values.iter().enumerate() {
+        if i as u32 >= p.n_values {
+            break;
+        }
+        if v.flags & VAL_STRING != 0 {
+            let buf = if v.str_slot == 0 {
+                &mut k.strings[0]
+            } else {
+                &mut k.strings[1]
+            };
+            string(v, s, p.str_len, buf);
+        } else {
+            k.values[i] = number(v, s);
+        }
+    }
+    if let Some(c) = COUNTS.get_ptr_mut(&*k) {
+        // SAFETY: a COUNTS value.
+        unsafe { atomic_add(c, 1) };
+        return;
+    }
+    if COUNTS.insert(&*k, &1, u64::from(BPF_NOEXIST)).is_err() {
+        // Another CPU may have inserted it first.
+        match COUNTS.get_ptr_mut(&*k) {
+            // SAFETY: a COUNTS value.
+            Some(c) => unsafe { atomic_add(c, 1) },
+            None => count_error(&ERRORS, ERR_COUNTS_FULL),
+        }
+    }
+}
+
+/// The register arguments of a probe context.
+#[inline(always)]
+fn args(ctx: &ProbeContext) -> [u64; MAX_ARGS] {
+    let mut a = [0; MAX_ARGS];
+    for (i, slot) in a.iter_mut().enumerate() {
+        *slot = ctx.arg(i).unwrap_or(0);
+    }
+    a
+}
+
+#[inline(always)]
+fn on_entry(ctx: &ProbeContext, slot: usize) {
+    let Some(p) = probe(slot) else { return };
+    let id = bpf_get_current_pid_tgid();
+    let args = args(ctx);
+    if p.kind == KIND_RETURN {
+        let entry = Entry {
+            // SAFETY: the helper has no preconditions.
+            start_ns: unsafe { bpf_ktime_get_ns() },
+            args,
+        };
+        let key = (slot as u64) << 32 | (id & 0xffff_ffff);
+        if ENTRIES.insert(&key, &entry, 0).is_err() {
+            count_error(&ERRORS, ERR_ENTRIES_FULL);
+        }
+        return;
+    }
+    let s = Sources {
+        args,
+        ret: 0,
+        entry: None,
+        record: core::ptr::null(),
+        id,
+    };
+    record(p, slot, &s);
+}
+
+#[inline(always)]
+fn on_return(ctx: &RetProbeContext, slot: usize) {
+    let Some(p) = probe(slot) else { return };
+    let id = bpf_get_current_pid_tgid();
+    let key = (slot as u64) << 32 | (id & 0xffff_ffff);
+    let entry = if p.need_entry != 0 {
+        // A call that began before tracing did has no entry: skip it
+        // rather than report a made-up latency.
+        let Some(e) = ENTRIES.get_ptr(&key) else {
+            return;
+        };
+        // SAFETY: an ENTRIES value, copied before it is removed.
+        let e = unsafe { *e };
+        let _ = ENTRIES.remove(&key);
+        Some(e)
+    } else {
+        None
+    };
+    let s = Sources {
+        args: [0; MAX_ARGS],
+        ret: ctx.ret(),
+        entry,
+        record: core::ptr::null(),
+        id,
+    };
+    record(p, slot, &s);
+}
+
+#[inline(always)]
+fn on_tracepoint(ctx: &TracePointContext, slot: usize) {
+    let Some(p) = probe(slot) else { return };
+    let s = Sources {
+        args: [0; MAX_ARGS],
+        ret: 0,
+        entry: None,
+        record: ctx.as_ptr() as *const u8,
+        id: bpf_get_current_pid_tgid(),
+    };
+    record(p, slot, &s);
+}
+
+/// The five programs of one slot: user space attaches the ones its spec
+/// needs (a return spec with `$entry` or `$latency` uses both of a pair).
+macro_rules! slot {
+    ($i:literal, $kp:ident, $kr:ident, $up:ident, $ur:ident, $tp:ident) => {
+        #[kprobe]
+        pub fn $kp(ctx: ProbeContext) -> u32 {
+            on_entry(&ctx, $i);
+            0
+        }
+        #[kretprobe]
+        pub fn $kr(ctx: RetProbeContext) -> u32 {
+            on_return(&ctx, $i);
+            0
+        }
+        #[uprobe]
+        pub fn $up(ctx: ProbeContext) -> u32 {
+            on_entry(&ctx, $i);
+            0
+        }
+        #[uretprobe]
+        pub fn $ur(ctx: RetProbeContext) -> u32 {
+            on_return(&ctx, $i);
+            0
+        }
+        #[tracepoint]
+        pub fn $tp(ctx: TracePointContext) -> u32 {
+            on_tracepoint(&ctx, $i);
+            0
+        }
+    };
+}
+
+slot!(
+    0,
+    kprobe_0,
+    kretprobe_0,
+    uprobe_0,
+    uretprobe_0,
+    tracepoint_0
+);
+slot!(
+    1,
+    kprobe_1,
+    kretprobe_1,
+    uprobe_1,
+    uretprobe_1,
+    tracepoint_1
+);
+slot!(
+    2,
+    kprobe_2,
+    kretprobe_2,
+    uprobe_2,
+    uretprobe_2,
+    tracepoint_2
+);
+slot!(
+    3,
+    kprobe_3,
+    kretprobe_3,
+    uprobe_3,
+    uretprobe_3,
+    tracepoint_3
+);
+slot!(
+    4,
+    kprobe_4,
+    kretprobe_4,
+    uprobe_4,
+    uretprobe_4,
+    tracepoint_4
+);
+slot!(
+    5,
+    kprobe_5,
+    kretprobe_5,
+    uprobe_5,
+    uretprobe_5,
+    tracepoint_5
+);
+slot!(
+    6,
+    kprobe_6,
+    kretprobe_6,
+    uprobe_6,
+    uretprobe_6,
+    tracepoint_6
+);
+slot!(
+    7,
+    kprobe_7,
+    kretprobe_7,
+    uprobe_7,
+    uretprobe_7,
+    tracepoint_7
+);

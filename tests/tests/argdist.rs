@@ -1,0 +1,292 @@
+//! `rtrace argdist` against a fixture whose functions are called with a
+//! known distribution of arguments (uprobes), against known write sizes
+//! (syscall tracepoints), and against kernel functions where the kernel
+//! has kprobes (the VM matrix).
+
+use std::collections::BTreeMap;
+
+use rtrace_integration_tests::{
+    Rtrace, SIGINT, Workload, json_lines, mechanism_works, run, workload_bin,
+};
+
+fn fixture() -> String {
+    workload_bin("argfix").to_string_lossy().into_owned()
+}
+
+/// Runs `argfix MODE` under `rtrace argdist ARGS -p PID --json`; returns
+/// the JSON outputs and the fixture's account, split at commas and colons.
+fn traced(mode: &str, args: &[&str]) -> (Vec<serde_json::Value>, Vec<Vec<String>>) {
+    let (mut work, ready) = Workload::start("argfix", &[mode.to_owned()]);
+    assert_eq!(ready.trim(), "ready");
+    let pid = work.pid().to_string();
+    let mut full = vec!["argdist", "--json", "-p", &pid];
+    full.extend_from_slice(args);
+    let rtrace = Rtrace::start(&full);
+    let done = work.go();
+    work.wait();
+    // Let at least one interval end after the work, so that the
+    // non-cumulative runs show their sums across intervals.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(!stderr.contains("lost"), "{stderr}");
+    let did = done
+        .split(',')
+        .map(|t| t.split(':').map(str::to_owned).collect())
+        .collect();
+    (json_lines(&stdout), did)
+}
+
+/// Counts of probe `probe`, summed over every output, by the key's values
+/// as text.
+fn summed_counts(outputs: &[serde_json::Value], probe: usize) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for o in outputs {
+        assert_eq!(o["tool"], "argdist");
+        let p = &o["probes"][probe];
+        assert_eq!(p["type"], "counts");
+        for c in p["counts"].as_array().unwrap() {
+            *out.entry(c["values"].to_string()).or_default() += c["count"].as_u64().unwrap();
+        }
+    }
+    out
+}
+
+/// The last output's histogram of probe `probe`: (low, high, count) of its
+/// non-empty buckets.
+fn last_hist(outputs: &[serde_json::Value], probe: usize) -> Vec<(u64, u64, u64)> {
+    let p = &outputs.last().expect("no output")["probes"][probe];
+    assert_eq!(p["type"], "histogram");
+    p["histogram"]["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["count"].as_u64().unwrap() > 0)
+        .map(|b| {
+            (
+                b["low"].as_u64().unwrap(),
+                b["high"].as_u64().unwrap(),
+                b["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Log2 buckets as libbpf-tools prints them: (low, high) of `v`.
+fn bucket(v: u64) -> (u64, u64) {
+    if v <= 1 {
+        return (0, 1);
+    }
+    let exp = 63 - v.leading_zeros();
+    (1 << exp, (1 << (exp + 1)) - 1)
+}
+
+/// Expected histogram from (value, times) pairs.
+fn expected_hist(pairs: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64, u64)> {
+    let mut m: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    for (v, n) in pairs {
+        *m.entry(bucket(v)).or_default() += n;
+    }
+    m.into_iter().map(|((l, h), n)| (l, h, n)).collect()
+}
+
+#[test]
+fn uprobe_counts_of_two_values_are_exact() {
+    let spec = format!(
+        "p:{}:argfix_target(u64 size, char *name):u64,char*:size,name",
+        fixture()
+    );
+    let (outputs, did) = traced("calls", &["-C", &spec]);
+    let want: BTreeMap<String, u64> = did
+        .iter()
+        .map(|d| {
+            (
+                serde_json::json!({"size": d[0].parse::<u64>().unwrap(), "name": d[1]}).to_string(),
+                d[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(summed_counts(&outputs, 0), want);
+}
+
+#[test]
+fn uprobe_histogram_is_exact() {
+    let spec = format!("p:{}:argfix_target(u64 size):u64:size", fixture());
+    let (outputs, did) = traced("calls", &["-c", "-H", &spec]);
+    let want = expected_hist(
+        did.iter()
+            .map(|d| (d[0].parse().unwrap(), d[2].parse().unwrap())),
+    );
+    assert_eq!(last_hist(&outputs, 0), want);
+}
+
+/// `$retval` (signed), `$entry` and a filter with `||`.
+#[test]
+fn return_values_entry_arguments_and_filters() {
+    let spec = format!(
+        "r:{}:argfix_target(u64 size):u64,s64:$entry(size),$retval:$retval<0 || $entry(size)==2",
+        fixture()
+    );
+    let (outputs, did) = traced("calls", &["-C", &spec]);
+    let want: BTreeMap<String, u64> = did
+        .iter()
+        .map(|d| (d[0].parse::<u64>().unwrap(), d[2].parse::<u64>().unwrap()))
+        .filter(|&(size, _)| 100 - (size as i64) < 0 || size == 2)
+        .map(|(size, n)| {
+            let key = serde_json::json!({"$entry(size)": size, "$retval": 100 - size as i64});
+            (key.to_string(), n)
+        })
+        .collect();
+    assert_eq!(want.len(), 2, "the filter keeps two keys");
+    assert_eq!(summed_counts(&outputs, 0), want);
+}
+
+/// `$latency` of calls that sleep known times, in milliseconds.
+#[test]
+fn latency_histogram_of_sleeps() {
+    let spec = format!("r:{}:argfix_sleep():u64:$latency/1000000", fixture());
+    let (outputs, did) = traced("sleeps", &["-c", "-H", &spec]);
+    let want = expected_hist(
+        did.iter()
+            .map(|d| (d[0].parse().unwrap(), d[1].parse().unwrap())),
+    );
+    assert_eq!(last_hist(&outputs, 0), want);
+}
+
+/// A string filter with bcc's STRCMP, and the text layout.
+#[test]
+fn string_filter_and_text_layout() {
+    let (mut work, _) = Workload::start("argfix", &["calls".to_owned()]);
+    let pid = work.pid().to_string();
+    let spec = format!(
+        "p:{}:argfix_target(u64 size, char *name):u64:size:STRCMP(\"beta\", name)#beta sizes",
+        fixture()
+    );
+    let rtrace = Rtrace::start(&["argdist", "-c", "-p", &pid, "-C", &spec]);
+    let done = work.go();
+    work.wait();
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let last = stdout.rsplit_once("beta sizes\n").unwrap().1;
+    let mut lines = last.lines();
+    assert_eq!(lines.next().unwrap(), "\tCOUNT      EVENT");
+    let rows: Vec<&str> = lines.collect();
+    let want: Vec<String> = done
+        .split(',')
+        .map(|d| d.split(':').collect::<Vec<_>>())
+        .filter(|d| d[1] == "beta")
+        .map(|d| format!("\t{:<10} size = {}", d[2], d[0]))
+        .collect();
+    // Rows go in ascending order of count.
+    let mut want = want;
+    want.sort_by_key(|r| r.split_whitespace().next().unwrap().parse::<u64>().unwrap());
+    assert_eq!(rows, want, "{stdout}");
+}
+
+/// Exact counts of known write sizes from `t:syscalls:sys_enter_write`.
+#[test]
+fn tracepoint_write_sizes_are_exact() {
+    let (outputs, did) = traced(
+        "writes",
+        &[
+            "-C",
+            "t:syscalls:sys_enter_write():u64:args->count:count>=1000",
+        ],
+    );
+    let want: BTreeMap<String, u64> = did
+        .iter()
+        .map(|d| {
+            (
+                serde_json::json!({"args->count": d[0].parse::<u64>().unwrap()}).to_string(),
+                d[1].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(summed_counts(&outputs, 0), want);
+}
+
+/// Kernel functions through kprobes and kretprobes, where the kernel has
+/// them (the VM matrix); this host has none.
+#[test]
+fn kprobe_and_kretprobe_on_vfs_write() {
+    if !mechanism_works("kprobe") {
+        eprintln!("kprobes are not in this kernel: this test runs in the VM matrix");
+        let (code, _, stderr) = run(&["argdist", "-C", "p::vfs_write()"]);
+        assert_ne!(code, 0);
+        assert!(stderr.contains("needs kprobes"), "{stderr}");
+        return;
+    }
+    let (outputs, did) = traced(
+        "writes",
+        &[
+            "-C",
+            "p::vfs_write(void *file, char *buf, size_t count):u64:count:count>=1000",
+            "-C",
+            "r::vfs_write():s64:$retval:$retval>=1000",
+        ],
+    );
+    for (probe, name) in [(0, "count"), (1, "$retval")] {
+        let want: BTreeMap<String, u64> = did
+            .iter()
+            .map(|d| {
+                (
+                    serde_json::json!({name: d[0].parse::<u64>().unwrap()}).to_string(),
+                    d[1].parse().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(summed_counts(&outputs, probe), want, "{name}");
+    }
+}
+
+#[test]
+fn bad_specs_point_at_the_column() {
+    let fix = fixture();
+    for (spec, col, want) in [
+        ("x:c:malloc()", 1, "unknown probe type"),
+        (
+            "p:c:malloc(size_t size):size_t:sz",
+            32,
+            "unknown name \"sz\" (parameters: size)",
+        ),
+        (
+            "t:syscalls:sys_enter_write():u64:args->cnt",
+            40,
+            "unknown name \"cnt\"",
+        ),
+        (
+            "p:c:malloc(size_t size):u64:size:size ~ 3",
+            39,
+            "expected a comparison",
+        ),
+        ("p:c:malloc(size_t size):floaty:size", 25, "unknown type"),
+    ] {
+        let (code, _, stderr) = run(&["argdist", "-C", spec]);
+        assert_ne!(code, 0, "{spec}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(&format!("at column {col}: ")),
+            "{spec}: {stderr}"
+        );
+        assert!(stderr.contains(want), "{spec}: {stderr}");
+    }
+    let (code, _, stderr) = run(&["argdist", "-H", &format!("p:{fix}:argfix_target()")]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("needs an expression"), "{stderr}");
+    let (code, _, stderr) = run(&["argdist", "-C", &format!("p:{fix}:no_such_function")]);
+    assert_ne!(code, 0);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let (code, _, stderr) = run(&["argdist"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("give at least one probe"), "{stderr}");
+    let (code, _, stderr) = run(&[
+        "argdist",
+        "-C",
+        "t:syscalls:sys_enter_write()",
+        "-p",
+        "999999999",
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("no such process"), "{stderr}");
+}

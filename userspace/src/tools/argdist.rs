@@ -1,0 +1,427 @@
+//! `rtrace argdist`: histograms and frequency counts of function
+//! arguments, return values, latencies and tracepoint fields, from bcc's
+//! probe specs, with no compiler at run time: one generic program
+//! (`ebpf-programs/src/bin/argdist.rs`) reads the parsed specs.
+
+mod spec;
+
+use std::{collections::HashMap, fmt::Write as _};
+
+use anyhow::Context as _;
+use aya::{
+    EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
+};
+use rtrace_common::{
+    argdist::{
+        Config, ERR_SLOTS, KIND_RETURN, Key, MAX_PROBES, MODE_COUNT, MODE_HIST, Probe, STR_LEN,
+        VAL_STRING,
+    },
+    hist::Hist,
+};
+
+use crate::{
+    GlobalArgs,
+    features::{Features, Hooks, Mechanism, attach_kernel_fn},
+    objects,
+    output::{self, Signals, hist::Snapshot},
+    privs, tracefs, uprobes,
+};
+
+use spec::{Spec, Target};
+
+/// Trace a function and display a summary of its parameter values.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Specifier: {p|r|t}:{[library]|category}:function(signature)\
+[:type[,type...]:expr[,expr...][:filter]][#label]
+  p: function entry, r: function return, t: tracepoint; an empty library
+  means a kernel function (kprobe), else a uprobe in that library or
+  executable. Special values: $retval, $latency (ns), $entry(param), $PID,
+  $TID, $COMM. Filters: comparisons joined by && and ||, strings in quotes.
+
+Examples:
+  rtrace argdist -H 'p::__kmalloc(u64 size):u64:size'
+        # histogram of kernel allocation sizes
+  rtrace argdist -C 'p:c:malloc(size_t size):size_t:size:size==16'
+        # how often malloc is called for 16 bytes
+  rtrace argdist -C 'r:c:getenv():char*:$retval#environment values read'
+  rtrace argdist -H 'r::__vfs_read(void *file, void *buf, size_t count):size_t:$entry(count):$latency > 1000000'
+  rtrace argdist -C 't:syscalls:sys_enter_write():u64:args->count' -p 1005
+        # write sizes of process 1005
+  rtrace argdist -H 'r:c:read():ssize_t:$latency/1000#read latency (us)'"
+)]
+pub struct Args {
+    /// Trace this process only.
+    #[arg(short = 'p', long)]
+    pid: Option<u32>,
+    /// Trace this thread only.
+    #[arg(short = 't', long)]
+    tid: Option<u32>,
+    /// Seconds between outputs.
+    #[arg(short = 'i', long, default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    interval: u64,
+    /// Number of outputs before exiting.
+    #[arg(short = 'n', long = "number", value_name = "COUNT",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
+    /// Total seconds to trace.
+    #[arg(short = 'd', long, value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    duration: Option<u64>,
+    /// Keep counting across outputs instead of starting afresh each time.
+    #[arg(short = 'c', long)]
+    cumulative: bool,
+    /// Show only the top N most frequent keys (-C).
+    #[arg(short = 'T', long = "top", value_name = "N")]
+    top: Option<usize>,
+    /// Bytes kept of each string value (at most 80).
+    #[arg(short = 'z', long = "string-size", value_name = "SIZE", default_value_t = 80,
+          value_parser = clap::value_parser!(u32).range(1..=STR_LEN as i64))]
+    string_size: u32,
+    /// A histogram of one value; repeatable.
+    #[arg(short = 'H', long = "histogram", value_name = "SPEC")]
+    histograms: Vec<String>,
+    /// Frequency counts of keys of values; repeatable.
+    #[arg(short = 'C', long = "count", value_name = "SPEC")]
+    counts: Vec<String>,
+    /// Entries of the frequency table (all -C specs together).
+    #[arg(long, value_name = "N", default_value_t = 10240)]
+    table_size: u32,
+}
+
+/// A spec and its mode.
+struct Parsed {
+    spec: Spec,
+    hist: bool,
+}
+
+fn parse_all(args: &Args) -> anyhow::Result<Vec<Parsed>> {
+    let specs: Vec<(&String, bool)> = args
+        .histograms
+        .iter()
+        .map(|s| (s, true))
+        .chain(args.counts.iter().map(|s| (s, false)))
+        .collect();
+    if specs.is_empty() {
+        anyhow::bail!("give at least one probe: -H SPEC for a histogram, -C SPEC for counts");
+    }
+    if specs.len() > MAX_PROBES {
+        anyhow::bail!("at most {MAX_PROBES} probes may be given");
+    }
+    let format =
+        |cat: &str, event: &str| tracefs::Format::read(cat, event).map_err(|e| format!("{e}"));
+    specs
+        .into_iter()
+        .map(|(text, hist)| {
+            let spec = spec::parse(text, hist, format).map_err(|e| {
+                let flag = if hist { "-H" } else { "-C" };
+                anyhow::anyhow!("bad {flag} spec {text:?} at {e}")
+            })?;
+            Ok(Parsed { spec, hist })
+        })
+        .collect()
+}
+
+/// The program's configuration of one spec.
+fn probe(p: &Parsed, str_len: u32) -> Probe {
+    // SAFETY: every field is an integer or an array of them.
+    let mut out: Probe = unsafe { std::mem::zeroed() };
+    out.kind = p.spec.kind;
+    out.mode = if p.hist { MODE_HIST } else { MODE_COUNT };
+    out.n_values = p.spec.values.len() as u32;
+    out.n_conds = p.spec.conds.len() as u32;
+    out.need_entry = u32::from(p.spec.need_entry);
+    out.str_len = str_len;
+    for (slot, v) in out.values.iter_mut().zip(&p.spec.values) {
+        *slot = v.value;
+    }
+    for (slot, c) in out.conds.iter_mut().zip(&p.spec.conds) {
+        *slot = *c;
+    }
+    out
+}
+
+/// Attaches slot `i`'s programs for `spec`; says how, for `-v`.
+fn attach(
+    ebpf: &mut aya::Ebpf,
+    features: &mut Features,
+    i: usize,
+    spec: &Spec,
+    pid: Option<u32>,
+) -> anyhow::Result<String> {
+    let ret = spec.kind == KIND_RETURN;
+    match &spec.target {
+        Target::Tracepoint { category, event } => {
+            Hooks::new(Mechanism::Tracepoint)?.attach(
+                ebpf,
+                &format!("tracepoint_{i}"),
+                category,
+                event,
+            )?;
+            Ok(format!("tracepoint {category}:{event}"))
+        }
+        Target::Kernel { function } => {
+            features.check(Mechanism::Kprobe).map_err(|why| {
+                anyhow::anyhow!(
+                    "{:?} needs kprobes, which this kernel does not offer ({why}); \
+                     tracepoints (t:) work everywhere",
+                    spec.raw
+                )
+            })?;
+            if ret {
+                attach_kernel_fn(
+                    ebpf,
+                    &format!("kretprobe_{i}"),
+                    Mechanism::Kretprobe,
+                    function,
+                    None,
+                )?;
+            }
+            if !ret || spec.need_entry {
+                attach_kernel_fn(
+                    ebpf,
+                    &format!("kprobe_{i}"),
+                    Mechanism::Kprobe,
+                    function,
+                    None,
+                )?;
+            }
+            Ok(format!(
+                "{} {function}",
+                if ret { "kretprobe" } else { "kprobe" }
+            ))
+        }
+        Target::User { library, function } => {
+            features.check(Mechanism::Uprobe).map_err(|why| {
+                anyhow::anyhow!(
+                    "{:?} needs uprobes, which do not work here: {why}",
+                    spec.raw
+                )
+            })?;
+            let file = uprobes::resolve(library, pid)?;
+            if ret {
+                uprobes::attach(ebpf, &format!("uretprobe_{i}"), function, &file, pid)?;
+            }
+            if !ret || spec.need_entry {
+                uprobes::attach(ebpf, &format!("uprobe_{i}"), function, &file, pid)?;
+            }
+            Ok(format!(
+                "{} {function} in {}",
+                if ret { "uretprobe" } else { "uprobe" },
+                file.display()
+            ))
+        }
+    }
+}
+
+/// Text of one key's values, as bcc prints them: `size = 16, name = foo`.
+fn key_text(spec: &Spec, key: &Key) -> String {
+    if spec.default_expr {
+        return "total calls".to_owned();
+    }
+    let mut parts = Vec::new();
+    for (i, v) in spec.values.iter().enumerate() {
+        let shown = if v.value.flags & VAL_STRING != 0 {
+            output::c_string(&key.strings[v.value.str_slot as usize])
+        } else if v.ty.signed {
+            (key.values[i] as i64).to_string()
+        } else {
+            key.values[i].to_string()
+        };
+        parts.push(format!("{} = {shown}", v.text));
+    }
+    parts.join(", ")
+}
+
+/// JSON of one key's values, by expression.
+fn key_json(spec: &Spec, key: &Key) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    for (i, v) in spec.values.iter().enumerate() {
+        let val: serde_json::Value = if v.value.flags & VAL_STRING != 0 {
+            output::c_string(&key.strings[v.value.str_slot as usize]).into()
+        } else if v.ty.signed {
+            (key.values[i] as i64).into()
+        } else {
+            key.values[i].into()
+        };
+        map.insert(v.text.clone(), val);
+    }
+    map.into()
+}
+
+/// Counts since the last output, per key; `cumulative` keeps the totals.
+struct Counts {
+    prev: HashMap<Key, u64>,
+    cumulative: bool,
+}
+
+impl Counts {
+    fn read(&mut self, map: &mut BpfHashMap<&mut MapData, Key, u64>) -> Vec<(Key, u64)> {
+        let now: Vec<(Key, u64)> = map.iter().filter_map(Result::ok).collect();
+        let mut out = Vec::new();
+        for (key, total) in now {
+            let shown = if self.cumulative {
+                total
+            } else {
+                total - self.prev.get(&key).copied().unwrap_or(0).min(total)
+            };
+            if shown == 0 {
+                // Idle for a whole interval: make room in the table.
+                let _ = map.remove(&key);
+                self.prev.remove(&key);
+                continue;
+            }
+            self.prev.insert(key, total);
+            out.push((key, shown));
+        }
+        out
+    }
+}
+
+/// Runs the tool.
+pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
+    let parsed = parse_all(&args)?;
+    if let Some(pid) = args.pid {
+        super::check_pid(pid)?;
+    }
+    if let Some(tid) = args.tid {
+        super::check_tid(tid)?;
+    }
+    privs::check()?;
+
+    // SAFETY: every field is an integer or an array of them.
+    let mut cfg: Config = unsafe { std::mem::zeroed() };
+    cfg.pid = args.pid.unwrap_or(0);
+    cfg.tid = args.tid.unwrap_or(0);
+    for (slot, p) in cfg.probes.iter_mut().zip(&parsed) {
+        *slot = probe(p, args.string_size);
+    }
+    let mut loader = EbpfLoader::new();
+    loader
+        .override_global("CONFIG", &cfg, true)
+        .map_max_entries("COUNTS", args.table_size.max(1))
+        .map_max_entries("ENTRIES", super::runnable_entries());
+    let mut ebpf = loader
+        .load(objects::ARGDIST)
+        .context("cannot load the argdist program")?;
+    let mut features = Features::new();
+    for (i, p) in parsed.iter().enumerate() {
+        let how = attach(&mut ebpf, &mut features, i, &p.spec, args.pid)
+            .with_context(|| format!("cannot attach {:?}", p.spec.raw))?;
+        if global.verbose {
+            let what: Vec<String> = p.spec.values.iter().map(|v| v.text.clone()).collect();
+            eprintln!(
+                "rtrace: argdist: probe {i}: {how}: {} of {}{}{}",
+                if p.hist { "histogram" } else { "counts" },
+                what.join(", "),
+                if p.spec.conds.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} comparison(s) in the filter", p.spec.conds.len())
+                },
+                if p.spec.need_entry {
+                    ", with an entry probe"
+                } else {
+                    ""
+                },
+            );
+        }
+    }
+    let mut signals = Signals::new()?;
+    signals.stop_after(args.duration);
+    eprintln!("Tracing {} probe(s)... Hit Ctrl-C to end.", parsed.len());
+
+    let mut counts = Counts {
+        prev: HashMap::new(),
+        cumulative: args.cumulative,
+    };
+    let mut prev_hists: Vec<Snapshot> = vec![Snapshot::default(); parsed.len()];
+    let intervals = output::IntervalArgs {
+        interval: Some(args.interval),
+        count: args.count,
+        timestamp: false,
+    };
+    output::run_intervals(&intervals, &mut signals, |_, last| {
+        let mut by_probe: Vec<Vec<(Key, u64)>> = vec![Vec::new(); parsed.len()];
+        if parsed.iter().any(|p| !p.hist) {
+            let mut map: BpfHashMap<_, Key, u64> =
+                BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
+            for (key, n) in counts.read(&mut map) {
+                if let Some(v) = by_probe.get_mut(key.probe as usize) {
+                    v.push((key, n));
+                }
+            }
+        }
+        let hists: PerCpuArray<_, Hist> =
+            PerCpuArray::try_from(ebpf.map("HISTS").context("map HISTS missing")?)?;
+        let mut text = format!("[{}]\n", output::hms());
+        let mut json = Vec::new();
+        for (i, p) in parsed.iter().enumerate() {
+            if p.hist {
+                let mut now = Snapshot::default();
+                for h in hists.get(&(i as u32), 0)?.iter() {
+                    now.add(h);
+                }
+                let shown = if args.cumulative {
+                    now.clone()
+                } else {
+                    now.since(&prev_hists[i])
+                };
+                prev_hists[i] = now;
+                let unit = p.spec.label.as_deref().unwrap_or(&p.spec.values[0].text);
+                let _ = writeln!(text, "{}", p.spec.name());
+                text.push_str(&output::hist::render_log2(&shown.log2(), unit));
+                json.push(serde_json::json!({
+                    "spec": p.spec.raw,
+                    "label": p.spec.label,
+                    "type": "histogram",
+                    "histogram": shown.to_json(unit),
+                }));
+            } else {
+                let mut rows = std::mem::take(&mut by_probe[i]);
+                rows.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+                if let Some(top) = args.top {
+                    rows.drain(..rows.len().saturating_sub(top));
+                }
+                let _ = writeln!(text, "{}", p.spec.name());
+                let _ = writeln!(text, "\t{:<10} EVENT", "COUNT");
+                for (key, n) in &rows {
+                    let _ = writeln!(text, "\t{n:<10} {}", key_text(&p.spec, key));
+                }
+                json.push(serde_json::json!({
+                    "spec": p.spec.raw,
+                    "label": p.spec.label,
+                    "type": "counts",
+                    "counts": rows.iter().map(|(key, n)| serde_json::json!({
+                        "count": n,
+                        "values": key_json(&p.spec, key),
+                    })).collect::<Vec<_>>(),
+                }));
+            }
+        }
+        if global.json {
+            output::json_line(&serde_json::json!({
+                "tool": "argdist",
+                "time": output::hms(),
+                "timestamp": output::epoch_secs(),
+                "probes": json,
+            }))?;
+        } else {
+            output::write_text(&text)?;
+        }
+        if last {
+            let names = ["count table full", "calls in flight table full"];
+            let errs = output::read_errors(&ebpf, &names[..ERR_SLOTS as usize])?;
+            let hint = ["(raise --table-size)", "(returns went uncounted)"];
+            for ((name, n), hint) in names.iter().zip(&errs).zip(hint) {
+                if *n > 0 {
+                    eprintln!("rtrace: warning: {n} events lost: {name} {hint}");
+                }
+            }
+        }
+        Ok(())
+    })
+    .await
+}
