@@ -13,7 +13,8 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 /// (linux-perf) are the peers the benchmarks compare against, util-linux has setpriv for the
 /// capability test, and qemu, busybox, cpio and xz (for the guests' loop
 /// module) run the other kernels of `vm-test`.
-const PACKAGES: [&str; 10] = [
+const PACKAGES: [&str; 11] = [
+    "bpftrace",
     "dwarves",
     "e2fsprogs",
     "libbpf-tools",

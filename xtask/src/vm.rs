@@ -177,10 +177,9 @@ fn copy_into(tree: &Path, from: &Path, to: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The guest's `/init`: mounts what tracing needs, prints the doctor, runs
-/// every test executable and powers off.
-fn init_script(filter: &[String]) -> String {
-    let filter = filter.join(" ");
+/// The guest's `/init`: mounts what tracing needs, runs `body` and powers
+/// off.
+fn init_script(body: &str) -> String {
     format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -198,8 +197,19 @@ mount -t cgroup2 nodev /sys/fs/cgroup
 ip link set lo up
 insmod /lib/modules/$(uname -r)/loop.ko 2>/dev/null
 ulimit -l unlimited
-expect=$(sed -n 's/.*rtrace\.expect=\([^ ]*\).*/\1/p' /proc/cmdline)
 echo "{MARK} kernel $(uname -r)"
+{body}
+echo "{MARK} done"
+poweroff -f
+"#
+    )
+}
+
+/// The test run's part of `/init`: the doctor, then every test executable.
+fn test_body(filter: &[String]) -> String {
+    let filter = filter.join(" ");
+    format!(
+        r#"expect=$(sed -n 's/.*rtrace\.expect=\([^ ]*\).*/\1/p' /proc/cmdline)
 echo "{MARK} doctor"
 /t/rtrace doctor
 for t in /t/deps/*; do
@@ -207,10 +217,7 @@ for t in /t/deps/*; do
     echo "{MARK} run $name"
     RTRACE_BIN=/t/rtrace RTRACE_EXPECT_MECHANISMS="$expect" "$t" --test-threads=1 {filter} 2>&1
     echo "{MARK} exit $name $?"
-done
-echo "{MARK} done"
-poweroff -f
-"#
+done"#
     )
 }
 
@@ -255,7 +262,8 @@ fn loop_module(tree: &Path, image: &Path) -> anyhow::Result<()> {
 /// Builds the initramfs shared by every kernel.
 fn initramfs(
     rtrace: &Path,
-    filter: &[String],
+    init: &str,
+    extra: &[&str],
     kernels: &[&Path],
     dir: &Path,
 ) -> anyhow::Result<PathBuf> {
@@ -303,9 +311,12 @@ fn initramfs(
     // The capability test drops privileges with setpriv; execsnoop's tests
     // copy a real `true` (busybox's applets only answer to their names);
     // ext4slower's make a file system with mke2fs.
-    for tool in ["/usr/bin/setpriv", "/usr/bin/true", "/usr/sbin/mke2fs"] {
+    for tool in ["/usr/bin/setpriv", "/usr/bin/true", "/usr/sbin/mke2fs"]
+        .iter()
+        .chain(extra)
+    {
         if Path::new(tool).exists() {
-            elves.push((PathBuf::from(tool), tool.to_owned()));
+            elves.push((PathBuf::from(tool), (*tool).to_owned()));
         }
     }
     for image in kernels {
@@ -319,9 +330,9 @@ fn initramfs(
     for lib in libs {
         copy_into(&tree, &lib, &lib.to_string_lossy())?;
     }
-    let init = tree.join("init");
-    fs::write(&init, init_script(filter))?;
-    run(Command::new("chmod").arg("755").arg(&init))?;
+    let init_path = tree.join("init");
+    fs::write(&init_path, init)?;
+    run(Command::new("chmod").arg("755").arg(&init_path))?;
 
     let image = dir.join("initramfs.cpio.gz");
     run(Command::new("sh")
@@ -479,8 +490,22 @@ fn suite(exe: &str) -> &str {
     exe.rsplit_once('-').map_or(exe, |(s, _)| s)
 }
 
-/// Runs the matrix; `filter` goes to every test executable.
-pub fn run_matrix(filter: &[String]) -> anyhow::Result<()> {
+/// One guest's run: its package, its console and whether it hung.
+pub struct GuestRun {
+    /// The kernel package booted.
+    pub package: String,
+    /// The console output.
+    pub log: String,
+    /// Whether it ran over the time limit and was killed.
+    pub timed_out: bool,
+    /// How long it ran.
+    pub elapsed: Duration,
+}
+
+/// Boots every kernel of the matrix with an initramfs whose `/init` runs
+/// `body` (busybox sh; `{MARK}` lines go to the host's stderr as progress),
+/// with the host files `extra` and their libraries copied in.
+pub fn boot_all(body: &str, extra: &[&str]) -> anyhow::Result<Vec<GuestRun>> {
     let rtrace = crate::build()?;
     let work = root().join("target/vm");
     fs::create_dir_all(&work)?;
@@ -494,14 +519,36 @@ pub fn run_matrix(filter: &[String]) -> anyhow::Result<()> {
         .iter()
         .map(|(_, image, _)| image.as_path())
         .collect();
-    let initrd = initramfs(&rtrace, filter, &images, &work)?;
-    let mut outcomes = Vec::new();
-    let mut failed = false;
+    let initrd = initramfs(&rtrace, &init_script(body), extra, &images, &work)?;
+    let mut runs = Vec::new();
     for (package, image, expect) in kernels {
-        eprintln!("xtask: vm-test: booting {package}");
+        eprintln!("xtask: vm: booting {package}");
         let start = Instant::now();
         let (log, timed_out) = boot(&image, &initrd, expect)?;
         fs::write(work.join(format!("{package}.log")), &log)?;
+        runs.push(GuestRun {
+            package,
+            log,
+            timed_out,
+            elapsed: start.elapsed(),
+        });
+    }
+    Ok(runs)
+}
+
+/// Runs the matrix; `filter` goes to every test executable.
+pub fn run_matrix(filter: &[String]) -> anyhow::Result<()> {
+    let work = root().join("target/vm");
+    let runs = boot_all(&test_body(filter), &[])?;
+    let mut outcomes = Vec::new();
+    let mut failed = false;
+    for GuestRun {
+        package,
+        log,
+        timed_out,
+        elapsed,
+    } in runs
+    {
         let outcome = parse(&log);
         let ok = !timed_out
             && outcome.finished
@@ -511,7 +558,7 @@ pub fn run_matrix(filter: &[String]) -> anyhow::Result<()> {
         eprintln!(
             "xtask: vm-test: {package}: {} in {:.0} s",
             if ok { "passed" } else { "FAILED" },
-            start.elapsed().as_secs_f64()
+            elapsed.as_secs_f64()
         );
         if !ok {
             failed = true;
