@@ -312,6 +312,56 @@ impl Drop for TestCgroup {
     }
 }
 
+/// What [`trace_workload`] saw: rtrace's stdout and stderr, and what the
+/// workload's `done` line said.
+pub struct Traced {
+    /// rtrace's stdout.
+    pub stdout: String,
+    /// rtrace's stderr.
+    pub stderr: String,
+    /// The workload's account of its work.
+    pub done: String,
+}
+
+/// Runs workload `name ARGS` under `rtrace TOOL_ARGS -p PID`: the workload
+/// starts first so that rtrace can be pointed at it, works once rtrace is
+/// tracing, and rtrace is stopped with `signal` `settle` after it is done.
+/// rtrace must exit 0 without reporting lost events.
+pub fn trace_workload(
+    name: &str,
+    args: &[String],
+    tool_args: &[&str],
+    settle: Duration,
+    signal: i32,
+) -> Traced {
+    let (mut work, ready) = Workload::start(name, args);
+    assert_eq!(ready.trim(), "ready");
+    let pid = work.pid().to_string();
+    let mut full = tool_args.to_vec();
+    full.extend_from_slice(&["-p", &pid]);
+    let rtrace = Rtrace::start(&full);
+    let done = work.go();
+    work.wait();
+    std::thread::sleep(settle);
+    let (code, stdout, stderr) = rtrace.stop(signal);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(!stderr.contains("lost"), "{stderr}");
+    Traced {
+        stdout,
+        stderr,
+        done,
+    }
+}
+
+/// Asserts that `rtrace ARGS` fails with one line on stderr containing
+/// `want`.
+pub fn assert_one_line_error(args: &[&str], want: &str) {
+    let (code, _, stderr) = run(args);
+    assert_ne!(code, 0, "{args:?}");
+    assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    assert!(stderr.contains(want), "{args:?}: {stderr}");
+}
+
 /// Whether attach mechanism `name` (as `doctor` names it) works here.
 ///
 /// In the VM matrix, `RTRACE_EXPECT_MECHANISMS` lists what the guest

@@ -3,10 +3,10 @@
 //! (syscall tracepoints), and against kernel functions where the kernel
 //! has kprobes (the VM matrix).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use rtrace_integration_tests::{
-    Rtrace, SIGINT, Workload, json_lines, mechanism_works, run, workload_bin,
+    SIGINT, Traced, json_lines, mechanism_works, run, trace_workload, workload_bin,
 };
 
 fn fixture() -> String {
@@ -16,25 +16,23 @@ fn fixture() -> String {
 /// Runs `argfix MODE` under `rtrace argdist ARGS -p PID --json`; returns
 /// the JSON outputs and the fixture's account, split at commas and colons.
 fn traced(mode: &str, args: &[&str]) -> (Vec<serde_json::Value>, Vec<Vec<String>>) {
-    let (mut work, ready) = Workload::start("argfix", &[mode.to_owned()]);
-    assert_eq!(ready.trim(), "ready");
-    let pid = work.pid().to_string();
-    let mut full = vec!["argdist", "--json", "-p", &pid];
+    let mut full = vec!["argdist", "--json"];
     full.extend_from_slice(args);
-    let rtrace = Rtrace::start(&full);
-    let done = work.go();
-    work.wait();
     // Let at least one interval end after the work, so that the
     // non-cumulative runs show their sums across intervals.
-    std::thread::sleep(std::time::Duration::from_millis(1200));
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "stderr: {stderr}");
-    assert!(!stderr.contains("lost"), "{stderr}");
-    let did = done
+    let t = trace_workload(
+        "argfix",
+        &[mode.to_owned()],
+        &full,
+        Duration::from_millis(1200),
+        SIGINT,
+    );
+    let did = t
+        .done
         .split(',')
         .map(|t| t.split(':').map(str::to_owned).collect())
         .collect();
-    (json_lines(&stdout), did)
+    (json_lines(&t.stdout), did)
 }
 
 /// Counts of probe `probe`, summed over every output, by the key's values
@@ -180,18 +178,17 @@ fn latency_histogram_of_sleeps() {
 /// A string filter with bcc's STRCMP, and the text layout.
 #[test]
 fn string_filter_and_text_layout() {
-    let (mut work, _) = Workload::start("argfix", &["calls".to_owned()]);
-    let pid = work.pid().to_string();
     let spec = format!(
         "p:{}:argfix_target(u64 size, char *name):u64:size:STRCMP(\"beta\", name)#beta sizes",
         fixture()
     );
-    let rtrace = Rtrace::start(&["argdist", "-c", "-p", &pid, "-C", &spec]);
-    let done = work.go();
-    work.wait();
-    std::thread::sleep(std::time::Duration::from_millis(1200));
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
+    let Traced { stdout, done, .. } = trace_workload(
+        "argfix",
+        &["calls".to_owned()],
+        &["argdist", "-c", "-C", &spec],
+        Duration::from_millis(1200),
+        SIGINT,
+    );
     let last = stdout.rsplit_once("beta sizes\n").unwrap().1;
     let mut lines = last.lines();
     assert_eq!(lines.next().unwrap(), "\tCOUNT      EVENT");

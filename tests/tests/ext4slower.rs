@@ -4,7 +4,8 @@
 //! matrix.
 
 use rtrace_integration_tests::{
-    Mount, Rtrace, SIGHUP, SIGINT, SIGTERM, Workload, json_lines, mechanism_works, run,
+    Mount, Rtrace, SIGHUP, SIGINT, SIGTERM, Traced, assert_one_line_error, json_lines,
+    mechanism_works, run, trace_workload,
 };
 
 /// One operation: (type, bytes, offset in bytes); -1 bytes is a sync of
@@ -15,18 +16,19 @@ type Op = (String, i64, i64);
 /// ARGS`, stopped with `signal`; returns rtrace's stdout and stderr, the
 /// file's name and the operations the workload says it did.
 fn traced(dir: &str, args: &[&str], signal: i32) -> (String, String, String, Vec<Op>) {
-    let (mut work, ready) = Workload::start("fileops", &[dir.to_owned(), "ops".to_owned()]);
-    assert_eq!(ready.trim(), "ready");
-    let pid = work.pid().to_string();
-    let mut full = vec!["ext4slower", "-p", &pid];
+    let mut full = vec!["ext4slower"];
     full.extend_from_slice(args);
-    let rtrace = Rtrace::start(&full);
-    let done = work.go();
-    work.wait();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let (code, stdout, stderr) = rtrace.stop(signal);
-    assert_eq!(code, 0, "stderr: {stderr}");
-    assert!(!stderr.contains("lost"), "{stderr}");
+    let Traced {
+        stdout,
+        stderr,
+        done,
+    } = trace_workload(
+        "fileops",
+        &[dir.to_owned(), "ops".to_owned()],
+        &full,
+        std::time::Duration::from_millis(200),
+        signal,
+    );
     let (name, did) = done.split_once(' ').unwrap();
     let ops = did
         .split(',')
@@ -185,19 +187,12 @@ fn duration_ends_the_run() {
 
 #[test]
 fn bad_input_gets_one_line_and_nonzero_exit() {
-    for (args, want) in [
-        (&["ext4slower", "-p", "999999999"][..], "no such process"),
-        (&["ext4slower", "--", "-3"][..], "bad threshold"),
-        (
-            &["ext4slower", "--attach", "tp_btf"][..],
-            "cannot attach with tp_btf",
-        ),
-    ] {
-        let (code, _, stderr) = run(args);
-        assert_ne!(code, 0, "{args:?}");
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(stderr.contains(want), "{args:?}: {stderr}");
-    }
+    assert_one_line_error(&["ext4slower", "-p", "999999999"], "no such process");
+    assert_one_line_error(&["ext4slower", "--", "-3"], "bad threshold");
+    assert_one_line_error(
+        &["ext4slower", "--attach", "tp_btf"],
+        "cannot attach with tp_btf",
+    );
     let (code, _, stderr) = run(&["ext4slower", "--bogus"]);
     assert_eq!(code, 2, "{stderr}");
 }
