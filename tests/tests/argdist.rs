@@ -6,7 +6,8 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use rtrace_integration_tests::{
-    SIGINT, Traced, json_lines, mechanism_works, run, trace_workload, workload_bin,
+    Rtrace, SIGINT, Traced, Workload, json_lines, mechanism_works, run, trace_workload,
+    workload_bin,
 };
 
 fn fixture() -> String {
@@ -310,4 +311,41 @@ fn bad_specs_point_at_the_column() {
     ]);
     assert_ne!(code, 0);
     assert!(stderr.contains("no such process"), "{stderr}");
+}
+
+/// `-n` ends the run after that many outputs, `-T` keeps the most frequent
+/// keys, `-z` cuts strings to that many bytes with their NUL, and `-t`
+/// traces one thread (the fixture's main thread, whose id is its pid).
+#[test]
+fn output_count_top_string_size_and_thread() {
+    let spec = format!(
+        "p:{}:argfix_target(u64 size, char *name):char*:name",
+        fixture()
+    );
+    let (mut work, _) = Workload::start("argfix", &["calls".to_owned()]);
+    let pid = work.pid().to_string();
+    let rtrace = Rtrace::start(&[
+        "argdist", "--json", "-c", "-i", "1", "-n", "3", "-T", "2", "-z", "3", "-t", &pid, "-C",
+        &spec,
+    ]);
+    let done = work.go();
+    work.wait();
+    let (code, stdout, stderr) = rtrace.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let outputs = json_lines(&stdout);
+    assert_eq!(outputs.len(), 3, "{stdout}");
+    let mut by_prefix: BTreeMap<String, u64> = BTreeMap::new();
+    for d in done.split(',') {
+        let f: Vec<&str> = d.split(':').collect();
+        *by_prefix.entry(f[1][..2].to_owned()).or_default() += f[2].parse::<u64>().unwrap();
+    }
+    let mut ranked: Vec<(String, u64)> = by_prefix.into_iter().collect();
+    ranked.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let want: BTreeMap<String, u64> = ranked
+        .into_iter()
+        .take(2)
+        .map(|(name, n)| (serde_json::json!({ "name": name }).to_string(), n))
+        .collect();
+    let last = &outputs[2..];
+    assert_eq!(summed_counts(last, 0), want, "{stdout}");
 }

@@ -144,7 +144,7 @@ fn number(v: &Value, s: &Sources) -> u64 {
     }
 }
 
-/// A string value into `buf`, NUL-padded, cut to `len` bytes.
+/// A string value into `buf`, NUL-padded, cut to `len` bytes with its NUL.
 #[inline(always)]
 fn string(v: &Value, s: &Sources, len: u32, buf: &mut [u8; STR_LEN]) {
     *buf = [0; STR_LEN];
@@ -170,8 +170,9 @@ fn string(v: &Value, s: &Sources, len: u32, buf: &mut [u8; STR_LEN]) {
             }
         }
     }
+    // `len` bytes hold `len - 1` characters and the NUL, as in bcc.
     for (i, b) in buf.iter_mut().enumerate() {
-        if i as u32 >= len || i == STR_LEN - 1 {
+        if i as u32 + 1 >= len {
             *b = 0;
         }
     }

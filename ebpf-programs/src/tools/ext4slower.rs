@@ -77,17 +77,21 @@ fn on_ext4(file: *const u8) -> bool {
     read_kernel::<u64>(sb, o.s_magic).is_ok_and(|m| m == EXT4_SUPER_MAGIC)
 }
 
-/// Times the current thread's operation, which returned `ret`, and sends
-/// it if slow enough. `file` is the open's new file where entry had none.
+/// The current thread's operation in flight, taken out of the table.
 #[inline(always)]
-fn exit<C: EbpfContext>(ctx: &C, ret: i64, file: Option<*const u8>) {
+fn take_entry() -> Option<Entry> {
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(e) = STARTS.get_ptr(tid) else {
-        return;
-    };
+    let e = STARTS.get_ptr(tid)?;
     // SAFETY: a STARTS value, copied before it is removed.
     let entry = unsafe { *e };
     let _ = STARTS.remove(tid);
+    Some(entry)
+}
+
+/// Times `entry`, whose operation returned `ret`, and sends it if slow
+/// enough. `file` is the open's new file where entry had none.
+#[inline(always)]
+fn exit<C: EbpfContext>(ctx: &C, entry: Entry, ret: i64, file: Option<*const u8>) {
     if ret < 0 {
         return;
     }
@@ -128,6 +132,19 @@ fn exit<C: EbpfContext>(ctx: &C, ret: i64, file: Option<*const u8>) {
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut event.name) };
     }
     emit(&EVENTS, ctx, &LOST, &event);
+}
+
+/// The return of an fexit or kretprobe: `ret` as the function's type
+/// gives it, open and fsync returning an int.
+#[inline(always)]
+fn function_exit<C: EbpfContext>(ctx: &C, ret: i64) {
+    let Some(entry) = take_entry() else { return };
+    let ret = if matches!(entry.op, OP_OPEN | OP_FSYNC) {
+        i64::from(ret as i32)
+    } else {
+        ret
+    };
+    exit(ctx, entry, ret, None);
 }
 
 /// The file and position of a `struct kiocb`.
@@ -182,25 +199,25 @@ pub fn fentry_sync(ctx: FEntryContext) -> u32 {
 
 #[fexit(function = "ext4_file_read_iter")]
 pub fn fexit_read(ctx: FExitContext) -> u32 {
-    exit(&ctx, ctx.arg(2), None);
+    function_exit(&ctx, ctx.arg(2));
     0
 }
 
 #[fexit(function = "ext4_file_write_iter")]
 pub fn fexit_write(ctx: FExitContext) -> u32 {
-    exit(&ctx, ctx.arg(2), None);
+    function_exit(&ctx, ctx.arg(2));
     0
 }
 
 #[fexit(function = "ext4_file_open")]
 pub fn fexit_open(ctx: FExitContext) -> u32 {
-    exit(&ctx, i64::from(ctx.arg::<i32>(2)), None);
+    function_exit(&ctx, ctx.arg(2));
     0
 }
 
 #[fexit(function = "ext4_sync_file")]
 pub fn fexit_sync(ctx: FExitContext) -> u32 {
-    exit(&ctx, i64::from(ctx.arg::<i32>(4)), None);
+    function_exit(&ctx, ctx.arg(4));
     0
 }
 
@@ -242,14 +259,7 @@ pub fn kprobe_sync(ctx: ProbeContext) -> u32 {
 /// One return probe serves all four functions: the entry says which.
 #[kretprobe]
 pub fn kretprobe_ext4(ctx: RetProbeContext) -> u32 {
-    let ret: i64 = ctx.ret();
-    // open and fsync return an int.
-    let ret = match STARTS.get_ptr(bpf_get_current_pid_tgid() as u32) {
-        // SAFETY: a STARTS value.
-        Some(e) if matches!(unsafe { (*e).op }, OP_OPEN | OP_FSYNC) => i64::from(ret as i32),
-        _ => ret,
-    };
-    exit(&ctx, ret, None);
+    function_exit(&ctx, ctx.ret());
     0
 }
 
@@ -349,12 +359,8 @@ pub fn tp_sys_exit(ctx: TracePointContext) -> u32 {
     let at = global(&CONFIG).sys_ret;
     // SAFETY: the offset comes from the tracepoint's format file.
     let ret = unsafe { ctx.read_at::<i64>(at as usize) }.unwrap_or(-1);
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let file = match STARTS.get_ptr(tid) {
-        // SAFETY: a STARTS value.
-        Some(e) if unsafe { (*e).op } == OP_OPEN => Some(file_of_fd(&global(&CONFIG).file.fd, ret)),
-        _ => None,
-    };
-    exit(&ctx, ret, file);
+    let Some(entry) = take_entry() else { return 0 };
+    let file = (entry.op == OP_OPEN).then(|| file_of_fd(&global(&CONFIG).file.fd, ret));
+    exit(&ctx, entry, ret, file);
     0
 }
