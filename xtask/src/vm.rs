@@ -446,6 +446,7 @@ fn parse(log: &str) -> Outcome {
     };
     let mut current = String::new();
     let mut in_doctor = false;
+    let mut pending: Option<String> = None;
     for line in log.lines() {
         // The console may prefix the first line with terminal escapes.
         if let Some(at) = line.find(MARK) {
@@ -471,15 +472,26 @@ fn parse(log: &str) -> Outcome {
             out.doctor.push_str(line);
             out.doctor.push('\n');
         }
-        // libtest: "test name ... ok" / "test name ... FAILED"
+        // libtest: "test name ... ok" / "test name ... FAILED". Kernel
+        // messages on the console may split the line; the verdict then
+        // stands alone on a later line.
+        let verdict = |r: &str| match r.trim() {
+            "ok" => Some(true),
+            "FAILED" => Some(false),
+            _ => None,
+        };
         if let Some(t) = line.strip_prefix("test ")
-            && let Some((name, result)) = t.rsplit_once(" ... ")
+            && let Some((name, result)) = t.split_once(" ... ")
         {
-            match result.trim() {
-                "ok" => out.tests.push((current.clone(), name.to_owned(), true)),
-                "FAILED" => out.tests.push((current.clone(), name.to_owned(), false)),
-                _ => {}
+            let tail = result.rsplit(']').next().unwrap_or(result);
+            match verdict(result).or_else(|| verdict(tail)) {
+                Some(ok) => out.tests.push((current.clone(), name.to_owned(), ok)),
+                None => pending = Some(name.to_owned()),
             }
+        } else if let Some(ok) = verdict(line)
+            && let Some(name) = pending.take()
+        {
+            out.tests.push((current.clone(), name, ok));
         }
     }
     out
