@@ -45,15 +45,26 @@ static STARTS: HashMap<u32, Entry> = HashMap::with_max_entries(65536, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
 
-/// Stores an operation at entry, unless `-p` rules its process out.
+/// Whether the current process is traced: `-p` allows it, and it is not
+/// rtrace itself.
+#[inline(always)]
+fn traced() -> bool {
+    let cfg = global(&CONFIG);
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    (cfg.pid == 0 || pid == cfg.pid) && pid != cfg.self_pid
+}
+
+/// Stores an operation at entry, unless its process is not traced.
 #[inline(always)]
 fn enter(op: u32, file: *const u8, pos: i64, span: i64) {
-    let id = bpf_get_current_pid_tgid();
-    let cfg = global(&CONFIG);
-    let pid = (id >> 32) as u32;
-    if (cfg.pid != 0 && pid != cfg.pid) || pid == cfg.self_pid {
-        return;
+    if traced() {
+        store(op, file, pos, span);
     }
+}
+
+/// Stores an operation of a traced process at entry.
+#[inline(always)]
+fn store(op: u32, file: *const u8, pos: i64, span: i64) {
     let entry = Entry {
         // SAFETY: the helper has no preconditions.
         start_ns: unsafe { bpf_ktime_get_ns() },
@@ -63,7 +74,10 @@ fn enter(op: u32, file: *const u8, pos: i64, span: i64) {
         op,
         _pad: 0,
     };
-    if STARTS.insert(id as u32, entry, 0).is_err() {
+    if STARTS
+        .insert(bpf_get_current_pid_tgid() as u32, entry, 0)
+        .is_err()
+    {
         count_error(&LOST, LOST_TABLE);
     }
 }
@@ -295,6 +309,11 @@ fn sys_arg(ctx: &TracePointContext, n: u32) -> i64 {
 /// the file's own position.
 #[inline(always)]
 fn sys_enter_rw(ctx: &TracePointContext, op: u32, pos_arg: Option<u32>) {
+    // Every process's reads and writes come here: rule out the untraced
+    // before the walk to the file.
+    if !traced() {
+        return;
+    }
     let file = file_of_fd(&global(&CONFIG).file.fd, sys_arg(ctx, 0));
     if file.is_null() || !on_ext4(file) {
         return;
@@ -303,7 +322,7 @@ fn sys_enter_rw(ctx: &TracePointContext, op: u32, pos_arg: Option<u32>) {
         Some(n) => sys_arg(ctx, n),
         None => read_kernel::<i64>(file, global(&CONFIG).file.f_pos).unwrap_or(0),
     };
-    enter(op, file, pos, 0);
+    store(op, file, pos, 0);
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_read")]
@@ -357,9 +376,12 @@ pub fn tp_sys_enter_fdatasync(ctx: TracePointContext) -> u32 {
 /// fsync(2) and fdatasync(2) sync the whole file.
 #[inline(always)]
 fn sys_enter_sync(ctx: &TracePointContext) {
+    if !traced() {
+        return;
+    }
     let file = file_of_fd(&global(&CONFIG).file.fd, sys_arg(ctx, 0));
     if !file.is_null() && on_ext4(file) {
-        enter(OP_FSYNC, file, 0, WHOLE_FILE);
+        store(OP_FSYNC, file, 0, WHOLE_FILE);
     }
 }
 
