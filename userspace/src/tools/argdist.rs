@@ -216,39 +216,37 @@ fn attach(
     }
 }
 
+/// One key's values by expression, as JSON numbers or strings.
+fn key_values(spec: &Spec, key: &Key) -> serde_json::Map<String, serde_json::Value> {
+    spec.values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let val: serde_json::Value = if v.value.flags & VAL_STRING != 0 {
+                output::c_string(&key.strings[v.value.str_slot as usize]).into()
+            } else if v.ty.signed {
+                (key.values[i] as i64).into()
+            } else {
+                key.values[i].into()
+            };
+            (v.text.clone(), val)
+        })
+        .collect()
+}
+
 /// Text of one key's values, as bcc prints them: `size = 16, name = foo`.
-fn key_text(spec: &Spec, key: &Key) -> String {
+fn key_text(spec: &Spec, values: &serde_json::Map<String, serde_json::Value>) -> String {
     if spec.default_expr {
         return "total calls".to_owned();
     }
-    let mut parts = Vec::new();
-    for (i, v) in spec.values.iter().enumerate() {
-        let shown = if v.value.flags & VAL_STRING != 0 {
-            output::c_string(&key.strings[v.value.str_slot as usize])
-        } else if v.ty.signed {
-            (key.values[i] as i64).to_string()
-        } else {
-            key.values[i].to_string()
-        };
-        parts.push(format!("{} = {shown}", v.text));
-    }
+    let parts: Vec<String> = values
+        .iter()
+        .map(|(name, v)| match v {
+            serde_json::Value::String(s) => format!("{name} = {s}"),
+            other => format!("{name} = {other}"),
+        })
+        .collect();
     parts.join(", ")
-}
-
-/// JSON of one key's values, by expression.
-fn key_json(spec: &Spec, key: &Key) -> serde_json::Value {
-    let mut map = serde_json::Map::new();
-    for (i, v) in spec.values.iter().enumerate() {
-        let val: serde_json::Value = if v.value.flags & VAL_STRING != 0 {
-            output::c_string(&key.strings[v.value.str_slot as usize]).into()
-        } else if v.ty.signed {
-            (key.values[i] as i64).into()
-        } else {
-            key.values[i].into()
-        };
-        map.insert(v.text.clone(), val);
-    }
-    map.into()
 }
 
 /// Counts since the last output, per key; `cumulative` keeps the totals.
@@ -371,34 +369,44 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 };
                 prev_hists[i] = now;
                 let unit = p.spec.label.as_deref().unwrap_or(&p.spec.values[0].text);
-                let _ = writeln!(text, "{}", p.spec.name());
-                text.push_str(&output::hist::render_log2(&shown.log2(), unit));
-                json.push(serde_json::json!({
-                    "spec": p.spec.raw,
-                    "label": p.spec.label,
-                    "type": "histogram",
-                    "histogram": shown.to_json(unit),
-                }));
+                if global.json {
+                    json.push(serde_json::json!({
+                        "spec": p.spec.raw,
+                        "label": p.spec.label,
+                        "type": "histogram",
+                        "histogram": shown.to_json(unit),
+                    }));
+                } else {
+                    let _ = writeln!(text, "{}", p.spec.name());
+                    text.push_str(&output::hist::render_log2(&shown.log2(), unit));
+                }
             } else {
                 let mut rows = std::mem::take(&mut by_probe[i]);
                 rows.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
                 if let Some(top) = args.top {
                     rows.drain(..rows.len().saturating_sub(top));
                 }
-                let _ = writeln!(text, "{}", p.spec.name());
-                let _ = writeln!(text, "\t{:<10} EVENT", "COUNT");
-                for (key, n) in &rows {
-                    let _ = writeln!(text, "\t{n:<10} {}", key_text(&p.spec, key));
+                let rows: Vec<(u64, serde_json::Map<String, serde_json::Value>)> = rows
+                    .iter()
+                    .map(|(key, n)| (*n, key_values(&p.spec, key)))
+                    .collect();
+                if global.json {
+                    json.push(serde_json::json!({
+                        "spec": p.spec.raw,
+                        "label": p.spec.label,
+                        "type": "counts",
+                        "counts": rows.into_iter().map(|(n, values)| serde_json::json!({
+                            "count": n,
+                            "values": values,
+                        })).collect::<Vec<_>>(),
+                    }));
+                } else {
+                    let _ = writeln!(text, "{}", p.spec.name());
+                    let _ = writeln!(text, "\t{:<10} EVENT", "COUNT");
+                    for (n, values) in &rows {
+                        let _ = writeln!(text, "\t{n:<10} {}", key_text(&p.spec, values));
+                    }
                 }
-                json.push(serde_json::json!({
-                    "spec": p.spec.raw,
-                    "label": p.spec.label,
-                    "type": "counts",
-                    "counts": rows.iter().map(|(key, n)| serde_json::json!({
-                        "count": n,
-                        "values": key_json(&p.spec, key),
-                    })).collect::<Vec<_>>(),
-                }));
             }
         }
         if global.json {
@@ -412,14 +420,12 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             output::write_text(&text)?;
         }
         if last {
-            let names = ["count table full", "calls in flight table full"];
-            let errs = output::read_errors(&ebpf, &names[..ERR_SLOTS as usize])?;
-            let hint = ["(raise --table-size)", "(returns went uncounted)"];
-            for ((name, n), hint) in names.iter().zip(&errs).zip(hint) {
-                if *n > 0 {
-                    eprintln!("rtrace: warning: {n} events lost: {name} {hint}");
-                }
-            }
+            let names = [
+                "events lost: the count table was full (raise --table-size)",
+                "returns uncounted: the table of calls in flight was full",
+            ];
+            debug_assert_eq!(names.len(), ERR_SLOTS as usize);
+            output::report_errors(&names, &output::read_errors(&ebpf, &names)?);
         }
         Ok(())
     })
