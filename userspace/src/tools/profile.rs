@@ -314,26 +314,20 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     }
 
     let mut signals = Signals::new()?;
+    signals.stop_after(args.duration);
     eprintln!("{}", header(&args, event, freq));
     let started = Instant::now();
     let started_epoch = output::epoch_secs();
     let mut sym = Symbolizer::new();
     let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
-    let run = stream.run(&mut signals, |bytes| {
-        if let Some(seen) = events::record::<Seen>(bytes) {
-            sym.capture(seen.tgid, false);
-        }
-        Ok(true)
-    });
-    match args.duration {
-        Some(secs) => {
-            tokio::select! {
-                r = run => r?,
-                () = tokio::time::sleep(Duration::from_secs(secs)) => {}
+    stream
+        .run(&mut signals, |bytes| {
+            if let Some(seen) = events::record::<Seen>(bytes) {
+                sym.capture(seen.tgid, false);
             }
-        }
-        None => run.await?,
-    }
+            Ok(true)
+        })
+        .await?;
     let elapsed = started.elapsed();
 
     // Stop sampling before reading, so the report is one consistent cut.
