@@ -104,7 +104,7 @@ fn disk_by_name(name: &str) -> anyhow::Result<u32> {
 
 /// Offsets into `struct request` and on to its disk, from BTF.
 fn request_offsets(btf: &KernelBtf) -> Result<RequestOffsets, crate::btf::BtfError> {
-    let req = |s: &str, m: &str| btf.member_any(s, &[m]).map(|i| i.offset);
+    let req = |s: &str, m: &str| btf.offset(s, m);
     let opt = |s: &str, m: &str| req(s, m).unwrap_or(MISSING);
     let q_disk = opt("request_queue", "disk");
     let rq_disk = opt("request", "rq_disk");

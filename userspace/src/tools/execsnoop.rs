@@ -135,8 +135,7 @@ fn quoted(arg: &str) -> String {
 fn config(args: &Args) -> anyhow::Result<Config> {
     let btf = KernelBtf::from_kernel()?;
     let member = |m: &str| {
-        btf.member_any("task_struct", &[m])
-            .map(|i| i.offset)
+        btf.offset("task_struct", m)
             .with_context(|| format!("cannot find task_struct.{m} in kernel BTF"))
     };
     let enter = |name: &str| -> anyhow::Result<EnterOffsets> {

@@ -103,7 +103,7 @@ fn parse_ports(s: &str) -> Result<Ports, String> {
 /// Offsets every mechanism needs, from BTF: the socket's fields and the
 /// way from a task to the socket behind a descriptor.
 fn sock_offsets(btf: &KernelBtf) -> anyhow::Result<SockOffsets> {
-    let m = |s: &str, m: &str| btf.member_any(s, &[m]).map(|i| i.offset);
+    let m = |s: &str, m: &str| btf.offset(s, m);
     let common = |f: &str| m("sock", &format!("__sk_common.{f}"));
     let protocol = btf.member_any("sock", &["sk_protocol"])?;
     Ok(SockOffsets {
