@@ -148,7 +148,7 @@ pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
 #[derive(Default)]
 pub struct Features {
     results: HashMap<Mechanism, Result<(), String>>,
-    probes: Option<Result<(Ebpf, Option<Btf>), String>>,
+    probes: Option<Result<Ebpf, String>>,
 }
 
 impl Features {
@@ -178,22 +178,18 @@ impl Features {
             Mechanism::TaskStorage => return map_check(MapType::TaskStorage),
             _ => {}
         }
-        let (ebpf, btf) = self
+        let ebpf = self
             .probes
             .get_or_insert_with(|| {
-                let btf = Btf::from_sys_fs().ok();
                 EbpfLoader::new()
-                    .btf(btf.as_ref())
+                    .btf(kernel_btf().ok())
                     .load(objects::PROBES)
-                    .map(|e| (e, btf))
                     .map_err(|e| chain(&e))
             })
             .as_mut()
             .map_err(|e| format!("loading the probe object failed: {e}"))?;
-        let need_btf = || {
-            btf.as_ref()
-                .ok_or_else(|| "no kernel BTF at /sys/kernel/btf/vmlinux".to_owned())
-        };
+        let need_btf =
+            || kernel_btf().map_err(|_| "no kernel BTF at /sys/kernel/btf/vmlinux".to_owned());
         // Attaches, makes the event happen, and checks that the program ran:
         // some kernels accept an attach that never delivers.
         macro_rules! try_attach {
@@ -251,21 +247,21 @@ impl Features {
                 |p| p.load().and_then(|()| p.attach("sched_switch"))
             ),
             Mechanism::TpBtf => {
-                let btf = need_btf()?.clone();
+                let btf = need_btf()?;
                 try_attach!(BtfTracePoint, "probe_tp_btf", probes::TP_BTF, switch, |p| p
-                    .load("sched_switch", &btf)
+                    .load("sched_switch", btf)
                     .and_then(|()| p.attach()))
             }
             Mechanism::Fentry => {
-                let btf = need_btf()?.clone();
+                let btf = need_btf()?;
                 try_attach!(FEntry, "probe_fentry", probes::FENTRY, read, |p| p
-                    .load("vfs_read", &btf)
+                    .load("vfs_read", btf)
                     .and_then(|()| p.attach()))
             }
             Mechanism::Fexit => {
-                let btf = need_btf()?.clone();
+                let btf = need_btf()?;
                 try_attach!(FExit, "probe_fexit", probes::FEXIT, read, |p| p
-                    .load("vfs_read", &btf)
+                    .load("vfs_read", btf)
                     .and_then(|()| p.attach()))
             }
             Mechanism::Kprobe => try_attach!(KProbe, "probe_kprobe", probes::KPROBE, read, |p| p
@@ -310,6 +306,15 @@ impl Features {
             Mechanism::RingBuffer | Mechanism::TaskStorage => unreachable!("handled above"),
         }
     }
+}
+
+/// The running kernel's BTF as aya reads it, parsed once per process: the
+/// prober, tp_btf hooks and fentry loads all take it.
+pub fn kernel_btf() -> Result<&'static Btf, String> {
+    static BTF: std::sync::OnceLock<Result<Btf, String>> = std::sync::OnceLock::new();
+    BTF.get_or_init(|| Btf::from_sys_fs().map_err(|e| chain(&e)))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// Whether the probe program in `slot` has run since the object was loaded.
@@ -401,15 +406,16 @@ pub fn check_forced(
 /// [`TRACEPOINT_CHAIN`].
 pub struct Hooks {
     mech: Mechanism,
-    btf: Option<Btf>,
+    btf: Option<&'static Btf>,
 }
 
 impl Hooks {
     /// Prepares to attach with `mech`, reading the kernel's BTF for tp_btf.
     pub fn new(mech: Mechanism) -> anyhow::Result<Self> {
-        use anyhow::Context as _;
         let btf = match mech {
-            Mechanism::TpBtf => Some(Btf::from_sys_fs().context("cannot read kernel BTF")?),
+            Mechanism::TpBtf => {
+                Some(kernel_btf().map_err(|e| anyhow::anyhow!("cannot read kernel BTF: {e}"))?)
+            }
             _ => None,
         };
         Ok(Self { mech, btf })

@@ -12,7 +12,7 @@ use rtrace_common::ext4slower::{
 use crate::{
     GlobalArgs,
     btf::Btf as KernelBtf,
-    features::{Features, Mechanism, attach_chain, attach_kernel_fn, check_forced},
+    features::{Features, Mechanism, attach_chain, attach_kernel_fn, check_forced, kernel_btf},
     objects,
     output::{
         self, Signals,
@@ -231,7 +231,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
         let mut cfg = base;
         let btf = if m == Mechanism::Fentry {
-            Some(Btf::from_sys_fs().context("cannot read kernel BTF")?)
+            Some(kernel_btf().map_err(|e| anyhow::anyhow!("cannot read kernel BTF: {e}"))?)
         } else {
             None
         };
@@ -246,7 +246,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             .size(&mut loader, &args.buffer)
             .load(transport.object(objects::EXT4SLOWER, objects::EXT4SLOWER_PERF))
             .context("cannot load the ext4slower programs")?;
-        attach(&mut ebpf, m, btf.as_ref())?;
+        attach(&mut ebpf, m, btf)?;
         Ok(ebpf)
     })?;
     if global.verbose {
