@@ -373,9 +373,13 @@ pub fn mechanism_works(name: &str) -> bool {
     {
         return list.split(',').any(|m| m == name);
     }
-    let (code, stdout, stderr) = run(&["doctor", "--json"]);
-    assert_eq!(code, 0, "{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    // The kernel's answer does not change within a test run: ask once.
+    static DOCTOR: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    let v = DOCTOR.get_or_init(|| {
+        let (code, stdout, stderr) = run(&["doctor", "--json"]);
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str(stdout.trim()).unwrap()
+    });
     v["mechanisms"][name]["works"] == true
 }
 
