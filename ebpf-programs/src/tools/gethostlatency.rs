@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     events::{LOST_SLOTS, LOST_TABLE},
-    gethostlatency::{Event, Start},
+    gethostlatency::{Event, HOST_LEN, Start},
 };
 use rtrace_ebpf::{count_error, events::emit};
 
@@ -24,9 +24,6 @@ use crate::EVENTS;
 /// Lookups in flight, by thread id; user space sizes it.
 #[map]
 static STARTS: HashMap<u32, Start> = HashMap::with_max_entries(65536, 0);
-/// Where a start is put together: it is too big for comfort on the stack.
-#[map]
-static SCRATCH: PerCpuArray<Start> = PerCpuArray::with_max_entries(1, 0);
 /// Where an event is put together.
 #[map]
 static EVENT: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
@@ -36,26 +33,24 @@ static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
 
 #[inline(always)]
 fn enter(ctx: &ProbeContext, func: u32) {
-    let Some(s) = SCRATCH.get_ptr_mut(0) else {
-        return;
+    // 96 bytes: the stack has room, and the insert copies from there anyway.
+    let mut start = Start {
+        // SAFETY: the helper has no preconditions.
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        func,
+        _pad: 0,
+        host: [0; HOST_LEN],
     };
     let host: *const u8 = ctx.arg(0).unwrap_or(core::ptr::null());
-    // SAFETY: `s` is this CPU's scratch value; the helper copes with any
-    // user address.
-    unsafe {
-        (*s).start_ns = bpf_ktime_get_ns();
-        (*s).func = func;
-        (*s)._pad = 0;
-        (*s).host = [0; 80];
-        if !host.is_null() {
-            let _ = bpf_probe_read_user_str_bytes(host, &mut (*s).host);
-        }
-        if STARTS
-            .insert(bpf_get_current_pid_tgid() as u32, *s, 0)
-            .is_err()
-        {
-            count_error(&LOST, LOST_TABLE);
-        }
+    if !host.is_null() {
+        // SAFETY: the helper copes with any user address.
+        let _ = unsafe { bpf_probe_read_user_str_bytes(host, &mut start.host) };
+    }
+    if STARTS
+        .insert(bpf_get_current_pid_tgid() as u32, start, 0)
+        .is_err()
+    {
+        count_error(&LOST, LOST_TABLE);
     }
 }
 
