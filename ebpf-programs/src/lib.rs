@@ -69,8 +69,8 @@ pub fn global<T: Copy>(g: &'static aya_ebpf::Global<T>) -> &'static T {
     unsafe { &*core::ptr::read_volatile(&raw const p) }
 }
 
-/// `-EEXIST`: another CPU created the entry first.
-const EEXIST: i32 = -17;
+/// `-EEXIST`: the entry was there already (another CPU created it first).
+pub const EEXIST: i32 = -17;
 
 /// The value under `key`, created as a copy of `zero`'s first value if
 /// missing, and whether it was created here; `None` if the map is full.
@@ -93,6 +93,29 @@ pub fn get_or_insert<K, V>(
         Err(_) => return None,
     }
     map.get_ptr_mut(key).map(|v| (v, true))
+}
+
+/// Adds one to the counter under `key`, creating it at one if missing:
+/// `Some(true)` if this call created it, `Some(false)` if it was there,
+/// `None` if the map is full.
+#[inline(always)]
+pub fn count_key<K>(map: &HashMap<K, u64>, key: &K) -> Option<bool> {
+    if let Some(c) = map.get_ptr_mut(key) {
+        // SAFETY: a map value.
+        unsafe { atomic_add(c, 1) };
+        return Some(false);
+    }
+    match map.insert(key, 1u64, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Some(true),
+        // Another CPU created it between the lookup and the insert.
+        Err(EEXIST) => {
+            let c = map.get_ptr_mut(key)?;
+            // SAFETY: a map value.
+            unsafe { atomic_add(c, 1) };
+            Some(false)
+        }
+        Err(_) => None,
+    }
 }
 
 /// Adds `value` to a counter that several CPUs may update at once.

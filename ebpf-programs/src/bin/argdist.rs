@@ -7,7 +7,6 @@
 
 use aya_ebpf::{
     EbpfContext, Global,
-    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         bpf_probe_read_kernel_str_bytes, bpf_probe_read_user_str_bytes,
@@ -26,7 +25,7 @@ use rtrace_common::{
     },
     hist::Hist,
 };
-use rtrace_ebpf::{atomic_add, count_error, global, hist_record_local, read_kernel};
+use rtrace_ebpf::{count_error, count_key, global, hist_record_local, read_kernel};
 
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
@@ -248,9 +247,6 @@ fn passes(p: &Probe, s: &Sources) -> bool {
 }
 
 /// Computes the key of probe `slot` and counts it.
-// The key is passed by reference into its per-CPU map value: a copy would
-// take 200 of the stack's 512 bytes.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn record(p: &Probe, slot: usize, s: &Sources) {
     if !passes(p, s) {
@@ -295,18 +291,8 @@ fn record(p: &Probe, slot: usize, s: &Sources) {
             k.values[i] = number(v, s);
         }
     }
-    if let Some(c) = COUNTS.get_ptr_mut(&*k) {
-        // SAFETY: a COUNTS value.
-        unsafe { atomic_add(c, 1) };
-        return;
-    }
-    if COUNTS.insert(&*k, &1, u64::from(BPF_NOEXIST)).is_err() {
-        // Another CPU may have inserted it first.
-        match COUNTS.get_ptr_mut(&*k) {
-            // SAFETY: a COUNTS value.
-            Some(c) => unsafe { atomic_add(c, 1) },
-            None => count_error(&ERRORS, ERR_COUNTS_FULL),
-        }
+    if count_key(&COUNTS, k).is_none() {
+        count_error(&ERRORS, ERR_COUNTS_FULL);
     }
 }
 

@@ -26,12 +26,9 @@ use rtrace_common::{
         FILTER_TGID, FILTER_TID, Key, MAX_DEPTH, MISSED_KERNEL, MISSED_USER, Seen, Stack,
     },
 };
-use rtrace_ebpf::{atomic_add, count_error, events::emit};
+use rtrace_ebpf::{EEXIST, count_error, count_key, events::emit};
 
 use crate::EVENTS;
-
-/// `-EEXIST`: the entry was there already.
-const EEXIST: i32 = -17;
 
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(Config {
@@ -102,26 +99,11 @@ fn sample(ctx: &PerfEventContext) {
             None => key.flags |= MISSED_USER,
         }
     }
-    if let Some(count) = COUNTS.get_ptr_mut(key) {
-        add_one(count);
-        return;
+    match count_key(&COUNTS, &key) {
+        Some(true) => emit(&EVENTS, ctx, &LOST, &Seen { tgid, _pad: 0 }),
+        Some(false) => {}
+        None => count_error(&ERRORS, ERR_COUNTS_FULL),
     }
-    match COUNTS.insert(key, 1u64, u64::from(BPF_NOEXIST)) {
-        Ok(()) => emit(&EVENTS, ctx, &LOST, &Seen { tgid, _pad: 0 }),
-        // Another CPU created it between the lookup and the insert.
-        Err(e) if e == EEXIST => {
-            if let Some(count) = COUNTS.get_ptr_mut(key) {
-                add_one(count);
-            }
-        }
-        Err(_) => count_error(&ERRORS, ERR_COUNTS_FULL),
-    }
-}
-
-#[inline(always)]
-fn add_one(count: *mut u64) {
-    // SAFETY: a COUNTS value.
-    unsafe { atomic_add(count, 1) };
 }
 
 /// Walks one stack, stores it in `STACKS` and returns its hash: 0 for an
