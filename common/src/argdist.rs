@@ -94,8 +94,11 @@ pub const ERR_COUNTS_FULL: u32 = 0;
 /// `ERRORS` slot: the table of calls in flight was full, so a return had
 /// no entry to match.
 pub const ERR_ENTRIES_FULL: u32 = 1;
-/// Number of `ERRORS` slots.
-pub const ERR_SLOTS: u32 = 2;
+/// What each `ERRORS` slot counts, for the report at exit.
+pub const ERR_NAMES: [&str; 2] = [
+    "events lost: the count table was full (raise --table-size)",
+    "returns uncounted: the table of calls in flight was full",
+];
 
 /// How to compute one value.
 #[repr(C)]
@@ -160,10 +163,6 @@ pub struct Probe {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
-    /// Only this process, when nonzero (`-p`).
-    pub pid: u32,
-    /// Only this thread, when nonzero (`-t`).
-    pub tid: u32,
     /// The probes, by slot: slot `i` runs the programs ending in `_i`.
     pub probes: [Probe; MAX_PROBES],
 }

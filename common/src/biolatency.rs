@@ -59,10 +59,8 @@ pub struct Config {
     pub per_disk: u32,
     /// A histogram per set of I/O flags (`-F`).
     pub per_flags: u32,
-    /// Whether only I/O issued by tasks under `CGROUP` counts (`-c`).
-    pub filter_cgroup: u32,
     /// Keeps the struct free of padding.
-    pub _pad: [u32; 2],
+    pub _pad: [u32; 3],
     /// Struct offsets for the BTF and raw tracepoint programs.
     pub rq: RequestOffsets,
     /// Record offsets for the tracepoint programs.
@@ -101,10 +99,8 @@ pub type Entry = Hist;
 pub const ERR_START_UPDATE: u32 = 0;
 /// Index into `ERRORS`: histograms not created (map full).
 pub const ERR_HIST_UPDATE: u32 = 1;
-/// Number of `ERRORS` slots.
-pub const ERR_COUNT: u32 = 2;
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; ERR_COUNT as usize] = [
+pub const ERR_NAMES: [&str; 2] = [
     "request start times not stored (map full)",
     "histograms not created (map full)",
 ];

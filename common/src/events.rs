@@ -1,9 +1,16 @@
-//! The loss counters every event tool keeps in a per-CPU `LOST` array.
+//! The first two slots of every event tool's `ERRORS` counters.
+//!
+//! Slot [`LOST_EVENT`] is the one the `Tracer` also adds perf buffers'
+//! own loss records to, so it must be first.
 
-/// `LOST` slot: the ring buffer was full when an event was to be sent.
+/// `ERRORS` slot: the event buffer was full when an event was to be sent.
 pub const LOST_EVENT: u32 = 0;
-/// `LOST` slot: a table of operations in flight was full, so the
+/// `ERRORS` slot: a table of operations in flight was full, so the
 /// operation's event could never be sent.
 pub const LOST_TABLE: u32 = 1;
-/// Number of `LOST` slots.
-pub const LOST_SLOTS: u32 = 2;
+
+/// What [`LOST_EVENT`] and [`LOST_TABLE`] count, for the report at exit.
+pub const LOST_NAMES: [&str; 2] = [
+    "events lost (event buffer full; raise --buffer-size)",
+    "events lost (in-flight table full)",
+];

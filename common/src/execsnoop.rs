@@ -37,8 +37,6 @@ pub struct Config {
     pub filter_uid: u32,
     /// Whether failed execs are reported (`-x`).
     pub failed: u32,
-    /// Whether only tasks under the cgroup in `CGROUP` count (`-c`).
-    pub filter_cgroup: u32,
     /// `task_struct.real_parent`, from BTF.
     pub real_parent: u32,
     /// `task_struct.tgid`, from BTF.

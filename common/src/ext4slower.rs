@@ -52,11 +52,6 @@ pub struct FileOffsets {
 pub struct Config {
     /// Operations faster than this are not sent.
     pub min_ns: u64,
-    /// Only this process, when nonzero (`-p`).
-    pub pid: u32,
-    /// rtrace itself, never traced: its own output written to a file on
-    /// ext4 would otherwise feed back into itself.
-    pub self_pid: u32,
     /// Offset of the first argument in a `sys_enter_*` record, from tracefs.
     pub sys_args: u32,
     /// Offset of `ret` in a `sys_exit_*` record, from tracefs.

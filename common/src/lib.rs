@@ -16,6 +16,7 @@ pub mod offsets;
 pub mod probes;
 pub mod profile;
 pub mod runqlat;
+pub mod targets;
 pub mod tcplife;
 
 /// Length of `task_struct.comm`, including the terminating NUL.

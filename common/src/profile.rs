@@ -6,13 +6,6 @@ use crate::TASK_COMM_LEN;
 /// `perf_event_max_stack`).
 pub const MAX_DEPTH: usize = 127;
 
-/// `Config::filter`: every task.
-pub const FILTER_NONE: u32 = 0;
-/// `Config::filter`: only processes (thread group ids) in `TARGETS`.
-pub const FILTER_TGID: u32 = 1;
-/// `Config::filter`: only threads in `TARGETS`.
-pub const FILTER_TID: u32 = 2;
-
 /// `Key::flags`: the user stack could not be read or stored.
 pub const MISSED_USER: u32 = 1;
 /// `Key::flags`: the kernel stack could not be read or stored.
@@ -22,8 +15,6 @@ pub const MISSED_KERNEL: u32 = 2;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Config {
-    /// One of the `FILTER_*` values.
-    pub filter: u32,
     /// Whether samples of the idle tasks (pid 0) count (`-I`).
     pub include_idle: u32,
     /// Whether user stacks are collected (not `-K`).
@@ -75,19 +66,18 @@ pub struct Seen {
     pub _pad: u32,
 }
 
-/// Index into the `ERRORS` per-CPU array: samples not counted, as the
-/// count table was full.
-pub const ERR_COUNTS_FULL: u32 = 0;
-/// Index into `ERRORS`: stacks not stored, as the stack table was full.
-pub const ERR_STACKS_FULL: u32 = 1;
-/// Index into `ERRORS`: user stacks the kernel could not walk.
-pub const ERR_USER_STACK: u32 = 2;
-/// Index into `ERRORS`: kernel stacks the kernel could not walk.
-pub const ERR_KERNEL_STACK: u32 = 3;
-/// Number of `ERRORS` slots.
-pub const ERR_COUNT: u32 = 4;
+/// `ERRORS` slot: samples not counted, as the count table was full. Slot
+/// 0 is [`crate::events::LOST_EVENT`], new-process events not sent.
+pub const ERR_COUNTS_FULL: u32 = 1;
+/// `ERRORS` slot: stacks not stored, as the stack table was full.
+pub const ERR_STACKS_FULL: u32 = 2;
+/// `ERRORS` slot: user stacks the kernel could not walk.
+pub const ERR_USER_STACK: u32 = 3;
+/// `ERRORS` slot: kernel stacks the kernel could not walk.
+pub const ERR_KERNEL_STACK: u32 = 4;
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; ERR_COUNT as usize] = [
+pub const ERR_NAMES: [&str; 5] = [
+    crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
     "user stacks that could not be walked",

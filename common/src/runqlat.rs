@@ -18,14 +18,12 @@ pub mod group {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Config {
-    /// Only this process (tgid) when nonzero.
-    pub target_tgid: u32,
     /// One of [`group`]'s values.
     pub group: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
     /// Nanoseconds per displayed unit (1000 for usecs, 1000000 for msecs).
     pub unit_ns: u64,
-    /// Only tasks in this cgroup v2 (or below it) when nonzero: its kernfs id.
-    pub cgroup_id: u64,
     /// Offsets for reading task structs on the BTF and raw tracepoint paths.
     pub task: TaskOffsets,
     /// Byte offsets into the classic tracepoint records (tracefs `format`).
@@ -67,10 +65,8 @@ pub const ERR_START_UPDATE: u32 = 0;
 pub const ERR_HIST_UPDATE: u32 = 1;
 /// Index into `ERRORS`: kernel memory reads that failed.
 pub const ERR_READ: u32 = 2;
-/// Number of `ERRORS` slots.
-pub const ERR_COUNT: u32 = 3;
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; ERR_COUNT as usize] = [
+pub const ERR_NAMES: [&str; 3] = [
     "enqueue timestamps not stored (map full)",
     "histogram entries not created (map full)",
     "kernel memory reads failed",

@@ -69,8 +69,6 @@ pub struct TracepointOffsets {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Config {
-    /// Only this process, when nonzero (`-p`).
-    pub pid: u32,
     /// Only this address family, when nonzero (`-4`, `-6`).
     pub family: u16,
     /// Local ports in `lports` (`-L`).
@@ -78,7 +76,7 @@ pub struct Config {
     /// Remote ports in `dports` (`-D`).
     pub n_dports: u16,
     /// Keeps the struct free of padding.
-    pub _pad: u16,
+    pub _pad: [u16; 3],
     /// Local ports to keep, when `n_lports` is nonzero.
     pub lports: [u16; MAX_PORTS],
     /// Remote ports to keep, when `n_dports` is nonzero.

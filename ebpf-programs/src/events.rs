@@ -1,21 +1,38 @@
 //! Sending events to user space, with every event that cannot be sent
 //! counted rather than silently dropped.
 //!
-//! Each event tool is built twice from one source: with a BPF ring buffer
-//! (5.8 and later), and with a perf buffer for older kernels. The tool's
-//! code names `crate::EVENTS`, which each of the two objects defines as its
-//! own kind of [`Sink`].
+//! An event tool declares its event map with [`event_map!`]. The build
+//! makes each object twice, without and with the `perf` feature, and keeps
+//! the second wherever the feature changed it: the map is a BPF ring buffer
+//! (5.8 and later) in the first and per-CPU perf buffers, for older
+//! kernels, in the second.
 
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_F_CURRENT_CPU,
     helpers::generated::bpf_perf_event_output,
-    maps::{PerCpuArray, PerfEventByteArray, RingBuf},
+    maps::{PerfEventByteArray, RingBuf},
 };
 
 use rtrace_common::events::LOST_EVENT;
 
 use crate::count_error;
+
+/// Declares `EVENTS`, the map an event tool sends its records through: a
+/// ring buffer, or with the `perf` feature a perf event array. User space
+/// sizes it.
+#[macro_export]
+macro_rules! event_map {
+    () => {
+        #[cfg(not(feature = "perf"))]
+        #[aya_ebpf::macros::map]
+        static EVENTS: aya_ebpf::maps::RingBuf = aya_ebpf::maps::RingBuf::with_byte_size(4096, 0);
+        #[cfg(feature = "perf")]
+        #[aya_ebpf::macros::map]
+        static EVENTS: aya_ebpf::maps::PerfEventByteArray =
+            aya_ebpf::maps::PerfEventByteArray::new(0);
+    };
+}
 
 /// Where a tool's events go.
 pub trait Sink {
@@ -59,7 +76,6 @@ impl Sink for PerfEventByteArray {
 pub unsafe fn emit_bytes<S: Sink, C: EbpfContext>(
     sink: &S,
     ctx: &C,
-    lost: &PerCpuArray<u64>,
     data: *const u8,
     len: usize,
     max: usize,
@@ -70,24 +86,24 @@ pub unsafe fn emit_bytes<S: Sink, C: EbpfContext>(
         return;
     }
     // SAFETY: `len <= max` bytes are readable, per the contract.
-    send_counted(sink, ctx, lost, unsafe {
+    send_counted(sink, ctx, unsafe {
         core::slice::from_raw_parts(data, len)
     });
 }
 
 /// Sends a whole `T` as one record.
 #[inline(always)]
-pub fn emit<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, lost: &PerCpuArray<u64>, value: &T) {
+pub fn emit<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, value: &T) {
     let size = core::mem::size_of::<T>();
     // SAFETY: `value` is `size` readable bytes.
     let bytes = unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size) };
-    send_counted(sink, ctx, lost, bytes);
+    send_counted(sink, ctx, bytes);
 }
 
 /// Sends `bytes`, counting it as lost if there is no room.
 #[inline(always)]
-fn send_counted<S: Sink, C: EbpfContext>(sink: &S, ctx: &C, lost: &PerCpuArray<u64>, bytes: &[u8]) {
+fn send_counted<S: Sink, C: EbpfContext>(sink: &S, ctx: &C, bytes: &[u8]) {
     if !sink.send(ctx, bytes) {
-        count_error(lost, LOST_EVENT);
+        count_error(LOST_EVENT);
     }
 }

@@ -5,11 +5,13 @@
 #![allow(internal_features)]
 
 pub mod events;
+pub mod targets;
 pub mod task_storage;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_task, bpf_probe_read_kernel},
+    macros::map,
     maps::{HashMap, PerCpuArray},
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
@@ -128,10 +130,17 @@ pub unsafe fn atomic_add(p: *mut u64, value: u64) {
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, value) };
 }
 
-/// Adds one to slot `index` of a per-CPU error counter array.
+/// Work that could not be done, by cause: each tool names its slots in
+/// `common` (event tools start with `rtrace_common::events`' two), user
+/// space sizes the array to them and the `Tracer` reports every nonzero
+/// one at exit. It lives here, so every object has it.
+#[map]
+static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Adds one to slot `index` of [`ERRORS`].
 #[inline(always)]
-pub fn count_error(errors: &PerCpuArray<u64>, index: u32) {
-    if let Some(p) = errors.get_ptr_mut(index) {
+pub fn count_error(index: u32) {
+    if let Some(p) = ERRORS.get_ptr_mut(index) {
         // SAFETY: per-CPU value, and programs do not nest on one CPU here.
         unsafe { *p += 1 };
     }

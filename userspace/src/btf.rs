@@ -1,10 +1,16 @@
-//! A small reader of the kernel's BTF, enough to resolve struct member
-//! offsets by name.
+//! rtrace's one reader of the kernel's BTF: struct member offsets, enum
+//! values and tracepoint prototypes by name, and the type ids aya needs to
+//! attach tp_btf and fentry programs.
 //!
 //! rustc emits no CO-RE relocations, so the programs cannot be relocated by
 //! the loader; instead user space looks members up here and passes their
 //! offsets in as globals. Lookups see through anonymous structs and unions,
 //! and accept several candidate names for members renamed across kernels.
+//!
+//! The blob is kept as read, with only an index of where each type starts
+//! and of the structs by name: types are decoded when looked up, so a run
+//! holds a few megabytes during set-up instead of a parsed vmlinux, and
+//! nothing once set-up is over (the tracer drops it).
 
 use rtrace_common::offsets::FdOffsets;
 use std::{collections::HashMap, path::Path};
@@ -19,14 +25,21 @@ const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
-const KIND_FUNC_PROTO: u32 = 13;
 const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
 const KIND_FLOAT: u32 = 16;
+const KIND_DECL_TAG: u32 = 17;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
+
+/// The size of a type's fixed header.
+const HEADER: usize = 12;
 
 /// Errors from reading BTF or resolving a member.
 #[derive(Debug, thiserror::Error)]
@@ -53,36 +66,9 @@ pub enum BtfError {
         /// The paths tried, joined with " or ".
         candidates: String,
     },
-}
-
-#[derive(Debug, Clone)]
-struct Member {
-    name: u32,
-    ty: u32,
-    bit_offset: u32,
-}
-
-#[derive(Debug, Clone)]
-struct Type {
-    kind: u32,
-    name: u32,
-    /// Size for sized kinds, referenced type for the others.
-    size_or_type: u32,
-    members: Vec<Member>,
-    /// Element type and count, for arrays.
-    array: Option<(u32, u32)>,
-    /// Parameters, for function prototypes.
-    params: u32,
-    /// Enumerators as (name, value), for enums.
-    values: Vec<(u32, i64)>,
-}
-
-/// A parsed BTF blob.
-#[derive(Debug)]
-pub struct Btf {
-    types: Vec<Type>,
-    strings: Vec<u8>,
-    structs_by_name: HashMap<String, u32>,
+    /// aya would not take the attach-id BTF made for it.
+    #[error("cannot hand kernel type ids to the loader: {0}")]
+    Stub(String),
 }
 
 /// A resolved member: where it is and how big it is.
@@ -106,6 +92,44 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32, BtfError> {
         .ok_or(BtfError::Malformed("truncated"))
 }
 
+/// One type's header, decoded on demand.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    name: u32,
+    kind: u32,
+    vlen: usize,
+    kind_flag: bool,
+    /// Size for sized kinds, referenced type for the others.
+    size_or_type: u32,
+    /// Where the kind's extra data starts in the type section.
+    extra: usize,
+}
+
+/// A BTF blob, indexed for lookups by name.
+#[derive(Debug)]
+pub struct Btf {
+    data: Vec<u8>,
+    /// The type section's range in `data`.
+    types: std::ops::Range<usize>,
+    /// The string section's range in `data`.
+    strings: std::ops::Range<usize>,
+    /// Where each type id's header starts in the type section (id 0, void,
+    /// has none and points past the end).
+    starts: Vec<u32>,
+    structs_by_name: HashMap<Box<str>, u32>,
+}
+
+/// How many bytes of extra data follow a type's header.
+fn extra_len(kind: u32, vlen: usize) -> usize {
+    match kind {
+        KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+        KIND_ARRAY => 12,
+        KIND_STRUCT | KIND_UNION | KIND_ENUM64 | KIND_DATASEC => vlen * 12,
+        KIND_ENUM | KIND_FUNC_PROTO => vlen * 8,
+        _ => 0,
+    }
+}
+
 impl Btf {
     /// Reads the running kernel's BTF.
     pub fn from_kernel() -> Result<Self, BtfError> {
@@ -119,125 +143,85 @@ impl Btf {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&data)
+        Self::parse(data)
     }
 
-    /// Parses a little-endian BTF blob.
-    pub fn parse(data: &[u8]) -> Result<Self, BtfError> {
-        if u16_at(data, 0)? != MAGIC {
+    /// Indexes a little-endian BTF blob.
+    pub fn parse(data: Vec<u8>) -> Result<Self, BtfError> {
+        if u16_at(&data, 0)? != MAGIC {
             return Err(BtfError::Malformed("bad magic (not little-endian BTF)"));
         }
-        let hdr_len = u32_at(data, 4)? as usize;
-        let type_off = hdr_len + u32_at(data, 8)? as usize;
-        let type_len = u32_at(data, 12)? as usize;
-        let str_off = hdr_len + u32_at(data, 16)? as usize;
-        let str_len = u32_at(data, 20)? as usize;
-        let type_data = data
-            .get(type_off..type_off + type_len)
-            .ok_or(BtfError::Malformed("type section out of bounds"))?;
-        let strings = data
-            .get(str_off..str_off + str_len)
-            .ok_or(BtfError::Malformed("string section out of bounds"))?
-            .to_vec();
-
-        // Type id 0 is void.
-        let mut types = vec![Type {
-            kind: 0,
-            name: 0,
-            size_or_type: 0,
-            members: Vec::new(),
-            array: None,
-            params: 0,
-            values: Vec::new(),
-        }];
-        let mut at = 0;
-        while at < type_data.len() {
-            let name = u32_at(type_data, at)?;
-            let info = u32_at(type_data, at + 4)?;
-            let size_or_type = u32_at(type_data, at + 8)?;
-            at += 12;
-            let vlen = (info & 0xffff) as usize;
-            let kind = (info >> 24) & 0x1f;
-            let kind_flag = info >> 31 == 1;
-            let mut t = Type {
-                kind,
-                name,
-                size_or_type,
-                members: Vec::new(),
-                array: None,
-                params: 0,
-                values: Vec::new(),
-            };
-            at += match kind {
-                KIND_INT | 14 | 17 => 4, // int encoding, var linkage, decl_tag index
-                KIND_ARRAY => {
-                    t.array = Some((u32_at(type_data, at)?, u32_at(type_data, at + 8)?));
-                    12
-                }
-                KIND_STRUCT | KIND_UNION => {
-                    for i in 0..vlen {
-                        let m = at + i * 12;
-                        let raw = u32_at(type_data, m + 8)?;
-                        t.members.push(Member {
-                            name: u32_at(type_data, m)?,
-                            ty: u32_at(type_data, m + 4)?,
-                            // With kind_flag the top byte is a bitfield size.
-                            bit_offset: if kind_flag { raw & 0xff_ffff } else { raw },
-                        });
-                    }
-                    vlen * 12
-                }
-                KIND_ENUM => {
-                    for i in 0..vlen {
-                        let v = at + i * 8;
-                        let value = u32_at(type_data, v + 4)?;
-                        // Signed enums (kind_flag) sign-extend.
-                        let value = if kind_flag {
-                            i64::from(value as i32)
-                        } else {
-                            i64::from(value)
-                        };
-                        t.values.push((u32_at(type_data, v)?, value));
-                    }
-                    vlen * 8
-                }
-                KIND_FUNC_PROTO => {
-                    t.params = vlen as u32;
-                    vlen * 8
-                }
-                KIND_ENUM64 => {
-                    for i in 0..vlen {
-                        let v = at + i * 12;
-                        let lo = u64::from(u32_at(type_data, v + 4)?);
-                        let hi = u64::from(u32_at(type_data, v + 8)?);
-                        t.values
-                            .push((u32_at(type_data, v)?, ((hi << 32) | lo) as i64));
-                    }
-                    vlen * 12
-                }
-                15 => vlen * 12, // datasec vars
-                _ => 0,
-            };
-            types.push(t);
+        let hdr_len = u32_at(&data, 4)? as usize;
+        let type_off = hdr_len + u32_at(&data, 8)? as usize;
+        let type_len = u32_at(&data, 12)? as usize;
+        let str_off = hdr_len + u32_at(&data, 16)? as usize;
+        let str_len = u32_at(&data, 20)? as usize;
+        if data.get(type_off..type_off + type_len).is_none() {
+            return Err(BtfError::Malformed("type section out of bounds"));
         }
-
+        if data.get(str_off..str_off + str_len).is_none() {
+            return Err(BtfError::Malformed("string section out of bounds"));
+        }
         let mut btf = Self {
-            types,
-            strings,
+            types: type_off..type_off + type_len,
+            strings: str_off..str_off + str_len,
+            starts: vec![type_len as u32],
             structs_by_name: HashMap::new(),
+            data,
         };
-        for (id, t) in btf.types.iter().enumerate() {
-            if t.kind == KIND_STRUCT && t.name != 0 {
-                let name = btf.str(t.name).to_owned();
+        let mut at = 0;
+        while at < type_len {
+            btf.starts.push(at as u32);
+            let h = btf.head_at(at)?;
+            if h.kind == KIND_STRUCT && h.name != 0 {
+                let id = btf.starts.len() as u32 - 1;
+                let name: Box<str> = btf.str(h.name).into();
                 // Keep the first complete definition of a name.
-                btf.structs_by_name.entry(name).or_insert(id as u32);
+                btf.structs_by_name.entry(name).or_insert(id);
             }
+            at = h.extra + extra_len(h.kind, h.vlen);
         }
+        btf.structs_by_name.shrink_to_fit();
         Ok(btf)
     }
 
+    fn type_data(&self) -> &[u8] {
+        &self.data[self.types.clone()]
+    }
+
+    fn head_at(&self, at: usize) -> Result<Head, BtfError> {
+        let t = self.type_data();
+        let info = u32_at(t, at + 4)?;
+        Ok(Head {
+            name: u32_at(t, at)?,
+            kind: (info >> 24) & 0x1f,
+            vlen: (info & 0xffff) as usize,
+            kind_flag: info >> 31 == 1,
+            size_or_type: u32_at(t, at + 8)?,
+            extra: at + HEADER,
+        })
+    }
+
+    /// Type `id`'s header; `None` for void and ids out of range.
+    fn head(&self, id: u32) -> Option<Head> {
+        if id == 0 {
+            return None;
+        }
+        self.head_at(*self.starts.get(id as usize)? as usize).ok()
+    }
+
+    /// Every type id with its header.
+    fn all(&self) -> impl Iterator<Item = (u32, Head)> + '_ {
+        (1..self.starts.len() as u32).filter_map(|id| Some((id, self.head(id)?)))
+    }
+
+    fn u32_in(&self, at: usize) -> u32 {
+        u32_at(self.type_data(), at).unwrap_or(0)
+    }
+
     fn str(&self, off: u32) -> &str {
-        let rest = self.strings.get(off as usize..).unwrap_or_default();
+        let strings = &self.data[self.strings.clone()];
+        let rest = strings.get(off as usize..).unwrap_or_default();
         let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
         std::str::from_utf8(&rest[..end]).unwrap_or("")
     }
@@ -245,14 +229,14 @@ impl Btf {
     /// Follows typedefs and qualifiers to the underlying type.
     fn skip_mods(&self, mut id: u32) -> u32 {
         for _ in 0..32 {
-            match self.types.get(id as usize) {
-                Some(t)
+            match self.head(id) {
+                Some(h)
                     if matches!(
-                        t.kind,
+                        h.kind,
                         KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG
                     ) =>
                 {
-                    id = t.size_or_type
+                    id = h.size_or_type
                 }
                 _ => break,
             }
@@ -262,64 +246,99 @@ impl Btf {
 
     fn size_of(&self, id: u32) -> u32 {
         let id = self.skip_mods(id);
-        let Some(t) = self.types.get(id as usize) else {
+        let Some(h) = self.head(id) else {
             return 0;
         };
-        match t.kind {
+        match h.kind {
             KIND_PTR => 8,
-            KIND_ARRAY => t
-                .array
-                .map_or(0, |(elem, n)| self.size_of(elem).saturating_mul(n)),
+            KIND_ARRAY => {
+                let (elem, n) = (self.u32_in(h.extra), self.u32_in(h.extra + 8));
+                self.size_of(elem).saturating_mul(n)
+            }
             KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64 | KIND_FLOAT => {
-                t.size_or_type
+                h.size_or_type
             }
             _ => 0,
         }
     }
 
+    /// Type `id`'s members as (name, type, bit offset), if it is a struct
+    /// or union.
+    fn members(&self, id: u32) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
+        let h = self
+            .head(self.skip_mods(id))
+            .filter(|h| matches!(h.kind, KIND_STRUCT | KIND_UNION));
+        let (extra, vlen, kind_flag) = h.map_or((0, 0, false), |h| (h.extra, h.vlen, h.kind_flag));
+        (0..vlen).map(move |i| {
+            let m = extra + i * 12;
+            let raw = self.u32_in(m + 8);
+            // With kind_flag the top byte is a bitfield size.
+            let bits = if kind_flag { raw & 0xff_ffff } else { raw };
+            (self.u32_in(m), self.u32_in(m + 4), bits)
+        })
+    }
+
     /// Finds `name` among `id`'s members, looking inside anonymous members.
     /// Returns the member's bit offset from the start of `id` and its type.
     fn find_member(&self, id: u32, name: &str, depth: u32) -> Option<(u32, u32)> {
-        let t = self.types.get(self.skip_mods(id) as usize)?;
-        if !matches!(t.kind, KIND_STRUCT | KIND_UNION) || depth > 8 {
+        if depth > 8 {
             return None;
         }
-        for m in &t.members {
-            if m.name != 0 && self.str(m.name) == name {
-                return Some((m.bit_offset, m.ty));
-            }
+        if let Some((_, ty, bits)) = self
+            .members(id)
+            .find(|&(n, _, _)| n != 0 && self.str(n) == name)
+        {
+            return Some((bits, ty));
         }
-        for m in t.members.iter().filter(|m| m.name == 0) {
-            if let Some((off, ty)) = self.find_member(m.ty, name, depth + 1) {
-                return Some((m.bit_offset + off, ty));
-            }
-        }
-        None
+        self.members(id)
+            .filter(|&(n, _, _)| n == 0)
+            .find_map(|(_, ty, bits)| {
+                let (off, found) = self.find_member(ty, name, depth + 1)?;
+                Some((bits + off, found))
+            })
+    }
+
+    /// The id of the first type of `kind` named `name`.
+    fn find(&self, kind: u32, name: &str) -> Option<(u32, Head)> {
+        self.all()
+            .find(|(_, h)| h.kind == kind && h.name != 0 && self.str(h.name) == name)
     }
 
     /// The number of C arguments tracepoint `event` passes to tp_btf and
     /// raw tracepoint programs, from its `btf_trace_<event>` typedef (whose
     /// prototype has a leading context pointer besides).
     pub fn tracepoint_args(&self, event: &str) -> Option<u32> {
-        let name = format!("btf_trace_{event}");
-        let def = self
-            .types
-            .iter()
-            .find(|t| t.kind == KIND_TYPEDEF && self.str(t.name) == name)?;
-        let ptr = self.types.get(def.size_or_type as usize)?;
-        let proto = self.types.get(ptr.size_or_type as usize)?;
+        let (_, def) = self.find(KIND_TYPEDEF, &format!("btf_trace_{event}"))?;
+        let ptr = self.head(def.size_or_type)?;
+        let proto = self.head(ptr.size_or_type)?;
         (ptr.kind == KIND_PTR && proto.kind == KIND_FUNC_PROTO)
-            .then(|| proto.params.saturating_sub(1))
+            .then(|| (proto.vlen as u32).saturating_sub(1))
     }
 
     /// The value of enumerator `name`, in whichever enum defines it.
     pub fn enum_value(&self, name: &str) -> Option<i64> {
-        self.types
-            .iter()
-            .filter(|t| matches!(t.kind, KIND_ENUM | KIND_ENUM64))
-            .flat_map(|t| &t.values)
-            .find(|(n, _)| self.str(*n) == name)
-            .map(|&(_, v)| v)
+        self.all().find_map(|(_, h)| match h.kind {
+            KIND_ENUM => (0..h.vlen).find_map(|i| {
+                let v = h.extra + i * 8;
+                (self.str(self.u32_in(v)) == name).then(|| {
+                    let value = self.u32_in(v + 4);
+                    // Signed enums (kind_flag) sign-extend.
+                    if h.kind_flag {
+                        i64::from(value as i32)
+                    } else {
+                        i64::from(value)
+                    }
+                })
+            }),
+            KIND_ENUM64 => (0..h.vlen).find_map(|i| {
+                let v = h.extra + i * 12;
+                (self.str(self.u32_in(v)) == name).then(|| {
+                    let (lo, hi) = (self.u32_in(v + 4), self.u32_in(v + 8));
+                    ((u64::from(hi) << 32) | u64::from(lo)) as i64
+                })
+            }),
+            _ => None,
+        })
     }
 
     /// Resolves the first of several candidate member paths that exists,
@@ -364,6 +383,49 @@ impl Btf {
             fdt_max_fds: self.offset("fdtable", "max_fds")?,
             fdt_fd: self.offset("fdtable", "fd")?,
         })
+    }
+
+    /// The BTF that aya's tp_btf, fentry and fexit loads look attach
+    /// targets up in: aya takes a whole `aya::Btf` only to find one type
+    /// id by name, so instead of a second parse of vmlinux it gets a blob
+    /// with the same type ids in which every type is an empty pointer but
+    /// the functions and the `btf_trace_*` typedefs, with their names.
+    pub fn attach_ids(&self) -> Result<aya::Btf, BtfError> {
+        let mut strings: Vec<u8> = vec![0];
+        let mut types: Vec<u8> = Vec::with_capacity(self.starts.len() * HEADER);
+        for (_, h) in self.all() {
+            let named = match h.kind {
+                KIND_FUNC => true,
+                KIND_TYPEDEF => self.str(h.name).starts_with("btf_trace_"),
+                _ => false,
+            };
+            let (name, info) = if named {
+                let at = strings.len() as u32;
+                strings.extend_from_slice(self.str(h.name).as_bytes());
+                strings.push(0);
+                (at, h.kind << 24)
+            } else {
+                (0, KIND_PTR << 24)
+            };
+            for word in [name, info, 0] {
+                types.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+        let mut blob = Vec::with_capacity(24 + types.len() + strings.len());
+        blob.extend_from_slice(&MAGIC.to_le_bytes());
+        blob.extend_from_slice(&[1, 0]); // version, flags
+        for word in [
+            24,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            blob.extend_from_slice(&word.to_le_bytes());
+        }
+        blob.extend_from_slice(&types);
+        blob.extend_from_slice(&strings);
+        aya::Btf::parse(&blob, aya::Endianness::Little).map_err(|e| BtfError::Stub(e.to_string()))
     }
 }
 
@@ -452,6 +514,30 @@ mod tests {
         assert_eq!(btf.enum_value("REQ_OP_READ"), Some(0));
         assert_eq!(btf.enum_value("REQ_OP_WRITE"), Some(1));
         assert_eq!(btf.enum_value("no_such_enumerator"), None);
+    }
+
+    #[test]
+    fn attach_ids_are_the_kernels_type_ids() {
+        use aya_obj::btf::BtfKind;
+        let stub = kernel().attach_ids().unwrap();
+        let full = aya::Btf::from_sys_fs().unwrap();
+        for (name, kind) in [
+            ("btf_trace_sched_switch", BtfKind::Typedef),
+            ("btf_trace_block_rq_complete", BtfKind::Typedef),
+            ("vfs_read", BtfKind::Func),
+            ("ext4_file_read_iter", BtfKind::Func),
+        ] {
+            let want = full.id_by_type_name_kind(name, kind).unwrap();
+            assert_eq!(
+                stub.id_by_type_name_kind(name, kind).unwrap(),
+                want,
+                "{name}"
+            );
+        }
+        assert!(
+            stub.id_by_type_name_kind("task_struct", BtfKind::Struct)
+                .is_err()
+        );
     }
 
     #[test]

@@ -3,8 +3,9 @@
 
 use crate::{
     GlobalArgs,
-    features::{self, Features, Mechanism},
+    features::{self, Mechanism},
     output,
+    tracer::Kernel,
 };
 
 /// Prints the report.
@@ -13,7 +14,7 @@ pub fn run(global: &GlobalArgs) -> anyhow::Result<()> {
     let release = features::kernel_release();
     let btf = std::path::Path::new(crate::btf::VMLINUX).exists();
     let lockdown = features::lockdown();
-    let mut f = Features::new();
+    let mut f = Kernel::default();
     let results: Vec<(Mechanism, Result<(), String>)> =
         Mechanism::ALL.iter().map(|&m| (m, f.check(m))).collect();
     if global.json {

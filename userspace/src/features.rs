@@ -15,7 +15,7 @@ use aya::{
 
 use rtrace_common::probes;
 
-use crate::objects;
+use crate::{objects, tracer::Kernel};
 
 /// A way of getting a program to run in the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
@@ -68,6 +68,20 @@ impl Mechanism {
         Mechanism::RingBuffer,
         Mechanism::TaskStorage,
     ];
+
+    /// A value parser for a tool's `--attach` that accepts, and lists in
+    /// `--help`, only the mechanisms of its `chain`.
+    pub fn parser(
+        chain: &'static [Mechanism],
+    ) -> impl clap::builder::TypedValueParser<Value = Mechanism> {
+        use clap::builder::TypedValueParser as _;
+        clap::builder::PossibleValuesParser::new(chain.iter().map(|m| m.name())).map(|name| {
+            Mechanism::ALL
+                .into_iter()
+                .find(|m| m.name() == name)
+                .expect("the parser offers only mechanisms' names")
+        })
+    }
 
     /// The name users see, in `doctor`, `-v` and errors.
     pub fn name(self) -> &'static str {
@@ -152,22 +166,23 @@ pub struct Features {
 }
 
 impl Features {
-    /// Creates a prober that has probed nothing yet.
-    pub fn new() -> Self {
-        Self::default()
+    /// Whether `m` has been probed already.
+    pub fn probed(&self, m: Mechanism) -> bool {
+        self.results.contains_key(&m)
     }
 
-    /// Whether `m` works here; the error says why not.
-    pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
+    /// Whether `m` works here; the error says why not. tp_btf, fentry and
+    /// fexit are probed with `btf`, the kernel's type ids.
+    pub fn check(&mut self, m: Mechanism, btf: Result<&Btf, String>) -> Result<(), String> {
         if let Some(r) = self.results.get(&m) {
             return r.clone();
         }
-        let r = self.probe(m);
+        let r = self.probe(m, btf);
         self.results.insert(m, r.clone());
         r
     }
 
-    fn probe(&mut self, m: Mechanism) -> Result<(), String> {
+    fn probe(&mut self, m: Mechanism, btf: Result<&Btf, String>) -> Result<(), String> {
         let map_check = |t: MapType| match aya::sys::is_map_supported(t) {
             Ok(true) => Ok(()),
             Ok(false) => Err("map type not supported by this kernel".to_owned()),
@@ -181,15 +196,15 @@ impl Features {
         let ebpf = self
             .probes
             .get_or_insert_with(|| {
+                let object = objects::get("probes").ok_or("no probes object in this build")?;
                 EbpfLoader::new()
-                    .btf(kernel_btf().ok())
-                    .load(objects::PROBES)
+                    .btf(None)
+                    .load(object)
                     .map_err(|e| chain(&e))
             })
             .as_mut()
             .map_err(|e| format!("loading the probe object failed: {e}"))?;
-        let need_btf =
-            || kernel_btf().map_err(|_| "no kernel BTF at /sys/kernel/btf/vmlinux".to_owned());
+        let need_btf = || btf.clone();
         // Attaches, makes the event happen, and checks that the program ran:
         // some kernels accept an attach that never delivers.
         macro_rules! try_attach {
@@ -308,15 +323,6 @@ impl Features {
     }
 }
 
-/// The running kernel's BTF as aya reads it, parsed once per process: the
-/// prober, tp_btf hooks and fentry loads all take it.
-pub fn kernel_btf() -> Result<&'static Btf, String> {
-    static BTF: std::sync::OnceLock<Result<Btf, String>> = std::sync::OnceLock::new();
-    BTF.get_or_init(|| Btf::from_sys_fs().map_err(|e| chain(&e)))
-        .as_ref()
-        .map_err(Clone::clone)
-}
-
 /// Whether the probe program in `slot` has run since the object was loaded.
 fn fired(ebpf: &Ebpf, slot: u32) -> Result<(), String> {
     let hits: aya::maps::Array<_, u64> = ebpf
@@ -331,55 +337,6 @@ fn fired(ebpf: &Ebpf, slot: u32) -> Result<(), String> {
     }
 }
 
-/// No mechanism of a chain worked.
-#[derive(Debug, thiserror::Error)]
-#[error("no attach mechanism works on this kernel; tried {}", tried_list(.tried))]
-pub struct AttachError {
-    /// Each mechanism tried, with why it failed.
-    pub tried: Vec<(Mechanism, String)>,
-}
-
-fn tried_list(tried: &[(Mechanism, String)]) -> String {
-    tried
-        .iter()
-        .map(|(m, why)| format!("{m} ({why})"))
-        .collect::<Vec<_>>()
-        .join(", then ")
-}
-
-/// What [`attach_chain`] returns: the mechanism used, what attaching
-/// produced, and the mechanisms skipped with their reasons.
-pub type Attached<T> = (Mechanism, T, Vec<(Mechanism, String)>);
-
-/// Attaches with the first mechanism of `chain` that the kernel supports and
-/// that `attach` manages; `forced` restricts the chain to one mechanism.
-///
-/// Returns the mechanism used and the mechanisms skipped, with reasons, so
-/// that `-v` can name them.
-pub fn attach_chain<T>(
-    features: &mut Features,
-    chain: &[Mechanism],
-    forced: Option<Mechanism>,
-    mut attach: impl FnMut(Mechanism) -> anyhow::Result<T>,
-) -> Result<Attached<T>, AttachError> {
-    let mut tried = Vec::new();
-    let candidates: Vec<Mechanism> = match forced {
-        Some(f) => vec![f],
-        None => chain.to_vec(),
-    };
-    for m in candidates {
-        if let Err(why) = features.check(m) {
-            tried.push((m, why));
-            continue;
-        }
-        match attach(m) {
-            Ok(t) => return Ok((m, t, tried)),
-            Err(e) => tried.push((m, trim_verifier_log(&format!("{e:#}")))),
-        }
-    }
-    Err(AttachError { tried })
-}
-
 /// The chain of tools that hook tracepoints: tp_btf reads typed arguments
 /// cheapest (5.5+), raw tracepoints get them untyped (4.17+), classic
 /// tracepoints only their records, everywhere.
@@ -389,33 +346,19 @@ pub const TRACEPOINT_CHAIN: [Mechanism; 3] = [
     Mechanism::Tracepoint,
 ];
 
-/// Fails unless a forced mechanism (`--attach`) is one of `chain`'s.
-pub fn check_forced(
-    tool: &str,
-    forced: Option<Mechanism>,
-    chain: &[Mechanism],
-) -> anyhow::Result<()> {
-    if let Some(m) = forced.filter(|m| !chain.contains(m)) {
-        let names: Vec<&str> = chain.iter().map(|m| m.name()).collect();
-        anyhow::bail!("{tool} cannot attach with {m}; use {}", names.join(", "));
-    }
-    Ok(())
-}
-
 /// Attaches a tool's programs to tracepoints with one mechanism of
 /// [`TRACEPOINT_CHAIN`].
-pub struct Hooks {
+pub struct Hooks<'a> {
     mech: Mechanism,
-    btf: Option<&'static Btf>,
+    btf: Option<&'a Btf>,
 }
 
-impl Hooks {
-    /// Prepares to attach with `mech`, reading the kernel's BTF for tp_btf.
-    pub fn new(mech: Mechanism) -> anyhow::Result<Self> {
+impl<'a> Hooks<'a> {
+    /// Prepares to attach with `mech`, with the kernel's type ids for
+    /// tp_btf.
+    pub fn new(mech: Mechanism, kernel: &'a mut Kernel) -> anyhow::Result<Self> {
         let btf = match mech {
-            Mechanism::TpBtf => {
-                Some(kernel_btf().map_err(|e| anyhow::anyhow!("cannot read kernel BTF: {e}"))?)
-            }
+            Mechanism::TpBtf => Some(kernel.attach_ids()?),
             _ => None,
         };
         Ok(Self { mech, btf })
@@ -444,7 +387,7 @@ impl Hooks {
         let prog = ebpf
             .program_mut(name)
             .with_context(|| format!("program {name} missing from the object"))?;
-        let attached = match (self.mech, &self.btf) {
+        let attached = match (self.mech, self.btf) {
             (Mechanism::TpBtf, Some(btf)) => {
                 let p: &mut BtfTracePoint = prog.try_into()?;
                 p.load(event, btf).and_then(|()| p.attach().map(drop))
@@ -475,32 +418,34 @@ impl Hooks {
 /// program may be attached to several functions; it is loaded once.
 pub fn attach_kernel_fn(
     ebpf: &mut Ebpf,
+    kernel: &mut Kernel,
     name: &str,
     mech: Mechanism,
     func: &str,
-    btf: Option<&Btf>,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
+    let btf = match mech {
+        Mechanism::Fentry | Mechanism::Fexit => Some(kernel.attach_ids()?),
+        _ => None,
+    };
     let prog = ebpf
         .program_mut(name)
         .with_context(|| format!("program {name} missing from the object"))?;
-    let attached = match mech {
-        Mechanism::Fentry | Mechanism::Fexit => {
-            let btf = btf.context("fentry and fexit need kernel BTF")?;
-            if mech == Mechanism::Fentry {
-                let p: &mut FEntry = prog.try_into()?;
-                p.load(func, btf).and_then(|()| p.attach().map(drop))
-            } else {
-                let p: &mut FExit = prog.try_into()?;
-                p.load(func, btf).and_then(|()| p.attach().map(drop))
-            }
+    let attached = match (mech, btf) {
+        (Mechanism::Fentry, Some(btf)) => {
+            let p: &mut FEntry = prog.try_into()?;
+            p.load(func, btf).and_then(|()| p.attach().map(drop))
         }
-        Mechanism::Kprobe | Mechanism::Kretprobe => {
+        (Mechanism::Fexit, Some(btf)) => {
+            let p: &mut FExit = prog.try_into()?;
+            p.load(func, btf).and_then(|()| p.attach().map(drop))
+        }
+        (Mechanism::Kprobe | Mechanism::Kretprobe, _) => {
             let p: &mut KProbe = prog.try_into()?;
             let loaded = if p.fd().is_ok() { Ok(()) } else { p.load() };
             loaded.and_then(|()| p.attach(func, 0).map(drop))
         }
-        m => anyhow::bail!("{m} cannot attach to kernel function {func}"),
+        (m, _) => anyhow::bail!("{m} cannot attach to kernel function {func}"),
     };
     attached.with_context(|| format!("cannot attach {name} to {func} with {mech}"))
 }

@@ -8,12 +8,15 @@
 mod btf;
 mod doctor;
 mod features;
+mod memory;
 mod objects;
 mod output;
 mod privs;
 mod symbolize;
 mod tools;
 mod tracefs;
+mod tracer;
+mod transport;
 mod uprobes;
 
 use std::process::ExitCode;

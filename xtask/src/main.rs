@@ -1,6 +1,7 @@
 //! Developer chores for rtrace: `cargo xtask setup | build | run | test | bench`.
 //!
-//! Every command first installs what is missing (nightly's rust-src, a
+//! Every command first installs what is missing (the pinned nightly with
+//! rust-src, a
 //! pinned bpf-linker, Debian packages the tests and benchmarks use), so a
 //! fresh machine needs nothing but this repository.
 
@@ -68,19 +69,9 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Cargo on the nightly toolchain, for the eBPF crate.
-fn nightly_cargo() -> Command {
-    let mut cmd = Command::new("rustup");
-    cmd.args(["run", "nightly", "cargo"]);
-    cmd.current_dir(root().join("ebpf-programs"));
-    // The outer cargo's variables would pin the nested one to stable.
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy().into_owned();
-        if k.starts_with("CARGO") || k.starts_with("RUSTUP_TOOLCHAIN") || k.starts_with("RUSTC") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
+/// Cargo of the pinned nightly, in the eBPF crate, as the build uses it.
+fn nightly_cargo() -> anyhow::Result<Command> {
+    ebpf_build::cargo(&root()).map_err(anyhow::Error::msg)
 }
 
 fn cargo() -> Command {
@@ -105,7 +96,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
 
 fn test(vm: bool) -> anyhow::Result<()> {
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(nightly_cargo().args(["fmt", "--check"]))?;
+    run(nightly_cargo()?.args(["fmt", "--check"]))?;
     run(cargo().args([
         "clippy",
         "--release",
@@ -115,7 +106,13 @@ fn test(vm: bool) -> anyhow::Result<()> {
         "-D",
         "warnings",
     ]))?;
-    run(nightly_cargo().args(["clippy", "--release", "--", "-D", "warnings"]))?;
+    // Default features and all of them: each cfg branch is linted once.
+    for features in [None, Some("--all-features")] {
+        run(nightly_cargo()?
+            .args(["clippy", "--release"])
+            .args(features)
+            .args(["--", "-D", "warnings"]))?;
+    }
     let bin = build()?;
     run(cargo().args([
         "test",

@@ -35,33 +35,43 @@ fn output(cmd: &mut Command) -> String {
 
 /// Makes sure everything is installed.
 pub fn ensure() -> anyhow::Result<()> {
-    let toolchains = output(Command::new("rustup").args(["toolchain", "list"]));
-    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
-        eprintln!("xtask: installing the nightly toolchain");
-        run(Command::new("rustup").args([
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-        ]))?;
-    }
+    let channel = ebpf_build::channel(&crate::root()).map_err(anyhow::Error::msg)?;
+    let toolchain = match ebpf_build::toolchain(&channel) {
+        Ok(t) => t,
+        Err(_) => {
+            eprintln!("xtask: installing the pinned toolchain {channel}");
+            run(Command::new("rustup").args([
+                "toolchain",
+                "install",
+                &channel,
+                "--profile",
+                "minimal",
+            ]))
+            .with_context(|| {
+                format!(
+                    "cannot install {channel} (pinned in ebpf-programs/rust-toolchain.toml); \
+                     a floating `nightly` of that date serves too"
+                )
+            })?;
+            ebpf_build::toolchain(&channel).map_err(anyhow::Error::msg)?
+        }
+    };
     let installed = output(Command::new("rustup").args([
         "component",
         "list",
         "--installed",
         "--toolchain",
-        "nightly",
+        &toolchain,
     ]));
     for component in ["rust-src", "rustfmt", "clippy"] {
         if !installed.lines().any(|l| l.starts_with(component)) {
-            eprintln!("xtask: adding {component} to nightly");
+            eprintln!("xtask: adding {component} to {toolchain}");
             run(Command::new("rustup").args([
                 "component",
                 "add",
                 component,
                 "--toolchain",
-                "nightly",
+                &toolchain,
             ]))?;
         }
     }

@@ -18,14 +18,14 @@ use aya_ebpf::{
 use rtrace_common::{
     argdist::{
         CMP_EQ, CMP_GE, CMP_GT, CMP_LE, CMP_LT, CMP_NE, Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL,
-        ERR_SLOTS, Entry, KIND_RETURN, Key, MAX_ARGS, MAX_PROBES, MAX_VALUES, MODE_HIST, OP_ADD,
+        Entry, KIND_RETURN, Key, MAX_ARGS, MAX_PROBES, MAX_VALUES, MODE_HIST, OP_ADD,
         OP_AND, OP_DIV, OP_MUL, OP_SHL, OP_SHR, OP_SUB, Probe, SRC_ARG, SRC_COMM, SRC_CONST,
         SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_RET, SRC_TID, STR_LEN,
         VAL_SIGNED, VAL_STRING, VAL_USER, Value,
     },
     hist::Hist,
 };
-use rtrace_ebpf::{count_error, count_key, global, hist_record_local, read_kernel};
+use rtrace_ebpf::{count_error, count_key, global, hist_record_local, read_kernel, targets};
 
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
@@ -45,9 +45,6 @@ static KEY: PerCpuArray<Key> = PerCpuArray::with_max_entries(1, 0);
 /// Where a filter's string is read.
 #[map]
 static TEXT: PerCpuArray<[u8; STR_LEN]> = PerCpuArray::with_max_entries(1, 0);
-/// Work that could not be done, by `ERR_*`.
-#[map]
-static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERR_SLOTS, 0);
 
 /// Where values come from in one run of a program.
 struct Sources {
@@ -62,12 +59,10 @@ struct Sources {
 /// The probe of `slot`, unless the current task is filtered out.
 #[inline(always)]
 fn probe(slot: usize) -> Option<&'static Probe> {
-    let cfg = global(&CONFIG);
-    let id = bpf_get_current_pid_tgid();
-    if (cfg.pid != 0 && (id >> 32) as u32 != cfg.pid) || (cfg.tid != 0 && id as u32 != cfg.tid) {
+    if !targets::admits_current() {
         return None;
     }
-    cfg.probes.get(slot)
+    global(&CONFIG).probes.get(slot)
 }
 
 /// Reads `size` bytes at `p` as an unsigned number.
@@ -292,7 +287,7 @@ fn record(p: &Probe, slot: usize, s: &Sources) {
         }
     }
     if count_key(&COUNTS, k).is_none() {
-        count_error(&ERRORS, ERR_COUNTS_FULL);
+        count_error(ERR_COUNTS_FULL);
     }
 }
 
@@ -319,7 +314,7 @@ fn on_entry(ctx: &ProbeContext, slot: usize) {
         };
         let key = (slot as u64) << 32 | (id & 0xffff_ffff);
         if ENTRIES.insert(key, entry, 0).is_err() {
-            count_error(&ERRORS, ERR_ENTRIES_FULL);
+            count_error(ERR_ENTRIES_FULL);
         }
         return;
     }

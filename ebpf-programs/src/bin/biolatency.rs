@@ -16,16 +16,16 @@ use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
-    maps::{CgroupArray, HashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
 use rtrace_common::{
     biolatency::{
-        Config, ERR_COUNT, ERR_HIST_UPDATE, ERR_START_UPDATE, Entry, FLAGS_RWBS, HistKey, StartKey,
+        Config, ERR_HIST_UPDATE, ERR_START_UPDATE, Entry, FLAGS_RWBS, HistKey, StartKey,
     },
     offsets::MISSING,
 };
-use rtrace_ebpf::{count_error, get_or_insert, global, hist_record_shared, read_kernel};
+use rtrace_ebpf::{count_error, get_or_insert, global, hist_record_shared, read_kernel, targets};
 
 /// `-EEXIST`: with `-Q`, the insert already started the clock.
 const EEXIST: i64 = -17;
@@ -42,12 +42,6 @@ static HISTS: HashMap<HistKey, Entry> = HashMap::with_max_entries(4096, 0);
 /// A zeroed histogram to create new ones from.
 #[map]
 static ZERO: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
-/// Work that could not be done, by cause (`ERR_*`).
-#[map]
-static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERR_COUNT, 0);
-/// The cgroup of `-c`.
-#[map]
-static CGROUP: CgroupArray = CgroupArray::with_max_entries(1, 0);
 
 /// The clock starts for `key`, on the device `dev` gives; `insert` says
 /// whether the request is entering the queue rather than going to the
@@ -59,7 +53,7 @@ fn start(key: StartKey, dev: impl FnOnce() -> u32, insert: bool) {
     if cfg.filter_dev != 0 && dev() != cfg.dev {
         return;
     }
-    if cfg.filter_cgroup != 0 && CGROUP.current_task_under_cgroup(0) != Ok(true) {
+    if !targets::current_in_cgroup() {
         return;
     }
     // With -Q a request that went through the queue keeps its insert time;
@@ -73,7 +67,7 @@ fn start(key: StartKey, dev: impl FnOnce() -> u32, insert: bool) {
     match START.insert(key, now, u64::from(flags)) {
         Ok(()) => {}
         Err(e) if i64::from(e) == EEXIST && flags == BPF_NOEXIST => {}
-        Err(_) => count_error(&ERRORS, ERR_START_UPDATE),
+        Err(_) => count_error(ERR_START_UPDATE),
     }
 }
 
@@ -98,7 +92,7 @@ fn done(key: StartKey, dev: impl FnOnce() -> u32, flags: impl FnOnce() -> u64) {
         flags: if cfg.per_flags != 0 { flags() } else { 0 },
     };
     let Some((h, _)) = get_or_insert(&HISTS, &hkey, &ZERO) else {
-        count_error(&ERRORS, ERR_HIST_UPDATE);
+        count_error(ERR_HIST_UPDATE);
         return;
     };
     let delta = (now - then) / if cfg.unit_ns > 1 { cfg.unit_ns } else { 1 };

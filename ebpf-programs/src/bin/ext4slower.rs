@@ -1,12 +1,399 @@
-//! Slow ext4 operations, sending events through a BPF ring buffer.
+//! ext4 reads, writes, opens and syncs slower than a threshold.
+//!
+//! Three ways in, one bookkeeping: an entry hook stores the operation by
+//! thread id, and the return hook times it and sends an event when it was
+//! slow enough.
+//! - fentry/fexit and kprobe/kretprobe on `ext4_file_read_iter`,
+//!   `ext4_file_write_iter`, `ext4_file_open` and `ext4_sync_file`, which
+//!   only ext4 files reach;
+//! - the syscall tracepoints of read, write, their positional and vector
+//!   forms, openat, fsync and fdatasync, for kernels with neither: there
+//!   the file behind the descriptor is looked up and kept only if its
+//!   superblock is ext4's.
 #![no_std]
 #![no_main]
 
-use aya_ebpf::{macros::map, maps::RingBuf};
+use aya_ebpf::{
+    EbpfContext, Global,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_kernel_str_bytes,
+    },
+    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    maps::HashMap,
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
+};
+use rtrace_common::{
+    events::LOST_TABLE,
+    ext4slower::{
+        Config, EXT4_SUPER_MAGIC, Entry, Event, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, WHOLE_FILE,
+    },
+};
+use rtrace_ebpf::{count_error, events::emit, file_of_fd, global, read_kernel, read_ptr, targets};
 
-/// Events to user space: a BPF ring buffer; user space sets the size.
+rtrace_ebpf::event_map!();
+
+#[unsafe(no_mangle)]
+static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+
+/// Operations in flight, by thread id; user space sizes it to the threads
+/// the machine may have.
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+static STARTS: HashMap<u32, Entry> = HashMap::with_max_entries(65536, 0);
 
-#[path = "../tools/ext4slower.rs"]
-mod ext4slower;
+/// Whether the current process is traced: `-p` allows it, and it is not
+/// rtrace itself (user space excludes its own process).
+#[inline(always)]
+fn traced() -> bool {
+    targets::admits_current()
+}
+
+/// Stores an operation at entry, unless its process is not traced.
+#[inline(always)]
+fn enter(op: u32, file: *const u8, pos: i64, span: i64) {
+    if traced() {
+        store(op, file, pos, span);
+    }
+}
+
+/// Stores an operation of a traced process at entry.
+#[inline(always)]
+fn store(op: u32, file: *const u8, pos: i64, span: i64) {
+    let entry = Entry {
+        // SAFETY: the helper has no preconditions.
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        file: file as u64,
+        pos,
+        span,
+        op,
+        _pad: 0,
+    };
+    if STARTS
+        .insert(bpf_get_current_pid_tgid() as u32, entry, 0)
+        .is_err()
+    {
+        count_error(LOST_TABLE);
+    }
+}
+
+/// Whether `file` lives on an ext4 (or ext2/3, served by ext4) superblock.
+#[inline(always)]
+fn on_ext4(file: *const u8) -> bool {
+    let o = &global(&CONFIG).file;
+    let sb = read_ptr(read_ptr(file, o.f_inode), o.i_sb);
+    // s_magic is an unsigned long.
+    read_kernel::<u64>(sb, o.s_magic).is_ok_and(|m| m == EXT4_SUPER_MAGIC)
+}
+
+/// The current thread's operation in flight, taken out of the table.
+#[inline(always)]
+fn take_entry() -> Option<Entry> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let e = STARTS.get_ptr(tid)?;
+    // SAFETY: a STARTS value, copied before it is removed.
+    let entry = unsafe { *e };
+    let _ = STARTS.remove(tid);
+    Some(entry)
+}
+
+/// Times `entry`, whose operation returned `ret`, and sends it if slow
+/// enough. `file` is the open's new file where entry had none.
+#[inline(always)]
+fn exit<C: EbpfContext>(ctx: &C, entry: Entry, ret: i64, file: Option<*const u8>) {
+    if ret < 0 {
+        return;
+    }
+    let cfg = global(&CONFIG);
+    // SAFETY: the helper has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let delta = now.saturating_sub(entry.start_ns);
+    if delta < cfg.min_ns {
+        return;
+    }
+    let file = match file {
+        Some(f) => {
+            if !on_ext4(f) {
+                return;
+            }
+            f
+        }
+        None => entry.file as *const u8,
+    };
+    let mut event = Event {
+        end_ns: now,
+        delta_ns: delta,
+        bytes: match entry.op {
+            OP_READ | OP_WRITE => ret,
+            OP_FSYNC => entry.span,
+            _ => 0,
+        },
+        offset: entry.pos,
+        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        op: entry.op,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        name: [0; 32],
+    };
+    let o = &cfg.file;
+    let name = read_ptr(read_ptr(file, o.f_dentry), o.d_name);
+    if !name.is_null() {
+        // SAFETY: the helper copes with any address.
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut event.name) };
+    }
+    emit(&EVENTS, ctx, &event);
+}
+
+/// The return of an fexit or kretprobe: `ret` as the function's type
+/// gives it, open and fsync returning an int.
+#[inline(always)]
+fn function_exit<C: EbpfContext>(ctx: &C, ret: i64) {
+    let Some(entry) = take_entry() else { return };
+    let ret = if matches!(entry.op, OP_OPEN | OP_FSYNC) {
+        i64::from(ret as i32)
+    } else {
+        ret
+    };
+    exit(ctx, entry, ret, None);
+}
+
+/// The file and position of a `struct kiocb`.
+#[inline(always)]
+fn kiocb(iocb: *const u8) -> (*const u8, i64) {
+    let o = &global(&CONFIG).file;
+    (
+        read_ptr(iocb, o.ki_filp),
+        read_kernel::<i64>(iocb, o.ki_pos).unwrap_or(0),
+    )
+}
+
+/// The same from a BTF-typed `struct kiocb` pointer (fentry): loaded
+/// directly, without a helper call. The verifier checks each load against
+/// the kernel's BTF; the offsets come from read-only data, which it sees
+/// as constants.
+#[inline(always)]
+fn kiocb_btf(iocb: *const u8) -> (*const u8, i64) {
+    let o = &global(&CONFIG).file;
+    // SAFETY: `iocb` is the traced function's live argument, and the
+    // offsets are its members', from BTF.
+    unsafe {
+        (
+            *(iocb.wrapping_add(o.ki_filp as usize) as *const *const u8),
+            *(iocb.wrapping_add(o.ki_pos as usize) as *const i64),
+        )
+    }
+}
+
+/// The bytes `ext4_sync_file(file, start, end, datasync)` covers.
+#[inline(always)]
+fn sync_span(start: i64, end: i64) -> i64 {
+    if end == WHOLE_FILE {
+        WHOLE_FILE
+    } else {
+        end.saturating_sub(start).saturating_add(1)
+    }
+}
+
+// fentry/fexit: arguments typed by the kernel's BTF; fexit gets them all
+// again, then the return value.
+
+#[fentry(function = "ext4_file_read_iter")]
+pub fn fentry_read(ctx: FEntryContext) -> u32 {
+    let (file, pos) = kiocb_btf(ctx.arg(0));
+    enter(OP_READ, file, pos, 0);
+    0
+}
+
+#[fentry(function = "ext4_file_write_iter")]
+pub fn fentry_write(ctx: FEntryContext) -> u32 {
+    let (file, pos) = kiocb_btf(ctx.arg(0));
+    enter(OP_WRITE, file, pos, 0);
+    0
+}
+
+#[fentry(function = "ext4_file_open")]
+pub fn fentry_open(ctx: FEntryContext) -> u32 {
+    enter(OP_OPEN, ctx.arg(1), 0, 0);
+    0
+}
+
+#[fentry(function = "ext4_sync_file")]
+pub fn fentry_sync(ctx: FEntryContext) -> u32 {
+    let start: i64 = ctx.arg(1);
+    enter(OP_FSYNC, ctx.arg(0), start, sync_span(start, ctx.arg(2)));
+    0
+}
+
+#[fexit(function = "ext4_file_read_iter")]
+pub fn fexit_read(ctx: FExitContext) -> u32 {
+    function_exit(&ctx, ctx.arg(2));
+    0
+}
+
+#[fexit(function = "ext4_file_write_iter")]
+pub fn fexit_write(ctx: FExitContext) -> u32 {
+    function_exit(&ctx, ctx.arg(2));
+    0
+}
+
+#[fexit(function = "ext4_file_open")]
+pub fn fexit_open(ctx: FExitContext) -> u32 {
+    function_exit(&ctx, ctx.arg(2));
+    0
+}
+
+#[fexit(function = "ext4_sync_file")]
+pub fn fexit_sync(ctx: FExitContext) -> u32 {
+    function_exit(&ctx, ctx.arg(4));
+    0
+}
+
+// kprobes: the same, from registers.
+
+#[kprobe]
+pub fn kprobe_read(ctx: ProbeContext) -> u32 {
+    let (file, pos) = kiocb(ctx.arg(0).unwrap_or(core::ptr::null()));
+    enter(OP_READ, file, pos, 0);
+    0
+}
+
+#[kprobe]
+pub fn kprobe_write(ctx: ProbeContext) -> u32 {
+    let (file, pos) = kiocb(ctx.arg(0).unwrap_or(core::ptr::null()));
+    enter(OP_WRITE, file, pos, 0);
+    0
+}
+
+#[kprobe]
+pub fn kprobe_open(ctx: ProbeContext) -> u32 {
+    enter(OP_OPEN, ctx.arg(1).unwrap_or(core::ptr::null()), 0, 0);
+    0
+}
+
+#[kprobe]
+pub fn kprobe_sync(ctx: ProbeContext) -> u32 {
+    let start: i64 = ctx.arg(1).unwrap_or(0);
+    let end: i64 = ctx.arg(2).unwrap_or(WHOLE_FILE);
+    enter(
+        OP_FSYNC,
+        ctx.arg(0).unwrap_or(core::ptr::null()),
+        start,
+        sync_span(start, end),
+    );
+    0
+}
+
+/// One return probe serves all four functions: the entry says which.
+#[kretprobe]
+pub fn kretprobe_ext4(ctx: RetProbeContext) -> u32 {
+    function_exit(&ctx, ctx.ret());
+    0
+}
+
+// Syscall tracepoints: the descriptor's file must be looked up, and kept
+// only when ext4 serves it.
+
+/// Argument `n` of a `sys_enter_*` record.
+#[inline(always)]
+fn sys_arg(ctx: &TracePointContext, n: u32) -> i64 {
+    let at = global(&CONFIG).sys_args + n * 8;
+    // SAFETY: the offset comes from the tracepoint's format file.
+    unsafe { ctx.read_at::<i64>(at as usize) }.unwrap_or(-1)
+}
+
+/// A read or write of descriptor argument 0, at argument `pos_arg` or at
+/// the file's own position.
+#[inline(always)]
+fn sys_enter_rw(ctx: &TracePointContext, op: u32, pos_arg: Option<u32>) {
+    // Every process's reads and writes come here: rule out the untraced
+    // before the walk to the file.
+    if !traced() {
+        return;
+    }
+    let file = file_of_fd(&global(&CONFIG).file.fd, sys_arg(ctx, 0));
+    if file.is_null() || !on_ext4(file) {
+        return;
+    }
+    let pos = match pos_arg {
+        Some(n) => sys_arg(ctx, n),
+        None => read_kernel::<i64>(file, global(&CONFIG).file.f_pos).unwrap_or(0),
+    };
+    store(op, file, pos, 0);
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_read")]
+pub fn tp_sys_enter_read(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_READ, None);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_readv")]
+pub fn tp_sys_enter_readv(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_READ, None);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_pread64")]
+pub fn tp_sys_enter_pread64(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_READ, Some(3));
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_write")]
+pub fn tp_sys_enter_write(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_WRITE, None);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_writev")]
+pub fn tp_sys_enter_writev(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_WRITE, None);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_pwrite64")]
+pub fn tp_sys_enter_pwrite64(ctx: TracePointContext) -> u32 {
+    sys_enter_rw(&ctx, OP_WRITE, Some(3));
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_fsync")]
+pub fn tp_sys_enter_fsync(ctx: TracePointContext) -> u32 {
+    sys_enter_sync(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_fdatasync")]
+pub fn tp_sys_enter_fdatasync(ctx: TracePointContext) -> u32 {
+    sys_enter_sync(&ctx);
+    0
+}
+
+/// fsync(2) and fdatasync(2) sync the whole file.
+#[inline(always)]
+fn sys_enter_sync(ctx: &TracePointContext) {
+    if !traced() {
+        return;
+    }
+    let file = file_of_fd(&global(&CONFIG).file.fd, sys_arg(ctx, 0));
+    if !file.is_null() && on_ext4(file) {
+        store(OP_FSYNC, file, 0, WHOLE_FILE);
+    }
+}
+
+/// The file is not known until openat(2) returns its descriptor.
+#[tracepoint(category = "syscalls", name = "sys_enter_openat")]
+pub fn tp_sys_enter_openat(_ctx: TracePointContext) -> u32 {
+    enter(OP_OPEN, core::ptr::null(), 0, 0);
+    0
+}
+
+/// Attached to the exit of every syscall above.
+#[tracepoint(category = "syscalls", name = "sys_exit")]
+pub fn tp_sys_exit(ctx: TracePointContext) -> u32 {
+    let at = global(&CONFIG).sys_ret;
+    // SAFETY: the offset comes from the tracepoint's format file.
+    let ret = unsafe { ctx.read_at::<i64>(at as usize) }.unwrap_or(-1);
+    let Some(entry) = take_entry() else { return 0 };
+    let file = (entry.op == OP_OPEN).then(|| file_of_fd(&global(&CONFIG).file.fd, ret));
+    exit(&ctx, entry, ret, file);
+    0
+}

@@ -73,21 +73,91 @@ impl<K: aya::Pod + Eq + Hash + Ord> KeyedDeltas<K> {
     }
 }
 
-/// Appends one histogram of an interval's text: a heading line if there is
-/// one, the log2 table, and percentiles if asked for.
-pub fn push_hist(
-    text: &mut String,
-    head: Option<&str>,
-    s: &Snapshot,
-    unit: &str,
-    percentiles: bool,
-) {
-    if let Some(head) = head {
-        text.push_str(&format!("\n{head}\n"));
+/// One histogram of an interval, with what it is of: its heading in text
+/// (`pid = 185 sh`) and the same as JSON fields (`"pid": 185`).
+#[derive(Debug)]
+pub struct Group {
+    /// The heading line, if the histograms are grouped.
+    pub head: Option<String>,
+    /// The group's labels, added to the histogram's JSON object.
+    pub labels: serde_json::Map<String, serde_json::Value>,
+    /// The counts.
+    pub snapshot: Snapshot,
+}
+
+impl Group {
+    /// The one histogram of an ungrouped tool.
+    pub fn total(snapshot: Snapshot) -> Self {
+        Self {
+            head: None,
+            labels: serde_json::Map::new(),
+            snapshot,
+        }
     }
-    text.push_str(&render_log2(&s.log2(), unit));
-    if percentiles && s.count() > 0 {
-        text.push_str(&render_percentiles(s, unit));
+}
+
+/// One interval of a histogram tool (runqlat, biolatency): its text is
+/// libbpf-tools' layout, its JSON one object with every histogram.
+#[derive(Debug)]
+pub struct Interval {
+    /// The mechanism attached with.
+    pub attach: &'static str,
+    /// Extra fields of the JSON object, such as where runqlat keeps its
+    /// enqueue times.
+    pub extra: serde_json::Map<String, serde_json::Value>,
+    /// The histograms.
+    pub histograms: Vec<Group>,
+    /// The loss counters so far, by name.
+    pub errors: serde_json::Value,
+    /// The values' unit, e.g. `usecs`.
+    pub unit: &'static str,
+    /// Whether the text starts with the time (`-T`).
+    pub timestamp: bool,
+    /// Whether the text adds percentiles (`--percentiles`).
+    pub percentiles: bool,
+    /// Whether the text shows an empty table when there are no histograms.
+    pub empty_table: bool,
+}
+
+impl Serialize for Interval {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let histograms: Vec<serde_json::Value> = self
+            .histograms
+            .iter()
+            .map(|g| {
+                let mut v = serde_json::to_value(g.snapshot.to_json(self.unit)).unwrap_or_default();
+                if let serde_json::Value::Object(m) = &mut v {
+                    m.extend(g.labels.clone());
+                }
+                v
+            })
+            .collect();
+        let mut obj = self.extra.clone();
+        obj.insert("attach".into(), self.attach.into());
+        obj.insert("histograms".into(), histograms.into());
+        obj.insert("errors".into(), self.errors.clone());
+        obj.serialize(ser)
+    }
+}
+
+impl super::Record for Interval {
+    fn text(&self, out: &mut String) {
+        out.push('\n');
+        if self.timestamp {
+            let _ = writeln!(out, "{:<8}", super::hms());
+        }
+        if self.histograms.is_empty() && self.empty_table {
+            out.push_str(&render_log2(&Snapshot::default().log2(), self.unit));
+        }
+        for g in &self.histograms {
+            if let Some(head) = &g.head {
+                let _ = write!(out, "\n{head}\n");
+            }
+            out.push_str(&render_log2(&g.snapshot.log2(), self.unit));
+            if self.percentiles && g.snapshot.count() > 0 {
+                out.push_str(&render_percentiles(&g.snapshot, self.unit));
+            }
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! Output shared by every tool: the interval loop with its signals,
-//! timestamps, JSON lines and the report of lost work at exit.
+//! Output shared by every tool: the one [`Sink`] every record goes through
+//! (text in bcc's layout, or JSON lines), signals, timestamps and columns.
 //!
 //! Rust's stdout is line-buffered whatever it points at, so each line
 //! reaches a pipe or file as soon as it is printed; the loop flushes after
@@ -26,15 +26,6 @@ pub struct IntervalArgs {
     /// Print a timestamp (HH:MM:SS) before each output.
     #[arg(short = 'T', long)]
     pub timestamp: bool,
-}
-
-/// What ends a wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tick {
-    /// The interval elapsed.
-    Interval,
-    /// SIGINT, SIGTERM or SIGHUP arrived: print what there is, then exit 0.
-    Signal,
 }
 
 /// Waits for SIGINT, SIGTERM and SIGHUP. Create it before announcing that
@@ -78,39 +69,6 @@ impl Signals {
             _ = self.term.recv() => {}
             _ = self.hup.recv() => {}
             () = deadline => {}
-        }
-    }
-}
-
-/// Runs `emit` once per interval, or once at the end without an interval.
-///
-/// `emit` gets whether this output is the last. A signal ends the loop
-/// after one final output of the partial interval.
-pub async fn run_intervals(
-    args: &IntervalArgs,
-    signals: &mut Signals,
-    mut emit: impl FnMut(Tick, bool) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    let mut done = 0u64;
-    loop {
-        let tick = match args.interval {
-            Some(secs) => tokio::select! {
-                () = tokio::time::sleep(Duration::from_secs(secs)) => Tick::Interval,
-                () = signals.recv() => Tick::Signal,
-            },
-            None => {
-                signals.recv().await;
-                Tick::Signal
-            }
-        };
-        done += 1;
-        let last = tick == Tick::Signal || args.count.is_some_and(|c| done >= c);
-        emit(tick, last)?;
-        std::io::stdout()
-            .flush()
-            .context("cannot write to stdout")?;
-        if last {
-            return Ok(());
         }
     }
 }
@@ -190,17 +148,7 @@ pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
     writeln!(out, "{line}").context("cannot write to stdout")
 }
 
-/// The `ERRORS` per-CPU counters of a histogram tool's object, summed over
-/// CPUs, one per name.
-pub fn read_errors(ebpf: &aya::Ebpf, names: &[&str]) -> anyhow::Result<Vec<u64>> {
-    let map: aya::maps::PerCpuArray<_, u64> =
-        aya::maps::PerCpuArray::try_from(ebpf.map("ERRORS").context("map ERRORS missing")?)?;
-    (0..names.len() as u32)
-        .map(|i| Ok(map.get(&i, 0)?.iter().sum()))
-        .collect()
-}
-
-/// The counters of [`read_errors`] as a JSON object keyed by their names.
+/// Loss counters (`crate::tracer::read_errors`) as a JSON object keyed by their names.
 pub fn errors_json(names: &[&str], counts: &[u64]) -> serde_json::Value {
     names
         .iter()
@@ -210,19 +158,82 @@ pub fn errors_json(names: &[&str], counts: &[u64]) -> serde_json::Value {
         .into()
 }
 
-/// Writes an interval's text to stdout in one piece.
-pub fn write_text(text: &str) -> anyhow::Result<()> {
-    std::io::stdout()
-        .lock()
-        .write_all(text.as_bytes())
-        .context("cannot write to stdout")
+/// One thing a tool prints: an event, an interval's histograms, a
+/// profile's stacks. Its text is bcc's layout; its JSON is its `Serialize`
+/// form, one line (one per element of a list), to which the sink adds
+/// `tool`, `time` and `timestamp`.
+pub trait Record: serde::Serialize {
+    /// Appends the text form, with its line ends.
+    fn text(&self, out: &mut String);
 }
 
-/// Reports counters of lost work on stderr, each only when nonzero.
-pub fn report_errors(names: &[&str], counts: &[u64]) {
-    for (name, &n) in names.iter().zip(counts) {
-        if n > 0 {
-            eprintln!("rtrace: warning: {n} {name}");
+/// Where every record goes: text or JSON lines on stdout.
+pub struct Sink {
+    tool: &'static str,
+    json: bool,
+    text: bool,
+    line: String,
+}
+
+impl Sink {
+    /// A sink for `tool`'s records, as JSON lines if `json`.
+    pub fn new(tool: &'static str, json: bool) -> Self {
+        Self {
+            tool,
+            json,
+            text: true,
+            line: String::new(),
         }
+    }
+
+    /// Prints nothing in text mode from now on, as when a tool writes its
+    /// results to files instead; JSON is still printed.
+    pub fn quiet_text(&mut self) {
+        self.text = false;
+    }
+
+    /// Prints a column header, in text mode only.
+    pub fn header(&mut self, header: &str) -> anyhow::Result<()> {
+        if self.json || !self.text {
+            return Ok(());
+        }
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{header}").context("cannot write to stdout")
+    }
+
+    /// Prints one record.
+    pub fn emit(&mut self, record: &impl Record) -> anyhow::Result<()> {
+        if self.json {
+            // A record that is a list, such as a profile's stacks, is one
+            // line per element.
+            let lines = match serde_json::to_value(record).context("cannot encode JSON")? {
+                serde_json::Value::Array(items) => items,
+                one => vec![one],
+            };
+            for mut value in lines {
+                if let serde_json::Value::Object(map) = &mut value {
+                    map.entry("tool").or_insert_with(|| self.tool.into());
+                    map.entry("time").or_insert_with(|| hms().into());
+                    map.entry("timestamp")
+                        .or_insert_with(|| epoch_secs().into());
+                }
+                json_line(&value)?;
+            }
+            return Ok(());
+        }
+        if !self.text {
+            return Ok(());
+        }
+        self.line.clear();
+        record.text(&mut self.line);
+        std::io::stdout()
+            .lock()
+            .write_all(self.line.as_bytes())
+            .context("cannot write to stdout")
+    }
+
+    /// Pushes what was printed out to a pipe or file.
+    pub fn flush(&mut self) -> anyhow::Result<()> {
+        std::io::stdout().flush().context("cannot write to stdout")
     }
 }

@@ -67,62 +67,77 @@ pub fn folded_line(s: &Sample, opts: TextOptions) -> String {
     line
 }
 
-/// Writes folded stacks, the hottest first.
-pub fn write_folded(samples: &[Sample], opts: TextOptions) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    for s in samples {
-        writeln!(out, "{}", folded_line(s, opts)).context("cannot write to stdout")?;
-    }
-    Ok(())
+/// How a profile's stacks are printed as text.
+#[derive(Clone, Copy, Debug)]
+pub enum Style {
+    /// Folded lines, the hottest first.
+    Folded(TextOptions),
+    /// bcc's multi-line form: frames leaf first, kernel then user, then the
+    /// command and count; the hottest stack last, nearest the prompt, as
+    /// bcc's profile prints it.
+    Multiline(TextOptions),
 }
 
-/// Writes bcc's multi-line form: frames leaf first, kernel then user, then
-/// the command and count; the hottest stack last, nearest the prompt, as
-/// bcc's profile prints it.
-pub fn write_multiline(samples: &[Sample], opts: TextOptions) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    for s in samples.iter().rev() {
-        let mut text = String::new();
-        for f in &s.kernel {
-            let _ = writeln!(text, "    {}", name(f, opts.annotate));
-        }
-        if opts.delimiter && !s.kernel.is_empty() && !s.user.is_empty() {
-            text.push_str("    --\n");
-        }
-        for f in &s.user {
-            let _ = writeln!(text, "    {}", name(f, opts.annotate));
-        }
-        let _ = writeln!(text, "    {:<16} {} ({})", "-", s.comm, s.pid);
-        let _ = writeln!(text, "        {}\n", s.count);
-        out.write_all(text.as_bytes())
-            .context("cannot write to stdout")?;
-    }
-    Ok(())
+/// A profile's stacks, hottest first, as one record: text in `style`,
+/// JSON one object per stack with its frames leaf first.
+pub struct Stacks<'a> {
+    /// The stacks, hottest first.
+    pub samples: &'a [Sample],
+    /// The text form.
+    pub style: Style,
 }
 
-/// Writes one JSON object per stack, frames leaf first.
-pub fn write_json(samples: &[Sample]) -> anyhow::Result<()> {
-    let frames = |fs: &[Frame]| -> Vec<serde_json::Value> {
-        fs.iter()
-            .map(|f| {
-                serde_json::json!({
-                    "name": f.name,
-                    "kind": kind_name(f.kind),
-                    "module": f.module,
+impl serde::Serialize for Stacks<'_> {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let frames = |fs: &[Frame]| -> Vec<serde_json::Value> {
+            fs.iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "name": f.name,
+                        "kind": kind_name(f.kind),
+                        "module": f.module,
+                    })
                 })
+                .collect()
+        };
+        ser.collect_seq(self.samples.iter().map(|s| {
+            serde_json::json!({
+                "comm": s.comm,
+                "pid": s.pid,
+                "count": s.count,
+                "kernel": frames(&s.kernel),
+                "user": frames(&s.user),
             })
-            .collect()
-    };
-    for s in samples {
-        super::json_line(&serde_json::json!({
-            "comm": s.comm,
-            "pid": s.pid,
-            "count": s.count,
-            "kernel": frames(&s.kernel),
-            "user": frames(&s.user),
-        }))?;
+        }))
     }
-    Ok(())
+}
+
+impl super::Record for Stacks<'_> {
+    fn text(&self, out: &mut String) {
+        match self.style {
+            Style::Folded(opts) => {
+                for s in self.samples {
+                    out.push_str(&folded_line(s, opts));
+                    out.push('\n');
+                }
+            }
+            Style::Multiline(opts) => {
+                for s in self.samples.iter().rev() {
+                    for f in &s.kernel {
+                        let _ = writeln!(out, "    {}", name(f, opts.annotate));
+                    }
+                    if opts.delimiter && !s.kernel.is_empty() && !s.user.is_empty() {
+                        out.push_str("    --\n");
+                    }
+                    for f in &s.user {
+                        let _ = writeln!(out, "    {}", name(f, opts.annotate));
+                    }
+                    let _ = writeln!(out, "    {:<16} {} ({})", "-", s.comm, s.pid);
+                    let _ = writeln!(out, "        {}\n", s.count);
+                }
+            }
+        }
+    }
 }
 
 fn kind_name(k: Kind) -> &'static str {

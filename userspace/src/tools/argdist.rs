@@ -9,23 +9,23 @@ use std::{collections::HashMap, fmt::Write as _};
 
 use anyhow::Context as _;
 use aya::{
-    EbpfLoader,
+    Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
 };
 use rtrace_common::{
     argdist::{
-        Config, ERR_SLOTS, KIND_RETURN, Key, MAX_PROBES, MODE_COUNT, MODE_HIST, Probe, STR_LEN,
+        Config, ERR_NAMES, KIND_RETURN, Key, MAX_PROBES, MODE_COUNT, MODE_HIST, Probe, STR_LEN,
         VAL_STRING,
     },
     hist::Hist,
 };
 
 use crate::{
-    GlobalArgs,
-    features::{Features, Hooks, Mechanism, attach_kernel_fn},
-    objects,
-    output::{self, Signals, hist::Snapshot},
-    privs, tracefs, uprobes,
+    features::{Hooks, Mechanism, attach_kernel_fn},
+    output::{self, Record, Sink, hist::Snapshot},
+    tracefs,
+    tracer::{self, Kernel, Load, Scope, Tool},
+    uprobes,
 };
 
 use spec::{Spec, Target};
@@ -145,8 +145,8 @@ fn probe(p: &Parsed, str_len: u32) -> Probe {
 
 /// Attaches slot `i`'s programs for `spec`; says how, for `-v`.
 fn attach(
-    ebpf: &mut aya::Ebpf,
-    features: &mut Features,
+    ebpf: &mut Ebpf,
+    kernel: &mut Kernel,
     i: usize,
     spec: &Spec,
     pid: Option<u32>,
@@ -154,7 +154,7 @@ fn attach(
     let ret = spec.kind == KIND_RETURN;
     match &spec.target {
         Target::Tracepoint { category, event } => {
-            Hooks::new(Mechanism::Tracepoint)?.attach(
+            Hooks::new(Mechanism::Tracepoint, kernel)?.attach(
                 ebpf,
                 &format!("tracepoint_{i}"),
                 category,
@@ -163,7 +163,7 @@ fn attach(
             Ok(format!("tracepoint {category}:{event}"))
         }
         Target::Kernel { function } => {
-            features.check(Mechanism::Kprobe).map_err(|why| {
+            kernel.check(Mechanism::Kprobe).map_err(|why| {
                 anyhow::anyhow!(
                     "{:?} needs kprobes, which this kernel does not offer ({why}); \
                      tracepoints (t:) work everywhere",
@@ -171,22 +171,14 @@ fn attach(
                 )
             })?;
             if ret {
-                attach_kernel_fn(
-                    ebpf,
+                attach_kernel_fn(ebpf, kernel,
                     &format!("kretprobe_{i}"),
                     Mechanism::Kretprobe,
                     function,
-                    None,
                 )?;
             }
             if !ret || spec.need_entry {
-                attach_kernel_fn(
-                    ebpf,
-                    &format!("kprobe_{i}"),
-                    Mechanism::Kprobe,
-                    function,
-                    None,
-                )?;
+                attach_kernel_fn(ebpf, kernel, &format!("kprobe_{i}"), Mechanism::Kprobe, function)?;
             }
             Ok(format!(
                 "{} {function}",
@@ -194,7 +186,7 @@ fn attach(
             ))
         }
         Target::User { library, function } => {
-            features.check(Mechanism::Uprobe).map_err(|why| {
+            kernel.check(Mechanism::Uprobe).map_err(|why| {
                 anyhow::anyhow!(
                     "{:?} needs uprobes, which do not work here: {why}",
                     spec.raw
@@ -278,40 +270,105 @@ impl Counts {
     }
 }
 
-/// Runs the tool.
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    let parsed = parse_all(&args)?;
-    if let Some(pid) = args.pid {
-        super::check_pid(pid)?;
-    }
-    if let Some(tid) = args.tid {
-        super::check_tid(tid)?;
-    }
-    privs::check()?;
+/// One interval's tables: bcc's text, and the same as JSON.
+struct Report {
+    text: String,
+    probes: Vec<serde_json::Value>,
+}
 
-    // SAFETY: every field is an integer or an array of them.
-    let mut cfg: Config = unsafe { std::mem::zeroed() };
-    cfg.pid = args.pid.unwrap_or(0);
-    cfg.tid = args.tid.unwrap_or(0);
-    for (slot, p) in cfg.probes.iter_mut().zip(&parsed) {
-        *slot = probe(p, args.string_size);
+impl serde::Serialize for Report {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        serde_json::json!({ "probes": self.probes }).serialize(ser)
     }
-    let mut loader = EbpfLoader::new();
-    loader
-        .override_global("CONFIG", &cfg, true)
-        .map_max_entries("COUNTS", args.table_size.max(1))
-        .map_max_entries("ENTRIES", super::runnable_entries());
-    let mut ebpf = loader
-        .load(objects::ARGDIST)
-        .context("cannot load the argdist program")?;
-    let mut features = Features::new();
-    for (i, p) in parsed.iter().enumerate() {
-        let how = attach(&mut ebpf, &mut features, i, &p.spec, args.pid)
-            .with_context(|| format!("cannot attach {:?}", p.spec.raw))?;
-        if global.verbose {
+}
+
+impl Record for Report {
+    fn text(&self, out: &mut String) {
+        out.push_str(&self.text);
+    }
+}
+
+/// The tool.
+pub struct Argdist {
+    args: Args,
+    parsed: Vec<Parsed>,
+    /// How each probe was attached, for `-v`.
+    how: Vec<String>,
+    counts: Counts,
+    prev_hists: Vec<Snapshot>,
+}
+
+impl Tool for Argdist {
+    type Args = Args;
+    const NAME: &'static str = "argdist";
+    /// Each probe names its own mechanism.
+    const CHAIN: &'static [Mechanism] = &[];
+    const ERRORS: &'static [&'static str] = &ERR_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let parsed = parse_all(&args)?;
+        let n = parsed.len();
+        Ok(Self {
+            counts: Counts {
+                prev: HashMap::new(),
+                cumulative: args.cumulative,
+            },
+            args,
+            parsed,
+            how: Vec::new(),
+            prev_hists: vec![Snapshot::default(); n],
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.args.pid.into_iter().collect(),
+            tids: self.args.tid.into_iter().collect(),
+            ..Scope::default()
+        }
+    }
+
+    fn interval(&self) -> tracer::Interval {
+        tracer::Interval::Every {
+            secs: self.args.interval,
+            count: self.args.count,
+        }
+    }
+
+    fn duration(&self) -> Option<u64> {
+        self.args.duration
+    }
+
+    fn configure(
+        &mut self,
+        _m: Option<Mechanism>,
+        _kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        // SAFETY: every field is an integer or an array of them.
+        let mut cfg: Config = unsafe { std::mem::zeroed() };
+        for (slot, p) in cfg.probes.iter_mut().zip(&self.parsed) {
+            *slot = probe(p, self.args.string_size);
+        }
+        load.config(&cfg)
+            .size("COUNTS", self.args.table_size.max(1))
+            .size("ENTRIES", tracer::runnable_entries());
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        _m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        self.how.clear();
+        for (i, p) in self.parsed.iter().enumerate() {
+            let how = attach(ebpf, kernel, i, &p.spec, self.args.pid)
+                .with_context(|| format!("cannot attach {:?}", p.spec.raw))?;
             let what: Vec<String> = p.spec.values.iter().map(|v| v.text.clone()).collect();
-            eprintln!(
-                "rtrace: argdist: probe {i}: {how}: {} of {}{}{}",
+            self.how.push(format!(
+                "probe {i}: {how}: {} of {}{}{}",
                 if p.hist { "histogram" } else { "counts" },
                 what.join(", "),
                 if p.spec.conds.is_empty() {
@@ -324,29 +381,41 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 } else {
                     ""
                 },
-            );
+            ));
         }
+        Ok(())
     }
-    let mut signals = Signals::new()?;
-    signals.stop_after(args.duration);
-    eprintln!("Tracing {} probe(s)... Hit Ctrl-C to end.", parsed.len());
 
-    let mut counts = Counts {
-        prev: HashMap::new(),
-        cumulative: args.cumulative,
-    };
-    let mut prev_hists: Vec<Snapshot> = vec![Snapshot::default(); parsed.len()];
-    let intervals = output::IntervalArgs {
-        interval: Some(args.interval),
-        count: args.count,
-        timestamp: false,
-    };
-    output::run_intervals(&intervals, &mut signals, |_, last| {
+    fn describe(&self) -> String {
+        format!("{} probe(s)", self.parsed.len())
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.how.clone()
+    }
+
+    fn banner(&self) -> String {
+        format!(
+            "Tracing {} probe(s)... Hit Ctrl-C to end.",
+            self.parsed.len()
+        )
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
+        let report = self.read(ebpf)?;
+        sink.emit(&report)
+    }
+}
+
+impl Argdist {
+    /// Reads one interval's tables.
+    fn read(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Report> {
+        let parsed = &self.parsed;
         let mut by_probe: Vec<Vec<(Key, u64)>> = vec![Vec::new(); parsed.len()];
         if parsed.iter().any(|p| !p.hist) {
             let mut map: BpfHashMap<_, Key, u64> =
                 BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
-            for (key, n) in counts.read(&mut map) {
+            for (key, n) in self.counts.read(&mut map) {
                 if let Some(v) = by_probe.get_mut(key.probe as usize) {
                     v.push((key, n));
                 }
@@ -362,72 +431,50 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 for h in hists.get(&(i as u32), 0)?.iter() {
                     now.add(h);
                 }
-                let shown = if args.cumulative {
+                let shown = if self.args.cumulative {
                     now.clone()
                 } else {
-                    now.since(&prev_hists[i])
+                    now.since(&self.prev_hists[i])
                 };
-                prev_hists[i] = now;
+                self.prev_hists[i] = now;
                 let unit = p.spec.label.as_deref().unwrap_or(&p.spec.values[0].text);
-                if global.json {
-                    json.push(serde_json::json!({
-                        "spec": p.spec.raw,
-                        "label": p.spec.label,
-                        "type": "histogram",
-                        "histogram": shown.to_json(unit),
-                    }));
-                } else {
-                    let _ = writeln!(text, "{}", p.spec.name());
-                    text.push_str(&output::hist::render_log2(&shown.log2(), unit));
-                }
+                json.push(serde_json::json!({
+                    "spec": p.spec.raw,
+                    "label": p.spec.label,
+                    "type": "histogram",
+                    "histogram": shown.to_json(unit),
+                }));
+                let _ = writeln!(text, "{}", p.spec.name());
+                text.push_str(&output::hist::render_log2(&shown.log2(), unit));
             } else {
                 let mut rows = std::mem::take(&mut by_probe[i]);
                 rows.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
-                if let Some(top) = args.top {
+                if let Some(top) = self.args.top {
                     rows.drain(..rows.len().saturating_sub(top));
                 }
                 let rows: Vec<(u64, serde_json::Map<String, serde_json::Value>)> = rows
                     .iter()
                     .map(|(key, n)| (*n, key_values(&p.spec, key)))
                     .collect();
-                if global.json {
-                    json.push(serde_json::json!({
-                        "spec": p.spec.raw,
-                        "label": p.spec.label,
-                        "type": "counts",
-                        "counts": rows.into_iter().map(|(n, values)| serde_json::json!({
-                            "count": n,
-                            "values": values,
-                        })).collect::<Vec<_>>(),
-                    }));
-                } else {
-                    let _ = writeln!(text, "{}", p.spec.name());
-                    let _ = writeln!(text, "\t{:<10} EVENT", "COUNT");
-                    for (n, values) in &rows {
-                        let _ = writeln!(text, "\t{n:<10} {}", key_text(&p.spec, values));
-                    }
+                let _ = writeln!(text, "{}", p.spec.name());
+                let _ = writeln!(text, "\t{:<10} EVENT", "COUNT");
+                for (n, values) in &rows {
+                    let _ = writeln!(text, "\t{n:<10} {}", key_text(&p.spec, values));
                 }
+                json.push(serde_json::json!({
+                    "spec": p.spec.raw,
+                    "label": p.spec.label,
+                    "type": "counts",
+                    "counts": rows.into_iter().map(|(n, values)| serde_json::json!({
+                        "count": n,
+                        "values": values,
+                    })).collect::<Vec<_>>(),
+                }));
             }
         }
-        if global.json {
-            output::json_line(&serde_json::json!({
-                "tool": "argdist",
-                "time": output::hms(),
-                "timestamp": output::epoch_secs(),
-                "probes": json,
-            }))?;
-        } else {
-            output::write_text(&text)?;
-        }
-        if last {
-            let names = [
-                "events lost: the count table was full (raise --table-size)",
-                "returns uncounted: the table of calls in flight was full",
-            ];
-            debug_assert_eq!(names.len(), ERR_SLOTS as usize);
-            output::report_errors(&names, &output::read_errors(&ebpf, &names)?);
-        }
-        Ok(())
-    })
-    .await
+        Ok(Report {
+            text,
+            probes: json,
+        })
+    }
 }

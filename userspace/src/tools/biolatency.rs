@@ -4,7 +4,7 @@
 use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::Context as _;
-use aya::{EbpfLoader, maps::HashMap as BpfHashMap};
+use aya::{Ebpf, maps::HashMap as BpfHashMap};
 use rtrace_common::{
     biolatency::{
         Config, ERR_NAMES, Entry, FLAGS_RWBS, HistKey, RequestOffsets, TracepointOffsets,
@@ -13,15 +13,14 @@ use rtrace_common::{
 };
 
 use crate::{
-    GlobalArgs,
-    btf::Btf as KernelBtf,
-    features::{Features, Hooks, Mechanism, TRACEPOINT_CHAIN, attach_chain, check_forced},
-    objects,
+    btf::Btf,
+    features::{Hooks, Mechanism, TRACEPOINT_CHAIN},
     output::{
-        self, IntervalArgs, Signals,
-        hist::{KeyedDeltas, Snapshot, push_hist, render_log2},
+        self, IntervalArgs, Sink,
+        hist::{Group, Interval, KeyedDeltas},
     },
-    privs, tracefs,
+    tracefs,
+    tracer::{self, Kernel, Load, Scope, Tool},
 };
 
 /// Typed and raw arguments give the request itself; classic tracepoints
@@ -63,9 +62,8 @@ pub struct Args {
     /// Also print p50, p90, p99, p99.9 and the maximum.
     #[arg(long)]
     percentiles: bool,
-    /// Attach with this mechanism instead of the best one that works
-    /// (tp_btf, raw_tracepoint or tracepoint).
-    #[arg(long, value_enum, value_name = "MECHANISM")]
+    /// Attach with this mechanism instead of the best one that works.
+    #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
     attach: Option<Mechanism>,
 }
 
@@ -103,7 +101,7 @@ fn disk_by_name(name: &str) -> anyhow::Result<u32> {
 }
 
 /// Offsets into `struct request` and on to its disk, from BTF.
-fn request_offsets(btf: &KernelBtf) -> Result<RequestOffsets, crate::btf::BtfError> {
+fn request_offsets(btf: &Btf) -> Result<RequestOffsets, crate::btf::BtfError> {
     let req = |s: &str, m: &str| btf.offset(s, m);
     let opt = |s: &str, m: &str| req(s, m).unwrap_or(MISSING);
     let q_disk = opt("request_queue", "disk");
@@ -137,7 +135,7 @@ fn tracepoint_offsets() -> Result<TracepointOffsets, tracefs::TracefsError> {
 
 /// Whether `block_rq_insert` and `block_rq_issue` pass the request queue
 /// before the request, as they did before 5.11.
-fn queue_arg(btf: Option<&KernelBtf>) -> bool {
+fn queue_arg(btf: Option<&Btf>) -> bool {
     if let Some(n) = btf.and_then(|b| b.tracepoint_args("block_rq_issue")) {
         return n == 2;
     }
@@ -156,7 +154,7 @@ struct FlagNames {
 }
 
 impl FlagNames {
-    fn new(btf: Option<&KernelBtf>) -> Self {
+    fn new(btf: Option<&Btf>) -> Self {
         let value = |name: &str| btf.and_then(|b| b.enum_value(name)).map(|v| v as u64);
         let ops = [
             ("REQ_OP_READ", "Read"),
@@ -250,147 +248,183 @@ fn rwbs_label(flags: u64) -> String {
     parts.join("-")
 }
 
-/// Runs the tool.
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    check_forced("biolatency", args.attach, &CHAIN)?;
-    let dev = args.disk_name.as_deref().map(disk_by_name).transpose()?;
-    let cgroup = super::open_cgroup(args.cgroup.as_deref())?;
-    privs::check()?;
+/// The tool.
+pub struct Biolatency {
+    args: Args,
+    dev: Option<u32>,
+    unit: &'static str,
+    unit_ns: u64,
+    mech: Mechanism,
+    /// Whether `block_rq_insert` and `block_rq_issue` pass the queue first.
+    queue_first: bool,
+    flag_names: Option<FlagNames>,
+    disks: HashMap<u32, String>,
+    deltas: KeyedDeltas<HistKey>,
+}
 
-    let (unit, unit_ns) = if args.milliseconds {
-        ("msecs", 1_000_000)
-    } else {
-        ("usecs", 1_000)
-    };
-    let btf = KernelBtf::from_kernel();
-    let base = Config {
-        unit_ns,
-        dev: dev.unwrap_or(0),
-        filter_dev: u32::from(dev.is_some()),
-        queued: u32::from(args.queued),
-        per_disk: u32::from(args.disk),
-        per_flags: u32::from(args.flag),
-        filter_cgroup: u32::from(cgroup.is_some()),
-        _pad: [0; 2],
-        rq: RequestOffsets::default(),
-        tp: TracepointOffsets::default(),
-    };
+impl Tool for Biolatency {
+    type Args = Args;
+    const NAME: &'static str = "biolatency";
+    const CHAIN: &'static [Mechanism] = &CHAIN;
+    const ERRORS: &'static [&'static str] = &ERR_NAMES;
 
-    let queue_first = queue_arg(btf.as_ref().ok());
-    let mut features = Features::new();
-    let (mech, ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
-        let mut cfg = base;
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let dev = args.disk_name.as_deref().map(disk_by_name).transpose()?;
+        let (unit, unit_ns) = if args.milliseconds {
+            ("msecs", 1_000_000)
+        } else {
+            ("usecs", 1_000)
+        };
+        Ok(Self {
+            args,
+            dev,
+            unit,
+            unit_ns,
+            mech: Mechanism::TpBtf,
+            queue_first: false,
+            flag_names: None,
+            disks: disks(),
+            deltas: KeyedDeltas::default(),
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            cgroup: self.args.cgroup.clone(),
+            ..Scope::default()
+        }
+    }
+
+    fn forced(&self) -> Option<Mechanism> {
+        self.args.attach
+    }
+
+    fn interval(&self) -> tracer::Interval {
+        tracer::Interval::from_args(self.args.interval.interval, self.args.interval.count)
+    }
+
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let m = m.context("biolatency attaches through its chain")?;
+        let btf = kernel.btf().ok();
+        // Labels and the tracepoints' form come from the kernel's own
+        // BTF, read while it is at hand.
+        self.queue_first = queue_arg(btf);
+        if self.args.flag && self.flag_names.is_none() {
+            self.flag_names = Some(FlagNames::new(btf));
+        }
+        let mut cfg = Config {
+            unit_ns: self.unit_ns,
+            dev: self.dev.unwrap_or(0),
+            filter_dev: u32::from(self.dev.is_some()),
+            queued: u32::from(self.args.queued),
+            per_disk: u32::from(self.args.disk),
+            per_flags: u32::from(self.args.flag),
+            _pad: [0; 3],
+            rq: RequestOffsets::default(),
+            tp: TracepointOffsets::default(),
+        };
         if m == Mechanism::Tracepoint {
             cfg.tp = tracepoint_offsets()?;
         } else {
-            let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
-            cfg.rq = request_offsets(btf)?;
+            cfg.rq = request_offsets(kernel.btf()?)?;
         }
-        let mut ebpf = EbpfLoader::new()
-            .override_global("CONFIG", &cfg, true)
-            .load(objects::BIOLATENCY)
-            .context("cannot load the biolatency programs")?;
-        if let Some(cg) = &cgroup {
-            super::set_cgroup(&mut ebpf, cg)?;
-        }
-        let attacher = Hooks::new(m)?;
-        let hooks: &[&str] = if args.queued {
+        load.config(&cfg);
+        self.mech = m;
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let m = m.context("biolatency attaches through its chain")?;
+        let attacher = Hooks::new(m, kernel)?;
+        let hooks: &[&str] = if self.args.queued {
             &["block_rq_insert", "block_rq_issue", "block_rq_complete"]
         } else {
             &["block_rq_issue", "block_rq_complete"]
         };
         for hook in hooks {
             let suffix =
-                if queue_first && m != Mechanism::Tracepoint && *hook != "block_rq_complete" {
+                if self.queue_first && m != Mechanism::Tracepoint && *hook != "block_rq_complete" {
                     "_q"
                 } else {
                     ""
                 };
             let name = format!("{}_{hook}{suffix}", attacher.prefix());
-            attacher.attach(&mut ebpf, &name, "block", hook)?;
+            attacher.attach(ebpf, &name, "block", hook)?;
         }
-        Ok(ebpf)
-    })?;
-    let mut ebpf = ebpf;
-    if global.verbose {
-        for (m, why) in &skipped {
-            eprintln!("rtrace: biolatency: skipped {m}: {why}");
-        }
-        let args_form = if queue_first {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        let args_form = if self.queue_first {
             "queue, request"
         } else {
             "request"
         };
-        eprintln!("rtrace: biolatency: attached with {mech} (block_rq_issue({args_form}))");
+        format!("block_rq_issue({args_form})")
     }
 
-    let flag_names = FlagNames::new(btf.as_ref().ok());
-    let mut names = disks();
-    let mut deltas = KeyedDeltas::<HistKey>::default();
-    let mut signals = Signals::new()?;
-    eprintln!("Tracing block device I/O... Hit Ctrl-C to end.");
-    output::run_intervals(&args.interval, &mut signals, |_, _| {
+    fn banner(&self) -> String {
+        "Tracing block device I/O... Hit Ctrl-C to end.".to_owned()
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
         let mut map: BpfHashMap<_, HistKey, Entry> =
             BpfHashMap::try_from(ebpf.map_mut("HISTS").context("map HISTS missing")?)?;
-        let hists: Vec<(HistKey, Snapshot)> = deltas
-            .read(&mut map, |h| h)
-            .into_iter()
-            .map(|(k, _, s)| (k, s))
-            .collect();
-        let mut disk_name = |dev: u32| {
-            if !names.contains_key(&dev) {
-                names = disks();
-            }
-            names
-                .get(&dev)
-                .cloned()
-                .unwrap_or_else(|| format!("{}:{}", dev >> 20, dev & 0xf_ffff))
-        };
-        if global.json {
-            let mut out = Vec::new();
-            for (k, s) in &hists {
-                let mut v = serde_json::to_value(s.to_json(unit)).unwrap_or_default();
-                if args.disk {
-                    v["disk"] = disk_name(k.dev).into();
-                }
-                if args.flag {
-                    v["flags"] = flag_names.label(k.flags).into();
-                }
-                out.push(v);
-            }
-            let errors = output::errors_json(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
-            return output::json_line(&serde_json::json!({
-                "tool": "biolatency",
-                "time": output::hms(),
-                "timestamp": output::epoch_secs(),
-                "attach": mech.name(),
-                "histograms": out,
-                "errors": errors,
-            }));
-        }
-        let mut text = String::from("\n");
-        if args.interval.timestamp {
-            text.push_str(&format!("{:<8}\n", output::hms()));
-        }
-        if hists.is_empty() && !args.disk && !args.flag {
-            text.push_str(&render_log2(&Snapshot::default().log2(), unit));
-        }
-        for (k, s) in &hists {
+        let hists = self.deltas.read(&mut map, |h| h);
+        let mut histograms = Vec::with_capacity(hists.len());
+        for (k, _, snapshot) in hists {
             let mut head = Vec::new();
-            if args.disk {
-                head.push(format!("disk = {}", disk_name(k.dev)));
+            let mut labels = serde_json::Map::new();
+            if self.args.disk {
+                let disk = self.disk_name(k.dev);
+                head.push(format!("disk = {disk}"));
+                labels.insert("disk".into(), disk.into());
             }
-            if args.flag {
-                head.push(format!("flags = {}", flag_names.label(k.flags)));
+            if let (true, Some(names)) = (self.args.flag, &self.flag_names) {
+                let flags = names.label(k.flags);
+                head.push(format!("flags = {flags}"));
+                labels.insert("flags".into(), flags.into());
             }
-            let head = (!head.is_empty()).then(|| head.join("\t"));
-            push_hist(&mut text, head.as_deref(), s, unit, args.percentiles);
+            histograms.push(Group {
+                head: (!head.is_empty()).then(|| head.join("\t")),
+                labels,
+                snapshot,
+            });
         }
-        output::write_text(&text)
-    })
-    .await?;
-    output::report_errors(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
-    Ok(())
+        sink.emit(&Interval {
+            attach: self.mech.name(),
+            extra: serde_json::Map::new(),
+            histograms,
+            errors: output::errors_json(&ERR_NAMES, &tracer::read_errors(ebpf, ERR_NAMES.len())?),
+            unit: self.unit,
+            timestamp: self.args.interval.timestamp,
+            percentiles: self.args.percentiles,
+            empty_table: !self.args.disk && !self.args.flag,
+        })
+    }
+}
+
+impl Biolatency {
+    /// A disk's name, looked up again if it appeared since the last look.
+    fn disk_name(&mut self, dev: u32) -> String {
+        if !self.disks.contains_key(&dev) {
+            self.disks = disks();
+        }
+        self.disks
+            .get(&dev)
+            .cloned()
+            .unwrap_or_else(|| format!("{}:{}", dev >> 20, dev & 0xf_ffff))
+    }
 }
 
 #[cfg(test)]
@@ -415,7 +449,7 @@ mod tests {
 
     #[test]
     fn cmd_flags_read_through_kernel_enums() {
-        let btf = KernelBtf::from_kernel().expect("needs kernel BTF");
+        let btf = Btf::from_kernel().expect("needs kernel BTF");
         let names = FlagNames::new(Some(&btf));
         let sync = 1u64 << btf.enum_value("__REQ_SYNC").unwrap();
         let write = btf.enum_value("REQ_OP_WRITE").unwrap() as u64;

@@ -1,24 +1,23 @@
 //! `rtrace execsnoop`: one line per exec, as libbpf-tools' execsnoop prints
 //! it, plus a PPID column, execveat, full argv and JSON.
 
-use std::{fmt::Write as _, io::Write as _, path::PathBuf};
+use std::{fmt::Write as _, path::PathBuf};
 
 use anyhow::Context as _;
-use aya::EbpfLoader;
-use rtrace_common::execsnoop::{
-    Config, EnterOffsets, Event, FLAG_EXECVEAT, FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS,
+use aya::Ebpf;
+use rtrace_common::{
+    events::LOST_NAMES,
+    execsnoop::{Config, EnterOffsets, Event, FLAG_EXECVEAT, FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS},
 };
+use serde::Serialize;
 
 use crate::{
-    GlobalArgs,
-    btf::Btf as KernelBtf,
-    features::{Features, Hooks, Mechanism, attach_chain},
-    objects,
-    output::{
-        self, Signals, TimeColumns,
-        events::{BufferArgs, EventStream, Transport, report_lost},
-    },
-    privs, tracefs,
+    btf::Btf,
+    features::{Hooks, Mechanism},
+    output::{self, Record, Sink, TimeColumns},
+    tracefs,
+    tracer::{Kernel, Load, Scope, Tool},
+    transport::BufferArgs,
 };
 
 /// Syscall tracepoints exist wherever ftrace syscalls do; kprobes on the
@@ -84,20 +83,56 @@ pub struct Args {
 }
 
 /// An exec as user space sees it.
-struct Exec {
+#[derive(Serialize)]
+struct Exec<'a> {
     pid: u32,
     ppid: u32,
     uid: u32,
-    retval: i32,
     comm: String,
+    #[serde(rename = "ret")]
+    retval: i32,
+    syscall: &'static str,
     args: Vec<String>,
     truncated: bool,
-    execveat: bool,
+    #[serde(skip)]
+    text: Option<&'a TextOptions>,
+}
+
+/// How an exec's line looks.
+struct TextOptions {
+    times: TimeColumns,
+    print_uid: bool,
+    quote: bool,
+}
+
+impl Record for Exec<'_> {
+    fn text(&self, out: &mut String) {
+        let Some(o) = self.text else { return };
+        o.times.push(out);
+        if o.print_uid {
+            let _ = write!(out, "{:<6} ", self.uid);
+        }
+        let _ = write!(
+            out,
+            "{:<16} {:<6} {:<6} {:>3} ",
+            self.comm, self.pid, self.ppid, self.retval
+        );
+        if o.quote {
+            let q: Vec<String> = self.args.iter().map(|a| quoted(a)).collect();
+            out.push_str(&q.join(" "));
+        } else {
+            out.push_str(&self.args.join(" "));
+        }
+        if self.truncated {
+            out.push_str(" ...");
+        }
+        out.push('\n');
+    }
 }
 
 /// Decodes a ring buffer record: the event's header, then its used bytes of
 /// arguments.
-fn decode(record: &[u8]) -> Option<Exec> {
+fn decode<'a>(record: &[u8]) -> Option<Exec<'a>> {
     if record.len() < HEADER_SIZE {
         return None;
     }
@@ -121,9 +156,14 @@ fn decode(record: &[u8]) -> Option<Exec> {
         uid: head.uid,
         retval: head.retval,
         comm: output::c_string(&head.comm),
+        syscall: if head.flags & FLAG_EXECVEAT != 0 {
+            "execveat"
+        } else {
+            "execve"
+        },
         args,
         truncated: head.flags & FLAG_TRUNCATED != 0,
-        execveat: head.flags & FLAG_EXECVEAT != 0,
+        text: None,
     })
 }
 
@@ -132,8 +172,7 @@ fn quoted(arg: &str) -> String {
 }
 
 /// Offsets the programs need, from BTF and tracefs.
-fn config(args: &Args) -> anyhow::Result<Config> {
-    let btf = KernelBtf::from_kernel()?;
+fn config(args: &Args, btf: &Btf) -> anyhow::Result<Config> {
     let member = |m: &str| {
         btf.offset("task_struct", m)
             .with_context(|| format!("cannot find task_struct.{m} in kernel BTF"))
@@ -150,7 +189,6 @@ fn config(args: &Args) -> anyhow::Result<Config> {
         uid: args.uid.unwrap_or(0),
         filter_uid: u32::from(args.uid.is_some()),
         failed: u32::from(args.fails),
-        filter_cgroup: u32::from(args.cgroup.is_some()),
         real_parent: member("real_parent")?,
         tgid: member("tgid")?,
         exit_ret: tracefs::Format::read("syscalls", "sys_exit_execve")?.offset("ret")?,
@@ -161,106 +199,93 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     })
 }
 
-/// Runs the tool.
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    let cgroup = super::open_cgroup(args.cgroup.as_deref())?;
-    privs::check()?;
+/// The tool.
+pub struct Execsnoop {
+    args: Args,
+    text: TextOptions,
+}
 
-    let mut features = Features::new();
-    let (transport, why) = Transport::choose(&mut features, &args.buffer);
-    let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, None, |_| {
-        let cfg = config(&args)?;
-        let mut loader = EbpfLoader::new();
-        loader.override_global("CONFIG", &cfg, true);
-        let mut ebpf = transport
-            .size(&mut loader, &args.buffer)
-            .load(transport.object(objects::EXECSNOOP, objects::EXECSNOOP_PERF))
-            .context("cannot load the execsnoop programs")?;
-        if let Some(cg) = &cgroup {
-            super::set_cgroup(&mut ebpf, cg)?;
-        }
-        let hooks = Hooks::new(Mechanism::Tracepoint)?;
-        for (category, event) in HOOKS {
-            hooks.attach_event(&mut ebpf, category, event)?;
-        }
-        Ok(ebpf)
-    })?;
-    if global.verbose {
-        for (m, why) in &skipped {
-            eprintln!("rtrace: execsnoop: skipped {m}: {why}");
-        }
-        eprintln!("rtrace: execsnoop: attached with {mech} (execve, execveat, sched_process_exec)");
-        transport.report("execsnoop", why.as_deref());
+impl Tool for Execsnoop {
+    type Args = Args;
+    const NAME: &'static str = "execsnoop";
+    const CHAIN: &'static [Mechanism] = &CHAIN;
+    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let text = TextOptions {
+            times: TimeColumns::new(args.time, args.timestamp, 8),
+            print_uid: args.print_uid,
+            quote: args.quote,
+        };
+        Ok(Self { args, text })
     }
-    let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
-    let mut signals = Signals::new()?;
-    eprintln!("Tracing exec()s... Hit Ctrl-C to end.");
-    let times = TimeColumns::new(args.time, args.timestamp, 8);
-    if !global.json {
-        let mut head = times.header();
-        if args.print_uid {
+
+    fn scope(&self) -> Scope {
+        Scope {
+            cgroup: self.args.cgroup.clone(),
+            ..Scope::default()
+        }
+    }
+
+    fn events(&self) -> Option<&BufferArgs> {
+        Some(&self.args.buffer)
+    }
+
+    fn configure(
+        &mut self,
+        _m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        load.config(&config(&self.args, kernel.btf()?)?);
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        _m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
+        for (category, event) in HOOKS {
+            hooks.attach_event(ebpf, category, event)?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "execve, execveat, sched_process_exec".to_owned()
+    }
+
+    fn banner(&self) -> String {
+        "Tracing exec()s... Hit Ctrl-C to end.".to_owned()
+    }
+
+    fn header(&self) -> Option<String> {
+        let mut head = self.text.times.header();
+        if self.args.print_uid {
             head.push_str(&format!("{:<6} ", "UID"));
         }
-        writeln!(
-            std::io::stdout(),
+        Some(format!(
             "{head}{:<16} {:<6} {:<6} {:>3} ARGS",
-            "PCOMM",
-            "PID",
-            "PPID",
-            "RET"
-        )
-        .context("cannot write to stdout")?;
+            "PCOMM", "PID", "PPID", "RET"
+        ))
     }
-    stream
-        .run(&mut signals, |record| {
-            let Some(e) = decode(record) else {
-                return Ok(true);
-            };
-            if args.name.as_deref().is_some_and(|n| !e.comm.contains(n)) {
-                return Ok(true);
-            }
-            let line = e.args.join(" ");
-            if args.line.as_deref().is_some_and(|l| !line.contains(l)) {
-                return Ok(true);
-            }
-            if global.json {
-                output::json_line(&serde_json::json!({
-                    "tool": "execsnoop",
-                    "time": output::hms(),
-                    "timestamp": output::epoch_secs(),
-                    "pid": e.pid,
-                    "ppid": e.ppid,
-                    "uid": e.uid,
-                    "comm": e.comm,
-                    "ret": e.retval,
-                    "syscall": if e.execveat { "execveat" } else { "execve" },
-                    "args": e.args,
-                    "truncated": e.truncated,
-                }))?;
-                return Ok(true);
-            }
-            let mut out = String::new();
-            times.push(&mut out);
-            if args.print_uid {
-                let _ = write!(out, "{:<6} ", e.uid);
-            }
-            let _ = write!(
-                out,
-                "{:<16} {:<6} {:<6} {:>3} ",
-                e.comm, e.pid, e.ppid, e.retval
-            );
-            if args.quote {
-                let q: Vec<String> = e.args.iter().map(|a| quoted(a)).collect();
-                out.push_str(&q.join(" "));
-            } else {
-                out.push_str(&line);
-            }
-            if e.truncated {
-                out.push_str(" ...");
-            }
-            writeln!(std::io::stdout(), "{out}").context("cannot write to stdout")?;
-            Ok(true)
-        })
-        .await?;
-    report_lost(&ebpf, &stream)
+
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        let Some(mut e) = decode(record) else {
+            return Ok(());
+        };
+        if self.args.name.as_deref().is_some_and(|n| !e.comm.contains(n)) {
+            return Ok(());
+        }
+        if let Some(l) = self.args.line.as_deref()
+            && !e.args.join(" ").contains(l)
+        {
+            return Ok(());
+        }
+        e.text = Some(&self.text);
+        sink.emit(&e)
+    }
 }

@@ -1,24 +1,20 @@
 //! `rtrace ext4slower`: ext4 reads, writes, opens and syncs slower than a
 //! threshold, one line each, as bcc's ext4slower prints them.
 
-use std::io::Write as _;
-
 use anyhow::Context as _;
-use aya::{Btf, EbpfLoader};
-use rtrace_common::ext4slower::{
-    Config, Event, FileOffsets, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, WHOLE_FILE,
+use aya::Ebpf;
+use rtrace_common::{
+    events::LOST_NAMES,
+    ext4slower::{Config, Event, FileOffsets, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, WHOLE_FILE},
 };
 
 use crate::{
-    GlobalArgs,
-    btf::Btf as KernelBtf,
-    features::{Features, Mechanism, attach_chain, attach_kernel_fn, check_forced, kernel_btf},
-    objects,
-    output::{
-        self, Signals,
-        events::{self, BufferArgs, EventStream, Transport, report_lost},
-    },
-    privs, tracefs,
+    btf::Btf,
+    features::{Hooks, Mechanism, attach_kernel_fn},
+    output::{self, Record, Sink, events},
+    tracefs,
+    tracer::{Kernel, Load, Scope, Tool},
+    transport::BufferArgs,
 };
 
 /// fentry is cheapest (5.5+); kprobes work on any kernel built with them;
@@ -75,16 +71,15 @@ pub struct Args {
     /// Comma-separated values: ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE.
     #[arg(short = 'c', long, conflicts_with = "json")]
     csv: bool,
-    /// Attach with this mechanism instead of the best one that works
-    /// (fentry, kprobe or tracepoint).
-    #[arg(long, value_enum, value_name = "MECHANISM")]
+    /// Attach with this mechanism instead of the best one that works.
+    #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
     attach: Option<Mechanism>,
     #[command(flatten)]
     buffer: BufferArgs,
 }
 
 /// Offsets into the file structures, from BTF.
-fn file_offsets(btf: &KernelBtf) -> anyhow::Result<FileOffsets> {
+fn file_offsets(btf: &Btf) -> anyhow::Result<FileOffsets> {
     Ok(FileOffsets {
         fd: btf.fd_offsets()?,
         f_inode: btf.offset("file", "f_inode")?,
@@ -108,22 +103,22 @@ fn syscall_offsets(cfg: &mut Config) -> Result<(), tracefs::TracefsError> {
 }
 
 /// Attaches every program of mechanism `m`.
-fn attach(ebpf: &mut aya::Ebpf, m: Mechanism, btf: Option<&Btf>) -> anyhow::Result<()> {
+fn attach(ebpf: &mut Ebpf, kernel: &mut Kernel, m: Mechanism) -> anyhow::Result<()> {
     match m {
         Mechanism::Fentry => {
             for (func, op) in FUNCTIONS {
-                attach_kernel_fn(ebpf, &format!("fentry_{op}"), Mechanism::Fentry, func, btf)?;
-                attach_kernel_fn(ebpf, &format!("fexit_{op}"), Mechanism::Fexit, func, btf)?;
+                attach_kernel_fn(ebpf, kernel, &format!("fentry_{op}"), Mechanism::Fentry, func)?;
+                attach_kernel_fn(ebpf, kernel, &format!("fexit_{op}"), Mechanism::Fexit, func)?;
             }
         }
         Mechanism::Kprobe => {
             for (func, op) in FUNCTIONS {
-                attach_kernel_fn(ebpf, &format!("kprobe_{op}"), Mechanism::Kprobe, func, None)?;
-                attach_kernel_fn(ebpf, "kretprobe_ext4", Mechanism::Kretprobe, func, None)?;
+                attach_kernel_fn(ebpf, kernel, &format!("kprobe_{op}"), Mechanism::Kprobe, func)?;
+                attach_kernel_fn(ebpf, kernel, "kretprobe_ext4", Mechanism::Kretprobe, func)?;
             }
         }
         _ => {
-            let hooks = crate::features::Hooks::new(Mechanism::Tracepoint)?;
+            let hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
             for sc in SYSCALLS {
                 let enter = format!("sys_enter_{sc}");
                 hooks.attach(ebpf, &format!("tp_{enter}"), "syscalls", &enter)?;
@@ -139,6 +134,20 @@ struct Op {
     event: Event,
     comm: String,
     name: String,
+    csv: bool,
+}
+
+impl Record for Op {
+    fn text(&self, out: &mut String) {
+        out.push_str(&if self.csv { self.csv() } else { self.line() });
+        out.push('\n');
+    }
+}
+
+impl serde::Serialize for Op {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        self.json().serialize(ser)
+    }
 }
 
 impl Op {
@@ -152,7 +161,7 @@ impl Op {
         }
     }
 
-    fn text(&self) -> String {
+    fn line(&self) -> String {
         let e = &self.event;
         let bytes = if e.bytes == WHOLE_FILE {
             "LL_MAX".to_owned()
@@ -190,9 +199,6 @@ impl Op {
     fn json(&self) -> serde_json::Value {
         let e = &self.event;
         serde_json::json!({
-            "tool": "ext4slower",
-            "time": output::hms(),
-            "timestamp": output::epoch_secs(),
             "comm": self.comm,
             "pid": e.pid,
             "type": self.kind().to_string(),
@@ -206,99 +212,124 @@ impl Op {
     }
 }
 
-/// Runs the tool.
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    let min_ms = args.min.or(args.min_ms).unwrap_or(10.0);
-    if !(min_ms >= 0.0 && min_ms.is_finite()) {
-        anyhow::bail!("bad threshold {min_ms}: use milliseconds, 0 or more");
-    }
-    if let Some(pid) = args.pid {
-        super::check_pid(pid)?;
-    }
-    check_forced("ext4slower", args.attach, &CHAIN)?;
-    privs::check()?;
+/// The tool.
+pub struct Ext4slower {
+    args: Args,
+    min_ms: f64,
+    mech: Option<Mechanism>,
+}
 
-    let kbtf = KernelBtf::from_kernel().context("ext4slower reads files through kernel BTF")?;
-    let base = Config {
-        min_ns: (min_ms * 1e6) as u64,
-        pid: args.pid.unwrap_or(0),
-        self_pid: std::process::id(),
-        file: file_offsets(&kbtf)?,
-        ..Config::default()
-    };
-    let mut features = Features::new();
-    let (transport, why) = Transport::choose(&mut features, &args.buffer);
-    let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
-        let mut cfg = base;
-        let btf = if m == Mechanism::Fentry {
-            Some(kernel_btf().map_err(|e| anyhow::anyhow!("cannot read kernel BTF: {e}"))?)
-        } else {
-            None
+impl Tool for Ext4slower {
+    type Args = Args;
+    const NAME: &'static str = "ext4slower";
+    const CHAIN: &'static [Mechanism] = &CHAIN;
+    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let min_ms = args.min.or(args.min_ms).unwrap_or(10.0);
+        if !(min_ms >= 0.0 && min_ms.is_finite()) {
+            anyhow::bail!("bad threshold {min_ms}: use milliseconds, 0 or more");
+        }
+        Ok(Self {
+            args,
+            min_ms,
+            mech: None,
+        })
+    }
+
+    /// rtrace's own output written to a file on ext4 would otherwise feed
+    /// back into what it traces.
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.args.pid.into_iter().collect(),
+            exclude_self: true,
+            ..Scope::default()
+        }
+    }
+
+    fn forced(&self) -> Option<Mechanism> {
+        self.args.attach
+    }
+
+    fn events(&self) -> Option<&BufferArgs> {
+        Some(&self.args.buffer)
+    }
+
+    fn duration(&self) -> Option<u64> {
+        self.args.duration
+    }
+
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let btf = kernel
+            .btf()
+            .context("ext4slower reads files through kernel BTF")?;
+        let mut cfg = Config {
+            min_ns: (self.min_ms * 1e6) as u64,
+            file: file_offsets(btf)?,
+            ..Config::default()
         };
-        if m == Mechanism::Tracepoint {
+        if m == Some(Mechanism::Tracepoint) {
             syscall_offsets(&mut cfg)?;
         }
-        let mut loader = EbpfLoader::new();
-        loader
-            .override_global("CONFIG", &cfg, true)
-            .map_max_entries("STARTS", super::runnable_entries());
-        let mut ebpf = transport
-            .size(&mut loader, &args.buffer)
-            .load(transport.object(objects::EXT4SLOWER, objects::EXT4SLOWER_PERF))
-            .context("cannot load the ext4slower programs")?;
-        attach(&mut ebpf, m, btf)?;
-        Ok(ebpf)
-    })?;
-    if global.verbose {
-        for (m, why) in &skipped {
-            eprintln!("rtrace: ext4slower: skipped {m}: {why}");
+        load.config(&cfg)
+            .size("STARTS", crate::tracer::runnable_entries());
+        self.mech = m;
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        attach(ebpf, kernel, m.context("ext4slower attaches through its chain")?)
+    }
+
+    fn describe(&self) -> String {
+        if self.mech == Some(Mechanism::Tracepoint) {
+            return "syscall tracepoints, keeping files on ext4".to_owned();
         }
-        let on = if mech == Mechanism::Tracepoint {
-            "syscall tracepoints, keeping files on ext4"
+        FUNCTIONS.map(|(f, _)| f).join(", ")
+    }
+
+    fn banner(&self) -> String {
+        let what = if self.min_ms > 0.0 {
+            format!("Tracing ext4 operations slower than {} ms", self.min_ms)
         } else {
-            "ext4_file_read_iter, ext4_file_write_iter, ext4_file_open, ext4_sync_file"
+            "Tracing ext4 operations".to_owned()
         };
-        eprintln!("rtrace: ext4slower: attached with {mech} ({on})");
-        transport.report("ext4slower", why.as_deref());
+        match self.args.duration {
+            Some(d) => format!("{what} for {d} secs."),
+            None => format!("{what}... Hit Ctrl-C to end."),
+        }
     }
-    let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
-    let mut signals = Signals::new()?;
-    signals.stop_after(args.duration);
-    let what = if min_ms > 0.0 {
-        format!("Tracing ext4 operations slower than {min_ms} ms")
-    } else {
-        "Tracing ext4 operations".to_owned()
-    };
-    match args.duration {
-        Some(d) => eprintln!("{what} for {d} secs."),
-        None => eprintln!("{what}... Hit Ctrl-C to end."),
-    }
-    if args.csv {
-        println!("ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE");
-    } else if !global.json {
-        println!(
-            "{:<8} {:<16} {:<7} T {:<7} {:<8} {:>7} FILENAME",
-            "TIME", "COMM", "PID", "BYTES", "OFF_KB", "LAT(ms)"
-        );
-    }
-    stream
-        .run(&mut signals, |record| {
-            let Some(event) = events::record::<Event>(record) else {
-                return Ok(true);
-            };
-            let op = Op {
-                comm: output::c_string(&event.comm),
-                name: output::c_string(&event.name),
-                event,
-            };
-            if global.json {
-                output::json_line(&op.json())?;
-            } else {
-                let line = if args.csv { op.csv() } else { op.text() };
-                writeln!(std::io::stdout(), "{line}").context("cannot write to stdout")?;
-            }
-            Ok(true)
+
+    fn header(&self) -> Option<String> {
+        Some(if self.args.csv {
+            "ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE".to_owned()
+        } else {
+            format!(
+                "{:<8} {:<16} {:<7} T {:<7} {:<8} {:>7} FILENAME",
+                "TIME", "COMM", "PID", "BYTES", "OFF_KB", "LAT(ms)"
+            )
         })
-        .await?;
-    report_lost(&ebpf, &stream)
+    }
+
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        let Some(event) = events::record::<Event>(record) else {
+            return Ok(());
+        };
+        sink.emit(&Op {
+            comm: output::c_string(&event.comm),
+            name: output::c_string(&event.name),
+            event,
+            csv: self.args.csv,
+        })
+    }
 }

@@ -1,21 +1,22 @@
 //! `rtrace gethostlatency`: host name lookups through libc and how long
 //! each took, as bcc's gethostlatency prints them.
 
-use std::{io::Write as _, path::PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
-use aya::EbpfLoader;
-use rtrace_common::gethostlatency::{Event, FUNCTIONS};
+use aya::Ebpf;
+use rtrace_common::{
+    events::LOST_NAMES,
+    gethostlatency::{Event, FUNCTIONS},
+};
+use serde::Serialize;
 
 use crate::{
-    GlobalArgs,
-    features::{Features, Mechanism},
-    objects,
-    output::{
-        self, Signals,
-        events::{self, BufferArgs, EventStream, Transport, report_lost},
-    },
-    privs, uprobes,
+    features::Mechanism,
+    output::{self, Record, Sink, events},
+    tracer::{self, Kernel, Load, Scope, Tool},
+    transport::BufferArgs,
+    uprobes,
 };
 
 /// Show latency for getaddrinfo/gethostbyname[2] calls.
@@ -38,103 +39,146 @@ pub struct Args {
     buffer: BufferArgs,
 }
 
-/// Runs the tool.
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    if let Some(pid) = args.pid {
-        super::check_pid(pid)?;
-    }
-    let libc = match &args.libc {
-        Some(path) => {
-            let p = path.to_str().context("the libc path is not UTF-8")?;
-            // An explicit path is the caller's view, not the process's.
-            uprobes::resolve(p, None)?
-        }
-        None => uprobes::resolve("c", args.pid)?,
-    };
-    privs::check()?;
+/// One lookup.
+#[derive(Serialize)]
+struct Lookup {
+    pid: u32,
+    comm: String,
+    function: &'static str,
+    latency_ms: f64,
+    latency_ns: u64,
+    host: String,
+}
 
-    let mut features = Features::new();
-    if let Err(why) = features.check(Mechanism::Uprobe) {
-        anyhow::bail!("gethostlatency needs uprobes, which do not work here: {why}");
+impl Record for Lookup {
+    fn text(&self, out: &mut String) {
+        out.push_str(&format!(
+            "{:<8} {:<7} {:<16.16} {:>10.3} {}\n",
+            output::hms(),
+            self.pid,
+            self.comm,
+            self.latency_ms,
+            self.host
+        ));
     }
-    let (transport, why) = Transport::choose(&mut features, &args.buffer);
-    let mut loader = EbpfLoader::new();
-    loader.map_max_entries("STARTS", super::runnable_entries());
-    let mut ebpf = transport
-        .size(&mut loader, &args.buffer)
-        .load(transport.object(objects::GETHOSTLATENCY, objects::GETHOSTLATENCY_PERF))
-        .context("cannot load the gethostlatency programs")?;
-    let mut attached = Vec::new();
-    let mut missing = Vec::new();
-    for func in FUNCTIONS {
-        let entry = uprobes::attach(&mut ebpf, &format!("enter_{func}"), func, &libc, args.pid);
-        // Without its return probe, an entry would only fill the table.
-        let both =
-            entry.and_then(|()| uprobes::attach(&mut ebpf, "lookup_return", func, &libc, args.pid));
-        match both {
-            Ok(()) => attached.push(func),
-            Err(e) => missing.push(format!("{e:#}")),
+}
+
+/// The tool.
+pub struct Gethostlatency {
+    args: Args,
+    libc: PathBuf,
+    attached: Vec<&'static str>,
+    missing: Vec<String>,
+}
+
+impl Tool for Gethostlatency {
+    type Args = Args;
+    const NAME: &'static str = "gethostlatency";
+    const CHAIN: &'static [Mechanism] = &[Mechanism::Uprobe];
+    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        // The process's own libc is looked up, so it must exist first.
+        if let Some(pid) = args.pid {
+            tracer::check_task(pid, "process")?;
+        }
+        let libc = match &args.libc {
+            Some(path) => {
+                let p = path.to_str().context("the libc path is not UTF-8")?;
+                // An explicit path is the caller's view, not the process's.
+                uprobes::resolve(p, None)?
+            }
+            None => uprobes::resolve("c", args.pid)?,
+        };
+        Ok(Self {
+            args,
+            libc,
+            attached: Vec::new(),
+            missing: Vec::new(),
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.args.pid.into_iter().collect(),
+            ..Scope::default()
         }
     }
-    if attached.is_empty() {
-        anyhow::bail!(
-            "no resolver function could be traced in {}: {}",
-            libc.display(),
-            missing.join("; ")
-        );
+
+    fn events(&self) -> Option<&BufferArgs> {
+        Some(&self.args.buffer)
     }
-    if global.verbose {
-        eprintln!(
-            "rtrace: gethostlatency: uprobes on {} in {}",
-            attached.join(", "),
-            libc.display()
-        );
-        for m in &missing {
-            eprintln!("rtrace: gethostlatency: skipped: {m}");
+
+    fn configure(
+        &mut self,
+        _m: Option<Mechanism>,
+        _kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        load.size("STARTS", crate::tracer::runnable_entries());
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        _m: Option<Mechanism>,
+        _kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        self.attached.clear();
+        self.missing.clear();
+        for func in FUNCTIONS {
+            let entry =
+                uprobes::attach(ebpf, &format!("enter_{func}"), func, &self.libc, self.args.pid);
+            // Without its return probe, an entry would only fill the table.
+            let both = entry.and_then(|()| {
+                uprobes::attach(ebpf, "lookup_return", func, &self.libc, self.args.pid)
+            });
+            match both {
+                Ok(()) => self.attached.push(func),
+                Err(e) => self.missing.push(format!("{e:#}")),
+            }
         }
-        transport.report("gethostlatency", why.as_deref());
+        if self.attached.is_empty() {
+            anyhow::bail!(
+                "no resolver function could be traced in {}: {}",
+                self.libc.display(),
+                self.missing.join("; ")
+            );
+        }
+        Ok(())
     }
-    let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
-    let mut signals = Signals::new()?;
-    eprintln!("Tracing getaddrinfo/gethostbyname calls... Hit Ctrl-C to end.");
-    if !global.json {
-        println!(
+
+    fn describe(&self) -> String {
+        format!("{} in {}", self.attached.join(", "), self.libc.display())
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.missing.iter().map(|m| format!("skipped: {m}")).collect()
+    }
+
+    fn banner(&self) -> String {
+        "Tracing getaddrinfo/gethostbyname calls... Hit Ctrl-C to end.".to_owned()
+    }
+
+    fn header(&self) -> Option<String> {
+        Some(format!(
             "{:<8} {:<7} {:<16} {:>10} HOST",
             "TIME", "PID", "COMM", "LATms"
-        );
+        ))
     }
-    stream
-        .run(&mut signals, |record| {
-            let Some(e) = events::record::<Event>(record) else {
-                return Ok(true);
-            };
-            let comm = output::c_string(&e.comm);
-            let host = output::c_string(&e.host);
-            let ms = e.delta_ns as f64 / 1e6;
-            if global.json {
-                output::json_line(&serde_json::json!({
-                    "tool": "gethostlatency",
-                    "time": output::hms(),
-                    "timestamp": output::epoch_secs(),
-                    "pid": e.pid,
-                    "comm": comm,
-                    "function": FUNCTIONS.get(e.func as usize).copied().unwrap_or("?"),
-                    "latency_ms": ms,
-                    "latency_ns": e.delta_ns,
-                    "host": host,
-                }))?;
-            } else {
-                writeln!(
-                    std::io::stdout(),
-                    "{:<8} {:<7} {:<16.16} {ms:>10.3} {host}",
-                    output::hms(),
-                    e.pid,
-                    comm
-                )
-                .context("cannot write to stdout")?;
-            }
-            Ok(true)
+
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        let Some(e) = events::record::<Event>(record) else {
+            return Ok(());
+        };
+        sink.emit(&Lookup {
+            pid: e.pid,
+            comm: output::c_string(&e.comm),
+            function: FUNCTIONS.get(e.func as usize).copied().unwrap_or("?"),
+            latency_ms: e.delta_ns as f64 / 1e6,
+            latency_ns: e.delta_ns,
+            host: output::c_string(&e.host),
         })
-        .await?;
-    report_lost(&ebpf, &stream)
+    }
 }

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::Context as _;
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::HashMap as BpfHashMap,
     programs::{
         PerfEvent,
@@ -19,21 +19,18 @@ use aya::{
     util::online_cpus,
 };
 use rtrace_common::profile::{
-    Config, ERR_NAMES, FILTER_NONE, FILTER_TGID, FILTER_TID, Key, MISSED_KERNEL, MISSED_USER, Seen,
-    Stack,
+    Config, ERR_NAMES, Key, MISSED_KERNEL, MISSED_USER, Seen, Stack,
 };
 
 use crate::{
-    GlobalArgs,
-    features::Features,
-    objects,
+    features::Mechanism,
     output::{
-        self, Signals,
-        events::{self, BufferArgs, EventStream, Transport, report_lost},
-        stacks::{self, FlameOptions, Sample, TextOptions},
+        self, Sink, events,
+        stacks::{self, FlameOptions, Sample, Stacks, Style, TextOptions},
     },
-    privs,
     symbolize::{Frame, Kind, Symbolizer},
+    tracer::{Kernel, Load, Scope, Tool},
+    transport::BufferArgs,
 };
 
 /// The events `-e` can sample on.
@@ -221,134 +218,198 @@ fn attach(
     Ok(())
 }
 
-/// Runs the tool.
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    for &pid in &args.pid {
-        super::check_pid(pid)?;
-    }
-    for &tid in &args.tid {
-        super::check_tid(tid)?;
-    }
-    let online = online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?;
-    let cpus = match args.cpu {
-        Some(c) if !online.contains(&c) => {
-            anyhow::bail!("CPU {c} is not online (online: {online:?})")
-        }
-        Some(c) => vec![c],
-        None => online,
-    };
-    let freq = args.frequency.unwrap_or(49);
-    if args.period.is_none()
-        && let Some(max) = max_sample_rate()
-        && freq > max
-    {
-        anyhow::bail!("-F {freq} is above kernel.perf_event_max_sample_rate ({max})");
-    }
-    privs::check()?;
+/// The tool.
+pub struct Profile {
+    args: Args,
+    cpus: Vec<u32>,
+    freq: u64,
+    /// The event sampled: `-e`, or cpu-clock where cycles failed.
+    event: Event,
+    /// Why hardware cycles were passed over, if they were.
+    fallback: Option<String>,
+    sym: Symbolizer,
+    started: Instant,
+    started_epoch: f64,
+    /// What the report took, for `-v`.
+    summary: Option<String>,
+}
 
-    let mut features = Features::new();
-    let (transport, why) = Transport::choose(&mut features, &args.buffer);
-    let targets: Vec<u32> = if args.pid.is_empty() {
-        args.tid.clone()
-    } else {
-        args.pid.clone()
-    };
-    let cfg = Config {
-        filter: if !args.pid.is_empty() {
-            FILTER_TGID
-        } else if !args.tid.is_empty() {
-            FILTER_TID
-        } else {
-            FILTER_NONE
-        },
-        include_idle: u32::from(args.include_idle),
-        user: u32::from(!args.kernel_only),
-        kernel: u32::from(!args.user_only),
-    };
-    let mut loader = EbpfLoader::new();
-    loader
-        .override_global("CONFIG", &cfg, true)
-        .map_max_entries("STACKS", args.stack_storage_size)
-        .map_max_entries("COUNTS", args.hash_storage_size)
-        .map_max_entries("TARGETS", targets.len().max(1) as u32);
-    transport.size(&mut loader, &args.buffer);
-    let mut ebpf = loader
-        .load(transport.object(objects::PROFILE, objects::PROFILE_PERF))
-        .context("cannot load the profile program")?;
-    if !targets.is_empty() {
-        let mut map: BpfHashMap<_, u32, u8> =
-            BpfHashMap::try_from(ebpf.map_mut("TARGETS").context("map TARGETS missing")?)?;
-        for t in &targets {
-            map.insert(t, 1, 0)?;
+impl Tool for Profile {
+    type Args = Args;
+    const NAME: &'static str = "profile";
+    const CHAIN: &'static [Mechanism] = &[];
+    const ERRORS: &'static [&'static str] = &ERR_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let online =
+            online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?;
+        let cpus = match args.cpu {
+            Some(c) if !online.contains(&c) => {
+                anyhow::bail!("CPU {c} is not online (online: {online:?})")
+            }
+            Some(c) => vec![c],
+            None => online,
+        };
+        let freq = args.frequency.unwrap_or(49);
+        if args.period.is_none()
+            && let Some(max) = max_sample_rate()
+            && freq > max
+        {
+            anyhow::bail!("-F {freq} is above kernel.perf_event_max_sample_rate ({max})");
+        }
+        Ok(Self {
+            event: args.event,
+            args,
+            cpus,
+            freq,
+            fallback: None,
+            sym: Symbolizer::new(),
+            started: Instant::now(),
+            started_epoch: 0.0,
+            summary: None,
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.args.pid.clone(),
+            tids: self.args.tid.clone(),
+            ..Scope::default()
         }
     }
-    let prog: &mut PerfEvent = ebpf
-        .program_mut("profile")
-        .context("program profile missing")?
-        .try_into()?;
-    prog.load().context("cannot load the profile program")?;
-    let mut event = args.event;
-    let mut fallback = None;
-    if let Err(e) = attach(prog, event, &cpus, args.period, freq) {
-        if event != Event::Cpu {
-            let hint = if event.is_hardware() { pmu_hint() } else { "" };
-            return Err(e.context(format!("event {} is not available{hint}", event.name())));
-        }
-        fallback = Some(format!("{e:#}"));
-        event = Event::CpuClock;
-        attach(prog, event, &cpus, args.period, freq)?;
+
+    fn events(&self) -> Option<&BufferArgs> {
+        Some(&self.args.buffer)
     }
-    if global.verbose {
-        match &fallback {
-            Some(why) => eprintln!(
-                "rtrace: profile: sampling cpu-clock, a software timer: hardware cycles failed ({why}){}",
+
+    fn duration(&self) -> Option<u64> {
+        self.args.duration
+    }
+
+    fn configure(
+        &mut self,
+        _m: Option<Mechanism>,
+        _kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let cfg = Config {
+            include_idle: u32::from(self.args.include_idle),
+            user: u32::from(!self.args.kernel_only),
+            kernel: u32::from(!self.args.user_only),
+        };
+        load.config(&cfg)
+            .size("STACKS", self.args.stack_storage_size)
+            .size("COUNTS", self.args.hash_storage_size);
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        _m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let prog: &mut PerfEvent = ebpf
+            .program_mut("profile")
+            .context("program profile missing")?
+            .try_into()?;
+        prog.load().context("cannot load the profile program")?;
+        let (period, freq) = (self.args.period, self.freq);
+        if let Err(e) = attach(prog, self.event, &self.cpus, period, freq) {
+            if self.event != Event::Cpu {
+                let hint = if self.event.is_hardware() {
+                    pmu_hint()
+                } else {
+                    ""
+                };
+                return Err(e.context(format!("event {} is not available{hint}", self.event.name())));
+            }
+            if let Err(why) = kernel.check(Mechanism::PerfEventSoftware) {
+                return Err(e.context(format!("and software perf events fail too: {why}")));
+            }
+            self.fallback = Some(format!("{e:#}"));
+            self.event = Event::CpuClock;
+            attach(prog, self.event, &self.cpus, period, freq)?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "perf events on {} CPU(s), stacks by bpf_get_stack with their own 64-bit hash",
+            self.cpus.len()
+        )
+    }
+
+    fn notes(&self) -> Vec<String> {
+        vec![match &self.fallback {
+            Some(why) => format!(
+                "sampling cpu-clock, a software timer: hardware cycles failed ({why}){}",
                 pmu_hint()
             ),
-            None => eprintln!("rtrace: profile: sampling {}", event.name()),
-        }
-        eprintln!(
-            "rtrace: profile: stacks by bpf_get_stack with their own 64-bit hash, on {} CPU(s)",
-            cpus.len()
-        );
-        transport.report("profile", why.as_deref());
+            None => format!("sampling {}", self.event.name()),
+        }]
     }
 
-    let mut signals = Signals::new()?;
-    signals.stop_after(args.duration);
-    eprintln!("{}", header(&args, event, freq));
-    let started = Instant::now();
-    let started_epoch = output::epoch_secs();
-    let mut sym = Symbolizer::new();
-    let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
-    stream
-        .run(&mut signals, |bytes| {
-            if let Some(seen) = events::record::<Seen>(bytes) {
-                sym.capture(seen.tgid, false);
-            }
-            Ok(true)
-        })
-        .await?;
-    let elapsed = started.elapsed();
+    fn banner(&self) -> String {
+        header(&self.args, self.event, self.freq)
+    }
 
-    // Stop sampling before reading, so the report is one consistent cut.
-    let prog: &mut PerfEvent = ebpf
-        .program_mut("profile")
-        .context("program profile missing")?
-        .try_into()?;
-    prog.unload().context("cannot stop sampling")?;
-    let report_start = Instant::now();
-    let samples = read_samples(&mut ebpf, &mut sym)?;
-    write_outputs(&args, global, &samples, event, freq, started_epoch, elapsed)?;
-    if global.verbose {
+    fn start(&mut self) {
+        self.started = Instant::now();
+        self.started_epoch = output::epoch_secs();
+    }
+
+    fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
+        if let Some(seen) = events::record::<Seen>(record) {
+            self.sym.capture(seen.tgid, false);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        let elapsed = self.started.elapsed();
+        // Stop sampling before reading, so the report is one consistent cut.
+        let prog: &mut PerfEvent = ebpf
+            .program_mut("profile")
+            .context("program profile missing")?
+            .try_into()?;
+        prog.unload().context("cannot stop sampling")?;
+        let report_start = Instant::now();
+        let samples = read_samples(ebpf, &mut self.sym)?;
+        self.write_files(&samples, elapsed)?;
+        let text = TextOptions {
+            delimiter: self.args.delimited,
+            annotate: self.args.annotate,
+        };
+        // With files asked for, stdout stays empty unless -f asks for
+        // folded stacks (JSON is printed either way).
+        let files = self.args.svg.is_some()
+            || self.args.pprof.is_some()
+            || self.args.speedscope.is_some();
+        if files && !self.args.folded {
+            sink.quiet_text();
+        }
+        sink.emit(&Stacks {
+            samples: &samples,
+            style: if self.args.folded {
+                Style::Folded(text)
+            } else {
+                Style::Multiline(text)
+            },
+        })?;
         let total: u64 = samples.iter().map(|s| s.count).sum();
-        eprintln!(
-            "rtrace: profile: {total} samples in {} stacks, symbolized and written in {} ms",
+        self.summary = Some(format!(
+            "{total} samples in {} stacks, symbolized and written in {} ms",
             samples.len(),
             report_start.elapsed().as_millis()
-        );
+        ));
+        Ok(())
     }
-    output::report_errors(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
-    report_lost(&ebpf, &stream)
+
+    fn summary(&self) -> Vec<String> {
+        self.summary.iter().cloned().collect()
+    }
 }
 
 /// bcc's start-up line, on stderr so that stdout holds only stacks.
@@ -438,66 +499,48 @@ fn read_samples(ebpf: &mut Ebpf, sym: &mut Symbolizer) -> anyhow::Result<Vec<Sam
         .collect())
 }
 
-/// Writes the files asked for, and the text or JSON on stdout: always when
-/// no file was asked for, else only with `-f` or `--json`.
-fn write_outputs(
-    args: &Args,
-    global: &GlobalArgs,
-    samples: &[Sample],
-    event: Event,
-    freq: u64,
-    started_epoch: f64,
-    elapsed: Duration,
-) -> anyhow::Result<()> {
-    let rate = match args.period {
-        Some(p) => format!("every {p} events"),
-        None => format!("{freq} Hz"),
-    };
-    if let Some(path) = &args.svg {
-        let opts = FlameOptions {
-            title: format!("rtrace profile: {} at {rate}", event.name()),
-            icicle: args.icicle,
-            count_name: "samples".to_owned(),
+impl Profile {
+    /// Writes the files asked for.
+    fn write_files(&self, samples: &[Sample], elapsed: Duration) -> anyhow::Result<()> {
+        let args = &self.args;
+        let (event, freq) = (self.event, self.freq);
+        let rate = match args.period {
+            Some(p) => format!("every {p} events"),
+            None => format!("{freq} Hz"),
         };
-        stacks::write_svg(samples, path, &opts)?;
-    }
-    if let Some(path) = &args.pprof {
-        // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
-        // events are counted in events.
-        let (unit, period) = match (event, args.period) {
-            (Event::CpuClock, Some(p)) => ("nanoseconds", p),
-            (Event::CpuClock, None) => ("nanoseconds", 1_000_000_000 / freq),
-            (_, Some(p)) => ("count", p),
-            (_, None) => ("count", 1),
-        };
-        let meta = stacks::pprof::Meta {
-            event: if event == Event::CpuClock {
-                "cpu"
-            } else {
-                event.name()
-            },
-            unit,
-            period,
-            time_nanos: (started_epoch * 1e9) as u64,
-            duration_nanos: elapsed.as_nanos() as u64,
-        };
-        stacks::pprof::write(samples, path, &meta)?;
-    }
-    if let Some(path) = &args.speedscope {
-        stacks::write_speedscope(samples, path, &format!("rtrace profile ({rate})"))?;
-    }
-    let files = args.svg.is_some() || args.pprof.is_some() || args.speedscope.is_some();
-    let text = TextOptions {
-        delimiter: args.delimited,
-        annotate: args.annotate,
-    };
-    if global.json {
-        stacks::write_json(samples)
-    } else if args.folded {
-        stacks::write_folded(samples, text)
-    } else if !files {
-        stacks::write_multiline(samples, text)
-    } else {
+        if let Some(path) = &args.svg {
+            let opts = FlameOptions {
+                title: format!("rtrace profile: {} at {rate}", event.name()),
+                icicle: args.icicle,
+                count_name: "samples".to_owned(),
+            };
+            stacks::write_svg(samples, path, &opts)?;
+        }
+        if let Some(path) = &args.pprof {
+            // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
+            // events are counted in events.
+            let (unit, period) = match (event, args.period) {
+                (Event::CpuClock, Some(p)) => ("nanoseconds", p),
+                (Event::CpuClock, None) => ("nanoseconds", 1_000_000_000 / freq),
+                (_, Some(p)) => ("count", p),
+                (_, None) => ("count", 1),
+            };
+            let meta = stacks::pprof::Meta {
+                event: if event == Event::CpuClock {
+                    "cpu"
+                } else {
+                    event.name()
+                },
+                unit,
+                period,
+                time_nanos: (self.started_epoch * 1e9) as u64,
+                duration_nanos: elapsed.as_nanos() as u64,
+            };
+            stacks::pprof::write(samples, path, &meta)?;
+        }
+        if let Some(path) = &args.speedscope {
+            stacks::write_speedscope(samples, path, &format!("rtrace profile ({rate})"))?;
+        }
         Ok(())
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::{HashMap as BpfHashMap, PerCpuArray},
 };
 use rtrace_common::{
@@ -14,23 +14,23 @@ use rtrace_common::{
 };
 
 use crate::{
-    GlobalArgs,
-    btf::Btf as KernelBtf,
-    features::{
-        Features, Hooks, Mechanism, TRACEPOINT_CHAIN, attach_chain, check_forced, trim_verifier_log,
-    },
-    objects,
+    btf::Btf,
+    features::{Hooks, Mechanism, TRACEPOINT_CHAIN},
     output::{
-        self, IntervalArgs, Signals,
-        hist::{KeyedDeltas, Snapshot, push_hist},
+        self, IntervalArgs, Sink,
+        hist::{Group, Interval, KeyedDeltas, Snapshot},
     },
-    privs, tracefs,
+    tracefs,
+    tracer::{self, Kernel, Load, Scope, Tool},
 };
 
 const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 
-/// The three hooks, as (program suffix, tracepoint).
+/// The three hooks.
 const HOOKS: [&str; 3] = ["sched_wakeup", "sched_wakeup_new", "sched_switch"];
+
+/// The object variant that keeps enqueue times in task local storage.
+const TASK_STORAGE: &str = "task_storage";
 
 /// Summarize run queue (scheduler) latency as a histogram.
 #[derive(Debug, clap::Args)]
@@ -65,9 +65,8 @@ pub struct Args {
     /// Also print p50, p90, p99, p99.9 and the maximum.
     #[arg(long)]
     percentiles: bool,
-    /// Attach with this mechanism instead of the best one that works
-    /// (tp_btf, raw_tracepoint or tracepoint).
-    #[arg(long, value_enum, value_name = "MECHANISM")]
+    /// Attach with this mechanism instead of the best one that works.
+    #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
     attach: Option<Mechanism>,
     /// Keep enqueue times in a hash map even where task local storage, which
     /// is cheaper, is available (for comparison and testing).
@@ -76,7 +75,7 @@ pub struct Args {
 }
 
 /// Resolves the task_struct members the BTF and raw tracepoint programs read.
-fn task_offsets(btf: &KernelBtf) -> Result<TaskOffsets, crate::btf::BtfError> {
+fn task_offsets(btf: &Btf) -> Result<TaskOffsets, crate::btf::BtfError> {
     let req = |s: &str, m: &[&str]| btf.member_any(s, m).map(|i| i.offset);
     let opt = |s: &str, m: &[&str]| req(s, m).unwrap_or(MISSING);
     Ok(TaskOffsets {
@@ -109,64 +108,192 @@ fn tracepoint_offsets() -> Result<TracepointOffsets, tracefs::TracefsError> {
     })
 }
 
-/// Map sizes, decided once before any attach attempt.
-#[derive(Clone, Copy)]
-struct MapSizes {
-    /// The preallocated table of runnable tasks.
-    start: u32,
-    /// Tables keyed by thread or process id, allocated on demand.
-    by_id: u32,
-}
-
-/// Where the kernel side keeps enqueue timestamps.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Store {
-    /// Task local storage: the cheapest, needs tp_btf and task storage.
-    Task,
-    /// A preallocated hash map by thread id: works everywhere.
-    Hash,
-}
-
-/// Loads the object with `cfg` and attaches the programs for `m`.
-fn load_and_attach(
-    m: Mechanism,
-    store: Store,
-    cfg: &Config,
-    sizes: MapSizes,
-) -> anyhow::Result<Ebpf> {
-    let (object, prefix) = match (m, store) {
-        (Mechanism::TpBtf, Store::Task) => (objects::RUNQLAT_TS, "ts"),
-        (Mechanism::TpBtf, Store::Hash) => (objects::RUNQLAT, "btf"),
-        (Mechanism::RawTracepoint, _) => (objects::RUNQLAT, "raw"),
-        _ => (objects::RUNQLAT, "tp"),
-    };
-    let mut ebpf = EbpfLoader::new()
-        // aya has no user-space type for task storage, which only the
-        // programs use.
-        .allow_unsupported_maps()
-        .override_global("CONFIG", cfg, true)
-        .map_max_entries("START", sizes.start)
-        .map_max_entries("HISTS", sizes.by_id)
-        .map_max_entries("TGIDS", sizes.by_id)
-        .load(object)
-        .context("cannot load the runqlat programs")?;
-    let hooks = Hooks::new(m)?;
-    for hook in HOOKS {
-        hooks.attach(&mut ebpf, &format!("{prefix}_{hook}"), "sched", hook)?;
-    }
-    Ok(ebpf)
-}
-
-/// Reads cumulative histograms and turns them into per-interval ones.
-#[derive(Default)]
-struct Reader {
+/// The tool: its arguments and what it learned while attaching.
+pub struct Runqlat {
+    args: Args,
+    grouping: u32,
+    /// The JSON key of a group (`pid`, `tid`, `pidns`).
+    label: &'static str,
+    unit: &'static str,
+    unit_ns: u64,
+    mech: Mechanism,
+    /// Where enqueue times are kept, as `-v` and JSON name it.
+    store: &'static str,
     total: Snapshot,
     groups: KeyedDeltas<u32>,
 }
 
-impl Reader {
+impl Tool for Runqlat {
+    type Args = Args;
+    const NAME: &'static str = "runqlat";
+    const CHAIN: &'static [Mechanism] = &CHAIN;
+    const ERRORS: &'static [&'static str] = &ERR_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let (unit, unit_ns) = if args.milliseconds {
+            ("msecs", 1_000_000)
+        } else {
+            ("usecs", 1_000)
+        };
+        let (grouping, label) = if args.per_process {
+            (group::PROCESS, "pid")
+        } else if args.per_thread {
+            (group::THREAD, "tid")
+        } else if args.per_pidns {
+            (group::PIDNS, "pidns")
+        } else {
+            (group::NONE, "")
+        };
+        Ok(Self {
+            args,
+            grouping,
+            label,
+            unit,
+            unit_ns,
+            mech: Mechanism::TpBtf,
+            store: "hash",
+            total: Snapshot::default(),
+            groups: KeyedDeltas::default(),
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.args.pid.into_iter().collect(),
+            cgroup: self.args.cgroup.clone(),
+            ..Scope::default()
+        }
+    }
+
+    fn forced(&self) -> Option<Mechanism> {
+        self.args.attach
+    }
+
+    fn interval(&self) -> tracer::Interval {
+        tracer::Interval::from_args(self.args.interval.interval, self.args.interval.count)
+    }
+
+    /// Task storage saves a hash update and delete per context switch; the
+    /// hash map stays as the fallback if it is missing or fails to load.
+    fn variants(&self, m: Mechanism, kernel: &mut Kernel) -> Vec<&'static str> {
+        if m == Mechanism::TpBtf
+            && !self.args.no_task_storage
+            && kernel.check(Mechanism::TaskStorage).is_ok()
+        {
+            vec![TASK_STORAGE, ""]
+        } else {
+            vec![""]
+        }
+    }
+
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let m = m.context("runqlat attaches through its chain")?;
+        let mut cfg = Config {
+            group: self.grouping,
+            _pad: 0,
+            unit_ns: self.unit_ns,
+            task: TaskOffsets::default(),
+            tp: TracepointOffsets::default(),
+        };
+        if m == Mechanism::Tracepoint {
+            if self.grouping == group::PIDNS || self.args.cgroup.is_some() {
+                anyhow::bail!("--pidnss and -c need task structs, which tracepoint records lack");
+            }
+            cfg.tp = tracepoint_offsets()?;
+        } else {
+            cfg.task = task_offsets(kernel.btf()?)?;
+            let need = |v: u32, what: &str| {
+                if v == MISSING {
+                    anyhow::bail!("kernel BTF lacks {what}")
+                }
+                Ok(())
+            };
+            if self.grouping == group::PIDNS {
+                need(
+                    cfg.task.pidns_inum.min(cfg.task.pid_ns_for_children),
+                    "pid namespaces",
+                )?;
+            }
+            if self.args.cgroup.is_some() {
+                need(
+                    cfg.task
+                        .kn_parent
+                        .min(cfg.task.kn_id)
+                        .min(cfg.task.dfl_cgrp),
+                    "cgroups",
+                )?;
+            }
+        }
+        let in_task = load.variant() == TASK_STORAGE;
+        load.config(&cfg)
+            // aya has no user-space type for task storage, which only the
+            // programs use.
+            .allow_unsupported_maps()
+            // Timestamps in task storage leave the hash unused.
+            .size("START", if in_task { 1 } else { tracer::runnable_entries() })
+            .size("HISTS", tracer::pid_max())
+            .size("TGIDS", tracer::pid_max());
+        self.mech = m;
+        self.store = if in_task { TASK_STORAGE } else { "hash" };
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let m = m.context("runqlat attaches through its chain")?;
+        let hooks = Hooks::new(m, kernel)?;
+        let prefix = if self.store == TASK_STORAGE {
+            "ts"
+        } else {
+            hooks.prefix()
+        };
+        for hook in HOOKS {
+            hooks.attach(ebpf, &format!("{prefix}_{hook}"), "sched", hook)?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("{}; enqueue times in {}", HOOKS.join(", "), self.store)
+    }
+
+    fn banner(&self) -> String {
+        "Tracing run queue latency... Hit Ctrl-C to end.".to_owned()
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
+        let histograms = if self.grouping == group::NONE {
+            vec![Group::total(self.read_total(ebpf)?)]
+        } else {
+            self.read_groups(ebpf)?
+        };
+        let mut extra = serde_json::Map::new();
+        extra.insert("start_store".into(), self.store.into());
+        sink.emit(&Interval {
+            attach: self.mech.name(),
+            extra,
+            histograms,
+            errors: output::errors_json(&ERR_NAMES, &tracer::read_errors(ebpf, ERR_NAMES.len())?),
+            unit: self.unit,
+            timestamp: self.args.interval.timestamp,
+            percentiles: self.args.percentiles,
+            empty_table: false,
+        })
+    }
+}
+
+impl Runqlat {
     /// The single histogram's counts since the last call.
-    fn total(&mut self, ebpf: &Ebpf) -> anyhow::Result<Snapshot> {
+    fn read_total(&mut self, ebpf: &Ebpf) -> anyhow::Result<Snapshot> {
         let map: PerCpuArray<_, Entry> =
             PerCpuArray::try_from(ebpf.map("TOTAL").context("map TOTAL missing")?)?;
         let mut now = Snapshot::default();
@@ -178,163 +305,25 @@ impl Reader {
         Ok(delta)
     }
 
-    /// Per-group counts since the last call, with each group's command.
-    fn groups(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<(u32, String, Snapshot)>> {
+    /// Per-group counts since the last call, headed by each group's command.
+    fn read_groups(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Group>> {
         let mut map: BpfHashMap<_, u32, Entry> =
             BpfHashMap::try_from(ebpf.map_mut("HISTS").context("map HISTS missing")?)?;
         Ok(self
             .groups
             .read(&mut map, |e| &e.hist)
             .into_iter()
-            .map(|(key, entry, delta)| (key, output::c_string(&entry.comm), delta))
+            .map(|(key, entry, snapshot)| {
+                let comm = output::c_string(&entry.comm);
+                let mut labels = serde_json::Map::new();
+                labels.insert(self.label.into(), key.into());
+                labels.insert("comm".into(), comm.clone().into());
+                Group {
+                    head: Some(format!("{} = {key} {comm}", self.label)),
+                    labels,
+                    snapshot,
+                }
+            })
             .collect())
     }
-}
-
-/// Runs the tool.
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    if let Some(pid) = args.pid {
-        super::check_pid(pid)?;
-    }
-    check_forced("runqlat", args.attach, &CHAIN)?;
-    let cgroup_id = args.cgroup.as_deref().map(super::cgroup_id).transpose()?;
-    privs::check()?;
-
-    let (unit, unit_ns) = if args.milliseconds {
-        ("msecs", 1_000_000)
-    } else {
-        ("usecs", 1_000)
-    };
-    let (grouping, label) = if args.per_process {
-        (group::PROCESS, "pid")
-    } else if args.per_thread {
-        (group::THREAD, "tid")
-    } else if args.per_pidns {
-        (group::PIDNS, "pidns")
-    } else {
-        (group::NONE, "")
-    };
-    let base = Config {
-        target_tgid: args.pid.unwrap_or(0),
-        group: grouping,
-        unit_ns,
-        cgroup_id: cgroup_id.unwrap_or(0),
-        task: TaskOffsets::default(),
-        tp: TracepointOffsets::default(),
-    };
-    let btf = KernelBtf::from_kernel();
-    let sizes = MapSizes {
-        start: super::runnable_entries(),
-        by_id: super::pid_max(),
-    };
-
-    let mut features = Features::new();
-    // Task storage saves a hash update and delete per context switch; the
-    // hash map stays as the fallback if it is missing or fails to load.
-    let mut task_store = if args.no_task_storage {
-        Err("disabled by --no-task-storage".to_owned())
-    } else {
-        features.check(Mechanism::TaskStorage)
-    };
-    let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
-        let mut cfg = base;
-        if m == Mechanism::Tracepoint {
-            if grouping == group::PIDNS || cgroup_id.is_some() {
-                anyhow::bail!("--pidnss and -c need task structs, which tracepoint records lack");
-            }
-            cfg.tp = tracepoint_offsets()?;
-        } else {
-            let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
-            cfg.task = task_offsets(btf)?;
-            let need = |v: u32, what: &str| {
-                if v == MISSING {
-                    anyhow::bail!("kernel BTF lacks {what}")
-                }
-                Ok(())
-            };
-            if grouping == group::PIDNS {
-                need(
-                    cfg.task.pidns_inum.min(cfg.task.pid_ns_for_children),
-                    "pid namespaces",
-                )?;
-            }
-            if cgroup_id.is_some() {
-                need(
-                    cfg.task
-                        .kn_parent
-                        .min(cfg.task.kn_id)
-                        .min(cfg.task.dfl_cgrp),
-                    "cgroups",
-                )?;
-            }
-        }
-        if m == Mechanism::TpBtf && task_store.is_ok() {
-            match load_and_attach(m, Store::Task, &cfg, sizes) {
-                Ok(ebpf) => return Ok(ebpf),
-                Err(e) => task_store = Err(trim_verifier_log(&format!("{e:#}"))),
-            }
-        }
-        load_and_attach(m, Store::Hash, &cfg, sizes)
-    })?;
-    let store = if mech == Mechanism::TpBtf && task_store.is_ok() {
-        "task_storage"
-    } else {
-        "hash"
-    };
-    if global.verbose {
-        for (m, why) in &skipped {
-            eprintln!("rtrace: runqlat: skipped {m}: {why}");
-        }
-        let why = match (&task_store, mech) {
-            (Err(why), Mechanism::TpBtf) => format!(" (task storage: {why})"),
-            _ => String::new(),
-        };
-        eprintln!("rtrace: runqlat: attached with {mech}, enqueue times in {store}{why}");
-    }
-
-    let mut signals = Signals::new()?;
-    eprintln!("Tracing run queue latency... Hit Ctrl-C to end.");
-    let mut reader = Reader::default();
-    output::run_intervals(&args.interval, &mut signals, |_, _| {
-        let groups = if grouping == group::NONE {
-            vec![(0, String::new(), reader.total(&ebpf)?)]
-        } else {
-            reader.groups(&mut ebpf)?
-        };
-        if global.json {
-            let hists: Vec<serde_json::Value> = groups
-                .iter()
-                .map(|(key, comm, s)| {
-                    let mut v = serde_json::to_value(s.to_json(unit)).unwrap_or_default();
-                    if grouping != group::NONE {
-                        v[label] = (*key).into();
-                        v["comm"] = comm.as_str().into();
-                    }
-                    v
-                })
-                .collect();
-            let errors = output::errors_json(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
-            return output::json_line(&serde_json::json!({
-                "tool": "runqlat",
-                "time": output::hms(),
-                "timestamp": output::epoch_secs(),
-                "attach": mech.name(),
-                "start_store": store,
-                "histograms": hists,
-                "errors": errors,
-            }));
-        }
-        let mut text = String::from("\n");
-        if args.interval.timestamp {
-            text.push_str(&format!("{:<8}\n", output::hms()));
-        }
-        for (key, comm, s) in &groups {
-            let head = (grouping != group::NONE).then(|| format!("{label} = {key} {comm}"));
-            push_hist(&mut text, head.as_deref(), s, unit, args.percentiles);
-        }
-        output::write_text(&text)
-    })
-    .await?;
-    output::report_errors(&ERR_NAMES, &output::read_errors(&ebpf, &ERR_NAMES)?);
-    Ok(())
 }

@@ -3,26 +3,24 @@
 
 use std::{
     fmt::Write as _,
-    io::Write as _,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use anyhow::Context as _;
-use aya::EbpfLoader;
-use rtrace_common::tcplife::{
-    AF_INET, AF_INET6, Config, Event, MAX_PORTS, SockOffsets, TracepointOffsets,
+use aya::Ebpf;
+use rtrace_common::{
+    events::LOST_NAMES,
+    tcplife::{AF_INET, AF_INET6, Config, Event, MAX_PORTS, SockOffsets, TracepointOffsets},
 };
+use serde::Serialize;
 
 use crate::{
-    GlobalArgs,
-    btf::Btf as KernelBtf,
-    features::{Features, Hooks, Mechanism, TRACEPOINT_CHAIN, attach_chain, check_forced},
-    objects,
-    output::{
-        self, Signals, TimeColumns,
-        events::{self, BufferArgs, EventStream, Transport, report_lost},
-    },
-    privs, tracefs,
+    btf::Btf,
+    features::{Hooks, Mechanism, TRACEPOINT_CHAIN},
+    output::{self, Record, Sink, TimeColumns, events},
+    tracefs,
+    tracer::{Kernel, Load, Scope, Tool},
+    transport::BufferArgs,
 };
 
 /// `sock:inet_sock_set_state` is there since 4.16.
@@ -65,9 +63,8 @@ pub struct Args {
     /// Trace IPv6 only.
     #[arg(short = '6', long = "ipv6")]
     ipv6: bool,
-    /// Attach with this mechanism instead of the best one that works
-    /// (tp_btf, raw_tracepoint or tracepoint).
-    #[arg(long, value_enum, value_name = "MECHANISM")]
+    /// Attach with this mechanism instead of the best one that works.
+    #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
     attach: Option<Mechanism>,
     #[command(flatten)]
     buffer: BufferArgs,
@@ -102,7 +99,7 @@ fn parse_ports(s: &str) -> Result<Ports, String> {
 
 /// Offsets every mechanism needs, from BTF: the socket's fields and the
 /// way from a task to the socket behind a descriptor.
-fn sock_offsets(btf: &KernelBtf) -> anyhow::Result<SockOffsets> {
+fn sock_offsets(btf: &Btf) -> anyhow::Result<SockOffsets> {
     let m = |s: &str, m: &str| btf.offset(s, m);
     let common = |f: &str| m("sock", &format!("__sk_common.{f}"));
     let protocol = btf.member_any("sock", &["sk_protocol"])?;
@@ -151,19 +148,62 @@ fn accept_ret() -> u32 {
 }
 
 /// A session as user space sees it.
-struct Session {
+#[derive(Serialize)]
+struct Session<'a> {
     pid: u32,
     comm: String,
+    ip: u8,
+    #[serde(rename = "laddr")]
     local: IpAddr,
     lport: u16,
+    #[serde(rename = "raddr")]
     remote: IpAddr,
     rport: u16,
+    #[serde(rename = "tx_bytes")]
     tx: u64,
+    #[serde(rename = "rx_bytes")]
     rx: u64,
     ms: f64,
+    #[serde(skip)]
+    text: Option<&'a TextOptions>,
 }
 
-fn decode(record: &[u8]) -> Option<Session> {
+/// How a session's line looks.
+struct TextOptions {
+    times: TimeColumns,
+    wide: bool,
+}
+
+impl TextOptions {
+    fn widths(&self) -> (usize, usize) {
+        if self.wide { (39, 16) } else { (15, 16) }
+    }
+}
+
+impl Record for Session<'_> {
+    fn text(&self, out: &mut String) {
+        let Some(o) = self.text else { return };
+        let (addr_w, comm_w) = o.widths();
+        o.times.push(out);
+        let _ = write!(out, "{:<7} {:<comm_w$.comm_w$} ", self.pid, self.comm);
+        if o.wide {
+            let _ = write!(out, "{:<2} ", self.ip);
+        }
+        let _ = writeln!(
+            out,
+            "{:<addr_w$} {:<5} {:<addr_w$} {:<5} {:<6.2} {:<6.2} {:.2}",
+            self.local.to_string(),
+            self.lport,
+            self.remote.to_string(),
+            self.rport,
+            self.tx as f64 / 1024.0,
+            self.rx as f64 / 1024.0,
+            self.ms,
+        );
+    }
+}
+
+fn decode<'a>(record: &[u8]) -> Option<Session<'a>> {
     let e: Event = events::record(record)?;
     let addr = |a: [u8; 16]| match e.family {
         AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from(a))),
@@ -173,6 +213,7 @@ fn decode(record: &[u8]) -> Option<Session> {
     Some(Session {
         pid: e.pid,
         comm: output::c_string(&e.comm),
+        ip: if e.family == AF_INET6 { 6 } else { 4 },
         local: addr(e.saddr)?,
         lport: e.lport,
         remote: addr(e.daddr)?,
@@ -180,102 +221,142 @@ fn decode(record: &[u8]) -> Option<Session> {
         tx: e.tx_bytes,
         rx: e.rx_bytes,
         ms: e.span_ns as f64 / 1e6,
+        text: None,
     })
 }
 
-/// Runs the tool.
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    if let Some(pid) = args.pid {
-        super::check_pid(pid)?;
+/// The tool.
+pub struct Tcplife {
+    args: Args,
+    text: TextOptions,
+    /// Why owners are not taken at accept, if they are not.
+    accept_skipped: Option<String>,
+}
+
+impl Tool for Tcplife {
+    type Args = Args;
+    const NAME: &'static str = "tcplife";
+    const CHAIN: &'static [Mechanism] = &CHAIN;
+    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let text = TextOptions {
+            times: TimeColumns::new(args.time, args.timestamp, 9),
+            wide: args.wide,
+        };
+        Ok(Self {
+            args,
+            text,
+            accept_skipped: None,
+        })
     }
-    check_forced("tcplife", args.attach, &CHAIN)?;
-    privs::check()?;
 
-    let btf = KernelBtf::from_kernel().context("tcplife reads sockets through kernel BTF")?;
-    let no_ports = Ports {
-        ports: [0; MAX_PORTS],
-        len: 0,
-    };
-    let (lports, dports) = (
-        args.local_ports.unwrap_or(no_ports),
-        args.remote_ports.unwrap_or(no_ports),
-    );
-    let base = Config {
-        pid: args.pid.unwrap_or(0),
-        family: if args.ipv4 {
-            AF_INET
-        } else if args.ipv6 {
-            AF_INET6
-        } else {
-            0
-        },
-        n_lports: lports.len,
-        n_dports: dports.len,
-        _pad: 0,
-        lports: lports.ports,
-        dports: dports.ports,
-        sock: sock_offsets(&btf)?,
-        tp: TracepointOffsets {
-            accept_ret: accept_ret(),
-            ..TracepointOffsets::default()
-        },
-    };
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.args.pid.into_iter().collect(),
+            ..Scope::default()
+        }
+    }
 
-    let mut features = Features::new();
-    let (transport, why) = Transport::choose(&mut features, &args.buffer);
-    let mut accept_skipped = None;
-    let (mech, mut ebpf, skipped) = attach_chain(&mut features, &CHAIN, args.attach, |m| {
-        let mut cfg = base;
+    fn forced(&self) -> Option<Mechanism> {
+        self.args.attach
+    }
+
+    fn events(&self) -> Option<&BufferArgs> {
+        Some(&self.args.buffer)
+    }
+
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let m = m.context("tcplife attaches through its chain")?;
+        let no_ports = Ports {
+            ports: [0; MAX_PORTS],
+            len: 0,
+        };
+        let (lports, dports) = (
+            self.args.local_ports.unwrap_or(no_ports),
+            self.args.remote_ports.unwrap_or(no_ports),
+        );
+        let btf = kernel
+            .btf()
+            .context("tcplife reads sockets through kernel BTF")?;
+        let mut cfg = Config {
+            family: if self.args.ipv4 {
+                AF_INET
+            } else if self.args.ipv6 {
+                AF_INET6
+            } else {
+                0
+            },
+            n_lports: lports.len,
+            n_dports: dports.len,
+            _pad: [0; 3],
+            lports: lports.ports,
+            dports: dports.ports,
+            sock: sock_offsets(btf)?,
+            tp: TracepointOffsets {
+                accept_ret: accept_ret(),
+                ..TracepointOffsets::default()
+            },
+        };
         if m == Mechanism::Tracepoint {
             set_state_offsets(&mut cfg.tp)?;
         }
         if m != Mechanism::Tracepoint && cfg.sock.protocol == u32::MAX {
             anyhow::bail!("sock.sk_protocol is a bitfield on this kernel");
         }
-        let mut loader = EbpfLoader::new();
         // Entries are allocated on demand, so room for a busy server's
         // sockets costs nothing on a quiet machine.
-        loader
-            .override_global("CONFIG", &cfg, true)
-            .map_max_entries("SOCKS", 1 << 20);
-        let mut ebpf = transport
-            .size(&mut loader, &args.buffer)
-            .load(transport.object(objects::TCPLIFE, objects::TCPLIFE_PERF))
-            .context("cannot load the tcplife programs")?;
-        Hooks::new(m)?.attach_event(&mut ebpf, "sock", "inet_sock_set_state")?;
+        load.config(&cfg).size("SOCKS", 1 << 20);
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let m = m.context("tcplife attaches through its chain")?;
+        Hooks::new(m, kernel)?.attach_event(ebpf, "sock", "inet_sock_set_state")?;
         // Owners are also taken at close, so a kernel without syscall
         // tracepoints loses only sockets that die before their owner
         // closes them.
-        let syscalls = Hooks::new(Mechanism::Tracepoint)?;
+        let syscalls = Hooks::new(Mechanism::Tracepoint, kernel)?;
+        self.accept_skipped = None;
         for event in ["sys_exit_accept4", "sys_exit_accept"] {
-            if let Err(e) = syscalls.attach_event(&mut ebpf, "syscalls", event) {
-                accept_skipped = Some(format!("{e:#}"));
+            if let Err(e) = syscalls.attach_event(ebpf, "syscalls", event) {
+                self.accept_skipped = Some(format!("{e:#}"));
             }
         }
-        Ok(ebpf)
-    })?;
-    if global.verbose {
-        for (m, why) in &skipped {
-            eprintln!("rtrace: tcplife: skipped {m}: {why}");
-        }
-        eprintln!("rtrace: tcplife: attached with {mech} (sock:inet_sock_set_state)");
-        if let Some(why) = &accept_skipped {
-            eprintln!("rtrace: tcplife: owners not taken at accept: {why}");
-        }
-        transport.report("tcplife", why.as_deref());
+        Ok(())
     }
-    let mut stream = EventStream::new(&mut ebpf, transport, &args.buffer)?;
-    let mut signals = Signals::new()?;
-    eprintln!("Tracing TCP sessions... Hit Ctrl-C to end.");
 
-    let (addr_w, comm_w) = if args.wide { (39, 16) } else { (15, 16) };
-    let times = TimeColumns::new(args.time, args.timestamp, 9);
-    let prefix_head = times.header();
-    if !global.json {
-        let ip = if args.wide { "IP " } else { "" };
-        writeln!(
-            std::io::stdout(),
-            "{prefix_head}{:<7} {:<comm_w$} {ip}{:<addr_w$} {:<5} {:<addr_w$} {:<5} {:<6} {:<6} MS",
+    fn describe(&self) -> String {
+        "sock:inet_sock_set_state".to_owned()
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.accept_skipped
+            .iter()
+            .map(|why| format!("owners not taken at accept: {why}"))
+            .collect()
+    }
+
+    fn banner(&self) -> String {
+        "Tracing TCP sessions... Hit Ctrl-C to end.".to_owned()
+    }
+
+    fn header(&self) -> Option<String> {
+        let (addr_w, comm_w) = self.text.widths();
+        let ip = if self.args.wide { "IP " } else { "" };
+        Some(format!(
+            "{}{:<7} {:<comm_w$} {ip}{:<addr_w$} {:<5} {:<addr_w$} {:<5} {:<6} {:<6} MS",
+            self.text.times.header(),
             "PID",
             "COMM",
             "LADDR",
@@ -284,52 +365,14 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             "RPORT",
             "TX_KB",
             "RX_KB",
-        )
-        .context("cannot write to stdout")?;
+        ))
     }
-    stream
-        .run(&mut signals, |record| {
-            let Some(s) = decode(record) else {
-                return Ok(true);
-            };
-            if global.json {
-                output::json_line(&serde_json::json!({
-                    "tool": "tcplife",
-                    "time": output::hms(),
-                    "timestamp": output::epoch_secs(),
-                    "pid": s.pid,
-                    "comm": s.comm,
-                    "ip": if s.local.is_ipv4() { 4 } else { 6 },
-                    "laddr": s.local.to_string(),
-                    "lport": s.lport,
-                    "raddr": s.remote.to_string(),
-                    "rport": s.rport,
-                    "tx_bytes": s.tx,
-                    "rx_bytes": s.rx,
-                    "ms": s.ms,
-                }))?;
-                return Ok(true);
-            }
-            let mut out = String::new();
-            times.push(&mut out);
-            let _ = write!(out, "{:<7} {:<comm_w$.comm_w$} ", s.pid, s.comm);
-            if args.wide {
-                let _ = write!(out, "{:<2} ", if s.local.is_ipv4() { 4 } else { 6 });
-            }
-            let _ = write!(
-                out,
-                "{:<addr_w$} {:<5} {:<addr_w$} {:<5} {:<6.2} {:<6.2} {:.2}",
-                s.local.to_string(),
-                s.lport,
-                s.remote.to_string(),
-                s.rport,
-                s.tx as f64 / 1024.0,
-                s.rx as f64 / 1024.0,
-                s.ms,
-            );
-            writeln!(std::io::stdout(), "{out}").context("cannot write to stdout")?;
-            Ok(true)
-        })
-        .await?;
-    report_lost(&ebpf, &stream)
+
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        let Some(mut s) = decode(record) else {
+            return Ok(());
+        };
+        s.text = Some(&self.text);
+        sink.emit(&s)
+    }
 }

@@ -1,0 +1,41 @@
+//! The one target filter every tool shares: `-p` (processes), `-L`/`-t`
+//! (threads) and `-c` (a cgroup v2 directory).
+//!
+//! User space sets the global `TARGETS` to a [`Targets`], fills the
+//! `TARGET_IDS` hash with the ids asked for and points the `TARGET_CGROUP`
+//! array at the cgroup; `rtrace_ebpf::targets` tests a task against them.
+
+/// [`Targets::by`]: every task.
+pub const BY_NONE: u32 = 0;
+/// [`Targets::by`]: tasks whose process (thread group) id is in
+/// `TARGET_IDS`.
+pub const BY_TGID: u32 = 1;
+/// [`Targets::by`]: tasks whose thread id is in `TARGET_IDS`.
+pub const BY_TID: u32 = 2;
+
+/// Name of the global holding the [`Targets`].
+pub const GLOBAL: &str = "TARGETS";
+/// Name of the hash of ids (`u32` to `u8`) that `-p` or `-L` lists.
+pub const IDS_MAP: &str = "TARGET_IDS";
+/// Name of the one-slot cgroup array that `-c` fills.
+pub const CGROUP_MAP: &str = "TARGET_CGROUP";
+
+/// What a tool traces, passed as the global [`GLOBAL`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Targets {
+    /// One of the `BY_*` values.
+    pub by: u32,
+    /// Whether `TARGET_CGROUP` holds a cgroup the current task must be in.
+    pub cgroup: u32,
+    /// The kernfs id of that cgroup, for tools that test tasks other than
+    /// the current one by walking their cgroup's ancestors.
+    pub cgroup_id: u64,
+    /// A process never traced (rtrace itself, where its own output could
+    /// feed back into what it traces); 0 for none.
+    pub exclude_tgid: u32,
+    /// Keeps the struct free of trailing padding.
+    pub _pad: u32,
+}
+
+crate::pod!(Targets);

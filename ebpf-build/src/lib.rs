@@ -1,0 +1,271 @@
+//! How rtrace's kernel side is built, in one place for `userspace/build.rs`
+//! (which embeds the objects) and `xtask` (which lints them and installs
+//! the toolchain).
+//!
+//! The eBPF crate needs a nightly compiler (`-Z build-std=core` for
+//! `bpfel-unknown-none`) while everything else builds on stable, so it is
+//! built by a separate cargo run through rustup. Three things must agree
+//! between the two callers, and live here:
+//!
+//! - **The toolchain**, pinned by date in `ebpf-programs/rust-toolchain.toml`
+//!   and read from there ([`channel`]).
+//! - **The environment**: the variables a running cargo sets would pin the
+//!   nested one to stable and the host target ([`cargo`]).
+//! - **The variants**: every object is built once with default features,
+//!   and once more for each feature its source tests, `cfg(feature = "F")`
+//!   giving an object named `<bin>_F`. An event tool's `event_map!()`
+//!   stands for `cfg(feature = "perf")`. So a tool's ring-buffer and
+//!   perf-buffer objects come from one source with nothing to register
+//!   ([`variants`], [`build`]).
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// The eBPF crate's directory under the workspace root.
+pub const CRATE_DIR: &str = "ebpf-programs";
+
+/// The pinned nightly toolchain, as `ebpf-programs/rust-toolchain.toml`
+/// names it.
+pub fn channel(root: &Path) -> Result<String, String> {
+    let path = root.join(CRATE_DIR).join("rust-toolchain.toml");
+    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_channel(&text).ok_or_else(|| format!("{}: no channel = \"...\" line", path.display()))
+}
+
+fn parse_channel(toml: &str) -> Option<String> {
+    toml.lines().find_map(|l| {
+        let v = l.trim().strip_prefix("channel")?.trim().strip_prefix('=')?;
+        Some(v.trim().trim_matches('"').to_owned())
+    })
+}
+
+/// Whether an environment variable of the outer build must not reach the
+/// nested cargo.
+fn scrubbed(key: &str) -> bool {
+    key.starts_with("CARGO")
+        || key.starts_with("RUSTC")
+        || key.starts_with("RUSTUP_TOOLCHAIN")
+        || matches!(
+            key,
+            "RUSTFLAGS" | "RUSTDOCFLAGS" | "DEBUG" | "OPT_LEVEL" | "PROFILE" | "TARGET" | "HOST"
+        )
+}
+
+/// The installed toolchain that provides the pinned `channel`: the
+/// toolchain of that name, or else a floating `nightly` whose compiler
+/// reports the pinned date (rustup refuses to link a local toolchain under
+/// an official dated name, so a machine that cannot download the dated one
+/// uses its `nightly` only when it is that very build).
+pub fn toolchain(channel: &str) -> Result<String, String> {
+    let list = Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .map_err(|e| format!("cannot run rustup: {e}"))?;
+    let list = String::from_utf8_lossy(&list.stdout);
+    let names: Vec<&str> = list
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let host_suffix = |n: &str| {
+        n.strip_prefix(channel)
+            .is_some_and(|r| r.is_empty() || r.starts_with('-'))
+    };
+    if let Some(n) = names.iter().find(|n| host_suffix(n)) {
+        return Ok((*n).to_owned());
+    }
+    let date = channel.strip_prefix("nightly-").unwrap_or("");
+    for n in names.iter().filter(|n| n.starts_with("nightly")) {
+        let version = Command::new("rustup")
+            .args(["run", n, "rustc", "-V"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        if !date.is_empty() && version.contains(date) {
+            return Ok((*n).to_owned());
+        }
+    }
+    Err(format!(
+        "the pinned toolchain {channel} is not installed; `cargo xtask setup` installs it"
+    ))
+}
+
+/// Cargo of the pinned toolchain, in the eBPF crate, with the outer
+/// build's variables removed.
+pub fn cargo(root: &Path) -> Result<Command, String> {
+    let toolchain = toolchain(&channel(root)?)?;
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", &toolchain, "cargo"])
+        .current_dir(root.join(CRATE_DIR));
+    for (key, _) in std::env::vars_os() {
+        if scrubbed(&key.to_string_lossy()) {
+            cmd.env_remove(&key);
+        }
+    }
+    Ok(cmd)
+}
+
+/// The features a bin's source asks to be built with besides the default
+/// build, in order of first mention.
+pub fn variants(source: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut push = |f: &str| {
+        if !out.iter().any(|o| o == f) {
+            out.push(f.to_owned());
+        }
+    };
+    let mut rest = source;
+    while let Some(at) = rest.find("feature = \"") {
+        rest = &rest[at + "feature = \"".len()..];
+        if let Some(end) = rest.find('"') {
+            push(&rest[..end]);
+        }
+    }
+    if source.contains("event_map!(") {
+        push("perf");
+    }
+    out
+}
+
+/// One built object: its name (`<bin>` or `<bin>_<feature>`) and where it
+/// was copied to.
+#[derive(Debug, Clone)]
+pub struct Object {
+    /// The name user space looks it up by.
+    pub name: String,
+    /// The file in the output directory.
+    pub path: PathBuf,
+}
+
+/// Builds every object and its variants into `target_dir`, copies them to
+/// `out_dir`, and writes `out_dir/objects.rs`: a table of `(name, bytes)`
+/// for `include!`.
+pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Object>, String> {
+    let bins_dir = root.join(CRATE_DIR).join("src").join("bin");
+    let mut bins: Vec<(String, Vec<String>)> = Vec::new();
+    let entries = fs::read_dir(&bins_dir).map_err(|e| format!("{}: {e}", bins_dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let source = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        bins.push((name, variants(&source)));
+    }
+    bins.sort();
+
+    // One target directory for every pass: the core library is built once,
+    // and each pass only relinks the objects its feature changes.
+    let built = target_dir.join("bpfel-unknown-none").join("release");
+    let mut passes: Vec<(Option<String>, Vec<&str>)> = vec![(None, Vec::new())];
+    for (bin, features) in &bins {
+        for f in features {
+            match passes.iter_mut().find(|(pf, _)| pf.as_deref() == Some(f)) {
+                Some((_, list)) => list.push(bin),
+                None => passes.push((Some(f.clone()), vec![bin])),
+            }
+        }
+    }
+    let mut objects = Vec::new();
+    for (feature, only) in &passes {
+        let mut cmd = cargo(root)?;
+        cmd.args(["build", "--release", "--target-dir"])
+            .arg(target_dir);
+        if let Some(f) = feature {
+            cmd.args(["--features", f]);
+            for bin in only {
+                cmd.args(["--bin", bin]);
+            }
+        } else {
+            cmd.arg("--bins");
+        }
+        let status = cmd
+            .status()
+            .map_err(|e| format!("cannot run rustup to build the eBPF programs: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "building the eBPF programs{} failed",
+                feature
+                    .as_ref()
+                    .map(|f| format!(" with feature {f}"))
+                    .unwrap_or_default()
+            ));
+        }
+        let names: Vec<&str> = match feature {
+            Some(_) => only.clone(),
+            None => bins.iter().map(|(b, _)| b.as_str()).collect(),
+        };
+        for bin in names {
+            let name = match feature {
+                Some(f) => format!("{bin}_{f}"),
+                None => bin.to_owned(),
+            };
+            let path = out_dir.join(&name);
+            fs::copy(built.join(bin), &path)
+                .map_err(|e| format!("eBPF object {bin} missing after the build: {e}"))?;
+            objects.push(Object { name, path });
+        }
+    }
+    objects.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut table = String::from(
+        "/// Every eBPF object, by name: `<bin>`, or `<bin>_<feature>` for a variant.\n\
+         pub static OBJECTS: &[(&str, &[u8])] = &[\n",
+    );
+    for o in &objects {
+        let _ = writeln!(
+            table,
+            "    ({:?}, aya::include_bytes_aligned!({:?})),",
+            o.name,
+            o.path.display().to_string()
+        );
+    }
+    table.push_str("];\n");
+    fs::write(out_dir.join("objects.rs"), table).map_err(|e| format!("objects.rs: {e}"))?;
+    Ok(objects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_come_from_features_the_source_tests() {
+        let src = "#[cfg(feature = \"task_storage\")]\nfn a() {}\n#[cfg(not(feature = \"task_storage\"))]\nfn b() {}";
+        assert_eq!(variants(src), vec!["task_storage"]);
+        assert_eq!(
+            variants("rtrace_ebpf::event_map!();\n#[cfg(feature = \"x\")] fn c() {}"),
+            vec!["x", "perf"]
+        );
+        assert!(variants("fn main() {}").is_empty());
+    }
+
+    #[test]
+    fn channel_is_read_from_the_toolchain_file() {
+        let toml = "[toolchain]\nchannel = \"nightly-2026-05-19\"\ncomponents = [\"rust-src\"]\n";
+        assert_eq!(parse_channel(toml).as_deref(), Some("nightly-2026-05-19"));
+        assert_eq!(parse_channel("[toolchain]\n"), None);
+    }
+
+    #[test]
+    fn outer_cargo_variables_are_scrubbed() {
+        for k in [
+            "CARGO_TARGET_DIR",
+            "RUSTC_WRAPPER",
+            "RUSTUP_TOOLCHAIN",
+            "TARGET",
+            "RUSTFLAGS",
+        ] {
+            assert!(scrubbed(k), "{k}");
+        }
+        for k in ["PATH", "HOME", "RUSTUP_HOME"] {
+            assert!(!scrubbed(k), "{k}");
+        }
+    }
+}

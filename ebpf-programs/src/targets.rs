@@ -1,0 +1,71 @@
+//! The target filter shared by every tool (`-p`, `-L`/`-t`, `-c`): one
+//! global, one id hash and one cgroup array, set by user space's `Tracer`.
+
+use aya_ebpf::{
+    Global,
+    helpers::bpf_get_current_pid_tgid,
+    macros::map,
+    maps::{CgroupArray, HashMap},
+};
+use rtrace_common::targets::{BY_NONE, BY_TGID, Targets};
+
+use crate::global;
+
+#[unsafe(no_mangle)]
+static TARGETS: Global<Targets> = Global::new(Targets {
+    by: BY_NONE,
+    cgroup: 0,
+    cgroup_id: 0,
+    exclude_tgid: 0,
+    _pad: 0,
+});
+
+/// The ids `-p` or `-L` lists; user space sizes it to the list.
+#[map]
+static TARGET_IDS: HashMap<u32, u8> = HashMap::with_max_entries(1, 0);
+
+/// The cgroup of `-c`.
+#[map]
+static TARGET_CGROUP: CgroupArray = CgroupArray::with_max_entries(1, 0);
+
+/// The filter's settings.
+#[inline(always)]
+pub fn config() -> &'static Targets {
+    global(&TARGETS)
+}
+
+/// Whether the task `tgid`/`tid` is traced by its ids (the cgroup is not
+/// tested: see [`admits_current`]).
+#[inline(always)]
+pub fn admits(tgid: u32, tid: u32) -> bool {
+    let t = config();
+    if t.exclude_tgid != 0 && tgid == t.exclude_tgid {
+        return false;
+    }
+    match t.by {
+        BY_NONE => true,
+        BY_TGID => TARGET_IDS.get_ptr(&tgid).is_some(),
+        _ => TARGET_IDS.get_ptr(&tid).is_some(),
+    }
+}
+
+/// Whether any id filter is set, so that a tool can skip looking up a
+/// task's ids when nothing asks for them.
+#[inline(always)]
+pub fn by_ids() -> bool {
+    let t = config();
+    t.by != BY_NONE || t.exclude_tgid != 0
+}
+
+/// Whether the current task is in the `-c` cgroup, or no cgroup is set.
+#[inline(always)]
+pub fn current_in_cgroup() -> bool {
+    config().cgroup == 0 || TARGET_CGROUP.current_task_under_cgroup(0) == Ok(true)
+}
+
+/// Whether the current task is traced: its ids and its cgroup.
+#[inline(always)]
+pub fn admits_current() -> bool {
+    let id = bpf_get_current_pid_tgid();
+    admits((id >> 32) as u32, id as u32) && current_in_cgroup()
+}

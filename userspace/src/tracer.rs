@@ -1,0 +1,758 @@
+//! The one lifecycle every tool runs through.
+//!
+//! A tool ([`Tool`]) declares what it needs: its object (named like the
+//! tool), the attach mechanisms it accepts best first, the loss counters its
+//! programs keep, what it traces ([`Scope`]), its configuration and map
+//! sizes ([`Load`]), how to attach, and what to print. [`run`] owns the
+//! order, the same for every tool:
+//!
+//! 1. arguments and targets checked, then privileges;
+//! 2. kernel features, probed once and only for the mechanisms tried;
+//! 3. the event transport, then the attach chain (loading the object for
+//!    each mechanism, and each variant a tool asks for, until one attaches);
+//! 4. the `-v` report: what was skipped and why, what was used;
+//! 5. signals and the deadline;
+//! 6. the banner on stderr, the header on stdout (text only);
+//! 7. the loop: events as they come, intervals as they fall due, until a
+//!    signal, the deadline or the last interval; every record goes through
+//!    one [`Sink`], text or JSON;
+//! 8. the report of lost work at exit.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{CgroupArray, HashMap as BpfHashMap, PerCpuArray},
+};
+use rtrace_common::{events::LOST_EVENT, targets};
+
+use crate::{
+    GlobalArgs,
+    btf::Btf,
+    features::{Features, Mechanism, trim_verifier_log},
+    objects,
+    output::{Signals, Sink, events::EventStream},
+    privs,
+    transport::{BufferArgs, Transport},
+};
+
+/// A tool: its declarations and its part of the lifecycle.
+///
+/// Dispatch is static (the registry in `tools/mod.rs` names each tool's
+/// type), so the trait needs no object safety.
+pub trait Tool: Sized {
+    /// The tool's command-line arguments.
+    type Args: clap::Args + std::fmt::Debug;
+
+    /// The subcommand, and the name of the tool's eBPF object
+    /// (`ebpf-programs/src/bin/<NAME>.rs`).
+    const NAME: &'static str;
+    /// The mechanisms the tool can attach with, best first; `--attach`
+    /// offers these. Empty for tools that choose per probe.
+    const CHAIN: &'static [Mechanism];
+    /// What each slot of the object's `ERRORS` counters counts, for the
+    /// report at exit. An event tool's first slot is events lost to a full
+    /// buffer (`rtrace_common::events::LOST_EVENT`).
+    const ERRORS: &'static [&'static str];
+
+    /// Checks the arguments, before any privilege is needed.
+    fn new(args: Self::Args) -> anyhow::Result<Self>;
+
+    /// What the tool traces (`-p`, `-L`/`-t`, `-c`).
+    fn scope(&self) -> Scope {
+        Scope::default()
+    }
+
+    /// The mechanism `--attach` forces, if any.
+    fn forced(&self) -> Option<Mechanism> {
+        None
+    }
+
+    /// The transport flags of a tool that streams events; `None` for tools
+    /// that read maps only.
+    fn events(&self) -> Option<&BufferArgs> {
+        None
+    }
+
+    /// Object variants to try for mechanism `m`, best first: a feature the
+    /// object is also built with (`"task_storage"`), or `""` for the plain
+    /// object. A variant that fails to load or attach is noted under `-v`
+    /// and the next is tried.
+    fn variants(&self, _m: Mechanism, _kernel: &mut Kernel) -> Vec<&'static str> {
+        vec![""]
+    }
+
+    /// Sets the object's configuration and map sizes for mechanism `m`
+    /// (`None` for a tool with an empty chain) and `load.variant()`.
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()>;
+
+    /// Attaches the loaded object's programs.
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()>;
+
+    /// What was attached to, for `-v` ("attached with tp_btf (...)").
+    fn describe(&self) -> String;
+
+    /// More `-v` lines, such as functions a tool skipped.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// When the tool prints ([`Interval`]).
+    fn interval(&self) -> Interval {
+        Interval::Never
+    }
+
+    /// Seconds after which the run ends as if interrupted (`-d`).
+    fn duration(&self) -> Option<u64> {
+        None
+    }
+
+    /// The line on stderr that says what is being traced.
+    fn banner(&self) -> String;
+
+    /// The column header printed once on stdout in text mode.
+    fn header(&self) -> Option<String> {
+        None
+    }
+
+    /// Runs as tracing starts, after the banner.
+    fn start(&mut self) {}
+
+    /// Handles one event record.
+    fn event(&mut self, _record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Prints one interval; `last` is the final one.
+    fn tick(&mut self, _ebpf: &mut Ebpf, _sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Runs once after the loop, before losses are reported.
+    fn finish(&mut self, _ebpf: &mut Ebpf, _sink: &mut Sink) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// `-v` lines about the run, printed after [`finish`](Self::finish).
+    fn summary(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// When a tool prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interval {
+    /// Only from events, or in [`Tool::finish`].
+    Never,
+    /// Once, when the run ends.
+    AtEnd,
+    /// Every `secs` seconds, `count` times if given, and once more for a
+    /// partial interval cut short by a signal.
+    Every {
+        /// Seconds between outputs.
+        secs: u64,
+        /// Outputs before exiting.
+        count: Option<u64>,
+    },
+}
+
+impl Interval {
+    /// `[interval] [count]` as bcc's histogram tools take them.
+    pub fn from_args(interval: Option<u64>, count: Option<u64>) -> Self {
+        match interval {
+            Some(secs) => Self::Every { secs, count },
+            None => Self::AtEnd,
+        }
+    }
+}
+
+/// What a tool traces, checked and applied by the tracer through the one
+/// kernel-side filter (`rtrace_ebpf::targets`).
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    /// Processes (thread group ids); empty for all.
+    pub pids: Vec<u32>,
+    /// Threads; empty for all. Not with `pids`.
+    pub tids: Vec<u32>,
+    /// A cgroup v2 directory the traced tasks must be in or below.
+    pub cgroup: Option<PathBuf>,
+    /// Never trace rtrace itself, whose output could feed back.
+    pub exclude_self: bool,
+}
+
+/// A [`Scope`] checked against the system: its cgroup open.
+struct Targets {
+    global: targets::Targets,
+    ids: Vec<u32>,
+    cgroup: Option<File>,
+}
+
+impl Targets {
+    fn check(scope: &Scope) -> anyhow::Result<Self> {
+        for &pid in &scope.pids {
+            check_task(pid, "process")?;
+        }
+        for &tid in &scope.tids {
+            check_task(tid, "thread")?;
+        }
+        let (by, ids) = if !scope.pids.is_empty() {
+            (targets::BY_TGID, scope.pids.clone())
+        } else if !scope.tids.is_empty() {
+            (targets::BY_TID, scope.tids.clone())
+        } else {
+            (targets::BY_NONE, Vec::new())
+        };
+        let (cgroup, cgroup_id) = match &scope.cgroup {
+            Some(path) => {
+                let id = cgroup_id(path)?;
+                let file = File::open(path)
+                    .with_context(|| format!("cannot open cgroup {}", path.display()))?;
+                (Some(file), id)
+            }
+            None => (None, 0),
+        };
+        Ok(Self {
+            global: targets::Targets {
+                by,
+                cgroup: u32::from(cgroup.is_some()),
+                cgroup_id,
+                exclude_tgid: if scope.exclude_self {
+                    std::process::id()
+                } else {
+                    0
+                },
+                _pad: 0,
+            },
+            ids,
+            cgroup,
+        })
+    }
+
+    /// Fills the loaded object's id hash and cgroup array.
+    fn apply(&self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        if !self.ids.is_empty() {
+            let mut map: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(
+                ebpf.map_mut(targets::IDS_MAP)
+                    .with_context(|| format!("map {} missing", targets::IDS_MAP))?,
+            )?;
+            for id in &self.ids {
+                map.insert(id, 1, 0)
+                    .context("cannot fill the target filter")?;
+            }
+        }
+        if let Some(cg) = &self.cgroup {
+            let mut map: CgroupArray<_> = ebpf
+                .map_mut(targets::CGROUP_MAP)
+                .with_context(|| format!("map {} missing", targets::CGROUP_MAP))?
+                .try_into()?;
+            map.set(0, cg.as_raw_fd(), 0)
+                .context("cannot set the cgroup filter")?;
+        }
+        Ok(())
+    }
+}
+
+/// Fails with a clear message unless `id` names a live task (`what` says
+/// which kind). `/proc/ID` exists for threads as well as processes, though
+/// only process ids are listed.
+pub fn check_task(id: u32, what: &str) -> anyhow::Result<()> {
+    if id == 0 || !std::path::Path::new(&format!("/proc/{id}")).exists() {
+        anyhow::bail!("no such {what}: {id}");
+    }
+    Ok(())
+}
+
+/// The kernfs id of a cgroup v2 directory, which is its inode number.
+fn cgroup_id(path: &std::path::Path) -> anyhow::Result<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| anyhow::anyhow!("cannot use cgroup {}: {e}", path.display()))?;
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `c` is a valid path and `st` a valid out-pointer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 || st.f_type as i64 != CGROUP2_SUPER_MAGIC
+    {
+        anyhow::bail!("{} is not a cgroup v2 directory", path.display());
+    }
+    Ok(meta.ino())
+}
+
+/// How to load a tool's object: the variant, globals and map sizes.
+#[derive(Debug, Default)]
+pub struct Load {
+    variant: &'static str,
+    globals: Vec<(&'static str, Vec<u8>)>,
+    sizes: Vec<(&'static str, u32)>,
+    unsupported_maps: bool,
+}
+
+impl Load {
+    /// The object variant being tried (`""` for the plain object).
+    pub fn variant(&self) -> &'static str {
+        self.variant
+    }
+
+    /// Sets global `name` to `value` (its size must match the object's).
+    pub fn global<T: aya::Pod>(&mut self, name: &'static str, value: &T) -> &mut Self {
+        // SAFETY: `T` is plain old data, so its bytes may be read.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) };
+        self.globals.retain(|(n, _)| *n != name);
+        self.globals.push((name, bytes.to_vec()));
+        self
+    }
+
+    /// Sets the global `CONFIG`, which every configurable object has.
+    pub fn config<T: aya::Pod>(&mut self, value: &T) -> &mut Self {
+        self.global("CONFIG", value)
+    }
+
+    /// Sizes map `name` to `entries`.
+    pub fn size(&mut self, name: &'static str, entries: u32) -> &mut Self {
+        self.sizes.retain(|(n, _)| *n != name);
+        self.sizes.push((name, entries));
+        self
+    }
+
+    /// Lets the object hold maps aya has no user-space type for, which
+    /// only the programs use (such as task storage).
+    pub fn allow_unsupported_maps(&mut self) -> &mut Self {
+        self.unsupported_maps = true;
+        self
+    }
+
+    fn load(&self, name: &str) -> anyhow::Result<Ebpf> {
+        let object =
+            objects::get(name).with_context(|| format!("no eBPF object {name} in this build"))?;
+        let mut loader = EbpfLoader::new();
+        // The objects carry no CO-RE relocations (offsets come from BTF at
+        // run time), so aya need not parse the kernel's BTF for them.
+        loader.btf(None);
+        if self.unsupported_maps {
+            loader.allow_unsupported_maps();
+        }
+        for (n, bytes) in &self.globals {
+            loader.override_global(n, bytes.as_slice(), true);
+        }
+        for (n, entries) in &self.sizes {
+            loader.map_max_entries(n, *entries);
+        }
+        loader
+            .load(object)
+            .with_context(|| format!("cannot load the {name} programs"))
+    }
+}
+
+/// What the kernel offers, learned once per run: mechanism probes, its
+/// BTF and the type ids aya attaches by, each only when first asked for.
+#[derive(Default)]
+pub struct Kernel {
+    features: Features,
+    btf: Option<Result<Btf, String>>,
+    attach_ids: Option<Result<aya::Btf, String>>,
+}
+
+impl Kernel {
+    /// Whether mechanism `m` works here; the error says why not.
+    pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
+        let needs_ids = matches!(m, Mechanism::TpBtf | Mechanism::Fentry | Mechanism::Fexit);
+        if needs_ids && !self.features.probed(m) {
+            let _ = self.attach_ids();
+        }
+        let ids = match &self.attach_ids {
+            Some(Ok(ids)) => Ok(ids),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err("kernel type ids not read".to_owned()),
+        };
+        self.features.check(m, ids)
+    }
+
+    /// The running kernel's BTF, read on first use.
+    pub fn btf(&mut self) -> anyhow::Result<&Btf> {
+        self.btf
+            .get_or_insert_with(|| Btf::from_kernel().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// The kernel's type ids in the form aya's tp_btf, fentry and fexit
+    /// loads take them ([`Btf::attach_ids`]).
+    pub fn attach_ids(&mut self) -> anyhow::Result<&aya::Btf> {
+        if self.attach_ids.is_none() {
+            let ids = self
+                .btf()
+                .map_err(|e| format!("{e:#}"))
+                .and_then(|b| b.attach_ids().map_err(|e| e.to_string()));
+            self.attach_ids = Some(ids);
+        }
+        self.attach_ids
+            .as_ref()
+            .expect("set above")
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}
+
+/// No mechanism of a chain worked.
+#[derive(Debug, thiserror::Error)]
+#[error("{tool}: no attach mechanism works on this kernel; tried {}", tried_list(.tried))]
+pub struct AttachError {
+    tool: &'static str,
+    /// Each mechanism tried, with why it failed.
+    tried: Vec<(String, String)>,
+}
+
+fn tried_list(tried: &[(String, String)]) -> String {
+    tried
+        .iter()
+        .map(|(m, why)| format!("{m} ({why})"))
+        .collect::<Vec<_>>()
+        .join(", then ")
+}
+
+/// Fails unless a forced mechanism (`--attach`) is one of `chain`'s.
+fn check_forced(tool: &str, forced: Option<Mechanism>, chain: &[Mechanism]) -> anyhow::Result<()> {
+    if let Some(m) = forced.filter(|m| !chain.contains(m)) {
+        let names: Vec<&str> = chain.iter().map(|m| m.name()).collect();
+        anyhow::bail!("{tool} cannot attach with {m}; use {}", names.join(", "));
+    }
+    Ok(())
+}
+
+/// The object's name for a variant and transport.
+fn object_name(tool: &str, variant: &str, transport: Option<Transport>) -> String {
+    match (variant, transport) {
+        ("", Some(Transport::Perf)) => format!("{tool}_perf"),
+        ("", _) => tool.to_owned(),
+        (v, _) => format!("{tool}_{v}"),
+    }
+}
+
+/// The attached tool: what `-v` reports.
+struct Attached {
+    ebpf: Ebpf,
+    mech: Option<Mechanism>,
+    skipped: Vec<(String, String)>,
+}
+
+/// Walks the chain: each mechanism the kernel has, each variant the tool
+/// asks for, until one loads and attaches.
+fn attach_chain<T: Tool>(
+    tool: &mut T,
+    kernel: &mut Kernel,
+    targets: &Targets,
+    transport: Option<Transport>,
+) -> anyhow::Result<Attached> {
+    let forced = tool.forced();
+    let chain: Vec<Option<Mechanism>> = match forced {
+        Some(m) => vec![Some(m)],
+        None if T::CHAIN.is_empty() => vec![None],
+        None => T::CHAIN.iter().copied().map(Some).collect(),
+    };
+    let mut skipped = Vec::new();
+    for m in chain {
+        if let Some(m) = m
+            && let Err(why) = kernel.check(m)
+        {
+            skipped.push((m.name().to_owned(), why));
+            continue;
+        }
+        let variants = match m {
+            Some(m) => tool.variants(m, kernel),
+            None => vec![""],
+        };
+        for variant in variants {
+            let attempt = (|| {
+                let mut load = Load {
+                    variant,
+                    ..Load::default()
+                };
+                load.global(targets::GLOBAL, &targets.global);
+                load.size(targets::IDS_MAP, targets.ids.len().max(1) as u32);
+                load.size("ERRORS", T::ERRORS.len().max(1) as u32);
+                if let (Some(t), Some(args)) = (transport, tool.events()) {
+                    t.size(&mut load, args);
+                }
+                tool.configure(m, kernel, &mut load)?;
+                let mut ebpf = load.load(&object_name(T::NAME, variant, transport))?;
+                targets.apply(&mut ebpf)?;
+                tool.attach(m, kernel, &mut ebpf)?;
+                anyhow::Ok(ebpf)
+            })();
+            let what = match (m, variant) {
+                (Some(m), "") => m.name().to_owned(),
+                (Some(m), v) => format!("{m} with {}", v.replace('_', " ")),
+                (None, _) => T::NAME.to_owned(),
+            };
+            match attempt {
+                Ok(ebpf) => {
+                    return Ok(Attached {
+                        ebpf,
+                        mech: m,
+                        skipped,
+                    });
+                }
+                Err(e) if m.is_none() => return Err(e),
+                Err(e) => skipped.push((what, trim_verifier_log(&format!("{e:#}")))),
+            }
+        }
+    }
+    Err(AttachError {
+        tool: T::NAME,
+        tried: skipped,
+    }
+    .into())
+}
+
+/// Runs tool `T` from its arguments to the report at exit.
+pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<()> {
+    let mut tool = T::new(args)?;
+    let targets = Targets::check(&tool.scope())?;
+    check_forced(T::NAME, tool.forced(), T::CHAIN)?;
+    privs::check()?;
+
+    let mut kernel = Kernel::default();
+    let transport = tool
+        .events()
+        .map(|args| Transport::choose(&mut kernel, args));
+    let Attached {
+        mut ebpf,
+        mech,
+        skipped,
+    } = attach_chain(
+        &mut tool,
+        &mut kernel,
+        &targets,
+        transport.as_ref().map(|t| t.0),
+    )?;
+    // What setup needed of the kernel (its BTF above all) is not needed
+    // while tracing.
+    drop(kernel);
+    crate::memory::release_free();
+
+    if global.verbose {
+        for (what, why) in &skipped {
+            eprintln!("rtrace: {}: skipped {what}: {why}", T::NAME);
+        }
+        match mech {
+            Some(m) => eprintln!(
+                "rtrace: {}: attached with {m} ({})",
+                T::NAME,
+                tool.describe()
+            ),
+            None => eprintln!("rtrace: {}: attached {}", T::NAME, tool.describe()),
+        }
+        for note in tool.notes() {
+            eprintln!("rtrace: {}: {note}", T::NAME);
+        }
+        if let Some((t, why)) = &transport {
+            t.report(T::NAME, why.as_deref());
+        }
+    }
+    let mut stream = match (&transport, tool.events()) {
+        (Some((t, _)), Some(args)) => Some(EventStream::new(&mut ebpf, *t, args)?),
+        _ => None,
+    };
+    let mut signals = Signals::new()?;
+    signals.stop_after(tool.duration());
+    eprintln!("{}", tool.banner());
+    let mut sink = Sink::new(T::NAME, global.json);
+    if let Some(header) = tool.header() {
+        sink.header(&header)?;
+    }
+    tool.start();
+
+    run_loop(
+        &mut tool,
+        &mut ebpf,
+        stream.as_mut(),
+        &mut signals,
+        &mut sink,
+    )
+    .await?;
+    tool.finish(&mut ebpf, &mut sink)?;
+    sink.flush()?;
+    if global.verbose {
+        for line in tool.summary() {
+            eprintln!("rtrace: {}: {line}", T::NAME);
+        }
+    }
+    report_errors(
+        &ebpf,
+        T::ERRORS,
+        stream.as_ref().map_or(0, EventStream::perf_lost),
+    )
+}
+
+/// What woke the loop.
+enum Wake {
+    Events,
+    Interval,
+    Stop,
+}
+
+async fn run_loop<T: Tool>(
+    tool: &mut T,
+    ebpf: &mut Ebpf,
+    mut stream: Option<&mut EventStream>,
+    signals: &mut Signals,
+    sink: &mut Sink,
+) -> anyhow::Result<()> {
+    let interval = tool.interval();
+    let mut next = match interval {
+        Interval::Every { secs, .. } => Some(Instant::now() + Duration::from_secs(secs)),
+        _ => None,
+    };
+    let mut done = 0u64;
+    loop {
+        let due = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let ready = async {
+            match stream.as_deref_mut() {
+                Some(s) => s.ready().await,
+                None => std::future::pending().await,
+            }
+        };
+        let wake = tokio::select! {
+            r = ready => { r?; Wake::Events }
+            () = due => Wake::Interval,
+            () = signals.recv() => Wake::Stop,
+        };
+        match wake {
+            Wake::Events => {
+                if let Some(s) = stream.as_deref_mut() {
+                    s.drain(|record| tool.event(record, sink))?;
+                }
+                sink.flush()?;
+            }
+            Wake::Interval => {
+                done += 1;
+                let last = matches!(interval, Interval::Every { count: Some(c), .. } if done >= c);
+                tool.tick(ebpf, sink, last)?;
+                sink.flush()?;
+                if last {
+                    return Ok(());
+                }
+                if let (Interval::Every { secs, .. }, Some(at)) = (interval, next.as_mut()) {
+                    *at += Duration::from_secs(secs);
+                }
+            }
+            Wake::Stop => {
+                // Events already in the buffers are handled first.
+                if let Some(s) = stream.as_deref_mut() {
+                    s.drain_all(|record| tool.event(record, sink))?;
+                }
+                if interval != Interval::Never {
+                    tool.tick(ebpf, sink, true)?;
+                }
+                sink.flush()?;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Reports the object's `ERRORS` counters on stderr, each only when
+/// nonzero. A perf buffer's own loss records count towards the first slot
+/// of an event tool: a full perf buffer fails the helper, which the
+/// programs count, and the kernel reports the same drops again, so the
+/// larger of the two is taken rather than the sum.
+fn report_errors(ebpf: &Ebpf, names: &[&str], perf_lost: u64) -> anyhow::Result<()> {
+    let counts = read_errors(ebpf, names.len())?;
+    for (i, (name, mut n)) in names.iter().zip(counts).enumerate() {
+        if i == LOST_EVENT as usize {
+            n = n.max(perf_lost);
+        }
+        if n > 0 {
+            eprintln!("rtrace: warning: {n} {name}");
+        }
+    }
+    Ok(())
+}
+
+/// The object's `ERRORS` per-CPU counters, summed over CPUs.
+pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
+    let map: PerCpuArray<_, u64> =
+        PerCpuArray::try_from(ebpf.map("ERRORS").context("map ERRORS missing")?)?;
+    (0..slots as u32)
+        .map(|i| Ok(map.get(&i, 0)?.iter().sum()))
+        .collect()
+}
+
+/// Entries for a preallocated table of runnable tasks.
+///
+/// Only runnable tasks sit in it, so it needs no more than the number of
+/// threads; four times today's count (at least 65536, at most `pid_max`)
+/// leaves room to grow at a few megabytes, where `pid_max` entries could
+/// cost hundreds. Inserts that still fail are counted and reported.
+pub fn runnable_entries() -> u32 {
+    let threads: u32 = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(3)?.split('/').nth(1)?.parse().ok())
+        .unwrap_or(0);
+    threads.saturating_mul(4).max(65_536).min(pid_max())
+}
+
+/// The kernel's `pid_max`: tables keyed by thread id sized to it can never
+/// fill up, unlike libbpf-tools' fixed 10240 entries.
+pub fn pid_max() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4_194_304)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_are_named_by_variant_then_transport() {
+        assert_eq!(object_name("runqlat", "", None), "runqlat");
+        assert_eq!(
+            object_name("runqlat", "task_storage", None),
+            "runqlat_task_storage"
+        );
+        assert_eq!(
+            object_name("execsnoop", "", Some(Transport::Perf)),
+            "execsnoop_perf"
+        );
+        assert_eq!(
+            object_name("execsnoop", "", Some(Transport::Ring)),
+            "execsnoop"
+        );
+    }
+
+    #[test]
+    fn every_object_a_tool_may_ask_for_is_built() {
+        for name in [
+            "runqlat",
+            "runqlat_task_storage",
+            "execsnoop_perf",
+            "probes",
+        ] {
+            assert!(objects::get(name).is_some(), "{name}");
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! How an event tool's records reach user space, chosen with attaching:
+//! a BPF ring buffer where the kernel has one, else per-CPU perf buffers
+//! (each event object is also built with the `perf` feature for that), and
+//! the size the user asked for.
+
+use std::{num::NonZeroU32, str::FromStr};
+
+use crate::{
+    features::Mechanism,
+    tracer::{Kernel, Load},
+};
+
+/// The event map's name in every event object: a ring buffer or a perf
+/// event array (`rtrace_ebpf::event_map!`).
+pub const RING: &str = "EVENTS";
+
+/// A ring buffer size: bytes, or with a K, M or G suffix. The kernel needs
+/// a power of two of at least a page, so it is rounded up to one.
+#[derive(Clone, Copy, Debug)]
+pub struct BufferSize(pub NonZeroU32);
+
+impl FromStr for BufferSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+            Some((i, _)) => t.split_at(i),
+            None => (t, ""),
+        };
+        let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+            "" => 0,
+            "K" => 10,
+            "M" => 20,
+            "G" => 30,
+            _ => return Err(format!("bad size {s:?}: use bytes or K, M, G")),
+        };
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| format!("bad size {s:?}: use bytes or K, M, G"))?;
+        let bytes = (n << shift).max(4096).next_power_of_two();
+        u32::try_from(bytes)
+            .ok()
+            .filter(|&b| b <= 1 << 30)
+            .and_then(NonZeroU32::new)
+            .map(Self)
+            .ok_or_else(|| format!("size {s:?} is over the 1G a ring buffer may have"))
+    }
+}
+
+/// The transport flags every event tool takes.
+#[derive(Debug, clap::Args)]
+pub struct BufferArgs {
+    /// Event buffer size (bytes, or with K/M/G; rounded up to a power of
+    /// two): the ring buffer's, or shared among the CPUs' perf buffers.
+    /// Raise it if events are reported lost.
+    #[arg(long, value_name = "SIZE", default_value = "16M")]
+    pub buffer_size: BufferSize,
+    /// Send events through per-CPU perf buffers even where the kernel has a
+    /// BPF ring buffer (which keeps events in order and is cheaper).
+    #[arg(long)]
+    pub perf_buffer: bool,
+}
+
+/// How events travel from the programs to user space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// One BPF ring buffer shared by all CPUs (5.8+).
+    Ring,
+    /// A perf buffer per CPU: the fallback for older kernels.
+    Perf,
+}
+
+impl Transport {
+    /// The best transport this kernel offers, and why the ring buffer was
+    /// passed over, if it was.
+    pub fn choose(kernel: &mut Kernel, args: &BufferArgs) -> (Self, Option<String>) {
+        if args.perf_buffer {
+            return (Self::Perf, Some("--perf-buffer".to_owned()));
+        }
+        match kernel.check(Mechanism::RingBuffer) {
+            Ok(()) => (Self::Ring, None),
+            Err(why) => (Self::Perf, Some(why)),
+        }
+    }
+
+    /// The name `-v` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ring => "ring buffer",
+            Self::Perf => "perf buffer",
+        }
+    }
+
+    /// Sizes the ring buffer; perf buffers are sized when opened.
+    pub fn size(self, load: &mut Load, args: &BufferArgs) {
+        if self == Self::Ring {
+            load.size(RING, args.buffer_size.0.get());
+        }
+    }
+
+    /// Says on stderr which transport was chosen, and why, under `-v`.
+    pub fn report(self, tool: &str, why: Option<&str>) {
+        match why {
+            Some(why) => eprintln!("rtrace: {tool}: events through {} ({why})", self.name()),
+            None => eprintln!("rtrace: {tool}: events through {}", self.name()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BufferSize;
+
+    #[test]
+    fn sizes_round_up_to_powers_of_two() {
+        let b = |s: &str| s.parse::<BufferSize>().map(|b| b.0.get());
+        assert_eq!(b("16M"), Ok(16 << 20));
+        assert_eq!(b("100k"), Ok(128 << 10));
+        assert_eq!(b("1"), Ok(4096));
+        assert_eq!(b("1G"), Ok(1 << 30));
+        assert!(b("2G").is_err());
+        assert!(b("12Q").is_err());
+        assert!(b("").is_err());
+    }
+}
