@@ -46,7 +46,8 @@ fn parse_channel(toml: &str) -> Option<String> {
 /// Whether an environment variable of the outer build must not reach the
 /// nested cargo.
 fn scrubbed(key: &str) -> bool {
-    key.starts_with("CARGO")
+    // Where cargo keeps its registry and binaries is the same for both.
+    (key.starts_with("CARGO") && key != "CARGO_HOME")
         || key.starts_with("RUSTC")
         || key.starts_with("RUSTUP_TOOLCHAIN")
         || matches!(
@@ -264,7 +265,7 @@ mod tests {
         ] {
             assert!(scrubbed(k), "{k}");
         }
-        for k in ["PATH", "HOME", "RUSTUP_HOME"] {
+        for k in ["PATH", "HOME", "RUSTUP_HOME", "CARGO_HOME"] {
             assert!(!scrubbed(k), "{k}");
         }
     }

@@ -86,9 +86,7 @@ pub unsafe fn emit_bytes<S: Sink, C: EbpfContext>(
         return;
     }
     // SAFETY: `len <= max` bytes are readable, per the contract.
-    send_counted(sink, ctx, unsafe {
-        core::slice::from_raw_parts(data, len)
-    });
+    send_counted(sink, ctx, unsafe { core::slice::from_raw_parts(data, len) });
 }
 
 /// Sends a whole `T` as one record.

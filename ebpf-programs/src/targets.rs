@@ -44,8 +44,8 @@ pub fn admits(tgid: u32, tid: u32) -> bool {
     }
     match t.by {
         BY_NONE => true,
-        BY_TGID => TARGET_IDS.get_ptr(&tgid).is_some(),
-        _ => TARGET_IDS.get_ptr(&tid).is_some(),
+        BY_TGID => TARGET_IDS.get_ptr(tgid).is_some(),
+        _ => TARGET_IDS.get_ptr(tid).is_some(),
     }
 }
 

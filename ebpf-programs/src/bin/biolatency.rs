@@ -20,9 +20,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
 use rtrace_common::{
-    biolatency::{
-        Config, ERR_HIST_UPDATE, ERR_START_UPDATE, Entry, FLAGS_RWBS, HistKey, StartKey,
-    },
+    biolatency::{Config, ERR_HIST_UPDATE, ERR_START_UPDATE, Entry, FLAGS_RWBS, HistKey, StartKey},
     offsets::MISSING,
 };
 use rtrace_ebpf::{count_error, get_or_insert, global, hist_record_shared, read_kernel, targets};

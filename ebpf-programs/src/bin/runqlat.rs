@@ -322,10 +322,7 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
     // The record's prev_state is 0 for a runnable task and TASK_REPORT_MAX
     // (0x100) for a preempted one; sleeping states set a bit in 0..=0x80.
     let prev_state = unsafe { ctx.read_at::<u64>(cfg.tp.prev_state as usize) }.unwrap_or(1);
-    if prev_pid != 0
-        && prev_state & 0xff == 0
-        && targets::admits(prev_tgid, prev_pid)
-    {
+    if prev_pid != 0 && prev_state & 0xff == 0 && targets::admits(prev_tgid, prev_pid) {
         ByPid::store(core::ptr::null(), prev_pid, now);
     }
     let Ok(pid) = (unsafe { ctx.read_at::<u32>(cfg.tp.next_pid as usize) }) else {
