@@ -120,6 +120,53 @@ pub extern "C" fn rtrace_uprobe_probe_target() -> u64 {
 #[used]
 static UPROBE_TARGET: extern "C" fn() -> u64 = rtrace_uprobe_probe_target;
 
+/// An `EbpfLoader` that has not read the kernel's BTF.
+///
+/// aya's `EbpfLoader::new` reads and parses all of
+/// `/sys/kernel/btf/vmlinux` (about 20 ms here, and it was most of
+/// rtrace's start-up) for CO-RE relocations, which rtrace's objects do not
+/// have: their offsets come from `btf.rs`. aya has no constructor without
+/// it, but treats a BTF file it cannot open as none. So for the call the
+/// open is made to fail: the soft `RLIMIT_NOFILE` is lowered to the lowest
+/// free descriptor and restored at once. Nothing else opens files then:
+/// set-up runs on the one thread of rtrace's current-thread runtime.
+pub fn loader<'a>() -> EbpfLoader<'a> {
+    // SAFETY: getrlimit writes into the struct given.
+    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return no_btf(EbpfLoader::new());
+    }
+    // The lowest free descriptor: the one the next open would get.
+    // SAFETY: duplicating stdin's descriptor (or failing) has no effect
+    // beyond the new descriptor, closed at once.
+    let free = unsafe { libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 0) };
+    if free < 0 {
+        return no_btf(EbpfLoader::new());
+    }
+    // SAFETY: `free` was just opened here.
+    unsafe { libc::close(free) };
+    let lowered = libc::rlimit {
+        rlim_cur: free as libc::rlim_t,
+        rlim_max: limit.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct given; lowering the soft limit
+    // and raising it back to where it was are always allowed.
+    let loader = unsafe {
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) != 0 {
+            return no_btf(EbpfLoader::new());
+        }
+        let loader = EbpfLoader::new();
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        loader
+    };
+    no_btf(loader)
+}
+
+fn no_btf(mut loader: EbpfLoader<'_>) -> EbpfLoader<'_> {
+    loader.btf(None);
+    loader
+}
+
 /// Keeps a message readable: a verifier log is cut to its last line (the
 /// reason), unless `RTRACE_VERIFIER_LOG` asks for all of it.
 pub fn trim_verifier_log(msg: &str) -> String {
@@ -197,10 +244,7 @@ impl Features {
             .probes
             .get_or_insert_with(|| {
                 let object = objects::get("probes").ok_or("no probes object in this build")?;
-                EbpfLoader::new()
-                    .btf(None)
-                    .load(object)
-                    .map_err(|e| chain(&e))
+                loader().load(object).map_err(|e| chain(&e))
             })
             .as_mut()
             .map_err(|e| format!("loading the probe object failed: {e}"))?;
@@ -221,10 +265,8 @@ impl Features {
                     $trigger();
                     fired(ebpf, $slot)
                 });
-                // Unloading detaches: the probe must leave nothing behind.
-                if let Some(prog) = ebpf.program_mut($name) {
-                    let _ = <&mut $ty>::try_from(prog).map(|p| p.unload());
-                }
+                // The probe stays attached until the prober is dropped,
+                // which detaches every probe at once, off the main thread.
                 result
             }};
         }
@@ -319,6 +361,17 @@ impl Features {
                 )
             }
             Mechanism::RingBuffer | Mechanism::TaskStorage => unreachable!("handled above"),
+        }
+    }
+}
+
+impl Drop for Features {
+    /// Detaches the probes. Detaching a tracepoint program waits for an
+    /// RCU grace period (tens of milliseconds), which start-up should not
+    /// wait for, so the object is closed on a thread of its own.
+    fn drop(&mut self) {
+        if let Some(Ok(probes)) = self.probes.take() {
+            std::thread::spawn(move || drop(probes));
         }
     }
 }

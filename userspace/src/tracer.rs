@@ -27,7 +27,7 @@ use std::{
 
 use anyhow::Context as _;
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::{CgroupArray, HashMap as BpfHashMap, PerCpuArray},
 };
 use rtrace_common::{events::LOST_EVENT, targets};
@@ -170,16 +170,6 @@ pub enum Interval {
         /// Outputs before exiting.
         count: Option<u64>,
     },
-}
-
-impl Interval {
-    /// `[interval] [count]` as bcc's histogram tools take them.
-    pub fn from_args(interval: Option<u64>, count: Option<u64>) -> Self {
-        match interval {
-            Some(secs) => Self::Every { secs, count },
-            None => Self::AtEnd,
-        }
-    }
 }
 
 /// What a tool traces, checked and applied by the tracer through the one
@@ -341,10 +331,7 @@ impl Load {
     fn load(&self, name: &str) -> anyhow::Result<Ebpf> {
         let object =
             objects::get(name).with_context(|| format!("no eBPF object {name} in this build"))?;
-        let mut loader = EbpfLoader::new();
-        // The objects carry no CO-RE relocations (offsets come from BTF at
-        // run time), so aya need not parse the kernel's BTF for them.
-        loader.btf(None);
+        let mut loader = crate::features::loader();
         if self.unsupported_maps {
             loader.allow_unsupported_maps();
         }

@@ -13,6 +13,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+mod startup;
+
 /// Ping-pong round trips per trial: about a second bare.
 const ROUNDS: u64 = 200_000;
 /// Execs per worker per trial of the exec storm.
@@ -36,7 +38,8 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             tcplife()?;
             biolatency()?;
             profile()?;
-            ext4slower()
+            ext4slower()?;
+            startup::run()
         }
         Some("runqlat") => runqlat(),
         Some("execsnoop") => execsnoop(),
@@ -44,9 +47,10 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         Some("biolatency") => biolatency(),
         Some("profile") => profile(),
         Some("ext4slower") => ext4slower(),
+        Some("startup") => startup::run(),
         Some(other) => bail!(
             "unknown benchmark {other}; known: runqlat, execsnoop, tcplife, biolatency, \
-             profile, ext4slower"
+             profile, ext4slower, startup"
         ),
     }
 }

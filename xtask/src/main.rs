@@ -122,6 +122,8 @@ fn test(vm: bool) -> anyhow::Result<()> {
         "-p",
         "rtrace",
         "-p",
+        "ebpf-build",
+        "-p",
         "xtask",
     ]))?;
     // Root tests: one at a time, since they trace the whole machine.

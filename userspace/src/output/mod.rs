@@ -28,6 +28,19 @@ pub struct IntervalArgs {
     pub timestamp: bool,
 }
 
+impl IntervalArgs {
+    /// When a histogram tool with these arguments prints.
+    pub fn schedule(&self) -> crate::tracer::Interval {
+        match self.interval {
+            Some(secs) => crate::tracer::Interval::Every {
+                secs,
+                count: self.count,
+            },
+            None => crate::tracer::Interval::AtEnd,
+        }
+    }
+}
+
 /// Waits for SIGINT, SIGTERM and SIGHUP. Create it before announcing that
 /// tracing has started, so that no signal can arrive unhandled.
 pub struct Signals {

@@ -300,7 +300,7 @@ impl Tool for Biolatency {
     }
 
     fn interval(&self) -> tracer::Interval {
-        tracer::Interval::from_args(self.args.interval.interval, self.args.interval.count)
+        self.args.interval.schedule()
     }
 
     fn configure(

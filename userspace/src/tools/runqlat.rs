@@ -170,7 +170,7 @@ impl Tool for Runqlat {
     }
 
     fn interval(&self) -> tracer::Interval {
-        tracer::Interval::from_args(self.args.interval.interval, self.args.interval.count)
+        self.args.interval.schedule()
     }
 
     /// Task storage saves a hash update and delete per context switch; the
