@@ -172,7 +172,9 @@ impl Btf {
         let mut at = 0;
         while at < type_len {
             btf.starts.push(at as u32);
-            let h = btf.head_at(at)?;
+            let h = btf
+                .head_at(at)
+                .ok_or(BtfError::Malformed("type cut short"))?;
             if h.kind == KIND_STRUCT && h.name != 0 {
                 let id = btf.starts.len() as u32 - 1;
                 let name: Box<str> = btf.str(h.name).into();
@@ -189,15 +191,17 @@ impl Btf {
         &self.data[self.types.clone()]
     }
 
-    fn head_at(&self, at: usize) -> Result<Head, BtfError> {
-        let t = self.type_data();
-        let info = u32_at(t, at + 4)?;
-        Ok(Head {
-            name: u32_at(t, at)?,
+    /// The header at byte `at` of the type section; `None` past its end.
+    fn head_at(&self, at: usize) -> Option<Head> {
+        let t = self.type_data().get(at..at + HEADER)?;
+        let word = |i: usize| u32::from_le_bytes([t[i], t[i + 1], t[i + 2], t[i + 3]]);
+        let info = word(4);
+        Some(Head {
+            name: word(0),
             kind: (info >> 24) & 0x1f,
             vlen: (info & 0xffff) as usize,
             kind_flag: info >> 31 == 1,
-            size_or_type: u32_at(t, at + 8)?,
+            size_or_type: word(8),
             extra: at + HEADER,
         })
     }
@@ -207,7 +211,7 @@ impl Btf {
         if id == 0 {
             return None;
         }
-        self.head_at(*self.starts.get(id as usize)? as usize).ok()
+        self.head_at(*self.starts.get(id as usize)? as usize)
     }
 
     /// Every type id with its header.
@@ -385,15 +389,29 @@ impl Btf {
         })
     }
 
+    /// The type id of attach target `name`: a function for fentry and
+    /// fexit, or for tp_btf the `btf_trace_<event>` typedef.
+    pub fn attach_id(&self, target: AttachTarget<'_>) -> Option<u32> {
+        match target {
+            AttachTarget::Function(f) => self.find(KIND_FUNC, f),
+            AttachTarget::Tracepoint(e) => self.find(KIND_TYPEDEF, &format!("btf_trace_{e}")),
+        }
+        .map(|(id, _)| id)
+    }
+
     /// The BTF that aya's tp_btf, fentry and fexit loads look attach
-    /// targets up in: aya takes a whole `aya::Btf` only to find one type
-    /// id by name, so instead of a second parse of vmlinux it gets a blob
-    /// with the same type ids in which every type is an empty pointer but
-    /// the functions and the `btf_trace_*` typedefs, with their names.
-    pub fn attach_ids(&self) -> Result<aya::Btf, BtfError> {
+    /// targets up in, covering type ids up to `upto`.
+    ///
+    /// aya takes a whole `aya::Btf` only to find one type id by name, so
+    /// instead of a second parse of vmlinux it gets a blob with the same
+    /// type ids in which every type is an empty pointer but the functions
+    /// and the `btf_trace_*` typedefs, with their names. It stops at
+    /// `upto`: the tracepoints' typedefs come early among vmlinux's types,
+    /// so most tools need a small part of it.
+    pub fn attach_ids(&self, upto: u32) -> Result<aya::Btf, BtfError> {
         let mut strings: Vec<u8> = vec![0];
-        let mut types: Vec<u8> = Vec::with_capacity(self.starts.len() * HEADER);
-        for (_, h) in self.all() {
+        let mut types: Vec<u8> = Vec::with_capacity(upto as usize * HEADER);
+        for (_, h) in self.all().take_while(|&(id, _)| id <= upto) {
             let named = match h.kind {
                 KIND_FUNC => true,
                 KIND_TYPEDEF => self.str(h.name).starts_with("btf_trace_"),
@@ -427,6 +445,15 @@ impl Btf {
         blob.extend_from_slice(&strings);
         aya::Btf::parse(&blob, aya::Endianness::Little).map_err(|e| BtfError::Stub(e.to_string()))
     }
+}
+
+/// What a BTF-attached program attaches to.
+#[derive(Debug, Clone, Copy)]
+pub enum AttachTarget<'a> {
+    /// A kernel function, for fentry and fexit.
+    Function(&'a str),
+    /// A tracepoint event, for tp_btf.
+    Tracepoint(&'a str),
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use aya::{
 
 use rtrace_common::probes;
 
-use crate::{objects, tracer::Kernel};
+use crate::{btf::AttachTarget, objects, tracer::Kernel};
 
 /// A way of getting a program to run in the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
@@ -270,8 +270,8 @@ impl Features {
                 result
             }};
         }
-        // A context switch of this thread.
-        let switch = || std::thread::sleep(std::time::Duration::from_millis(2));
+        // A context switch of this thread: any sleep blocks it.
+        let switch = || std::thread::sleep(std::time::Duration::from_micros(100));
         // A read(2), which goes through vfs_read.
         let read = || drop(std::fs::read("/proc/self/stat"));
         let call = || {
@@ -403,18 +403,14 @@ pub const TRACEPOINT_CHAIN: [Mechanism; 3] = [
 /// [`TRACEPOINT_CHAIN`].
 pub struct Hooks<'a> {
     mech: Mechanism,
-    btf: Option<&'a Btf>,
+    kernel: &'a mut Kernel,
 }
 
 impl<'a> Hooks<'a> {
-    /// Prepares to attach with `mech`, with the kernel's type ids for
-    /// tp_btf.
+    /// Prepares to attach with `mech`; tp_btf takes the kernel's type ids
+    /// from `kernel`.
     pub fn new(mech: Mechanism, kernel: &'a mut Kernel) -> anyhow::Result<Self> {
-        let btf = match mech {
-            Mechanism::TpBtf => Some(kernel.attach_ids()?),
-            _ => None,
-        };
-        Ok(Self { mech, btf })
+        Ok(Self { mech, kernel })
     }
 
     /// The name prefix of the programs written for this mechanism, by
@@ -430,39 +426,53 @@ impl<'a> Hooks<'a> {
     /// Loads program `name` of `ebpf` and attaches it to tracepoint
     /// `category:event`.
     pub fn attach(
-        &self,
+        &mut self,
         ebpf: &mut Ebpf,
         name: &str,
         category: &str,
         event: &str,
     ) -> anyhow::Result<()> {
         use anyhow::Context as _;
-        let prog = ebpf
-            .program_mut(name)
-            .with_context(|| format!("program {name} missing from the object"))?;
-        let attached = match (self.mech, self.btf) {
-            (Mechanism::TpBtf, Some(btf)) => {
-                let p: &mut BtfTracePoint = prog.try_into()?;
-                p.load(event, btf).and_then(|()| p.attach().map(drop))
+        let attached = (|| {
+            let prog = ebpf
+                .program_mut(name)
+                .with_context(|| format!("program {name} missing from the object"))?;
+            match self.mech {
+                Mechanism::TpBtf => {
+                    let btf = self.kernel.attach_ids(AttachTarget::Tracepoint(event))?;
+                    let p: &mut BtfTracePoint = prog.try_into()?;
+                    p.load(event, btf)?;
+                    p.attach()?;
+                }
+                Mechanism::RawTracepoint => {
+                    let p: &mut RawTracePoint = prog.try_into()?;
+                    p.load()?;
+                    p.attach(event)?;
+                }
+                Mechanism::Tracepoint => {
+                    // One program may serve several tracepoints.
+                    let p: &mut TracePoint = prog.try_into()?;
+                    if p.fd().is_err() {
+                        p.load()?;
+                    }
+                    p.attach(category, event)?;
+                }
+                m => anyhow::bail!("{m} cannot attach to tracepoints"),
             }
-            (Mechanism::RawTracepoint, _) => {
-                let p: &mut RawTracePoint = prog.try_into()?;
-                p.load().and_then(|()| p.attach(event).map(drop))
-            }
-            (Mechanism::Tracepoint, _) => {
-                // One program may serve several tracepoints.
-                let p: &mut TracePoint = prog.try_into()?;
-                let loaded = if p.fd().is_ok() { Ok(()) } else { p.load() };
-                loaded.and_then(|()| p.attach(category, event).map(drop))
-            }
-            (m, _) => anyhow::bail!("{m} cannot attach to tracepoint {category}:{event}"),
-        };
+            anyhow::Ok(())
+        })();
         attached.with_context(|| format!("cannot attach {name} to {category}:{event}"))
     }
 
     /// Attaches the conventionally named program for `category:event`.
-    pub fn attach_event(&self, ebpf: &mut Ebpf, category: &str, event: &str) -> anyhow::Result<()> {
-        self.attach(ebpf, &format!("{}_{event}", self.prefix()), category, event)
+    pub fn attach_event(
+        &mut self,
+        ebpf: &mut Ebpf,
+        category: &str,
+        event: &str,
+    ) -> anyhow::Result<()> {
+        let name = format!("{}_{event}", self.prefix());
+        self.attach(ebpf, &name, category, event)
     }
 }
 
@@ -477,29 +487,34 @@ pub fn attach_kernel_fn(
     func: &str,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    let btf = match mech {
-        Mechanism::Fentry | Mechanism::Fexit => Some(kernel.attach_ids()?),
-        _ => None,
-    };
-    let prog = ebpf
-        .program_mut(name)
-        .with_context(|| format!("program {name} missing from the object"))?;
-    let attached = match (mech, btf) {
-        (Mechanism::Fentry, Some(btf)) => {
-            let p: &mut FEntry = prog.try_into()?;
-            p.load(func, btf).and_then(|()| p.attach().map(drop))
+    let attached = (|| {
+        let prog = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the object"))?;
+        match mech {
+            Mechanism::Fentry => {
+                let btf = kernel.attach_ids(AttachTarget::Function(func))?;
+                let p: &mut FEntry = prog.try_into()?;
+                p.load(func, btf)?;
+                p.attach()?;
+            }
+            Mechanism::Fexit => {
+                let btf = kernel.attach_ids(AttachTarget::Function(func))?;
+                let p: &mut FExit = prog.try_into()?;
+                p.load(func, btf)?;
+                p.attach()?;
+            }
+            Mechanism::Kprobe | Mechanism::Kretprobe => {
+                let p: &mut KProbe = prog.try_into()?;
+                if p.fd().is_err() {
+                    p.load()?;
+                }
+                p.attach(func, 0)?;
+            }
+            m => anyhow::bail!("{m} cannot attach to kernel functions"),
         }
-        (Mechanism::Fexit, Some(btf)) => {
-            let p: &mut FExit = prog.try_into()?;
-            p.load(func, btf).and_then(|()| p.attach().map(drop))
-        }
-        (Mechanism::Kprobe | Mechanism::Kretprobe, _) => {
-            let p: &mut KProbe = prog.try_into()?;
-            let loaded = if p.fd().is_ok() { Ok(()) } else { p.load() };
-            loaded.and_then(|()| p.attach(func, 0).map(drop))
-        }
-        (m, _) => anyhow::bail!("{m} cannot attach to kernel function {func}"),
-    };
+        anyhow::Ok(())
+    })();
     attached.with_context(|| format!("cannot attach {name} to {func} with {mech}"))
 }
 

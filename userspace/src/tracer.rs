@@ -34,7 +34,7 @@ use rtrace_common::{events::LOST_EVENT, targets};
 
 use crate::{
     GlobalArgs,
-    btf::Btf,
+    btf::{AttachTarget, Btf},
     features::{Features, Mechanism, trim_verifier_log},
     objects,
     output::{Signals, Sink, events::EventStream},
@@ -353,22 +353,37 @@ impl Load {
 pub struct Kernel {
     features: Features,
     btf: Option<Result<Btf, String>>,
-    attach_ids: Option<Result<aya::Btf, String>>,
+    /// The attach-id BTF made so far, and the highest id it covers.
+    attach_ids: Option<(u32, aya::Btf)>,
 }
 
 impl Kernel {
     /// Whether mechanism `m` works here; the error says why not.
     pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
-        let needs_ids = matches!(m, Mechanism::TpBtf | Mechanism::Fentry | Mechanism::Fexit);
-        if needs_ids && !self.features.probed(m) {
-            let _ = self.attach_ids();
-        }
-        let ids = match &self.attach_ids {
-            Some(Ok(ids)) => Ok(ids),
-            Some(Err(e)) => Err(e.clone()),
-            None => Err("kernel type ids not read".to_owned()),
+        // The probes of BTF-attached mechanisms attach to these.
+        let target = match m {
+            Mechanism::TpBtf => Some(AttachTarget::Tracepoint("sched_switch")),
+            Mechanism::Fentry | Mechanism::Fexit => Some(AttachTarget::Function("vfs_read")),
+            _ => None,
         };
-        self.features.check(m, ids)
+        let prepared = match target {
+            Some(t) if !self.features.probed(m) => {
+                self.attach_ids(t).map(drop).map_err(|e| format!("{e:#}"))
+            }
+            _ => Ok(()),
+        };
+        let Self {
+            features,
+            attach_ids,
+            ..
+        } = self;
+        let ids = prepared.and_then(|()| {
+            attach_ids
+                .as_ref()
+                .map(|(_, b)| b)
+                .ok_or_else(|| "kernel type ids not read".to_owned())
+        });
+        features.check(m, ids)
     }
 
     /// The running kernel's BTF, read on first use.
@@ -380,20 +395,18 @@ impl Kernel {
     }
 
     /// The kernel's type ids in the form aya's tp_btf, fentry and fexit
-    /// loads take them ([`Btf::attach_ids`]).
-    pub fn attach_ids(&mut self) -> anyhow::Result<&aya::Btf> {
-        if self.attach_ids.is_none() {
-            let ids = self
-                .btf()
-                .map_err(|e| format!("{e:#}"))
-                .and_then(|b| b.attach_ids().map_err(|e| e.to_string()));
-            self.attach_ids = Some(ids);
+    /// loads take them ([`Btf::attach_ids`]), covering `target`.
+    pub fn attach_ids(&mut self, target: AttachTarget<'_>) -> anyhow::Result<&aya::Btf> {
+        let btf = self.btf()?;
+        let id = btf
+            .attach_id(target)
+            .with_context(|| format!("kernel BTF has no {target:?}"))?;
+        if self.attach_ids.as_ref().is_none_or(|(upto, _)| *upto < id) {
+            let btf = self.btf()?;
+            let ids = btf.attach_ids(id)?;
+            self.attach_ids = Some((id, ids));
         }
-        self.attach_ids
-            .as_ref()
-            .expect("set above")
-            .as_ref()
-            .map_err(|e| anyhow::anyhow!("{e}"))
+        Ok(&self.attach_ids.as_ref().expect("set above").1)
     }
 }
 

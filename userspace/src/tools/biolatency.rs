@@ -345,7 +345,7 @@ impl Tool for Biolatency {
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         let m = m.context("biolatency attaches through its chain")?;
-        let attacher = Hooks::new(m, kernel)?;
+        let mut attacher = Hooks::new(m, kernel)?;
         let hooks: &[&str] = if self.args.queued {
             &["block_rq_insert", "block_rq_issue", "block_rq_complete"]
         } else {

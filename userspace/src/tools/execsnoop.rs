@@ -247,7 +247,7 @@ impl Tool for Execsnoop {
         kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
-        let hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
+        let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
         for (category, event) in HOOKS {
             hooks.attach_event(ebpf, category, event)?;
         }

@@ -118,7 +118,7 @@ fn attach(ebpf: &mut Ebpf, kernel: &mut Kernel, m: Mechanism) -> anyhow::Result<
             }
         }
         _ => {
-            let hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
+            let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
             for sc in SYSCALLS {
                 let enter = format!("sys_enter_{sc}");
                 hooks.attach(ebpf, &format!("tp_{enter}"), "syscalls", &enter)?;

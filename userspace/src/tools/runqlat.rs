@@ -230,14 +230,20 @@ impl Tool for Runqlat {
             }
         }
         let in_task = load.variant() == TASK_STORAGE;
+        // Tables a run does not use get one entry: a hash's buckets are
+        // allocated when it is created, even without preallocated entries,
+        // and pid_max of them cost the kernel tens of megabytes and start-up
+        // the time to clear them.
+        let grouped = self.grouping != group::NONE;
+        let tgids = m == Mechanism::Tracepoint
+            && (self.args.pid.is_some() || self.grouping == group::PROCESS);
         load.config(&cfg)
             // aya has no user-space type for task storage, which only the
             // programs use.
             .allow_unsupported_maps()
-            // Timestamps in task storage leave the hash unused.
             .size("START", if in_task { 1 } else { tracer::runnable_entries() })
-            .size("HISTS", tracer::pid_max())
-            .size("TGIDS", tracer::pid_max());
+            .size("HISTS", if grouped { tracer::pid_max() } else { 1 })
+            .size("TGIDS", if tgids { tracer::pid_max() } else { 1 });
         self.mech = m;
         self.store = if in_task { TASK_STORAGE } else { "hash" };
         Ok(())
@@ -250,7 +256,7 @@ impl Tool for Runqlat {
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         let m = m.context("runqlat attaches through its chain")?;
-        let hooks = Hooks::new(m, kernel)?;
+        let mut hooks = Hooks::new(m, kernel)?;
         let prefix = if self.store == TASK_STORAGE {
             "ts"
         } else {
