@@ -410,7 +410,8 @@ impl Btf {
     /// so most tools need a small part of it.
     pub fn attach_ids(&self, upto: u32) -> Result<aya::Btf, BtfError> {
         let mut strings: Vec<u8> = vec![0];
-        let mut types: Vec<u8> = Vec::with_capacity(upto as usize * HEADER);
+        let count = (upto as usize).min(self.starts.len());
+        let mut types: Vec<u8> = Vec::with_capacity(count * HEADER);
         for (_, h) in self.all().take_while(|&(id, _)| id <= upto) {
             let named = match h.kind {
                 KIND_FUNC => true,
@@ -546,23 +547,47 @@ mod tests {
     #[test]
     fn attach_ids_are_the_kernels_type_ids() {
         use aya_obj::btf::BtfKind;
-        let stub = kernel().attach_ids().unwrap();
+        let btf = kernel();
         let full = aya::Btf::from_sys_fs().unwrap();
-        for (name, kind) in [
-            ("btf_trace_sched_switch", BtfKind::Typedef),
-            ("btf_trace_block_rq_complete", BtfKind::Typedef),
-            ("vfs_read", BtfKind::Func),
-            ("ext4_file_read_iter", BtfKind::Func),
-        ] {
+        let targets = [
+            (
+                "btf_trace_sched_switch",
+                BtfKind::Typedef,
+                AttachTarget::Tracepoint("sched_switch"),
+            ),
+            (
+                "btf_trace_block_rq_complete",
+                BtfKind::Typedef,
+                AttachTarget::Tracepoint("block_rq_complete"),
+            ),
+            (
+                "vfs_read",
+                BtfKind::Func,
+                AttachTarget::Function("vfs_read"),
+            ),
+            (
+                "ext4_file_read_iter",
+                BtfKind::Func,
+                AttachTarget::Function("ext4_file_read_iter"),
+            ),
+        ];
+        for (name, kind, target) in targets {
             let want = full.id_by_type_name_kind(name, kind).unwrap();
-            assert_eq!(
-                stub.id_by_type_name_kind(name, kind).unwrap(),
-                want,
-                "{name}"
-            );
+            let id = btf.attach_id(target).unwrap();
+            assert_eq!(id, want, "{name}");
+            // A stub that reaches the id finds it; one that stops short does
+            // not.
+            let stub = btf.attach_ids(id).unwrap();
+            assert_eq!(stub.id_by_type_name_kind(name, kind).unwrap(), want);
+            let short = btf.attach_ids(id - 1).unwrap();
+            assert!(short.id_by_type_name_kind(name, kind).is_err(), "{name}");
         }
+        let missing = AttachTarget::Tracepoint("no_such_event");
+        assert!(btf.attach_id(missing).is_none());
+        let whole = btf.attach_ids(u32::MAX).unwrap();
         assert!(
-            stub.id_by_type_name_kind("task_struct", BtfKind::Struct)
+            whole
+                .id_by_type_name_kind("task_struct", BtfKind::Struct)
                 .is_err()
         );
     }
