@@ -566,13 +566,22 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
             t.report(T::NAME, why.as_deref());
         }
     }
-    let mut stream = match (&transport, tool.events()) {
-        (Some((t, _)), Some(args)) => Some(EventStream::new(&mut ebpf, *t, args)?),
-        _ => None,
-    };
     let mut signals = Signals::new()?;
     signals.stop_after(tool.duration());
+    let open_stream = |ebpf: &mut Ebpf| match (&transport, tool.events()) {
+        (Some((t, _)), Some(args)) => EventStream::new(ebpf, *t, args).map(Some),
+        _ => Ok(None),
+    };
+    // Perf buffers must be open before anything is traced, or the events
+    // find no buffer; a ring buffer keeps them from the moment it exists,
+    // so mapping it (for 16M of ring, thousands of pages) need not delay
+    // saying that tracing has started.
+    let ring = matches!(transport, Some((Transport::Ring, _)));
+    let mut stream = if ring { None } else { open_stream(&mut ebpf)? };
     eprintln!("{}", tool.banner());
+    if ring {
+        stream = open_stream(&mut ebpf)?;
+    }
     let mut sink = Sink::new(T::NAME, global.json);
     if let Some(header) = tool.header() {
         sink.header(&header)?;

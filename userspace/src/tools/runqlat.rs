@@ -175,11 +175,10 @@ impl Tool for Runqlat {
 
     /// Task storage saves a hash update and delete per context switch; the
     /// hash map stays as the fallback if it is missing or fails to load.
-    fn variants(&self, m: Mechanism, kernel: &mut Kernel) -> Vec<&'static str> {
-        if m == Mechanism::TpBtf
-            && !self.args.no_task_storage
-            && kernel.check(Mechanism::TaskStorage).is_ok()
-        {
+    /// Loading is the probe: probing the map type apart costs the kernel an
+    /// RCU grace period (tens of milliseconds) to free the probe's map.
+    fn variants(&self, m: Mechanism, _kernel: &mut Kernel) -> Vec<&'static str> {
+        if m == Mechanism::TpBtf && !self.args.no_task_storage {
             vec![TASK_STORAGE, ""]
         } else {
             vec![""]
