@@ -115,6 +115,26 @@ pub extern "C" fn rtrace_uprobe_probe_target() -> u64 {
     std::hint::black_box(42)
 }
 
+/// The file offset of `addr` in this process's own executable, from its
+/// mappings: cheaper than reading the executable's symbols, which for
+/// rtrace, with its embedded objects, are megabytes away.
+fn own_offset(addr: usize) -> Option<u64> {
+    let exe = std::fs::read_link("/proc/self/exe").ok()?;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let (start, end) = f.next()?.split_once('-')?;
+        let (start, end) = (
+            usize::from_str_radix(start, 16).ok()?,
+            usize::from_str_radix(end, 16).ok()?,
+        );
+        let offset = u64::from_str_radix(f.nth(1)?, 16).ok()?;
+        let path = f.nth(2)?;
+        (start <= addr && addr < end && std::path::Path::new(path) == exe)
+            .then(|| (addr - start) as u64 + offset)
+    })
+}
+
 /// Keeps the uprobe target in the symbol table: the linker drops
 /// unreferenced functions.
 #[used]
@@ -332,13 +352,11 @@ impl Features {
             Mechanism::Uprobe => {
                 let exe = std::fs::read_link("/proc/self/exe").map_err(|e| e.to_string())?;
                 let pid = NonZeroU32::new(std::process::id()).expect("pid is nonzero");
+                let offset = own_offset(rtrace_uprobe_probe_target as *const () as usize)
+                    .ok_or("the probe function is in no mapping of this executable")?;
                 try_attach!(UProbe, "probe_uprobe", probes::UPROBE, call, |p| p
                     .load()
-                    .and_then(|()| p.attach(
-                        "rtrace_uprobe_probe_target",
-                        &exe,
-                        UProbeScope::OneProcess(pid)
-                    )))
+                    .and_then(|()| p.attach(offset, &exe, UProbeScope::OneProcess(pid))))
             }
             Mechanism::PerfEventSoftware | Mechanism::PerfEventHardware => {
                 let config = if m == Mechanism::PerfEventSoftware {

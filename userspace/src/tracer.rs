@@ -19,6 +19,7 @@
 //! 8. the report of lost work at exit.
 
 use std::{
+    collections::HashMap,
     fs::File,
     os::fd::AsRawFd as _,
     path::PathBuf,
@@ -347,14 +348,17 @@ impl Load {
     }
 }
 
-/// What the kernel offers, learned once per run: mechanism probes, its
-/// BTF and the type ids aya attaches by, each only when first asked for.
+/// What set-up learns once per run, each only when first asked for: the
+/// mechanisms the kernel offers, its BTF, the type ids aya attaches by,
+/// and the symbols of the files uprobes go into. All of it is dropped once
+/// the tool is attached.
 #[derive(Default)]
 pub struct Kernel {
     features: Features,
     btf: Option<Result<Btf, String>>,
     /// The attach-id BTF made so far, and the highest id it covers.
     attach_ids: Option<(u32, aya::Btf)>,
+    symbols: HashMap<PathBuf, Option<HashMap<String, u64>>>,
 }
 
 impl Kernel {
@@ -392,6 +396,15 @@ impl Kernel {
             .get_or_insert_with(|| Btf::from_kernel().map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// The function symbols of `file` by file offset, read once; `None`
+    /// where they cannot be read (attaching then says why).
+    pub fn symbols(&mut self, file: &std::path::Path) -> Option<&HashMap<String, u64>> {
+        self.symbols
+            .entry(file.to_path_buf())
+            .or_insert_with(|| crate::uprobes::symbol_offsets(file).ok())
+            .as_ref()
     }
 
     /// The kernel's type ids in the form aya's tp_btf, fentry and fexit

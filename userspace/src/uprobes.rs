@@ -7,6 +7,7 @@
 //! container's libc rather than the host's.
 
 use std::{
+    collections::HashMap,
     num::NonZeroU32,
     path::{Path, PathBuf},
 };
@@ -122,13 +123,56 @@ fn is_elf(path: &Path) -> bool {
         .is_ok_and(|()| magic == *b"\x7fELF")
 }
 
+/// The file offsets of a file's function symbols, by name, as uprobes
+/// take them: read once per file, where aya would read the file again for
+/// every function attached.
+pub fn symbol_offsets(file: &Path) -> anyhow::Result<HashMap<String, u64>> {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+    let data = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let obj = object::File::parse(data.as_slice())
+        .with_context(|| format!("{} is not an ELF file", file.display()))?;
+    // Executables and shared objects give virtual addresses, which are
+    // moved to file offsets through their section.
+    let translate = matches!(
+        obj.kind(),
+        object::ObjectKind::Dynamic | object::ObjectKind::Executable
+    );
+    let mut out = HashMap::new();
+    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
+        if sym.is_undefined() || sym.kind() != object::SymbolKind::Text {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        let offset = if translate {
+            let Some(section) = sym
+                .section_index()
+                .and_then(|i| obj.section_by_index(i).ok())
+            else {
+                continue;
+            };
+            let Some((file_off, _)) = section.file_range() else {
+                continue;
+            };
+            sym.address() - section.address() + file_off
+        } else {
+            sym.address()
+        };
+        // Names may repeat (versioned symbols); the first wins, as in aya.
+        out.entry(name.to_owned()).or_insert(offset);
+    }
+    Ok(out)
+}
+
 /// Loads uprobe program `prog` (once) and attaches it to `func` in
-/// `file`, for process `pid` only or for every process.
+/// `file`, for process `pid` only or for every process. The function is
+/// found in `symbols` (from [`symbol_offsets`]); one missing there is left
+/// to aya, which also looks in separate debug files.
 pub fn attach(
     ebpf: &mut Ebpf,
     prog: &str,
     func: &str,
     file: &Path,
+    symbols: Option<&HashMap<String, u64>>,
     pid: Option<u32>,
 ) -> anyhow::Result<()> {
     let p: &mut UProbe = ebpf
@@ -144,7 +188,11 @@ pub fn attach(
         Some(p) => UProbeScope::OneProcess(p),
         None => UProbeScope::AllProcesses,
     };
-    p.attach(func, file, scope).map(drop).map_err(|e| {
+    let attached = match symbols.and_then(|s| s.get(func)) {
+        Some(&offset) => p.attach(offset, file, scope),
+        None => p.attach(func, file, scope),
+    };
+    attached.map(drop).map_err(|e| {
         anyhow::anyhow!(
             "cannot attach to {func} in {}: {}",
             file.display(),

@@ -193,11 +193,14 @@ fn attach(
                 )
             })?;
             let file = uprobes::resolve(library, pid)?;
+            let symbols = kernel.symbols(&file);
             if ret {
-                uprobes::attach(ebpf, &format!("uretprobe_{i}"), function, &file, pid)?;
+                let prog = format!("uretprobe_{i}");
+                uprobes::attach(ebpf, &prog, function, &file, symbols, pid)?;
             }
             if !ret || spec.need_entry {
-                uprobes::attach(ebpf, &format!("uprobe_{i}"), function, &file, pid)?;
+                let prog = format!("uprobe_{i}");
+                uprobes::attach(ebpf, &prog, function, &file, symbols, pid)?;
             }
             Ok(format!(
                 "{} {function} in {}",

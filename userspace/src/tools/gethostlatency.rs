@@ -122,17 +122,18 @@ impl Tool for Gethostlatency {
     fn attach(
         &mut self,
         _m: Option<Mechanism>,
-        _kernel: &mut Kernel,
+        kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
+        let symbols = kernel.symbols(&self.libc);
         self.attached.clear();
         self.missing.clear();
         for func in FUNCTIONS {
-            let entry =
-                uprobes::attach(ebpf, &format!("enter_{func}"), func, &self.libc, self.args.pid);
+            let (libc, pid) = (&self.libc, self.args.pid);
+            let entry = uprobes::attach(ebpf, &format!("enter_{func}"), func, libc, symbols, pid);
             // Without its return probe, an entry would only fill the table.
             let both = entry.and_then(|()| {
-                uprobes::attach(ebpf, "lookup_return", func, &self.libc, self.args.pid)
+                uprobes::attach(ebpf, "lookup_return", func, libc, symbols, pid)
             });
             match both {
                 Ok(()) => self.attached.push(func),
