@@ -192,11 +192,16 @@ pub fn attach(
         Some(&offset) => p.attach(offset, file, scope),
         None => p.attach(func, file, scope),
     };
-    attached.map(drop).map_err(|e| {
-        anyhow::anyhow!(
+    attached.map(drop).map_err(|e| match symbols {
+        // aya's own look-up failed too, in the debug file it names or none:
+        // the function is simply not there.
+        Some(s) if !s.contains_key(func) => {
+            anyhow::anyhow!("no function '{func}' in {}", file.display())
+        }
+        _ => anyhow::anyhow!(
             "cannot attach to {func} in {}: {}",
             file.display(),
             crate::features::chain(&e)
-        )
+        ),
     })
 }
