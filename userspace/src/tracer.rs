@@ -479,9 +479,14 @@ fn attach_chain<T: Tool>(
         None if T::CHAIN.is_empty() => vec![None],
         None => T::CHAIN.iter().copied().map(Some).collect(),
     };
+    // Probing a mechanism decides between candidates; with one candidate
+    // there is nothing to decide, and the tool's own attach is the probe
+    // (its error names the mechanism and why).
+    let choose = chain.len() > 1;
     let mut skipped = Vec::new();
     for m in chain {
         if let Some(m) = m
+            && choose
             && let Err(why) = kernel.check(m)
         {
             skipped.push((m.name().to_owned(), why));
