@@ -104,8 +104,23 @@ impl EventStream {
     }
 
     /// Hands every event now readable to `handle`.
-    pub fn drain(
+    pub fn drain(&mut self, handle: impl FnMut(&[u8]) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        self.drain_from(false, handle)
+    }
+
+    /// Hands every event in any buffer to `handle`, as at the end of a run.
+    pub fn drain_all(
         &mut self,
+        handle: impl FnMut(&[u8]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.drain_from(true, handle)
+    }
+
+    /// Drains the ring, or the perf buffer found ready (every perf buffer
+    /// with `all`).
+    fn drain_from(
+        &mut self,
+        all: bool,
         mut handle: impl FnMut(&[u8]) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         match &mut self.source {
@@ -115,25 +130,14 @@ impl EventStream {
                 lost,
                 joined,
                 ready,
-            } => match ready.take() {
-                Some(i) => drain_perf(cpus[i].get_mut(), lost, joined, &mut handle),
-                None => Ok(()),
-            },
-        }
-    }
-
-    /// Hands every event in any buffer to `handle`, as at the end of a run.
-    pub fn drain_all(
-        &mut self,
-        mut handle: impl FnMut(&[u8]) -> anyhow::Result<()>,
-    ) -> anyhow::Result<()> {
-        match &mut self.source {
-            Source::Ring(ring) => drain_ring(ring.get_mut(), &mut handle),
-            Source::Perf {
-                cpus, lost, joined, ..
             } => {
-                for cpu in cpus.iter_mut() {
-                    drain_perf(cpu.get_mut(), lost, joined, &mut handle)?;
+                let which: Vec<usize> = if all {
+                    (0..cpus.len()).collect()
+                } else {
+                    ready.take().into_iter().collect()
+                };
+                for i in which {
+                    drain_perf(cpus[i].get_mut(), lost, joined, &mut handle)?;
                 }
                 Ok(())
             }
