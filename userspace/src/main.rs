@@ -12,6 +12,7 @@ mod memory;
 mod objects;
 mod output;
 mod privs;
+mod procmaps;
 mod symbolize;
 mod tools;
 mod tracefs;

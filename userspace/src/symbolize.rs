@@ -213,37 +213,25 @@ impl Symbolizer {
     /// Parses one line of `/proc/PID/maps`, keeping executable mappings and
     /// opening their files.
     fn parse_mapping(&mut self, pid: u32, line: &str) -> Option<Mapping> {
-        let mut fields = line.splitn(6, ' ');
-        let range = fields.next()?;
-        let perms = fields.next()?;
-        let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-        let _dev = fields.next()?;
-        let inode: u64 = fields.next()?.parse().ok()?;
-        let name = fields.next().unwrap_or("").trim_start().to_owned();
-        if perms.as_bytes().get(2) != Some(&b'x') {
+        let m = crate::procmaps::Mapping::parse(line)?;
+        if !m.exec {
             return None;
         }
-        let (start, end) = range.split_once('-')?;
-        let (start, end) = (
-            u64::from_str_radix(start, 16).ok()?,
-            u64::from_str_radix(end, 16).ok()?,
-        );
-        let file = (inode != 0 && name.starts_with('/'))
-            .then(|| self.open_file(pid, range, &name))
-            .flatten();
+        let file = m
+            .path()
+            .and_then(|path| self.open_file(pid, &m.range(), path));
         Some(Mapping {
-            start,
-            end,
-            offset,
+            start: m.start,
+            end: m.end,
+            offset: m.offset,
             file,
-            name,
+            name: m.name,
         })
     }
 
     /// Opens a mapped file through the process's own view of it, once per
     /// file across all processes.
-    fn open_file(&mut self, pid: u32, range: &str, name: &str) -> Option<FileId> {
-        let path = name.strip_suffix(" (deleted)").unwrap_or(name);
+    fn open_file(&mut self, pid: u32, range: &str, path: &str) -> Option<FileId> {
         let file = File::open(format!("/proc/{pid}/map_files/{range}"))
             .or_else(|_| File::open(format!("/proc/{pid}/root{path}")))
             .ok()?;

@@ -14,11 +14,15 @@
 //! walk the kernel does (in BPF, over the same rows in maps) must agree
 //! with it.
 
+use std::{collections::HashMap, fs::File, io::Read as _, sync::Arc};
+
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, RegisterRule, UnwindContext,
     UnwindSection as _, X86_64,
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+
+use crate::procmaps;
 
 /// [`Row::cfa`]: no call frame information covers these addresses.
 pub const CFA_NONE: u8 = 0;
@@ -195,14 +199,185 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
     Ok(table)
 }
 
-/// Where the loaded segments of an ELF file sit, to turn a file offset
-/// (what a mapping gives) into the virtual address rows are keyed by.
-pub fn file_offset_to_vaddr(data: &[u8], offset: u64) -> Option<u64> {
-    let file = object::File::parse(data).ok()?;
-    file.segments().find_map(|seg| {
-        let (start, size) = seg.file_range();
-        (start <= offset && offset < start + size).then(|| offset - start + seg.address())
-    })
+/// A file's loadable segments as (file offset, size, virtual address), to
+/// turn a mapping's file offset into the virtual addresses rows are keyed
+/// by.
+fn segments(data: &[u8]) -> Vec<(u64, u64, u64)> {
+    object::File::parse(data)
+        .map(|f| {
+            f.segments()
+                .map(|s| {
+                    let (off, size) = s.file_range();
+                    (off, size, s.address())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One file's table, shared by every process that maps the file.
+#[derive(Debug)]
+pub struct FileTable {
+    /// The compiled rows; empty where the file has no usable CFI.
+    pub table: Table,
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl FileTable {
+    /// The load bias of a mapping of `len` bytes of the file from `offset`:
+    /// what turns its addresses into the file's virtual addresses. Mappings
+    /// start and end on pages, segments need not, so a mapping can hold the
+    /// tail of one segment before another: the segment is the one it holds
+    /// most of.
+    fn bias(&self, start: u64, offset: u64, len: u64) -> Option<u64> {
+        let overlap = |&&(seg_off, size, _): &&(u64, u64, u64)| {
+            (offset + len)
+                .min(seg_off + size)
+                .saturating_sub(offset.max(seg_off))
+        };
+        self.segments
+            .iter()
+            .filter(|s| overlap(s) > 0)
+            .max_by_key(overlap)
+            .map(|&(seg_off, _, vaddr)| {
+                // Address of file offset x: start + (x - offset); its
+                // virtual address: x - seg_off + vaddr.
+                start
+                    .wrapping_sub(offset)
+                    .wrapping_add(seg_off)
+                    .wrapping_sub(vaddr)
+            })
+    }
+}
+
+/// An executable mapping of a process, with its file's table.
+#[derive(Debug, Clone)]
+pub struct Region {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// What is subtracted from an address to get the file's virtual
+    /// address (the load bias).
+    pub bias: u64,
+    /// The file's table; `None` for anonymous code (JIT) and files without
+    /// CFI, where the walk falls back to the frame pointer.
+    pub table: Option<Arc<FileTable>>,
+    /// What the mapping is, as `/proc/PID/maps` names it.
+    pub name: String,
+}
+
+/// The tables of every file the processes asked about map, one per file:
+/// a library shared by many processes is compiled once.
+#[derive(Debug, Default)]
+pub struct Tables {
+    files: HashMap<(u64, u64), Option<Arc<FileTable>>>,
+}
+
+impl Tables {
+    /// The executable regions of process `pid` (`None`: this process),
+    /// compiling the tables of files not seen before. Files are opened
+    /// through `/proc/PID/map_files`, which crosses mount namespaces and
+    /// finds deleted or replaced files, else through `/proc/PID/root`.
+    pub fn process(&mut self, pid: Option<u32>) -> std::io::Result<Vec<Region>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let proc_dir = match pid {
+            Some(p) => format!("/proc/{p}"),
+            None => "/proc/self".to_owned(),
+        };
+        let mut regions = Vec::new();
+        for m in procmaps::read(pid)?.into_iter().filter(|m| m.exec) {
+            let file = m.path().and_then(|path| {
+                File::open(format!("{proc_dir}/map_files/{}", m.range()))
+                    .or_else(|_| File::open(format!("{proc_dir}/root{path}")))
+                    .ok()
+            });
+            let table = file.and_then(|mut f| {
+                let meta = f.metadata().ok()?;
+                self.files
+                    .entry((meta.dev(), meta.ino()))
+                    .or_insert_with(|| {
+                        let mut data = Vec::new();
+                        f.read_to_end(&mut data).ok()?;
+                        Some(Arc::new(FileTable {
+                            table: compile(&data).unwrap_or_default(),
+                            segments: segments(&data),
+                        }))
+                    })
+                    .clone()
+            });
+            let bias = table
+                .as_ref()
+                .and_then(|t| t.bias(m.start, m.offset, m.end - m.start))
+                .unwrap_or(0);
+            regions.push(Region {
+                start: m.start,
+                end: m.end,
+                bias,
+                table,
+                name: m.name,
+            });
+        }
+        Ok(regions)
+    }
+
+    /// Files with tables, their rows, and the rows' size in bytes as the
+    /// kernel will hold them (16 bytes a row).
+    pub fn stats(&self) -> (usize, usize, usize) {
+        let rows: usize = self
+            .files
+            .values()
+            .flatten()
+            .map(|f| f.table.rows.len())
+            .sum();
+        (self.files.values().flatten().count(), rows, rows * 16)
+    }
+}
+
+/// A walked stack.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Walk {
+    /// The pcs, innermost first: the sampled pc, then return addresses.
+    pub pcs: Vec<u64>,
+    /// Frames unwound by the frame pointer, where no CFI covered the pc.
+    pub fp_frames: usize,
+}
+
+/// Walks a stack from `regs` over a process's `regions`, reading stack
+/// words with `read`, for at most `max` frames.
+pub fn walk(
+    regions: &[Region],
+    mut regs: Regs,
+    read: impl Fn(u64) -> Option<u64>,
+    max: usize,
+) -> Walk {
+    let empty = Table::default();
+    let mut out = Walk {
+        pcs: vec![regs.pc],
+        fp_frames: 0,
+    };
+    while out.pcs.len() < max {
+        let region = regions
+            .iter()
+            .find(|r| r.start <= regs.pc && regs.pc < r.end);
+        let (table, file_pc) = match region.and_then(|r| Some((r.table.as_ref()?, r.bias))) {
+            Some((t, bias)) => (&t.table, regs.pc.wrapping_sub(bias)),
+            None => (&empty, regs.pc),
+        };
+        match step(table, file_pc, regs, out.pcs.len() > 1, &read) {
+            Some(Step::Cfi(next)) => regs = next,
+            Some(Step::FramePointer(next)) => {
+                out.fp_frames += 1;
+                regs = next;
+            }
+            None => break,
+        }
+        if regs.pc == 0 {
+            break;
+        }
+        out.pcs.push(regs.pc);
+    }
+    out
 }
 
 impl Table {
@@ -280,73 +455,30 @@ pub fn step(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
 
-    /// An executable mapping of this process.
-    struct Map {
-        start: u64,
-        end: u64,
-        offset: u64,
-        path: String,
-    }
-
-    fn maps() -> Vec<Map> {
-        std::fs::read_to_string("/proc/self/maps")
-            .unwrap()
-            .lines()
-            .filter_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
-                    return None;
-                }
-                let (s, e) = f[0].split_once('-')?;
-                Some(Map {
-                    start: u64::from_str_radix(s, 16).ok()?,
-                    end: u64::from_str_radix(e, 16).ok()?,
-                    offset: u64::from_str_radix(f[2], 16).ok()?,
-                    path: f[5].to_owned(),
-                })
-            })
-            .collect()
-    }
-
     /// Walks this thread's own stack from `regs` with compiled CFI, as the
-    /// kernel will walk a sampled one; returns the pcs and how many frames
-    /// needed the frame pointer.
-    fn walk(mut regs: Regs) -> (Vec<u64>, usize) {
-        let maps = maps();
-        let mut files: HashMap<String, (Vec<u8>, Table)> = HashMap::new();
-        let mut pcs = vec![regs.pc];
-        let mut fp_frames = 0;
-        // SAFETY: the walk reads this thread's own stack, which is live
-        // below the frame that started it.
-        let read = |a: u64| a.is_multiple_of(8).then(|| unsafe { *(a as *const u64) });
-        for depth in 0..128 {
-            let Some(m) = maps.iter().find(|m| m.start <= regs.pc && regs.pc < m.end) else {
-                break;
+    /// kernel will walk a sampled one.
+    fn walk_self(regs: Regs) -> Walk {
+        let regions = Tables::default().process(None).unwrap();
+        // Reads through the kernel, so that a wrong walk reads an error,
+        // not a fault, as the BPF walk will.
+        let read = |a: u64| {
+            let mut word = 0u64;
+            let local = libc::iovec {
+                iov_base: (&raw mut word).cast(),
+                iov_len: 8,
             };
-            let (data, table) = files.entry(m.path.clone()).or_insert_with(|| {
-                let data = std::fs::read(&m.path).unwrap();
-                let table = compile(&data).unwrap_or_default();
-                (data, table)
-            });
-            let file_pc = file_offset_to_vaddr(data, regs.pc - m.start + m.offset).unwrap();
-            match step(table, file_pc, regs, depth > 0, read) {
-                Some(Step::Cfi(next)) => regs = next,
-                Some(Step::FramePointer(next)) => {
-                    fp_frames += 1;
-                    regs = next;
-                }
-                None => break,
-            }
-            if regs.pc == 0 {
-                break;
-            }
-            pcs.push(regs.pc);
-        }
-        (pcs, fp_frames)
+            let remote = libc::iovec {
+                iov_base: a as *mut libc::c_void,
+                iov_len: 8,
+            };
+            // SAFETY: both vectors describe 8 bytes; the kernel checks the
+            // remote address.
+            let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+            (n == 8).then_some(word)
+        };
+        walk(&regions, regs, read, 128)
     }
 
     #[inline(never)]
@@ -367,21 +499,21 @@ mod tests {
     }
 
     #[inline(never)]
-    fn leaf_of_three() -> (Vec<u64>, usize) {
-        let (pcs, fp) = walk(std::hint::black_box(here()));
-        std::hint::black_box(pcs.len());
-        (pcs, fp)
+    fn leaf_of_three() -> Walk {
+        let w = walk_self(std::hint::black_box(here()));
+        std::hint::black_box(w.pcs.len());
+        w
     }
 
     #[inline(never)]
-    fn middle_of_three() -> (Vec<u64>, usize) {
+    fn middle_of_three() -> Walk {
         let r = leaf_of_three();
         std::hint::black_box(&r);
         r
     }
 
     #[inline(never)]
-    fn top_of_three() -> (Vec<u64>, usize) {
+    fn top_of_three() -> Walk {
         let r = middle_of_three();
         std::hint::black_box(&r);
         r
@@ -448,14 +580,61 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_mapping_takes_the_bias_of_the_segment_it_holds_most_of() {
+        // A Rust executable's layout: the text segment starts 0x190 into
+        // the page that the read-only segment ends in, and one page later
+        // in memory than in the file.
+        let file = FileTable {
+            table: Table::default(),
+            segments: vec![(0, 0x90190, 0), (0x90190, 0x19d480, 0x91190)],
+        };
+        let start = 0x55d6_488d_7000;
+        let bias = file.bias(start, 0x90000, 0x19e000).unwrap();
+        // The text's first byte, at file offset 0x90190, is at vaddr
+        // 0x91190.
+        assert_eq!(start + 0x190 - bias, 0x91190);
+        assert_eq!(file.bias(start, 0x400000, 0x1000), None);
+    }
+
+    #[test]
+    fn a_library_shared_by_processes_has_one_table() {
+        let mut tables = Tables::default();
+        let mine = tables.process(None).unwrap();
+        let (files, rows, bytes) = tables.stats();
+        assert!(files >= 2 && rows > 10_000 && bytes == rows * 16);
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        // Until exec replaces the forked copy, the child maps this test.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let theirs = tables.process(Some(child.id())).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let libc = |regions: &[Region]| {
+            regions
+                .iter()
+                .find(|r| r.name.contains("/libc.so"))
+                .and_then(|r| r.table.clone())
+                .unwrap()
+        };
+        assert!(Arc::ptr_eq(&libc(&mine), &libc(&theirs)));
+        assert_eq!(
+            tables.stats().0,
+            files + 1,
+            "sleep's own file is the one new"
+        );
+    }
+
     /// This test binary is built without frame pointers (release Rust), and
     /// libtest runs it on a thread libc started, so a whole walk crosses
     /// Rust code and libc without frame pointers, and must end where the
     /// thread began.
     #[test]
     fn own_stack_unwinds_through_code_without_frame_pointers() {
-        let (pcs, fp_frames) = top_of_three();
-        let names = names(&pcs);
+        let w = top_of_three();
+        let names = names(&w.pcs);
         let pos = |n: &str| {
             names
                 .iter()
@@ -475,6 +654,6 @@ mod tests {
             names[start..].iter().any(|n| n.contains("clone")),
             "{names:?}"
         );
-        assert_eq!(fp_frames, 0, "frames walked by frame pointer: {names:?}");
+        assert_eq!(w.fp_frames, 0, "frames walked by frame pointer: {names:?}");
     }
 }
