@@ -1,10 +1,10 @@
-//! Builds the profile and argdist fixtures in `fixtures/` with frame pointers, next to
-//! this crate's other workload binaries (`target/<profile>/`), where the
-//! tests and the VM matrix find them.
+//! Builds the profile and argdist fixtures in `fixtures/` next to this
+//! crate's other workload binaries (`target/<profile>/`), where the tests
+//! and the VM matrix find them: each with frame pointers as `<name>`, and
+//! without them as `<name>_nofp`, for the CFI unwinder.
 //!
 //! They are built with rustc directly because a cargo profile cannot force
-//! frame pointers for some binaries only, and the tests need them: the
-//! kernel walks user stacks by frame pointer.
+//! frame pointers for some binaries only.
 
 use std::{env, path::PathBuf, process::Command};
 
@@ -23,13 +23,16 @@ fn main() {
         }
         let name = src.file_stem().unwrap().to_string_lossy().into_owned();
         println!("cargo:rerun-if-changed={}", src.display());
-        let status = Command::new(&rustc)
-            .args(["--edition", "2024", "-C", "opt-level=2", "-g"])
-            .args(["-C", "force-frame-pointers=yes", "-o"])
-            .arg(bin_dir.join(&name))
-            .arg(&src)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
-        assert!(status.success(), "building fixture {name} failed");
+        for (suffix, frame_pointers) in [("", "yes"), ("_nofp", "no")] {
+            let status = Command::new(&rustc)
+                .args(["--edition", "2024", "-C", "opt-level=2", "-g", "-C"])
+                .arg(format!("force-frame-pointers={frame_pointers}"))
+                .arg("-o")
+                .arg(bin_dir.join(format!("{name}{suffix}")))
+                .arg(&src)
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
+            assert!(status.success(), "building fixture {name}{suffix} failed");
+        }
     }
 }

@@ -18,6 +18,7 @@ pub mod profile;
 pub mod runqlat;
 pub mod targets;
 pub mod tcplife;
+pub mod unwind;
 
 /// Length of `task_struct.comm`, including the terminating NUL.
 pub const TASK_COMM_LEN: usize = 16;

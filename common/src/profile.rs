@@ -76,12 +76,22 @@ pub const ERR_USER_STACK: u32 = 3;
 /// `ERRORS` slot: kernel stacks the kernel could not walk.
 pub const ERR_KERNEL_STACK: u32 = 4;
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 5] = [
+pub const ERR_NAMES: [&str; 8] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
     "user stacks that could not be walked",
     "kernel stacks that could not be walked",
+    "user stacks walked by frame pointer, as their process had no CFI tables yet",
+    "user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)",
+    "user stacks cut short (a stack word could not be read)",
 ];
+
+/// `ERRORS` slot: user stacks of processes without CFI tables yet.
+pub const ERR_NO_TABLES: u32 = 5;
+/// `ERRORS` slot: frames of CFI walks that took the frame pointer.
+pub const ERR_FP_FRAMES: u32 = 6;
+/// `ERRORS` slot: CFI walks that ended on a failed read.
+pub const ERR_CUT_SHORT: u32 = 7;
 
 crate::pod!(Config, Key, Stack, Seen);

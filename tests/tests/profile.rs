@@ -64,7 +64,11 @@ fn temp(name: &str) -> PathBuf {
 /// arguments; returns rtrace's stdout and the fixture's CPU nanoseconds in
 /// `hot_alpha` and `hot_beta`.
 fn profile_hotfuncs(extra: &[&str]) -> (String, i64, i64) {
-    let fixture = start_fixture("hotfuncs", &["cpu", "3"]);
+    profile_fixture("hotfuncs", extra)
+}
+
+fn profile_fixture(name: &str, extra: &[&str]) -> (String, i64, i64) {
+    let fixture = start_fixture(name, &["cpu", "3"]);
     let pid = fixture.pid().to_string();
     let mut args = vec!["profile", "-F", "199", "-p", &pid];
     args.extend_from_slice(extra);
@@ -111,6 +115,75 @@ fn hot_functions_in_proportion_with_their_callers() {
         chained as f64 >= 0.9 * (alpha + beta) as f64,
         "only {chained} of {} hot samples have main;work_caller above them:\n{stdout}",
         alpha + beta
+    );
+}
+
+/// Built without frame pointers, the fixture's stacks come out whole only
+/// through the CFI walk: every hot sample under `work_caller` under `main`,
+/// the leaves in the fixture's own split.
+#[test]
+fn code_without_frame_pointers_keeps_its_whole_chain() {
+    let (stdout, alpha_ns, beta_ns) = profile_fixture("hotfuncs_nofp", &["-f", "-U"]);
+    let folded = parse_folded(&stdout);
+    let alpha = count_with(&folded, "hotfuncs::hot_alpha");
+    let beta = count_with(&folded, "hotfuncs::hot_beta");
+    assert!(
+        alpha + beta >= 300,
+        "too few samples: {alpha} + {beta}:\n{stdout}"
+    );
+    let measured = alpha as f64 / (alpha + beta) as f64;
+    let expected = alpha_ns as f64 / (alpha_ns + beta_ns) as f64;
+    assert!(
+        (measured - expected).abs() <= 0.05,
+        "hot_alpha has {measured:.3} of the samples; the fixture spent {expected:.3} there"
+    );
+    let mut chained = 0;
+    for (frames, count) in &folded {
+        let Some(i) = frames
+            .iter()
+            .position(|f| f.ends_with("::hot_alpha") || f.ends_with("::hot_beta"))
+        else {
+            continue;
+        };
+        let main = frames.iter().position(|f| f == "hotfuncs::main");
+        if i >= 2 && frames[i - 1] == "hotfuncs::work_caller" && main == Some(i - 2) {
+            chained += count;
+        }
+    }
+    assert!(
+        chained as f64 >= 0.95 * (alpha + beta) as f64,
+        "only {chained} of {} hot samples have main;work_caller above them:\n{stdout}",
+        alpha + beta
+    );
+}
+
+/// Debian's python3 has no frame pointers: its samples reach
+/// `Py_BytesMain` (and `_start` above it) only through CFI.
+#[test]
+fn python_without_frame_pointers_reaches_its_main() {
+    let python = "/usr/bin/python3";
+    if !std::path::Path::new(python).exists() {
+        // The VM guests carry no Python; the host runs this test.
+        eprintln!("skipped: no {python} here (the host runs this test)");
+        return;
+    }
+    let mut busy = Command::new(python)
+        .args(["-c", "while True: pass"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = busy.id().to_string();
+    let (code, stdout, stderr) = run(&["profile", "-F", "199", "-U", "-p", &pid, "-f", "2"]);
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let total: u64 = folded.values().sum();
+    let whole = count_with(&folded, "Py_BytesMain");
+    assert!(total >= 200, "too few samples ({total}):\n{stdout}");
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{whole} of {total} samples reach Py_BytesMain:\n{stdout}"
     );
 }
 

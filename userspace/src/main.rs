@@ -18,13 +18,6 @@ mod tools;
 mod tracefs;
 mod tracer;
 mod transport;
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the CFI compiler and its reference walk, tested on their own; the in-kernel walk of issue 13 takes them up"
-    )
-)]
 mod unwind;
 mod uprobes;
 

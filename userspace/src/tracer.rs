@@ -85,7 +85,7 @@ pub trait Tool: Sized {
     /// object is also built with (`"task_storage"`), or `""` for the plain
     /// object. A variant that fails to load or attach is noted under `-v`
     /// and the next is tried.
-    fn variants(&self, _m: Mechanism, _kernel: &mut Kernel) -> Vec<&'static str> {
+    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
         vec![""]
     }
 
@@ -492,11 +492,9 @@ fn attach_chain<T: Tool>(
             skipped.push((m.name().to_owned(), why));
             continue;
         }
-        let variants = match m {
-            Some(m) => tool.variants(m, kernel),
-            None => vec![""],
-        };
-        for variant in variants {
+        let variants = tool.variants(m, kernel);
+        let last = variants.len().saturating_sub(1);
+        for (i, variant) in variants.into_iter().enumerate() {
             let attempt = (|| {
                 let mut load = Load {
                     variant,
@@ -517,7 +515,8 @@ fn attach_chain<T: Tool>(
             let what = match (m, variant) {
                 (Some(m), "") => m.name().to_owned(),
                 (Some(m), v) => format!("{m} with {}", v.replace('_', " ")),
-                (None, _) => T::NAME.to_owned(),
+                (None, "") => T::NAME.to_owned(),
+                (None, v) => format!("{} with {}", T::NAME, v.replace('_', " ")),
             };
             match attempt {
                 Ok(ebpf) => {
@@ -527,7 +526,9 @@ fn attach_chain<T: Tool>(
                         skipped,
                     });
                 }
-                Err(e) if m.is_none() => return Err(e),
+                // A tool without a chain has nothing to fall back to after
+                // its last variant: its error is the error.
+                Err(e) if m.is_none() && i == last => return Err(e),
                 Err(e) => skipped.push((what, trim_verifier_log(&format!("{e:#}")))),
             }
         }

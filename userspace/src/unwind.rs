@@ -22,22 +22,13 @@ use gimli::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
+use rtrace_common::unwind::{CHUNK, MAX_REGIONS, ProcRegions, Region as KRegion, RowChunk};
+
 use crate::procmaps;
 
-/// [`Row::cfa`]: no call frame information covers these addresses.
-pub const CFA_NONE: u8 = 0;
-/// [`Row::cfa`]: CFA = rsp + [`Row::cfa_offset`].
-pub const CFA_RSP: u8 = 1;
-/// [`Row::cfa`]: CFA = rbp + [`Row::cfa_offset`].
-pub const CFA_RBP: u8 = 2;
-/// [`Row::cfa`]: a PLT entry: CFA = rsp + 8, plus 8 once the entry has
-/// pushed its argument, which is at byte [`Row::cfa_offset`] of its 16.
-pub const CFA_PLT: u8 = 3;
-
-/// [`Row::rbp`]: the caller's rbp is still in rbp.
-pub const RBP_SAME: u8 = 0;
-/// [`Row::rbp`]: the caller's rbp was saved at CFA + [`Row::rbp_offset`].
-pub const RBP_SAVED: u8 = 1;
+pub use rtrace_common::unwind::{
+    CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAME, RBP_SAVED,
+};
 
 /// The rules from one address up to the next row's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +46,17 @@ pub struct Row {
 }
 
 impl Row {
+    /// The row as the kernel's tables hold it.
+    pub fn to_kernel(self) -> rtrace_common::unwind::CfiRow {
+        rtrace_common::unwind::CfiRow {
+            pc: self.pc,
+            cfa_offset: self.cfa_offset,
+            rbp_offset: self.rbp_offset as i16,
+            cfa: self.cfa,
+            rbp: self.rbp,
+        }
+    }
+
     fn same_rules(&self, other: &Row) -> bool {
         (self.cfa, self.rbp, self.cfa_offset, self.rbp_offset)
             == (other.cfa, other.rbp, other.cfa_offset, other.rbp_offset)
@@ -151,7 +153,8 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
         let mut fde_rows = fde.rows(&eh_frame, &bases, &mut ctx)?;
         while let Some(r) = fde_rows.next_row()? {
             let mut row = Row::none(r.start_address());
-            let ra_ok = matches!(r.register(X86_64::RA), Some(RegisterRule::Offset(-8)));
+            let ra = r.register(X86_64::RA);
+            let ra_ok = matches!(ra, Some(RegisterRule::Offset(-8)));
             match r.cfa() {
                 CfaRule::RegisterAndOffset { register, offset } if ra_ok => {
                     let reg = match *register {
@@ -174,10 +177,15 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
                 _ => {}
             }
             if let Some(RegisterRule::Offset(off)) = r.register(X86_64::RBP)
-                && let Ok(off) = i32::try_from(off)
+                && let Ok(off) = i16::try_from(off)
             {
                 row.rbp = RBP_SAVED;
-                row.rbp_offset = off;
+                row.rbp_offset = i32::from(off);
+            }
+            // The outermost frame (`_start`, a thread's start) marks its
+            // return address undefined: the stack ends there.
+            if matches!(ra, Some(RegisterRule::Undefined)) {
+                row.cfa = CFA_END;
             }
             if row.cfa == CFA_NONE {
                 table.unsupported += 1;
@@ -264,6 +272,7 @@ pub struct Region {
     /// CFI, where the walk falls back to the frame pointer.
     pub table: Option<Arc<FileTable>>,
     /// What the mapping is, as `/proc/PID/maps` names it.
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     pub name: String,
 }
 
@@ -323,6 +332,7 @@ impl Tables {
 
     /// Files with tables, their rows, and the rows' size in bytes as the
     /// kernel will hold them (16 bytes a row).
+    #[cfg(test)]
     pub fn stats(&self) -> (usize, usize, usize) {
         let rows: usize = self
             .files
@@ -334,6 +344,133 @@ impl Tables {
     }
 }
 
+/// The kernel's copy of the tables: the rows array and each process's
+/// regions, filled as processes show up and refreshed as they map more
+/// (`dlopen`), each file's rows loaded once.
+pub struct KernelTables {
+    rows: aya::maps::Array<aya::maps::MapData, RowChunk>,
+    procs: aya::maps::HashMap<aya::maps::MapData, u32, ProcRegions>,
+    tables: Tables,
+    /// Each loaded file's first row and row count, by its table.
+    loaded: HashMap<usize, (u32, u32)>,
+    next_chunk: u32,
+    capacity_chunks: u32,
+    /// When each process's regions were last read.
+    captured: HashMap<u32, std::time::Instant>,
+    /// Files whose rows did not fit: their code is walked by frame pointer.
+    pub files_not_loaded: usize,
+}
+
+/// How long a process's regions are trusted before they are read again
+/// on its next new stack, so that libraries it loads later get tables.
+const RECAPTURE: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl KernelTables {
+    /// Takes the `cfi` object's maps, whose rows array holds
+    /// `capacity_chunks` chunks.
+    pub fn new(ebpf: &mut aya::Ebpf, capacity_chunks: u32) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let rows = ebpf.take_map("CFI_ROWS").context("map CFI_ROWS missing")?;
+        let procs = ebpf
+            .take_map("CFI_PROCS")
+            .context("map CFI_PROCS missing")?;
+        Ok(Self {
+            rows: rows.try_into()?,
+            procs: procs.try_into()?,
+            tables: Tables::default(),
+            loaded: HashMap::new(),
+            next_chunk: 0,
+            capacity_chunks,
+            captured: HashMap::new(),
+            files_not_loaded: 0,
+        })
+    }
+
+    /// Loads process `pid`'s regions, and the rows of files not loaded
+    /// yet; again only if `force` or it was read more than a moment ago.
+    pub fn add_process(&mut self, pid: u32, force: bool) -> anyhow::Result<()> {
+        if !force
+            && self
+                .captured
+                .get(&pid)
+                .is_some_and(|t| t.elapsed() < RECAPTURE)
+        {
+            return Ok(());
+        }
+        self.captured.insert(pid, std::time::Instant::now());
+        let Ok(regions) = self.tables.process(Some(pid)) else {
+            // Gone already: its samples keep their frame-pointer walk.
+            return Ok(());
+        };
+        let mut out = ProcRegions {
+            n: 0,
+            _pad: 0,
+            regions: [KRegion::default(); MAX_REGIONS],
+        };
+        for r in regions {
+            let Some(table) = r.table.filter(|t| !t.table.rows.is_empty()) else {
+                continue;
+            };
+            let Some((row_start, row_len)) = self.load_file(&table)? else {
+                continue;
+            };
+            let Some(slot) = out.regions.get_mut(out.n as usize) else {
+                break;
+            };
+            *slot = KRegion {
+                start: r.start,
+                end: r.end,
+                bias: r.bias,
+                row_start,
+                row_len,
+            };
+            out.n += 1;
+        }
+        self.procs.insert(pid, out, 0)?;
+        Ok(())
+    }
+
+    /// Copies a file's rows into the array, chunk by chunk, once; `None`
+    /// if they do not fit.
+    fn load_file(&mut self, file: &Arc<FileTable>) -> anyhow::Result<Option<(u32, u32)>> {
+        let key = Arc::as_ptr(file) as usize;
+        if let Some(&at) = self.loaded.get(&key) {
+            return Ok(Some(at));
+        }
+        let rows = &file.table.rows;
+        let chunks = rows.len().div_ceil(CHUNK) as u32;
+        if self.next_chunk + chunks > self.capacity_chunks {
+            self.files_not_loaded += 1;
+            return Ok(None);
+        }
+        let first = self.next_chunk;
+        for (i, part) in rows.chunks(CHUNK).enumerate() {
+            let mut chunk = RowChunk {
+                rows: [rtrace_common::unwind::CfiRow::default(); CHUNK],
+            };
+            for (slot, row) in chunk.rows.iter_mut().zip(part) {
+                *slot = row.to_kernel();
+            }
+            self.rows.set(first + i as u32, chunk, 0)?;
+        }
+        self.next_chunk += chunks;
+        let at = (first * CHUNK as u32, rows.len() as u32);
+        self.loaded.insert(key, at);
+        Ok(Some(at))
+    }
+
+    /// Files loaded, their rows, and the bytes the kernel holds for them.
+    pub fn stats(&self) -> (usize, usize, usize) {
+        let rows: usize = self.loaded.values().map(|&(_, n)| n as usize).sum();
+        (
+            self.loaded.len(),
+            rows,
+            self.next_chunk as usize * size_of::<RowChunk>(),
+        )
+    }
+}
+
+#[cfg(test)]
 /// A walked stack.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Walk {
@@ -343,6 +480,7 @@ pub struct Walk {
     pub fp_frames: usize,
 }
 
+#[cfg(test)]
 /// Walks a stack from `regs` over a process's `regions`, reading stack
 /// words with `read`, for at most `max` frames.
 pub fn walk(
@@ -380,6 +518,9 @@ pub fn walk(
     out
 }
 
+// The reference walk: what the kernel's walk over the same rows must
+// agree with, checked in the tests.
+#[cfg(test)]
 impl Table {
     /// The row whose rules hold at `pc`.
     pub fn lookup(&self, pc: u64) -> Option<&Row> {
@@ -388,6 +529,7 @@ impl Table {
     }
 }
 
+#[cfg(test)]
 /// The registers a walk follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Regs {
@@ -399,6 +541,7 @@ pub struct Regs {
     pub bp: u64,
 }
 
+#[cfg(test)]
 /// How one frame was unwound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -408,6 +551,7 @@ pub enum Step {
     FramePointer(Regs),
 }
 
+#[cfg(test)]
 /// Unwinds one frame: from the registers of a frame whose code is at file
 /// address `file_pc`, the caller's registers. `read` reads a stack word.
 /// The innermost frame is at its own pc; callers are at a return address,
@@ -429,6 +573,7 @@ pub fn step(
             let pushed = (file_pc & 15) >= row.cfa_offset as u64;
             regs.sp + 8 + if pushed { 8 } else { 0 }
         }
+        CFA_END => return None,
         _ => {
             // The frame pointer walk: [bp] is the caller's bp, [bp + 8]
             // the return address.

@@ -18,6 +18,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
     programs::PerfEventContext,
 };
+#[cfg(feature = "cfi")]
+use rtrace_common::profile::ERR_NO_TABLES;
 use rtrace_common::profile::{
     Config, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH,
     MISSED_KERNEL, MISSED_USER, Seen, Stack,
@@ -75,7 +77,7 @@ fn sample(ctx: &PerfEventContext) {
         }
     }
     if cfg.user != 0 {
-        match stack(ctx, u64::from(BPF_F_USER_STACK), ERR_USER_STACK) {
+        match user_stack(ctx, tgid, &cfg) {
             Some(h) => key.user = h,
             None => key.flags |= MISSED_USER,
         }
@@ -87,8 +89,26 @@ fn sample(ctx: &PerfEventContext) {
     }
 }
 
-/// Walks one stack, stores it in `STACKS` and returns its hash: 0 for an
-/// empty stack, `None` if it could not be walked or stored.
+/// The user stack: walked from the process's CFI tables where user space
+/// has loaded them (the `cfi` object), else by the kernel's frame-pointer
+/// walk.
+#[inline(always)]
+fn user_stack(ctx: &PerfEventContext, tgid: u32, cfg: &Config) -> Option<u64> {
+    #[cfg(feature = "cfi")]
+    {
+        let s = SCRATCH.get_ptr_mut(0)?;
+        match cfi::walk(ctx, tgid, s) {
+            Some(len) => return store(s, len),
+            None => count_error(ERR_NO_TABLES),
+        }
+    }
+    let _ = (tgid, cfg);
+    stack(ctx, u64::from(BPF_F_USER_STACK), ERR_USER_STACK)
+}
+
+/// Walks one stack with `bpf_get_stack`, stores it in `STACKS` and returns
+/// its hash: 0 for an empty stack, `None` if it could not be walked or
+/// stored.
 #[inline(always)]
 fn stack(ctx: &PerfEventContext, flags: u64, walk_error: u32) -> Option<u64> {
     let s = SCRATCH.get_ptr_mut(0)?;
@@ -106,7 +126,14 @@ fn stack(ctx: &PerfEventContext, flags: u64, walk_error: u32) -> Option<u64> {
         count_error(walk_error);
         return None;
     }
-    let len = n as u64 / 8;
+    store(s, n as u64 / 8)
+}
+
+/// Hashes the `len` frames walked into `s`, stores them in `STACKS` and
+/// returns the hash: 0 for an empty stack, `None` if it could not be
+/// stored.
+#[inline(always)]
+fn store(s: *mut Stack, len: u64) -> Option<u64> {
     if len == 0 {
         return Some(0);
     }
@@ -136,5 +163,304 @@ fn stack(ctx: &PerfEventContext, flags: u64, walk_error: u32) -> Option<u64> {
             count_error(ERR_STACKS_FULL);
             None
         }
+    }
+}
+
+/// The CFI walk: user space loads each process's executable regions and
+/// their files' compiled rows (`rtrace_common::unwind`); each frame is a
+/// search for its region, a bounded binary search for its row, and two
+/// reads of the user stack.
+#[cfg(feature = "cfi")]
+mod cfi {
+    use aya_ebpf::{
+        EbpfContext as _, Global,
+        helpers::{
+            bpf_probe_read_kernel, bpf_probe_read_user,
+            generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+        },
+        macros::map,
+        maps::{Array, HashMap},
+        programs::PerfEventContext,
+    };
+    use rtrace_common::{
+        profile::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, Stack},
+        unwind::{
+            CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CHUNK, CfiRow, MAX_REGIONS, ProcRegions, RBP_SAVED,
+            RegsOffsets, RowChunk, SEARCH_STEPS,
+        },
+    };
+    use rtrace_ebpf::{count_error, global};
+
+    /// Offsets into `struct pt_regs`, from BTF.
+    #[unsafe(no_mangle)]
+    static CFI_REGS: Global<RegsOffsets> = Global::new(RegsOffsets {
+        ip: 0,
+        sp: 0,
+        bp: 0,
+        cs: 0,
+    });
+
+    /// Every loaded file's rows, in chunks; user space sizes it.
+    #[map]
+    static CFI_ROWS: Array<RowChunk> = Array::with_max_entries(1, 0);
+    /// Each process's regions, by process id; user space sizes it.
+    #[map]
+    static CFI_PROCS: HashMap<u32, ProcRegions> = HashMap::with_max_entries(1, 0);
+
+    /// The user registers at the sample: the context's, if the sample hit
+    /// user mode, else those the task entered the kernel with.
+    #[inline(always)]
+    fn user_regs(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
+        let o = global(&CFI_REGS);
+        let read = |base: *const u8, off: u32| -> Option<u64> {
+            // SAFETY: the helper copes with any address.
+            unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize).cast::<u64>()) }.ok()
+        };
+        let mut regs = ctx.as_ptr() as *const u8;
+        if read(regs, o.cs)? & 3 != 3 {
+            // SAFETY: the helpers have no preconditions beyond a task.
+            regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+            if regs.is_null() {
+                return None;
+            }
+        }
+        Some((read(regs, o.ip)?, read(regs, o.sp)?, read(regs, o.bp)?))
+    }
+
+    #[inline(always)]
+    fn row(index: u32) -> Option<CfiRow> {
+        let chunk = CFI_ROWS.get(index / CHUNK as u32)?;
+        chunk.rows.get(index as usize % CHUNK).copied()
+    }
+
+    #[inline(always)]
+    fn read_user(addr: u64) -> Option<u64> {
+        // SAFETY: the helper copes with any address.
+        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    }
+
+    /// A walk in progress, on the program's stack, handed to each frame.
+    #[repr(C)]
+    struct State {
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        tgid: u32,
+        depth: u32,
+    }
+
+    /// A region search in progress, for `bpf_loop`.
+    #[repr(C)]
+    struct RegionSearch {
+        tgid: u32,
+        n: u32,
+        ip: u64,
+        bias: u64,
+        row_start: u32,
+        row_len: u32,
+        found: u32,
+        _pad: u32,
+    }
+
+    /// Looks at region `index`; 1 stops the search.
+    #[inline(never)]
+    extern "C" fn region_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+        // SAFETY: `ctx` is the search on the caller's stack.
+        let q = unsafe { &mut *ctx.cast::<RegionSearch>() };
+        if index >= u64::from(q.n) {
+            return 1;
+        }
+        let Some(procs) = CFI_PROCS.get_ptr(q.tgid) else {
+            return 1;
+        };
+        // SAFETY: a map value.
+        let Some(r) = (unsafe { &*procs }).regions.get(index as usize) else {
+            return 1;
+        };
+        if r.start <= q.ip && q.ip < r.end {
+            q.bias = r.bias;
+            q.row_start = r.row_start;
+            q.row_len = r.row_len;
+            q.found = 1;
+            return 1;
+        }
+        0
+    }
+
+    /// A binary search of rows in progress, for `bpf_loop`.
+    #[repr(C)]
+    struct RowSearch {
+        pc: u64,
+        start: u32,
+        lo: u32,
+        hi: u32,
+        _pad: u32,
+    }
+
+    /// One step of the search for the last row at or before `pc`; 1 stops.
+    #[inline(never)]
+    extern "C" fn row_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+        // SAFETY: `ctx` is the search on the caller's stack.
+        let q = unsafe { &mut *ctx.cast::<RowSearch>() };
+        if q.lo >= q.hi {
+            return 1;
+        }
+        let mid = q.lo + (q.hi - q.lo) / 2;
+        match row(q.start + mid) {
+            Some(r) if r.pc <= q.pc => q.lo = mid + 1,
+            Some(_) => q.hi = mid,
+            None => return 1,
+        }
+        0
+    }
+
+    /// The rule for `ip` in process `tgid`'s regions: the region's bias and
+    /// the row, if any CFI covers it.
+    #[inline(always)]
+    fn rule(tgid: u32, n: u32, ip: u64, back: u64) -> Option<(u64, CfiRow)> {
+        let mut regions = RegionSearch {
+            tgid,
+            n,
+            ip,
+            bias: 0,
+            row_start: 0,
+            row_len: 0,
+            found: 0,
+            _pad: 0,
+        };
+        // SAFETY: a callback of bpf_loop's signature, and its state.
+        unsafe {
+            bpf_loop(
+                MAX_REGIONS as u32,
+                region_step as *mut core::ffi::c_void,
+                (&raw mut regions).cast(),
+                0,
+            )
+        };
+        if regions.found == 0 {
+            return None;
+        }
+        let mut rows = RowSearch {
+            pc: ip.wrapping_sub(regions.bias).wrapping_sub(back),
+            start: regions.row_start,
+            lo: 0,
+            hi: regions.row_len,
+            _pad: 0,
+        };
+        // SAFETY: as above.
+        unsafe {
+            bpf_loop(
+                SEARCH_STEPS as u32,
+                row_step as *mut core::ffi::c_void,
+                (&raw mut rows).cast(),
+                0,
+            )
+        };
+        if rows.lo == 0 {
+            return None;
+        }
+        Some((regions.bias, row(rows.start + rows.lo - 1)?))
+    }
+
+    /// One frame of the walk, run by `bpf_loop`: records the frame's pc
+    /// and steps to the caller; 1 ends the walk.
+    #[inline(never)]
+    extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+        // SAFETY: `ctx` is the walk's `State` on the caller's stack.
+        let st = unsafe { &mut *ctx.cast::<State>() };
+        let Some(s) = super::SCRATCH.get_ptr_mut(0) else {
+            return 1;
+        };
+        let Some(procs) = CFI_PROCS.get_ptr(st.tgid) else {
+            return 1;
+        };
+        // SAFETY: a map value.
+        let n = unsafe { (*procs).n };
+        let depth = st.depth as usize;
+        if depth >= MAX_DEPTH {
+            return 1;
+        }
+        // SAFETY: `depth < MAX_DEPTH`, inside the map value.
+        unsafe { (*s).ips[depth] = st.ip };
+        st.depth += 1;
+        // A return address is looked up at its call, one byte back.
+        let back = u64::from(depth > 0);
+        let Some((bias, r)) = rule(st.tgid, n, st.ip, back).filter(|(_, r)| r.cfa != 0) else {
+            // No CFI here: the frame pointer, counted.
+            if st.bp == 0 {
+                return 1;
+            }
+            count_error(ERR_FP_FRAMES);
+            let (Some(ret), Some(bp)) = (read_user(st.bp + 8), read_user(st.bp)) else {
+                count_error(ERR_CUT_SHORT);
+                return 1;
+            };
+            st.sp = st.bp + 16;
+            st.bp = bp;
+            st.ip = ret;
+            return i64::from(ret == 0);
+        };
+        let cfa = match r.cfa {
+            CFA_RSP => st.sp.wrapping_add(r.cfa_offset as i64 as u64),
+            CFA_RBP => st.bp.wrapping_add(r.cfa_offset as i64 as u64),
+            CFA_PLT => {
+                let pc = st.ip.wrapping_sub(bias);
+                st.sp
+                    + 8
+                    + if (pc & 15) >= r.cfa_offset as u64 {
+                        8
+                    } else {
+                        0
+                    }
+            }
+            CFA_END => return 1,
+            _ => return 1,
+        };
+        let Some(ret) = read_user(cfa.wrapping_sub(8)) else {
+            count_error(ERR_CUT_SHORT);
+            return 1;
+        };
+        if r.rbp == RBP_SAVED {
+            match read_user(cfa.wrapping_add(r.rbp_offset as i64 as u64)) {
+                Some(v) => st.bp = v,
+                None => {
+                    count_error(ERR_CUT_SHORT);
+                    return 1;
+                }
+            }
+        }
+        st.sp = cfa;
+        st.ip = ret;
+        i64::from(ret == 0)
+    }
+
+    /// Walks the current task's user stack into `s` and returns its depth;
+    /// `None` if its process has no tables (the caller then walks by frame
+    /// pointer).
+    #[inline(always)]
+    pub fn walk(ctx: &PerfEventContext, tgid: u32, _s: *mut Stack) -> Option<u64> {
+        CFI_PROCS.get_ptr(tgid)?;
+        let Some((ip, sp, bp)) = user_regs(ctx) else {
+            count_error(ERR_CUT_SHORT);
+            return Some(0);
+        };
+        let mut st = State {
+            ip,
+            sp,
+            bp,
+            tgid,
+            depth: 0,
+        };
+        // SAFETY: `frame` is a callback of bpf_loop's signature and `st`
+        // lives across the call.
+        unsafe {
+            bpf_loop(
+                MAX_DEPTH as u32,
+                frame as *mut core::ffi::c_void,
+                (&raw mut st).cast(),
+                0,
+            )
+        };
+        Some(u64::from(st.depth))
     }
 }

@@ -18,8 +18,9 @@ use aya::{
     },
     util::online_cpus,
 };
-use rtrace_common::profile::{
-    Config, ERR_NAMES, Key, MISSED_KERNEL, MISSED_USER, Seen, Stack,
+use rtrace_common::{
+    profile::{Config, ERR_NAMES, Key, MISSED_KERNEL, MISSED_USER, Seen, Stack},
+    unwind::RegsOffsets,
 };
 
 use crate::{
@@ -31,6 +32,7 @@ use crate::{
     symbolize::{Frame, Kind, Symbolizer},
     tracer::{Kernel, Load, Scope, Tool},
     transport::BufferArgs,
+    unwind,
 };
 
 /// The events `-e` can sample on.
@@ -162,9 +164,32 @@ pub struct Args {
     /// Write a speedscope profile (JSON) to FILE.
     #[arg(long, value_name = "FILE")]
     speedscope: Option<PathBuf>,
+    /// How user stacks are walked: `cfi` in the kernel from each file's
+    /// call frame information (code without frame pointers too), `fp` by
+    /// frame pointers, `auto` the first where the kernel can load it.
+    #[arg(long, value_enum, default_value_t = Unwind::Auto)]
+    unwind: Unwind,
     #[command(flatten)]
     buffer: BufferArgs,
 }
+
+/// `--unwind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    /// CFI where the kernel can load the walk (5.15+), else frame pointers.
+    Auto,
+    /// CFI only: fail where the kernel cannot load the walk.
+    Cfi,
+    /// Frame pointers only (the kernel's own walk).
+    Fp,
+}
+
+/// The object variant with the CFI walk.
+const CFI: &str = "cfi";
+/// Rows of CFI the kernel holds, in chunks of 64: 16 MiB.
+const CFI_CHUNKS: u32 = 16_384;
+/// Processes whose regions the kernel holds.
+const CFI_PROCESSES: u32 = 4096;
 
 /// Where there is no PMU, as in most VMs, the hardware events fail; this
 /// says why in words.
@@ -228,10 +253,16 @@ pub struct Profile {
     /// Why hardware cycles were passed over, if they were.
     fallback: Option<String>,
     sym: Symbolizer,
+    /// The kernel's CFI tables, with the `cfi` object.
+    cfi: Option<unwind::KernelTables>,
+    /// Whether the `cfi` object was loaded.
+    cfi_loaded: bool,
     started: Instant,
     started_epoch: f64,
     /// What the report took, for `-v`.
     summary: Option<String>,
+    /// What the CFI tables held, for `-v`.
+    tables: Option<String>,
 }
 
 impl Tool for Profile {
@@ -264,9 +295,12 @@ impl Tool for Profile {
             freq,
             fallback: None,
             sym: Symbolizer::new(),
+            cfi: None,
+            cfi_loaded: false,
             started: Instant::now(),
             started_epoch: 0.0,
             summary: None,
+            tables: None,
         })
     }
 
@@ -286,17 +320,41 @@ impl Tool for Profile {
         self.args.duration
     }
 
+    /// The CFI walk needs helpers of 5.15; where it cannot load, `auto`
+    /// keeps the kernel's frame-pointer walk, and `-v` says why.
+    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
+        match self.args.unwind {
+            Unwind::Auto if !self.args.kernel_only => vec![CFI, ""],
+            Unwind::Cfi => vec![CFI],
+            _ => vec![""],
+        }
+    }
+
     fn configure(
         &mut self,
         _m: Option<Mechanism>,
-        _kernel: &mut Kernel,
+        kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
+        self.cfi_loaded = load.variant() == CFI;
         let cfg = Config {
             include_idle: u32::from(self.args.include_idle),
             user: u32::from(!self.args.kernel_only),
             kernel: u32::from(!self.args.user_only),
         };
+        if self.cfi_loaded {
+            let btf = kernel.btf()?;
+            let reg = |m: &str| btf.offset("pt_regs", m);
+            let regs = RegsOffsets {
+                ip: reg("ip")?,
+                sp: reg("sp")?,
+                bp: reg("bp")?,
+                cs: reg("cs")?,
+            };
+            load.global("CFI_REGS", &regs)
+                .size("CFI_ROWS", CFI_CHUNKS)
+                .size("CFI_PROCS", CFI_PROCESSES);
+        }
         load.config(&cfg)
             .size("STACKS", self.args.stack_storage_size)
             .size("COUNTS", self.args.hash_storage_size);
@@ -309,6 +367,15 @@ impl Tool for Profile {
         kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
+        if self.cfi_loaded {
+            let mut tables = unwind::KernelTables::new(ebpf, CFI_CHUNKS)?;
+            // Processes asked for get their tables before the first sample;
+            // others when their first stacks show up.
+            for &pid in &self.args.pid {
+                tables.add_process(pid, true)?;
+            }
+            self.cfi = Some(tables);
+        }
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
             .context("program profile missing")?
@@ -335,8 +402,13 @@ impl Tool for Profile {
     }
 
     fn describe(&self) -> String {
+        let user = if self.cfi_loaded {
+            "user stacks walked in the kernel from CFI (frame pointers where none)"
+        } else {
+            "user stacks by frame pointers (bpf_get_stack)"
+        };
         format!(
-            "perf events on {} CPU(s), stacks by bpf_get_stack with their own 64-bit hash",
+            "perf events on {} CPU(s); {user}; stacks named by their own 64-bit hash",
             self.cpus.len()
         )
     }
@@ -363,6 +435,9 @@ impl Tool for Profile {
     fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
         if let Some(seen) = events::record::<Seen>(record) {
             self.sym.capture(seen.tgid, false);
+            if let Some(cfi) = &mut self.cfi {
+                cfi.add_process(seen.tgid, false)?;
+            }
         }
         Ok(())
     }
@@ -404,11 +479,22 @@ impl Tool for Profile {
             samples.len(),
             report_start.elapsed().as_millis()
         ));
+        if let Some(cfi) = &self.cfi {
+            let (files, rows, bytes) = cfi.stats();
+            self.tables = Some(format!(
+                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel{}",
+                bytes / 1024,
+                match cfi.files_not_loaded {
+                    0 => String::new(),
+                    n => format!("; {n} files did not fit and were walked by frame pointer"),
+                }
+            ));
+        }
         Ok(())
     }
 
     fn summary(&self) -> Vec<String> {
-        self.summary.iter().cloned().collect()
+        self.summary.iter().chain(&self.tables).cloned().collect()
     }
 }
 

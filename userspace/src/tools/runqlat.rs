@@ -177,8 +177,8 @@ impl Tool for Runqlat {
     /// hash map stays as the fallback if it is missing or fails to load.
     /// Loading is the probe: probing the map type apart costs the kernel an
     /// RCU grace period (tens of milliseconds) to free the probe's map.
-    fn variants(&self, m: Mechanism, _kernel: &mut Kernel) -> Vec<&'static str> {
-        if m == Mechanism::TpBtf && !self.args.no_task_storage {
+    fn variants(&self, m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
+        if m == Some(Mechanism::TpBtf) && !self.args.no_task_storage {
             vec![TASK_STORAGE, ""]
         } else {
             vec![""]

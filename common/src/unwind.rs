@@ -1,0 +1,98 @@
+//! Types of the in-kernel CFI unwinder (profile's `cfi` object): compiled
+//! call frame information rows, in chunks of an array, and each process's
+//! executable regions pointing into them. User space compiles and loads
+//! them (`userspace/src/unwind.rs`); the BPF program searches them.
+
+/// Rows per element of the rows array: loading a library's tens of
+/// thousands of rows takes one map update per chunk, not per row.
+pub const CHUNK: usize = 64;
+/// Executable regions kept per process; a process with more has the rest
+/// walked by frame pointer.
+pub const MAX_REGIONS: usize = 48;
+/// Steps of one binary search: enough for 2^24 rows in a file.
+pub const SEARCH_STEPS: usize = 24;
+
+/// [`CfiRow::cfa`]: no CFI covers these addresses: walk by frame pointer.
+pub const CFA_NONE: u8 = 0;
+/// [`CfiRow::cfa`]: CFA = rsp + offset.
+pub const CFA_RSP: u8 = 1;
+/// [`CfiRow::cfa`]: CFA = rbp + offset.
+pub const CFA_RBP: u8 = 2;
+/// [`CfiRow::cfa`]: a PLT entry: CFA = rsp + 8, plus 8 from byte `offset`
+/// of its 16 on.
+pub const CFA_PLT: u8 = 3;
+/// [`CfiRow::cfa`]: the outermost frame (`_start`, a thread's start): the
+/// return address is undefined, and the stack ends here.
+pub const CFA_END: u8 = 4;
+/// [`CfiRow::rbp`]: the caller's rbp is still in rbp.
+pub const RBP_SAME: u8 = 0;
+/// [`CfiRow::rbp`]: the caller's rbp was saved at CFA + `rbp_offset`.
+pub const RBP_SAVED: u8 = 1;
+
+/// The unwind rules from `pc` (a file virtual address) to the next row's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CfiRow {
+    /// The first address the rules hold for.
+    pub pc: u64,
+    /// See [`CfiRow::cfa`].
+    pub cfa_offset: i32,
+    /// See [`CfiRow::rbp`].
+    pub rbp_offset: i16,
+    /// One of the `CFA_*` values.
+    pub cfa: u8,
+    /// One of the `RBP_*` values.
+    pub rbp: u8,
+}
+
+/// [`CHUNK`] rows: one element of the rows array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RowChunk {
+    /// The rows.
+    pub rows: [CfiRow; CHUNK],
+}
+
+/// One executable mapping of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Region {
+    /// First address.
+    pub start: u64,
+    /// One past the last.
+    pub end: u64,
+    /// Subtracted from an address to get the file's virtual address.
+    pub bias: u64,
+    /// The file's first row in the rows array.
+    pub row_start: u32,
+    /// The file's rows; 0 where it has none (walked by frame pointer).
+    pub row_len: u32,
+}
+
+/// A process's regions, sorted by address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcRegions {
+    /// Regions in use.
+    pub n: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+    /// The regions.
+    pub regions: [Region; MAX_REGIONS],
+}
+
+/// Offsets into `struct pt_regs`, from BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegsOffsets {
+    /// `pt_regs.ip`.
+    pub ip: u32,
+    /// `pt_regs.sp`.
+    pub sp: u32,
+    /// `pt_regs.bp`.
+    pub bp: u32,
+    /// `pt_regs.cs`, whose low two bits are 3 in user mode.
+    pub cs: u32,
+}
+
+crate::pod!(CfiRow, RowChunk, Region, ProcRegions, RegsOffsets);
