@@ -62,9 +62,13 @@ pub struct Stack {
 pub struct Seen {
     /// Process (thread group) id.
     pub tgid: u32,
-    /// Keeps the struct free of trailing padding.
-    pub _pad: u32,
+    /// `SEEN_*` bits.
+    pub flags: u32,
 }
+
+/// `Seen::flags`: the CFI walk met code in no region user space gave the
+/// process: it mapped something new (`dlopen`), so its regions are stale.
+pub const SEEN_NEW_CODE: u32 = 1;
 
 /// `ERRORS` slot: samples not counted, as the count table was full. Slot
 /// 0 is [`crate::events::LOST_EVENT`], new-process events not sent.

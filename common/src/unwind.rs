@@ -9,6 +9,9 @@ pub const CHUNK: usize = 64;
 /// Executable regions kept per process; a process with more has the rest
 /// walked by frame pointer.
 pub const MAX_REGIONS: usize = 48;
+/// How often the walk may tell user space that a process ran code in no
+/// known region.
+pub const NEW_CODE_EVERY_NS: u64 = 100_000_000;
 /// Steps of one binary search: enough for 2^24 rows in a file.
 pub const SEARCH_STEPS: usize = 24;
 
@@ -77,6 +80,9 @@ pub struct ProcRegions {
     pub n: u32,
     /// Keeps the struct free of padding.
     pub _pad: u32,
+    /// When the walk last told user space of new code (`bpf_ktime_get_ns`),
+    /// so that it does so at most every [`NEW_CODE_EVERY_NS`].
+    pub new_code_ns: u64,
     /// The regions.
     pub regions: [Region; MAX_REGIONS],
 }

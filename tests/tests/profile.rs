@@ -157,6 +157,67 @@ fn code_without_frame_pointers_keeps_its_whole_chain() {
     );
 }
 
+/// Samples with `inner` whose stack has `outer` somewhere above it.
+fn count_under(folded: &BTreeMap<Vec<String>, u64>, inner: &str, outer: &str) -> u64 {
+    folded
+        .iter()
+        .filter(|(f, _)| {
+            let i = f.iter().position(|n| n.ends_with(inner));
+            let o = f.iter().position(|n| n.ends_with(outer));
+            matches!((i, o), (Some(i), Some(o)) if o < i)
+        })
+        .map(|(_, c)| c)
+        .sum()
+}
+
+/// A library without frame pointers, loaded with `dlopen` after profiling
+/// began, gets its table when its first stacks show up: its frames come
+/// out under the caller in the executable.
+#[test]
+fn library_loaded_after_the_start_is_unwound() {
+    let lib = workload_bin("libdlspin_nofp.so");
+    let lib = lib.to_str().unwrap();
+    let fixture = start_fixture("dlhost_nofp", &[lib, "3"]);
+    let pid = fixture.pid().to_string();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-U", "-p", &pid, "-f"], READY);
+    run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let inner = count_with(&folded, "dl_inner");
+    let whole = count_under(&folded, "dl_inner", "dlhost::main");
+    assert!(
+        inner >= 300,
+        "too few samples in the library ({inner}):\n{stdout}"
+    );
+    // The samples before the library's table is loaded (a quarter second
+    // at most after its first) go by frame pointer.
+    assert!(
+        whole as f64 >= 0.85 * inner as f64,
+        "{whole} of {inner} library samples reach main:\n{stdout}"
+    );
+}
+
+/// A process started after a system-wide profile began gets its tables
+/// from its first stacks on.
+#[test]
+fn process_started_after_the_start_is_unwound() {
+    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-U", "-f"], READY);
+    let fixture = start_fixture("hotfuncs_nofp", &["cpu", "3"]);
+    run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let hot = count_with(&folded, "::hot_alpha") + count_with(&folded, "::hot_beta");
+    let whole = count_under(&folded, "::hot_alpha", "hotfuncs::main")
+        + count_under(&folded, "::hot_beta", "hotfuncs::main");
+    assert!(hot >= 300, "too few hot samples ({hot}):\n{stdout}");
+    assert!(
+        whole as f64 >= 0.9 * hot as f64,
+        "{whole} of {hot} hot samples reach main:\n{stdout}"
+    );
+}
+
 /// Debian's python3 has no frame pointers: its samples reach
 /// `Py_BytesMain` (and `_start` above it) only through CFI.
 #[test]

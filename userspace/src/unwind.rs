@@ -405,14 +405,16 @@ impl KernelTables {
         let mut out = ProcRegions {
             n: 0,
             _pad: 0,
+            new_code_ns: 0,
             regions: [KRegion::default(); MAX_REGIONS],
         };
+        // Every executable region is listed, those without CFI (JIT code,
+        // files whose rows did not fit) with no rows: code in none of them
+        // is new code, which the walk reports.
         for r in regions {
-            let Some(table) = r.table.filter(|t| !t.table.rows.is_empty()) else {
-                continue;
-            };
-            let Some((row_start, row_len)) = self.load_file(&table)? else {
-                continue;
+            let (row_start, row_len) = match r.table.filter(|t| !t.table.rows.is_empty()) {
+                Some(table) => self.load_file(&table)?.unwrap_or((0, 0)),
+                None => (0, 0),
             };
             let Some(slot) = out.regions.get_mut(out.n as usize) else {
                 break;

@@ -285,18 +285,21 @@ fn initramfs(
 
     let mut elves = vec![(rtrace.to_path_buf(), "/t/rtrace".to_owned())];
     let release = root().join("target/release");
-    // Workloads, and the profile fixtures the tests crate's build script
-    // puts beside them.
-    for dir in ["tests/src/bin", "tests/fixtures"] {
-        for entry in fs::read_dir(root().join(dir))? {
-            let name = entry?
-                .path()
-                .file_stem()
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            elves.push((release.join(&name), format!("/t/{name}")));
-        }
+    // Workloads, and the fixtures the tests crate's build script puts
+    // beside them (and lists).
+    for entry in fs::read_dir(root().join("tests/src/bin"))? {
+        let name = entry?
+            .path()
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        elves.push((release.join(&name), format!("/t/{name}")));
+    }
+    let fixtures = fs::read_to_string(release.join("fixtures.txt"))
+        .context("fixtures.txt missing: build the tests crate first")?;
+    for name in fixtures.lines().filter(|l| !l.is_empty()) {
+        elves.push((release.join(name), format!("/t/{name}")));
     }
     // gethostlatency's tests need a resolver configuration, NSS modules
     // and Python, which the guests lack; uprobes work on the host, which

@@ -83,7 +83,7 @@ fn sample(ctx: &PerfEventContext) {
         }
     }
     match count_key(&COUNTS, &key) {
-        Some(true) => emit(&EVENTS, ctx, &Seen { tgid, _pad: 0 }),
+        Some(true) => emit(&EVENTS, ctx, &Seen { tgid, flags: 0 }),
         Some(false) => {}
         None => count_error(ERR_COUNTS_FULL),
     }
@@ -98,7 +98,19 @@ fn user_stack(ctx: &PerfEventContext, tgid: u32, cfg: &Config) -> Option<u64> {
     {
         let s = SCRATCH.get_ptr_mut(0)?;
         match cfi::walk(ctx, tgid, s) {
-            Some(len) => return store(s, len),
+            Some((len, new_code)) => {
+                if new_code {
+                    emit(
+                        &EVENTS,
+                        ctx,
+                        &Seen {
+                            tgid,
+                            flags: rtrace_common::profile::SEEN_NEW_CODE,
+                        },
+                    );
+                }
+                return store(s, len);
+            }
             None => count_error(ERR_NO_TABLES),
         }
     }
@@ -175,7 +187,7 @@ mod cfi {
     use aya_ebpf::{
         EbpfContext as _, Global,
         helpers::{
-            bpf_probe_read_kernel, bpf_probe_read_user,
+            bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
             generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
         },
         macros::map,
@@ -185,8 +197,8 @@ mod cfi {
     use rtrace_common::{
         profile::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, Stack},
         unwind::{
-            CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CHUNK, CfiRow, MAX_REGIONS, ProcRegions, RBP_SAVED,
-            RegsOffsets, RowChunk, SEARCH_STEPS,
+            CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CHUNK, CfiRow, MAX_REGIONS, NEW_CODE_EVERY_NS,
+            ProcRegions, RBP_SAVED, RegsOffsets, RowChunk, SEARCH_STEPS,
         },
     };
     use rtrace_ebpf::{count_error, global};
@@ -247,6 +259,9 @@ mod cfi {
         bp: u64,
         tgid: u32,
         depth: u32,
+        /// Set when a frame's code is in no region of the process.
+        new_code: u32,
+        _pad: u32,
     }
 
     /// A region search in progress, for `bpf_loop`.
@@ -315,9 +330,9 @@ mod cfi {
     }
 
     /// The rule for `ip` in process `tgid`'s regions: the region's bias and
-    /// the row, if any CFI covers it.
+    /// the row, if any CFI covers it. Code in no region sets `new_code`.
     #[inline(always)]
-    fn rule(tgid: u32, n: u32, ip: u64, back: u64) -> Option<(u64, CfiRow)> {
+    fn rule(tgid: u32, n: u32, ip: u64, back: u64, new_code: &mut u32) -> Option<(u64, CfiRow)> {
         let mut regions = RegionSearch {
             tgid,
             n,
@@ -338,6 +353,7 @@ mod cfi {
             )
         };
         if regions.found == 0 {
+            *new_code = 1;
             return None;
         }
         let mut rows = RowSearch {
@@ -385,7 +401,8 @@ mod cfi {
         st.depth += 1;
         // A return address is looked up at its call, one byte back.
         let back = u64::from(depth > 0);
-        let Some((bias, r)) = rule(st.tgid, n, st.ip, back).filter(|(_, r)| r.cfa != 0) else {
+        let found = rule(st.tgid, n, st.ip, back, &mut st.new_code);
+        let Some((bias, r)) = found.filter(|(_, r)| r.cfa != 0) else {
             // No CFI here: the frame pointer, counted.
             if st.bp == 0 {
                 return 1;
@@ -434,15 +451,17 @@ mod cfi {
         i64::from(ret == 0)
     }
 
-    /// Walks the current task's user stack into `s` and returns its depth;
+    /// Walks the current task's user stack into `s` and returns its depth,
+    /// and whether user space should read the process's regions again (it
+    /// ran code in none of them; said at most every `NEW_CODE_EVERY_NS`);
     /// `None` if its process has no tables (the caller then walks by frame
     /// pointer).
     #[inline(always)]
-    pub fn walk(ctx: &PerfEventContext, tgid: u32, _s: *mut Stack) -> Option<u64> {
-        CFI_PROCS.get_ptr(tgid)?;
+    pub fn walk(ctx: &PerfEventContext, tgid: u32, _s: *mut Stack) -> Option<(u64, bool)> {
+        let procs = CFI_PROCS.get_ptr_mut(tgid)?;
         let Some((ip, sp, bp)) = user_regs(ctx) else {
             count_error(ERR_CUT_SHORT);
-            return Some(0);
+            return Some((0, false));
         };
         let mut st = State {
             ip,
@@ -450,6 +469,8 @@ mod cfi {
             bp,
             tgid,
             depth: 0,
+            new_code: 0,
+            _pad: 0,
         };
         // SAFETY: `frame` is a callback of bpf_loop's signature and `st`
         // lives across the call.
@@ -461,6 +482,18 @@ mod cfi {
                 0,
             )
         };
-        Some(u64::from(st.depth))
+        let mut tell = false;
+        if st.new_code != 0 {
+            // SAFETY: the helper has no preconditions; `procs` is a map
+            // value (a lost race only tells user space twice).
+            unsafe {
+                let now = bpf_ktime_get_ns();
+                if now.wrapping_sub((*procs).new_code_ns) > NEW_CODE_EVERY_NS {
+                    (*procs).new_code_ns = now;
+                    tell = true;
+                }
+            }
+        }
+        Some((u64::from(st.depth), tell))
     }
 }

@@ -19,7 +19,7 @@ use aya::{
     util::online_cpus,
 };
 use rtrace_common::{
-    profile::{Config, ERR_NAMES, Key, MISSED_KERNEL, MISSED_USER, Seen, Stack},
+    profile::{Config, ERR_NAMES, Key, MISSED_KERNEL, MISSED_USER, SEEN_NEW_CODE, Seen, Stack},
     unwind::RegsOffsets,
 };
 
@@ -436,7 +436,7 @@ impl Tool for Profile {
         if let Some(seen) = events::record::<Seen>(record) {
             self.sym.capture(seen.tgid, false);
             if let Some(cfi) = &mut self.cfi {
-                cfi.add_process(seen.tgid, false)?;
+                cfi.add_process(seen.tgid, seen.flags & SEEN_NEW_CODE != 0)?;
             }
         }
         Ok(())
