@@ -36,6 +36,11 @@ pub struct Key {
     pub tgid: u32,
     /// `MISSED_*` bits.
     pub flags: u32,
+    /// The generation counted in (`GEN`): user space moves the older
+    /// generation's counts out while the profile runs.
+    pub generation: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
     /// Hash of the user stack in `STACKS`, or 0 for none.
     pub user: u64,
     /// Hash of the kernel stack in `STACKS`, or 0 for none.

@@ -212,10 +212,45 @@ fn process_started_after_the_start_is_unwound() {
     let whole = count_under(&folded, "::hot_alpha", "hotfuncs::main")
         + count_under(&folded, "::hot_beta", "hotfuncs::main");
     assert!(hot >= 300, "too few hot samples ({hot}):\n{stdout}");
+    // Its first stacks, before its table is built (a fraction of a second;
+    // more in an emulated guest), go by frame pointer.
     assert!(
-        whole as f64 >= 0.9 * hot as f64,
+        whole as f64 >= 0.8 * hot as f64,
         "{whole} of {hot} hot samples reach main:\n{stdout}"
     );
+}
+
+/// On a host where short-lived processes come and go, as on a build or CI
+/// host, every process brings new stacks; the tables are moved out of the
+/// kernel as the profile runs, so a minute of them at 999 Hz loses next to
+/// none.
+#[test]
+fn stacks_of_a_process_storm_are_not_lost() {
+    let mut storm = Command::new("sh")
+        .args(["-c", "while :; do sh -c true; done"])
+        .spawn()
+        .unwrap();
+    let (code, stdout, stderr) = run(&["profile", "-F", "999", "-f", "60"]);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(storm.id() as i32, libc::SIGKILL) };
+    let _ = storm.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let total: u64 = folded.values().sum();
+    let missed =
+        count_with(&folded, "[Missed User Stack]") + count_with(&folded, "[Missed Kernel Stack]");
+    let shells: u64 = folded
+        .iter()
+        .filter(|(f, _)| f[0] == "sh")
+        .map(|(_, c)| c)
+        .sum();
+    assert!(shells > 0, "no samples of the storm's shells:\n{stderr}");
+    assert!(total >= 10_000, "too few samples ({total}): {stderr}");
+    assert!(
+        (missed as f64) < 0.01 * total as f64,
+        "{missed} of {total} samples lack their stack: {stderr}"
+    );
+    assert!(!stderr.contains("stacks lost"), "{stderr}");
 }
 
 /// Debian's python3 has no frame pointers: its samples reach

@@ -105,75 +105,10 @@ struct Head {
     extra: usize,
 }
 
-/// BTF bytes: mapped from the kernel where it allows (6.16+), which
-/// copies nothing, or read.
-enum Blob {
-    Mapped { ptr: *const u8, len: usize },
-    Read(Vec<u8>),
-}
-
-impl Blob {
-    fn open(path: &Path) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd as _;
-        let file = std::fs::File::open(path)?;
-        let len = file.metadata()?.len() as usize;
-        if len > 0 {
-            // SAFETY: a private read-only mapping of an open file, unmapped
-            // in `drop`; the kernel's BTF never changes while it runs.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ,
-                    libc::MAP_PRIVATE,
-                    file.as_raw_fd(),
-                    0,
-                )
-            };
-            if ptr != libc::MAP_FAILED {
-                return Ok(Self::Mapped {
-                    ptr: ptr.cast(),
-                    len,
-                });
-            }
-        }
-        let mut data = Vec::with_capacity(len);
-        std::io::Read::read_to_end(&mut &file, &mut data)?;
-        Ok(Self::Read(data))
-    }
-}
-
-impl std::ops::Deref for Blob {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            // SAFETY: the mapping is `len` readable bytes until dropped.
-            Self::Mapped { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
-            Self::Read(v) => v,
-        }
-    }
-}
-
-impl Drop for Blob {
-    fn drop(&mut self) {
-        if let Self::Mapped { ptr, len } = *self {
-            // SAFETY: unmaps the mapping made in `open`, once.
-            unsafe { libc::munmap(ptr.cast_mut().cast(), len) };
-        }
-    }
-}
-
-impl std::fmt::Debug for Blob {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Blob({} bytes)", self.len())
-    }
-}
-
 /// A BTF blob, indexed for lookups by name.
 #[derive(Debug)]
 pub struct Btf {
-    data: Blob,
+    data: crate::memory::Mapped,
     /// The type section's range in `data`.
     types: std::ops::Range<usize>,
     /// The string section's range in `data`.
@@ -204,7 +139,7 @@ impl Btf {
     /// Reads BTF from a file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, BtfError> {
         let path = path.as_ref();
-        let data = Blob::open(path).map_err(|source| BtfError::Read {
+        let data = crate::memory::Mapped::open(path).map_err(|source| BtfError::Read {
             path: path.display().to_string(),
             source,
         })?;
@@ -212,7 +147,7 @@ impl Btf {
     }
 
     /// Indexes a little-endian BTF blob.
-    fn index(data: Blob) -> Result<Self, BtfError> {
+    fn index(data: crate::memory::Mapped) -> Result<Self, BtfError> {
         if u16_at(&data, 0)? != MAGIC {
             return Err(BtfError::Malformed("bad magic (not little-endian BTF)"));
         }

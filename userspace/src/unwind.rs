@@ -14,7 +14,7 @@
 //! walk the kernel does (in BPF, over the same rows in maps) must agree
 //! with it.
 
-use std::{collections::HashMap, fs::File, io::Read as _, sync::Arc};
+use std::{collections::HashMap, fs::File, sync::Arc};
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, RegisterRule, UnwindContext,
@@ -301,13 +301,14 @@ impl Tables {
                     .or_else(|_| File::open(format!("{proc_dir}/root{path}")))
                     .ok()
             });
-            let table = file.and_then(|mut f| {
+            let table = file.and_then(|f| {
                 let meta = f.metadata().ok()?;
                 self.files
                     .entry((meta.dev(), meta.ino()))
                     .or_insert_with(|| {
-                        let mut data = Vec::new();
-                        f.read_to_end(&mut data).ok()?;
+                        // Mapped, only the headers and `.eh_frame` are read
+                        // of a file that may be mostly debug information.
+                        let data = crate::memory::Mapped::of(&f).ok()?;
                         Some(Arc::new(FileTable {
                             table: compile(&data).unwrap_or_default(),
                             segments: segments(&data),
@@ -359,6 +360,9 @@ pub struct KernelTables {
     captured: HashMap<u32, std::time::Instant>,
     /// Files whose rows did not fit: their code is walked by frame pointer.
     pub files_not_loaded: usize,
+    /// Processes whose regions did not fit, even once exited ones were
+    /// forgotten.
+    pub processes_not_loaded: usize,
 }
 
 /// How long a process's regions are trusted before they are read again
@@ -383,6 +387,7 @@ impl KernelTables {
             capacity_chunks,
             captured: HashMap::new(),
             files_not_loaded: 0,
+            processes_not_loaded: 0,
         })
     }
 
@@ -428,8 +433,31 @@ impl KernelTables {
             };
             out.n += 1;
         }
-        self.procs.insert(pid, out, 0)?;
+        if self.procs.insert(pid, out, 0).is_err() {
+            // Full: room is made by forgetting processes that exited, and
+            // the process's stacks go by frame pointer if there still is
+            // none (counted in the kernel).
+            self.forget_exited();
+            if self.procs.insert(pid, out, 0).is_err() {
+                self.processes_not_loaded += 1;
+            }
+        }
         Ok(())
+    }
+
+    /// Removes the regions of processes that have exited, so that a host
+    /// where processes come and go never fills the table.
+    pub fn forget_exited(&mut self) {
+        let gone: Vec<u32> = self
+            .captured
+            .keys()
+            .copied()
+            .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .collect();
+        for pid in gone {
+            self.captured.remove(&pid);
+            let _ = self.procs.remove(&pid);
+        }
     }
 
     /// Copies a file's rows into the array, chunk by chunk, once; `None`

@@ -15,7 +15,7 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated::bpf_get_stack},
     macros::{map, perf_event},
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::PerfEventContext,
 };
 #[cfg(feature = "cfi")]
@@ -39,7 +39,12 @@ static CONFIG: Global<Config> = Global::new(Config {
 /// NMI context, where the kernel cannot allocate.
 #[map]
 static COUNTS: HashMap<Key, u64> = HashMap::with_max_entries(40960, 0);
-/// Stacks by hash; user space sizes it (`--stack-storage-size`).
+/// The generation samples are counted in, flipped by user space when it
+/// moves the other one's counts out.
+#[map]
+static GEN: Array<u32> = Array::with_max_entries(1, 0);
+/// Stacks by hash; user space sizes it (`--stack-storage-size`) and moves
+/// them out as the profile runs.
 #[map]
 static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(16384, 0);
 /// Where a stack is walked: it is larger than the eBPF stack.
@@ -66,6 +71,8 @@ fn sample(ctx: &PerfEventContext) {
     let mut key = Key {
         tgid,
         flags: 0,
+        generation: GEN.get(0).copied().unwrap_or(0),
+        _pad: 0,
         user: 0,
         kernel: 0,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),

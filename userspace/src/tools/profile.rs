@@ -30,7 +30,7 @@ use crate::{
         stacks::{self, FlameOptions, Sample, Stacks, Style, TextOptions},
     },
     symbolize::{Frame, Kind, Symbolizer},
-    tracer::{Kernel, Load, Scope, Tool},
+    tracer::{self, Kernel, Load, Scope, Tool},
     transport::BufferArgs,
     unwind,
 };
@@ -263,6 +263,8 @@ pub struct Profile {
     summary: Option<String>,
     /// What the CFI tables held, for `-v`.
     tables: Option<String>,
+    /// Counts and stacks moved out of the kernel so far.
+    drained: Drained,
 }
 
 impl Tool for Profile {
@@ -301,6 +303,7 @@ impl Tool for Profile {
             started_epoch: 0.0,
             summary: None,
             tables: None,
+            drained: Drained::default(),
         })
     }
 
@@ -427,6 +430,26 @@ impl Tool for Profile {
         header(&self.args, self.event, self.freq)
     }
 
+    /// Every second the kernel's tables are moved out, so that they never
+    /// fill; nothing is printed until the end.
+    fn interval(&self) -> tracer::Interval {
+        tracer::Interval::Every {
+            secs: 1,
+            count: None,
+        }
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, _sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        // The last one is `finish`'s, once sampling has stopped.
+        if last {
+            return Ok(());
+        }
+        if let Some(cfi) = &mut self.cfi {
+            cfi.forget_exited();
+        }
+        self.drained.drain(ebpf, false)
+    }
+
     fn start(&mut self) {
         self.started = Instant::now();
         self.started_epoch = output::epoch_secs();
@@ -451,7 +474,8 @@ impl Tool for Profile {
             .try_into()?;
         prog.unload().context("cannot stop sampling")?;
         let report_start = Instant::now();
-        let samples = read_samples(ebpf, &mut self.sym)?;
+        self.drained.drain(ebpf, true)?;
+        let samples = read_samples(&self.drained, &mut self.sym)?;
         self.write_files(&samples, elapsed)?;
         let text = TextOptions {
             delimiter: self.args.delimited,
@@ -484,9 +508,11 @@ impl Tool for Profile {
             self.tables = Some(format!(
                 "CFI tables: {files} files, {rows} rows, {} KiB in the kernel{}",
                 bytes / 1024,
-                match cfi.files_not_loaded {
-                    0 => String::new(),
-                    n => format!("; {n} files did not fit and were walked by frame pointer"),
+                match (cfi.files_not_loaded, cfi.processes_not_loaded) {
+                    (0, 0) => String::new(),
+                    (f, p) => format!(
+                        "; {f} files and {p} processes did not fit and were walked by frame pointer"
+                    ),
                 }
             ));
         }
@@ -526,18 +552,72 @@ fn header(args: &Args, event: Event, freq: u64) -> String {
     format!("{rate} {whom} by {which} stack{cpu}{until}")
 }
 
-/// Reads the counts and stacks and symbolizes them, hottest first.
-fn read_samples(ebpf: &mut Ebpf, sym: &mut Symbolizer) -> anyhow::Result<Vec<Sample>> {
-    let counts: BpfHashMap<_, Key, u64> =
-        BpfHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS missing")?)?;
-    let mut entries: Vec<(Key, u64)> = counts.iter().filter_map(Result::ok).collect();
-    let stacks_map: BpfHashMap<_, u64, Stack> =
-        BpfHashMap::try_from(ebpf.map("STACKS").context("map STACKS missing")?)?;
-    let mut stacks: HashMap<u64, Vec<u64>> = HashMap::new();
-    for (hash, s) in stacks_map.iter().filter_map(Result::ok) {
-        let len = (s.len as usize).min(s.ips.len());
-        stacks.insert(hash, s.ips[..len].to_vec());
+/// Counts and stacks moved out of the kernel while the profile runs, so
+/// that its tables hold only what is new: on a host where processes come
+/// and go, every new process brings new stacks, and a table that kept them
+/// all would fill within seconds.
+#[derive(Default)]
+struct Drained {
+    /// Samples by key (its generation zeroed).
+    counts: HashMap<Key, u64>,
+    /// Frames by stack hash.
+    stacks: HashMap<u64, Vec<u64>>,
+    /// The generation the kernel counts in now.
+    generation: u32,
+}
+
+impl Drained {
+    /// Moves counts and stacks out of the kernel: with `all`, everything
+    /// (sampling has stopped); otherwise the generation is flipped first
+    /// and the older one's counts moved, which the kernel no longer
+    /// writes. A stack is copied before it is deleted, and one the kernel
+    /// meets again is simply stored again.
+    fn drain(&mut self, ebpf: &mut Ebpf, all: bool) -> anyhow::Result<()> {
+        let old = self.generation;
+        if !all {
+            self.generation ^= 1;
+            let mut generation: aya::maps::Array<_, u32> =
+                aya::maps::Array::try_from(ebpf.map_mut("GEN").context("map GEN missing")?)?;
+            generation.set(0, self.generation, 0)?;
+            // A sample that read the old generation on another CPU is done
+            // within microseconds.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut counts: BpfHashMap<_, Key, u64> =
+            BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
+        let keys: Vec<Key> = counts
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| all || k.generation == old)
+            .collect();
+        for key in keys {
+            if let Ok(n) = counts.get(&key, 0) {
+                let mut k = key;
+                k.generation = 0;
+                *self.counts.entry(k).or_default() += n;
+                let _ = counts.remove(&key);
+            }
+        }
+        let mut stacks: BpfHashMap<_, u64, Stack> =
+            BpfHashMap::try_from(ebpf.map_mut("STACKS").context("map STACKS missing")?)?;
+        let hashes: Vec<u64> = stacks.keys().filter_map(Result::ok).collect();
+        for hash in hashes {
+            if let Ok(s) = stacks.get(&hash, 0) {
+                let len = (s.len as usize).min(s.ips.len());
+                self.stacks
+                    .entry(hash)
+                    .or_insert_with(|| s.ips[..len].to_vec());
+                let _ = stacks.remove(&hash);
+            }
+        }
+        Ok(())
     }
+}
+
+/// Symbolizes the drained counts and stacks, hottest first.
+fn read_samples(drained: &Drained, sym: &mut Symbolizer) -> anyhow::Result<Vec<Sample>> {
+    let mut entries: Vec<(Key, u64)> = drained.counts.iter().map(|(k, n)| (*k, *n)).collect();
+    let stacks = &drained.stacks;
     entries.sort_by_key(|e| std::cmp::Reverse(e.1));
 
     // Processes still alive get their newest mappings and perf map; ones
