@@ -768,6 +768,7 @@ fn profile() -> anyhow::Result<()> {
         perf_report.push(stop + report);
     }
     let (ours, script, report) = (median(ours), median(perf_script), median(perf_report));
+    let unwinding = profile_unwinding(&rtrace, &data_s)?;
     println!();
     for (hz, ratio, peer_added) in ratios {
         if peer_added <= 0.0 {
@@ -785,7 +786,153 @@ fn profile() -> anyhow::Result<()> {
         ours / script,
         ours / report
     );
+    for line in unwinding {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// The share of samples of `comm` in a folded profile whose stack holds a
+/// frame ending in `frame`.
+fn whole_share(folded: &str, comm: &str, frame: &str) -> (u64, u64) {
+    let (mut whole, mut all) = (0, 0);
+    for line in folded.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(n) = count.parse::<u64>() else {
+            continue;
+        };
+        let mut frames = stack.split(';');
+        if frames.next() != Some(comm) {
+            continue;
+        }
+        all += n;
+        if frames.any(|f| f.ends_with(frame)) {
+            whole += n;
+        }
+    }
+    (whole, all)
+}
+
+/// The same share from `perf script` text: one block per sample, a
+/// `comm pid ...` line then a frame per line.
+fn perf_whole_share(script: &str, comm: &str, frame: &str) -> (u64, u64) {
+    let (mut whole, mut all) = (0, 0);
+    for block in script.split("\n\n") {
+        let mut lines = block.lines().filter(|l| !l.trim().is_empty());
+        let Some(head) = lines.next() else { continue };
+        if head.split_whitespace().next() != Some(comm) {
+            continue;
+        }
+        all += 1;
+        if lines.any(|l| l.contains(frame)) {
+            whole += 1;
+        }
+    }
+    (whole, all)
+}
+
+/// The CPU fixture built without frame pointers, under perf's DWARF mode,
+/// perf's frame-pointer mode and rtrace's CFI walk: the cost each adds,
+/// and the share of the fixture's samples whose stacks reach `main`.
+fn profile_unwinding(rtrace: &Path, data_s: &str) -> anyhow::Result<Vec<String>> {
+    let fixture = crate::root().join("target/release/hotfuncs_nofp");
+    let perf_ready = Ready::After(Duration::from_secs(1));
+    let mut lines = Vec::new();
+    for hz in ["99", "999"] {
+        let setups = vec![
+            Setup::bare(),
+            Setup::traced(
+                format!("perf record --call-graph dwarf -a -F {hz}"),
+                "perf",
+                &[
+                    "record",
+                    "-q",
+                    "--call-graph",
+                    "dwarf",
+                    "-a",
+                    "-F",
+                    hz,
+                    "-o",
+                    data_s,
+                ],
+                perf_ready,
+                None,
+            ),
+            Setup::traced(
+                format!("rtrace profile -F {hz} (CFI)"),
+                rtrace,
+                &["profile", "-F", hz, "-f"],
+                Ready::Stderr("Sampling"),
+                None,
+            ),
+            Setup::traced(
+                format!("perf record -g -a -F {hz}"),
+                "perf",
+                &["record", "-q", "-g", "-a", "-F", hz, "-o", data_s],
+                perf_ready,
+                None,
+            ),
+        ];
+        eprintln!(
+            "bench profile: {PROFILE_WORKERS} CPU-bound processes without frame pointers, \
+             {PROFILE_ROUNDS} rounds each, {hz} Hz on every CPU, median of {TRIALS} trials"
+        );
+        let results = trials(&setups, "ns/round", || cpu_work(&fixture))?;
+        let (ratio, _) = report(&setups, &results, "ns/round");
+        let dwarf_added = results[1].cost - results[0].cost;
+        lines.push(if dwarf_added <= 0.0 {
+            format!("no frame pointers, {hz} Hz: perf's DWARF mode adds no cost above the noise")
+        } else {
+            format!(
+                "no frame pointers, {hz} Hz: rtrace (CFI in the kernel) adds {ratio:.2}x what \
+                 perf record --call-graph dwarf adds (goal: at most 0.5x)"
+            )
+        });
+    }
+    // Whole stacks, one run of each at 999 Hz.
+    let out = Command::new(rtrace)
+        .args(["profile", "-F", "999", "-f", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    cpu_work(&fixture)?;
+    let text = String::from_utf8_lossy(&out.wait_with_output()?.stdout).into_owned();
+    let (ours, ours_all) = whole_share(&text, "hotfuncs_nofp", "hotfuncs::main");
+    let perf = Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "--call-graph",
+            "dwarf",
+            "-a",
+            "-F",
+            "999",
+            "-o",
+            data_s,
+            "--",
+            "sleep",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    cpu_work(&fixture)?;
+    perf.wait_with_output()?;
+    let script = Command::new("perf")
+        .args(["script", "-i", data_s])
+        .output()?;
+    let script = String::from_utf8_lossy(&script.stdout);
+    let (theirs, theirs_all) = perf_whole_share(&script, "hotfuncs_nofp", "main");
+    let pct = |a: u64, b: u64| 100.0 * a as f64 / b.max(1) as f64;
+    lines.push(format!(
+        "whole stacks (reaching main), no frame pointers, 999 Hz: rtrace {:.1}% of {ours_all}, \
+         perf --call-graph dwarf {:.1}% of {theirs_all}",
+        pct(ours, ours_all),
+        pct(theirs, theirs_all)
+    ));
+    Ok(lines)
 }
 
 /// Cached 4 KiB preads per trial of the ext4slower benchmark.
