@@ -72,7 +72,8 @@ pub struct Region {
     pub row_len: u32,
 }
 
-/// A process's regions, sorted by address.
+/// A process's regions, sorted by address (the walk searches them by
+/// halves).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ProcRegions {
