@@ -72,8 +72,7 @@ pub struct Region {
     pub row_len: u32,
 }
 
-/// A process's regions, sorted by address (the walk searches them by
-/// halves).
+/// A process's regions, sorted by address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ProcRegions {

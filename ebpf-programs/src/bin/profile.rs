@@ -269,22 +269,14 @@ mod cfi {
         /// Set when a frame's code is in no region of the process.
         new_code: u32,
         _pad: u32,
-        last: LastRegion,
     }
-
-    /// Steps of the binary search of a process's regions.
-    const REGION_STEPS: u32 = (MAX_REGIONS as u32).next_power_of_two().trailing_zeros() + 1;
 
     /// A region search in progress, for `bpf_loop`.
     #[repr(C)]
     struct RegionSearch {
         tgid: u32,
-        lo: u32,
-        hi: u32,
-        _pad0: u32,
+        n: u32,
         ip: u64,
-        start: u64,
-        end: u64,
         bias: u64,
         row_start: u32,
         row_len: u32,
@@ -292,30 +284,22 @@ mod cfi {
         _pad: u32,
     }
 
-    /// One step of the binary search of the regions, which user space
-    /// lists in address order; 1 stops the search.
+    /// Looks at region `index`; 1 stops the search.
     #[inline(never)]
-    extern "C" fn region_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    extern "C" fn region_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         // SAFETY: `ctx` is the search on the caller's stack.
         let q = unsafe { &mut *ctx.cast::<RegionSearch>() };
-        if q.lo >= q.hi {
+        if index >= u64::from(q.n) {
             return 1;
         }
         let Some(procs) = CFI_PROCS.get_ptr(q.tgid) else {
             return 1;
         };
-        let mid = q.lo + (q.hi - q.lo) / 2;
         // SAFETY: a map value.
-        let Some(r) = (unsafe { &*procs }).regions.get(mid as usize) else {
+        let Some(r) = (unsafe { &*procs }).regions.get(index as usize) else {
             return 1;
         };
-        if q.ip < r.start {
-            q.hi = mid;
-        } else if q.ip >= r.end {
-            q.lo = mid + 1;
-        } else {
-            q.start = r.start;
-            q.end = r.end;
+        if r.start <= q.ip && q.ip < r.end {
             q.bias = r.bias;
             q.row_start = r.row_start;
             q.row_len = r.row_len;
@@ -352,40 +336,14 @@ mod cfi {
         0
     }
 
-    /// The region the last frame was in: callers are mostly in the same
-    /// file, so it is tried before the search.
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct LastRegion {
-        start: u64,
-        end: u64,
-        bias: u64,
-        row_start: u32,
-        row_len: u32,
-    }
-
     /// The rule for `ip` in process `tgid`'s regions: the region's bias and
     /// the row, if any CFI covers it. Code in no region sets `new_code`.
     #[inline(always)]
-    fn rule(
-        tgid: u32,
-        n: u32,
-        ip: u64,
-        back: u64,
-        new_code: &mut u32,
-        last: &mut LastRegion,
-    ) -> Option<(u64, CfiRow)> {
-        if last.start <= ip && ip < last.end {
-            return search_rows(ip, back, last.bias, last.row_start, last.row_len);
-        }
+    fn rule(tgid: u32, n: u32, ip: u64, back: u64, new_code: &mut u32) -> Option<(u64, CfiRow)> {
         let mut regions = RegionSearch {
             tgid,
-            lo: 0,
-            hi: n,
-            _pad0: 0,
+            n,
             ip,
-            start: 0,
-            end: 0,
             bias: 0,
             row_start: 0,
             row_len: 0,
@@ -395,7 +353,7 @@ mod cfi {
         // SAFETY: a callback of bpf_loop's signature, and its state.
         unsafe {
             bpf_loop(
-                REGION_STEPS,
+                MAX_REGIONS as u32,
                 region_step as *mut core::ffi::c_void,
                 (&raw mut regions).cast(),
                 0,
@@ -405,24 +363,11 @@ mod cfi {
             *new_code = 1;
             return None;
         }
-        *last = LastRegion {
-            start: regions.start,
-            end: regions.end,
-            bias: regions.bias,
-            row_start: regions.row_start,
-            row_len: regions.row_len,
-        };
-        search_rows(ip, back, regions.bias, regions.row_start, regions.row_len)
-    }
-
-    /// The row for `ip` among a file's rows.
-    #[inline(always)]
-    fn search_rows(ip: u64, back: u64, bias: u64, start: u32, len: u32) -> Option<(u64, CfiRow)> {
         let mut rows = RowSearch {
-            pc: ip.wrapping_sub(bias).wrapping_sub(back),
-            start,
+            pc: ip.wrapping_sub(regions.bias).wrapping_sub(back),
+            start: regions.row_start,
             lo: 0,
-            hi: len,
+            hi: regions.row_len,
             _pad: 0,
         };
         // SAFETY: as above.
@@ -437,7 +382,7 @@ mod cfi {
         if rows.lo == 0 {
             return None;
         }
-        Some((bias, row(rows.start + rows.lo - 1)?))
+        Some((regions.bias, row(rows.start + rows.lo - 1)?))
     }
 
     /// One frame of the walk, run by `bpf_loop`: records the frame's pc
@@ -463,7 +408,7 @@ mod cfi {
         st.depth += 1;
         // A return address is looked up at its call, one byte back.
         let back = u64::from(depth > 0);
-        let found = rule(st.tgid, n, st.ip, back, &mut st.new_code, &mut st.last);
+        let found = rule(st.tgid, n, st.ip, back, &mut st.new_code);
         let Some((bias, r)) = found.filter(|(_, r)| r.cfa != 0) else {
             // No CFI here: the frame pointer, counted.
             if st.bp == 0 {
@@ -533,13 +478,6 @@ mod cfi {
             depth: 0,
             new_code: 0,
             _pad: 0,
-            last: LastRegion {
-                start: 0,
-                end: 0,
-                bias: 0,
-                row_start: 0,
-                row_len: 0,
-            },
         };
         // SAFETY: `frame` is a callback of bpf_loop's signature and `st`
         // lives across the call.
