@@ -532,7 +532,12 @@ fn folded_pprof_speedscope_and_svg_agree() {
         .filter(|n| n.has_tag_name("title"))
         .filter_map(|n| n.text())
         .collect();
-    assert!(titles.iter().any(|t| t.contains("hotfuncs::hot_alpha")));
+    assert!(
+        titles.iter().any(|t| t.contains("hotfuncs::hot_alpha")),
+        "no hot_alpha among {} SVG titles (first: {:?}); folded:\n{stdout}",
+        titles.len(),
+        titles.iter().take(5).collect::<Vec<_>>()
+    );
 
     // Folded output round-trips: written back out and read again by
     // `flamegraph diff`, which needs both files to parse.
