@@ -63,11 +63,11 @@ pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
         format!("lib{target}")
     };
     if let Some(p) = pid {
-        let maps = std::fs::read_to_string(format!("/proc/{p}/maps"))
+        let maps = crate::procmaps::read(Some(p))
             .map_err(|e| not_found(format!("cannot read /proc/{p}/maps: {e}")))?;
         if let Some(path) = maps
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(5))
+            .iter()
+            .filter_map(crate::procmaps::Mapping::path)
             .find(|path| names_library(path, &lib) || file_name(path) == target)
         {
             return Ok(root.join(path.trim_start_matches('/')));
@@ -128,8 +128,11 @@ fn is_elf(path: &Path) -> bool {
 /// every function attached.
 pub fn symbol_offsets(file: &Path) -> anyhow::Result<HashMap<String, u64>> {
     use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
-    let data = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let obj = object::File::parse(data.as_slice())
+    // Mapped, only the symbol tables are read of a file that may be mostly
+    // debug information.
+    let data = crate::memory::Mapped::open(file)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let obj = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", file.display()))?;
     // Executables and shared objects give virtual addresses, which are
     // moved to file offsets through their section.
