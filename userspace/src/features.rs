@@ -18,15 +18,13 @@ use rtrace_common::probes;
 use crate::{btf::AttachTarget, objects, tracer::Kernel};
 
 /// A way of getting a program to run in the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mechanism {
     /// Classic tracepoints, with records described in tracefs.
     Tracepoint,
     /// Raw tracepoints (4.17+): the tracepoint's C arguments, untyped.
-    #[value(name = "raw_tracepoint")]
     RawTracepoint,
     /// BTF-typed raw tracepoints (5.5+).
-    #[value(name = "tp_btf")]
     TpBtf,
     /// fentry trampolines (5.5+, x86).
     Fentry,
@@ -39,16 +37,12 @@ pub enum Mechanism {
     /// uprobes.
     Uprobe,
     /// Sampling on software perf events such as cpu-clock.
-    #[value(name = "perf_event_sw")]
     PerfEventSoftware,
     /// Sampling on hardware perf events such as cycles.
-    #[value(name = "perf_event_hw")]
     PerfEventHardware,
     /// BPF ring buffer maps (5.8+).
-    #[value(name = "ringbuf")]
     RingBuffer,
     /// Task local storage maps (5.11+).
-    #[value(name = "task_storage")]
     TaskStorage,
 }
 
