@@ -1,11 +1,9 @@
 //! Types of the in-kernel CFI unwinder (profile's `cfi` object): compiled
-//! call frame information rows, in chunks of an array, and each process's
+//! call frame information rows, one per element of an array that user
+//! space writes through a shared mapping, and each process's
 //! executable regions pointing into them. User space compiles and loads
 //! them (`userspace/src/unwind.rs`); the BPF program searches them.
 
-/// Rows per element of the rows array: loading a library's tens of
-/// thousands of rows takes one map update per chunk, not per row.
-pub const CHUNK: usize = 64;
 /// Executable regions kept per process; a process with more has the rest
 /// walked by frame pointer.
 pub const MAX_REGIONS: usize = 48;
@@ -46,14 +44,6 @@ pub struct CfiRow {
     pub cfa: u8,
     /// One of the `RBP_*` values.
     pub rbp: u8,
-}
-
-/// [`CHUNK`] rows: one element of the rows array.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct RowChunk {
-    /// The rows.
-    pub rows: [CfiRow; CHUNK],
 }
 
 /// One executable mapping of a process.
@@ -101,4 +91,4 @@ pub struct RegsOffsets {
     pub cs: u32,
 }
 
-crate::pod!(CfiRow, RowChunk, Region, ProcRegions, RegsOffsets);
+crate::pod!(CfiRow, Region, ProcRegions, RegsOffsets);

@@ -15,6 +15,64 @@ pub fn release_free() {
     }
 }
 
+/// Maps `len` bytes of `fd` from its start.
+fn map_fd(
+    fd: std::os::fd::BorrowedFd<'_>,
+    len: usize,
+    prot: i32,
+    flags: i32,
+) -> std::io::Result<*mut libc::c_void> {
+    use std::os::fd::AsRawFd as _;
+    if len == 0 {
+        return Err(std::io::ErrorKind::InvalidInput.into());
+    }
+    // SAFETY: maps an open descriptor; the caller unmaps it.
+    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ptr)
+}
+
+/// The elements of a BPF array created with `BPF_F_MMAPABLE`, mapped
+/// shared and writable: user space fills it in place, with no syscall per
+/// element, and the programs see each store at once.
+pub struct SharedArray<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T: Copy> SharedArray<T> {
+    /// Maps the `len` elements of the array map behind `fd`.
+    pub fn of(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> std::io::Result<Self> {
+        let ptr = map_fd(
+            fd,
+            len * size_of::<T>(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+        )?;
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The elements.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: the mapping holds `len` elements until dropped; `T` is a
+        // plain `repr(C)` value shared with the programs, which only read
+        // it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T> Drop for SharedArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `of`, once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len * size_of::<T>()) };
+    }
+}
+
 /// A file's bytes, mapped where the file allows it (copying nothing, and
 /// reading only the pages used), else read.
 pub enum Mapped {
@@ -38,28 +96,15 @@ impl Mapped {
     /// Maps or reads `file`. The kernel's BTF can be mapped since 6.16
     /// (privately); regular files always can.
     pub fn of(file: &std::fs::File) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd as _;
+        use std::os::fd::AsFd as _;
         let len = file.metadata()?.len() as usize;
-        if len > 0 {
-            // SAFETY: a private read-only mapping of an open file, unmapped
-            // in `drop`. The files mapped (kernel BTF, executables and
-            // libraries that processes run) are not written while mapped.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ,
-                    libc::MAP_PRIVATE,
-                    file.as_raw_fd(),
-                    0,
-                )
-            };
-            if ptr != libc::MAP_FAILED {
-                return Ok(Self::Mapped {
-                    ptr: ptr.cast(),
-                    len,
-                });
-            }
+        // The files mapped (kernel BTF, executables and libraries that
+        // processes run) are not written while mapped.
+        if let Ok(ptr) = map_fd(file.as_fd(), len, libc::PROT_READ, libc::MAP_PRIVATE) {
+            return Ok(Self::Mapped {
+                ptr: ptr.cast(),
+                len,
+            });
         }
         let mut data = Vec::with_capacity(len);
         std::io::Read::read_to_end(&mut &*file, &mut data)?;

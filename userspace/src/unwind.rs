@@ -22,7 +22,7 @@ use gimli::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
-use rtrace_common::unwind::{CHUNK, MAX_REGIONS, ProcRegions, Region as KRegion, RowChunk};
+use rtrace_common::unwind::{CfiRow, MAX_REGIONS, ProcRegions, Region as KRegion};
 
 use crate::procmaps;
 
@@ -349,13 +349,14 @@ impl Tables {
 /// regions, filled as processes show up and refreshed as they map more
 /// (`dlopen`), each file's rows loaded once.
 pub struct KernelTables {
-    rows: aya::maps::Array<aya::maps::MapData, RowChunk>,
+    /// The rows array, written in place through `rows`.
+    _rows_map: aya::maps::Array<aya::maps::MapData, CfiRow>,
+    rows: crate::memory::SharedArray<CfiRow>,
     procs: aya::maps::HashMap<aya::maps::MapData, u32, ProcRegions>,
     tables: Tables,
     /// Each loaded file's first row and row count, by its table.
     loaded: HashMap<usize, (u32, u32)>,
-    next_chunk: u32,
-    capacity_chunks: u32,
+    next_row: u32,
     /// When each process's regions were last read.
     captured: HashMap<u32, std::time::Instant>,
     /// Files whose rows did not fit: their code is walked by frame pointer.
@@ -370,21 +371,28 @@ pub struct KernelTables {
 const RECAPTURE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl KernelTables {
-    /// Takes the `cfi` object's maps, whose rows array holds
-    /// `capacity_chunks` chunks.
-    pub fn new(ebpf: &mut aya::Ebpf, capacity_chunks: u32) -> anyhow::Result<Self> {
+    /// Takes the `cfi` object's maps, whose rows array holds `capacity`
+    /// rows.
+    pub fn new(ebpf: &mut aya::Ebpf, capacity: u32) -> anyhow::Result<Self> {
         use anyhow::Context as _;
-        let rows = ebpf.take_map("CFI_ROWS").context("map CFI_ROWS missing")?;
+        use aya::maps::IterableMap as _;
+        use std::os::fd::AsFd as _;
+        let rows_map: aya::maps::Array<_, CfiRow> = ebpf
+            .take_map("CFI_ROWS")
+            .context("map CFI_ROWS missing")?
+            .try_into()?;
+        let rows = crate::memory::SharedArray::of(rows_map.map().fd().as_fd(), capacity as usize)
+            .context("cannot map the CFI rows array")?;
         let procs = ebpf
             .take_map("CFI_PROCS")
             .context("map CFI_PROCS missing")?;
         Ok(Self {
-            rows: rows.try_into()?,
+            _rows_map: rows_map,
+            rows,
             procs: procs.try_into()?,
             tables: Tables::default(),
             loaded: HashMap::new(),
-            next_chunk: 0,
-            capacity_chunks,
+            next_row: 0,
             captured: HashMap::new(),
             files_not_loaded: 0,
             processes_not_loaded: 0,
@@ -460,43 +468,32 @@ impl KernelTables {
         }
     }
 
-    /// Copies a file's rows into the array, chunk by chunk, once; `None`
-    /// if they do not fit.
+    /// Copies a file's rows into the array, once; `None` if they do not
+    /// fit.
     fn load_file(&mut self, file: &Arc<FileTable>) -> anyhow::Result<Option<(u32, u32)>> {
         let key = Arc::as_ptr(file) as usize;
         if let Some(&at) = self.loaded.get(&key) {
             return Ok(Some(at));
         }
         let rows = &file.table.rows;
-        let chunks = rows.len().div_ceil(CHUNK) as u32;
-        if self.next_chunk + chunks > self.capacity_chunks {
+        let first = self.next_row as usize;
+        let Some(dest) = self.rows.as_mut_slice().get_mut(first..first + rows.len()) else {
             self.files_not_loaded += 1;
             return Ok(None);
+        };
+        for (slot, row) in dest.iter_mut().zip(rows) {
+            *slot = row.to_kernel();
         }
-        let first = self.next_chunk;
-        for (i, part) in rows.chunks(CHUNK).enumerate() {
-            let mut chunk = RowChunk {
-                rows: [rtrace_common::unwind::CfiRow::default(); CHUNK],
-            };
-            for (slot, row) in chunk.rows.iter_mut().zip(part) {
-                *slot = row.to_kernel();
-            }
-            self.rows.set(first + i as u32, chunk, 0)?;
-        }
-        self.next_chunk += chunks;
-        let at = (first * CHUNK as u32, rows.len() as u32);
+        self.next_row += rows.len() as u32;
+        let at = (first as u32, rows.len() as u32);
         self.loaded.insert(key, at);
         Ok(Some(at))
     }
 
     /// Files loaded, their rows, and the bytes the kernel holds for them.
     pub fn stats(&self) -> (usize, usize, usize) {
-        let rows: usize = self.loaded.values().map(|&(_, n)| n as usize).sum();
-        (
-            self.loaded.len(),
-            rows,
-            self.next_chunk as usize * size_of::<RowChunk>(),
-        )
+        let rows = self.next_row as usize;
+        (self.loaded.len(), rows, rows * size_of::<CfiRow>())
     }
 }
 

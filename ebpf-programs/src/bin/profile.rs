@@ -49,7 +49,15 @@ static GEN: Array<u32> = Array::with_max_entries(1, 0);
 static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(16384, 0);
 /// Where a stack is walked: it is larger than the eBPF stack.
 #[map]
-static SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// One CPU's room for the stack being walked, and the CFI walk's state.
+#[repr(C)]
+struct Scratch {
+    stack: Stack,
+    #[cfg(feature = "cfi")]
+    walk: cfi::State,
+}
 
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
@@ -116,7 +124,8 @@ fn user_stack(ctx: &PerfEventContext, tgid: u32, cfg: &Config) -> Option<u64> {
                         },
                     );
                 }
-                return store(s, len);
+                // SAFETY: a map value.
+                return store(unsafe { &raw mut (*s).stack }, len);
             }
             None => count_error(ERR_NO_TABLES),
         }
@@ -131,6 +140,8 @@ fn user_stack(ctx: &PerfEventContext, tgid: u32, cfg: &Config) -> Option<u64> {
 #[inline(always)]
 fn stack(ctx: &PerfEventContext, flags: u64, walk_error: u32) -> Option<u64> {
     let s = SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: a map value.
+    let s = unsafe { &raw mut (*s).stack };
     // SAFETY: `s` is a map value with room for `MAX_DEPTH` frames; the
     // helper zeroes what it does not fill.
     let n = unsafe {
@@ -187,12 +198,13 @@ fn store(s: *mut Stack, len: u64) -> Option<u64> {
 
 /// The CFI walk: user space loads each process's executable regions and
 /// their files' compiled rows (`rtrace_common::unwind`); each frame is a
-/// search for its region, a bounded binary search for its row, and two
-/// reads of the user stack.
+/// search for its region, a bounded binary search for its row, and one or
+/// two reads of the user stack.
 #[cfg(feature = "cfi")]
 mod cfi {
     use aya_ebpf::{
         EbpfContext as _, Global,
+        bindings::BPF_F_MMAPABLE,
         helpers::{
             bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
             generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
@@ -202,13 +214,15 @@ mod cfi {
         programs::PerfEventContext,
     };
     use rtrace_common::{
-        profile::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, Stack},
+        profile::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH},
         unwind::{
-            CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CHUNK, CfiRow, MAX_REGIONS, NEW_CODE_EVERY_NS,
-            ProcRegions, RBP_SAVED, RegsOffsets, RowChunk, SEARCH_STEPS,
+            CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiRow, MAX_REGIONS, NEW_CODE_EVERY_NS,
+            ProcRegions, RBP_SAVED, Region, RegsOffsets, SEARCH_STEPS,
         },
     };
     use rtrace_ebpf::{count_error, global};
+
+    use super::Scratch;
 
     /// Offsets into `struct pt_regs`, from BTF.
     #[unsafe(no_mangle)]
@@ -219,12 +233,43 @@ mod cfi {
         cs: 0,
     });
 
-    /// Every loaded file's rows, in chunks; user space sizes it.
+    /// Every loaded file's rows; user space sizes it and writes them
+    /// through a shared mapping, not a syscall per row.
     #[map]
-    static CFI_ROWS: Array<RowChunk> = Array::with_max_entries(1, 0);
+    static CFI_ROWS: Array<CfiRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
     /// Each process's regions, by process id; user space sizes it.
     #[map]
     static CFI_PROCS: HashMap<u32, ProcRegions> = HashMap::with_max_entries(1, 0);
+
+    /// Steps of the binary search of a process's regions.
+    const REGION_STEPS: usize = MAX_REGIONS.next_power_of_two().trailing_zeros() as usize + 1;
+
+    /// A walk in progress. It lives in the per-CPU scratch value, not on
+    /// the stack: kernels before 6.7 verify a `bpf_loop` callback once,
+    /// with the values the caller's stack held at the call, and hard-wire
+    /// the branches only later iterations take (a first frame has no
+    /// caller, an empty region cache never hits). A map value's contents
+    /// are unknown to the verifier.
+    #[repr(C)]
+    pub struct State {
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        depth: u32,
+        /// Set when a frame's code is in no region of the process.
+        new_code: u32,
+        /// The region the last frame was in: callers are mostly in the
+        /// same file, so it is tried before the search.
+        last: Region,
+    }
+
+    /// What every frame of one walk works on, handed to `bpf_loop`'s
+    /// callback; it does not change during the walk.
+    #[repr(C)]
+    struct Walk {
+        scratch: *mut Scratch,
+        procs: *const ProcRegions,
+    }
 
     /// The user registers at the sample: the context's, if the sample hit
     /// user mode, else those the task entered the kernel with.
@@ -248,174 +293,101 @@ mod cfi {
 
     #[inline(always)]
     fn row(index: u32) -> Option<CfiRow> {
-        let chunk = CFI_ROWS.get(index / CHUNK as u32)?;
-        chunk.rows.get(index as usize % CHUNK).copied()
+        CFI_ROWS.get(index).copied()
     }
 
     #[inline(always)]
-    fn read_user(addr: u64) -> Option<u64> {
+    fn read_user<T>(addr: u64) -> Option<T> {
         // SAFETY: the helper copes with any address.
-        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+        unsafe { bpf_probe_read_user(addr as *const T) }.ok()
     }
 
-    /// A walk in progress, on the program's stack, handed to each frame.
-    #[repr(C)]
-    struct State {
-        ip: u64,
-        sp: u64,
-        bp: u64,
-        tgid: u32,
-        depth: u32,
-        /// Set when a frame's code is in no region of the process.
-        new_code: u32,
-        _pad: u32,
-    }
-
-    /// A region search in progress, for `bpf_loop`.
-    #[repr(C)]
-    struct RegionSearch {
-        tgid: u32,
-        n: u32,
-        ip: u64,
-        bias: u64,
-        row_start: u32,
-        row_len: u32,
-        found: u32,
-        _pad: u32,
-    }
-
-    /// Looks at region `index`; 1 stops the search.
-    #[inline(never)]
-    extern "C" fn region_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
-        // SAFETY: `ctx` is the search on the caller's stack.
-        let q = unsafe { &mut *ctx.cast::<RegionSearch>() };
-        if index >= u64::from(q.n) {
-            return 1;
-        }
-        let Some(procs) = CFI_PROCS.get_ptr(q.tgid) else {
-            return 1;
-        };
-        // SAFETY: a map value.
-        let Some(r) = (unsafe { &*procs }).regions.get(index as usize) else {
-            return 1;
-        };
-        if r.start <= q.ip && q.ip < r.end {
-            q.bias = r.bias;
-            q.row_start = r.row_start;
-            q.row_len = r.row_len;
-            q.found = 1;
-            return 1;
-        }
-        0
-    }
-
-    /// A binary search of rows in progress, for `bpf_loop`.
-    #[repr(C)]
-    struct RowSearch {
-        pc: u64,
-        start: u32,
-        lo: u32,
-        hi: u32,
-        _pad: u32,
-    }
-
-    /// One step of the search for the last row at or before `pc`; 1 stops.
-    #[inline(never)]
-    extern "C" fn row_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
-        // SAFETY: `ctx` is the search on the caller's stack.
-        let q = unsafe { &mut *ctx.cast::<RowSearch>() };
-        if q.lo >= q.hi {
-            return 1;
-        }
-        let mid = q.lo + (q.hi - q.lo) / 2;
-        match row(q.start + mid) {
-            Some(r) if r.pc <= q.pc => q.lo = mid + 1,
-            Some(_) => q.hi = mid,
-            None => return 1,
-        }
-        0
-    }
-
-    /// The rule for `ip` in process `tgid`'s regions: the region's bias and
-    /// the row, if any CFI covers it. Code in no region sets `new_code`.
+    /// The region of `procs` that holds `ip`, by halves (user space lists
+    /// them in address order); the last frame's region first.
     #[inline(always)]
-    fn rule(tgid: u32, n: u32, ip: u64, back: u64, new_code: &mut u32) -> Option<(u64, CfiRow)> {
-        let mut regions = RegionSearch {
-            tgid,
-            n,
-            ip,
-            bias: 0,
-            row_start: 0,
-            row_len: 0,
-            found: 0,
-            _pad: 0,
-        };
-        // SAFETY: a callback of bpf_loop's signature, and its state.
-        unsafe {
-            bpf_loop(
-                MAX_REGIONS as u32,
-                region_step as *mut core::ffi::c_void,
-                (&raw mut regions).cast(),
-                0,
-            )
-        };
-        if regions.found == 0 {
-            *new_code = 1;
+    fn region(procs: &ProcRegions, st: &mut State, ip: u64) -> bool {
+        if st.last.start <= ip && ip < st.last.end {
+            return true;
+        }
+        let (mut lo, mut hi) = (0u32, procs.n);
+        for _ in 0..REGION_STEPS {
+            if lo >= hi {
+                return false;
+            }
+            let mid = lo + (hi - lo) / 2;
+            let Some(r) = procs.regions.get(mid as usize) else {
+                return false;
+            };
+            if ip < r.start {
+                hi = mid;
+            } else if ip >= r.end {
+                lo = mid + 1;
+            } else {
+                st.last = *r;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The row of region `r`'s file for file address `pc`, if any CFI
+    /// covers it: the last row at or before `pc`, found by halves.
+    #[inline(always)]
+    fn search_rows(r: &Region, pc: u64) -> Option<CfiRow> {
+        let (start, mut lo, mut hi) = (r.row_start, 0u32, r.row_len);
+        for _ in 0..SEARCH_STEPS {
+            if lo >= hi {
+                break;
+            }
+            let mid = lo + (hi - lo) / 2;
+            if row(start + mid)?.pc <= pc {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if lo == 0 {
             return None;
         }
-        let mut rows = RowSearch {
-            pc: ip.wrapping_sub(regions.bias).wrapping_sub(back),
-            start: regions.row_start,
-            lo: 0,
-            hi: regions.row_len,
-            _pad: 0,
-        };
-        // SAFETY: as above.
-        unsafe {
-            bpf_loop(
-                SEARCH_STEPS as u32,
-                row_step as *mut core::ffi::c_void,
-                (&raw mut rows).cast(),
-                0,
-            )
-        };
-        if rows.lo == 0 {
-            return None;
-        }
-        Some((regions.bias, row(rows.start + rows.lo - 1)?))
+        row(start + lo - 1)
     }
 
     /// One frame of the walk, run by `bpf_loop`: records the frame's pc
     /// and steps to the caller; 1 ends the walk.
     #[inline(never)]
     extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
-        // SAFETY: `ctx` is the walk's `State` on the caller's stack.
-        let st = unsafe { &mut *ctx.cast::<State>() };
-        let Some(s) = super::SCRATCH.get_ptr_mut(0) else {
-            return 1;
+        // SAFETY: `ctx` is the caller's `Walk`, whose pointers are map
+        // values that outlive the walk.
+        let (scratch, procs) = unsafe {
+            let w = &*ctx.cast::<Walk>();
+            (&mut *w.scratch, &*w.procs)
         };
-        let Some(procs) = CFI_PROCS.get_ptr(st.tgid) else {
-            return 1;
-        };
-        // SAFETY: a map value.
-        let n = unsafe { (*procs).n };
+        let st = &mut scratch.walk;
         let depth = st.depth as usize;
-        if depth >= MAX_DEPTH {
+        let Some(slot) = scratch.stack.ips.get_mut(depth) else {
             return 1;
-        }
-        // SAFETY: `depth < MAX_DEPTH`, inside the map value.
-        unsafe { (*s).ips[depth] = st.ip };
+        };
+        *slot = st.ip;
         st.depth += 1;
         // A return address is looked up at its call, one byte back.
         let back = u64::from(depth > 0);
-        let found = rule(st.tgid, n, st.ip, back, &mut st.new_code);
-        let Some((bias, r)) = found.filter(|(_, r)| r.cfa != 0) else {
+        let ip = st.ip;
+        let found = if region(procs, st, ip) {
+            let bias = st.last.bias;
+            search_rows(&st.last, ip.wrapping_sub(bias).wrapping_sub(back))
+                .filter(|r| r.cfa != 0)
+                .map(|r| (bias, r))
+        } else {
+            st.new_code = 1;
+            None
+        };
+        let Some((bias, r)) = found else {
             // No CFI here: the frame pointer, counted.
             if st.bp == 0 {
                 return 1;
             }
             count_error(ERR_FP_FRAMES);
-            let (Some(ret), Some(bp)) = (read_user(st.bp + 8), read_user(st.bp)) else {
+            let Some([bp, ret]) = read_user::<[u64; 2]>(st.bp) else {
                 count_error(ERR_CUT_SHORT);
                 return 1;
             };
@@ -428,7 +400,7 @@ mod cfi {
             CFA_RSP => st.sp.wrapping_add(r.cfa_offset as i64 as u64),
             CFA_RBP => st.bp.wrapping_add(r.cfa_offset as i64 as u64),
             CFA_PLT => {
-                let pc = st.ip.wrapping_sub(bias);
+                let pc = ip.wrapping_sub(bias);
                 st.sp
                     + 8
                     + if (pc & 15) >= r.cfa_offset as u64 {
@@ -440,55 +412,72 @@ mod cfi {
             CFA_END => return 1,
             _ => return 1,
         };
-        let Some(ret) = read_user(cfa.wrapping_sub(8)) else {
-            count_error(ERR_CUT_SHORT);
-            return 1;
-        };
-        if r.rbp == RBP_SAVED {
-            match read_user(cfa.wrapping_add(r.rbp_offset as i64 as u64)) {
-                Some(v) => st.bp = v,
-                None => {
-                    count_error(ERR_CUT_SHORT);
-                    return 1;
+        // The return address is at CFA - 8; rbp, where saved, is nearly
+        // always just below it, and then one read fetches both.
+        let ret = if r.rbp == RBP_SAVED && r.rbp_offset == -16 {
+            let Some([bp, ret]) = read_user::<[u64; 2]>(cfa.wrapping_sub(16)) else {
+                count_error(ERR_CUT_SHORT);
+                return 1;
+            };
+            st.bp = bp;
+            ret
+        } else {
+            let Some(ret) = read_user::<u64>(cfa.wrapping_sub(8)) else {
+                count_error(ERR_CUT_SHORT);
+                return 1;
+            };
+            if r.rbp == RBP_SAVED {
+                match read_user::<u64>(cfa.wrapping_add(r.rbp_offset as i64 as u64)) {
+                    Some(v) => st.bp = v,
+                    None => {
+                        count_error(ERR_CUT_SHORT);
+                        return 1;
+                    }
                 }
             }
-        }
+            ret
+        };
         st.sp = cfa;
         st.ip = ret;
         i64::from(ret == 0)
     }
 
-    /// Walks the current task's user stack into `s` and returns its depth,
-    /// and whether user space should read the process's regions again (it
-    /// ran code in none of them; said at most every `NEW_CODE_EVERY_NS`);
-    /// `None` if its process has no tables (the caller then walks by frame
-    /// pointer).
+    /// Walks the current task's user stack into the scratch value's stack
+    /// and returns its depth, and whether user space should read the
+    /// process's regions again (it ran code in none of them; said at most
+    /// every `NEW_CODE_EVERY_NS`); `None` if its process has no tables
+    /// (the caller then walks by frame pointer).
     #[inline(always)]
-    pub fn walk(ctx: &PerfEventContext, tgid: u32, _s: *mut Stack) -> Option<(u64, bool)> {
+    pub fn walk(ctx: &PerfEventContext, tgid: u32, scratch: *mut Scratch) -> Option<(u64, bool)> {
         let procs = CFI_PROCS.get_ptr_mut(tgid)?;
         let Some((ip, sp, bp)) = user_regs(ctx) else {
             count_error(ERR_CUT_SHORT);
             return Some((0, false));
         };
-        let mut st = State {
-            ip,
-            sp,
-            bp,
-            tgid,
-            depth: 0,
-            new_code: 0,
-            _pad: 0,
+        // SAFETY: a map value.
+        unsafe {
+            (*scratch).walk = State {
+                ip,
+                sp,
+                bp,
+                depth: 0,
+                new_code: 0,
+                last: Region::default(),
+            }
         };
-        // SAFETY: `frame` is a callback of bpf_loop's signature and `st`
+        let mut w = Walk { scratch, procs };
+        // SAFETY: `frame` is a callback of bpf_loop's signature and `w`
         // lives across the call.
         unsafe {
             bpf_loop(
                 MAX_DEPTH as u32,
                 frame as *mut core::ffi::c_void,
-                (&raw mut st).cast(),
+                (&raw mut w).cast(),
                 0,
             )
         };
+        // SAFETY: a map value.
+        let st = unsafe { &(*scratch).walk };
         let mut tell = false;
         if st.new_code != 0 {
             // SAFETY: the helper has no preconditions; `procs` is a map

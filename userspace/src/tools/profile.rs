@@ -186,8 +186,8 @@ pub enum Unwind {
 
 /// The object variant with the CFI walk.
 const CFI: &str = "cfi";
-/// Rows of CFI the kernel holds, in chunks of 64: 16 MiB.
-const CFI_CHUNKS: u32 = 16_384;
+/// Rows of CFI the kernel holds: 16 MiB.
+const CFI_ROWS: u32 = 1 << 20;
 /// Processes whose regions the kernel holds.
 const CFI_PROCESSES: u32 = 4096;
 
@@ -355,7 +355,7 @@ impl Tool for Profile {
                 cs: reg("cs")?,
             };
             load.global("CFI_REGS", &regs)
-                .size("CFI_ROWS", CFI_CHUNKS)
+                .size("CFI_ROWS", CFI_ROWS)
                 .size("CFI_PROCS", CFI_PROCESSES);
         }
         load.config(&cfg)
@@ -371,7 +371,7 @@ impl Tool for Profile {
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         if self.cfi_loaded {
-            let mut tables = unwind::KernelTables::new(ebpf, CFI_CHUNKS)?;
+            let mut tables = unwind::KernelTables::new(ebpf, CFI_ROWS)?;
             // Processes asked for get their tables before the first sample;
             // others when their first stacks show up.
             for &pid in &self.args.pid {
