@@ -7,6 +7,13 @@
 //!
 //! They are built with rustc directly because a cargo profile cannot force
 //! frame pointers for some binaries only.
+//!
+//! A `<name>.c` is built with the C compiler three ways: `<name>` with
+//! frame pointers but frameless leaves (GCC's `-momit-leaf-frame-pointer`,
+//! which walks by frame pointer get wrong), `<name>_nofp` without frame
+//! pointers, and `<name>_debugframe` without them and with its own CFI only
+//! in `.debug_frame` (no unwind tables; the C runtime's start code keeps
+//! its `.eh_frame`).
 
 use std::{env, path::PathBuf, process::Command};
 
@@ -21,10 +28,15 @@ fn main() {
     let mut built = Vec::new();
     for entry in std::fs::read_dir(&fixtures).unwrap() {
         let src = entry.unwrap().path();
+        let name = src.file_stem().unwrap().to_string_lossy().into_owned();
+        if src.extension().is_some_and(|e| e == "c") {
+            println!("cargo:rerun-if-changed={}", src.display());
+            build_c(&src, &name, &bin_dir, &mut built);
+            continue;
+        }
         if src.extension().is_none_or(|e| e != "rs") {
             continue;
         }
-        let name = src.file_stem().unwrap().to_string_lossy().into_owned();
         println!("cargo:rerun-if-changed={}", src.display());
         let library = name.starts_with("lib");
         for (suffix, frame_pointers) in [("", "yes"), ("_nofp", "no")] {
@@ -47,4 +59,36 @@ fn main() {
     }
     built.sort();
     std::fs::write(bin_dir.join("fixtures.txt"), built.join("\n") + "\n").unwrap();
+}
+
+/// Builds a C fixture its three ways.
+fn build_c(src: &std::path::Path, name: &str, bin_dir: &std::path::Path, built: &mut Vec<String>) {
+    let cc = env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    for (suffix, flags) in [
+        (
+            "",
+            &["-fno-omit-frame-pointer", "-momit-leaf-frame-pointer"][..],
+        ),
+        ("_nofp", &["-fomit-frame-pointer"][..]),
+        (
+            "_debugframe",
+            &[
+                "-fomit-frame-pointer",
+                "-fno-asynchronous-unwind-tables",
+                "-fno-unwind-tables",
+            ][..],
+        ),
+    ] {
+        let file = format!("{name}{suffix}");
+        let status = Command::new(&cc)
+            .args(["-O2", "-g"])
+            .args(flags)
+            .arg("-o")
+            .arg(bin_dir.join(&file))
+            .arg(src)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+        assert!(status.success(), "building fixture {file} failed");
+        built.push(file);
+    }
 }

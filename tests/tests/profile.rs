@@ -157,6 +157,149 @@ fn code_without_frame_pointers_keeps_its_whole_chain() {
     );
 }
 
+/// Samples of the C fixture's leaves, and those of them whose stack has
+/// `main;mid` right above the leaf.
+fn c_leaves(folded: &BTreeMap<Vec<String>, u64>) -> (u64, u64, u64) {
+    let (mut alpha, mut beta, mut chained) = (0, 0, 0);
+    for (frames, count) in folded {
+        let Some(i) = frames
+            .iter()
+            .position(|f| f == "leaf_alpha" || f == "leaf_beta")
+        else {
+            continue;
+        };
+        if frames[i] == "leaf_alpha" {
+            alpha += count;
+        } else {
+            beta += count;
+        }
+        if i >= 2 && frames[i - 1] == "mid" && frames[i - 2] == "main" {
+            chained += count;
+        }
+    }
+    (alpha, beta, chained)
+}
+
+/// Checks a C fixture's profile: enough samples, the leaves in the
+/// fixture's own split within 5 points, and at least 95 % of them under
+/// `main;mid`.
+fn check_c_chain(stdout: &str, alpha_ns: i64, beta_ns: i64) {
+    let folded = parse_folded(stdout);
+    let (alpha, beta, chained) = c_leaves(&folded);
+    assert!(
+        alpha + beta >= 300,
+        "too few samples: {alpha} + {beta}:\n{stdout}"
+    );
+    let measured = alpha as f64 / (alpha + beta) as f64;
+    let expected = alpha_ns as f64 / (alpha_ns + beta_ns) as f64;
+    assert!(
+        (measured - expected).abs() <= 0.05,
+        "leaf_alpha has {measured:.3} of the samples; the fixture spent {expected:.3} there"
+    );
+    assert!(
+        chained as f64 >= 0.95 * (alpha + beta) as f64,
+        "only {chained} of {} leaf samples have main;mid above them:\n{stdout}",
+        alpha + beta
+    );
+}
+
+/// C built with `-fomit-frame-pointer`: whole chains from CFI.
+#[test]
+fn c_without_frame_pointers_keeps_its_whole_chain() {
+    let (stdout, alpha_ns, beta_ns) = profile_fixture("cfuncs_nofp", &["-f", "-U"]);
+    check_c_chain(&stdout, alpha_ns, beta_ns);
+}
+
+/// C whose own functions have their CFI only in `.debug_frame` (built
+/// without unwind tables), while the C runtime's start code keeps its
+/// `.eh_frame`: both sections are read.
+#[test]
+fn c_with_cfi_only_in_debug_frame_keeps_its_whole_chain() {
+    let (stdout, alpha_ns, beta_ns) = profile_fixture("cfuncs_debugframe", &["-f", "-U"]);
+    check_c_chain(&stdout, alpha_ns, beta_ns);
+}
+
+/// With frame pointers but frameless leaves, a frame-pointer walk that
+/// starts in a leaf skips the leaf's caller (`main;leaf_alpha`); the CFI
+/// walk keeps it. `--unwind fp` shows the defect on the same binary.
+#[test]
+fn frameless_leaves_keep_their_caller() {
+    let (stdout, alpha_ns, beta_ns) = profile_fixture("cfuncs", &["-f", "-U"]);
+    check_c_chain(&stdout, alpha_ns, beta_ns);
+
+    let (stdout, _, _) = profile_fixture("cfuncs", &["-f", "-U", "--unwind", "fp"]);
+    let (alpha, beta, chained) = c_leaves(&parse_folded(&stdout));
+    assert!(alpha + beta >= 300, "too few samples:\n{stdout}");
+    assert!(
+        (chained as f64) < 0.5 * (alpha + beta) as f64,
+        "the frame-pointer walk kept mid above {chained} of {} leaf samples; \
+         the fixture's leaves should have no frame:\n{stdout}",
+        alpha + beta
+    );
+}
+
+/// A binary whose `.eh_frame` is garbage: the run ends normally, says which
+/// file's CFI could not be read, and its stacks are walked by frame
+/// pointer and counted, never silently.
+#[test]
+fn a_binary_with_broken_cfi_is_walked_by_frame_pointer_and_counted() {
+    let broken = temp("cfuncs_broken");
+    let mut data = std::fs::read(workload_bin("cfuncs_nofp")).unwrap();
+    let (offset, size) = elf_section(&data, ".eh_frame").expect("no .eh_frame");
+    // CIE and FDE lengths of 0xffffffff announce 64-bit entries that run
+    // past the section: the parser must fail, not guess.
+    data[offset..offset + size].fill(0xff);
+    std::fs::write(&broken, &data).unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut child = Command::new(&broken)
+        .args(["cpu", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = child.id().to_string();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-U", "-f", "-p", &pid], READY);
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    let _ = std::fs::remove_file(&broken);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("with unreadable CFI were walked by frame pointer")
+            && stderr.contains("cfuncs_broken"),
+        "no word of the broken CFI:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("walked by frame pointer, where no CFI covers the code")
+            || stderr.contains("cut short"),
+        "the frame-pointer walk is not counted:\n{stderr}"
+    );
+    let total: u64 = parse_folded(&stdout).values().sum();
+    assert!(total >= 100, "too few samples ({total}):\n{stdout}");
+}
+
+/// The file range of ELF section `name` (64-bit little-endian files).
+fn elf_section(data: &[u8], name: &str) -> Option<(usize, usize)> {
+    let u16_at = |o: usize| u16::from_le_bytes(data[o..o + 2].try_into().unwrap()) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap()) as usize;
+    let (shoff, shentsize, shnum, shstrndx) =
+        (u64_at(0x28), u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+    let header = |i: usize| shoff + i * shentsize;
+    let strtab = u64_at(header(shstrndx) + 0x18);
+    (0..shnum).find_map(|i| {
+        let h = header(i);
+        let at = strtab + u32_at(h);
+        let end = at + data[at..].iter().position(|&b| b == 0)?;
+        (&data[at..end] == name.as_bytes()).then(|| (u64_at(h + 0x18), u64_at(h + 0x20)))
+    })
+}
+
 /// Samples with `inner` whose stack has `outer` somewhere above it.
 fn count_under(folded: &BTreeMap<Vec<String>, u64>, inner: &str, outer: &str) -> u64 {
     folded

@@ -154,6 +154,12 @@ pub trait Tool: Sized {
     fn summary(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// What the run could not do as asked, said at exit with or without
+    /// `-v`, beside the counted losses.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// When a tool prints.
@@ -621,6 +627,9 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
         for line in tool.summary() {
             eprintln!("rtrace: {}: {line}", T::NAME);
         }
+    }
+    for line in tool.warnings() {
+        eprintln!("rtrace: warning: {line}");
     }
     report_errors(
         &ebpf,

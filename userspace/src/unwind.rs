@@ -17,8 +17,8 @@
 use std::{collections::HashMap, fs::File, sync::Arc};
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, RegisterRule, UnwindContext,
-    UnwindSection as _, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, RegisterRule,
+    UnwindContext, UnwindSection, X86_64,
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
@@ -79,11 +79,11 @@ pub enum CfiError {
     /// The file is not an ELF file object can read.
     #[error("not an ELF file: {0}")]
     Elf(#[from] object::Error),
-    /// The file has no `.eh_frame`.
-    #[error("no .eh_frame section")]
-    NoEhFrame,
+    /// The file has neither `.eh_frame` nor `.debug_frame`.
+    #[error("no .eh_frame or .debug_frame section")]
+    NoCfi,
     /// The call frame information does not parse.
-    #[error("malformed .eh_frame: {0}")]
+    #[error("malformed call frame information: {0}")]
     Malformed(#[from] gimli::Error),
 }
 
@@ -126,31 +126,25 @@ fn plt_threshold(expr: &[u8]) -> Option<i32> {
     (same && (0x30..=0x4f).contains(&lit)).then(|| i32::from(lit - 0x30))
 }
 
-/// Compiles the call frame information of the ELF file in `data`.
-pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
-    let file = object::File::parse(data)?;
-    let section = file
-        .section_by_name(".eh_frame")
-        .ok_or(CfiError::NoEhFrame)?;
-    let eh_data = section.uncompressed_data()?;
-    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-    if let Some(text) = file.section_by_name(".text") {
-        bases = bases.set_text(text.address());
-    }
-    if let Some(got) = file.section_by_name(".got") {
-        bases = bases.set_got(got.address());
-    }
-    let eh_frame = EhFrame::new(&eh_data, LittleEndian);
+/// Appends the rows of every FDE in `section` (`.eh_frame` or
+/// `.debug_frame`), each function followed by a row that ends it.
+fn add_rows<'d, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    rows: &mut Vec<Row>,
+    unsupported: &mut usize,
+) -> Result<(), gimli::Error>
+where
+    S: UnwindSection<EndianSlice<'d, LittleEndian>>,
+{
     let mut ctx = UnwindContext::new();
-    let mut table = Table::default();
-    let mut rows: Vec<Row> = Vec::new();
-    let mut entries = eh_frame.entries(&bases);
+    let mut entries = section.entries(bases);
     while let Some(entry) = entries.next()? {
         let CieOrFde::Fde(partial) = entry else {
             continue;
         };
-        let fde = partial.parse(EhFrame::cie_from_offset)?;
-        let mut fde_rows = fde.rows(&eh_frame, &bases, &mut ctx)?;
+        let fde = partial.parse(S::cie_from_offset)?;
+        let mut fde_rows = fde.rows(section, bases, &mut ctx)?;
         while let Some(r) = fde_rows.next_row()? {
             let mut row = Row::none(r.start_address());
             let ra = r.register(X86_64::RA);
@@ -168,7 +162,7 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
                     }
                 }
                 CfaRule::Expression(e) if ra_ok => {
-                    let expr = e.get(&eh_frame)?;
+                    let expr = e.get(section)?;
                     if let Some(n) = plt_threshold(expr.0.slice()) {
                         row.cfa = CFA_PLT;
                         row.cfa_offset = n;
@@ -188,12 +182,47 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
                 row.cfa = CFA_END;
             }
             if row.cfa == CFA_NONE {
-                table.unsupported += 1;
+                *unsupported += 1;
             }
             rows.push(row);
         }
         // Past the function, nothing is known until the next FDE says so.
         rows.push(Row::none(fde.initial_address() + fde.len()));
+    }
+    Ok(())
+}
+
+/// Compiles the call frame information of the ELF file in `data`: its
+/// `.eh_frame`, and its `.debug_frame` where it has one (code built without
+/// unwind tables keeps its CFI there, beside the C runtime's `.eh_frame`).
+pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
+    let file = object::File::parse(data)?;
+    let mut bases = BaseAddresses::default();
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    if let Some(got) = file.section_by_name(".got") {
+        bases = bases.set_got(got.address());
+    }
+    let mut table = Table::default();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut found = false;
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        let eh_data = section.uncompressed_data()?;
+        let bases = bases.clone().set_eh_frame(section.address());
+        let eh_frame = EhFrame::new(&eh_data, LittleEndian);
+        add_rows(&eh_frame, &bases, &mut rows, &mut table.unsupported)?;
+        found = true;
+    }
+    if let Some(section) = file.section_by_name(".debug_frame") {
+        let debug_data = section.uncompressed_data()?;
+        let mut debug_frame = DebugFrame::new(&debug_data, LittleEndian);
+        debug_frame.set_address_size(8);
+        add_rows(&debug_frame, &bases, &mut rows, &mut table.unsupported)?;
+        found = true;
+    }
+    if !found {
+        return Err(CfiError::NoCfi);
     }
     // A function's end marker and the next function's first row share an
     // address: the function's row wins, since it is the one that covers it.
@@ -281,6 +310,10 @@ pub struct Region {
 #[derive(Debug, Default)]
 pub struct Tables {
     files: HashMap<(u64, u64), Option<Arc<FileTable>>>,
+    /// Files whose call frame information could not be read, and why:
+    /// their code is walked by frame pointer.
+    pub unreadable: Vec<(String, CfiError)>,
+    vdso: Option<Option<Arc<FileTable>>>,
 }
 
 impl Tables {
@@ -301,21 +334,29 @@ impl Tables {
                     .or_else(|_| File::open(format!("{proc_dir}/root{path}")))
                     .ok()
             });
-            let table = file.and_then(|f| {
-                let meta = f.metadata().ok()?;
-                self.files
-                    .entry((meta.dev(), meta.ino()))
-                    .or_insert_with(|| {
-                        // Mapped, only the headers and `.eh_frame` are read
-                        // of a file that may be mostly debug information.
-                        let data = crate::memory::Mapped::of(&f).ok()?;
-                        Some(Arc::new(FileTable {
-                            table: compile(&data).unwrap_or_default(),
-                            segments: segments(&data),
-                        }))
-                    })
-                    .clone()
-            });
+            let table = if m.name == "[vdso]" {
+                self.vdso()
+            } else {
+                file.and_then(|f| {
+                    let meta = f.metadata().ok()?;
+                    self.files
+                        .entry((meta.dev(), meta.ino()))
+                        .or_insert_with(|| {
+                            // Mapped, only the headers and the CFI are read of
+                            // a file that may be mostly debug information.
+                            let data = crate::memory::Mapped::of(&f).ok()?;
+                            let table = compile(&data).unwrap_or_else(|e| {
+                                self.unreadable.push((m.name.clone(), e));
+                                Table::default()
+                            });
+                            Some(Arc::new(FileTable {
+                                table,
+                                segments: segments(&data),
+                            }))
+                        })
+                        .clone()
+                })
+            };
             let bias = table
                 .as_ref()
                 .and_then(|t| t.bias(m.start, m.offset, m.end - m.start))
@@ -329,6 +370,28 @@ impl Tables {
             });
         }
         Ok(regions)
+    }
+
+    /// The vDSO's table. The kernel maps one image into every process, so
+    /// it is compiled once, from this process's own copy.
+    fn vdso(&mut self) -> Option<Arc<FileTable>> {
+        self.vdso
+            .get_or_insert_with(|| {
+                let m = procmaps::read(None)
+                    .ok()?
+                    .into_iter()
+                    .find(|m| m.name == "[vdso]")?;
+                // SAFETY: the kernel maps the vDSO readable for the whole
+                // life of this process.
+                let data = unsafe {
+                    std::slice::from_raw_parts(m.start as *const u8, (m.end - m.start) as usize)
+                };
+                Some(Arc::new(FileTable {
+                    table: compile(data).ok()?,
+                    segments: segments(data),
+                }))
+            })
+            .clone()
     }
 
     /// Files with tables, their rows, and the rows' size in bytes as the
@@ -494,6 +557,33 @@ impl KernelTables {
     pub fn stats(&self) -> (usize, usize, usize) {
         let rows = self.next_row as usize;
         (self.loaded.len(), rows, rows * size_of::<CfiRow>())
+    }
+
+    /// What could not be unwound from CFI and why, one line each: files
+    /// without readable CFI (not those with none at all, such as JIT
+    /// code, which the frame counts report) and tables that were full.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let broken: Vec<_> = self
+            .tables
+            .unreadable
+            .iter()
+            .filter(|(_, e)| !matches!(e, CfiError::NoCfi))
+            .collect();
+        if let Some((name, why)) = broken.first() {
+            out.push(format!(
+                "{} file(s) with unreadable CFI were walked by frame pointer, first {name}: {why}",
+                broken.len()
+            ));
+        }
+        if self.files_not_loaded + self.processes_not_loaded > 0 {
+            out.push(format!(
+                "{} file(s) and {} process(es) did not fit in the CFI tables and were walked by \
+                 frame pointer",
+                self.files_not_loaded, self.processes_not_loaded
+            ));
+        }
+        out
     }
 }
 
@@ -767,6 +857,35 @@ mod tests {
         // 0x91190.
         assert_eq!(start + 0x190 - bias, 0x91190);
         assert_eq!(file.bias(start, 0x400000, 0x1000), None);
+    }
+
+    #[test]
+    fn the_vdso_has_one_table_for_every_process() {
+        let mut tables = Tables::default();
+        let vdso = |regions: Vec<Region>| {
+            regions
+                .into_iter()
+                .find(|r| r.name == "[vdso]")
+                .and_then(|r| Some((r.start, r.bias, r.table?)))
+                .unwrap()
+        };
+        let (start, bias, mine) = vdso(tables.process(None).unwrap());
+        // Its image starts at address 0, where it is mapped.
+        assert_eq!(bias, start);
+        assert!(
+            mine.table.rows.iter().any(|r| r.cfa == CFA_RSP),
+            "{:?}",
+            mine.table.rows
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (_, _, theirs) = vdso(tables.process(Some(child.id())).unwrap());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(Arc::ptr_eq(&mine, &theirs));
     }
 
     #[test]

@@ -506,14 +506,8 @@ impl Tool for Profile {
         if let Some(cfi) = &self.cfi {
             let (files, rows, bytes) = cfi.stats();
             self.tables = Some(format!(
-                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel{}",
+                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel",
                 bytes / 1024,
-                match (cfi.files_not_loaded, cfi.processes_not_loaded) {
-                    (0, 0) => String::new(),
-                    (f, p) => format!(
-                        "; {f} files and {p} processes did not fit and were walked by frame pointer"
-                    ),
-                }
             ));
         }
         Ok(())
@@ -521,6 +515,10 @@ impl Tool for Profile {
 
     fn summary(&self) -> Vec<String> {
         self.summary.iter().chain(&self.tables).cloned().collect()
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default()
     }
 }
 
