@@ -80,6 +80,23 @@ struct Stopped {
     events: u64,
     /// Its stderr.
     stderr: String,
+    /// CPU time its threads ran, up to the signal to stop.
+    cpu_ns: u64,
+    /// From the signal to stop to its exit (its report).
+    report: Duration,
+}
+
+/// Nanoseconds the threads of process `pid` have run (schedstat's first
+/// field: nanoseconds, not ticks).
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// Reads `stream` line by line in a thread: `ready` is told when a line
@@ -159,12 +176,17 @@ impl Tracer {
     }
 
     fn stop(mut self) -> anyhow::Result<Stopped> {
+        let cpu_ns = cpu_ns(self.child.id());
+        let signalled = std::time::Instant::now();
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         self.child.wait()?;
+        let report = signalled.elapsed();
         Ok(Stopped {
             events: self.stdout.join().unwrap_or(0),
             stderr: self.stderr.join().unwrap_or_default(),
+            cpu_ns,
+            report,
         })
     }
 }
@@ -239,6 +261,10 @@ fn bpf_run_ns() -> u64 {
 struct Outcome {
     cost: f64,
     bpf_ns: f64,
+    /// The lowest and highest BPF time per operation over the trials.
+    bpf_spread: (f64, f64),
+    /// The median CPU time of the tracer's own process per operation.
+    tracer_ns: f64,
     stops: Vec<Stopped>,
 }
 
@@ -266,10 +292,13 @@ fn trials(
             // Let attach-time work settle before timing.
             std::thread::sleep(Duration::from_millis(200));
             let before = bpf_run_ns();
+            let cpu_before = tracer.as_ref().map_or(0, |t| cpu_ns(t.child.id()));
             let (cost, ops) = workload()?;
             let bpf = bpf_run_ns().saturating_sub(before) as f64 / ops.max(1) as f64;
             if let Some(t) = tracer {
-                samples[i].2.push(t.stop()?);
+                let mut stopped = t.stop()?;
+                stopped.cpu_ns = stopped.cpu_ns.saturating_sub(cpu_before) / ops.max(1);
+                samples[i].2.push(stopped);
             }
             eprintln!(
                 "  trial {}: {:<40} {cost:>10.0} {unit} {bpf:>8.0} bpf ns/op",
@@ -284,7 +313,16 @@ fn trials(
         .into_iter()
         .map(|(costs, bpf, stops)| Outcome {
             cost: median(costs),
+            bpf_spread: (
+                bpf.iter().copied().fold(f64::INFINITY, f64::min),
+                bpf.iter().copied().fold(0.0, f64::max),
+            ),
             bpf_ns: median(bpf),
+            tracer_ns: if stops.is_empty() {
+                0.0
+            } else {
+                median(stops.iter().map(|s| s.cpu_ns as f64).collect())
+            },
             stops,
         })
         .collect())
@@ -298,14 +336,16 @@ fn report(setups: &[Setup], results: &[Outcome], unit: &str) -> (f64, f64) {
     let peer_added = results[1].cost - bare;
     let peer_bpf = results[1].bpf_ns;
     println!();
+    let op = unit.split('/').nth(1).unwrap_or("op");
     println!(
-        "{:<40} {:>14} {:>12} {:>14} {:>12} {:>12}",
+        "{:<44} {:>12} {:>10} {:>8} {:>18} {:>8} {:>12}",
         "configuration",
         unit,
         format!("added {}", unit.split('/').next().unwrap_or(unit)),
-        "added vs peer",
-        "bpf ns/op",
-        "bpf vs peer"
+        "vs peer",
+        format!("bpf ns/{op} (range)"),
+        "vs peer",
+        format!("tracer ns/{op}"),
     );
     for (s, r) in setups.iter().zip(results) {
         let added = r.cost - bare;
@@ -322,9 +362,13 @@ fn report(setups: &[Setup], results: &[Outcome], unit: &str) -> (f64, f64) {
                 },
             )
         };
+        let bpf = format!(
+            "{:.0} ({:.0}-{:.0})",
+            r.bpf_ns, r.bpf_spread.0, r.bpf_spread.1
+        );
         println!(
-            "{:<40} {:>14.0} {added:>12.0} {ratio:>14} {:>12.0} {bpf_ratio:>12}",
-            s.label, r.cost, r.bpf_ns
+            "{:<44} {:>12.0} {added:>10.0} {ratio:>8} {bpf:>18} {bpf_ratio:>8} {:>12.0}",
+            s.label, r.cost, r.tracer_ns
         );
     }
     (
@@ -665,26 +709,80 @@ const PROFILE_ROUNDS: u64 = 3_000;
 /// Profile fixture processes: one per core of these machines.
 const PROFILE_WORKERS: usize = 2;
 
-/// Runs the CPU-bound fixture on every core; returns nanoseconds per round
-/// (mean over the workers).
-fn cpu_work(fixture: &Path) -> anyhow::Result<(f64, u64)> {
+/// A CPU-bound program run once per core: what it is, and how it is
+/// started. It prints `done NS`, the wall time of its fixed work.
+struct CpuLoad {
+    /// Its name in reports and its `comm` in stacks.
+    comm: &'static str,
+    /// The program and its arguments.
+    argv: Vec<String>,
+    /// Rounds of work one process does.
+    rounds: u64,
+    /// A frame every whole stack holds, as rtrace and perf name it.
+    main: (&'static str, &'static str),
+}
+
+impl CpuLoad {
+    /// The profile fixture, `hotfuncs` or `hotfuncs_nofp`.
+    fn hotfuncs(name: &'static str) -> Self {
+        Self {
+            comm: name,
+            argv: vec![
+                crate::root()
+                    .join("target/release")
+                    .join(name)
+                    .to_string_lossy()
+                    .into_owned(),
+                "work".into(),
+                PROFILE_ROUNDS.to_string(),
+            ],
+            rounds: PROFILE_ROUNDS,
+            main: ("hotfuncs::main", "main"),
+        }
+    }
+
+    /// Debian's python3, which has no frame pointers, in a busy loop:
+    /// a round is 10,000 iterations.
+    fn python() -> Self {
+        const ROUNDS: u64 = 4_000;
+        Self {
+            comm: "python3",
+            argv: vec![
+                "/usr/bin/python3".into(),
+                "-c".into(),
+                format!(
+                    "import time\nt = time.perf_counter_ns()\nx = 0\n\
+                     for i in range({}):\n    x += i\n\
+                     print('done', time.perf_counter_ns() - t)",
+                    ROUNDS * 10_000
+                ),
+            ],
+            rounds: ROUNDS,
+            main: ("Py_BytesMain", "Py_BytesMain"),
+        }
+    }
+}
+
+/// Runs `load` on every core; returns nanoseconds per round (mean over the
+/// processes) and the rounds done.
+fn cpu_work(load: &CpuLoad) -> anyhow::Result<(f64, u64)> {
     let workers: Vec<_> = (0..PROFILE_WORKERS)
         .map(|_| {
-            Command::new(fixture)
-                .args(["work", &PROFILE_ROUNDS.to_string()])
+            Command::new(&load.argv[0])
+                .args(&load.argv[1..])
                 .stdout(Stdio::piped())
                 .spawn()
-                .context("cannot start hotfuncs")
+                .with_context(|| format!("cannot start {}", load.comm))
         })
         .collect::<anyhow::Result<_>>()?;
     let mut total = 0.0;
     for w in workers {
         let out = w.wait_with_output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let ns = done_ns(&text).with_context(|| format!("hotfuncs said {text:?}"))?;
+        let ns = done_ns(&text).with_context(|| format!("{} said {text:?}", load.comm))?;
         total += ns;
     }
-    let rounds = PROFILE_ROUNDS * PROFILE_WORKERS as u64;
+    let rounds = load.rounds * PROFILE_WORKERS as u64;
     Ok((total / rounds as f64, rounds))
 }
 
@@ -697,7 +795,7 @@ fn seconds(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
 
 fn profile() -> anyhow::Result<()> {
     let rtrace = crate::build()?;
-    let fixture = crate::root().join("target/release/hotfuncs");
+    let fixture = CpuLoad::hotfuncs("hotfuncs");
     let dir = crate::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let data = dir.join("perf.data");
@@ -768,7 +866,8 @@ fn profile() -> anyhow::Result<()> {
         perf_report.push(stop + report);
     }
     let (ours, script, report) = (median(ours), median(perf_script), median(perf_report));
-    let unwinding = profile_unwinding(&rtrace, &data_s)?;
+    let mut unwinding = profile_unwinding(&rtrace, &data_s, &CpuLoad::hotfuncs("hotfuncs_nofp"))?;
+    unwinding.extend(profile_unwinding(&rtrace, &data_s, &CpuLoad::python())?);
     println!();
     for (hz, ratio, peer_added) in ratios {
         if peer_added <= 0.0 {
@@ -833,11 +932,51 @@ fn perf_whole_share(script: &str, comm: &str, frame: &str) -> (u64, u64) {
     (whole, all)
 }
 
-/// The CPU fixture built without frame pointers, under perf's DWARF mode,
-/// perf's frame-pointer mode and rtrace's CFI walk: the cost each adds,
-/// and the share of the fixture's samples whose stacks reach `main`.
-fn profile_unwinding(rtrace: &Path, data_s: &str) -> anyhow::Result<Vec<String>> {
-    let fixture = crate::root().join("target/release/hotfuncs_nofp");
+/// Samples perf lost, from its own statistics of `data`.
+fn perf_lost(data: &str) -> u64 {
+    let Ok(out) = Command::new("perf")
+        .args(["report", "--stats", "-i", data])
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return 0;
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("LOST"))
+        .filter_map(|l| {
+            l.split(':')
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Samples rtrace lost or could not give a stack: its warnings' counts of
+/// stacks lost or walked by frame pointer for want of tables.
+fn rtrace_lost(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("rtrace: warning:") && l.contains("lost"))
+        .filter_map(|l| {
+            l.trim_start_matches("rtrace: warning:")
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// A workload without frame pointers under perf's DWARF mode, perf's
+/// frame-pointer mode and rtrace's CFI walk: the cost each adds (the
+/// workload's slowdown, the tracer's own CPU and BPF time), samples lost,
+/// the share of samples whose stacks reach main, the time from Ctrl-C to a
+/// finished report, and rtrace's start-up and table memory.
+fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Result<Vec<String>> {
     let perf_ready = Ready::After(Duration::from_secs(1));
     let mut lines = Vec::new();
     for hz in ["99", "999"] {
@@ -876,61 +1015,133 @@ fn profile_unwinding(rtrace: &Path, data_s: &str) -> anyhow::Result<Vec<String>>
             ),
         ];
         eprintln!(
-            "bench profile: {PROFILE_WORKERS} CPU-bound processes without frame pointers, \
-             {PROFILE_ROUNDS} rounds each, {hz} Hz on every CPU, median of {TRIALS} trials"
+            "bench profile: {PROFILE_WORKERS} CPU-bound {} processes without frame pointers, \
+             {} rounds each, {hz} Hz on every CPU, median of {TRIALS} trials",
+            load.comm, load.rounds
         );
-        let results = trials(&setups, "ns/round", || cpu_work(&fixture))?;
+        let results = trials(&setups, "ns/round", || cpu_work(load))?;
         let (ratio, _) = report(&setups, &results, "ns/round");
         let dwarf_added = results[1].cost - results[0].cost;
+        let (dwarf, ours) = (&results[1], &results[2]);
+        lines.push(format!(
+            "{}, no frame pointers, {hz} Hz: rtrace's BPF time {:.0} ns/round (range {:.0}-{:.0}) \
+             and own CPU {:.0} ns/round; perf --call-graph dwarf's own CPU {:.0} ns/round \
+             (its copy of each sample's stack, made in the sampled task, is in the slowdown only)",
+            load.comm,
+            ours.bpf_ns,
+            ours.bpf_spread.0,
+            ours.bpf_spread.1,
+            ours.tracer_ns,
+            dwarf.tracer_ns
+        ));
         lines.push(if dwarf_added <= 0.0 {
-            format!("no frame pointers, {hz} Hz: perf's DWARF mode adds no cost above the noise")
+            format!(
+                "{}, {hz} Hz: perf's DWARF mode adds no slowdown above the noise",
+                load.comm
+            )
         } else {
             format!(
-                "no frame pointers, {hz} Hz: rtrace (CFI in the kernel) adds {ratio:.2}x what \
-                 perf record --call-graph dwarf adds (goal: at most 0.5x)"
+                "{}, {hz} Hz: rtrace (CFI in the kernel) slows the work {ratio:.2}x as much as \
+                 perf record --call-graph dwarf (goal: at most 0.5x)",
+                load.comm
             )
         });
     }
-    // Whole stacks, one run of each at 999 Hz.
-    let out = Command::new(rtrace)
-        .args(["profile", "-F", "999", "-f", "2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    cpu_work(&fixture)?;
-    let text = String::from_utf8_lossy(&out.wait_with_output()?.stdout).into_owned();
-    let (ours, ours_all) = whole_share(&text, "hotfuncs_nofp", "hotfuncs::main");
-    let perf = Command::new("perf")
-        .args([
-            "record",
-            "-q",
-            "--call-graph",
-            "dwarf",
-            "-a",
-            "-F",
-            "999",
-            "-o",
-            data_s,
-            "--",
-            "sleep",
-            "2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    cpu_work(&fixture)?;
-    perf.wait_with_output()?;
-    let script = Command::new("perf")
-        .args(["script", "-i", data_s])
-        .output()?;
-    let script = String::from_utf8_lossy(&script.stdout);
-    let (theirs, theirs_all) = perf_whole_share(&script, "hotfuncs_nofp", "main");
+    // One run of each at 999 Hz: whole stacks, losses and report time.
+    // The folded text is what the whole-stack share is read from, so this
+    // run keeps its stdout.
+    let (stderr, ready_in, report, folded) = {
+        let mut child = Command::new(rtrace)
+            .args(["profile", "-v", "-F", "999", "-f"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let launch = std::time::Instant::now();
+        let mut err = BufReader::new(child.stderr.take().context("no stderr")?);
+        let mut banner = String::new();
+        let mut early = String::new();
+        while err.read_line(&mut banner)? > 0 {
+            if banner.starts_with("Sampling") {
+                break;
+            }
+            early.push_str(&banner);
+            banner.clear();
+        }
+        let ready_in = launch.elapsed();
+        let out = child.stdout.take().context("no stdout")?;
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            BufReader::new(out).read_to_string(&mut s).map(|_| s)
+        });
+        cpu_work(load)?;
+        let signalled = std::time::Instant::now();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        child.wait()?;
+        let report = signalled.elapsed();
+        let folded = reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("the stdout reader died"))??;
+        let mut rest = String::new();
+        err.read_to_string(&mut rest)?;
+        (early + &rest, ready_in, report, folded)
+    };
+    let (ours, ours_all) = whole_share(&folded, load.comm, load.main.0);
+    let ours_lost = rtrace_lost(&stderr) + whole_share(&folded, load.comm, "[Missed User Stack]").0;
+    let tables = stderr
+        .lines()
+        .find_map(|l| l.split_once("CFI tables: ").map(|(_, t)| t.to_owned()))
+        .unwrap_or_else(|| "not reported".into());
+
+    let mut cmd = Command::new("perf");
+    cmd.args([
+        "record",
+        "-q",
+        "--call-graph",
+        "dwarf",
+        "-a",
+        "-F",
+        "999",
+        "-o",
+        data_s,
+    ]);
+    let t = Tracer::start(cmd, perf_ready, None)?;
+    cpu_work(load)?;
+    let perf_stop = t.stop()?.report;
+    let mut script = String::new();
+    let script_time = seconds(|| {
+        let out = Command::new("perf")
+            .args(["script", "-i", data_s])
+            .stderr(Stdio::null())
+            .output()?;
+        script = String::from_utf8_lossy(&out.stdout).into_owned();
+        Ok(())
+    })?;
+    let (theirs, theirs_all) = perf_whole_share(&script, load.comm, load.main.1);
+    let theirs_lost = perf_lost(data_s);
     let pct = |a: u64, b: u64| 100.0 * a as f64 / b.max(1) as f64;
     lines.push(format!(
-        "whole stacks (reaching main), no frame pointers, 999 Hz: rtrace {:.1}% of {ours_all}, \
-         perf --call-graph dwarf {:.1}% of {theirs_all}",
+        "{}, 999 Hz, whole stacks (reaching {}): rtrace {:.1}% of {ours_all}, \
+         perf --call-graph dwarf {:.1}% of {theirs_all}; samples lost or without their stack: \
+         rtrace {ours_lost}, perf {theirs_lost}",
+        load.comm,
+        load.main.0,
         pct(ours, ours_all),
         pct(theirs, theirs_all)
+    ));
+    let perf_total = perf_stop.as_secs_f64() + script_time;
+    lines.push(format!(
+        "{}, 999 Hz, Ctrl-C to finished report: rtrace {:.3} s; perf record stop + perf script \
+         {perf_total:.3} s ({:.2}x; goal: at most 0.2x)",
+        load.comm,
+        report.as_secs_f64(),
+        report.as_secs_f64() / perf_total
+    ));
+    lines.push(format!(
+        "{}: rtrace from launch to sampling {:.0} ms (tables of processes that exist are built \
+         as their first samples arrive); CFI tables {tables}",
+        load.comm,
+        ready_in.as_secs_f64() * 1000.0
     ));
     Ok(lines)
 }
