@@ -442,6 +442,27 @@ mod cfi {
         i64::from(ret == 0)
     }
 
+    /// A process that runs a new program has none of the regions user
+    /// space read before: they are dropped at once (its samples go by frame
+    /// pointer, counted, until it has new ones) and user space is told to
+    /// read them again. Without this, regions read between a fork and its
+    /// exec would be trusted for the new program's code.
+    #[aya_ebpf::macros::tracepoint]
+    pub fn profile_exec(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
+        let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
+        if CFI_PROCS.remove(&tgid).is_ok() {
+            rtrace_ebpf::events::emit(
+                &super::EVENTS,
+                &ctx,
+                &rtrace_common::profile::Seen {
+                    tgid,
+                    flags: rtrace_common::profile::SEEN_NEW_CODE,
+                },
+            );
+        }
+        0
+    }
+
     /// Walks the current task's user stack into the scratch value's stack
     /// and returns its depth, and whether user space should read the
     /// process's regions again (it ran code in none of them; said at most

@@ -379,6 +379,15 @@ impl Tool for Profile {
             }
             self.cfi = Some(tables);
         }
+        if self.cfi_loaded {
+            let exec: &mut aya::programs::TracePoint = ebpf
+                .program_mut("profile_exec")
+                .context("program profile_exec missing")?
+                .try_into()?;
+            exec.load().context("cannot load the exec program")?;
+            exec.attach("sched", "sched_process_exec")
+                .context("cannot attach to sched:sched_process_exec")?;
+        }
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
             .context("program profile missing")?
