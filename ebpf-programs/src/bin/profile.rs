@@ -450,7 +450,7 @@ mod cfi {
     #[aya_ebpf::macros::tracepoint]
     pub fn profile_exec(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
         let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
-        if CFI_PROCS.remove(&tgid).is_ok() {
+        if CFI_PROCS.remove(tgid).is_ok() {
             rtrace_ebpf::events::emit(
                 &super::EVENTS,
                 &ctx,
