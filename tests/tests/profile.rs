@@ -82,41 +82,26 @@ fn profile_fixture(name: &str, extra: &[&str]) -> (String, i64, i64) {
 #[test]
 fn hot_functions_in_proportion_with_their_callers() {
     let (stdout, alpha_ns, beta_ns) = profile_hotfuncs(&["-f"]);
-    let folded = parse_folded(&stdout);
-    let alpha = count_with(&folded, "hotfuncs::hot_alpha");
-    let beta = count_with(&folded, "hotfuncs::hot_beta");
-    // Three seconds at 199 Hz is about 600 samples.
-    assert!(alpha + beta >= 300, "too few samples: {alpha} + {beta}");
-    let measured = alpha as f64 / (alpha + beta) as f64;
-    let expected = alpha_ns as f64 / (alpha_ns + beta_ns) as f64;
     assert!(
-        (measured - expected).abs() <= 0.10,
-        "hot_alpha has {measured:.3} of the samples; the fixture spent {expected:.3} of its CPU time there"
+        parse_folded(&stdout).keys().all(|f| f[0] == "hotfuncs"),
+        "stacks of other commands:\n{stdout}"
     );
-
-    // The whole chain: the hot function under work_caller under main, all
-    // under the fixture's command.
-    let mut chained = 0;
-    for (frames, count) in &folded {
-        let Some(i) = frames
-            .iter()
-            .position(|f| f.ends_with("::hot_alpha") || f.ends_with("::hot_beta"))
-        else {
-            continue;
-        };
-        assert_eq!(frames[0], "hotfuncs");
-        if i >= 2 && frames[i - 1] == "hotfuncs::work_caller" && frames[i - 2] == "hotfuncs::main" {
-            chained += count;
-        }
-    }
     // A sample in a function's first instructions, before it has set up its
-    // frame, skips its caller; that is at most a few percent.
-    assert!(
-        chained as f64 >= 0.9 * (alpha + beta) as f64,
-        "only {chained} of {} hot samples have main;work_caller above them:\n{stdout}",
-        alpha + beta
+    // frame, skips its caller in a frame-pointer walk; that is at most a
+    // few percent.
+    check_chain(
+        &stdout,
+        HOT_LEAVES,
+        HOT_CALLERS,
+        (alpha_ns, beta_ns),
+        0.10,
+        0.9,
     );
 }
+
+/// The Rust fixture's hot leaves and their callers.
+const HOT_LEAVES: [&str; 2] = ["hotfuncs::hot_alpha", "hotfuncs::hot_beta"];
+const HOT_CALLERS: &[&str] = &["hotfuncs::main", "hotfuncs::work_caller"];
 
 /// Built without frame pointers, the fixture's stacks come out whole only
 /// through the CFI walk: every hot sample under `work_caller` under `main`,
@@ -124,83 +109,80 @@ fn hot_functions_in_proportion_with_their_callers() {
 #[test]
 fn code_without_frame_pointers_keeps_its_whole_chain() {
     let (stdout, alpha_ns, beta_ns) = profile_fixture("hotfuncs_nofp", &["-f", "-U"]);
-    let folded = parse_folded(&stdout);
-    let alpha = count_with(&folded, "hotfuncs::hot_alpha");
-    let beta = count_with(&folded, "hotfuncs::hot_beta");
-    assert!(
-        alpha + beta >= 300,
-        "too few samples: {alpha} + {beta}:\n{stdout}"
-    );
-    let measured = alpha as f64 / (alpha + beta) as f64;
-    let expected = alpha_ns as f64 / (alpha_ns + beta_ns) as f64;
-    assert!(
-        (measured - expected).abs() <= 0.05,
-        "hot_alpha has {measured:.3} of the samples; the fixture spent {expected:.3} there"
-    );
-    let mut chained = 0;
-    for (frames, count) in &folded {
-        let Some(i) = frames
-            .iter()
-            .position(|f| f.ends_with("::hot_alpha") || f.ends_with("::hot_beta"))
-        else {
-            continue;
-        };
-        let main = frames.iter().position(|f| f == "hotfuncs::main");
-        if i >= 2 && frames[i - 1] == "hotfuncs::work_caller" && main == Some(i - 2) {
-            chained += count;
-        }
-    }
-    assert!(
-        chained as f64 >= 0.95 * (alpha + beta) as f64,
-        "only {chained} of {} hot samples have main;work_caller above them:\n{stdout}",
-        alpha + beta
+    check_chain(
+        &stdout,
+        HOT_LEAVES,
+        HOT_CALLERS,
+        (alpha_ns, beta_ns),
+        0.05,
+        0.95,
     );
 }
 
-/// Samples of the C fixture's leaves, and those of them whose stack has
-/// `main;mid` right above the leaf.
-fn c_leaves(folded: &BTreeMap<Vec<String>, u64>) -> (u64, u64, u64) {
-    let (mut alpha, mut beta, mut chained) = (0, 0, 0);
+/// Samples whose stack holds one of the two `leaves` (frames ending so),
+/// each leaf's count, and those of them with exactly `callers` (outermost
+/// first) right above the leaf.
+fn leaf_chain(
+    folded: &BTreeMap<Vec<String>, u64>,
+    leaves: [&str; 2],
+    callers: &[&str],
+) -> (u64, u64, u64) {
+    let (mut first, mut second, mut chained) = (0, 0, 0);
     for (frames, count) in folded {
         let Some(i) = frames
             .iter()
-            .position(|f| f == "leaf_alpha" || f == "leaf_beta")
+            .position(|f| leaves.iter().any(|l| f.ends_with(l)))
         else {
             continue;
         };
-        if frames[i] == "leaf_alpha" {
-            alpha += count;
+        if frames[i].ends_with(leaves[0]) {
+            first += count;
         } else {
-            beta += count;
+            second += count;
         }
-        if i >= 2 && frames[i - 1] == "mid" && frames[i - 2] == "main" {
+        if i >= callers.len() && frames[i - callers.len()..i] == *callers {
             chained += count;
         }
     }
-    (alpha, beta, chained)
+    (first, second, chained)
 }
 
-/// Checks a C fixture's profile: enough samples, the leaves in the
-/// fixture's own split within 5 points, and at least 95 % of them under
-/// `main;mid`.
-fn check_c_chain(stdout: &str, alpha_ns: i64, beta_ns: i64) {
+/// Checks a CPU fixture's profile: at least 300 samples in its two
+/// leaves, their split within `tolerance` of the CPU time the fixture
+/// measured in each, and at least `whole` of them under `callers`.
+fn check_chain(
+    stdout: &str,
+    leaves: [&str; 2],
+    callers: &[&str],
+    measured_ns: (i64, i64),
+    tolerance: f64,
+    whole: f64,
+) {
     let folded = parse_folded(stdout);
-    let (alpha, beta, chained) = c_leaves(&folded);
+    let (first, second, chained) = leaf_chain(&folded, leaves, callers);
+    let all = first + second;
+    assert!(all >= 300, "too few samples: {first} + {second}:\n{stdout}");
+    let share = first as f64 / all as f64;
+    let expected = measured_ns.0 as f64 / (measured_ns.0 + measured_ns.1) as f64;
     assert!(
-        alpha + beta >= 300,
-        "too few samples: {alpha} + {beta}:\n{stdout}"
-    );
-    let measured = alpha as f64 / (alpha + beta) as f64;
-    let expected = alpha_ns as f64 / (alpha_ns + beta_ns) as f64;
-    assert!(
-        (measured - expected).abs() <= 0.05,
-        "leaf_alpha has {measured:.3} of the samples; the fixture spent {expected:.3} there"
+        (share - expected).abs() <= tolerance,
+        "{} has {share:.3} of the samples; the fixture spent {expected:.3} of its CPU time there",
+        leaves[0]
     );
     assert!(
-        chained as f64 >= 0.95 * (alpha + beta) as f64,
-        "only {chained} of {} leaf samples have main;mid above them:\n{stdout}",
-        alpha + beta
+        chained as f64 >= whole * all as f64,
+        "only {chained} of {all} leaf samples have {callers:?} above them:\n{stdout}"
     );
+}
+
+/// The C fixture's leaves and their callers.
+const C_LEAVES: [&str; 2] = ["leaf_alpha", "leaf_beta"];
+const C_CALLERS: &[&str] = &["main", "mid"];
+
+/// Checks the C fixture's profile: the leaves in its own split within 5
+/// points, and 95 % of them under `main;mid`.
+fn check_c_chain(stdout: &str, alpha_ns: i64, beta_ns: i64) {
+    check_chain(stdout, C_LEAVES, C_CALLERS, (alpha_ns, beta_ns), 0.05, 0.95);
 }
 
 /// C built with `-fomit-frame-pointer`: whole chains from CFI.
@@ -228,7 +210,7 @@ fn frameless_leaves_keep_their_caller() {
     check_c_chain(&stdout, alpha_ns, beta_ns);
 
     let (stdout, _, _) = profile_fixture("cfuncs", &["-f", "-U", "--unwind", "fp"]);
-    let (alpha, beta, chained) = c_leaves(&parse_folded(&stdout));
+    let (alpha, beta, chained) = leaf_chain(&parse_folded(&stdout), C_LEAVES, C_CALLERS);
     assert!(alpha + beta >= 300, "too few samples:\n{stdout}");
     assert!(
         (chained as f64) < 0.5 * (alpha + beta) as f64,

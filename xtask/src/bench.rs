@@ -932,6 +932,22 @@ fn perf_whole_share(script: &str, comm: &str, frame: &str) -> (u64, u64) {
     (whole, all)
 }
 
+/// `perf record`'s arguments for DWARF call graphs of the whole machine
+/// at `hz`, into `data`.
+fn perf_dwarf<'a>(hz: &'a str, data: &'a str) -> [&'a str; 9] {
+    [
+        "record",
+        "-q",
+        "--call-graph",
+        "dwarf",
+        "-a",
+        "-F",
+        hz,
+        "-o",
+        data,
+    ]
+}
+
 /// Samples perf lost, from its own statistics of `data`.
 fn perf_lost(data: &str) -> u64 {
     let Ok(out) = Command::new("perf")
@@ -985,17 +1001,7 @@ fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Res
             Setup::traced(
                 format!("perf record --call-graph dwarf -a -F {hz}"),
                 "perf",
-                &[
-                    "record",
-                    "-q",
-                    "--call-graph",
-                    "dwarf",
-                    "-a",
-                    "-F",
-                    hz,
-                    "-o",
-                    data_s,
-                ],
+                &perf_dwarf(hz, data_s),
                 perf_ready,
                 None,
             ),
@@ -1094,17 +1100,7 @@ fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Res
         .unwrap_or_else(|| "not reported".into());
 
     let mut cmd = Command::new("perf");
-    cmd.args([
-        "record",
-        "-q",
-        "--call-graph",
-        "dwarf",
-        "-a",
-        "-F",
-        "999",
-        "-o",
-        data_s,
-    ]);
+    cmd.args(perf_dwarf("999", data_s));
     let t = Tracer::start(cmd, perf_ready, None)?;
     cpu_work(load)?;
     let perf_stop = t.stop()?.report;
