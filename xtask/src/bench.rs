@@ -68,8 +68,11 @@ enum Ready {
 /// A tracer running while the workload plays.
 struct Tracer {
     child: Child,
-    /// Counts stdout lines containing the needle, until stdout closes.
-    stdout: JoinHandle<u64>,
+    /// From launch to ready.
+    ready_in: Duration,
+    /// Counts stdout lines containing the needle, and keeps the text if
+    /// asked, until stdout closes.
+    stdout: JoinHandle<(u64, String)>,
     /// Collects stderr, until it closes.
     stderr: JoinHandle<String>,
 }
@@ -78,9 +81,13 @@ struct Tracer {
 struct Stopped {
     /// Its stdout lines that contained the needle.
     events: u64,
+    /// Its stdout, if kept ([`Tracer::start_keeping`]).
+    stdout: String,
+    /// From launch to ready.
+    ready_in: Duration,
     /// Its stderr.
     stderr: String,
-    /// CPU time its threads ran, up to the signal to stop.
+    /// CPU time its threads had run when told to stop.
     cpu_ns: u64,
     /// From the signal to stop to its exit (its report).
     report: Duration,
@@ -126,10 +133,25 @@ fn watch<R: Read + Send + 'static, T: Send + 'static>(
 impl Tracer {
     /// Starts `cmd`, counting stdout lines that contain `needle`, and waits
     /// until it is ready.
-    fn start(mut cmd: Command, ready: Ready, needle: Option<String>) -> anyhow::Result<Self> {
+    fn start(cmd: Command, ready: Ready, needle: Option<String>) -> anyhow::Result<Self> {
+        Self::start_with(cmd, ready, needle, false)
+    }
+
+    /// Starts `cmd` as [`Tracer::start`] does, keeping all its stdout.
+    fn start_keeping(cmd: Command, ready: Ready) -> anyhow::Result<Self> {
+        Self::start_with(cmd, ready, None, true)
+    }
+
+    fn start_with(
+        mut cmd: Command,
+        ready: Ready,
+        needle: Option<String>,
+        keep: bool,
+    ) -> anyhow::Result<Self> {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let launch = std::time::Instant::now();
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {cmd:?}"))?;
@@ -146,10 +168,14 @@ impl Tracer {
         let stdout = watch(
             child.stdout.take().unwrap(),
             on_out,
-            0u64,
-            move |n, line| {
+            (0u64, String::new()),
+            move |(n, text), line| {
                 if needle.as_deref().is_some_and(|s| line.contains(s)) {
                     *n += 1;
+                }
+                if keep {
+                    text.push_str(line);
+                    text.push('\n');
                 }
             },
         );
@@ -170,6 +196,7 @@ impl Tracer {
         }
         Ok(Self {
             child,
+            ready_in: launch.elapsed(),
             stdout,
             stderr,
         })
@@ -182,8 +209,11 @@ impl Tracer {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         self.child.wait()?;
         let report = signalled.elapsed();
+        let (events, stdout) = self.stdout.join().unwrap_or_default();
         Ok(Stopped {
-            events: self.stdout.join().unwrap_or(0),
+            events,
+            stdout,
+            ready_in: self.ready_in,
             stderr: self.stderr.join().unwrap_or_default(),
             cpu_ns,
             report,
@@ -282,10 +312,16 @@ fn trials(
 ) -> anyhow::Result<Vec<Outcome>> {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .context("cannot turn on BPF run-time statistics")?;
-    let mut samples: Vec<(Vec<f64>, Vec<f64>, Vec<Stopped>)> = setups
-        .iter()
-        .map(|_| (Vec::new(), Vec::new(), Vec::new()))
-        .collect();
+    /// One setup's measurements, a value per trial.
+    #[derive(Default)]
+    struct Measured {
+        costs: Vec<f64>,
+        bpf: Vec<f64>,
+        /// The tracer's own CPU time per operation.
+        own: Vec<f64>,
+        stops: Vec<Stopped>,
+    }
+    let mut samples: Vec<Measured> = setups.iter().map(|_| Measured::default()).collect();
     for trial in 0..TRIALS {
         for (i, s) in setups.iter().enumerate() {
             let tracer = s.start.as_ref().map(|f| f()).transpose()?;
@@ -296,35 +332,39 @@ fn trials(
             let (cost, ops) = workload()?;
             let bpf = bpf_run_ns().saturating_sub(before) as f64 / ops.max(1) as f64;
             if let Some(t) = tracer {
-                let mut stopped = t.stop()?;
-                stopped.cpu_ns = stopped.cpu_ns.saturating_sub(cpu_before) / ops.max(1);
-                samples[i].2.push(stopped);
+                let stopped = t.stop()?;
+                let own = stopped.cpu_ns.saturating_sub(cpu_before) as f64 / ops.max(1) as f64;
+                samples[i].own.push(own);
+                samples[i].stops.push(stopped);
             }
             eprintln!(
                 "  trial {}: {:<40} {cost:>10.0} {unit} {bpf:>8.0} bpf ns/op",
                 trial + 1,
                 s.label
             );
-            samples[i].0.push(cost);
-            samples[i].1.push(bpf);
+            samples[i].costs.push(cost);
+            samples[i].bpf.push(bpf);
         }
     }
     Ok(samples
         .into_iter()
-        .map(|(costs, bpf, stops)| Outcome {
-            cost: median(costs),
-            bpf_spread: (
-                bpf.iter().copied().fold(f64::INFINITY, f64::min),
-                bpf.iter().copied().fold(0.0, f64::max),
-            ),
-            bpf_ns: median(bpf),
-            tracer_ns: if stops.is_empty() {
-                0.0
-            } else {
-                median(stops.iter().map(|s| s.cpu_ns as f64).collect())
+        .map(
+            |Measured {
+                 costs,
+                 bpf,
+                 own,
+                 stops,
+             }| Outcome {
+                cost: median(costs),
+                bpf_spread: (
+                    bpf.iter().copied().fold(f64::INFINITY, f64::min),
+                    bpf.iter().copied().fold(0.0, f64::max),
+                ),
+                bpf_ns: median(bpf),
+                tracer_ns: if own.is_empty() { 0.0 } else { median(own) },
+                stops,
             },
-            stops,
-        })
+        )
         .collect())
 }
 
@@ -1056,42 +1096,17 @@ fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Res
     // One run of each at 999 Hz: whole stacks, losses and report time.
     // The folded text is what the whole-stack share is read from, so this
     // run keeps its stdout.
-    let (stderr, ready_in, report, folded) = {
-        let mut child = Command::new(rtrace)
-            .args(["profile", "-v", "-F", "999", "-f"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let launch = std::time::Instant::now();
-        let mut err = BufReader::new(child.stderr.take().context("no stderr")?);
-        let mut banner = String::new();
-        let mut early = String::new();
-        while err.read_line(&mut banner)? > 0 {
-            if banner.starts_with("Sampling") {
-                break;
-            }
-            early.push_str(&banner);
-            banner.clear();
-        }
-        let ready_in = launch.elapsed();
-        let out = child.stdout.take().context("no stdout")?;
-        let reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            BufReader::new(out).read_to_string(&mut s).map(|_| s)
-        });
-        cpu_work(load)?;
-        let signalled = std::time::Instant::now();
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        child.wait()?;
-        let report = signalled.elapsed();
-        let folded = reader
-            .join()
-            .map_err(|_| anyhow::anyhow!("the stdout reader died"))??;
-        let mut rest = String::new();
-        err.read_to_string(&mut rest)?;
-        (early + &rest, ready_in, report, folded)
-    };
+    let mut cmd = Command::new(rtrace);
+    cmd.args(["profile", "-v", "-F", "999", "-f"]);
+    let t = Tracer::start_keeping(cmd, Ready::Stderr("Sampling"))?;
+    cpu_work(load)?;
+    let Stopped {
+        stdout: folded,
+        stderr,
+        ready_in,
+        report,
+        ..
+    } = t.stop()?;
     let (ours, ours_all) = whole_share(&folded, load.comm, load.main.0);
     let ours_lost = rtrace_lost(&stderr) + whole_share(&folded, load.comm, "[Missed User Stack]").0;
     let tables = stderr
