@@ -420,7 +420,7 @@ fn jit_symbol_resolves_in_a_live_process() {
         .read_line(&mut line)
         .unwrap();
     let pid = jit.id().to_string();
-    let (code, stdout, stderr) = run(&["profile", "-F", "199", "-p", &pid, "-f", "-a", "2"]);
+    let (code, stdout, stderr) = run(&["profile", "-F", "199", "-p", &pid, "-f", "-a", "-v", "2"]);
     let _ = jit.kill();
     let _ = jit.wait();
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
@@ -428,6 +428,36 @@ fn jit_symbol_resolves_in_a_live_process() {
     let folded = parse_folded(&stdout);
     let hits = count_with(&folded, "rtrace_jit_fixture_hot_[j]");
     assert!(hits >= 100, "JIT frame missing or rare ({hits}):\n{stdout}");
+    // The JIT code has no CFI: its frame is left by the frame pointer, and
+    // the CFI walk takes over again in the Rust code above it, to `main`.
+    let whole = folded
+        .iter()
+        .filter(|(f, _)| {
+            f.last().is_some_and(|n| n == "rtrace_jit_fixture_hot_[j]")
+                && f.iter().any(|n| n == "main")
+        })
+        .map(|(_, c)| c)
+        .sum::<u64>();
+    assert!(
+        whole as f64 >= 0.95 * hits as f64,
+        "{whole} of {hits} JIT samples reach main:\n{stdout}"
+    );
+    // With CFI unwinding, those frame-pointer steps are counted and told.
+    if stderr.contains("user stacks walked in the kernel from CFI") {
+        let fp: u64 = stderr
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("rtrace: warning: ")?
+                    .strip_suffix(" user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("frame-pointer fallback not reported:\n{stderr}"));
+        assert!(
+            fp >= hits,
+            "{fp} frame-pointer frames for {hits} JIT samples:\n{stderr}"
+        );
+    }
 }
 
 #[test]
