@@ -257,6 +257,8 @@ pub struct Profile {
     cfi: Option<unwind::KernelTables>,
     /// Whether the `cfi` object was loaded.
     cfi_loaded: bool,
+    /// The exec tracepoint's link, with the `cfi` object.
+    exec_link: Option<aya::programs::trace_point::TracePointLinkId>,
     started: Instant,
     started_epoch: f64,
     /// What the report took, for `-v`.
@@ -299,6 +301,7 @@ impl Tool for Profile {
             sym: Symbolizer::new(),
             cfi: None,
             cfi_loaded: false,
+            exec_link: None,
             started: Instant::now(),
             started_epoch: 0.0,
             summary: None,
@@ -385,8 +388,10 @@ impl Tool for Profile {
                 .context("program profile_exec missing")?
                 .try_into()?;
             exec.load().context("cannot load the exec program")?;
-            exec.attach("sched", "sched_process_exec")
-                .context("cannot attach to sched:sched_process_exec")?;
+            self.exec_link = Some(
+                exec.attach("sched", "sched_process_exec")
+                    .context("cannot attach to sched:sched_process_exec")?,
+            );
         }
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
@@ -483,6 +488,17 @@ impl Tool for Profile {
             .try_into()?;
         prog.unload().context("cannot stop sampling")?;
         let report_start = Instant::now();
+        // The exec tracepoint is detached while the report is made.
+        let _detaching = match self.exec_link.take() {
+            Some(id) => {
+                let exec: &mut aya::programs::TracePoint = ebpf
+                    .program_mut("profile_exec")
+                    .context("program profile_exec missing")?
+                    .try_into()?;
+                Some(tracer::Detaching::start(exec.take_link(id)?))
+            }
+            None => None,
+        };
         self.drained.drain(ebpf, true)?;
         let samples = read_samples(&self.drained, &mut self.sym)?;
         self.write_files(&samples, elapsed)?;
