@@ -13,6 +13,7 @@ mod objects;
 mod output;
 mod privs;
 mod procmaps;
+mod stackstore;
 mod symbolize;
 mod tools;
 mod tracefs;

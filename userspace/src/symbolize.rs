@@ -15,6 +15,7 @@ use std::{
     fs::File,
     os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -27,7 +28,7 @@ use blazesym::{
 };
 
 /// What kind of code a frame is in; flame graphs color by it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// The kernel (or a kernel module, or a BPF program).
     Kernel,
@@ -52,22 +53,23 @@ impl Kind {
 }
 
 /// One frame of a symbolized stack.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Frame {
-    /// The function's name, demangled, or `[unknown]`.
-    pub name: String,
+    /// The function's name, demangled, or `[unknown]`; shared, as stacks
+    /// repeat it.
+    pub name: Arc<str>,
     /// What kind of code it is.
     pub kind: Kind,
     /// The file the code is in (`[kernel]` and `[jit]` for those), if known.
-    pub module: Option<String>,
+    pub module: Option<Arc<str>>,
 }
 
 impl Frame {
-    fn new(name: impl Into<String>, kind: Kind, module: Option<&str>) -> Self {
+    fn new(name: impl Into<Arc<str>>, kind: Kind, module: Option<&str>) -> Self {
         Self {
             name: name.into(),
             kind,
-            module: module.map(str::to_owned),
+            module: module.map(Arc::from),
         }
     }
 
@@ -208,6 +210,12 @@ impl Symbolizer {
         }
         proc.captured = Some(Instant::now());
         read_perf_map(pid, proc);
+    }
+
+    /// Drops what was captured of process `pid`, once its stacks are
+    /// symbolized and it is gone.
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
     }
 
     /// Parses one line of `/proc/PID/maps`, keeping executable mappings and

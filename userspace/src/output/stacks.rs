@@ -3,7 +3,7 @@
 
 pub mod pprof;
 
-use std::{fmt::Write as _, io::Write as _, path::Path};
+use std::{fmt::Write as _, io::Write as _, path::Path, sync::Arc};
 
 use anyhow::Context as _;
 
@@ -16,10 +16,11 @@ pub struct Sample {
     pub comm: String,
     /// Process id.
     pub pid: u32,
-    /// User frames, leaf first.
-    pub user: Vec<Frame>,
+    /// User frames, leaf first; shared by the samples of every process
+    /// with the same stack.
+    pub user: Arc<[Frame]>,
     /// Kernel frames, leaf first.
-    pub kernel: Vec<Frame>,
+    pub kernel: Arc<[Frame]>,
     /// Samples counted.
     pub count: u64,
 }
@@ -43,7 +44,7 @@ fn name(f: &Frame, annotate: bool) -> String {
     if annotate {
         format!("{}{}", f.name, f.kind.annotation())
     } else {
-        f.name.clone()
+        f.name.to_string()
     }
 }
 
@@ -93,9 +94,9 @@ impl serde::Serialize for Stacks<'_> {
             fs.iter()
                 .map(|f| {
                     serde_json::json!({
-                        "name": f.name,
+                        "name": &*f.name,
                         "kind": kind_name(f.kind),
-                        "module": f.module,
+                        "module": f.module.as_deref(),
                     })
                 })
                 .collect()
@@ -123,13 +124,13 @@ impl super::Record for Stacks<'_> {
             }
             Style::Multiline(opts) => {
                 for s in self.samples.iter().rev() {
-                    for f in &s.kernel {
+                    for f in s.kernel.iter() {
                         let _ = writeln!(out, "    {}", name(f, opts.annotate));
                     }
                     if opts.delimiter && !s.kernel.is_empty() && !s.user.is_empty() {
                         out.push_str("    --\n");
                     }
-                    for f in &s.user {
+                    for f in s.user.iter() {
                         let _ = writeln!(out, "    {}", name(f, opts.annotate));
                     }
                     let _ = writeln!(out, "    {:<16} {} ({})", "-", s.comm, s.pid);
@@ -237,8 +238,8 @@ pub fn write_speedscope(samples: &[Sample], path: &Path, name: &str) -> anyhow::
     let mut weights = Vec::with_capacity(samples.len());
     for s in samples {
         let all = std::iter::once(s.comm.clone())
-            .chain(s.user.iter().rev().map(|f| f.name.clone()))
-            .chain(s.kernel.iter().rev().map(|f| f.name.clone()));
+            .chain(s.user.iter().rev().map(|f| f.name.to_string()))
+            .chain(s.kernel.iter().rev().map(|f| f.name.to_string()));
         let stack: Vec<usize> = all
             .map(|n| {
                 *index.entry(n.clone()).or_insert_with(|| {

@@ -3,7 +3,6 @@
 //! graph, pprof and speedscope files.
 
 use std::{
-    collections::HashMap,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -11,7 +10,6 @@ use std::{
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    maps::HashMap as BpfHashMap,
     programs::{
         PerfEvent,
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -19,7 +17,7 @@ use aya::{
     util::online_cpus,
 };
 use rtrace_common::{
-    profile::{Config, ERR_NAMES, Key, MISSED_KERNEL, MISSED_USER, SEEN_NEW_CODE, Seen, Stack},
+    profile::{Config, ERR_NAMES, SEEN_NEW_CODE, Seen},
     unwind::RegsOffsets,
 };
 
@@ -29,7 +27,8 @@ use crate::{
         self, Sink, events,
         stacks::{self, FlameOptions, Sample, Stacks, Style, TextOptions},
     },
-    symbolize::{Frame, Kind, Symbolizer},
+    stackstore::StackStore,
+    symbolize::Symbolizer,
     tracer::{self, Kernel, Load, Scope, Tool},
     transport::BufferArgs,
     unwind,
@@ -266,7 +265,7 @@ pub struct Profile {
     /// What the CFI tables held, for `-v`.
     tables: Option<String>,
     /// Counts and stacks moved out of the kernel so far.
-    drained: Drained,
+    store: StackStore,
 }
 
 impl Tool for Profile {
@@ -306,7 +305,7 @@ impl Tool for Profile {
             started_epoch: 0.0,
             summary: None,
             tables: None,
-            drained: Drained::default(),
+            store: StackStore::default(),
         })
     }
 
@@ -461,7 +460,9 @@ impl Tool for Profile {
         if let Some(cfi) = &mut self.cfi {
             cfi.forget_exited();
         }
-        self.drained.drain(ebpf, false)
+        self.store.drain(ebpf, false)?;
+        self.store.settle_gone(&mut self.sym);
+        Ok(())
     }
 
     fn start(&mut self) {
@@ -499,8 +500,8 @@ impl Tool for Profile {
             }
             None => None,
         };
-        self.drained.drain(ebpf, true)?;
-        let samples = read_samples(&self.drained, &mut self.sym)?;
+        self.store.drain(ebpf, true)?;
+        let samples = self.store.samples(&mut self.sym);
         self.write_files(&samples, elapsed)?;
         let text = TextOptions {
             delimiter: self.args.delimited,
@@ -573,119 +574,6 @@ fn header(args: &Args, event: Event, freq: u64) -> String {
         None => "... Hit Ctrl-C to end.".to_owned(),
     };
     format!("{rate} {whom} by {which} stack{cpu}{until}")
-}
-
-/// Counts and stacks moved out of the kernel while the profile runs, so
-/// that its tables hold only what is new: on a host where processes come
-/// and go, every new process brings new stacks, and a table that kept them
-/// all would fill within seconds.
-#[derive(Default)]
-struct Drained {
-    /// Samples by key (its generation zeroed).
-    counts: HashMap<Key, u64>,
-    /// Frames by stack hash.
-    stacks: HashMap<u64, Vec<u64>>,
-    /// The generation the kernel counts in now.
-    generation: u32,
-}
-
-impl Drained {
-    /// Moves counts and stacks out of the kernel: with `all`, everything
-    /// (sampling has stopped); otherwise the generation is flipped first
-    /// and the older one's counts moved, which the kernel no longer
-    /// writes. A stack is copied before it is deleted, and one the kernel
-    /// meets again is simply stored again.
-    fn drain(&mut self, ebpf: &mut Ebpf, all: bool) -> anyhow::Result<()> {
-        let old = self.generation;
-        if !all {
-            self.generation ^= 1;
-            let mut generation: aya::maps::Array<_, u32> =
-                aya::maps::Array::try_from(ebpf.map_mut("GEN").context("map GEN missing")?)?;
-            generation.set(0, self.generation, 0)?;
-            // A sample that read the old generation on another CPU is done
-            // within microseconds.
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let mut counts: BpfHashMap<_, Key, u64> =
-            BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
-        let keys: Vec<Key> = counts
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| all || k.generation == old)
-            .collect();
-        for key in keys {
-            if let Ok(n) = counts.get(&key, 0) {
-                let mut k = key;
-                k.generation = 0;
-                *self.counts.entry(k).or_default() += n;
-                let _ = counts.remove(&key);
-            }
-        }
-        let mut stacks: BpfHashMap<_, u64, Stack> =
-            BpfHashMap::try_from(ebpf.map_mut("STACKS").context("map STACKS missing")?)?;
-        let hashes: Vec<u64> = stacks.keys().filter_map(Result::ok).collect();
-        for hash in hashes {
-            if let Ok(s) = stacks.get(&hash, 0) {
-                let len = (s.len as usize).min(s.ips.len());
-                self.stacks
-                    .entry(hash)
-                    .or_insert_with(|| s.ips[..len].to_vec());
-                let _ = stacks.remove(&hash);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Symbolizes the drained counts and stacks, hottest first.
-fn read_samples(drained: &Drained, sym: &mut Symbolizer) -> anyhow::Result<Vec<Sample>> {
-    let mut entries: Vec<(Key, u64)> = drained.counts.iter().map(|(k, n)| (*k, *n)).collect();
-    let stacks = &drained.stacks;
-    entries.sort_by_key(|e| std::cmp::Reverse(e.1));
-
-    // Processes still alive get their newest mappings and perf map; ones
-    // gone keep what was captured at their first samples.
-    let mut tgids: Vec<u32> = entries.iter().map(|(k, _)| k.tgid).collect();
-    tgids.sort_unstable();
-    tgids.dedup();
-    for &t in &tgids {
-        sym.capture(t, true);
-    }
-
-    let empty: Vec<u64> = Vec::new();
-    let ips = |hash: u64| stacks.get(&hash).unwrap_or(&empty).as_slice();
-    let mut requests: Vec<(Option<u32>, &[u64])> = Vec::with_capacity(entries.len() * 2);
-    for (key, _) in &entries {
-        requests.push((None, ips(key.kernel)));
-        requests.push((Some(key.tgid), ips(key.user)));
-    }
-    let mut frames = sym.symbolize(&requests).into_iter();
-    let missed = |name: &str, kind| vec![Frame::missed(name, kind)];
-    Ok(entries
-        .iter()
-        .map(|(key, count)| {
-            let kernel = frames.next().unwrap_or_default();
-            let user = frames.next().unwrap_or_default();
-            let lost = |flag: u32, hash: u64| {
-                key.flags & flag != 0 || (hash != 0 && !stacks.contains_key(&hash))
-            };
-            Sample {
-                comm: output::c_string(&key.comm),
-                pid: key.tgid,
-                kernel: if lost(MISSED_KERNEL, key.kernel) {
-                    missed(stacks::MISSED_KERNEL, Kind::Kernel)
-                } else {
-                    kernel
-                },
-                user: if lost(MISSED_USER, key.user) {
-                    missed(stacks::MISSED_USER, Kind::User)
-                } else {
-                    user
-                },
-                count: *count,
-            }
-        })
-        .collect())
 }
 
 impl Profile {

@@ -125,7 +125,7 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
         let shown = display(f);
         let next = functions.len() as u64 + 1;
         *functions
-            .entry((shown.clone(), f.module.clone()))
+            .entry((shown.clone(), f.module.as_deref().map(str::to_owned)))
             .or_insert_with(|| {
                 let mut m = Msg::default();
                 m.int(1, next);
@@ -193,6 +193,6 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
 fn display(f: &Frame) -> String {
     match f.kind {
         Kind::Inlined => format!("{} (inlined)", f.name),
-        _ => f.name.clone(),
+        _ => f.name.to_string(),
     }
 }
