@@ -74,6 +74,13 @@ pub struct Seen {
 /// `Seen::flags`: the CFI walk met code in no region user space gave the
 /// process: it mapped something new (`dlopen`), so its regions are stale.
 pub const SEEN_NEW_CODE: u32 = 1;
+/// `Seen::flags`: the process has just run a new program: its CFI regions
+/// are to be read, while its symbols wait for its first sample, when its
+/// libraries are mapped.
+pub const SEEN_EXEC: u32 = 2;
+/// `Seen::flags`: the kernel gave a new process a copy of its parent's CFI
+/// regions; user space only has to forget them when it exits.
+pub const SEEN_FORK: u32 = 4;
 
 /// `ERRORS` slot: samples not counted, as the count table was full. Slot
 /// 0 is [`crate::events::LOST_EVENT`], new-process events not sent.

@@ -77,10 +77,10 @@ pub struct ProcRegions {
     pub regions: [Region; MAX_REGIONS],
 }
 
-/// Offsets into `struct pt_regs`, from BTF.
+/// Offsets of the kernel structures the CFI programs read, from BTF.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RegsOffsets {
+pub struct CfiOffsets {
     /// `pt_regs.ip`.
     pub ip: u32,
     /// `pt_regs.sp`.
@@ -89,6 +89,10 @@ pub struct RegsOffsets {
     pub bp: u32,
     /// `pt_regs.cs`, whose low two bits are 3 in user mode.
     pub cs: u32,
+    /// `task_struct.pid` (the thread id).
+    pub task_pid: u32,
+    /// `task_struct.tgid` (the process id).
+    pub task_tgid: u32,
 }
 
-crate::pod!(CfiRow, Region, ProcRegions, RegsOffsets);
+crate::pod!(CfiRow, Region, ProcRegions, CfiOffsets);

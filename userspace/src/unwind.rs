@@ -516,6 +516,12 @@ impl KernelTables {
         Ok(())
     }
 
+    /// Notes a process the kernel gave its parent's regions at fork, so
+    /// that they are forgotten when it exits.
+    pub fn adopt(&mut self, pid: u32) {
+        self.captured.insert(pid, std::time::Instant::now());
+    }
+
     /// Removes the regions of processes that have exited, so that a host
     /// where processes come and go never fills the table.
     pub fn forget_exited(&mut self) {

@@ -216,21 +216,23 @@ mod cfi {
     use rtrace_common::{
         profile::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH},
         unwind::{
-            CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiRow, MAX_REGIONS, NEW_CODE_EVERY_NS,
-            ProcRegions, RBP_SAVED, Region, RegsOffsets, SEARCH_STEPS,
+            CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, MAX_REGIONS, NEW_CODE_EVERY_NS,
+            ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
         },
     };
     use rtrace_ebpf::{count_error, global};
 
     use super::Scratch;
 
-    /// Offsets into `struct pt_regs`, from BTF.
+    /// Offsets into `struct pt_regs` and `struct task_struct`, from BTF.
     #[unsafe(no_mangle)]
-    static CFI_REGS: Global<RegsOffsets> = Global::new(RegsOffsets {
+    static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
         ip: 0,
         sp: 0,
         bp: 0,
         cs: 0,
+        task_pid: 0,
+        task_tgid: 0,
     });
 
     /// Every loaded file's rows; user space sizes it and writes them
@@ -275,7 +277,7 @@ mod cfi {
     /// user mode, else those the task entered the kernel with.
     #[inline(always)]
     fn user_regs(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
-        let o = global(&CFI_REGS);
+        let o = global(&CFI_OFFSETS);
         let read = |base: *const u8, off: u32| -> Option<u64> {
             // SAFETY: the helper copes with any address.
             unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize).cast::<u64>()) }.ok()
@@ -444,19 +446,60 @@ mod cfi {
 
     /// A process that runs a new program has none of the regions user
     /// space read before: they are dropped at once (its samples go by frame
-    /// pointer, counted, until it has new ones) and user space is told to
-    /// read them again. Without this, regions read between a fork and its
-    /// exec would be trusted for the new program's code.
+    /// pointer, counted, until it has new ones). Without this, regions read
+    /// between a fork and its exec would be trusted for the new program's
+    /// code. User space is told to read them, for a new process too: on a
+    /// host where short-lived programs come and go, waiting for a first
+    /// sample would leave much of their short lives to the frame pointer.
     #[aya_ebpf::macros::tracepoint]
     pub fn profile_exec(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
-        let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
-        if CFI_PROCS.remove(tgid).is_ok() {
+        let id = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+        let tgid = (id >> 32) as u32;
+        let _ = CFI_PROCS.remove(tgid);
+        if rtrace_ebpf::targets::admits(tgid, id as u32) {
             rtrace_ebpf::events::emit(
                 &super::EVENTS,
                 &ctx,
                 &rtrace_common::profile::Seen {
                     tgid,
-                    flags: rtrace_common::profile::SEEN_NEW_CODE,
+                    flags: rtrace_common::profile::SEEN_EXEC,
+                },
+            );
+        }
+        0
+    }
+
+    /// A new process runs its parent's code at the same addresses until it
+    /// runs a program of its own, so it gets a copy of its parent's regions
+    /// at once, and user space is told so that it forgets them when the
+    /// child exits. A shell's children otherwise spend their lives between
+    /// fork and exec without tables. New threads share their process's.
+    #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_process_fork")]
+    pub fn profile_fork(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
+        let child: *const u8 = ctx.arg(1);
+        let o = global(&CFI_OFFSETS);
+        let read = |off: u32| -> Option<u32> {
+            // SAFETY: the helper copes with any address.
+            unsafe { bpf_probe_read_kernel(child.wrapping_add(off as usize).cast::<u32>()) }.ok()
+        };
+        let (Some(pid), Some(tgid)) = (read(o.task_pid), read(o.task_tgid)) else {
+            return 0;
+        };
+        if pid != tgid {
+            return 0;
+        }
+        let parent = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
+        let Some(regions) = CFI_PROCS.get_ptr(parent) else {
+            return 0;
+        };
+        // SAFETY: a map value, copied by the helper.
+        if CFI_PROCS.insert(tgid, unsafe { &*regions }, 0).is_ok() {
+            rtrace_ebpf::events::emit(
+                &super::EVENTS,
+                &ctx,
+                &rtrace_common::profile::Seen {
+                    tgid,
+                    flags: rtrace_common::profile::SEEN_FORK,
                 },
             );
         }

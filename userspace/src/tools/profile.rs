@@ -17,8 +17,8 @@ use aya::{
     util::online_cpus,
 };
 use rtrace_common::{
-    profile::{Config, ERR_NAMES, SEEN_NEW_CODE, Seen},
-    unwind::RegsOffsets,
+    profile::{Config, ERR_NAMES, SEEN_EXEC, SEEN_FORK, SEEN_NEW_CODE, Seen},
+    unwind::CfiOffsets,
 };
 
 use crate::{
@@ -256,8 +256,11 @@ pub struct Profile {
     cfi: Option<unwind::KernelTables>,
     /// Whether the `cfi` object was loaded.
     cfi_loaded: bool,
-    /// The exec tracepoint's link, with the `cfi` object.
-    exec_link: Option<aya::programs::trace_point::TracePointLinkId>,
+    /// The exec and fork tracepoints' links, with the `cfi` object.
+    cfi_links: Option<(
+        aya::programs::trace_point::TracePointLinkId,
+        aya::programs::raw_trace_point::RawTracePointLinkId,
+    )>,
     started: Instant,
     started_epoch: f64,
     /// What the report took, for `-v`.
@@ -300,7 +303,7 @@ impl Tool for Profile {
             sym: Symbolizer::new(),
             cfi: None,
             cfi_loaded: false,
-            exec_link: None,
+            cfi_links: None,
             started: Instant::now(),
             started_epoch: 0.0,
             summary: None,
@@ -350,13 +353,15 @@ impl Tool for Profile {
         if self.cfi_loaded {
             let btf = kernel.btf()?;
             let reg = |m: &str| btf.offset("pt_regs", m);
-            let regs = RegsOffsets {
+            let offsets = CfiOffsets {
                 ip: reg("ip")?,
                 sp: reg("sp")?,
                 bp: reg("bp")?,
                 cs: reg("cs")?,
+                task_pid: btf.offset("task_struct", "pid")?,
+                task_tgid: btf.offset("task_struct", "tgid")?,
             };
-            load.global("CFI_REGS", &regs)
+            load.global("CFI_OFFSETS", &offsets)
                 .size("CFI_ROWS", CFI_ROWS)
                 .size("CFI_PROCS", CFI_PROCESSES);
         }
@@ -387,10 +392,18 @@ impl Tool for Profile {
                 .context("program profile_exec missing")?
                 .try_into()?;
             exec.load().context("cannot load the exec program")?;
-            self.exec_link = Some(
-                exec.attach("sched", "sched_process_exec")
-                    .context("cannot attach to sched:sched_process_exec")?,
-            );
+            let exec = exec
+                .attach("sched", "sched_process_exec")
+                .context("cannot attach to sched:sched_process_exec")?;
+            let fork: &mut aya::programs::RawTracePoint = ebpf
+                .program_mut("profile_fork")
+                .context("program profile_fork missing")?
+                .try_into()?;
+            fork.load().context("cannot load the fork program")?;
+            let fork = fork
+                .attach("sched_process_fork")
+                .context("cannot attach to raw tracepoint sched_process_fork")?;
+            self.cfi_links = Some((exec, fork));
         }
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
@@ -472,9 +485,20 @@ impl Tool for Profile {
 
     fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
         if let Some(seen) = events::record::<Seen>(record) {
-            self.sym.capture(seen.tgid, false);
+            if seen.flags & SEEN_FORK != 0 {
+                if let Some(cfi) = &mut self.cfi {
+                    cfi.adopt(seen.tgid);
+                }
+                return Ok(());
+            }
+            let exec = seen.flags & SEEN_EXEC != 0;
+            let new_code = seen.flags & SEEN_NEW_CODE != 0;
+            // Code the walk found in no region is new to the symbolizer too.
+            if !exec {
+                self.sym.capture(seen.tgid, new_code);
+            }
             if let Some(cfi) = &mut self.cfi {
-                cfi.add_process(seen.tgid, seen.flags & SEEN_NEW_CODE != 0)?;
+                cfi.add_process(seen.tgid, exec || new_code)?;
             }
         }
         Ok(())
@@ -489,14 +513,20 @@ impl Tool for Profile {
             .try_into()?;
         prog.unload().context("cannot stop sampling")?;
         let report_start = Instant::now();
-        // The exec tracepoint is detached while the report is made.
-        let _detaching = match self.exec_link.take() {
-            Some(id) => {
-                let exec: &mut aya::programs::TracePoint = ebpf
+        // The exec and fork tracepoints are detached while the report is
+        // made.
+        let _detaching = match self.cfi_links.take() {
+            Some((exec, fork)) => {
+                let p: &mut aya::programs::TracePoint = ebpf
                     .program_mut("profile_exec")
                     .context("program profile_exec missing")?
                     .try_into()?;
-                Some(tracer::Detaching::start(exec.take_link(id)?))
+                let exec = p.take_link(exec)?;
+                let p: &mut aya::programs::RawTracePoint = ebpf
+                    .program_mut("profile_fork")
+                    .context("program profile_fork missing")?
+                    .try_into()?;
+                Some(tracer::Detaching::start((exec, p.take_link(fork)?)))
             }
             None => None,
         };
