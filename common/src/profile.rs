@@ -69,6 +69,22 @@ pub struct Seen {
     pub tgid: u32,
     /// `SEEN_*` bits.
     pub flags: u32,
+    /// With [`SEEN_FORK`], the process it was forked from.
+    pub parent: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+}
+
+impl Seen {
+    /// A record of `tgid` with `flags` and no parent.
+    pub const fn new(tgid: u32, flags: u32) -> Self {
+        Self {
+            tgid,
+            flags,
+            parent: 0,
+            _pad: 0,
+        }
+    }
 }
 
 /// `Seen::flags`: the CFI walk met code in no region user space gave the

@@ -194,12 +194,12 @@ fn c_without_frame_pointers_keeps_its_whole_chain() {
 
 /// Children forked one after another run their parent's code without
 /// exec: each is walked with a copy of its parent's tables from its first
-/// sample, not by frame pointer until its own are read. Each child lives a
-/// tenth of a second, so a few milliseconds without tables would show.
+/// sample, not by frame pointer until its own are read. Each child lives
+/// 0.1 s, so a few milliseconds without tables would show.
 #[test]
 fn forked_children_are_unwound_with_their_parents_tables() {
     let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-U", "-f"], READY);
-    let fixture = start_fixture("cfuncs_nofp", &["cpu", "3", "forks", "27"]);
+    let fixture = start_fixture("cfuncs_nofp", &["cpu", "4", "forks", "27"]);
     let done = run_fixture(fixture);
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");

@@ -87,6 +87,7 @@ impl Frame {
 type FileId = (u64, u64);
 
 /// An executable mapping of a process.
+#[derive(Clone)]
 struct Mapping {
     start: u64,
     end: u64,
@@ -99,6 +100,7 @@ struct Mapping {
 }
 
 /// A symbol of a perf map.
+#[derive(Clone)]
 struct JitSymbol {
     start: u64,
     end: u64,
@@ -106,7 +108,7 @@ struct JitSymbol {
 }
 
 /// What was captured of one process.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Process {
     /// Every mapping ever seen, newest last: mappings that have since gone
     /// may still have samples.
@@ -212,6 +214,24 @@ impl Symbolizer {
         read_perf_map(pid, proc);
     }
 
+    /// Gives process `child`, just forked from `parent`, what was captured
+    /// of its parent: it runs the same code at the same addresses until it
+    /// runs a program of its own, and may be gone before its own maps
+    /// could be read. Without a capture of the parent, the child's own is
+    /// read.
+    pub fn inherit(&mut self, child: u32, parent: u32) {
+        match self.procs.get(&parent) {
+            Some(p) => {
+                let mut p = p.clone();
+                p.jit_path = None;
+                p.jit_len = 0;
+                p.jit.clear();
+                self.procs.insert(child, p);
+            }
+            None => self.capture(child, false),
+        }
+    }
+
     /// Drops what was captured of process `pid`, once its stacks are
     /// symbolized and it is gone.
     pub fn forget(&mut self, pid: u32) {
@@ -296,7 +316,12 @@ impl Symbolizer {
             debug_syms: false,
             ..Kernel::default()
         });
-        let syms = self.blaze.symbolize(&src, Input::AbsAddr(&kernel));
+        // Without kernel addresses (`-U`), kallsyms is not read at all.
+        let syms = if kernel.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.blaze.symbolize(&src, Input::AbsAddr(&kernel))
+        };
         for (i, a) in kernel.iter().enumerate() {
             let sym = syms.as_ref().ok().and_then(|s| s.get(i));
             resolved.insert(Loc::Kernel(*a), frames(sym, Kind::Kernel, "[kernel]"));

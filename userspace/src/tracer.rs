@@ -684,6 +684,12 @@ async fn run_loop<T: Tool>(
                 sink.flush()?;
             }
             Wake::Interval => {
+                // Events waiting are handled first: a tick may take long
+                // (profile symbolizes there), and what they ask for (a new
+                // process's unwind tables) should not wait for it.
+                if let Some(s) = stream.as_deref_mut() {
+                    s.drain(|record| tool.event(record, sink))?;
+                }
                 done += 1;
                 let last = matches!(interval, Interval::Every { count: Some(c), .. } if done >= c);
                 tool.tick(ebpf, sink, last)?;

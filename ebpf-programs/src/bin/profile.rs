@@ -98,7 +98,7 @@ fn sample(ctx: &PerfEventContext) {
         }
     }
     match count_key(&COUNTS, &key) {
-        Some(true) => emit(&EVENTS, ctx, &Seen { tgid, flags: 0 }),
+        Some(true) => emit(&EVENTS, ctx, &Seen::new(tgid, 0)),
         Some(false) => {}
         None => count_error(ERR_COUNTS_FULL),
     }
@@ -118,10 +118,7 @@ fn user_stack(ctx: &PerfEventContext, tgid: u32, cfg: &Config) -> Option<u64> {
                     emit(
                         &EVENTS,
                         ctx,
-                        &Seen {
-                            tgid,
-                            flags: rtrace_common::profile::SEEN_NEW_CODE,
-                        },
+                        &Seen::new(tgid, rtrace_common::profile::SEEN_NEW_CODE),
                     );
                 }
                 // SAFETY: a map value.
@@ -460,10 +457,7 @@ mod cfi {
             rtrace_ebpf::events::emit(
                 &super::EVENTS,
                 &ctx,
-                &rtrace_common::profile::Seen {
-                    tgid,
-                    flags: rtrace_common::profile::SEEN_EXEC,
-                },
+                &rtrace_common::profile::Seen::new(tgid, rtrace_common::profile::SEEN_EXEC),
             );
         }
         0
@@ -500,6 +494,8 @@ mod cfi {
                 &rtrace_common::profile::Seen {
                     tgid,
                     flags: rtrace_common::profile::SEEN_FORK,
+                    parent,
+                    _pad: 0,
                 },
             );
         }

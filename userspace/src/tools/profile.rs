@@ -486,6 +486,7 @@ impl Tool for Profile {
     fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
         if let Some(seen) = events::record::<Seen>(record) {
             if seen.flags & SEEN_FORK != 0 {
+                self.sym.inherit(seen.tgid, seen.parent);
                 if let Some(cfi) = &mut self.cfi {
                     cfi.adopt(seen.tgid);
                 }
