@@ -36,8 +36,8 @@ pub struct Key {
     pub tgid: u32,
     /// `MISSED_*` bits.
     pub flags: u32,
-    /// The generation counted in (`GEN`): user space moves the older
-    /// generation's counts out while the profile runs.
+    /// The generation counted in (`GEN`): user space counts it up every
+    /// second and moves the older generation's counts out.
     pub generation: u32,
     /// Keeps the struct free of padding.
     pub _pad: u32,

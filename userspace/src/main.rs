@@ -5,6 +5,7 @@
 //! JSON, intervals and signals, attach fallback chains, BTF offsets and
 //! privilege checks are shared modules here.
 
+mod batch;
 mod btf;
 mod doctor;
 mod features;

@@ -15,15 +15,20 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    os::fd::AsFd as _,
     sync::Arc,
     time::Duration,
 };
 
 use anyhow::Context as _;
-use aya::{Ebpf, maps::HashMap as BpfHashMap};
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, IterableMap as _},
+};
 use rtrace_common::profile::{Key, MISSED_KERNEL, MISSED_USER, Stack};
 
 use crate::{
+    batch,
     output::{
         self,
         stacks::{self, Sample},
@@ -36,6 +41,22 @@ struct Held {
     ips: Box<[u64]>,
     /// The tick it was last moved out at.
     tick: u64,
+}
+
+/// Deletes `keys` from a map, in batches where the kernel has them.
+fn remove<K: aya::Pod, V: aya::Pod>(
+    map: &mut BpfHashMap<&mut aya::maps::MapData, K, V>,
+    keys: &[K],
+    batched: bool,
+) -> std::io::Result<()> {
+    if batched && let Some(r) = batch::delete(map.map().fd().as_fd(), keys) {
+        return r;
+    }
+    for k in keys {
+        // Gone already is fine; nothing else can fail here.
+        let _ = map.remove(k);
+    }
+    Ok(())
 }
 
 /// What a settled sample is counted by: names, not addresses.
@@ -82,7 +103,9 @@ impl StackStore {
         self.tick += 1;
         let old = self.generation;
         if !all {
-            self.generation ^= 1;
+            // Counted up, not flipped: the kernel also marks which
+            // processes it told of in which generation.
+            self.generation = self.generation.wrapping_add(1);
             let mut generation: aya::maps::Array<_, u32> =
                 aya::maps::Array::try_from(ebpf.map_mut("GEN").context("map GEN missing")?)?;
             generation.set(0, self.generation, 0)?;
@@ -92,36 +115,57 @@ impl StackStore {
         }
         let mut counts: BpfHashMap<_, Key, u64> =
             BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
-        let keys: Vec<Key> = counts
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| all || k.generation == old)
+        let fd = counts.map().fd().as_fd();
+        let (entries, batched) = match batch::lookup_all::<Key, u64>(fd) {
+            Some(all) => (all, true),
+            None => (
+                counts
+                    .iter()
+                    .filter_map(Result::ok)
+                    .collect::<Vec<(Key, u64)>>(),
+                false,
+            ),
+        };
+        let moved: Vec<Key> = entries
+            .iter()
+            .filter(|(k, _)| all || k.generation == old)
+            .map(|(k, _)| *k)
             .collect();
-        for key in keys {
-            if let Ok(n) = counts.get(&key, 0) {
+        for (key, n) in entries {
+            if all || key.generation == old {
                 let mut k = key;
                 k.generation = 0;
                 *self.counts.entry(k).or_default() += n;
-                let _ = counts.remove(&key);
             }
         }
+        remove(&mut counts, &moved, batched).context("cannot clear map COUNTS")?;
+
         let mut stacks: BpfHashMap<_, u64, Stack> =
             BpfHashMap::try_from(ebpf.map_mut("STACKS").context("map STACKS missing")?)?;
-        let hashes: Vec<u64> = stacks.keys().filter_map(Result::ok).collect();
+        let fd = stacks.map().fd().as_fd();
+        let (entries, batched) = match batch::lookup_all::<u64, Stack>(fd) {
+            Some(all) => (all, true),
+            None => (
+                stacks
+                    .iter()
+                    .filter_map(Result::ok)
+                    .collect::<Vec<(u64, Stack)>>(),
+                false,
+            ),
+        };
         let tick = self.tick;
-        for hash in hashes {
-            if let Ok(s) = stacks.get(&hash, 0) {
-                let len = (s.len as usize).min(s.ips.len());
-                self.stacks
-                    .entry(hash)
-                    .and_modify(|h| h.tick = tick)
-                    .or_insert_with(|| Held {
-                        ips: s.ips[..len].into(),
-                        tick,
-                    });
-                let _ = stacks.remove(&hash);
-            }
+        let hashes: Vec<u64> = entries.iter().map(|(h, _)| *h).collect();
+        for (hash, s) in entries {
+            let len = (s.len as usize).min(s.ips.len());
+            self.stacks
+                .entry(hash)
+                .and_modify(|h| h.tick = tick)
+                .or_insert_with(|| Held {
+                    ips: s.ips[..len].into(),
+                    tick,
+                });
         }
+        remove(&mut stacks, &hashes, batched).context("cannot clear map STACKS")?;
         Ok(())
     }
 
@@ -238,6 +282,7 @@ impl StackStore {
         for &t in &tgids {
             sym.capture(t, true);
         }
+        sym.refresh_kernel();
         self.settle(sym, |_| true);
         // Each stack is built once, and shared by its samples.
         let mut stacks: Vec<Arc<[Frame]>> = vec![Arc::from([]); self.named.len()];

@@ -146,11 +146,16 @@ pub struct Symbolizer {
     blaze: Blaze,
     files: HashMap<FileId, OpenFile>,
     procs: HashMap<u32, Process>,
+    /// See [`Symbolizer::recapture_every`].
+    recapture: Duration,
+    /// See [`Symbolizer::kallsyms`].
+    kallsyms: Option<File>,
 }
 
 /// How often one process's mappings are read again while it gets new
-/// stacks: often enough to see new JIT code and libraries, seldom enough
-/// to cost nothing next to sampling.
+/// stacks, when nothing says when it maps new code: often enough to see
+/// new JIT code and libraries, seldom enough to cost nothing next to
+/// sampling.
 const RECAPTURE: Duration = Duration::from_millis(250);
 
 impl Default for Symbolizer {
@@ -171,7 +176,17 @@ impl Symbolizer {
                 .build(),
             files: HashMap::new(),
             procs: HashMap::new(),
+            recapture: RECAPTURE,
+            kallsyms: None,
         }
+    }
+
+    /// Sets how long a process's mappings are trusted before its next new
+    /// stack reads them again. A caller that is told when a process maps
+    /// new code (the CFI walk is) and captures then with `force` needs
+    /// the timer only as a safety net.
+    pub fn recapture_every(&mut self, every: Duration) {
+        self.recapture = every;
     }
 
     /// Captures process `pid`'s executable mappings and perf map, or
@@ -184,7 +199,7 @@ impl Symbolizer {
         }
         if !force
             && let Some(proc) = self.procs.get_mut(&pid)
-            && proc.captured.is_some_and(|t| t.elapsed() < RECAPTURE)
+            && proc.captured.is_some_and(|t| t.elapsed() < self.recapture)
         {
             // A JIT names new code in its map before running it, so the
             // first sample of that code is the moment to read the map,
@@ -230,6 +245,28 @@ impl Symbolizer {
             }
             None => self.capture(child, false),
         }
+    }
+
+    /// A copy of `/proc/kallsyms`, made once: blazesym keeps a parsed file
+    /// until its modification time changes, which for a proc file is
+    /// every time it is looked at, so symbolizing every second would parse
+    /// its 2 MB every second.
+    fn kallsyms(&mut self) -> MaybeDefault<PathBuf> {
+        if self.kallsyms.is_none() {
+            self.kallsyms = snapshot_kallsyms().ok();
+        }
+        match &self.kallsyms {
+            Some(f) => {
+                MaybeDefault::Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())))
+            }
+            None => MaybeDefault::Default,
+        }
+    }
+
+    /// Takes a new copy of `/proc/kallsyms` at the next kernel lookup, for
+    /// modules and BPF programs loaded since.
+    pub fn refresh_kernel(&mut self) {
+        self.kallsyms = None;
     }
 
     /// Drops what was captured of process `pid`, once its stacks are
@@ -309,10 +346,16 @@ impl Symbolizer {
         let mut resolved: HashMap<Loc, Vec<Frame>> = HashMap::new();
         kernel.sort_unstable();
         kernel.dedup();
+        let kallsyms = if kernel.is_empty() {
+            MaybeDefault::Default
+        } else {
+            self.kallsyms()
+        };
         let src = Source::Kernel(Kernel {
             // A vmlinux image would be searched for in several places on every
             // run and is rarely installed; kallsyms has every function.
             vmlinux: MaybeDefault::None,
+            kallsyms,
             debug_syms: false,
             ..Kernel::default()
         });
@@ -393,6 +436,19 @@ impl Symbolizer {
             _ => Frame::unknown(Kind::User, None),
         }
     }
+}
+
+/// `/proc/kallsyms` copied into an anonymous memory file.
+fn snapshot_kallsyms() -> std::io::Result<File> {
+    // SAFETY: a constant C string; the flags are valid.
+    let fd = unsafe { libc::memfd_create(c"rtrace-kallsyms".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just created and owned by nothing else.
+    let mut copy = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    std::io::copy(&mut File::open("/proc/kallsyms")?, &mut copy)?;
+    Ok(copy)
 }
 
 /// The frames one blazesym result stands for: the inlined functions,

@@ -429,10 +429,6 @@ pub struct KernelTables {
     pub processes_not_loaded: usize,
 }
 
-/// How long a process's regions are trusted before they are read again
-/// on its next new stack, so that libraries it loads later get tables.
-const RECAPTURE: std::time::Duration = std::time::Duration::from_millis(250);
-
 impl KernelTables {
     /// Takes the `cfi` object's maps, whose rows array holds `capacity`
     /// rows.
@@ -463,14 +459,13 @@ impl KernelTables {
     }
 
     /// Loads process `pid`'s regions, and the rows of files not loaded
-    /// yet; again only if `force` or it was read more than a moment ago.
+    /// yet; again only if `force`. The walk says when a process runs code
+    /// in none of its regions (a library loaded later, new JIT code), and
+    /// exec and fork are seen in the kernel, so regions are never read
+    /// again on a timer: a busy process brings new stacks every second,
+    /// and rereading its maps for each would cost more than the walk.
     pub fn add_process(&mut self, pid: u32, force: bool) -> anyhow::Result<()> {
-        if !force
-            && self
-                .captured
-                .get(&pid)
-                .is_some_and(|t| t.elapsed() < RECAPTURE)
-        {
+        if !force && self.captured.contains_key(&pid) {
             return Ok(());
         }
         self.captured.insert(pid, std::time::Instant::now());
@@ -511,6 +506,8 @@ impl KernelTables {
             self.forget_exited();
             if self.procs.insert(pid, out, 0).is_err() {
                 self.processes_not_loaded += 1;
+                // Tried again at its next new stack.
+                self.captured.remove(&pid);
             }
         }
         Ok(())

@@ -39,14 +39,19 @@ static CONFIG: Global<Config> = Global::new(Config {
 /// NMI context, where the kernel cannot allocate.
 #[map]
 static COUNTS: HashMap<Key, u64> = HashMap::with_max_entries(40960, 0);
-/// The generation samples are counted in, flipped by user space when it
-/// moves the other one's counts out.
+/// The generation samples are counted in, counted up by user space when it
+/// moves the last one's counts out.
 #[map]
 static GEN: Array<u32> = Array::with_max_entries(1, 0);
 /// Stacks by hash; user space sizes it (`--stack-storage-size`) and moves
 /// them out as the profile runs.
 #[map]
 static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(16384, 0);
+/// The generation each process last told user space of a new stack in.
+#[cfg(feature = "cfi")]
+#[map]
+static SEEN: aya_ebpf::maps::LruHashMap<u32, u32> =
+    aya_ebpf::maps::LruHashMap::with_max_entries(8192, 0);
 /// Where a stack is walked: it is larger than the eBPF stack.
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
@@ -98,10 +103,36 @@ fn sample(ctx: &PerfEventContext) {
         }
     }
     match count_key(&COUNTS, &key) {
-        Some(true) => emit(&EVENTS, ctx, &Seen::new(tgid, 0)),
+        Some(true) => {
+            if first_in_generation(tgid, key.generation) {
+                emit(&EVENTS, ctx, &Seen::new(tgid, 0));
+            }
+        }
         Some(false) => {}
         None => count_error(ERR_COUNTS_FULL),
     }
+}
+
+/// Whether this is the process's first new stack in this generation: user
+/// space needs to hear of a process once a generation, not of each of its
+/// stacks. With the CFI walk, exec and fork are told separately and code
+/// new to a process too, so this is only to capture its symbols while it
+/// lives; without it, every new stack tells.
+#[inline(always)]
+fn first_in_generation(tgid: u32, generation: u32) -> bool {
+    #[cfg(feature = "cfi")]
+    {
+        // SAFETY: a map value.
+        if SEEN
+            .get_ptr(tgid)
+            .is_some_and(|g| unsafe { *g } == generation)
+        {
+            return false;
+        }
+        let _ = SEEN.insert(tgid, generation, 0);
+    }
+    let _ = (tgid, generation);
+    true
 }
 
 /// The user stack: walked from the process's CFI tables where user space
@@ -453,6 +484,8 @@ mod cfi {
         let id = aya_ebpf::helpers::bpf_get_current_pid_tgid();
         let tgid = (id >> 32) as u32;
         let _ = CFI_PROCS.remove(tgid);
+        // Its first stacks as the new program are told, for its symbols.
+        let _ = super::SEEN.remove(tgid);
         if rtrace_ebpf::targets::admits(tgid, id as u32) {
             rtrace_ebpf::events::emit(
                 &super::EVENTS,
@@ -514,6 +547,11 @@ mod cfi {
             count_error(ERR_CUT_SHORT);
             return Some((0, false));
         };
+        // Kernel threads have no user registers: no user stack, and no
+        // "new code" to tell user space of on every sample.
+        if ip == 0 {
+            return Some((0, false));
+        }
         // SAFETY: a map value.
         unsafe {
             (*scratch).walk = State {

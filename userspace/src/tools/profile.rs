@@ -385,6 +385,8 @@ impl Tool for Profile {
                 tables.add_process(pid, true)?;
             }
             self.cfi = Some(tables);
+            // The walk tells when a process runs code in no known mapping.
+            self.sym.recapture_every(Duration::from_secs(5));
         }
         if self.cfi_loaded {
             let exec: &mut aya::programs::TracePoint = ebpf
