@@ -766,6 +766,28 @@ pub fn pid_max() -> u32 {
         .unwrap_or(4_194_304)
 }
 
+/// A link being detached on a thread of its own. Detaching a tracepoint
+/// waits for RCU grace periods (tens of milliseconds): a tool that stops a
+/// helper program before its report lets that wait overlap the report's
+/// work. Dropping this joins the thread, so that nothing is left attached
+/// when the tool is done.
+pub struct Detaching(Option<std::thread::JoinHandle<()>>);
+
+impl Detaching {
+    /// Starts detaching `link` (aya detaches a link when it is dropped).
+    pub fn start<L: Send + 'static>(link: L) -> Self {
+        Self(Some(std::thread::spawn(move || drop(link))))
+    }
+}
+
+impl Drop for Detaching {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -796,28 +818,6 @@ mod tests {
             "probes",
         ] {
             assert!(objects::get(name).is_some(), "{name}");
-        }
-    }
-}
-
-/// A link being detached on a thread of its own. Detaching a tracepoint
-/// waits for RCU grace periods (tens of milliseconds): a tool that stops a
-/// helper program before its report lets that wait overlap the report's
-/// work. Dropping this joins the thread, so that nothing is left attached
-/// when the tool is done.
-pub struct Detaching(Option<std::thread::JoinHandle<()>>);
-
-impl Detaching {
-    /// Starts detaching `link` (aya detaches a link when it is dropped).
-    pub fn start<L: Send + 'static>(link: L) -> Self {
-        Self(Some(std::thread::spawn(move || drop(link))))
-    }
-}
-
-impl Drop for Detaching {
-    fn drop(&mut self) {
-        if let Some(t) = self.0.take() {
-            let _ = t.join();
         }
     }
 }
