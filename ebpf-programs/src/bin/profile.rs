@@ -519,8 +519,12 @@ mod cfi {
         let Some(regions) = CFI_PROCS.get_ptr(parent) else {
             return 0;
         };
-        // SAFETY: a map value, copied by the helper.
-        if CFI_PROCS.insert(tgid, unsafe { &*regions }, 0).is_ok() {
+        // By reference: the helper copies the map value, which would not
+        // fit on the eBPF stack.
+        // SAFETY: a map value.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let copied = CFI_PROCS.insert(tgid, unsafe { &*regions }, 0).is_ok();
+        if copied {
             rtrace_ebpf::events::emit(
                 &super::EVENTS,
                 &ctx,
