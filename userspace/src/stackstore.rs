@@ -43,6 +43,17 @@ struct Held {
     tick: u64,
 }
 
+/// Every entry of a map, in batches where the kernel has them, and whether
+/// it did.
+fn read_all<K: aya::Pod, V: aya::Pod>(
+    map: &BpfHashMap<&mut aya::maps::MapData, K, V>,
+) -> (Vec<(K, V)>, bool) {
+    match batch::lookup_all::<K, V>(map.map().fd().as_fd()) {
+        Some(all) => (all, true),
+        None => (map.iter().filter_map(Result::ok).collect(), false),
+    }
+}
+
 /// Deletes `keys` from a map, in batches where the kernel has them.
 fn remove<K: aya::Pod, V: aya::Pod>(
     map: &mut BpfHashMap<&mut aya::maps::MapData, K, V>,
@@ -115,17 +126,7 @@ impl StackStore {
         }
         let mut counts: BpfHashMap<_, Key, u64> =
             BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
-        let fd = counts.map().fd().as_fd();
-        let (entries, batched) = match batch::lookup_all::<Key, u64>(fd) {
-            Some(all) => (all, true),
-            None => (
-                counts
-                    .iter()
-                    .filter_map(Result::ok)
-                    .collect::<Vec<(Key, u64)>>(),
-                false,
-            ),
-        };
+        let (entries, batched) = read_all(&counts);
         let moved: Vec<Key> = entries
             .iter()
             .filter(|(k, _)| all || k.generation == old)
@@ -142,17 +143,7 @@ impl StackStore {
 
         let mut stacks: BpfHashMap<_, u64, Stack> =
             BpfHashMap::try_from(ebpf.map_mut("STACKS").context("map STACKS missing")?)?;
-        let fd = stacks.map().fd().as_fd();
-        let (entries, batched) = match batch::lookup_all::<u64, Stack>(fd) {
-            Some(all) => (all, true),
-            None => (
-                stacks
-                    .iter()
-                    .filter_map(Result::ok)
-                    .collect::<Vec<(u64, Stack)>>(),
-                false,
-            ),
-        };
+        let (entries, batched) = read_all(&stacks);
         let tick = self.tick;
         let hashes: Vec<u64> = entries.iter().map(|(h, _)| *h).collect();
         for (hash, s) in entries {
