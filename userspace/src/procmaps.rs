@@ -56,6 +56,12 @@ impl Mapping {
     }
 }
 
+/// Whether task `id` (a process or a thread) still exists: `/proc/ID` is
+/// there for threads as well, though only processes are listed.
+pub fn alive(id: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{id}")).exists()
+}
+
 /// The mappings of process `pid` (`None` for this process).
 pub fn read(pid: Option<u32>) -> std::io::Result<Vec<Mapping>> {
     let path = match pid {

@@ -33,6 +33,7 @@ use crate::{
         self,
         stacks::{self, Sample},
     },
+    procmaps,
     symbolize::{Frame, Kind, Symbolizer},
 };
 
@@ -172,7 +173,7 @@ impl StackStore {
         self.gone = live
             .into_iter()
             .filter(|&p| p != 0 && !due.contains(&p))
-            .filter(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            .filter(|&p| !procmaps::alive(p))
             .collect();
         if due.is_empty() {
             return;

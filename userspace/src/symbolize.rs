@@ -346,23 +346,19 @@ impl Symbolizer {
         let mut resolved: HashMap<Loc, Vec<Frame>> = HashMap::new();
         kernel.sort_unstable();
         kernel.dedup();
-        let kallsyms = if kernel.is_empty() {
-            MaybeDefault::Default
-        } else {
-            self.kallsyms()
-        };
-        let src = Source::Kernel(Kernel {
-            // A vmlinux image would be searched for in several places on every
-            // run and is rarely installed; kallsyms has every function.
-            vmlinux: MaybeDefault::None,
-            kallsyms,
-            debug_syms: false,
-            ..Kernel::default()
-        });
         // Without kernel addresses (`-U`), kallsyms is not read at all.
         let syms = if kernel.is_empty() {
             Ok(Vec::new())
         } else {
+            let src = Source::Kernel(Kernel {
+                // A vmlinux image would be searched for in several places on
+                // every run and is rarely installed; kallsyms has every
+                // function.
+                vmlinux: MaybeDefault::None,
+                kallsyms: self.kallsyms(),
+                debug_syms: false,
+                ..Kernel::default()
+            });
             self.blaze.symbolize(&src, Input::AbsAddr(&kernel))
         };
         for (i, a) in kernel.iter().enumerate() {

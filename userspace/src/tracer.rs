@@ -266,10 +266,9 @@ impl Targets {
 }
 
 /// Fails with a clear message unless `id` names a live task (`what` says
-/// which kind). `/proc/ID` exists for threads as well as processes, though
-/// only process ids are listed.
+/// which kind).
 pub fn check_task(id: u32, what: &str) -> anyhow::Result<()> {
-    if id == 0 || !std::path::Path::new(&format!("/proc/{id}")).exists() {
+    if id == 0 || !crate::procmaps::alive(id) {
         anyhow::bail!("no such {what}: {id}");
     }
     Ok(())

@@ -526,7 +526,7 @@ impl KernelTables {
             .captured
             .keys()
             .copied()
-            .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .filter(|&pid| !procmaps::alive(pid))
             .collect();
         for pid in gone {
             self.captured.remove(&pid);

@@ -234,7 +234,7 @@ mod cfi {
         EbpfContext as _, Global,
         bindings::BPF_F_MMAPABLE,
         helpers::{
-            bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+            bpf_ktime_get_ns, bpf_probe_read_user,
             generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
         },
         macros::map,
@@ -248,7 +248,7 @@ mod cfi {
             ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
         },
     };
-    use rtrace_ebpf::{count_error, global};
+    use rtrace_ebpf::{count_error, global, read_kernel};
 
     use super::Scratch;
 
@@ -306,10 +306,7 @@ mod cfi {
     #[inline(always)]
     fn user_regs(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
         let o = global(&CFI_OFFSETS);
-        let read = |base: *const u8, off: u32| -> Option<u64> {
-            // SAFETY: the helper copes with any address.
-            unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize).cast::<u64>()) }.ok()
-        };
+        let read = |base: *const u8, off: u32| read_kernel::<u64>(base, off).ok();
         let mut regs = ctx.as_ptr() as *const u8;
         if read(regs, o.cs)? & 3 != 3 {
             // SAFETY: the helpers have no preconditions beyond a task.
@@ -505,11 +502,10 @@ mod cfi {
     pub fn profile_fork(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
         let child: *const u8 = ctx.arg(1);
         let o = global(&CFI_OFFSETS);
-        let read = |off: u32| -> Option<u32> {
-            // SAFETY: the helper copes with any address.
-            unsafe { bpf_probe_read_kernel(child.wrapping_add(off as usize).cast::<u32>()) }.ok()
-        };
-        let (Some(pid), Some(tgid)) = (read(o.task_pid), read(o.task_tgid)) else {
+        let (Ok(pid), Ok(tgid)) = (
+            read_kernel::<u32>(child, o.task_pid),
+            read_kernel::<u32>(child, o.task_tgid),
+        ) else {
             return 0;
         };
         if pid != tgid {

@@ -256,10 +256,11 @@ pub struct Profile {
     cfi: Option<unwind::KernelTables>,
     /// Whether the `cfi` object was loaded.
     cfi_loaded: bool,
-    /// The exec and fork tracepoints' links, with the `cfi` object.
+    /// The exec and fork tracepoints' links, owned so that they can be
+    /// detached on a thread of their own; with the `cfi` object.
     cfi_links: Option<(
-        aya::programs::trace_point::TracePointLinkId,
-        aya::programs::raw_trace_point::RawTracePointLinkId,
+        aya::programs::trace_point::TracePointLink,
+        aya::programs::raw_trace_point::RawTracePointLink,
     )>,
     started: Instant,
     started_epoch: f64,
@@ -387,25 +388,24 @@ impl Tool for Profile {
             self.cfi = Some(tables);
             // The walk tells when a process runs code in no known mapping.
             self.sym.recapture_every(Duration::from_secs(5));
-        }
-        if self.cfi_loaded {
             let exec: &mut aya::programs::TracePoint = ebpf
                 .program_mut("profile_exec")
                 .context("program profile_exec missing")?
                 .try_into()?;
             exec.load().context("cannot load the exec program")?;
-            let exec = exec
+            let id = exec
                 .attach("sched", "sched_process_exec")
                 .context("cannot attach to sched:sched_process_exec")?;
+            let exec_link = exec.take_link(id)?;
             let fork: &mut aya::programs::RawTracePoint = ebpf
                 .program_mut("profile_fork")
                 .context("program profile_fork missing")?
                 .try_into()?;
             fork.load().context("cannot load the fork program")?;
-            let fork = fork
+            let id = fork
                 .attach("sched_process_fork")
                 .context("cannot attach to raw tracepoint sched_process_fork")?;
-            self.cfi_links = Some((exec, fork));
+            self.cfi_links = Some((exec_link, fork.take_link(id)?));
         }
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
@@ -518,21 +518,7 @@ impl Tool for Profile {
         let report_start = Instant::now();
         // The exec and fork tracepoints are detached while the report is
         // made.
-        let _detaching = match self.cfi_links.take() {
-            Some((exec, fork)) => {
-                let p: &mut aya::programs::TracePoint = ebpf
-                    .program_mut("profile_exec")
-                    .context("program profile_exec missing")?
-                    .try_into()?;
-                let exec = p.take_link(exec)?;
-                let p: &mut aya::programs::RawTracePoint = ebpf
-                    .program_mut("profile_fork")
-                    .context("program profile_fork missing")?
-                    .try_into()?;
-                Some(tracer::Detaching::start((exec, p.take_link(fork)?)))
-            }
-            None => None,
-        };
+        let _detaching = self.cfi_links.take().map(tracer::Detaching::start);
         self.store.drain(ebpf, true)?;
         let samples = self.store.samples(&mut self.sym);
         self.write_files(&samples, elapsed)?;
