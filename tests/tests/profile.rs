@@ -67,10 +67,13 @@ fn profile_hotfuncs(extra: &[&str]) -> (String, i64, i64) {
     profile_fixture("hotfuncs", extra)
 }
 
+/// Profiles a CPU fixture's 3 s of work at 999 Hz: about 3,000 samples, so
+/// the split the tests check has a binomial spread under one point and a
+/// 5-point tolerance fails on a real error, not on chance.
 fn profile_fixture(name: &str, extra: &[&str]) -> (String, i64, i64) {
     let fixture = start_fixture(name, &["cpu", "3"]);
     let pid = fixture.pid().to_string();
-    let mut args = vec!["profile", "-F", "199", "-p", &pid];
+    let mut args = vec!["profile", "-F", "999", "-p", &pid];
     args.extend_from_slice(extra);
     let rtrace = Rtrace::start_until(&args, READY);
     let done = run_fixture(fixture);
