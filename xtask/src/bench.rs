@@ -743,21 +743,28 @@ fn biolatency() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rounds of the profile fixture's work per process per trial: about two
-/// seconds bare.
-const PROFILE_ROUNDS: u64 = 3_000;
-/// Profile fixture processes: one per core of these machines.
+/// How long each worker of the profile benchmarks runs per trial.
+const PROFILE_MS: u64 = 3_000;
+/// Profile workers: one per core of these machines.
 const PROFILE_WORKERS: usize = 2;
 
-/// A CPU-bound program run once per core: what it is, and how it is
-/// started. It prints `done NS`, the wall time of its fixed work.
+/// A CPU-bound program run once per core for `PROFILE_MS`, which watches
+/// the clock in a tight loop and prints `done NS GAPS`: the time taken from
+/// it in gaps of 2 µs to 1 ms, and their number.
+///
+/// That is how a sampling profiler's cost is measured here: directly, as
+/// the time its interrupts take from the sampled tasks (perf's copy of the
+/// stack, rtrace's walk), plus the CPU time of its own process, read from
+/// schedstat. Longer gaps are other tasks' time slices, left out: on these
+/// shared machines they come and go by tens of percent. Timing a fixed
+/// amount of work and subtracting the bare time measures the same thing as
+/// the small difference of two large numbers that drift by ±10 % from run
+/// to run; the stolen time only scales with that drift.
 struct CpuLoad {
     /// Its name in reports and its `comm` in stacks.
     comm: &'static str,
     /// The program and its arguments.
     argv: Vec<String>,
-    /// Rounds of work one process does.
-    rounds: u64,
     /// A frame every whole stack holds, as rtrace and perf name it.
     main: (&'static str, &'static str),
 }
@@ -773,38 +780,47 @@ impl CpuLoad {
                     .join(name)
                     .to_string_lossy()
                     .into_owned(),
-                "work".into(),
-                PROFILE_ROUNDS.to_string(),
+                "stolen".into(),
+                PROFILE_MS.to_string(),
             ],
-            rounds: PROFILE_ROUNDS,
             main: ("hotfuncs::main", "main"),
         }
     }
 
-    /// Debian's python3, which has no frame pointers, in a busy loop:
-    /// a round is 10,000 iterations.
+    /// Debian's python3, which has no frame pointers, watching the clock
+    /// in its interpreter loop (an iteration takes about 100 ns).
     fn python() -> Self {
-        const ROUNDS: u64 = 4_000;
+        const WATCH: &str = r#"
+import sys, time
+pc = time.perf_counter_ns
+prev = pc()
+end = prev + int(sys.argv[1]) * 1000000
+stolen = gaps = 0
+while prev < end:
+    t = pc()
+    d = t - prev
+    if 2000 < d <= 1000000:
+        stolen += d
+        gaps += 1
+    prev = t
+print('done', stolen, gaps)
+"#;
         Self {
             comm: "python3",
             argv: vec![
                 "/usr/bin/python3".into(),
                 "-c".into(),
-                format!(
-                    "import time\nt = time.perf_counter_ns()\nx = 0\n\
-                     for i in range({}):\n    x += i\n\
-                     print('done', time.perf_counter_ns() - t)",
-                    ROUNDS * 10_000
-                ),
+                WATCH.into(),
+                PROFILE_MS.to_string(),
             ],
-            rounds: ROUNDS,
             main: ("Py_BytesMain", "Py_BytesMain"),
         }
     }
 }
 
-/// Runs `load` on every core; returns nanoseconds per round (mean over the
-/// processes) and the rounds done.
+/// Runs `load` on every core; returns the time taken from the workers in
+/// nanoseconds per millisecond each ran, and those milliseconds (at 999 Hz
+/// a millisecond of a busy worker is about one sample).
 fn cpu_work(load: &CpuLoad) -> anyhow::Result<(f64, u64)> {
     let workers: Vec<_> = (0..PROFILE_WORKERS)
         .map(|_| {
@@ -815,15 +831,54 @@ fn cpu_work(load: &CpuLoad) -> anyhow::Result<(f64, u64)> {
                 .with_context(|| format!("cannot start {}", load.comm))
         })
         .collect::<anyhow::Result<_>>()?;
-    let mut total = 0.0;
+    let mut stolen = 0.0;
     for w in workers {
         let out = w.wait_with_output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let ns = done_ns(&text).with_context(|| format!("{} said {text:?}", load.comm))?;
-        total += ns;
+        let ns: f64 = text
+            .lines()
+            .last()
+            .and_then(|l| l.strip_prefix("done "))
+            .and_then(|l| l.split(' ').next()?.parse().ok())
+            .with_context(|| format!("{} said {text:?}", load.comm))?;
+        stolen += ns;
     }
-    let rounds = load.rounds * PROFILE_WORKERS as u64;
-    Ok((total / rounds as f64, rounds))
+    let ms = PROFILE_MS * PROFILE_WORKERS as u64;
+    Ok((stolen / ms as f64, ms))
+}
+
+/// The unit of the profile benchmarks' cost: nanoseconds taken from a
+/// worker per millisecond it ran.
+const STOLEN: &str = "stolen ns/ms";
+
+/// `perf record` of the whole machine at `hz` with no call graphs, into
+/// `data`: the cost of the sampling interrupt itself, which every sampler
+/// pays, and what is left of the others' cost above it is their own.
+fn perf_floor(hz: &str, data: &str) -> Setup {
+    Setup::traced(
+        format!("perf record -a -F {hz} (no stacks)"),
+        "perf",
+        &["record", "-q", "-a", "-F", hz, "-o", data],
+        Ready::After(Duration::from_secs(1)),
+        None,
+    )
+}
+
+/// The added cost of setup `i` over bare, as a share of setup `peer`'s,
+/// over bare and over the floor (setup `floor`).
+///
+/// A setup's cost is the time its interrupts take from the workers plus
+/// its own process's CPU time, per millisecond of a worker.
+fn shares(results: &[Outcome], i: usize, peer: usize, floor: usize) -> (f64, f64, f64) {
+    let cost = |j: usize| results[j].cost + results[j].tracer_ns;
+    let bare = cost(0);
+    let added = |j: usize| cost(j) - bare;
+    let above = |j: usize| cost(j) - cost(floor);
+    (
+        added(i) / added(peer),
+        above(i) / above(peer),
+        added(floor) / added(peer),
+    )
 }
 
 /// Seconds `f` took.
@@ -859,15 +914,17 @@ fn profile() -> anyhow::Result<()> {
                 Ready::Stderr("Sampling"),
                 None,
             ),
+            perf_floor(hz, &data_s),
         ];
         eprintln!(
             "bench profile: {PROFILE_WORKERS} CPU-bound processes (frame pointers), \
-             {PROFILE_ROUNDS} rounds each, sampled at {hz} Hz on every CPU, \
+             {PROFILE_MS} ms each, sampled at {hz} Hz on every CPU, \
              median of {TRIALS} interleaved trials"
         );
-        let results = trials(&setups, "ns/round", || cpu_work(&fixture))?;
-        let (ratio, _) = report(&setups, &results, "ns/round");
-        ratios.push((hz, ratio, results[1].cost - results[0].cost));
+        let results = trials(&setups, STOLEN, || cpu_work(&fixture))?;
+        report(&setups, &results, STOLEN);
+        let peer_added = results[1].cost + results[1].tracer_ns - results[0].cost;
+        ratios.push((hz, shares(&results, 2, 1, 3), peer_added));
     }
 
     // The report: from the signal to the last line, against perf's stop
@@ -909,14 +966,19 @@ fn profile() -> anyhow::Result<()> {
     let mut unwinding = profile_unwinding(&rtrace, &data_s, &CpuLoad::hotfuncs("hotfuncs_nofp"))?;
     unwinding.extend(profile_unwinding(&rtrace, &data_s, &CpuLoad::python())?);
     println!();
-    for (hz, ratio, peer_added) in ratios {
+    for (hz, (ratio, above, floor), peer_added) in ratios {
         if peer_added <= 0.0 {
             println!(
                 "at {hz} Hz neither tracer's cost rises above the run-to-run noise \
-                 (perf's added cost {peer_added:.0} ns/round)"
+                 (perf's added cost {peer_added:.0} {STOLEN})"
             );
         } else {
-            println!("rtrace profile at {hz} Hz adds {ratio:.2}x the overhead perf record -g adds");
+            println!(
+                "rtrace profile at {hz} Hz costs {ratio:.2}x what perf record -g costs (time \
+                 taken in the sampled tasks' interrupts plus the tracer's own CPU); \
+                 {above:.2}x above the sampling interrupt itself (perf with no stacks: \
+                 {floor:.2}x of perf -g)"
+            );
         }
     }
     println!(
@@ -1059,20 +1121,22 @@ fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Res
                 perf_ready,
                 None,
             ),
+            perf_floor(hz, data_s),
         ];
         eprintln!(
             "bench profile: {PROFILE_WORKERS} CPU-bound {} processes without frame pointers, \
-             {} rounds each, {hz} Hz on every CPU, median of {TRIALS} trials",
-            load.comm, load.rounds
+             {PROFILE_MS} ms each, {hz} Hz on every CPU, median of {TRIALS} trials",
+            load.comm
         );
-        let results = trials(&setups, "ns/round", || cpu_work(load))?;
-        let (ratio, _) = report(&setups, &results, "ns/round");
-        let dwarf_added = results[1].cost - results[0].cost;
+        let results = trials(&setups, STOLEN, || cpu_work(load))?;
+        report(&setups, &results, STOLEN);
+        let (ratio, above, floor) = shares(&results, 2, 1, 4);
+        let dwarf_added = results[1].cost + results[1].tracer_ns - results[0].cost;
         let (dwarf, ours) = (&results[1], &results[2]);
         lines.push(format!(
-            "{}, no frame pointers, {hz} Hz: rtrace's BPF time {:.0} ns/round (range {:.0}-{:.0}) \
-             and own CPU {:.0} ns/round; perf --call-graph dwarf's own CPU {:.0} ns/round \
-             (its copy of each sample's stack, made in the sampled task, is in the slowdown only)",
+            "{}, no frame pointers, {hz} Hz: rtrace's BPF time {:.0} ns/ms (range {:.0}-{:.0}) \
+             and own CPU {:.0} ns/ms; perf --call-graph dwarf's own CPU {:.0} ns/ms \
+             (its copy of each sample's stack, made in the sampled task, is in the stolen time)",
             load.comm,
             ours.bpf_ns,
             ours.bpf_spread.0,
@@ -1082,13 +1146,16 @@ fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Res
         ));
         lines.push(if dwarf_added <= 0.0 {
             format!(
-                "{}, {hz} Hz: perf's DWARF mode adds no slowdown above the noise",
+                "{}, {hz} Hz: perf's DWARF mode takes no time from the tasks above the noise",
                 load.comm
             )
         } else {
             format!(
-                "{}, {hz} Hz: rtrace (CFI in the kernel) slows the work {ratio:.2}x as much as \
-                 perf record --call-graph dwarf (goal: at most 0.5x)",
+                "{}, {hz} Hz: rtrace (CFI in the kernel) costs {ratio:.2}x what perf record \
+                 --call-graph dwarf costs (time taken in the sampled tasks' interrupts plus the \
+                 tracer's own CPU; goal: at most 0.5x); above the sampling interrupt itself, \
+                 which perf with no stacks already costs ({floor:.2}x of DWARF mode's), \
+                 {above:.2}x",
                 load.comm
             )
         });
