@@ -14,7 +14,8 @@
 //! - **The variants**: every object is built once with default features,
 //!   and once more for each feature its source tests, `cfg(feature = "F")`
 //!   giving an object named `<bin>_F`. An event tool's `event_map!()`
-//!   stands for `cfg(feature = "perf")`. So a tool's ring-buffer and
+//!   stands for `cfg(feature = "perf")`, and `cfi_programs!()` for
+//!   `cfg(feature = "cfi")`. So a tool's ring-buffer and
 //!   perf-buffer objects come from one source with nothing to register
 //!   ([`variants`], [`build`]).
 
@@ -127,6 +128,11 @@ pub fn variants(source: &str) -> Vec<String> {
     }
     if source.contains("event_map!(") {
         push("perf");
+    }
+    // The shared CFI walk and its programs are the library's, behind the
+    // feature; an object that takes them in is built with it too.
+    if source.contains("cfi_programs!(") {
+        push("cfi");
     }
     out
 }
@@ -245,6 +251,10 @@ mod tests {
             vec!["x", "perf"]
         );
         assert!(variants("fn main() {}").is_empty());
+        assert_eq!(
+            variants("rtrace_ebpf::event_map!();\nrtrace_ebpf::cfi_programs!();"),
+            vec!["perf", "cfi"]
+        );
     }
 
     #[test]

@@ -4,9 +4,35 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
+#[cfg(feature = "cfi")]
+pub mod cfi;
 pub mod events;
+pub mod stacks;
 pub mod targets;
 pub mod task_storage;
+
+/// Defines the programs that keep the CFI tables in step with the
+/// processes, `cfi_exec` (tracepoint `sched:sched_process_exec`) and
+/// `cfi_fork` (raw tracepoint `sched_process_fork`), in an object that has
+/// an `EVENTS` map (`event_map!`). Only with the `cfi` feature.
+#[macro_export]
+macro_rules! cfi_programs {
+    () => {
+        #[cfg(feature = "cfi")]
+        #[aya_ebpf::macros::tracepoint]
+        pub fn cfi_exec(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
+            $crate::cfi::on_exec(&ctx, &EVENTS);
+            0
+        }
+
+        #[cfg(feature = "cfi")]
+        #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_process_fork")]
+        pub fn cfi_fork(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
+            $crate::cfi::on_fork(&ctx, &EVENTS);
+            0
+        }
+    };
+}
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -32,6 +58,21 @@ pub fn read_kernel<T>(base: *const u8, offset: u32) -> Result<T, i64> {
     // SAFETY: bpf_probe_read_kernel copes with any address.
     unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T) }
         .map_err(i64::from)
+}
+
+/// Reads a u32 member of a task. `DIRECT` is for BTF-typed pointers
+/// (tp_btf), where the verifier turns a plain load into a cheap checked
+/// one; raw tracepoints pass untyped pointers and need the helper.
+#[inline(always)]
+pub fn task_u32<const DIRECT: bool>(task: *const u8, offset: u32) -> Option<u32> {
+    if DIRECT {
+        // SAFETY: `task` is a BTF-typed task_struct pointer and `offset` a
+        // member's offset from BTF; the verifier checks the access.
+        return Some(unsafe {
+            core::ptr::read_volatile(task.wrapping_add(offset as usize) as *const u32)
+        });
+    }
+    read_kernel::<u32>(task, offset).ok()
 }
 
 /// Reads a kernel pointer at `base + offset`, null if it cannot be read.

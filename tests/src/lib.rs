@@ -353,6 +353,18 @@ pub fn trace_workload(
     }
 }
 
+/// Folded stacks (`comm;frame;.. count`) as frames, root first, with counts.
+/// Names may hold spaces, so the count is after the last one.
+pub fn parse_folded(text: &str) -> std::collections::BTreeMap<Vec<String>, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let (stack, count) = line.rsplit_once(' ').expect("no count");
+        let frames: Vec<String> = stack.split(';').map(str::to_owned).collect();
+        *out.entry(frames).or_insert(0) += count.parse::<u64>().expect("bad count");
+    }
+    out
+}
+
 /// Asserts that `rtrace ARGS` fails with one line on stderr containing
 /// `want`.
 pub fn assert_one_line_error(args: &[&str], want: &str) {

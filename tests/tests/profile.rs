@@ -12,7 +12,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    PingPong, Rtrace, SIGHUP, SIGINT, SIGTERM, Workload, json_lines, run, workload_bin,
+    PingPong, Rtrace, SIGHUP, SIGINT, SIGTERM, Workload, json_lines, parse_folded, run,
+    workload_bin,
 };
 
 /// What `rtrace profile` prints to stderr once sampling has begun.
@@ -33,18 +34,6 @@ fn run_fixture(mut fixture: Workload) -> Vec<i64> {
     done.split_whitespace()
         .map(|n| n.parse().unwrap())
         .collect()
-}
-
-/// Folded stacks (`comm;frame;.. count`) as frames, root first, with counts.
-/// Names may hold spaces, so the count is after the last one.
-fn parse_folded(text: &str) -> BTreeMap<Vec<String>, u64> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.is_empty()) {
-        let (stack, count) = line.rsplit_once(' ').expect("no count");
-        let frames: Vec<String> = stack.split(';').map(str::to_owned).collect();
-        *out.entry(frames).or_insert(0) += count.parse::<u64>().expect("bad count");
-    }
-    out
 }
 
 /// Samples of stacks that contain a frame ending in `name`.

@@ -15,6 +15,7 @@ mod output;
 mod privs;
 mod procmaps;
 mod stackstore;
+mod stacktool;
 mod symbolize;
 mod tools;
 mod tracefs;

@@ -1,4 +1,4 @@
-//! Stacks counted in the kernel (`COUNTS` by [`Key`], `STACKS` by hash),
+//! Stacks counted in the kernel (`STACK_COUNTS` by [`Key`], `STACKS` by hash),
 //! moved to user space while a tool runs, and symbolized as their
 //! processes go.
 //!
@@ -118,15 +118,18 @@ impl StackStore {
             // Counted up, not flipped: the kernel also marks which
             // processes it told of in which generation.
             self.generation = self.generation.wrapping_add(1);
-            let mut generation: aya::maps::Array<_, u32> =
-                aya::maps::Array::try_from(ebpf.map_mut("GEN").context("map GEN missing")?)?;
+            let mut generation: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
+                ebpf.map_mut("STACK_GEN").context("map STACK_GEN missing")?,
+            )?;
             generation.set(0, self.generation, 0)?;
             // A sample that read the old generation on another CPU is done
             // within microseconds.
             std::thread::sleep(Duration::from_millis(1));
         }
-        let mut counts: BpfHashMap<_, Key, u64> =
-            BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
+        let mut counts: BpfHashMap<_, Key, u64> = BpfHashMap::try_from(
+            ebpf.map_mut("STACK_COUNTS")
+                .context("map STACK_COUNTS missing")?,
+        )?;
         let (entries, batched) = read_all(&counts);
         let moved: Vec<Key> = entries
             .iter()
@@ -140,7 +143,7 @@ impl StackStore {
                 *self.counts.entry(k).or_default() += n;
             }
         }
-        remove(&mut counts, &moved, batched).context("cannot clear map COUNTS")?;
+        remove(&mut counts, &moved, batched).context("cannot clear map STACK_COUNTS")?;
 
         let mut stacks: BpfHashMap<_, u64, Stack> =
             BpfHashMap::try_from(ebpf.map_mut("STACKS").context("map STACKS missing")?)?;

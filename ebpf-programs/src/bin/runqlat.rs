@@ -61,25 +61,13 @@ trait Starts {
     fn take(task: *const u8, pid: u32) -> Option<u64>;
 }
 
-/// Reads a u32 member of a task. `DIRECT` is for BTF-typed pointers
-/// (tp_btf), where the verifier turns a plain load into a cheap checked one;
-/// raw tracepoints pass untyped pointers and need the helper.
+/// Reads a u32 member of a task; a failed read is counted and reads as 0.
 #[inline(always)]
 fn task_u32<const DIRECT: bool>(task: *const u8, offset: u32) -> u32 {
-    if DIRECT {
-        // SAFETY: `task` is a BTF-typed task_struct pointer and `offset` a
-        // member's offset from BTF; the verifier checks the access.
-        return unsafe {
-            core::ptr::read_volatile(task.wrapping_add(offset as usize) as *const u32)
-        };
-    }
-    match read_kernel::<u32>(task, offset) {
-        Ok(v) => v,
-        Err(_) => {
-            count_error(ERR_READ);
-            0
-        }
-    }
+    rtrace_ebpf::task_u32::<DIRECT>(task, offset).unwrap_or_else(|| {
+        count_error(ERR_READ);
+        0
+    })
 }
 
 #[inline(always)]

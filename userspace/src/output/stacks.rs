@@ -86,6 +86,9 @@ pub struct Stacks<'a> {
     pub samples: &'a [Sample],
     /// The text form.
     pub style: Style,
+    /// What the counts are, as the JSON field names them: `count` for
+    /// samples, `us` for microseconds.
+    pub value: &'static str,
 }
 
 impl serde::Serialize for Stacks<'_> {
@@ -102,13 +105,13 @@ impl serde::Serialize for Stacks<'_> {
                 .collect()
         };
         ser.collect_seq(self.samples.iter().map(|s| {
-            serde_json::json!({
-                "comm": s.comm,
-                "pid": s.pid,
-                "count": s.count,
-                "kernel": frames(&s.kernel),
-                "user": frames(&s.user),
-            })
+            let mut m = serde_json::Map::new();
+            m.insert("comm".into(), s.comm.clone().into());
+            m.insert("pid".into(), s.pid.into());
+            m.insert(self.value.into(), s.count.into());
+            m.insert("kernel".into(), frames(&s.kernel).into());
+            m.insert("user".into(), frames(&s.user).into());
+            m
         }))
     }
 }
@@ -159,20 +162,25 @@ pub struct FlameOptions {
     pub icicle: bool,
     /// What one sample stands for, as the tooltips name it.
     pub count_name: String,
+    /// The colours.
+    pub palette: inferno::flamegraph::color::Palette,
+}
+
+impl FlameOptions {
+    /// The colours of CPU profiles: FlameGraph's `--color=java`, which
+    /// colours frames by the `_[k]`, `_[j]` and `_[i]` suffixes (and C++
+    /// `::` names), as perf users know it; the suffixes are not shown.
+    pub fn by_kind() -> inferno::flamegraph::color::Palette {
+        inferno::flamegraph::color::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java)
+    }
 }
 
 fn inferno_options(opts: &FlameOptions) -> inferno::flamegraph::Options<'static> {
-    use inferno::flamegraph::{
-        Direction,
-        color::{MultiPalette, Palette},
-    };
+    use inferno::flamegraph::Direction;
     let mut o = inferno::flamegraph::Options::default();
     o.title = opts.title.clone();
     o.count_name = opts.count_name.clone();
-    // The java palette colors by the frames' `_[k]`, `_[j]` and `_[i]`
-    // suffixes (and C++ `::` names), as perf users know from FlameGraph's
-    // `--color=java`; the suffixes are not shown.
-    o.colors = Palette::Multi(MultiPalette::Java);
+    o.colors = opts.palette;
     if opts.icicle {
         o.direction = Direction::Inverted;
     }

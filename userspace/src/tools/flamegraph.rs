@@ -56,6 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 title: d.title,
                 icicle: d.icicle,
                 count_name: "samples".to_owned(),
+                palette: FlameOptions::by_kind(),
             },
         ),
     }

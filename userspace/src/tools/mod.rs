@@ -44,4 +44,5 @@ registry! {
     Argdist => argdist::Argdist,
     Biolatency => biolatency::Biolatency,
     Profile => profile::Profile,
+    Offcputime => offcputime::Offcputime,
 }

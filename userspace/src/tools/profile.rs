@@ -16,22 +16,17 @@ use aya::{
     },
     util::online_cpus,
 };
-use rtrace_common::{
-    profile::{Config, ERR_NAMES, SEEN_EXEC, SEEN_FORK, SEEN_NEW_CODE, Seen},
-    unwind::CfiOffsets,
-};
+use rtrace_common::profile::{Config, ERR_NAMES};
 
 use crate::{
     features::Mechanism,
     output::{
-        self, Sink, events,
+        self, Sink,
         stacks::{self, FlameOptions, Sample, Stacks, Style, TextOptions},
     },
-    stackstore::StackStore,
-    symbolize::Symbolizer,
+    stacktool::{StackArgs, StackTool},
     tracer::{self, Kernel, Load, Scope, Tool},
     transport::BufferArgs,
-    unwind,
 };
 
 /// The events `-e` can sample on.
@@ -139,15 +134,6 @@ pub struct Args {
     /// inlined ones in text output.
     #[arg(short = 'a', long = "annotations")]
     annotate: bool,
-    /// Distinct stacks to keep; stacks beyond it are counted as missed.
-    #[arg(long, value_name = "N", default_value_t = 16384,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    stack_storage_size: u32,
-    /// Distinct (process, stacks) entries to count; samples beyond it are
-    /// counted as lost.
-    #[arg(long, value_name = "N", default_value_t = 40960,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    hash_storage_size: u32,
     /// The event to sample on.
     #[arg(short = 'e', long, value_enum, default_value_t = Event::Cpu)]
     event: Event,
@@ -163,32 +149,11 @@ pub struct Args {
     /// Write a speedscope profile (JSON) to FILE.
     #[arg(long, value_name = "FILE")]
     speedscope: Option<PathBuf>,
-    /// How user stacks are walked: `cfi` in the kernel from each file's
-    /// call frame information (code without frame pointers too), `fp` by
-    /// frame pointers, `auto` the first where the kernel can load it.
-    #[arg(long, value_enum, default_value_t = Unwind::Auto)]
-    unwind: Unwind,
+    #[command(flatten)]
+    stacks: StackArgs,
     #[command(flatten)]
     buffer: BufferArgs,
 }
-
-/// `--unwind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Unwind {
-    /// CFI where the kernel can load the walk (5.15+), else frame pointers.
-    Auto,
-    /// CFI only: fail where the kernel cannot load the walk.
-    Cfi,
-    /// Frame pointers only (the kernel's own walk).
-    Fp,
-}
-
-/// The object variant with the CFI walk.
-const CFI: &str = "cfi";
-/// Rows of CFI the kernel holds: 16 MiB.
-const CFI_ROWS: u32 = 1 << 20;
-/// Processes whose regions the kernel holds.
-const CFI_PROCESSES: u32 = 4096;
 
 /// Where there is no PMU, as in most VMs, the hardware events fail; this
 /// says why in words.
@@ -251,25 +216,12 @@ pub struct Profile {
     event: Event,
     /// Why hardware cycles were passed over, if they were.
     fallback: Option<String>,
-    sym: Symbolizer,
-    /// The kernel's CFI tables, with the `cfi` object.
-    cfi: Option<unwind::KernelTables>,
-    /// Whether the `cfi` object was loaded.
-    cfi_loaded: bool,
-    /// The exec and fork tracepoints' links, owned so that they can be
-    /// detached on a thread of their own; with the `cfi` object.
-    cfi_links: Option<(
-        aya::programs::trace_point::TracePointLink,
-        aya::programs::raw_trace_point::RawTracePointLink,
-    )>,
+    /// Stacks counted in the kernel, their walk and their names.
+    stacks: StackTool,
     started: Instant,
     started_epoch: f64,
     /// What the report took, for `-v`.
     summary: Option<String>,
-    /// What the CFI tables held, for `-v`.
-    tables: Option<String>,
-    /// Counts and stacks moved out of the kernel so far.
-    store: StackStore,
 }
 
 impl Tool for Profile {
@@ -301,15 +253,10 @@ impl Tool for Profile {
             cpus,
             freq,
             fallback: None,
-            sym: Symbolizer::new(),
-            cfi: None,
-            cfi_loaded: false,
-            cfi_links: None,
+            stacks: StackTool::default(),
             started: Instant::now(),
             started_epoch: 0.0,
             summary: None,
-            tables: None,
-            store: StackStore::default(),
         })
     }
 
@@ -332,11 +279,7 @@ impl Tool for Profile {
     /// The CFI walk needs helpers of 5.15; where it cannot load, `auto`
     /// keeps the kernel's frame-pointer walk, and `-v` says why.
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
-        match self.args.unwind {
-            Unwind::Auto if !self.args.kernel_only => vec![CFI, ""],
-            Unwind::Cfi => vec![CFI],
-            _ => vec![""],
-        }
+        StackTool::variants(self.args.stacks.unwind, !self.args.kernel_only)
     }
 
     fn configure(
@@ -345,30 +288,13 @@ impl Tool for Profile {
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        self.cfi_loaded = load.variant() == CFI;
         let cfg = Config {
             include_idle: u32::from(self.args.include_idle),
             user: u32::from(!self.args.kernel_only),
             kernel: u32::from(!self.args.user_only),
         };
-        if self.cfi_loaded {
-            let btf = kernel.btf()?;
-            let reg = |m: &str| btf.offset("pt_regs", m);
-            let offsets = CfiOffsets {
-                ip: reg("ip")?,
-                sp: reg("sp")?,
-                bp: reg("bp")?,
-                cs: reg("cs")?,
-                task_pid: btf.offset("task_struct", "pid")?,
-                task_tgid: btf.offset("task_struct", "tgid")?,
-            };
-            load.global("CFI_OFFSETS", &offsets)
-                .size("CFI_ROWS", CFI_ROWS)
-                .size("CFI_PROCS", CFI_PROCESSES);
-        }
-        load.config(&cfg)
-            .size("STACKS", self.args.stack_storage_size)
-            .size("COUNTS", self.args.hash_storage_size);
+        self.stacks.configure(&self.args.stacks, kernel, load)?;
+        load.config(&cfg);
         Ok(())
     }
 
@@ -378,35 +304,7 @@ impl Tool for Profile {
         kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
-        if self.cfi_loaded {
-            let mut tables = unwind::KernelTables::new(ebpf, CFI_ROWS)?;
-            // Processes asked for get their tables before the first sample;
-            // others when their first stacks show up.
-            for &pid in &self.args.pid {
-                tables.add_process(pid, true)?;
-            }
-            self.cfi = Some(tables);
-            // The walk tells when a process runs code in no known mapping.
-            self.sym.recapture_every(Duration::from_secs(5));
-            let exec: &mut aya::programs::TracePoint = ebpf
-                .program_mut("profile_exec")
-                .context("program profile_exec missing")?
-                .try_into()?;
-            exec.load().context("cannot load the exec program")?;
-            let id = exec
-                .attach("sched", "sched_process_exec")
-                .context("cannot attach to sched:sched_process_exec")?;
-            let exec_link = exec.take_link(id)?;
-            let fork: &mut aya::programs::RawTracePoint = ebpf
-                .program_mut("profile_fork")
-                .context("program profile_fork missing")?
-                .try_into()?;
-            fork.load().context("cannot load the fork program")?;
-            let id = fork
-                .attach("sched_process_fork")
-                .context("cannot attach to raw tracepoint sched_process_fork")?;
-            self.cfi_links = Some((exec_link, fork.take_link(id)?));
-        }
+        self.stacks.attach(ebpf, &self.args.pid)?;
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
             .context("program profile missing")?
@@ -433,14 +331,10 @@ impl Tool for Profile {
     }
 
     fn describe(&self) -> String {
-        let user = if self.cfi_loaded {
-            "user stacks walked in the kernel from CFI (frame pointers where none)"
-        } else {
-            "user stacks by frame pointers (bpf_get_stack)"
-        };
         format!(
-            "perf events on {} CPU(s); {user}; stacks named by their own 64-bit hash",
-            self.cpus.len()
+            "perf events on {} CPU(s); {}; stacks named by their own 64-bit hash",
+            self.cpus.len(),
+            self.stacks.describe()
         )
     }
 
@@ -472,12 +366,7 @@ impl Tool for Profile {
         if last {
             return Ok(());
         }
-        if let Some(cfi) = &mut self.cfi {
-            cfi.forget_exited();
-        }
-        self.store.drain(ebpf, false)?;
-        self.store.settle_gone(&mut self.sym);
-        Ok(())
+        self.stacks.tick(ebpf)
     }
 
     fn start(&mut self) {
@@ -486,25 +375,7 @@ impl Tool for Profile {
     }
 
     fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
-        if let Some(seen) = events::record::<Seen>(record) {
-            if seen.flags & SEEN_FORK != 0 {
-                self.sym.inherit(seen.tgid, seen.parent);
-                if let Some(cfi) = &mut self.cfi {
-                    cfi.adopt(seen.tgid);
-                }
-                return Ok(());
-            }
-            let exec = seen.flags & SEEN_EXEC != 0;
-            let new_code = seen.flags & SEEN_NEW_CODE != 0;
-            // Code the walk found in no region is new to the symbolizer too.
-            if !exec {
-                self.sym.capture(seen.tgid, new_code);
-            }
-            if let Some(cfi) = &mut self.cfi {
-                cfi.add_process(seen.tgid, exec || new_code)?;
-            }
-        }
-        Ok(())
+        self.stacks.event(record)
     }
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
@@ -516,11 +387,7 @@ impl Tool for Profile {
             .try_into()?;
         prog.unload().context("cannot stop sampling")?;
         let report_start = Instant::now();
-        // The exec and fork tracepoints are detached while the report is
-        // made.
-        let _detaching = self.cfi_links.take().map(tracer::Detaching::start);
-        self.store.drain(ebpf, true)?;
-        let samples = self.store.samples(&mut self.sym);
+        let samples = self.stacks.finish(ebpf)?;
         self.write_files(&samples, elapsed)?;
         let text = TextOptions {
             delimiter: self.args.delimited,
@@ -541,6 +408,7 @@ impl Tool for Profile {
             } else {
                 Style::Multiline(text)
             },
+            value: "count",
         })?;
         let total: u64 = samples.iter().map(|s| s.count).sum();
         self.summary = Some(format!(
@@ -548,22 +416,15 @@ impl Tool for Profile {
             samples.len(),
             report_start.elapsed().as_millis()
         ));
-        if let Some(cfi) = &self.cfi {
-            let (files, rows, bytes) = cfi.stats();
-            self.tables = Some(format!(
-                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel",
-                bytes / 1024,
-            ));
-        }
         Ok(())
     }
 
     fn summary(&self) -> Vec<String> {
-        self.summary.iter().chain(&self.tables).cloned().collect()
+        self.summary.iter().chain(self.stacks.tables()).cloned().collect()
     }
 
     fn warnings(&self) -> Vec<String> {
-        self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default()
+        self.stacks.warnings()
     }
 }
 
@@ -609,6 +470,7 @@ impl Profile {
                 title: format!("rtrace profile: {} at {rate}", event.name()),
                 icicle: args.icicle,
                 count_name: "samples".to_owned(),
+                palette: FlameOptions::by_kind(),
             };
             stacks::write_svg(samples, path, &opts)?;
         }
@@ -622,6 +484,7 @@ impl Profile {
                 (_, None) => ("count", 1),
             };
             let meta = stacks::pprof::Meta {
+                count: ("samples", "count"),
                 event: if event == Event::CpuClock {
                     "cpu"
                 } else {

@@ -87,6 +87,9 @@ impl Strings {
 
 /// What the samples measure.
 pub struct Meta<'a> {
+    /// The first value's type and unit: `("samples", "count")` for a
+    /// sampling profile.
+    pub count: (&'a str, &'a str),
     /// The sampled event, e.g. `cpu-clock`.
     pub event: &'a str,
     /// The unit of `period`, e.g. `nanoseconds` or `count`.
@@ -111,7 +114,7 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
         m.int(2, strings.get(unit));
         m
     };
-    let samples_type = value_type(&mut strings, "samples", "count");
+    let samples_type = value_type(&mut strings, meta.count.0, meta.count.1);
     let event_type = value_type(&mut strings, meta.event, meta.unit);
     profile.msg(1, &samples_type);
     profile.msg(1, &event_type);

@@ -1,0 +1,76 @@
+//! Types of `rtrace offcputime`. Blocked time is counted in the shared
+//! stack tables (`profile::Key` by nanoseconds), so the store, the CFI
+//! walk and the symbolizer serve it as they serve profile.
+
+use crate::profile::Key;
+
+/// `Config::threads`: every thread.
+pub const THREADS_ALL: u32 = 0;
+/// `Config::threads`: user threads only (`-u`).
+pub const THREADS_USER: u32 = 1;
+/// `Config::threads`: kernel threads only (`-k`).
+pub const THREADS_KERNEL: u32 = 2;
+
+/// `Config::state`: no state filter.
+pub const STATE_ANY: u32 = u32::MAX;
+
+/// `task_struct.flags` bit of kernel threads.
+pub const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// Load-time configuration, passed as the global `CONFIG`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    /// Shortest blocked time counted, in nanoseconds (`-m`).
+    pub min_ns: u64,
+    /// Longest blocked time counted, in nanoseconds (`-M`).
+    pub max_ns: u64,
+    /// Whether user stacks are taken (not `-K`).
+    pub user: u32,
+    /// Whether kernel stacks are taken (not `-U`).
+    pub kernel: u32,
+    /// `THREADS_*`.
+    pub threads: u32,
+    /// The state the thread must leave the CPU in (`--state`): 0 for
+    /// runnable (preempted), else a mask of which one bit must be set;
+    /// [`STATE_ANY`] for all.
+    pub state: u32,
+    /// `task_struct.pid`, from BTF.
+    pub task_pid: u32,
+    /// `task_struct.tgid`.
+    pub task_tgid: u32,
+    /// `task_struct.__state` (`state` before 5.14).
+    pub task_state: u32,
+    /// `task_struct.flags`.
+    pub task_flags: u32,
+}
+
+/// What a thread left the CPU with: when, and the key its blocked time
+/// is counted under when it runs again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Start {
+    /// `bpf_ktime_get_ns` at the switch.
+    pub ns: u64,
+    /// Process, command and stacks (its generation is set when counted).
+    pub key: Key,
+}
+
+/// `ERRORS` slot: blocked threads not timed, as the table of threads off
+/// the CPU was full. Slots 0 to 7 are profile's (`profile::ERR_*`).
+pub const ERR_STARTS_FULL: u32 = 8;
+
+/// What each `ERRORS` slot counts, for the report at exit.
+pub const ERR_NAMES: [&str; 9] = [
+    crate::events::LOST_NAMES[0],
+    "blocked periods lost (count table full; raise --hash-storage-size)",
+    "stacks lost (stack table full; raise --stack-storage-size)",
+    "user stacks that could not be walked",
+    "kernel stacks that could not be walked",
+    "user stacks walked by frame pointer, as their process had no CFI tables yet",
+    "user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)",
+    "user stacks cut short (a stack word could not be read)",
+    "blocked threads not timed (table of threads off the CPU full)",
+];
+
+crate::pod!(Config, Start);

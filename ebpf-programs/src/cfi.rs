@@ -1,0 +1,357 @@
+//! The CFI walk: user space loads each process's executable regions and
+//! their files' compiled rows (`rtrace_common::unwind`); each frame is a
+//! search for its region, a bounded binary search for its row, and one or
+//! two reads of the user stack. Shared by the tools that take user stacks
+//! (profile, offcputime), with the exec and fork programs that keep the
+//! tables in step with the processes ([`cfi_programs`](crate::cfi_programs)).
+use aya_ebpf::{
+    EbpfContext, Global,
+    bindings::BPF_F_MMAPABLE,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+    },
+    macros::map,
+    maps::{Array, HashMap},
+    programs::RawTracePointContext,
+};
+use rtrace_common::{
+    profile::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, SEEN_EXEC, SEEN_FORK, Seen},
+    unwind::{
+        CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, MAX_REGIONS, NEW_CODE_EVERY_NS,
+        ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
+    },
+};
+
+use crate::{count_error, events::Sink, global, read_kernel, stacks::Scratch};
+
+/// Offsets into `struct pt_regs` and `struct task_struct`, from BTF.
+#[unsafe(no_mangle)]
+static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
+    ip: 0,
+    sp: 0,
+    bp: 0,
+    cs: 0,
+    task_pid: 0,
+    task_tgid: 0,
+});
+
+/// Every loaded file's rows; user space sizes it and writes them
+/// through a shared mapping, not a syscall per row.
+#[map]
+static CFI_ROWS: Array<CfiRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// Each process's regions, by process id; user space sizes it.
+#[map]
+static CFI_PROCS: HashMap<u32, ProcRegions> = HashMap::with_max_entries(1, 0);
+
+/// Steps of the binary search of a process's regions.
+const REGION_STEPS: usize = MAX_REGIONS.next_power_of_two().trailing_zeros() as usize + 1;
+
+/// A walk in progress. It lives in the per-CPU scratch value, not on
+/// the stack: kernels before 6.7 verify a `bpf_loop` callback once,
+/// with the values the caller's stack held at the call, and hard-wire
+/// the branches only later iterations take (a first frame has no
+/// caller, an empty region cache never hits). A map value's contents
+/// are unknown to the verifier.
+#[repr(C)]
+pub struct State {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    depth: u32,
+    /// Set when a frame's code is in no region of the process.
+    new_code: u32,
+    /// The region the last frame was in: callers are mostly in the
+    /// same file, so it is tried before the search.
+    last: Region,
+}
+
+/// What every frame of one walk works on, handed to `bpf_loop`'s
+/// callback; it does not change during the walk.
+#[repr(C)]
+struct Walk {
+    scratch: *mut Scratch,
+    procs: *const ProcRegions,
+}
+
+/// The user registers: `sampled`'s (a perf event's), if the sample hit
+/// user mode, else those the task entered the kernel with.
+#[inline(always)]
+fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
+    let o = global(&CFI_OFFSETS);
+    let read = |base: *const u8, off: u32| read_kernel::<u64>(base, off).ok();
+    let mut regs = sampled;
+    if regs.is_null() || read(regs, o.cs)? & 3 != 3 {
+        // SAFETY: the helpers have no preconditions beyond a task.
+        regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+        if regs.is_null() {
+            return None;
+        }
+    }
+    Some((read(regs, o.ip)?, read(regs, o.sp)?, read(regs, o.bp)?))
+}
+
+#[inline(always)]
+fn row(index: u32) -> Option<CfiRow> {
+    CFI_ROWS.get(index).copied()
+}
+
+#[inline(always)]
+fn read_user<T>(addr: u64) -> Option<T> {
+    // SAFETY: the helper copes with any address.
+    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+/// The region of `procs` that holds `ip`, by halves (user space lists
+/// them in address order); the last frame's region first.
+#[inline(always)]
+fn region(procs: &ProcRegions, st: &mut State, ip: u64) -> bool {
+    if st.last.start <= ip && ip < st.last.end {
+        return true;
+    }
+    let (mut lo, mut hi) = (0u32, procs.n);
+    for _ in 0..REGION_STEPS {
+        if lo >= hi {
+            return false;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let Some(r) = procs.regions.get(mid as usize) else {
+            return false;
+        };
+        if ip < r.start {
+            hi = mid;
+        } else if ip >= r.end {
+            lo = mid + 1;
+        } else {
+            st.last = *r;
+            return true;
+        }
+    }
+    false
+}
+
+/// The row of region `r`'s file for file address `pc`, if any CFI
+/// covers it: the last row at or before `pc`, found by halves.
+#[inline(always)]
+fn search_rows(r: &Region, pc: u64) -> Option<CfiRow> {
+    let (start, mut lo, mut hi) = (r.row_start, 0u32, r.row_len);
+    for _ in 0..SEARCH_STEPS {
+        if lo >= hi {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if row(start + mid)?.pc <= pc {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    if lo == 0 {
+        return None;
+    }
+    row(start + lo - 1)
+}
+
+/// One frame of the walk, run by `bpf_loop`: records the frame's pc
+/// and steps to the caller; 1 ends the walk.
+#[inline(never)]
+extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the caller's `Walk`, whose pointers are map
+    // values that outlive the walk.
+    let (scratch, procs) = unsafe {
+        let w = &*ctx.cast::<Walk>();
+        (&mut *w.scratch, &*w.procs)
+    };
+    let st = &mut scratch.walk;
+    let depth = st.depth as usize;
+    let Some(slot) = scratch.stack.ips.get_mut(depth) else {
+        return 1;
+    };
+    *slot = st.ip;
+    st.depth += 1;
+    // A return address is looked up at its call, one byte back.
+    let back = u64::from(depth > 0);
+    let ip = st.ip;
+    let found = if region(procs, st, ip) {
+        let bias = st.last.bias;
+        search_rows(&st.last, ip.wrapping_sub(bias).wrapping_sub(back))
+            .filter(|r| r.cfa != 0)
+            .map(|r| (bias, r))
+    } else {
+        st.new_code = 1;
+        None
+    };
+    let Some((bias, r)) = found else {
+        // No CFI here: the frame pointer, counted.
+        if st.bp == 0 {
+            return 1;
+        }
+        count_error(ERR_FP_FRAMES);
+        let Some([bp, ret]) = read_user::<[u64; 2]>(st.bp) else {
+            count_error(ERR_CUT_SHORT);
+            return 1;
+        };
+        st.sp = st.bp + 16;
+        st.bp = bp;
+        st.ip = ret;
+        return i64::from(ret == 0);
+    };
+    let cfa = match r.cfa {
+        CFA_RSP => st.sp.wrapping_add(r.cfa_offset as i64 as u64),
+        CFA_RBP => st.bp.wrapping_add(r.cfa_offset as i64 as u64),
+        CFA_PLT => {
+            let pc = ip.wrapping_sub(bias);
+            st.sp
+                + 8
+                + if (pc & 15) >= r.cfa_offset as u64 {
+                    8
+                } else {
+                    0
+                }
+        }
+        CFA_END => return 1,
+        _ => return 1,
+    };
+    // The return address is at CFA - 8; rbp, where saved, is nearly
+    // always just below it, and then one read fetches both.
+    let ret = if r.rbp == RBP_SAVED && r.rbp_offset == -16 {
+        let Some([bp, ret]) = read_user::<[u64; 2]>(cfa.wrapping_sub(16)) else {
+            count_error(ERR_CUT_SHORT);
+            return 1;
+        };
+        st.bp = bp;
+        ret
+    } else {
+        let Some(ret) = read_user::<u64>(cfa.wrapping_sub(8)) else {
+            count_error(ERR_CUT_SHORT);
+            return 1;
+        };
+        if r.rbp == RBP_SAVED {
+            match read_user::<u64>(cfa.wrapping_add(r.rbp_offset as i64 as u64)) {
+                Some(v) => st.bp = v,
+                None => {
+                    count_error(ERR_CUT_SHORT);
+                    return 1;
+                }
+            }
+        }
+        ret
+    };
+    st.sp = cfa;
+    st.ip = ret;
+    i64::from(ret == 0)
+}
+
+/// A process that runs a new program has none of the regions user
+/// space read before: they are dropped at once (its stacks go by frame
+/// pointer, counted, until it has new ones). Without this, regions read
+/// between a fork and its exec would be trusted for the new program's
+/// code. User space is told to read them, for a new process too: on a
+/// host where short-lived programs come and go, waiting for a first
+/// stack would leave much of their short lives to the frame pointer.
+#[inline(always)]
+pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    let _ = CFI_PROCS.remove(tgid);
+    // Its first stacks as the new program are told, for its symbols.
+    let _ = crate::stacks::SEEN.remove(tgid);
+    if crate::targets::admits(tgid, id as u32) {
+        crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXEC));
+    }
+}
+
+/// A new process runs its parent's code at the same addresses until it
+/// runs a program of its own, so it gets a copy of its parent's regions
+/// at once, and user space is told so that it forgets them when the
+/// child exits. A shell's children otherwise spend their lives between
+/// fork and exec without tables. New threads share their process's.
+#[inline(always)]
+pub fn on_fork<S: Sink>(ctx: &RawTracePointContext, events: &S) {
+    let child: *const u8 = ctx.arg(1);
+    let o = global(&CFI_OFFSETS);
+    let (Ok(pid), Ok(tgid)) = (
+        read_kernel::<u32>(child, o.task_pid),
+        read_kernel::<u32>(child, o.task_tgid),
+    ) else {
+        return;
+    };
+    if pid != tgid {
+        return;
+    }
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let Some(regions) = CFI_PROCS.get_ptr(parent) else {
+        return;
+    };
+    // By reference: the helper copies the map value, which would not
+    // fit on the eBPF stack.
+    // SAFETY: a map value.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    let copied = CFI_PROCS.insert(tgid, unsafe { &*regions }, 0).is_ok();
+    if copied {
+        let seen = Seen {
+            tgid,
+            flags: SEEN_FORK,
+            parent,
+            _pad: 0,
+        };
+        crate::events::emit(events, ctx, &seen);
+    }
+}
+
+/// Walks the current task's user stack into the scratch value's stack
+/// and returns its depth, and whether user space should read the
+/// process's regions again (it ran code in none of them; said at most
+/// every `NEW_CODE_EVERY_NS`); `None` if its process has no tables
+/// (the caller then walks by frame pointer). `sampled`: see
+/// [`user_stack`](crate::stacks::user_stack).
+#[inline(always)]
+pub(crate) fn walk(tgid: u32, sampled: *const u8, scratch: *mut Scratch) -> Option<(u64, bool)> {
+    let procs = CFI_PROCS.get_ptr_mut(tgid)?;
+    let Some((ip, sp, bp)) = user_regs(sampled) else {
+        count_error(ERR_CUT_SHORT);
+        return Some((0, false));
+    };
+    // Kernel threads have no user registers: no user stack, and no
+    // "new code" to tell user space of on every sample.
+    if ip == 0 {
+        return Some((0, false));
+    }
+    // SAFETY: a map value.
+    unsafe {
+        (*scratch).walk = State {
+            ip,
+            sp,
+            bp,
+            depth: 0,
+            new_code: 0,
+            last: Region::default(),
+        }
+    };
+    let mut w = Walk { scratch, procs };
+    // SAFETY: `frame` is a callback of bpf_loop's signature and `w`
+    // lives across the call.
+    unsafe {
+        bpf_loop(
+            MAX_DEPTH as u32,
+            frame as *mut core::ffi::c_void,
+            (&raw mut w).cast(),
+            0,
+        )
+    };
+    // SAFETY: a map value.
+    let st = unsafe { &(*scratch).walk };
+    let mut tell = false;
+    if st.new_code != 0 {
+        // SAFETY: the helper has no preconditions; `procs` is a map
+        // value (a lost race only tells user space twice).
+        unsafe {
+            let now = bpf_ktime_get_ns();
+            if now.wrapping_sub((*procs).new_code_ns) > NEW_CODE_EVERY_NS {
+                (*procs).new_code_ns = now;
+                tell = true;
+            }
+        }
+    }
+    Some((u64::from(st.depth), tell))
+}

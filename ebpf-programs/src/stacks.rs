@@ -1,0 +1,207 @@
+//! Stacks counted in the kernel, for the tools that aggregate by stack
+//! (profile, offcputime): the maps user space's stack store drains, the
+//! walks, and the hash a stack is named by.
+//!
+//! Stacks come from `bpf_get_stack` or the CFI walk and are named by a
+//! hash computed here, not by `bpf_get_stackid`, whose bucket index drops
+//! a stack whenever two share a bucket (bcc #3389). Counting happens here,
+//! so only distinct stacks travel to user space. The one event sent while
+//! counting is [`Seen`], so that user space can capture a new process's
+//! memory map and symbols while the process still lives.
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::generated::bpf_get_stack,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use rtrace_common::profile::{
+    ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, Seen, Stack,
+};
+
+use crate::{EEXIST, atomic_add, count_error, events::Sink};
+
+/// Counts by [`Key`]: samples for profile, nanoseconds for offcputime.
+/// Preallocated, since a perf event program may run in NMI context, where
+/// the kernel cannot allocate; user space sizes it.
+#[map]
+pub static STACK_COUNTS: HashMap<Key, u64> = HashMap::with_max_entries(1, 0);
+/// The generation counts go to, counted up by user space when it moves the
+/// last one's counts out.
+#[map]
+static STACK_GEN: Array<u32> = Array::with_max_entries(1, 0);
+/// Stacks by hash; user space sizes it (`--stack-storage-size`) and moves
+/// them out as the tool runs.
+#[map]
+static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(1, 0);
+/// The generation each process last told user space of a new stack in.
+#[cfg(feature = "cfi")]
+#[map]
+pub(crate) static SEEN: aya_ebpf::maps::LruHashMap<u32, u32> =
+    aya_ebpf::maps::LruHashMap::with_max_entries(8192, 0);
+/// Where a stack is walked: it is larger than the eBPF stack.
+#[map]
+static STACK_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// One CPU's room for the stack being walked, and the CFI walk's state.
+#[repr(C)]
+pub struct Scratch {
+    pub(crate) stack: Stack,
+    #[cfg(feature = "cfi")]
+    pub(crate) walk: crate::cfi::State,
+}
+
+/// The generation to count in now.
+#[inline(always)]
+pub fn generation() -> u32 {
+    STACK_GEN.get(0).copied().unwrap_or(0)
+}
+
+/// Adds `value` to the count of `key`; the first count of a process in a
+/// generation tells user space ([`Seen`]). A full table is counted.
+#[inline(always)]
+pub fn add<C: EbpfContext, S: Sink>(ctx: &C, events: &S, key: &Key, value: u64) {
+    if let Some(c) = STACK_COUNTS.get_ptr_mut(key) {
+        // SAFETY: a map value.
+        unsafe { atomic_add(c, value) };
+        return;
+    }
+    match STACK_COUNTS.insert(key, value, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            if first_in_generation(key.tgid, key.generation) {
+                crate::events::emit(events, ctx, &Seen::new(key.tgid, 0));
+            }
+        }
+        // Another CPU created it between the lookup and the insert.
+        Err(EEXIST) => match STACK_COUNTS.get_ptr_mut(key) {
+            // SAFETY: a map value.
+            Some(c) => unsafe { atomic_add(c, value) },
+            None => count_error(ERR_COUNTS_FULL),
+        },
+        Err(_) => count_error(ERR_COUNTS_FULL),
+    }
+}
+
+/// Whether this is the process's first new stack in this generation: user
+/// space needs to hear of a process once a generation, not of each of its
+/// stacks. With the CFI walk, exec and fork are told separately and code
+/// new to a process too, so this is only to capture its symbols while it
+/// lives; without it, every new stack tells.
+#[inline(always)]
+fn first_in_generation(tgid: u32, generation: u32) -> bool {
+    #[cfg(feature = "cfi")]
+    {
+        // SAFETY: a map value.
+        if SEEN
+            .get_ptr(tgid)
+            .is_some_and(|g| unsafe { *g } == generation)
+        {
+            return false;
+        }
+        let _ = SEEN.insert(tgid, generation, 0);
+    }
+    let _ = (tgid, generation);
+    true
+}
+
+/// The kernel stack of the current task, stored: its hash (0 for none),
+/// `None` if it could not be walked or stored.
+#[inline(always)]
+pub fn kernel_stack<C: EbpfContext>(ctx: &C) -> Option<u64> {
+    get_stack(ctx, 0, ERR_KERNEL_STACK)
+}
+
+/// The user stack of the current task, stored: walked from the process's
+/// CFI tables where user space has loaded them (the `cfi` objects), else
+/// by the kernel's frame-pointer walk. `sampled` is a perf event's
+/// registers, used where the sample hit user mode; otherwise the walk
+/// starts from the registers the task entered the kernel with.
+#[inline(always)]
+pub fn user_stack<C: EbpfContext, S: Sink>(
+    ctx: &C,
+    events: &S,
+    tgid: u32,
+    sampled: *const u8,
+) -> Option<u64> {
+    #[cfg(feature = "cfi")]
+    {
+        let s = STACK_SCRATCH.get_ptr_mut(0)?;
+        match crate::cfi::walk(tgid, sampled, s) {
+            Some((len, new_code)) => {
+                if new_code {
+                    crate::events::emit(
+                        events,
+                        ctx,
+                        &Seen::new(tgid, rtrace_common::profile::SEEN_NEW_CODE),
+                    );
+                }
+                // SAFETY: a map value.
+                return store(unsafe { &raw mut (*s).stack }, len);
+            }
+            None => count_error(rtrace_common::profile::ERR_NO_TABLES),
+        }
+    }
+    let _ = (events, tgid, sampled);
+    get_stack(ctx, u64::from(BPF_F_USER_STACK), ERR_USER_STACK)
+}
+
+/// Walks one stack with `bpf_get_stack` and stores it.
+#[inline(always)]
+fn get_stack<C: EbpfContext>(ctx: &C, flags: u64, walk_error: u32) -> Option<u64> {
+    let s = STACK_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: a map value.
+    let s = unsafe { &raw mut (*s).stack };
+    // SAFETY: `s` is a map value with room for `MAX_DEPTH` frames; the
+    // helper zeroes what it does not fill.
+    let n = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            (&raw mut (*s).ips).cast(),
+            (MAX_DEPTH * 8) as u32,
+            flags,
+        )
+    };
+    if n < 0 {
+        count_error(walk_error);
+        return None;
+    }
+    store(s, n as u64 / 8)
+}
+
+/// Hashes the `len` frames walked into `s`, stores them in `STACKS` and
+/// returns the hash: 0 for an empty stack, `None` if it could not be
+/// stored.
+#[inline(always)]
+fn store(s: *mut Stack, len: u64) -> Option<u64> {
+    if len == 0 {
+        return Some(0);
+    }
+    // FNV-1a over whole frames, then a final mix so that stacks differing
+    // only in their last frame still spread over all 64 bits.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for i in 0..MAX_DEPTH {
+        if i as u64 >= len {
+            break;
+        }
+        // SAFETY: `i < MAX_DEPTH`, inside the map value.
+        let ip = unsafe { (*s).ips[i] };
+        h = (h ^ ip).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h |= 1;
+    // SAFETY: `s` is a map value.
+    unsafe { (*s).len = len };
+    // By reference: a copy would not fit on the eBPF stack.
+    let walked: &Stack = unsafe { &*s };
+    match STACKS.insert(h, walked, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Some(h),
+        Err(e) if e == EEXIST => Some(h),
+        Err(_) => {
+            count_error(ERR_STACKS_FULL);
+            None
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! `rtrace offcputime` against the C fixture's `block` mode, which blocks
+//! for a known split of time in two functions, through libc's nanosleep
+//! and read wrappers, built without frame pointers.
+
+use std::collections::BTreeMap;
+
+use rtrace_integration_tests::{
+    Rtrace, SIGINT, Workload, assert_one_line_error, json_lines, parse_folded, run,
+};
+
+/// What `rtrace offcputime` prints to stderr once tracing has begun.
+const READY: &str = "Tracing off-CPU time";
+
+/// The fixture's two blocking functions, and its callers above them.
+const LEAVES: [&str; 2] = ["sleep_alpha", "wait_beta"];
+const CALLERS: [&str; 2] = ["main", "mid_block"];
+
+/// Runs the fixture's `block` mode for `secs` under `rtrace offcputime`
+/// with `extra` arguments, and `by` (`-p` or `-t`, or nothing for the
+/// whole system) followed by the fixture's pid; returns rtrace's stdout,
+/// the fixture's measured nanoseconds in each function, and its pid.
+fn trace_blocking(fixture: &str, secs: &str, by: &str, extra: &[&str]) -> (String, i64, i64, u32) {
+    let (mut w, line) = Workload::start(fixture, &["block".into(), secs.into()]);
+    assert!(line.starts_with("ready"), "{line}");
+    let pid = w.pid().to_string();
+    let mut args = vec!["offcputime"];
+    if !by.is_empty() {
+        args.extend([by, pid.as_str()]);
+    }
+    args.extend_from_slice(extra);
+    let rtrace = Rtrace::start_until(&args, READY);
+    let done = w.go();
+    assert!(w.wait().success());
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let n: Vec<i64> = done
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (stdout, n[0], n[1], w.pid())
+}
+
+/// Microseconds of the stacks holding `leaf`, and of those that also hold
+/// `callers` right above it and a frame ending in `wrapper` below it.
+fn leaf_time(folded: &BTreeMap<Vec<String>, u64>, leaf: &str, wrapper: &str) -> (u64, u64) {
+    let (mut all, mut whole) = (0, 0);
+    for (frames, us) in folded {
+        let Some(i) = frames.iter().position(|f| f == leaf) else {
+            continue;
+        };
+        all += us;
+        let chained = i >= CALLERS.len() && frames[i - CALLERS.len()..i] == CALLERS;
+        if chained && frames[i + 1..].iter().any(|f| f.ends_with(wrapper)) {
+            whole += us;
+        }
+    }
+    (all, whole)
+}
+
+/// The fixture's blocked time, split between its two functions as it
+/// measured, with every stack whole from `main` through libc's wrapper
+/// (no frame pointers anywhere: the CFI walk), and the total within 10 %.
+#[test]
+fn blocked_time_splits_as_measured_through_libc_wrappers() {
+    let (stdout, alpha_ns, beta_ns, _) = trace_blocking("cfuncs_nofp", "2", "-p", &["-f"]);
+    let folded = parse_folded(&stdout);
+    let (alpha, alpha_whole) = leaf_time(&folded, LEAVES[0], "nanosleep");
+    let (beta, beta_whole) = leaf_time(&folded, LEAVES[1], "read");
+    let measured = (alpha_ns + beta_ns) as f64 / 1000.0;
+    let seen = (alpha + beta) as f64;
+    assert!(
+        (seen - measured).abs() <= 0.1 * measured,
+        "{seen} us off CPU in the two functions; the fixture blocked {measured} us:\n{stdout}"
+    );
+    let share = alpha as f64 / seen;
+    let expected = alpha_ns as f64 / (alpha_ns + beta_ns) as f64;
+    assert!(
+        (share - expected).abs() <= 0.05,
+        "sleep_alpha has {share:.3} of the blocked time; the fixture measured {expected:.3}"
+    );
+    assert!(
+        alpha_whole as f64 >= 0.95 * alpha as f64 && beta_whole as f64 >= 0.95 * beta as f64,
+        "whole chains: sleep_alpha {alpha_whole} of {alpha} us, wait_beta {beta_whole} of \
+         {beta} us:\n{stdout}"
+    );
+    // Kernel frames come after the user ones, leaf last: the scheduler.
+    assert!(
+        folded
+            .keys()
+            .filter(|f| f.iter().any(|n| n == LEAVES[0]))
+            .all(|f| f.last().is_some_and(|n| n.contains("schedule"))),
+        "stacks without the scheduler at their leaf:\n{stdout}"
+    );
+}
+
+/// `-m` and `-M` bound the blocks counted: the 3 ms sleeps only above
+/// 2 ms, the 1 ms waits only below it.
+#[test]
+fn block_time_bounds_select_the_blocks() {
+    let (stdout, ..) = trace_blocking("cfuncs", "1", "-p", &["-f", "-U", "-m", "2000"]);
+    let folded = parse_folded(&stdout);
+    assert!(leaf_time(&folded, LEAVES[0], "").0 > 0, "{stdout}");
+    assert_eq!(leaf_time(&folded, LEAVES[1], "").0, 0, "{stdout}");
+    let (stdout, ..) = trace_blocking("cfuncs", "1", "-p", &["-f", "-U", "-M", "2000"]);
+    let folded = parse_folded(&stdout);
+    assert_eq!(leaf_time(&folded, LEAVES[0], "").0, 0, "{stdout}");
+    assert!(leaf_time(&folded, LEAVES[1], "").0 > 0, "{stdout}");
+}
+
+/// `--state D` admits only uninterruptible waits, and the fixture's are
+/// interruptible (`S`), which `--state S` admits.
+#[test]
+fn state_filter_selects_interruptible_sleeps() {
+    let (stdout, ..) = trace_blocking("cfuncs", "1", "-p", &["-f", "--state", "D"]);
+    assert!(
+        !stdout.contains(LEAVES[0]) && !stdout.contains(LEAVES[1]),
+        "{stdout}"
+    );
+    let (stdout, ..) = trace_blocking("cfuncs", "1", "-p", &["-f", "--state", "S"]);
+    assert!(
+        stdout.contains(LEAVES[0]) && stdout.contains(LEAVES[1]),
+        "{stdout}"
+    );
+}
+
+/// System-wide with `-k`, only kernel threads: no user stacks, and not the
+/// fixture; with `-t`, only the thread asked for.
+#[test]
+fn thread_filters_keep_to_their_threads() {
+    let (stdout, _, _, pid) = trace_blocking("cfuncs", "1", "", &["--json", "-k"]);
+    let stacks = json_lines(&stdout);
+    assert!(!stacks.is_empty(), "no kernel thread blocked: {stdout}");
+    for s in &stacks {
+        assert_ne!(s["pid"], pid, "{s}");
+        assert_eq!(s["user"].as_array().map(Vec::len), Some(0), "{s}");
+        assert!(s["us"].as_u64().is_some_and(|n| n > 0), "{s}");
+    }
+    let (stdout, _, _, pid) = trace_blocking("cfuncs", "1", "-t", &["-f"]);
+    let folded = parse_folded(&stdout);
+    assert!(!folded.is_empty());
+    assert!(folded.keys().all(|f| f[0] == "cfuncs"), "{stdout} ({pid})");
+}
+
+/// bcc's layout: frames leaf first, kernel then user (with `-d` a `--`
+/// between), `-  comm (pid)`, then the microseconds.
+#[test]
+fn multiline_output_has_bcc_layout() {
+    let (stdout, _, _, pid) = trace_blocking("cfuncs", "1", "-p", &["-d"]);
+    let mut blocks = 0;
+    for block in stdout.split("\n\n").filter(|b| b.contains(LEAVES[0])) {
+        let lines: Vec<&str> = block.lines().collect();
+        let n = lines.len();
+        assert_eq!(
+            lines[n - 2].trim(),
+            format!("-                cfuncs ({pid})")
+        );
+        assert!(lines[n - 1].trim().parse::<u64>().is_ok(), "{block}");
+        let delim = lines.iter().position(|l| l.trim() == "--").expect(block);
+        let leaf = lines.iter().position(|l| l.trim() == LEAVES[0]).unwrap();
+        let caller = lines.iter().position(|l| l.trim() == "mid_block").unwrap();
+        assert!(delim < leaf && leaf < caller, "{block}");
+        blocks += 1;
+    }
+    assert!(blocks > 0, "{stdout}");
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    assert_one_line_error(
+        &["offcputime", "-m", "100", "-M", "50"],
+        "-m 100 is above -M 50",
+    );
+    // A value clap refuses: its usage error, exit 2.
+    let (code, _, stderr) = run(&["offcputime", "--state", "X"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("unknown state 'X' at column 1")),
+        "{stderr}"
+    );
+    assert_one_line_error(
+        &["offcputime", "-p", "999999999"],
+        "no such process: 999999999",
+    );
+}

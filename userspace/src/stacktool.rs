@@ -1,0 +1,229 @@
+//! What a tool that counts stacks in the kernel (profile, offcputime)
+//! shares: the user-stack walk it loads (`--unwind`), the CFI tables and
+//! the exec and fork programs that keep them in step with the processes,
+//! the stack store and the symbolizer, and the events that tie them
+//! together. A tool adds only its own programs and its own output.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use aya::{
+    Ebpf,
+    programs::{
+        RawTracePoint, TracePoint, raw_trace_point::RawTracePointLink, trace_point::TracePointLink,
+    },
+};
+use rtrace_common::{
+    profile::{SEEN_EXEC, SEEN_FORK, SEEN_NEW_CODE, Seen},
+    unwind::CfiOffsets,
+};
+
+use crate::{
+    output::{events, stacks::Sample},
+    stackstore::StackStore,
+    symbolize::Symbolizer,
+    tracer::{Detaching, Kernel, Load},
+    unwind::KernelTables,
+};
+
+/// `--unwind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    /// CFI where the kernel can load the walk (5.15+), else frame pointers.
+    Auto,
+    /// CFI only: fail where the kernel cannot load the walk.
+    Cfi,
+    /// Frame pointers only (the kernel's own walk).
+    Fp,
+}
+
+/// The flags every stack-counting tool has.
+#[derive(Debug, clap::Args)]
+pub struct StackArgs {
+    /// Distinct stacks to keep; stacks beyond it are counted as missed.
+    #[arg(long, value_name = "N", default_value_t = 16384,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub stack_storage_size: u32,
+    /// Distinct (process, stacks) entries to count; counts beyond it are
+    /// counted as lost.
+    #[arg(long, value_name = "N", default_value_t = 40960,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub hash_storage_size: u32,
+    /// How user stacks are walked: `cfi` in the kernel from each file's
+    /// call frame information (code without frame pointers too), `fp` by
+    /// frame pointers, `auto` the first where the kernel can load it.
+    #[arg(long, value_enum, default_value_t = Unwind::Auto)]
+    pub unwind: Unwind,
+}
+
+/// The object variant with the CFI walk.
+const CFI: &str = "cfi";
+/// Rows of CFI the kernel holds: 16 MiB.
+const CFI_ROWS: u32 = 1 << 20;
+/// Processes whose regions the kernel holds.
+const CFI_PROCESSES: u32 = 4096;
+
+/// See the module documentation.
+#[derive(Default)]
+pub struct StackTool {
+    /// Names the frames.
+    pub sym: Symbolizer,
+    /// Counts and stacks moved out of the kernel so far.
+    pub store: StackStore,
+    /// The kernel's CFI tables, with the `cfi` object.
+    cfi: Option<KernelTables>,
+    /// Whether the `cfi` object was loaded.
+    cfi_loaded: bool,
+    /// The exec and fork programs' links, owned so that they can be
+    /// detached on a thread of their own; with the `cfi` object.
+    links: Option<(TracePointLink, RawTracePointLink)>,
+    /// What the CFI tables held, for `-v`.
+    tables: Option<String>,
+}
+
+impl StackTool {
+    /// The object variants to try for `unwind`, best first; without user
+    /// stacks no walk is needed.
+    pub fn variants(unwind: Unwind, user: bool) -> Vec<&'static str> {
+        match unwind {
+            Unwind::Auto if user => vec![CFI, ""],
+            Unwind::Cfi => vec![CFI],
+            _ => vec![""],
+        }
+    }
+
+    /// Sizes the stack tables and, with the CFI walk, hands it the
+    /// kernel's register and task offsets.
+    pub fn configure(
+        &mut self,
+        args: &StackArgs,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        self.cfi_loaded = load.variant() == CFI;
+        if self.cfi_loaded {
+            let btf = kernel.btf()?;
+            let reg = |m: &str| btf.offset("pt_regs", m);
+            let offsets = CfiOffsets {
+                ip: reg("ip")?,
+                sp: reg("sp")?,
+                bp: reg("bp")?,
+                cs: reg("cs")?,
+                task_pid: btf.offset("task_struct", "pid")?,
+                task_tgid: btf.offset("task_struct", "tgid")?,
+            };
+            load.global("CFI_OFFSETS", &offsets)
+                .size("CFI_ROWS", CFI_ROWS)
+                .size("CFI_PROCS", CFI_PROCESSES);
+        }
+        load.size("STACKS", args.stack_storage_size)
+            .size("STACK_COUNTS", args.hash_storage_size);
+        Ok(())
+    }
+
+    /// With the CFI walk: builds the tables of the processes asked for
+    /// (`pids`; others when their first stacks show up) and attaches the
+    /// exec and fork programs.
+    pub fn attach(&mut self, ebpf: &mut Ebpf, pids: &[u32]) -> anyhow::Result<()> {
+        if !self.cfi_loaded {
+            return Ok(());
+        }
+        let mut tables = KernelTables::new(ebpf, CFI_ROWS)?;
+        for &pid in pids {
+            tables.add_process(pid, true)?;
+        }
+        self.cfi = Some(tables);
+        // The walk tells when a process runs code in no known mapping.
+        self.sym.recapture_every(Duration::from_secs(5));
+        let exec: &mut TracePoint = ebpf
+            .program_mut("cfi_exec")
+            .context("program cfi_exec missing")?
+            .try_into()?;
+        exec.load().context("cannot load the exec program")?;
+        let id = exec
+            .attach("sched", "sched_process_exec")
+            .context("cannot attach to sched:sched_process_exec")?;
+        let exec_link = exec.take_link(id)?;
+        let fork: &mut RawTracePoint = ebpf
+            .program_mut("cfi_fork")
+            .context("program cfi_fork missing")?
+            .try_into()?;
+        fork.load().context("cannot load the fork program")?;
+        let id = fork
+            .attach("sched_process_fork")
+            .context("cannot attach to raw tracepoint sched_process_fork")?;
+        self.links = Some((exec_link, fork.take_link(id)?));
+        Ok(())
+    }
+
+    /// How user stacks are walked, for `-v`.
+    pub fn describe(&self) -> &'static str {
+        if self.cfi_loaded {
+            "user stacks walked in the kernel from CFI (frame pointers where none)"
+        } else {
+            "user stacks by frame pointers (bpf_get_stack)"
+        }
+    }
+
+    /// Handles a [`Seen`] record: a process new to a generation, or one
+    /// that ran a new program, forked, or ran code in no known mapping.
+    pub fn event(&mut self, record: &[u8]) -> anyhow::Result<()> {
+        let Some(seen) = events::record::<Seen>(record) else {
+            return Ok(());
+        };
+        if seen.flags & SEEN_FORK != 0 {
+            self.sym.inherit(seen.tgid, seen.parent);
+            if let Some(cfi) = &mut self.cfi {
+                cfi.adopt(seen.tgid);
+            }
+            return Ok(());
+        }
+        let exec = seen.flags & SEEN_EXEC != 0;
+        let new_code = seen.flags & SEEN_NEW_CODE != 0;
+        // Code the walk found in no region is new to the symbolizer too.
+        if !exec {
+            self.sym.capture(seen.tgid, new_code);
+        }
+        if let Some(cfi) = &mut self.cfi {
+            cfi.add_process(seen.tgid, exec || new_code)?;
+        }
+        Ok(())
+    }
+
+    /// Moves what the kernel counted out, so that its tables never fill,
+    /// and settles the processes that have gone.
+    pub fn tick(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        if let Some(cfi) = &mut self.cfi {
+            cfi.forget_exited();
+        }
+        self.store.drain(ebpf, false)?;
+        self.store.settle_gone(&mut self.sym);
+        Ok(())
+    }
+
+    /// Once counting has stopped: every count, symbolized, hottest first.
+    /// The exec and fork programs are detached meanwhile.
+    pub fn finish(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
+        let _detaching = self.links.take().map(Detaching::start);
+        self.store.drain(ebpf, true)?;
+        let samples = self.store.samples(&mut self.sym);
+        if let Some(cfi) = &self.cfi {
+            let (files, rows, bytes) = cfi.stats();
+            self.tables = Some(format!(
+                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel",
+                bytes / 1024,
+            ));
+        }
+        Ok(samples)
+    }
+
+    /// What the CFI tables held, for `-v`, once finished.
+    pub fn tables(&self) -> Option<&String> {
+        self.tables.as_ref()
+    }
+
+    /// Processes whose tables could not be built, and the like.
+    pub fn warnings(&self) -> Vec<String> {
+        self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default()
+    }
+}

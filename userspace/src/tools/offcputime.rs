@@ -1,0 +1,458 @@
+//! `rtrace offcputime`: where threads wait. At each context switch the
+//! kernel takes the stacks of the thread leaving the CPU and, when it runs
+//! again, adds the time it was off to those stacks, as bcc's offcputime
+//! does; user stacks come from the same CFI walk as profile's, so they
+//! reach through libc's blocking wrappers in code without frame pointers.
+
+use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
+
+use anyhow::Context as _;
+use aya::Ebpf;
+use inferno::flamegraph::color::{BasicPalette, Palette};
+use rtrace_common::offcputime::{
+    Config, ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER,
+};
+
+use crate::{
+    features::{Hooks, Mechanism},
+    output::{
+        self, Sink,
+        stacks::{self, FlameOptions, Sample, Stacks, Style, TextOptions},
+    },
+    stacktool::{StackArgs, StackTool},
+    symbolize::Frame,
+    tracer::{self, Kernel, Load, Scope, Tool},
+    transport::BufferArgs,
+};
+
+/// tp_btf, else the raw tracepoint: both hand over the tasks themselves.
+const CHAIN: [Mechanism; 2] = [Mechanism::TpBtf, Mechanism::RawTracepoint];
+
+/// Summarize off-CPU time by stack trace: where threads block, and for
+/// how long.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  rtrace offcputime             # trace off-CPU stack time until Ctrl-C
+  rtrace offcputime 5           # trace for 5 seconds only
+  rtrace offcputime -f 5        # 5 seconds, and output in folded format
+  rtrace offcputime -m 1000     # trace only events that last more than 1000 usec
+  rtrace offcputime -M 10000    # trace only events that last less than 10000 usec
+  rtrace offcputime -p 185      # only trace threads for PID 185
+  rtrace offcputime -t 188      # only trace thread 188
+  rtrace offcputime -u          # only trace user threads (no kernel)
+  rtrace offcputime -k          # only trace kernel threads (no user)
+  rtrace offcputime -U          # only show user space stacks (no kernel)
+  rtrace offcputime -K          # only show kernel space stacks (no user)
+  rtrace offcputime --state D   # only threads blocked uninterruptibly (I/O)
+  rtrace offcputime --svg off.svg 10   # an off-CPU flame graph of 10 seconds")]
+pub struct Args {
+    /// Trace for this many seconds; without it, until Ctrl-C.
+    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    duration: Option<u64>,
+    /// Trace these processes (all their threads) only; comma-separated.
+    #[arg(short = 'p', long, value_delimiter = ',', conflicts_with = "tid")]
+    pid: Vec<u32>,
+    /// Trace these threads only; comma-separated.
+    #[arg(short = 't', long, value_delimiter = ',')]
+    tid: Vec<u32>,
+    /// User threads only (no kernel threads).
+    #[arg(short = 'u', long = "user-threads-only", conflicts_with = "kernel_threads")]
+    user_threads: bool,
+    /// Kernel threads only (no user threads).
+    #[arg(short = 'k', long = "kernel-threads-only")]
+    kernel_threads: bool,
+    /// Show stacks from user space only (no kernel space stacks).
+    #[arg(short = 'U', long = "user-stacks-only", conflicts_with = "kernel_only")]
+    user_only: bool,
+    /// Show stacks from kernel space only (no user space stacks).
+    #[arg(short = 'K', long = "kernel-stacks-only")]
+    kernel_only: bool,
+    /// Insert a delimiter between kernel and user stacks.
+    #[arg(short = 'd', long = "delimited")]
+    delimited: bool,
+    /// Print folded stacks (`comm;frames.. microseconds`), as flame graph
+    /// tools read them.
+    #[arg(short = 'f', long)]
+    folded: bool,
+    /// Count only blocks of at least this many microseconds.
+    #[arg(short = 'm', long = "min-block-time", value_name = "MIN_US", default_value_t = 1)]
+    min_block_time: u64,
+    /// Count only blocks of at most this many microseconds.
+    #[arg(short = 'M', long = "max-block-time", value_name = "MAX_US")]
+    max_block_time: Option<u64>,
+    /// Count only threads leaving the CPU in this state: a number as in
+    /// include/linux/sched.h (0 = runnable, that is preempted; otherwise a
+    /// mask, e.g. 2 = TASK_UNINTERRUPTIBLE) or letters as ps shows them:
+    /// R (preempted), S (sleeping), D (uninterruptible), T (stopped),
+    /// t (traced), I (idle).
+    #[arg(long, value_parser = parse_state)]
+    state: Option<u32>,
+    /// Trace threads in this cgroup v2 directory (and below) only.
+    #[arg(short = 'c', long, value_name = "PATH")]
+    cgroup: Option<PathBuf>,
+    /// Write an off-CPU flame graph (SVG) to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Write a gzipped pprof profile (profile.proto) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pprof: Option<PathBuf>,
+    /// The tracepoint mechanism to attach with, instead of the best that
+    /// works.
+    #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
+    attach: Option<Mechanism>,
+    #[command(flatten)]
+    stacks: StackArgs,
+    #[command(flatten)]
+    buffer: BufferArgs,
+}
+
+/// Task states by the letters `ps` shows, as `task_struct.__state` bits.
+const STATES: [(char, u32); 6] = [
+    ('R', 0),
+    ('S', 0x1),
+    ('D', 0x2),
+    ('T', 0x4),
+    ('t', 0x8),
+    // TASK_IDLE: uninterruptible, not counted as load.
+    ('I', 0x402),
+];
+
+/// Bits a task state can have (up to TASK_RTLOCK_WAIT and TASK_FREEZABLE).
+const STATE_BITS: u32 = 0xffff;
+
+/// `--state`: a number, or `ps` letters.
+fn parse_state(s: &str) -> Result<u32, String> {
+    let letters = "R, S, D, T, t or I";
+    if let Ok(n) = s.parse::<u32>() {
+        if n & !STATE_BITS != 0 {
+            return Err(format!(
+                "unknown state {n:#x}: task states are bits of {STATE_BITS:#x} (or {letters})"
+            ));
+        }
+        return Ok(n);
+    }
+    if s.len() > 1 && s.contains('R') {
+        return Err("R (runnable, that is preempted) is 0 and cannot be combined".into());
+    }
+    let mut mask = 0;
+    for (i, c) in s.chars().enumerate() {
+        let Some(&(_, bits)) = STATES.iter().find(|(l, _)| *l == c) else {
+            return Err(format!(
+                "unknown state {c:?} at column {}: expected a number or {letters}",
+                i + 1
+            ));
+        };
+        mask |= bits;
+    }
+    Ok(mask)
+}
+
+/// The tool.
+pub struct Offcputime {
+    args: Args,
+    /// The sched_switch program attached.
+    program: String,
+    /// Stacks counted in the kernel, their walk and their names.
+    stacks: StackTool,
+    started: Instant,
+    started_epoch: f64,
+    /// What the report took, for `-v`.
+    summary: Option<String>,
+}
+
+impl Tool for Offcputime {
+    type Args = Args;
+    const NAME: &'static str = "offcputime";
+    const CHAIN: &'static [Mechanism] = &CHAIN;
+    const ERRORS: &'static [&'static str] = &ERR_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        if let Some(max) = args.max_block_time {
+            anyhow::ensure!(
+                args.min_block_time <= max,
+                "-m {} is above -M {max}: no block could be counted",
+                args.min_block_time
+            );
+        }
+        Ok(Self {
+            args,
+            program: String::new(),
+            stacks: StackTool::default(),
+            started: Instant::now(),
+            started_epoch: 0.0,
+            summary: None,
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.args.pid.clone(),
+            tids: self.args.tid.clone(),
+            cgroup: self.args.cgroup.clone(),
+            // rtrace's own threads wait for the kernel all the time, and
+            // would be most of what a whole-system trace shows.
+            exclude_self: true,
+        }
+    }
+
+    fn forced(&self) -> Option<Mechanism> {
+        self.args.attach
+    }
+
+    fn events(&self) -> Option<&BufferArgs> {
+        Some(&self.args.buffer)
+    }
+
+    fn duration(&self) -> Option<u64> {
+        self.args.duration
+    }
+
+    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
+        StackTool::variants(self.args.stacks.unwind, !self.args.kernel_only)
+    }
+
+    fn configure(
+        &mut self,
+        _m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let btf = kernel.btf()?;
+        let task = |m: &[&str]| btf.member_any("task_struct", m).map(|i| i.offset);
+        let args = &self.args;
+        let cfg = Config {
+            min_ns: args.min_block_time.saturating_mul(1000),
+            max_ns: args
+                .max_block_time
+                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
+            user: u32::from(!args.kernel_only),
+            kernel: u32::from(!args.user_only),
+            threads: if args.user_threads {
+                THREADS_USER
+            } else if args.kernel_threads {
+                THREADS_KERNEL
+            } else {
+                THREADS_ALL
+            },
+            state: args.state.unwrap_or(STATE_ANY),
+            task_pid: task(&["pid"])?,
+            task_tgid: task(&["tgid"])?,
+            task_state: task(&["__state", "state"])?,
+            task_flags: task(&["flags"])?,
+        };
+        self.stacks.configure(&args.stacks, kernel, load)?;
+        // A thread is in the table from the moment it leaves the CPU until
+        // it is back: as many as there can be threads.
+        load.config(&cfg).size("STARTS", tracer::pid_max());
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let m = m.context("offcputime attaches through its chain")?;
+        self.stacks.attach(ebpf, &self.args.pid)?;
+        let mut hooks = Hooks::new(m, kernel)?;
+        self.program = format!("{}_sched_switch", hooks.prefix());
+        hooks.attach(ebpf, &self.program, "sched", "sched_switch")
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "sched_switch; {}; stacks named by their own 64-bit hash",
+            self.stacks.describe()
+        )
+    }
+
+    fn banner(&self) -> String {
+        let a = &self.args;
+        let whom = if !a.pid.is_empty() {
+            format!("PID {:?}", a.pid)
+        } else if !a.tid.is_empty() {
+            format!("TID {:?}", a.tid)
+        } else if a.user_threads {
+            "user threads".to_owned()
+        } else if a.kernel_threads {
+            "kernel threads".to_owned()
+        } else {
+            "all threads".to_owned()
+        };
+        let which = if a.user_only {
+            "user"
+        } else if a.kernel_only {
+            "kernel"
+        } else {
+            "user + kernel"
+        };
+        let until = match a.duration {
+            Some(s) => format!(" for {s} secs."),
+            None => "... Hit Ctrl-C to end.".to_owned(),
+        };
+        format!("Tracing off-CPU time (us) of {whom} by {which} stack{until}")
+    }
+
+    /// Every second the kernel's tables are moved out, so that they never
+    /// fill; nothing is printed until the end.
+    fn interval(&self) -> tracer::Interval {
+        tracer::Interval::Every {
+            secs: 1,
+            count: None,
+        }
+    }
+
+    fn start(&mut self) {
+        self.started = Instant::now();
+        self.started_epoch = output::epoch_secs();
+    }
+
+    fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
+        self.stacks.event(record)
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, _sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        // The last one is `finish`'s, once tracing has stopped.
+        if last {
+            return Ok(());
+        }
+        self.stacks.tick(ebpf)
+    }
+
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        let elapsed = self.started.elapsed();
+        // Stop counting before reading, so the report is one consistent cut.
+        let prog = ebpf
+            .program_mut(&self.program)
+            .with_context(|| format!("program {} missing", self.program))?;
+        match prog {
+            aya::programs::Program::BtfTracePoint(p) => p.unload(),
+            aya::programs::Program::RawTracePoint(p) => p.unload(),
+            _ => Ok(()),
+        }
+        .context("cannot stop tracing")?;
+        let report_start = Instant::now();
+        let samples = shown(self.stacks.finish(ebpf)?);
+        self.write_files(&samples, elapsed)?;
+        let text = TextOptions {
+            delimiter: self.args.delimited,
+            annotate: false,
+        };
+        let files = self.args.svg.is_some() || self.args.pprof.is_some();
+        if files && !self.args.folded {
+            sink.quiet_text();
+        }
+        sink.emit(&Stacks {
+            samples: &samples,
+            style: if self.args.folded {
+                Style::Folded(text)
+            } else {
+                Style::Multiline(text)
+            },
+            value: "us",
+        })?;
+        let total: u64 = samples.iter().map(|s| s.count).sum();
+        self.summary = Some(format!(
+            "{total} us off CPU in {} stacks, symbolized and written in {} ms",
+            samples.len(),
+            report_start.elapsed().as_millis()
+        ));
+        Ok(())
+    }
+
+    fn summary(&self) -> Vec<String> {
+        self.summary
+            .iter()
+            .chain(self.stacks.tables())
+            .cloned()
+            .collect()
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.stacks.warnings()
+    }
+}
+
+/// The thread's own stacks in microseconds, as bcc shows them, hottest
+/// first.
+///
+/// The kernel stack is taken inside the tracepoint, so its leaf frames are
+/// the program and the tracepoint's machinery (`__traceiter_sched_switch`,
+/// `bpf_trace_run4`, on some kernels not all of them); the thread's own
+/// frames end at the scheduler. Stacks that differ only there are merged.
+fn shown(samples: Vec<Sample>) -> Vec<Sample> {
+    let machinery = |name: &str| {
+        ["bpf_trace_run", "__traceiter_", "__bpf_trace_"]
+            .iter()
+            .any(|p| name.starts_with(p))
+    };
+    let mut merged: HashMap<(String, u32, Arc<[Frame]>, Arc<[Frame]>), u64> = HashMap::new();
+    for s in samples {
+        let kernel = match s.kernel.iter().rposition(|f| machinery(&f.name)) {
+            Some(i) => s.kernel[i + 1..].into(),
+            None => s.kernel,
+        };
+        *merged.entry((s.comm, s.pid, kernel, s.user)).or_default() += s.count;
+    }
+    let mut out: Vec<Sample> = merged
+        .into_iter()
+        // Counted in nanoseconds.
+        .map(|((comm, pid, kernel, user), ns)| Sample {
+            comm,
+            pid,
+            user,
+            kernel,
+            count: (ns + 500) / 1000,
+        })
+        .filter(|s| s.count > 0)
+        .collect();
+    out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
+    out
+}
+
+impl Offcputime {
+    /// Writes the files asked for.
+    fn write_files(&self, samples: &[Sample], elapsed: std::time::Duration) -> anyhow::Result<()> {
+        if let Some(path) = &self.args.svg {
+            let opts = FlameOptions {
+                title: "Off-CPU Time Flame Graph".to_owned(),
+                icicle: false,
+                count_name: "us".to_owned(),
+                // Blues, as off-CPU and I/O graphs are drawn since
+                // FlameGraph's `--color=io`.
+                palette: Palette::Basic(BasicPalette::Io),
+            };
+            stacks::write_svg(samples, path, &opts)?;
+        }
+        if let Some(path) = &self.args.pprof {
+            let meta = stacks::pprof::Meta {
+                count: ("off_cpu", "microseconds"),
+                event: "off_cpu_time",
+                unit: "nanoseconds",
+                period: 1000,
+                time_nanos: (self.started_epoch * 1e9) as u64,
+                duration_nanos: elapsed.as_nanos() as u64,
+            };
+            stacks::pprof::write(samples, path, &meta)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_state;
+
+    #[test]
+    fn states_parse_as_numbers_and_letters() {
+        assert_eq!(parse_state("2"), Ok(2));
+        assert_eq!(parse_state("D"), Ok(2));
+        assert_eq!(parse_state("SD"), Ok(3));
+        assert_eq!(parse_state("R"), Ok(0));
+        assert!(parse_state("X").unwrap_err().contains("column 1"));
+        assert!(parse_state("SX").unwrap_err().contains("column 2"));
+        assert!(parse_state("65536").is_err());
+        assert!(parse_state("RS").is_err());
+    }
+}
