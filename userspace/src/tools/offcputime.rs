@@ -387,7 +387,9 @@ fn shown(samples: Vec<Sample>) -> Vec<Sample> {
             .iter()
             .any(|p| name.starts_with(p))
     };
-    let mut merged: HashMap<(String, u32, Arc<[Frame]>, Arc<[Frame]>), u64> = HashMap::new();
+    /// Command, pid, kernel and user stacks.
+    type Shown = (String, u32, Arc<[Frame]>, Arc<[Frame]>);
+    let mut merged: HashMap<Shown, u64> = HashMap::new();
     for s in samples {
         let kernel = match s.kernel.iter().rposition(|f| machinery(&f.name)) {
             Some(i) => s.kernel[i + 1..].into(),
