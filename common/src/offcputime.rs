@@ -60,17 +60,21 @@ pub struct Start {
 /// the CPU was full. Slots 0 to 7 are profile's (`profile::ERR_*`).
 pub const ERR_STARTS_FULL: u32 = 8;
 
-/// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 9] = [
-    crate::events::LOST_NAMES[0],
-    "blocked periods lost (count table full; raise --hash-storage-size)",
-    "stacks lost (stack table full; raise --stack-storage-size)",
-    "user stacks that could not be walked",
-    "kernel stacks that could not be walked",
-    "user stacks walked by frame pointer, as their process had no CFI tables yet",
-    "user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)",
-    "user stacks cut short (a stack word could not be read)",
-    "blocked threads not timed (table of threads off the CPU full)",
-];
+/// What each `ERRORS` slot counts, for the report at exit: profile's,
+/// its first count in blocked periods, and the start table's.
+pub const ERR_NAMES: [&str; 9] = {
+    let p = crate::profile::ERR_NAMES;
+    [
+        p[0],
+        "blocked periods lost (count table full; raise --hash-storage-size)",
+        p[2],
+        p[3],
+        p[4],
+        p[5],
+        p[6],
+        p[7],
+        "blocked threads not timed (table of threads off the CPU full)",
+    ]
+};
 
 crate::pod!(Config, Start);

@@ -49,6 +49,22 @@ pub struct Key {
     pub comm: [u8; TASK_COMM_LEN],
 }
 
+impl Key {
+    /// The key of process `tgid` running `comm`, with no stacks yet, in
+    /// generation 0.
+    pub const fn new(tgid: u32, comm: [u8; TASK_COMM_LEN]) -> Self {
+        Self {
+            tgid,
+            flags: 0,
+            generation: 0,
+            _pad: 0,
+            user: 0,
+            kernel: 0,
+            comm,
+        }
+    }
+}
+
 /// A stack's frames, leaf first.
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -67,9 +67,9 @@ const CFI_PROCESSES: u32 = 4096;
 #[derive(Default)]
 pub struct StackTool {
     /// Names the frames.
-    pub sym: Symbolizer,
+    sym: Symbolizer,
     /// Counts and stacks moved out of the kernel so far.
-    pub store: StackStore,
+    store: StackStore,
     /// The kernel's CFI tables, with the `cfi` object.
     cfi: Option<KernelTables>,
     /// Whether the `cfi` object was loaded.
@@ -77,8 +77,6 @@ pub struct StackTool {
     /// The exec and fork programs' links, owned so that they can be
     /// detached on a thread of their own; with the `cfi` object.
     links: Option<(TracePointLink, RawTracePointLink)>,
-    /// What the CFI tables held, for `-v`.
-    tables: Option<String>,
 }
 
 impl StackTool {
@@ -206,20 +204,16 @@ impl StackTool {
     pub fn finish(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
         let _detaching = self.links.take().map(Detaching::start);
         self.store.drain(ebpf, true)?;
-        let samples = self.store.samples(&mut self.sym);
-        if let Some(cfi) = &self.cfi {
-            let (files, rows, bytes) = cfi.stats();
-            self.tables = Some(format!(
-                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel",
-                bytes / 1024,
-            ));
-        }
-        Ok(samples)
+        Ok(self.store.samples(&mut self.sym))
     }
 
-    /// What the CFI tables held, for `-v`, once finished.
-    pub fn tables(&self) -> Option<&String> {
-        self.tables.as_ref()
+    /// What the CFI tables hold, for `-v`.
+    pub fn tables(&self) -> Option<String> {
+        let (files, rows, bytes) = self.cfi.as_ref()?.stats();
+        Some(format!(
+            "CFI tables: {files} files, {rows} rows, {} KiB in the kernel",
+            bytes / 1024,
+        ))
     }
 
     /// Processes whose tables could not be built, and the like.

@@ -869,16 +869,27 @@ fn perf_floor(hz: &str, data: &str) -> Setup {
 ///
 /// A setup's cost is the time its interrupts take from the workers plus
 /// its own process's CPU time, per millisecond of a worker.
-fn shares(results: &[Outcome], i: usize, peer: usize, floor: usize) -> (f64, f64, f64) {
+fn shares(results: &[Outcome], i: usize, peer: usize, floor: usize) -> Shares {
     let cost = |j: usize| results[j].cost + results[j].tracer_ns;
     let bare = cost(0);
     let added = |j: usize| cost(j) - bare;
     let above = |j: usize| cost(j) - cost(floor);
-    (
-        added(i) / added(peer),
-        above(i) / above(peer),
-        added(floor) / added(peer),
-    )
+    Shares {
+        ratio: added(i) / added(peer),
+        above: above(i) / above(peer),
+        floor: added(floor) / added(peer),
+        peer_added: added(peer),
+    }
+}
+
+/// What [`shares`] returns: setup `i`'s added cost as a share of the
+/// peer's, over bare and over the floor; the floor's share of the peer's;
+/// and the peer's added cost itself, which may be noise.
+struct Shares {
+    ratio: f64,
+    above: f64,
+    floor: f64,
+    peer_added: f64,
 }
 
 /// Seconds `f` took.
@@ -923,8 +934,7 @@ fn profile() -> anyhow::Result<()> {
         );
         let results = trials(&setups, STOLEN, || cpu_work(&fixture))?;
         report(&setups, &results, STOLEN);
-        let peer_added = results[1].cost + results[1].tracer_ns - results[0].cost;
-        ratios.push((hz, shares(&results, 2, 1, 3), peer_added));
+        ratios.push((hz, shares(&results, 2, 1, 3)));
     }
 
     // The report: from the signal to the last line, against perf's stop
@@ -966,7 +976,16 @@ fn profile() -> anyhow::Result<()> {
     let mut unwinding = profile_unwinding(&rtrace, &data_s, &CpuLoad::hotfuncs("hotfuncs_nofp"))?;
     unwinding.extend(profile_unwinding(&rtrace, &data_s, &CpuLoad::python())?);
     println!();
-    for (hz, (ratio, above, floor), peer_added) in ratios {
+    for (
+        hz,
+        Shares {
+            ratio,
+            above,
+            floor,
+            peer_added,
+        },
+    ) in ratios
+    {
         if peer_added <= 0.0 {
             println!(
                 "at {hz} Hz neither tracer's cost rises above the run-to-run noise \
@@ -1130,8 +1149,12 @@ fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Res
         );
         let results = trials(&setups, STOLEN, || cpu_work(load))?;
         report(&setups, &results, STOLEN);
-        let (ratio, above, floor) = shares(&results, 2, 1, 4);
-        let dwarf_added = results[1].cost + results[1].tracer_ns - results[0].cost;
+        let Shares {
+            ratio,
+            above,
+            floor,
+            peer_added: dwarf_added,
+        } = shares(&results, 2, 1, 4);
         let (dwarf, ours) = (&results[1], &results[2]);
         lines.push(format!(
             "{}, no frame pointers, {hz} Hz: rtrace's BPF time {:.0} ns/ms (range {:.0}-{:.0}) \

@@ -69,15 +69,7 @@ fn traced<const DIRECT: bool>(cfg: &Config, prev: *const u8, tgid: u32, tid: u32
 fn leaves<C: EbpfContext>(ctx: &C, cfg: &Config, tgid: u32, tid: u32, now: u64) {
     let mut start = Start {
         ns: now,
-        key: Key {
-            tgid,
-            flags: 0,
-            generation: 0,
-            _pad: 0,
-            user: 0,
-            kernel: 0,
-            comm: bpf_get_current_comm().unwrap_or([0; 16]),
-        },
+        key: Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16])),
     };
     if cfg.kernel != 0 {
         match stacks::kernel_stack(ctx) {

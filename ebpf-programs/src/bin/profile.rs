@@ -40,15 +40,8 @@ fn sample(ctx: &PerfEventContext) {
     if !targets::admits(tgid, tid) {
         return;
     }
-    let mut key = Key {
-        tgid,
-        flags: 0,
-        generation: stacks::generation(),
-        _pad: 0,
-        user: 0,
-        kernel: 0,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    };
+    let mut key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
+    key.generation = stacks::generation();
     if cfg.kernel != 0 {
         match stacks::kernel_stack(ctx) {
             Some(h) => key.kernel = h,

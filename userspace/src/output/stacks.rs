@@ -116,6 +116,34 @@ impl serde::Serialize for Stacks<'_> {
     }
 }
 
+impl Stacks<'_> {
+    /// Prints a stack tool's report: folded lines with `folded`, else
+    /// bcc's multi-line form. With output files asked for (`files`),
+    /// stdout stays empty unless folded lines are (JSON is printed either
+    /// way).
+    pub fn print(
+        sink: &mut super::Sink,
+        samples: &[Sample],
+        text: TextOptions,
+        folded: bool,
+        files: bool,
+        value: &'static str,
+    ) -> anyhow::Result<()> {
+        if files && !folded {
+            sink.quiet_text();
+        }
+        sink.emit(&Stacks {
+            samples,
+            style: if folded {
+                Style::Folded(text)
+            } else {
+                Style::Multiline(text)
+            },
+            value,
+        })
+    }
+}
+
 impl super::Record for Stacks<'_> {
     fn text(&self, out: &mut String) {
         match self.style {

@@ -17,7 +17,7 @@ use crate::{
     features::{Hooks, Mechanism},
     output::{
         self, Sink,
-        stacks::{self, FlameOptions, Sample, Stacks, Style, TextOptions},
+        stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
     },
     stacktool::{StackArgs, StackTool},
     symbolize::Frame,
@@ -340,18 +340,7 @@ impl Tool for Offcputime {
             annotate: false,
         };
         let files = self.args.svg.is_some() || self.args.pprof.is_some();
-        if files && !self.args.folded {
-            sink.quiet_text();
-        }
-        sink.emit(&Stacks {
-            samples: &samples,
-            style: if self.args.folded {
-                Style::Folded(text)
-            } else {
-                Style::Multiline(text)
-            },
-            value: "us",
-        })?;
+        Stacks::print(sink, &samples, text, self.args.folded, files, "us")?;
         let total: u64 = samples.iter().map(|s| s.count).sum();
         self.summary = Some(format!(
             "{total} us off CPU in {} stacks, symbolized and written in {} ms",
@@ -362,11 +351,7 @@ impl Tool for Offcputime {
     }
 
     fn summary(&self) -> Vec<String> {
-        self.summary
-            .iter()
-            .chain(self.stacks.tables())
-            .cloned()
-            .collect()
+        self.summary.iter().cloned().chain(self.stacks.tables()).collect()
     }
 
     fn warnings(&self) -> Vec<String> {

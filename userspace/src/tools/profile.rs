@@ -22,7 +22,7 @@ use crate::{
     features::Mechanism,
     output::{
         self, Sink,
-        stacks::{self, FlameOptions, Sample, Stacks, Style, TextOptions},
+        stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
     },
     stacktool::{StackArgs, StackTool},
     tracer::{self, Kernel, Load, Scope, Tool},
@@ -393,23 +393,10 @@ impl Tool for Profile {
             delimiter: self.args.delimited,
             annotate: self.args.annotate,
         };
-        // With files asked for, stdout stays empty unless -f asks for
-        // folded stacks (JSON is printed either way).
         let files = self.args.svg.is_some()
             || self.args.pprof.is_some()
             || self.args.speedscope.is_some();
-        if files && !self.args.folded {
-            sink.quiet_text();
-        }
-        sink.emit(&Stacks {
-            samples: &samples,
-            style: if self.args.folded {
-                Style::Folded(text)
-            } else {
-                Style::Multiline(text)
-            },
-            value: "count",
-        })?;
+        Stacks::print(sink, &samples, text, self.args.folded, files, "count")?;
         let total: u64 = samples.iter().map(|s| s.count).sum();
         self.summary = Some(format!(
             "{total} samples in {} stacks, symbolized and written in {} ms",
@@ -420,7 +407,7 @@ impl Tool for Profile {
     }
 
     fn summary(&self) -> Vec<String> {
-        self.summary.iter().chain(self.stacks.tables()).cloned().collect()
+        self.summary.iter().cloned().chain(self.stacks.tables()).collect()
     }
 
     fn warnings(&self) -> Vec<String> {
