@@ -2,7 +2,7 @@
 //! stack tables (`profile::Key` by nanoseconds), so the store, the CFI
 //! walk and the symbolizer serve it as they serve profile.
 
-use crate::profile::Key;
+use crate::profile::WakeKey;
 
 /// `Config::threads`: every thread.
 pub const THREADS_ALL: u32 = 0;
@@ -43,17 +43,22 @@ pub struct Config {
     pub task_state: u32,
     /// `task_struct.flags`.
     pub task_flags: u32,
+    /// Whether the waker's stacks are taken (`--waker`).
+    pub waker: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
 }
 
 /// What a thread left the CPU with: when, and the key its blocked time
-/// is counted under when it runs again.
+/// is counted under when it runs again, its waker filled in when woken.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Start {
     /// `bpf_ktime_get_ns` at the switch.
     pub ns: u64,
-    /// Process, command and stacks (its generation is set when counted).
-    pub key: Key,
+    /// Process, command and stacks, and the waker's (the generation is
+    /// set when counted).
+    pub key: WakeKey,
 }
 
 /// `ERRORS` slot: blocked threads not timed, as the table of threads off

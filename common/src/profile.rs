@@ -65,6 +65,25 @@ impl Key {
     }
 }
 
+/// What offcputime counts blocked time by: the blocked thread's [`Key`],
+/// and with `--waker` the thread that woke it, described the same way (its
+/// `generation` unused); all zeros where none was recorded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WakeKey {
+    /// The blocked thread.
+    pub key: Key,
+    /// The thread that woke it.
+    pub waker: Key,
+}
+
+impl WakeKey {
+    /// Whether a waker was recorded: every thread has a command.
+    pub const fn has_waker(&self) -> bool {
+        self.waker.comm[0] != 0
+    }
+}
+
 /// A stack's frames, leaf first.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -142,4 +161,4 @@ pub const ERR_FP_FRAMES: u32 = 6;
 /// `ERRORS` slot: CFI walks that ended on a failed read.
 pub const ERR_CUT_SHORT: u32 = 7;
 
-crate::pod!(Config, Key, Stack, Seen);
+crate::pod!(Config, Key, WakeKey, Stack, Seen);

@@ -307,16 +307,16 @@ pub fn on_fork<S: Sink>(ctx: &RawTracePointContext, events: &S) {
 /// [`user_stack`](crate::stacks::user_stack).
 #[inline(always)]
 pub(crate) fn walk(tgid: u32, sampled: *const u8, scratch: *mut Scratch) -> Option<(u64, bool)> {
-    let procs = CFI_PROCS.get_ptr_mut(tgid)?;
     let Some((ip, sp, bp)) = user_regs(sampled) else {
         count_error(ERR_CUT_SHORT);
         return Some((0, false));
     };
-    // Kernel threads have no user registers: no user stack, and no
-    // "new code" to tell user space of on every sample.
+    // Kernel threads (and the idle tasks) have no user registers: no user
+    // stack, no tables to miss, and no "new code" to tell user space of.
     if ip == 0 {
         return Some((0, false));
     }
+    let procs = CFI_PROCS.get_ptr_mut(tgid)?;
     // SAFETY: a map value.
     unsafe {
         (*scratch).walk = State {

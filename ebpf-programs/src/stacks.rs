@@ -17,16 +17,51 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use rtrace_common::profile::{
-    ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, Seen, Stack,
+    ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, Seen,
+    Stack, WakeKey,
 };
 
 use crate::{EEXIST, atomic_add, count_error, events::Sink};
 
-/// Counts by [`Key`]: samples for profile, nanoseconds for offcputime.
+/// Defines `STACK_COUNTS`, the counts by key (`Key` for profile: samples;
+/// `WakeKey` for offcputime: nanoseconds), in the tool that counts: each
+/// tool has its own key, and a tool that counts no stacks no such map.
 /// Preallocated, since a perf event program may run in NMI context, where
 /// the kernel cannot allocate; user space sizes it.
-#[map]
-pub static STACK_COUNTS: HashMap<Key, u64> = HashMap::with_max_entries(1, 0);
+#[macro_export]
+macro_rules! stack_counts {
+    ($key:ty) => {
+        #[aya_ebpf::macros::map]
+        static STACK_COUNTS: aya_ebpf::maps::HashMap<$key, u64> =
+            aya_ebpf::maps::HashMap::with_max_entries(1, 0);
+    };
+}
+
+/// A key stacks are counted by: the process counted, and the waker's
+/// where the key has one, each told to user space once a generation.
+pub trait Counted {
+    /// The process whose stacks are counted.
+    fn counted(&self) -> &Key;
+    /// The other process named by the key, if any.
+    fn other(&self) -> Option<&Key> {
+        None
+    }
+}
+
+impl Counted for Key {
+    fn counted(&self) -> &Key {
+        self
+    }
+}
+
+impl Counted for WakeKey {
+    fn counted(&self) -> &Key {
+        &self.key
+    }
+    fn other(&self) -> Option<&Key> {
+        self.has_waker().then_some(&self.waker)
+    }
+}
 /// The generation counts go to, counted up by user space when it moves the
 /// last one's counts out.
 #[map]
@@ -58,23 +93,33 @@ pub fn generation() -> u32 {
     STACK_GEN.get(0).copied().unwrap_or(0)
 }
 
-/// Adds `value` to the count of `key`; the first count of a process in a
-/// generation tells user space ([`Seen`]). A full table is counted.
+/// Adds `value` to the count of `key` in `counts` (`STACK_COUNTS`); the
+/// first count of a process in a generation tells user space ([`Seen`]). A
+/// full table is counted.
 #[inline(always)]
-pub fn add<C: EbpfContext, S: Sink>(ctx: &C, events: &S, key: &Key, value: u64) {
-    if let Some(c) = STACK_COUNTS.get_ptr_mut(key) {
+pub fn add<C: EbpfContext, S: Sink, K: Counted>(
+    ctx: &C,
+    events: &S,
+    counts: &HashMap<K, u64>,
+    key: &K,
+    value: u64,
+) {
+    if let Some(c) = counts.get_ptr_mut(key) {
         // SAFETY: a map value.
         unsafe { atomic_add(c, value) };
         return;
     }
-    match STACK_COUNTS.insert(key, value, u64::from(BPF_NOEXIST)) {
+    match counts.insert(key, value, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
-            if first_in_generation(key.tgid, key.generation) {
-                crate::events::emit(events, ctx, &Seen::new(key.tgid, 0));
+            let generation = key.counted().generation;
+            for k in [Some(key.counted()), key.other()].into_iter().flatten() {
+                if k.tgid != 0 && first_in_generation(k.tgid, generation) {
+                    crate::events::emit(events, ctx, &Seen::new(k.tgid, 0));
+                }
             }
         }
         // Another CPU created it between the lookup and the insert.
-        Err(EEXIST) => match STACK_COUNTS.get_ptr_mut(key) {
+        Err(EEXIST) => match counts.get_ptr_mut(key) {
             // SAFETY: a map value.
             Some(c) => unsafe { atomic_add(c, value) },
             None => count_error(ERR_COUNTS_FULL),

@@ -1,6 +1,7 @@
 //! `rtrace offcputime` against the C fixture's `block` mode, which blocks
 //! for a known split of time in two functions, through libc's nanosleep
-//! and read wrappers, built without frame pointers.
+//! and read wrappers, built without frame pointers; and its `wake` mode,
+//! where one thread wakes another through a pipe.
 
 use std::collections::BTreeMap;
 
@@ -15,8 +16,9 @@ const READY: &str = "Tracing off-CPU time";
 const LEAVES: [&str; 2] = ["sleep_alpha", "wait_beta"];
 const CALLERS: [&str; 2] = ["main", "mid_block"];
 
-/// Runs the fixture's `block` mode with `mode` (seconds, and optionally
-/// the length of a long block in microseconds) under `rtrace offcputime`
+/// Runs the fixture in `mode` (`block` with seconds, and optionally the
+/// length of a long block in microseconds; `wake` with seconds) under
+/// `rtrace offcputime`
 /// with `extra` arguments, and `by` (`-p` or `-t`, or nothing for the
 /// whole system) followed by the fixture's pid; returns rtrace's stdout,
 /// the numbers of the fixture's `done` line (nanoseconds in each
@@ -27,9 +29,8 @@ fn trace_blocking(
     by: &str,
     extra: &[&str],
 ) -> (String, Vec<i64>, u32) {
-    let mut fixture_args = vec!["block".to_owned()];
-    fixture_args.extend(mode.iter().map(|&a| a.to_owned()));
-    let (mut w, line) = Workload::start(fixture, &fixture_args);
+    let mode: Vec<String> = mode.iter().map(|&a| a.to_owned()).collect();
+    let (mut w, line) = Workload::start(fixture, &mode);
     assert!(line.starts_with("ready"), "{line}");
     let pid = w.pid().to_string();
     let mut args = vec!["offcputime"];
@@ -71,7 +72,7 @@ fn leaf_time(folded: &BTreeMap<Vec<String>, u64>, leaf: &str, wrapper: &str) -> 
 /// (no frame pointers anywhere: the CFI walk), and the total within 10 %.
 #[test]
 fn blocked_time_splits_as_measured_through_libc_wrappers() {
-    let (stdout, done, _) = trace_blocking("cfuncs_nofp", &["2"], "-p", &["-f"]);
+    let (stdout, done, _) = trace_blocking("cfuncs_nofp", &["block", "2"], "-p", &["-f"]);
     let (alpha_ns, beta_ns) = (done[0], done[1]);
     let folded = parse_folded(&stdout);
     let (alpha, alpha_whole) = leaf_time(&folded, LEAVES[0], "nanosleep");
@@ -110,8 +111,12 @@ fn blocked_time_splits_as_measured_through_libc_wrappers() {
 /// CPU is within its call's wall time, so it can be no more.
 #[test]
 fn block_time_bounds_select_the_blocks() {
-    let (stdout, done, _) =
-        trace_blocking("cfuncs", &["1", "2000"], "-p", &["-f", "-U", "-m", "2000"]);
+    let (stdout, done, _) = trace_blocking(
+        "cfuncs",
+        &["block", "1", "2000"],
+        "-p",
+        &["-f", "-U", "-m", "2000"],
+    );
     let folded = parse_folded(&stdout);
     assert!(leaf_time(&folded, LEAVES[0], "").0 > 0, "{stdout}");
     let long_waits_us = done[3] as u64 / 1000;
@@ -121,7 +126,7 @@ fn block_time_bounds_select_the_blocks() {
         "{waits} us of waits counted above 2 ms; the fixture's waits of 2 ms or more took \
          {long_waits_us} us:\n{stdout}"
     );
-    let (stdout, ..) = trace_blocking("cfuncs", &["1"], "-p", &["-f", "-U", "-M", "2000"]);
+    let (stdout, ..) = trace_blocking("cfuncs", &["block", "1"], "-p", &["-f", "-U", "-M", "2000"]);
     let folded = parse_folded(&stdout);
     assert_eq!(leaf_time(&folded, LEAVES[0], "").0, 0, "{stdout}");
     assert!(leaf_time(&folded, LEAVES[1], "").0 > 0, "{stdout}");
@@ -131,12 +136,12 @@ fn block_time_bounds_select_the_blocks() {
 /// interruptible (`S`), which `--state S` admits.
 #[test]
 fn state_filter_selects_interruptible_sleeps() {
-    let (stdout, ..) = trace_blocking("cfuncs", &["1"], "-p", &["-f", "--state", "D"]);
+    let (stdout, ..) = trace_blocking("cfuncs", &["block", "1"], "-p", &["-f", "--state", "D"]);
     assert!(
         !stdout.contains(LEAVES[0]) && !stdout.contains(LEAVES[1]),
         "{stdout}"
     );
-    let (stdout, ..) = trace_blocking("cfuncs", &["1"], "-p", &["-f", "--state", "S"]);
+    let (stdout, ..) = trace_blocking("cfuncs", &["block", "1"], "-p", &["-f", "--state", "S"]);
     assert!(
         stdout.contains(LEAVES[0]) && stdout.contains(LEAVES[1]),
         "{stdout}"
@@ -147,7 +152,7 @@ fn state_filter_selects_interruptible_sleeps() {
 /// fixture; with `-t`, only the thread asked for.
 #[test]
 fn thread_filters_keep_to_their_threads() {
-    let (stdout, _, pid) = trace_blocking("cfuncs", &["1"], "", &["--json", "-k"]);
+    let (stdout, _, pid) = trace_blocking("cfuncs", &["block", "1"], "", &["--json", "-k"]);
     let stacks = json_lines(&stdout);
     assert!(!stacks.is_empty(), "no kernel thread blocked: {stdout}");
     for s in &stacks {
@@ -155,7 +160,7 @@ fn thread_filters_keep_to_their_threads() {
         assert_eq!(s["user"].as_array().map(Vec::len), Some(0), "{s}");
         assert!(s["us"].as_u64().is_some_and(|n| n > 0), "{s}");
     }
-    let (stdout, _, pid) = trace_blocking("cfuncs", &["1"], "-t", &["-f"]);
+    let (stdout, _, pid) = trace_blocking("cfuncs", &["block", "1"], "-t", &["-f"]);
     let folded = parse_folded(&stdout);
     assert!(!folded.is_empty());
     assert!(folded.keys().all(|f| f[0] == "cfuncs"), "{stdout} ({pid})");
@@ -165,7 +170,7 @@ fn thread_filters_keep_to_their_threads() {
 /// between), `-  comm (pid)`, then the microseconds.
 #[test]
 fn multiline_output_has_bcc_layout() {
-    let (stdout, _, pid) = trace_blocking("cfuncs", &["1"], "-p", &["-d"]);
+    let (stdout, _, pid) = trace_blocking("cfuncs", &["block", "1"], "-p", &["-d"]);
     let mut blocks = 0;
     for block in stdout.split("\n\n").filter(|b| b.contains(LEAVES[0])) {
         let lines: Vec<&str> = block.lines().collect();
@@ -182,6 +187,81 @@ fn multiline_output_has_bcc_layout() {
         blocks += 1;
     }
     assert!(blocks > 0, "{stdout}");
+}
+
+/// `--waker`: the waiter thread's time blocked reading the pipe is
+/// joined to the stack of the main thread that wrote to it, whole from
+/// `main` through libc's `write` (no frame pointers: the CFI walk), in
+/// folded lines (`--` then the waker's frames leaf first, then its
+/// command) and in bcc's offwaketime layout.
+#[test]
+fn waker_names_the_waking_threads_stack() {
+    let (stdout, done, _) = trace_blocking("cfuncs_nofp", &["wake", "2"], "-p", &["-f", "--waker"]);
+    let waited = done[1] as f64 / 1000.0;
+    let folded = parse_folded(&stdout);
+    let (mut blocked, mut by_poker) = (0, 0);
+    for (frames, us) in &folded {
+        let Some(leaf) = frames.iter().position(|f| f == "wait_for_poke") else {
+            continue;
+        };
+        assert_eq!(frames[0], "waiter", "{frames:?}");
+        blocked += us;
+        let Some(join) = frames.iter().position(|f| f == "--") else {
+            continue;
+        };
+        // The waker's frames, leaf first: the wakeup in the kernel, then
+        // libc's write, write_poke, its callers, and its command.
+        let waker = &frames[join + 1..];
+        let at = |name: &str| waker.iter().position(|f| f == name);
+        if let (Some(w), Some(poke), Some(lp), Some(main)) = (
+            waker.iter().position(|f| f.ends_with("write")),
+            at("write_poke"),
+            at("poke_loop"),
+            at("main"),
+        ) && leaf < join
+            && w < poke
+            && poke < lp
+            && lp < main
+            && waker.last().is_some_and(|c| c == "cfuncs_nofp")
+        {
+            by_poker += us;
+        }
+    }
+    assert!(
+        (blocked as f64 - waited).abs() <= 0.1 * waited,
+        "{blocked} us blocked in wait_for_poke; the waiter measured {waited} us:\n{stdout}"
+    );
+    assert!(
+        by_poker as f64 >= 0.95 * blocked as f64,
+        "{by_poker} of {blocked} us woken by write_poke's whole stack:\n{stdout}"
+    );
+
+    let (stdout, _, pid) = trace_blocking("cfuncs_nofp", &["wake", "1"], "-p", &["--waker"]);
+    let block = stdout
+        .split("\n\n")
+        .find(|b| b.contains("wait_for_poke") && b.contains("write_poke"))
+        .unwrap_or_else(|| panic!("no woken stack:\n{stdout}"));
+    let lines: Vec<&str> = block.lines().map(str::trim).collect();
+    let n = lines.len();
+    assert_eq!(
+        lines[0],
+        format!("waker:           cfuncs_nofp {pid}"),
+        "{block}"
+    );
+    assert_eq!(
+        lines[n - 2],
+        format!("target:          waiter {pid}"),
+        "{block}"
+    );
+    let at = |name: &str| lines.iter().position(|l| *l == name).expect(block);
+    // The waker root first down to the join, the target leaf first after.
+    assert!(
+        at("main") < at("poke_loop")
+            && at("poke_loop") < at("write_poke")
+            && at("write_poke") < at("--               --")
+            && at("--               --") < at("wait_for_poke"),
+        "{block}"
+    );
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Stacks counted in the kernel (`STACK_COUNTS` by [`Key`], `STACKS` by hash),
+//! Stacks counted in the kernel (`STACK_COUNTS` by [`Key`], or by
+//! [`WakeKey`] where a waker's stacks are counted too; `STACKS` by hash),
 //! moved to user space while a tool runs, and symbolized as their
 //! processes go.
 //!
@@ -25,13 +26,13 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, IterableMap as _},
 };
-use rtrace_common::profile::{Key, MISSED_KERNEL, MISSED_USER, Stack};
+use rtrace_common::profile::{Key, MISSED_KERNEL, MISSED_USER, Stack, WakeKey};
 
 use crate::{
     batch,
     output::{
         self,
-        stacks::{self, Sample},
+        stacks::{self, Sample, Thread},
     },
     procmaps,
     symbolize::{Frame, Kind, Symbolizer},
@@ -71,7 +72,11 @@ fn remove<K: aya::Pod, V: aya::Pod>(
     Ok(())
 }
 
-/// What a settled sample is counted by: names, not addresses.
+/// One thread of a count, symbolized: command, pid, kernel and user
+/// frames.
+type Symbolized = ([u8; 16], u32, Vec<Frame>, Vec<Frame>);
+
+/// One thread of a settled sample: names, not addresses.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Named {
     comm: [u8; 16],
@@ -82,11 +87,37 @@ struct Named {
     user: u32,
 }
 
+/// Moves the counts of generation `old` (all with `all`) out of `map`
+/// into `into`, widened to [`WakeKey`]s with their generation zeroed.
+fn move_counts<K: aya::Pod>(
+    map: &mut aya::maps::Map,
+    all: bool,
+    old: u32,
+    wide: impl Fn(K) -> WakeKey,
+    into: &mut HashMap<WakeKey, u64>,
+) -> anyhow::Result<()> {
+    let mut counts: BpfHashMap<_, K, u64> = BpfHashMap::try_from(map)?;
+    let (entries, batched) = read_all(&counts);
+    let mut moved = Vec::with_capacity(entries.len());
+    for (k, n) in entries {
+        let mut w = wide(k);
+        if all || w.key.generation == old {
+            moved.push(k);
+            w.key.generation = 0;
+            *into.entry(w).or_default() += n;
+        }
+    }
+    remove(&mut counts, &moved, batched).context("cannot clear map STACK_COUNTS")
+}
+
 /// See the module documentation.
 #[derive(Default)]
 pub struct StackStore {
-    /// Samples by key (its generation zeroed) of processes not settled yet.
-    counts: HashMap<Key, u64>,
+    /// Whether the kernel counts by [`WakeKey`], not [`Key`].
+    wakers: bool,
+    /// Samples by key (its generation zeroed) of processes not settled
+    /// yet; without wakers, the waker part is zero.
+    counts: HashMap<WakeKey, u64>,
     /// Frames by stack hash.
     stacks: HashMap<u64, Held>,
     /// The generation the kernel counts in now.
@@ -96,8 +127,8 @@ pub struct StackStore {
     /// Processes found gone at the last tick; their last samples were
     /// counted in the generation moved out at the next.
     gone: HashSet<u32>,
-    /// Settled samples by name.
-    settled: HashMap<Named, u64>,
+    /// Settled samples by name: the thread, and its waker.
+    settled: HashMap<(Named, Option<Named>), u64>,
     /// Distinct symbolized stacks, as frame ids, and their ids.
     named: HashMap<Box<[u32]>, u32>,
     /// Distinct frames, by id.
@@ -106,6 +137,14 @@ pub struct StackStore {
 }
 
 impl StackStore {
+    /// A store for counts by [`WakeKey`] (`wakers`), else by [`Key`].
+    pub fn new(wakers: bool) -> Self {
+        Self {
+            wakers,
+            ..Self::default()
+        }
+    }
+
     /// Moves counts and stacks out of the kernel: with `all`, everything
     /// (counting has stopped); otherwise the generation is flipped first
     /// and the older one's counts moved, which the kernel no longer
@@ -126,24 +165,16 @@ impl StackStore {
             // within microseconds.
             std::thread::sleep(Duration::from_millis(1));
         }
-        let mut counts: BpfHashMap<_, Key, u64> = BpfHashMap::try_from(
-            ebpf.map_mut("STACK_COUNTS")
-                .context("map STACK_COUNTS missing")?,
-        )?;
-        let (entries, batched) = read_all(&counts);
-        let moved: Vec<Key> = entries
-            .iter()
-            .filter(|(k, _)| all || k.generation == old)
-            .map(|(k, _)| *k)
-            .collect();
-        for (key, n) in entries {
-            if all || key.generation == old {
-                let mut k = key;
-                k.generation = 0;
-                *self.counts.entry(k).or_default() += n;
-            }
+        let map = ebpf
+            .map_mut("STACK_COUNTS")
+            .context("map STACK_COUNTS missing")?;
+        if self.wakers {
+            move_counts(map, all, old, |k: WakeKey| k, &mut self.counts)?;
+        } else {
+            let zero = Key::new(0, [0; 16]);
+            let wide = |key: Key| WakeKey { key, waker: zero };
+            move_counts(map, all, old, wide, &mut self.counts)?;
         }
-        remove(&mut counts, &moved, batched).context("cannot clear map STACK_COUNTS")?;
 
         let mut stacks: BpfHashMap<_, u64, Stack> =
             BpfHashMap::try_from(ebpf.map_mut("STACKS").context("map STACKS missing")?)?;
@@ -167,7 +198,7 @@ impl StackStore {
     /// Symbolizes and settles the processes found gone at the last call,
     /// notes those gone now, and drops stacks nothing needs any more.
     pub fn settle_gone(&mut self, sym: &mut Symbolizer) {
-        let mut live: Vec<u32> = self.counts.keys().map(|k| k.tgid).collect();
+        let mut live: Vec<u32> = self.counts.keys().flat_map(tgids).collect();
         live.sort_unstable();
         live.dedup();
         let due = std::mem::take(&mut self.gone);
@@ -181,6 +212,7 @@ impl StackStore {
         if due.is_empty() {
             return;
         }
+        // A count naming a process gone, as the thread or its waker.
         self.settle(sym, |tgid| due.contains(&tgid));
         for pid in due {
             sym.forget(pid);
@@ -191,20 +223,20 @@ impl StackStore {
         let named: HashSet<u64> = self
             .counts
             .keys()
-            .flat_map(|k| [k.kernel, k.user])
+            .flat_map(|k| [k.key.kernel, k.key.user, k.waker.kernel, k.waker.user])
             .collect();
         let tick = self.tick;
         self.stacks
             .retain(|hash, held| held.tick + 1 >= tick || named.contains(hash));
     }
 
-    /// Symbolizes the counts of the processes `which` admits and moves
+    /// Symbolizes the counts naming a process `which` admits and moves
     /// them to the settled counts.
     fn settle(&mut self, sym: &mut Symbolizer, which: impl Fn(u32) -> bool) {
-        let entries: Vec<(Key, u64)> = self
+        let entries: Vec<(WakeKey, u64)> = self
             .counts
             .iter()
-            .filter(|(k, _)| which(k.tgid))
+            .filter(|(k, _)| tgids(k).any(&which))
             .map(|(k, n)| (*k, *n))
             .collect();
         if entries.is_empty() {
@@ -213,11 +245,12 @@ impl StackStore {
         for (k, _) in &entries {
             self.counts.remove(k);
         }
+        let threads = |k: &WakeKey| [Some(k.key), k.has_waker().then_some(k.waker)];
         let stacks = &self.stacks;
         let empty: Box<[u64]> = Box::default();
         let ips = |hash: u64| stacks.get(&hash).map_or(&empty, |h| &h.ips).as_ref();
         let mut requests: Vec<(Option<u32>, &[u64])> = Vec::with_capacity(entries.len() * 2);
-        for (key, _) in &entries {
+        for key in entries.iter().flat_map(|(k, _)| threads(k)).flatten() {
             requests.push((None, ips(key.kernel)));
             requests.push((Some(key.tgid), ips(key.user)));
         }
@@ -226,25 +259,35 @@ impl StackStore {
             key.flags & flag != 0 || (hash != 0 && !stacks.contains_key(&hash))
         };
         let mut named = Vec::with_capacity(entries.len());
-        for (key, count) in &entries {
-            let mut kernel = frames.next().unwrap_or_default();
-            let mut user = frames.next().unwrap_or_default();
-            if lost(key, MISSED_KERNEL, key.kernel) {
-                kernel = vec![Frame::missed(stacks::MISSED_KERNEL, Kind::Kernel)];
-            }
-            if lost(key, MISSED_USER, key.user) {
-                user = vec![Frame::missed(stacks::MISSED_USER, Kind::User)];
-            }
-            named.push((key.comm, key.tgid, kernel, user, *count));
+        for (k, count) in &entries {
+            let [thread, waker] = threads(k).map(|key| {
+                let key = key?;
+                let mut kernel = frames.next().unwrap_or_default();
+                let mut user = frames.next().unwrap_or_default();
+                if lost(&key, MISSED_KERNEL, key.kernel) {
+                    kernel = vec![Frame::missed(stacks::MISSED_KERNEL, Kind::Kernel)];
+                }
+                if lost(&key, MISSED_USER, key.user) {
+                    user = vec![Frame::missed(stacks::MISSED_USER, Kind::User)];
+                }
+                Some((key.comm, key.tgid, kernel, user))
+            });
+            named.push((thread, waker, *count));
         }
-        for (comm, pid, kernel, user, count) in named {
-            let key = Named {
-                comm,
-                pid,
-                kernel: self.intern(kernel),
-                user: self.intern(user),
+        for (thread, waker, count) in named {
+            let mut name = |t: Option<Symbolized>| {
+                t.map(|(comm, pid, kernel, user)| Named {
+                    comm,
+                    pid,
+                    kernel: self.intern(kernel),
+                    user: self.intern(user),
+                })
             };
-            *self.settled.entry(key).or_default() += count;
+            let Some(thread) = name(thread) else {
+                continue;
+            };
+            let waker = name(waker);
+            *self.settled.entry((thread, waker)).or_default() += count;
         }
     }
 
@@ -271,10 +314,10 @@ impl StackStore {
     /// their newest mappings and perf map first; ones gone keep what was
     /// captured at their first samples.
     pub fn samples(&mut self, sym: &mut Symbolizer) -> Vec<Sample> {
-        let mut tgids: Vec<u32> = self.counts.keys().map(|k| k.tgid).collect();
-        tgids.sort_unstable();
-        tgids.dedup();
-        for &t in &tgids {
+        let mut live: Vec<u32> = self.counts.keys().flat_map(tgids).collect();
+        live.sort_unstable();
+        live.dedup();
+        for &t in &live {
             sym.capture(t, true);
         }
         sym.refresh_kernel();
@@ -287,18 +330,38 @@ impl StackStore {
                 .map(|&f| self.frames[f as usize].clone())
                 .collect();
         }
+        let thread = |n: &Named| Thread {
+            comm: output::c_string(&n.comm),
+            pid: n.pid,
+            kernel: stacks[n.kernel as usize].clone(),
+            user: stacks[n.user as usize].clone(),
+        };
         let mut out: Vec<Sample> = self
             .settled
             .iter()
-            .map(|(k, &count)| Sample {
-                comm: output::c_string(&k.comm),
-                pid: k.pid,
-                kernel: stacks[k.kernel as usize].clone(),
-                user: stacks[k.user as usize].clone(),
-                count,
+            .map(|((t, w), &count)| {
+                let Thread {
+                    comm,
+                    pid,
+                    kernel,
+                    user,
+                } = thread(t);
+                Sample {
+                    comm,
+                    pid,
+                    kernel,
+                    user,
+                    count,
+                    waker: w.as_ref().map(|w| Arc::new(thread(w))),
+                }
             })
             .collect();
         out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
         out
     }
+}
+
+/// The processes a count names: the thread's, and its waker's.
+fn tgids(k: &WakeKey) -> impl Iterator<Item = u32> {
+    std::iter::once(k.key.tgid).chain(k.has_waker().then_some(k.waker.tgid))
 }

@@ -80,6 +80,14 @@ pub struct StackTool {
 }
 
 impl StackTool {
+    /// A tool whose kernel side counts by `WakeKey` (`wakers`), not `Key`.
+    pub fn new(wakers: bool) -> Self {
+        Self {
+            store: StackStore::new(wakers),
+            ..Self::default()
+        }
+    }
+
     /// The object variants to try for `unwind`, best first; without user
     /// stacks no walk is needed.
     pub fn variants(unwind: Unwind, user: bool) -> Vec<&'static str> {

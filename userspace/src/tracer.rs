@@ -742,13 +742,14 @@ pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
         .collect()
 }
 
-/// Entries for a preallocated table of runnable tasks.
+/// Entries for a preallocated table keyed by thread: runnable ones for
+/// runqlat, ones inside a call for the latency tools, ones off the CPU for
+/// offcputime.
 ///
-/// Only runnable tasks sit in it, so it needs no more than the number of
-/// threads; four times today's count (at least 65536, at most `pid_max`)
+/// It needs no more than the number of threads; four times today's count (at least 65536, at most `pid_max`)
 /// leaves room to grow at a few megabytes, where `pid_max` entries could
 /// cost hundreds. Inserts that still fail are counted and reported.
-pub fn runnable_entries() -> u32 {
+pub fn thread_entries() -> u32 {
     let threads: u32 = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().nth(3)?.split('/').nth(1)?.parse().ok())

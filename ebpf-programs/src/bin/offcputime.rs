@@ -9,6 +9,10 @@
 //! with offsets from BTF. The thread leaving is the current one, so its
 //! stacks are walked as for a sample: the kernel's from the tracepoint,
 //! the user one from the registers it entered the kernel with.
+//!
+//! With `--waker`, sched_waking takes the stacks of the thread waking a
+//! traced one (the current thread there) into its entry, as bcc's
+//! offwaketime does, and the time is counted by both.
 #![no_std]
 #![no_main]
 
@@ -23,12 +27,13 @@ use rtrace_common::{
     offcputime::{
         Config, ERR_STARTS_FULL, PF_KTHREAD, STATE_ANY, Start, THREADS_ALL, THREADS_USER,
     },
-    profile::{Key, MISSED_KERNEL, MISSED_USER},
+    profile::{Key, MISSED_KERNEL, MISSED_USER, WakeKey},
 };
 use rtrace_ebpf::{count_error, global, stacks, targets, task_u32};
 
 rtrace_ebpf::event_map!();
 rtrace_ebpf::cfi_programs!();
+rtrace_ebpf::stack_counts!(rtrace_common::profile::WakeKey);
 
 /// Set by user space before load.
 #[unsafe(no_mangle)]
@@ -64,28 +69,60 @@ fn traced<const DIRECT: bool>(cfg: &Config, prev: *const u8, tgid: u32, tid: u32
     true
 }
 
-/// Takes the current thread's stacks and keeps them with the time.
+/// The current thread described as a key: process, command and the
+/// stacks `cfg` asks for.
 #[inline(always)]
-fn leaves<C: EbpfContext>(ctx: &C, cfg: &Config, tgid: u32, tid: u32, now: u64) {
-    let mut start = Start {
-        ns: now,
-        key: Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16])),
-    };
+fn current<C: EbpfContext>(ctx: &C, cfg: &Config, tgid: u32, key: &mut Key) {
+    *key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
     if cfg.kernel != 0 {
         match stacks::kernel_stack(ctx) {
-            Some(h) => start.key.kernel = h,
-            None => start.key.flags |= MISSED_KERNEL,
+            Some(h) => key.kernel = h,
+            None => key.flags |= MISSED_KERNEL,
         }
     }
     if cfg.user != 0 {
         match stacks::user_stack(ctx, &EVENTS, tgid, core::ptr::null()) {
-            Some(h) => start.key.user = h,
-            None => start.key.flags |= MISSED_USER,
+            Some(h) => key.user = h,
+            None => key.flags |= MISSED_USER,
         }
     }
+}
+
+/// Takes the current thread's stacks and keeps them with the time.
+#[inline(always)]
+fn leaves<C: EbpfContext>(ctx: &C, cfg: &Config, tgid: u32, tid: u32, now: u64) {
+    let zero = Key::new(0, [0; 16]);
+    let mut start = Start {
+        ns: now,
+        key: WakeKey {
+            key: zero,
+            waker: zero,
+        },
+    };
+    current(ctx, cfg, tgid, &mut start.key.key);
     if STARTS.insert(tid, start, 0).is_err() {
         count_error(ERR_STARTS_FULL);
     }
+}
+
+/// With `--waker`: the current thread wakes `wakee`; if it is a traced
+/// thread off the CPU, the current thread's stacks go into its entry.
+#[inline(always)]
+fn wakes<C: EbpfContext, const DIRECT: bool>(ctx: &C, wakee: *const u8) {
+    let cfg = global(&CONFIG);
+    if cfg.waker == 0 {
+        return;
+    }
+    let Some(tid) = task_u32::<DIRECT>(wakee, cfg.task_pid) else {
+        return;
+    };
+    let Some(start) = STARTS.get_ptr_mut(tid) else {
+        return;
+    };
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a map value; a thread is woken by one thread at a time, and
+    // a lost race only names the other waker.
+    current(ctx, cfg, tgid, unsafe { &mut (*start).key.waker });
 }
 
 /// Adds the time `next` was off the CPU to its stacks' count.
@@ -97,22 +134,22 @@ fn returns<C: EbpfContext, const DIRECT: bool>(ctx: &C, cfg: &Config, next: *con
     if tid == 0 {
         return;
     }
-    let Some(start) = STARTS.get_ptr(tid) else {
+    let Some(start) = STARTS.get_ptr_mut(tid) else {
         return;
     };
-    // SAFETY: a map value, copied before the entry is removed.
-    let start = unsafe { *start };
-    let _ = STARTS.remove(tid);
-    // A time from another CPU can be a hair ahead of ours.
-    let Some(off) = now.checked_sub(start.ns) else {
-        return;
-    };
-    if off < cfg.min_ns || off > cfg.max_ns {
-        return;
+    // SAFETY: a map value, counted from in place (the key is too large to
+    // copy to the stack) before the entry is removed.
+    unsafe {
+        // A time from another CPU can be a hair ahead of ours.
+        if let Some(off) = now.checked_sub((*start).ns)
+            && off >= cfg.min_ns
+            && off <= cfg.max_ns
+        {
+            (*start).key.key.generation = stacks::generation();
+            stacks::add(ctx, &EVENTS, &STACK_COUNTS, &(*start).key, off);
+        }
     }
-    let mut key = start.key;
-    key.generation = stacks::generation();
-    stacks::add(ctx, &EVENTS, &key, off);
+    let _ = STARTS.remove(tid);
 }
 
 #[inline(always)]
@@ -137,5 +174,17 @@ pub fn btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
     switch::<_, false>(&ctx, ctx.arg(1), ctx.arg(2));
+    0
+}
+
+#[btf_tracepoint(function = "sched_waking")]
+pub fn btf_sched_waking(ctx: BtfTracePointContext) -> i32 {
+    wakes::<_, true>(&ctx, ctx.arg(0));
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sched_waking")]
+pub fn raw_sched_waking(ctx: RawTracePointContext) -> i32 {
+    wakes::<_, false>(&ctx, ctx.arg(0));
     0
 }

@@ -15,6 +15,7 @@ use rtrace_ebpf::{stacks, targets};
 
 rtrace_ebpf::event_map!();
 rtrace_ebpf::cfi_programs!();
+rtrace_ebpf::stack_counts!(rtrace_common::profile::Key);
 
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(Config {
@@ -56,5 +57,5 @@ fn sample(ctx: &PerfEventContext) {
             None => key.flags |= MISSED_USER,
         }
     }
-    stacks::add(ctx, &EVENTS, &key, 1);
+    stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, 1);
 }

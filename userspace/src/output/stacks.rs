@@ -23,6 +23,61 @@ pub struct Sample {
     pub kernel: Arc<[Frame]>,
     /// Samples counted.
     pub count: u64,
+    /// The thread that woke this one (offcputime `--waker`).
+    pub waker: Option<Arc<Thread>>,
+}
+
+/// A thread named in a sample besides the sampled one: the waker.
+#[derive(Clone, Debug)]
+pub struct Thread {
+    /// Its command.
+    pub comm: String,
+    /// Its process id.
+    pub pid: u32,
+    /// User frames, leaf first.
+    pub user: Arc<[Frame]>,
+    /// Kernel frames, leaf first.
+    pub kernel: Arc<[Frame]>,
+}
+
+/// Where the waker's stack joins the woken thread's, as bcc's offwaketime
+/// marks it.
+pub const WAKER_DELIMITER: &str = "--";
+
+impl Sample {
+    /// The frames root first, as flame graphs stack them: user then kernel
+    /// (with `-` between them for `delimiter`); then, with a waker, `--`
+    /// and the waker's kernel and user frames leaf first, so that its
+    /// stack stands upside down on the woken one's, leaf to leaf, as in
+    /// Brendan Gregg's wakeup graphs.
+    pub fn root_first(&self, delimiter: bool) -> Vec<Frame> {
+        let mut out = Vec::with_capacity(self.user.len() + self.kernel.len() + 1);
+        out.extend(self.user.iter().rev().cloned());
+        if delimiter && !self.user.is_empty() && !self.kernel.is_empty() {
+            out.push(Frame::missed("-", Kind::User));
+        }
+        out.extend(self.kernel.iter().rev().cloned());
+        if let Some(w) = &self.waker {
+            out.push(Frame::missed(WAKER_DELIMITER, Kind::User));
+            out.extend(w.kernel.iter().cloned());
+            out.extend(w.user.iter().cloned());
+        }
+        out
+    }
+
+    /// The names a folded line or a speedscope stack is made of: the
+    /// command, the frames root first, and the waker's command.
+    fn path(&self, opts: TextOptions) -> Vec<String> {
+        let comm = |c: &str| c.replace(' ', "_");
+        std::iter::once(comm(&self.comm))
+            .chain(
+                self.root_first(opts.delimiter)
+                    .iter()
+                    .map(|f| name(f, opts.annotate)),
+            )
+            .chain(self.waker.as_ref().map(|w| comm(&w.comm)))
+            .collect()
+    }
 }
 
 /// Placeholder frames for stacks that could not be walked or stored, as
@@ -48,22 +103,16 @@ fn name(f: &Frame, annotate: bool) -> String {
     }
 }
 
-/// A stack as one folded line, root first: `comm;user..;kernel.. count`.
+/// A stack as one folded line, root first: `comm;user..;kernel.. count`,
+/// and the waker's frames and command after them where there is one.
 /// Semicolons in names become colons, since they separate frames.
 pub fn folded_line(s: &Sample, opts: TextOptions) -> String {
-    let clean = |n: String| n.replace(';', ":");
-    let mut line = clean(s.comm.replace(' ', "_"));
-    for f in s.user.iter().rev() {
-        line.push(';');
-        line.push_str(&clean(name(f, opts.annotate)));
-    }
-    if opts.delimiter && !s.user.is_empty() && !s.kernel.is_empty() {
-        line.push_str(";-");
-    }
-    for f in s.kernel.iter().rev() {
-        line.push(';');
-        line.push_str(&clean(name(f, opts.annotate)));
-    }
+    let mut line = s
+        .path(opts)
+        .iter()
+        .map(|n| n.replace(';', ":"))
+        .collect::<Vec<_>>()
+        .join(";");
     let _ = write!(line, " {}", s.count);
     line
 }
@@ -111,6 +160,17 @@ impl serde::Serialize for Stacks<'_> {
             m.insert(self.value.into(), s.count.into());
             m.insert("kernel".into(), frames(&s.kernel).into());
             m.insert("user".into(), frames(&s.user).into());
+            if let Some(w) = &s.waker {
+                m.insert(
+                    "waker".into(),
+                    serde_json::json!({
+                        "comm": w.comm,
+                        "pid": w.pid,
+                        "kernel": frames(&w.kernel),
+                        "user": frames(&w.user),
+                    }),
+                );
+            }
             m
         }))
     }
@@ -155,6 +215,15 @@ impl super::Record for Stacks<'_> {
             }
             Style::Multiline(opts) => {
                 for s in self.samples.iter().rev() {
+                    // bcc's offwaketime: the waker's stack root first, then
+                    // the woken thread's leaf first, meeting at `--`.
+                    if let Some(w) = &s.waker {
+                        let _ = writeln!(out, "    {:<16} {} {}", "waker:", w.comm, w.pid);
+                        for f in w.user.iter().rev().chain(w.kernel.iter().rev()) {
+                            let _ = writeln!(out, "    {}", name(f, opts.annotate));
+                        }
+                        let _ = writeln!(out, "    {WAKER_DELIMITER:<16} {WAKER_DELIMITER}");
+                    }
                     for f in s.kernel.iter() {
                         let _ = writeln!(out, "    {}", name(f, opts.annotate));
                     }
@@ -164,7 +233,11 @@ impl super::Record for Stacks<'_> {
                     for f in s.user.iter() {
                         let _ = writeln!(out, "    {}", name(f, opts.annotate));
                     }
-                    let _ = writeln!(out, "    {:<16} {} ({})", "-", s.comm, s.pid);
+                    if s.waker.is_some() {
+                        let _ = writeln!(out, "    {:<16} {} {}", "target:", s.comm, s.pid);
+                    } else {
+                        let _ = writeln!(out, "    {:<16} {} ({})", "-", s.comm, s.pid);
+                    }
                     let _ = writeln!(out, "        {}\n", s.count);
                 }
             }
@@ -272,11 +345,11 @@ pub fn write_speedscope(samples: &[Sample], path: &Path, name: &str) -> anyhow::
     let mut frames: Vec<serde_json::Value> = Vec::new();
     let mut stacks = Vec::with_capacity(samples.len());
     let mut weights = Vec::with_capacity(samples.len());
+    let plain = TextOptions::default();
     for s in samples {
-        let all = std::iter::once(s.comm.clone())
-            .chain(s.user.iter().rev().map(|f| f.name.to_string()))
-            .chain(s.kernel.iter().rev().map(|f| f.name.to_string()));
-        let stack: Vec<usize> = all
+        let stack: Vec<usize> = s
+            .path(plain)
+            .into_iter()
             .map(|n| {
                 *index.entry(n.clone()).or_insert_with(|| {
                     frames.push(serde_json::json!({ "name": n }));

@@ -355,7 +355,7 @@ impl Tool for Argdist {
         }
         load.config(&cfg)
             .size("COUNTS", self.args.table_size.max(1))
-            .size("ENTRIES", tracer::runnable_entries());
+            .size("ENTRIES", tracer::thread_entries());
         Ok(())
     }
 

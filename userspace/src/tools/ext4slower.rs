@@ -277,7 +277,7 @@ impl Tool for Ext4slower {
             syscall_offsets(&mut cfg)?;
         }
         load.config(&cfg)
-            .size("STARTS", crate::tracer::runnable_entries());
+            .size("STARTS", crate::tracer::thread_entries());
         self.mech = m;
         Ok(())
     }

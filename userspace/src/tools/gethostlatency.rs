@@ -115,7 +115,7 @@ impl Tool for Gethostlatency {
         _kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        load.size("STARTS", crate::tracer::runnable_entries());
+        load.size("STARTS", crate::tracer::thread_entries());
         Ok(())
     }
 

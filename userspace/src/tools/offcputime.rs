@@ -17,7 +17,7 @@ use crate::{
     features::{Hooks, Mechanism},
     output::{
         self, Sink,
-        stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
+        stacks::{self, FlameOptions, Sample, Stacks, TextOptions, Thread},
     },
     stacktool::{StackArgs, StackTool},
     symbolize::Frame,
@@ -44,6 +44,7 @@ const CHAIN: [Mechanism; 2] = [Mechanism::TpBtf, Mechanism::RawTracepoint];
   rtrace offcputime -U          # only show user space stacks (no kernel)
   rtrace offcputime -K          # only show kernel space stacks (no user)
   rtrace offcputime --state D   # only threads blocked uninterruptibly (I/O)
+  rtrace offcputime --waker -p 185   # and the stacks of the threads that woke them
   rtrace offcputime --svg off.svg 10   # an off-CPU flame graph of 10 seconds")]
 pub struct Args {
     /// Trace for this many seconds; without it, until Ctrl-C.
@@ -87,6 +88,11 @@ pub struct Args {
     /// t (traced), I (idle).
     #[arg(long, value_parser = parse_state)]
     state: Option<u32>,
+    /// Also record the stack of the thread that woke each blocked one, as
+    /// bcc's offwaketime does: shown above the blocked stack, joined at
+    /// `--` (folded: after it, leaf to leaf).
+    #[arg(long)]
+    waker: bool,
     /// Trace threads in this cgroup v2 directory (and below) only.
     #[arg(short = 'c', long, value_name = "PATH")]
     cgroup: Option<PathBuf>,
@@ -150,8 +156,8 @@ fn parse_state(s: &str) -> Result<u32, String> {
 /// The tool.
 pub struct Offcputime {
     args: Args,
-    /// The sched_switch program attached.
-    program: String,
+    /// The programs attached: sched_switch's, then sched_waking's.
+    programs: Vec<String>,
     /// Stacks counted in the kernel, their walk and their names.
     stacks: StackTool,
     started: Instant,
@@ -176,8 +182,9 @@ impl Tool for Offcputime {
         }
         Ok(Self {
             args,
-            program: String::new(),
-            stacks: StackTool::default(),
+            programs: Vec::new(),
+            // The kernel side counts by WakeKey, with or without wakers.
+            stacks: StackTool::new(true),
             started: Instant::now(),
             started_epoch: 0.0,
             summary: None,
@@ -239,11 +246,13 @@ impl Tool for Offcputime {
             task_tgid: task(&["tgid"])?,
             task_state: task(&["__state", "state"])?,
             task_flags: task(&["flags"])?,
+            waker: u32::from(args.waker),
+            _pad: 0,
         };
         self.stacks.configure(&args.stacks, kernel, load)?;
         // A thread is in the table from the moment it leaves the CPU until
-        // it is back: as many as there can be threads.
-        load.config(&cfg).size("STARTS", tracer::pid_max());
+        // it is back.
+        load.config(&cfg).size("STARTS", tracer::thread_entries());
         Ok(())
     }
 
@@ -256,13 +265,27 @@ impl Tool for Offcputime {
         let m = m.context("offcputime attaches through its chain")?;
         self.stacks.attach(ebpf, &self.args.pid)?;
         let mut hooks = Hooks::new(m, kernel)?;
-        self.program = format!("{}_sched_switch", hooks.prefix());
-        hooks.attach(ebpf, &self.program, "sched", "sched_switch")
+        let events: &[&str] = if self.args.waker {
+            &["sched_switch", "sched_waking"]
+        } else {
+            &["sched_switch"]
+        };
+        for event in events {
+            let program = format!("{}_{event}", hooks.prefix());
+            hooks.attach(ebpf, &program, "sched", event)?;
+            self.programs.push(program);
+        }
+        Ok(())
     }
 
     fn describe(&self) -> String {
+        let waker = if self.args.waker {
+            " and sched_waking (wakers)"
+        } else {
+            ""
+        };
         format!(
-            "sched_switch; {}; stacks named by their own 64-bit hash",
+            "sched_switch{waker}; {}; stacks named by their own 64-bit hash",
             self.stacks.describe()
         )
     }
@@ -323,15 +346,17 @@ impl Tool for Offcputime {
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
         let elapsed = self.started.elapsed();
         // Stop counting before reading, so the report is one consistent cut.
-        let prog = ebpf
-            .program_mut(&self.program)
-            .with_context(|| format!("program {} missing", self.program))?;
-        match prog {
-            aya::programs::Program::BtfTracePoint(p) => p.unload(),
-            aya::programs::Program::RawTracePoint(p) => p.unload(),
-            _ => Ok(()),
+        for name in &self.programs {
+            let prog = ebpf
+                .program_mut(name)
+                .with_context(|| format!("program {name} missing"))?;
+            match prog {
+                aya::programs::Program::BtfTracePoint(p) => p.unload(),
+                aya::programs::Program::RawTracePoint(p) => p.unload(),
+                _ => Ok(()),
+            }
+            .context("cannot stop tracing")?;
         }
-        .context("cannot stop tracing")?;
         let report_start = Instant::now();
         let samples = shown(self.stacks.finish(ebpf)?);
         self.write_files(&samples, elapsed)?;
@@ -359,38 +384,52 @@ impl Tool for Offcputime {
     }
 }
 
-/// The thread's own stacks in microseconds, as bcc shows them, hottest
+/// The threads' own stacks in microseconds, as bcc shows them, hottest
 /// first.
 ///
-/// The kernel stack is taken inside the tracepoint, so its leaf frames are
-/// the program and the tracepoint's machinery (`__traceiter_sched_switch`,
-/// `bpf_trace_run4`, on some kernels not all of them); the thread's own
-/// frames end at the scheduler. Stacks that differ only there are merged.
+/// Kernel stacks are taken inside the tracepoints, so their leaf frames
+/// are the program and the tracepoint's machinery
+/// (`__traceiter_sched_switch`, `bpf_trace_run4`, on some kernels not all
+/// of them); the thread's own frames end at the scheduler, the waker's at
+/// the wakeup. Stacks that differ only there are merged.
 fn shown(samples: Vec<Sample>) -> Vec<Sample> {
     let machinery = |name: &str| {
         ["bpf_trace_run", "__traceiter_", "__bpf_trace_"]
             .iter()
             .any(|p| name.starts_with(p))
     };
-    /// Command, pid, kernel and user stacks.
+    let own = |kernel: Arc<[Frame]>| match kernel.iter().rposition(|f| machinery(&f.name)) {
+        Some(i) => kernel[i + 1..].into(),
+        None => kernel,
+    };
+    /// Command, pid, kernel and user stacks, of the thread and its waker.
     type Shown = (String, u32, Arc<[Frame]>, Arc<[Frame]>);
-    let mut merged: HashMap<Shown, u64> = HashMap::new();
+    let mut merged: HashMap<(Shown, Option<Shown>), u64> = HashMap::new();
     for s in samples {
-        let kernel = match s.kernel.iter().rposition(|f| machinery(&f.name)) {
-            Some(i) => s.kernel[i + 1..].into(),
-            None => s.kernel,
-        };
-        *merged.entry((s.comm, s.pid, kernel, s.user)).or_default() += s.count;
+        let waker = s.waker.map(|w| {
+            let w = Arc::unwrap_or_clone(w);
+            (w.comm, w.pid, own(w.kernel), w.user)
+        });
+        let thread = (s.comm, s.pid, own(s.kernel), s.user);
+        *merged.entry((thread, waker)).or_default() += s.count;
     }
     let mut out: Vec<Sample> = merged
         .into_iter()
         // Counted in nanoseconds.
-        .map(|((comm, pid, kernel, user), ns)| Sample {
+        .map(|(((comm, pid, kernel, user), waker), ns)| Sample {
             comm,
             pid,
             user,
             kernel,
             count: (ns + 500) / 1000,
+            waker: waker.map(|(comm, pid, kernel, user)| {
+                Arc::new(Thread {
+                    comm,
+                    pid,
+                    user,
+                    kernel,
+                })
+            }),
         })
         .filter(|s| s.count > 0)
         .collect();

@@ -240,7 +240,7 @@ impl Tool for Runqlat {
             // aya has no user-space type for task storage, which only the
             // programs use.
             .allow_unsupported_maps()
-            .size("START", if in_task { 1 } else { tracer::runnable_entries() })
+            .size("START", if in_task { 1 } else { tracer::thread_entries() })
             .size("HISTS", if grouped { tracer::pid_max() } else { 1 })
             .size("TGIDS", if tgids { tracer::pid_max() } else { 1 });
         self.mech = m;

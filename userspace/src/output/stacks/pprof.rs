@@ -148,11 +148,13 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
 
     let comm_key = strings.get("comm");
     let pid_key = strings.get("pid");
+    let waker_comm_key = strings.get("waker_comm");
+    let waker_pid_key = strings.get("waker_pid");
     for s in samples {
         let ids: Vec<u64> = s
-            .kernel
+            .root_first(false)
             .iter()
-            .chain(s.user.iter())
+            .rev()
             .map(|f| location_of(f, &mut strings))
             .collect();
         let mut m = Msg::default();
@@ -166,6 +168,16 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
         pid.int(1, pid_key);
         pid.int(3, u64::from(s.pid));
         m.msg(3, &pid);
+        if let Some(w) = &s.waker {
+            let mut comm = Msg::default();
+            comm.int(1, waker_comm_key);
+            comm.int(2, strings.get(&w.comm));
+            m.msg(3, &comm);
+            let mut pid = Msg::default();
+            pid.int(1, waker_pid_key);
+            pid.int(3, u64::from(w.pid));
+            m.msg(3, &pid);
+        }
         profile.msg(2, &m);
     }
     for m in &location_msgs {
