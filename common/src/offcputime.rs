@@ -62,11 +62,12 @@ pub struct Start {
 }
 
 /// `ERRORS` slot: blocked threads not timed, as the table of threads off
-/// the CPU was full. Slots 0 to 7 are profile's (`profile::ERR_*`).
+/// the CPU was full (`profile --off-cpu` too). Slots 0 to 7 are
+/// profile's samples and stacks (`profile::ERR_*`).
 pub const ERR_STARTS_FULL: u32 = 8;
 
-/// What each `ERRORS` slot counts, for the report at exit: profile's,
-/// its first count in blocked periods, and the start table's.
+/// What each `ERRORS` slot counts, for the report at exit: profile's, its
+/// first count in blocked periods.
 pub const ERR_NAMES: [&str; 9] = {
     let p = crate::profile::ERR_NAMES;
     [
@@ -78,7 +79,7 @@ pub const ERR_NAMES: [&str; 9] = {
         p[5],
         p[6],
         p[7],
-        "blocked threads not timed (table of threads off the CPU full)",
+        p[8],
     ]
 };
 

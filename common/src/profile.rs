@@ -10,6 +10,9 @@ pub const MAX_DEPTH: usize = 127;
 pub const MISSED_USER: u32 = 1;
 /// `Key::flags`: the kernel stack could not be read or stored.
 pub const MISSED_KERNEL: u32 = 2;
+/// `Key::flags`: time off the CPU, in nanoseconds (`profile --off-cpu`),
+/// not samples.
+pub const OFF_CPU: u32 = 4;
 
 /// Load-time configuration, passed as the global `CONFIG`.
 #[repr(C)]
@@ -21,6 +24,11 @@ pub struct Config {
     pub user: u32,
     /// Whether kernel stacks are collected (not `-U`).
     pub kernel: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+    /// `--off-cpu`: how time off the CPU is counted beside the samples
+    /// (with the context-switch programs attached).
+    pub off_cpu: crate::offcputime::Config,
 }
 
 /// What samples are counted by: a process, its command and its two stacks.
@@ -143,7 +151,7 @@ pub const ERR_USER_STACK: u32 = 3;
 /// `ERRORS` slot: kernel stacks the kernel could not walk.
 pub const ERR_KERNEL_STACK: u32 = 4;
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 8] = [
+pub const ERR_NAMES: [&str; 9] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -152,6 +160,7 @@ pub const ERR_NAMES: [&str; 8] = [
     "user stacks walked by frame pointer, as their process had no CFI tables yet",
     "user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)",
     "user stacks cut short (a stack word could not be read)",
+    "blocked threads not timed (table of threads off the CPU full)",
 ];
 
 /// `ERRORS` slot: user stacks of processes without CFI tables yet.

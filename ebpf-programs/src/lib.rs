@@ -7,6 +7,7 @@
 #[cfg(feature = "cfi")]
 pub mod cfi;
 pub mod events;
+pub mod offcpu;
 pub mod stacks;
 pub mod targets;
 pub mod task_storage;

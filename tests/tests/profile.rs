@@ -990,3 +990,116 @@ fn thread_filter_and_idle_stacks() {
         "no idle samples with -I on a mostly idle machine"
     );
 }
+
+/// `--off-cpu`: the fixture computes and sleeps by turns in `mid_mixed`;
+/// the time-weighted profile splits that function's time on and off the
+/// CPU as the fixture measured (its CPU time against its wall time),
+/// within 5 points, and accounts for its wall time within 10 %. The same
+/// split is in pprof's two sample types, and the flame graph draws the
+/// `[off-CPU]` frame in blue.
+#[test]
+fn off_cpu_and_on_cpu_time_split_as_measured() {
+    let (svg, pb) = (temp("offcpu.svg"), temp("offcpu.pb.gz"));
+    let fixture = start_fixture("cfuncs_nofp", &["mixed", "3"]);
+    let pid = fixture.pid().to_string();
+    let args = [
+        "profile",
+        "-F",
+        "999",
+        "-p",
+        &pid,
+        "--off-cpu",
+        "-f",
+        "--svg",
+        svg.to_str().unwrap(),
+        "--pprof",
+        pb.to_str().unwrap(),
+    ];
+    let rtrace = Rtrace::start_until(&args, READY);
+    let done = run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let (cpu_ns, wall_ns) = (done[0] as f64, done[1] as f64);
+    let folded = parse_folded(&stdout);
+    let off = |f: &Vec<String>| f.iter().any(|n| n == "[off-CPU]");
+    let (mut on_us, mut off_us) = (0, 0);
+    for (frames, us) in &folded {
+        if frames.iter().any(|n| n == "mid_mixed") {
+            if off(frames) {
+                off_us += us;
+            } else {
+                on_us += us;
+            }
+        }
+    }
+    let seen = (on_us + off_us) as f64;
+    assert!(
+        (seen - wall_ns / 1000.0).abs() <= 0.1 * wall_ns / 1000.0,
+        "{seen} us in mid_mixed; it took {} us:\n{stdout}",
+        wall_ns / 1000.0
+    );
+    let share = on_us as f64 / seen;
+    let expected = cpu_ns / wall_ns;
+    assert!(
+        (share - expected).abs() <= 0.05,
+        "on-CPU share {share:.3} of mid_mixed; the fixture measured {expected:.3}:\n{stdout}"
+    );
+    // Off the CPU mostly in its sleep, whole through libc's wrapper.
+    let sleeping: u64 = folded
+        .iter()
+        .filter(|(f, _)| off(f) && f.iter().any(|n| n == "sleep_alpha"))
+        .filter(|(f, _)| f.iter().any(|n| n.ends_with("nanosleep")))
+        .map(|(_, us)| us)
+        .sum();
+    assert!(
+        sleeping as f64 >= 0.8 * off_us as f64,
+        "{sleeping} of {off_us} us:\n{stdout}"
+    );
+
+    // pprof: on_cpu and off_cpu, the same totals as the folded lines.
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&pb).unwrap())
+        .read_to_end(&mut raw)
+        .unwrap();
+    let profile = <pprof::Profile as prost::Message>::decode(raw.as_slice()).unwrap();
+    let types: Vec<&str> = profile
+        .sample_type
+        .iter()
+        .map(|t| profile.string_table[t.r#type as usize].as_str())
+        .collect();
+    assert_eq!(types, ["on_cpu", "off_cpu"]);
+    let sum = |i: usize| -> u64 { profile.sample.iter().map(|s| s.value[i] as u64).sum() };
+    let total = |want_off: bool| -> u64 {
+        folded
+            .iter()
+            .filter(|(f, _)| off(f) == want_off)
+            .map(|(_, us)| us)
+            .sum()
+    };
+    assert_eq!((sum(0), sum(1)), (total(false), total(true)));
+
+    // The flame graph: the [off-CPU] frame, filled blue.
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = parse_svg(&text).expect("SVG is not well-formed XML");
+    let fill = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("g"))
+        .find(|g| {
+            g.children().any(|c| {
+                c.has_tag_name("title") && c.text().is_some_and(|t| t.starts_with("[off-CPU]"))
+            })
+        })
+        .and_then(|g| g.children().find(|c| c.has_tag_name("rect")))
+        .and_then(|r| r.attribute("fill"))
+        .expect("no [off-CPU] frame in the flame graph");
+    let rgb: Vec<u32> = fill
+        .trim_start_matches("rgb(")
+        .trim_end_matches(')')
+        .split(',')
+        .map(|c| c.trim().parse().unwrap())
+        .collect();
+    assert!(
+        rgb[2] > rgb[0] && rgb[2] > rgb[1],
+        "[off-CPU] is not blue: {fill}"
+    );
+}

@@ -11,6 +11,7 @@ mod doctor;
 mod features;
 mod memory;
 mod objects;
+mod offcpu;
 mod output;
 mod privs;
 mod procmaps;

@@ -26,7 +26,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, IterableMap as _},
 };
-use rtrace_common::profile::{Key, MISSED_KERNEL, MISSED_USER, Stack, WakeKey};
+use rtrace_common::profile::{Key, MISSED_KERNEL, MISSED_USER, OFF_CPU, Stack, WakeKey};
 
 use crate::{
     batch,
@@ -73,8 +73,8 @@ fn remove<K: aya::Pod, V: aya::Pod>(
 }
 
 /// One thread of a count, symbolized: command, pid, kernel and user
-/// frames.
-type Symbolized = ([u8; 16], u32, Vec<Frame>, Vec<Frame>);
+/// frames, and whether it was off the CPU.
+type Symbolized = ([u8; 16], u32, Vec<Frame>, Vec<Frame>, bool);
 
 /// One thread of a settled sample: names, not addresses.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -85,6 +85,8 @@ struct Named {
     kernel: u32,
     /// Id of the user stack in [`StackStore::named`].
     user: u32,
+    /// Counted off the CPU, in nanoseconds (`profile --off-cpu`).
+    off_cpu: bool,
 }
 
 /// Moves the counts of generation `old` (all with `all`) out of `map`
@@ -262,7 +264,7 @@ impl StackStore {
         for (k, count) in &entries {
             let [thread, waker] = threads(k).map(|key| {
                 let key = key?;
-                let mut kernel = frames.next().unwrap_or_default();
+                let mut kernel = own_frames(frames.next().unwrap_or_default());
                 let mut user = frames.next().unwrap_or_default();
                 if lost(&key, MISSED_KERNEL, key.kernel) {
                     kernel = vec![Frame::missed(stacks::MISSED_KERNEL, Kind::Kernel)];
@@ -270,17 +272,18 @@ impl StackStore {
                 if lost(&key, MISSED_USER, key.user) {
                     user = vec![Frame::missed(stacks::MISSED_USER, Kind::User)];
                 }
-                Some((key.comm, key.tgid, kernel, user))
+                Some((key.comm, key.tgid, kernel, user, key.flags & OFF_CPU != 0))
             });
             named.push((thread, waker, *count));
         }
         for (thread, waker, count) in named {
             let mut name = |t: Option<Symbolized>| {
-                t.map(|(comm, pid, kernel, user)| Named {
+                t.map(|(comm, pid, kernel, user, off_cpu)| Named {
                     comm,
                     pid,
                     kernel: self.intern(kernel),
                     user: self.intern(user),
+                    off_cpu,
                 })
             };
             let Some(thread) = name(thread) else {
@@ -353,12 +356,31 @@ impl StackStore {
                     user,
                     count,
                     waker: w.as_ref().map(|w| Arc::new(thread(w))),
+                    off_cpu: t.off_cpu,
                 }
             })
             .collect();
         out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
         out
     }
+}
+
+/// A kernel stack without the frames of the tracing machinery at its leaf.
+/// Stacks taken in a tracepoint program (offcputime's, `profile
+/// --off-cpu`'s) begin with the program and the tracepoint's calls
+/// (`__traceiter_sched_switch`, `bpf_trace_run4`, on some kernels not all
+/// of them); the thread's own frames end at the scheduler, a waker's at
+/// the wakeup. Trimmed, stacks that differ only there are counted as one.
+fn own_frames(mut kernel: Vec<Frame>) -> Vec<Frame> {
+    let machinery = |f: &Frame| {
+        ["bpf_trace_run", "__traceiter_", "__bpf_trace_"]
+            .iter()
+            .any(|p| f.name.starts_with(p))
+    };
+    if let Some(i) = kernel.iter().rposition(machinery) {
+        kernel.drain(..=i);
+    }
+    kernel
 }
 
 /// The processes a count names: the thread's, and its waker's.

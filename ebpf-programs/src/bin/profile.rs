@@ -1,6 +1,7 @@
 //! CPU profiling: a program on a sampling perf event (one per CPU) that
 //! counts samples by process and stacks, in the shared stack tables
-//! (`rtrace_ebpf::stacks`).
+//! (`rtrace_ebpf::stacks`); with `--off-cpu`, the context-switch programs
+//! of `rtrace_ebpf::offcpu` count time off the CPU beside them.
 #![no_std]
 #![no_main]
 
@@ -11,18 +12,16 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use rtrace_common::profile::{Config, Key, MISSED_KERNEL, MISSED_USER};
-use rtrace_ebpf::{stacks, targets};
+use rtrace_ebpf::{global, stacks, targets};
 
 rtrace_ebpf::event_map!();
 rtrace_ebpf::cfi_programs!();
 rtrace_ebpf::stack_counts!(rtrace_common::profile::Key);
+rtrace_ebpf::offcpu_programs!(rtrace_common::profile::Key, &global(&CONFIG).off_cpu);
 
+/// Set by user space before load.
 #[unsafe(no_mangle)]
-static CONFIG: Global<Config> = Global::new(Config {
-    include_idle: 0,
-    user: 0,
-    kernel: 0,
-});
+static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
 
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
@@ -32,7 +31,7 @@ pub fn profile(ctx: PerfEventContext) -> u32 {
 
 #[inline(always)]
 fn sample(ctx: &PerfEventContext) {
-    let cfg = CONFIG.load();
+    let cfg = global(&CONFIG);
     let id = bpf_get_current_pid_tgid();
     let (tid, tgid) = (id as u32, (id >> 32) as u32);
     if tid == 0 && cfg.include_idle == 0 {

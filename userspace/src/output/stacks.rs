@@ -25,6 +25,8 @@ pub struct Sample {
     pub count: u64,
     /// The thread that woke this one (offcputime `--waker`).
     pub waker: Option<Arc<Thread>>,
+    /// Time off the CPU among on-CPU samples (`profile --off-cpu`).
+    pub off_cpu: bool,
 }
 
 /// A thread named in a sample besides the sampled one: the waker.
@@ -44,6 +46,15 @@ pub struct Thread {
 /// marks it.
 pub const WAKER_DELIMITER: &str = "--";
 
+/// The frame that marks where a thread left the CPU, between its user and
+/// kernel frames, in stacks of time off the CPU among on-CPU samples.
+pub const OFF_CPU_FRAME: &str = "[off-CPU]";
+
+/// The annotation of kernel frames off the CPU, as FlameGraph and inferno
+/// strip it from the names they show (its `_[w]`, first for wakers): the
+/// flame graph colours them apart from on-CPU kernel frames (`_[k]`).
+const OFF_CPU_ANNOTATION: &str = "_[w]";
+
 impl Sample {
     /// The frames root first, as flame graphs stack them: user then kernel
     /// (with `-` between them for `delimiter`); then, with a waker, `--`
@@ -53,7 +64,9 @@ impl Sample {
     pub fn root_first(&self, delimiter: bool) -> Vec<Frame> {
         let mut out = Vec::with_capacity(self.user.len() + self.kernel.len() + 1);
         out.extend(self.user.iter().rev().cloned());
-        if delimiter && !self.user.is_empty() && !self.kernel.is_empty() {
+        if self.off_cpu {
+            out.push(Frame::missed(OFF_CPU_FRAME, Kind::Kernel));
+        } else if delimiter && !self.user.is_empty() && !self.kernel.is_empty() {
             out.push(Frame::missed("-", Kind::User));
         }
         out.extend(self.kernel.iter().rev().cloned());
@@ -66,18 +79,39 @@ impl Sample {
     }
 
     /// The names a folded line or a speedscope stack is made of: the
-    /// command, the frames root first, and the waker's command.
+    /// command, the frames root first, and the waker's command. Annotated
+    /// kernel frames off the CPU are marked `_[w]`.
     fn path(&self, opts: TextOptions) -> Vec<String> {
         let comm = |c: &str| c.replace(' ', "_");
-        std::iter::once(comm(&self.comm))
-            .chain(
-                self.root_first(opts.delimiter)
-                    .iter()
-                    .map(|f| name(f, opts.annotate)),
-            )
-            .chain(self.waker.as_ref().map(|w| comm(&w.comm)))
-            .collect()
+        let mut out = vec![comm(&self.comm)];
+        let mut off = false;
+        for f in self.root_first(opts.delimiter) {
+            off |= self.off_cpu && &*f.name == OFF_CPU_FRAME;
+            if off && opts.annotate && f.kind == Kind::Kernel {
+                out.push(format!("{}{OFF_CPU_ANNOTATION}", f.name));
+            } else {
+                out.push(name(&f, opts.annotate));
+            }
+        }
+        out.extend(self.waker.as_ref().map(|w| comm(&w.comm)));
+        out
     }
+}
+
+/// `samples` with their counts turned into microseconds from the
+/// nanoseconds `ns` gives each, rounded; hottest first, and none that
+/// rounds to nothing.
+pub fn in_micros(samples: Vec<Sample>, ns: impl Fn(&Sample) -> u64) -> Vec<Sample> {
+    let mut out: Vec<Sample> = samples
+        .into_iter()
+        .map(|mut s| {
+            s.count = ns(&s).saturating_add(500) / 1000;
+            s
+        })
+        .filter(|s| s.count > 0)
+        .collect();
+    out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
+    out
 }
 
 /// Placeholder frames for stacks that could not be walked or stored, as
@@ -276,7 +310,7 @@ impl FlameOptions {
     }
 }
 
-fn inferno_options(opts: &FlameOptions) -> inferno::flamegraph::Options<'static> {
+fn inferno_options<'a>(opts: &FlameOptions) -> inferno::flamegraph::Options<'a> {
     use inferno::flamegraph::Direction;
     let mut o = inferno::flamegraph::Options::default();
     o.title = opts.title.clone();
@@ -297,6 +331,19 @@ pub fn write_svg(samples: &[Sample], path: &Path, opts: &FlameOptions) -> anyhow
     let lines: Vec<String> = samples.iter().map(|s| folded_line(s, annotated)).collect();
     let file = create(path)?;
     let mut o = inferno_options(opts);
+    // Frames off the CPU in blues, whatever the palette gives the rest.
+    let mut blues = inferno::flamegraph::color::PaletteMap::default();
+    for s in samples.iter().filter(|s| s.off_cpu) {
+        for n in s.path(annotated) {
+            if n == OFF_CPU_FRAME || n.ends_with(OFF_CPU_ANNOTATION) {
+                let shade = blue(&n);
+                blues.insert(n, shade);
+            }
+        }
+    }
+    if blues.iter().next().is_some() {
+        o.palette_map = Some(&mut blues);
+    }
     inferno::flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), file)
         .with_context(|| format!("cannot write flame graph {}", path.display()))
 }
@@ -332,6 +379,20 @@ pub fn write_diff_svg(
         .with_context(|| format!("cannot write flame graph {}", path.display()))
 }
 
+/// A blue that varies with the name, as FlameGraph varies its palettes,
+/// so that neighbouring frames stay apart.
+fn blue(name: &str) -> inferno::flamegraph::color::Color {
+    let h = name
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    let v = (h % 1000) as f32 / 1000.0;
+    inferno::flamegraph::color::Color {
+        r: 60 + (60.0 * v) as u8,
+        g: 90 + (70.0 * v) as u8,
+        b: 200 + (55.0 * v) as u8,
+    }
+}
+
 fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
     std::fs::File::create(path)
         .map(std::io::BufWriter::new)
@@ -339,8 +400,14 @@ fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
 }
 
 /// Writes a speedscope file (speedscope.app's "sampled" profile): one
-/// shared frame table and each stack root first, weighted by its count.
-pub fn write_speedscope(samples: &[Sample], path: &Path, name: &str) -> anyhow::Result<()> {
+/// shared frame table and each stack root first, weighted by its count in
+/// `unit` (`none` for samples, or one of speedscope's time units).
+pub fn write_speedscope(
+    samples: &[Sample],
+    path: &Path,
+    name: &str,
+    unit: &str,
+) -> anyhow::Result<()> {
     let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     let mut frames: Vec<serde_json::Value> = Vec::new();
     let mut stacks = Vec::with_capacity(samples.len());
@@ -370,7 +437,7 @@ pub fn write_speedscope(samples: &[Sample], path: &Path, name: &str) -> anyhow::
         "profiles": [{
             "type": "sampled",
             "name": name,
-            "unit": "none",
+            "unit": unit,
             "startValue": 0,
             "endValue": total,
             "samples": stacks,

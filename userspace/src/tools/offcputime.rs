@@ -4,29 +4,24 @@
 //! does; user stacks come from the same CFI walk as profile's, so they
 //! reach through libc's blocking wrappers in code without frame pointers.
 
-use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
+use std::{path::PathBuf, time::Instant};
 
 use anyhow::Context as _;
 use aya::Ebpf;
 use inferno::flamegraph::color::{BasicPalette, Palette};
-use rtrace_common::offcputime::{
-    Config, ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER,
-};
+use rtrace_common::offcputime::{ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER};
 
 use crate::{
-    features::{Hooks, Mechanism},
+    features::Mechanism,
+    offcpu::{self, Filter, OffCpu},
     output::{
         self, Sink,
-        stacks::{self, FlameOptions, Sample, Stacks, TextOptions, Thread},
+        stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
     },
     stacktool::{StackArgs, StackTool},
-    symbolize::Frame,
     tracer::{self, Kernel, Load, Scope, Tool},
     transport::BufferArgs,
 };
-
-/// tp_btf, else the raw tracepoint: both hand over the tasks themselves.
-const CHAIN: [Mechanism; 2] = [Mechanism::TpBtf, Mechanism::RawTracepoint];
 
 /// Summarize off-CPU time by stack trace: where threads block, and for
 /// how long.
@@ -104,7 +99,7 @@ pub struct Args {
     pprof: Option<PathBuf>,
     /// The tracepoint mechanism to attach with, instead of the best that
     /// works.
-    #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
+    #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&offcpu::CHAIN))]
     attach: Option<Mechanism>,
     #[command(flatten)]
     stacks: StackArgs,
@@ -156,8 +151,8 @@ fn parse_state(s: &str) -> Result<u32, String> {
 /// The tool.
 pub struct Offcputime {
     args: Args,
-    /// The programs attached: sched_switch's, then sched_waking's.
-    programs: Vec<String>,
+    /// The context-switch programs.
+    off_cpu: OffCpu,
     /// Stacks counted in the kernel, their walk and their names.
     stacks: StackTool,
     started: Instant,
@@ -169,7 +164,7 @@ pub struct Offcputime {
 impl Tool for Offcputime {
     type Args = Args;
     const NAME: &'static str = "offcputime";
-    const CHAIN: &'static [Mechanism] = &CHAIN;
+    const CHAIN: &'static [Mechanism] = &offcpu::CHAIN;
     const ERRORS: &'static [&'static str] = &ERR_NAMES;
 
     fn new(args: Args) -> anyhow::Result<Self> {
@@ -182,7 +177,7 @@ impl Tool for Offcputime {
         }
         Ok(Self {
             args,
-            programs: Vec::new(),
+            off_cpu: OffCpu::default(),
             // The kernel side counts by WakeKey, with or without wakers.
             stacks: StackTool::new(true),
             started: Instant::now(),
@@ -224,16 +219,14 @@ impl Tool for Offcputime {
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        let btf = kernel.btf()?;
-        let task = |m: &[&str]| btf.member_any("task_struct", m).map(|i| i.offset);
         let args = &self.args;
-        let cfg = Config {
+        let filter = Filter {
             min_ns: args.min_block_time.saturating_mul(1000),
             max_ns: args
                 .max_block_time
                 .map_or(u64::MAX, |m| m.saturating_mul(1000)),
-            user: u32::from(!args.kernel_only),
-            kernel: u32::from(!args.user_only),
+            user: !args.kernel_only,
+            kernel: !args.user_only,
             threads: if args.user_threads {
                 THREADS_USER
             } else if args.kernel_threads {
@@ -242,17 +235,11 @@ impl Tool for Offcputime {
                 THREADS_ALL
             },
             state: args.state.unwrap_or(STATE_ANY),
-            task_pid: task(&["pid"])?,
-            task_tgid: task(&["tgid"])?,
-            task_state: task(&["__state", "state"])?,
-            task_flags: task(&["flags"])?,
-            waker: u32::from(args.waker),
-            _pad: 0,
+            waker: args.waker,
         };
-        self.stacks.configure(&args.stacks, kernel, load)?;
-        // A thread is in the table from the moment it leaves the CPU until
-        // it is back.
-        load.config(&cfg).size("STARTS", tracer::thread_entries());
+        let cfg = self.off_cpu.configure(filter, kernel, load)?;
+        self.stacks.configure(&self.args.stacks, kernel, load)?;
+        load.config(&cfg);
         Ok(())
     }
 
@@ -264,28 +251,13 @@ impl Tool for Offcputime {
     ) -> anyhow::Result<()> {
         let m = m.context("offcputime attaches through its chain")?;
         self.stacks.attach(ebpf, &self.args.pid)?;
-        let mut hooks = Hooks::new(m, kernel)?;
-        let events: &[&str] = if self.args.waker {
-            &["sched_switch", "sched_waking"]
-        } else {
-            &["sched_switch"]
-        };
-        for event in events {
-            let program = format!("{}_{event}", hooks.prefix());
-            hooks.attach(ebpf, &program, "sched", event)?;
-            self.programs.push(program);
-        }
-        Ok(())
+        self.off_cpu.attach(m, kernel, ebpf)
     }
 
     fn describe(&self) -> String {
-        let waker = if self.args.waker {
-            " and sched_waking (wakers)"
-        } else {
-            ""
-        };
         format!(
-            "sched_switch{waker}; {}; stacks named by their own 64-bit hash",
+            "{}; {}; stacks named by their own 64-bit hash",
+            self.off_cpu.describe(),
             self.stacks.describe()
         )
     }
@@ -346,19 +318,10 @@ impl Tool for Offcputime {
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
         let elapsed = self.started.elapsed();
         // Stop counting before reading, so the report is one consistent cut.
-        for name in &self.programs {
-            let prog = ebpf
-                .program_mut(name)
-                .with_context(|| format!("program {name} missing"))?;
-            match prog {
-                aya::programs::Program::BtfTracePoint(p) => p.unload(),
-                aya::programs::Program::RawTracePoint(p) => p.unload(),
-                _ => Ok(()),
-            }
-            .context("cannot stop tracing")?;
-        }
+        self.off_cpu.stop(ebpf)?;
         let report_start = Instant::now();
-        let samples = shown(self.stacks.finish(ebpf)?);
+        // Counted in nanoseconds; bcc shows microseconds.
+        let samples = stacks::in_micros(self.stacks.finish(ebpf)?, |s| s.count);
         self.write_files(&samples, elapsed)?;
         let text = TextOptions {
             delimiter: self.args.delimited,
@@ -384,59 +347,6 @@ impl Tool for Offcputime {
     }
 }
 
-/// The threads' own stacks in microseconds, as bcc shows them, hottest
-/// first.
-///
-/// Kernel stacks are taken inside the tracepoints, so their leaf frames
-/// are the program and the tracepoint's machinery
-/// (`__traceiter_sched_switch`, `bpf_trace_run4`, on some kernels not all
-/// of them); the thread's own frames end at the scheduler, the waker's at
-/// the wakeup. Stacks that differ only there are merged.
-fn shown(samples: Vec<Sample>) -> Vec<Sample> {
-    let machinery = |name: &str| {
-        ["bpf_trace_run", "__traceiter_", "__bpf_trace_"]
-            .iter()
-            .any(|p| name.starts_with(p))
-    };
-    let own = |kernel: Arc<[Frame]>| match kernel.iter().rposition(|f| machinery(&f.name)) {
-        Some(i) => kernel[i + 1..].into(),
-        None => kernel,
-    };
-    /// Command, pid, kernel and user stacks, of the thread and its waker.
-    type Shown = (String, u32, Arc<[Frame]>, Arc<[Frame]>);
-    let mut merged: HashMap<(Shown, Option<Shown>), u64> = HashMap::new();
-    for s in samples {
-        let waker = s.waker.map(|w| {
-            let w = Arc::unwrap_or_clone(w);
-            (w.comm, w.pid, own(w.kernel), w.user)
-        });
-        let thread = (s.comm, s.pid, own(s.kernel), s.user);
-        *merged.entry((thread, waker)).or_default() += s.count;
-    }
-    let mut out: Vec<Sample> = merged
-        .into_iter()
-        // Counted in nanoseconds.
-        .map(|(((comm, pid, kernel, user), waker), ns)| Sample {
-            comm,
-            pid,
-            user,
-            kernel,
-            count: (ns + 500) / 1000,
-            waker: waker.map(|(comm, pid, kernel, user)| {
-                Arc::new(Thread {
-                    comm,
-                    pid,
-                    user,
-                    kernel,
-                })
-            }),
-        })
-        .filter(|s| s.count > 0)
-        .collect();
-    out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
-    out
-}
-
 impl Offcputime {
     /// Writes the files asked for.
     fn write_files(&self, samples: &[Sample], elapsed: std::time::Duration) -> anyhow::Result<()> {
@@ -453,9 +363,9 @@ impl Offcputime {
         }
         if let Some(path) = &self.args.pprof {
             let meta = stacks::pprof::Meta {
-                count: ("off_cpu", "microseconds"),
-                event: "off_cpu_time",
-                unit: "nanoseconds",
+                types: &[("off_cpu", "microseconds"), ("off_cpu_time", "nanoseconds")],
+                values: &|s: &Sample| vec![s.count, s.count * 1000],
+                period_type: ("off_cpu_time", "nanoseconds"),
                 period: 1000,
                 time_nanos: (self.started_epoch * 1e9) as u64,
                 duration_nanos: elapsed.as_nanos() as u64,

@@ -16,10 +16,14 @@ use aya::{
     },
     util::online_cpus,
 };
-use rtrace_common::profile::{Config, ERR_NAMES};
+use rtrace_common::{
+    offcputime::{STATE_ANY, THREADS_USER},
+    profile::{Config, ERR_NAMES},
+};
 
 use crate::{
     features::Mechanism,
+    offcpu::{Filter, OffCpu},
     output::{
         self, Sink,
         stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
@@ -94,7 +98,8 @@ impl Event {
   rtrace profile -U               # only show user space stacks (no kernel)
   rtrace profile -K               # only show kernel space stacks (no user)
   rtrace profile --svg cpu.svg 10 # a flame graph of 10 seconds
-  rtrace profile -e page-faults   # where page faults happen")]
+  rtrace profile -e page-faults   # where page faults happen
+  rtrace profile --off-cpu -p 185 --svg wall.svg 10   # on- and off-CPU time in one graph")]
 pub struct Args {
     /// Profile for this many seconds; without it, until Ctrl-C.
     #[arg(value_parser = clap::value_parser!(u64).range(1..))]
@@ -149,6 +154,15 @@ pub struct Args {
     /// Write a speedscope profile (JSON) to FILE.
     #[arg(long, value_name = "FILE")]
     speedscope: Option<PathBuf>,
+    /// Also count the time user threads spend off the CPU (blocked,
+    /// sleeping or waiting to run), at context switches: one profile of
+    /// where wall time goes, in microseconds, with on-CPU samples weighted
+    /// by their period and off-CPU time by its length. Stacks off the CPU
+    /// have an `[off-CPU]` frame where the thread entered the kernel, and
+    /// their kernel frames are blue in the flame graph; pprof files have
+    /// `on_cpu` and `off_cpu` sample types.
+    #[arg(long, conflicts_with = "period")]
+    off_cpu: bool,
     #[command(flatten)]
     stacks: StackArgs,
     #[command(flatten)]
@@ -218,6 +232,8 @@ pub struct Profile {
     fallback: Option<String>,
     /// Stacks counted in the kernel, their walk and their names.
     stacks: StackTool,
+    /// The context-switch programs, with `--off-cpu`.
+    off_cpu: Option<OffCpu>,
     started: Instant,
     started_epoch: f64,
     /// What the report took, for `-v`.
@@ -240,6 +256,14 @@ impl Tool for Profile {
             Some(c) => vec![c],
             None => online,
         };
+        // Off-CPU time is weighed against on-CPU samples in time, which a
+        // timer's samples measure exactly.
+        if args.off_cpu && !matches!(args.event, Event::Cpu | Event::CpuClock) {
+            anyhow::bail!(
+                "--off-cpu weighs samples by time: it samples cpu-clock, not {}",
+                args.event.name()
+            );
+        }
         let freq = args.frequency.unwrap_or(49);
         if args.period.is_none()
             && let Some(max) = max_sample_rate()
@@ -248,7 +272,12 @@ impl Tool for Profile {
             anyhow::bail!("-F {freq} is above kernel.perf_event_max_sample_rate ({max})");
         }
         Ok(Self {
-            event: args.event,
+            event: if args.off_cpu {
+                Event::CpuClock
+            } else {
+                args.event
+            },
+            off_cpu: args.off_cpu.then(OffCpu::default),
             args,
             cpus,
             freq,
@@ -264,6 +293,9 @@ impl Tool for Profile {
         Scope {
             pids: self.args.pid.clone(),
             tids: self.args.tid.clone(),
+            // Off the CPU, rtrace's own threads would be much of what a
+            // whole-system profile shows: they wait for the kernel.
+            exclude_self: self.args.off_cpu,
             ..Scope::default()
         }
     }
@@ -288,11 +320,27 @@ impl Tool for Profile {
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        let cfg = Config {
+        let mut cfg = Config {
             include_idle: u32::from(self.args.include_idle),
             user: u32::from(!self.args.kernel_only),
             kernel: u32::from(!self.args.user_only),
+            ..Config::default()
         };
+        if let Some(off) = &mut self.off_cpu {
+            // Every wait of user threads, whatever its state (waiting to
+            // run too): with the samples, their wall time. Kernel threads,
+            // which sleep most of the time, would drown the rest.
+            let filter = Filter {
+                min_ns: 0,
+                max_ns: u64::MAX,
+                user: !self.args.kernel_only,
+                kernel: !self.args.user_only,
+                threads: THREADS_USER,
+                state: STATE_ANY,
+                waker: false,
+            };
+            cfg.off_cpu = off.configure(filter, kernel, load)?;
+        }
         self.stacks.configure(&self.args.stacks, kernel, load)?;
         load.config(&cfg);
         Ok(())
@@ -327,12 +375,21 @@ impl Tool for Profile {
             self.event = Event::CpuClock;
             attach(prog, self.event, &self.cpus, period, freq)?;
         }
+        if let Some(off) = &mut self.off_cpu {
+            let m = OffCpu::mechanism(kernel)?;
+            off.attach(m, kernel, ebpf)?;
+        }
         Ok(())
     }
 
     fn describe(&self) -> String {
+        let off = self
+            .off_cpu
+            .as_ref()
+            .map(|o| format!(", off-CPU time at {}", o.describe()))
+            .unwrap_or_default();
         format!(
-            "perf events on {} CPU(s); {}; stacks named by their own 64-bit hash",
+            "perf events on {} CPU(s){off}; {}; stacks named by their own 64-bit hash",
             self.cpus.len(),
             self.stacks.describe()
         )
@@ -386,8 +443,23 @@ impl Tool for Profile {
             .context("program profile missing")?
             .try_into()?;
         prog.unload().context("cannot stop sampling")?;
+        if let Some(off) = &self.off_cpu {
+            off.stop(ebpf)?;
+        }
         let report_start = Instant::now();
-        let samples = self.stacks.finish(ebpf)?;
+        let mut samples = self.stacks.finish(ebpf)?;
+        if self.off_cpu.is_some() {
+            // One measure for both: a sample stands for a period of CPU
+            // time, and time off the CPU is counted in nanoseconds.
+            let period = self.period_ns();
+            samples = stacks::in_micros(samples, |s| {
+                if s.off_cpu {
+                    s.count
+                } else {
+                    s.count.saturating_mul(period)
+                }
+            });
+        }
         self.write_files(&samples, elapsed)?;
         let text = TextOptions {
             delimiter: self.args.delimited,
@@ -396,10 +468,16 @@ impl Tool for Profile {
         let files = self.args.svg.is_some()
             || self.args.pprof.is_some()
             || self.args.speedscope.is_some();
-        Stacks::print(sink, &samples, text, self.args.folded, files, "count")?;
+        let value = if self.off_cpu.is_some() { "us" } else { "count" };
+        Stacks::print(sink, &samples, text, self.args.folded, files, value)?;
         let total: u64 = samples.iter().map(|s| s.count).sum();
+        let unit = if self.off_cpu.is_some() {
+            "us on and off CPU"
+        } else {
+            "samples"
+        };
         self.summary = Some(format!(
-            "{total} samples in {} stacks, symbolized and written in {} ms",
+            "{total} {unit} in {} stacks, symbolized and written in {} ms",
             samples.len(),
             report_start.elapsed().as_millis()
         ));
@@ -444,6 +522,11 @@ fn header(args: &Args, event: Event, freq: u64) -> String {
 }
 
 impl Profile {
+    /// The CPU time one cpu-clock sample stands for.
+    fn period_ns(&self) -> u64 {
+        self.args.period.unwrap_or(1_000_000_000 / self.freq)
+    }
+
     /// Writes the files asked for.
     fn write_files(&self, samples: &[Sample], elapsed: Duration) -> anyhow::Result<()> {
         let args = &self.args;
@@ -453,15 +536,38 @@ impl Profile {
             None => format!("{freq} Hz"),
         };
         if let Some(path) = &args.svg {
+            let (title, count_name) = if args.off_cpu {
+                (format!("rtrace profile: on- and off-CPU time ({rate})"), "us")
+            } else {
+                (format!("rtrace profile: {} at {rate}", event.name()), "samples")
+            };
             let opts = FlameOptions {
-                title: format!("rtrace profile: {} at {rate}", event.name()),
+                title,
                 icicle: args.icicle,
-                count_name: "samples".to_owned(),
+                count_name: count_name.to_owned(),
                 palette: FlameOptions::by_kind(),
             };
             stacks::write_svg(samples, path, &opts)?;
         }
-        if let Some(path) = &args.pprof {
+        if let Some(path) = &args.pprof
+            && args.off_cpu
+        {
+            let meta = stacks::pprof::Meta {
+                types: &[("on_cpu", "microseconds"), ("off_cpu", "microseconds")],
+                values: &|s: &Sample| {
+                    if s.off_cpu {
+                        vec![0, s.count]
+                    } else {
+                        vec![s.count, 0]
+                    }
+                },
+                period_type: ("cpu", "nanoseconds"),
+                period: self.period_ns(),
+                time_nanos: (self.started_epoch * 1e9) as u64,
+                duration_nanos: elapsed.as_nanos() as u64,
+            };
+            stacks::pprof::write(samples, path, &meta)?;
+        } else if let Some(path) = &args.pprof {
             // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
             // events are counted in events.
             let (unit, period) = match (event, args.period) {
@@ -470,14 +576,15 @@ impl Profile {
                 (_, Some(p)) => ("count", p),
                 (_, None) => ("count", 1),
             };
+            let event = if event == Event::CpuClock {
+                "cpu"
+            } else {
+                event.name()
+            };
             let meta = stacks::pprof::Meta {
-                count: ("samples", "count"),
-                event: if event == Event::CpuClock {
-                    "cpu"
-                } else {
-                    event.name()
-                },
-                unit,
+                types: &[("samples", "count"), (event, unit)],
+                values: &|s: &Sample| vec![s.count, s.count.saturating_mul(period)],
+                period_type: (event, unit),
                 period,
                 time_nanos: (self.started_epoch * 1e9) as u64,
                 duration_nanos: elapsed.as_nanos() as u64,
@@ -485,7 +592,8 @@ impl Profile {
             stacks::pprof::write(samples, path, &meta)?;
         }
         if let Some(path) = &args.speedscope {
-            stacks::write_speedscope(samples, path, &format!("rtrace profile ({rate})"))?;
+            let unit = if args.off_cpu { "microseconds" } else { "none" };
+            stacks::write_speedscope(samples, path, &format!("rtrace profile ({rate})"), unit)?;
         }
         Ok(())
     }

@@ -87,13 +87,14 @@ impl Strings {
 
 /// What the samples measure.
 pub struct Meta<'a> {
-    /// The first value's type and unit: `("samples", "count")` for a
-    /// sampling profile.
-    pub count: (&'a str, &'a str),
-    /// The sampled event, e.g. `cpu-clock`.
-    pub event: &'a str,
-    /// The unit of `period`, e.g. `nanoseconds` or `count`.
-    pub unit: &'a str,
+    /// The sample types, each a type and a unit: `("samples", "count")`
+    /// then `("cpu", "nanoseconds")` for a CPU profile.
+    pub types: &'a [(&'a str, &'a str)],
+    /// A sample's values, one for each of `types`.
+    pub values: &'a dyn Fn(&Sample) -> Vec<u64>,
+    /// The sampled event and the unit of `period`, e.g. `("cpu",
+    /// "nanoseconds")`.
+    pub period_type: (&'a str, &'a str),
     /// Event units one sample stands for.
     pub period: u64,
     /// When profiling began, in nanoseconds since the epoch.
@@ -102,9 +103,9 @@ pub struct Meta<'a> {
     pub duration_nanos: u64,
 }
 
-/// Writes `samples` as a gzipped pprof profile. Each sample has two values,
-/// the sample count and that count times the period, and carries the
-/// command and pid as labels.
+/// Writes `samples` as a gzipped pprof profile. Each sample has the values
+/// `meta` gives it, and carries the command and pid (and the waker's) as
+/// labels.
 pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result<()> {
     let mut strings = Strings::new();
     let mut profile = Msg::default();
@@ -114,10 +115,10 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
         m.int(2, strings.get(unit));
         m
     };
-    let samples_type = value_type(&mut strings, meta.count.0, meta.count.1);
-    let event_type = value_type(&mut strings, meta.event, meta.unit);
-    profile.msg(1, &samples_type);
-    profile.msg(1, &event_type);
+    for &(ty, unit) in meta.types {
+        let m = value_type(&mut strings, ty, unit);
+        profile.msg(1, &m);
+    }
 
     // One function per distinct frame, and one location for it with the
     // same id.
@@ -159,7 +160,7 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
             .collect();
         let mut m = Msg::default();
         m.packed(1, ids);
-        m.packed(2, [s.count, s.count.saturating_mul(meta.period)]);
+        m.packed(2, (meta.values)(s));
         let mut comm = Msg::default();
         comm.int(1, comm_key);
         comm.int(2, strings.get(&s.comm));
@@ -186,7 +187,7 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
     for m in &function_msgs {
         profile.msg(5, m);
     }
-    let period_type = value_type(&mut strings, meta.event, meta.unit);
+    let period_type = value_type(&mut strings, meta.period_type.0, meta.period_type.1);
     for s in &strings.list {
         profile.bytes(6, s.as_bytes());
     }

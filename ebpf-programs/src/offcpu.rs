@@ -1,0 +1,281 @@
+//! Off-CPU time, for offcputime and `profile --off-cpu`: at each context
+//! switch, the thread leaving the CPU has its stacks taken and its time of
+//! leaving kept; when it runs again, the time it was off is added to the
+//! count of those stacks in the shared stack tables ([`crate::stacks`]).
+//! Nothing per switch crosses to user space.
+//!
+//! One set of programs per attach mechanism: tp_btf reads the tasks
+//! through BTF-typed pointers, the raw tracepoint through the helper; both
+//! with offsets from BTF. The thread leaving is the current one, so its
+//! stacks are walked as for a sample: the kernel's from the tracepoint,
+//! the user one from the registers it entered the kernel with.
+//!
+//! With `--waker`, sched_waking takes the stacks of the thread waking a
+//! traced one (the current thread there) into its entry, as bcc's
+//! offwaketime does, and the time is counted by both.
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    maps::HashMap,
+};
+use rtrace_common::{
+    offcputime::{
+        Config, ERR_STARTS_FULL, PF_KTHREAD, STATE_ANY, Start, THREADS_ALL, THREADS_USER,
+    },
+    profile::{Key, MISSED_KERNEL, MISSED_USER, OFF_CPU, WakeKey},
+};
+
+use crate::{
+    count_error,
+    events::Sink,
+    stacks::{self, Counted},
+    targets, task_u32,
+};
+
+/// Defines `STARTS`, the threads off the CPU by thread id, and the
+/// programs `btf_sched_switch`, `raw_sched_switch`, `btf_sched_waking` and
+/// `raw_sched_waking`, in an object that counts stacks by `$key`
+/// (`stack_counts!`) and has an `EVENTS` map; `$config` is the
+/// [`Config`] to follow.
+#[macro_export]
+macro_rules! offcpu_programs {
+    ($key:ty, $config:expr) => {
+        /// Threads off the CPU, by thread id. Preallocated: a context
+        /// switch must not allocate. User space sizes it.
+        #[aya_ebpf::macros::map]
+        static STARTS: aya_ebpf::maps::HashMap<u32, rtrace_common::offcputime::Start> =
+            aya_ebpf::maps::HashMap::with_max_entries(1, 0);
+
+        #[aya_ebpf::macros::btf_tracepoint(function = "sched_switch")]
+        pub fn btf_sched_switch(ctx: aya_ebpf::programs::BtfTracePointContext) -> i32 {
+            let t = $crate::offcpu::Tables::<$key, _> {
+                starts: &STARTS,
+                counts: &STACK_COUNTS,
+                events: &EVENTS,
+            };
+            $crate::offcpu::switch::<_, _, _, true>(&ctx, $config, &t, ctx.arg(1), ctx.arg(2));
+            0
+        }
+
+        #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_switch")]
+        pub fn raw_sched_switch(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
+            let t = $crate::offcpu::Tables::<$key, _> {
+                starts: &STARTS,
+                counts: &STACK_COUNTS,
+                events: &EVENTS,
+            };
+            $crate::offcpu::switch::<_, _, _, false>(&ctx, $config, &t, ctx.arg(1), ctx.arg(2));
+            0
+        }
+
+        #[aya_ebpf::macros::btf_tracepoint(function = "sched_waking")]
+        pub fn btf_sched_waking(ctx: aya_ebpf::programs::BtfTracePointContext) -> i32 {
+            $crate::offcpu::wakes::<_, _, true>(&ctx, $config, &STARTS, &EVENTS, ctx.arg(0));
+            0
+        }
+
+        #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_waking")]
+        pub fn raw_sched_waking(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
+            $crate::offcpu::wakes::<_, _, false>(&ctx, $config, &STARTS, &EVENTS, ctx.arg(0));
+            0
+        }
+    };
+}
+
+/// A key off-CPU time is counted by, made from what a thread left the CPU
+/// with.
+pub trait OffCpuKey: Counted + Sized {
+    /// Adds `ns` off the CPU under `key` to `counts`.
+    fn add<C: EbpfContext, S: Sink>(
+        ctx: &C,
+        events: &S,
+        counts: &HashMap<Self, u64>,
+        key: &WakeKey,
+        ns: u64,
+    );
+}
+
+/// offcputime's: the thread and its waker.
+impl OffCpuKey for WakeKey {
+    fn add<C: EbpfContext, S: Sink>(
+        ctx: &C,
+        events: &S,
+        counts: &HashMap<Self, u64>,
+        key: &WakeKey,
+        ns: u64,
+    ) {
+        stacks::add(ctx, events, counts, key, ns);
+    }
+}
+
+/// `profile --off-cpu`'s: the thread, marked as off the CPU among the
+/// samples.
+impl OffCpuKey for Key {
+    fn add<C: EbpfContext, S: Sink>(
+        ctx: &C,
+        events: &S,
+        counts: &HashMap<Self, u64>,
+        key: &WakeKey,
+        ns: u64,
+    ) {
+        let mut k = key.key;
+        k.flags |= OFF_CPU;
+        stacks::add(ctx, events, counts, &k, ns);
+    }
+}
+
+/// The maps a switch works on.
+pub struct Tables<'a, K, S> {
+    /// Threads off the CPU.
+    pub starts: &'a HashMap<u32, Start>,
+    /// `STACK_COUNTS`.
+    pub counts: &'a HashMap<K, u64>,
+    /// `EVENTS`.
+    pub events: &'a S,
+}
+
+/// Whether the thread leaving the CPU (the current one, `prev`) is
+/// traced: its ids and cgroup, its kind (`-u`, `-k`) and its state.
+#[inline(always)]
+fn traced<const DIRECT: bool>(cfg: &Config, prev: *const u8, tgid: u32, tid: u32) -> bool {
+    if tid == 0 || !targets::admits(tgid, tid) || !targets::current_in_cgroup() {
+        return false;
+    }
+    if cfg.threads != THREADS_ALL {
+        let kthread = task_u32::<DIRECT>(prev, cfg.task_flags).unwrap_or(0) & PF_KTHREAD != 0;
+        // User threads only and a kernel thread, or the other way round.
+        if (cfg.threads == THREADS_USER) == kthread {
+            return false;
+        }
+    }
+    if cfg.state != STATE_ANY {
+        let Some(state) = task_u32::<DIRECT>(prev, cfg.task_state) else {
+            return false;
+        };
+        if (cfg.state == 0 && state != 0) || (cfg.state != 0 && state & cfg.state == 0) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The current thread described as a key: process, command and the
+/// stacks `cfg` asks for.
+#[inline(always)]
+fn current<C: EbpfContext, S: Sink>(ctx: &C, events: &S, cfg: &Config, tgid: u32, key: &mut Key) {
+    *key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
+    if cfg.kernel != 0 {
+        match stacks::kernel_stack(ctx) {
+            Some(h) => key.kernel = h,
+            None => key.flags |= MISSED_KERNEL,
+        }
+    }
+    if cfg.user != 0 {
+        match stacks::user_stack(ctx, events, tgid, core::ptr::null()) {
+            Some(h) => key.user = h,
+            None => key.flags |= MISSED_USER,
+        }
+    }
+}
+
+/// Takes the current thread's stacks and keeps them with the time.
+#[inline(always)]
+fn leaves<C: EbpfContext, K, S: Sink>(
+    ctx: &C,
+    cfg: &Config,
+    t: &Tables<'_, K, S>,
+    tgid: u32,
+    tid: u32,
+    now: u64,
+) {
+    let zero = Key::new(0, [0; 16]);
+    let mut start = Start {
+        ns: now,
+        key: WakeKey {
+            key: zero,
+            waker: zero,
+        },
+    };
+    current(ctx, t.events, cfg, tgid, &mut start.key.key);
+    if t.starts.insert(tid, start, 0).is_err() {
+        count_error(ERR_STARTS_FULL);
+    }
+}
+
+/// With `--waker`: the current thread wakes `wakee`; if it is a traced
+/// thread off the CPU, the current thread's stacks go into its entry.
+#[inline(always)]
+pub fn wakes<C: EbpfContext, S: Sink, const DIRECT: bool>(
+    ctx: &C,
+    cfg: &Config,
+    starts: &HashMap<u32, Start>,
+    events: &S,
+    wakee: *const u8,
+) {
+    if cfg.waker == 0 {
+        return;
+    }
+    let Some(tid) = task_u32::<DIRECT>(wakee, cfg.task_pid) else {
+        return;
+    };
+    let Some(start) = starts.get_ptr_mut(tid) else {
+        return;
+    };
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a map value; a thread is woken by one thread at a time, and
+    // a lost race only names the other waker.
+    current(ctx, events, cfg, tgid, unsafe { &mut (*start).key.waker });
+}
+
+/// Adds the time `next` was off the CPU to its stacks' count.
+#[inline(always)]
+fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
+    ctx: &C,
+    cfg: &Config,
+    t: &Tables<'_, K, S>,
+    next: *const u8,
+    now: u64,
+) {
+    let Some(tid) = task_u32::<DIRECT>(next, cfg.task_pid) else {
+        return;
+    };
+    if tid == 0 {
+        return;
+    }
+    let Some(start) = t.starts.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: a map value, counted from in place (the key is too large to
+    // copy to the stack) before the entry is removed.
+    unsafe {
+        // A time from another CPU can be a hair ahead of ours.
+        if let Some(off) = now.checked_sub((*start).ns)
+            && off >= cfg.min_ns
+            && off <= cfg.max_ns
+        {
+            (*start).key.key.generation = stacks::generation();
+            K::add(ctx, t.events, t.counts, &(*start).key, off);
+        }
+    }
+    let _ = t.starts.remove(tid);
+}
+
+/// A context switch from `prev` (the current thread) to `next`.
+#[inline(always)]
+pub fn switch<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
+    ctx: &C,
+    cfg: &Config,
+    t: &Tables<'_, K, S>,
+    prev: *const u8,
+    next: *const u8,
+) {
+    // SAFETY: the helper has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if traced::<DIRECT>(cfg, prev, tgid, tid) {
+        leaves(ctx, cfg, t, tgid, tid, now);
+    }
+    returns::<C, K, S, DIRECT>(ctx, cfg, t, next, now);
+}

@@ -1,0 +1,137 @@
+//! Time off the CPU counted by stack, as offcputime and `profile --off-cpu`
+//! share it: the context-switch programs of `rtrace_ebpf::offcpu`, their
+//! configuration from the kernel's BTF, and their start and stop.
+
+use anyhow::Context as _;
+use aya::Ebpf;
+use rtrace_common::offcputime::Config;
+
+use crate::{
+    features::{Hooks, Mechanism},
+    tracer::{self, Kernel, Load},
+};
+
+/// tp_btf, else the raw tracepoint: both hand over the tasks themselves.
+pub const CHAIN: [Mechanism; 2] = [Mechanism::TpBtf, Mechanism::RawTracepoint];
+
+/// What to count, beside the task offsets read from BTF.
+#[derive(Clone, Copy, Debug)]
+pub struct Filter {
+    /// Shortest and longest blocked time counted, in nanoseconds.
+    pub min_ns: u64,
+    /// See `min_ns`.
+    pub max_ns: u64,
+    /// Whether user and kernel stacks are taken.
+    pub user: bool,
+    /// See `user`.
+    pub kernel: bool,
+    /// `offcputime::THREADS_*`.
+    pub threads: u32,
+    /// The state a thread must leave the CPU in, or `STATE_ANY`.
+    pub state: u32,
+    /// Whether the wakers' stacks are taken.
+    pub waker: bool,
+}
+
+/// The context-switch programs of one object.
+#[derive(Default)]
+pub struct OffCpu {
+    /// The programs attached: sched_switch's, then sched_waking's.
+    programs: Vec<String>,
+    waker: bool,
+}
+
+impl OffCpu {
+    /// The configuration for `filter` on this kernel; sizes the start
+    /// table in `load`.
+    pub fn configure(
+        &mut self,
+        filter: Filter,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<Config> {
+        let btf = kernel.btf()?;
+        let task = |m: &[&str]| btf.member_any("task_struct", m).map(|i| i.offset);
+        self.waker = filter.waker;
+        // A thread is in the table from the moment it leaves the CPU until
+        // it is back.
+        load.size("STARTS", tracer::thread_entries());
+        Ok(Config {
+            min_ns: filter.min_ns,
+            max_ns: filter.max_ns,
+            user: u32::from(filter.user),
+            kernel: u32::from(filter.kernel),
+            threads: filter.threads,
+            state: filter.state,
+            task_pid: task(&["pid"])?,
+            task_tgid: task(&["tgid"])?,
+            task_state: task(&["__state", "state"])?,
+            task_flags: task(&["flags"])?,
+            waker: u32::from(filter.waker),
+            _pad: 0,
+        })
+    }
+
+    /// Attaches the programs with `m`, one of [`CHAIN`].
+    pub fn attach(
+        &mut self,
+        m: Mechanism,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let mut hooks = Hooks::new(m, kernel)?;
+        let events: &[&str] = if self.waker {
+            &["sched_switch", "sched_waking"]
+        } else {
+            &["sched_switch"]
+        };
+        for event in events {
+            let program = format!("{}_{event}", hooks.prefix());
+            hooks.attach(ebpf, &program, "sched", event)?;
+            self.programs.push(program);
+        }
+        Ok(())
+    }
+
+    /// The first mechanism of [`CHAIN`] this kernel has, for a tool whose
+    /// own chain is another's (profile's perf events).
+    pub fn mechanism(kernel: &mut Kernel) -> anyhow::Result<Mechanism> {
+        let mut why = Vec::new();
+        for m in CHAIN {
+            match kernel.check(m) {
+                Ok(()) => return Ok(m),
+                Err(e) => why.push(format!("{m}: {e}")),
+            }
+        }
+        anyhow::bail!(
+            "no way to trace context switches here (tried {})",
+            why.join("; ")
+        )
+    }
+
+    /// What is attached, for `-v`.
+    pub fn describe(&self) -> &'static str {
+        if self.waker {
+            "sched_switch and sched_waking (wakers)"
+        } else {
+            "sched_switch"
+        }
+    }
+
+    /// Stops counting: the programs are unloaded, so that the report is
+    /// one consistent cut.
+    pub fn stop(&self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        for name in &self.programs {
+            let prog = ebpf
+                .program_mut(name)
+                .with_context(|| format!("program {name} missing"))?;
+            match prog {
+                aya::programs::Program::BtfTracePoint(p) => p.unload(),
+                aya::programs::Program::RawTracePoint(p) => p.unload(),
+                _ => Ok(()),
+            }
+            .context("cannot stop tracing")?;
+        }
+        Ok(())
+    }
+}
