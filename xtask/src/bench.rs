@@ -38,6 +38,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             tcplife()?;
             biolatency()?;
             profile()?;
+            offcputime()?;
             ext4slower()?;
             startup::run()
         }
@@ -46,11 +47,12 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         Some("tcplife") => tcplife(),
         Some("biolatency") => biolatency(),
         Some("profile") => profile(),
+        Some("offcputime") => offcputime(),
         Some("ext4slower") => ext4slower(),
         Some("startup") => startup::run(),
         Some(other) => bail!(
             "unknown benchmark {other}; known: runqlat, execsnoop, tcplife, biolatency, \
-             profile, ext4slower, startup"
+             profile, offcputime, ext4slower, startup"
         ),
     }
 }
@@ -487,6 +489,94 @@ fn runqlat() -> anyhow::Result<()> {
         if ratio <= 0.5 { "met" } else { "NOT met" }
     );
     println!("its BPF programs run {bpf_ratio:.2}x as long per round trip as libbpf-tools'");
+    Ok(())
+}
+
+/// Round trips of `perf bench sched pipe` in one trial: two context
+/// switches each.
+const PIPE_LOOPS: u64 = 200_000;
+
+/// Plays `perf bench sched pipe` pinned to CPU 0, so that every message is
+/// a context switch; returns nanoseconds per switch, and the switches.
+fn sched_pipe() -> anyhow::Result<(f64, u64)> {
+    let out = Command::new("taskset")
+        .args(["-c", "0", "perf", "bench", "sched", "pipe", "-l"])
+        .arg(PIPE_LOOPS.to_string())
+        .output()
+        .context("cannot run perf bench sched pipe (Debian package linux-perf)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let usecs: f64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_suffix("usecs/op")?.trim().parse().ok())
+        .with_context(|| format!("perf bench sched pipe said {text:?}"))?;
+    let switches = PIPE_LOOPS * 2;
+    Ok((usecs * 1000.0 / 2.0, switches))
+}
+
+/// offcputime against libbpf-tools' on context switches: the stacks of
+/// every switch are taken and timed, so the cost per switch is the whole
+/// story. rtrace walks user stacks by CFI (through code without frame
+/// pointers); libbpf-tools' by frame pointer only.
+fn offcputime() -> anyhow::Result<()> {
+    let rtrace = crate::build()?;
+    // libbpf-tools' offcputime prints nothing until it ends.
+    let ready = Ready::After(Duration::from_secs(2));
+    let peer = libbpf_tool("offcputime")?;
+    let peer = peer.to_str().context("non-UTF-8 tool path")?;
+    let mut setups = vec![
+        Setup::bare(),
+        Setup::traced(
+            "libbpf-tools offcputime",
+            "stdbuf",
+            &["-oL", peer],
+            ready,
+            None,
+        ),
+    ];
+    // The default comes first: the target is judged on it.
+    let variants: [(&str, &[&str]); 3] = [
+        ("default: CFI walk", &[]),
+        ("--unwind fp", &["--unwind", "fp"]),
+        ("--waker", &["--waker"]),
+    ];
+    for (what, args) in variants {
+        let mut all = vec!["offcputime"];
+        all.extend_from_slice(args);
+        setups.push(Setup::traced(
+            format!("rtrace offcputime ({what})"),
+            &rtrace,
+            &all,
+            Ready::Stderr("Tracing"),
+            None,
+        ));
+    }
+    eprintln!(
+        "bench offcputime: perf bench sched pipe pinned to CPU 0, {PIPE_LOOPS} round trips          ({} context switches), median of {TRIALS} interleaved trials",
+        PIPE_LOOPS * 2
+    );
+    let results = trials(&setups, "ns/switch", sched_pipe)?;
+    let (ratio, bpf_ratio) = report(&setups, &results, "ns/switch");
+    println!();
+    let met = |r: f64, goal: f64| if r <= goal { "met" } else { "NOT met" };
+    println!(
+        "target: rtrace (default) adds no more than libbpf-tools per switch: {ratio:.2}x, {}; \
+         the aim, half: {}",
+        met(ratio, 1.0),
+        met(ratio, 0.5)
+    );
+    println!(
+        "its BPF programs run {bpf_ratio:.2}x as long per switch as libbpf-tools' ({})",
+        met(bpf_ratio, 1.0)
+    );
+    for (s, r) in setups.iter().zip(&results).skip(1) {
+        let report = median(
+            r.stops
+                .iter()
+                .map(|t| t.report.as_secs_f64() * 1e3)
+                .collect(),
+        );
+        println!("{:<44} report after Ctrl-C: {report:.0} ms", s.label);
+    }
     Ok(())
 }
 
