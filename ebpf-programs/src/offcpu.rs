@@ -47,37 +47,39 @@ macro_rules! offcpu_programs {
         static STARTS: aya_ebpf::maps::HashMap<u32, rtrace_common::offcputime::Start> =
             aya_ebpf::maps::HashMap::with_max_entries(1, 0);
 
-        #[aya_ebpf::macros::btf_tracepoint(function = "sched_switch")]
-        pub fn btf_sched_switch(ctx: aya_ebpf::programs::BtfTracePointContext) -> i32 {
-            let t = $crate::offcpu::Tables::<$key, _> {
+        /// The maps the programs share.
+        #[inline(always)]
+        fn offcpu_tables() -> $crate::offcpu::Tables<'static, $key, impl $crate::events::Sink> {
+            $crate::offcpu::Tables {
                 starts: &STARTS,
                 counts: &STACK_COUNTS,
                 events: &EVENTS,
-            };
+            }
+        }
+
+        #[aya_ebpf::macros::btf_tracepoint(function = "sched_switch")]
+        pub fn btf_sched_switch(ctx: aya_ebpf::programs::BtfTracePointContext) -> i32 {
+            let t = offcpu_tables();
             $crate::offcpu::switch::<_, _, _, true>(&ctx, $config, &t, ctx.arg(1), ctx.arg(2));
             0
         }
 
         #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_switch")]
         pub fn raw_sched_switch(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
-            let t = $crate::offcpu::Tables::<$key, _> {
-                starts: &STARTS,
-                counts: &STACK_COUNTS,
-                events: &EVENTS,
-            };
+            let t = offcpu_tables();
             $crate::offcpu::switch::<_, _, _, false>(&ctx, $config, &t, ctx.arg(1), ctx.arg(2));
             0
         }
 
         #[aya_ebpf::macros::btf_tracepoint(function = "sched_waking")]
         pub fn btf_sched_waking(ctx: aya_ebpf::programs::BtfTracePointContext) -> i32 {
-            $crate::offcpu::wakes::<_, _, true>(&ctx, $config, &STARTS, &EVENTS, ctx.arg(0));
+            $crate::offcpu::wakes::<_, _, _, true>(&ctx, $config, &offcpu_tables(), ctx.arg(0));
             0
         }
 
         #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_waking")]
         pub fn raw_sched_waking(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
-            $crate::offcpu::wakes::<_, _, false>(&ctx, $config, &STARTS, &EVENTS, ctx.arg(0));
+            $crate::offcpu::wakes::<_, _, _, false>(&ctx, $config, &offcpu_tables(), ctx.arg(0));
             0
         }
     };
@@ -206,11 +208,10 @@ fn leaves<C: EbpfContext, K, S: Sink>(
 /// With `--waker`: the current thread wakes `wakee`; if it is a traced
 /// thread off the CPU, the current thread's stacks go into its entry.
 #[inline(always)]
-pub fn wakes<C: EbpfContext, S: Sink, const DIRECT: bool>(
+pub fn wakes<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     ctx: &C,
     cfg: &Config,
-    starts: &HashMap<u32, Start>,
-    events: &S,
+    t: &Tables<'_, K, S>,
     wakee: *const u8,
 ) {
     if cfg.waker == 0 {
@@ -219,13 +220,13 @@ pub fn wakes<C: EbpfContext, S: Sink, const DIRECT: bool>(
     let Some(tid) = task_u32::<DIRECT>(wakee, cfg.task_pid) else {
         return;
     };
-    let Some(start) = starts.get_ptr_mut(tid) else {
+    let Some(start) = t.starts.get_ptr_mut(tid) else {
         return;
     };
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: a map value; a thread is woken by one thread at a time, and
     // a lost race only names the other waker.
-    current(ctx, events, cfg, tgid, unsafe { &mut (*start).key.waker });
+    current(ctx, t.events, cfg, tgid, unsafe { &mut (*start).key.waker });
 }
 
 /// Adds the time `next` was off the CPU to its stacks' count.

@@ -201,14 +201,21 @@ fn waker_names_the_waking_threads_stack() {
     let folded = parse_folded(&stdout);
     let (mut blocked, mut by_poker) = (0, 0);
     for (frames, us) in &folded {
-        let Some(leaf) = frames.iter().position(|f| f == "wait_for_poke") else {
+        // The blocked thread's frames come before `--`; the waker's after
+        // it may be the waiter too, interrupted by the timer that woke
+        // the main thread.
+        let join = frames
+            .iter()
+            .position(|f| f == "--")
+            .unwrap_or(frames.len());
+        let Some(leaf) = frames[..join].iter().position(|f| f == "wait_for_poke") else {
             continue;
         };
         assert_eq!(frames[0], "waiter", "{frames:?}");
         blocked += us;
-        let Some(join) = frames.iter().position(|f| f == "--") else {
+        if join == frames.len() {
             continue;
-        };
+        }
         // The waker's frames, leaf first: the wakeup in the kernel, then
         // libc's write, write_poke, its callers, and its command.
         let waker = &frames[join + 1..];

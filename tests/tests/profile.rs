@@ -601,6 +601,15 @@ mod pprof {
     }
 }
 
+/// A gzipped pprof file, decoded by prost.
+fn read_pprof(path: &std::path::Path) -> pprof::Profile {
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut raw)
+        .unwrap();
+    <pprof::Profile as prost::Message>::decode(raw.as_slice()).unwrap()
+}
+
 /// The stacks of a pprof profile in folded form: comm label, then the
 /// functions' system names root first.
 fn pprof_stacks(p: &pprof::Profile) -> BTreeMap<Vec<String>, u64> {
@@ -656,11 +665,7 @@ fn folded_pprof_speedscope_and_svg_agree() {
     assert!(total >= 300, "too few samples: {total}");
 
     // pprof: gzip, then profile.proto; the same stacks and counts as folded.
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&pb).unwrap())
-        .read_to_end(&mut raw)
-        .unwrap();
-    let profile = <pprof::Profile as prost::Message>::decode(raw.as_slice()).unwrap();
+    let profile = read_pprof(&pb);
     assert_eq!(profile.string_table[0], "");
     assert_eq!(profile.sample_type.len(), 2);
     assert!(profile.period > 0);
@@ -1057,11 +1062,7 @@ fn off_cpu_and_on_cpu_time_split_as_measured() {
     );
 
     // pprof: on_cpu and off_cpu, the same totals as the folded lines.
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&pb).unwrap())
-        .read_to_end(&mut raw)
-        .unwrap();
-    let profile = <pprof::Profile as prost::Message>::decode(raw.as_slice()).unwrap();
+    let profile = read_pprof(&pb);
     let types: Vec<&str> = profile
         .sample_type
         .iter()
