@@ -4,7 +4,7 @@
 //! the stack store and the symbolizer, and the events that tie them
 //! together. A tool adds only its own programs and its own output.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use aya::{
@@ -77,6 +77,12 @@ pub struct StackTool {
     /// The exec and fork programs' links, owned so that they can be
     /// detached on a thread of their own; with the `cfi` object.
     links: Option<(TracePointLink, RawTracePointLink)>,
+    /// When counting began, and as seconds since the epoch.
+    started: Option<(Instant, f64)>,
+    /// When the report began (`finish`).
+    report_start: Option<Instant>,
+    /// What the report took, for `-v`.
+    report: Option<String>,
 }
 
 impl StackTool {
@@ -196,9 +202,28 @@ impl StackTool {
         Ok(())
     }
 
+    /// Notes that counting has begun.
+    pub fn start(&mut self) {
+        self.started = Some((Instant::now(), crate::output::epoch_secs()));
+    }
+
+    /// How long counting has run.
+    pub fn elapsed(&self) -> Duration {
+        self.started.map(|(t, _)| t.elapsed()).unwrap_or_default()
+    }
+
+    /// When counting began, in nanoseconds since the epoch.
+    pub fn started_nanos(&self) -> u64 {
+        self.started.map_or(0, |(_, e)| (e * 1e9) as u64)
+    }
+
     /// Moves what the kernel counted out, so that its tables never fill,
-    /// and settles the processes that have gone.
-    pub fn tick(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+    /// and settles the processes that have gone; not at the `last` tick,
+    /// which is `finish`'s once counting has stopped.
+    pub fn tick(&mut self, ebpf: &mut Ebpf, last: bool) -> anyhow::Result<()> {
+        if last {
+            return Ok(());
+        }
         if let Some(cfi) = &mut self.cfi {
             cfi.forget_exited();
         }
@@ -210,18 +235,33 @@ impl StackTool {
     /// Once counting has stopped: every count, symbolized, hottest first.
     /// The exec and fork programs are detached meanwhile.
     pub fn finish(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
+        self.report_start = Some(Instant::now());
         let _detaching = self.links.take().map(Detaching::start);
         self.store.drain(ebpf, true)?;
         Ok(self.store.samples(&mut self.sym))
     }
 
-    /// What the CFI tables hold, for `-v`.
-    pub fn tables(&self) -> Option<String> {
-        let (files, rows, bytes) = self.cfi.as_ref()?.stats();
-        Some(format!(
-            "CFI tables: {files} files, {rows} rows, {} KiB in the kernel",
-            bytes / 1024,
-        ))
+    /// Notes the report made of `samples`, whose counts are in `unit`.
+    pub fn reported(&mut self, samples: &[Sample], unit: &str) {
+        let total: u64 = samples.iter().map(|s| s.count).sum();
+        let took = self.report_start.map(|t| t.elapsed()).unwrap_or_default();
+        self.report = Some(format!(
+            "{total} {unit} in {} stacks, symbolized and written in {} ms",
+            samples.len(),
+            took.as_millis()
+        ));
+    }
+
+    /// What the report took and what the CFI tables hold, for `-v`.
+    pub fn summary(&self) -> Vec<String> {
+        let tables = self.cfi.as_ref().map(|c| {
+            let (files, rows, bytes) = c.stats();
+            format!(
+                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel",
+                bytes / 1024,
+            )
+        });
+        self.report.iter().cloned().chain(tables).collect()
     }
 
     /// Processes whose tables could not be built, and the like.

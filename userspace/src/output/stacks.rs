@@ -84,13 +84,17 @@ impl Sample {
     fn path(&self, opts: TextOptions) -> Vec<String> {
         let comm = |c: &str| c.replace(' ', "_");
         let mut out = vec![comm(&self.comm)];
-        let mut off = false;
-        for f in self.root_first(opts.delimiter) {
-            off |= self.off_cpu && &*f.name == OFF_CPU_FRAME;
-            if off && opts.annotate && f.kind == Kind::Kernel {
+        // The frames from the marker on, which follows the user frames.
+        let off_from = if self.off_cpu {
+            self.user.len()
+        } else {
+            usize::MAX
+        };
+        for (i, f) in self.root_first(opts.delimiter).iter().enumerate() {
+            if i >= off_from && opts.annotate && f.kind == Kind::Kernel {
                 out.push(format!("{}{OFF_CPU_ANNOTATION}", f.name));
             } else {
-                out.push(name(&f, opts.annotate));
+                out.push(name(f, opts.annotate));
             }
         }
         out.extend(self.waker.as_ref().map(|w| comm(&w.comm)));
@@ -333,11 +337,14 @@ pub fn write_svg(samples: &[Sample], path: &Path, opts: &FlameOptions) -> anyhow
     let mut o = inferno_options(opts);
     // Frames off the CPU in blues, whatever the palette gives the rest.
     let mut blues = inferno::flamegraph::color::PaletteMap::default();
-    for s in samples.iter().filter(|s| s.off_cpu) {
-        for n in s.path(annotated) {
+    for (s, line) in samples.iter().zip(&lines) {
+        if !s.off_cpu {
+            continue;
+        }
+        let (stack, _) = line.rsplit_once(' ').unwrap_or((line, ""));
+        for n in stack.split(';') {
             if n == OFF_CPU_FRAME || n.ends_with(OFF_CPU_ANNOTATION) {
-                let shade = blue(&n);
-                blues.insert(n, shade);
+                blues.insert(n, blue(n));
             }
         }
     }

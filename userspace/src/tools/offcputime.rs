@@ -4,7 +4,7 @@
 //! does; user stacks come from the same CFI walk as profile's, so they
 //! reach through libc's blocking wrappers in code without frame pointers.
 
-use std::{path::PathBuf, time::Instant};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
 use aya::Ebpf;
@@ -15,7 +15,7 @@ use crate::{
     features::Mechanism,
     offcpu::{self, Filter, OffCpu},
     output::{
-        self, Sink,
+        Sink,
         stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
     },
     stacktool::{StackArgs, StackTool},
@@ -155,10 +155,6 @@ pub struct Offcputime {
     off_cpu: OffCpu,
     /// Stacks counted in the kernel, their walk and their names.
     stacks: StackTool,
-    started: Instant,
-    started_epoch: f64,
-    /// What the report took, for `-v`.
-    summary: Option<String>,
 }
 
 impl Tool for Offcputime {
@@ -180,9 +176,6 @@ impl Tool for Offcputime {
             off_cpu: OffCpu::default(),
             // The kernel side counts by WakeKey, with or without wakers.
             stacks: StackTool::new(true),
-            started: Instant::now(),
-            started_epoch: 0.0,
-            summary: None,
         })
     }
 
@@ -299,8 +292,7 @@ impl Tool for Offcputime {
     }
 
     fn start(&mut self) {
-        self.started = Instant::now();
-        self.started_epoch = output::epoch_secs();
+        self.stacks.start();
     }
 
     fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
@@ -308,18 +300,13 @@ impl Tool for Offcputime {
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, _sink: &mut Sink, last: bool) -> anyhow::Result<()> {
-        // The last one is `finish`'s, once tracing has stopped.
-        if last {
-            return Ok(());
-        }
-        self.stacks.tick(ebpf)
+        self.stacks.tick(ebpf, last)
     }
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        let elapsed = self.started.elapsed();
+        let elapsed = self.stacks.elapsed();
         // Stop counting before reading, so the report is one consistent cut.
         self.off_cpu.stop(ebpf)?;
-        let report_start = Instant::now();
         // Counted in nanoseconds; bcc shows microseconds.
         let samples = stacks::in_micros(self.stacks.finish(ebpf)?, |s| s.count);
         self.write_files(&samples, elapsed)?;
@@ -329,17 +316,12 @@ impl Tool for Offcputime {
         };
         let files = self.args.svg.is_some() || self.args.pprof.is_some();
         Stacks::print(sink, &samples, text, self.args.folded, files, "us")?;
-        let total: u64 = samples.iter().map(|s| s.count).sum();
-        self.summary = Some(format!(
-            "{total} us off CPU in {} stacks, symbolized and written in {} ms",
-            samples.len(),
-            report_start.elapsed().as_millis()
-        ));
+        self.stacks.reported(&samples, "us off CPU");
         Ok(())
     }
 
     fn summary(&self) -> Vec<String> {
-        self.summary.iter().cloned().chain(self.stacks.tables()).collect()
+        self.stacks.summary()
     }
 
     fn warnings(&self) -> Vec<String> {
@@ -367,7 +349,7 @@ impl Offcputime {
                 values: &|s: &Sample| vec![s.count, s.count * 1000],
                 period_type: ("off_cpu_time", "nanoseconds"),
                 period: 1000,
-                time_nanos: (self.started_epoch * 1e9) as u64,
+                time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
             stacks::pprof::write(samples, path, &meta)?;

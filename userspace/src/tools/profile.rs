@@ -4,7 +4,7 @@
 
 use std::{
     path::PathBuf,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -25,7 +25,7 @@ use crate::{
     features::Mechanism,
     offcpu::{Filter, OffCpu},
     output::{
-        self, Sink,
+        Sink,
         stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
     },
     stacktool::{StackArgs, StackTool},
@@ -234,10 +234,6 @@ pub struct Profile {
     stacks: StackTool,
     /// The context-switch programs, with `--off-cpu`.
     off_cpu: Option<OffCpu>,
-    started: Instant,
-    started_epoch: f64,
-    /// What the report took, for `-v`.
-    summary: Option<String>,
 }
 
 impl Tool for Profile {
@@ -283,9 +279,6 @@ impl Tool for Profile {
             freq,
             fallback: None,
             stacks: StackTool::default(),
-            started: Instant::now(),
-            started_epoch: 0.0,
-            summary: None,
         })
     }
 
@@ -419,16 +412,11 @@ impl Tool for Profile {
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, _sink: &mut Sink, last: bool) -> anyhow::Result<()> {
-        // The last one is `finish`'s, once sampling has stopped.
-        if last {
-            return Ok(());
-        }
-        self.stacks.tick(ebpf)
+        self.stacks.tick(ebpf, last)
     }
 
     fn start(&mut self) {
-        self.started = Instant::now();
-        self.started_epoch = output::epoch_secs();
+        self.stacks.start();
     }
 
     fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
@@ -436,7 +424,7 @@ impl Tool for Profile {
     }
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        let elapsed = self.started.elapsed();
+        let elapsed = self.stacks.elapsed();
         // Stop sampling before reading, so the report is one consistent cut.
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
@@ -446,7 +434,6 @@ impl Tool for Profile {
         if let Some(off) = &self.off_cpu {
             off.stop(ebpf)?;
         }
-        let report_start = Instant::now();
         let mut samples = self.stacks.finish(ebpf)?;
         if self.off_cpu.is_some() {
             // One measure for both: a sample stands for a period of CPU
@@ -470,22 +457,17 @@ impl Tool for Profile {
             || self.args.speedscope.is_some();
         let value = if self.off_cpu.is_some() { "us" } else { "count" };
         Stacks::print(sink, &samples, text, self.args.folded, files, value)?;
-        let total: u64 = samples.iter().map(|s| s.count).sum();
         let unit = if self.off_cpu.is_some() {
             "us on and off CPU"
         } else {
             "samples"
         };
-        self.summary = Some(format!(
-            "{total} {unit} in {} stacks, symbolized and written in {} ms",
-            samples.len(),
-            report_start.elapsed().as_millis()
-        ));
+        self.stacks.reported(&samples, unit);
         Ok(())
     }
 
     fn summary(&self) -> Vec<String> {
-        self.summary.iter().cloned().chain(self.stacks.tables()).collect()
+        self.stacks.summary()
     }
 
     fn warnings(&self) -> Vec<String> {
@@ -563,7 +545,7 @@ impl Profile {
                 },
                 period_type: ("cpu", "nanoseconds"),
                 period: self.period_ns(),
-                time_nanos: (self.started_epoch * 1e9) as u64,
+                time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
             stacks::pprof::write(samples, path, &meta)?;
@@ -586,7 +568,7 @@ impl Profile {
                 values: &|s: &Sample| vec![s.count, s.count.saturating_mul(period)],
                 period_type: (event, unit),
                 period,
-                time_nanos: (self.started_epoch * 1e9) as u64,
+                time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
             stacks::pprof::write(samples, path, &meta)?;

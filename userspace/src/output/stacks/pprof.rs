@@ -161,23 +161,18 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
         let mut m = Msg::default();
         m.packed(1, ids);
         m.packed(2, (meta.values)(s));
-        let mut comm = Msg::default();
-        comm.int(1, comm_key);
-        comm.int(2, strings.get(&s.comm));
-        m.msg(3, &comm);
-        let mut pid = Msg::default();
-        pid.int(1, pid_key);
-        pid.int(3, u64::from(s.pid));
-        m.msg(3, &pid);
+        // Labels: a string (field 2) or a number (field 3) under a key.
+        let mut label = |key: u64, field: u32, value: u64| {
+            let mut l = Msg::default();
+            l.int(1, key);
+            l.int(field, value);
+            m.msg(3, &l);
+        };
+        label(comm_key, 2, strings.get(&s.comm));
+        label(pid_key, 3, u64::from(s.pid));
         if let Some(w) = &s.waker {
-            let mut comm = Msg::default();
-            comm.int(1, waker_comm_key);
-            comm.int(2, strings.get(&w.comm));
-            m.msg(3, &comm);
-            let mut pid = Msg::default();
-            pid.int(1, waker_pid_key);
-            pid.int(3, u64::from(w.pid));
-            m.msg(3, &pid);
+            label(waker_comm_key, 2, strings.get(&w.comm));
+            label(waker_pid_key, 3, u64::from(w.pid));
         }
         profile.msg(2, &m);
     }
