@@ -45,8 +45,9 @@ pub struct Config {
     pub task_flags: u32,
     /// Whether the waker's stacks are taken (`--waker`).
     pub waker: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// Whether each switch's time is kept for the CPU (`SWITCHED`), for
+    /// `profile --off-cpu` to weigh its samples by.
+    pub mark_switches: u32,
 }
 
 /// What a thread left the CPU with: when, and the key its blocked time

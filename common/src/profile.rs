@@ -14,6 +14,10 @@ pub const MISSED_KERNEL: u32 = 2;
 /// not samples.
 pub const OFF_CPU: u32 = 4;
 
+/// Most periods one timed sample stands for: more means the timer was
+/// stopped (sampling throttled or disabled), not late.
+pub const MAX_PERIODS: u64 = 64;
+
 /// Load-time configuration, passed as the global `CONFIG`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -24,8 +28,17 @@ pub struct Config {
     pub user: u32,
     /// Whether kernel stacks are collected (not `-U`).
     pub kernel: u32,
+    /// Whether a sample counts nanoseconds (`--off-cpu`) rather than 1:
+    /// the time its CPU was busy since its last sample, which is the
+    /// period while the timer keeps time. A timer that fires late skips
+    /// periods, which a count of samples would lose.
+    pub timed: u32,
     /// Keeps the struct free of padding.
     pub _pad: u32,
+    /// The sampling period in nanoseconds: what a timed sample counts
+    /// when there is nothing to measure from, and `MAX_PERIODS` of them
+    /// the most.
+    pub period_ns: u64,
     /// `--off-cpu`: how time off the CPU is counted beside the samples
     /// (with the context-switch programs attached).
     pub off_cpu: crate::offcputime::Config,

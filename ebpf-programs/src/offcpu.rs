@@ -17,7 +17,7 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    maps::HashMap,
+    maps::{HashMap, PerCpuArray},
 };
 use rtrace_common::{
     offcputime::{
@@ -33,7 +33,8 @@ use crate::{
     targets, task_u32,
 };
 
-/// Defines `STARTS`, the threads off the CPU by thread id, and the
+/// Defines `STARTS`, the threads off the CPU by thread id, `IDLE`, each
+/// CPU's idle time, and the
 /// programs `btf_sched_switch`, `raw_sched_switch`, `btf_sched_waking` and
 /// `raw_sched_waking`, in an object that counts stacks by `$key`
 /// (`stack_counts!`) and has an `EVENTS` map; `$config` is the
@@ -47,11 +48,17 @@ macro_rules! offcpu_programs {
         static STARTS: aya_ebpf::maps::HashMap<u32, rtrace_common::offcputime::Start> =
             aya_ebpf::maps::HashMap::with_max_entries(1, 0);
 
+        /// Each CPU's idle time, with `Config::mark_switches`.
+        #[aya_ebpf::macros::map]
+        static IDLE: aya_ebpf::maps::PerCpuArray<$crate::offcpu::Idle> =
+            aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
         /// The maps the programs share.
         #[inline(always)]
         fn offcpu_tables() -> $crate::offcpu::Tables<'static, $key, impl $crate::events::Sink> {
             $crate::offcpu::Tables {
                 starts: &STARTS,
+                idle: &IDLE,
                 counts: &STACK_COUNTS,
                 events: &EVENTS,
             }
@@ -127,10 +134,38 @@ impl OffCpuKey for Key {
     }
 }
 
+/// A CPU's time in its idle task, kept at each switch with
+/// `Config::mark_switches`: `profile --off-cpu` weighs a sample by the
+/// time its CPU was busy since the one before.
+#[repr(C)]
+pub struct Idle {
+    /// Nanoseconds idle, up to the last switch from the idle task.
+    pub total: u64,
+    /// When the idle task last got the CPU, 0 when it has not since the
+    /// last switch from it.
+    pub since: u64,
+}
+
+impl Idle {
+    /// This CPU's busy time up to `now`, on a clock of its own: the
+    /// time not idle since the programs started, plus a constant.
+    #[inline(always)]
+    pub fn busy(&self, now: u64) -> u64 {
+        let idle_now = if self.since != 0 {
+            now.saturating_sub(self.since)
+        } else {
+            0
+        };
+        now.saturating_sub(self.total).saturating_sub(idle_now)
+    }
+}
+
 /// The maps a switch works on.
 pub struct Tables<'a, K, S> {
     /// Threads off the CPU.
     pub starts: &'a HashMap<u32, Start>,
+    /// `IDLE`.
+    pub idle: &'a PerCpuArray<Idle>,
     /// `STACK_COUNTS`.
     pub counts: &'a HashMap<K, u64>,
     /// `EVENTS`.
@@ -229,18 +264,16 @@ pub fn wakes<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     current(ctx, t.events, cfg, tgid, unsafe { &mut (*start).key.waker });
 }
 
-/// Adds the time `next` was off the CPU to its stacks' count.
+/// Adds the time thread `tid`, switched to, was off the CPU to its
+/// stacks' count.
 #[inline(always)]
-fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
+fn returns<C: EbpfContext, K: OffCpuKey, S: Sink>(
     ctx: &C,
     cfg: &Config,
     t: &Tables<'_, K, S>,
-    next: *const u8,
+    tid: u32,
     now: u64,
 ) {
-    let Some(tid) = task_u32::<DIRECT>(next, cfg.task_pid) else {
-        return;
-    };
     if tid == 0 {
         return;
     }
@@ -275,8 +308,24 @@ pub fn switch<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
     let now = unsafe { bpf_ktime_get_ns() };
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    let next_tid = task_u32::<DIRECT>(next, cfg.task_pid);
+    if cfg.mark_switches != 0
+        && let Some(idle) = t.idle.get_ptr_mut(0)
+    {
+        // SAFETY: this CPU's slot; switches on one CPU do not nest.
+        let idle = unsafe { &mut *idle };
+        if tid == 0 && idle.since != 0 {
+            idle.total = idle.total.wrapping_add(now.saturating_sub(idle.since));
+            idle.since = 0;
+        }
+        if next_tid == Some(0) {
+            idle.since = now;
+        }
+    }
     if traced::<DIRECT>(cfg, prev, tgid, tid) {
         leaves(ctx, cfg, t, tgid, tid, now);
     }
-    returns::<C, K, S, DIRECT>(ctx, cfg, t, next, now);
+    if let Some(next_tid) = next_tid {
+        returns::<C, K, S>(ctx, cfg, t, next_tid, now);
+    }
 }

@@ -1045,6 +1045,10 @@ fn off_cpu_and_on_cpu_time_split_as_measured() {
     );
     let share = on_us as f64 / seen;
     let expected = cpu_ns / wall_ns;
+    eprintln!(
+        "mid_mixed: {seen} us seen of {} us; on-CPU share {share:.3}, measured {expected:.3}",
+        wall_ns / 1000.0
+    );
     assert!(
         (share - expected).abs() <= 0.05,
         "on-CPU share {share:.3} of mid_mixed; the fixture measured {expected:.3}:\n{stdout}"

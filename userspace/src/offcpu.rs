@@ -68,7 +68,7 @@ impl OffCpu {
             task_state: task(&["__state", "state"])?,
             task_flags: task(&["flags"])?,
             waker: u32::from(filter.waker),
-            _pad: 0,
+            mark_switches: 0,
         })
     }
 

@@ -7,11 +7,12 @@
 
 use aya_ebpf::{
     EbpfContext, Global,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::perf_event,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{map, perf_event},
+    maps::PerCpuArray,
     programs::PerfEventContext,
 };
-use rtrace_common::profile::{Config, Key, MISSED_KERNEL, MISSED_USER};
+use rtrace_common::profile::{Config, Key, MAX_PERIODS, MISSED_KERNEL, MISSED_USER};
 use rtrace_ebpf::{global, stacks, targets};
 
 rtrace_ebpf::event_map!();
@@ -22,6 +23,11 @@ rtrace_ebpf::offcpu_programs!(rtrace_common::profile::Key, &global(&CONFIG).off_
 /// Set by user space before load.
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+
+/// This CPU's busy time (`Idle::busy`) at its last sample of a thread,
+/// with `Config::timed`.
+#[map]
+static LAST_BUSY: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
@@ -37,6 +43,13 @@ fn sample(ctx: &PerfEventContext) {
     if tid == 0 && cfg.include_idle == 0 {
         return;
     }
+    // Before the other filters: the busy time since the last sample is
+    // this one's whoever it found on the CPU.
+    let value = match (cfg.timed != 0, tid) {
+        (false, _) => 1,
+        (true, 0) => cfg.period_ns,
+        (true, _) => elapsed(cfg),
+    };
     if !targets::admits(tgid, tid) {
         return;
     }
@@ -56,5 +69,29 @@ fn sample(ctx: &PerfEventContext) {
             None => key.flags |= MISSED_USER,
         }
     }
-    stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, 1);
+    stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, value);
+}
+
+/// Nanoseconds this sample of a thread stands for: the time its CPU was
+/// busy since the last such sample. That is the period while the timer
+/// keeps time; more when it fired late, as in an emulated machine, and
+/// perf skipped the periods missed; and never the time the CPU idled,
+/// when an idle CPU's timer may stop. Bounded by `MAX_PERIODS`; the
+/// first sample counts one period.
+#[inline(always)]
+fn elapsed(cfg: &Config) -> u64 {
+    let period = cfg.period_ns;
+    // SAFETY: the helper has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let (Some(last), Some(idle)) = (LAST_BUSY.get_ptr_mut(0), IDLE.get(0)) else {
+        return period;
+    };
+    let busy = idle.busy(now);
+    // SAFETY: this CPU's slot; samples on one CPU do not nest.
+    let before = unsafe { core::ptr::replace(last, busy) };
+    if before == 0 {
+        return period;
+    }
+    busy.saturating_sub(before)
+        .min(period.saturating_mul(MAX_PERIODS))
 }

@@ -102,14 +102,13 @@ impl Sample {
     }
 }
 
-/// `samples` with their counts turned into microseconds from the
-/// nanoseconds `ns` gives each, rounded; hottest first, and none that
-/// rounds to nothing.
-pub fn in_micros(samples: Vec<Sample>, ns: impl Fn(&Sample) -> u64) -> Vec<Sample> {
+/// `samples`, counted in nanoseconds, counted in microseconds, rounded;
+/// hottest first, and none that rounds to nothing.
+pub fn in_micros(samples: Vec<Sample>) -> Vec<Sample> {
     let mut out: Vec<Sample> = samples
         .into_iter()
         .map(|mut s| {
-            s.count = ns(&s).saturating_add(500) / 1000;
+            s.count = s.count.saturating_add(500) / 1000;
             s
         })
         .filter(|s| s.count > 0)

@@ -308,7 +308,7 @@ impl Tool for Offcputime {
         // Stop counting before reading, so the report is one consistent cut.
         self.off_cpu.stop(ebpf)?;
         // Counted in nanoseconds; bcc shows microseconds.
-        let samples = stacks::in_micros(self.stacks.finish(ebpf)?, |s| s.count);
+        let samples = stacks::in_micros(self.stacks.finish(ebpf)?);
         self.write_files(&samples, elapsed)?;
         let text = TextOptions {
             delimiter: self.args.delimited,

@@ -157,7 +157,8 @@ pub struct Args {
     /// Also count the time user threads spend off the CPU (blocked,
     /// sleeping or waiting to run), at context switches: one profile of
     /// where wall time goes, in microseconds, with on-CPU samples weighted
-    /// by their period and off-CPU time by its length. Stacks off the CPU
+    /// by the CPU time they stand for (their period while the timer keeps
+    /// time) and off-CPU time by its length. Stacks off the CPU
     /// have an `[off-CPU]` frame where the thread entered the kernel, and
     /// their kernel frames are blue in the flame graph; pprof files have
     /// `on_cpu` and `off_cpu` sample types.
@@ -319,7 +320,10 @@ impl Tool for Profile {
             kernel: u32::from(!self.args.user_only),
             ..Config::default()
         };
+        let period_ns = self.period_ns();
         if let Some(off) = &mut self.off_cpu {
+            cfg.timed = 1;
+            cfg.period_ns = period_ns;
             // Every wait of user threads, whatever its state (waiting to
             // run too): with the samples, their wall time. Kernel threads,
             // which sleep most of the time, would drown the rest.
@@ -333,6 +337,7 @@ impl Tool for Profile {
                 waker: false,
             };
             cfg.off_cpu = off.configure(filter, kernel, load)?;
+            cfg.off_cpu.mark_switches = 1;
         }
         self.stacks.configure(&self.args.stacks, kernel, load)?;
         load.config(&cfg);
@@ -436,16 +441,10 @@ impl Tool for Profile {
         }
         let mut samples = self.stacks.finish(ebpf)?;
         if self.off_cpu.is_some() {
-            // One measure for both: a sample stands for a period of CPU
-            // time, and time off the CPU is counted in nanoseconds.
-            let period = self.period_ns();
-            samples = stacks::in_micros(samples, |s| {
-                if s.off_cpu {
-                    s.count
-                } else {
-                    s.count.saturating_mul(period)
-                }
-            });
+            // One measure for both: samples count the nanoseconds of CPU
+            // time they stand for (`Config::timed`), and time off the CPU
+            // is counted in nanoseconds.
+            samples = stacks::in_micros(samples);
         }
         self.write_files(&samples, elapsed)?;
         let text = TextOptions {
