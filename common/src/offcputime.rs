@@ -45,9 +45,17 @@ pub struct Config {
     pub task_flags: u32,
     /// Whether the waker's stacks are taken (`--waker`).
     pub waker: u32,
-    /// Whether each switch's time is kept for the CPU (`SWITCHED`), for
-    /// `profile --off-cpu` to weigh its samples by.
+    /// Whether each CPU's idle time is kept (`IDLE`), for `profile
+    /// --off-cpu` to weigh its samples by.
     pub mark_switches: u32,
+    /// Whether a thread's kernel stack is walked as it leaves the CPU,
+    /// with the scheduler's and the lock primitives' frames
+    /// (`--sched-frames`, and always on the raw tracepoint), rather than
+    /// from where it stopped when it runs again, which skips them and
+    /// costs less.
+    pub sched_frames: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
 }
 
 /// What a thread left the CPU with: when, and the key its blocked time

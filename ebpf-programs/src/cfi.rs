@@ -9,7 +9,7 @@ use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+        generated::{self, bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::map,
     maps::{Array, HashMap},
@@ -64,6 +64,10 @@ pub struct State {
     /// The region the last frame was in: callers are mostly in the
     /// same file, so it is tried before the search.
     last: Region,
+    /// The user address `Scratch::chunk` was copied from.
+    chunk_base: u64,
+    /// How many bytes it holds.
+    chunk_len: u64,
 }
 
 /// What every frame of one walk works on, handed to `bpf_loop`'s
@@ -100,6 +104,60 @@ fn row(index: u32) -> Option<CfiRow> {
 fn read_user<T>(addr: u64) -> Option<T> {
     // SAFETY: the helper copes with any address.
     unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+/// Words of the user stack copied at the start of a walk: one copy costs
+/// about what two single reads do, and the frames near the stack pointer,
+/// which most walks stay in, then cost none.
+/// A power of two.
+pub const CHUNK_WORDS: usize = 256;
+/// The room for them, and a word more: a pair's first word is found by
+/// an index masked to `CHUNK_WORDS`, which the verifier then bounds.
+pub const CHUNK_SLOTS: usize = CHUNK_WORDS + 1;
+
+/// Copies the top of the user stack, from `sp`, into `chunk`, and
+/// returns how many bytes it holds: as much as `CHUNK_WORDS`, or to
+/// the end of `sp`'s page where the stack ends sooner; 0 if neither can
+/// be read.
+#[inline(always)]
+fn copy_top(chunk: &mut [u64; CHUNK_SLOTS], sp: u64) -> u64 {
+    let full = (CHUNK_WORDS * 8) as u32;
+    let dst = chunk.as_mut_ptr().cast::<core::ffi::c_void>();
+    // SAFETY: `chunk` has room for `full` bytes; the helper copes with
+    // any source address.
+    if unsafe { generated::bpf_probe_read_user(dst, full, sp as *const _) } == 0 {
+        return u64::from(full);
+    }
+    let to_page_end = (4096 - (sp & 4095)) as u32;
+    let len = to_page_end.min(full);
+    // SAFETY: as above, and `len <= full`.
+    if unsafe { generated::bpf_probe_read_user(dst, len, sp as *const _) } == 0 {
+        u64::from(len)
+    } else {
+        0
+    }
+}
+
+/// `N` words of the user stack at `addr`: from the copy of its top where
+/// it holds them, else read.
+#[inline(always)]
+fn stack_words<const N: usize>(
+    chunk: &[u64; CHUNK_SLOTS],
+    st: &State,
+    addr: u64,
+) -> Option<[u64; N]> {
+    let off = addr.wrapping_sub(st.chunk_base);
+    if off & 7 == 0 && off.saturating_add(8 * N as u64) <= st.chunk_len {
+        // Masked, so that the verifier sees the bound (`off` was checked
+        // against the length already).
+        let i = (off / 8) as usize & (CHUNK_WORDS - 1);
+        let mut out = [0u64; N];
+        for (k, w) in out.iter_mut().enumerate() {
+            *w = *chunk.get(i + k)?;
+        }
+        return Some(out);
+    }
+    read_user::<[u64; N]>(addr)
 }
 
 /// The region of `procs` that holds `ip`, by halves (user space lists
@@ -163,6 +221,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         (&mut *w.scratch, &*w.procs)
     };
     let st = &mut scratch.walk;
+    let chunk = &scratch.chunk;
     let depth = st.depth as usize;
     let Some(slot) = scratch.stack.ips.get_mut(depth) else {
         return 1;
@@ -187,7 +246,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
             return 1;
         }
         count_error(ERR_FP_FRAMES);
-        let Some([bp, ret]) = read_user::<[u64; 2]>(st.bp) else {
+        let Some([bp, ret]) = stack_words::<2>(chunk, st, st.bp) else {
             count_error(ERR_CUT_SHORT);
             return 1;
         };
@@ -215,20 +274,20 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // The return address is at CFA - 8; rbp, where saved, is nearly
     // always just below it, and then one read fetches both.
     let ret = if r.rbp == RBP_SAVED && r.rbp_offset == -16 {
-        let Some([bp, ret]) = read_user::<[u64; 2]>(cfa.wrapping_sub(16)) else {
+        let Some([bp, ret]) = stack_words::<2>(chunk, st, cfa.wrapping_sub(16)) else {
             count_error(ERR_CUT_SHORT);
             return 1;
         };
         st.bp = bp;
         ret
     } else {
-        let Some(ret) = read_user::<u64>(cfa.wrapping_sub(8)) else {
+        let Some([ret]) = stack_words::<1>(chunk, st, cfa.wrapping_sub(8)) else {
             count_error(ERR_CUT_SHORT);
             return 1;
         };
         if r.rbp == RBP_SAVED {
-            match read_user::<u64>(cfa.wrapping_add(r.rbp_offset as i64 as u64)) {
-                Some(v) => st.bp = v,
+            match stack_words::<1>(chunk, st, cfa.wrapping_add(r.rbp_offset as i64 as u64)) {
+                Some([v]) => st.bp = v,
                 None => {
                     count_error(ERR_CUT_SHORT);
                     return 1;
@@ -319,6 +378,7 @@ pub(crate) fn walk(tgid: u32, sampled: *const u8, scratch: *mut Scratch) -> Opti
     let procs = CFI_PROCS.get_ptr_mut(tgid)?;
     // SAFETY: a map value.
     unsafe {
+        let chunk_len = copy_top(&mut (*scratch).chunk, sp);
         (*scratch).walk = State {
             ip,
             sp,
@@ -326,6 +386,8 @@ pub(crate) fn walk(tgid: u32, sampled: *const u8, scratch: *mut Scratch) -> Opti
             depth: 0,
             new_code: 0,
             last: Region::default(),
+            chunk_base: sp,
+            chunk_len,
         }
     };
     let mut w = Walk { scratch, procs };

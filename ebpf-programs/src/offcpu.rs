@@ -200,9 +200,16 @@ fn traced<const DIRECT: bool>(cfg: &Config, prev: *const u8, tgid: u32, tid: u32
 /// The current thread described as a key: process, command and the
 /// stacks `cfg` asks for.
 #[inline(always)]
-fn current<C: EbpfContext, S: Sink>(ctx: &C, events: &S, cfg: &Config, tgid: u32, key: &mut Key) {
+fn current<C: EbpfContext, S: Sink>(
+    ctx: &C,
+    events: &S,
+    cfg: &Config,
+    tgid: u32,
+    kernel: bool,
+    key: &mut Key,
+) {
     *key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
-    if cfg.kernel != 0 {
+    if kernel {
         match stacks::kernel_stack(ctx) {
             Some(h) => key.kernel = h,
             None => key.flags |= MISSED_KERNEL,
@@ -216,9 +223,21 @@ fn current<C: EbpfContext, S: Sink>(ctx: &C, events: &S, cfg: &Config, tgid: u32
     }
 }
 
+/// Whether the kernel stack of a thread leaving the CPU is walked then.
+/// Otherwise it is walked when the thread runs again, from where it
+/// stopped (`bpf_get_task_stack`, which needs the task's BTF type: tp_btf
+/// only): the same frames but the scheduler's and the lock primitives'
+/// (`__sched` code), which the kernel skips there as in
+/// `/proc/PID/stack`, and a third less work, as the walk does not
+/// start in the tracepoint's own frames.
+#[inline(always)]
+fn kernel_at_switch_out<const DIRECT: bool>(cfg: &Config) -> bool {
+    cfg.kernel != 0 && (!DIRECT || cfg.sched_frames != 0)
+}
+
 /// Takes the current thread's stacks and keeps them with the time.
 #[inline(always)]
-fn leaves<C: EbpfContext, K, S: Sink>(
+fn leaves<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     ctx: &C,
     cfg: &Config,
     t: &Tables<'_, K, S>,
@@ -234,7 +253,14 @@ fn leaves<C: EbpfContext, K, S: Sink>(
             waker: zero,
         },
     };
-    current(ctx, t.events, cfg, tgid, &mut start.key.key);
+    current(
+        ctx,
+        t.events,
+        cfg,
+        tgid,
+        kernel_at_switch_out::<DIRECT>(cfg),
+        &mut start.key.key,
+    );
     if t.starts.insert(tid, start, 0).is_err() {
         count_error(ERR_STARTS_FULL);
     }
@@ -261,16 +287,19 @@ pub fn wakes<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: a map value; a thread is woken by one thread at a time, and
     // a lost race only names the other waker.
-    current(ctx, t.events, cfg, tgid, unsafe { &mut (*start).key.waker });
+    current(ctx, t.events, cfg, tgid, cfg.kernel != 0, unsafe {
+        &mut (*start).key.waker
+    });
 }
 
 /// Adds the time thread `tid`, switched to, was off the CPU to its
 /// stacks' count.
 #[inline(always)]
-fn returns<C: EbpfContext, K: OffCpuKey, S: Sink>(
+fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
     ctx: &C,
     cfg: &Config,
     t: &Tables<'_, K, S>,
+    next: *const u8,
     tid: u32,
     now: u64,
 ) {
@@ -289,6 +318,12 @@ fn returns<C: EbpfContext, K: OffCpuKey, S: Sink>(
             && off <= cfg.max_ns
         {
             (*start).key.key.generation = stacks::generation();
+            if cfg.kernel != 0 && !kernel_at_switch_out::<DIRECT>(cfg) {
+                match stacks::task_kernel_stack(next) {
+                    Some(h) => (*start).key.key.kernel = h,
+                    None => (*start).key.key.flags |= MISSED_KERNEL,
+                }
+            }
             K::add(ctx, t.events, t.counts, &(*start).key, off);
         }
     }
@@ -323,9 +358,9 @@ pub fn switch<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
         }
     }
     if traced::<DIRECT>(cfg, prev, tgid, tid) {
-        leaves(ctx, cfg, t, tgid, tid, now);
+        leaves::<C, K, S, DIRECT>(ctx, cfg, t, tgid, tid, now);
     }
     if let Some(next_tid) = next_tid {
-        returns::<C, K, S>(ctx, cfg, t, next_tid, now);
+        returns::<C, K, S, DIRECT>(ctx, cfg, t, next, next_tid, now);
     }
 }

@@ -85,6 +85,9 @@ pub struct Scratch {
     pub(crate) stack: Stack,
     #[cfg(feature = "cfi")]
     pub(crate) walk: crate::cfi::State,
+    /// The top of the user stack, read in one copy (`cfi::CHUNK_WORDS`).
+    #[cfg(feature = "cfi")]
+    pub(crate) chunk: [u64; crate::cfi::CHUNK_SLOTS],
 }
 
 /// The generation to count in now.
@@ -155,6 +158,32 @@ fn first_in_generation(tgid: u32, generation: u32) -> bool {
 #[inline(always)]
 pub fn kernel_stack<C: EbpfContext>(ctx: &C) -> Option<u64> {
     get_stack(ctx, 0, ERR_KERNEL_STACK)
+}
+
+/// The kernel stack of `task`, which is not running (it was switched
+/// out and has not run since), walked from where it stopped, stored: its
+/// hash (0 for none), `None` if it could not be walked or stored. `task`
+/// must be a BTF-typed pointer (tp_btf's arguments).
+#[inline(always)]
+pub fn task_kernel_stack(task: *const u8) -> Option<u64> {
+    let s = STACK_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: a map value.
+    let s = unsafe { &raw mut (*s).stack };
+    // SAFETY: `s` is a map value with room for `MAX_DEPTH` frames; the
+    // helper copes with any task.
+    let n = unsafe {
+        aya_ebpf::helpers::generated::bpf_get_task_stack(
+            task as *mut _,
+            (&raw mut (*s).ips).cast(),
+            (MAX_DEPTH * 8) as u32,
+            0,
+        )
+    };
+    if n < 0 {
+        count_error(ERR_KERNEL_STACK);
+        return None;
+    }
+    store(s, n as u64 / 8)
 }
 
 /// The user stack of the current task, stored: walked from the process's
@@ -237,6 +266,18 @@ fn store(s: *mut Stack, len: u64) -> Option<u64> {
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
     h |= 1;
+    // Most stacks are stored already: a lookup takes no lock, an insert
+    // takes the bucket's even to find the key there.
+    // SAFETY: a lookup; the value is not read.
+    if unsafe { STACKS.get(&h) }.is_some() {
+        return Some(h);
+    }
+    // Most stacks are stored already: a lookup takes no lock, an insert
+    // takes the bucket's even to find the key there.
+    // SAFETY: a lookup; the value is not read.
+    if unsafe { STACKS.get(&h) }.is_some() {
+        return Some(h);
+    }
     // SAFETY: `s` is a map value.
     unsafe { (*s).len = len };
     // By reference: a copy would not fit on the eBPF stack.

@@ -31,6 +31,9 @@ pub struct Filter {
     pub state: u32,
     /// Whether the wakers' stacks are taken.
     pub waker: bool,
+    /// Whether kernel stacks keep the scheduler's and lock primitives'
+    /// frames (walked as the thread leaves the CPU).
+    pub sched_frames: bool,
 }
 
 /// The context-switch programs of one object.
@@ -38,7 +41,9 @@ pub struct Filter {
 pub struct OffCpu {
     /// The programs attached: sched_switch's, then sched_waking's.
     programs: Vec<String>,
-    waker: bool,
+    filter: Option<Filter>,
+    /// Whether the programs attached read tasks by BTF type (tp_btf).
+    typed: bool,
 }
 
 impl OffCpu {
@@ -52,7 +57,7 @@ impl OffCpu {
     ) -> anyhow::Result<Config> {
         let btf = kernel.btf()?;
         let task = |m: &[&str]| btf.member_any("task_struct", m).map(|i| i.offset);
-        self.waker = filter.waker;
+        self.filter = Some(filter);
         // A thread is in the table from the moment it leaves the CPU until
         // it is back.
         load.size("STARTS", tracer::thread_entries());
@@ -69,6 +74,8 @@ impl OffCpu {
             task_flags: task(&["flags"])?,
             waker: u32::from(filter.waker),
             mark_switches: 0,
+            sched_frames: u32::from(filter.sched_frames),
+            _pad: 0,
         })
     }
 
@@ -80,7 +87,8 @@ impl OffCpu {
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         let mut hooks = Hooks::new(m, kernel)?;
-        let events: &[&str] = if self.waker {
+        self.typed = m == Mechanism::TpBtf;
+        let events: &[&str] = if self.filter.is_some_and(|f| f.waker) {
             &["sched_switch", "sched_waking"]
         } else {
             &["sched_switch"]
@@ -109,13 +117,24 @@ impl OffCpu {
         )
     }
 
-    /// What is attached, for `-v`.
-    pub fn describe(&self) -> &'static str {
-        if self.waker {
+    /// What is attached, and where kernel stacks are walked, for `-v`.
+    pub fn describe(&self) -> String {
+        let f = self.filter;
+        let what = if f.is_some_and(|f| f.waker) {
             "sched_switch and sched_waking (wakers)"
         } else {
             "sched_switch"
-        }
+        };
+        let kernel = match f {
+            Some(f) if !f.kernel => "",
+            // As the eBPF side decides (`kernel_at_switch_out`).
+            Some(f) if self.typed && !f.sched_frames => {
+                ", kernel stacks walked from where the thread stopped (no scheduler or \
+                 lock frames; --sched-frames keeps them)"
+            }
+            _ => ", kernel stacks walked as the thread leaves the CPU",
+        };
+        format!("{what}{kernel}")
     }
 
     /// Stops counting: the programs are unloaded, so that the report is

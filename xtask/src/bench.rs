@@ -533,14 +533,17 @@ fn offcputime() -> anyhow::Result<()> {
             None,
         ),
     ];
-    // The default comes first: the target is judged on it.
-    let variants: [(&str, &[&str]); 3] = [
-        ("default: CFI walk", &[]),
-        ("--unwind fp", &["--unwind", "fp"]),
-        ("--waker", &["--waker"]),
+    // The default comes first: the target is judged on it. Each names
+    // the walk it must have used (`-v`): a program the verifier refuses
+    // falls back to another, which would measure the wrong thing.
+    let variants: [(&str, &[&str], &str); 4] = [
+        ("default: CFI walk", &[], "from CFI"),
+        ("--unwind fp", &["--unwind", "fp"], "by frame pointers"),
+        ("--sched-frames", &["--sched-frames"], "as the thread leaves"),
+        ("--waker", &["--waker"], "from CFI"),
     ];
-    for (what, args) in variants {
-        let mut all = vec!["offcputime"];
+    for (what, args, _) in variants {
+        let mut all = vec!["offcputime", "-v"];
         all.extend_from_slice(args);
         setups.push(Setup::traced(
             format!("rtrace offcputime ({what})"),
@@ -555,6 +558,14 @@ fn offcputime() -> anyhow::Result<()> {
         PIPE_LOOPS * 2
     );
     let results = trials(&setups, "ns/switch", sched_pipe)?;
+    for ((s, r), (_, _, walk)) in setups.iter().zip(&results).skip(2).zip(variants) {
+        for stop in &r.stops {
+            let attached = stop.stderr.lines().find(|l| l.contains("attached with"));
+            if !attached.is_some_and(|l| l.contains(walk)) {
+                bail!("{}: not what was to be measured ({walk}): {attached:?}", s.label);
+            }
+        }
+    }
     let (ratio, bpf_ratio) = report(&setups, &results, "ns/switch");
     println!();
     let met = |r: f64, goal: f64| if r <= goal { "met" } else { "NOT met" };

@@ -88,6 +88,13 @@ pub struct Args {
     /// `--` (folded: after it, leaf to leaf).
     #[arg(long)]
     waker: bool,
+    /// Keep the scheduler's and the lock primitives' own frames (schedule,
+    /// mutex_lock, io_schedule...) at the leaf of kernel stacks, as bcc
+    /// shows them: the stack is then walked as the thread leaves the CPU,
+    /// which costs more per switch. Without it, it is walked from where
+    /// the thread stopped, as /proc/PID/stack shows it.
+    #[arg(long)]
+    sched_frames: bool,
     /// Trace threads in this cgroup v2 directory (and below) only.
     #[arg(short = 'c', long, value_name = "PATH")]
     cgroup: Option<PathBuf>,
@@ -229,6 +236,7 @@ impl Tool for Offcputime {
             },
             state: args.state.unwrap_or(STATE_ANY),
             waker: args.waker,
+            sched_frames: args.sched_frames,
         };
         let cfg = self.off_cpu.configure(filter, kernel, load)?;
         self.stacks.configure(&self.args.stacks, kernel, load)?;

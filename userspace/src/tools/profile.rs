@@ -335,6 +335,7 @@ impl Tool for Profile {
                 threads: THREADS_USER,
                 state: STATE_ANY,
                 waker: false,
+                sched_frames: false,
             };
             cfg.off_cpu = off.configure(filter, kernel, load)?;
             cfg.off_cpu.mark_switches = 1;
