@@ -269,13 +269,7 @@ fn store(s: *mut Stack, len: u64) -> Option<u64> {
     // Most stacks are stored already: a lookup takes no lock, an insert
     // takes the bucket's even to find the key there.
     // SAFETY: a lookup; the value is not read.
-    if unsafe { STACKS.get(&h) }.is_some() {
-        return Some(h);
-    }
-    // Most stacks are stored already: a lookup takes no lock, an insert
-    // takes the bucket's even to find the key there.
-    // SAFETY: a lookup; the value is not read.
-    if unsafe { STACKS.get(&h) }.is_some() {
+    if unsafe { STACKS.get(h) }.is_some() {
         return Some(h);
     }
     // SAFETY: `s` is a map value.

@@ -539,7 +539,11 @@ fn offcputime() -> anyhow::Result<()> {
     let variants: [(&str, &[&str], &str); 4] = [
         ("default: CFI walk", &[], "from CFI"),
         ("--unwind fp", &["--unwind", "fp"], "by frame pointers"),
-        ("--sched-frames", &["--sched-frames"], "as the thread leaves"),
+        (
+            "--sched-frames",
+            &["--sched-frames"],
+            "as the thread leaves",
+        ),
         ("--waker", &["--waker"], "from CFI"),
     ];
     for (what, args, _) in variants {
@@ -562,7 +566,10 @@ fn offcputime() -> anyhow::Result<()> {
         for stop in &r.stops {
             let attached = stop.stderr.lines().find(|l| l.contains("attached with"));
             if !attached.is_some_and(|l| l.contains(walk)) {
-                bail!("{}: not what was to be measured ({walk}): {attached:?}", s.label);
+                bail!(
+                    "{}: not what was to be measured ({walk}): {attached:?}",
+                    s.label
+                );
             }
         }
     }
