@@ -639,6 +639,17 @@ fn pprof_stacks(p: &pprof::Profile) -> BTreeMap<Vec<String>, u64> {
     out
 }
 
+/// The red, green and blue of an SVG `fill="rgb(r,g,b)"`.
+fn rgb(fill: &str) -> [u32; 3] {
+    let c: Vec<u32> = fill
+        .trim_start_matches("rgb(")
+        .trim_end_matches(')')
+        .split(',')
+        .map(|c| c.trim().parse().unwrap())
+        .collect();
+    [c[0], c[1], c[2]]
+}
+
 /// Parses an SVG as XML; flame graphs carry a DOCTYPE.
 fn parse_svg(text: &str) -> Result<roxmltree::Document<'_>, roxmltree::Error> {
     let opts = roxmltree::ParsingOptions {
@@ -741,13 +752,8 @@ fn folded_pprof_speedscope_and_svg_agree() {
         .map(|f| format!("{} (", f.last().unwrap()))
         .collect();
     let red = |fill: &str| {
-        let rgb: Vec<u32> = fill
-            .trim_start_matches("rgb(")
-            .trim_end_matches(')')
-            .split(',')
-            .map(|c| c.trim().parse().unwrap())
-            .collect();
-        rgb[0] > rgb[1] && rgb[0] > rgb[2]
+        let [r, g, b] = rgb(fill);
+        r > g && r > b
     };
     let mut leaves = 0;
     for g in doc.descendants().filter(|n| n.has_tag_name("g")) {
@@ -1097,14 +1103,6 @@ fn off_cpu_and_on_cpu_time_split_as_measured() {
         .and_then(|g| g.children().find(|c| c.has_tag_name("rect")))
         .and_then(|r| r.attribute("fill"))
         .expect("no [off-CPU] frame in the flame graph");
-    let rgb: Vec<u32> = fill
-        .trim_start_matches("rgb(")
-        .trim_end_matches(')')
-        .split(',')
-        .map(|c| c.trim().parse().unwrap())
-        .collect();
-    assert!(
-        rgb[2] > rgb[0] && rgb[2] > rgb[1],
-        "[off-CPU] is not blue: {fill}"
-    );
+    let [r, g, b] = rgb(fill);
+    assert!(b > r && b > g, "[off-CPU] is not blue: {fill}");
 }
