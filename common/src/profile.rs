@@ -84,6 +84,23 @@ impl Key {
             comm,
         }
     }
+
+    /// Names the kernel stack by the hash it was stored under, or marks
+    /// it missed (`None`: it could not be walked or stored).
+    pub fn set_kernel(&mut self, stored: Option<u64>) {
+        match stored {
+            Some(h) => self.kernel = h,
+            None => self.flags |= MISSED_KERNEL,
+        }
+    }
+
+    /// The same for the user stack.
+    pub fn set_user(&mut self, stored: Option<u64>) {
+        match stored {
+            Some(h) => self.user = h,
+            None => self.flags |= MISSED_USER,
+        }
+    }
 }
 
 /// What offcputime counts blocked time by: the blocked thread's [`Key`],

@@ -16,14 +16,14 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     maps::{HashMap, PerCpuArray},
 };
 use rtrace_common::{
     offcputime::{
         Config, ERR_STARTS_FULL, PF_KTHREAD, STATE_ANY, Start, THREADS_ALL, THREADS_USER,
     },
-    profile::{Key, MISSED_KERNEL, MISSED_USER, OFF_CPU, WakeKey},
+    profile::{Key, OFF_CPU, WakeKey},
 };
 
 use crate::{
@@ -197,42 +197,16 @@ fn traced<const DIRECT: bool>(cfg: &Config, prev: *const u8, tgid: u32, tid: u32
     true
 }
 
-/// The current thread described as a key: process, command and the
-/// stacks `cfg` asks for.
-#[inline(always)]
-fn current<C: EbpfContext, S: Sink>(
-    ctx: &C,
-    events: &S,
-    cfg: &Config,
-    tgid: u32,
-    kernel: bool,
-    key: &mut Key,
-) {
-    *key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
-    if kernel {
-        match stacks::kernel_stack(ctx) {
-            Some(h) => key.kernel = h,
-            None => key.flags |= MISSED_KERNEL,
-        }
-    }
-    if cfg.user != 0 {
-        match stacks::user_stack(ctx, events, tgid, core::ptr::null()) {
-            Some(h) => key.user = h,
-            None => key.flags |= MISSED_USER,
-        }
-    }
-}
-
-/// Whether the kernel stack of a thread leaving the CPU is walked then.
-/// Otherwise it is walked when the thread runs again, from where it
-/// stopped (`bpf_get_task_stack`, which needs the task's BTF type: tp_btf
+/// Whether a thread's kernel stack is walked when it runs again, from
+/// where it stopped (`bpf_get_task_stack`, which needs the task's BTF type: tp_btf
 /// only): the same frames but the scheduler's and the lock primitives'
 /// (`__sched` code), which the kernel skips there as in
 /// `/proc/PID/stack`, and a third less work, as the walk does not
-/// start in the tracepoint's own frames.
+/// start in the tracepoint's own frames. Otherwise it is walked as the
+/// thread leaves the CPU.
 #[inline(always)]
-fn kernel_at_switch_out<const DIRECT: bool>(cfg: &Config) -> bool {
-    cfg.kernel != 0 && (!DIRECT || cfg.sched_frames != 0)
+fn kernel_at_switch_in<const DIRECT: bool>(cfg: &Config) -> bool {
+    DIRECT && cfg.sched_frames == 0
 }
 
 /// Takes the current thread's stacks and keeps them with the time.
@@ -253,12 +227,13 @@ fn leaves<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
             waker: zero,
         },
     };
-    current(
+    stacks::describe_current(
         ctx,
         t.events,
-        cfg,
         tgid,
-        kernel_at_switch_out::<DIRECT>(cfg),
+        cfg.kernel != 0 && !kernel_at_switch_in::<DIRECT>(cfg),
+        cfg.user != 0,
+        core::ptr::null(),
         &mut start.key.key,
     );
     if t.starts.insert(tid, start, 0).is_err() {
@@ -287,9 +262,16 @@ pub fn wakes<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: a map value; a thread is woken by one thread at a time, and
     // a lost race only names the other waker.
-    current(ctx, t.events, cfg, tgid, cfg.kernel != 0, unsafe {
-        &mut (*start).key.waker
-    });
+    let waker = unsafe { &mut (*start).key.waker };
+    stacks::describe_current(
+        ctx,
+        t.events,
+        tgid,
+        cfg.kernel != 0,
+        cfg.user != 0,
+        core::ptr::null(),
+        waker,
+    );
 }
 
 /// Adds the time thread `tid`, switched to, was off the CPU to its
@@ -318,11 +300,8 @@ fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
             && off <= cfg.max_ns
         {
             (*start).key.key.generation = stacks::generation();
-            if cfg.kernel != 0 && !kernel_at_switch_out::<DIRECT>(cfg) {
-                match stacks::task_kernel_stack(next) {
-                    Some(h) => (*start).key.key.kernel = h,
-                    None => (*start).key.key.flags |= MISSED_KERNEL,
-                }
+            if cfg.kernel != 0 && kernel_at_switch_in::<DIRECT>(cfg) {
+                (*start).key.key.set_kernel(stacks::task_kernel_stack(next));
             }
             K::add(ctx, t.events, t.counts, &(*start).key, off);
         }

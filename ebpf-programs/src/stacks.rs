@@ -12,7 +12,10 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::generated::bpf_get_stack,
+    helpers::{
+        bpf_get_current_comm,
+        generated::{bpf_get_stack, bpf_get_task_stack},
+    },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
@@ -153,6 +156,27 @@ fn first_in_generation(tgid: u32, generation: u32) -> bool {
     true
 }
 
+/// Describes the current thread in `key`: its process, command and the
+/// stacks asked for (`sampled`: see [`user_stack`]), in generation 0.
+#[inline(always)]
+pub fn describe_current<C: EbpfContext, S: Sink>(
+    ctx: &C,
+    events: &S,
+    tgid: u32,
+    kernel: bool,
+    user: bool,
+    sampled: *const u8,
+    key: &mut Key,
+) {
+    *key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
+    if kernel {
+        key.set_kernel(kernel_stack(ctx));
+    }
+    if user {
+        key.set_user(user_stack(ctx, events, tgid, sampled));
+    }
+}
+
 /// The kernel stack of the current task, stored: its hash (0 for none),
 /// `None` if it could not be walked or stored.
 #[inline(always)]
@@ -166,24 +190,11 @@ pub fn kernel_stack<C: EbpfContext>(ctx: &C) -> Option<u64> {
 /// must be a BTF-typed pointer (tp_btf's arguments).
 #[inline(always)]
 pub fn task_kernel_stack(task: *const u8) -> Option<u64> {
-    let s = STACK_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: a map value.
-    let s = unsafe { &raw mut (*s).stack };
-    // SAFETY: `s` is a map value with room for `MAX_DEPTH` frames; the
-    // helper copes with any task.
-    let n = unsafe {
-        aya_ebpf::helpers::generated::bpf_get_task_stack(
-            task as *mut _,
-            (&raw mut (*s).ips).cast(),
-            (MAX_DEPTH * 8) as u32,
-            0,
-        )
-    };
-    if n < 0 {
-        count_error(ERR_KERNEL_STACK);
-        return None;
-    }
-    store(s, n as u64 / 8)
+    // SAFETY: `buf` has room for `size` bytes; the helper copes with any
+    // task.
+    walk_and_store(ERR_KERNEL_STACK, |buf, size| unsafe {
+        bpf_get_task_stack(task as *mut _, buf, size, 0)
+    })
 }
 
 /// The user stack of the current task, stored: walked from the process's
@@ -223,19 +234,27 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
 /// Walks one stack with `bpf_get_stack` and stores it.
 #[inline(always)]
 fn get_stack<C: EbpfContext>(ctx: &C, flags: u64, walk_error: u32) -> Option<u64> {
+    // SAFETY: `buf` has room for `size` bytes; the helper zeroes what it
+    // does not fill.
+    walk_and_store(walk_error, |buf, size| unsafe {
+        bpf_get_stack(ctx.as_ptr(), buf, size, flags)
+    })
+}
+
+/// Runs a kernel stack helper, `walk(buffer, bytes)`, into the scratch
+/// stack and stores what it walked; a failed walk counts `walk_error`.
+#[inline(always)]
+fn walk_and_store(
+    walk_error: u32,
+    walk: impl FnOnce(*mut core::ffi::c_void, u32) -> i64,
+) -> Option<u64> {
     let s = STACK_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: a map value.
+    // SAFETY: a map value, with room for `MAX_DEPTH` frames.
     let s = unsafe { &raw mut (*s).stack };
-    // SAFETY: `s` is a map value with room for `MAX_DEPTH` frames; the
-    // helper zeroes what it does not fill.
-    let n = unsafe {
-        bpf_get_stack(
-            ctx.as_ptr(),
-            (&raw mut (*s).ips).cast(),
-            (MAX_DEPTH * 8) as u32,
-            flags,
-        )
-    };
+    let n = walk(
+        unsafe { (&raw mut (*s).ips).cast() },
+        (MAX_DEPTH * 8) as u32,
+    );
     if n < 0 {
         count_error(walk_error);
         return None;

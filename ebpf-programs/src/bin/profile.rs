@@ -7,12 +7,12 @@
 
 use aya_ebpf::{
     EbpfContext, Global,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, perf_event},
     maps::PerCpuArray,
     programs::PerfEventContext,
 };
-use rtrace_common::profile::{Config, Key, MAX_PERIODS, MISSED_KERNEL, MISSED_USER};
+use rtrace_common::profile::{Config, Key, MAX_PERIODS};
 use rtrace_ebpf::{global, stacks, targets};
 
 rtrace_ebpf::event_map!();
@@ -53,22 +53,13 @@ fn sample(ctx: &PerfEventContext) {
     if !targets::admits(tgid, tid) {
         return;
     }
-    let mut key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
+    let mut key = Key::new(0, [0; 16]);
+    // The sample's registers: the user walk starts there when it hit user
+    // mode.
+    let sampled = ctx.as_ptr() as *const u8;
+    let (kernel, user) = (cfg.kernel != 0, cfg.user != 0);
+    stacks::describe_current(ctx, &EVENTS, tgid, kernel, user, sampled, &mut key);
     key.generation = stacks::generation();
-    if cfg.kernel != 0 {
-        match stacks::kernel_stack(ctx) {
-            Some(h) => key.kernel = h,
-            None => key.flags |= MISSED_KERNEL,
-        }
-    }
-    if cfg.user != 0 {
-        // The sample's registers: the walk starts there when it hit user
-        // mode.
-        match stacks::user_stack(ctx, &EVENTS, tgid, ctx.as_ptr() as *const u8) {
-            Some(h) => key.user = h,
-            None => key.flags |= MISSED_USER,
-        }
-    }
     stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, value);
 }
 
