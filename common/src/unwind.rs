@@ -12,6 +12,9 @@ pub const MAX_REGIONS: usize = 48;
 pub const NEW_CODE_EVERY_NS: u64 = 100_000_000;
 /// Steps of one binary search: enough for 2^24 rows in a file.
 pub const SEARCH_STEPS: usize = 24;
+/// A file's index has at most one bucket for this many rows, so that it
+/// takes at most an eighth of the rows' memory.
+pub const ROWS_PER_BUCKET: u32 = 4;
 
 /// [`CfiRow::cfa`]: no CFI covers these addresses: walk by frame pointer.
 pub const CFA_NONE: u8 = 0;
@@ -47,6 +50,17 @@ pub struct CfiRow {
 }
 
 /// One executable mapping of a process.
+///
+/// A file's rows are found through its index: the file's code, from its
+/// first row's address on, is cut into buckets of `1 << index_shift`
+/// bytes, and bucket `b`'s entry is the last row at or before the
+/// bucket's start. The row of an address is then searched for between
+/// its bucket's entry and the next one's: a few rows on one or two cache
+/// lines, where a search of the whole file touched one line a step, each
+/// a miss when samples are far apart.
+///
+/// A bucket names both ends of its rows, so that one read finds them: an
+/// array map's elements are eight bytes apart anyway.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Region {
@@ -56,10 +70,32 @@ pub struct Region {
     pub end: u64,
     /// Subtracted from an address to get the file's virtual address.
     pub bias: u64,
+    /// The file address the index's first bucket starts at: its first
+    /// row's.
+    pub index_base: u64,
     /// The file's first row in the rows array.
     pub row_start: u32,
     /// The file's rows; 0 where it has none (walked by frame pointer).
     pub row_len: u32,
+    /// The file's first entry in the index array.
+    pub index_start: u32,
+    /// The file's buckets; at least one where it has rows.
+    pub index_len: u32,
+    /// A bucket covers `1 << index_shift` bytes of code.
+    pub index_shift: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+}
+
+/// One bucket of a file's index: the rows that cover its code are
+/// `first..end` of the file's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    /// The last row at or before the bucket's first address.
+    pub first: u32,
+    /// One past the last row at or before the next bucket's first address.
+    pub end: u32,
 }
 
 /// A process's regions, sorted by address.
@@ -95,4 +131,4 @@ pub struct CfiOffsets {
     pub task_tgid: u32,
 }
 
-crate::pod!(CfiRow, Region, ProcRegions, CfiOffsets);
+crate::pod!(CfiRow, Bucket, Region, ProcRegions, CfiOffsets);

@@ -18,8 +18,8 @@ use aya_ebpf::{
 use rtrace_common::{
     profile::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, SEEN_EXEC, SEEN_FORK, Seen},
     unwind::{
-        CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, MAX_REGIONS, NEW_CODE_EVERY_NS,
-        ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
+        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, MAX_REGIONS,
+        NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
     },
 };
 
@@ -40,6 +40,10 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
 /// through a shared mapping, not a syscall per row.
 #[map]
 static CFI_ROWS: Array<CfiRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// Every loaded file's index into its rows (see [`Region`]); user space
+/// sizes it and writes it as it does the rows.
+#[map]
+static CFI_INDEX: Array<Bucket> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 /// Each process's regions, by process id; user space sizes it.
 #[map]
 static CFI_PROCS: HashMap<u32, ProcRegions> = HashMap::with_max_entries(1, 0);
@@ -189,16 +193,31 @@ fn region(procs: &ProcRegions, st: &mut State, ip: u64) -> bool {
 }
 
 /// The row of region `r`'s file for file address `pc`, if any CFI
-/// covers it: the last row at or before `pc`, found by halves.
+/// covers it: the last row at or before `pc`, found by halves among the
+/// rows of its bucket of the index.
 #[inline(always)]
 fn search_rows(r: &Region, pc: u64) -> Option<CfiRow> {
-    let (start, mut lo, mut hi) = (r.row_start, 0u32, r.row_len);
+    let last = r.index_len.checked_sub(1)?;
+    if pc < r.index_base {
+        return None;
+    }
+    let b = (pc - r.index_base) >> (r.index_shift & 63);
+    let b = if b > u64::from(last) { last } else { b as u32 };
+    let Bucket {
+        first: mut lo,
+        end: mut hi,
+    } = *CFI_INDEX.get(r.index_start + b)?;
+    if hi > r.row_len {
+        hi = r.row_len;
+    }
+    // The bucket's first row is at or before `pc`, so the answer is at
+    // least that row: `lo` ends above it.
     for _ in 0..SEARCH_STEPS {
         if lo >= hi {
             break;
         }
         let mid = lo + (hi - lo) / 2;
-        if row(start + mid)?.pc <= pc {
+        if row(r.row_start + mid)?.pc <= pc {
             lo = mid + 1;
         } else {
             hi = mid;
@@ -207,7 +226,7 @@ fn search_rows(r: &Region, pc: u64) -> Option<CfiRow> {
     if lo == 0 {
         return None;
     }
-    row(start + lo - 1)
+    row(r.row_start + lo - 1)
 }
 
 /// One frame of the walk, run by `bpf_loop`: records the frame's pc

@@ -60,6 +60,10 @@ pub struct StackArgs {
 const CFI: &str = "cfi";
 /// Rows of CFI the kernel holds: 16 MiB.
 const CFI_ROWS: u32 = 1 << 20;
+/// Buckets of the rows' index: a file has at most one for every
+/// `ROWS_PER_BUCKET` rows, and one more, so the rest is for files with
+/// very few rows; 2.5 MiB.
+const CFI_BUCKETS: u32 = CFI_ROWS / rtrace_common::unwind::ROWS_PER_BUCKET + (1 << 16);
 /// Processes whose regions the kernel holds.
 const CFI_PROCESSES: u32 = 4096;
 
@@ -126,6 +130,7 @@ impl StackTool {
             };
             load.global("CFI_OFFSETS", &offsets)
                 .size("CFI_ROWS", CFI_ROWS)
+                .size("CFI_INDEX", CFI_BUCKETS)
                 .size("CFI_PROCS", CFI_PROCESSES);
         }
         load.size("STACKS", args.stack_storage_size)
@@ -140,7 +145,7 @@ impl StackTool {
         if !self.cfi_loaded {
             return Ok(());
         }
-        let mut tables = KernelTables::new(ebpf, CFI_ROWS)?;
+        let mut tables = KernelTables::new(ebpf, CFI_ROWS, CFI_BUCKETS)?;
         for &pid in pids {
             tables.add_process(pid, true)?;
         }

@@ -22,7 +22,9 @@ use gimli::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
-use rtrace_common::unwind::{CfiRow, MAX_REGIONS, ProcRegions, Region as KRegion};
+use rtrace_common::unwind::{
+    Bucket, CfiRow, MAX_REGIONS, ProcRegions, ROWS_PER_BUCKET, Region as KRegion,
+};
 
 use crate::procmaps;
 
@@ -95,6 +97,47 @@ pub struct Table {
     /// Rows whose rules the unwinder cannot follow (such as a CFA given by
     /// an expression other than the PLT's), kept as [`CFA_NONE`].
     pub unsupported: usize,
+    /// For each bucket of `1 << index_shift` bytes of code from the first
+    /// row's address, the rows that cover it; see
+    /// [`rtrace_common::unwind::Region`].
+    pub index: Vec<Bucket>,
+    /// See [`Table::index`].
+    pub index_shift: u32,
+}
+
+impl Table {
+    /// Builds the index of the rows: buckets of 16 bytes of code or more,
+    /// and no more than one for every [`ROWS_PER_BUCKET`] rows.
+    fn build_index(&mut self) {
+        let (Some(first), Some(last)) = (self.rows.first(), self.rows.last()) else {
+            return;
+        };
+        let span = last.pc - first.pc;
+        let most = (self.rows.len() as u64 / u64::from(ROWS_PER_BUCKET)).max(1);
+        let mut shift = 4;
+        while (span >> shift) + 1 > most {
+            shift += 1;
+        }
+        let buckets = (span >> shift) + 1;
+        // The last row at or before each bucket's start.
+        let mut starts = Vec::with_capacity(buckets as usize);
+        let mut i = 0;
+        for b in 0..buckets {
+            let at = first.pc + (b << shift);
+            while self.rows.get(i + 1).is_some_and(|r| r.pc <= at) {
+                i += 1;
+            }
+            starts.push(i as u32);
+        }
+        let len = self.rows.len() as u32;
+        self.index = (0..starts.len())
+            .map(|b| Bucket {
+                first: starts[b],
+                end: starts.get(b + 1).map_or(len, |&next| next + 1),
+            })
+            .collect();
+        self.index_shift = shift;
+    }
 }
 
 /// The PLT's CFA expression as GCC and binutils write it:
@@ -127,11 +170,13 @@ fn plt_threshold(expr: &[u8]) -> Option<i32> {
 }
 
 /// Appends the rows of every FDE in `section` (`.eh_frame` or
-/// `.debug_frame`), each function followed by a row that ends it.
+/// `.debug_frame`) to `rows`, and each function's first address and the
+/// range of its rows in `rows` to `functions`.
 fn add_rows<'d, S>(
     section: &S,
     bases: &BaseAddresses,
     rows: &mut Vec<Row>,
+    functions: &mut Vec<Function>,
     unsupported: &mut usize,
 ) -> Result<(), gimli::Error>
 where
@@ -144,6 +189,7 @@ where
             continue;
         };
         let fde = partial.parse(S::cie_from_offset)?;
+        let first = rows.len();
         let mut fde_rows = fde.rows(section, bases, &mut ctx)?;
         while let Some(r) = fde_rows.next_row()? {
             let mut row = Row::none(r.start_address());
@@ -186,10 +232,76 @@ where
             }
             rows.push(row);
         }
-        // Past the function, nothing is known until the next FDE says so.
-        rows.push(Row::none(fde.initial_address() + fde.len()));
+        functions.push(Function {
+            start: fde.initial_address(),
+            end: fde.initial_address() + fde.len(),
+            rows: first as u32..rows.len() as u32,
+        });
     }
     Ok(())
+}
+
+/// One FDE's address range and where its rows are.
+struct Function {
+    start: u64,
+    end: u64,
+    rows: std::ops::Range<u32>,
+}
+
+/// Puts the functions' rows in address order, each function followed by a
+/// row that ends it unless the next one starts right there, and merges
+/// neighbours with the same rules. Functions are sorted, not rows: there
+/// are a twentieth as many, and each one's rows are in order already.
+fn assemble(rows: &[Row], mut functions: Vec<Function>) -> Vec<Row> {
+    functions.sort_unstable_by_key(|f| f.start);
+    let mut out: Vec<Row> = Vec::with_capacity(rows.len() + functions.len());
+    let push = |r: Row, out: &mut Vec<Row>| {
+        if let Some(last) = out.last_mut() {
+            if last.pc == r.pc {
+                // A function's end marker and the next function's first
+                // row share an address: the function's row wins, since it
+                // is the one that covers it.
+                if r.cfa != CFA_NONE || last.cfa == CFA_NONE {
+                    *last = r;
+                }
+                if out.len() >= 2 && out[out.len() - 2].same_rules(&out[out.len() - 1]) {
+                    out.pop();
+                }
+                return;
+            }
+            if last.same_rules(&r) {
+                return;
+            }
+        }
+        out.push(r);
+    };
+    let mut sorted = true;
+    for (i, f) in functions.iter().enumerate() {
+        for &r in &rows[f.rows.start as usize..f.rows.end as usize] {
+            sorted &= out.last().is_none_or(|l| l.pc <= r.pc);
+            push(r, &mut out);
+        }
+        if functions.get(i + 1).is_none_or(|next| next.start > f.end) {
+            push(Row::none(f.end), &mut out);
+        }
+    }
+    if !sorted {
+        // Overlapping FDEs (broken, but seen): order the rows themselves.
+        let mut all: Vec<Row> = Vec::with_capacity(rows.len() + functions.len());
+        for f in &functions {
+            all.extend_from_slice(&rows[f.rows.start as usize..f.rows.end as usize]);
+            all.push(Row::none(f.end));
+        }
+        all.sort_by_key(|r| (r.pc, r.cfa == CFA_NONE));
+        all.dedup_by_key(|r| r.pc);
+        out.clear();
+        for r in all {
+            if out.last().is_none_or(|last| !last.same_rules(&r)) {
+                out.push(r);
+            }
+        }
+    }
+    out
 }
 
 /// Compiles the call frame information of the ELF file in `data`: its
@@ -206,33 +318,41 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
     }
     let mut table = Table::default();
     let mut rows: Vec<Row> = Vec::new();
+    let mut functions = Vec::new();
     let mut found = false;
     if let Some(section) = file.section_by_name(".eh_frame") {
         let eh_data = section.uncompressed_data()?;
+        // Code runs about one row to two or three bytes of CFI.
+        rows.reserve(eh_data.len() / 2);
         let bases = bases.clone().set_eh_frame(section.address());
         let eh_frame = EhFrame::new(&eh_data, LittleEndian);
-        add_rows(&eh_frame, &bases, &mut rows, &mut table.unsupported)?;
+        add_rows(
+            &eh_frame,
+            &bases,
+            &mut rows,
+            &mut functions,
+            &mut table.unsupported,
+        )?;
         found = true;
     }
     if let Some(section) = file.section_by_name(".debug_frame") {
         let debug_data = section.uncompressed_data()?;
         let mut debug_frame = DebugFrame::new(&debug_data, LittleEndian);
         debug_frame.set_address_size(8);
-        add_rows(&debug_frame, &bases, &mut rows, &mut table.unsupported)?;
+        add_rows(
+            &debug_frame,
+            &bases,
+            &mut rows,
+            &mut functions,
+            &mut table.unsupported,
+        )?;
         found = true;
     }
     if !found {
         return Err(CfiError::NoCfi);
     }
-    // A function's end marker and the next function's first row share an
-    // address: the function's row wins, since it is the one that covers it.
-    rows.sort_by_key(|r| (r.pc, r.cfa == CFA_NONE));
-    rows.dedup_by_key(|r| r.pc);
-    for r in rows {
-        if table.rows.last().is_none_or(|last| !last.same_rules(&r)) {
-            table.rows.push(r);
-        }
-    }
+    table.rows = assemble(&rows, functions);
+    table.build_index();
     Ok(table)
 }
 
@@ -408,18 +528,22 @@ impl Tables {
     }
 }
 
-/// The kernel's copy of the tables: the rows array and each process's
-/// regions, filled as processes show up and refreshed as they map more
-/// (`dlopen`), each file's rows loaded once.
+/// The kernel's copy of the tables: the rows and index arrays and each
+/// process's regions, filled as processes show up and refreshed as they
+/// map more (`dlopen`), each file's rows loaded once.
 pub struct KernelTables {
     /// The rows array, written in place through `rows`.
     _rows_map: aya::maps::Array<aya::maps::MapData, CfiRow>,
     rows: crate::memory::SharedArray<CfiRow>,
+    /// The index array, written in place through `index`.
+    _index_map: aya::maps::Array<aya::maps::MapData, Bucket>,
+    index: crate::memory::SharedArray<Bucket>,
     procs: aya::maps::HashMap<aya::maps::MapData, u32, ProcRegions>,
     tables: Tables,
-    /// Each loaded file's first row and row count, by its table.
-    loaded: HashMap<usize, (u32, u32)>,
+    /// Where each loaded file's rows and index are, by its table.
+    loaded: HashMap<usize, Loaded>,
     next_row: u32,
+    next_bucket: u32,
     /// When each process's regions were last read.
     captured: HashMap<u32, std::time::Instant>,
     /// Files whose rows did not fit: their code is walked by frame pointer.
@@ -429,29 +553,57 @@ pub struct KernelTables {
     pub processes_not_loaded: usize,
 }
 
+/// Where one file's rows and index are in the kernel's arrays.
+#[derive(Clone, Copy, Default)]
+struct Loaded {
+    row_start: u32,
+    row_len: u32,
+    index_start: u32,
+    index_len: u32,
+}
+
+/// Maps the array `name` of `ebpf`, of `len` elements, shared and
+/// writable.
+fn shared_array<T: aya::Pod>(
+    ebpf: &mut aya::Ebpf,
+    name: &str,
+    len: u32,
+) -> anyhow::Result<(
+    aya::maps::Array<aya::maps::MapData, T>,
+    crate::memory::SharedArray<T>,
+)> {
+    use anyhow::Context as _;
+    use aya::maps::IterableMap as _;
+    use std::os::fd::AsFd as _;
+    let map: aya::maps::Array<_, T> = ebpf
+        .take_map(name)
+        .with_context(|| format!("map {name} missing"))?
+        .try_into()?;
+    let shared = crate::memory::SharedArray::of(map.map().fd().as_fd(), len as usize)
+        .with_context(|| format!("cannot map the array {name}"))?;
+    Ok((map, shared))
+}
+
 impl KernelTables {
     /// Takes the `cfi` object's maps, whose rows array holds `capacity`
-    /// rows.
-    pub fn new(ebpf: &mut aya::Ebpf, capacity: u32) -> anyhow::Result<Self> {
+    /// rows and whose index holds `buckets` entries.
+    pub fn new(ebpf: &mut aya::Ebpf, capacity: u32, buckets: u32) -> anyhow::Result<Self> {
         use anyhow::Context as _;
-        use aya::maps::IterableMap as _;
-        use std::os::fd::AsFd as _;
-        let rows_map: aya::maps::Array<_, CfiRow> = ebpf
-            .take_map("CFI_ROWS")
-            .context("map CFI_ROWS missing")?
-            .try_into()?;
-        let rows = crate::memory::SharedArray::of(rows_map.map().fd().as_fd(), capacity as usize)
-            .context("cannot map the CFI rows array")?;
+        let (rows_map, rows) = shared_array(ebpf, "CFI_ROWS", capacity)?;
+        let (index_map, index) = shared_array(ebpf, "CFI_INDEX", buckets)?;
         let procs = ebpf
             .take_map("CFI_PROCS")
             .context("map CFI_PROCS missing")?;
         Ok(Self {
             _rows_map: rows_map,
             rows,
+            _index_map: index_map,
+            index,
             procs: procs.try_into()?,
             tables: Tables::default(),
             loaded: HashMap::new(),
             next_row: 0,
+            next_bucket: 0,
             captured: HashMap::new(),
             files_not_loaded: 0,
             processes_not_loaded: 0,
@@ -483,19 +635,28 @@ impl KernelTables {
         // files whose rows did not fit) with no rows: code in none of them
         // is new code, which the walk reports.
         for r in regions {
-            let (row_start, row_len) = match r.table.filter(|t| !t.table.rows.is_empty()) {
-                Some(table) => self.load_file(&table)?.unwrap_or((0, 0)),
-                None => (0, 0),
-            };
             let Some(slot) = out.regions.get_mut(out.n as usize) else {
                 break;
+            };
+            let loaded = r
+                .table
+                .filter(|t| !t.table.rows.is_empty())
+                .and_then(|t| Some((self.load_file(&t)?, t)));
+            let (at, base, shift) = match loaded {
+                Some((at, t)) => (at, t.table.rows[0].pc, t.table.index_shift),
+                None => (Loaded::default(), 0, 0),
             };
             *slot = KRegion {
                 start: r.start,
                 end: r.end,
                 bias: r.bias,
-                row_start,
-                row_len,
+                index_base: base,
+                row_start: at.row_start,
+                row_len: at.row_len,
+                index_start: at.index_start,
+                index_len: at.index_len,
+                index_shift: shift,
+                _pad: 0,
             };
             out.n += 1;
         }
@@ -534,32 +695,48 @@ impl KernelTables {
         }
     }
 
-    /// Copies a file's rows into the array, once; `None` if they do not
-    /// fit.
-    fn load_file(&mut self, file: &Arc<FileTable>) -> anyhow::Result<Option<(u32, u32)>> {
+    /// Copies a file's rows and index into the arrays, once; `None` if
+    /// they do not fit.
+    fn load_file(&mut self, file: &Arc<FileTable>) -> Option<Loaded> {
         let key = Arc::as_ptr(file) as usize;
         if let Some(&at) = self.loaded.get(&key) {
-            return Ok(Some(at));
+            return Some(at);
         }
-        let rows = &file.table.rows;
-        let first = self.next_row as usize;
-        let Some(dest) = self.rows.as_mut_slice().get_mut(first..first + rows.len()) else {
-            self.files_not_loaded += 1;
-            return Ok(None);
+        let (rows, index) = (&file.table.rows, &file.table.index);
+        let at = Loaded {
+            row_start: self.next_row,
+            row_len: rows.len() as u32,
+            index_start: self.next_bucket,
+            index_len: index.len() as u32,
         };
-        for (slot, row) in dest.iter_mut().zip(rows) {
+        let span = |start: u32, len: u32| start as usize..(start + len) as usize;
+        let (Some(row_dest), Some(index_dest)) = (
+            self.rows
+                .as_mut_slice()
+                .get_mut(span(at.row_start, at.row_len)),
+            self.index
+                .as_mut_slice()
+                .get_mut(span(at.index_start, at.index_len)),
+        ) else {
+            self.files_not_loaded += 1;
+            return None;
+        };
+        for (slot, row) in row_dest.iter_mut().zip(rows) {
             *slot = row.to_kernel();
         }
-        self.next_row += rows.len() as u32;
-        let at = (first as u32, rows.len() as u32);
+        index_dest.copy_from_slice(index);
+        self.next_row += at.row_len;
+        self.next_bucket += at.index_len;
         self.loaded.insert(key, at);
-        Ok(Some(at))
+        Some(at)
     }
 
-    /// Files loaded, their rows, and the bytes the kernel holds for them.
+    /// Files loaded, their rows, and the bytes the kernel holds for them
+    /// (rows and index).
     pub fn stats(&self) -> (usize, usize, usize) {
         let rows = self.next_row as usize;
-        (self.loaded.len(), rows, rows * size_of::<CfiRow>())
+        let bytes = rows * size_of::<CfiRow>() + self.next_bucket as usize * size_of::<Bucket>();
+        (self.loaded.len(), rows, bytes)
     }
 
     /// What could not be unwound from CFI and why, one line each: files
@@ -642,9 +819,18 @@ pub fn walk(
 // agree with, checked in the tests.
 #[cfg(test)]
 impl Table {
-    /// The row whose rules hold at `pc`.
+    /// The row whose rules hold at `pc`, found as the kernel finds it:
+    /// its bucket of the index, then a search between that bucket's row
+    /// and the next one's.
     pub fn lookup(&self, pc: u64) -> Option<&Row> {
-        let i = self.rows.partition_point(|r| r.pc <= pc);
+        let first = self.rows.first()?.pc;
+        let last = self.index.len().checked_sub(1)?;
+        let b = usize::try_from(pc.checked_sub(first)? >> self.index_shift)
+            .unwrap_or(usize::MAX)
+            .min(last);
+        let Bucket { first: lo, end: hi } = self.index[b];
+        let (lo, hi) = (lo as usize, hi as usize);
+        let i = lo + self.rows[lo..hi].partition_point(|r| r.pc <= pc);
         self.rows.get(i.checked_sub(1)?)
     }
 }
@@ -843,6 +1029,37 @@ mod tests {
                 .filter(|r| r.cfa == CFA_RSP)
                 .all(|r| r.cfa_offset >= 8 && r.cfa_offset.rem_euclid(8) == 0)
         );
+    }
+
+    #[test]
+    fn the_index_finds_the_row_a_search_of_all_rows_finds() {
+        for path in ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3"] {
+            let data = std::fs::read(path).unwrap();
+            let table = compile(&data).unwrap();
+            let rows = table.rows.len() as u64;
+            assert!(
+                (table.index.len() as u64) <= rows / u64::from(ROWS_PER_BUCKET) + 1,
+                "{path}: {} buckets for {rows} rows",
+                table.index.len()
+            );
+            let plain = |pc: u64| {
+                let i = table.rows.partition_point(|r| r.pc <= pc);
+                table.rows.get(i.checked_sub(1)?)
+            };
+            // Every row's first address, the byte before it and the one
+            // after, every bucket's start, and past both ends.
+            let first = table.rows[0].pc;
+            let buckets = (0..table.index.len() as u64).map(|b| first + (b << table.index_shift));
+            let pcs = table
+                .rows
+                .iter()
+                .flat_map(|r| [r.pc.wrapping_sub(1), r.pc, r.pc + 1])
+                .chain(buckets)
+                .chain([0, u64::MAX, table.rows.last().unwrap().pc + 4096]);
+            for pc in pcs {
+                assert_eq!(table.lookup(pc), plain(pc), "{path}: pc {pc:#x}");
+            }
+        }
     }
 
     #[test]
