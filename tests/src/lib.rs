@@ -61,8 +61,14 @@ impl Rtrace {
 
     /// Starts `rtrace ARGS` and waits for a stderr line containing `ready`.
     pub fn start_until(args: &[&str], ready: &str) -> Self {
+        Self::start_with_env(args, ready, &[])
+    }
+
+    /// [`Rtrace::start_until`] with environment variables `env` set.
+    pub fn start_with_env(args: &[&str], ready: &str, env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(rtrace_bin())
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

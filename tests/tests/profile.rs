@@ -384,6 +384,62 @@ fn stacks_of_a_process_storm_are_not_lost() {
     assert!(!stderr.contains("stacks lost"), "{stderr}");
 }
 
+/// Compiled CFI tables are kept between runs: a second profile of the
+/// same program reads them from the cache instead of compiling them, and
+/// its stacks are as whole as the first's.
+#[test]
+fn cfi_tables_are_compiled_once_then_read_from_the_cache() {
+    let dir = std::env::temp_dir().join(format!("rtrace-test-cfi-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_s = dir.to_str().unwrap();
+    let mut tables = Vec::new();
+    for _ in 0..2 {
+        let fixture = start_fixture("hotfuncs_nofp", &["cpu", "2"]);
+        let pid = fixture.pid().to_string();
+        let rtrace = Rtrace::start_with_env(
+            &["profile", "-v", "-U", "-F", "499", "-p", &pid, "-f"],
+            READY,
+            &[("RTRACE_CACHE_DIR", dir_s)],
+        );
+        run_fixture(fixture);
+        let (code, stdout, stderr) = rtrace.stop(SIGINT);
+        assert_eq!(code, 0, "{stderr}");
+        if !stderr.contains("user stacks walked in the kernel from CFI") {
+            // The kernels without bpf_loop walk by frame pointer: no tables.
+            eprintln!("skipped: no CFI walk on this kernel");
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        let folded = parse_folded(&stdout);
+        let hot = count_with(&folded, "::hot_alpha") + count_with(&folded, "::hot_beta");
+        let whole = count_under(&folded, "::hot_alpha", "hotfuncs::main")
+            + count_under(&folded, "::hot_beta", "hotfuncs::main");
+        assert!(hot >= 100, "too few hot samples ({hot}):\n{stdout}");
+        assert!(
+            whole as f64 >= 0.95 * hot as f64,
+            "{whole} of {hot} hot samples reach main:\n{stdout}"
+        );
+        // "N read from the cache in DIR, M compiled and written"
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("CFI tables:"))
+            .unwrap_or_else(|| panic!("no CFI tables line: {stderr}"))
+            .to_owned();
+        let (_, cache) = line.split_once("; ").unwrap();
+        let numbers: Vec<u64> = cache
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert!(cache.contains(dir_s), "{line}");
+        tables.push((numbers[0], numbers[1], line));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let ((read1, written1, l1), (read2, written2, l2)) = (&tables[0], &tables[1]);
+    // The fixture, libc and the loader at least; the vDSO is never cached.
+    assert!(*read1 == 0 && *written1 >= 3, "{l1}");
+    assert!(*read2 == *written1 && *written2 == 0, "{l1}\n{l2}");
+}
+
 /// Debian's python3 has no frame pointers: its samples reach
 /// `Py_BytesMain` (and `_start` above it) only through CFI.
 #[test]

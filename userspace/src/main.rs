@@ -7,6 +7,7 @@
 
 mod batch;
 mod btf;
+mod cficache;
 mod doctor;
 mod features;
 mod memory;

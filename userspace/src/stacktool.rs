@@ -207,9 +207,12 @@ impl StackTool {
         Ok(())
     }
 
-    /// Notes that counting has begun.
-    pub fn start(&mut self) {
+    /// Notes that counting has begun, of kernel stacks too if `kernel`.
+    pub fn start(&mut self, kernel: bool) {
         self.started = Some((Instant::now(), crate::output::epoch_secs()));
+        if kernel {
+            self.sym.prefetch_kernel();
+        }
     }
 
     /// How long counting has run.
@@ -262,8 +265,9 @@ impl StackTool {
         let tables = self.cfi.as_ref().map(|c| {
             let (files, rows, bytes) = c.stats();
             format!(
-                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel",
+                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel; {}",
                 bytes / 1024,
+                c.cache_summary()
             )
         });
         self.report.iter().cloned().chain(tables).collect()

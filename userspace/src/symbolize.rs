@@ -150,6 +150,38 @@ pub struct Symbolizer {
     recapture: Duration,
     /// See [`Symbolizer::kallsyms`].
     kallsyms: Option<File>,
+    /// What kallsyms' changes looked like when the copy began.
+    kallsyms_state: Option<KernelState>,
+    /// A copy being made on another thread (see
+    /// [`Symbolizer::prefetch_kernel`]).
+    prefetch: Option<std::thread::JoinHandle<std::io::Result<File>>>,
+}
+
+/// What changes kallsyms between two looks: modules loaded or unloaded,
+/// and BPF programs loaded.
+struct KernelState {
+    modules: String,
+    programs: Vec<u32>,
+}
+
+impl KernelState {
+    fn now() -> Self {
+        let programs = aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .map(|p| p.id())
+            .collect();
+        Self {
+            modules: std::fs::read_to_string("/proc/modules").unwrap_or_default(),
+            programs,
+        }
+    }
+
+    /// Whether a copy of kallsyms begun at `self` still names everything
+    /// it would at `now`. Programs unloaded since (this tool's own, once
+    /// detached) are still named by the older copy, which is better.
+    fn covers(&self, now: &Self) -> bool {
+        self.modules == now.modules && now.programs.iter().all(|p| self.programs.contains(p))
+    }
 }
 
 /// How often one process's mappings are read again while it gets new
@@ -178,6 +210,8 @@ impl Symbolizer {
             procs: HashMap::new(),
             recapture: RECAPTURE,
             kallsyms: None,
+            kallsyms_state: None,
+            prefetch: None,
         }
     }
 
@@ -252,7 +286,11 @@ impl Symbolizer {
     /// every time it is looked at, so symbolizing every second would parse
     /// its 2 MB every second.
     fn kallsyms(&mut self) -> MaybeDefault<PathBuf> {
+        if let Some(copying) = self.prefetch.take() {
+            self.kallsyms = copying.join().ok().and_then(Result::ok);
+        }
         if self.kallsyms.is_none() {
+            self.kallsyms_state = Some(KernelState::now());
             self.kallsyms = snapshot_kallsyms().ok();
         }
         match &self.kallsyms {
@@ -263,9 +301,27 @@ impl Symbolizer {
         }
     }
 
-    /// Takes a new copy of `/proc/kallsyms` at the next kernel lookup, for
-    /// modules and BPF programs loaded since.
+    /// Starts copying `/proc/kallsyms` on another thread. Reading it takes
+    /// the kernel about 50 ms, which the report would otherwise wait for;
+    /// a tool calls this once its own programs are loaded, as their names
+    /// are in it.
+    pub fn prefetch_kernel(&mut self) {
+        self.kallsyms_state = Some(KernelState::now());
+        self.prefetch = Some(std::thread::spawn(snapshot_kallsyms));
+    }
+
+    /// Takes a new copy of `/proc/kallsyms` at the next kernel lookup if
+    /// modules were loaded or unloaded, or BPF programs loaded, since the
+    /// last copy began.
     pub fn refresh_kernel(&mut self) {
+        if let Some(then) = &self.kallsyms_state
+            && then.covers(&KernelState::now())
+        {
+            return;
+        }
+        if let Some(copying) = self.prefetch.take() {
+            let _ = copying.join();
+        }
         self.kallsyms = None;
     }
 

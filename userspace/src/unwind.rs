@@ -434,6 +434,8 @@ pub struct Tables {
     /// their code is walked by frame pointer.
     pub unreadable: Vec<(String, CfiError)>,
     vdso: Option<Option<Arc<FileTable>>>,
+    /// Where compiled tables are kept between runs, if anywhere.
+    pub cache: Option<crate::cficache::DiskCache>,
 }
 
 impl Tables {
@@ -465,7 +467,11 @@ impl Tables {
                             // Mapped, only the headers and the CFI are read of
                             // a file that may be mostly debug information.
                             let data = crate::memory::Mapped::of(&f).ok()?;
-                            let table = compile(&data).unwrap_or_else(|e| {
+                            let compiled = match self.cache.as_mut() {
+                                Some(cache) => cache.get_or_compile(&data, compile),
+                                None => compile(&data),
+                            };
+                            let table = compiled.unwrap_or_else(|e| {
                                 self.unreadable.push((m.name.clone(), e));
                                 Table::default()
                             });
@@ -600,7 +606,10 @@ impl KernelTables {
             _index_map: index_map,
             index,
             procs: procs.try_into()?,
-            tables: Tables::default(),
+            tables: Tables {
+                cache: crate::cficache::DiskCache::from_env(),
+                ..Tables::default()
+            },
             loaded: HashMap::new(),
             next_row: 0,
             next_bucket: 0,
@@ -737,6 +746,27 @@ impl KernelTables {
         let rows = self.next_row as usize;
         let bytes = rows * size_of::<CfiRow>() + self.next_bucket as usize * size_of::<Bucket>();
         (self.loaded.len(), rows, bytes)
+    }
+
+    /// Where tables were kept between runs, for `-v`: how many were read
+    /// from there and how many compiled and written.
+    pub fn cache_summary(&self) -> String {
+        match &self.tables.cache {
+            None => "no table cache (RTRACE_CACHE_DIR is empty, or there is no home directory)"
+                .to_owned(),
+            Some(c) => {
+                let mut s = format!(
+                    "{} read from the cache in {}, {} compiled and written",
+                    c.read,
+                    c.dir().display(),
+                    c.written
+                );
+                if let Some(e) = &c.write_error {
+                    s.push_str(&format!(" (cannot write: {e})"));
+                }
+                s
+            }
+        }
     }
 
     /// What could not be unwound from CFI and why, one line each: files

@@ -300,7 +300,7 @@ impl Tool for Offcputime {
     }
 
     fn start(&mut self) {
-        self.stacks.start();
+        self.stacks.start(!self.args.user_only);
     }
 
     fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {

@@ -422,7 +422,7 @@ impl Tool for Profile {
     }
 
     fn start(&mut self) {
-        self.stacks.start();
+        self.stacks.start(!self.args.user_only);
     }
 
     fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
