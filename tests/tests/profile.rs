@@ -288,6 +288,16 @@ fn elf_section(data: &[u8], name: &str) -> Option<(usize, usize)> {
     })
 }
 
+/// Folded samples in `hotfuncs`' hot leaves, and those of them whose
+/// stacks reach its `main`.
+fn hot_reaching_main(stdout: &str) -> (u64, u64) {
+    let folded = parse_folded(stdout);
+    let hot = count_with(&folded, "::hot_alpha") + count_with(&folded, "::hot_beta");
+    let whole = count_under(&folded, "::hot_alpha", "hotfuncs::main")
+        + count_under(&folded, "::hot_beta", "hotfuncs::main");
+    (hot, whole)
+}
+
 /// Samples with `inner` whose stack has `outer` somewhere above it.
 fn count_under(folded: &BTreeMap<Vec<String>, u64>, inner: &str, outer: &str) -> u64 {
     folded
@@ -338,10 +348,7 @@ fn process_started_after_the_start_is_unwound() {
     run_fixture(fixture);
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
-    let folded = parse_folded(&stdout);
-    let hot = count_with(&folded, "::hot_alpha") + count_with(&folded, "::hot_beta");
-    let whole = count_under(&folded, "::hot_alpha", "hotfuncs::main")
-        + count_under(&folded, "::hot_beta", "hotfuncs::main");
+    let (hot, whole) = hot_reaching_main(&stdout);
     assert!(hot >= 300, "too few hot samples ({hot}):\n{stdout}");
     // Its first stacks, before its table is built (a fraction of a second;
     // more in an emulated guest), go by frame pointer.
@@ -410,10 +417,7 @@ fn cfi_tables_are_compiled_once_then_read_from_the_cache() {
             let _ = std::fs::remove_dir_all(&dir);
             return;
         }
-        let folded = parse_folded(&stdout);
-        let hot = count_with(&folded, "::hot_alpha") + count_with(&folded, "::hot_beta");
-        let whole = count_under(&folded, "::hot_alpha", "hotfuncs::main")
-            + count_under(&folded, "::hot_beta", "hotfuncs::main");
+        let (hot, whole) = hot_reaching_main(&stdout);
         assert!(hot >= 100, "too few hot samples ({hot}):\n{stdout}");
         assert!(
             whole as f64 >= 0.95 * hot as f64,

@@ -266,13 +266,20 @@ mod tests {
         dir
     }
 
-    #[test]
-    fn a_table_read_back_is_the_table_compiled() {
-        let dir = scratch("roundtrip");
+    /// A cache of its own in `scratch(name)`, the ELF file at `path`, and
+    /// its table, compiled into the cache.
+    fn first_compile(name: &str, path: &str) -> (PathBuf, DiskCache, Vec<u8>, Table) {
+        let dir = scratch(name);
         let mut cache = DiskCache::at(dir.clone());
-        let path = "/lib/x86_64-linux-gnu/libc.so.6";
         let data = fs::read(path).unwrap();
         let compiled = cache.get_or_compile(&data, crate::unwind::compile).unwrap();
+        (dir, cache, data, compiled)
+    }
+
+    #[test]
+    fn a_table_read_back_is_the_table_compiled() {
+        let (dir, mut cache, data, compiled) =
+            first_compile("roundtrip", "/lib/x86_64-linux-gnu/libc.so.6");
         assert_eq!(
             (cache.read, cache.written),
             (0, 1),
@@ -317,11 +324,8 @@ mod tests {
 
     #[test]
     fn a_damaged_table_is_compiled_again() {
-        let dir = scratch("damaged");
-        let mut cache = DiskCache::at(dir.clone());
-        let path = "/lib64/ld-linux-x86-64.so.2";
-        let data = fs::read(path).unwrap();
-        let compiled = cache.get_or_compile(&data, crate::unwind::compile).unwrap();
+        let (dir, mut cache, data, compiled) =
+            first_compile("damaged", "/lib64/ld-linux-x86-64.so.2");
         let file = fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
         let bytes = fs::read(&file).unwrap();
         fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
