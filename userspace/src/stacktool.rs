@@ -52,6 +52,8 @@ pub struct StackArgs {
     /// How user stacks are walked: `cfi` in the kernel from each file's
     /// call frame information (code without frame pointers too), `fp` by
     /// frame pointers, `auto` the first where the kernel can load it.
+    /// Compiled CFI is kept in ~/.cache/rtrace/cfi, or $RTRACE_CACHE_DIR
+    /// (empty: not kept).
     #[arg(long, value_enum, default_value_t = Unwind::Auto)]
     pub unwind: Unwind,
 }
