@@ -161,10 +161,11 @@ impl DiskCache {
         bytes.extend_from_slice(&table.index_shift.to_le_bytes());
         bytes.extend_from_slice(&(table.index.len() as u32).to_le_bytes());
         for r in &table.rows {
-            bytes.extend_from_slice(&r.pc.to_le_bytes());
-            bytes.extend_from_slice(&r.cfa_offset.to_le_bytes());
-            bytes.extend_from_slice(&(r.rbp_offset as i16).to_le_bytes());
-            bytes.extend_from_slice(&[r.cfa, r.rbp]);
+            let k = r.to_kernel();
+            bytes.extend_from_slice(&k.pc.to_le_bytes());
+            bytes.extend_from_slice(&k.cfa_offset.to_le_bytes());
+            bytes.extend_from_slice(&k.rbp_offset.to_le_bytes());
+            bytes.extend_from_slice(&[k.cfa, k.rbp]);
         }
         for b in &table.index {
             bytes.extend_from_slice(&b.first.to_le_bytes());
@@ -228,12 +229,14 @@ fn read(path: &Path) -> Option<Table> {
     let body = &bytes[HEADER..];
     let rows: Vec<Row> = body[..rows_len]
         .chunks_exact(size_of::<CfiRow>())
-        .map(|c| Row {
-            pc: u64::from_le_bytes(c[..8].try_into().unwrap()),
-            cfa_offset: i32::from_le_bytes(c[8..12].try_into().unwrap()),
-            rbp_offset: i32::from(i16::from_le_bytes(c[12..14].try_into().unwrap())),
-            cfa: c[14],
-            rbp: c[15],
+        .map(|c| {
+            Row::from_kernel(CfiRow {
+                pc: u64::from_le_bytes(c[..8].try_into().unwrap()),
+                cfa_offset: i32::from_le_bytes(c[8..12].try_into().unwrap()),
+                rbp_offset: i16::from_le_bytes(c[12..14].try_into().unwrap()),
+                cfa: c[14],
+                rbp: c[15],
+            })
         })
         .collect();
     let index: Vec<Bucket> = body[rows_len..]

@@ -127,7 +127,7 @@ impl OffCpu {
         };
         let kernel = match f {
             Some(f) if !f.kernel => "",
-            // As the eBPF side decides (`kernel_at_switch_out`).
+            // As the eBPF side decides (`kernel_at_switch_in`).
             Some(f) if self.typed && !f.sched_frames => {
                 ", kernel stacks walked from where the thread stopped (no scheduler or \
                  lock frames; --sched-frames keeps them)"

@@ -49,13 +49,24 @@ pub struct Row {
 
 impl Row {
     /// The row as the kernel's tables hold it.
-    pub fn to_kernel(self) -> rtrace_common::unwind::CfiRow {
-        rtrace_common::unwind::CfiRow {
+    pub fn to_kernel(self) -> CfiRow {
+        CfiRow {
             pc: self.pc,
             cfa_offset: self.cfa_offset,
             rbp_offset: self.rbp_offset as i16,
             cfa: self.cfa,
             rbp: self.rbp,
+        }
+    }
+
+    /// The row the kernel's tables hold as `k`.
+    pub fn from_kernel(k: CfiRow) -> Self {
+        Self {
+            pc: k.pc,
+            cfa: k.cfa,
+            rbp: k.rbp,
+            cfa_offset: k.cfa_offset,
+            rbp_offset: i32::from(k.rbp_offset),
         }
     }
 
@@ -296,9 +307,7 @@ fn assemble(rows: &[Row], mut functions: Vec<Function>) -> Vec<Row> {
         all.dedup_by_key(|r| r.pc);
         out.clear();
         for r in all {
-            if out.last().is_none_or(|last| !last.same_rules(&r)) {
-                out.push(r);
-            }
+            push(r, &mut out);
         }
     }
     out
