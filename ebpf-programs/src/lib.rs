@@ -13,15 +13,17 @@ pub mod targets;
 pub mod task_storage;
 
 /// Defines the programs that keep the CFI tables in step with the
-/// processes, `cfi_exec` (tracepoint `sched:sched_process_exec`) and
-/// `cfi_fork` (raw tracepoint `sched_process_fork`), in an object that has
-/// an `EVENTS` map (`event_map!`). Only with the `cfi` feature.
+/// processes, `cfi_exec` and `cfi_fork` (raw tracepoints
+/// `sched_process_exec` and `sched_process_fork`: the walk needs
+/// `bpf_loop`, 5.17, so they are always there, and unlike tracepoints they
+/// need no tracefs), in an object that has an `EVENTS` map (`event_map!`).
+/// Only with the `cfi` feature.
 #[macro_export]
 macro_rules! cfi_programs {
     () => {
         #[cfg(feature = "cfi")]
-        #[aya_ebpf::macros::tracepoint]
-        pub fn cfi_exec(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
+        #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_process_exec")]
+        pub fn cfi_exec(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
             $crate::cfi::on_exec(&ctx, &EVENTS);
             0
         }

@@ -456,6 +456,8 @@ impl<'a> Hooks<'a> {
                     p.attach(event)?;
                 }
                 Mechanism::Tracepoint => {
+                    // aya finds tracefs but does not mount it.
+                    crate::tracefs::root()?;
                     // One program may serve several tracepoints.
                     let p: &mut TracePoint = prog.try_into()?;
                     if p.fd().is_err() {

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    programs::{
-        RawTracePoint, TracePoint, raw_trace_point::RawTracePointLink, trace_point::TracePointLink,
-    },
+    programs::{RawTracePoint, raw_trace_point::RawTracePointLink},
 };
 use rtrace_common::{
     profile::{SEEN_EXEC, SEEN_FORK, SEEN_NEW_CODE, Seen},
@@ -82,7 +80,7 @@ pub struct StackTool {
     cfi_loaded: bool,
     /// The exec and fork programs' links, owned so that they can be
     /// detached on a thread of their own; with the `cfi` object.
-    links: Option<(TracePointLink, RawTracePointLink)>,
+    links: Option<(RawTracePointLink, RawTracePointLink)>,
     /// When counting began, and as seconds since the epoch.
     started: Option<(Instant, f64)>,
     /// When the report began (`finish`).
@@ -154,14 +152,14 @@ impl StackTool {
         self.cfi = Some(tables);
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
-        let exec: &mut TracePoint = ebpf
+        let exec: &mut RawTracePoint = ebpf
             .program_mut("cfi_exec")
             .context("program cfi_exec missing")?
             .try_into()?;
         exec.load().context("cannot load the exec program")?;
         let id = exec
-            .attach("sched", "sched_process_exec")
-            .context("cannot attach to sched:sched_process_exec")?;
+            .attach("sched_process_exec")
+            .context("cannot attach to raw tracepoint sched_process_exec")?;
         let exec_link = exec.take_link(id)?;
         let fork: &mut RawTracePoint = ebpf
             .program_mut("cfi_fork")

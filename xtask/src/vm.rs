@@ -178,7 +178,9 @@ fn copy_into(tree: &Path, from: &Path, to: &str) -> anyhow::Result<()> {
 }
 
 /// The guest's `/init`: mounts what tracing needs, runs `body` and powers
-/// off.
+/// off. tracefs (and debugfs, which would mount it on first look) are left
+/// unmounted, as on hosts without systemd's automounts: rtrace mounts
+/// tracefs itself where it needs it, and the guests check that it does.
 fn init_script(body: &str) -> String {
     format!(
         r#"#!/bin/busybox sh
@@ -189,8 +191,6 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
-mount -t tracefs nodev /sys/kernel/tracing
-mount -t debugfs nodev /sys/kernel/debug
 mount -t securityfs nodev /sys/kernel/security
 mount -t bpf nodev /sys/fs/bpf
 mount -t cgroup2 nodev /sys/fs/cgroup
