@@ -171,6 +171,11 @@ pub const SEEN_EXEC: u32 = 2;
 /// regions; user space only has to forget them when it exits.
 pub const SEEN_FORK: u32 = 4;
 
+/// `STACK_NEW` slot: entries created in `STACKS`.
+pub const NEW_STACKS: u32 = 0;
+/// `STACK_NEW` slot: entries created in `STACK_COUNTS`.
+pub const NEW_COUNTS: u32 = 1;
+
 /// `ERRORS` slot: samples not counted, as the count table was full. Slot
 /// 0 is [`crate::events::LOST_EVENT`], new-process events not sent.
 pub const ERR_COUNTS_FULL: u32 = 1;

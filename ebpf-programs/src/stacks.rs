@@ -20,8 +20,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use rtrace_common::profile::{
-    ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, Seen,
-    Stack, WakeKey,
+    ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, NEW_COUNTS,
+    NEW_STACKS, Seen, Stack, WakeKey,
 };
 
 use crate::{EEXIST, atomic_add, count_error, events::Sink};
@@ -73,6 +73,12 @@ static STACK_GEN: Array<u32> = Array::with_max_entries(1, 0);
 /// them out as the tool runs.
 #[map]
 static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(1, 0);
+/// Entries created in `STACKS` and `STACK_COUNTS` (`NEW_STACKS`,
+/// `NEW_COUNTS`), so that user space moves the tables out as they fill,
+/// not on a clock: at a low rate a second's few new entries are not worth
+/// a walk of every bucket, nor the stacks stored again after it.
+#[map]
+static STACK_NEW: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 /// The generation each process last told user space of a new stack in.
 #[cfg(feature = "cfi")]
 #[map]
@@ -117,6 +123,7 @@ pub fn add<C: EbpfContext, S: Sink, K: Counted>(
     }
     match counts.insert(key, value, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
+            count_new(NEW_COUNTS);
             let generation = key.counted().generation;
             for k in [Some(key.counted()), key.other()].into_iter().flatten() {
                 if k.tgid != 0 && first_in_generation(k.tgid, generation) {
@@ -131,6 +138,15 @@ pub fn add<C: EbpfContext, S: Sink, K: Counted>(
             None => count_error(ERR_COUNTS_FULL),
         },
         Err(_) => count_error(ERR_COUNTS_FULL),
+    }
+}
+
+/// Counts an entry created in slot `which` of `STACK_NEW`.
+#[inline(always)]
+fn count_new(which: u32) {
+    if let Some(p) = STACK_NEW.get_ptr_mut(which) {
+        // SAFETY: per-CPU value, and programs do not nest on one CPU here.
+        unsafe { *p += 1 };
     }
 }
 
@@ -296,7 +312,10 @@ fn store(s: *mut Stack, len: u64) -> Option<u64> {
     // By reference: a copy would not fit on the eBPF stack.
     let walked: &Stack = unsafe { &*s };
     match STACKS.insert(h, walked, u64::from(BPF_NOEXIST)) {
-        Ok(()) => Some(h),
+        Ok(()) => {
+            count_new(NEW_STACKS);
+            Some(h)
+        }
         Err(e) if e == EEXIST => Some(h),
         Err(_) => {
             count_error(ERR_STACKS_FULL);

@@ -4,11 +4,14 @@
 //! processes go.
 //!
 //! Two things keep a long run bounded:
-//! - the kernel's tables hold only what is new: every tick flips the
+//! - the kernel's tables hold only what is new: once a quarter of either
+//!   has been filled since it was last moved out (the kernel counts the
+//!   entries it creates), or after `DRAIN_AT_LEAST`, a tick flips the
 //!   generation samples are counted in and moves the older one out, with
 //!   every stack stored so far, so they never fill however many processes
-//!   come and go;
-//! - a process that has exited is symbolized at the next tick, and its
+//!   come and go; at low rates the tables stay put, since moving them
+//!   walks every bucket and the kernel then stores every stack again;
+//! - a process that has exited is symbolized at the next move, and its
 //!   counts kept by interned names, not addresses: what stays grows with
 //!   the distinct stacks by name, which programs repeat, and not with the
 //!   processes, whose addresses differ with every start (ASLR). Its
@@ -18,7 +21,7 @@ use std::{
     collections::{HashMap, HashSet},
     os::fd::AsFd as _,
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
@@ -26,7 +29,9 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, IterableMap as _},
 };
-use rtrace_common::profile::{Key, MISSED_KERNEL, MISSED_USER, OFF_CPU, Stack, WakeKey};
+use rtrace_common::profile::{
+    Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey,
+};
 
 use crate::{
     batch,
@@ -72,6 +77,17 @@ fn remove<K: aya::Pod, V: aya::Pod>(
     Ok(())
 }
 
+/// Entries the kernel has created in `STACKS` and `STACK_COUNTS` so far.
+fn created(ebpf: &Ebpf) -> anyhow::Result<[u64; 2]> {
+    let new: aya::maps::PerCpuArray<_, u64> =
+        aya::maps::PerCpuArray::try_from(ebpf.map("STACK_NEW").context("map STACK_NEW missing")?)?;
+    let mut sums = [0; 2];
+    for (sum, slot) in sums.iter_mut().zip([NEW_STACKS, NEW_COUNTS]) {
+        *sum = new.get(&slot, 0)?.iter().sum();
+    }
+    Ok(sums)
+}
+
 /// One thread of a count, symbolized: command, pid, kernel and user
 /// frames, and whether it was off the CPU.
 type Symbolized = ([u8; 16], u32, Vec<Frame>, Vec<Frame>, bool);
@@ -112,9 +128,20 @@ fn move_counts<K: aya::Pod>(
     remove(&mut counts, &moved, batched).context("cannot clear map STACK_COUNTS")
 }
 
+/// The longest the kernel's tables stay put, however little is new: the
+/// counts of processes gone wait for a move to be symbolized and their
+/// captured maps dropped.
+const DRAIN_AT_LEAST: Duration = Duration::from_secs(10);
+
 /// See the module documentation.
 #[derive(Default)]
 pub struct StackStore {
+    /// Entries `STACKS` and `STACK_COUNTS` hold (`NEW_STACKS`,
+    /// `NEW_COUNTS` order).
+    capacity: [u64; 2],
+    /// Entries the kernel had created in each when the tables were last
+    /// moved out, and when.
+    drained: ([u64; 2], Option<Instant>),
     /// Whether the kernel counts by [`WakeKey`], not [`Key`].
     wakers: bool,
     /// Samples by key (its generation zeroed) of processes not settled
@@ -147,6 +174,24 @@ impl StackStore {
         }
     }
 
+    /// Notes how many entries `STACKS` and `STACK_COUNTS` hold, as they
+    /// are made empty.
+    pub fn size(&mut self, stacks: u32, counts: u32) {
+        self.capacity = [u64::from(stacks), u64::from(counts)];
+        self.drained = ([0; 2], Some(Instant::now()));
+    }
+
+    /// Whether the tables are due to be moved out: a quarter of either
+    /// filled since the last move, or `DRAIN_AT_LEAST` passed.
+    pub fn due(&self, ebpf: &Ebpf) -> anyhow::Result<bool> {
+        let (before, at) = self.drained;
+        if at.is_none_or(|t| t.elapsed() >= DRAIN_AT_LEAST) {
+            return Ok(true);
+        }
+        let now = created(ebpf)?;
+        Ok((0..2).any(|i| now[i] - before[i].min(now[i]) >= self.capacity[i] / 4))
+    }
+
     /// Moves counts and stacks out of the kernel: with `all`, everything
     /// (counting has stopped); otherwise the generation is flipped first
     /// and the older one's counts moved, which the kernel no longer
@@ -154,6 +199,7 @@ impl StackStore {
     /// meets again is simply stored again.
     pub fn drain(&mut self, ebpf: &mut Ebpf, all: bool) -> anyhow::Result<()> {
         self.tick += 1;
+        self.drained = (created(ebpf)?, Some(Instant::now()));
         let old = self.generation;
         if !all {
             // Counted up, not flipped: the kernel also marks which

@@ -135,6 +135,8 @@ impl StackTool {
         }
         load.size("STACKS", args.stack_storage_size)
             .size("STACK_COUNTS", args.hash_storage_size);
+        self.store
+            .size(args.stack_storage_size, args.hash_storage_size);
         Ok(())
     }
 
@@ -225,15 +227,18 @@ impl StackTool {
         self.started.map_or(0, |(_, e)| (e * 1e9) as u64)
     }
 
-    /// Moves what the kernel counted out, so that its tables never fill,
-    /// and settles the processes that have gone; not at the `last` tick,
-    /// which is `finish`'s once counting has stopped.
+    /// Moves what the kernel counted out when its tables fill, so that
+    /// they never do, and settles the processes that have gone; not at the
+    /// `last` tick, which is `finish`'s once counting has stopped.
     pub fn tick(&mut self, ebpf: &mut Ebpf, last: bool) -> anyhow::Result<()> {
         if last {
             return Ok(());
         }
         if let Some(cfi) = &mut self.cfi {
             cfi.forget_exited();
+        }
+        if !self.store.due(ebpf)? {
+            return Ok(());
         }
         self.store.drain(ebpf, false)?;
         self.store.settle_gone(&mut self.sym);
