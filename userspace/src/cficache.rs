@@ -21,18 +21,22 @@ use std::{
     io::Write as _,
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use object::Object as _;
 use rtrace_common::unwind::{Bucket, CfiRow};
 
-use crate::unwind::{Row, Table};
+use crate::{
+    memory::{Mapped, Slab},
+    unwind::Table,
+};
 
 /// Bytes the cache may hold.
 pub const BUDGET: u64 = 256 << 20;
 /// The first bytes of a cached table; the last one is the format's
 /// version, raised whenever the compiler's rules change.
-const MAGIC: [u8; 8] = *b"RTCFI\0\0\x01";
+const MAGIC: [u8; 8] = *b"RTCFI\0\0\x02";
 /// Magic, rows, unsupported rows, index shift and buckets.
 const HEADER: usize = 8 + 8 + 8 + 4 + 4;
 
@@ -87,31 +91,26 @@ impl DiskCache {
     /// and size. `None` for a file with no CFI section.
     fn key(data: &[u8]) -> Option<String> {
         use object::ObjectSection as _;
-        use std::hash::{Hash as _, Hasher as _};
+        // XXH3: the CFI of a big program is megabytes, hashed on every
+        // first sight of a file, and SipHash took python3's 2 ms.
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&MAGIC);
         let file = object::File::parse(data).ok()?;
-        let mut halves = [
-            std::collections::hash_map::DefaultHasher::new(),
-            std::collections::hash_map::DefaultHasher::new(),
-        ];
-        for (i, h) in halves.iter_mut().enumerate() {
-            (i, MAGIC).hash(h);
-        }
         let mut any = false;
         for name in [".eh_frame", ".debug_frame", ".text", ".got"] {
             let Some(section) = file.section_by_name(name) else {
                 continue;
             };
-            let bytes = if name.ends_with("frame") {
+            h.update(name.as_bytes());
+            h.update(&section.address().to_le_bytes());
+            if name.ends_with("frame") {
                 any = true;
-                section.data().ok()?
-            } else {
-                &[]
-            };
-            for h in &mut halves {
-                (name, section.address(), bytes).hash(h);
+                let bytes = section.data().ok()?;
+                h.update(&(bytes.len() as u64).to_le_bytes());
+                h.update(bytes);
             }
         }
-        any.then(|| format!("{:016x}{:016x}", halves[0].finish(), halves[1].finish()))
+        any.then(|| format!("{:032x}", h.digest128()))
     }
 
     /// The table of the ELF file `data`: read from the cache, else made by
@@ -160,17 +159,10 @@ impl DiskCache {
         bytes.extend_from_slice(&(table.unsupported as u64).to_le_bytes());
         bytes.extend_from_slice(&table.index_shift.to_le_bytes());
         bytes.extend_from_slice(&(table.index.len() as u32).to_le_bytes());
-        for r in &table.rows {
-            let k = r.to_kernel();
-            bytes.extend_from_slice(&k.pc.to_le_bytes());
-            bytes.extend_from_slice(&k.cfa_offset.to_le_bytes());
-            bytes.extend_from_slice(&k.rbp_offset.to_le_bytes());
-            bytes.extend_from_slice(&[k.cfa, k.rbp]);
-        }
-        for b in &table.index {
-            bytes.extend_from_slice(&b.first.to_le_bytes());
-            bytes.extend_from_slice(&b.end.to_le_bytes());
-        }
+        // As the kernel holds them (this machine's byte order: the cache
+        // is per machine), so that a read uses them where they lie.
+        bytes.extend_from_slice(as_bytes(&table.rows));
+        bytes.extend_from_slice(as_bytes(&table.index));
         let tmp = self.dir.join(format!(".tmp-{}", std::process::id()));
         let mut f = File::options()
             .write(true)
@@ -211,10 +203,17 @@ impl DiskCache {
     }
 }
 
-/// The table cached at `path`, if there is one and it adds up.
+/// The bytes of `items`.
+fn as_bytes<T: aya::Pod>(items: &[T]) -> &[u8] {
+    // SAFETY: `T` is plain data with no padding (`CfiRow`, `Bucket`).
+    unsafe { std::slice::from_raw_parts(items.as_ptr().cast(), size_of_val(items)) }
+}
+
+/// The table cached at `path`, if there is one and it adds up: its rows
+/// and index are used where they lie in the file's mapping.
 fn read(path: &Path) -> Option<Table> {
-    let bytes = fs::read(path).ok()?;
-    let head = bytes.get(..HEADER)?;
+    let file = Arc::new(Mapped::open(path).ok()?);
+    let head = file.get(..HEADER)?;
     if head[..8] != MAGIC {
         return None;
     }
@@ -223,34 +222,15 @@ fn read(path: &Path) -> Option<Table> {
     let (rows, unsupported) = (usize::try_from(u64_at(8)).ok()?, u64_at(16));
     let (index_shift, buckets) = (u32_at(24), u32_at(28) as usize);
     let rows_len = rows.checked_mul(size_of::<CfiRow>())?;
-    if bytes.len() != HEADER + rows_len + buckets * 8 || index_shift > 63 {
+    if file.len() != HEADER + rows_len + buckets * size_of::<Bucket>() || index_shift > 63 {
         return None;
     }
-    let body = &bytes[HEADER..];
-    let rows: Vec<Row> = body[..rows_len]
-        .chunks_exact(size_of::<CfiRow>())
-        .map(|c| {
-            Row::from_kernel(CfiRow {
-                pc: u64::from_le_bytes(c[..8].try_into().unwrap()),
-                cfa_offset: i32::from_le_bytes(c[8..12].try_into().unwrap()),
-                rbp_offset: i16::from_le_bytes(c[12..14].try_into().unwrap()),
-                cfa: c[14],
-                rbp: c[15],
-            })
-        })
-        .collect();
-    let index: Vec<Bucket> = body[rows_len..]
-        .chunks_exact(8)
-        .map(|c| Bucket {
-            first: u32::from_le_bytes(c[..4].try_into().unwrap()),
-            end: u32::from_le_bytes(c[4..].try_into().unwrap()),
-        })
-        .collect();
+    let index: Slab<Bucket> = Slab::mapped(file.clone(), HEADER + rows_len, buckets)?;
     let fits = index
         .iter()
-        .all(|b| b.first < b.end && b.end as usize <= rows.len());
-    (fits && index.is_empty() == rows.is_empty()).then_some(Table {
-        rows,
+        .all(|b| b.first < b.end && b.end as usize <= rows);
+    (fits && index.is_empty() == (rows == 0)).then_some(Table {
+        rows: Slab::mapped(file, HEADER, rows)?,
         unsupported: unsupported as usize,
         index,
         index_shift,
@@ -294,8 +274,9 @@ mod tests {
         };
         let cached = cache.get_or_compile(&data, never).unwrap();
         assert_eq!((cache.read, cache.written), (1, 1));
-        assert_eq!(cached.rows, compiled.rows);
-        assert_eq!(cached.index, compiled.index);
+        assert!(matches!(cached.rows, Slab::Mapped { .. }));
+        assert_eq!(*cached.rows, *compiled.rows);
+        assert_eq!(*cached.index, *compiled.index);
         assert_eq!(
             (cached.index_shift, cached.unsupported),
             (compiled.index_shift, compiled.unsupported)
@@ -334,7 +315,7 @@ mod tests {
         fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
         let again = cache.get_or_compile(&data, crate::unwind::compile).unwrap();
         assert_eq!((cache.read, cache.written), (0, 2));
-        assert_eq!(again.rows, compiled.rows);
+        assert_eq!(*again.rows, *compiled.rows);
         fs::remove_dir_all(dir).unwrap();
     }
 

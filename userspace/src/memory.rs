@@ -87,6 +87,11 @@ pub enum Mapped {
     Read(Vec<u8>),
 }
 
+// SAFETY: the mapping is read-only and owned, as a `Vec<u8>` would be.
+unsafe impl Send for Mapped {}
+// SAFETY: as for `Send`; nothing writes through it.
+unsafe impl Sync for Mapped {}
+
 impl Mapped {
     /// Maps or reads the file at `path`.
     pub fn open(path: &std::path::Path) -> std::io::Result<Self> {
@@ -136,5 +141,67 @@ impl Drop for Mapped {
 impl std::fmt::Debug for Mapped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Mapped({} bytes)", self.len())
+    }
+}
+
+/// Elements made in memory, or lying in a mapped file: a table read from
+/// a cache is used where it lies, which spares a copy and, on a first
+/// read, a fault for every page of the copy (the file's own pages are
+/// faulted in sixteen at a time).
+pub enum Slab<T> {
+    /// Made in memory.
+    Owned(Vec<T>),
+    /// `len` elements at byte `at` of `file`.
+    Mapped {
+        /// The file.
+        file: std::sync::Arc<Mapped>,
+        /// Where the elements start, aligned for `T`.
+        at: usize,
+        /// How many there are.
+        len: usize,
+    },
+}
+
+impl<T: aya::Pod> Slab<T> {
+    /// The `len` elements at byte `at` of `file`, if they lie inside it,
+    /// aligned for `T`.
+    pub fn mapped(file: std::sync::Arc<Mapped>, at: usize, len: usize) -> Option<Self> {
+        let end = at.checked_add(len.checked_mul(size_of::<T>())?)?;
+        let aligned = (file.as_ptr() as usize).checked_add(at)? % align_of::<T>() == 0;
+        (end <= file.len() && aligned).then_some(Self::Mapped { file, at, len })
+    }
+}
+
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Self::Owned(Vec::new())
+    }
+}
+
+impl<T> From<Vec<T>> for Slab<T> {
+    fn from(v: Vec<T>) -> Self {
+        Self::Owned(v)
+    }
+}
+
+impl<T: aya::Pod> std::ops::Deref for Slab<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Self::Owned(v) => v,
+            // SAFETY: `mapped` checked that the elements lie inside the
+            // file and are aligned; `T` is plain data, valid for any bits;
+            // the mapping lives as long as `file`.
+            Self::Mapped { file, at, len } => unsafe {
+                std::slice::from_raw_parts(file.as_ptr().add(*at).cast(), *len)
+            },
+        }
+    }
+}
+
+impl<T: aya::Pod + std::fmt::Debug> std::fmt::Debug for Slab<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }

@@ -26,7 +26,7 @@ use rtrace_common::unwind::{
     Bucket, CfiRow, MAX_REGIONS, ProcRegions, ROWS_PER_BUCKET, Region as KRegion,
 };
 
-use crate::procmaps;
+use crate::{memory::Slab, procmaps};
 
 pub use rtrace_common::unwind::{
     CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAME, RBP_SAVED,
@@ -56,17 +56,6 @@ impl Row {
             rbp_offset: self.rbp_offset as i16,
             cfa: self.cfa,
             rbp: self.rbp,
-        }
-    }
-
-    /// The row the kernel's tables hold as `k`.
-    pub fn from_kernel(k: CfiRow) -> Self {
-        Self {
-            pc: k.pc,
-            cfa: k.cfa,
-            rbp: k.rbp,
-            cfa_offset: k.cfa_offset,
-            rbp_offset: i32::from(k.rbp_offset),
         }
     }
 
@@ -103,15 +92,16 @@ pub enum CfiError {
 /// What compiling one file found.
 #[derive(Debug, Default)]
 pub struct Table {
-    /// Rows sorted by address, neighbours with the same rules merged.
-    pub rows: Vec<Row>,
+    /// Rows sorted by address, neighbours with the same rules merged, as
+    /// the kernel holds them.
+    pub rows: Slab<CfiRow>,
     /// Rows whose rules the unwinder cannot follow (such as a CFA given by
     /// an expression other than the PLT's), kept as [`CFA_NONE`].
     pub unsupported: usize,
     /// For each bucket of `1 << index_shift` bytes of code from the first
     /// row's address, the rows that cover it; see
     /// [`rtrace_common::unwind::Region`].
-    pub index: Vec<Bucket>,
+    pub index: Slab<Bucket>,
     /// See [`Table::index`].
     pub index_shift: u32,
 }
@@ -141,12 +131,14 @@ impl Table {
             starts.push(i as u32);
         }
         let len = self.rows.len() as u32;
-        self.index = (0..starts.len())
-            .map(|b| Bucket {
-                first: starts[b],
-                end: starts.get(b + 1).map_or(len, |&next| next + 1),
-            })
-            .collect();
+        self.index = Slab::Owned(
+            (0..starts.len())
+                .map(|b| Bucket {
+                    first: starts[b],
+                    end: starts.get(b + 1).map_or(len, |&next| next + 1),
+                })
+                .collect(),
+        );
         self.index_shift = shift;
     }
 }
@@ -360,7 +352,12 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
     if !found {
         return Err(CfiError::NoCfi);
     }
-    table.rows = assemble(&rows, functions);
+    table.rows = Slab::Owned(
+        assemble(&rows, functions)
+            .into_iter()
+            .map(Row::to_kernel)
+            .collect(),
+    );
     table.build_index();
     Ok(table)
 }
@@ -739,9 +736,7 @@ impl KernelTables {
             self.files_not_loaded += 1;
             return None;
         };
-        for (slot, row) in row_dest.iter_mut().zip(rows) {
-            *slot = row.to_kernel();
-        }
+        row_dest.copy_from_slice(rows);
         index_dest.copy_from_slice(index);
         self.next_row += at.row_len;
         self.next_bucket += at.index_len;
@@ -861,7 +856,7 @@ impl Table {
     /// The row whose rules hold at `pc`, found as the kernel finds it:
     /// its bucket of the index, then a search between that bucket's row
     /// and the next one's.
-    pub fn lookup(&self, pc: u64) -> Option<&Row> {
+    pub fn lookup(&self, pc: u64) -> Option<&CfiRow> {
         let first = self.rows.first()?.pc;
         let last = self.index.len().checked_sub(1)?;
         let b = usize::try_from(pc.checked_sub(first)? >> self.index_shift)
@@ -910,7 +905,10 @@ pub fn step(
     read: impl Fn(u64) -> Option<u64>,
 ) -> Option<Step> {
     let lookup_pc = if callee { file_pc - 1 } else { file_pc };
-    let row = table.lookup(lookup_pc).copied().unwrap_or(Row::none(0));
+    let row = table
+        .lookup(lookup_pc)
+        .copied()
+        .unwrap_or(Row::none(0).to_kernel());
     let cfa = match row.cfa {
         CFA_RSP => regs.sp.checked_add_signed(i64::from(row.cfa_offset))?,
         CFA_RBP => regs.bp.checked_add_signed(i64::from(row.cfa_offset))?,
