@@ -23,7 +23,9 @@ use rtrace_common::{
     biolatency::{Config, ERR_HIST_UPDATE, ERR_START_UPDATE, Entry, FLAGS_RWBS, HistKey, StartKey},
     offsets::MISSING,
 };
-use rtrace_ebpf::{count_error, get_or_insert, global, hist_record_shared, read_kernel, targets};
+use rtrace_ebpf::{
+    count_error, get_or_insert, global, hist_record_local, hist_record_shared, read_kernel, targets,
+};
 
 /// `-EEXIST`: with `-Q`, the insert already started the clock.
 const EEXIST: i64 = -17;
@@ -40,6 +42,10 @@ static HISTS: HashMap<HistKey, Entry> = HashMap::with_max_entries(4096, 0);
 /// A zeroed histogram to create new ones from.
 #[map]
 static ZERO: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
+/// The one histogram when not split by disk or flags, per CPU: no hash
+/// lookup and no atomic operation on the completion path.
+#[map]
+static TOTAL: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
 
 /// The clock starts for `key`, on the device `dev` gives; `insert` says
 /// whether the request is entering the queue rather than going to the
@@ -84,6 +90,15 @@ fn done(key: StartKey, dev: impl FnOnce() -> u32, flags: impl FnOnce() -> u64) {
         return;
     }
     let cfg = global(&CONFIG);
+    let delta = (now - then) / if cfg.unit_ns > 1 { cfg.unit_ns } else { 1 };
+    if cfg.per_disk == 0 && cfg.per_flags == 0 {
+        if let Some(h) = TOTAL.get_ptr_mut(0) {
+            // SAFETY: this CPU's TOTAL value; a program does not nest in
+            // itself on one CPU.
+            unsafe { hist_record_local(h, delta) };
+        }
+        return;
+    }
     let hkey = HistKey {
         dev: if cfg.per_disk != 0 { dev() } else { 0 },
         _pad: 0,
@@ -93,7 +108,6 @@ fn done(key: StartKey, dev: impl FnOnce() -> u32, flags: impl FnOnce() -> u64) {
         count_error(ERR_HIST_UPDATE);
         return;
     };
-    let delta = (now - then) / if cfg.unit_ns > 1 { cfg.unit_ns } else { 1 };
     // SAFETY: `h` is a HISTS value.
     unsafe { hist_record_shared(h, delta) };
 }

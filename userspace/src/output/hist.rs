@@ -73,6 +73,38 @@ impl<K: aya::Pod + Eq + Hash + Ord> KeyedDeltas<K> {
     }
 }
 
+/// A histogram the kernel keeps per CPU (one entry of a per-CPU array),
+/// turned into per-interval counts: the ungrouped case, where the
+/// programs record with no hash lookup and no atomic operation.
+#[derive(Default)]
+pub struct PerCpuTotal {
+    last: Snapshot,
+}
+
+impl PerCpuTotal {
+    /// The counts of the per-CPU array `map`'s entry 0 since the last
+    /// call, summed over the CPUs.
+    pub fn read<V: aya::Pod>(
+        &mut self,
+        ebpf: &aya::Ebpf,
+        map: &str,
+        hist: impl Fn(&V) -> &hist::Hist,
+    ) -> anyhow::Result<Snapshot> {
+        use anyhow::Context as _;
+        let array: aya::maps::PerCpuArray<_, V> = aya::maps::PerCpuArray::try_from(
+            ebpf.map(map)
+                .with_context(|| format!("map {map} missing"))?,
+        )?;
+        let mut now = Snapshot::default();
+        for v in array.get(&0, 0)?.iter() {
+            now.add(hist(v));
+        }
+        let delta = now.since(&self.last);
+        self.last = now;
+        Ok(delta)
+    }
+}
+
 /// One histogram of an interval, with what it is of: its heading in text
 /// (`pid = 185 sh`) and the same as JSON fields (`"pid": 185`).
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use crate::{
     features::{Hooks, Mechanism, TRACEPOINT_CHAIN},
     output::{
         self, IntervalArgs, Sink,
-        hist::{Group, Interval, KeyedDeltas},
+        hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
     },
     tracefs,
     tracer::{self, Kernel, Load, Scope, Tool},
@@ -260,6 +260,8 @@ pub struct Biolatency {
     flag_names: Option<FlagNames>,
     disks: HashMap<u32, String>,
     deltas: KeyedDeltas<HistKey>,
+    /// The one histogram, when not split.
+    total: PerCpuTotal,
 }
 
 impl Tool for Biolatency {
@@ -285,6 +287,7 @@ impl Tool for Biolatency {
             flag_names: None,
             disks: disks(),
             deltas: KeyedDeltas::default(),
+            total: PerCpuTotal::default(),
         })
     }
 
@@ -334,6 +337,10 @@ impl Tool for Biolatency {
             cfg.rq = request_offsets(kernel.btf()?)?;
         }
         load.config(&cfg);
+        if !self.grouped() {
+            // The one histogram is the per-CPU TOTAL.
+            load.size("HISTS", 1);
+        }
         self.mech = m;
         Ok(())
     }
@@ -378,11 +385,25 @@ impl Tool for Biolatency {
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
-        let mut map: BpfHashMap<_, HistKey, Entry> =
-            BpfHashMap::try_from(ebpf.map_mut("HISTS").context("map HISTS missing")?)?;
-        let hists = self.deltas.read(&mut map, |h| h);
+        let hists = if self.grouped() {
+            let mut map: BpfHashMap<_, HistKey, Entry> =
+                BpfHashMap::try_from(ebpf.map_mut("HISTS").context("map HISTS missing")?)?;
+            self.deltas
+                .read(&mut map, |h| h)
+                .into_iter()
+                .map(|(k, _, snapshot)| (k, snapshot))
+                .collect()
+        } else {
+            let total = self.total.read(ebpf, "TOTAL", |h: &Entry| h)?;
+            // As the grouped tables drop idle keys, an idle interval has
+            // no histogram (and prints libbpf-tools' empty table).
+            (total.count() > 0)
+                .then_some((HistKey::default(), total))
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
         let mut histograms = Vec::with_capacity(hists.len());
-        for (k, _, snapshot) in hists {
+        for (k, snapshot) in hists {
             let mut head = Vec::new();
             let mut labels = serde_json::Map::new();
             if self.args.disk {
@@ -415,6 +436,11 @@ impl Tool for Biolatency {
 }
 
 impl Biolatency {
+    /// Whether the histograms are split (by disk or flags).
+    fn grouped(&self) -> bool {
+        self.args.disk || self.args.flag
+    }
+
     /// A disk's name, looked up again if it appeared since the last look.
     fn disk_name(&mut self, dev: u32) -> String {
         if !self.disks.contains_key(&dev) {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, PerCpuArray},
+    maps::HashMap as BpfHashMap,
 };
 use rtrace_common::{
     offsets::{MISSING, TaskOffsets},
@@ -18,7 +18,7 @@ use crate::{
     features::{Hooks, Mechanism, TRACEPOINT_CHAIN},
     output::{
         self, IntervalArgs, Sink,
-        hist::{Group, Interval, KeyedDeltas, Snapshot},
+        hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
     },
     tracefs,
     tracer::{self, Kernel, Load, Scope, Tool},
@@ -119,7 +119,7 @@ pub struct Runqlat {
     mech: Mechanism,
     /// Where enqueue times are kept, as `-v` and JSON name it.
     store: &'static str,
-    total: Snapshot,
+    total: PerCpuTotal,
     groups: KeyedDeltas<u32>,
 }
 
@@ -152,7 +152,7 @@ impl Tool for Runqlat {
             unit_ns,
             mech: Mechanism::TpBtf,
             store: "hash",
-            total: Snapshot::default(),
+            total: PerCpuTotal::default(),
             groups: KeyedDeltas::default(),
         })
     }
@@ -277,7 +277,7 @@ impl Tool for Runqlat {
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
         let histograms = if self.grouping == group::NONE {
-            vec![Group::total(self.read_total(ebpf)?)]
+            vec![Group::total(self.total.read(ebpf, "TOTAL", |e: &Entry| &e.hist)?)]
         } else {
             self.read_groups(ebpf)?
         };
@@ -297,19 +297,6 @@ impl Tool for Runqlat {
 }
 
 impl Runqlat {
-    /// The single histogram's counts since the last call.
-    fn read_total(&mut self, ebpf: &Ebpf) -> anyhow::Result<Snapshot> {
-        let map: PerCpuArray<_, Entry> =
-            PerCpuArray::try_from(ebpf.map("TOTAL").context("map TOTAL missing")?)?;
-        let mut now = Snapshot::default();
-        for e in map.get(&0, 0)?.iter() {
-            now.add(&e.hist);
-        }
-        let delta = now.since(&self.total);
-        self.total = now;
-        Ok(delta)
-    }
-
     /// Per-group counts since the last call, headed by each group's command.
     fn read_groups(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Group>> {
         let mut map: BpfHashMap<_, u32, Entry> =
