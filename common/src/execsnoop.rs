@@ -14,6 +14,32 @@ pub const ARGS_SIZE: usize = ARG_SIZE * MAX_ARGS as usize;
 pub const FLAG_TRUNCATED: u32 = 1;
 /// `Event::flags`: the call was execveat(2).
 pub const FLAG_EXECVEAT: u32 = 2;
+/// `Event::flags`: `args` hold the file the kernel ran, then the new
+/// program's whole argv (its `argv[0]` too), as the exec left them in its
+/// memory; user space makes bcc's form of them (the tp_btf path).
+pub const FLAG_ARGV: u32 = 4;
+/// `Event::flags`, with [`FLAG_ARGV`]: the file was a script, so the
+/// interpreter and its optional argument precede the file in argv.
+pub const FLAG_SCRIPT: u32 = 8;
+
+/// Byte offsets the tp_btf path reads, from BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExecOffsets {
+    /// `task_struct.mm`.
+    pub mm: u32,
+    /// `mm_struct.arg_start`.
+    pub arg_start: u32,
+    /// `mm_struct.arg_end`.
+    pub arg_end: u32,
+    /// `linux_binprm.filename`.
+    pub filename: u32,
+    /// `linux_binprm.interp`.
+    pub interp: u32,
+    /// `linux_binprm.fdpath`, set for execveat(2) from a descriptor;
+    /// `offsets::MISSING` where the kernel has none.
+    pub fdpath: u32,
+}
 
 /// Byte offsets of a syscall tracepoint's fields, from tracefs.
 #[repr(C)]
@@ -51,6 +77,8 @@ pub struct Config {
     pub execve: EnterOffsets,
     /// `sys_enter_execveat`'s fields.
     pub execveat: EnterOffsets,
+    /// What the tp_btf path reads.
+    pub exec: ExecOffsets,
 }
 
 /// One exec, as sent to user space. Only the first
@@ -83,4 +111,4 @@ pub struct Event {
 /// Bytes of an [`Event`] before `args`.
 pub const HEADER_SIZE: usize = core::mem::offset_of!(Event, args);
 
-crate::pod!(Config, EnterOffsets, Event);
+crate::pod!(Config, EnterOffsets, ExecOffsets, Event);

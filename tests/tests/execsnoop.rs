@@ -148,6 +148,26 @@ fn execveat_through_a_descriptor_is_reported() {
 }
 
 #[test]
+fn a_script_shows_as_it_was_run_not_as_its_interpreter() {
+    let prog = Program::new("script");
+    // The kernel runs `/bin/sh -e SCRIPT one two`; bcc shows the exec as
+    // the caller made it.
+    std::fs::write(prog.path(), "#!/bin/sh -e\ntrue\n").unwrap();
+    let events = traced(&[], prog.path(), || {
+        let status = Command::new(prog.path())
+            .args(["one", prog.path()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    });
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(
+        strings(&events[0]["args"]),
+        [prog.path(), "one", prog.path()]
+    );
+}
+
+#[test]
 fn max_args_truncates_with_a_marker() {
     let prog = Program::new("max");
     let long = "y".repeat(300);

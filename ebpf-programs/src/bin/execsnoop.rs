@@ -1,7 +1,14 @@
 //! exec(2) tracing: execve and execveat.
 //!
-//! The syscall's entry gathers the arguments into a per-thread entry; the
-//! outcome emits it to user space. Success is taken from
+//! Two paths. With tp_btf (and without `-x`), only `sched_process_exec`
+//! runs: the exec has just laid the new program's argv out in its memory
+//! (`mm->arg_start..arg_end`), so one read takes all of it, and the
+//! program's `linux_binprm` names the file and says whether it was a
+//! script. Nothing is kept between entry and exit, and nothing runs for
+//! an exec that fails.
+//!
+//! Otherwise the syscall's entry gathers the arguments into a per-thread
+//! entry; the outcome emits it to user space. Success is taken from
 //! `sched_process_exec`, whose `old_pid` still names the thread that
 //! entered the syscall even when a non-leader thread exec'd and took over
 //! the process id; failure from the syscall's exit.
@@ -12,16 +19,22 @@ use aya_ebpf::{
     Global,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
-        bpf_get_current_uid_gid, bpf_probe_read_user, generated::bpf_probe_read_user_str,
+        bpf_get_current_uid_gid, bpf_probe_read_user,
+        generated::{
+            bpf_probe_read_kernel_str, bpf_probe_read_user as bpf_probe_read_user_raw,
+            bpf_probe_read_user_str,
+        },
     },
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, PerCpuArray},
-    programs::TracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use rtrace_common::{
     events::LOST_TABLE,
+    offsets::MISSING,
     execsnoop::{
-        ARG_SIZE, ARGS_SIZE, Config, Event, FLAG_EXECVEAT, FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS,
+        ARG_SIZE, ARGS_SIZE, Config, Event, FLAG_ARGV, FLAG_EXECVEAT, FLAG_SCRIPT, FLAG_TRUNCATED,
+        HEADER_SIZE, MAX_ARGS,
     },
 };
 use rtrace_ebpf::{count_error, events::emit_bytes, read_kernel, targets};
@@ -207,4 +220,86 @@ pub fn tp_sched_process_exec(ctx: TracePointContext) -> u32 {
         finish(&ctx, old, 0);
     }
     0
+}
+
+/// Room for the argv block after the file name, which takes at most
+/// `ARG_SIZE`.
+const ARGV_ROOM: usize = ARGS_SIZE - ARG_SIZE;
+
+/// The tp_btf path (see the module documentation): `sched_process_exec`
+/// with the new program's `linux_binprm`.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn btf_sched_process_exec(ctx: BtfTracePointContext) -> i32 {
+    let _ = exec_argv(&ctx);
+    0
+}
+
+#[inline(always)]
+fn exec_argv(ctx: &BtfTracePointContext) -> Option<()> {
+    let cfg = CONFIG.load();
+    let uid = bpf_get_current_uid_gid() as u32;
+    if cfg.filter_uid != 0 && uid != cfg.uid {
+        return None;
+    }
+    if !targets::current_in_cgroup() {
+        return None;
+    }
+    let o = &cfg.exec;
+    let e = SCRATCH.get_ptr_mut(0)?;
+    let task: *const u8 = ctx.arg(0);
+    let bprm: *const u8 = ctx.arg(2);
+    let mut flags = FLAG_ARGV;
+    // The kernel names the file `/dev/fd/N[/PATH]` (in `fdpath`) for
+    // execveat(2) from a descriptor.
+    if o.fdpath != MISSING && read_kernel::<u64>(bprm, o.fdpath).unwrap_or(0) != 0 {
+        flags |= FLAG_EXECVEAT;
+    }
+    let filename = read_kernel::<*const u8>(bprm, o.filename).ok()?;
+    if read_kernel::<*const u8>(bprm, o.interp).ok()? != filename {
+        flags |= FLAG_SCRIPT;
+    }
+    // SAFETY: `args` has room for `ARG_SIZE` bytes at its start.
+    let args = unsafe { (&raw mut (*e).args).cast::<u8>() };
+    let n = unsafe { bpf_probe_read_kernel_str(args.cast(), ARG_SIZE as u32, filename.cast()) };
+    let used = if n > 0 { n as usize } else { 0 };
+    let mm = read_kernel::<*const u8>(task, o.mm).ok()?;
+    let start = read_kernel::<u64>(mm, o.arg_start).ok()?;
+    let end = read_kernel::<u64>(mm, o.arg_end).ok()?;
+    let mut len = end.saturating_sub(start) as usize;
+    if len > ARGV_ROOM {
+        len = ARGV_ROOM;
+        flags |= FLAG_TRUNCATED;
+    }
+    // The volatile reads keep the bounds in a form the verifier sees.
+    let used = unsafe { core::ptr::read_volatile(&raw const used) };
+    let len = unsafe { core::ptr::read_volatile(&raw const len) };
+    if used > ARG_SIZE || len > ARGV_ROOM {
+        return None;
+    }
+    // SAFETY: `used + len <= ARGS_SIZE`, inside `args`; the argv was
+    // written by the exec just now, so it is there to read.
+    let read =
+        unsafe { bpf_probe_read_user_raw(args.add(used).cast(), len as u32, start as *const _) };
+    if read < 0 {
+        return None;
+    }
+    // SAFETY: `e` is this CPU's scratch event.
+    unsafe {
+        (*e).pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        (*e).ppid = ppid(&cfg);
+        (*e).uid = uid;
+        (*e).retval = 0;
+        (*e).args_count = 0;
+        (*e).args_size = (used + len) as u32;
+        (*e).flags = flags;
+        (*e).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        emit_bytes(
+            &EVENTS,
+            ctx,
+            e.cast(),
+            HEADER_SIZE + used + len,
+            HEADER_SIZE + ARGS_SIZE,
+        );
+    }
+    Some(())
 }

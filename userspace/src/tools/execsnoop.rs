@@ -7,7 +7,10 @@ use anyhow::Context as _;
 use aya::Ebpf;
 use rtrace_common::{
     events::LOST_NAMES,
-    execsnoop::{Config, EnterOffsets, Event, FLAG_EXECVEAT, FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS},
+    execsnoop::{
+        ARG_SIZE, Config, EnterOffsets, Event, ExecOffsets, FLAG_ARGV, FLAG_EXECVEAT, FLAG_SCRIPT,
+        FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS,
+    },
 };
 use serde::Serialize;
 
@@ -22,7 +25,10 @@ use crate::{
 
 /// Syscall tracepoints exist wherever ftrace syscalls do; kprobes on the
 /// syscall functions would see nothing they miss.
-const CHAIN: [Mechanism; 1] = [Mechanism::Tracepoint];
+/// tp_btf: one program at `sched_process_exec` reads the new program's
+/// argv; the tracepoints: the syscalls' entries gather the arguments, as
+/// `-x` needs for execs that fail.
+const CHAIN: [Mechanism; 2] = [Mechanism::TpBtf, Mechanism::Tracepoint];
 
 /// The tracepoints, as (category, event); each has a `tp_<event>` program.
 const HOOKS: [(&str, &str); 5] = [
@@ -132,7 +138,7 @@ impl Record for Exec<'_> {
 
 /// Decodes a ring buffer record: the event's header, then its used bytes of
 /// arguments.
-fn decode<'a>(record: &[u8]) -> Option<Exec<'a>> {
+fn decode<'a>(record: &[u8], max_args: usize) -> Option<Exec<'a>> {
     if record.len() < HEADER_SIZE {
         return None;
     }
@@ -145,11 +151,16 @@ fn decode<'a>(record: &[u8]) -> Option<Exec<'a>> {
     };
     let args = &record[HEADER_SIZE..];
     let used = (head.args_size as usize).min(args.len());
-    let args: Vec<String> = args[..used]
-        .split(|&b| b == 0)
-        .take(head.args_count as usize)
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
+    let (args, truncated) = if head.flags & FLAG_ARGV != 0 {
+        bcc_args(&args[..used], head.flags, max_args)
+    } else {
+        let args = args[..used]
+            .split(|&b| b == 0)
+            .take(head.args_count as usize)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        (args, head.flags & FLAG_TRUNCATED != 0)
+    };
     Some(Exec {
         pid: head.pid,
         ppid: head.ppid,
@@ -162,9 +173,47 @@ fn decode<'a>(record: &[u8]) -> Option<Exec<'a>> {
             "execve"
         },
         args,
-        truncated: head.flags & FLAG_TRUNCATED != 0,
+        truncated,
         text: None,
     })
+}
+
+/// The arguments as bcc gathers them at the syscall's entry (the file
+/// name, then `argv[1..]`, each cut to `ARG_SIZE - 1` bytes, at most
+/// `max_args` in all), from what the tp_btf path read after the exec:
+/// the file the kernel ran, then the new program's argv. A script's argv
+/// starts with its interpreter (and the interpreter's argument, if any),
+/// then the script's name; fexecve's file is `/dev/fd/N`, which bcc
+/// shows as `argv[0]`. Returns them and whether any were cut.
+fn bcc_args(block: &[u8], flags: u32, max_args: usize) -> (Vec<String>, bool) {
+    let mut truncated = flags & FLAG_TRUNCATED != 0;
+    let block = block.strip_suffix(&[0]).unwrap_or(block);
+    let mut parts = block.split(|&b| b == 0);
+    let file = parts.next().unwrap_or_default();
+    let mut argv: Vec<&[u8]> = parts.collect();
+    if flags & FLAG_SCRIPT != 0
+        && let Some(at) = (1..argv.len().min(3)).find(|&i| argv[i] == file)
+    {
+        argv.drain(..at);
+    }
+    let fd_path = file
+        .strip_prefix(b"/dev/fd/")
+        .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit));
+    let first = match argv.first() {
+        Some(a0) if flags & FLAG_EXECVEAT != 0 && fd_path => *a0,
+        _ => file,
+    };
+    let mut args = Vec::new();
+    for a in std::iter::once(first).chain(argv.into_iter().skip(1)) {
+        if args.len() == max_args {
+            truncated = true;
+            break;
+        }
+        let cut = &a[..a.len().min(ARG_SIZE - 1)];
+        truncated |= cut.len() < a.len();
+        args.push(String::from_utf8_lossy(cut).into_owned());
+    }
+    (args, truncated)
 }
 
 fn quoted(arg: &str) -> String {
@@ -172,11 +221,36 @@ fn quoted(arg: &str) -> String {
 }
 
 /// Offsets the programs need, from BTF and tracefs.
-fn config(args: &Args, btf: &Btf) -> anyhow::Result<Config> {
-    let member = |m: &str| {
-        btf.offset("task_struct", m)
-            .with_context(|| format!("cannot find task_struct.{m} in kernel BTF"))
+/// The programs' configuration for mechanism `m`: the tp_btf path's
+/// offsets from BTF, the tracepoints' from tracefs.
+fn config(args: &Args, btf: &Btf, m: Mechanism) -> anyhow::Result<Config> {
+    let offset = |s: &str, m: &str| {
+        btf.offset(s, m)
+            .with_context(|| format!("cannot find {s}.{m} in kernel BTF"))
     };
+    let member = |m: &str| offset("task_struct", m);
+    let mut cfg = Config {
+        max_args: args.max_args,
+        uid: args.uid.unwrap_or(0),
+        filter_uid: u32::from(args.uid.is_some()),
+        failed: u32::from(args.fails),
+        real_parent: member("real_parent")?,
+        tgid: member("tgid")?,
+        ..Config::default()
+    };
+    if m == Mechanism::TpBtf {
+        cfg.exec = ExecOffsets {
+            mm: member("mm")?,
+            arg_start: offset("mm_struct", "arg_start")?,
+            arg_end: offset("mm_struct", "arg_end")?,
+            filename: offset("linux_binprm", "filename")?,
+            interp: offset("linux_binprm", "interp")?,
+            fdpath: btf
+                .offset("linux_binprm", "fdpath")
+                .unwrap_or(rtrace_common::offsets::MISSING),
+        };
+        return Ok(cfg);
+    }
     let enter = |name: &str| -> anyhow::Result<EnterOffsets> {
         let f = tracefs::Format::read("syscalls", name)?;
         Ok(EnterOffsets {
@@ -184,25 +258,18 @@ fn config(args: &Args, btf: &Btf) -> anyhow::Result<Config> {
             argv: f.offset("argv")?,
         })
     };
-    Ok(Config {
-        max_args: args.max_args,
-        uid: args.uid.unwrap_or(0),
-        filter_uid: u32::from(args.uid.is_some()),
-        failed: u32::from(args.fails),
-        real_parent: member("real_parent")?,
-        tgid: member("tgid")?,
-        exit_ret: tracefs::Format::read("syscalls", "sys_exit_execve")?.offset("ret")?,
-        old_pid: tracefs::Format::read("sched", "sched_process_exec")?.offset("old_pid")?,
-        _pad: 0,
-        execve: enter("sys_enter_execve")?,
-        execveat: enter("sys_enter_execveat")?,
-    })
+    cfg.exit_ret = tracefs::Format::read("syscalls", "sys_exit_execve")?.offset("ret")?;
+    cfg.old_pid = tracefs::Format::read("sched", "sched_process_exec")?.offset("old_pid")?;
+    cfg.execve = enter("sys_enter_execve")?;
+    cfg.execveat = enter("sys_enter_execveat")?;
+    Ok(cfg)
 }
 
 /// The tool.
 pub struct Execsnoop {
     args: Args,
     text: TextOptions,
+    mech: Mechanism,
 }
 
 impl Tool for Execsnoop {
@@ -217,7 +284,11 @@ impl Tool for Execsnoop {
             print_uid: args.print_uid,
             quote: args.quote,
         };
-        Ok(Self { args, text })
+        Ok(Self {
+            args,
+            text,
+            mech: Mechanism::Tracepoint,
+        })
     }
 
     fn scope(&self) -> Scope {
@@ -231,13 +302,20 @@ impl Tool for Execsnoop {
         Some(&self.args.buffer)
     }
 
+    fn forced(&self) -> Option<Mechanism> {
+        // An exec that fails leaves no new program to read argv from.
+        self.args.fails.then_some(Mechanism::Tracepoint)
+    }
+
     fn configure(
         &mut self,
-        _m: Option<Mechanism>,
+        m: Option<Mechanism>,
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        load.config(&config(&self.args, kernel.btf()?)?);
+        let m = m.context("execsnoop attaches through its chain")?;
+        load.config(&config(&self.args, kernel.btf()?, m)?);
+        self.mech = m;
         Ok(())
     }
 
@@ -247,7 +325,10 @@ impl Tool for Execsnoop {
         kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
-        let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
+        let mut hooks = Hooks::new(self.mech, kernel)?;
+        if self.mech == Mechanism::TpBtf {
+            return hooks.attach_event(ebpf, "sched", "sched_process_exec");
+        }
         for (category, event) in HOOKS {
             hooks.attach_event(ebpf, category, event)?;
         }
@@ -255,7 +336,11 @@ impl Tool for Execsnoop {
     }
 
     fn describe(&self) -> String {
-        "execve, execveat, sched_process_exec".to_owned()
+        if self.mech == Mechanism::TpBtf {
+            "sched_process_exec, argv read from the new program's memory".to_owned()
+        } else {
+            "execve, execveat, sched_process_exec".to_owned()
+        }
     }
 
     fn banner(&self) -> String {
@@ -274,7 +359,7 @@ impl Tool for Execsnoop {
     }
 
     fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
-        let Some(mut e) = decode(record) else {
+        let Some(mut e) = decode(record, self.args.max_args as usize) else {
             return Ok(());
         };
         if self.args.name.as_deref().is_some_and(|n| !e.comm.contains(n)) {
@@ -287,5 +372,47 @@ impl Tool for Execsnoop {
         }
         e.text = Some(&self.text);
         sink.emit(&e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tp_btf path's block: the file, then argv, NUL-terminated.
+    fn block(file: &str, argv: &[&str]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for s in std::iter::once(file).chain(argv.iter().copied()) {
+            b.extend_from_slice(s.as_bytes());
+            b.push(0);
+        }
+        b
+    }
+
+    #[test]
+    fn argv_read_after_the_exec_takes_bcc_form() {
+        let plain = block("/usr/bin/ls", &["ls", "-l", "/tmp"]);
+        assert_eq!(
+            bcc_args(&plain, FLAG_ARGV, 20),
+            (vec!["/usr/bin/ls".into(), "-l".into(), "/tmp".into()], false)
+        );
+        // `/bin/echo /bin/echo` is no script: its second word stays.
+        let echo = block("/bin/echo", &["/bin/echo", "/bin/echo"]);
+        assert_eq!(bcc_args(&echo, FLAG_ARGV, 20).0, ["/bin/echo", "/bin/echo"]);
+        // `./s.sh a` run by `#!/bin/sh -e`.
+        let script = block("./s.sh", &["/bin/sh", "-e", "./s.sh", "a"]);
+        assert_eq!(
+            bcc_args(&script, FLAG_ARGV | FLAG_SCRIPT, 20).0,
+            ["./s.sh", "a"]
+        );
+        let fexecve = block("/dev/fd/3", &["prog", "x"]);
+        assert_eq!(
+            bcc_args(&fexecve, FLAG_ARGV | FLAG_EXECVEAT, 20).0,
+            ["prog", "x"]
+        );
+        let long = "y".repeat(ARG_SIZE + 10);
+        let cut = bcc_args(&block("/bin/p", &["p", &long, "z"]), FLAG_ARGV, 2);
+        assert_eq!(cut.0, ["/bin/p".to_owned(), "y".repeat(ARG_SIZE - 1)]);
+        assert!(cut.1, "cut arguments are marked");
     }
 }
