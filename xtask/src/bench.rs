@@ -30,31 +30,192 @@ const IO_WRITES: u64 = 5_000;
 const TRIALS: usize = 5;
 
 /// Runs the named benchmark, or all.
+/// A tool's benchmark, which prints its own report and returns its row.
+type Bench = fn() -> anyhow::Result<Row>;
+
 pub fn run(name: Option<&str>) -> anyhow::Result<()> {
+    let benches: [(&str, Bench); 8] = [
+        ("runqlat", runqlat),
+        ("execsnoop", execsnoop),
+        ("tcplife", tcplife),
+        ("biolatency", biolatency),
+        ("gethostlatency", gethostlatency),
+        ("ext4slower", ext4slower),
+        ("offcputime", offcputime),
+        ("profile", profile),
+    ];
     match name {
-        None => {
-            runqlat()?;
-            execsnoop()?;
-            tcplife()?;
-            biolatency()?;
-            profile()?;
-            offcputime()?;
-            ext4slower()?;
-            startup::run()
+        None | Some("all") => {
+            let mut rows = Vec::new();
+            for (_, bench) in benches {
+                rows.push(bench()?);
+            }
+            startup::run()?;
+            let table = all_table(&rows);
+            println!("\n{table}");
+            let path = crate::root().join("target/bench/all.md");
+            std::fs::write(&path, &table)?;
+            eprintln!("bench: the table is also in {}", path.display());
+            Ok(())
         }
-        Some("runqlat") => runqlat(),
-        Some("execsnoop") => execsnoop(),
-        Some("tcplife") => tcplife(),
-        Some("biolatency") => biolatency(),
-        Some("profile") => profile(),
-        Some("offcputime") => offcputime(),
-        Some("ext4slower") => ext4slower(),
         Some("startup") => startup::run(),
-        Some(other) => bail!(
-            "unknown benchmark {other}; known: runqlat, execsnoop, tcplife, biolatency, \
-             profile, offcputime, ext4slower, startup"
-        ),
+        Some(one) => match benches.iter().find(|(n, _)| *n == one) {
+            Some((_, bench)) => bench().map(drop),
+            None => bail!(
+                "unknown benchmark {one}; known: all, {}, startup",
+                benches.map(|(n, _)| n).join(", ")
+            ),
+        },
     }
+}
+
+/// The lowest and highest of `v`.
+fn spread(v: &[f64]) -> (f64, f64) {
+    (
+        v.iter().copied().fold(f64::INFINITY, f64::min),
+        v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    )
+}
+
+/// One tracer's figures in a [`Row`].
+struct Figures {
+    /// Its label in the tool's own table.
+    label: String,
+    /// BPF run time per operation (0 for a peer without BPF), median and
+    /// range over the trials.
+    bpf: (f64, (f64, f64)),
+    /// Added time per operation over bare, median and range.
+    added: (f64, (f64, f64)),
+    /// Events missing in the worst trial, where the workload's count is
+    /// known.
+    lost: Option<u64>,
+    /// Launch to tracing, median, in milliseconds.
+    startup_ms: f64,
+}
+
+/// One tool's line of `cargo xtask bench all`: rtrace's default against
+/// the best peer that runs here.
+struct Row {
+    tool: &'static str,
+    workload: String,
+    /// What an operation is, and its unit of time (`ns/read`).
+    unit: &'static str,
+    ours: Figures,
+    peer: Figures,
+}
+
+impl Row {
+    /// The row of setups `ours` and `peer` of a tool's trials; setup 0
+    /// is bare. `expected`: the events each trial should print.
+    fn new(
+        tool: &'static str,
+        workload: impl Into<String>,
+        unit: &'static str,
+        (setups, results): (&[Setup], &[Outcome]),
+        (ours, peer): (usize, usize),
+        expected: Option<u64>,
+    ) -> Self {
+        let bare = results[0].cost;
+        let figures = |i: usize| {
+            let r = &results[i];
+            Figures {
+                label: setups[i].label.clone(),
+                bpf: (r.bpf_ns, r.bpf_spread),
+                added: (
+                    r.cost - bare,
+                    (r.cost_spread.0 - bare, r.cost_spread.1 - bare),
+                ),
+                lost: expected.map(|n| {
+                    r.stops
+                        .iter()
+                        .map(|t| n.saturating_sub(t.events))
+                        .max()
+                        .unwrap_or(0)
+                }),
+                startup_ms: median(
+                    r.stops
+                        .iter()
+                        .map(|t| t.ready_in.as_secs_f64() * 1e3)
+                        .collect(),
+                ),
+            }
+        };
+        Self {
+            tool,
+            workload: workload.into(),
+            unit,
+            ours: figures(ours),
+            peer: figures(peer),
+        }
+    }
+}
+
+impl Row {
+    /// The row with the tracers' own CPU time per operation added to
+    /// their added time: a sampler's work in its own process is cost the
+    /// sampled tasks' clock does not see.
+    fn with_own_cpu(mut self, results: &[Outcome], (ours, peer): (usize, usize)) -> Self {
+        for (f, i) in [(&mut self.ours, ours), (&mut self.peer, peer)] {
+            let own = results[i].tracer_ns;
+            f.added.0 += own;
+            f.added.1.0 += own;
+            f.added.1.1 += own;
+        }
+        self
+    }
+}
+
+/// The table of every tool's row, in Markdown, as the README shows it.
+fn all_table(rows: &[Row]) -> String {
+    use std::fmt::Write as _;
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("**{:.2}×**", a / b)
+        } else {
+            "-".to_owned()
+        }
+    };
+    let ranged = |(m, (lo, hi)): (f64, (f64, f64))| format!("{m:.0} ({lo:.0}–{hi:.0})");
+    let lost = |l: Option<u64>| l.map_or("-".to_owned(), |l| l.to_string());
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| tool | workload | peer | BPF time per op, rtrace | peer | rtrace ÷ peer | \
+         added time per op, rtrace | peer | rtrace ÷ peer | lost, rtrace / peer | \
+         start-up ms, rtrace / peer |"
+    );
+    let _ = writeln!(t, "|{}", " --- |".repeat(11));
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {:.0} / {:.0} |",
+            r.tool,
+            r.workload,
+            r.peer.label,
+            ranged(r.ours.bpf),
+            ranged(r.peer.bpf),
+            ratio(r.ours.bpf.0, r.peer.bpf.0),
+            ranged(r.ours.added),
+            ranged(r.peer.added),
+            ratio(r.ours.added.0, r.peer.added.0),
+            lost(r.ours.lost),
+            lost(r.peer.lost),
+            r.ours.startup_ms,
+            r.peer.startup_ms,
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\nTimes per operation in each row's unit ({}); medians over {TRIALS} interleaved \
+         trials, ranges in brackets. BPF time is the kernel's own statistics \
+         (`kernel.bpf_stats_enabled`); a peer without BPF programs (perf) has none, and its \
+         row is judged by the added time.",
+        rows.iter()
+            .map(|r| format!("{}: {}", r.tool, r.unit))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    t
 }
 
 /// Where a tracer says it has started: a line with this prefix on stdout or
@@ -292,6 +453,8 @@ fn bpf_run_ns() -> u64 {
 /// BPF programs ran per operation, and what its tracer said each trial.
 struct Outcome {
     cost: f64,
+    /// The lowest and highest cost per operation over the trials.
+    cost_spread: (f64, f64),
     bpf_ns: f64,
     /// The lowest and highest BPF time per operation over the trials.
     bpf_spread: (f64, f64),
@@ -357,11 +520,9 @@ fn trials(
                  own,
                  stops,
              }| Outcome {
+                cost_spread: spread(&costs),
                 cost: median(costs),
-                bpf_spread: (
-                    bpf.iter().copied().fold(f64::INFINITY, f64::min),
-                    bpf.iter().copied().fold(0.0, f64::max),
-                ),
+                bpf_spread: spread(&bpf),
                 bpf_ns: median(bpf),
                 tracer_ns: if own.is_empty() { 0.0 } else { median(own) },
                 stops,
@@ -449,7 +610,7 @@ fn pingpong(workload: &Path) -> anyhow::Result<(f64, u64)> {
     Ok((ns / ROUNDS as f64, ROUNDS))
 }
 
-fn runqlat() -> anyhow::Result<()> {
+fn runqlat() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     let workload = crate::root().join("target/release/pingpong");
     let mut setups = vec![
@@ -489,7 +650,14 @@ fn runqlat() -> anyhow::Result<()> {
         if ratio <= 0.5 { "met" } else { "NOT met" }
     );
     println!("its BPF programs run {bpf_ratio:.2}x as long per round trip as libbpf-tools'");
-    Ok(())
+    Ok(Row::new(
+        "runqlat",
+        format!("ping-pong on one CPU, {ROUNDS} round trips"),
+        "ns/round trip",
+        (&setups, &results),
+        (2, 1),
+        None,
+    ))
 }
 
 /// Round trips of `perf bench sched pipe` in one trial: two context
@@ -517,7 +685,7 @@ fn sched_pipe() -> anyhow::Result<(f64, u64)> {
 /// every switch are taken and timed, so the cost per switch is the whole
 /// story. rtrace walks user stacks by CFI (through code without frame
 /// pointers); libbpf-tools' by frame pointer only.
-fn offcputime() -> anyhow::Result<()> {
+fn offcputime() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     // libbpf-tools' offcputime prints nothing until it ends.
     let ready = Ready::After(Duration::from_secs(2));
@@ -595,7 +763,17 @@ fn offcputime() -> anyhow::Result<()> {
         );
         println!("{:<44} report after Ctrl-C: {report:.0} ms", s.label);
     }
-    Ok(())
+    Ok(Row::new(
+        "offcputime",
+        format!(
+            "perf bench sched pipe on one CPU, {} switches",
+            PIPE_LOOPS * 2
+        ),
+        "ns/switch",
+        (&setups, &results),
+        (2, 1),
+        None,
+    ))
 }
 
 /// Runs the exec storm; returns microseconds per exec.
@@ -612,7 +790,7 @@ fn exec_storm(workload: &Path, program: &Path) -> anyhow::Result<(f64, u64)> {
     ))
 }
 
-fn execsnoop() -> anyhow::Result<()> {
+fn execsnoop() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     let workload = crate::root().join("target/release/execstorm");
     // A copy of `true` under a name nothing else runs, to count events by.
@@ -665,7 +843,14 @@ fn execsnoop() -> anyhow::Result<()> {
          events lost: {}",
         if rtrace_lost { "SOME" } else { "none" }
     );
-    Ok(())
+    Ok(Row::new(
+        "execsnoop",
+        format!("exec storm, {expected} execs by {EXEC_WORKERS} workers"),
+        "us/exec",
+        (&setups, &results),
+        (2, 1),
+        Some(expected),
+    ))
 }
 
 /// Runs a workload that prints `done NANOSECONDS` last; returns the
@@ -717,7 +902,7 @@ fn report_events(setups: &[Setup], results: &[Outcome], expected: u64, what: &st
     }
 }
 
-fn tcplife() -> anyhow::Result<()> {
+fn tcplife() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     let workload = crate::root().join("target/release/tcpsessions");
     // The server end of every session belongs to the workload's server,
@@ -770,7 +955,58 @@ fn tcplife() -> anyhow::Result<()> {
     println!(
         "rtrace adds {ratio:.2}x what libbpf-tools adds per TCP session (BPF time {bpf_ratio:.2}x)"
     );
-    Ok(())
+    Ok(Row::new(
+        "tcplife",
+        format!("{SESSIONS} loopback TCP sessions"),
+        "us/session",
+        (&setups, &results),
+        (2, 1),
+        Some(SESSIONS),
+    ))
+}
+
+/// getaddrinfo calls per trial of the gethostlatency benchmark.
+const LOOKUPS: u64 = 2_000;
+
+/// gethostlatency against libbpf-tools' on getaddrinfo of `localhost`
+/// (from `/etc/hosts`): a uprobe and a uretprobe per lookup.
+fn gethostlatency() -> anyhow::Result<Row> {
+    let rtrace = crate::build()?;
+    let workload = crate::root().join("target/release/lookups");
+    let needle = "localhost";
+    let setups = vec![
+        Setup::bare(),
+        Setup::libbpf_tools("gethostlatency", Ready::Stdout("TIME"), Some(needle))?,
+        Setup::traced(
+            "rtrace gethostlatency",
+            &rtrace,
+            &["gethostlatency"],
+            Ready::Stderr("Tracing"),
+            Some(needle),
+        ),
+    ];
+    eprintln!(
+        "bench gethostlatency: {LOOKUPS} getaddrinfo calls for localhost, one after another, \
+         median of {TRIALS} interleaved trials"
+    );
+    let results = trials(&setups, "ns/lookup", || {
+        let ns = timed(Command::new(&workload).args([needle, &LOOKUPS.to_string()]))?;
+        Ok((ns / LOOKUPS as f64, LOOKUPS))
+    })?;
+    let (ratio, bpf_ratio) = report(&setups, &results, "ns/lookup");
+    report_events(&setups, &results, LOOKUPS, "lookups of localhost seen");
+    println!();
+    println!(
+        "rtrace adds {ratio:.2}x what libbpf-tools adds per lookup (BPF time {bpf_ratio:.2}x)"
+    );
+    Ok(Row::new(
+        "gethostlatency",
+        format!("{LOOKUPS} getaddrinfo calls"),
+        "ns/lookup",
+        (&setups, &results),
+        (2, 1),
+        Some(LOOKUPS),
+    ))
 }
 
 /// A loop device over a file in `target/bench`, detached on drop.
@@ -803,7 +1039,7 @@ impl Drop for Loop {
     }
 }
 
-fn biolatency() -> anyhow::Result<()> {
+fn biolatency() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     let workload = crate::root().join("target/release/directio");
     let dev = Loop::new()?;
@@ -848,7 +1084,14 @@ fn biolatency() -> anyhow::Result<()> {
         "rtrace's BPF programs run {bpf_ratio:.2}x as long per direct I/O as libbpf-tools' \
          (added wall time {ratio:.2}x, within the loop device's noise)"
     );
-    Ok(())
+    Ok(Row::new(
+        "biolatency",
+        format!("{total} direct 4 KiB I/Os on a loop device"),
+        "ns/io",
+        (&setups, &results),
+        (2, 1),
+        None,
+    ))
 }
 
 /// How long each worker of the profile benchmarks runs per trial.
@@ -1007,7 +1250,7 @@ fn seconds(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn profile() -> anyhow::Result<()> {
+fn profile() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     let fixture = CpuLoad::hotfuncs("hotfuncs");
     let dir = crate::root().join("target/bench");
@@ -1081,8 +1324,10 @@ fn profile() -> anyhow::Result<()> {
         perf_report.push(stop + report);
     }
     let (ours, script, report) = (median(ours), median(perf_script), median(perf_report));
-    let mut unwinding = profile_unwinding(&rtrace, &data_s, &CpuLoad::hotfuncs("hotfuncs_nofp"))?;
-    unwinding.extend(profile_unwinding(&rtrace, &data_s, &CpuLoad::python())?);
+    let (mut unwinding, _) =
+        profile_unwinding(&rtrace, &data_s, &CpuLoad::hotfuncs("hotfuncs_nofp"))?;
+    let (python, row) = profile_unwinding(&rtrace, &data_s, &CpuLoad::python())?;
+    unwinding.extend(python);
     println!();
     for (
         hz,
@@ -1117,7 +1362,7 @@ fn profile() -> anyhow::Result<()> {
     for line in unwinding {
         println!("{line}");
     }
-    Ok(())
+    Ok(row)
 }
 
 /// The share of samples of `comm` in a folded profile whose stack holds a
@@ -1221,9 +1466,16 @@ fn rtrace_lost(stderr: &str) -> u64 {
 /// workload's slowdown, the tracer's own CPU and BPF time), samples lost,
 /// the share of samples whose stacks reach main, the time from Ctrl-C to a
 /// finished report, and rtrace's start-up and table memory.
-fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Result<Vec<String>> {
+/// The unwinding benchmark of `load` at 99 and 999 Hz: its report's
+/// lines, and its row of `bench all` (999 Hz, against DWARF mode).
+fn profile_unwinding(
+    rtrace: &Path,
+    data_s: &str,
+    load: &CpuLoad,
+) -> anyhow::Result<(Vec<String>, Row)> {
     let perf_ready = Ready::After(Duration::from_secs(1));
     let mut lines = Vec::new();
+    let mut row = None;
     for hz in ["99", "999"] {
         let setups = vec![
             Setup::bare(),
@@ -1257,6 +1509,20 @@ fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Res
         );
         let results = trials(&setups, STOLEN, || cpu_work(load))?;
         report(&setups, &results, STOLEN);
+        row = Some(
+            Row::new(
+                "profile",
+                format!(
+                    "{PROFILE_WORKERS} busy {} without frame pointers, {hz} Hz, system-wide",
+                    load.comm
+                ),
+                STOLEN,
+                (&setups, &results),
+                (2, 1),
+                None,
+            )
+            .with_own_cpu(&results, (2, 1)),
+        );
         let Shares {
             ratio,
             above,
@@ -1352,7 +1618,7 @@ fn profile_unwinding(rtrace: &Path, data_s: &str, load: &CpuLoad) -> anyhow::Res
         load.comm,
         ready_in.as_secs_f64() * 1000.0
     ));
-    Ok(lines)
+    Ok((lines, row.context("no rates measured")?))
 }
 
 /// Cached 4 KiB preads per trial of the ext4slower benchmark.
@@ -1400,7 +1666,7 @@ const BPFTRACE_SLOWER: &str = "BEGIN { printf(\"Tracing\\n\"); } \
 /// (syscall tracepoints, against bpftrace; libbpf-tools' ext4slower cannot
 /// attach here), then the VM guests' (fentry, kprobe and tracepoint,
 /// against libbpf-tools).
-fn ext4slower() -> anyhow::Result<()> {
+fn ext4slower() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     let workload = crate::root().join("target/release/fileops");
     let fs = Ext4::new()?;
@@ -1462,7 +1728,15 @@ fn ext4slower() -> anyhow::Result<()> {
         "host (tracepoint path): rtrace adds {ratio:.2}x what bpftrace adds per cached read \
          (BPF time {bpf_ratio:.2}x), while also checking each file's file system"
     );
-    guests_ext4slower()
+    guests_ext4slower()?;
+    Ok(Row::new(
+        "ext4slower",
+        format!("{E4_READS} cached 4 KiB preads (syscall tracepoint path)"),
+        "ns/read",
+        (&setups, &results),
+        (2, 1),
+        None,
+    ))
 }
 
 /// The guest part of the ext4slower benchmark: the `/init` body times the
