@@ -31,11 +31,11 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     events::LOST_TABLE,
-    offsets::MISSING,
     execsnoop::{
         ARG_SIZE, ARGS_SIZE, Config, Event, FLAG_ARGV, FLAG_EXECVEAT, FLAG_SCRIPT, FLAG_TRUNCATED,
         HEADER_SIZE, MAX_ARGS,
     },
+    offsets::MISSING,
 };
 use rtrace_ebpf::{count_error, events::emit_bytes, read_kernel, targets};
 
