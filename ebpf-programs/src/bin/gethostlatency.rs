@@ -1,5 +1,10 @@
 //! Host name lookups through libc's resolver, timed from the call to its
 //! return with a uprobe and a uretprobe on each function.
+//!
+//! A lookup in flight is kept by thread: built with the `task_storage`
+//! feature, in the thread's own storage (5.11+), which costs neither a
+//! hash nor a bucket lock, and is cleared rather than deleted at return;
+//! otherwise in a hash by thread id.
 #![no_std]
 #![no_main]
 
@@ -9,20 +14,104 @@ use aya_ebpf::{
         bpf_probe_read_user_str_bytes,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, PerCpuArray},
+    maps::PerCpuArray,
     programs::{ProbeContext, RetProbeContext},
 };
 use rtrace_common::{
     events::LOST_TABLE,
-    gethostlatency::{Event, HOST_LEN, Start},
+    gethostlatency::{Event, Start},
 };
 use rtrace_ebpf::{count_error, events::emit, targets};
 
 rtrace_ebpf::event_map!();
 
 /// Lookups in flight, by thread id; user space sizes it.
+#[cfg(not(feature = "task_storage"))]
 #[map]
-static STARTS: HashMap<u32, Start> = HashMap::with_max_entries(65536, 0);
+static STARTS: aya_ebpf::maps::HashMap<u32, Start> =
+    aya_ebpf::maps::HashMap::with_max_entries(65536, 0);
+/// The lookup in flight of each thread, its `start_ns` 0 when none.
+#[cfg(feature = "task_storage")]
+#[unsafe(link_section = ".maps")]
+#[unsafe(no_mangle)]
+static TASK_STARTS: rtrace_ebpf::task_storage::TaskStorage<Start> =
+    rtrace_ebpf::task_storage::TaskStorage::new();
+
+/// The current thread's slot for a lookup starting now, if there is room.
+#[cfg(feature = "task_storage")]
+#[inline(always)]
+fn new_start() -> Option<*mut Start> {
+    // SAFETY: the helper has no preconditions.
+    let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task_btf() } as *const u8;
+    let p = TASK_STARTS.get(task, true);
+    (!p.is_null()).then_some(p)
+}
+
+/// The current thread's lookup in flight, if any; its slot is cleared.
+#[cfg(feature = "task_storage")]
+#[inline(always)]
+fn take_start() -> Option<Start> {
+    // SAFETY: the helper has no preconditions.
+    let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task_btf() } as *const u8;
+    let p = TASK_STARTS.get(task, false);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` is this thread's storage.
+    unsafe {
+        if (*p).start_ns == 0 {
+            return None;
+        }
+        let s = *p;
+        (*p).start_ns = 0;
+        Some(s)
+    }
+}
+
+/// A slot for a lookup starting now: the scratch value, inserted by
+/// thread id at `commit_start`.
+#[cfg(not(feature = "task_storage"))]
+#[inline(always)]
+fn new_start() -> Option<*mut Start> {
+    SCRATCH.get_ptr_mut(0)
+}
+
+/// The current thread's lookup in flight, if any, taken out of the table.
+#[cfg(not(feature = "task_storage"))]
+#[inline(always)]
+fn take_start() -> Option<Start> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let s = STARTS.get_ptr(tid)?;
+    // SAFETY: a STARTS value, copied before it is removed.
+    let start = unsafe { *s };
+    let _ = STARTS.remove(tid);
+    Some(start)
+}
+
+/// Keeps the lookup written to `start` ([`new_start`]'s slot): in the
+/// hash, inserted from the scratch value.
+#[cfg(not(feature = "task_storage"))]
+#[inline(always)]
+fn commit_start(start: *mut Start) -> bool {
+    // SAFETY: `start` is this CPU's scratch value.
+    let value = unsafe { &*start };
+    STARTS
+        .insert(bpf_get_current_pid_tgid() as u32, value, 0)
+        .is_ok()
+}
+
+/// Keeps the lookup written to `start`: in task storage it is there
+/// already.
+#[cfg(feature = "task_storage")]
+#[inline(always)]
+fn commit_start(_start: *mut Start) -> bool {
+    true
+}
+
+/// Where a hash entry is put together before it is inserted.
+#[cfg(not(feature = "task_storage"))]
+#[map]
+static SCRATCH: PerCpuArray<Start> = PerCpuArray::with_max_entries(1, 0);
 /// Where an event is put together.
 #[map]
 static EVENT: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
@@ -32,23 +121,25 @@ fn enter(ctx: &ProbeContext, func: u32) {
     if !targets::admits_current() {
         return;
     }
-    // 96 bytes: the stack has room, and the insert copies from there anyway.
-    let mut start = Start {
-        // SAFETY: the helper has no preconditions.
-        start_ns: unsafe { bpf_ktime_get_ns() },
-        func,
-        _pad: 0,
-        host: [0; HOST_LEN],
+    let Some(start) = new_start() else {
+        // No room (or, before 6.19, task storage's per-CPU busy guard
+        // refusing a nested call): counted, never silent.
+        count_error(LOST_TABLE);
+        return;
     };
     let host: *const u8 = ctx.arg(0).unwrap_or(core::ptr::null());
-    if !host.is_null() {
-        // SAFETY: the helper copes with any user address.
-        let _ = unsafe { bpf_probe_read_user_str_bytes(host, &mut start.host) };
+    // SAFETY: `start` is this thread's slot (or this CPU's scratch value).
+    unsafe {
+        (*start).func = func;
+        (*start).host[0] = 0;
+        if !host.is_null() {
+            // SAFETY: the helper copes with any user address.
+            let _ = bpf_probe_read_user_str_bytes(host, &mut (*start).host);
+        }
+        // Last, as it marks the slot in use.
+        (*start).start_ns = bpf_ktime_get_ns();
     }
-    if STARTS
-        .insert(bpf_get_current_pid_tgid() as u32, start, 0)
-        .is_err()
-    {
+    if !commit_start(start) {
         count_error(LOST_TABLE);
     }
 }
@@ -74,23 +165,19 @@ pub fn enter_gethostbyname2(ctx: ProbeContext) -> u32 {
 /// Attached to the return of every function above.
 #[uretprobe]
 pub fn lookup_return(ctx: RetProbeContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let Some(s) = STARTS.get_ptr(id as u32) else {
+    let Some(start) = take_start() else {
         return 0;
     };
     let Some(e) = EVENT.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: `s` is a STARTS value, read before it is removed; `e` is this
-    // CPU's scratch event.
+    // SAFETY: `e` is this CPU's scratch event.
     unsafe {
-        let start = &*s;
         (*e).delta_ns = bpf_ktime_get_ns().saturating_sub(start.start_ns);
-        (*e).pid = (id >> 32) as u32;
+        (*e).pid = (bpf_get_current_pid_tgid() >> 32) as u32;
         (*e).func = start.func;
         (*e).comm = bpf_get_current_comm().unwrap_or([0; 16]);
         (*e).host = start.host;
-        let _ = STARTS.remove(id as u32);
         emit(&EVENTS, &ctx, &*e);
     }
     0

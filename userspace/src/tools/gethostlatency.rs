@@ -19,6 +19,9 @@ use crate::{
     uprobes,
 };
 
+/// The object variant that keeps lookups in flight in task storage.
+const TASK_STORAGE: &str = "task_storage";
+
 /// Show latency for getaddrinfo/gethostbyname[2] calls.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:
@@ -69,6 +72,8 @@ pub struct Gethostlatency {
     libc: PathBuf,
     attached: Vec<&'static str>,
     missing: Vec<String>,
+    /// Where lookups in flight are kept, for `-v`.
+    store: &'static str,
 }
 
 impl Tool for Gethostlatency {
@@ -95,6 +100,7 @@ impl Tool for Gethostlatency {
             libc,
             attached: Vec::new(),
             missing: Vec::new(),
+            store: "",
         })
     }
 
@@ -109,13 +115,28 @@ impl Tool for Gethostlatency {
         Some(&self.args.buffer)
     }
 
+    /// Task storage saves a hash insert and delete per lookup; the hash
+    /// stays as the fallback where the variant does not load (before
+    /// 5.11). Loading is the probe, as for runqlat.
+    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
+        vec![TASK_STORAGE, ""]
+    }
+
     fn configure(
         &mut self,
         _m: Option<Mechanism>,
         _kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        load.size("STARTS", crate::tracer::thread_entries());
+        if load.variant() == TASK_STORAGE {
+            // aya has no user-space type for task storage, which only the
+            // programs use.
+            load.allow_unsupported_maps();
+            self.store = "task storage";
+        } else {
+            load.size("STARTS", crate::tracer::thread_entries());
+            self.store = "a hash by thread id";
+        }
         Ok(())
     }
 
@@ -151,7 +172,12 @@ impl Tool for Gethostlatency {
     }
 
     fn describe(&self) -> String {
-        format!("{} in {}", self.attached.join(", "), self.libc.display())
+        format!(
+            "{} in {}; lookups in flight in {}",
+            self.attached.join(", "),
+            self.libc.display(),
+            self.store
+        )
     }
 
     fn notes(&self) -> Vec<String> {
