@@ -1,7 +1,15 @@
-//! The first two slots of every event tool's `ERRORS` counters.
+//! What every event tool shares: when its ring buffer wakes user space,
+//! and the first two slots of its `ERRORS` counters.
 //!
 //! Slot [`LOST_EVENT`] is the one the `Tracer` also adds perf buffers'
 //! own loss records to, so it must be first.
+
+/// Bytes waiting in a ring buffer at which the programs wake user space;
+/// below it they do not, and user space reads the ring every
+/// [`READ_EVERY_MS`] as well.
+pub const WAKE_BYTES: u64 = 64 * 1024;
+/// How often user space reads a ring buffer that has not woken it.
+pub const READ_EVERY_MS: u64 = 10;
 
 /// `ERRORS` slot: the event buffer was full when an event was to be sent.
 pub const LOST_EVENT: u32 = 0;

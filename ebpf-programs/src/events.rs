@@ -9,12 +9,12 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::BPF_F_CURRENT_CPU,
+    bindings::{BPF_F_CURRENT_CPU, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::generated::bpf_perf_event_output,
     maps::{PerfEventByteArray, RingBuf},
 };
 
-use rtrace_common::events::LOST_EVENT;
+use rtrace_common::events::{LOST_EVENT, WAKE_BYTES};
 
 use crate::count_error;
 
@@ -41,9 +41,19 @@ pub trait Sink {
 }
 
 impl Sink for RingBuf {
+    /// Wakes user space only once `WAKE_BYTES` are waiting; it reads the
+    /// ring on a short timer too. A wakeup per record (the default, as
+    /// soon as the reader has caught up) is an interrupt sent from inside
+    /// the program: in a VM it took 15 µs of execsnoop's 16 µs a record.
     #[inline(always)]
     fn send<C: EbpfContext>(&self, _ctx: &C, bytes: &[u8]) -> bool {
-        self.output::<[u8]>(bytes, 0).is_ok()
+        let waiting = self.query(u64::from(BPF_RB_AVAIL_DATA));
+        let flags = if waiting + bytes.len() as u64 >= WAKE_BYTES {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        };
+        self.output::<[u8]>(bytes, u64::from(flags)).is_ok()
     }
 }
 

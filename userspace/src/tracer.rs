@@ -657,7 +657,24 @@ async fn run_loop<T: Tool>(
         _ => None,
     };
     let mut done = 0u64;
+    // A ring buffer is read every few milliseconds as well, since its
+    // programs wake this loop only once a batch has gathered; reading an
+    // empty ring is two loads from its mapped pages.
+    let mut poll = stream.as_deref().filter(|s| s.polled()).map(|_| {
+        let mut every =
+            tokio::time::interval(Duration::from_millis(rtrace_common::events::READ_EVERY_MS));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every
+    });
     loop {
+        let polled = async {
+            match poll.as_mut() {
+                Some(every) => {
+                    every.tick().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         let due = async {
             match next {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -672,6 +689,7 @@ async fn run_loop<T: Tool>(
         };
         let wake = tokio::select! {
             r = ready => { r?; Wake::Events }
+            () = polled => Wake::Events,
             () = due => Wake::Interval,
             () = signals.recv() => Wake::Stop,
         };

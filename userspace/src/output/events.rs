@@ -103,6 +103,13 @@ impl EventStream {
         }
     }
 
+    /// Whether the stream must also be read on a timer: a ring buffer's
+    /// programs wake user space only once a batch is waiting
+    /// (`rtrace_common::events::WAKE_BYTES`).
+    pub fn polled(&self) -> bool {
+        matches!(self.source, Source::Ring(_))
+    }
+
     /// Hands every event now readable to `handle`.
     pub fn drain(&mut self, handle: impl FnMut(&[u8]) -> anyhow::Result<()>) -> anyhow::Result<()> {
         self.drain_from(false, handle)
