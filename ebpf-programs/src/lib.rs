@@ -39,7 +39,7 @@ macro_rules! cfi_programs {
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -117,6 +117,18 @@ pub fn global<T: Copy>(g: &'static aya_ebpf::Global<T>) -> &'static T {
 
 /// `-EEXIST`: the entry was there already (another CPU created it first).
 pub const EEXIST: i32 = -17;
+
+/// The current thread's value in `map` (keyed by thread id), taken out:
+/// an operation in flight, stored at its entry, at its return.
+#[inline(always)]
+pub fn take_current<V: Copy>(map: &HashMap<u32, V>) -> Option<V> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let v = map.get_ptr(tid)?;
+    // SAFETY: a map value, copied before it is removed.
+    let value = unsafe { *v };
+    let _ = map.remove(tid);
+    Some(value)
+}
 
 /// The value under `key`, created as a copy of `zero`'s first value if
 /// missing, and whether it was created here; `None` if the map is full.

@@ -88,12 +88,7 @@ fn on_ext4(file: *const u8) -> bool {
 /// The current thread's operation in flight, taken out of the table.
 #[inline(always)]
 fn take_entry() -> Option<Entry> {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let e = STARTS.get_ptr(tid)?;
-    // SAFETY: a STARTS value, copied before it is removed.
-    let entry = unsafe { *e };
-    let _ = STARTS.remove(tid);
-    Some(entry)
+    rtrace_ebpf::take_current(&STARTS)
 }
 
 /// Times `entry`, whose operation returned `ret`, and sends it if slow

@@ -80,12 +80,7 @@ fn new_start() -> Option<*mut Start> {
 #[cfg(not(feature = "task_storage"))]
 #[inline(always)]
 fn take_start() -> Option<Start> {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let s = STARTS.get_ptr(tid)?;
-    // SAFETY: a STARTS value, copied before it is removed.
-    let start = unsafe { *s };
-    let _ = STARTS.remove(tid);
-    Some(start)
+    rtrace_ebpf::take_current(&STARTS)
 }
 
 /// Keeps the lookup written to `start` ([`new_start`]'s slot): in the
