@@ -89,8 +89,9 @@ struct Figures {
     /// Events missing in the worst trial, where the workload's count is
     /// known.
     lost: Option<u64>,
-    /// Launch to tracing, median, in milliseconds.
-    startup_ms: f64,
+    /// Launch to tracing, median, in milliseconds, where the tracer says
+    /// when it is ready.
+    startup_ms: Option<f64>,
 }
 
 /// One tool's line of `cargo xtask bench all`: rtrace's default against
@@ -132,12 +133,14 @@ impl Row {
                         .max()
                         .unwrap_or(0)
                 }),
-                startup_ms: median(
-                    r.stops
+                startup_ms: {
+                    let ms: Vec<f64> = r
+                        .stops
                         .iter()
-                        .map(|t| t.ready_in.as_secs_f64() * 1e3)
-                        .collect(),
-                ),
+                        .filter_map(|t| Some(t.ready_in?.as_secs_f64() * 1e3))
+                        .collect();
+                    (!ms.is_empty()).then(|| median(ms))
+                },
             }
         };
         Self {
@@ -177,6 +180,7 @@ fn all_table(rows: &[Row]) -> String {
     };
     let ranged = |(m, (lo, hi)): (f64, (f64, f64))| format!("{m:.0} ({lo:.0}–{hi:.0})");
     let lost = |l: Option<u64>| l.map_or("-".to_owned(), |l| l.to_string());
+    let ms = |m: Option<f64>| m.map_or("-".to_owned(), |m| format!("{m:.0}"));
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -188,7 +192,7 @@ fn all_table(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {:.0} / {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} |",
             r.tool,
             r.workload,
             r.peer.label,
@@ -200,8 +204,8 @@ fn all_table(rows: &[Row]) -> String {
             ratio(r.ours.added.0, r.peer.added.0),
             lost(r.ours.lost),
             lost(r.peer.lost),
-            r.ours.startup_ms,
-            r.peer.startup_ms,
+            ms(r.ours.startup_ms),
+            ms(r.peer.startup_ms),
         );
     }
     let _ = writeln!(
@@ -209,7 +213,10 @@ fn all_table(rows: &[Row]) -> String {
         "\nTimes per operation in each row's unit ({}); medians over {TRIALS} interleaved \
          trials, ranges in brackets. BPF time is the kernel's own statistics \
          (`kernel.bpf_stats_enabled`); a peer without BPF programs (perf) has none, and its \
-         row is judged by the added time.",
+         row is judged by the added time. Lost: events missing against what the workload \
+         did, in the worst trial (tcplife: server ends not attributed to the server process). \
+         Start-up: launch to the tracer's own word that it traces; - for one that says \
+         nothing (perf, libbpf-tools' offcputime).",
         rows.iter()
             .map(|r| format!("{}: {}", r.tool, r.unit))
             .collect::<Vec<_>>()
@@ -231,8 +238,9 @@ enum Ready {
 /// A tracer running while the workload plays.
 struct Tracer {
     child: Child,
-    /// From launch to ready.
-    ready_in: Duration,
+    /// From launch to ready; `None` for a tracer that does not say
+    /// ([`Ready::After`]).
+    ready_in: Option<Duration>,
     /// Counts stdout lines containing the needle, and keeps the text if
     /// asked, until stdout closes.
     stdout: JoinHandle<(u64, String)>,
@@ -246,8 +254,8 @@ struct Stopped {
     events: u64,
     /// Its stdout, if kept ([`Tracer::start_keeping`]).
     stdout: String,
-    /// From launch to ready.
-    ready_in: Duration,
+    /// From launch to ready, where it says.
+    ready_in: Option<Duration>,
     /// Its stderr.
     stderr: String,
     /// CPU time its threads had run when told to stop.
@@ -359,7 +367,7 @@ impl Tracer {
         }
         Ok(Self {
             child,
-            ready_in: launch.elapsed(),
+            ready_in: (!matches!(ready, Ready::After(_))).then(|| launch.elapsed()),
             stdout,
             stderr,
         })
@@ -1616,7 +1624,7 @@ fn profile_unwinding(
         "{}: rtrace from launch to sampling {:.0} ms (tables of processes that exist are built \
          as their first samples arrive); CFI tables {tables}",
         load.comm,
-        ready_in.as_secs_f64() * 1000.0
+        ready_in.unwrap_or_default().as_secs_f64() * 1000.0
     ));
     Ok((lines, row.context("no rates measured")?))
 }
