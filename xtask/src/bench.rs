@@ -210,7 +210,8 @@ fn all_table(rows: &[Row]) -> String {
     }
     let _ = writeln!(
         t,
-        "\nTimes per operation in each row's unit ({}); medians over {TRIALS} interleaved \
+        "\nBPF time in nanoseconds per operation; added time in each row's unit ({}); \
+         medians over {TRIALS} interleaved \
          trials, ranges in brackets. BPF time is the kernel's own statistics \
          (`kernel.bpf_stats_enabled`); a peer without BPF programs (perf) has none, and its \
          row is judged by the added time. Lost: events missing against what the workload \
