@@ -4,11 +4,11 @@
 //! Slot [`LOST_EVENT`] is the one the `Tracer` also adds perf buffers'
 //! own loss records to, so it must be first.
 
-/// Bytes waiting in a ring buffer at which the programs wake user space;
-/// below it they do not, and user space reads the ring every
-/// [`READ_EVERY_MS`] as well.
+/// Bytes waiting in a ring buffer at which the programs wake user space
+/// even while it reads on its own timer.
 pub const WAKE_BYTES: u64 = 64 * 1024;
-/// How often user space reads a ring buffer that has not woken it.
+/// How often user space reads a ring buffer while records keep coming;
+/// once a read finds none, it sleeps until the programs wake it.
 pub const READ_EVERY_MS: u64 = 10;
 
 /// `ERRORS` slot: the event buffer was full when an event was to be sent.

@@ -11,7 +11,8 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_CURRENT_CPU, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::generated::bpf_perf_event_output,
-    maps::{PerfEventByteArray, RingBuf},
+    macros::map,
+    maps::{Array, PerfEventByteArray, RingBuf},
 };
 
 use rtrace_common::events::{LOST_EVENT, WAKE_BYTES};
@@ -34,6 +35,12 @@ macro_rules! event_map {
     };
 }
 
+/// Slot 0: 1 while user space waits for a wakeup, 0 while it reads the
+/// ring buffer on its own timer. It lives here, so every object that
+/// sends events has it.
+#[map]
+static EVENTS_READER: Array<u32> = Array::with_max_entries(1, 0);
+
 /// Where a tool's events go.
 pub trait Sink {
     /// Sends `bytes` as one record; `false` if there was no room.
@@ -41,14 +48,17 @@ pub trait Sink {
 }
 
 impl Sink for RingBuf {
-    /// Wakes user space only once `WAKE_BYTES` are waiting; it reads the
-    /// ring on a short timer too. A wakeup per record (the default, as
-    /// soon as the reader has caught up) is an interrupt sent from inside
-    /// the program: in a VM it took 15 µs of execsnoop's 16 µs a record.
+    /// Wakes user space only while it sleeps ([`EVENTS_READER`]), or once
+    /// `WAKE_BYTES` are waiting; while records keep coming it reads the
+    /// ring on a short timer instead. A wakeup per record (the default,
+    /// as soon as the reader has caught up) is an interrupt sent from
+    /// inside the program: in a VM it took 15 µs of execsnoop's 16 µs a
+    /// record.
     #[inline(always)]
     fn send<C: EbpfContext>(&self, _ctx: &C, bytes: &[u8]) -> bool {
+        let sleeping = EVENTS_READER.get(0).is_some_and(|&s| s != 0);
         let waiting = self.query(u64::from(BPF_RB_AVAIL_DATA));
-        let flags = if waiting + bytes.len() as u64 >= WAKE_BYTES {
+        let flags = if sleeping || waiting + bytes.len() as u64 >= WAKE_BYTES {
             BPF_RB_FORCE_WAKEUP
         } else {
             BPF_RB_NO_WAKEUP

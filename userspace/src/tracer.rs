@@ -657,23 +657,24 @@ async fn run_loop<T: Tool>(
         _ => None,
     };
     let mut done = 0u64;
-    // A ring buffer is read every few milliseconds as well, since its
-    // programs wake this loop only once a batch has gathered; reading an
-    // empty ring is two loads from its mapped pages.
-    let mut poll = stream.as_deref().filter(|s| s.polled()).map(|_| {
-        let mut every =
-            tokio::time::interval(Duration::from_millis(rtrace_common::events::READ_EVERY_MS));
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        every
-    });
+    // A ring buffer's programs wake this loop only while it sleeps: once
+    // records come, it reads the ring every few milliseconds instead (an
+    // empty ring is two loads from its mapped pages), and sleeps again
+    // when a read finds none. While it sleeps it still looks every second,
+    // for a record sent as it was going to sleep, which saw it awake.
+    let polled_stream = stream.as_deref().is_some_and(EventStream::polled);
+    let mut reading = false;
     loop {
         let polled = async {
-            match poll.as_mut() {
-                Some(every) => {
-                    every.tick().await;
-                }
-                None => std::future::pending().await,
+            if !polled_stream {
+                return std::future::pending().await;
             }
+            let wait = if reading {
+                Duration::from_millis(rtrace_common::events::READ_EVERY_MS)
+            } else {
+                Duration::from_secs(1)
+            };
+            tokio::time::sleep(wait).await;
         };
         let due = async {
             match next {
@@ -696,7 +697,19 @@ async fn run_loop<T: Tool>(
         match wake {
             Wake::Events => {
                 if let Some(s) = stream.as_deref_mut() {
-                    s.drain(|record| tool.event(record, sink))?;
+                    let mut seen = 0u64;
+                    s.drain(|record| {
+                        seen += 1;
+                        tool.event(record, sink)
+                    })?;
+                    if polled_stream && (seen > 0) != reading {
+                        reading = seen > 0;
+                        s.sleep(!reading)?;
+                        if !reading {
+                            // What came between the read and the flag.
+                            s.drain(|record| tool.event(record, sink))?;
+                        }
+                    }
                 }
                 sink.flush()?;
             }

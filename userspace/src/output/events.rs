@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use aya::{
     Ebpf,
     maps::{
-        MapData, PerfEventArray, RingBuf,
+        Array, MapData, PerfEventArray, RingBuf,
         perf::{PerfEvent, PerfEventArrayBuffer},
     },
     util::online_cpus,
@@ -35,6 +35,9 @@ enum Source {
 /// Events arriving from the kernel.
 pub struct EventStream {
     source: Source,
+    /// With a ring buffer, the programs' `EVENTS_READER` flag: 1 while
+    /// this side sleeps until woken, 0 while it reads on a timer.
+    reader: Option<Array<MapData, u32>>,
 }
 
 impl EventStream {
@@ -43,6 +46,10 @@ impl EventStream {
         let map = ebpf
             .take_map(RING)
             .with_context(|| format!("map {RING} missing"))?;
+        let reader = match (transport, ebpf.take_map("EVENTS_READER")) {
+            (Transport::Ring, Some(m)) => Some(Array::try_from(m)?),
+            _ => None,
+        };
         let source = match transport {
             Transport::Ring => {
                 let ring = RingBuf::try_from(map)?;
@@ -76,7 +83,10 @@ impl EventStream {
                 }
             }
         };
-        Ok(Self { source })
+        let mut stream = Self { source, reader };
+        // Until the first records come, the programs wake this side.
+        stream.sleep(true)?;
+        Ok(stream)
     }
 
     /// Waits until events may be there to read. Readiness is cleared
@@ -103,11 +113,22 @@ impl EventStream {
         }
     }
 
-    /// Whether the stream must also be read on a timer: a ring buffer's
-    /// programs wake user space only once a batch is waiting
-    /// (`rtrace_common::events::WAKE_BYTES`).
+    /// Whether the stream is read on a timer while records keep coming:
+    /// a ring buffer's programs then wake user space only once a batch is
+    /// waiting (`rtrace_common::events::WAKE_BYTES`).
     pub fn polled(&self) -> bool {
-        matches!(self.source, Source::Ring(_))
+        self.reader.is_some()
+    }
+
+    /// Tells the programs whether this side sleeps until they wake it
+    /// (`true`) or reads on its own timer.
+    pub fn sleep(&mut self, sleeping: bool) -> anyhow::Result<()> {
+        if let Some(reader) = &mut self.reader {
+            reader
+                .set(0, u32::from(sleeping), 0)
+                .context("cannot update map EVENTS_READER")?;
+        }
+        Ok(())
     }
 
     /// Hands every event now readable to `handle`.
