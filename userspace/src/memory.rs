@@ -178,12 +178,6 @@ impl<T> Default for Slab<T> {
     }
 }
 
-impl<T> From<Vec<T>> for Slab<T> {
-    fn from(v: Vec<T>) -> Self {
-        Self::Owned(v)
-    }
-}
-
 impl<T: aya::Pod> std::ops::Deref for Slab<T> {
     type Target = [T];
 

@@ -77,15 +77,12 @@ fn remove<K: aya::Pod, V: aya::Pod>(
     Ok(())
 }
 
-/// Entries the kernel has created in `STACKS` and `STACK_COUNTS` so far.
+/// Entries the kernel has created in `STACKS` and `STACK_COUNTS` so far
+/// (`STACK_NEW`'s slots `NEW_STACKS` and `NEW_COUNTS`).
 fn created(ebpf: &Ebpf) -> anyhow::Result<[u64; 2]> {
-    let new: aya::maps::PerCpuArray<_, u64> =
-        aya::maps::PerCpuArray::try_from(ebpf.map("STACK_NEW").context("map STACK_NEW missing")?)?;
-    let mut sums = [0; 2];
-    for (sum, slot) in sums.iter_mut().zip([NEW_STACKS, NEW_COUNTS]) {
-        *sum = new.get(&slot, 0)?.iter().sum();
-    }
-    Ok(sums)
+    const { assert!(NEW_STACKS == 0 && NEW_COUNTS == 1) };
+    let sums = crate::tracer::per_cpu_sums(ebpf, "STACK_NEW", 2)?;
+    Ok([sums[0], sums[1]])
 }
 
 /// One thread of a count, symbolized: command, pid, kernel and user
@@ -189,7 +186,7 @@ impl StackStore {
             return Ok(true);
         }
         let now = created(ebpf)?;
-        Ok((0..2).any(|i| now[i] - before[i].min(now[i]) >= self.capacity[i] / 4))
+        Ok((0..2).any(|i| now[i].saturating_sub(before[i]) >= self.capacity[i] / 4))
     }
 
     /// Moves counts and stacks out of the kernel: with `all`, everything

@@ -766,10 +766,18 @@ fn report_errors(ebpf: &Ebpf, names: &[&str], perf_lost: u64) -> anyhow::Result<
 
 /// The object's `ERRORS` per-CPU counters, summed over CPUs.
 pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
-    let map: PerCpuArray<_, u64> =
-        PerCpuArray::try_from(ebpf.map("ERRORS").context("map ERRORS missing")?)?;
+    per_cpu_sums(ebpf, "ERRORS", slots)
+}
+
+/// The first `slots` counters of the per-CPU array `map`, each summed
+/// over the CPUs.
+pub fn per_cpu_sums(ebpf: &Ebpf, map: &str, slots: usize) -> anyhow::Result<Vec<u64>> {
+    let array: PerCpuArray<_, u64> = PerCpuArray::try_from(
+        ebpf.map(map)
+            .with_context(|| format!("map {map} missing"))?,
+    )?;
     (0..slots as u32)
-        .map(|i| Ok(map.get(&i, 0)?.iter().sum()))
+        .map(|i| Ok(array.get(&i, 0)?.iter().sum()))
         .collect()
 }
 

@@ -37,7 +37,7 @@ use rtrace_common::{
     },
     offsets::MISSING,
 };
-use rtrace_ebpf::{count_error, events::emit_bytes, read_kernel, targets};
+use rtrace_ebpf::{count_error, events::emit_bytes, global, read_kernel, targets};
 
 rtrace_ebpf::event_map!();
 
@@ -236,7 +236,7 @@ pub fn btf_sched_process_exec(ctx: BtfTracePointContext) -> i32 {
 
 #[inline(always)]
 fn exec_argv(ctx: &BtfTracePointContext) -> Option<()> {
-    let cfg = CONFIG.load();
+    let cfg = global(&CONFIG);
     let uid = bpf_get_current_uid_gid() as u32;
     if cfg.filter_uid != 0 && uid != cfg.uid {
         return None;
@@ -286,7 +286,7 @@ fn exec_argv(ctx: &BtfTracePointContext) -> Option<()> {
     // SAFETY: `e` is this CPU's scratch event.
     unsafe {
         (*e).pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        (*e).ppid = ppid(&cfg);
+        (*e).ppid = ppid(cfg);
         (*e).uid = uid;
         (*e).retval = 0;
         (*e).args_count = 0;

@@ -113,9 +113,10 @@ impl EventStream {
         }
     }
 
-    /// Whether the stream is read on a timer while records keep coming:
-    /// a ring buffer's programs then wake user space only once a batch is
-    /// waiting (`rtrace_common::events::WAKE_BYTES`).
+    /// Whether the stream is read on a timer while records keep coming: a
+    /// ring buffer's programs wake user space only while it says it sleeps
+    /// ([`EventStream::sleep`]), or once `rtrace_common::events::WAKE_BYTES`
+    /// are waiting.
     pub fn polled(&self) -> bool {
         self.reader.is_some()
     }

@@ -23,11 +23,11 @@ use crate::{
     transport::BufferArgs,
 };
 
-/// Syscall tracepoints exist wherever ftrace syscalls do; kprobes on the
-/// syscall functions would see nothing they miss.
 /// tp_btf: one program at `sched_process_exec` reads the new program's
-/// argv; the tracepoints: the syscalls' entries gather the arguments, as
-/// `-x` needs for execs that fail.
+/// argv. Else the syscall tracepoints, which exist wherever ftrace
+/// syscalls do, gather the arguments at the syscalls' entries, as `-x`
+/// needs for execs that fail; kprobes on the syscall functions would see
+/// nothing they miss.
 const CHAIN: [Mechanism; 2] = [Mechanism::TpBtf, Mechanism::Tracepoint];
 
 /// The tracepoints, as (category, event); each has a `tp_<event>` program.
@@ -220,7 +220,6 @@ fn quoted(arg: &str) -> String {
     format!("\"{}\"", arg.replace('"', "\\\""))
 }
 
-/// Offsets the programs need, from BTF and tracefs.
 /// The programs' configuration for mechanism `m`: the tp_btf path's
 /// offsets from BTF, the tracepoints' from tracefs.
 fn config(args: &Args, btf: &Btf, m: Mechanism) -> anyhow::Result<Config> {
