@@ -56,15 +56,33 @@ impl Sink for RingBuf {
     /// record.
     #[inline(always)]
     fn send<C: EbpfContext>(&self, _ctx: &C, bytes: &[u8]) -> bool {
-        let sleeping = EVENTS_READER.get(0).is_some_and(|&s| s != 0);
         let waiting = self.query(u64::from(BPF_RB_AVAIL_DATA));
-        let flags = if sleeping || waiting + bytes.len() as u64 >= WAKE_BYTES {
+        let wake = reader_sleeps() || waiting + bytes.len() as u64 >= WAKE_BYTES;
+        let flags = if wake {
             BPF_RB_FORCE_WAKEUP
         } else {
             BPF_RB_NO_WAKEUP
         };
-        self.output::<[u8]>(bytes, u64::from(flags)).is_ok()
+        if self.output::<[u8]>(bytes, u64::from(flags)).is_err() {
+            return false;
+        }
+        // The reader may have gone to sleep between the flag's read above
+        // and the commit, its last look finding the ring empty or this
+        // record not yet written. It raises the flag before that look and
+        // the commit is a full barrier, so one of the two sees the other:
+        // if the flag is up now, an empty record wakes it.
+        if !wake && reader_sleeps() {
+            let none = [0u8; 8];
+            let _ = self.output::<[u8]>(&none[..0], u64::from(BPF_RB_FORCE_WAKEUP));
+        }
+        true
     }
+}
+
+/// Whether user space sleeps until woken.
+#[inline(always)]
+fn reader_sleeps() -> bool {
+    EVENTS_READER.get(0).is_some_and(|&s| s != 0)
 }
 
 impl Sink for PerfEventByteArray {

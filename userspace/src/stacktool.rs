@@ -140,10 +140,14 @@ impl StackTool {
         Ok(())
     }
 
-    /// With the CFI walk: builds the tables of the processes asked for
-    /// (`pids`; others when their first stacks show up) and attaches the
-    /// exec and fork programs.
+    /// Captures the mappings of the processes asked for (`pids`; others
+    /// when their first stacks show up), so that one which exits soon is
+    /// symbolized all the same; with the CFI walk, builds their tables and
+    /// attaches the exec and fork programs.
     pub fn attach(&mut self, ebpf: &mut Ebpf, pids: &[u32]) -> anyhow::Result<()> {
+        for &pid in pids {
+            self.sym.capture(pid, true);
+        }
         if !self.cfi_loaded {
             return Ok(());
         }

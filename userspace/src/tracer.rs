@@ -660,8 +660,9 @@ async fn run_loop<T: Tool>(
     // A ring buffer's programs wake this loop only while it sleeps: once
     // records come, it reads the ring every few milliseconds instead (an
     // empty ring is two loads from its mapped pages), and sleeps again
-    // when a read finds none. While it sleeps it still looks every second,
-    // for a record sent as it was going to sleep, which saw it awake.
+    // when a read finds none. A record committed as it goes to sleep wakes
+    // it too (see `EventStream::sleep`); the look every second while it
+    // sleeps only bounds the harm of a wakeup lost all the same.
     let polled_stream = stream.as_deref().is_some_and(EventStream::polled);
     let mut reading = false;
     loop {

@@ -128,6 +128,10 @@ impl EventStream {
             reader
                 .set(0, u32::from(sleeping), 0)
                 .context("cannot update map EVENTS_READER")?;
+            // The next look at the ring must not pass the flag's store:
+            // either it finds a record committed as the flag went up, or
+            // that record's program sees the flag and wakes this side.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         }
         Ok(())
     }
@@ -216,7 +220,10 @@ fn drain_ring(
     handle: &mut impl FnMut(&[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     while let Some(item) = ring.next() {
-        handle(&item)?;
+        // An empty record only wakes this side (see the programs' `Sink`).
+        if !item.is_empty() {
+            handle(&item)?;
+        }
     }
     Ok(())
 }
