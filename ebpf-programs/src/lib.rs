@@ -43,7 +43,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg};
 use rtrace_common::{
     hist::{self, Hist},
     offsets::FdOffsets,
@@ -184,6 +184,30 @@ pub fn count_key<K>(map: &HashMap<K, u64>, key: &K) -> Option<bool> {
 pub unsafe fn atomic_add(p: *mut u64, value: u64) {
     // SAFETY: per the contract.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, value) };
+}
+
+/// Stores `new` at `p` if it holds `old`; returns what it held
+/// (BPF_CMPXCHG, 5.12 and later).
+///
+/// # Safety
+/// `p` must point to an aligned `u64` in a map value.
+#[inline(always)]
+pub unsafe fn compare_exchange(p: *mut u64, old: u64, new: u64) -> u64 {
+    // SAFETY: per the contract.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, old, new).0
+    }
+}
+
+/// Stores `new` at `p` as one atomic operation with a full barrier
+/// (BPF_XCHG, 5.12 and later); returns what it held.
+///
+/// # Safety
+/// `p` must point to an aligned `u64` in a map value.
+#[inline(always)]
+pub unsafe fn exchange(p: *mut u64, new: u64) -> u64 {
+    // SAFETY: per the contract.
+    unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(p, new) }
 }
 
 /// Work that could not be done, by cause: each tool names its slots in

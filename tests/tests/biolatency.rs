@@ -133,7 +133,7 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
     let (code, _, stderr) = run(&["biolatency", "--attach", "fentry"]);
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("possible values: tp_btf, raw_tracepoint, tracepoint"),
+        stderr.contains("possible values: raw_tracepoint, tp_btf, tracepoint"),
         "{stderr}"
     );
 }

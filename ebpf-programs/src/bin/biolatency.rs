@@ -11,6 +11,8 @@
 #![no_std]
 #![no_main]
 
+#[cfg(feature = "atomics")]
+use aya_ebpf::maps::Array;
 use aya_ebpf::{
     EbpfContext, Global,
     bindings::{BPF_ANY, BPF_NOEXIST},
@@ -23,6 +25,8 @@ use rtrace_common::{
     biolatency::{Config, ERR_HIST_UPDATE, ERR_START_UPDATE, Entry, FLAGS_RWBS, HistKey, StartKey},
     offsets::MISSING,
 };
+#[cfg(feature = "atomics")]
+use rtrace_ebpf::{compare_exchange, exchange};
 use rtrace_ebpf::{
     count_error, get_or_insert, global, hist_record_local, hist_record_shared, read_kernel, targets,
 };
@@ -47,10 +51,81 @@ static ZERO: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static TOTAL: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
 
+#[cfg(feature = "atomics")]
+/// log2 of the number of [`SLOTS`].
+const SLOT_BITS: u32 = 12;
+
+#[cfg(feature = "atomics")]
+/// A request in flight and when its clock started; `rq` is 0 when free.
+#[repr(C)]
+struct Slot {
+    rq: u64,
+    ts: u64,
+}
+
+#[cfg(feature = "atomics")]
+/// Start times of requests in flight by address, in a slot chosen by
+/// hashing it: an array lookup, which the verifier inlines, and one cache
+/// line, where a hash map update takes a bucket lock and an element from
+/// its free list and touches several lines. Both ends of an I/O were
+/// mostly those cache misses. A request whose slot is taken by another in
+/// flight goes to [`START`]. Claiming a slot takes a compare-and-exchange
+/// (5.12); before, every request goes to `START`.
+#[map]
+static SLOTS: Array<Slot> = Array::with_max_entries(1 << SLOT_BITS, 0);
+
+#[cfg(feature = "atomics")]
+/// The slot `rq` hashes to (Fibonacci hashing: requests lie a few hundred
+/// bytes apart, and the multiplication spreads them over every slot).
+#[inline(always)]
+fn slot_of(rq: u64) -> Option<*mut Slot> {
+    let i = (rq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOT_BITS)) as u32;
+    SLOTS.get_ptr_mut(i)
+}
+
+#[cfg(feature = "atomics")]
+/// Starts `rq`'s clock in its slot, if the slot is free or already its
+/// own; `false` if another request holds it.
+#[inline(always)]
+fn slot_start(rq: u64, now: u64) -> bool {
+    let Some(s) = slot_of(rq) else { return false };
+    // SAFETY: `s` is a SLOTS value; the exchange claims it against issues
+    // on other CPUs. A request completes only after its issue returned, so
+    // the time written after the claim is there when its completion looks.
+    unsafe {
+        let held = compare_exchange(&raw mut (*s).rq, 0, rq);
+        if held != 0 && held != rq {
+            return false;
+        }
+        (*s).ts = now;
+    }
+    true
+}
+
+#[cfg(feature = "atomics")]
+/// Takes `rq`'s start time out of its slot, if it is there.
+#[inline(always)]
+fn slot_take(rq: u64) -> Option<u64> {
+    let s = slot_of(rq)?;
+    // SAFETY: `s` is a SLOTS value. Only this request's completion frees
+    // the slot while it holds it.
+    unsafe {
+        if (*s).rq != rq {
+            return None;
+        }
+        let then = (*s).ts;
+        exchange(&raw mut (*s).rq, 0);
+        Some(then)
+    }
+}
+
 /// The clock starts for `key`, on the device `dev` gives; `insert` says
 /// whether the request is entering the queue rather than going to the
 /// device. The device is read only if `-d` needs it: every kernel read
-/// is a helper call, and they were most of the programs' time.
+/// is a helper call, and they were most of the programs' time. A request
+/// known by its address goes to [`SLOTS`] where it can; not with `-Q`,
+/// where its insert and its issue could find its slot taken and free in
+/// turn, and it would be in both tables.
 #[inline(always)]
 fn start(key: StartKey, dev: impl FnOnce() -> u32, insert: bool) {
     let cfg = global(&CONFIG);
@@ -68,6 +143,10 @@ fn start(key: StartKey, dev: impl FnOnce() -> u32, insert: bool) {
         BPF_ANY
     };
     let now = unsafe { bpf_ktime_get_ns() };
+    #[cfg(feature = "atomics")]
+    if by_address(&key) && cfg.queued == 0 && slot_start(key.id, now) {
+        return;
+    }
     match START.insert(key, now, u64::from(flags)) {
         Ok(()) => {}
         Err(e) if i64::from(e) == EEXIST && flags == BPF_NOEXIST => {}
@@ -79,12 +158,26 @@ fn start(key: StartKey, dev: impl FnOnce() -> u32, insert: bool) {
 /// `flags` gives; each is read only if the histograms are split by it.
 #[inline(always)]
 fn done(key: StartKey, dev: impl FnOnce() -> u32, flags: impl FnOnce() -> u64) {
-    let Some(t) = START.get_ptr(key) else {
-        return;
+    #[cfg(feature = "atomics")]
+    let slotted = if by_address(&key) && global(&CONFIG).queued == 0 {
+        slot_take(key.id)
+    } else {
+        None
     };
-    // SAFETY: `t` is a START value, read before it is removed.
-    let then = unsafe { *t };
-    let _ = START.remove(key);
+    #[cfg(not(feature = "atomics"))]
+    let slotted = None;
+    let then = match slotted {
+        Some(then) => then,
+        None => {
+            let Some(t) = START.get_ptr(key) else {
+                return;
+            };
+            // SAFETY: `t` is a START value, read before it is removed.
+            let then = unsafe { *t };
+            let _ = START.remove(key);
+            then
+        }
+    };
     let now = unsafe { bpf_ktime_get_ns() };
     if now < then {
         return;
@@ -128,6 +221,13 @@ fn rq_dev(rq: *const u8) -> u32 {
     (major << 20) | minor
 }
 
+/// Whether `key` is a request's address rather than a device and sector.
+#[cfg(feature = "atomics")]
+#[inline(always)]
+fn by_address(key: &StartKey) -> bool {
+    key.dev == 0
+}
+
 fn rq_key(rq: *const u8) -> StartKey {
     StartKey {
         id: rq as u64,
@@ -147,35 +247,50 @@ fn typed_done(rq: *const u8) {
     done(rq_key(rq), || rq_dev(rq), flags);
 }
 
+/// Argument `n` of a BTF tracepoint, the request. The verifier lets no
+/// arithmetic touch a typed pointer, and the slot's hash needs its address
+/// as a number: read from the context by a helper, it is one.
+#[inline(always)]
+fn btf_arg(ctx: &BtfTracePointContext, n: u32) -> *const u8 {
+    #[cfg(feature = "atomics")]
+    {
+        read_kernel::<u64>(ctx.as_ptr() as *const u8, n * 8).unwrap_or(0) as *const u8
+    }
+    #[cfg(not(feature = "atomics"))]
+    {
+        ctx.arg(n as usize)
+    }
+}
+
 #[btf_tracepoint(function = "block_rq_insert")]
 pub fn btf_block_rq_insert(ctx: BtfTracePointContext) -> i32 {
-    typed_start(ctx.arg(0), true);
+    typed_start(btf_arg(&ctx, 0), true);
     0
 }
 
 /// Before 5.11 the request queue came first.
 #[btf_tracepoint(function = "block_rq_insert")]
 pub fn btf_block_rq_insert_q(ctx: BtfTracePointContext) -> i32 {
-    typed_start(ctx.arg(1), true);
+    typed_start(btf_arg(&ctx, 1), true);
     0
 }
 
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn btf_block_rq_issue(ctx: BtfTracePointContext) -> i32 {
-    typed_start(ctx.arg(0), false);
+    typed_start(btf_arg(&ctx, 0), false);
     0
 }
 
 /// Before 5.11 the request queue came first.
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn btf_block_rq_issue_q(ctx: BtfTracePointContext) -> i32 {
-    typed_start(ctx.arg(1), false);
+    typed_start(btf_arg(&ctx, 1), false);
     0
 }
 
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn btf_block_rq_complete(ctx: BtfTracePointContext) -> i32 {
-    typed_done(ctx.arg(0));
+    typed_done(btf_arg(&ctx, 0));
     0
 }
 
