@@ -66,9 +66,10 @@ pub struct Config {
 pub struct Entry {
     /// `bpf_ktime_get_ns` at entry.
     pub start_ns: u64,
-    /// The `struct file`, or 0 for an open that has none yet.
+    /// The `struct file`, or 0 for an open that has none yet; on the
+    /// syscall tracepoint path, the descriptor.
     pub file: u64,
-    /// File offset at entry.
+    /// File offset at entry, or [`POS_AFTER`].
     pub pos: i64,
     /// Bytes a sync covers; unused otherwise.
     pub span: i64,
@@ -77,6 +78,11 @@ pub struct Entry {
     /// Keeps the struct free of padding.
     pub _pad: u32,
 }
+
+/// An entry's offset to be found at return, from the file's position
+/// then and the bytes moved: the syscall path looks at the file only for
+/// an operation slow enough to report.
+pub const POS_AFTER: i64 = i64::MIN;
 
 /// One slow operation.
 #[repr(C)]

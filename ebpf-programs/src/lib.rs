@@ -42,6 +42,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel},
     macros::map,
     maps::{HashMap, PerCpuArray},
+    programs::TracePointContext,
 };
 use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg};
 use rtrace_common::{
@@ -61,6 +62,28 @@ pub fn read_kernel<T>(base: *const u8, offset: u32) -> Result<T, i64> {
     // SAFETY: bpf_probe_read_kernel copes with any address.
     unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T) }
         .map_err(i64::from)
+}
+
+/// Reads the field at `offset` of a classic tracepoint's record. The
+/// verifier allows plain loads from a record only at offsets fixed in the
+/// instruction, so each usual offset gets a load of its own (the
+/// configuration is read-only, and the verifier drops the arms it cannot
+/// take); any other offset is read through the helper, a call.
+#[inline(always)]
+pub fn record_field<T: Copy>(ctx: &TracePointContext, offset: u32) -> Option<T> {
+    let p = aya_ebpf::EbpfContext::as_ptr(ctx) as *const u8;
+    macro_rules! fixed {
+        ($($at:literal)*) => {
+            match offset {
+                // SAFETY: the verifier allows only loads inside the record.
+                $($at => return Some(unsafe { core::ptr::read_volatile(p.add($at) as *const T) }),)*
+                _ => {}
+            }
+        };
+    }
+    fixed!(8 16 24 32 40 48 56 64);
+    // SAFETY: the helper copes with any address.
+    unsafe { aya_ebpf::helpers::bpf_probe_read(p.add(offset as usize) as *const T) }.ok()
 }
 
 /// Reads a u32 member of a task. `DIRECT` is for BTF-typed pointers

@@ -8,8 +8,9 @@
 //!   only ext4 files reach;
 //! - the syscall tracepoints of read, write, their positional and vector
 //!   forms, openat, fsync and fdatasync, for kernels with neither: there
-//!   the file behind the descriptor is looked up and kept only if its
-//!   superblock is ext4's.
+//!   the file behind the descriptor is looked up at return, for an
+//!   operation slow enough to report, and kept only if its superblock is
+//!   ext4's.
 #![no_std]
 #![no_main]
 
@@ -26,7 +27,8 @@ use aya_ebpf::{
 use rtrace_common::{
     events::LOST_TABLE,
     ext4slower::{
-        Config, EXT4_SUPER_MAGIC, Entry, Event, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, WHOLE_FILE,
+        Config, EXT4_SUPER_MAGIC, Entry, Event, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, POS_AFTER,
+        WHOLE_FILE,
     },
 };
 use rtrace_ebpf::{count_error, events::emit, file_of_fd, global, read_kernel, read_ptr, targets};
@@ -92,9 +94,15 @@ fn take_entry() -> Option<Entry> {
 }
 
 /// Times `entry`, whose operation returned `ret`, and sends it if slow
-/// enough. `file` is the open's new file where entry had none.
+/// enough. `settle` then finds what entry did not know (the syscall
+/// path's file), and may still drop it.
 #[inline(always)]
-fn exit<C: EbpfContext>(ctx: &C, entry: Entry, ret: i64, file: Option<*const u8>) {
+fn exit<C: EbpfContext>(
+    ctx: &C,
+    mut entry: Entry,
+    ret: i64,
+    settle: impl FnOnce(&mut Entry) -> bool,
+) {
     if ret < 0 {
         return;
     }
@@ -102,18 +110,10 @@ fn exit<C: EbpfContext>(ctx: &C, entry: Entry, ret: i64, file: Option<*const u8>
     // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let delta = now.saturating_sub(entry.start_ns);
-    if delta < cfg.min_ns {
+    if delta < cfg.min_ns || !settle(&mut entry) {
         return;
     }
-    let file = match file {
-        Some(f) => {
-            if !on_ext4(f) {
-                return;
-            }
-            f
-        }
-        None => entry.file as *const u8,
-    };
+    let file = entry.file as *const u8;
     let mut event = Event {
         end_ns: now,
         delta_ns: delta,
@@ -147,7 +147,7 @@ fn function_exit<C: EbpfContext>(ctx: &C, ret: i64) {
     } else {
         ret
     };
-    exit(ctx, entry, ret, None);
+    exit(ctx, entry, ret, |_| true);
 }
 
 /// The file and position of a `struct kiocb`.
@@ -289,29 +289,23 @@ pub fn kretprobe_ext4(ctx: RetProbeContext) -> u32 {
 /// Argument `n` of a `sys_enter_*` record.
 #[inline(always)]
 fn sys_arg(ctx: &TracePointContext, n: u32) -> i64 {
-    let at = global(&CONFIG).sys_args + n * 8;
-    // SAFETY: the offset comes from the tracepoint's format file.
-    unsafe { ctx.read_at::<i64>(at as usize) }.unwrap_or(-1)
+    rtrace_ebpf::record_field(ctx, global(&CONFIG).sys_args + n * 8).unwrap_or(-1)
 }
 
 /// A read or write of descriptor argument 0, at argument `pos_arg` or at
-/// the file's own position.
+/// the file's own position. Every process's reads and writes come here,
+/// and most are fast: which file the descriptor is, and whether ext4
+/// serves it, is asked at return, of those slow enough to report.
 #[inline(always)]
 fn sys_enter_rw(ctx: &TracePointContext, op: u32, pos_arg: Option<u32>) {
-    // Every process's reads and writes come here: rule out the untraced
-    // before the walk to the file.
     if !traced() {
-        return;
-    }
-    let file = file_of_fd(&global(&CONFIG).file.fd, sys_arg(ctx, 0));
-    if file.is_null() || !on_ext4(file) {
         return;
     }
     let pos = match pos_arg {
         Some(n) => sys_arg(ctx, n),
-        None => read_kernel::<i64>(file, global(&CONFIG).file.f_pos).unwrap_or(0),
+        None => POS_AFTER,
     };
-    store(op, file, pos, 0);
+    store(op, sys_arg(ctx, 0) as u64 as *const u8, pos, 0);
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_read")]
@@ -365,12 +359,8 @@ pub fn tp_sys_enter_fdatasync(ctx: TracePointContext) -> u32 {
 /// fsync(2) and fdatasync(2) sync the whole file.
 #[inline(always)]
 fn sys_enter_sync(ctx: &TracePointContext) {
-    if !traced() {
-        return;
-    }
-    let file = file_of_fd(&global(&CONFIG).file.fd, sys_arg(ctx, 0));
-    if !file.is_null() && on_ext4(file) {
-        store(OP_FSYNC, file, 0, WHOLE_FILE);
+    if traced() {
+        store(OP_FSYNC, sys_arg(ctx, 0) as u64 as *const u8, 0, WHOLE_FILE);
     }
 }
 
@@ -384,11 +374,28 @@ pub fn tp_sys_enter_openat(_ctx: TracePointContext) -> u32 {
 /// Attached to the exit of every syscall above.
 #[tracepoint(category = "syscalls", name = "sys_exit")]
 pub fn tp_sys_exit(ctx: TracePointContext) -> u32 {
-    let at = global(&CONFIG).sys_ret;
-    // SAFETY: the offset comes from the tracepoint's format file.
-    let ret = unsafe { ctx.read_at::<i64>(at as usize) }.unwrap_or(-1);
+    let ret: i64 = rtrace_ebpf::record_field(&ctx, global(&CONFIG).sys_ret).unwrap_or(-1);
     let Some(entry) = take_entry() else { return 0 };
-    let file = (entry.op == OP_OPEN).then(|| file_of_fd(&global(&CONFIG).file.fd, ret));
-    exit(&ctx, entry, ret, file);
+    exit(&ctx, entry, ret, |e| settle_syscall(e, ret));
     0
+}
+
+/// Finds the file a syscall entry names by descriptor (an open's is the
+/// one it returned) and keeps it if ext4 serves it; a read or write at
+/// the file's position was at its position now less the bytes moved.
+#[inline(always)]
+fn settle_syscall(e: &mut Entry, ret: i64) -> bool {
+    let o = &global(&CONFIG).file;
+    let fd = if e.op == OP_OPEN { ret } else { e.file as i64 };
+    let file = file_of_fd(&o.fd, fd);
+    if file.is_null() || !on_ext4(file) {
+        return false;
+    }
+    if e.pos == POS_AFTER {
+        e.pos = read_kernel::<i64>(file, o.f_pos)
+            .unwrap_or(0)
+            .saturating_sub(ret);
+    }
+    e.file = file as u64;
+    true
 }
