@@ -14,8 +14,9 @@
 //! - **The variants**: every object is built once with default features,
 //!   and once more for each feature its source tests, `cfg(feature = "F")`
 //!   giving an object named `<bin>_F`. An event tool's `event_map!()`
-//!   stands for `cfg(feature = "perf")`, and `cfi_programs!()` for
-//!   `cfg(feature = "cfi")`. So a tool's ring-buffer and
+//!   stands for `cfg(feature = "perf")`, `cfi_programs!()` for
+//!   `cfg(feature = "cfi")`, and `in_flight!()` for
+//!   `cfg(feature = "task_storage")`. So a tool's ring-buffer and
 //!   perf-buffer objects come from one source with nothing to register
 //!   ([`variants`], [`build`]).
 
@@ -133,6 +134,10 @@ pub fn variants(source: &str) -> Vec<String> {
     // feature; an object that takes them in is built with it too.
     if source.contains("cfi_programs!(") {
         push("cfi");
+    }
+    // Operations in flight are kept in task storage where the kernel has it.
+    if source.contains("in_flight!(") {
+        push("task_storage");
     }
     out
 }
@@ -254,6 +259,10 @@ mod tests {
         assert_eq!(
             variants("rtrace_ebpf::event_map!();\nrtrace_ebpf::cfi_programs!();"),
             vec!["perf", "cfi"]
+        );
+        assert_eq!(
+            variants("rtrace_ebpf::in_flight!(Entry, start_ns);"),
+            vec!["task_storage"]
         );
     }
 

@@ -68,3 +68,100 @@ impl<T> Default for TaskStorage<T> {
         Self::new()
     }
 }
+
+/// Declares where a tool keeps each thread's operation in flight, from its
+/// entry to its return, as values of type `$v` whose `$started` field (a
+/// `u64`, nonzero) marks one in flight, with three functions:
+/// `start_slot()`, room for the current thread's operation starting now;
+/// `start_commit(slot)`, which keeps what was written there (`false` if
+/// there was no room); and `start_take()`, the current thread's operation,
+/// taken out.
+///
+/// Built with the `task_storage` feature, the value lives in the thread
+/// itself (5.11+), written in place and cleared rather than deleted at
+/// return: no hash, no bucket lock, no allocation. Otherwise it is
+/// written to a per-CPU scratch value and inserted into `STARTS`, a hash
+/// by thread id that user space sizes.
+#[macro_export]
+macro_rules! in_flight {
+    ($v:ty, $started:ident) => {
+        /// Operations in flight, by thread id; user space sizes it.
+        #[cfg(not(feature = "task_storage"))]
+        #[aya_ebpf::macros::map]
+        static STARTS: aya_ebpf::maps::HashMap<u32, $v> =
+            aya_ebpf::maps::HashMap::with_max_entries(1, 0);
+
+        /// Where an entry is put together before it is inserted.
+        #[cfg(not(feature = "task_storage"))]
+        #[aya_ebpf::macros::map]
+        static START_SCRATCH: aya_ebpf::maps::PerCpuArray<$v> =
+            aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
+        /// Each thread's operation in flight.
+        #[cfg(feature = "task_storage")]
+        #[unsafe(link_section = ".maps")]
+        #[unsafe(no_mangle)]
+        static TASK_STARTS: $crate::task_storage::TaskStorage<$v> =
+            $crate::task_storage::TaskStorage::new();
+
+        /// Room for the current thread's operation starting now.
+        #[inline(always)]
+        fn start_slot() -> Option<*mut $v> {
+            #[cfg(feature = "task_storage")]
+            {
+                let p = TASK_STARTS.get($crate::task_storage::current_task(), true);
+                (!p.is_null()).then_some(p)
+            }
+            #[cfg(not(feature = "task_storage"))]
+            START_SCRATCH.get_ptr_mut(0)
+        }
+
+        /// Keeps the operation written to `slot`; `false` if there was no
+        /// room.
+        #[inline(always)]
+        fn start_commit(slot: *mut $v) -> bool {
+            #[cfg(feature = "task_storage")]
+            {
+                let _ = slot;
+                true
+            }
+            #[cfg(not(feature = "task_storage"))]
+            {
+                // SAFETY: `slot` is this CPU's scratch value.
+                let value = unsafe { &*slot };
+                let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+                STARTS.insert(tid, value, 0).is_ok()
+            }
+        }
+
+        /// The current thread's operation in flight, if any, taken out.
+        #[inline(always)]
+        fn start_take() -> Option<$v> {
+            #[cfg(feature = "task_storage")]
+            {
+                let p = TASK_STARTS.get($crate::task_storage::current_task(), false);
+                if p.is_null() {
+                    return None;
+                }
+                // SAFETY: `p` is this thread's storage.
+                unsafe {
+                    if (*p).$started == 0 {
+                        return None;
+                    }
+                    let v = *p;
+                    (*p).$started = 0;
+                    Some(v)
+                }
+            }
+            #[cfg(not(feature = "task_storage"))]
+            $crate::take_current(&STARTS)
+        }
+    };
+}
+
+/// The current task as a BTF-typed pointer, which task storage takes.
+#[inline(always)]
+pub fn current_task() -> *const u8 {
+    // SAFETY: the helper has no preconditions.
+    unsafe { aya_ebpf::helpers::generated::bpf_get_current_task_btf() as *const u8 }
+}

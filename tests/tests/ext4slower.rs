@@ -76,7 +76,8 @@ fn in_kib(ops: &[Op]) -> Vec<Op> {
         .collect()
 }
 
-/// Every operation, exactly, on each attach path this kernel has.
+/// Every operation, exactly, on each attach path this kernel has, with
+/// operations in flight kept in task storage and in the hash.
 #[test]
 fn every_operation_is_reported_with_exact_bytes_on_every_path() {
     let fs = Mount::ext4("e4all");
@@ -86,13 +87,24 @@ fn every_operation_is_reported_with_exact_bytes_on_every_path() {
             eprintln!("{mech} is not on this kernel: its run is left to the VM matrix");
             continue;
         }
-        let (stdout, stderr, name, did) =
-            traced(&fs.path, &["-v", "-m", "0", "--attach", mech], SIGINT);
-        assert!(
-            stderr.contains(&format!("attached with {mech}")),
-            "{stderr}"
-        );
-        assert_eq!(text_ops(&stdout, &name), in_kib(&did), "{mech}: {stdout}");
+        for (store, extra) in [
+            ("task storage", None),
+            ("a hash by thread id", Some("--no-task-storage")),
+        ] {
+            let mut args = vec!["-v", "-m", "0", "--attach", mech];
+            args.extend(extra);
+            let (stdout, stderr, name, did) = traced(&fs.path, &args, SIGINT);
+            assert!(
+                stderr.contains(&format!("attached with {mech}"))
+                    && stderr.contains(&format!("operations in flight in {store}")),
+                "{stderr}"
+            );
+            assert_eq!(
+                text_ops(&stdout, &name),
+                in_kib(&did),
+                "{mech}, {store}: {stdout}"
+            );
+        }
         ran += 1;
     }
     assert!(ran > 0, "no attach path works");

@@ -124,7 +124,8 @@ fn pid_filter_keeps_one_process() {
     assert!(!stdout.contains(&format!(" {other} ")), "{stdout}");
 }
 
-/// `-l` takes the library's path.
+/// `-l` takes the library's path; lookups are caught with their start kept
+/// in task storage and, with `--no-task-storage`, in the hash.
 #[test]
 fn explicit_libc_path() {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -134,11 +135,24 @@ fn explicit_libc_path() {
         .find(|p| p.rsplit('/').next().unwrap().starts_with("libc.so"))
         .expect("this test links libc")
         .to_owned();
-    let rtrace = Rtrace::start(&["gethostlatency", "--json", "-l", &libc]);
-    let pid = getent();
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
-    assert!(!of_pid(&stdout, pid).is_empty(), "{stdout}");
+    for (store, extra) in [
+        ("task storage", None),
+        ("a hash by thread id", Some("--no-task-storage")),
+    ] {
+        let mut args = vec!["gethostlatency", "-v", "--json", "-l", &libc];
+        args.extend(extra);
+        let rtrace = Rtrace::start(&args);
+        let pid = getent();
+        let (code, stdout, stderr) = rtrace.stop(SIGINT);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(
+            stderr.contains(&format!("lookups in flight in {store}")),
+            "{stderr}"
+        );
+        let seen = of_pid(&stdout, pid);
+        assert!(!seen.is_empty(), "{store}: {stdout}");
+        seen.iter().for_each(plausible);
+    }
 }
 
 #[test]

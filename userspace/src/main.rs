@@ -39,6 +39,10 @@ pub struct GlobalArgs {
     /// Print one JSON object per line instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Keep per-thread state in hash maps even where the kernel has task
+    /// local storage, which is cheaper (for comparison and testing).
+    #[arg(long, global = true)]
+    pub no_task_storage: bool,
 }
 
 /// eBPF tracing tools: bcc's tools in one binary, with no compiler,

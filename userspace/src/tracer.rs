@@ -477,6 +477,7 @@ fn attach_chain<T: Tool>(
     kernel: &mut Kernel,
     targets: &Targets,
     transport: Option<Transport>,
+    global: &GlobalArgs,
 ) -> anyhow::Result<Attached> {
     let forced = tool.forced();
     let chain: Vec<Option<Mechanism>> = match forced {
@@ -497,7 +498,10 @@ fn attach_chain<T: Tool>(
             skipped.push((m.name().to_owned(), why));
             continue;
         }
-        let variants = tool.variants(m, kernel);
+        let mut variants = tool.variants(m, kernel);
+        if global.no_task_storage {
+            variants.retain(|&v| v != TASK_STORAGE);
+        }
         let last = variants.len().saturating_sub(1);
         for (i, variant) in variants.into_iter().enumerate() {
             let attempt = (|| {
@@ -565,6 +569,7 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
         &mut kernel,
         &targets,
         transport.as_ref().map(|t| t.0),
+        global,
     )?;
     // What setup needed of the kernel (its BTF above all) is not needed
     // while tracing.
@@ -780,6 +785,24 @@ pub fn per_cpu_sums(ebpf: &Ebpf, map: &str, slots: usize) -> anyhow::Result<Vec<
     (0..slots as u32)
         .map(|i| Ok(array.get(&i, 0)?.iter().sum()))
         .collect()
+}
+
+/// The object variant built with the `task_storage` feature: state kept
+/// in the tasks themselves (5.11+).
+pub const TASK_STORAGE: &str = "task_storage";
+
+/// Sets up where an object's `in_flight!` operations are kept, for the
+/// variant being loaded, and says where, for `-v`.
+pub fn in_flight(load: &mut Load) -> &'static str {
+    if load.variant() == TASK_STORAGE {
+        // aya has no user-space type for task storage, which only the
+        // programs use.
+        load.allow_unsupported_maps();
+        "task storage"
+    } else {
+        load.size("STARTS", thread_entries());
+        "a hash by thread id"
+    }
 }
 
 /// Entries for a preallocated table keyed by thread: runnable ones for

@@ -1,8 +1,9 @@
 //! ext4 reads, writes, opens and syncs slower than a threshold.
 //!
 //! Three ways in, one bookkeeping: an entry hook stores the operation by
-//! thread id, and the return hook times it and sends an event when it was
-//! slow enough.
+//! thread (in the thread's own storage where the kernel has it, else in a
+//! hash by thread id: `in_flight!`), and the return hook times it and
+//! sends an event when it was slow enough.
 //! - fentry/fexit and kprobe/kretprobe on `ext4_file_read_iter`,
 //!   `ext4_file_write_iter`, `ext4_file_open` and `ext4_sync_file`, which
 //!   only ext4 files reach;
@@ -20,8 +21,7 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         bpf_probe_read_kernel_str_bytes,
     },
-    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
-    maps::HashMap,
+    macros::{fentry, fexit, kprobe, kretprobe, tracepoint},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use rtrace_common::{
@@ -38,10 +38,7 @@ rtrace_ebpf::event_map!();
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
 
-/// Operations in flight, by thread id; user space sizes it to the threads
-/// the machine may have.
-#[map]
-static STARTS: HashMap<u32, Entry> = HashMap::with_max_entries(65536, 0);
+rtrace_ebpf::in_flight!(Entry, start_ns);
 
 /// Whether the current process is traced: `-p` allows it, and it is not
 /// rtrace itself (user space excludes its own process).
@@ -61,19 +58,20 @@ fn enter(op: u32, file: *const u8, pos: i64, span: i64) {
 /// Stores an operation of a traced process at entry.
 #[inline(always)]
 fn store(op: u32, file: *const u8, pos: i64, span: i64) {
-    let entry = Entry {
-        // SAFETY: the helper has no preconditions.
-        start_ns: unsafe { bpf_ktime_get_ns() },
-        file: file as u64,
-        pos,
-        span,
-        op,
-        _pad: 0,
+    let Some(slot) = start_slot() else {
+        count_error(LOST_TABLE);
+        return;
     };
-    if STARTS
-        .insert(bpf_get_current_pid_tgid() as u32, entry, 0)
-        .is_err()
-    {
+    // SAFETY: `slot` is this thread's storage or this CPU's scratch value.
+    unsafe {
+        (*slot).file = file as u64;
+        (*slot).pos = pos;
+        (*slot).span = span;
+        (*slot).op = op;
+        // Last, as it marks the slot in use.
+        (*slot).start_ns = bpf_ktime_get_ns();
+    }
+    if !start_commit(slot) {
         count_error(LOST_TABLE);
     }
 }
@@ -85,12 +83,6 @@ fn on_ext4(file: *const u8) -> bool {
     let sb = read_ptr(read_ptr(file, o.f_inode), o.i_sb);
     // s_magic is an unsigned long.
     read_kernel::<u64>(sb, o.s_magic).is_ok_and(|m| m == EXT4_SUPER_MAGIC)
-}
-
-/// The current thread's operation in flight, taken out of the table.
-#[inline(always)]
-fn take_entry() -> Option<Entry> {
-    rtrace_ebpf::take_current(&STARTS)
 }
 
 /// Times `entry`, whose operation returned `ret`, and sends it if slow
@@ -141,7 +133,7 @@ fn exit<C: EbpfContext>(
 /// gives it, open and fsync returning an int.
 #[inline(always)]
 fn function_exit<C: EbpfContext>(ctx: &C, ret: i64) {
-    let Some(entry) = take_entry() else { return };
+    let Some(entry) = start_take() else { return };
     let ret = if matches!(entry.op, OP_OPEN | OP_FSYNC) {
         i64::from(ret as i32)
     } else {
@@ -375,7 +367,7 @@ pub fn tp_sys_enter_openat(_ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "syscalls", name = "sys_exit")]
 pub fn tp_sys_exit(ctx: TracePointContext) -> u32 {
     let ret: i64 = rtrace_ebpf::record_field(&ctx, global(&CONFIG).sys_ret).unwrap_or(-1);
-    let Some(entry) = take_entry() else { return 0 };
+    let Some(entry) = start_take() else { return 0 };
     exit(&ctx, entry, ret, |e| settle_syscall(e, ret));
     0
 }

@@ -25,88 +25,8 @@ use rtrace_ebpf::{count_error, events::emit, targets};
 
 rtrace_ebpf::event_map!();
 
-/// Lookups in flight, by thread id; user space sizes it.
-#[cfg(not(feature = "task_storage"))]
-#[map]
-static STARTS: aya_ebpf::maps::HashMap<u32, Start> =
-    aya_ebpf::maps::HashMap::with_max_entries(65536, 0);
-/// The lookup in flight of each thread, its `start_ns` 0 when none.
-#[cfg(feature = "task_storage")]
-#[unsafe(link_section = ".maps")]
-#[unsafe(no_mangle)]
-static TASK_STARTS: rtrace_ebpf::task_storage::TaskStorage<Start> =
-    rtrace_ebpf::task_storage::TaskStorage::new();
+rtrace_ebpf::in_flight!(Start, start_ns);
 
-/// The current thread's slot for a lookup starting now, if there is room.
-#[cfg(feature = "task_storage")]
-#[inline(always)]
-fn new_start() -> Option<*mut Start> {
-    // SAFETY: the helper has no preconditions.
-    let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task_btf() } as *const u8;
-    let p = TASK_STARTS.get(task, true);
-    (!p.is_null()).then_some(p)
-}
-
-/// The current thread's lookup in flight, if any; its slot is cleared.
-#[cfg(feature = "task_storage")]
-#[inline(always)]
-fn take_start() -> Option<Start> {
-    // SAFETY: the helper has no preconditions.
-    let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task_btf() } as *const u8;
-    let p = TASK_STARTS.get(task, false);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: `p` is this thread's storage.
-    unsafe {
-        if (*p).start_ns == 0 {
-            return None;
-        }
-        let s = *p;
-        (*p).start_ns = 0;
-        Some(s)
-    }
-}
-
-/// A slot for a lookup starting now: the scratch value, inserted by
-/// thread id at `commit_start`.
-#[cfg(not(feature = "task_storage"))]
-#[inline(always)]
-fn new_start() -> Option<*mut Start> {
-    SCRATCH.get_ptr_mut(0)
-}
-
-/// The current thread's lookup in flight, if any, taken out of the table.
-#[cfg(not(feature = "task_storage"))]
-#[inline(always)]
-fn take_start() -> Option<Start> {
-    rtrace_ebpf::take_current(&STARTS)
-}
-
-/// Keeps the lookup written to `start` ([`new_start`]'s slot): in the
-/// hash, inserted from the scratch value.
-#[cfg(not(feature = "task_storage"))]
-#[inline(always)]
-fn commit_start(start: *mut Start) -> bool {
-    // SAFETY: `start` is this CPU's scratch value.
-    let value = unsafe { &*start };
-    STARTS
-        .insert(bpf_get_current_pid_tgid() as u32, value, 0)
-        .is_ok()
-}
-
-/// Keeps the lookup written to `start`: in task storage it is there
-/// already.
-#[cfg(feature = "task_storage")]
-#[inline(always)]
-fn commit_start(_start: *mut Start) -> bool {
-    true
-}
-
-/// Where a hash entry is put together before it is inserted.
-#[cfg(not(feature = "task_storage"))]
-#[map]
-static SCRATCH: PerCpuArray<Start> = PerCpuArray::with_max_entries(1, 0);
 /// Where an event is put together.
 #[map]
 static EVENT: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
@@ -116,7 +36,7 @@ fn enter(ctx: &ProbeContext, func: u32) {
     if !targets::admits_current() {
         return;
     }
-    let Some(start) = new_start() else {
+    let Some(start) = start_slot() else {
         // No room (or, before 6.19, task storage's per-CPU busy guard
         // refusing a nested call): counted, never silent.
         count_error(LOST_TABLE);
@@ -134,7 +54,7 @@ fn enter(ctx: &ProbeContext, func: u32) {
         // Last, as it marks the slot in use.
         (*start).start_ns = bpf_ktime_get_ns();
     }
-    if !commit_start(start) {
+    if !start_commit(start) {
         count_error(LOST_TABLE);
     }
 }
@@ -160,7 +80,7 @@ pub fn enter_gethostbyname2(ctx: ProbeContext) -> u32 {
 /// Attached to the return of every function above.
 #[uretprobe]
 pub fn lookup_return(ctx: RetProbeContext) -> u32 {
-    let Some(start) = take_start() else {
+    let Some(start) = start_take() else {
         return 0;
     };
     let Some(e) = EVENT.get_ptr_mut(0) else {

@@ -217,6 +217,8 @@ pub struct Ext4slower {
     args: Args,
     min_ms: f64,
     mech: Option<Mechanism>,
+    /// Where operations in flight are kept, for `-v`.
+    store: &'static str,
 }
 
 impl Tool for Ext4slower {
@@ -234,6 +236,7 @@ impl Tool for Ext4slower {
             args,
             min_ms,
             mech: None,
+            store: "",
         })
     }
 
@@ -276,8 +279,8 @@ impl Tool for Ext4slower {
         if m == Some(Mechanism::Tracepoint) {
             syscall_offsets(&mut cfg)?;
         }
-        load.config(&cfg)
-            .size("STARTS", crate::tracer::thread_entries());
+        load.config(&cfg);
+        self.store = crate::tracer::in_flight(load);
         self.mech = m;
         Ok(())
     }
@@ -292,10 +295,18 @@ impl Tool for Ext4slower {
     }
 
     fn describe(&self) -> String {
-        if self.mech == Some(Mechanism::Tracepoint) {
-            return "syscall tracepoints, keeping files on ext4".to_owned();
-        }
-        FUNCTIONS.map(|(f, _)| f).join(", ")
+        let hooks = if self.mech == Some(Mechanism::Tracepoint) {
+            "syscall tracepoints, keeping files on ext4".to_owned()
+        } else {
+            FUNCTIONS.map(|(f, _)| f).join(", ")
+        };
+        format!("{hooks}; operations in flight in {}", self.store)
+    }
+
+    /// Task storage saves a hash insert and delete per operation; the
+    /// hash stays as the fallback where the variant does not load.
+    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
+        vec![crate::tracer::TASK_STORAGE, ""]
     }
 
     fn banner(&self) -> String {

@@ -19,8 +19,6 @@ use crate::{
     uprobes,
 };
 
-/// The object variant that keeps lookups in flight in task storage.
-const TASK_STORAGE: &str = "task_storage";
 
 /// Show latency for getaddrinfo/gethostbyname[2] calls.
 #[derive(Debug, clap::Args)]
@@ -119,7 +117,7 @@ impl Tool for Gethostlatency {
     /// stays as the fallback where the variant does not load (before
     /// 5.11). Loading is the probe, as for runqlat.
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
-        vec![TASK_STORAGE, ""]
+        vec![crate::tracer::TASK_STORAGE, ""]
     }
 
     fn configure(
@@ -128,15 +126,7 @@ impl Tool for Gethostlatency {
         _kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        if load.variant() == TASK_STORAGE {
-            // aya has no user-space type for task storage, which only the
-            // programs use.
-            load.allow_unsupported_maps();
-            self.store = "task storage";
-        } else {
-            load.size("STARTS", crate::tracer::thread_entries());
-            self.store = "a hash by thread id";
-        }
+        self.store = crate::tracer::in_flight(load);
         Ok(())
     }
 

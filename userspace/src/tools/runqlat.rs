@@ -29,9 +29,6 @@ const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 /// The three hooks.
 const HOOKS: [&str; 3] = ["sched_wakeup", "sched_wakeup_new", "sched_switch"];
 
-/// The object variant that keeps enqueue times in task local storage.
-const TASK_STORAGE: &str = "task_storage";
-
 /// Summarize run queue (scheduler) latency as a histogram.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:
@@ -68,10 +65,6 @@ pub struct Args {
     /// Attach with this mechanism instead of the best one that works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
     attach: Option<Mechanism>,
-    /// Keep enqueue times in a hash map even where task local storage, which
-    /// is cheaper, is available (for comparison and testing).
-    #[arg(long)]
-    no_task_storage: bool,
 }
 
 /// Resolves the task_struct members the BTF and raw tracepoint programs read.
@@ -178,8 +171,8 @@ impl Tool for Runqlat {
     /// Loading is the probe: probing the map type apart costs the kernel an
     /// RCU grace period (tens of milliseconds) to free the probe's map.
     fn variants(&self, m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
-        if m == Some(Mechanism::TpBtf) && !self.args.no_task_storage {
-            vec![TASK_STORAGE, ""]
+        if m == Some(Mechanism::TpBtf) {
+            vec![crate::tracer::TASK_STORAGE, ""]
         } else {
             vec![""]
         }
@@ -228,7 +221,7 @@ impl Tool for Runqlat {
                 )?;
             }
         }
-        let in_task = load.variant() == TASK_STORAGE;
+        let in_task = load.variant() == crate::tracer::TASK_STORAGE;
         // Tables a run does not use get one entry: a hash's buckets are
         // allocated when it is created, even without preallocated entries,
         // and pid_max of them cost the kernel tens of megabytes and start-up
@@ -244,7 +237,7 @@ impl Tool for Runqlat {
             .size("HISTS", if grouped { tracer::pid_max() } else { 1 })
             .size("TGIDS", if tgids { tracer::pid_max() } else { 1 });
         self.mech = m;
-        self.store = if in_task { TASK_STORAGE } else { "hash" };
+        self.store = if in_task { crate::tracer::TASK_STORAGE } else { "hash" };
         Ok(())
     }
 
@@ -256,7 +249,7 @@ impl Tool for Runqlat {
     ) -> anyhow::Result<()> {
         let m = m.context("runqlat attaches through its chain")?;
         let mut hooks = Hooks::new(m, kernel)?;
-        let prefix = if self.store == TASK_STORAGE {
+        let prefix = if self.store == crate::tracer::TASK_STORAGE {
             "ts"
         } else {
             hooks.prefix()
