@@ -104,8 +104,10 @@ pub struct Bucket {
 pub struct ProcRegions {
     /// Regions in use.
     pub n: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// Different at each write of a process's regions, so that a walk
+    /// the kernel remembers from older regions is not taken for one of
+    /// these.
+    pub version: u32,
     /// When the walk last told user space of new code (`bpf_ktime_get_ns`),
     /// so that it does so at most every [`NEW_CODE_EVERY_NS`].
     pub new_code_ns: u64,

@@ -72,7 +72,60 @@ pub struct State {
     chunk_base: u64,
     /// How many bytes it holds.
     chunk_len: u64,
+    /// The words of the chunk the walk read, by index, in order.
+    reads: [u8; MAX_READS],
+    /// How many.
+    nreads: u32,
+    /// Set when the walk read the stack beyond the chunk, read more than
+    /// `MAX_READS` words, or took a frame by its frame pointer: such a
+    /// walk is not remembered.
+    unremembered: u32,
+    /// The process's regions' version.
+    version: u32,
+    /// The registers the walk started from.
+    start: [u64; 3],
 }
+
+/// Stack words a remembered walk may have read: two a frame for 32.
+const MAX_READS: usize = 64;
+
+/// A thread's last walk, remembered: the walk is a function of the
+/// registers it starts from, the stack words it reads (whose addresses
+/// follow from the registers, the words read before and the rules) and
+/// the process's regions (whose rows never change once loaded), so a
+/// thread that stops again with the same registers, the same words at the
+/// same places and the same regions has the same stack. Threads that
+/// block do so mostly at the same few places (a loop's read, a worker's
+/// wait), where this saves the walk: the words are compared, not searched
+/// for.
+#[repr(C)]
+pub struct Remembered {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    /// A hash of the words the walk read, in order.
+    words: u64,
+    /// The stack's hash, as stored.
+    stack: u64,
+    /// Its depth.
+    depth: u64,
+    /// The regions' version (`ProcRegions::version`).
+    version: u32,
+    /// The stack tables' generation it was stored in: a stack is stored
+    /// again in each, as user space moves them out.
+    generation: u32,
+    tgid: u32,
+    /// How many words it read.
+    nreads: u32,
+    /// Their indexes in the chunk.
+    reads: [u8; MAX_READS],
+}
+
+/// Each thread's last walk, for walks in task context.
+#[unsafe(link_section = ".maps")]
+#[unsafe(no_mangle)]
+static WALKS: crate::task_storage::TaskStorage<Remembered> =
+    crate::task_storage::TaskStorage::new();
 
 /// What every frame of one walk works on, handed to `bpf_loop`'s
 /// callback; it does not change during the walk.
@@ -88,15 +141,24 @@ struct Walk {
 fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
     let o = global(&CFI_OFFSETS);
     let read = |base: *const u8, off: u32| read_kernel::<u64>(base, off).ok();
-    let mut regs = sampled;
-    if regs.is_null() || read(regs, o.cs)? & 3 != 3 {
-        // SAFETY: the helpers have no preconditions beyond a task.
-        regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
-        if regs.is_null() {
-            return None;
-        }
+    if !sampled.is_null() && read(sampled, o.cs)? & 3 == 3 {
+        return Some((
+            read(sampled, o.ip)?,
+            read(sampled, o.sp)?,
+            read(sampled, o.bp)?,
+        ));
     }
-    Some((read(regs, o.ip)?, read(regs, o.sp)?, read(regs, o.bp)?))
+    // SAFETY: the helpers have no preconditions beyond a task.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+    if regs.is_null() {
+        return None;
+    }
+    // A BTF-typed pointer: plain loads, which the verifier checks against
+    // `struct pt_regs` (the offsets are read-only data, constants to it),
+    // instead of a helper call each.
+    // SAFETY: `regs` is the task's live register frame.
+    let load = |off: u32| unsafe { *(regs.wrapping_add(off as usize) as *const u64) };
+    Some((load(o.ip), load(o.sp), load(o.bp)))
 }
 
 #[inline(always)]
@@ -147,7 +209,7 @@ fn copy_top(chunk: &mut [u64; CHUNK_SLOTS], sp: u64) -> u64 {
 #[inline(always)]
 fn stack_words<const N: usize>(
     chunk: &[u64; CHUNK_SLOTS],
-    st: &State,
+    st: &mut State,
     addr: u64,
 ) -> Option<[u64; N]> {
     let off = addr.wrapping_sub(st.chunk_base);
@@ -158,9 +220,17 @@ fn stack_words<const N: usize>(
         let mut out = [0u64; N];
         for (k, w) in out.iter_mut().enumerate() {
             *w = *chunk.get(i + k)?;
+            match st.reads.get_mut(st.nreads as usize) {
+                Some(r) => {
+                    *r = (i + k) as u8;
+                    st.nreads += 1;
+                }
+                None => st.unremembered = 1,
+            }
         }
         return Some(out);
     }
+    st.unremembered = 1;
     read_user::<[u64; N]>(addr)
 }
 
@@ -265,7 +335,10 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
             return 1;
         }
         count_error(ERR_FP_FRAMES);
-        let Some([bp, ret]) = stack_words::<2>(chunk, st, st.bp) else {
+        // Remembered, it would no longer be counted.
+        st.unremembered = 1;
+        let bp = st.bp;
+        let Some([bp, ret]) = stack_words::<2>(chunk, st, bp) else {
             count_error(ERR_CUT_SHORT);
             return 1;
         };
@@ -377,25 +450,128 @@ pub fn on_fork<S: Sink>(ctx: &RawTracePointContext, events: &S) {
     }
 }
 
+/// What a walk found.
+pub(crate) enum Walked {
+    /// The thread's remembered stack, stored in this generation: its hash.
+    Known(u64),
+    /// Frames walked into the scratch stack: how many, whether user space
+    /// should read the process's regions again (it ran code in none of
+    /// them; said at most every `NEW_CODE_EVERY_NS`), and where to
+    /// remember the walk once its stack is stored, if it may be.
+    Frames {
+        depth: u64,
+        tell: bool,
+        memo: Option<*mut Remembered>,
+    },
+}
+
+/// A hash of the words of `chunk` at the first `n` of `reads`, in order.
+#[inline(always)]
+fn hash_reads(chunk: &[u64; CHUNK_SLOTS], reads: &[u8; MAX_READS], n: u32) -> u64 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for (k, &i) in reads.iter().enumerate() {
+        if k as u32 >= n {
+            break;
+        }
+        let w = chunk.get(usize::from(i)).copied().unwrap_or(0);
+        h = (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 32;
+    }
+    h
+}
+
+/// Whether `m` is this walk's: the same process, regions and registers,
+/// the same words where it read them, its stack stored in this
+/// generation.
+#[inline(always)]
+fn recalls(
+    m: &Remembered,
+    tgid: u32,
+    st: &State,
+    chunk: &[u64; CHUNK_SLOTS],
+    generation: u32,
+) -> bool {
+    m.tgid == tgid
+        && m.depth != 0
+        && m.version == st.version
+        && m.generation == generation
+        && m.ip == st.ip
+        && m.sp == st.sp
+        && m.bp == st.bp
+        && m.reads
+            .iter()
+            .take(m.nreads as usize)
+            .all(|&i| u64::from(i) * 8 + 8 <= st.chunk_len)
+        && hash_reads(chunk, &m.reads, m.nreads) == m.words
+}
+
+/// Remembers the walk in the scratch value, whose stack was stored as
+/// `stack` in `generation`.
+///
+/// # Safety
+/// `m` must be the current thread's [`WALKS`] value, `scratch` the
+/// per-CPU scratch value the walk used.
+#[inline(always)]
+pub(crate) unsafe fn remember(
+    m: *mut Remembered,
+    scratch: *const Scratch,
+    tgid: u32,
+    stack: u64,
+    generation: u32,
+) {
+    // SAFETY: per the contract.
+    unsafe {
+        let st = &(*scratch).walk;
+        *m = Remembered {
+            ip: st.start[0],
+            sp: st.start[1],
+            bp: st.start[2],
+            words: hash_reads(&(*scratch).chunk, &st.reads, st.nreads),
+            stack,
+            depth: u64::from(st.depth),
+            version: st.version,
+            generation,
+            tgid,
+            nreads: st.nreads,
+            reads: st.reads,
+        };
+    }
+}
+
 /// Walks the current task's user stack into the scratch value's stack
 /// and returns its depth, and whether user space should read the
 /// process's regions again (it ran code in none of them; said at most
 /// every `NEW_CODE_EVERY_NS`); `None` if its process has no tables
 /// (the caller then walks by frame pointer). `sampled`: see
 /// [`user_stack`](crate::stacks::user_stack).
+///
+/// A walk in task context (no `sampled` registers: a switch or a wakeup,
+/// where task storage may be created) is remembered for the thread, and
+/// its next walk from the same registers over the same bytes is not
+/// done again.
 #[inline(always)]
-pub(crate) fn walk(tgid: u32, sampled: *const u8, scratch: *mut Scratch) -> Option<(u64, bool)> {
+pub(crate) fn walk(
+    tgid: u32,
+    sampled: *const u8,
+    scratch: *mut Scratch,
+    generation: u32,
+) -> Option<Walked> {
+    let none = Walked::Frames {
+        depth: 0,
+        tell: false,
+        memo: None,
+    };
     let Some((ip, sp, bp)) = user_regs(sampled) else {
         count_error(ERR_CUT_SHORT);
-        return Some((0, false));
+        return Some(none);
     };
     // Kernel threads (and the idle tasks) have no user registers: no user
     // stack, no tables to miss, and no "new code" to tell user space of.
     if ip == 0 {
-        return Some((0, false));
+        return Some(none);
     }
     let procs = CFI_PROCS.get_ptr_mut(tgid)?;
-    // SAFETY: a map value.
+    // SAFETY: map values.
     unsafe {
         let chunk_len = copy_top(&mut (*scratch).chunk, sp);
         (*scratch).walk = State {
@@ -407,8 +583,28 @@ pub(crate) fn walk(tgid: u32, sampled: *const u8, scratch: *mut Scratch) -> Opti
             last: Region::default(),
             chunk_base: sp,
             chunk_len,
+            reads: [0; MAX_READS],
+            nreads: 0,
+            unremembered: 0,
+            version: (*procs).version,
+            start: [ip, sp, bp],
         }
     };
+    let memo = if sampled.is_null() {
+        let m = WALKS.get(crate::task_storage::current_task(), true);
+        (!m.is_null()).then_some(m)
+    } else {
+        None
+    };
+    if let Some(m) = memo {
+        // SAFETY: `m` is this thread's value; the scratch value is a map
+        // value.
+        unsafe {
+            if recalls(&*m, tgid, &(*scratch).walk, &(*scratch).chunk, generation) {
+                return Some(Walked::Known((*m).stack));
+            }
+        }
+    }
     let mut w = Walk { scratch, procs };
     // SAFETY: `frame` is a callback of bpf_loop's signature and `w`
     // lives across the call.
@@ -422,6 +618,7 @@ pub(crate) fn walk(tgid: u32, sampled: *const u8, scratch: *mut Scratch) -> Opti
     };
     // SAFETY: a map value.
     let st = unsafe { &(*scratch).walk };
+    let memo = memo.filter(|_| st.unremembered == 0 && st.new_code == 0 && st.depth > 0);
     let mut tell = false;
     if st.new_code != 0 {
         // SAFETY: the helper has no preconditions; `procs` is a map
@@ -434,5 +631,9 @@ pub(crate) fn walk(tgid: u32, sampled: *const u8, scratch: *mut Scratch) -> Opti
             }
         }
     }
-    Some((u64::from(st.depth), tell))
+    Some(Walked::Frames {
+        depth: u64::from(st.depth),
+        tell,
+        memo,
+    })
 }

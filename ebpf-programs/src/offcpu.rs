@@ -160,6 +160,71 @@ impl Idle {
     }
 }
 
+/// With the CFI walk (5.17+, so task storage is there too) and typed
+/// tasks (tp_btf), each thread's time of leaving and stacks are kept in
+/// the thread itself rather than in `STARTS`: no hash insert, lookup and
+/// delete per switch.
+#[cfg(feature = "cfi")]
+#[unsafe(link_section = ".maps")]
+#[unsafe(no_mangle)]
+static TASK_OFF: crate::task_storage::TaskStorage<Start> = crate::task_storage::TaskStorage::new();
+
+/// Whether the programs keep threads off the CPU in [`TASK_OFF`].
+#[inline(always)]
+const fn in_task<const DIRECT: bool>() -> bool {
+    DIRECT && cfg!(feature = "cfi")
+}
+
+/// Thread `task` (id `tid`)'s entry, if it is off the CPU.
+#[inline(always)]
+fn entry_of<K, S, const DIRECT: bool>(
+    t: &Tables<'_, K, S>,
+    task: *const u8,
+    tid: u32,
+) -> Option<*mut Start> {
+    #[cfg(feature = "cfi")]
+    if in_task::<DIRECT>() {
+        let p = TASK_OFF.get(task, false);
+        // SAFETY: the task's own storage.
+        return (!p.is_null() && unsafe { (*p).ns } != 0).then_some(p);
+    }
+    let _ = task;
+    t.starts.get_ptr_mut(tid)
+}
+
+/// Marks thread `task` (id `tid`) back on the CPU.
+#[inline(always)]
+fn clear_entry<K, S, const DIRECT: bool>(t: &Tables<'_, K, S>, entry: *mut Start, tid: u32) {
+    if in_task::<DIRECT>() {
+        // SAFETY: the task's own storage.
+        unsafe { (*entry).ns = 0 };
+    } else {
+        let _ = t.starts.remove(tid);
+    }
+}
+
+/// Keeps `start` for thread `task` (id `tid`), leaving the CPU.
+#[inline(always)]
+fn keep_entry<K, S, const DIRECT: bool>(
+    t: &Tables<'_, K, S>,
+    task: *const u8,
+    tid: u32,
+    start: &Start,
+) -> bool {
+    #[cfg(feature = "cfi")]
+    if in_task::<DIRECT>() {
+        let p = TASK_OFF.get(task, true);
+        if p.is_null() {
+            return false;
+        }
+        // SAFETY: the task's own storage.
+        unsafe { *p = *start };
+        return true;
+    }
+    let _ = task;
+    t.starts.insert(tid, start, 0).is_ok()
+}
+
 /// The maps a switch works on.
 pub struct Tables<'a, K, S> {
     /// Threads off the CPU.
@@ -215,6 +280,7 @@ fn leaves<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     ctx: &C,
     cfg: &Config,
     t: &Tables<'_, K, S>,
+    prev: *const u8,
     tgid: u32,
     tid: u32,
     now: u64,
@@ -236,7 +302,7 @@ fn leaves<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
         core::ptr::null(),
         &mut start.key.key,
     );
-    if t.starts.insert(tid, start, 0).is_err() {
+    if !keep_entry::<K, S, DIRECT>(t, prev, tid, &start) {
         count_error(ERR_STARTS_FULL);
     }
 }
@@ -256,7 +322,7 @@ pub fn wakes<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     let Some(tid) = task_u32::<DIRECT>(wakee, cfg.task_pid) else {
         return;
     };
-    let Some(start) = t.starts.get_ptr_mut(tid) else {
+    let Some(start) = entry_of::<K, S, DIRECT>(t, wakee, tid) else {
         return;
     };
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -288,7 +354,7 @@ fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
     if tid == 0 {
         return;
     }
-    let Some(start) = t.starts.get_ptr_mut(tid) else {
+    let Some(start) = entry_of::<K, S, DIRECT>(t, next, tid) else {
         return;
     };
     // SAFETY: a map value, counted from in place (the key is too large to
@@ -306,7 +372,7 @@ fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
             K::add(ctx, t.events, t.counts, &(*start).key, off);
         }
     }
-    let _ = t.starts.remove(tid);
+    clear_entry::<K, S, DIRECT>(t, start, tid);
 }
 
 /// A context switch from `prev` (the current thread) to `next`.
@@ -337,7 +403,7 @@ pub fn switch<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
         }
     }
     if traced::<DIRECT>(cfg, prev, tgid, tid) {
-        leaves::<C, K, S, DIRECT>(ctx, cfg, t, tgid, tid, now);
+        leaves::<C, K, S, DIRECT>(ctx, cfg, t, prev, tgid, tid, now);
     }
     if let Some(next_tid) = next_tid {
         returns::<C, K, S, DIRECT>(ctx, cfg, t, next, next_tid, now);

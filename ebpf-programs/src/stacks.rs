@@ -227,10 +227,13 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
 ) -> Option<u64> {
     #[cfg(feature = "cfi")]
     {
+        use crate::cfi::Walked;
         let s = STACK_SCRATCH.get_ptr_mut(0)?;
-        match crate::cfi::walk(tgid, sampled, s) {
-            Some((len, new_code)) => {
-                if new_code {
+        let generation = generation();
+        match crate::cfi::walk(tgid, sampled, s, generation) {
+            Some(Walked::Known(stack)) => return Some(stack),
+            Some(Walked::Frames { depth, tell, memo }) => {
+                if tell {
                     crate::events::emit(
                         events,
                         ctx,
@@ -238,7 +241,13 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                     );
                 }
                 // SAFETY: a map value.
-                return store(unsafe { &raw mut (*s).stack }, len);
+                let stack = store(unsafe { &raw mut (*s).stack }, depth)?;
+                if let Some(m) = memo {
+                    // SAFETY: `m` is the thread's memo, `s` the scratch
+                    // value just walked.
+                    unsafe { crate::cfi::remember(m, s, tgid, stack, generation) };
+                }
+                return Some(stack);
             }
             None => count_error(rtrace_common::profile::ERR_NO_TABLES),
         }

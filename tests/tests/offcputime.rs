@@ -172,6 +172,40 @@ fn state_filter_selects_interruptible_sleeps() {
     );
 }
 
+/// A thread that stops again with the same registers over the same stack
+/// has its walk remembered; here the two stops differ in one return
+/// address only (twin_a or twin_b, alike in frame), twice through each by
+/// turns, and each twin gets its own time: the remembered walk is not
+/// taken for the other's. The build with frame pointers keeps rbp the
+/// same at each stop too, so walks are remembered (without, rbp holds
+/// whatever the loop keeps in it).
+#[test]
+fn remembered_walks_tell_apart_stacks_that_differ_in_one_word() {
+    let (stdout, done, _) = trace_blocking("cfuncs", &["twins", "2"], "-p", &["-f"]);
+    let folded = parse_folded(&stdout);
+    let under = |twin: &str| -> u64 {
+        folded
+            .iter()
+            .filter(|(f, _)| {
+                let at = |name: &str| f.iter().position(|n| n == name);
+                matches!(
+                    (at("mid_twins"), at(twin), at("sleep_alpha")),
+                    (Some(m), Some(t), Some(s)) if m + 1 == t && t + 1 == s
+                )
+            })
+            .map(|(_, us)| us)
+            .sum()
+    };
+    let (a, b) = (under("twin_a"), under("twin_b"));
+    for (name, seen, measured) in [("twin_a", a, done[0]), ("twin_b", b, done[1])] {
+        let measured = measured as f64 / 1000.0;
+        assert!(
+            (seen as f64 - measured).abs() <= 0.1 * measured,
+            "{name}: {seen} us off CPU; the fixture slept {measured} us there:\n{stdout}"
+        );
+    }
+}
+
 /// System-wide with `-k`, only kernel threads: no user stacks, and not the
 /// fixture; with `-t`, only the thread asked for.
 #[test]

@@ -44,23 +44,34 @@ pub struct OffCpu {
     filter: Option<Filter>,
     /// Whether the programs attached read tasks by BTF type (tp_btf).
     typed: bool,
+    /// Whether threads off the CPU are kept in task storage.
+    in_task: bool,
 }
 
 impl OffCpu {
-    /// The configuration for `filter` on this kernel; sizes the start
-    /// table in `load`.
+    /// The configuration for `filter` on this kernel, attaching with
+    /// `m`; sizes the start table in `load`.
     pub fn configure(
         &mut self,
         filter: Filter,
+        m: Mechanism,
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<Config> {
+        self.filter = Some(filter);
+        // The CFI objects (5.17+, where task storage always is) keep
+        // threads off the CPU in the threads themselves when the programs
+        // see typed tasks; otherwise a thread is in the table from the
+        // moment it leaves the CPU until it is back.
+        self.in_task = m == Mechanism::TpBtf && load.variant() == crate::stacktool::CFI;
+        let starts = if self.in_task {
+            1
+        } else {
+            tracer::thread_entries()
+        };
+        load.size("STARTS", starts);
         let btf = kernel.btf()?;
         let task = |m: &[&str]| btf.member_any("task_struct", m).map(|i| i.offset);
-        self.filter = Some(filter);
-        // A thread is in the table from the moment it leaves the CPU until
-        // it is back.
-        load.size("STARTS", tracer::thread_entries());
         Ok(Config {
             min_ns: filter.min_ns,
             max_ns: filter.max_ns,
@@ -134,7 +145,12 @@ impl OffCpu {
             }
             _ => ", kernel stacks walked as the thread leaves the CPU",
         };
-        format!("{what}{kernel}")
+        let kept = if self.in_task {
+            "task storage"
+        } else {
+            "a hash by thread id"
+        };
+        format!("{what}{kernel}; threads off the CPU in {kept}")
     }
 
     /// Stops counting: the programs are unloaded, so that the report is

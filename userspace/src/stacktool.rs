@@ -57,7 +57,7 @@ pub struct StackArgs {
 }
 
 /// The object variant with the CFI walk.
-const CFI: &str = "cfi";
+pub const CFI: &str = "cfi";
 /// Rows of CFI the kernel holds: 16 MiB.
 const CFI_ROWS: u32 = 1 << 20;
 /// Buckets of the rows' index: a file has at most one for every
@@ -128,6 +128,9 @@ impl StackTool {
                 task_pid: btf.offset("task_struct", "pid")?,
                 task_tgid: btf.offset("task_struct", "tgid")?,
             };
+            // The walks remembered per thread are in task storage, for
+            // which aya has no user-space type: only the programs use it.
+            load.allow_unsupported_maps();
             load.global("CFI_OFFSETS", &offsets)
                 .size("CFI_ROWS", CFI_ROWS)
                 .size("CFI_INDEX", CFI_BUCKETS)

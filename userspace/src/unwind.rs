@@ -563,6 +563,9 @@ pub struct KernelTables {
     /// Processes whose regions did not fit, even once exited ones were
     /// forgotten.
     pub processes_not_loaded: usize,
+    /// Writes of a process's regions so far: each carries the count as
+    /// its version.
+    writes: u32,
 }
 
 /// Where one file's rows and index are in the kernel's arrays.
@@ -622,6 +625,7 @@ impl KernelTables {
             captured: HashMap::new(),
             files_not_loaded: 0,
             processes_not_loaded: 0,
+            writes: 0,
         })
     }
 
@@ -640,9 +644,10 @@ impl KernelTables {
             // Gone already: its samples keep their frame-pointer walk.
             return Ok(());
         };
+        self.writes = self.writes.wrapping_add(1);
         let mut out = ProcRegions {
             n: 0,
-            _pad: 0,
+            version: self.writes,
             new_code_ns: 0,
             regions: [KRegion::default(); MAX_REGIONS],
         };

@@ -215,10 +215,11 @@ impl Tool for Offcputime {
 
     fn configure(
         &mut self,
-        _m: Option<Mechanism>,
+        m: Option<Mechanism>,
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
+        let m = m.context("offcputime attaches through its chain")?;
         let args = &self.args;
         let filter = Filter {
             min_ns: args.min_block_time.saturating_mul(1000),
@@ -238,7 +239,7 @@ impl Tool for Offcputime {
             waker: args.waker,
             sched_frames: args.sched_frames,
         };
-        let cfg = self.off_cpu.configure(filter, kernel, load)?;
+        let cfg = self.off_cpu.configure(filter, m, kernel, load)?;
         self.stacks.configure(&self.args.stacks, kernel, load)?;
         load.config(&cfg);
         Ok(())

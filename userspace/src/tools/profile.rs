@@ -337,7 +337,8 @@ impl Tool for Profile {
                 waker: false,
                 sched_frames: false,
             };
-            cfg.off_cpu = off.configure(filter, kernel, load)?;
+            let m = OffCpu::mechanism(kernel)?;
+            cfg.off_cpu = off.configure(filter, m, kernel, load)?;
             cfg.off_cpu.mark_switches = 1;
         }
         self.stacks.configure(&self.args.stacks, kernel, load)?;
