@@ -76,6 +76,10 @@ pub struct State {
     reads: [u8; MAX_READS],
     /// How many.
     nreads: u32,
+    /// The bytes of the chunk up to the last word read.
+    span: u32,
+    /// Their hash, in order (`mix`).
+    words: u64,
     /// Set when the walk read the stack beyond the chunk, read more than
     /// `MAX_READS` words, or took a frame by its frame pointer: such a
     /// walk is not remembered.
@@ -117,6 +121,9 @@ pub struct Remembered {
     tgid: u32,
     /// How many words it read.
     nreads: u32,
+    /// The bytes of the stack up to the last of them.
+    span: u32,
+    _pad: u32,
     /// Their indexes in the chunk.
     reads: [u8; MAX_READS],
 }
@@ -224,6 +231,11 @@ fn stack_words<const N: usize>(
                 Some(r) => {
                     *r = (i + k) as u8;
                     st.nreads += 1;
+                    st.words = mix(st.words, *w);
+                    let end = (i + k + 1) as u32 * 8;
+                    if end > st.span {
+                        st.span = end;
+                    }
                 }
                 None => st.unremembered = 1,
             }
@@ -465,19 +477,35 @@ pub(crate) enum Walked {
     },
 }
 
-/// A hash of the words of `chunk` at the first `n` of `reads`, in order.
+/// Adds word `w` to hash `h`.
 #[inline(always)]
-fn hash_reads(chunk: &[u64; CHUNK_SLOTS], reads: &[u8; MAX_READS], n: u32) -> u64 {
-    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
-    for (k, &i) in reads.iter().enumerate() {
-        if k as u32 >= n {
-            break;
-        }
-        let w = chunk.get(usize::from(i)).copied().unwrap_or(0);
-        h = (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 32;
-    }
-    h
+fn mix(h: u64, w: u64) -> u64 {
+    let h = (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 32)
+}
+
+/// Where [`rehash`] works, through `bpf_loop`.
+#[repr(C)]
+struct Rehash {
+    chunk: *const [u64; CHUNK_SLOTS],
+    reads: *const [u8; MAX_READS],
+    h: u64,
+}
+
+/// One word of a remembered walk, hashed again from the chunk. In a
+/// `bpf_loop` callback, verified once, rather than a loop whose every
+/// way out the verifier would follow through the rest of the program.
+#[inline(never)]
+extern "C" fn rehash(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the caller's `Rehash`, whose pointers are map
+    // values that outlive the loop.
+    let r = unsafe { &mut *ctx.cast::<Rehash>() };
+    let (chunk, reads) = unsafe { (&*r.chunk, &*r.reads) };
+    let Some(&i) = reads.get(index as usize) else {
+        return 1;
+    };
+    r.h = mix(r.h, chunk.get(usize::from(i)).copied().unwrap_or(0));
+    0
 }
 
 /// Whether `m` is this walk's: the same process, regions and registers,
@@ -491,19 +519,37 @@ fn recalls(
     chunk: &[u64; CHUNK_SLOTS],
     generation: u32,
 ) -> bool {
-    m.tgid == tgid
+    if !(m.tgid == tgid
         && m.depth != 0
         && m.version == st.version
         && m.generation == generation
         && m.ip == st.ip
         && m.sp == st.sp
         && m.bp == st.bp
-        && m.reads
-            .iter()
-            .take(m.nreads as usize)
-            .all(|&i| u64::from(i) * 8 + 8 <= st.chunk_len)
-        && hash_reads(chunk, &m.reads, m.nreads) == m.words
+        && u64::from(m.span) <= st.chunk_len)
+    {
+        return false;
+    }
+    let mut r = Rehash {
+        chunk,
+        reads: &m.reads,
+        h: WORDS_SEED,
+    };
+    // SAFETY: `rehash` is a callback of bpf_loop's signature and `r`
+    // lives across the call.
+    unsafe {
+        bpf_loop(
+            m.nreads.min(MAX_READS as u32),
+            rehash as *mut core::ffi::c_void,
+            (&raw mut r).cast(),
+            0,
+        )
+    };
+    r.h == m.words
 }
+
+/// Where a walk's hash of the words it read starts.
+const WORDS_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// Remembers the walk in the scratch value, whose stack was stored as
 /// `stack` in `generation`.
@@ -526,13 +572,15 @@ pub(crate) unsafe fn remember(
             ip: st.start[0],
             sp: st.start[1],
             bp: st.start[2],
-            words: hash_reads(&(*scratch).chunk, &st.reads, st.nreads),
+            words: st.words,
             stack,
             depth: u64::from(st.depth),
             version: st.version,
             generation,
             tgid,
             nreads: st.nreads,
+            span: st.span,
+            _pad: 0,
             reads: st.reads,
         };
     }
@@ -585,6 +633,8 @@ pub(crate) fn walk(
             chunk_len,
             reads: [0; MAX_READS],
             nreads: 0,
+            span: 0,
+            words: WORDS_SEED,
             unremembered: 0,
             version: (*procs).version,
             start: [ip, sp, bp],

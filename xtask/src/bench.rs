@@ -201,7 +201,13 @@ fn all_table(rows: &[Row]) -> String {
             ratio(r.ours.bpf.0, r.peer.bpf.0),
             ranged(r.ours.added),
             ranged(r.peer.added),
-            ratio(r.ours.added.0, r.peer.added.0),
+            // Against a peer whose added time the trials cannot tell
+            // from nothing, a ratio would be noise over noise.
+            if r.peer.added.1.0 > 0.0 {
+                ratio(r.ours.added.0, r.peer.added.0)
+            } else {
+                "noise".to_owned()
+            },
             lost(r.ours.lost),
             lost(r.peer.lost),
             ms(r.ours.startup_ms),
@@ -214,7 +220,8 @@ fn all_table(rows: &[Row]) -> String {
          medians over {TRIALS} interleaved \
          trials, ranges in brackets. BPF time is the kernel's own statistics \
          (`kernel.bpf_stats_enabled`); a peer without BPF programs (perf) has none, and its \
-         row is judged by the added time. Lost: events missing against what the workload \
+         row is judged by the added time. An added-time ratio is given only where the \
+         peer's added time stood above zero in every trial (`noise` otherwise). Lost: events missing against what the workload \
          did, in the worst trial (tcplife: server ends not attributed to the server process). \
          Start-up: launch to the tracer's own word that it traces; - for one that says \
          nothing (perf, libbpf-tools' offcputime).",
