@@ -268,6 +268,9 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
     assert_eq!(code, 2, "{stderr}");
     let (code, _, stderr) = run(&["execsnoop", "--max-args", "61"]);
     assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = run(&["execsnoop", "--buffer-size", "0"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("holds no event"), "{stderr}");
     let (code, _, stderr) = run(&["execsnoop", "--buffer-size", "lots"]);
     assert_eq!(code, 2, "{stderr}");
     let (code, _, stderr) = run(&["execsnoop", "-c", "/tmp"]);

@@ -719,6 +719,69 @@ fn parse_svg(text: &str) -> Result<roxmltree::Document<'_>, roxmltree::Error> {
     roxmltree::Document::parse_with_options(text, opts)
 }
 
+/// Every output file is created before anything is attached: a path that
+/// cannot be written fails with one line naming it, before sampling
+/// begins, and leaves nothing behind, for profile, offcputime and
+/// `flamegraph diff`; a good one appears whole, is announced with what it
+/// holds, and leaves no temporary file beside it.
+#[test]
+fn output_files_are_created_first_and_appear_whole() {
+    let dir = temp("outs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("no-such-folder").join("out");
+    let bad = bad.to_str().unwrap();
+    for (tool, flag) in [
+        ("profile", "--svg"),
+        ("profile", "--pprof"),
+        ("profile", "--speedscope"),
+        ("offcputime", "--svg"),
+        ("offcputime", "--pprof"),
+    ] {
+        let (code, stdout, stderr) = run(&[tool, "-v", flag, bad, "1"]);
+        assert_eq!(code, 1, "{tool} {flag}: {stderr}");
+        assert_eq!(
+            stderr.trim(),
+            format!("rtrace: error: cannot create {bad}: No such file or directory (os error 2)"),
+            "{tool} {flag}: nothing may be attached first"
+        );
+        assert!(stdout.is_empty(), "{stdout}");
+    }
+    let diff = dir.join("diff.svg");
+    let missing = dir.join("missing.folded");
+    let missing = missing.to_str().unwrap();
+    let (code, _, stderr) = run(&[
+        "flamegraph",
+        "diff",
+        missing,
+        missing,
+        "--svg",
+        diff.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("cannot open"), "{stderr}");
+
+    let svg = dir.join("ok.svg");
+    let (code, _, stderr) = run(&["profile", "--svg", svg.to_str().unwrap(), "1"]);
+    assert_eq!(code, 0, "{stderr}");
+    let said = format!("rtrace: wrote {} (", svg.display());
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with(&said))
+        .expect(&stderr);
+    assert!(
+        line.ends_with(" stacks)") && line.contains(" samples, "),
+        "{line}"
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("</svg>"));
+    // The SVG alone: no partial diff, no temporary file.
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["ok.svg"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn folded_pprof_speedscope_and_svg_agree() {
     let (svg, pb, ss) = (temp("a.svg"), temp("a.pb.gz"), temp("a.speedscope.json"));

@@ -266,6 +266,15 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
     let (code, _, stderr) = run(&["runqlat", "-P", "-L"]);
     assert_eq!(code, 2, "{stderr}");
 
+    // A zero interval is named in words, not as clap's range of u64.
+    let (code, _, stderr) = run(&["runqlat", "0", "1"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("expected a whole number of 1 or more, got \"0\"")
+            && !stderr.contains("18446744073709551615"),
+        "{stderr}"
+    );
+
     let (code, _, stderr) = run(&["runqlat", "-c", "/tmp"]);
     assert_eq!(code, 1);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

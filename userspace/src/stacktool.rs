@@ -40,12 +40,12 @@ pub enum Unwind {
 pub struct StackArgs {
     /// Distinct stacks to keep; stacks beyond it are counted as missed.
     #[arg(long, value_name = "N", default_value_t = 16384,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = crate::output::at_least_one::<u32>)]
     pub stack_storage_size: u32,
     /// Distinct (process, stacks) entries to count; counts beyond it are
     /// counted as lost.
     #[arg(long, value_name = "N", default_value_t = 40960,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = crate::output::at_least_one::<u32>)]
     pub hash_storage_size: u32,
     /// How user stacks are walked: `cfi` in the kernel from each file's
     /// call frame information (code without frame pointers too), `fp` by

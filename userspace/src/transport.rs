@@ -38,13 +38,21 @@ impl FromStr for BufferSize {
         let n: u64 = digits
             .parse()
             .map_err(|_| format!("bad size {s:?}: use bytes or K, M, G"))?;
-        let bytes = (n << shift).max(4096).next_power_of_two();
+        if n == 0 {
+            return Err(format!("size {s:?}: a buffer of no bytes holds no event"));
+        }
+        let too_big = || format!("size {s:?} is over the 1G a ring buffer may have");
+        let bytes = n
+            .checked_mul(1 << shift)
+            .ok_or_else(too_big)?
+            .max(4096)
+            .next_power_of_two();
         u32::try_from(bytes)
             .ok()
             .filter(|&b| b <= 1 << 30)
             .and_then(NonZeroU32::new)
             .map(Self)
-            .ok_or_else(|| format!("size {s:?} is over the 1G a ring buffer may have"))
+            .ok_or_else(too_big)
     }
 }
 
@@ -122,5 +130,8 @@ mod tests {
         assert!(b("2G").is_err());
         assert!(b("12Q").is_err());
         assert!(b("").is_err());
+        assert!(b("0").unwrap_err().contains("no event"));
+        assert!(b("0K").is_err());
+        assert!(b("99999999999999G").unwrap_err().contains("over the 1G"));
     }
 }

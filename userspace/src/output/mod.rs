@@ -6,6 +6,7 @@
 //! each interval as well.
 
 pub mod events;
+pub mod files;
 pub mod hist;
 pub mod stacks;
 
@@ -14,14 +15,23 @@ use std::{io::Write, time::Duration};
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// Parses a whole number of 1 or more, for intervals, counts and sizes;
+/// clap's own range check would name the range as 1..18446744073709551615.
+pub fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
+    match s.trim().parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        _ => Err(format!("expected a whole number of 1 or more, got {s:?}")),
+    }
+}
+
 /// `[interval] [count]` and `-T`, as bcc's histogram tools take them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct IntervalArgs {
     /// Seconds between outputs; without it, print once at Ctrl-C.
-    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(value_parser = crate::output::at_least_one::<u64>)]
     pub interval: Option<u64>,
     /// Number of outputs before exiting; without it, run until interrupted.
-    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(value_parser = crate::output::at_least_one::<u64>)]
     pub count: Option<u64>,
     /// Print a timestamp (HH:MM:SS) before each output.
     #[arg(short = 'T', long)]

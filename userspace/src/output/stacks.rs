@@ -3,7 +3,7 @@
 
 pub mod pprof;
 
-use std::{fmt::Write as _, io::Write as _, path::Path, sync::Arc};
+use std::{fmt::Write as _, path::Path, sync::Arc};
 
 use anyhow::Context as _;
 
@@ -325,14 +325,17 @@ fn inferno_options<'a>(opts: &FlameOptions) -> inferno::flamegraph::Options<'a> 
     o
 }
 
-/// Writes an SVG flame graph of `samples` to `path`.
-pub fn write_svg(samples: &[Sample], path: &Path, opts: &FlameOptions) -> anyhow::Result<()> {
+/// Writes an SVG flame graph of `samples` to `out`.
+pub fn write_svg(
+    samples: &[Sample],
+    out: &mut dyn std::io::Write,
+    opts: &FlameOptions,
+) -> anyhow::Result<()> {
     let annotated = TextOptions {
         delimiter: false,
         annotate: true,
     };
     let lines: Vec<String> = samples.iter().map(|s| folded_line(s, annotated)).collect();
-    let file = create(path)?;
     let mut o = inferno_options(opts);
     // Frames off the CPU in blues, whatever the palette gives the rest.
     let mut blues = inferno::flamegraph::color::PaletteMap::default();
@@ -350,16 +353,17 @@ pub fn write_svg(samples: &[Sample], path: &Path, opts: &FlameOptions) -> anyhow
     if blues.iter().next().is_some() {
         o.palette_map = Some(&mut blues);
     }
-    inferno::flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), file)
-        .with_context(|| format!("cannot write flame graph {}", path.display()))
+    inferno::flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), out)
+        .context("cannot draw the flame graph")
 }
 
-/// Writes a differential flame graph of two folded files: frames colored
-/// red where AFTER has more samples, blue where it has fewer.
+/// Writes a differential flame graph of two folded files to `out`:
+/// frames colored red where AFTER has more samples, blue where it has
+/// fewer.
 pub fn write_diff_svg(
     before: &Path,
     after: &Path,
-    path: &Path,
+    out: &mut dyn std::io::Write,
     normalize: bool,
     opts: &FlameOptions,
 ) -> anyhow::Result<()> {
@@ -380,9 +384,8 @@ pub fn write_diff_svg(
     )
     .context("cannot read the folded stacks")?;
     let mut o = inferno_options(opts);
-    let file = create(path)?;
-    inferno::flamegraph::from_reader(&mut o, folded.as_slice(), file)
-        .with_context(|| format!("cannot write flame graph {}", path.display()))
+    inferno::flamegraph::from_reader(&mut o, folded.as_slice(), out)
+        .context("cannot draw the flame graph")
 }
 
 /// A blue that varies with the name, as FlameGraph varies its palettes,
@@ -399,18 +402,13 @@ fn blue(name: &str) -> inferno::flamegraph::color::Color {
     }
 }
 
-fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
-    std::fs::File::create(path)
-        .map(std::io::BufWriter::new)
-        .with_context(|| format!("cannot create {}", path.display()))
-}
-
 /// Writes a speedscope file (speedscope.app's "sampled" profile): one
 /// shared frame table and each stack root first, weighted by its count in
-/// `unit` (`none` for samples, or one of speedscope's time units).
+/// `unit` (`none` for samples, or one of speedscope's time units), to
+/// `out`.
 pub fn write_speedscope(
     samples: &[Sample],
-    path: &Path,
+    out: &mut dyn std::io::Write,
     name: &str,
     unit: &str,
 ) -> anyhow::Result<()> {
@@ -450,8 +448,5 @@ pub fn write_speedscope(
             "weights": weights,
         }],
     });
-    let mut file = create(path)?;
-    serde_json::to_writer(&mut file, &doc)?;
-    file.flush()
-        .with_context(|| format!("cannot write {}", path.display()))
+    serde_json::to_writer(out, &doc).context("cannot write the speedscope profile")
 }

@@ -60,15 +60,15 @@ pub struct Args {
     tid: Option<u32>,
     /// Seconds between outputs.
     #[arg(short = 'i', long, default_value_t = 1,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = crate::output::at_least_one::<u64>)]
     interval: u64,
     /// Number of outputs before exiting.
     #[arg(short = 'n', long = "number", value_name = "COUNT",
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = crate::output::at_least_one::<u64>)]
     count: Option<u64>,
     /// Total seconds to trace.
     #[arg(short = 'd', long, value_name = "SECS",
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
     /// Keep counting across outputs instead of starting afresh each time.
     #[arg(short = 'c', long)]

@@ -66,7 +66,7 @@ pub struct Args {
     pid: Option<u32>,
     /// Trace for this many seconds, then exit.
     #[arg(short = 'd', long, value_name = "SECS",
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
     /// Comma-separated values: ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE.
     #[arg(short = 'c', long, conflicts_with = "json")]

@@ -47,17 +47,17 @@ struct DiffArgs {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Diff(d) => stacks::write_diff_svg(
-            &d.before,
-            &d.after,
-            &d.svg,
-            d.normalize,
-            &FlameOptions {
+        Command::Diff(d) => {
+            let svg = crate::output::files::ReportFile::create(&d.svg)?;
+            let opts = FlameOptions {
                 title: d.title,
                 icicle: d.icicle,
                 count_name: "samples".to_owned(),
                 palette: FlameOptions::by_kind(),
-            },
-        ),
+            };
+            svg.write("differential flame graph", |out| {
+                stacks::write_diff_svg(&d.before, &d.after, out, d.normalize, &opts)
+            })
+        }
     }
 }

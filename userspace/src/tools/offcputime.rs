@@ -16,6 +16,7 @@ use crate::{
     offcpu::{self, Filter, OffCpu},
     output::{
         Sink,
+        files::{self, StackReports},
         stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
     },
     stacktool::{StackArgs, StackTool},
@@ -43,7 +44,7 @@ use crate::{
   rtrace offcputime --svg off.svg 10   # an off-CPU flame graph of 10 seconds")]
 pub struct Args {
     /// Trace for this many seconds; without it, until Ctrl-C.
-    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
     /// Trace these processes (all their threads) only; comma-separated.
     #[arg(short = 'p', long, value_delimiter = ',', conflicts_with = "tid")]
@@ -162,6 +163,8 @@ pub struct Offcputime {
     off_cpu: OffCpu,
     /// Stacks counted in the kernel, their walk and their names.
     stacks: StackTool,
+    /// The files asked for, created before anything is attached.
+    reports: StackReports,
 }
 
 impl Tool for Offcputime {
@@ -178,7 +181,9 @@ impl Tool for Offcputime {
                 args.min_block_time
             );
         }
+        let reports = StackReports::create(args.svg.as_deref(), args.pprof.as_deref(), None)?;
         Ok(Self {
+            reports,
             args,
             off_cpu: OffCpu::default(),
             // The kernel side counts by WakeKey, with or without wakers.
@@ -340,8 +345,13 @@ impl Tool for Offcputime {
 
 impl Offcputime {
     /// Writes the files asked for.
-    fn write_files(&self, samples: &[Sample], elapsed: std::time::Duration) -> anyhow::Result<()> {
-        if let Some(path) = &self.args.svg {
+    fn write_files(
+        &mut self,
+        samples: &[Sample],
+        elapsed: std::time::Duration,
+    ) -> anyhow::Result<()> {
+        let what = files::held(samples, "us");
+        if let Some(file) = self.reports.svg.take() {
             let opts = FlameOptions {
                 title: "Off-CPU Time Flame Graph".to_owned(),
                 icicle: false,
@@ -350,9 +360,9 @@ impl Offcputime {
                 // FlameGraph's `--color=io`.
                 palette: Palette::Basic(BasicPalette::Io),
             };
-            stacks::write_svg(samples, path, &opts)?;
+            file.write(&what, |out| stacks::write_svg(samples, out, &opts))?;
         }
-        if let Some(path) = &self.args.pprof {
+        if let Some(file) = self.reports.pprof.take() {
             let meta = stacks::pprof::Meta {
                 types: &[("off_cpu", "microseconds"), ("off_cpu_time", "nanoseconds")],
                 values: &|s: &Sample| vec![s.count, s.count * 1000],
@@ -361,7 +371,7 @@ impl Offcputime {
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
-            stacks::pprof::write(samples, path, &meta)?;
+            file.write(&what, |out| stacks::pprof::write(samples, out, &meta))?;
         }
         Ok(())
     }

@@ -26,6 +26,7 @@ use crate::{
     offcpu::{Filter, OffCpu},
     output::{
         Sink,
+        files::{self, StackReports},
         stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
     },
     stacktool::{StackArgs, StackTool},
@@ -102,14 +103,14 @@ impl Event {
   rtrace profile --off-cpu -p 185 --svg wall.svg 10   # on- and off-CPU time in one graph")]
 pub struct Args {
     /// Profile for this many seconds; without it, until Ctrl-C.
-    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
     /// Sample this many times per second on each CPU (default 49).
     #[arg(short = 'F', long, value_name = "HZ", conflicts_with = "period",
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = crate::output::at_least_one::<u64>)]
     frequency: Option<u64>,
     /// Sample once every PERIOD events (for cpu-clock: nanoseconds).
-    #[arg(short = 'c', long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'c', long, value_parser = crate::output::at_least_one::<u64>)]
     period: Option<u64>,
     /// Profile these processes (all their threads) only; comma-separated.
     #[arg(short = 'p', long, value_delimiter = ',', conflicts_with = "tid")]
@@ -235,6 +236,8 @@ pub struct Profile {
     stacks: StackTool,
     /// The context-switch programs, with `--off-cpu`.
     off_cpu: Option<OffCpu>,
+    /// The files asked for, created before anything is attached.
+    reports: StackReports,
 }
 
 impl Tool for Profile {
@@ -268,7 +271,13 @@ impl Tool for Profile {
         {
             anyhow::bail!("-F {freq} is above kernel.perf_event_max_sample_rate ({max})");
         }
+        let reports = StackReports::create(
+            args.svg.as_deref(),
+            args.pprof.as_deref(),
+            args.speedscope.as_deref(),
+        )?;
         Ok(Self {
+            reports,
             event: if args.off_cpu {
                 Event::CpuClock
             } else {
@@ -511,14 +520,16 @@ impl Profile {
     }
 
     /// Writes the files asked for.
-    fn write_files(&self, samples: &[Sample], elapsed: Duration) -> anyhow::Result<()> {
+    fn write_files(&mut self, samples: &[Sample], elapsed: Duration) -> anyhow::Result<()> {
         let args = &self.args;
         let (event, freq) = (self.event, self.freq);
         let rate = match args.period {
             Some(p) => format!("every {p} events"),
             None => format!("{freq} Hz"),
         };
-        if let Some(path) = &args.svg {
+        let unit = if args.off_cpu { "us" } else { "samples" };
+        let what = files::held(samples, unit);
+        if let Some(file) = self.reports.svg.take() {
             let (title, count_name) = if args.off_cpu {
                 (format!("rtrace profile: on- and off-CPU time ({rate})"), "us")
             } else {
@@ -530,10 +541,10 @@ impl Profile {
                 count_name: count_name.to_owned(),
                 palette: FlameOptions::by_kind(),
             };
-            stacks::write_svg(samples, path, &opts)?;
+            file.write(&what, |out| stacks::write_svg(samples, out, &opts))?;
         }
-        if let Some(path) = &args.pprof
-            && args.off_cpu
+        if args.off_cpu
+            && let Some(file) = self.reports.pprof.take()
         {
             let meta = stacks::pprof::Meta {
                 types: &[("on_cpu", "microseconds"), ("off_cpu", "microseconds")],
@@ -549,8 +560,8 @@ impl Profile {
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
-            stacks::pprof::write(samples, path, &meta)?;
-        } else if let Some(path) = &args.pprof {
+            file.write(&what, |out| stacks::pprof::write(samples, out, &meta))?;
+        } else if let Some(file) = self.reports.pprof.take() {
             // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
             // events are counted in events.
             let (unit, period) = match (event, args.period) {
@@ -572,11 +583,12 @@ impl Profile {
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
-            stacks::pprof::write(samples, path, &meta)?;
+            file.write(&what, |out| stacks::pprof::write(samples, out, &meta))?;
         }
-        if let Some(path) = &args.speedscope {
+        if let Some(file) = self.reports.speedscope.take() {
             let unit = if args.off_cpu { "microseconds" } else { "none" };
-            stacks::write_speedscope(samples, path, &format!("rtrace profile ({rate})"), unit)?;
+            let name = format!("rtrace profile ({rate})");
+            file.write(&what, |out| stacks::write_speedscope(samples, out, &name, unit))?;
         }
         Ok(())
     }

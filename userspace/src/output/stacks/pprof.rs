@@ -4,7 +4,7 @@
 //! The few messages needed are encoded by hand: a protobuf code generator
 //! would add a build step and a dependency for about a hundred lines.
 
-use std::{collections::HashMap, io::Write as _, path::Path};
+use std::{collections::HashMap, io::Write as _};
 
 use anyhow::Context as _;
 
@@ -106,7 +106,11 @@ pub struct Meta<'a> {
 /// Writes `samples` as a gzipped pprof profile. Each sample has the values
 /// `meta` gives it, and carries the command and pid (and the waker's) as
 /// labels.
-pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result<()> {
+pub fn write(
+    samples: &[Sample],
+    out: &mut dyn std::io::Write,
+    meta: &Meta<'_>,
+) -> anyhow::Result<()> {
     let mut strings = Strings::new();
     let mut profile = Msg::default();
     let value_type = |strings: &mut Strings, ty: &str, unit: &str| {
@@ -191,12 +195,10 @@ pub fn write(samples: &[Sample], path: &Path, meta: &Meta<'_>) -> anyhow::Result
     profile.msg(11, &period_type);
     profile.int(12, meta.period);
 
-    let file =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
+    let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
     gz.write_all(&profile.0)
         .and_then(|()| gz.finish().map(drop))
-        .with_context(|| format!("cannot write {}", path.display()))
+        .context("cannot write the pprof profile")
 }
 
 /// A frame's name as pprof shows it: inlined frames are marked, as pprof

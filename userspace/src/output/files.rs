@@ -1,0 +1,153 @@
+//! Report files (`--svg`, `--pprof`, `--speedscope`, `flamegraph --svg`):
+//! each is created when the command starts, before anything is attached
+//! or read, so that a path that cannot be written fails at once rather
+//! than after the whole run; it is a temporary file in the folder it will
+//! be in, renamed into place only once written whole, so that a run that
+//! fails half way leaves nothing behind.
+
+use std::{
+    io::{BufWriter, Write},
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Context as _;
+
+/// A report file, created and waiting for its contents.
+#[derive(Debug)]
+pub struct ReportFile {
+    path: PathBuf,
+    tmp: tempfile::NamedTempFile,
+}
+
+impl ReportFile {
+    /// Creates the stand-in for `path` in its folder.
+    pub fn create(path: &Path) -> anyhow::Result<Self> {
+        if path.is_dir() {
+            anyhow::bail!("cannot write {}: it is a directory", path.display());
+        }
+        let name = path
+            .file_name()
+            .with_context(|| format!("cannot write {}: no file name", path.display()))?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{}.", name.to_string_lossy()))
+            // As `File::create` would: the umask decides.
+            .permissions(std::fs::Permissions::from_mode(0o666))
+            .tempfile_in(dir)
+            // The error's own text ends with the temporary file's name,
+            // not the one asked for.
+            .map_err(|e| {
+                let text = e.to_string();
+                let cause = text.split(" at path ").next().unwrap_or(&text);
+                anyhow::anyhow!("cannot create {}: {cause}", path.display())
+            })?;
+        Ok(Self {
+            path: path.to_owned(),
+            tmp,
+        })
+    }
+
+    /// Writes the file with `fill`, puts it in place and says so on
+    /// stderr, with `what` it holds (e.g. `1,234 samples, 56 stacks`).
+    pub fn write(
+        self,
+        what: &str,
+        fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let path = self.path;
+        let mut out = BufWriter::new(self.tmp.as_file());
+        fill(&mut out)
+            .and_then(|()| out.flush().map_err(Into::into))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        drop(out);
+        self.tmp
+            .persist(&path)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {}", path.display(), e.error))?;
+        eprintln!("rtrace: wrote {} ({what})", path.display());
+        Ok(())
+    }
+}
+
+/// The report files a stack tool was asked for, created at its start.
+#[derive(Debug, Default)]
+pub struct StackReports {
+    /// `--svg`.
+    pub svg: Option<ReportFile>,
+    /// `--pprof`.
+    pub pprof: Option<ReportFile>,
+    /// `--speedscope`.
+    pub speedscope: Option<ReportFile>,
+}
+
+impl StackReports {
+    /// Creates each file asked for.
+    pub fn create(
+        svg: Option<&Path>,
+        pprof: Option<&Path>,
+        speedscope: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let create = |p: Option<&Path>| p.map(ReportFile::create).transpose();
+        Ok(Self {
+            svg: create(svg)?,
+            pprof: create(pprof)?,
+            speedscope: create(speedscope)?,
+        })
+    }
+}
+
+/// What a stack report holds, for the line announcing it: the total of
+/// the counts, in `unit`, and the stacks.
+pub fn held(samples: &[crate::output::stacks::Sample], unit: &str) -> String {
+    let total: u64 = samples.iter().map(|s| s.count).sum();
+    format!(
+        "{} {unit}, {} stacks",
+        thousands(total),
+        thousands(samples.len() as u64)
+    )
+}
+
+/// `n` with a comma between each group of three digits.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ReportFile, thousands};
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(12_345_678), "12,345,678");
+    }
+
+    #[test]
+    fn a_file_appears_only_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.txt");
+        let f = ReportFile::create(&path).unwrap();
+        assert!(!path.exists());
+        f.write("1 line", |w| Ok(w.write_all(b"hello\n")?)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello\n");
+        let f = ReportFile::create(&dir.path().join("failed.txt")).unwrap();
+        assert!(f.write("", |_| anyhow::bail!("no")).is_err());
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert!(ReportFile::create(&dir.path().join("no/such/dir.svg")).is_err());
+        assert!(ReportFile::create(dir.path()).is_err());
+    }
+}
