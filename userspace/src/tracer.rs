@@ -666,8 +666,9 @@ async fn run_loop<T: Tool>(
     // records come, it reads the ring every few milliseconds instead (an
     // empty ring is two loads from its mapped pages), and sleeps again
     // when a read finds none. A record committed as it goes to sleep wakes
-    // it too (see `EventStream::sleep`); the look every second while it
-    // sleeps only bounds the harm of a wakeup lost all the same.
+    // it too (see `EventStream::sleep`); the look every 100 ms while it
+    // sleeps only bounds the harm of a wakeup lost all the same: a short
+    // process's first stacks must reach user space while it lives.
     let polled_stream = stream.as_deref().is_some_and(EventStream::polled);
     let mut reading = false;
     loop {
@@ -678,7 +679,7 @@ async fn run_loop<T: Tool>(
             let wait = if reading {
                 Duration::from_millis(rtrace_common::events::READ_EVERY_MS)
             } else {
-                Duration::from_secs(1)
+                Duration::from_millis(100)
             };
             tokio::time::sleep(wait).await;
         };
