@@ -15,10 +15,38 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
+    build_info(root);
     // One shared target directory keeps check, clippy and build from each
     // compiling the eBPF crate from scratch.
     let target = root.join("target").join("ebpf");
     if let Err(e) = ebpf_build::build(root, &target, &out) {
         panic!("{e}; `cargo xtask setup` installs the pinned nightly, rust-src and bpf-linker");
     }
+}
+
+/// The git commit and the aya version, for `--version` and the exporter's
+/// `rtrace_build_info`.
+fn build_info(root: &std::path::Path) {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map_or_else(|| "unknown".to_owned(), |s| s.trim().to_owned());
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap_or_default();
+    let version_of = |name: &str| {
+        let head = format!("name = \"{name}\"\nversion = \"");
+        lock.find(&head)
+            .and_then(|i| lock[i + head.len()..].split('"').next())
+            .unwrap_or("unknown")
+            .to_owned()
+    };
+    println!("cargo:rustc-env=RTRACE_COMMIT={commit}");
+    println!("cargo:rustc-env=RTRACE_AYA={}", version_of("aya"));
+    for git in [".git/HEAD", ".git/refs/heads"] {
+        println!("cargo:rerun-if-changed={}", root.join(git).display());
+    }
+    println!("cargo:rerun-if-changed={}", root.join("Cargo.lock").display());
 }

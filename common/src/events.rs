@@ -22,3 +22,9 @@ pub const LOST_NAMES: [&str; 2] = [
     "events lost (event buffer full; raise --buffer-size)",
     "events lost (in-flight table full)",
 ];
+
+/// The global that makes an event tool tally instead of send (set by the
+/// exporter), and the per-CPU array of its totals.
+pub const TALLY_ONLY: &str = "TALLY_ONLY";
+/// The per-CPU array an event tool tallies into where [`TALLY_ONLY`] is set.
+pub const TALLIES: &str = "TALLIES";

@@ -112,3 +112,8 @@ pub struct Event {
 pub const HEADER_SIZE: usize = core::mem::offset_of!(Event, args);
 
 crate::pod!(Config, EnterOffsets, ExecOffsets, Event);
+
+/// `TALLIES` slot of the exporter's collector: execs that succeeded.
+pub const TALLY_EXECS: u32 = 0;
+/// Slots the collector tallies.
+pub const TALLY_SLOTS: u32 = 1;

@@ -144,3 +144,12 @@ pub struct Event {
 }
 
 crate::pod!(SockOffsets, TracepointOffsets, Config, Owner, Event);
+
+/// `TALLIES` slot of the exporter's collector: sessions closed.
+pub const TALLY_SESSIONS: u32 = 0;
+/// `TALLIES` slot: bytes received by closed sessions.
+pub const TALLY_RX: u32 = 1;
+/// `TALLIES` slot: bytes sent (and acknowledged) by closed sessions.
+pub const TALLY_TX: u32 = 2;
+/// Slots the collector tallies.
+pub const TALLY_SLOTS: u32 = 3;

@@ -8,11 +8,11 @@
 //! kernels, in the second.
 
 use aya_ebpf::{
-    EbpfContext,
+    EbpfContext, Global,
     bindings::{BPF_F_CURRENT_CPU, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::generated::bpf_perf_event_output,
     macros::map,
-    maps::{Array, PerfEventByteArray, RingBuf},
+    maps::{Array, PerCpuArray, PerfEventByteArray, RingBuf},
 };
 
 use rtrace_common::events::{LOST_EVENT, WAKE_BYTES};
@@ -141,5 +141,32 @@ pub fn emit<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, value: &T) {
 fn send_counted<S: Sink, C: EbpfContext>(sink: &S, ctx: &C, bytes: &[u8]) {
     if !sink.send(ctx, bytes) {
         count_error(LOST_EVENT);
+    }
+}
+
+/// Nonzero where an event tool runs as a collector of the exporter: it
+/// adds what its events would say to [`TALLIES`] and sends none. A load
+/// time constant, so the verifier drops the branch not taken.
+#[unsafe(no_mangle)]
+static TALLY_ONLY: Global<u32> = Global::new(0);
+
+/// Per-CPU running totals, slots named by each tool in `common` (such as
+/// execs, or bytes received); user space sizes the array and sums it at
+/// every scrape.
+#[map]
+static TALLIES: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether events are tallied instead of sent ([`TALLY_ONLY`]).
+#[inline(always)]
+pub fn tally_only() -> bool {
+    TALLY_ONLY.load() != 0
+}
+
+/// Adds `n` to slot `index` of [`TALLIES`].
+#[inline(always)]
+pub fn tally(index: u32, n: u64) {
+    if let Some(p) = TALLIES.get_ptr_mut(index) {
+        // SAFETY: per-CPU value, and programs do not nest on one CPU here.
+        unsafe { *p += n };
     }
 }

@@ -9,6 +9,7 @@ mod batch;
 mod btf;
 mod cficache;
 mod doctor;
+mod exporter;
 mod features;
 mod memory;
 mod objects;
@@ -29,6 +30,11 @@ mod uprobes;
 use std::process::ExitCode;
 
 use clap::Parser;
+
+/// The git commit rtrace was built from.
+pub const BUILD_COMMIT: &str = env!("RTRACE_COMMIT");
+/// The version of aya rtrace was built with.
+pub const AYA_VERSION: &str = env!("RTRACE_AYA");
 
 /// Options every tool takes.
 #[derive(Debug, Clone, clap::Args)]

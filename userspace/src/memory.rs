@@ -10,9 +10,11 @@
 pub fn release_free() {
     // SAFETY: malloc_trim only gives free memory back; it has no
     // preconditions.
+    #[cfg(target_env = "gnu")]
     unsafe {
         libc::malloc_trim(0);
     }
+    // musl's allocator (the static build's) unmaps freed pages itself.
 }
 
 /// Maps `len` bytes of `fd` from its start.

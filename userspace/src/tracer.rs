@@ -31,14 +31,17 @@ use aya::{
     Ebpf,
     maps::{CgroupArray, HashMap as BpfHashMap, PerCpuArray},
 };
-use rtrace_common::{events::LOST_EVENT, targets};
+use rtrace_common::{
+    events::{LOST_EVENT, TALLIES, TALLY_ONLY},
+    targets,
+};
 
 use crate::{
     GlobalArgs,
     btf::{AttachTarget, Btf},
     features::{Features, Mechanism, trim_verifier_log},
     objects,
-    output::{Signals, Sink, events::EventStream},
+    output::{Signals, Sink, events::EventStream, metrics::Exposition},
     privs,
     transport::{BufferArgs, Transport},
 };
@@ -160,6 +163,38 @@ pub trait Tool: Sized {
     fn warnings(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// How the tool runs as a collector of `rtrace exporter`; `None` for
+    /// tools that are none.
+    const COLLECTOR: Option<Collector> = None;
+
+    /// Switches the tool to collector mode, before it is configured
+    /// (nanosecond histograms, say).
+    fn collect(&mut self) {}
+
+    /// Reads the maps into running totals: at every scrape, and every few
+    /// seconds between them so that no 32-bit kernel counter wraps unseen.
+    fn refresh(&mut self, _ebpf: &Ebpf) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Writes the collector's metrics from its running totals.
+    fn metrics(&self, _out: &mut Exposition) {}
+}
+
+/// A tool as a collector of the exporter ([`Tool::COLLECTOR`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Collector {
+    /// The tool's command line as a collector (without `-c`).
+    pub args: &'static [&'static str],
+    /// Whether the exporter runs it when no `--collectors` are named.
+    pub default: bool,
+    /// Whether it takes the exporter's `-c CGROUP`.
+    pub scoped: bool,
+    /// `TALLIES` slots an event tool counts into instead of sending
+    /// events (`rtrace_common::events::TALLY_ONLY`); 0 for tools that read
+    /// maps only.
+    pub tallies: u32,
 }
 
 /// When a tool prints.
@@ -478,6 +513,7 @@ fn attach_chain<T: Tool>(
     targets: &Targets,
     transport: Option<Transport>,
     global: &GlobalArgs,
+    collect: bool,
 ) -> anyhow::Result<Attached> {
     let forced = tool.forced();
     let chain: Vec<Option<Mechanism>> = match forced {
@@ -512,8 +548,15 @@ fn attach_chain<T: Tool>(
                 load.global(targets::GLOBAL, &targets.global);
                 load.size(targets::IDS_MAP, targets.ids.len().max(1) as u32);
                 load.size("ERRORS", T::ERRORS.len().max(1) as u32);
-                if let (Some(t), Some(args)) = (transport, tool.events()) {
-                    t.size(&mut load, args);
+                match (T::COLLECTOR, transport, tool.events()) {
+                    // A tallying collector sends nothing: the object's
+                    // smallest buffer will do.
+                    (Some(c), _, _) if collect && c.tallies > 0 => {
+                        load.global(TALLY_ONLY, &1u32);
+                        load.size(TALLIES, c.tallies);
+                    }
+                    (_, Some(t), Some(args)) => t.size(&mut load, args),
+                    _ => {}
                 }
                 tool.configure(m, kernel, &mut load)?;
                 let mut ebpf = load.load(&object_name(T::NAME, variant, transport))?;
@@ -549,52 +592,93 @@ fn attach_chain<T: Tool>(
     .into())
 }
 
-/// Runs tool `T` from its arguments to the report at exit.
-pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    let mut tool = T::new(args)?;
-    let targets = Targets::check(&tool.scope())?;
-    check_forced(T::NAME, tool.forced(), T::CHAIN)?;
-    privs::check()?;
+/// A tool attached: its object, and what `-v` says of how.
+pub struct Session<T: Tool> {
+    /// The tool.
+    pub tool: T,
+    /// Its loaded and attached object.
+    pub ebpf: Ebpf,
+    mech: Option<Mechanism>,
+    skipped: Vec<(String, String)>,
+    transport: Option<(Transport, Option<String>)>,
+}
 
-    let mut kernel = Kernel::default();
-    let transport = tool
-        .events()
-        .map(|args| Transport::choose(&mut kernel, args));
-    let Attached {
-        mut ebpf,
-        mech,
-        skipped,
-    } = attach_chain(
-        &mut tool,
-        &mut kernel,
-        &targets,
-        transport.as_ref().map(|t| t.0),
-        global,
-    )?;
-    // What setup needed of the kernel (its BTF above all) is not needed
-    // while tracing.
-    drop(kernel);
-    crate::memory::release_free();
+impl<T: Tool> Session<T> {
+    /// Checks the tool's targets and the privileges, then walks its attach
+    /// chain. `collect`: as a collector of the exporter, which reads maps
+    /// and takes no events.
+    pub fn open(mut tool: T, global: &GlobalArgs, collect: bool) -> anyhow::Result<Self> {
+        if collect {
+            tool.collect();
+        }
+        let targets = Targets::check(&tool.scope())?;
+        check_forced(T::NAME, tool.forced(), T::CHAIN)?;
+        privs::check()?;
 
-    if global.verbose {
-        for (what, why) in &skipped {
+        let mut kernel = Kernel::default();
+        let transport = tool
+            .events()
+            .map(|args| Transport::choose(&mut kernel, args));
+        let Attached {
+            ebpf,
+            mech,
+            skipped,
+        } = attach_chain(
+            &mut tool,
+            &mut kernel,
+            &targets,
+            transport.as_ref().map(|t| t.0),
+            global,
+            collect,
+        )?;
+        let transport = transport.filter(|_| !collect);
+        // What setup needed of the kernel (its BTF above all) is not
+        // needed while tracing.
+        drop(kernel);
+        crate::memory::release_free();
+        Ok(Self {
+            tool,
+            ebpf,
+            mech,
+            skipped,
+            transport,
+        })
+    }
+
+    /// Says on stderr what was skipped and why, and what was used (`-v`).
+    pub fn report(&self) {
+        for (what, why) in &self.skipped {
             eprintln!("rtrace: {}: skipped {what}: {why}", T::NAME);
         }
-        match mech {
+        match self.mech {
             Some(m) => eprintln!(
                 "rtrace: {}: attached with {m} ({})",
                 T::NAME,
-                tool.describe()
+                self.tool.describe()
             ),
-            None => eprintln!("rtrace: {}: attached {}", T::NAME, tool.describe()),
+            None => eprintln!("rtrace: {}: attached {}", T::NAME, self.tool.describe()),
         }
-        for note in tool.notes() {
+        for note in self.tool.notes() {
             eprintln!("rtrace: {}: {note}", T::NAME);
         }
-        if let Some((t, why)) = &transport {
+        if let Some((t, why)) = &self.transport {
             t.report(T::NAME, why.as_deref());
         }
     }
+}
+
+/// Runs tool `T` from its arguments to the report at exit.
+pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<()> {
+    let session = Session::open(T::new(args)?, global, false)?;
+    if global.verbose {
+        session.report();
+    }
+    let Session {
+        mut tool,
+        mut ebpf,
+        transport,
+        ..
+    } = session;
     let mut signals = Signals::new()?;
     signals.stop_after(tool.duration());
     let open_stream = |ebpf: &mut Ebpf| match (&transport, tool.events()) {
@@ -774,6 +858,11 @@ fn report_errors(ebpf: &Ebpf, names: &[&str], perf_lost: u64) -> anyhow::Result<
 /// The object's `ERRORS` per-CPU counters, summed over CPUs.
 pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
     per_cpu_sums(ebpf, "ERRORS", slots)
+}
+
+/// An event tool's `TALLIES` as a collector, summed over the CPUs.
+pub fn read_tallies(ebpf: &Ebpf, slots: u32) -> anyhow::Result<Vec<u64>> {
+    per_cpu_sums(ebpf, TALLIES, slots as usize)
 }
 
 /// The first `slots` counters of the per-CPU array `map`, each summed

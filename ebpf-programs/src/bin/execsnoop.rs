@@ -33,11 +33,15 @@ use rtrace_common::{
     events::LOST_TABLE,
     execsnoop::{
         ARG_SIZE, ARGS_SIZE, Config, Event, FLAG_ARGV, FLAG_EXECVEAT, FLAG_SCRIPT, FLAG_TRUNCATED,
-        HEADER_SIZE, MAX_ARGS,
+        HEADER_SIZE, MAX_ARGS, TALLY_EXECS,
     },
     offsets::MISSING,
 };
-use rtrace_ebpf::{count_error, events::emit_bytes, global, read_kernel, targets};
+use rtrace_ebpf::{
+    count_error,
+    events::{emit_bytes, tally, tally_only},
+    global, read_kernel, targets,
+};
 
 rtrace_ebpf::event_map!();
 
@@ -166,6 +170,13 @@ fn finish(ctx: &TracePointContext, tid: u32, retval: i32) {
     let Some(e) = EXECS.get_ptr_mut(tid) else {
         return;
     };
+    if tally_only() {
+        if retval == 0 {
+            tally(TALLY_EXECS, 1);
+        }
+        let _ = EXECS.remove(tid);
+        return;
+    }
     // SAFETY: `e` is an EXECS value, removed only below.
     unsafe {
         (*e).retval = retval;
@@ -242,6 +253,10 @@ fn exec_argv(ctx: &BtfTracePointContext) -> Option<()> {
         return None;
     }
     if !targets::current_in_cgroup() {
+        return None;
+    }
+    if tally_only() {
+        tally(TALLY_EXECS, 1);
         return None;
     }
     let o = &cfg.exec;

@@ -22,10 +22,14 @@ use rtrace_common::{
     events::LOST_TABLE,
     tcplife::{
         AF_INET, AF_INET6, Config, Event, MAX_PORTS, OWNER_ACTIVE, OWNER_ESTABLISHED,
-        OWNER_FIN_SENT, Owner, SockOffsets,
+        OWNER_FIN_SENT, Owner, SockOffsets, TALLY_RX, TALLY_SESSIONS, TALLY_TX,
     },
 };
-use rtrace_ebpf::{count_error, events::emit, file_of_fd, global, read_kernel, read_ptr, targets};
+use rtrace_ebpf::{
+    count_error,
+    events::{emit, tally, tally_only},
+    file_of_fd, global, read_kernel, read_ptr, targets,
+};
 
 rtrace_ebpf::event_map!();
 
@@ -170,6 +174,19 @@ fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Optio
     {
         return;
     }
+    let (rx_fin, tx_fin) = fins(skp, so, owner.flags);
+    let rx = read_kernel::<u64>(skp, so.bytes_received)
+        .unwrap_or(0)
+        .saturating_sub(rx_fin);
+    let tx = read_kernel::<u64>(skp, so.bytes_acked)
+        .unwrap_or(0)
+        .saturating_sub(tx_fin + u64::from(owner.flags & OWNER_ACTIVE));
+    if tally_only() {
+        tally(TALLY_SESSIONS, 1);
+        tally(TALLY_RX, rx);
+        tally(TALLY_TX, tx);
+        return;
+    }
     let Some(e) = SCRATCH.get_ptr_mut(0) else {
         return;
     };
@@ -190,11 +207,8 @@ fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Optio
             return;
         }
         (*e).span_ns = bpf_ktime_get_ns().saturating_sub(owner.birth_ns);
-        let (rx_fin, tx_fin) = fins(skp, so, owner.flags);
-        let rx: u64 = read_kernel(skp, so.bytes_received).unwrap_or(0);
-        let tx: u64 = read_kernel(skp, so.bytes_acked).unwrap_or(0);
-        (*e).rx_bytes = rx.saturating_sub(rx_fin);
-        (*e).tx_bytes = tx.saturating_sub(tx_fin + u64::from(owner.flags & OWNER_ACTIVE));
+        (*e).rx_bytes = rx;
+        (*e).tx_bytes = tx;
         (*e).pid = pid;
         (*e).lport = lport;
         (*e).dport = dport;

@@ -8,6 +8,7 @@
 pub mod events;
 pub mod files;
 pub mod hist;
+pub mod metrics;
 pub mod stacks;
 
 use std::{io::Write, time::Duration};

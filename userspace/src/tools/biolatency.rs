@@ -18,6 +18,7 @@ use crate::{
     output::{
         self, IntervalArgs, Sink,
         hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
+        metrics::{Exposition, Kind, Running},
     },
     tracefs,
     tracer::{self, Kernel, Load, Scope, Tool},
@@ -256,6 +257,20 @@ fn rwbs_label(flags: u64) -> String {
     parts.join("-")
 }
 
+/// The operation of a flag label (`Sync-Write`) as a metric label
+/// (`write`; `SecureErase` is `secure_erase`).
+fn op_label(label: &str) -> String {
+    let op = label.rsplit('-').next().unwrap_or(label);
+    let mut out = String::new();
+    for (i, c) in op.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
 /// The object variant that claims slots with a compare-and-exchange.
 const ATOMICS: &str = "atomics";
 
@@ -275,6 +290,9 @@ pub struct Biolatency {
     deltas: KeyedDeltas<HistKey>,
     /// The one histogram, when not split.
     total: PerCpuTotal,
+    /// As a collector: each key's histogram since the start, and its
+    /// disk and operation.
+    running: HashMap<HistKey, (Running, String, String)>,
 }
 
 impl Tool for Biolatency {
@@ -302,7 +320,56 @@ impl Tool for Biolatency {
             disks: disks(),
             deltas: KeyedDeltas::default(),
             total: PerCpuTotal::default(),
+            running: HashMap::new(),
         })
+    }
+
+    const COLLECTOR: Option<tracer::Collector> = Some(tracer::Collector {
+        args: &["-D", "-F"],
+        default: true,
+        scoped: true,
+        tallies: 0,
+    });
+
+    fn collect(&mut self) {
+        self.unit_ns = 1;
+    }
+
+    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
+        let map: BpfHashMap<_, HistKey, Entry> =
+            BpfHashMap::try_from(ebpf.map("HISTS").context("map HISTS missing")?)?;
+        for (key, hist) in map.iter().filter_map(Result::ok) {
+            if !self.running.contains_key(&key) {
+                let disk = self.disk_name(key.dev);
+                let op = self
+                    .flag_names
+                    .as_ref()
+                    .map_or_else(|| "unknown".to_owned(), |n| op_label(&n.label(key.flags)));
+                self.running
+                    .insert(key, (Running::default(), disk, op));
+            }
+            if let Some((r, _, _)) = self.running.get_mut(&key) {
+                r.update([&hist]);
+            }
+        }
+        Ok(())
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        // Keys differ in flags beyond the operation: each disk and
+        // operation is the sum of its keys.
+        let mut by: std::collections::BTreeMap<(&str, &str), Running> = Default::default();
+        for (r, disk, op) in self.running.values() {
+            by.entry((disk.as_str(), op.as_str())).or_default().add(r);
+        }
+        let mut family = out.family(
+            "rtrace_block_io_latency_seconds",
+            Kind::Histogram,
+            "Block I/O latency, from issue to completion, by disk and operation.",
+        );
+        for ((disk, op), r) in &by {
+            family.histogram(&[("disk", disk), ("op", op)], &r.seconds());
+        }
     }
 
     fn scope(&self) -> Scope {
@@ -495,6 +562,13 @@ mod tests {
         let mut b = [0u8; 8];
         b[..s.len()].copy_from_slice(s.as_bytes());
         rwbs_label(u64::from_le_bytes(b) | FLAGS_RWBS)
+    }
+
+    #[test]
+    fn operations_label_as_snake_case() {
+        assert_eq!(op_label("Sync-Write"), "write");
+        assert_eq!(op_label("ReadAhead-Read"), "read");
+        assert_eq!(op_label("SecureErase"), "secure_erase");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use rtrace_common::{
     events::LOST_NAMES,
     execsnoop::{
         ARG_SIZE, Config, EnterOffsets, Event, ExecOffsets, FLAG_ARGV, FLAG_EXECVEAT, FLAG_SCRIPT,
-        FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS,
+        FLAG_TRUNCATED, HEADER_SIZE, MAX_ARGS, TALLY_EXECS, TALLY_SLOTS,
     },
 };
 use serde::Serialize;
@@ -17,9 +17,12 @@ use serde::Serialize;
 use crate::{
     btf::Btf,
     features::{Hooks, Mechanism},
-    output::{self, Record, Sink, TimeColumns},
+    output::{
+        self, Record, Sink, TimeColumns,
+        metrics::{Exposition, Kind},
+    },
     tracefs,
-    tracer::{Kernel, Load, Scope, Tool},
+    tracer::{self, Kernel, Load, Scope, Tool},
     transport::BufferArgs,
 };
 
@@ -269,6 +272,8 @@ pub struct Execsnoop {
     args: Args,
     text: TextOptions,
     mech: Mechanism,
+    /// As a collector: execs so far.
+    execs: u64,
 }
 
 impl Tool for Execsnoop {
@@ -287,7 +292,29 @@ impl Tool for Execsnoop {
             args,
             text,
             mech: Mechanism::Tracepoint,
+            execs: 0,
         })
+    }
+
+    const COLLECTOR: Option<tracer::Collector> = Some(tracer::Collector {
+        args: &[],
+        default: true,
+        scoped: true,
+        tallies: TALLY_SLOTS,
+    });
+
+    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
+        self.execs = tracer::read_tallies(ebpf, TALLY_SLOTS)?[TALLY_EXECS as usize];
+        Ok(())
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        out.family(
+            "rtrace_execs_total",
+            Kind::Counter,
+            "Programs started by exec(2) (execve and execveat that succeeded).",
+        )
+        .value(&[], self.execs as f64);
     }
 
     fn scope(&self) -> Scope {

@@ -22,6 +22,19 @@ macro_rules! registry {
             )*
             /// Draw flame graphs from folded stacks (differential: `diff`).
             Flamegraph(flamegraph::Args),
+            /// Serve the tools' histograms and counters as Prometheus metrics.
+            Exporter(crate::exporter::Args),
+        }
+
+        /// Every tool that can be a collector of the exporter, by name.
+        pub fn collectors() -> Vec<crate::exporter::Entry> {
+            let mut all = Vec::new();
+            $(
+                if let Some(c) = <$module::$tool as tracer::Tool>::COLLECTOR {
+                    all.push(crate::exporter::Entry::of::<$module::$tool>(c));
+                }
+            )*
+            all
         }
 
         /// Runs one subcommand.
@@ -30,6 +43,7 @@ macro_rules! registry {
                 Command::Doctor => crate::doctor::run(global),
                 $(Command::$variant(args) => tracer::run::<$module::$tool>(args, global).await,)*
                 Command::Flamegraph(args) => flamegraph::run(args),
+                Command::Exporter(args) => crate::exporter::run(args, global).await,
             }
         }
     };

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    maps::HashMap as BpfHashMap,
+    maps::{HashMap as BpfHashMap, PerCpuArray},
 };
 use rtrace_common::{
     offsets::{MISSING, TaskOffsets},
@@ -19,6 +19,7 @@ use crate::{
     output::{
         self, IntervalArgs, Sink,
         hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
+        metrics::{Exposition, Kind, Running},
     },
     tracefs,
     tracer::{self, Kernel, Load, Scope, Tool},
@@ -114,6 +115,8 @@ pub struct Runqlat {
     store: &'static str,
     total: PerCpuTotal,
     groups: KeyedDeltas<u32>,
+    /// As a collector: the histogram since the start, in nanoseconds.
+    running: Running,
 }
 
 impl Tool for Runqlat {
@@ -147,6 +150,7 @@ impl Tool for Runqlat {
             store: "hash",
             total: PerCpuTotal::default(),
             groups: KeyedDeltas::default(),
+            running: Running::default(),
         })
     }
 
@@ -266,6 +270,33 @@ impl Tool for Runqlat {
 
     fn banner(&self) -> String {
         "Tracing run queue latency... Hit Ctrl-C to end.".to_owned()
+    }
+
+    const COLLECTOR: Option<tracer::Collector> = Some(tracer::Collector {
+        args: &[],
+        default: true,
+        scoped: true,
+        tallies: 0,
+    });
+
+    fn collect(&mut self) {
+        self.unit_ns = 1;
+    }
+
+    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
+        let array: PerCpuArray<_, Entry> =
+            PerCpuArray::try_from(ebpf.map("TOTAL").context("map TOTAL missing")?)?;
+        self.running.update(array.get(&0, 0)?.iter().map(|e| &e.hist));
+        Ok(())
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        out.family(
+            "rtrace_runqueue_latency_seconds",
+            Kind::Histogram,
+            "Time tasks waited on a run queue, from wakeup to running.",
+        )
+        .histogram(&[], &self.running.seconds());
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {

@@ -10,16 +10,22 @@ use anyhow::Context as _;
 use aya::Ebpf;
 use rtrace_common::{
     events::LOST_NAMES,
-    tcplife::{AF_INET, AF_INET6, Config, Event, MAX_PORTS, SockOffsets, TracepointOffsets},
+    tcplife::{
+        AF_INET, AF_INET6, Config, Event, MAX_PORTS, SockOffsets, TALLY_RX, TALLY_SESSIONS,
+        TALLY_SLOTS, TALLY_TX, TracepointOffsets,
+    },
 };
 use serde::Serialize;
 
 use crate::{
     btf::Btf,
     features::{Hooks, Mechanism, TRACEPOINT_CHAIN},
-    output::{self, Record, Sink, TimeColumns, events},
+    output::{
+        self, Record, Sink, TimeColumns, events,
+        metrics::{Exposition, Kind},
+    },
     tracefs,
-    tracer::{Kernel, Load, Scope, Tool},
+    tracer::{self, Kernel, Load, Scope, Tool},
     transport::BufferArgs,
 };
 
@@ -251,6 +257,10 @@ pub struct Tcplife {
     text: TextOptions,
     /// Why owners are not taken at accept, if they are not.
     accept_skipped: Option<String>,
+    /// As a collector: sessions closed, bytes received and sent.
+    tallies: Vec<u64>,
+    /// Whether it runs as a collector, which needs no owners.
+    collecting: bool,
 }
 
 impl Tool for Tcplife {
@@ -268,7 +278,43 @@ impl Tool for Tcplife {
             args,
             text,
             accept_skipped: None,
+            tallies: vec![0; TALLY_SLOTS as usize],
+            collecting: false,
         })
+    }
+
+    const COLLECTOR: Option<tracer::Collector> = Some(tracer::Collector {
+        args: &[],
+        default: true,
+        // Sessions close in whatever task the kernel is running then.
+        scoped: false,
+        tallies: TALLY_SLOTS,
+    });
+
+    fn collect(&mut self) {
+        self.collecting = true;
+    }
+
+    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
+        self.tallies = tracer::read_tallies(ebpf, TALLY_SLOTS)?;
+        Ok(())
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        let t = |i: u32| self.tallies[i as usize] as f64;
+        out.family(
+            "rtrace_tcp_sessions_closed_total",
+            Kind::Counter,
+            "TCP sessions closed (that began while the exporter ran).",
+        )
+        .value(&[], t(TALLY_SESSIONS));
+        out.family(
+            "rtrace_tcp_bytes_total",
+            Kind::Counter,
+            "Bytes TCP sessions moved, counted when they closed.",
+        )
+        .value(&[("direction", "received")], t(TALLY_RX))
+        .value(&[("direction", "sent")], t(TALLY_TX));
     }
 
     fn scope(&self) -> Scope {
@@ -319,7 +365,7 @@ impl Tool for Tcplife {
             dports: dports.ports,
             sock: sock_offsets(btf)?,
             tp: TracepointOffsets {
-                accept_ret: accept_ret(),
+                accept_ret: if self.collecting { 0 } else { accept_ret() },
                 ..TracepointOffsets::default()
             },
         };
@@ -341,6 +387,11 @@ impl Tool for Tcplife {
     ) -> anyhow::Result<()> {
         let m = m.context("tcplife attaches through its chain")?;
         Hooks::new(m, kernel)?.attach_event(ebpf, "sock", "inet_sock_set_state")?;
+        if self.collecting {
+            // Counts need no owners, and the syscall tracepoints would
+            // need tracefs, which an unprivileged exporter may not mount.
+            return Ok(());
+        }
         // Owners are also taken at close, so a kernel without syscall
         // tracepoints loses only sockets that die before their owner
         // closes them.

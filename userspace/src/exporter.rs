@@ -1,0 +1,420 @@
+//! `rtrace exporter`: the tools' histograms and counters as Prometheus
+//! metrics, for fleets.
+//!
+//! Each collector is a tool ([`Tool::COLLECTOR`]) attached once through
+//! the same [`Session`] the tools run in. Nothing per event crosses to
+//! user space: histogram tools keep their cumulative maps, and event tools
+//! tally in the kernel what their events would have said. A scrape reads
+//! the maps into running 64-bit totals and writes them out; so does a
+//! timer between scrapes, so that the kernel's 32-bit slots never wrap
+//! unseen and a stuck scraper holds nothing up. Everything runs on the
+//! one thread of the runtime: a scrape's reading is a few map lookups,
+//! and its writing to a slow peer waits without blocking the others.
+
+use std::{
+    cell::RefCell,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    rc::Rc,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use clap::FromArgMatches as _;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode, body::Bytes, header};
+
+use crate::{
+    GlobalArgs,
+    output::{
+        Signals,
+        metrics::{Exposition, Format, Kind},
+    },
+    tracer::{self, Collector, Session, Tool},
+};
+
+/// Serve the tools' histograms and counters as Prometheus metrics.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  rtrace exporter                                  # the default collectors on 127.0.0.1:9435
+  rtrace exporter --listen 0.0.0.0:9435            # for a Prometheus on another host
+  rtrace exporter --collectors runqlat,biolatency  # these only
+  rtrace exporter -c /sys/fs/cgroup/system.slice/nginx.service
+
+Metrics (base units, cumulative since the exporter started):
+  rtrace_runqueue_latency_seconds               histogram (runqlat)
+  rtrace_block_io_latency_seconds{disk,op}      histogram (biolatency)
+  rtrace_execs_total                            counter (execsnoop)
+  rtrace_tcp_sessions_closed_total              counter (tcplife)
+  rtrace_tcp_bytes_total{direction}             counter (tcplife)
+and the exporter's own: rtrace_collector_up, rtrace_events_lost_total,
+rtrace_map_update_failures_total, rtrace_bpf_program_run_seconds_total and
+rtrace_bpf_program_runs_total (with sysctl kernel.bpf_stats_enabled=1),
+rtrace_build_info.")]
+pub struct Args {
+    /// Address and port to serve `GET /metrics` on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9435")]
+    listen: SocketAddr,
+    /// Collectors to run, separated by commas (default: every collector;
+    /// each costs no more than the tool it comes from).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    collectors: Vec<String>,
+    /// Count only tasks in this cgroup v2 directory, or below it (for the
+    /// collectors that can tell: runqlat, biolatency and execsnoop).
+    #[arg(short = 'c', long, value_name = "CGROUP")]
+    cgroup: Option<PathBuf>,
+}
+
+/// A collector the exporter can run: a tool and how to open it.
+pub struct Entry {
+    /// The collector's (and tool's) name.
+    pub name: &'static str,
+    /// How the tool runs as a collector.
+    pub collector: Collector,
+    open: fn(&Collector, Option<&Path>, &GlobalArgs) -> anyhow::Result<Box<dyn Running>>,
+}
+
+impl Entry {
+    /// The entry of tool `T`.
+    pub fn of<T: Tool + 'static>(collector: Collector) -> Self {
+        Self {
+            name: T::NAME,
+            collector,
+            open: open::<T>,
+        }
+    }
+}
+
+/// Attaches tool `T` as a collector, its arguments parsed as its own
+/// command line would be.
+fn open<T: Tool + 'static>(
+    c: &Collector,
+    cgroup: Option<&Path>,
+    global: &GlobalArgs,
+) -> anyhow::Result<Box<dyn Running>> {
+    let mut argv: Vec<std::ffi::OsString> = vec![T::NAME.into()];
+    argv.extend(c.args.iter().map(Into::into));
+    if let (true, Some(cg)) = (c.scoped, cgroup) {
+        argv.push("-c".into());
+        argv.push(cg.into());
+    }
+    let command = <T::Args as clap::Args>::augment_args(clap::Command::new(T::NAME));
+    let matches = command
+        .try_get_matches_from(argv)
+        .map_err(|e| anyhow::anyhow!("{}", e.kind()))?;
+    let args = T::Args::from_arg_matches(&matches).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let session = Session::open(T::new(args)?, global, true)?;
+    Ok(Box::new(session))
+}
+
+/// A collector attached, as the exporter uses it.
+pub trait Running {
+    /// Reads its maps into running totals.
+    fn refresh(&mut self) -> anyhow::Result<()>;
+    /// Writes its metrics.
+    fn metrics(&self, out: &mut Exposition);
+    /// Events lost and map updates that failed, so far.
+    fn losses(&self) -> anyhow::Result<(u64, u64)>;
+    /// Each program's name, run time and runs (the kernel's statistics).
+    fn programs(&self) -> Vec<(String, Duration, u64)>;
+    /// The `-v` report.
+    fn report(&self);
+}
+
+impl<T: Tool> Running for Session<T> {
+    fn refresh(&mut self) -> anyhow::Result<()> {
+        self.tool.refresh(&self.ebpf)
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        self.tool.metrics(out);
+    }
+
+    fn losses(&self) -> anyhow::Result<(u64, u64)> {
+        let counts = tracer::read_errors(&self.ebpf, T::ERRORS.len())?;
+        // An event tool's first slot is events lost to a full buffer;
+        // every other slot of every tool is a table that was full.
+        let events = self.tool.events().is_some();
+        let lost = if events { counts.first().copied().unwrap_or(0) } else { 0 };
+        let failed = counts.iter().skip(usize::from(events)).sum();
+        Ok((lost, failed))
+    }
+
+    fn programs(&self) -> Vec<(String, Duration, u64)> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                Some((name.to_owned(), info.run_time(), info.run_count()))
+            })
+            .collect()
+    }
+
+    fn report(&self) {
+        Session::report(self);
+    }
+}
+
+/// The collectors, as attached or as failed.
+struct Collectors {
+    up: Vec<(&'static str, Box<dyn Running>)>,
+    down: Vec<&'static str>,
+}
+
+impl Collectors {
+    /// Reads every collector's maps; one that fails says so and keeps
+    /// its last totals.
+    fn refresh(&mut self) {
+        for (name, c) in &mut self.up {
+            if let Err(e) = c.refresh() {
+                eprintln!("rtrace: exporter: {name}: cannot read its maps: {e:#}");
+            }
+        }
+    }
+
+    fn render(&mut self, format: Format) -> String {
+        self.refresh();
+        let mut out = Exposition::new(format);
+        for (_, c) in &self.up {
+            c.metrics(&mut out);
+        }
+        let mut up = out.family(
+            "rtrace_collector_up",
+            Kind::Gauge,
+            "Whether the collector attached (1) or could not on this kernel (0).",
+        );
+        for (name, _) in &self.up {
+            up.value(&[("collector", name)], 1.0);
+        }
+        for name in &self.down {
+            up.value(&[("collector", name)], 0.0);
+        }
+        let losses: Vec<(&str, (u64, u64))> = self
+            .up
+            .iter()
+            .filter_map(|(n, c)| Some((*n, c.losses().ok()?)))
+            .collect();
+        let mut lost = out.family(
+            "rtrace_events_lost_total",
+            Kind::Counter,
+            "Events the kernel side could not send (buffer full).",
+        );
+        for (name, (l, _)) in &losses {
+            lost.value(&[("collector", name)], *l as f64);
+        }
+        let mut failed = out.family(
+            "rtrace_map_update_failures_total",
+            Kind::Counter,
+            "Map updates that failed (a table full): what they would have counted is missing.",
+        );
+        for (name, (_, f)) in &losses {
+            failed.value(&[("collector", name)], *f as f64);
+        }
+        if bpf_stats_enabled() {
+            let programs: Vec<(&str, String, Duration, u64)> = self
+                .up
+                .iter()
+                .flat_map(|(n, c)| c.programs().into_iter().map(move |(p, t, r)| (*n, p, t, r)))
+                .collect();
+            let mut time = out.family(
+                "rtrace_bpf_program_run_seconds_total",
+                Kind::Counter,
+                "Time the collector's BPF programs ran (kernel.bpf_stats_enabled).",
+            );
+            for (c, p, t, _) in &programs {
+                time.value(&[("collector", c), ("program", p)], t.as_secs_f64());
+            }
+            let mut runs = out.family(
+                "rtrace_bpf_program_runs_total",
+                Kind::Counter,
+                "Times the collector's BPF programs ran (kernel.bpf_stats_enabled).",
+            );
+            for (c, p, _, r) in &programs {
+                runs.value(&[("collector", c), ("program", p)], *r as f64);
+            }
+        }
+        out.family(
+            "rtrace_build_info",
+            Kind::Gauge,
+            "The rtrace build: version, git commit and aya version.",
+        )
+        .value(
+            &[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", crate::BUILD_COMMIT),
+                ("aya", crate::AYA_VERSION),
+            ],
+            1.0,
+        );
+        out.finish()
+    }
+}
+
+/// Whether the kernel keeps BPF programs' run time and count.
+fn bpf_stats_enabled() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|s| s.trim() == "1")
+}
+
+/// How often the maps are read between scrapes: far within the hour a
+/// 32-bit slot takes to wrap at a million events a second.
+const REFRESH: Duration = Duration::from_secs(10);
+
+/// Runs the exporter until SIGINT, SIGTERM or SIGHUP.
+pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
+    let all = crate::tools::collectors();
+    let chosen: Vec<&Entry> = if args.collectors.is_empty() {
+        all.iter().filter(|e| e.collector.default).collect()
+    } else {
+        let mut chosen = Vec::new();
+        for name in &args.collectors {
+            let entry = all.iter().find(|e| e.name == name).with_context(|| {
+                let names: Vec<&str> = all.iter().map(|e| e.name).collect();
+                format!("no collector '{name}'; the collectors are {}", names.join(", "))
+            })?;
+            if !chosen.iter().any(|e: &&Entry| e.name == entry.name) {
+                chosen.push(entry);
+            }
+        }
+        chosen
+    };
+    if let Some(cg) = &args.cgroup {
+        // Checked once here rather than failing every collector.
+        std::fs::metadata(cg).with_context(|| format!("cannot use cgroup {}", cg.display()))?;
+    }
+    crate::privs::check()?;
+    // The port first: a port in use is found before anything is attached.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+
+    let mut collectors = Collectors {
+        up: Vec::new(),
+        down: Vec::new(),
+    };
+    for entry in chosen {
+        match (entry.open)(&entry.collector, args.cgroup.as_deref(), global) {
+            Ok(c) => {
+                if global.verbose {
+                    c.report();
+                }
+                collectors.up.push((entry.name, c));
+            }
+            Err(e) => {
+                eprintln!("rtrace: exporter: {}: not collecting: {e:#}", entry.name);
+                collectors.down.push(entry.name);
+            }
+        }
+    }
+    if collectors.up.is_empty() {
+        anyhow::bail!("no collector could attach on this kernel");
+    }
+    let names: Vec<&str> = collectors.up.iter().map(|(n, _)| *n).collect();
+    let collectors = Rc::new(RefCell::new(collectors));
+    let mut signals = Signals::new()?;
+    eprintln!(
+        "Serving metrics on http://{}/metrics ({})... Hit Ctrl-C to end.",
+        listener.local_addr()?,
+        names.join(", ")
+    );
+
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async {
+            let mut refresh = tokio::time::interval(REFRESH);
+            refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        // A failed accept (out of descriptors, say) is the
+                        // peer's trouble; the exporter goes on.
+                        if let Ok((stream, _)) = accepted {
+                            serve(stream, Rc::clone(&collectors));
+                        }
+                    }
+                    _ = refresh.tick() => collectors.borrow_mut().refresh(),
+                    () = signals.recv() => return,
+                }
+            }
+        })
+        .await;
+    Ok(())
+}
+
+/// Serves one connection's requests on a task of its own.
+fn serve(stream: tokio::net::TcpStream, collectors: Rc<RefCell<Collectors>>) {
+    let _ = stream.set_nodelay(true);
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let response = respond(&req, &collectors);
+        async move { Ok::<_, std::convert::Infallible>(response) }
+    });
+    tokio::task::spawn_local(async move {
+        let conn = hyper::server::conn::http1::Builder::new()
+            // A peer that sends nothing for this long is let go.
+            .header_read_timeout(Duration::from_secs(30))
+            .timer(hyper_util::rt::TokioTimer::new())
+            .serve_connection(io, service);
+        let _ = conn.await;
+    });
+}
+
+/// The response to one request.
+fn respond<B>(req: &Request<B>, collectors: &RefCell<Collectors>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, kind: &'static str, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(kind));
+        r
+    };
+    match (req.method(), req.uri().path()) {
+        (&hyper::Method::GET, "/metrics") => {
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let format = Format::negotiate(accept);
+            let body = collectors.borrow_mut().render(format);
+            reply(StatusCode::OK, format.content_type(), body)
+        }
+        (&hyper::Method::GET, "/") => reply(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            "<html><head><title>rtrace exporter</title></head><body>\
+             <h1>rtrace exporter</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n"
+                .to_owned(),
+        ),
+        (&hyper::Method::GET, _) => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found: the metrics are at /metrics\n".to_owned(),
+        ),
+        _ => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only GET is served\n".to_owned(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_collectors_command_line_parses() {
+        use clap::Parser as _;
+        for e in crate::tools::collectors() {
+            let mut argv: Vec<&str> = vec![e.name];
+            argv.extend(e.collector.args);
+            assert!(
+                crate::Cli::try_parse_from(
+                    std::iter::once("rtrace").chain(argv.iter().copied())
+                )
+                .is_ok(),
+                "{}",
+                e.name
+            );
+        }
+    }
+}
