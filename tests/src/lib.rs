@@ -122,6 +122,11 @@ impl Rtrace {
         );
     }
 
+    /// The process id of rtrace.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `signal`, waits for exit, and returns (exit code, stdout, stderr).
     pub fn stop(self, signal: i32) -> (i32, String, String) {
         // SAFETY: kill with a valid pid and signal number.

@@ -6,6 +6,7 @@
 //! fresh machine needs nothing but this repository.
 
 mod bench;
+mod dist;
 mod setup;
 mod vm;
 
@@ -43,6 +44,9 @@ enum Cli {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The static, stripped binary (musl) and a Debian package with the
+    /// exporter's systemd unit, in `target/dist/`.
+    Dist,
     /// Overhead benchmarks against the peers, measured in the same run.
     Bench {
         /// Which benchmark (default: all).
@@ -114,6 +118,7 @@ fn test(vm: bool) -> anyhow::Result<()> {
             .args(["--", "-D", "warnings"]))?;
     }
     let bin = build()?;
+    let static_bin = dist::static_binary()?;
     run(cargo().args([
         "test",
         "--release",
@@ -136,7 +141,8 @@ fn test(vm: bool) -> anyhow::Result<()> {
             "--",
             "--test-threads=1",
         ])
-        .env("RTRACE_BIN", &bin))?;
+        .env("RTRACE_BIN", &bin)
+        .env("RTRACE_STATIC_BIN", &static_bin))?;
     if vm {
         vm::run_matrix(&[])?;
     }
@@ -163,6 +169,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Cli::Test { no_vm } => test(!no_vm),
         Cli::VmTest { args } => vm::run_matrix(&args),
+        Cli::Dist => dist::run_dist(),
         Cli::Bench { name } => bench::run(name.as_deref()),
     }
 }

@@ -12,8 +12,9 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 /// Debian packages: pahole checks the BTF reader, libbpf-tools and perf
 /// (linux-perf) are the peers the benchmarks compare against, util-linux has setpriv for the
 /// capability test, and qemu, busybox, cpio and xz (for the guests' loop
-/// module) run the other kernels of `vm-test`.
-const PACKAGES: [&str; 11] = [
+/// module) run the other kernels of `vm-test`; the exporter's tests scrape
+/// it with a real Prometheus.
+const PACKAGES: [&str; 12] = [
     "bpftrace",
     "dwarves",
     "e2fsprogs",
@@ -25,7 +26,12 @@ const PACKAGES: [&str; 11] = [
     "cpio",
     "xz-utils",
     "python3",
+    "prometheus",
 ];
+
+/// The target of the static build (`cargo xtask dist`), which the tests
+/// also run in the guests.
+pub const STATIC_TARGET: &str = "x86_64-unknown-linux-musl";
 
 fn output(cmd: &mut Command) -> String {
     cmd.output()
@@ -87,6 +93,11 @@ pub fn ensure() -> anyhow::Result<()> {
             "--force",
         ]))
         .context("cannot install bpf-linker")?;
+    }
+    let targets = output(Command::new("rustup").args(["target", "list", "--installed"]));
+    if !targets.lines().any(|l| l.trim() == STATIC_TARGET) {
+        eprintln!("xtask: adding the {STATIC_TARGET} target for the static build");
+        run(Command::new("rustup").args(["target", "add", STATIC_TARGET]))?;
     }
     let missing: Vec<&str> = PACKAGES
         .into_iter()

@@ -215,7 +215,7 @@ echo "{MARK} doctor"
 for t in /t/deps/*; do
     name=$(basename "$t")
     echo "{MARK} run $name"
-    RTRACE_BIN=/t/rtrace RTRACE_EXPECT_MECHANISMS="$expect" "$t" --test-threads=1 {filter} 2>&1
+    RTRACE_BIN=/t/rtrace RTRACE_STATIC_BIN=/t/rtrace-static RTRACE_EXPECT_MECHANISMS="$expect" "$t" --test-threads=1 {filter} 2>&1
     echo "{MARK} exit $name $?"
 done"#
     )
@@ -283,7 +283,10 @@ fn initramfs(
         .context("busybox is missing (Debian package busybox-static)")?;
     copy_into(&tree, busybox, "/bin/busybox")?;
 
-    let mut elves = vec![(rtrace.to_path_buf(), "/t/rtrace".to_owned())];
+    let mut elves = vec![
+        (rtrace.to_path_buf(), "/t/rtrace".to_owned()),
+        (crate::dist::static_path(), "/t/rtrace-static".to_owned()),
+    ];
     let release = root().join("target/release");
     // Workloads, and the fixtures the tests crate's build script puts
     // beside them (and lists).
@@ -522,6 +525,9 @@ pub struct GuestRun {
 /// with the host files `extra` and their libraries copied in.
 pub fn boot_all(body: &str, extra: &[&str]) -> anyhow::Result<Vec<GuestRun>> {
     let rtrace = crate::build()?;
+    // The static build runs in the guests too, with none of the host's
+    // libraries beside it.
+    crate::dist::static_binary()?;
     let work = root().join("target/vm");
     fs::create_dir_all(&work)?;
     let mut kernels = Vec::new();
