@@ -34,3 +34,53 @@ fn doctor_reports_every_mechanism() {
         "{text}"
     );
 }
+
+/// Whether the ELF file at `path` asks for a dynamic loader (`PT_INTERP`).
+fn has_interpreter(path: &std::path::Path) -> bool {
+    let elf = std::fs::read(path).unwrap();
+    assert_eq!(&elf[..4], b"\x7fELF", "{} is no ELF file", path.display());
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
+    (0..phnum).any(|i| {
+        let p = phoff + i * phentsize;
+        u32::from_le_bytes(elf[p..p + 4].try_into().unwrap()) == 3
+    })
+}
+
+#[test]
+fn the_static_build_runs_doctor_and_agrees_with_the_dynamic_one() {
+    // Built by `cargo xtask test` (and `cargo xtask dist`), which set the
+    // variable; the guests run their copy of it.
+    let path = std::env::var_os("RTRACE_STATIC_BIN").map_or_else(
+        || {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/dist/rtrace")
+        },
+        std::path::PathBuf::from,
+    );
+    assert!(
+        path.exists(),
+        "{} missing: cargo xtask dist builds it",
+        path.display()
+    );
+    assert!(!has_interpreter(&path), "{} is not static", path.display());
+    assert!(has_interpreter(&rtrace_integration_tests::rtrace_bin()));
+    let doctor = |bin: &std::path::Path| {
+        let out = std::process::Command::new(bin)
+            .args(["doctor", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let works: Vec<(String, bool)> = v["mechanisms"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, m)| (k.clone(), m["works"] == true))
+            .collect();
+        works
+    };
+    let static_says = doctor(&path);
+    assert!(static_says.iter().any(|(_, w)| *w), "{static_says:?}");
+    assert_eq!(static_says, doctor(&rtrace_integration_tests::rtrace_bin()));
+}

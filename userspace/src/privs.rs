@@ -41,3 +41,22 @@ pub fn check() -> Result<(), PrivError> {
         .collect();
     Err(PrivError::Missing(missing.join(" and ")))
 }
+
+/// Why the kernel refuses perf events to this process though it holds
+/// CAP_PERFMON, if that is the reason: `kernel.perf_event_paranoid` above
+/// 2 (Debian's and Android's 3) lets only CAP_SYS_ADMIN open them.
+pub fn perf_events_refused() -> Option<String> {
+    let level: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let caps = effective_caps();
+    if level <= 2 || caps & (1 << CAP_SYS_ADMIN) != 0 {
+        return None;
+    }
+    Some(format!(
+        "perf events refused: kernel.perf_event_paranoid is {level}, which lets only \
+         CAP_SYS_ADMIN open them; `sysctl kernel.perf_event_paranoid=2` lets CAP_PERFMON do"
+    ))
+}

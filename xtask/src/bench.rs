@@ -13,6 +13,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+mod exporter;
 mod startup;
 
 /// Ping-pong round trips per trial: about a second bare.
@@ -34,7 +35,7 @@ const TRIALS: usize = 5;
 type Bench = fn() -> anyhow::Result<Row>;
 
 pub fn run(name: Option<&str>) -> anyhow::Result<()> {
-    let benches: [(&str, Bench); 8] = [
+    let benches: [(&str, Bench); 9] = [
         ("runqlat", runqlat),
         ("execsnoop", execsnoop),
         ("tcplife", tcplife),
@@ -43,6 +44,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         ("ext4slower", ext4slower),
         ("offcputime", offcputime),
         ("profile", profile),
+        ("exporter", exporter::run),
     ];
     match name {
         None | Some("all") => {

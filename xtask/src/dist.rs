@@ -15,22 +15,21 @@ pub fn static_path() -> PathBuf {
 
 /// Builds the static, stripped binary into `target/dist/rtrace`.
 pub fn static_binary() -> anyhow::Result<PathBuf> {
-    run(cargo()
-        .args(["build", "--release", "-p", "rtrace", "--target", STATIC_TARGET])
-        // Only this target's build is stripped; the host's keeps symbols
-        // for the tests' stacks of rtrace itself.
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
-        // musl's own static libc and start files, with no C toolchain of
-        // the target's needed.
-        .env(
-            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS",
-            "-C target-feature=+crt-static",
-        ))?;
+    // Rust's musl target links musl statically, with its own start files:
+    // no C toolchain of the target's is needed.
+    run(cargo().args(["build", "--release", "-p", "rtrace", "--target", STATIC_TARGET]))?;
     let built = root().join("target").join(STATIC_TARGET).join("release/rtrace");
     let dest = static_path();
     fs::create_dir_all(dest.parent().unwrap())?;
-    fs::copy(&built, &dest)
-        .with_context(|| format!("cannot copy {} to {}", built.display(), dest.display()))?;
+    // Stripped by binutils rather than by the profile: a profile setting
+    // would differ from the host build's and rebuild the shared build
+    // script each time one follows the other.
+    run(Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&dest)
+        .arg(&built))
+    .context("cannot strip the static binary (binutils)")?;
     Ok(dest)
 }
 

@@ -13,8 +13,9 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 /// (linux-perf) are the peers the benchmarks compare against, util-linux has setpriv for the
 /// capability test, and qemu, busybox, cpio and xz (for the guests' loop
 /// module) run the other kernels of `vm-test`; the exporter's tests scrape
-/// it with a real Prometheus.
-const PACKAGES: [&str; 12] = [
+/// it with a real Prometheus, and its benchmark compares scrapes with
+/// node_exporter's.
+const PACKAGES: [&str; 13] = [
     "bpftrace",
     "dwarves",
     "e2fsprogs",
@@ -27,6 +28,7 @@ const PACKAGES: [&str; 12] = [
     "xz-utils",
     "python3",
     "prometheus",
+    "prometheus-node-exporter",
 ];
 
 /// The target of the static build (`cargo xtask dist`), which the tests

@@ -378,6 +378,9 @@ impl Tool for Profile {
                 return Err(e.context(format!("event {} is not available{hint}", self.event.name())));
             }
             if let Err(why) = kernel.check(Mechanism::PerfEventSoftware) {
+                if let Some(refused) = crate::privs::perf_events_refused() {
+                    return Err(e.context(refused));
+                }
                 return Err(e.context(format!("and software perf events fail too: {why}")));
             }
             self.fallback = Some(format!("{e:#}"));

@@ -1,0 +1,337 @@
+//! `cargo xtask bench exporter`: what the exporter's collectors cost next to
+//! the tools they come from, on the same workloads in the same run, and
+//! what a scrape costs next to Prometheus' own node exporter.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpStream,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use super::{
+    IO_READS, IO_WRITES, Loop, ROUNDS, Ready, Row, Setup, TRIALS, cpu_ns, pingpong, report,
+    timed, trials,
+};
+
+/// Scrapes timed one after another, for the CPU time per scrape.
+const SCRAPES: usize = 2_000;
+/// Concurrent scrapers, and scrapes each, for the latency under load.
+const SCRAPERS: usize = 10;
+const EACH: usize = 200;
+
+/// An exporter setup on an ephemeral port with `args`.
+fn exporter(rtrace: &std::path::Path, label: &str, args: &[&str]) -> Setup {
+    let mut all = vec!["exporter", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    Setup::traced(label, rtrace, &all, Ready::Stderr("Serving metrics"), None)
+}
+
+/// The collectors' cost against runqlat's and biolatency's; the scrape's
+/// CPU time and latency against node_exporter's. Returns the row of the
+/// run-queue comparison.
+pub fn run() -> anyhow::Result<Row> {
+    let rtrace = crate::build()?;
+    let root = crate::root();
+
+    let setups = vec![
+        Setup::bare(),
+        Setup::traced(
+            "rtrace runqlat",
+            &rtrace,
+            &["runqlat"],
+            Ready::Stderr("Tracing"),
+            None,
+        ),
+        exporter(&rtrace, "rtrace exporter (default collectors)", &[]),
+        exporter(
+            &rtrace,
+            "rtrace exporter --collectors runqlat",
+            &["--collectors", "runqlat"],
+        ),
+    ];
+    eprintln!(
+        "bench exporter: ping-pong of two threads on CPU 0, {ROUNDS} round trips, \
+         median of {TRIALS} interleaved trials"
+    );
+    let workload = root.join("target/release/pingpong");
+    let results = trials(&setups, "ns/round trip", || pingpong(&workload))?;
+    let (ratio, bpf_ratio) = report(&setups, &results, "ns/round trip");
+    println!();
+    println!(
+        "the default collectors' BPF programs run {bpf_ratio:.2}x as long per round trip as \
+         runqlat's (added wall time {ratio:.2}x): target at most 1.0x, {}",
+        if bpf_ratio <= 1.05 { "met" } else { "NOT met" }
+    );
+    let row = Row::new(
+        "exporter",
+        format!("ping-pong on one CPU, {ROUNDS} round trips (vs rtrace runqlat)"),
+        "ns/round trip",
+        (&setups, &results),
+        (2, 1),
+        None,
+    );
+
+    let dev = Loop::new()?;
+    let io = vec![
+        Setup::bare(),
+        Setup::traced(
+            "rtrace biolatency -D -F",
+            &rtrace,
+            &["biolatency", "-D", "-F"],
+            Ready::Stderr("Tracing"),
+            None,
+        ),
+        exporter(&rtrace, "rtrace exporter (default collectors)", &[]),
+        Setup::traced(
+            "rtrace biolatency",
+            &rtrace,
+            &["biolatency"],
+            Ready::Stderr("Tracing"),
+            None,
+        ),
+    ];
+    let total = IO_READS + IO_WRITES;
+    eprintln!(
+        "bench exporter: {total} direct 4 KiB I/Os on {}, median of {TRIALS} interleaved trials",
+        dev.0
+    );
+    let directio = root.join("target/release/directio");
+    let results = trials(&io, "ns/io", || {
+        let ns = timed(Command::new(&directio).args([
+            dev.0.as_str(),
+            &IO_READS.to_string(),
+            &IO_WRITES.to_string(),
+        ]))?;
+        Ok((ns / total as f64, total))
+    })?;
+    let (_, bpf_ratio) = report(&io, &results, "ns/io");
+    println!();
+    println!(
+        "the default collectors' BPF programs run {bpf_ratio:.2}x as long per I/O as \
+         biolatency -D -F's, whose histograms by disk and flags they keep: target at most \
+         1.0x, {}; {:.2}x biolatency's single histogram",
+        if bpf_ratio <= 1.05 { "met" } else { "NOT met" },
+        results[2].bpf_ns / results[3].bpf_ns
+    );
+
+    scrapes(&rtrace)?;
+    Ok(row)
+}
+
+/// A server of `/metrics` started for the scrape figures.
+struct Server {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Server {
+    fn rtrace(bin: &std::path::Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(bin)
+            .args(["exporter", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap()).read_line(&mut line)?;
+        let port = line
+            .split("http://127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("no address in {line:?}"))?;
+        Ok(Self { child, port })
+    }
+
+    fn node_exporter() -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new("prometheus-node-exporter")
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start prometheus-node-exporter (Debian package of that name)")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("node_exporter did not listen");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Self { child, port })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// One keep-alive connection's `GET /metrics`: the body's length.
+fn scrape(conn: &mut BufReader<TcpStream>) -> anyhow::Result<usize> {
+    conn.get_mut()
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+    let mut line = String::new();
+    let mut len = None;
+    let mut chunked = false;
+    loop {
+        line.clear();
+        conn.read_line(&mut line)?;
+        let l = line.trim_end().to_ascii_lowercase();
+        if l.is_empty() {
+            break;
+        }
+        if let Some(v) = l.strip_prefix("content-length:") {
+            len = v.trim().parse().ok();
+        }
+        chunked |= l.starts_with("transfer-encoding:") && l.contains("chunked");
+    }
+    if let Some(n) = len {
+        let mut body = vec![0; n];
+        conn.read_exact(&mut body)?;
+        return Ok(n);
+    }
+    if !chunked {
+        bail!("a response with neither length nor chunks");
+    }
+    let mut total = 0;
+    loop {
+        line.clear();
+        conn.read_line(&mut line)?;
+        let n = usize::from_str_radix(line.trim(), 16)?;
+        let mut chunk = vec![0; n + 2];
+        conn.read_exact(&mut chunk)?;
+        total += n;
+        if n == 0 {
+            return Ok(total);
+        }
+    }
+}
+
+fn connect(port: u16) -> anyhow::Result<BufReader<TcpStream>> {
+    let s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.set_nodelay(true)?;
+    Ok(BufReader::new(s))
+}
+
+/// A server's figures: CPU time per scrape, body size, and latencies
+/// under concurrent scrapers (p50, p99, max).
+struct ScrapeFigures {
+    cpu_us: f64,
+    bytes: usize,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+}
+
+fn measure(server: &Server) -> anyhow::Result<ScrapeFigures> {
+    let mut conn = connect(server.port)?;
+    for _ in 0..100 {
+        scrape(&mut conn)?;
+    }
+    let before = cpu_ns(server.child.id());
+    let mut bytes = 0;
+    for _ in 0..SCRAPES {
+        bytes = scrape(&mut conn)?;
+    }
+    let cpu_us = (cpu_ns(server.child.id()) - before) as f64 / SCRAPES as f64 / 1e3;
+    let mut latencies: Vec<f64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..SCRAPERS)
+            .map(|_| {
+                s.spawn(move || -> anyhow::Result<Vec<f64>> {
+                    let mut conn = connect(server.port)?;
+                    (0..EACH)
+                        .map(|_| {
+                            let t = Instant::now();
+                            scrape(&mut conn)?;
+                            Ok(t.elapsed().as_secs_f64() * 1e6)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<anyhow::Result<Vec<Vec<f64>>>>()
+    })?
+    .into_iter()
+    .flatten()
+    .collect();
+    latencies.sort_by(f64::total_cmp);
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    Ok(ScrapeFigures {
+        cpu_us,
+        bytes,
+        p50_us: at(0.5),
+        p99_us: at(0.99),
+        max_us: at(1.0),
+    })
+}
+
+/// CPU time and latency of scrapes of rtrace's default collectors and of
+/// node_exporter's default collectors, each measured in turn.
+fn scrapes(rtrace: &std::path::Path) -> anyhow::Result<()> {
+    eprintln!(
+        "bench exporter: {SCRAPES} scrapes one after another, then {SCRAPERS} scrapers of \
+         {EACH} each at once"
+    );
+    let mut rows = Vec::new();
+    for round in 0..3 {
+        let ours = measure(&Server::rtrace(rtrace)?)?;
+        let peer = measure(&Server::node_exporter()?)?;
+        eprintln!(
+            "  round {}: rtrace {:.0} us CPU, p99 {:.0} us; node_exporter {:.0} us CPU, p99 {:.0} us",
+            round + 1,
+            ours.cpu_us,
+            ours.p99_us,
+            peer.cpu_us,
+            peer.p99_us
+        );
+        rows.push((ours, peer));
+    }
+    let med = |f: &dyn Fn(&(ScrapeFigures, ScrapeFigures)) -> f64| {
+        let mut v: Vec<f64> = rows.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    println!();
+    println!(
+        "{:<36} {:>16} {:>10} {:>16} {:>16} {:>10}",
+        "server", "CPU us/scrape", "bytes", "p50 us (10 conc)", "p99 us (10 conc)", "max us"
+    );
+    for (name, pick) in [
+        ("rtrace exporter (default collectors)", 0usize),
+        ("prometheus-node-exporter (defaults)", 1),
+    ] {
+        fn get(r: &(ScrapeFigures, ScrapeFigures), pick: usize) -> &ScrapeFigures {
+            if pick == 0 { &r.0 } else { &r.1 }
+        }
+        let cpu = med(&|r| get(r, pick).cpu_us);
+        let p50 = med(&|r| get(r, pick).p50_us);
+        let p99 = med(&|r| get(r, pick).p99_us);
+        let max = med(&|r| get(r, pick).max_us);
+        println!(
+            "{name:<36} {:>16} {:>10} {:>16.0} {:>16} {:>10.0}",
+            format!("{:.0} ({:.0}-{:.0})", cpu.0, cpu.1, cpu.2),
+            get(&rows[0], pick).bytes,
+            p50.0,
+            format!("{:.0} ({:.0}-{:.0})", p99.0, p99.1, p99.2),
+            max.0
+        );
+    }
+    let cpu = med(&|r| r.0.cpu_us / r.1.cpu_us);
+    let p99 = med(&|r| r.0.p99_us / r.1.p99_us);
+    println!(
+        "a scrape of rtrace costs {:.2}x the CPU time of node_exporter's (range {:.2}-{:.2}); \
+         p99 latency under {SCRAPERS} scrapers {:.2}x (range {:.2}-{:.2})",
+        cpu.0, cpu.1, cpu.2, p99.0, p99.1, p99.2
+    );
+    Ok(())
+}
