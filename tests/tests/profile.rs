@@ -1229,3 +1229,171 @@ fn off_cpu_and_on_cpu_time_split_as_measured() {
     let [r, g, b] = rgb(fill);
     assert!(b > r && b > g, "[off-CPU] is not blue: {fill}");
 }
+
+/// The names of a flame graph's frames, one per rectangle, from their
+/// `<title>NAME (N samples, P%)</title>`.
+fn svg_frames(text: &str) -> Vec<String> {
+    let doc = parse_svg(text).expect("SVG is not well-formed");
+    doc.descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| {
+            let t = n.text()?;
+            let (name, rest) = t.rsplit_once(" (")?;
+            rest.contains("samples").then(|| name.to_owned())
+        })
+        .collect()
+}
+
+/// `--hide`, `--collapse` and `--collapse-recursion` on a fixture with a
+/// recursive tower and a "garbage collector" subtree: in profile's own
+/// output, sampled beside an untransformed run of the same process, and
+/// in `rtrace flamegraph` on that run's folded stacks.
+#[test]
+fn stack_transforms_flatten_towers_and_fold_collectors() {
+    let fixture = start_fixture("cfuncs_nofp", &["tower", "3"]);
+    let pid = fixture.pid().to_string();
+    let base = ["profile", "-F", "499", "-p", &pid, "-f", "-U"];
+    let transforms = [
+        "--collapse-recursion",
+        "--collapse",
+        "^gc_collect$",
+        "--hide",
+        "^mid_tower$",
+    ];
+    let plain = Rtrace::start_until(&base, READY);
+    let shaped_args: Vec<&str> = base.iter().chain(&transforms).copied().collect();
+    let shaped = Rtrace::start_until(&shaped_args, READY);
+    let done = run_fixture(fixture);
+    let (code, plain_out, stderr) = plain.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, shaped_out, stderr) = shaped.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let plain = parse_folded(&plain_out);
+    let shaped = parse_folded(&shaped_out);
+    let total = |f: &BTreeMap<Vec<String>, u64>| f.values().sum::<u64>();
+
+    // Untransformed: towers of eight and more, the collector's subtree
+    // and mid_tower are all there.
+    let tallest = |f: &BTreeMap<Vec<String>, u64>| {
+        f.keys()
+            .map(|s| s.iter().filter(|n| *n == "tower").count())
+            .max()
+            .unwrap_or(0)
+    };
+    assert!(tallest(&plain) >= 8, "{plain_out}");
+    assert!(count_with(&plain, "gc_mark") > 0, "{plain_out}");
+    assert!(count_with(&plain, "mid_tower") > 0, "{plain_out}");
+
+    // Transformed: no two frames alike in a row, nothing above
+    // gc_collect, no mid_tower; main calls the tower and the collector
+    // directly.
+    assert_eq!(tallest(&shaped), 1, "{shaped_out}");
+    for stack in shaped.keys() {
+        assert!(stack.windows(2).all(|w| w[0] != w[1]), "{stack:?}");
+        if let Some(i) = stack.iter().position(|n| n == "gc_collect") {
+            assert_eq!(i, stack.len() - 1, "{stack:?}");
+            assert_eq!(stack[i - 1], "main", "{stack:?}");
+        }
+        assert!(!stack.iter().any(|n| n == "mid_tower"), "{stack:?}");
+    }
+    // The collector's share is the same, now in one frame, and matches
+    // the fixture's own clock within sampling noise.
+    let share = |part: u64, all: u64| part as f64 / all.max(1) as f64;
+    let plain_gc = share(count_with(&plain, "gc_collect"), total(&plain));
+    let shaped_gc = share(
+        shaped
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|n| n == "gc_collect"))
+            .map(|(_, c)| c)
+            .sum(),
+        total(&shaped),
+    );
+    let truth = share(done[1] as u64, (done[0] + done[1]) as u64);
+    assert!(total(&shaped) > 500, "{shaped_out}");
+    assert!((shaped_gc - plain_gc).abs() < 0.05, "{shaped_gc} vs {plain_gc}");
+    assert!((shaped_gc - truth).abs() < 0.05, "{shaped_gc} vs the fixture's {truth}");
+
+    // The same transforms in `rtrace flamegraph` on the plain run's
+    // folded stacks: one tower frame where there were eight and more.
+    let folded = temp("tower.folded");
+    std::fs::write(&folded, &plain_out).unwrap();
+    let draw = |extra: &[&str]| {
+        let svg = temp("tower.svg");
+        let mut args = vec![
+            "flamegraph",
+            folded.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (code, _, stderr) = run(&args);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stderr.contains("rtrace: wrote "), "{stderr}");
+        svg_frames(&std::fs::read_to_string(svg).unwrap())
+    };
+    let before = draw(&[]);
+    assert!(before.iter().filter(|n| *n == "tower").count() >= 8, "{before:?}");
+    let after = draw(&transforms);
+    assert_eq!(after.iter().filter(|n| *n == "tower").count(), 1, "{after:?}");
+    for gone in ["gc_mark", "gc_sweep", "mid_tower"] {
+        assert!(!after.iter().any(|n| n == gone), "{gone}: {after:?}");
+    }
+    assert!(after.iter().any(|n| n == "gc_collect"), "{after:?}");
+}
+
+/// `rtrace flamegraph` draws perf's stacks, folded as FlameGraph's
+/// stackcollapse-perf folds them (inferno's port of it).
+#[test]
+fn flamegraph_draws_perfs_folded_stacks() {
+    if std::env::var("RTRACE_EXPECT_MECHANISMS").is_ok_and(|v| !v.is_empty()) {
+        eprintln!("skipped: the guests have no perf; the host runs this test");
+        return;
+    }
+    let data = temp("perf.data");
+    let fixture = start_fixture("cfuncs", &["cpu", "2"]);
+    let pid = fixture.pid().to_string();
+    let mut perf = std::process::Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "499", "-g", "-p", &pid, "-o"])
+        .arg(&data)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("perf (Debian package linux-perf; cargo xtask installs it)");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    run_fixture(fixture);
+    assert!(perf.wait().unwrap().success());
+    let script = std::process::Command::new("perf")
+        .arg("script")
+        .arg("-i")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(script.status.success());
+    let mut folded = Vec::new();
+    inferno::collapse::Collapse::collapse(
+        &mut inferno::collapse::perf::Folder::default(),
+        script.stdout.as_slice(),
+        &mut folded,
+    )
+    .unwrap();
+    let path = temp("perf.folded");
+    std::fs::write(&path, &folded).unwrap();
+    let svg = temp("perf.svg");
+    let (code, _, stderr) = run(&[
+        "flamegraph",
+        path.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+        "--title",
+        "perf's stacks",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("perf&apos;s stacks") || text.contains("perf's stacks"));
+    let frames = svg_frames(&text);
+    // perf walks frame pointers, so the caller of a leaf without a frame
+    // of its own (`mid`) is not seen: these are what it sees.
+    for f in ["main", "leaf_alpha", "leaf_beta"] {
+        assert!(frames.iter().any(|n| n == f), "{f}: {frames:?}");
+    }
+}

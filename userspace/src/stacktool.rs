@@ -54,6 +54,8 @@ pub struct StackArgs {
     /// (empty: not kept).
     #[arg(long, value_enum, default_value_t = Unwind::Auto)]
     pub unwind: Unwind,
+    #[command(flatten)]
+    pub transforms: crate::output::stacks::transform::TransformArgs,
 }
 
 /// The object variant with the CFI walk.
@@ -87,6 +89,8 @@ pub struct StackTool {
     report_start: Option<Instant>,
     /// What the report took, for `-v`.
     report: Option<String>,
+    /// `--hide`, `--collapse`, `--collapse-recursion`.
+    transforms: crate::output::stacks::transform::TransformArgs,
 }
 
 impl StackTool {
@@ -136,6 +140,7 @@ impl StackTool {
                 .size("CFI_INDEX", CFI_BUCKETS)
                 .size("CFI_PROCS", CFI_PROCESSES);
         }
+        self.transforms = args.transforms.clone();
         load.size("STACKS", args.stack_storage_size)
             .size("STACK_COUNTS", args.hash_storage_size);
         self.store
@@ -252,13 +257,15 @@ impl StackTool {
         Ok(())
     }
 
-    /// Once counting has stopped: every count, symbolized, hottest first.
+    /// Once counting has stopped: every count, symbolized and transformed
+    /// (`--hide` and the like), hottest first.
     /// The exec and fork programs are detached meanwhile.
     pub fn finish(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
         self.report_start = Some(Instant::now());
         let _detaching = self.links.take().map(Detaching::start);
         self.store.drain(ebpf, true)?;
-        Ok(self.store.samples(&mut self.sym))
+        let samples = self.store.samples(&mut self.sym);
+        Ok(self.transforms.samples(samples))
     }
 
     /// Notes the report made of `samples`, whose counts are in `unit`.

@@ -2,8 +2,9 @@
 //! JSON lines, flame graphs (inferno), speedscope and pprof files.
 
 pub mod pprof;
+pub mod transform;
 
-use std::{fmt::Write as _, path::Path, sync::Arc};
+use std::{fmt::Write as _, sync::Arc};
 
 use anyhow::Context as _;
 
@@ -357,29 +358,36 @@ pub fn write_svg(
         .context("cannot draw the flame graph")
 }
 
-/// Writes a differential flame graph of two folded files to `out`:
+/// Writes a flame graph of folded `lines` (root first, count last) to
+/// `out`.
+pub fn write_folded_svg(
+    lines: &[String],
+    out: &mut dyn std::io::Write,
+    opts: &FlameOptions,
+) -> anyhow::Result<()> {
+    let mut o = inferno_options(opts);
+    inferno::flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), out)
+        .context("cannot draw the flame graph")
+}
+
+/// Writes a differential flame graph of two folded profiles to `out`:
 /// frames colored red where AFTER has more samples, blue where it has
 /// fewer.
 pub fn write_diff_svg(
-    before: &Path,
-    after: &Path,
+    before: &[u8],
+    after: &[u8],
     out: &mut dyn std::io::Write,
     normalize: bool,
     opts: &FlameOptions,
 ) -> anyhow::Result<()> {
-    let open = |p: &Path| {
-        std::fs::File::open(p)
-            .map(std::io::BufReader::new)
-            .with_context(|| format!("cannot open {}", p.display()))
-    };
     let mut folded = Vec::new();
     inferno::differential::from_readers(
         inferno::differential::Options {
             normalize,
             strip_hex: false,
         },
-        open(before)?,
-        open(after)?,
+        before,
+        after,
         &mut folded,
     )
     .context("cannot read the folded stacks")?;

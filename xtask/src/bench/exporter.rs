@@ -36,21 +36,24 @@ pub fn run() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     let root = crate::root();
 
-    let setups = vec![
-        Setup::bare(),
+    let runqlat = || {
         Setup::traced(
             "rtrace runqlat",
             &rtrace,
             &["runqlat"],
             Ready::Stderr("Tracing"),
             None,
-        ),
-        exporter(&rtrace, "rtrace exporter (default collectors)", &[]),
+        )
+    };
+    let setups = vec![
+        Setup::bare(),
+        runqlat(),
         exporter(
             &rtrace,
             "rtrace exporter --collectors runqlat",
             &["--collectors", "runqlat"],
         ),
+        exporter(&rtrace, "rtrace exporter (default collectors)", &[]),
     ];
     eprintln!(
         "bench exporter: ping-pong of two threads on CPU 0, {ROUNDS} round trips, \
@@ -58,12 +61,14 @@ pub fn run() -> anyhow::Result<Row> {
     );
     let workload = root.join("target/release/pingpong");
     let results = trials(&setups, "ns/round trip", || pingpong(&workload))?;
-    let (ratio, bpf_ratio) = report(&setups, &results, "ns/round trip");
+    let (_, bpf_ratio) = report(&setups, &results, "ns/round trip");
     println!();
     println!(
-        "the default collectors' BPF programs run {bpf_ratio:.2}x as long per round trip as \
-         runqlat's (added wall time {ratio:.2}x): target at most 1.0x, {}",
-        if bpf_ratio <= 1.05 { "met" } else { "NOT met" }
+        "the runqlat collector's BPF programs run {bpf_ratio:.2}x as long per round trip as \
+         runqlat's (target at most 1.0x, spread {}); all four default collectors {:.2}x \
+         (only runqlat's programs run in a ping-pong)",
+        spread_note(&results, 2, 1),
+        results[3].bpf_ns / results[1].bpf_ns
     );
     let row = Row::new(
         "exporter",
@@ -84,14 +89,13 @@ pub fn run() -> anyhow::Result<Row> {
             Ready::Stderr("Tracing"),
             None,
         ),
-        exporter(&rtrace, "rtrace exporter (default collectors)", &[]),
-        Setup::traced(
-            "rtrace biolatency",
+        exporter(
             &rtrace,
-            &["biolatency"],
-            Ready::Stderr("Tracing"),
-            None,
+            "rtrace exporter --collectors biolatency",
+            &["--collectors", "biolatency"],
         ),
+        exporter(&rtrace, "rtrace exporter (default collectors)", &[]),
+        runqlat(),
     ];
     let total = IO_READS + IO_WRITES;
     eprintln!(
@@ -109,16 +113,27 @@ pub fn run() -> anyhow::Result<Row> {
     })?;
     let (_, bpf_ratio) = report(&io, &results, "ns/io");
     println!();
+    // Direct I/O switches context at every request, so runqlat's programs
+    // run too: the default set is judged against both tools.
+    let tools = results[1].bpf_ns + results[4].bpf_ns;
     println!(
-        "the default collectors' BPF programs run {bpf_ratio:.2}x as long per I/O as \
-         biolatency -D -F's, whose histograms by disk and flags they keep: target at most \
-         1.0x, {}; {:.2}x biolatency's single histogram",
-        if bpf_ratio <= 1.05 { "met" } else { "NOT met" },
-        results[2].bpf_ns / results[3].bpf_ns
+        "the biolatency collector's BPF programs run {bpf_ratio:.2}x as long per I/O as \
+         biolatency -D -F's, whose histograms by disk and flags it keeps (target at most 1.0x, \
+         spread {}); all four default collectors {:.2}x biolatency -D -F and runqlat together",
+        spread_note(&results, 2, 1),
+        results[3].bpf_ns / tools
     );
 
     scrapes(&rtrace)?;
     Ok(row)
+}
+
+/// The range of setup `a`'s BPF time over setup `b`'s median, over the
+/// trials.
+fn spread_note(results: &[super::Outcome], a: usize, b: usize) -> String {
+    let (lo, hi) = results[a].bpf_spread;
+    let m = results[b].bpf_ns;
+    format!("{:.2}-{:.2}x", lo / m, hi / m)
 }
 
 /// A server of `/metrics` started for the scrape figures.
