@@ -1397,3 +1397,111 @@ fn flamegraph_draws_perfs_folded_stacks() {
         assert!(frames.iter().any(|n| n == f), "{f}: {frames:?}");
     }
 }
+
+/// The lines of `cfuncs.c` that carry `marker`.
+fn marked_lines(marker: &str) -> Vec<u32> {
+    include_str!("../fixtures/cfuncs.c")
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(marker))
+        .map(|(i, _)| i as u32 + 1)
+        .collect()
+}
+
+/// A frame's `NAME (FILE:LINE)` form in folded text, split.
+fn frame_line(frame: &str) -> Option<(&str, &str, u32)> {
+    let frame = frame.strip_suffix("_[i]").unwrap_or(frame);
+    let (name, rest) = frame.split_once(" (")?;
+    let (file, line) = rest.strip_suffix(')')?.rsplit_once(':')?;
+    Some((name, file, line.parse().ok()?))
+}
+
+/// `--lines`: the fixture's hot loop shows its own `file:line`, in folded
+/// text and in JSON, and the function inlined into it keeps a line of its
+/// own, under the line of its call.
+#[test]
+fn lines_name_the_fixtures_own_source() {
+    let step = marked_lines("/* STEP_LINE */");
+    let call = marked_lines("/* GAMMA_CALL_LINE */");
+    assert_eq!((step.len(), call.len()), (2, 1));
+    let fixture = start_fixture("cfuncs_nofp", &["tower", "2"]);
+    let pid = fixture.pid().to_string();
+    let base = ["profile", "-F", "499", "-p", &pid, "-U", "--lines"];
+    let svg = temp("lines.svg");
+    let speedscope = temp("lines.speedscope.json");
+    let files = [
+        "--svg",
+        svg.to_str().unwrap(),
+        "--speedscope",
+        speedscope.to_str().unwrap(),
+    ];
+    let folded = Rtrace::start_until(&[&base[..], &["-f", "-a"], &files].concat(), READY);
+    let json = Rtrace::start_until(&[&base[..], &["--json"]].concat(), READY);
+    run_fixture(fixture);
+    let (code, stdout, stderr) = folded.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let stacks = parse_folded(&stdout);
+    let mut in_step = 0;
+    for (stack, n) in &stacks {
+        let Some(i) = stack.iter().position(|f| f.starts_with("leaf_gamma (")) else {
+            continue;
+        };
+        let (_, file, line) = frame_line(&stack[i]).unwrap_or_else(|| panic!("{stack:?}"));
+        assert!(file.ends_with("cfuncs.c"), "{stack:?}");
+        if let Some(leaf) = stack.get(i + 1) {
+            let (name, file, at) = frame_line(leaf).unwrap_or_else(|| panic!("{stack:?}"));
+            assert_eq!(name, "step", "{stack:?}");
+            assert!(leaf.ends_with("_[i]"), "inlined frames are marked: {leaf}");
+            assert!(file.ends_with("cfuncs.c"));
+            assert!(step.contains(&at), "step at line {at}, not {step:?}: {stack:?}");
+            assert_eq!(line, call[0], "leaf_gamma calls step at {call:?}: {stack:?}");
+            in_step += n;
+        }
+    }
+    // Nearly all of leaf_gamma's time is in the inlined step.
+    let gamma: u64 = stacks
+        .iter()
+        .filter(|(s, _)| s.iter().any(|f| f.starts_with("leaf_gamma (")))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(gamma > 100 && in_step * 2 > gamma, "{in_step} of {gamma}: {stdout}");
+    // The flame graph names the frames with their lines.
+    let frames = svg_frames(&std::fs::read_to_string(&svg).unwrap());
+    assert!(
+        frames
+            .iter()
+            .filter_map(|f| frame_line(f))
+            .any(|(name, _, at)| name == "step" && step.contains(&at)),
+        "{frames:?}"
+    );
+    // speedscope keeps the name and gives the file and line fields.
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&speedscope).unwrap()).unwrap();
+    let steps: Vec<&serde_json::Value> = doc["shared"]["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["name"] == "step")
+        .collect();
+    assert!(!steps.is_empty(), "{doc}");
+    for f in steps {
+        assert!(f["file"].as_str().unwrap().ends_with("cfuncs.c"), "{f}");
+        assert!(step.contains(&(f["line"].as_u64().unwrap() as u32)), "{f}");
+    }
+
+    let (code, stdout, stderr) = json.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let lines = json_lines(&stdout);
+    // One object per stack, its frames leaf first.
+    let leaves: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter_map(|s| s["user"].as_array()?.first())
+        .filter(|f| f["name"] == "step")
+        .collect();
+    assert!(!leaves.is_empty(), "{stdout}");
+    for f in leaves {
+        assert_eq!(f["kind"], "inlined", "{f}");
+        assert!(f["file"].as_str().unwrap().ends_with("cfuncs.c"), "{f}");
+        assert!(step.contains(&(f["line"].as_u64().unwrap() as u32)), "{f}");
+    }
+}

@@ -54,6 +54,11 @@ pub struct StackArgs {
     /// (empty: not kept).
     #[arg(long, value_enum, default_value_t = Unwind::Auto)]
     pub unwind: Unwind,
+    /// Give each frame its source file and line (`main.c:12`), from the
+    /// debug information, in every output; inlined functions keep lines
+    /// of their own.
+    #[arg(long)]
+    pub lines: bool,
     #[command(flatten)]
     pub transforms: crate::output::stacks::transform::TransformArgs,
 }
@@ -141,6 +146,7 @@ impl StackTool {
                 .size("CFI_PROCS", CFI_PROCESSES);
         }
         self.transforms = args.transforms.clone();
+        self.sym.with_lines(args.lines);
         load.size("STACKS", args.stack_storage_size)
             .size("STACK_COUNTS", args.hash_storage_size);
         self.store

@@ -62,6 +62,9 @@ pub struct Frame {
     pub kind: Kind,
     /// The file the code is in (`[kernel]` and `[jit]` for those), if known.
     pub module: Option<Arc<str>>,
+    /// The source file and line of the frame's own code (`main.c:12`),
+    /// where lines are asked for and the debug information has them.
+    pub line: Option<Arc<str>>,
 }
 
 impl Frame {
@@ -70,7 +73,14 @@ impl Frame {
             name: name.into(),
             kind,
             module: module.map(Arc::from),
+            line: None,
         }
+    }
+
+    /// The file name and line number of [`Frame::line`].
+    pub fn file_line(&self) -> Option<(&str, u32)> {
+        let (file, line) = self.line.as_deref()?.rsplit_once(':')?;
+        Some((file, line.parse().ok()?))
     }
 
     /// A placeholder for a stack that could not be walked or stored.
@@ -125,6 +135,13 @@ struct Process {
     captured: Option<Instant>,
 }
 
+/// `file:line` of a symbol or an inlined function, where known.
+fn source_line(info: Option<&blazesym::symbolize::CodeInfo<'_>>) -> Option<Arc<str>> {
+    let info = info?;
+    let line = info.line?;
+    Some(Arc::from(format!("{}:{line}", info.file.to_string_lossy())))
+}
+
 /// Where an address is, before any symbol lookup.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Loc {
@@ -148,6 +165,8 @@ pub struct Symbolizer {
     procs: HashMap<u32, Process>,
     /// See [`Symbolizer::recapture_every`].
     recapture: Duration,
+    /// See [`Symbolizer::with_lines`].
+    lines: bool,
     /// See [`Symbolizer::kallsyms`].
     kallsyms: Option<File>,
     /// What kallsyms' changes looked like when the copy began.
@@ -209,10 +228,16 @@ impl Symbolizer {
             files: HashMap::new(),
             procs: HashMap::new(),
             recapture: RECAPTURE,
+            lines: false,
             kallsyms: None,
             kallsyms_state: None,
             prefetch: None,
         }
+    }
+
+    /// Gives frames their source file and line (`--lines`).
+    pub fn with_lines(&mut self, lines: bool) {
+        self.lines = lines;
     }
 
     /// Sets how long a process's mappings are trusted before its next new
@@ -419,7 +444,10 @@ impl Symbolizer {
         };
         for (i, a) in kernel.iter().enumerate() {
             let sym = syms.as_ref().ok().and_then(|s| s.get(i));
-            resolved.insert(Loc::Kernel(*a), frames(sym, Kind::Kernel, "[kernel]"));
+            resolved.insert(
+                Loc::Kernel(*a),
+                frames(sym, Kind::Kernel, "[kernel]", self.lines),
+            );
         }
         for (id, mut offsets) in by_file {
             offsets.sort_unstable();
@@ -432,7 +460,10 @@ impl Symbolizer {
             let syms = self.blaze.symbolize(&src, Input::FileOffset(&offsets));
             for (i, off) in offsets.iter().enumerate() {
                 let sym = syms.as_ref().ok().and_then(|s| s.get(i));
-                resolved.insert(Loc::File(id, *off), frames(sym, Kind::User, &open.module));
+                resolved.insert(
+                    Loc::File(id, *off),
+                    frames(sym, Kind::User, &open.module, self.lines),
+                );
             }
         }
 
@@ -504,17 +535,29 @@ fn snapshot_kallsyms() -> std::io::Result<File> {
 }
 
 /// The frames one blazesym result stands for: the inlined functions,
-/// innermost first, then the function itself.
-fn frames(sym: Option<&Symbolized<'_>>, kind: Kind, module: &str) -> Vec<Frame> {
+/// innermost first, then the function itself; each with its own line
+/// where `lines` (blazesym gives each inlined function the line inside
+/// it, and the function the line of its call to the first).
+fn frames(sym: Option<&Symbolized<'_>>, kind: Kind, module: &str, lines: bool) -> Vec<Frame> {
     match sym {
         Some(Symbolized::Sym(s)) => {
             let mut out: Vec<Frame> = s
                 .inlined
                 .iter()
                 .rev()
-                .map(|f| Frame::new(f.name.to_string(), Kind::Inlined, Some(module)))
+                .map(|f| {
+                    let mut frame = Frame::new(f.name.to_string(), Kind::Inlined, Some(module));
+                    if lines {
+                        frame.line = source_line(f.code_info.as_ref());
+                    }
+                    frame
+                })
                 .collect();
-            out.push(Frame::new(s.name.to_string(), kind, Some(module)));
+            let mut frame = Frame::new(s.name.to_string(), kind, Some(module));
+            if lines {
+                frame.line = source_line(s.code_info.as_deref());
+            }
+            out.push(frame);
             out
         }
         _ => vec![Frame::unknown(kind, Some(module))],

@@ -93,7 +93,7 @@ impl Sample {
         };
         for (i, f) in self.root_first(opts.delimiter).iter().enumerate() {
             if i >= off_from && opts.annotate && f.kind == Kind::Kernel {
-                out.push(format!("{}{OFF_CPU_ANNOTATION}", f.name));
+                out.push(format!("{}{OFF_CPU_ANNOTATION}", name(f, false)));
             } else {
                 out.push(name(f, opts.annotate));
             }
@@ -133,12 +133,18 @@ pub struct TextOptions {
     pub annotate: bool,
 }
 
+/// A frame's name as text shows it: with its line where it has one
+/// (`main (main.c:12)`), and the annotation last, where flame graphs look
+/// for it.
 fn name(f: &Frame, annotate: bool) -> String {
-    if annotate {
-        format!("{}{}", f.name, f.kind.annotation())
-    } else {
-        f.name.to_string()
+    let mut n = f.name.to_string();
+    if let Some(line) = &f.line {
+        let _ = write!(n, " ({line})");
     }
+    if annotate {
+        n.push_str(f.kind.annotation());
+    }
+    n
 }
 
 /// A stack as one folded line, root first: `comm;user..;kernel.. count`,
@@ -183,11 +189,16 @@ impl serde::Serialize for Stacks<'_> {
         let frames = |fs: &[Frame]| -> Vec<serde_json::Value> {
             fs.iter()
                 .map(|f| {
-                    serde_json::json!({
+                    let mut v = serde_json::json!({
                         "name": &*f.name,
                         "kind": kind_name(f.kind),
                         "module": f.module.as_deref(),
-                    })
+                    });
+                    if let Some((file, line)) = f.file_line() {
+                        v["file"] = file.into();
+                        v["line"] = line.into();
+                    }
+                    v
                 })
                 .collect()
         };
@@ -426,12 +437,29 @@ pub fn write_speedscope(
     let mut weights = Vec::with_capacity(samples.len());
     let plain = TextOptions::default();
     for s in samples {
+        // The names of `path`, but for lines, which speedscope shows from
+        // fields of their own.
+        let root_first = s.root_first(plain.delimiter);
         let stack: Vec<usize> = s
             .path(plain)
             .into_iter()
-            .map(|n| {
-                *index.entry(n.clone()).or_insert_with(|| {
-                    frames.push(serde_json::json!({ "name": n }));
+            .enumerate()
+            .map(|(i, n)| {
+                let source = i
+                    .checked_sub(1)
+                    .and_then(|j| root_first.get(j))
+                    .and_then(Frame::file_line);
+                let shown = match source {
+                    Some(_) => root_first[i - 1].name.to_string(),
+                    None => n.clone(),
+                };
+                *index.entry(n).or_insert_with(|| {
+                    let mut frame = serde_json::json!({ "name": shown });
+                    if let Some((file, line)) = source {
+                        frame["file"] = file.into();
+                        frame["line"] = line.into();
+                    }
+                    frames.push(frame);
                     frames.len() - 1
                 })
             })
