@@ -18,6 +18,10 @@ pub const OFF_CPU: u32 = 4;
 /// stopped (sampling throttled or disabled), not late.
 pub const MAX_PERIODS: u64 = 64;
 
+/// The heat map's time slot (`--heatmap`): FlameScope's 20 ms, fifty to a
+/// second.
+pub const HEAT_SLOT_NS: u64 = 20_000_000;
+
 /// Load-time configuration, passed as the global `CONFIG`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -33,12 +37,18 @@ pub struct Config {
     /// period while the timer keeps time. A timer that fires late skips
     /// periods, which a count of samples would lose.
     pub timed: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// Slots of `HEAT` (`--heatmap`), each `HEAT_SLOT_NS` long from the
+    /// start in `WINDOW`; 0 without a heat map.
+    pub heat_slots: u32,
     /// The sampling period in nanoseconds: what a timed sample counts
     /// when there is nothing to measure from, and `MAX_PERIODS` of them
     /// the most.
     pub period_ns: u64,
+    /// `--range`: samples count only from this many nanoseconds after the
+    /// start in `WINDOW`...
+    pub range_start_ns: u64,
+    /// ...until this many; 0 for no range.
+    pub range_end_ns: u64,
     /// `--off-cpu`: how time off the CPU is counted beside the samples
     /// (with the context-switch programs attached).
     pub off_cpu: crate::offcputime::Config,

@@ -1505,3 +1505,95 @@ fn lines_name_the_fixtures_own_source() {
         assert!(step.contains(&(f["line"].as_u64().unwrap() as u32)), "{f}");
     }
 }
+
+/// `--heatmap` and `--range` on a fixture busy for the first 300 ms of
+/// each second (leaf_alpha in even seconds, leaf_beta in odd ones): the
+/// heat map's busy cells are where the fixture was busy, by the clock both
+/// share; a range over one burst profiles that burst alone.
+#[test]
+fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
+    let fixture = start_fixture("cfuncs_nofp", &["bursts", "4"]);
+    let pid = fixture.pid().to_string();
+    let svg = temp("heat.svg");
+    let heat = Rtrace::start_until(
+        &["profile", "-F", "499", "-p", &pid, "-U", "--heatmap", svg.to_str().unwrap()],
+        READY,
+    );
+    let ranged = Rtrace::start_until(
+        &["profile", "-v", "-F", "499", "-p", &pid, "-U", "-f", "--range", "1.2-1.85"],
+        READY,
+    );
+    let done = run_fixture(fixture);
+    let t0 = done[0] as u64;
+    let (code, _, stderr) = heat.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("rtrace: wrote "), "{stderr}");
+    let busy = |ns: u64, len: u64| -> (u64, u64) {
+        // The overlap of [ns, ns + len) with the fixture's bursts, in ns,
+        // and the burst's second if it overlaps one.
+        let mut overlap = 0;
+        let mut second = u64::MAX;
+        for k in 0..4 {
+            let (a, b) = (t0 + k * 1_000_000_000, t0 + k * 1_000_000_000 + 300_000_000);
+            let o = b.min(ns + len).saturating_sub(a.max(ns));
+            if o > 0 {
+                overlap += o;
+                second = k;
+            }
+        }
+        (overlap, second)
+    };
+
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = parse_svg(&text).expect("heat map SVG is not well-formed");
+    let root = doc.root_element();
+    let attr = |n: roxmltree::Node, a: &str| n.attribute(a).unwrap().parse::<u64>().unwrap();
+    let (start, slot) = (attr(root, "data-start-ns"), attr(root, "data-slot-ns"));
+    let (mut inside, mut outside, mut busy_cells, mut lit_busy_cells) = (0, 0, 0, 0);
+    for cell in doc.descendants().filter(|n| n.has_attribute("data-samples")) {
+        let index = attr(cell, "data-second") * (1_000_000_000 / slot) + attr(cell, "data-row");
+        let from = start + index * slot;
+        let n = attr(cell, "data-samples");
+        let (overlap, _) = busy(from, slot);
+        if overlap > 0 {
+            inside += n;
+        } else {
+            outside += n;
+        }
+        if overlap == slot {
+            busy_cells += 1;
+            lit_busy_cells += u64::from(n > 0);
+        }
+    }
+    // 4 bursts of 300 ms at 499 Hz: about 600 samples, all in cells the
+    // bursts overlap, and nearly every cell wholly inside a burst lit.
+    eprintln!("heat map: {inside} samples in busy cells, {outside} outside; {lit_busy_cells} of {busy_cells} busy cells lit");
+    assert!(inside > 400, "{inside} samples in busy cells");
+    assert!(outside * 50 < inside, "{outside} samples outside the bursts, {inside} in");
+    assert!(busy_cells >= 48, "{busy_cells}");
+    assert!(lit_busy_cells * 10 >= busy_cells * 9, "{lit_busy_cells} of {busy_cells}");
+
+    // The range's run: its own time zero, from -v (before the banner).
+    let zero: u64 = ranged
+        .stderr_lines
+        .iter()
+        .find_map(|l| l.split("CLOCK_MONOTONIC ").nth(1))
+        .and_then(|v| v.trim_end_matches(" ns").parse().ok())
+        .expect("time zero under -v");
+    let (code, stdout, stderr) = ranged.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let (from, len) = (zero + 1_200_000_000, 650_000_000);
+    let (overlap, second) = busy(from, len);
+    let alpha = count_with(&folded, "leaf_alpha");
+    let beta = count_with(&folded, "leaf_beta");
+    // At most one burst falls in 650 ms; the range counts it alone.
+    let expected = overlap as f64 * 499.0 / 1e9;
+    let (hit, missed) = if second % 2 == 0 { (alpha, beta) } else { (beta, alpha) };
+    eprintln!("range: {hit} samples of the burst in second {second}, {expected:.0} due, {missed} of others");
+    assert_eq!(missed, 0, "the other burst's leaf in the range: {stdout}");
+    assert!(
+        (hit as f64 - expected).abs() <= 0.2 * expected + 5.0,
+        "{hit} samples in the range where {expected:.0} were due: {stdout}"
+    );
+}

@@ -9,10 +9,10 @@ use aya_ebpf::{
     EbpfContext, Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, perf_event},
-    maps::PerCpuArray,
+    maps::{Array, PerCpuArray},
     programs::PerfEventContext,
 };
-use rtrace_common::profile::{Config, Key, MAX_PERIODS};
+use rtrace_common::profile::{Config, HEAT_SLOT_NS, Key, MAX_PERIODS};
 use rtrace_ebpf::{global, stacks, targets};
 
 rtrace_ebpf::event_map!();
@@ -28,6 +28,18 @@ static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
 /// with `Config::timed`.
 #[map]
 static LAST_BUSY: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slot 0: when sampling began (`CLOCK_MONOTONIC` nanoseconds), written by
+/// user space just before the events are attached; the heat map's and
+/// `--range`'s time zero.
+#[map]
+static WINDOW: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Samples per `HEAT_SLOT_NS` slot since the start, per CPU
+/// (`--heatmap`): counted here, so that the heat map needs no event per
+/// sample. User space sizes it.
+#[map]
+static HEAT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
@@ -53,6 +65,9 @@ fn sample(ctx: &PerfEventContext) {
     if !targets::admits(tgid, tid) {
         return;
     }
+    if (cfg.heat_slots != 0 || cfg.range_end_ns != 0) && !in_time(cfg) {
+        return;
+    }
     let mut key = Key::new(0, [0; 16]);
     // The sample's registers: the user walk starts there when it hit user
     // mode.
@@ -61,6 +76,27 @@ fn sample(ctx: &PerfEventContext) {
     stacks::describe_current(ctx, &EVENTS, tgid, kernel, user, sampled, &mut key);
     key.generation = stacks::generation();
     stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, value);
+}
+
+/// Counts the sample in its heat map slot, and says whether it falls in
+/// the `--range` (if any).
+#[inline(always)]
+fn in_time(cfg: &Config) -> bool {
+    let Some(&start) = WINDOW.get(0) else {
+        return true;
+    };
+    // SAFETY: the helper has no preconditions.
+    let since = unsafe { bpf_ktime_get_ns() }.saturating_sub(start);
+    if cfg.heat_slots != 0 {
+        let slot = since / HEAT_SLOT_NS;
+        if slot < u64::from(cfg.heat_slots)
+            && let Some(n) = HEAT.get_ptr_mut(slot as u32)
+        {
+            // SAFETY: this CPU's slot; samples on one CPU do not nest.
+            unsafe { *n += 1 };
+        }
+    }
+    cfg.range_end_ns == 0 || (cfg.range_start_ns..cfg.range_end_ns).contains(&since)
 }
 
 /// Nanoseconds this sample of a thread stands for: the time its CPU was

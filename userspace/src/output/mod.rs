@@ -7,6 +7,7 @@
 
 pub mod events;
 pub mod files;
+pub mod heatmap;
 pub mod hist;
 pub mod metrics;
 pub mod stacks;

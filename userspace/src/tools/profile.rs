@@ -18,7 +18,7 @@ use aya::{
 };
 use rtrace_common::{
     offcputime::{STATE_ANY, THREADS_USER},
-    profile::{Config, ERR_NAMES},
+    profile::{Config, ERR_NAMES, HEAT_SLOT_NS},
 };
 
 use crate::{
@@ -155,6 +155,17 @@ pub struct Args {
     /// Write a speedscope profile (JSON) to FILE.
     #[arg(long, value_name = "FILE")]
     speedscope: Option<PathBuf>,
+    /// Write a sub-second heat map (SVG) to FILE, as FlameScope draws it:
+    /// a column per second, a row per 20 ms, each cell coloured by its
+    /// samples. Counted in the kernel, slot by slot, with no event per
+    /// sample; at most the first 10 minutes without a duration.
+    #[arg(long, value_name = "FILE")]
+    heatmap: Option<PathBuf>,
+    /// Count only the samples from START to END seconds after sampling
+    /// began (`2.5-3.1`, as the heat map's cells name them): every output
+    /// is then the profile of that range alone.
+    #[arg(long, value_name = "START-END", value_parser = parse_range)]
+    range: Option<(Duration, Duration)>,
     /// Also count the time user threads spend off the CPU (blocked,
     /// sleeping or waiting to run), at context switches: one profile of
     /// where wall time goes, in microseconds, with on-CPU samples weighted
@@ -238,6 +249,45 @@ pub struct Profile {
     off_cpu: Option<OffCpu>,
     /// The files asked for, created before anything is attached.
     reports: StackReports,
+    /// `--heatmap`'s file, and its slots.
+    heatmap: Option<(files::ReportFile, u32)>,
+    /// When sampling began, on `CLOCK_MONOTONIC`: the heat map's and
+    /// `--range`'s time zero.
+    window_start: u64,
+}
+
+/// Most heat map slots without a duration: ten minutes.
+const MAX_HEAT_SLOTS: u32 = 30_000;
+
+/// `START-END` in seconds, as `--range` takes it.
+fn parse_range(s: &str) -> Result<(Duration, Duration), String> {
+    let secs = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| format!("expected START-END in seconds, such as 2.5-3.1; got {s:?}"))
+    };
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("expected START-END in seconds, such as 2.5-3.1; got {s:?}"))?;
+    let (a, b) = (secs(a)?, secs(b)?);
+    if b <= a {
+        return Err(format!("the range ends before it starts: {s}"));
+    }
+    Ok((a, b))
+}
+
+/// Now on `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl Tool for Profile {
@@ -276,8 +326,21 @@ impl Tool for Profile {
             args.pprof.as_deref(),
             args.speedscope.as_deref(),
         )?;
+        let heatmap = match &args.heatmap {
+            Some(path) => {
+                let slots = args.duration.map_or(MAX_HEAT_SLOTS, |d| {
+                    u32::try_from(d.saturating_mul(1_000_000_000 / HEAT_SLOT_NS))
+                        .unwrap_or(u32::MAX)
+                        .saturating_add(1)
+                });
+                Some((files::ReportFile::create(path)?, slots))
+            }
+            None => None,
+        };
         Ok(Self {
             reports,
+            heatmap,
+            window_start: 0,
             event: if args.off_cpu {
                 Event::CpuClock
             } else {
@@ -323,12 +386,18 @@ impl Tool for Profile {
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
+        let heat_slots = self.heatmap.as_ref().map_or(0, |(_, n)| *n);
+        let (range_start, range_end) = self.args.range.unwrap_or_default();
         let mut cfg = Config {
             include_idle: u32::from(self.args.include_idle),
             user: u32::from(!self.args.kernel_only),
             kernel: u32::from(!self.args.user_only),
+            heat_slots,
+            range_start_ns: range_start.as_nanos() as u64,
+            range_end_ns: range_end.as_nanos() as u64,
             ..Config::default()
         };
+        load.size("HEAT", heat_slots.max(1));
         let period_ns = self.period_ns();
         if let Some(off) = &mut self.off_cpu {
             cfg.timed = 1;
@@ -367,6 +436,17 @@ impl Tool for Profile {
             .context("program profile missing")?
             .try_into()?;
         prog.load().context("cannot load the profile program")?;
+        // Time zero, just before the first sample can come.
+        self.window_start = monotonic_ns();
+        let mut window: aya::maps::Array<_, u64> =
+            aya::maps::Array::try_from(ebpf.map_mut("WINDOW").context("map WINDOW missing")?)?;
+        window
+            .set(0, self.window_start, 0)
+            .context("cannot set the start of sampling")?;
+        let prog: &mut PerfEvent = ebpf
+            .program_mut("profile")
+            .context("program profile missing")?
+            .try_into()?;
         let (period, freq) = (self.args.period, self.freq);
         if let Err(e) = attach(prog, self.event, &self.cpus, period, freq) {
             if self.event != Event::Cpu {
@@ -408,13 +488,20 @@ impl Tool for Profile {
     }
 
     fn notes(&self) -> Vec<String> {
-        vec![match &self.fallback {
+        let mut notes = vec![match &self.fallback {
             Some(why) => format!(
                 "sampling cpu-clock, a software timer: hardware cycles failed ({why}){}",
                 pmu_hint()
             ),
             None => format!("sampling {}", self.event.name()),
-        }]
+        }];
+        if self.heatmap.is_some() || self.args.range.is_some() {
+            notes.push(format!(
+                "time zero of the heat map and --range: CLOCK_MONOTONIC {} ns",
+                self.window_start
+            ));
+        }
+        notes
     }
 
     fn banner(&self) -> String {
@@ -453,6 +540,7 @@ impl Tool for Profile {
         if let Some(off) = &self.off_cpu {
             off.stop(ebpf)?;
         }
+        self.write_heatmap(ebpf, elapsed)?;
         let mut samples = self.stacks.finish(ebpf)?;
         if self.off_cpu.is_some() {
             // One measure for both: samples count the nanoseconds of CPU
@@ -517,6 +605,31 @@ fn header(args: &Args, event: Event, freq: u64) -> String {
 }
 
 impl Profile {
+    /// Writes the heat map, if asked for, from the kernel's slot counts.
+    fn write_heatmap(&mut self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<()> {
+        let Some((file, slots)) = self.heatmap.take() else {
+            return Ok(());
+        };
+        let used = (elapsed.as_nanos() as u64).div_ceil(HEAT_SLOT_NS).min(u64::from(slots)) as u32;
+        let heat: aya::maps::PerCpuArray<_, u32> =
+            aya::maps::PerCpuArray::try_from(ebpf.map("HEAT").context("map HEAT missing")?)?;
+        let counts: Vec<u64> = (0..used)
+            .map(|i| Ok(heat.get(&i, 0)?.iter().map(|&n| u64::from(n)).sum()))
+            .collect::<anyhow::Result<_>>()?;
+        let total: u64 = counts.iter().sum();
+        let title = format!("rtrace profile: samples over time ({})", self.event.name());
+        let what = format!(
+            "{} samples in {} s",
+            files::thousands(total),
+            used.div_ceil(50)
+        );
+        let start = self.window_start;
+        file.write(&what, |out| {
+            crate::output::heatmap::write_svg(&counts, HEAT_SLOT_NS, start, &title, out)
+                .map_err(Into::into)
+        })
+    }
+
     /// The CPU time one cpu-clock sample stands for.
     fn period_ns(&self) -> u64 {
         self.args.period.unwrap_or(1_000_000_000 / self.freq)
