@@ -20,6 +20,7 @@ use std::{env, path::PathBuf, process::Command};
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    pprof_types(&manifest, &out);
     // OUT_DIR is target/<profile>/build/<crate>-<hash>/out.
     let bin_dir = out.ancestors().nth(3).unwrap().to_path_buf();
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
@@ -92,4 +93,17 @@ fn build_c(src: &std::path::Path, name: &str, bin_dir: &std::path::Path, built: 
         assert!(status.success(), "building fixture {file} failed");
         built.push(file);
     }
+}
+
+/// pprof's message types, generated from rtrace's `profile.proto` into
+/// `OUT_DIR/perftools.profiles.rs`, for the tests to decode pprof files.
+fn pprof_types(manifest: &std::path::Path, out: &std::path::Path) {
+    let dir = manifest.join("../userspace/proto");
+    let proto = dir.join("profile.proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+    let files = protox::compile([&proto], [&dir]).unwrap_or_else(|e| panic!("{e}"));
+    prost_build::Config::new()
+        .out_dir(out)
+        .compile_fds(files)
+        .unwrap_or_else(|e| panic!("cannot generate pprof's types: {e}"));
 }

@@ -16,6 +16,7 @@ fn main() {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     build_info(root);
+    pprof_types(&manifest, &out);
     // One shared target directory keeps check, clippy and build from each
     // compiling the eBPF crate from scratch.
     let target = root.join("target").join("ebpf");
@@ -48,5 +49,21 @@ fn build_info(root: &std::path::Path) {
     for git in [".git/HEAD", ".git/refs/heads"] {
         println!("cargo:rerun-if-changed={}", root.join(git).display());
     }
-    println!("cargo:rerun-if-changed={}", root.join("Cargo.lock").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        root.join("Cargo.lock").display()
+    );
+}
+
+/// pprof's message types, generated from `proto/profile.proto` into
+/// `OUT_DIR/perftools.profiles.rs`.
+fn pprof_types(manifest: &std::path::Path, out: &std::path::Path) {
+    let dir = manifest.join("proto");
+    let proto = dir.join("profile.proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+    let files = protox::compile([&proto], [&dir]).unwrap_or_else(|e| panic!("{e}"));
+    prost_build::Config::new()
+        .out_dir(out)
+        .compile_fds(files)
+        .unwrap_or_else(|e| panic!("cannot generate pprof's types: {e}"));
 }

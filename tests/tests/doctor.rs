@@ -53,9 +53,7 @@ fn the_static_build_runs_doctor_and_agrees_with_the_dynamic_one() {
     // Built by `cargo xtask test` (and `cargo xtask dist`), which set the
     // variable; the guests run their copy of it.
     let path = std::env::var_os("RTRACE_STATIC_BIN").map_or_else(
-        || {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/dist/rtrace")
-        },
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/dist/rtrace"),
         std::path::PathBuf::from,
     );
     assert!(
@@ -70,7 +68,11 @@ fn the_static_build_runs_doctor_and_agrees_with_the_dynamic_one() {
             .args(["doctor", "--json"])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let works: Vec<(String, bool)> = v["mechanisms"]
             .as_object()

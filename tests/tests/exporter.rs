@@ -10,8 +10,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    LoopDevice, Rtrace, SIGHUP, SIGTERM, TestCgroup, assert_one_line_error, json_lines,
-    rtrace_bin, run, run_workload, workload_bin,
+    LoopDevice, Rtrace, SIGHUP, SIGTERM, TestCgroup, assert_one_line_error, json_lines, rtrace_bin,
+    run, run_workload, workload_bin,
 };
 
 /// A port nothing listens on now.
@@ -127,14 +127,27 @@ fn buckets(body: &str, name: &str, labels: &str) -> Vec<(f64, f64)> {
         .lines()
         .filter_map(|l| l.strip_prefix(&prefix))
         .map(|rest| {
-            let le = rest.split("le=\"").nth(1).unwrap().split('"').next().unwrap();
+            let le = rest
+                .split("le=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
             let v: f64 = rest.rsplit(' ').next().unwrap().parse().unwrap();
-            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
             (le, v)
         })
         .collect();
     assert!(out.len() > 10, "{name}{{{labels}}}: {out:?}");
-    assert!(out.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1), "{out:?}");
+    assert!(
+        out.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+        "{out:?}"
+    );
     assert_eq!(out.last().unwrap().0, f64::INFINITY);
     let count_labels = labels.trim_end_matches(',');
     let count = if count_labels.is_empty() {
@@ -159,8 +172,13 @@ fn true_bin() -> &'static str {
 /// program's own exec is the first thing the cgroup sees.
 fn in_cgroup(cgroup: &TestCgroup, program: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new("sh");
-    cmd.args(["-c", "echo 0 > \"$0/cgroup.procs\" && exec \"$@\"", &cgroup.path, program])
-        .args(args);
+    cmd.args([
+        "-c",
+        "echo 0 > \"$0/cgroup.procs\" && exec \"$@\"",
+        &cgroup.path,
+        program,
+    ])
+    .args(args);
     cmd
 }
 
@@ -169,7 +187,11 @@ fn run_in(cgroup: &TestCgroup, name: &str, args: &[&str]) -> String {
     let out = in_cgroup(cgroup, workload_bin(name).to_str().unwrap(), args)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -181,8 +203,14 @@ fn scrapes_count_what_the_workload_did() {
     // The kernel's run time and count of each program, while it keeps them.
     let _stats = BpfStats::on();
     let before = client.metrics();
-    assert_eq!(value(&before, "rtrace_collector_up{collector=\"execsnoop\"}"), 1.0);
-    assert_eq!(value(&before, "rtrace_collector_up{collector=\"runqlat\"}"), 1.0);
+    assert_eq!(
+        value(&before, "rtrace_collector_up{collector=\"execsnoop\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(&before, "rtrace_collector_up{collector=\"runqlat\"}"),
+        1.0
+    );
     // Two threads each exec `true` 25 times, after the storm's own exec.
     run_in(&cgroup, "execstorm", &["25", "2", true_bin()]);
     let after = client.metrics();
@@ -199,7 +227,9 @@ fn scrapes_count_what_the_workload_did() {
             .sum()
     };
     assert!(runs(&after) - runs(&before) >= 51.0, "{after}");
-    assert!(after.contains("rtrace_bpf_program_run_seconds_total{collector=\"runqlat\",program=\""));
+    assert!(
+        after.contains("rtrace_bpf_program_run_seconds_total{collector=\"runqlat\",program=\"")
+    );
     assert_eq!(
         value(&after, "rtrace_events_lost_total{collector=\"execsnoop\"}"),
         0.0
@@ -216,11 +246,23 @@ fn scrapes_count_what_the_workload_did() {
         "{:?}",
         om.headers
     );
-    assert!(om.body.contains("# TYPE rtrace_execs counter\n"), "{}", om.body);
+    assert!(
+        om.body.contains("# TYPE rtrace_execs counter\n"),
+        "{}",
+        om.body
+    );
     assert!(om.body.ends_with("# EOF\n"));
-    assert_eq!(value(&om.body, "rtrace_execs_total"), value(&after, "rtrace_execs_total"));
+    assert_eq!(
+        value(&om.body, "rtrace_execs_total"),
+        value(&after, "rtrace_execs_total")
+    );
     let plain = client.get("/metrics", None);
-    assert!(plain.header("content-type").unwrap().starts_with("text/plain; version=0.0.4"));
+    assert!(
+        plain
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
     assert!(plain.body.contains("# TYPE rtrace_execs_total counter\n"));
     assert_eq!(client.get("/nothing", None).status, 404);
     let (code, _, stderr) = rtrace.stop(SIGTERM);
@@ -240,7 +282,12 @@ fn block_io_and_tcp_sessions_by_their_labels() {
     run_workload("directio", &[dev.path.clone(), "30".into(), "20".into()]);
     run_workload(
         "tcpsessions",
-        &["4".into(), SESSIONS.to_string(), UP.to_string(), DOWN.to_string()],
+        &[
+            "4".into(),
+            SESSIONS.to_string(),
+            UP.to_string(),
+            DOWN.to_string(),
+        ],
     );
     dev.settle();
     // Sessions are counted as they close; the last may still be closing.
@@ -248,9 +295,16 @@ fn block_io_and_tcp_sessions_by_their_labels() {
     let after = client.metrics();
     let delta = |sample: &str| value(&after, sample) - value(&before, sample);
     // Both ends of each loopback session close.
-    assert_eq!(delta("rtrace_tcp_sessions_closed_total"), (2 * SESSIONS) as f64, "{after}");
+    assert_eq!(
+        delta("rtrace_tcp_sessions_closed_total"),
+        (2 * SESSIONS) as f64,
+        "{after}"
+    );
     let moved = (SESSIONS * (UP + DOWN)) as f64;
-    assert_eq!(delta("rtrace_tcp_bytes_total{direction=\"received\"}"), moved);
+    assert_eq!(
+        delta("rtrace_tcp_bytes_total{direction=\"received\"}"),
+        moved
+    );
     assert_eq!(delta("rtrace_tcp_bytes_total{direction=\"sent\"}"), moved);
     // The device is new, so all its I/O is the workload's.
     for (op, n) in [("read", 30.0), ("write", 20.0)] {
@@ -349,7 +403,10 @@ impl Prometheus {
         .unwrap();
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -447,7 +504,9 @@ fn prometheus_reads_what_runqlat_and_the_workload_say() {
     // The spinning shell, the storm and its 40: no more, after two more
     // scrapes.
     std::thread::sleep(Duration::from_secs(2));
-    let execs = prometheus_value(p, "rtrace_execs_total").unwrap().max(execs);
+    let execs = prometheus_value(p, "rtrace_execs_total")
+        .unwrap()
+        .max(execs);
     assert_eq!(execs - execs_before, 42.0, "execs");
     drop(prometheus);
     let (code, _, stderr) = rtrace.stop(SIGTERM);
@@ -521,7 +580,11 @@ fn runs_with_only_cap_bpf_and_cap_perfmon() {
         let debian = std::fs::read_to_string("/proc/version")
             .unwrap()
             .contains("Debian");
-        assert_eq!(out.status.code(), Some(if debian { 1 } else { 0 }), "{stderr}");
+        assert_eq!(
+            out.status.code(),
+            Some(if debian { 1 } else { 0 }),
+            "{stderr}"
+        );
         if debian {
             assert_eq!(stderr.lines().count(), 1, "{stderr}");
             assert!(
@@ -581,7 +644,12 @@ fn runs_with_only_cap_bpf_and_cap_perfmon() {
     unsafe { libc::kill(exporter.id() as i32, libc::SIGTERM) };
     assert_eq!(exporter.wait().unwrap().code(), Some(0));
     let mut stderr = String::new();
-    exporter.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    exporter
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     assert!(!stderr.contains("not collecting"), "{stderr}");
 
     // Without the capabilities: one line naming them.
@@ -592,7 +660,10 @@ fn runs_with_only_cap_bpf_and_cap_perfmon() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("missing CAP_BPF and CAP_PERFMON"), "{stderr}");
+    assert!(
+        stderr.contains("missing CAP_BPF and CAP_PERFMON"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -621,12 +692,12 @@ fn anon_maps(pid: u32) -> String {
     let mut out = String::new();
     let mut head = "";
     for line in smaps.lines() {
-        if line.contains('-') && !line.contains(':') || line.split_whitespace().count() >= 5 && !line.ends_with("kB") {
+        // A mapping's own line ends in its path or its inode, not in kB.
+        let anon = line.strip_prefix("Anonymous:").map(str::trim);
+        if anon.is_none() && line.split_whitespace().count() >= 5 && !line.ends_with("kB") {
             head = line;
-        } else if let Some(v) = line.strip_prefix("Anonymous:") {
-            if v.trim() != "0 kB" {
-                out.push_str(&format!("{head} {}\n", v.trim()));
-            }
+        } else if let Some(v) = anon.filter(|v| *v != "0 kB") {
+            out.push_str(&format!("{head} {v}\n"));
         }
     }
     out
@@ -677,7 +748,9 @@ fn two_thousand_scrapes_keep_memory_flat() {
     let maps_after = anon_maps(pid);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     load.join().unwrap();
-    eprintln!("resident memory (all, anon, file): {warm:?} KiB after warm-up, {after:?} KiB after 2000 scrapes");
+    eprintln!(
+        "resident memory (all, anon, file): {warm:?} KiB after warm-up, {after:?} KiB after 2000 scrapes"
+    );
     assert!(
         after.0 < warm.0 + 1024,
         "resident memory grew from {warm:?} KiB to {after:?} KiB over 2000 scrapes; \
@@ -693,7 +766,8 @@ fn stuck_scrapers_hold_nothing_up() {
     let (rtrace, port) = exporter(&["--collectors", "execsnoop"]);
     // One sends half a request and waits; others ask and never read.
     let mut half = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: loc").unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: loc")
+        .unwrap();
     let mute: Vec<TcpStream> = (0..8)
         .map(|_| {
             let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -730,7 +804,10 @@ fn a_collector_that_cannot_attach_leaves_the_others_working() {
             0.0
         );
     }
-    assert_eq!(value(&body, "rtrace_collector_up{collector=\"tcplife\"}"), 1.0);
+    assert_eq!(
+        value(&body, "rtrace_collector_up{collector=\"tcplife\"}"),
+        1.0
+    );
     assert!(body.contains("rtrace_tcp_sessions_closed_total "), "{body}");
     let (code, _, stderr) = rtrace.stop(SIGTERM);
     assert_eq!(code, 0);

@@ -597,68 +597,10 @@ fn kernel_frames_resolve_to_kallsyms_names() {
 }
 
 /// pprof's messages, decoded by prost independently of rtrace's encoder.
+/// pprof's types, generated from rtrace's `profile.proto`.
+#[allow(clippy::derive_partial_eq_without_eq)]
 mod pprof {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Profile {
-        #[prost(message, repeated, tag = "1")]
-        pub sample_type: Vec<ValueType>,
-        #[prost(message, repeated, tag = "2")]
-        pub sample: Vec<Sample>,
-        #[prost(message, repeated, tag = "4")]
-        pub location: Vec<Location>,
-        #[prost(message, repeated, tag = "5")]
-        pub function: Vec<Function>,
-        #[prost(string, repeated, tag = "6")]
-        pub string_table: Vec<String>,
-        #[prost(int64, tag = "12")]
-        pub period: i64,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ValueType {
-        #[prost(int64, tag = "1")]
-        pub r#type: i64,
-        #[prost(int64, tag = "2")]
-        pub unit: i64,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Sample {
-        #[prost(uint64, repeated, tag = "1")]
-        pub location_id: Vec<u64>,
-        #[prost(int64, repeated, tag = "2")]
-        pub value: Vec<i64>,
-        #[prost(message, repeated, tag = "3")]
-        pub label: Vec<Label>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Label {
-        #[prost(int64, tag = "1")]
-        pub key: i64,
-        #[prost(int64, tag = "2")]
-        pub str: i64,
-        #[prost(int64, tag = "3")]
-        pub num: i64,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Location {
-        #[prost(uint64, tag = "1")]
-        pub id: u64,
-        #[prost(message, repeated, tag = "4")]
-        pub line: Vec<Line>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Line {
-        #[prost(uint64, tag = "1")]
-        pub function_id: u64,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Function {
-        #[prost(uint64, tag = "1")]
-        pub id: u64,
-        #[prost(int64, tag = "2")]
-        pub name: i64,
-        #[prost(int64, tag = "3")]
-        pub system_name: i64,
-    }
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
 
 /// A gzipped pprof file, decoded by prost.
@@ -679,10 +621,19 @@ fn pprof_stacks(p: &pprof::Profile) -> BTreeMap<Vec<String>, u64> {
         .iter()
         .map(|f| (f.id, s(f.system_name)))
         .collect();
-    let locs: BTreeMap<u64, String> = p
+    // A location's lines are its inlined functions, then the function
+    // they were inlined into: root first, the other way round.
+    let locs: BTreeMap<u64, Vec<String>> = p
         .location
         .iter()
-        .map(|l| (l.id, names[&l.line[0].function_id].clone()))
+        .map(|l| {
+            let frames = l
+                .line
+                .iter()
+                .rev()
+                .map(|line| names[&line.function_id].clone());
+            (l.id, frames.collect())
+        })
         .collect();
     let mut out = BTreeMap::new();
     for sample in &p.sample {
@@ -693,7 +644,13 @@ fn pprof_stacks(p: &pprof::Profile) -> BTreeMap<Vec<String>, u64> {
             .map(|l| s(l.str))
             .expect("no comm label");
         let mut frames = vec![comm];
-        frames.extend(sample.location_id.iter().rev().map(|id| locs[id].clone()));
+        frames.extend(
+            sample
+                .location_id
+                .iter()
+                .rev()
+                .flat_map(|id| locs[id].clone()),
+        );
         *out.entry(frames).or_insert(0) += sample.value[0] as u64;
     }
     out
@@ -1310,8 +1267,14 @@ fn stack_transforms_flatten_towers_and_fold_collectors() {
     );
     let truth = share(done[1] as u64, (done[0] + done[1]) as u64);
     assert!(total(&shaped) > 500, "{shaped_out}");
-    assert!((shaped_gc - plain_gc).abs() < 0.05, "{shaped_gc} vs {plain_gc}");
-    assert!((shaped_gc - truth).abs() < 0.05, "{shaped_gc} vs the fixture's {truth}");
+    assert!(
+        (shaped_gc - plain_gc).abs() < 0.05,
+        "{shaped_gc} vs {plain_gc}"
+    );
+    assert!(
+        (shaped_gc - truth).abs() < 0.05,
+        "{shaped_gc} vs the fixture's {truth}"
+    );
 
     // The same transforms in `rtrace flamegraph` on the plain run's
     // folded stacks: one tower frame where there were eight and more.
@@ -1332,9 +1295,16 @@ fn stack_transforms_flatten_towers_and_fold_collectors() {
         svg_frames(&std::fs::read_to_string(svg).unwrap())
     };
     let before = draw(&[]);
-    assert!(before.iter().filter(|n| *n == "tower").count() >= 8, "{before:?}");
+    assert!(
+        before.iter().filter(|n| *n == "tower").count() >= 8,
+        "{before:?}"
+    );
     let after = draw(&transforms);
-    assert_eq!(after.iter().filter(|n| *n == "tower").count(), 1, "{after:?}");
+    assert_eq!(
+        after.iter().filter(|n| *n == "tower").count(),
+        1,
+        "{after:?}"
+    );
     for gone in ["gc_mark", "gc_sweep", "mid_tower"] {
         assert!(!after.iter().any(|n| n == gone), "{gone}: {after:?}");
     }
@@ -1353,7 +1323,18 @@ fn flamegraph_draws_perfs_folded_stacks() {
     let fixture = start_fixture("cfuncs", &["cpu", "2"]);
     let pid = fixture.pid().to_string();
     let mut perf = std::process::Command::new("perf")
-        .args(["record", "-q", "-e", "cpu-clock", "-F", "499", "-g", "-p", &pid, "-o"])
+        .args([
+            "record",
+            "-q",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "499",
+            "-g",
+            "-p",
+            &pid,
+            "-o",
+        ])
         .arg(&data)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -1453,8 +1434,14 @@ fn lines_name_the_fixtures_own_source() {
             assert_eq!(name, "step", "{stack:?}");
             assert!(leaf.ends_with("_[i]"), "inlined frames are marked: {leaf}");
             assert!(file.ends_with("cfuncs.c"));
-            assert!(step.contains(&at), "step at line {at}, not {step:?}: {stack:?}");
-            assert_eq!(line, call[0], "leaf_gamma calls step at {call:?}: {stack:?}");
+            assert!(
+                step.contains(&at),
+                "step at line {at}, not {step:?}: {stack:?}"
+            );
+            assert_eq!(
+                line, call[0],
+                "leaf_gamma calls step at {call:?}: {stack:?}"
+            );
             in_step += n;
         }
     }
@@ -1464,7 +1451,10 @@ fn lines_name_the_fixtures_own_source() {
         .filter(|(s, _)| s.iter().any(|f| f.starts_with("leaf_gamma (")))
         .map(|(_, n)| n)
         .sum();
-    assert!(gamma > 100 && in_step * 2 > gamma, "{in_step} of {gamma}: {stdout}");
+    assert!(
+        gamma > 100 && in_step * 2 > gamma,
+        "{in_step} of {gamma}: {stdout}"
+    );
     // The flame graph names the frames with their lines.
     let frames = svg_frames(&std::fs::read_to_string(&svg).unwrap());
     assert!(
@@ -1516,11 +1506,22 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
     let pid = fixture.pid().to_string();
     let svg = temp("heat.svg");
     let heat = Rtrace::start_until(
-        &["profile", "-F", "499", "-p", &pid, "-U", "--heatmap", svg.to_str().unwrap()],
+        &[
+            "profile",
+            "-F",
+            "499",
+            "-p",
+            &pid,
+            "-U",
+            "--heatmap",
+            svg.to_str().unwrap(),
+        ],
         READY,
     );
     let ranged = Rtrace::start_until(
-        &["profile", "-v", "-F", "499", "-p", &pid, "-U", "-f", "--range", "1.2-1.85"],
+        &[
+            "profile", "-v", "-F", "499", "-p", &pid, "-U", "-f", "--range", "1.2-1.85",
+        ],
         READY,
     );
     let done = run_fixture(fixture);
@@ -1550,7 +1551,10 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
     let attr = |n: roxmltree::Node, a: &str| n.attribute(a).unwrap().parse::<u64>().unwrap();
     let (start, slot) = (attr(root, "data-start-ns"), attr(root, "data-slot-ns"));
     let (mut inside, mut outside, mut busy_cells, mut lit_busy_cells) = (0, 0, 0, 0);
-    for cell in doc.descendants().filter(|n| n.has_attribute("data-samples")) {
+    for cell in doc
+        .descendants()
+        .filter(|n| n.has_attribute("data-samples"))
+    {
         let index = attr(cell, "data-second") * (1_000_000_000 / slot) + attr(cell, "data-row");
         let from = start + index * slot;
         let n = attr(cell, "data-samples");
@@ -1567,11 +1571,19 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
     }
     // 4 bursts of 300 ms at 499 Hz: about 600 samples, all in cells the
     // bursts overlap, and nearly every cell wholly inside a burst lit.
-    eprintln!("heat map: {inside} samples in busy cells, {outside} outside; {lit_busy_cells} of {busy_cells} busy cells lit");
+    eprintln!(
+        "heat map: {inside} samples in busy cells, {outside} outside; {lit_busy_cells} of {busy_cells} busy cells lit"
+    );
     assert!(inside > 400, "{inside} samples in busy cells");
-    assert!(outside * 50 < inside, "{outside} samples outside the bursts, {inside} in");
+    assert!(
+        outside * 50 < inside,
+        "{outside} samples outside the bursts, {inside} in"
+    );
     assert!(busy_cells >= 48, "{busy_cells}");
-    assert!(lit_busy_cells * 10 >= busy_cells * 9, "{lit_busy_cells} of {busy_cells}");
+    assert!(
+        lit_busy_cells * 10 >= busy_cells * 9,
+        "{lit_busy_cells} of {busy_cells}"
+    );
 
     // The range's run: its own time zero, from -v (before the banner).
     let zero: u64 = ranged
@@ -1589,11 +1601,150 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
     let beta = count_with(&folded, "leaf_beta");
     // At most one burst falls in 650 ms; the range counts it alone.
     let expected = overlap as f64 * 499.0 / 1e9;
-    let (hit, missed) = if second % 2 == 0 { (alpha, beta) } else { (beta, alpha) };
-    eprintln!("range: {hit} samples of the burst in second {second}, {expected:.0} due, {missed} of others");
+    let (hit, missed) = if second % 2 == 0 {
+        (alpha, beta)
+    } else {
+        (beta, alpha)
+    };
+    eprintln!(
+        "range: {hit} samples of the burst in second {second}, {expected:.0} due, {missed} of others"
+    );
     assert_eq!(missed, 0, "the other burst's leaf in the range: {stdout}");
     assert!(
         (hit as f64 - expected).abs() <= 0.2 * expected + 5.0,
         "{hit} samples in the range where {expected:.0} were due: {stdout}"
     );
+}
+
+/// The pprof file, decoded with types generated from `profile.proto`:
+/// sample types, period, time and duration as the run had them; the
+/// fixture's mapping with its file, build id and addresses; locations at
+/// addresses inside the right function; and the inlined `step` and the
+/// `leaf_gamma` it is inlined into as two lines of one location, each
+/// with its own line number.
+#[test]
+fn pprof_has_mappings_addresses_and_inlined_lines() {
+    use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+    let step = marked_lines("/* STEP_LINE */");
+    let call = marked_lines("/* GAMMA_CALL_LINE */");
+    let pb = temp("lines.pb.gz");
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    let fixture = start_fixture("cfuncs_nofp", &["tower", "2"]);
+    let pid = fixture.pid().to_string();
+    let rtrace = Rtrace::start_until(
+        &[
+            "profile",
+            "-F",
+            "499",
+            "-p",
+            &pid,
+            "-U",
+            "--lines",
+            "--pprof",
+            pb.to_str().unwrap(),
+        ],
+        READY,
+    );
+    run_fixture(fixture);
+    let (code, _, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let p = read_pprof(&pb);
+    let s = |i: i64| p.string_table[i as usize].as_str();
+
+    let types: Vec<(&str, &str)> = p
+        .sample_type
+        .iter()
+        .map(|t| (s(t.r#type), s(t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    let period = p.period_type.as_ref().unwrap();
+    assert_eq!((s(period.r#type), s(period.unit)), ("cpu", "nanoseconds"));
+    assert_eq!(p.period, 1_000_000_000 / 499);
+    assert!(
+        p.time_nanos >= before && p.time_nanos < before + 10_000_000_000,
+        "{}",
+        p.time_nanos
+    );
+    assert!(
+        (1_500_000_000..30_000_000_000).contains(&p.duration_nanos),
+        "{}",
+        p.duration_nanos
+    );
+    for sample in &p.sample {
+        assert_eq!(sample.value[1], sample.value[0] * p.period, "{sample:?}");
+    }
+
+    // The fixture's mapping: its file, its build id, and addresses.
+    let path = workload_bin("cfuncs_nofp");
+    let data = std::fs::read(&path).unwrap();
+    let elf = object::File::parse(&*data).unwrap();
+    let build_id: String = elf
+        .build_id()
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mapping = p
+        .mapping
+        .iter()
+        .find(|m| s(m.filename).ends_with("/cfuncs_nofp"))
+        .unwrap_or_else(|| panic!("no mapping of the fixture: {:?}", p.mapping));
+    assert_eq!(s(mapping.build_id), build_id);
+    assert!(mapping.memory_start < mapping.memory_limit);
+    assert!(mapping.has_line_numbers && mapping.has_inline_frames);
+
+    // A file offset as the address of the symbol table.
+    let file_offset = |address: u64| address - mapping.memory_start + mapping.file_offset;
+    let vaddr = |offset: u64| {
+        elf.segments().find_map(|seg| {
+            let (start, size) = seg.file_range();
+            (start..start + size)
+                .contains(&offset)
+                .then(|| seg.address() + (offset - start))
+        })
+    };
+    let gamma = elf
+        .symbols()
+        .find(|s| s.name() == Ok("leaf_gamma"))
+        .unwrap();
+    let gamma = gamma.address()..gamma.address() + gamma.size();
+    let name = |id: u64| s(p.function.iter().find(|f| f.id == id).unwrap().name);
+    let inlined: Vec<&pprof::Location> = p
+        .location
+        .iter()
+        .filter(|l| {
+            l.line
+                .first()
+                .is_some_and(|line| name(line.function_id) == "step")
+        })
+        .collect();
+    assert!(!inlined.is_empty(), "no location of step");
+    for l in inlined {
+        assert_eq!(l.mapping_id, mapping.id);
+        assert!((mapping.memory_start..mapping.memory_limit).contains(&l.address));
+        let at = vaddr(file_offset(l.address)).unwrap();
+        assert!(
+            gamma.contains(&at),
+            "{at:#x} is not in leaf_gamma {gamma:x?}"
+        );
+        let lines: Vec<(&str, i64)> = l
+            .line
+            .iter()
+            .map(|line| (name(line.function_id), line.line))
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines[0].0, "step");
+        assert!(step.contains(&(lines[0].1 as u32)), "{lines:?}");
+        assert_eq!(lines[1], ("leaf_gamma", i64::from(call[0])));
+        let f = p
+            .function
+            .iter()
+            .find(|f| f.id == l.line[0].function_id)
+            .unwrap();
+        assert!(s(f.filename).ends_with("cfuncs.c"));
+    }
 }

@@ -65,13 +65,16 @@ pub struct Args {
     cgroup: Option<PathBuf>,
 }
 
+/// How the exporter attaches one collector.
+type Open = fn(&Collector, Option<&Path>, &GlobalArgs) -> anyhow::Result<Box<dyn Running>>;
+
 /// A collector the exporter can run: a tool and how to open it.
 pub struct Entry {
     /// The collector's (and tool's) name.
     pub name: &'static str,
     /// How the tool runs as a collector.
     pub collector: Collector,
-    open: fn(&Collector, Option<&Path>, &GlobalArgs) -> anyhow::Result<Box<dyn Running>>,
+    open: Open,
 }
 
 impl Entry {
@@ -135,7 +138,11 @@ impl<T: Tool> Running for Session<T> {
         // An event tool's first slot is events lost to a full buffer;
         // every other slot of every tool is a table that was full.
         let events = self.tool.events().is_some();
-        let lost = if events { counts.first().copied().unwrap_or(0) } else { 0 };
+        let lost = if events {
+            counts.first().copied().unwrap_or(0)
+        } else {
+            0
+        };
         let failed = counts.iter().skip(usize::from(events)).sum();
         Ok((lost, failed))
     }
@@ -281,7 +288,10 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         for name in &args.collectors {
             let entry = all.iter().find(|e| e.name == name).with_context(|| {
                 let names: Vec<&str> = all.iter().map(|e| e.name).collect();
-                format!("no collector '{name}'; the collectors are {}", names.join(", "))
+                format!(
+                    "no collector '{name}'; the collectors are {}",
+                    names.join(", ")
+                )
             })?;
             if !chosen.iter().any(|e: &&Entry| e.name == entry.name) {
                 chosen.push(entry);
@@ -420,10 +430,8 @@ mod tests {
             let mut argv: Vec<&str> = vec![e.name];
             argv.extend(e.collector.args);
             assert!(
-                crate::Cli::try_parse_from(
-                    std::iter::once("rtrace").chain(argv.iter().copied())
-                )
-                .is_ok(),
+                crate::Cli::try_parse_from(std::iter::once("rtrace").chain(argv.iter().copied()))
+                    .is_ok(),
                 "{}",
                 e.name
             );

@@ -52,8 +52,10 @@ impl Kind {
     }
 }
 
-/// One frame of a symbolized stack.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// One frame of a symbolized stack. Frames are alike (`Eq`, `Hash`) by
+/// what they show: name, kind, module and line, not by address, so that
+/// samples of one function merge whatever instruction they hit.
+#[derive(Clone, Debug)]
 pub struct Frame {
     /// The function's name, demangled, or `[unknown]`; shared, as stacks
     /// repeat it.
@@ -65,6 +67,47 @@ pub struct Frame {
     /// The source file and line of the frame's own code (`main.c:12`),
     /// where lines are asked for and the debug information has them.
     pub line: Option<Arc<str>>,
+    /// An address in the frame's code, as the process saw it (the call
+    /// itself for callers), and the mapping it is in; 0 and `None` where
+    /// unknown. One of the addresses of frames that are alike.
+    pub addr: u64,
+    /// See [`Frame::addr`].
+    pub mapping: Option<Arc<CodeMapping>>,
+}
+
+impl PartialEq for Frame {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.kind == other.kind
+            && self.module == other.module
+            && self.line == other.line
+    }
+}
+
+impl Eq for Frame {}
+
+impl std::hash::Hash for Frame {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.name.hash(h);
+        self.kind.hash(h);
+        self.module.hash(h);
+        self.line.hash(h);
+    }
+}
+
+/// A mapping of code, as pprof describes it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CodeMapping {
+    /// Its first address in the process, and the one after its last.
+    pub start: u64,
+    /// See [`CodeMapping::start`].
+    pub limit: u64,
+    /// The file offset of `start`.
+    pub offset: u64,
+    /// The file's path (`[kernel.kallsyms]` for the kernel).
+    pub file: String,
+    /// The file's GNU build id, in hex, where it has one.
+    pub build_id: Option<String>,
 }
 
 impl Frame {
@@ -74,6 +117,8 @@ impl Frame {
             kind,
             module: module.map(Arc::from),
             line: None,
+            addr: 0,
+            mapping: None,
         }
     }
 
@@ -107,6 +152,8 @@ struct Mapping {
     file: Option<FileId>,
     /// What `/proc/PID/maps` calls it (a path, `[vdso]`, or empty).
     name: String,
+    /// As pprof describes it, for file-backed mappings.
+    code: Option<Arc<CodeMapping>>,
 }
 
 /// A symbol of a perf map.
@@ -156,6 +203,8 @@ enum Loc {
 struct OpenFile {
     file: File,
     module: String,
+    /// Its GNU build id, in hex.
+    build_id: Option<String>,
 }
 
 /// Resolves kernel and user stacks; see the module documentation.
@@ -366,12 +415,22 @@ impl Symbolizer {
         let file = m
             .path()
             .and_then(|path| self.open_file(pid, &m.range(), path));
+        let code = file.map(|id| {
+            Arc::new(CodeMapping {
+                start: m.start,
+                limit: m.end,
+                offset: m.offset,
+                file: m.name.clone(),
+                build_id: self.files.get(&id).and_then(|f| f.build_id.clone()),
+            })
+        });
         Some(Mapping {
             start: m.start,
             end: m.end,
             offset: m.offset,
             file,
             name: m.name,
+            code,
         })
     }
 
@@ -384,6 +443,7 @@ impl Symbolizer {
         let meta = file.metadata().ok()?;
         let id = (meta.dev(), meta.ino());
         self.files.entry(id).or_insert_with(|| OpenFile {
+            build_id: build_id(&file),
             file,
             module: path.rsplit('/').next().unwrap_or(path).to_owned(),
         });
@@ -410,6 +470,23 @@ impl Symbolizer {
                             None => Loc::Kernel(ip),
                             Some(pid) => self.locate(*pid, ip),
                         }
+                    })
+                    .collect()
+            })
+            .collect();
+        // Each address with its mapping, for pprof.
+        let places: Vec<Vec<(u64, Option<Arc<CodeMapping>>)>> = stacks
+            .iter()
+            .map(|(pid, ips)| {
+                ips.iter()
+                    .enumerate()
+                    .map(|(i, &ip)| {
+                        let ip = if i == 0 { ip } else { ip.saturating_sub(1) };
+                        let mapping = match pid {
+                            None => Some(kernel_mapping()),
+                            Some(pid) => self.mapping_of(*pid, ip),
+                        };
+                        (ip, mapping)
                     })
                     .collect()
             })
@@ -468,24 +545,45 @@ impl Symbolizer {
         }
 
         locs.iter()
-            .map(|stack| {
+            .zip(&places)
+            .map(|(stack, places)| {
                 stack
                     .iter()
-                    .flat_map(|loc| match *loc {
-                        Loc::Kernel(_) | Loc::File(..) => resolved
-                            .get(loc)
-                            .cloned()
-                            .unwrap_or_else(|| vec![Frame::unknown(Kind::User, None)]),
-                        Loc::Jit(pid, a) => vec![self.jit_frame(pid, a)],
-                        Loc::Named(pid, i) => {
-                            let name = &self.procs[&pid].maps[i].name;
-                            vec![Frame::new(name.clone(), Kind::User, Some(name))]
+                    .zip(places)
+                    .flat_map(|(loc, (addr, mapping))| {
+                        let mut frames = match *loc {
+                            Loc::Kernel(_) | Loc::File(..) => resolved
+                                .get(loc)
+                                .cloned()
+                                .unwrap_or_else(|| vec![Frame::unknown(Kind::User, None)]),
+                            Loc::Jit(pid, a) => vec![self.jit_frame(pid, a)],
+                            Loc::Named(pid, i) => {
+                                let name = &self.procs[&pid].maps[i].name;
+                                vec![Frame::new(name.clone(), Kind::User, Some(name))]
+                            }
+                            Loc::Unknown => vec![Frame::unknown(Kind::User, None)],
+                        };
+                        for f in &mut frames {
+                            f.addr = *addr;
+                            f.mapping.clone_from(mapping);
                         }
-                        Loc::Unknown => vec![Frame::unknown(Kind::User, None)],
+                        frames
                     })
                     .collect()
             })
             .collect()
+    }
+
+    /// The file-backed mapping of `pid` that holds `ip`, if any.
+    fn mapping_of(&self, pid: u32, ip: u64) -> Option<Arc<CodeMapping>> {
+        self.procs
+            .get(&pid)?
+            .maps
+            .iter()
+            .rev()
+            .find(|m| (m.start..m.end).contains(&ip))?
+            .code
+            .clone()
     }
 
     /// Where user address `ip` of `pid` is.
@@ -519,6 +617,31 @@ impl Symbolizer {
             _ => Frame::unknown(Kind::User, None),
         }
     }
+}
+
+/// The GNU build id of an ELF file, in hex.
+fn build_id(file: &File) -> Option<String> {
+    use object::Object as _;
+    let data = crate::memory::Mapped::of(file).ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let id = elf.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The kernel's code, as pprof describes it (perf's name for it).
+fn kernel_mapping() -> Arc<CodeMapping> {
+    static KERNEL: std::sync::OnceLock<Arc<CodeMapping>> = std::sync::OnceLock::new();
+    KERNEL
+        .get_or_init(|| {
+            Arc::new(CodeMapping {
+                start: 0xffff_8000_0000_0000,
+                limit: u64::MAX,
+                offset: 0,
+                file: "[kernel.kallsyms]".to_owned(),
+                build_id: None,
+            })
+        })
+        .clone()
 }
 
 /// `/proc/kallsyms` copied into an anonymous memory file.

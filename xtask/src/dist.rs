@@ -17,8 +17,18 @@ pub fn static_path() -> PathBuf {
 pub fn static_binary() -> anyhow::Result<PathBuf> {
     // Rust's musl target links musl statically, with its own start files:
     // no C toolchain of the target's is needed.
-    run(cargo().args(["build", "--release", "-p", "rtrace", "--target", STATIC_TARGET]))?;
-    let built = root().join("target").join(STATIC_TARGET).join("release/rtrace");
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "rtrace",
+        "--target",
+        STATIC_TARGET,
+    ]))?;
+    let built = root()
+        .join("target")
+        .join(STATIC_TARGET)
+        .join("release/rtrace");
     let dest = static_path();
     fs::create_dir_all(dest.parent().unwrap())?;
     // Stripped by binutils rather than by the profile: a profile setting
@@ -89,7 +99,10 @@ pub fn run_dist() -> anyhow::Result<()> {
     );
     fs::create_dir_all(tree.join("DEBIAN"))?;
     fs::write(tree.join("DEBIAN/control"), control)?;
-    fs::write(tree.join("DEBIAN/conffiles"), "/etc/default/rtrace-exporter\n")?;
+    fs::write(
+        tree.join("DEBIAN/conffiles"),
+        "/etc/default/rtrace-exporter\n",
+    )?;
     let deb = dir.join(format!("rtrace_{version}_amd64.deb"));
     run(Command::new("dpkg-deb")
         .args(["--root-owner-group", "--build"])

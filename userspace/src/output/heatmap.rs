@@ -87,7 +87,9 @@ fn color(n: u64, max: u64) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 #[cfg(test)]
@@ -103,7 +105,9 @@ mod tests {
         write_svg(&counts, 20_000_000, 42, "t", &mut out).unwrap();
         let svg = String::from_utf8(out).unwrap();
         assert!(svg.contains(r#"data-start-ns="42""#));
-        assert!(svg.contains(r#"data-second="0" data-row="3" data-samples="7"><title>0.060 s: 7 samples"#));
+        assert!(svg.contains(
+            r#"data-second="0" data-row="3" data-samples="7"><title>0.060 s: 7 samples"#
+        ));
         assert!(svg.contains(r#"data-second="1" data-row="1" data-samples="2""#));
         assert_eq!(svg.matches("<rect x=").count(), 120);
     }

@@ -114,7 +114,12 @@ impl Family<'_> {
         let mut cumulative = 0;
         for (le, n) in h.bounds.iter().zip(&h.counts) {
             cumulative += n;
-            self.line("_bucket", labels, Some(&format_value(*le)), cumulative as f64);
+            self.line(
+                "_bucket",
+                labels,
+                Some(&format_value(*le)),
+                cumulative as f64,
+            );
         }
         let count = cumulative + h.over;
         self.line("_bucket", labels, Some("+Inf"), count as f64);
@@ -130,11 +135,7 @@ impl Family<'_> {
         if !labels.is_empty() || le.is_some() {
             t.push('{');
             let mut first = true;
-            for (k, v) in labels
-                .iter()
-                .copied()
-                .chain(le.map(|le| ("le", le)))
-            {
+            for (k, v) in labels.iter().copied().chain(le.map(|le| ("le", le))) {
                 if !first {
                     t.push(',');
                 }
@@ -304,7 +305,15 @@ mod tests {
     #[test]
     fn buckets_hold_exactly_the_values_below_their_bound() {
         let mut r = Running::default();
-        r.update([&hist_of(&[0, 1023, 1024, 2047, 2048, 1 << 39, (1 << 39) - 1])]);
+        r.update([&hist_of(&[
+            0,
+            1023,
+            1024,
+            2047,
+            2048,
+            1 << 39,
+            (1 << 39) - 1,
+        ])]);
         let s = r.seconds();
         assert_eq!(s.bounds[0], 1024.0 / 1e9);
         // Below 1024 ns: 0 and 1023; below 2048: 1024 and 2047.
@@ -343,7 +352,10 @@ mod tests {
                 "# TYPE rtrace_x_total counter"
             };
             assert!(text.contains(counter_meta), "{text}");
-            assert!(text.contains("rtrace_x_total{a=\"q\\\"\\\\\"} 3\n"), "{text}");
+            assert!(
+                text.contains("rtrace_x_total{a=\"q\\\"\\\\\"} 3\n"),
+                "{text}"
+            );
             assert!(text.contains("rtrace_y_seconds_bucket{le=\"0.000001024\"} 0\n"));
             assert!(text.contains("rtrace_y_seconds_bucket{le=\"0.000002048\"} 1\n"));
             assert!(text.contains("rtrace_y_seconds_bucket{le=\"+Inf\"} 1\n"));

@@ -94,10 +94,9 @@ fn parse_palette(s: &str) -> Result<inferno::flamegraph::color::Palette, String>
         return Ok(FlameOptions::by_kind());
     }
     s.parse().map_err(|_| {
-        format!(
-            "unknown palette; use mixed, hot, mem, io, wakeup, java, js, perl, python, rust, \
-             red, green, blue, aqua, yellow, purple or orange"
-        )
+        "unknown palette; use mixed, hot, mem, io, wakeup, java, js, perl, python, rust, \
+         red, green, blue, aqua, yellow, purple or orange"
+            .to_owned()
     })
 }
 

@@ -350,6 +350,7 @@ impl Offcputime {
         samples: &[Sample],
         elapsed: std::time::Duration,
     ) -> anyhow::Result<()> {
+        let lines = self.args.stacks.lines;
         let what = files::held(samples, "us");
         if let Some(file) = self.reports.svg.take() {
             let opts = FlameOptions {
@@ -371,7 +372,9 @@ impl Offcputime {
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
-            file.write(&what, |out| stacks::pprof::write(samples, out, &meta))?;
+            file.write(&what, |out| {
+                stacks::pprof::write(samples, out, &meta, lines)
+            })?;
         }
         Ok(())
     }

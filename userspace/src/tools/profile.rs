@@ -638,6 +638,7 @@ impl Profile {
     /// Writes the files asked for.
     fn write_files(&mut self, samples: &[Sample], elapsed: Duration) -> anyhow::Result<()> {
         let args = &self.args;
+        let lines = args.stacks.lines;
         let (event, freq) = (self.event, self.freq);
         let rate = match args.period {
             Some(p) => format!("every {p} events"),
@@ -676,7 +677,9 @@ impl Profile {
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
-            file.write(&what, |out| stacks::pprof::write(samples, out, &meta))?;
+            file.write(&what, |out| {
+                stacks::pprof::write(samples, out, &meta, lines)
+            })?;
         } else if let Some(file) = self.reports.pprof.take() {
             // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
             // events are counted in events.
@@ -699,7 +702,9 @@ impl Profile {
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
-            file.write(&what, |out| stacks::pprof::write(samples, out, &meta))?;
+            file.write(&what, |out| {
+                stacks::pprof::write(samples, out, &meta, lines)
+            })?;
         }
         if let Some(file) = self.reports.speedscope.take() {
             let unit = if args.off_cpu { "microseconds" } else { "none" };

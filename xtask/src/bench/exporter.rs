@@ -12,8 +12,8 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    IO_READS, IO_WRITES, Loop, ROUNDS, Ready, Row, Setup, TRIALS, cpu_ns, pingpong, report,
-    timed, trials,
+    IO_READS, IO_WRITES, Loop, ROUNDS, Ready, Row, Setup, TRIALS, cpu_ns, pingpong, report, timed,
+    trials,
 };
 
 /// Scrapes timed one after another, for the CPU time per scrape.
@@ -161,7 +161,9 @@ impl Server {
     }
 
     fn node_exporter() -> anyhow::Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let child = Command::new("prometheus-node-exporter")
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(Stdio::null())

@@ -178,7 +178,8 @@ mod tests {
 
     #[test]
     fn each_transform_on_folded_lines() {
-        let text = "app;main;gc;mark;scan 3\napp;main;work;work;work;leaf 5\napp;main;log;write 2\n";
+        let text =
+            "app;main;gc;mark;scan 3\napp;main;work;work;work;leaf 5\napp;main;log;write 2\n";
         let t = args(&["^log$"], &["^gc$"], true);
         assert_eq!(
             t.folded(text).unwrap(),
