@@ -691,6 +691,7 @@ fn output_files_are_created_first_and_appear_whole() {
         ("profile", "--svg"),
         ("profile", "--pprof"),
         ("profile", "--speedscope"),
+        ("profile", "--heatmap"),
         ("offcputime", "--svg"),
         ("offcputime", "--pprof"),
     ] {
@@ -716,6 +717,14 @@ fn output_files_are_created_first_and_appear_whole() {
     ]);
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("cannot open"), "{stderr}");
+    // A plain flame graph to a path that cannot be written: one line,
+    // before the input is read.
+    let (code, _, stderr) = run(&["flamegraph", missing, "--svg", bad]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        format!("rtrace: error: cannot create {bad}: No such file or directory (os error 2)")
+    );
 
     let svg = dir.join("ok.svg");
     let (code, _, stderr) = run(&["profile", "--svg", svg.to_str().unwrap(), "1"]);
@@ -1747,4 +1756,53 @@ fn pprof_has_mappings_addresses_and_inlined_lines() {
             .unwrap();
         assert!(s(f.filename).ends_with("cfuncs.c"));
     }
+}
+
+/// `rtrace flamegraph --colors mixed` (the default) gives kernel, user
+/// native, JIT, inlined and interpreted frames hues of their own, by the
+/// suffixes `profile -a` writes, and shows the names without them.
+#[test]
+fn mixed_palette_gives_each_kind_of_frame_its_hue() {
+    let folded = temp("mixed.folded");
+    std::fs::write(
+        &folded,
+        "app;main;vfs_read_[k] 5\napp;main;compiled_[j] 5\napp;main;script_fn_[p] 5\n\
+         app;main;helper_[i] 5\napp;main;native 5\n",
+    )
+    .unwrap();
+    let svg = temp("mixed.svg");
+    let (code, _, stderr) = run(&[
+        "flamegraph",
+        folded.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = parse_svg(&text).unwrap();
+    let fill = |name: &str| -> [u32; 3] {
+        let g = doc
+            .descendants()
+            .find(|n| {
+                n.has_tag_name("g")
+                    && n.children().any(|c| {
+                        c.has_tag_name("title")
+                            && c.text()
+                                .is_some_and(|t| t.starts_with(&format!("{name} (")))
+                    })
+            })
+            .unwrap_or_else(|| panic!("no frame {name} shown without its suffix"));
+        let rect = g.children().find(|c| c.has_tag_name("rect")).unwrap();
+        rgb(rect.attribute("fill").unwrap())
+    };
+    let [kr, kg, kb] = fill("vfs_read");
+    assert!(kr > kg && kg > kb, "kernel orange: {:?}", [kr, kg, kb]);
+    let [jr, jg, jb] = fill("compiled");
+    assert!(jg > jr && jg > jb, "JIT green: {:?}", [jr, jg, jb]);
+    let [pr, pg, pb] = fill("script_fn");
+    assert!(pb > pg && pr > pg, "interpreted purple: {:?}", [pr, pg, pb]);
+    let [ir, ig, ib] = fill("helper");
+    assert!(ig > ir && ib > ir, "inlined aqua: {:?}", [ir, ig, ib]);
+    let [nr, ng, nb] = fill("native");
+    assert!(nr > ng && nr > nb, "native red: {:?}", [nr, ng, nb]);
 }

@@ -36,17 +36,24 @@ pub enum Kind {
     User,
     /// JIT-compiled code named by a perf map.
     Jit,
+    /// A function of an interpreted language, named by its runtime's perf
+    /// map (Python's `py::` trampolines, V8's `~` functions, the JVM's
+    /// `Interpreter`).
+    Interpreted,
     /// A function inlined into the frame below it.
     Inlined,
 }
 
 impl Kind {
-    /// The suffix FlameGraph's and inferno's `java` palette color by.
+    /// The suffix flame graphs colour by: FlameGraph's and inferno's
+    /// `java` palette know `_[k]`, `_[j]` and `_[i]`; rtrace's mixed
+    /// palette adds `_[p]` for interpreted code.
     pub fn annotation(self) -> &'static str {
         match self {
             Self::Kernel => "_[k]",
             Self::User => "",
             Self::Jit => "_[j]",
+            Self::Interpreted => "_[p]",
             Self::Inlined => "_[i]",
         }
     }
@@ -613,10 +620,28 @@ impl Symbolizer {
         let jit = &self.procs[&pid].jit;
         let i = jit.partition_point(|s| s.start <= ip);
         match i.checked_sub(1).map(|i| &jit[i]) {
-            Some(s) if ip < s.end => Frame::new(s.name.clone(), Kind::Jit, Some("[jit]")),
+            Some(s) if ip < s.end => {
+                let kind = if interpreted(&s.name) {
+                    Kind::Interpreted
+                } else {
+                    Kind::Jit
+                };
+                Frame::new(s.name.clone(), kind, Some("[jit]"))
+            }
             _ => Frame::unknown(Kind::User, None),
         }
     }
+}
+
+/// Whether a perf map's name is an interpreted function's: Python's
+/// trampolines (`py::f:file.py`), V8's functions not yet optimized
+/// (`JS:~f`, `LazyCompile:~f`) and the JVM's interpreter.
+fn interpreted(name: &str) -> bool {
+    name.starts_with("py::")
+        || name
+            .split_once(':')
+            .is_some_and(|(_, f)| f.starts_with('~'))
+        || name.starts_with("Interpreter")
 }
 
 /// The GNU build id of an ELF file, in hex.

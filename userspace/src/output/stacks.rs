@@ -129,7 +129,8 @@ pub const MISSED_KERNEL: &str = "[Missed Kernel Stack]";
 pub struct TextOptions {
     /// Put a delimiter between kernel and user frames (`-d`).
     pub delimiter: bool,
-    /// Suffix kernel, JIT and inlined frames with `_[k]`, `_[j]`, `_[i]`.
+    /// Suffix kernel, JIT, inlined and interpreted frames with `_[k]`,
+    /// `_[j]`, `_[i]`, `_[p]`.
     pub annotate: bool,
 }
 
@@ -299,6 +300,7 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Kernel => "kernel",
         Kind::User => "user",
         Kind::Jit => "jit",
+        Kind::Interpreted => "interpreted",
         Kind::Inlined => "inlined",
     }
 }
@@ -350,7 +352,7 @@ pub fn write_svg(
     let lines: Vec<String> = samples.iter().map(|s| folded_line(s, annotated)).collect();
     let mut o = inferno_options(opts);
     // Frames off the CPU in blues, whatever the palette gives the rest.
-    let mut blues = inferno::flamegraph::color::PaletteMap::default();
+    let (lines, mut colors) = interpreted_colors(lines);
     for (s, line) in samples.iter().zip(&lines) {
         if !s.off_cpu {
             continue;
@@ -358,15 +360,54 @@ pub fn write_svg(
         let (stack, _) = line.rsplit_once(' ').unwrap_or((line, ""));
         for n in stack.split(';') {
             if n == OFF_CPU_FRAME || n.ends_with(OFF_CPU_ANNOTATION) {
-                blues.insert(n, blue(n));
+                colors.insert(n, blue(n));
             }
         }
     }
-    if blues.iter().next().is_some() {
-        o.palette_map = Some(&mut blues);
+    if colors.iter().next().is_some() {
+        o.palette_map = Some(&mut colors);
     }
     inferno::flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), out)
         .context("cannot draw the flame graph")
+}
+
+/// Interpreted frames (`_[p]`) in purples, the hue the `java` palette
+/// leaves free beside kernel (orange), JIT (green), inlined (aqua) and
+/// native (red) frames: rtrace's mixed-mode palette. inferno hides only
+/// the suffixes it knows, so they are drawn as `_[j]` frames with colours
+/// of their own.
+fn interpreted_colors(lines: Vec<String>) -> (Vec<String>, inferno::flamegraph::color::PaletteMap) {
+    let mut map = inferno::flamegraph::color::PaletteMap::default();
+    let lines = lines
+        .into_iter()
+        .map(|line| {
+            if !line.contains("_[p]") {
+                return line;
+            }
+            let (stack, count) = line.rsplit_once(' ').unwrap_or((&line, ""));
+            let frames: Vec<String> = stack
+                .split(';')
+                .map(|n| match n.strip_suffix("_[p]") {
+                    Some(name) => {
+                        let shown = format!("{name}_[j]");
+                        let h = hue(name);
+                        map.insert(
+                            &shown,
+                            inferno::flamegraph::color::Color {
+                                r: 150 + (60.0 * h) as u8,
+                                g: 80 + (40.0 * h) as u8,
+                                b: 200 + (55.0 * h) as u8,
+                            },
+                        );
+                        shown
+                    }
+                    None => n.to_owned(),
+                })
+                .collect();
+            format!("{} {count}", frames.join(";"))
+        })
+        .collect();
+    (lines, map)
 }
 
 /// Writes a flame graph of folded `lines` (root first, count last) to
@@ -377,6 +418,10 @@ pub fn write_folded_svg(
     opts: &FlameOptions,
 ) -> anyhow::Result<()> {
     let mut o = inferno_options(opts);
+    let (lines, mut colors) = interpreted_colors(lines.to_vec());
+    if opts.palette == FlameOptions::by_kind() && colors.iter().next().is_some() {
+        o.palette_map = Some(&mut colors);
+    }
     inferno::flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), out)
         .context("cannot draw the flame graph")
 }
@@ -407,13 +452,18 @@ pub fn write_diff_svg(
         .context("cannot draw the flame graph")
 }
 
-/// A blue that varies with the name, as FlameGraph varies its palettes,
-/// so that neighbouring frames stay apart.
-fn blue(name: &str) -> inferno::flamegraph::color::Color {
+/// A number in [0, 1) that varies with the name, as FlameGraph varies its
+/// palettes, so that neighbouring frames stay apart.
+fn hue(name: &str) -> f32 {
     let h = name
         .bytes()
         .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
-    let v = (h % 1000) as f32 / 1000.0;
+    (h % 1000) as f32 / 1000.0
+}
+
+/// A blue that varies with the name.
+fn blue(name: &str) -> inferno::flamegraph::color::Color {
+    let v = hue(name);
     inferno::flamegraph::color::Color {
         r: 60 + (60.0 * v) as u8,
         g: 90 + (70.0 * v) as u8,
