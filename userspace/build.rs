@@ -36,8 +36,8 @@ fn build_info(root: &std::path::Path) {
         .filter(|o| o.status.success())
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map_or_else(|| "unknown".to_owned(), |s| s.trim().to_owned());
-    let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap_or_default();
-    let version_of = |name: &str| {
+    let version_of = |lock: &str, name: &str| {
+        let lock = std::fs::read_to_string(root.join(lock)).unwrap_or_default();
         let head = format!("name = \"{name}\"\nversion = \"");
         lock.find(&head)
             .and_then(|i| lock[i + head.len()..].split('"').next())
@@ -45,7 +45,11 @@ fn build_info(root: &std::path::Path) {
             .to_owned()
     };
     println!("cargo:rustc-env=RTRACE_COMMIT={commit}");
-    println!("cargo:rustc-env=RTRACE_AYA={}", version_of("aya"));
+    println!("cargo:rustc-env=RTRACE_AYA={}", version_of("Cargo.lock", "aya"));
+    println!(
+        "cargo:rustc-env=RTRACE_AYA_EBPF={}",
+        version_of("ebpf-programs/Cargo.lock", "aya-ebpf")
+    );
     for git in [".git/HEAD", ".git/refs/heads"] {
         println!("cargo:rerun-if-changed={}", root.join(git).display());
     }

@@ -36,6 +36,18 @@ pub const BUILD_COMMIT: &str = env!("RTRACE_COMMIT");
 /// The version of aya rtrace was built with.
 pub const AYA_VERSION: &str = env!("RTRACE_AYA");
 
+/// What `--version` says: the release, the commit, and the aya crates of
+/// both sides.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ncommit ",
+    env!("RTRACE_COMMIT"),
+    "\naya ",
+    env!("RTRACE_AYA"),
+    ", aya-ebpf ",
+    env!("RTRACE_AYA_EBPF"),
+);
+
 /// Options every tool takes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GlobalArgs {
@@ -54,7 +66,7 @@ pub struct GlobalArgs {
 /// eBPF tracing tools: bcc's tools in one binary, with no compiler,
 /// headers or Python needed at run time.
 #[derive(Debug, Parser)]
-#[command(name = "rtrace", version)]
+#[command(name = "rtrace", version, long_version = LONG_VERSION, propagate_version = true)]
 struct Cli {
     #[command(flatten)]
     global: GlobalArgs,

@@ -14,8 +14,8 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 /// capability test, and qemu, busybox, cpio and xz (for the guests' loop
 /// module) run the other kernels of `vm-test`; the exporter's tests scrape
 /// it with a real Prometheus, and its benchmark compares scrapes with
-/// node_exporter's.
-const PACKAGES: [&str; 13] = [
+/// node_exporter's; man-db renders the man pages in their test.
+const PACKAGES: [&str; 14] = [
     "bpftrace",
     "dwarves",
     "e2fsprogs",
@@ -29,6 +29,7 @@ const PACKAGES: [&str; 13] = [
     "python3",
     "prometheus",
     "prometheus-node-exporter",
+    "man-db",
 ];
 
 /// The target of the static build (`cargo xtask dist`), which the tests

@@ -58,6 +58,17 @@ impl ReportFile {
         what: &str,
         fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
+        let path = self.write_quietly(fill)?;
+        eprintln!("rtrace: wrote {} ({what})", path.display());
+        Ok(())
+    }
+
+    /// Writes the file with `fill` and puts it in place, saying nothing;
+    /// returns where it is.
+    pub fn write_quietly(
+        self,
+        fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+    ) -> anyhow::Result<std::path::PathBuf> {
         let path = self.path;
         let mut out = BufWriter::new(self.tmp.as_file());
         fill(&mut out)
@@ -67,8 +78,7 @@ impl ReportFile {
         self.tmp
             .persist(&path)
             .map_err(|e| anyhow::anyhow!("cannot write {}: {}", path.display(), e.error))?;
-        eprintln!("rtrace: wrote {} ({what})", path.display());
-        Ok(())
+        Ok(path)
     }
 }
 

@@ -24,6 +24,19 @@ macro_rules! registry {
             Flamegraph(flamegraph::Args),
             /// Serve the tools' histograms and counters as Prometheus metrics.
             Exporter(crate::exporter::Args),
+            /// Print a completion script for SHELL: `rtrace completions bash
+            /// > /etc/bash_completion.d/rtrace`.
+            Completions {
+                /// The shell: bash, zsh, fish, elvish or powershell.
+                #[arg(value_enum)]
+                shell: clap_complete::Shell,
+            },
+            /// Write a man page for rtrace and one for each command into DIR
+            /// (`rtrace.1`, `rtrace-runqlat.1`, ...).
+            Man {
+                /// The folder to write the pages into (it is created).
+                dir: std::path::PathBuf,
+            },
         }
 
         /// Every tool that can be a collector of the exporter, by name.
@@ -44,6 +57,12 @@ macro_rules! registry {
                 $(Command::$variant(args) => tracer::run::<$module::$tool>(args, global).await,)*
                 Command::Flamegraph(args) => flamegraph::run(args),
                 Command::Exporter(args) => crate::exporter::run(args, global).await,
+                Command::Completions { shell } => {
+                    let mut cmd = <crate::Cli as clap::CommandFactory>::command();
+                    clap_complete::generate(shell, &mut cmd, "rtrace", &mut std::io::stdout());
+                    Ok(())
+                }
+                Command::Man { dir } => crate::output::manpages::write(&dir),
             }
         }
     };
