@@ -45,7 +45,10 @@ fn build_info(root: &std::path::Path) {
             .to_owned()
     };
     println!("cargo:rustc-env=RTRACE_COMMIT={commit}");
-    println!("cargo:rustc-env=RTRACE_AYA={}", version_of("Cargo.lock", "aya"));
+    println!(
+        "cargo:rustc-env=RTRACE_AYA={}",
+        version_of("Cargo.lock", "aya")
+    );
     println!(
         "cargo:rustc-env=RTRACE_AYA_EBPF={}",
         version_of("ebpf-programs/Cargo.lock", "aya-ebpf")

@@ -271,6 +271,39 @@ pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A histogram report's layout, to compare with libbpf-tools': each line as what it is, with names, counts and
+/// times taken out, and each table's rows as one.
+pub fn text_layout(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let shape = if line.is_empty() {
+            "blank".to_owned()
+        } else if line.len() == 8 && line.as_bytes()[2] == b':' && line.as_bytes()[5] == b':' {
+            "time".to_owned()
+        } else if line.contains(" -> ") && line.contains('|') {
+            "rows".to_owned()
+        } else if let Some(rest) = line.strip_prefix("disk = ") {
+            let flags = rest.split_once('\t').map(|(_, f)| f);
+            match flags {
+                Some("") => "disk = D\\t".to_owned(),
+                Some(f) if f.starts_with("flags = ") => "disk = D\\tflags = F".to_owned(),
+                _ => format!("disk = D{}", rest.len()),
+            }
+        } else if line.starts_with("flags = ") {
+            "flags = F".to_owned()
+        } else if line.starts_with("Tracing") {
+            continue;
+        } else {
+            line.to_owned()
+        };
+        if shape == "rows" && out.last().is_some_and(|l| l == "rows") {
+            continue;
+        }
+        out.push(shape);
+    }
+    out
+}
+
 /// Sums the counts of a text histogram in libbpf-tools' layout.
 pub fn text_hist_total(text: &str) -> u64 {
     text.lines()

@@ -2,7 +2,7 @@
 //! against the device's own completion counters.
 
 use rtrace_integration_tests::{
-    LoopDevice, Rtrace, SIGINT, json_lines, run, run_workload, text_hist_total,
+    LoopDevice, Rtrace, SIGINT, json_lines, run, run_workload, text_hist_total, text_layout,
 };
 
 const READS: u64 = 120;
@@ -135,5 +135,63 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
     assert!(
         stderr.contains("possible values: raw_tracepoint, tp_btf, tracepoint"),
         "{stderr}"
+    );
+}
+
+/// rtrace's text layout is libbpf-tools': both run on the same direct I/O
+/// to one disk, with timestamps, plain and split by disk and by flags, and
+/// their lines must have the same shapes in the same order (blank lines,
+/// times, headings with their tabs, headers, rows).
+#[test]
+fn text_layout_matches_libbpf_tools() {
+    if std::env::var("RTRACE_EXPECT_MECHANISMS").is_ok_and(|v| !v.is_empty()) {
+        eprintln!("skipped: the guests have no libbpf-tools; the host runs this test");
+        return;
+    }
+    let dev = LoopDevice::new("layout");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io = {
+        let (stop, path) = (stop.clone(), dev.path.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                direct_io_at(&path, 200, 100);
+            }
+        })
+    };
+    for extra in [&[][..], &["-D"], &["-F"], &["-D", "-F"]] {
+        let mut args = vec!["-T", "-d", &dev.name];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["1", "2"]);
+        let peer = std::process::Command::new("stdbuf")
+            .arg("-oL")
+            .arg("/usr/sbin/biolatency")
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("libbpf-tools' biolatency (Debian package libbpf-tools)");
+        let mut ours = vec!["biolatency"];
+        ours.extend_from_slice(&args);
+        let (code, stdout, stderr) = run(&ours);
+        assert_eq!(code, 0, "{stderr}");
+        let theirs = String::from_utf8(peer.wait_with_output().unwrap().stdout).unwrap();
+        assert_eq!(
+            text_layout(&stdout),
+            text_layout(&theirs),
+            "{extra:?}\nrtrace:\n{stdout}\nlibbpf-tools:\n{theirs}"
+        );
+        assert!(
+            text_layout(&stdout).contains(&"rows".to_owned()),
+            "{stdout}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    io.join().unwrap();
+}
+
+fn direct_io_at(path: &str, reads: u64, writes: u64) {
+    run_workload(
+        "directio",
+        &[path.to_owned(), reads.to_string(), writes.to_string()],
     );
 }

@@ -7,7 +7,11 @@ fn version_names_the_commit_and_the_aya_crates() {
     let (code, stdout, stderr) = run(&["--version"]);
     assert_eq!(code, 0, "{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines[0], concat!("rtrace ", env!("CARGO_PKG_VERSION")), "{stdout}");
+    assert_eq!(
+        lines[0],
+        concat!("rtrace ", env!("CARGO_PKG_VERSION")),
+        "{stdout}"
+    );
     let commit = lines[1].strip_prefix("commit ").expect(&stdout);
     assert!(
         commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit()),
@@ -22,7 +26,10 @@ fn version_names_the_commit_and_the_aya_crates() {
     {
         assert_eq!(commit, String::from_utf8_lossy(&out.stdout).trim());
     }
-    assert!(lines[2].starts_with("aya 0.14.0, aya-ebpf 0.2.1"), "{stdout}");
+    assert!(
+        lines[2].starts_with("aya 0.14.0, aya-ebpf 0.2.1"),
+        "{stdout}"
+    );
     // -V on every command, as bcc's users type it.
     for command in ["runqlat", "profile", "exporter", "flamegraph", "doctor"] {
         let (code, stdout, stderr) = run(&[command, "-V"]);
@@ -46,7 +53,11 @@ fn completions_load_in_bash_and_name_every_command() {
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(said.contains("-F _rtrace rtrace"), "{said}");
     for command in ["runqlat", "biolatency", "profile", "exporter", "flamegraph"] {
         assert!(script.contains(command), "{command}");
@@ -71,10 +82,18 @@ fn man_pages_render_for_every_command() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     pages.sort();
-    for want in ["rtrace.1", "rtrace-runqlat.1", "rtrace-flamegraph-diff.1", "rtrace-exporter.1"] {
+    for want in [
+        "rtrace.1",
+        "rtrace-runqlat.1",
+        "rtrace-flamegraph-diff.1",
+        "rtrace-exporter.1",
+    ] {
         assert!(pages.iter().any(|p| p == want), "{want}: {pages:?}");
     }
-    assert!(stderr.contains(&format!("wrote {} man pages", pages.len())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("wrote {} man pages", pages.len())),
+        "{stderr}"
+    );
     if std::env::var("RTRACE_EXPECT_MECHANISMS").is_ok_and(|v| !v.is_empty()) {
         eprintln!("skipped rendering: the guests have no man; the host renders them");
         return;
@@ -88,9 +107,16 @@ fn man_pages_render_for_every_command() {
             .output()
             .expect("man (Debian package man-db)");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{page}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{page}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let name = page.trim_end_matches(".1");
-        assert!(text.contains("NAME") && text.contains(name), "{page}:\n{text}");
+        assert!(
+            text.contains("NAME") && text.contains(name),
+            "{page}:\n{text}"
+        );
     }
     let _ = std::fs::remove_dir_all(dir);
 }

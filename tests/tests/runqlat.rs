@@ -321,3 +321,36 @@ fn without_capabilities_it_names_them() {
         "{stderr}"
     );
 }
+
+/// rtrace's text layout is libbpf-tools': both run side by side with
+/// timestamps, and their lines must have the same shapes in the same
+/// order.
+#[test]
+fn text_layout_matches_libbpf_tools() {
+    if std::env::var("RTRACE_EXPECT_MECHANISMS").is_ok_and(|v| !v.is_empty()) {
+        eprintln!("skipped: the guests have no libbpf-tools; the host runs this test");
+        return;
+    }
+    let mut pingpong = rtrace_integration_tests::PingPong::start(200_000);
+    let peer = std::process::Command::new("stdbuf")
+        .args(["-oL", "/usr/sbin/runqlat", "-T", "1", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("libbpf-tools' runqlat (Debian package libbpf-tools)");
+    let ours = std::thread::spawn(|| rtrace_integration_tests::run(&["runqlat", "-T", "1", "2"]));
+    pingpong.play();
+    let (code, stdout, stderr) = ours.join().unwrap();
+    assert_eq!(code, 0, "{stderr}");
+    let theirs = String::from_utf8(peer.wait_with_output().unwrap().stdout).unwrap();
+    let layout = rtrace_integration_tests::text_layout;
+    assert_eq!(
+        layout(&stdout),
+        layout(&theirs),
+        "rtrace:\n{stdout}\nlibbpf-tools:\n{theirs}"
+    );
+    assert!(
+        layout(&stdout).iter().filter(|l| *l == "rows").count() == 2,
+        "{stdout}"
+    );
+}

@@ -149,6 +149,11 @@ pub struct Interval {
     pub percentiles: bool,
     /// Whether the text shows an empty table when there are no histograms.
     pub empty_table: bool,
+    /// libbpf-tools' biolatency layout: each heading printed as it is
+    /// (a disk's begins with a line break, flags alone do not), then a
+    /// line break, which without a heading makes a blank line; runqlat's
+    /// headings each start a paragraph.
+    pub break_before_table: bool,
 }
 
 impl Serialize for Interval {
@@ -182,7 +187,10 @@ impl super::Record for Interval {
             out.push_str(&render_log2(&Snapshot::default().log2(), self.unit));
         }
         for g in &self.histograms {
-            if let Some(head) = &g.head {
+            if self.break_before_table {
+                out.push_str(g.head.as_deref().unwrap_or(""));
+                out.push('\n');
+            } else if let Some(head) = &g.head {
                 let _ = write!(out, "\n{head}\n");
             }
             out.push_str(&render_log2(&g.snapshot.log2(), self.unit));

@@ -509,7 +509,9 @@ impl Tool for Biolatency {
             let mut labels = serde_json::Map::new();
             if self.args.disk {
                 let disk = self.disk_name(k.dev);
-                head.push(format!("disk = {disk}"));
+                // libbpf-tools starts the disk's part on a new paragraph
+                // and ends it with a tab, flags or not.
+                head.push(format!("\ndisk = {disk}\t"));
                 labels.insert("disk".into(), disk.into());
             }
             if let (true, Some(names)) = (self.args.flag, &self.flag_names) {
@@ -518,7 +520,7 @@ impl Tool for Biolatency {
                 labels.insert("flags".into(), flags.into());
             }
             histograms.push(Group {
-                head: (!head.is_empty()).then(|| head.join("\t")),
+                head: (!head.is_empty()).then(|| head.concat()),
                 labels,
                 snapshot,
             });
@@ -532,6 +534,7 @@ impl Tool for Biolatency {
             timestamp: self.args.interval.timestamp,
             percentiles: self.args.percentiles,
             empty_table: !self.args.disk && !self.args.flag,
+            break_before_table: true,
         })
     }
 }

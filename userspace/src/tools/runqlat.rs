@@ -316,6 +316,7 @@ impl Tool for Runqlat {
             timestamp: self.args.interval.timestamp,
             percentiles: self.args.percentiles,
             empty_table: false,
+            break_before_table: false,
         })
     }
 }
