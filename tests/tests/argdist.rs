@@ -299,6 +299,20 @@ fn bad_specs_point_at_the_column() {
     let (code, _, stderr) = run(&["argdist", "-C", &format!("p:{fix}:no_such_function")]);
     assert_ne!(code, 0);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("no function 'no_such_function' in {fix}")),
+        "{stderr}"
+    );
+    // A path that is not there, or not a program, said in those words.
+    for (target, want) in [
+        ("/nonexistent", "no such file: /nonexistent"),
+        ("/etc/passwd", "/etc/passwd is not an ELF file"),
+    ] {
+        let (code, _, stderr) = run(&["argdist", "-C", &format!("p:{target}:f()")]);
+        assert_ne!(code, 0);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(want), "{stderr}");
+    }
     let (code, _, stderr) = run(&["argdist"]);
     assert_ne!(code, 0);
     assert!(stderr.contains("give at least one probe"), "{stderr}");

@@ -160,7 +160,7 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
     assert_one_line_error(&["gethostlatency", "-p", "999999999"], "no such process");
     assert_one_line_error(
         &["gethostlatency", "-l", "/no/such/libc.so.6"],
-        "not an ELF file",
+        "no such file: /no/such/libc.so.6",
     );
     let (code, _, stderr) = run(&["gethostlatency", "--bogus"]);
     assert_eq!(code, 2, "{stderr}");

@@ -31,7 +31,7 @@ const LIB_DIRS: [&str; 7] = [
 
 /// A uprobe target that names no file.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot find {target:?}: {looked}")]
+#[error("{looked}")]
 pub struct NotFound {
     target: String,
     looked: String,
@@ -51,10 +51,14 @@ pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
     };
     if target.contains('/') {
         let path = root.join(target.trim_start_matches('/'));
-        return if is_elf(&path) {
-            Ok(path)
-        } else {
-            Err(not_found(format!("{} is not an ELF file", path.display())))
+        return match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(not_found(format!("no such file: {}", path.display())))
+            }
+            Err(e) => Err(not_found(format!("cannot read {}: {e}", path.display()))),
+            Ok(m) if m.is_dir() => Err(not_found(format!("{} is a directory", path.display()))),
+            Ok(_) if is_elf(&path) => Ok(path),
+            Ok(_) => Err(not_found(format!("{} is not an ELF file", path.display()))),
         };
     }
     let lib = if target.starts_with("lib") {
