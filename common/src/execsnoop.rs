@@ -71,8 +71,8 @@ pub struct Config {
     pub exit_ret: u32,
     /// `sched_process_exec.old_pid`.
     pub old_pid: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// Only children of this process (`-P`); 0 for all.
+    pub ppid: u32,
     /// `sys_enter_execve`'s fields.
     pub execve: EnterOffsets,
     /// `sys_enter_execveat`'s fields.

@@ -278,3 +278,67 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("not a cgroup v2 directory"), "{stderr}");
 }
+
+/// `-P PPID` shows the children of that process only, and `-u` takes a
+/// user's name as well as a number, as bcc's execsnoop does.
+#[test]
+fn parent_and_user_name_filters() {
+    use std::io::Write as _;
+    let true_bin = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap();
+    // A shell that waits for a line, then runs `true` twice as its children.
+    let mut parent = Command::new("sh")
+        .args(["-c", &format!("read x; {true_bin} child-a; {true_bin} child-b")])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ppid = parent.id().to_string();
+    let by_parent = Rtrace::start(&["execsnoop", "--json", "-P", &ppid]);
+    let by_name = Rtrace::start(&["execsnoop", "--json", "-u", "root"]);
+    let by_other = Rtrace::start(&["execsnoop", "--json", "-u", "nobody"]);
+    // An exec that is not the shell's child.
+    assert!(Command::new(true_bin).arg("stranger").status().unwrap().success());
+    writeln!(parent.stdin.take().unwrap(), "go").unwrap();
+    assert!(parent.wait().unwrap().success());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let args_of = |stdout: &str| -> Vec<String> {
+        json_lines(stdout)
+            .iter()
+            .map(|e| {
+                e["args"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let (code, stdout, stderr) = by_parent.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let seen = args_of(&stdout);
+    assert_eq!(seen.len(), 2, "{stdout}");
+    assert!(seen[0].ends_with("child-a") && seen[1].ends_with("child-b"), "{seen:?}");
+    for e in json_lines(&stdout) {
+        assert_eq!(e["ppid"].as_u64().unwrap().to_string(), ppid, "{e}");
+    }
+    let (code, stdout, stderr) = by_name.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let seen = args_of(&stdout);
+    for want in ["stranger", "child-a", "child-b"] {
+        assert!(seen.iter().any(|a| a.ends_with(want)), "{want}: {seen:?}");
+    }
+    let (code, stdout, stderr) = by_other.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        !args_of(&stdout).iter().any(|a| a.ends_with("stranger")),
+        "{stdout}"
+    );
+    // Names that are not there, and a parent that is not.
+    let (code, _, stderr) = run(&["execsnoop", "-u", "no-such-user"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("no user \"no-such-user\" in /etc/passwd"), "{stderr}");
+    let (code, _, stderr) = run(&["execsnoop", "-P", "999999999"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("no such process: 999999999"), "{stderr}");
+}

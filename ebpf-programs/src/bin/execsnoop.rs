@@ -94,6 +94,9 @@ fn enter(ctx: &TracePointContext, flags: u32) {
     if cfg.filter_uid != 0 && uid != cfg.uid {
         return;
     }
+    if cfg.ppid != 0 && ppid(&cfg) != cfg.ppid {
+        return;
+    }
     if !targets::current_in_cgroup() {
         return;
     }
@@ -250,6 +253,9 @@ fn exec_argv(ctx: &BtfTracePointContext) -> Option<()> {
     let cfg = global(&CONFIG);
     let uid = bpf_get_current_uid_gid() as u32;
     if cfg.filter_uid != 0 && uid != cfg.uid {
+        return None;
+    }
+    if cfg.ppid != 0 && ppid(cfg) != cfg.ppid {
         return None;
     }
     if !targets::current_in_cgroup() {

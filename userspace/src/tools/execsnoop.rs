@@ -65,9 +65,12 @@ pub struct Args {
     /// Include failed exec()s.
     #[arg(short = 'x', long)]
     fails: bool,
-    /// Trace this user id only.
-    #[arg(short = 'u', long, value_name = "UID")]
+    /// Trace this user only: a name or a user id.
+    #[arg(short = 'u', long, value_name = "USER", value_parser = parse_user)]
     uid: Option<u32>,
+    /// Trace the children of this process only (bcc's `--ppid`).
+    #[arg(short = 'P', long, value_name = "PPID")]
+    ppid: Option<u32>,
     /// Include a UID column.
     #[arg(short = 'U', long = "print-uid")]
     print_uid: bool,
@@ -223,6 +226,22 @@ fn quoted(arg: &str) -> String {
     format!("\"{}\"", arg.replace('"', "\\\""))
 }
 
+/// A user id, or a user's name looked up in `/etc/passwd` (read directly:
+/// the static build has no NSS).
+fn parse_user(s: &str) -> Result<u32, String> {
+    if let Ok(uid) = s.parse() {
+        return Ok(uid);
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd")
+        .map_err(|e| format!("cannot read /etc/passwd to find user {s:?}: {e}"))?;
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[0] == s)
+        .and_then(|f| f[2].parse().ok())
+        .ok_or_else(|| format!("no user {s:?} in /etc/passwd"))
+}
+
 /// The programs' configuration for mechanism `m`: the tp_btf path's
 /// offsets from BTF, the tracepoints' from tracefs.
 fn config(args: &Args, btf: &Btf, m: Mechanism) -> anyhow::Result<Config> {
@@ -235,6 +254,7 @@ fn config(args: &Args, btf: &Btf, m: Mechanism) -> anyhow::Result<Config> {
         max_args: args.max_args,
         uid: args.uid.unwrap_or(0),
         filter_uid: u32::from(args.uid.is_some()),
+        ppid: args.ppid.unwrap_or(0),
         failed: u32::from(args.fails),
         real_parent: member("real_parent")?,
         tgid: member("tgid")?,
@@ -283,6 +303,9 @@ impl Tool for Execsnoop {
     const ERRORS: &'static [&'static str] = &LOST_NAMES;
 
     fn new(args: Args) -> anyhow::Result<Self> {
+        if let Some(ppid) = args.ppid {
+            tracer::check_task(ppid, "process")?;
+        }
         let text = TextOptions {
             times: TimeColumns::new(args.time, args.timestamp, 8),
             print_uid: args.print_uid,
