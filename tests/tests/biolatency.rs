@@ -195,3 +195,26 @@ fn direct_io_at(path: &str, reads: u64, writes: u64) {
         &[path.to_owned(), reads.to_string(), writes.to_string()],
     );
 }
+
+/// `-e`: bcc's line of average, total and count after the histogram, its
+/// count the device's and its average the total over it.
+#[test]
+fn extension_line_sums_up_the_histogram() {
+    let (text, done, _dev) = traced("ble", &["-e"]);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("avg = "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    assert!(line.contains(" usecs, total: "), "{line}");
+    let [avg, total, count] = nums[..] else {
+        panic!("{line}")
+    };
+    assert_eq!(count, done, "{text}");
+    assert_eq!(count, text_hist_total(&text));
+    assert_eq!(avg, total / count, "{line}");
+}

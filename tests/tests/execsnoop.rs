@@ -290,7 +290,10 @@ fn parent_and_user_name_filters() {
         .unwrap();
     // A shell that waits for a line, then runs `true` twice as its children.
     let mut parent = Command::new("sh")
-        .args(["-c", &format!("read x; {true_bin} child-a; {true_bin} child-b")])
+        .args([
+            "-c",
+            &format!("read x; {true_bin} child-a; {true_bin} child-b"),
+        ])
         .stdin(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -299,7 +302,13 @@ fn parent_and_user_name_filters() {
     let by_name = Rtrace::start(&["execsnoop", "--json", "-u", "root"]);
     let by_other = Rtrace::start(&["execsnoop", "--json", "-u", "nobody"]);
     // An exec that is not the shell's child.
-    assert!(Command::new(true_bin).arg("stranger").status().unwrap().success());
+    assert!(
+        Command::new(true_bin)
+            .arg("stranger")
+            .status()
+            .unwrap()
+            .success()
+    );
     writeln!(parent.stdin.take().unwrap(), "go").unwrap();
     assert!(parent.wait().unwrap().success());
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -309,7 +318,12 @@ fn parent_and_user_name_filters() {
             .map(|e| {
                 e["args"]
                     .as_array()
-                    .map(|a| a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(" "))
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
                     .unwrap_or_default()
             })
             .collect()
@@ -318,7 +332,10 @@ fn parent_and_user_name_filters() {
     assert_eq!(code, 0, "{stderr}");
     let seen = args_of(&stdout);
     assert_eq!(seen.len(), 2, "{stdout}");
-    assert!(seen[0].ends_with("child-a") && seen[1].ends_with("child-b"), "{seen:?}");
+    assert!(
+        seen[0].ends_with("child-a") && seen[1].ends_with("child-b"),
+        "{seen:?}"
+    );
     for e in json_lines(&stdout) {
         assert_eq!(e["ppid"].as_u64().unwrap().to_string(), ppid, "{e}");
     }
@@ -337,7 +354,10 @@ fn parent_and_user_name_filters() {
     // Names that are not there, and a parent that is not.
     let (code, _, stderr) = run(&["execsnoop", "-u", "no-such-user"]);
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("no user \"no-such-user\" in /etc/passwd"), "{stderr}");
+    assert!(
+        stderr.contains("no user \"no-such-user\" in /etc/passwd"),
+        "{stderr}"
+    );
     let (code, _, stderr) = run(&["execsnoop", "-P", "999999999"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("no such process: 999999999"), "{stderr}");

@@ -141,8 +141,15 @@ fn json_has_exact_offsets_and_latencies() {
 
 #[test]
 fn csv_has_bcc_columns() {
+    // libbpf-tools' -c, and bcc's own -j for the same.
+    for flag in ["-c", "-j"] {
+        csv_has_bcc_columns_with(flag);
+    }
+}
+
+fn csv_has_bcc_columns_with(flag: &str) {
     let fs = Mount::ext4("e4csv");
-    let (stdout, _, name, did) = traced(&fs.path, &["-c", "-m", "0"], SIGHUP);
+    let (stdout, _, name, did) = traced(&fs.path, &[flag, "-m", "0"], SIGHUP);
     let mut lines = stdout.lines();
     assert_eq!(
         lines.next().unwrap(),

@@ -217,3 +217,30 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
         "{stderr}"
     );
 }
+
+/// `-s`: bcc's comma-separated values, after the time with `-T`.
+#[test]
+fn csv_output_has_bccs_fields() {
+    let (stdout, s) = traced(&["-s", "-T"], || sessions(6, 1, 3072, 5120));
+    let mut lines = stdout.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "TIME,PID,COMM,IP,LADDR,LPORT,RADDR,RPORT,TX_KB,RX_KB,MS"
+    );
+    let port = s.port.to_string();
+    let rows: Vec<Vec<&str>> = lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f.len() == 11 && (f[5] == port || f[7] == port))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for f in rows {
+        assert_eq!(f[0].len(), 8, "HH:MM:SS: {f:?}");
+        assert_eq!((f[3], f[4], f[6]), ("6", "::1", "::1"), "{f:?}");
+        let client = f[7] == port;
+        let (tx, rx) = if client { ("3", "5") } else { ("5", "3") };
+        assert_eq!((f[8], f[9]), (tx, rx), "{f:?}");
+        let pid = if client { s.client } else { s.server };
+        assert_eq!(f[1], pid.to_string());
+        assert!(f[10].parse::<f64>().unwrap() >= 0.0);
+    }
+}

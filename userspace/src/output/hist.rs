@@ -147,6 +147,8 @@ pub struct Interval {
     pub timestamp: bool,
     /// Whether the text adds percentiles (`--percentiles`).
     pub percentiles: bool,
+    /// Whether the text adds bcc's average, total and count line (`-e`).
+    pub extension: bool,
     /// Whether the text shows an empty table when there are no histograms.
     pub empty_table: bool,
     /// libbpf-tools' biolatency layout: each heading printed as it is
@@ -196,6 +198,15 @@ impl super::Record for Interval {
             out.push_str(&render_log2(&g.snapshot.log2(), self.unit));
             if self.percentiles && g.snapshot.count() > 0 {
                 out.push_str(&render_percentiles(&g.snapshot, self.unit));
+            }
+            let count = g.snapshot.count();
+            if self.extension && count > 0 {
+                let (sum, unit) = (g.snapshot.sum, self.unit);
+                let _ = write!(
+                    out,
+                    "\navg = {} {unit}, total: {sum} {unit}, count: {count}\n\n",
+                    sum / count
+                );
             }
         }
     }

@@ -155,6 +155,28 @@ impl TimeColumns {
         out
     }
 
+    /// Their headings as CSV fields, each followed by a comma.
+    pub fn csv_header(&self) -> String {
+        let mut out = String::new();
+        if self.time {
+            out.push_str("TIME,");
+        }
+        if self.timestamp {
+            out.push_str("TIME(s),");
+        }
+        out
+    }
+
+    /// Appends their values as CSV fields, each followed by a comma.
+    pub fn push_csv(&self, out: &mut String) {
+        if self.time {
+            out.push_str(&format!("{},", hms()));
+        }
+        if self.timestamp {
+            out.push_str(&format!("{:.6},", self.start.elapsed().as_secs_f64()));
+        }
+    }
+
     /// Appends their values for an event seen now.
     pub fn push(&self, out: &mut String) {
         if self.time {

@@ -71,6 +71,10 @@ pub struct Args {
     /// Also print p50, p90, p99, p99.9 and the maximum.
     #[arg(long)]
     percentiles: bool,
+    /// After each histogram, its average, total and count (bcc's
+    /// `--extension`).
+    #[arg(short = 'e', long)]
+    extension: bool,
     /// Attach with this mechanism instead of the best one that works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
     attach: Option<Mechanism>,
@@ -533,6 +537,7 @@ impl Tool for Biolatency {
             unit: self.unit,
             timestamp: self.args.interval.timestamp,
             percentiles: self.args.percentiles,
+            extension: self.args.extension,
             empty_table: !self.args.disk && !self.args.flag,
             break_before_table: true,
         })

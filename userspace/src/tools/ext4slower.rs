@@ -68,8 +68,9 @@ pub struct Args {
     #[arg(short = 'd', long, value_name = "SECS",
           value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
-    /// Comma-separated values: ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE.
-    #[arg(short = 'c', long, conflicts_with = "json")]
+    /// Comma-separated values: ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE
+    /// (libbpf-tools' `-c`; bcc's ext4slower calls it `-j`, which works too).
+    #[arg(short = 'c', long, short_alias = 'j', conflicts_with = "json")]
     csv: bool,
     /// Attach with this mechanism instead of the best one that works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]

@@ -315,6 +315,7 @@ impl Tool for Runqlat {
             unit: self.unit,
             timestamp: self.args.interval.timestamp,
             percentiles: self.args.percentiles,
+            extension: false,
             empty_table: false,
             break_before_table: false,
         })

@@ -54,6 +54,11 @@ pub struct Args {
     /// Wide columns, which fit IPv6 addresses, and an IP version column.
     #[arg(short = 'w', long)]
     wide: bool,
+    /// Comma-separated values, as bcc's tcplife writes them:
+    /// PID,COMM,IP,LADDR,LPORT,RADDR,RPORT,TX_KB,RX_KB,MS (after TIME and
+    /// TIME(s) with -T and -t).
+    #[arg(short = 's', long, conflicts_with = "wide")]
+    csv: bool,
     /// Trace this process only.
     #[arg(short = 'p', long)]
     pid: Option<u32>,
@@ -198,6 +203,7 @@ struct Session<'a> {
 struct TextOptions {
     times: TimeColumns,
     wide: bool,
+    csv: bool,
 }
 
 impl TextOptions {
@@ -209,6 +215,24 @@ impl TextOptions {
 impl Record for Session<'_> {
     fn text(&self, out: &mut String) {
         let Some(o) = self.text else { return };
+        if o.csv {
+            o.times.push_csv(out);
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{:.2}",
+                self.pid,
+                self.comm,
+                self.ip,
+                self.local,
+                self.lport,
+                self.remote,
+                self.rport,
+                self.tx / 1024,
+                self.rx / 1024,
+                self.ms,
+            );
+            return;
+        }
         let (addr_w, comm_w) = o.widths();
         o.times.push(out);
         let _ = write!(out, "{:<7} {:<comm_w$.comm_w$} ", self.pid, self.comm);
@@ -273,6 +297,7 @@ impl Tool for Tcplife {
         let text = TextOptions {
             times: TimeColumns::new(args.time, args.timestamp, 9),
             wide: args.wide,
+            csv: args.csv,
         };
         Ok(Self {
             args,
@@ -421,6 +446,12 @@ impl Tool for Tcplife {
     }
 
     fn header(&self) -> Option<String> {
+        if self.text.csv {
+            return Some(format!(
+                "{}PID,COMM,IP,LADDR,LPORT,RADDR,RPORT,TX_KB,RX_KB,MS",
+                self.text.times.csv_header()
+            ));
+        }
         let (addr_w, comm_w) = self.text.widths();
         let ip = if self.args.wide { "IP " } else { "" };
         Some(format!(
