@@ -418,6 +418,13 @@ pub fn assert_one_line_error(args: &[&str], want: &str) {
     assert!(stderr.contains(want), "{args:?}: {stderr}");
 }
 
+/// Whether this test runs in a VM guest of `cargo xtask vm-test`, which
+/// lists the mechanisms its kernel must have; the guests lack the peers
+/// and servers some tests compare with (libbpf-tools, perf, Prometheus).
+pub fn in_guest() -> bool {
+    std::env::var("RTRACE_EXPECT_MECHANISMS").is_ok_and(|v| !v.is_empty())
+}
+
 /// Whether attach mechanism `name` (as `doctor` names it) works here.
 ///
 /// In the VM matrix, `RTRACE_EXPECT_MECHANISMS` lists what the guest

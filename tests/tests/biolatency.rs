@@ -144,7 +144,7 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
 /// times, headings with their tabs, headers, rows).
 #[test]
 fn text_layout_matches_libbpf_tools() {
-    if std::env::var("RTRACE_EXPECT_MECHANISMS").is_ok_and(|v| !v.is_empty()) {
+    if rtrace_integration_tests::in_guest() {
         eprintln!("skipped: the guests have no libbpf-tools; the host runs this test");
         return;
     }
@@ -217,4 +217,17 @@ fn extension_line_sums_up_the_histogram() {
     assert_eq!(count, done, "{text}");
     assert_eq!(count, text_hist_total(&text));
     assert_eq!(avg, total / count, "{line}");
+}
+
+/// bcc's `-j` (JSON) combines with its other short flags, as in bcc's
+/// `biolatency -jF`.
+#[test]
+fn bccs_json_flag_prints_json() {
+    let (stdout, done, _dev) = traced("bljf", &["-jF"]);
+    let lines = json_lines(&stdout);
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let hists = lines[0]["histograms"].as_array().unwrap();
+    assert!(hists.iter().all(|h| h["flags"].is_string()), "{stdout}");
+    let total: u64 = hists.iter().map(|h| h["count"].as_u64().unwrap()).sum();
+    assert_eq!(total, done);
 }

@@ -10,8 +10,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    LoopDevice, Rtrace, SIGHUP, SIGTERM, TestCgroup, assert_one_line_error, json_lines, rtrace_bin,
-    run, run_workload, workload_bin,
+    LoopDevice, Rtrace, SIGHUP, SIGTERM, TestCgroup, assert_one_line_error, in_guest, json_lines,
+    rtrace_bin, run, run_workload, workload_bin,
 };
 
 /// A port nothing listens on now.
@@ -338,11 +338,6 @@ impl Drop for BpfStats {
     fn drop(&mut self) {
         let _ = std::fs::write(Self::PATH, &self.0);
     }
-}
-
-/// Whether this test runs in a VM guest of `cargo xtask vm-test`.
-fn in_guest() -> bool {
-    std::env::var("RTRACE_EXPECT_MECHANISMS").is_ok_and(|v| !v.is_empty())
 }
 
 /// `GET` on Prometheus' API, as JSON.

@@ -466,7 +466,9 @@ impl Symbolizer {
         // Return addresses point after the call; the call itself, one byte
         // back, is in the right function and line even when the call is a
         // function's last instruction.
-        let locs: Vec<Vec<Loc>> = stacks
+        // Each address where it is, with its mapping, for pprof.
+        type Place = (Loc, u64, Option<Arc<CodeMapping>>);
+        let places: Vec<Vec<Place>> = stacks
             .iter()
             .map(|(pid, ips)| {
                 ips.iter()
@@ -474,26 +476,9 @@ impl Symbolizer {
                     .map(|(i, &ip)| {
                         let ip = if i == 0 { ip } else { ip.saturating_sub(1) };
                         match pid {
-                            None => Loc::Kernel(ip),
-                            Some(pid) => self.locate(*pid, ip),
+                            None => (Loc::Kernel(ip), ip, Some(kernel_mapping())),
+                            Some(pid) => (self.locate(*pid, ip), ip, self.mapping_of(*pid, ip)),
                         }
-                    })
-                    .collect()
-            })
-            .collect();
-        // Each address with its mapping, for pprof.
-        let places: Vec<Vec<(u64, Option<Arc<CodeMapping>>)>> = stacks
-            .iter()
-            .map(|(pid, ips)| {
-                ips.iter()
-                    .enumerate()
-                    .map(|(i, &ip)| {
-                        let ip = if i == 0 { ip } else { ip.saturating_sub(1) };
-                        let mapping = match pid {
-                            None => Some(kernel_mapping()),
-                            Some(pid) => self.mapping_of(*pid, ip),
-                        };
-                        (ip, mapping)
                     })
                     .collect()
             })
@@ -501,7 +486,7 @@ impl Symbolizer {
 
         let mut kernel: Vec<u64> = Vec::new();
         let mut by_file: HashMap<FileId, Vec<u64>> = HashMap::new();
-        for loc in locs.iter().flatten() {
+        for (loc, _, _) in places.iter().flatten() {
             match *loc {
                 Loc::Kernel(a) => kernel.push(a),
                 Loc::File(f, off) => by_file.entry(f).or_default().push(off),
@@ -551,13 +536,12 @@ impl Symbolizer {
             }
         }
 
-        locs.iter()
-            .zip(&places)
-            .map(|(stack, places)| {
+        places
+            .iter()
+            .map(|stack| {
                 stack
                     .iter()
-                    .zip(places)
-                    .flat_map(|(loc, (addr, mapping))| {
+                    .flat_map(|(loc, addr, mapping)| {
                         let mut frames = match *loc {
                             Loc::Kernel(_) | Loc::File(..) => resolved
                                 .get(loc)

@@ -130,6 +130,12 @@ pub trait Tool: Sized {
     /// The line on stderr that says what is being traced.
     fn banner(&self) -> String;
 
+    /// Whether the tool's own flag asks for JSON (bcc's `-j`), beside
+    /// the global `--json`.
+    fn json(&self) -> bool {
+        false
+    }
+
     /// The column header printed once on stdout in text mode.
     fn header(&self) -> Option<String> {
         None
@@ -695,7 +701,7 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
     if ring {
         stream = open_stream(&mut ebpf)?;
     }
-    let mut sink = Sink::new(T::NAME, global.json);
+    let mut sink = Sink::new(T::NAME, global.json || tool.json());
     if let Some(header) = tool.header() {
         sink.header(&header)?;
     }

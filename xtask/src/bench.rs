@@ -1057,6 +1057,15 @@ impl Drop for Loop {
     }
 }
 
+/// One trial of the `directio` workload on `dev`: its cost per I/O, and
+/// the I/Os it did.
+fn direct_io(workload: &Path, dev: &str) -> anyhow::Result<(f64, u64)> {
+    let total = IO_READS + IO_WRITES;
+    let ns =
+        timed(Command::new(workload).args([dev, &IO_READS.to_string(), &IO_WRITES.to_string()]))?;
+    Ok((ns / total as f64, total))
+}
+
 fn biolatency() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
     let workload = crate::root().join("target/release/directio");
@@ -1085,14 +1094,7 @@ fn biolatency() -> anyhow::Result<Row> {
          one at a time, median of {TRIALS} interleaved trials",
         dev.0
     );
-    let results = trials(&setups, "ns/io", || {
-        let ns = timed(Command::new(&workload).args([
-            dev.0.as_str(),
-            &IO_READS.to_string(),
-            &IO_WRITES.to_string(),
-        ]))?;
-        Ok((ns / total as f64, total))
-    })?;
+    let results = trials(&setups, "ns/io", || direct_io(&workload, &dev.0))?;
     let (ratio, bpf_ratio) = report(&setups, &results, "ns/io");
     println!();
     // A loop device's I/O crosses to its worker thread, whose wakeup

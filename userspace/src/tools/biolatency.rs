@@ -75,6 +75,10 @@ pub struct Args {
     /// `--extension`).
     #[arg(short = 'e', long)]
     extension: bool,
+    /// Print JSON, as `--json` does (bcc's `-j`; rtrace's fields, not
+    /// bcc's dictionary).
+    #[arg(short = 'j')]
+    bcc_json: bool,
     /// Attach with this mechanism instead of the best one that works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&CHAIN))]
     attach: Option<Mechanism>,
@@ -487,6 +491,10 @@ impl Tool for Biolatency {
 
     fn banner(&self) -> String {
         "Tracing block device I/O... Hit Ctrl-C to end.".to_owned()
+    }
+
+    fn json(&self) -> bool {
+        self.args.bcc_json
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {

@@ -12,8 +12,8 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    IO_READS, IO_WRITES, Loop, ROUNDS, Ready, Row, Setup, TRIALS, cpu_ns, pingpong, report, timed,
-    trials,
+    IO_READS, IO_WRITES, Loop, ROUNDS, Ready, Row, Setup, TRIALS, cpu_ns, direct_io, pingpong,
+    report, trials,
 };
 
 /// Scrapes timed one after another, for the CPU time per scrape.
@@ -103,14 +103,7 @@ pub fn run() -> anyhow::Result<Row> {
         dev.0
     );
     let directio = root.join("target/release/directio");
-    let results = trials(&io, "ns/io", || {
-        let ns = timed(Command::new(&directio).args([
-            dev.0.as_str(),
-            &IO_READS.to_string(),
-            &IO_WRITES.to_string(),
-        ]))?;
-        Ok((ns / total as f64, total))
-    })?;
+    let results = trials(&io, "ns/io", || direct_io(&directio, &dev.0))?;
     let (_, bpf_ratio) = report(&io, &results, "ns/io");
     println!();
     // Direct I/O switches context at every request, so runqlat's programs
