@@ -292,7 +292,9 @@ fn parent_and_user_name_filters() {
     let mut parent = Command::new("sh")
         .args([
             "-c",
-            &format!("read x; {true_bin} child-a; {true_bin} child-b"),
+            // `exit` last: a shell may exec its last command in its own
+            // place (busybox's does), which would be no child.
+            &format!("read x; {true_bin} child-a; {true_bin} child-b; exit 0"),
         ])
         .stdin(std::process::Stdio::piped())
         .spawn()
