@@ -475,10 +475,11 @@ impl Symbolizer {
                     .enumerate()
                     .map(|(i, &ip)| {
                         let ip = if i == 0 { ip } else { ip.saturating_sub(1) };
-                        match pid {
-                            None => (Loc::Kernel(ip), ip, Some(kernel_mapping())),
-                            Some(pid) => (self.locate(*pid, ip), ip, self.mapping_of(*pid, ip)),
-                        }
+                        let (loc, mapping) = match pid {
+                            None => (Loc::Kernel(ip), Some(kernel_mapping())),
+                            Some(pid) => self.locate(*pid, ip),
+                        };
+                        (loc, ip, mapping)
                     })
                     .collect()
             })
@@ -565,22 +566,11 @@ impl Symbolizer {
             .collect()
     }
 
-    /// The file-backed mapping of `pid` that holds `ip`, if any.
-    fn mapping_of(&self, pid: u32, ip: u64) -> Option<Arc<CodeMapping>> {
-        self.procs
-            .get(&pid)?
-            .maps
-            .iter()
-            .rev()
-            .find(|m| (m.start..m.end).contains(&ip))?
-            .code
-            .clone()
-    }
-
-    /// Where user address `ip` of `pid` is.
-    fn locate(&self, pid: u32, ip: u64) -> Loc {
+    /// Where user address `ip` of `pid` is, and the file-backed mapping
+    /// that holds it, if any.
+    fn locate(&self, pid: u32, ip: u64) -> (Loc, Option<Arc<CodeMapping>>) {
         let Some(proc) = self.procs.get(&pid) else {
-            return Loc::Unknown;
+            return (Loc::Unknown, None);
         };
         let Some((i, m)) = proc
             .maps
@@ -590,13 +580,14 @@ impl Symbolizer {
             .find(|(_, m)| (m.start..m.end).contains(&ip))
         else {
             // Code in no mapping seen may still be in the perf map.
-            return Loc::Jit(pid, ip);
+            return (Loc::Jit(pid, ip), None);
         };
-        match m.file {
+        let loc = match m.file {
             Some(f) => Loc::File(f, ip - m.start + m.offset),
             None if m.name.starts_with('[') => Loc::Named(pid, i),
             None => Loc::Jit(pid, ip),
-        }
+        };
+        (loc, m.code.clone())
     }
 
     /// The perf-map symbol at `ip` of `pid`, or `[unknown]`.
