@@ -68,6 +68,7 @@ fn profile_fixture(name: &str, extra: &[&str]) -> (String, i64, i64) {
     let done = run_fixture(fixture);
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("are [unknown]"), "{stderr}");
     (stdout, done[0], done[1])
 }
 

@@ -240,6 +240,20 @@ impl StackStore {
         Ok(())
     }
 
+    /// Captures the mappings of every process with counts that the
+    /// symbolizer knows nothing of: the kernel tells of a process at its
+    /// first sample, and this catches one whose news was lost.
+    pub fn capture_unknown(&self, sym: &mut Symbolizer) {
+        let mut pids: Vec<u32> = self.counts.keys().flat_map(tgids).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        for pid in pids {
+            if !sym.knows(pid) {
+                sym.capture(pid, false);
+            }
+        }
+    }
+
     /// Symbolizes and settles the processes found gone at the last call,
     /// notes those gone now, and drops stacks nothing needs any more.
     pub fn settle_gone(&mut self, sym: &mut Symbolizer) {

@@ -259,6 +259,7 @@ impl StackTool {
             return Ok(());
         }
         self.store.drain(ebpf, false)?;
+        self.store.capture_unknown(&mut self.sym);
         self.store.settle_gone(&mut self.sym);
         Ok(())
     }
@@ -270,6 +271,7 @@ impl StackTool {
         self.report_start = Some(Instant::now());
         let _detaching = self.links.take().map(Detaching::start);
         self.store.drain(ebpf, true)?;
+        self.store.capture_unknown(&mut self.sym);
         let samples = self.store.samples(&mut self.sym);
         Ok(self.transforms.samples(samples))
     }
@@ -298,8 +300,11 @@ impl StackTool {
         self.report.iter().cloned().chain(tables).collect()
     }
 
-    /// Processes whose tables could not be built, and the like.
+    /// Processes whose tables could not be built, files whose frames
+    /// could not be named, and the like.
     pub fn warnings(&self) -> Vec<String> {
-        self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default()
+        let mut out = self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default();
+        out.extend(self.sym.warnings());
+        out
     }
 }

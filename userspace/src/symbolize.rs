@@ -161,6 +161,8 @@ struct Mapping {
     name: String,
     /// As pprof describes it, for file-backed mappings.
     code: Option<Arc<CodeMapping>>,
+    /// Why a file-backed mapping's file could not be opened.
+    unopened: Option<Arc<str>>,
 }
 
 /// A symbol of a perf map.
@@ -203,12 +205,16 @@ enum Loc {
     File(FileId, u64),
     Jit(u32, u64),
     Named(u32, usize),
+    /// In a mapping whose file could not be opened.
+    Unopened(u32, usize),
     Unknown,
 }
 
 /// An open file, with the name frames show for it.
 struct OpenFile {
     file: File,
+    /// Its path in the process that mapped it.
+    path: String,
     module: String,
     /// Its GNU build id, in hex.
     build_id: Option<String>,
@@ -230,6 +236,9 @@ pub struct Symbolizer {
     /// A copy being made on another thread (see
     /// [`Symbolizer::prefetch_kernel`]).
     prefetch: Option<std::thread::JoinHandle<std::io::Result<File>>>,
+    /// Files whose frames could not be resolved, and why: their frames
+    /// show as `[unknown]`, which the user is told of.
+    failures: std::collections::BTreeMap<String, String>,
 }
 
 /// What changes kallsyms between two looks: modules loaded or unloaded,
@@ -288,7 +297,27 @@ impl Symbolizer {
             kallsyms: None,
             kallsyms_state: None,
             prefetch: None,
+            failures: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// The files whose code could not be symbolized, one line each, for
+    /// the report's warnings.
+    pub fn warnings(&self) -> Vec<String> {
+        const SHOWN: usize = 5;
+        let mut out: Vec<String> = self
+            .failures
+            .iter()
+            .take(SHOWN)
+            .map(|(file, why)| format!("frames in {file} are [unknown]: {why}"))
+            .collect();
+        if self.failures.len() > SHOWN {
+            out.push(format!(
+                "and frames in {} other files are [unknown]",
+                self.failures.len() - SHOWN
+            ));
+        }
+        out
     }
 
     /// Gives frames their source file and line (`--lines`).
@@ -333,8 +362,15 @@ impl Symbolizer {
         }
         let proc = self.procs.entry(pid).or_default();
         for m in found {
+            // A file that could not be opened this time (the process was
+            // exiting, or the mapping just changed) must not hide the one
+            // opened before.
             let known = proc.maps.iter().any(|o| {
-                o.start == m.start && o.end == m.end && o.offset == m.offset && o.file == m.file
+                o.start == m.start
+                    && o.end == m.end
+                    && o.offset == m.offset
+                    && o.name == m.name
+                    && (o.file == m.file || m.file.is_none())
             });
             if !known {
                 proc.maps.push(m);
@@ -342,6 +378,11 @@ impl Symbolizer {
         }
         proc.captured = Some(Instant::now());
         read_perf_map(pid, proc);
+    }
+
+    /// Whether anything was captured of process `pid`.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
     }
 
     /// Gives process `child`, just forked from `parent`, what was captured
@@ -419,9 +460,11 @@ impl Symbolizer {
         if !m.exec {
             return None;
         }
-        let file = m
-            .path()
-            .and_then(|path| self.open_file(pid, &m.range(), path));
+        let (file, unopened) = match m.path().map(|path| self.open_file(pid, &m.range(), path)) {
+            Some(Ok(id)) => (Some(id), None),
+            Some(Err(why)) => (None, Some(Arc::from(why))),
+            None => (None, None),
+        };
         let code = file.map(|id| {
             Arc::new(CodeMapping {
                 start: m.start,
@@ -438,23 +481,28 @@ impl Symbolizer {
             file,
             name: m.name,
             code,
+            unopened,
         })
     }
 
     /// Opens a mapped file through the process's own view of it, once per
     /// file across all processes.
-    fn open_file(&mut self, pid: u32, range: &str, path: &str) -> Option<FileId> {
-        let file = File::open(format!("/proc/{pid}/map_files/{range}"))
+    fn open_file(&mut self, pid: u32, range: &str, path: &str) -> Result<FileId, String> {
+        let opened = File::open(format!("/proc/{pid}/map_files/{range}"))
             .or_else(|_| File::open(format!("/proc/{pid}/root{path}")))
-            .ok()?;
-        let meta = file.metadata().ok()?;
+            .and_then(|file| Ok((file.metadata()?, file)));
+        let (meta, file) = match opened {
+            Ok(opened) => opened,
+            Err(e) => return Err(format!("cannot open it: {e}")),
+        };
         let id = (meta.dev(), meta.ino());
         self.files.entry(id).or_insert_with(|| OpenFile {
             build_id: build_id(&file),
             file,
+            path: path.to_owned(),
             module: path.rsplit('/').next().unwrap_or(path).to_owned(),
         });
-        Some(id)
+        Ok(id)
     }
 
     /// Symbolizes stacks, each leaf first, with `pid` `None` for kernel
@@ -491,6 +539,12 @@ impl Symbolizer {
             match *loc {
                 Loc::Kernel(a) => kernel.push(a),
                 Loc::File(f, off) => by_file.entry(f).or_default().push(off),
+                Loc::Unopened(pid, i) => {
+                    let m = &self.procs[&pid].maps[i];
+                    if let Some(why) = &m.unopened {
+                        self.failures.insert(m.name.clone(), why.to_string());
+                    }
+                }
                 _ => {}
             }
         }
@@ -528,6 +582,10 @@ impl Symbolizer {
             let path = PathBuf::from(format!("/proc/self/fd/{}", open.file.as_raw_fd()));
             let src = Source::Elf(Elf::new(path));
             let syms = self.blaze.symbolize(&src, Input::FileOffset(&offsets));
+            if let Err(e) = &syms {
+                self.failures
+                    .insert(open.path.clone(), format!("cannot read its symbols: {e:#}"));
+            }
             for (i, off) in offsets.iter().enumerate() {
                 let sym = syms.as_ref().ok().and_then(|s| s.get(i));
                 resolved.insert(
@@ -552,6 +610,11 @@ impl Symbolizer {
                             Loc::Named(pid, i) => {
                                 let name = &self.procs[&pid].maps[i].name;
                                 vec![Frame::new(name.clone(), Kind::User, Some(name))]
+                            }
+                            Loc::Unopened(pid, i) => {
+                                let name = &self.procs[&pid].maps[i].name;
+                                let module = name.rsplit('/').next().unwrap_or(name);
+                                vec![Frame::unknown(Kind::User, Some(module))]
                             }
                             Loc::Unknown => vec![Frame::unknown(Kind::User, None)],
                         };
@@ -584,6 +647,7 @@ impl Symbolizer {
         };
         let loc = match m.file {
             Some(f) => Loc::File(f, ip - m.start + m.offset),
+            None if m.unopened.is_some() => Loc::Unopened(pid, i),
             None if m.name.starts_with('[') => Loc::Named(pid, i),
             None => Loc::Jit(pid, ip),
         };
