@@ -28,66 +28,113 @@ pub const MODE_HIST: u32 = 0;
 /// `Probe::mode`: counts per distinct key.
 pub const MODE_COUNT: u32 = 1;
 
-/// `Value::source`: the constant in `imm`.
-pub const SRC_CONST: u32 = 0;
-/// `Value::source`: register argument `index`.
-pub const SRC_ARG: u32 = 1;
-/// `Value::source`: the return value.
-pub const SRC_RET: u32 = 2;
-/// `Value::source`: register argument `index` as it was at entry.
-pub const SRC_ENTRY_ARG: u32 = 3;
-/// `Value::source`: nanoseconds since entry.
-pub const SRC_LATENCY: u32 = 4;
-/// `Value::source`: the process id.
-pub const SRC_PID: u32 = 5;
-/// `Value::source`: the thread id.
-pub const SRC_TID: u32 = 6;
+/// Instructions one value's expression may have.
+pub const MAX_INSNS: usize = 12;
+/// Values the evaluation stack holds (a power of two: indices are masked).
+pub const STACK_DEPTH: usize = 4;
+
+/// `Insn::source` and `Value::source`: the constant in `imm`.
+pub const SRC_CONST: u8 = 0;
+/// `Insn::source`: register argument `index`.
+pub const SRC_ARG: u8 = 1;
+/// `Insn::source`: the return value.
+pub const SRC_RET: u8 = 2;
+/// `Insn::source`: register argument `index` as it was at entry.
+pub const SRC_ENTRY_ARG: u8 = 3;
+/// `Insn::source`: nanoseconds since entry.
+pub const SRC_LATENCY: u8 = 4;
+/// `Insn::source`: the process id.
+pub const SRC_PID: u8 = 5;
+/// `Insn::source`: the thread id.
+pub const SRC_TID: u8 = 6;
 /// `Value::source`: the command (a string).
-pub const SRC_COMM: u32 = 7;
-/// `Value::source`: the tracepoint record's field at offset `index`, of
+pub const SRC_COMM: u8 = 7;
+/// `Insn::source`: the tracepoint record's field at offset `index`, of
 /// `size` bytes.
-pub const SRC_FIELD: u32 = 8;
+pub const SRC_FIELD: u8 = 8;
 /// `Value::source`: the string a `__data_loc` field at offset `index`
 /// points to inside the record.
-pub const SRC_DATA_LOC: u32 = 9;
+pub const SRC_DATA_LOC: u8 = 9;
+/// `Value::source`: the value of the expression in `insns` (a number, or
+/// the address of a string).
+pub const SRC_EXPR: u8 = 10;
+
+/// `Insn::code`: pushes source `source`.
+pub const I_PUSH: u8 = 0;
+/// `Insn::code`: replaces the two topmost values by `op` of them.
+pub const I_BINARY: u8 = 1;
+/// `Insn::code`: replaces the topmost value by `op` of it (`UN_*`).
+pub const I_UNARY: u8 = 2;
+/// `Insn::code`: replaces the topmost value, an address, by the `size`
+/// bytes at it plus `imm` (kernel memory, or user memory with
+/// `INSN_USER`).
+pub const I_LOAD: u8 = 3;
+/// `Insn::code`: cuts the topmost value to `size` bytes, sign-extending
+/// with `INSN_SIGNED`.
+pub const I_CAST: u8 = 4;
+
+/// `Insn::flags`: signed division, remainder, shift right and comparison;
+/// sign extension for `I_CAST` and `I_LOAD`.
+pub const INSN_SIGNED: u8 = 1;
+/// `Insn::flags`: `I_LOAD` reads user memory.
+pub const INSN_USER: u8 = 2;
+
+/// `Insn::op` of `I_BINARY`: add.
+pub const OP_ADD: u8 = 1;
+/// `Insn::op`: subtract.
+pub const OP_SUB: u8 = 2;
+/// `Insn::op`: multiply.
+pub const OP_MUL: u8 = 3;
+/// `Insn::op`: divide (by zero gives zero, as in BPF).
+pub const OP_DIV: u8 = 4;
+/// `Insn::op`: shift right (arithmetic with `INSN_SIGNED`).
+pub const OP_SHR: u8 = 5;
+/// `Insn::op`: shift left.
+pub const OP_SHL: u8 = 6;
+/// `Insn::op`: bitwise and.
+pub const OP_AND: u8 = 7;
+/// `Insn::op`: bitwise or.
+pub const OP_OR: u8 = 8;
+/// `Insn::op`: bitwise exclusive or.
+pub const OP_XOR: u8 = 9;
+/// `Insn::op`: remainder (by zero gives the dividend, as in BPF).
+pub const OP_MOD: u8 = 10;
+/// `Insn::op`: 1 if equal, else 0.
+pub const OP_EQ: u8 = 11;
+/// `Insn::op`: 1 if not equal.
+pub const OP_NE: u8 = 12;
+/// `Insn::op`: 1 if less.
+pub const OP_LT: u8 = 13;
+/// `Insn::op`: 1 if less or equal.
+pub const OP_LE: u8 = 14;
+/// `Insn::op`: 1 if greater.
+pub const OP_GT: u8 = 15;
+/// `Insn::op`: 1 if greater or equal.
+pub const OP_GE: u8 = 16;
+/// `Insn::op`: 1 if both are nonzero.
+pub const OP_LAND: u8 = 17;
+/// `Insn::op`: 1 if either is nonzero.
+pub const OP_LOR: u8 = 18;
+
+/// `Insn::op` of `I_UNARY`: negate.
+pub const UN_NEG: u8 = 0;
+/// `Insn::op`: bitwise not.
+pub const UN_NOT: u8 = 1;
+/// `Insn::op`: 1 if zero, else 0.
+pub const UN_LNOT: u8 = 2;
 
 /// `Value::flags`: sign-extend from `size` bytes.
 pub const VAL_SIGNED: u32 = 1;
-/// `Value::flags`: the value is a pointer to a string, kept in the key's
-/// string slot `str_slot`.
+/// `Value::flags`: the value is a string, kept in the key's string slot
+/// `str_slot`.
 pub const VAL_STRING: u32 = 2;
 /// `Value::flags`: the string is in user memory.
 pub const VAL_USER: u32 = 4;
 
-/// `Value::op`: none.
-pub const OP_NONE: u32 = 0;
-/// `Value::op`: add `imm`.
-pub const OP_ADD: u32 = 1;
-/// `Value::op`: subtract `imm`.
-pub const OP_SUB: u32 = 2;
-/// `Value::op`: multiply by `imm`.
-pub const OP_MUL: u32 = 3;
-/// `Value::op`: divide by `imm` (nonzero).
-pub const OP_DIV: u32 = 4;
-/// `Value::op`: shift right by `imm`.
-pub const OP_SHR: u32 = 5;
-/// `Value::op`: shift left by `imm`.
-pub const OP_SHL: u32 = 6;
-/// `Value::op`: bitwise and with `imm`.
-pub const OP_AND: u32 = 7;
-
-/// `Cond::cmp`: equal.
+/// `Cond::cmp`: the string equals the text.
 pub const CMP_EQ: u32 = 0;
-/// `Cond::cmp`: not equal.
+/// `Cond::cmp`: the string differs from the text.
 pub const CMP_NE: u32 = 1;
-/// `Cond::cmp`: less than.
-pub const CMP_LT: u32 = 2;
-/// `Cond::cmp`: less than or equal.
-pub const CMP_LE: u32 = 3;
-/// `Cond::cmp`: greater than.
-pub const CMP_GT: u32 = 4;
-/// `Cond::cmp`: greater than or equal.
-pub const CMP_GE: u32 = 5;
 
 /// `ERRORS` slot: the count table was full.
 pub const ERR_COUNTS_FULL: u32 = 0;
@@ -100,40 +147,63 @@ pub const ERR_NAMES: [&str; 2] = [
     "returns uncounted: the table of calls in flight was full",
 ];
 
+/// One step of an expression, run on a small stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Insn {
+    /// `I_*`.
+    pub code: u8,
+    /// `SRC_*` for `I_PUSH`.
+    pub source: u8,
+    /// `OP_*` or `UN_*`.
+    pub op: u8,
+    /// `INSN_*` bits.
+    pub flags: u8,
+    /// Bytes read or kept (1, 2, 4 or 8).
+    pub size: u32,
+    /// Argument number, or record offset.
+    pub index: u32,
+    /// Keeps `imm` aligned.
+    pub _pad: u32,
+    /// The constant, or the offset `I_LOAD` adds to its address.
+    pub imm: u64,
+}
+
 /// How to compute one value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Value {
-    /// `SRC_*`.
-    pub source: u32,
-    /// Argument number, or record offset.
+    /// `SRC_EXPR`, `SRC_COMM` or `SRC_DATA_LOC`.
+    pub source: u8,
+    /// Keeps the rest aligned.
+    pub _pad: [u8; 3],
+    /// The `__data_loc` field's record offset.
     pub index: u32,
     /// Bytes the type has (1, 2, 4 or 8): the value is cut to them.
     pub size: u32,
     /// `VAL_*` bits.
     pub flags: u32,
-    /// `OP_*`, applied with `imm` to a numeric value.
-    pub op: u32,
     /// The key's string slot, for strings.
     pub str_slot: u32,
-    /// The constant, or the operand of `op`.
-    pub imm: u64,
+    /// Instructions in `insns`.
+    pub n_insns: u32,
+    /// The expression.
+    pub insns: [Insn; MAX_INSNS],
 }
 
-/// One comparison of a filter.
+/// One term of a filter: a number that must be nonzero, or a string
+/// compared with a text.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Cond {
-    /// The left side.
+    /// The value: a truth value, or a string.
     pub value: Value,
-    /// `CMP_*`.
+    /// `CMP_*`, for strings.
     pub cmp: u32,
-    /// Whether the next comparison is joined by `||` (else `&&`, which
-    /// binds tighter).
+    /// Whether the next term is joined by `||` (else `&&`, which binds
+    /// tighter).
     pub or_next: u32,
-    /// The right side, for numbers.
-    pub imm: u64,
-    /// The right side, for strings, NUL-padded.
+    /// The text a string compares with, NUL-padded.
     pub text: [u8; STR_LEN],
 }
 
@@ -191,4 +261,4 @@ pub struct Entry {
     pub args: [u64; MAX_ARGS],
 }
 
-crate::pod!(Value, Cond, Probe, Config, Key, Entry);
+crate::pod!(Insn, Value, Cond, Probe, Config, Key, Entry);

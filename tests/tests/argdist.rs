@@ -176,6 +176,66 @@ fn latency_histogram_of_sleeps() {
     }
 }
 
+/// C expressions: casts, bitwise operators and shifts, division by an
+/// entry argument, a filter of them, and two specs after one `-C` (bcc's
+/// form), one labelled with `;`; `-I` is taken and ignored.
+#[test]
+fn expressions_casts_and_several_specs_after_one_flag() {
+    let fix = fixture();
+    let ratio = format!(
+        "r:{fix}:argfix_target(u64 size):s64:$retval / (s64)$entry(size):($entry(size) & 1) == 0 || $entry(size) == 3"
+    );
+    let bits = format!(
+        "p:{fix}:argfix_target(u64 size, char *name):u32,char*:(u32)(size << 1) ^ 1,(char*)name;doubled"
+    );
+    let (outputs, did) = traced("calls", &["-I", "linux/sched.h", "-C", &ratio, &bits]);
+    let calls: Vec<(u64, String, u64)> = did
+        .iter()
+        .map(|d| (d[0].parse().unwrap(), d[1].clone(), d[2].parse().unwrap()))
+        .collect();
+    let mut want = BTreeMap::new();
+    for (size, _, times) in &calls {
+        if size % 2 == 0 || *size == 3 {
+            let r = (100 - *size as i64) / *size as i64;
+            *want
+                .entry(serde_json::json!({"$retval / (s64)$entry(size)": r}).to_string())
+                .or_default() += times;
+        }
+    }
+    assert_eq!(summed_counts(&outputs, 0), want);
+    let mut want = BTreeMap::new();
+    for (size, name, times) in &calls {
+        let key = serde_json::json!({"(u32)(size << 1) ^ 1": (size << 1) ^ 1, "(char*)name": name});
+        *want.entry(key.to_string()).or_default() += times;
+    }
+    assert_eq!(summed_counts(&outputs, 1), want);
+    assert_eq!(outputs[0]["probes"][1]["label"], "doubled");
+}
+
+/// bcc's own example of a struct member through a pointer argument:
+/// the request of `clock_nanosleep` (which Rust's sleep calls), its layout
+/// from the kernel's BTF, against the
+/// sleeps the fixture asked for.
+#[test]
+fn struct_member_of_a_uprobe_argument() {
+    let spec = "p:c:clock_nanosleep(int clock, int flags, struct timespec *req):long:req->tv_nsec";
+    let (outputs, did) = traced("sleeps", &["-C", spec]);
+    let mut want = BTreeMap::new();
+    for d in &did {
+        let ms: u64 = d[0].parse().unwrap();
+        let times: u64 = d[1].parse().unwrap();
+        *want
+            .entry(serde_json::json!({"req->tv_nsec": (ms % 1000) * 1_000_000}).to_string())
+            .or_default() += times;
+    }
+    let got = summed_counts(&outputs, 0);
+    // The runtime may sleep on its own (a thread parked with a timeout);
+    // the fixture's own requests must all be there, each exactly.
+    for (key, n) in &want {
+        assert_eq!(got.get(key), Some(n), "{key}: {got:?}");
+    }
+}
+
 /// A string filter with bcc's STRCMP, and the text layout.
 #[test]
 fn string_filter_and_text_layout() {
@@ -246,8 +306,22 @@ fn kprobe_and_kretprobe_on_vfs_write() {
             "p::vfs_write(void *file, char *buf, size_t count):u64:count:count>=1000",
             "-C",
             "r::vfs_write():s64:$retval:$retval>=1000",
+            // A path of struct members and pointers, from the kernel's BTF.
+            "-C",
+            "p::vfs_write(struct file *file, char *buf, size_t count):char*,u64:file->f_path.dentry->d_name.name,count:count >= 1000",
         ],
     );
+    let named: BTreeMap<String, u64> = did
+        .iter()
+        .map(|d| {
+            let key = serde_json::json!({
+                "file->f_path.dentry->d_name.name": "null",
+                "count": d[0].parse::<u64>().unwrap(),
+            });
+            (key.to_string(), d[1].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(summed_counts(&outputs, 2), named);
     for (probe, name) in [(0, "count"), (1, "$retval")] {
         let want: BTreeMap<String, u64> = did
             .iter()
@@ -280,9 +354,19 @@ fn bad_specs_point_at_the_column() {
         (
             "p:c:malloc(size_t size):u64:size:size ~ 3",
             39,
-            "expected a comparison",
+            "unexpected \"~ 3\"",
         ),
         ("p:c:malloc(size_t size):floaty:size", 25, "unknown type"),
+        (
+            "p:c:malloc(size_t size):u64:size<<70",
+            33,
+            "shift by 70: at most 63",
+        ),
+        (
+            "p:c:malloc(size_t size):u64:size->next",
+            33,
+            "-> needs a pointer to a struct",
+        ),
     ] {
         let (code, _, stderr) = run(&["argdist", "-C", spec]);
         assert_ne!(code, 0, "{spec}");

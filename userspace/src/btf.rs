@@ -71,6 +71,33 @@ pub enum BtfError {
     Stub(String),
 }
 
+/// What a type is, as far as expressions on it care.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    /// `void`, or an id out of range.
+    Void,
+    /// An integer or enum.
+    Int {
+        /// Bytes.
+        size: u32,
+        /// Signed.
+        signed: bool,
+    },
+    /// A pointer to type id.
+    Pointer(u32),
+    /// A struct or union.
+    Struct {
+        /// Its type id.
+        id: u32,
+        /// Its name (empty if anonymous).
+        name: String,
+    },
+    /// An array of type id.
+    Array(u32),
+    /// Anything else (functions, floats).
+    Other,
+}
+
 /// A resolved member: where it is and how big it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemberInfo {
@@ -300,6 +327,55 @@ impl Btf {
                 let (off, found) = self.find_member(ty, name, depth + 1)?;
                 Some((bits + off, found))
             })
+    }
+
+    /// The id of struct or union `name`.
+    pub fn struct_id(&self, name: &str) -> Option<u32> {
+        self.structs_by_name
+            .get(name)
+            .copied()
+            .or_else(|| self.find(KIND_UNION, name).map(|(id, _)| id))
+    }
+
+    /// What type `id` is, past typedefs and qualifiers.
+    pub fn shape(&self, id: u32) -> Shape {
+        let id = self.skip_mods(id);
+        let Some(h) = self.head(id) else {
+            return Shape::Void;
+        };
+        match h.kind {
+            KIND_INT => Shape::Int {
+                size: h.size_or_type,
+                // BTF_INT_SIGNED is bit 0 of the encoding, in bits 24..28.
+                signed: (self.u32_in(h.extra) >> 24) & 1 == 1,
+            },
+            KIND_ENUM | KIND_ENUM64 => Shape::Int {
+                size: h.size_or_type,
+                signed: h.kind_flag,
+            },
+            KIND_PTR => Shape::Pointer(h.size_or_type),
+            KIND_STRUCT | KIND_UNION => Shape::Struct {
+                id,
+                name: self.str(h.name).to_owned(),
+            },
+            KIND_ARRAY => Shape::Array(self.u32_in(h.extra)),
+            _ => Shape::Other,
+        }
+    }
+
+    /// The byte offset and type of member `name` of struct or union `id`,
+    /// looking inside anonymous members.
+    pub fn member_of(&self, id: u32, name: &str) -> Option<(u32, u32)> {
+        self.find_member(id, name, 0)
+            .map(|(bits, ty)| (bits / 8, ty))
+    }
+
+    /// The names of the members of struct or union `id`, for errors.
+    pub fn member_names(&self, id: u32) -> Vec<String> {
+        self.members(id)
+            .filter(|&(n, _, _)| n != 0)
+            .map(|(n, _, _)| self.str(n).to_owned())
+            .collect()
     }
 
     /// The id of the first type of `kind` named `name`.

@@ -9,7 +9,7 @@ use aya_ebpf::{
     EbpfContext, Global,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user_str_bytes,
+        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
     },
     macros::{kprobe, kretprobe, map, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray},
@@ -17,11 +17,12 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     argdist::{
-        CMP_EQ, CMP_GE, CMP_GT, CMP_LE, CMP_LT, CMP_NE, Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL,
-        Entry, KIND_RETURN, Key, MAX_ARGS, MAX_PROBES, MAX_VALUES, MODE_HIST, OP_ADD, OP_AND,
-        OP_DIV, OP_MUL, OP_SHL, OP_SHR, OP_SUB, Probe, SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC,
-        SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_RET, SRC_TID, STR_LEN, VAL_SIGNED,
-        VAL_STRING, VAL_USER, Value,
+        CMP_NE, Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL, Entry, I_BINARY, I_CAST, I_LOAD, I_PUSH,
+        I_UNARY, INSN_SIGNED, INSN_USER, Insn, KIND_RETURN, Key, MAX_ARGS, MAX_INSNS, MAX_PROBES,
+        MAX_VALUES, MODE_HIST, OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE, OP_LOR,
+        OP_LT, OP_MOD, OP_MUL, OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, Probe, SRC_ARG,
+        SRC_COMM, SRC_CONST, SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_RET,
+        SRC_TID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER, Value,
     },
     hist::Hist,
 };
@@ -65,9 +66,22 @@ fn probe(slot: usize) -> Option<&'static Probe> {
     global(&CONFIG).probes.get(slot)
 }
 
-/// Reads `size` bytes at `p` as an unsigned number.
+/// Reads `size` bytes at `p` as an unsigned number, from user memory if
+/// `user`.
 #[inline(always)]
-fn read_sized(p: *const u8, size: u32) -> u64 {
+fn read_sized(p: *const u8, size: u32, user: bool) -> u64 {
+    if user {
+        // SAFETY: the helper copes with any address.
+        return unsafe {
+            match size {
+                1 => bpf_probe_read_user(p).map(|x: u8| u64::from(x)),
+                2 => bpf_probe_read_user(p as *const u16).map(u64::from),
+                4 => bpf_probe_read_user(p as *const u32).map(u64::from),
+                _ => bpf_probe_read_user(p as *const u64),
+            }
+        }
+        .unwrap_or(0);
+    }
     match size {
         1 => read_kernel::<u8>(p, 0).map(u64::from),
         2 => read_kernel::<u16>(p, 0).map(u64::from),
@@ -77,12 +91,26 @@ fn read_sized(p: *const u8, size: u32) -> u64 {
     .unwrap_or(0)
 }
 
-/// The value's raw 64 bits, before its type and operator apply.
+/// `x` cut to `size` bytes, sign-extended if `signed`.
 #[inline(always)]
-fn raw(v: &Value, s: &Sources) -> u64 {
-    let arg = |args: &[u64; MAX_ARGS]| args.get(v.index as usize).copied().unwrap_or(0);
-    match v.source {
-        SRC_CONST => v.imm,
+fn cut(x: u64, size: u32, signed: bool) -> u64 {
+    let shift = 64u32.saturating_sub(size * 8);
+    if shift == 0 || shift >= 64 {
+        return x;
+    }
+    if signed {
+        (((x << shift) as i64) >> shift) as u64
+    } else {
+        (x << shift) >> shift
+    }
+}
+
+/// What an `I_PUSH` pushes.
+#[inline(always)]
+fn source(i: &Insn, s: &Sources) -> u64 {
+    let arg = |args: &[u64; MAX_ARGS]| args.get(i.index as usize).copied().unwrap_or(0);
+    match i.source {
+        SRC_CONST => i.imm,
         SRC_ARG => arg(&s.args),
         SRC_RET => s.ret,
         SRC_ENTRY_ARG => s.entry.as_ref().map_or(0, |e| arg(&e.args)),
@@ -92,50 +120,121 @@ fn raw(v: &Value, s: &Sources) -> u64 {
         }),
         SRC_PID => s.id >> 32,
         SRC_TID => s.id & 0xffff_ffff,
-        SRC_FIELD => read_sized(s.record.wrapping_add(v.index as usize), v.size),
+        SRC_FIELD => cut(
+            read_sized(s.record.wrapping_add(i.index as usize), i.size, false),
+            i.size,
+            i.flags & INSN_SIGNED != 0,
+        ),
         _ => 0,
     }
 }
 
-/// A numeric value: cut to its type's size, then the operator applied.
+/// `x op y`; division and remainder by zero give what BPF gives.
 #[inline(always)]
-fn number(v: &Value, s: &Sources) -> u64 {
-    let mut x = raw(v, s);
-    if v.source == SRC_CONST {
-        return x;
-    }
-    let shift = 64u32.saturating_sub(v.size * 8);
-    if shift > 0 && shift < 64 {
-        x = if v.flags & VAL_SIGNED != 0 {
-            (((x << shift) as i64) >> shift) as u64
-        } else {
-            (x << shift) >> shift
-        };
-    }
-    let imm = v.imm;
-    match v.op {
-        OP_ADD => x.wrapping_add(imm),
-        OP_SUB => x.wrapping_sub(imm),
-        OP_MUL => x.wrapping_mul(imm),
-        OP_DIV if imm != 0 => {
-            if v.flags & VAL_SIGNED != 0 {
+fn binary(op: u8, signed: bool, x: u64, y: u64) -> u64 {
+    let (a, b) = (x as i64, y as i64);
+    match op {
+        OP_ADD => x.wrapping_add(y),
+        OP_SUB => x.wrapping_sub(y),
+        OP_MUL => x.wrapping_mul(y),
+        OP_DIV | OP_MOD => {
+            if y == 0 {
+                return if op == OP_DIV { 0 } else { x };
+            }
+            if signed {
                 // BPF has no signed division before v4 of the ISA.
-                let (a, b) = (x as i64, imm as i64);
-                let q = a.unsigned_abs() / b.unsigned_abs();
-                if (a < 0) != (b < 0) {
-                    q.wrapping_neg()
+                let (ua, ub) = (a.unsigned_abs(), b.unsigned_abs());
+                if op == OP_DIV {
+                    let q = ua / ub;
+                    if (a < 0) != (b < 0) {
+                        q.wrapping_neg()
+                    } else {
+                        q
+                    }
                 } else {
-                    q
+                    let r = ua % ub;
+                    if a < 0 { r.wrapping_neg() } else { r }
                 }
+            } else if op == OP_DIV {
+                x / y
             } else {
-                x / imm
+                x % y
             }
         }
-        OP_SHR => x >> (imm & 63),
-        OP_SHL => x << (imm & 63),
-        OP_AND => x & imm,
-        _ => x,
+        OP_SHR => {
+            if signed {
+                (a >> (y & 63)) as u64
+            } else {
+                x >> (y & 63)
+            }
+        }
+        OP_SHL => x << (y & 63),
+        OP_AND => x & y,
+        OP_OR => x | y,
+        OP_XOR => x ^ y,
+        OP_EQ => u64::from(x == y),
+        OP_NE => u64::from(x != y),
+        OP_LT => u64::from(if signed { a < b } else { x < y }),
+        OP_LE => u64::from(if signed { a <= b } else { x <= y }),
+        OP_GT => u64::from(if signed { a > b } else { x > y }),
+        OP_GE => u64::from(if signed { a >= b } else { x >= y }),
+        OP_LAND => u64::from(x != 0 && y != 0),
+        OP_LOR => u64::from(x != 0 || y != 0),
+        _ => 0,
     }
+}
+
+/// Runs a value's expression on a stack of `STACK_DEPTH`; user space
+/// checks the depth, and the masks keep the verifier sure of it. Not
+/// inlined: one copy serves every value of a program.
+#[inline(never)]
+fn eval(v: &Value, s: &Sources) -> u64 {
+    const MASK: usize = STACK_DEPTH - 1;
+    let mut stack = [0u64; STACK_DEPTH];
+    let mut sp: usize = 0;
+    for n in 0..MAX_INSNS {
+        if n as u32 >= v.n_insns {
+            break;
+        }
+        let i = &v.insns[n];
+        let signed = i.flags & INSN_SIGNED != 0;
+        match i.code {
+            I_PUSH => {
+                stack[sp & MASK] = source(i, s);
+                sp += 1;
+            }
+            I_BINARY if sp >= 2 => {
+                let y = stack[(sp - 1) & MASK];
+                let x = stack[(sp - 2) & MASK];
+                stack[(sp - 2) & MASK] = binary(i.op, signed, x, y);
+                sp -= 1;
+            }
+            I_UNARY if sp >= 1 => {
+                let x = stack[(sp - 1) & MASK];
+                stack[(sp - 1) & MASK] = match i.op {
+                    UN_NEG => x.wrapping_neg(),
+                    UN_NOT => !x,
+                    _ => u64::from(x == 0),
+                };
+            }
+            I_LOAD if sp >= 1 => {
+                let at = stack[(sp - 1) & MASK].wrapping_add(i.imm) as *const u8;
+                let x = read_sized(at, i.size, i.flags & INSN_USER != 0);
+                stack[(sp - 1) & MASK] = cut(x, i.size, signed);
+            }
+            I_CAST if sp >= 1 => {
+                stack[(sp - 1) & MASK] = cut(stack[(sp - 1) & MASK], i.size, signed);
+            }
+            _ => return 0,
+        }
+    }
+    if sp == 0 { 0 } else { stack[(sp - 1) & MASK] }
+}
+
+/// A numeric value, cut to its type's size.
+#[inline(always)]
+fn number(v: &Value, s: &Sources) -> u64 {
+    cut(eval(v, s), v.size, v.flags & VAL_SIGNED != 0)
 }
 
 /// A string value into `buf`, NUL-padded, cut to `len` bytes with its NUL.
@@ -149,10 +248,10 @@ fn string(v: &Value, s: &Sources, len: u32, buf: &mut [u8; STR_LEN]) {
         }
         src => {
             let p = if src == SRC_DATA_LOC {
-                let loc = read_sized(s.record.wrapping_add(v.index as usize), 4);
+                let loc = read_sized(s.record.wrapping_add(v.index as usize), 4, false);
                 s.record.wrapping_add((loc & 0xffff) as usize)
             } else {
-                raw(v, s) as *const u8
+                eval(v, s) as *const u8
             };
             if !p.is_null() {
                 // SAFETY: the helpers cope with any address.
@@ -195,42 +294,7 @@ fn passes(p: &Probe, s: &Sources) -> bool {
             let same = t.iter().zip(c.text.iter()).all(|(a, b)| a == b);
             if c.cmp == CMP_NE { !same } else { same }
         } else {
-            let x = number(&c.value, s);
-            let signed = c.value.flags & VAL_SIGNED != 0;
-            let (a, b) = (x as i64, c.imm as i64);
-            match c.cmp {
-                CMP_EQ => x == c.imm,
-                CMP_NE => x != c.imm,
-                CMP_LT => {
-                    if signed {
-                        a < b
-                    } else {
-                        x < c.imm
-                    }
-                }
-                CMP_LE => {
-                    if signed {
-                        a <= b
-                    } else {
-                        x <= c.imm
-                    }
-                }
-                CMP_GT => {
-                    if signed {
-                        a > b
-                    } else {
-                        x > c.imm
-                    }
-                }
-                CMP_GE => {
-                    if signed {
-                        a >= b
-                    } else {
-                        x >= c.imm
-                    }
-                }
-                _ => false,
-            }
+            number(&c.value, s) != 0
         };
         group &= ok;
         if c.or_next != 0 || i as u32 + 1 >= p.n_conds {

@@ -80,12 +80,20 @@ pub struct Args {
     #[arg(short = 'z', long = "string-size", value_name = "SIZE", default_value_t = 80,
           value_parser = clap::value_parser!(u32).range(1..=STR_LEN as i64))]
     string_size: u32,
-    /// A histogram of one value; repeatable.
-    #[arg(short = 'H', long = "histogram", value_name = "SPEC")]
+    /// A histogram of one value for each SPEC; repeatable, and one -H may
+    /// take several.
+    #[arg(short = 'H', long = "histogram", value_name = "SPEC", num_args = 1..,
+          action = clap::ArgAction::Append)]
     histograms: Vec<String>,
-    /// Frequency counts of keys of values; repeatable.
-    #[arg(short = 'C', long = "count", value_name = "SPEC")]
+    /// Frequency counts of keys of values for each SPEC; repeatable, and
+    /// one -C may take several.
+    #[arg(short = 'C', long = "count", value_name = "SPEC", num_args = 1..,
+          action = clap::ArgAction::Append)]
     counts: Vec<String>,
+    /// Accepted for bcc's command lines and ignored: types come from the
+    /// kernel's BTF, not from headers.
+    #[arg(short = 'I', long = "include", value_name = "HEADER")]
+    include: Vec<String>,
     /// Entries of the frequency table (all -C specs together).
     #[arg(long, value_name = "N", default_value_t = 10240)]
     table_size: u32,
@@ -112,10 +120,13 @@ fn parse_all(args: &Args) -> anyhow::Result<Vec<Parsed>> {
     }
     let format =
         |cat: &str, event: &str| tracefs::Format::read(cat, event).map_err(|e| format!("{e}"));
+    // Structs and named constants come from the kernel's own types; a
+    // kernel without BTF still takes specs that need neither.
+    let btf = crate::btf::Btf::from_kernel().ok();
     specs
         .into_iter()
         .map(|(text, hist)| {
-            let spec = spec::parse(text, hist, format).map_err(|e| {
+            let spec = spec::parse(text, hist, format, btf.as_ref()).map_err(|e| {
                 let flag = if hist { "-H" } else { "-C" };
                 anyhow::anyhow!("bad {flag} spec {text:?} at {e}")
             })?;

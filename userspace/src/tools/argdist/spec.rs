@@ -4,13 +4,18 @@
 //! `{p|r|t}:{[library]|category}:function(signature)[:type[,type...]:expr[,expr...][:filter]][#label]`
 
 use rtrace_common::argdist::{
-    CMP_EQ, CMP_GE, CMP_GT, CMP_LE, CMP_LT, CMP_NE, Cond, KIND_ENTRY, KIND_RETURN, KIND_TRACEPOINT,
-    MAX_CONDS, MAX_STRINGS, MAX_VALUES, OP_ADD, OP_AND, OP_DIV, OP_MUL, OP_NONE, OP_SHL, OP_SHR,
-    OP_SUB, SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY,
-    SRC_PID, SRC_RET, SRC_TID, STR_LEN, VAL_SIGNED, VAL_STRING, VAL_USER, Value,
+    CMP_EQ, CMP_NE, Cond, I_BINARY, I_CAST, I_LOAD, I_PUSH, I_UNARY, INSN_SIGNED, INSN_USER, Insn,
+    KIND_ENTRY, KIND_RETURN, KIND_TRACEPOINT, MAX_CONDS, MAX_INSNS, MAX_STRINGS, MAX_VALUES,
+    OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE, OP_LOR, OP_LT, OP_MOD, OP_MUL,
+    OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC,
+    SRC_ENTRY_ARG, SRC_EXPR, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_RET, SRC_TID, STACK_DEPTH,
+    STR_LEN, UN_LNOT, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER, Value,
 };
 
-use crate::tracefs::Format;
+use crate::{
+    btf::{Btf, Shape},
+    tracefs::Format,
+};
 
 /// A spec that does not parse: what is wrong, and at which column
 /// (1-based) of the spec.
@@ -162,10 +167,37 @@ impl Spec {
     }
 }
 
+/// What a pointer points to, for `*p`, `p->member` and casts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pointee {
+    /// Nothing known (`void *`, `long`).
+    Nothing,
+    /// A plain C type.
+    Basic(CType),
+    /// A type of the kernel's BTF.
+    Btf(u32),
+}
+
+/// An expression's type while it is parsed.
+#[derive(Debug, Clone, Copy)]
+struct Ty {
+    c: CType,
+    pointee: Pointee,
+}
+
+impl Ty {
+    fn of(c: CType) -> Self {
+        Self {
+            c,
+            pointee: Pointee::Nothing,
+        }
+    }
+}
+
 /// A parameter of the signature.
 struct Param {
     name: String,
-    ty: CType,
+    ty: Ty,
 }
 
 /// What names in expressions refer to.
@@ -173,18 +205,70 @@ struct Scope<'a> {
     kind: u32,
     params: Vec<Param>,
     format: Option<&'a Format>,
-    /// Strings read through pointers are user memory (uprobes, syscalls).
+    /// Memory read through pointers is user memory (uprobes, syscalls).
     user: bool,
+    btf: Option<&'a Btf>,
+}
+
+/// A C type's text as a [`Ty`]: the plain types of [`c_type`], and
+/// pointers to structs and unions, found in the kernel's BTF (a user
+/// structure by its kernel twin, `__kernel_NAME`, if it has no entry of
+/// its own).
+fn parse_type(text: &str, btf: Option<&Btf>) -> Result<Ty, String> {
+    let pointers = text.matches('*').count();
+    let base = text.replace('*', " ");
+    let words: Vec<&str> = base
+        .split_whitespace()
+        .filter(|w| !matches!(*w, "const" | "volatile" | "__user"))
+        .collect();
+    if let [kind @ ("struct" | "union"), name] = words[..] {
+        if pointers != 1 {
+            return Err(format!(
+                "{kind} {name} is used through one pointer: write {kind} {name} *"
+            ));
+        }
+        let btf = btf.ok_or_else(|| format!("{kind} {name} needs the kernel's BTF, which is not readable"))?;
+        let id = btf
+            .struct_id(name)
+            .or_else(|| btf.struct_id(&format!("__kernel_{name}")))
+            .ok_or_else(|| format!("the kernel's BTF has no {kind} {name}"))?;
+        return Ok(Ty {
+            c: CType {
+                size: 8,
+                signed: false,
+                string: false,
+                user: text.contains("__user"),
+            },
+            pointee: Pointee::Btf(id),
+        });
+    }
+    let c = c_type(text).ok_or_else(|| format!("unknown type {:?}: use {KNOWN_TYPES}", text.trim()))?;
+    let pointee = if pointers == 1 {
+        c_type(&text.replacen('*', " ", 1)).map_or(Pointee::Nothing, Pointee::Basic)
+    } else {
+        Pointee::Nothing
+    };
+    Ok(Ty { c, pointee })
 }
 
 /// Parses `spec` for `-H` (`hist`) or `-C`. `format` reads a tracepoint's
-/// format file, given its category and event.
+/// format file, given its category and event; `btf` is the kernel's, for
+/// structs and named constants.
 pub fn parse(
     spec: &str,
     hist: bool,
     format: impl Fn(&str, &str) -> Result<Format, String>,
+    btf: Option<&Btf>,
 ) -> Result<Spec, SpecError> {
-    let (body, label) = match spec.find('#') {
+    // bcc's `#label`, or `;label`; neither inside a string.
+    let mut quoted = false;
+    let cut = spec.char_indices().find_map(|(i, c)| {
+        if c == '"' {
+            quoted = !quoted;
+        }
+        (!quoted && (c == '#' || c == ';')).then_some(i)
+    });
+    let (body, label) = match cut {
         Some(i) => (&spec[..i], Some(spec[i + 1..].to_owned())),
         None => (spec, None),
     };
@@ -296,9 +380,10 @@ pub fn parse(
     };
     let scope = Scope {
         kind,
-        params: signature_params(signature, sig_at)?,
+        params: signature_params(signature, sig_at, btf)?,
         format: format.as_ref(),
         user,
+        btf,
     };
 
     let (types, exprs, default_expr) = if parts.len() >= 5 {
@@ -346,18 +431,16 @@ pub fn parse(
             return err(t_at, "a histogram needs an integer type, not a string");
         }
         let mut p = ExprParser::new(e, e_at, &scope);
-        let (mut value, natural) = p.expr()?;
+        let expr = p.expr()?;
         p.end()?;
-        need_entry |= matches!(value.source, SRC_LATENCY | SRC_ENTRY_ARG);
-        if ty.string {
-            if !(natural.string || natural.size == 8 || value.source == SRC_DATA_LOC) {
+        need_entry |= expr.needs_entry();
+        let mut value = if ty.string {
+            if !(expr.ty.c.string || expr.ty.c.size == 8 || expr.special.is_some()) {
                 return err(e_at, "char* needs a pointer or a string");
             }
-            if value.op != OP_NONE {
-                return err(e_at, "a string takes no arithmetic");
-            }
+            let mut value = expr.value(e_at)?;
             value.flags = VAL_STRING
-                | if natural.user || scope.user {
+                | if expr.ty.c.user || scope.user {
                     VAL_USER
                 } else {
                     0
@@ -367,13 +450,16 @@ pub fn parse(
             if strings as usize > MAX_STRINGS {
                 return err(e_at, format!("at most {MAX_STRINGS} string values"));
             }
+            value
         } else {
-            if matches!(value.source, SRC_COMM | SRC_DATA_LOC) {
+            if expr.special.is_some() {
                 return err(t_at, "this value is a string: declare it char*");
             }
-            value.size = ty.size;
+            let mut value = expr.value(e_at)?;
             value.flags = if ty.signed { VAL_SIGNED } else { 0 };
-        }
+            value
+        };
+        value.size = ty.size;
         values.push(KeyValue {
             text: e.trim().to_owned(),
             ty,
@@ -383,10 +469,8 @@ pub fn parse(
     let conds = match parts.get(5) {
         Some(&(at, text)) => {
             let mut p = ExprParser::new(text, at, &scope);
-            let conds = p.filter()?;
-            need_entry |= conds
-                .iter()
-                .any(|c| matches!(c.value.source, SRC_LATENCY | SRC_ENTRY_ARG));
+            let (conds, entry) = p.filter()?;
+            need_entry |= entry;
             conds
         }
         None => Vec::new(),
@@ -407,17 +491,23 @@ pub fn parse(
 fn split_list((at, text): (usize, &str)) -> Vec<(usize, &str)> {
     let mut out = Vec::new();
     let mut start = 0;
+    let mut depth = 0i32;
     for (i, c) in text.char_indices() {
-        if c == ',' {
-            out.push((at + start, &text[start..i]));
-            start = i + 1;
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push((at + start, &text[start..i]));
+                start = i + 1;
+            }
+            _ => {}
         }
     }
     out.push((at + start, &text[start..]));
     out
 }
 
-fn signature_params(sig: &str, at: usize) -> Result<Vec<Param>, SpecError> {
+fn signature_params(sig: &str, at: usize, btf: Option<&Btf>) -> Result<Vec<Param>, SpecError> {
     let mut params = Vec::new();
     if sig.trim().is_empty() || sig.trim() == "void" {
         return Ok(params);
@@ -434,12 +524,7 @@ fn signature_params(sig: &str, at: usize) -> Result<Vec<Param>, SpecError> {
                 format!("parameter {p:?} needs a type and a name, as in size_t size"),
             );
         }
-        let Some(ty) = c_type(ty) else {
-            return err(
-                p_at,
-                format!("unknown type {:?}: use {KNOWN_TYPES}", ty.trim()),
-            );
-        };
+        let ty = parse_type(ty, btf).or_else(|m| err(p_at, m))?;
         params.push(Param {
             name: name.to_owned(),
             ty,
@@ -451,7 +536,138 @@ fn signature_params(sig: &str, at: usize) -> Result<Vec<Param>, SpecError> {
     Ok(params)
 }
 
-/// A recursive-descent parser over one expression or filter.
+/// An expression compiled so far: its instructions, its type, and the
+/// stack it needs.
+#[derive(Debug, Clone)]
+struct Expr {
+    insns: Vec<Insn>,
+    ty: Ty,
+    /// Values on the stack at its deepest.
+    depth: usize,
+    /// A string source that is a whole value, not a number: `$COMM`, or a
+    /// `__data_loc` field at this record offset.
+    special: Option<(u8, u32)>,
+    /// Its value, when known without running it.
+    constant: Option<u64>,
+}
+
+impl Expr {
+    fn push(source: u8, ty: Ty) -> Self {
+        Self {
+            insns: vec![Insn {
+                code: I_PUSH,
+                source,
+                ..Insn::default()
+            }],
+            ty,
+            depth: 1,
+            special: None,
+            constant: None,
+        }
+    }
+
+    fn constant(x: u64, ty: Ty) -> Self {
+        let mut e = Self::push(SRC_CONST, ty);
+        e.insns[0].imm = x;
+        e.constant = Some(x);
+        e
+    }
+
+    fn needs_entry(&self) -> bool {
+        self.insns
+            .iter()
+            .any(|i| i.code == I_PUSH && matches!(i.source, SRC_LATENCY | SRC_ENTRY_ARG))
+    }
+
+    /// Appends an instruction that works on the topmost value.
+    fn then(mut self, insn: Insn) -> Self {
+        self.insns.push(insn);
+        self.constant = None;
+        self
+    }
+
+    /// The program's value of this expression, at column `at`.
+    fn value(&self, at: usize) -> Result<Value, SpecError> {
+        let mut v = Value::default();
+        if let Some((source, index)) = self.special {
+            v.source = source;
+            v.index = index;
+            return Ok(v);
+        }
+        if self.insns.len() > MAX_INSNS {
+            return err(
+                at,
+                format!("expression too long: {} steps, at most {MAX_INSNS}", self.insns.len()),
+            );
+        }
+        if self.depth > STACK_DEPTH {
+            return err(
+                at,
+                format!("expression nested too deeply: at most {STACK_DEPTH} values at once"),
+            );
+        }
+        v.source = SRC_EXPR;
+        v.n_insns = self.insns.len() as u32;
+        v.insns[..self.insns.len()].copy_from_slice(&self.insns);
+        Ok(v)
+    }
+}
+
+/// Binary operators by precedence, loosest first, as in C.
+const LEVELS: &[&[(&str, u8)]] = &[
+    &[("||", OP_LOR)],
+    &[("&&", OP_LAND)],
+    &[("|", OP_OR)],
+    &[("^", OP_XOR)],
+    &[("&", OP_AND)],
+    &[("==", OP_EQ), ("!=", OP_NE)],
+    &[("<=", OP_LE), (">=", OP_GE), ("<", OP_LT), (">", OP_GT)],
+    &[("<<", OP_SHL), (">>", OP_SHR)],
+    &[("+", OP_ADD), ("-", OP_SUB)],
+    &[("*", OP_MUL), ("/", OP_DIV), ("%", OP_MOD)],
+];
+
+/// `x op y` on known values, as the program computes it.
+fn fold(op: u8, signed: bool, x: u64, y: u64) -> u64 {
+    let (a, b) = (x as i64, y as i64);
+    match op {
+        OP_ADD => x.wrapping_add(y),
+        OP_SUB => x.wrapping_sub(y),
+        OP_MUL => x.wrapping_mul(y),
+        OP_DIV if y == 0 => 0,
+        OP_MOD if y == 0 => x,
+        OP_DIV if signed => a.wrapping_div(b) as u64,
+        OP_MOD if signed => a.wrapping_rem(b) as u64,
+        OP_DIV => x / y,
+        OP_MOD => x % y,
+        OP_SHR if signed => (a >> (y & 63)) as u64,
+        OP_SHR => x >> (y & 63),
+        OP_SHL => x << (y & 63),
+        OP_AND => x & y,
+        OP_OR => x | y,
+        OP_XOR => x ^ y,
+        OP_EQ => u64::from(x == y),
+        OP_NE => u64::from(x != y),
+        OP_LT => u64::from(if signed { a < b } else { x < y }),
+        OP_LE => u64::from(if signed { a <= b } else { x <= y }),
+        OP_GT => u64::from(if signed { a > b } else { x > y }),
+        OP_GE => u64::from(if signed { a >= b } else { x >= y }),
+        OP_LAND => u64::from(x != 0 && y != 0),
+        OP_LOR => u64::from(x != 0 || y != 0),
+        _ => 0,
+    }
+}
+
+/// A place in memory named by `->` and `.`: an address computed on the
+/// stack, a constant offset from it, and its BTF type.
+struct Place {
+    base: Expr,
+    offset: u64,
+    ty: u32,
+}
+
+/// A recursive-descent parser over one expression or filter, compiling as
+/// it goes.
 struct ExprParser<'a> {
     text: &'a str,
     at: usize,
@@ -519,7 +735,6 @@ impl<'a> ExprParser<'a> {
     fn number(&mut self) -> Result<u64, SpecError> {
         self.skip_ws();
         let at = self.col();
-        let neg = self.eat("-");
         let rest = self.rest();
         let (radix, skip) = if rest.starts_with("0x") || rest.starts_with("0X") {
             (16, 2)
@@ -527,181 +742,487 @@ impl<'a> ExprParser<'a> {
             (10, 0)
         };
         let len = rest[skip..]
-            .find(|c: char| !c.is_ascii_hexdigit())
+            .find(|c: char| !c.is_ascii_alphanumeric())
             .unwrap_or(rest.len() - skip);
         let digits = &rest[skip..skip + len];
+        // C's suffixes (10UL) say nothing here: every value is 64 bits.
+        let digits = digits.trim_end_matches(['u', 'U', 'l', 'L']);
         let Ok(n) = u64::from_str_radix(digits, radix) else {
             return err(at, "expected a number");
         };
         self.pos += skip + len;
-        Ok(if neg { n.wrapping_neg() } else { n })
+        Ok(n)
     }
 
-    /// `term [op number]`; returns the value and the term's own type.
-    fn expr(&mut self) -> Result<(Value, CType), SpecError> {
-        let (mut v, ty) = self.term()?;
-        self.skip_ws();
-        let ops = [
-            (">>", OP_SHR),
-            ("<<", OP_SHL),
-            ("+", OP_ADD),
-            ("-", OP_SUB),
-            ("*", OP_MUL),
-            ("/", OP_DIV),
-            ("&", OP_AND),
-        ];
-        for (s, op) in ops {
-            // `&&` joins comparisons; it is no operator here.
-            if self.rest().starts_with(s) && !self.rest().starts_with("&&") {
-                if v.source == SRC_CONST || ty.string {
-                    return err(self.col(), "arithmetic needs a numeric value on its left");
-                }
-                self.pos += s.len();
-                let at = self.col();
-                v.op = op;
-                v.imm = self.number()?;
-                if op == OP_DIV && v.imm == 0 {
-                    return err(at, "division by zero");
-                }
-                break;
+    /// A whole expression: `binary(0)`.
+    fn expr(&mut self) -> Result<Expr, SpecError> {
+        self.binary(0)
+    }
+
+    /// Operators of precedence `level` and tighter, left to right.
+    fn binary(&mut self, level: usize) -> Result<Expr, SpecError> {
+        if level == LEVELS.len() {
+            return self.unary();
+        }
+        let mut lhs = self.binary(level + 1)?;
+        loop {
+            self.skip_ws();
+            let rest = self.rest();
+            let Some(&(s, op)) = LEVELS[level].iter().find(|(s, _)| {
+                rest.starts_with(s)
+                    // `&` is not `&&`, `|` not `||`, `<` not `<<`.
+                    && !(s.len() == 1 && rest[1..].starts_with(*s))
+                    && !(matches!(*s, "<" | ">") && rest[1..].starts_with('='))
+            }) else {
+                return Ok(lhs);
+            };
+            // `x == "text"` is a filter's string comparison, not arithmetic.
+            if matches!(op, OP_EQ | OP_NE) && rest[2..].trim_start().starts_with('"') {
+                return Ok(lhs);
+            }
+            let op_at = self.col();
+            self.pos += s.len();
+            let rhs = self.binary(level + 1)?;
+            lhs = self.combine(op_at, op, lhs, rhs)?;
+        }
+    }
+
+    fn combine(&self, at: usize, op: u8, lhs: Expr, rhs: Expr) -> Result<Expr, SpecError> {
+        for e in [&lhs, &rhs] {
+            if e.special.is_some() || e.ty.c.string && !matches!(op, OP_EQ | OP_NE) {
+                return err(at, "strings take no arithmetic: compare them with \"text\"");
             }
         }
-        Ok((v, ty))
+        if matches!(op, OP_SHL | OP_SHR)
+            && let Some(n) = rhs.constant
+            && n > 63
+        {
+            return err(at, format!("shift by {n}: at most 63"));
+        }
+        if matches!(op, OP_DIV | OP_MOD) && rhs.constant == Some(0) {
+            return err(at, "division by zero");
+        }
+        let signed = lhs.ty.c.signed && rhs.ty.c.signed;
+        let comparison = matches!(op, OP_EQ | OP_NE | OP_LT | OP_LE | OP_GT | OP_GE | OP_LAND | OP_LOR);
+        let ty = if comparison {
+            Ty::of(CType::int(4, true))
+        } else if lhs.ty.pointee != Pointee::Nothing && matches!(op, OP_ADD | OP_SUB) {
+            lhs.ty
+        } else {
+            Ty::of(CType::int(8, signed))
+        };
+        let insn = Insn {
+            code: I_BINARY,
+            op,
+            flags: if signed { INSN_SIGNED } else { 0 },
+            ..Insn::default()
+        };
+        if let (Some(x), Some(y)) = (lhs.constant, rhs.constant) {
+            return Ok(Expr::constant(fold(op, signed, x, y), ty));
+        }
+        let depth = lhs.depth.max(rhs.depth + 1);
+        let mut insns = lhs.insns;
+        insns.extend(rhs.insns);
+        insns.push(insn);
+        Ok(Expr {
+            insns,
+            ty,
+            depth,
+            special: None,
+            constant: None,
+        })
     }
 
-    fn term(&mut self) -> Result<(Value, CType), SpecError> {
+    /// `-x`, `~x`, `!x`, `*p`, `(type)x`, or a postfix expression.
+    fn unary(&mut self) -> Result<Expr, SpecError> {
         self.skip_ws();
         let at = self.col();
-        let mut v = Value {
-            size: 8,
-            ..Value::default()
+        let un = |op| Insn {
+            code: I_UNARY,
+            op,
+            ..Insn::default()
         };
-        if self
-            .rest()
-            .starts_with(|c: char| c.is_ascii_digit() || c == '-')
-        {
-            v.source = SRC_CONST;
-            v.imm = self.number()?;
-            return Ok((v, CType::U64));
+        if self.rest().starts_with('-') && !self.rest().starts_with("->") {
+            self.pos += 1;
+            let x = self.numeric(at)?;
+            return Ok(match x.constant {
+                Some(c) => Expr::constant(c.wrapping_neg(), Ty::of(CType::int(8, true))),
+                None => {
+                    let mut e = x.then(un(UN_NEG));
+                    e.ty = Ty::of(CType::int(8, true));
+                    e
+                }
+            });
+        }
+        if self.eat("~") {
+            let x = self.numeric(at)?;
+            return Ok(match x.constant {
+                Some(c) => Expr::constant(!c, x.ty),
+                None => x.then(un(UN_NOT)),
+            });
+        }
+        if self.rest().starts_with('!') && !self.rest().starts_with("!=") {
+            self.pos += 1;
+            let x = self.numeric(at)?;
+            return Ok(match x.constant {
+                Some(c) => Expr::constant(u64::from(c == 0), Ty::of(CType::int(4, true))),
+                None => {
+                    let mut e = x.then(un(UN_LNOT));
+                    e.ty = Ty::of(CType::int(4, true));
+                    e
+                }
+            });
+        }
+        if self.rest().starts_with('*') {
+            self.pos += 1;
+            let p = self.unary()?;
+            return self.deref(at, p);
+        }
+        if self.rest().starts_with('(') {
+            // A cast if what the parentheses hold is a type.
+            let inner = &self.rest()[1..];
+            if let Some(close) = inner.find(')') {
+                let text = &inner[..close];
+                if looks_like_type(text) {
+                    let ty = parse_type(text, self.scope.btf).or_else(|m| err(at + 1, m))?;
+                    self.pos += close + 2;
+                    let x = self.unary()?;
+                    return self.cast(at, x, ty);
+                }
+            }
+        }
+        self.postfix()
+    }
+
+    /// A unary operator's operand, which must be a number.
+    fn numeric(&mut self, at: usize) -> Result<Expr, SpecError> {
+        let x = self.unary()?;
+        if x.special.is_some() || x.ty.c.string {
+            return err(at, "strings take no arithmetic");
+        }
+        Ok(x)
+    }
+
+    /// `(ty)x`: cut to the type's size, or the same bits seen as a
+    /// pointer.
+    fn cast(&self, at: usize, x: Expr, ty: Ty) -> Result<Expr, SpecError> {
+        if x.special.is_some() {
+            return err(at, "a string cannot be cast");
+        }
+        if ty.c.size == 8 {
+            let mut x = x;
+            x.ty = ty;
+            return Ok(x);
+        }
+        let insn = Insn {
+            code: I_CAST,
+            size: ty.c.size,
+            flags: if ty.c.signed { INSN_SIGNED } else { 0 },
+            ..Insn::default()
+        };
+        if let Some(c) = x.constant {
+            let shift = 64 - ty.c.size * 8;
+            let v = if ty.c.signed {
+                (((c << shift) as i64) >> shift) as u64
+            } else {
+                (c << shift) >> shift
+            };
+            return Ok(Expr::constant(v, ty));
+        }
+        let mut e = x.then(insn);
+        e.ty = ty;
+        Ok(e)
+    }
+
+    /// `*p`.
+    fn deref(&self, at: usize, p: Expr) -> Result<Expr, SpecError> {
+        match p.ty.pointee {
+            Pointee::Basic(c) if !c.string => Ok(self.load(p, 0, Ty::of(c))),
+            Pointee::Btf(id) => self.materialize(
+                at,
+                Place {
+                    base: p,
+                    offset: 0,
+                    ty: id,
+                },
+            ),
+            _ => err(
+                at,
+                "* needs a pointer to a known type: cast it first, as in *(u32 *)p",
+            ),
+        }
+    }
+
+    /// Reads the value of type `ty` at `offset` from the address `base`
+    /// computes.
+    fn load(&self, base: Expr, offset: u64, ty: Ty) -> Expr {
+        let mut flags = if ty.c.signed { INSN_SIGNED } else { 0 };
+        if self.scope.user || base.ty.c.user {
+            flags |= INSN_USER;
+        }
+        let mut e = base.then(Insn {
+            code: I_LOAD,
+            size: ty.c.size,
+            flags,
+            imm: offset,
+            ..Insn::default()
+        });
+        e.ty = ty;
+        e
+    }
+
+    /// The value at a place: its number, or for an array its address.
+    fn materialize(&self, at: usize, place: Place) -> Result<Expr, SpecError> {
+        let btf = self.scope.btf.expect("BTF types come from BTF");
+        match btf.shape(place.ty) {
+            Shape::Int { size, signed } if [1, 2, 4, 8].contains(&size) => {
+                Ok(self.load(place.base, place.offset, Ty::of(CType::int(size, signed))))
+            }
+            Shape::Pointer(to) => {
+                let pointee = match btf.shape(to) {
+                    Shape::Struct { .. } => Pointee::Btf(to),
+                    Shape::Int { size, signed } => Pointee::Basic(CType::int(size, signed)),
+                    _ => Pointee::Nothing,
+                };
+                let string = matches!(btf.shape(to), Shape::Int { size: 1, .. });
+                let mut c = CType::int(8, false);
+                c.string = string;
+                Ok(self.load(place.base, place.offset, Ty { c, pointee }))
+            }
+            Shape::Array(elem) => {
+                // An array is its address, as in C: `task->comm` is a string.
+                let string = matches!(btf.shape(elem), Shape::Int { size: 1, .. });
+                let mut c = CType::int(8, false);
+                c.string = string;
+                let ty = Ty {
+                    c,
+                    pointee: Pointee::Btf(elem),
+                };
+                let offset = Expr::constant(place.offset, Ty::of(CType::U64));
+                let mut e = self.combine(at, OP_ADD, place.base, offset)?;
+                e.ty = ty;
+                Ok(e)
+            }
+            Shape::Struct { name, .. } => err(
+                at,
+                format!("struct {name} is no number: name one of its members"),
+            ),
+            other => err(at, format!("cannot read a value of this type ({other:?})")),
+        }
+    }
+
+    /// A primary expression followed by `->member` and `.member`.
+    fn postfix(&mut self) -> Result<Expr, SpecError> {
+        let at = self.col();
+        let e = self.primary()?;
+        let mut place: Option<Place> = None;
+        loop {
+            self.skip_ws();
+            let arrow = self.rest().starts_with("->");
+            let dot = !arrow && self.rest().starts_with('.');
+            if !arrow && !dot {
+                break;
+            }
+            let op_at = self.col();
+            self.pos += if arrow { 2 } else { 1 };
+            let m_at = self.col();
+            let Some(member) = self.ident() else {
+                return err(m_at, "expected a member name");
+            };
+            let (base, offset, strukt) = match (arrow, place.take()) {
+                // `p->m`: p is a pointer to a struct.
+                (true, prior) => {
+                    let p = match prior {
+                        Some(pl) => self.materialize(op_at, pl)?,
+                        None => e.clone(),
+                    };
+                    let Pointee::Btf(id) = p.ty.pointee else {
+                        return err(
+                            op_at,
+                            "-> needs a pointer to a struct: declare it as struct NAME * in the signature, or cast it",
+                        );
+                    };
+                    (p, 0, id)
+                }
+                // `s.m`: s is a struct reached by `->`.
+                (false, Some(pl)) => (pl.base, pl.offset, pl.ty),
+                (false, None) => {
+                    return err(op_at, ". needs a struct reached through ->, as in p->a.b");
+                }
+            };
+            let btf = self.scope.btf.expect("struct pointers come from BTF");
+            let Shape::Struct { id, name } = btf.shape(strukt) else {
+                return err(op_at, "this is no struct or union");
+            };
+            let Some((off, ty)) = btf.member_of(id, member) else {
+                let names = btf.member_names(id);
+                let shown: Vec<&str> = names.iter().take(12).map(String::as_str).collect();
+                return err(
+                    m_at,
+                    format!(
+                        "struct {name} has no member {member:?} (members: {}{})",
+                        shown.join(", "),
+                        if names.len() > shown.len() { ", ..." } else { "" }
+                    ),
+                );
+            };
+            place = Some(Place {
+                base,
+                offset: offset + u64::from(off),
+                ty,
+            });
+        }
+        match place {
+            Some(pl) => self.materialize(at, pl),
+            None => Ok(e),
+        }
+    }
+
+    /// A number, `(expr)`, a `$variable`, a parameter, a tracepoint field,
+    /// or a named constant of the kernel's enums.
+    fn primary(&mut self) -> Result<Expr, SpecError> {
+        self.skip_ws();
+        let at = self.col();
+        if self.rest().starts_with(|c: char| c.is_ascii_digit()) {
+            let n = self.number()?;
+            return Ok(Expr::constant(n, Ty::of(CType::int(8, true))));
+        }
+        if self.eat("(") {
+            let e = self.expr()?;
+            if !self.eat(")") {
+                return err(self.col(), "expected )");
+            }
+            return Ok(e);
         }
         if self.eat("$") {
-            let Some(name) = self.ident() else {
-                return err(at, "expected a special variable after $");
-            };
-            let ret_only = |what: &str| -> Result<(), SpecError> {
-                if self.scope.kind == KIND_RETURN {
-                    Ok(())
-                } else {
-                    err(at, format!("{what} is only known in return probes (r:)"))
-                }
-            };
-            let ty = match name {
-                "retval" => {
-                    ret_only("$retval")?;
-                    v.source = SRC_RET;
-                    CType::int(8, true)
-                }
-                "latency" => {
-                    ret_only("$latency")?;
-                    v.source = SRC_LATENCY;
-                    CType::U64
-                }
-                "entry" => {
-                    ret_only("$entry")?;
-                    if !self.eat("(") {
-                        return err(self.col(), "expected ( after $entry");
-                    }
-                    let p_at = self.col();
-                    let pname = self.ident().unwrap_or("");
-                    let Some((i, p)) = self.param(pname) else {
-                        return err(p_at, self.unknown(pname));
-                    };
-                    if !self.eat(")") {
-                        return err(self.col(), "expected ) after the parameter");
-                    }
-                    v.source = SRC_ENTRY_ARG;
-                    v.index = i as u32;
-                    p.ty
-                }
-                "PID" => {
-                    v.source = SRC_PID;
-                    CType::int(4, false)
-                }
-                "TID" => {
-                    v.source = SRC_TID;
-                    CType::int(4, false)
-                }
-                "COMM" => {
-                    v.source = SRC_COMM;
-                    CType {
-                        string: true,
-                        ..CType::int(8, false)
-                    }
-                }
-                other => {
-                    return err(
-                        at,
-                        format!(
-                            "unknown special variable ${other}: use $retval, $latency, \
-                             $entry(param), $PID, $TID or $COMM"
-                        ),
-                    );
-                }
-            };
-            return Ok((v, ty));
+            return self.special(at);
         }
         // `args->field` names a tracepoint field, as in bcc.
-        let arrow = self.eat("args->");
+        let args = self.rest().starts_with("args->");
+        if args {
+            self.pos += "args->".len();
+        }
         let name_at = self.col();
         let Some(name) = self.ident() else {
             return err(at, "expected a parameter, field, number or $variable");
         };
         if let Some(f) = self.scope.format {
-            let Ok(field) = f.field(name) else {
-                return err(name_at, self.unknown(name));
-            };
-            v.index = field.offset;
-            v.size = field.size;
-            let string_ty = field.c_type.contains("char") && field.c_type.contains('*');
-            if field.c_type.starts_with("__data_loc") {
-                v.source = SRC_DATA_LOC;
-                return Ok((
-                    v,
-                    CType {
-                        string: true,
-                        ..CType::U64
-                    },
-                ));
+            if let Ok(field) = f.field(name) {
+                return self.field(name_at, name, field);
             }
-            if ![1, 2, 4, 8].contains(&field.size) {
+            if args {
+                return err(name_at, self.unknown(name));
+            }
+        } else if args {
+            return err(at, "args-> names tracepoint fields; this is no tracepoint");
+        }
+        if let Some((i, p)) = self.param(name) {
+            if self.scope.kind == KIND_RETURN {
                 return err(
                     name_at,
+                    format!("parameters are gone at return: use $entry({name})"),
+                );
+            }
+            let mut e = Expr::push(SRC_ARG, p.ty);
+            e.insns[0].index = i as u32;
+            return Ok(e);
+        }
+        if let Some(v) = self.scope.btf.and_then(|b| b.enum_value(name)) {
+            return Ok(Expr::constant(v as u64, Ty::of(CType::int(8, true))));
+        }
+        if name == "NULL" {
+            return Ok(Expr::constant(0, Ty::of(CType::U64)));
+        }
+        err(name_at, self.unknown(name))
+    }
+
+    /// A tracepoint field.
+    fn field(&self, at: usize, name: &str, field: &crate::tracefs::Field) -> Result<Expr, SpecError> {
+        if field.c_type.starts_with("__data_loc") {
+            let mut e = Expr::push(SRC_CONST, Ty::of(CType::U64));
+            e.ty.c.string = true;
+            e.special = Some((SRC_DATA_LOC, field.offset));
+            return Ok(e);
+        }
+        if ![1, 2, 4, 8].contains(&field.size) {
+            return err(
+                at,
+                format!(
+                    "field {name} is {} bytes: only 1, 2, 4 and 8 can be read",
+                    field.size
+                ),
+            );
+        }
+        let mut ty = Ty::of(CType::int(field.size, field.signed));
+        if field.size == 8
+            && field.c_type.contains('*')
+            && let Ok(t) = parse_type(&field.c_type, self.scope.btf)
+        {
+            ty = t;
+        }
+        let mut e = Expr::push(SRC_FIELD, ty);
+        e.insns[0].index = field.offset;
+        e.insns[0].size = field.size;
+        e.insns[0].flags = if field.signed { INSN_SIGNED } else { 0 };
+        Ok(e)
+    }
+
+    /// `$retval`, `$latency`, `$entry(param)`, `$PID`, `$TID`, `$COMM`.
+    fn special(&mut self, at: usize) -> Result<Expr, SpecError> {
+        let Some(name) = self.ident() else {
+            return err(at, "expected a special variable after $");
+        };
+        let ret_only = |what: &str| -> Result<(), SpecError> {
+            if self.scope.kind == KIND_RETURN {
+                Ok(())
+            } else {
+                err(at, format!("{what} is only known in return probes (r:)"))
+            }
+        };
+        Ok(match name {
+            "retval" => {
+                ret_only("$retval")?;
+                Expr::push(SRC_RET, Ty::of(CType::int(8, true)))
+            }
+            "latency" => {
+                ret_only("$latency")?;
+                Expr::push(SRC_LATENCY, Ty::of(CType::U64))
+            }
+            "entry" => {
+                ret_only("$entry")?;
+                if !self.eat("(") {
+                    return err(self.col(), "expected ( after $entry");
+                }
+                let p_at = self.col();
+                let pname = self.ident().unwrap_or("");
+                let Some((i, p)) = self.param(pname) else {
+                    return err(p_at, self.unknown(pname));
+                };
+                if !self.eat(")") {
+                    return err(self.col(), "expected ) after the parameter");
+                }
+                let mut e = Expr::push(SRC_ENTRY_ARG, p.ty);
+                e.insns[0].index = i as u32;
+                e
+            }
+            "PID" => Expr::push(SRC_PID, Ty::of(CType::int(4, false))),
+            "TID" => Expr::push(SRC_TID, Ty::of(CType::int(4, false))),
+            "COMM" => {
+                let mut e = Expr::push(SRC_CONST, Ty::of(CType::U64));
+                e.ty.c.string = true;
+                e.special = Some((SRC_COMM, 0));
+                e
+            }
+            other => {
+                return err(
+                    at,
                     format!(
-                        "field {name} is {} bytes: only 1, 2, 4 and 8 can be read",
-                        field.size
+                        "unknown special variable ${other}: use $retval, $latency, \
+                         $entry(param), $PID, $TID or $COMM"
                     ),
                 );
             }
-            v.source = SRC_FIELD;
-            let mut ty = CType::int(field.size, field.signed);
-            ty.string = string_ty;
-            return Ok((v, ty));
-        }
-        if arrow {
-            return err(at, "args-> names tracepoint fields; this is no tracepoint");
-        }
-        if self.scope.kind == KIND_RETURN {
-            return err(
-                name_at,
-                format!("parameters are gone at return: use $entry({name})"),
-            );
-        }
-        let Some((i, p)) = self.param(name) else {
-            return err(name_at, self.unknown(name));
-        };
-        v.source = SRC_ARG;
-        v.index = i as u32;
-        Ok((v, p.ty))
+        })
     }
 
     fn param(&self, name: &str) -> Option<(usize, &'a Param)> {
@@ -723,32 +1244,65 @@ impl<'a> ExprParser<'a> {
             "parameters"
         };
         if known.is_empty() {
-            format!("unknown name {name:?}: the signature declares no parameters")
+            format!(
+                "unknown name {name:?}: the signature declares no parameters, and no kernel enum constant has that name"
+            )
         } else {
-            format!("unknown name {name:?} ({what}: {})", known.join(", "))
+            format!(
+                "unknown name {name:?} ({what}: {}), and no kernel enum constant has that name",
+                known.join(", ")
+            )
         }
     }
 
-    /// `cond (('&&' | '||') cond)*`.
-    fn filter(&mut self) -> Result<Vec<Cond>, SpecError> {
+    /// Terms joined by `&&` and `||` at the top level: each a string
+    /// comparison or a number that must be nonzero. A filter with no
+    /// string in it is one expression. Returns whether it needs the
+    /// entry of a return probe.
+    fn filter(&mut self) -> Result<(Vec<Cond>, bool), SpecError> {
+        let start = self.pos;
+        if !self.text.contains('"') {
+            let e = self.expr()?;
+            self.end()?;
+            let at = self.at + start;
+            let entry = e.needs_entry();
+            if e.special.is_some() || e.ty.c.string {
+                return err(at, "a string compares with a \"string\"");
+            }
+            let mut value = e.value(at)?;
+            value.size = 8;
+            return Ok((
+                vec![Cond {
+                    value,
+                    cmp: CMP_NE,
+                    or_next: 0,
+                    text: [0; STR_LEN],
+                }],
+                entry,
+            ));
+        }
         let mut conds = Vec::new();
+        let mut entry = false;
         loop {
             if conds.len() == MAX_CONDS {
-                return err(self.col(), format!("at most {MAX_CONDS} comparisons"));
+                return err(self.col(), format!("at most {MAX_CONDS} terms with strings in them"));
             }
-            conds.push(self.cond()?);
+            let (c, e) = self.cond()?;
+            entry |= e;
+            conds.push(c);
             if self.eat("||") {
-                conds.last_mut().unwrap().or_next = 1;
+                conds.last_mut().expect("just pushed").or_next = 1;
             } else if !self.eat("&&") {
                 break;
             }
         }
         self.end()?;
-        Ok(conds)
+        Ok((conds, entry))
     }
 
-    /// `expr CMP (number | "string")`, or bcc's `STRCMP("string", expr)`.
-    fn cond(&mut self) -> Result<Cond, SpecError> {
+    /// One term of a filter with strings: `expr == "text"`, `expr !=
+    /// "text"`, bcc's `STRCMP("text", expr)`, or a number above `&&`.
+    fn cond(&mut self) -> Result<(Cond, bool), SpecError> {
         self.skip_ws();
         let at = self.col();
         if self.eat("STRCMP(") {
@@ -756,60 +1310,50 @@ impl<'a> ExprParser<'a> {
             if !self.eat(",") {
                 return err(self.col(), "expected , after the string");
             }
-            let (value, ty) = self.expr()?;
+            let e = self.binary(2)?;
             if !self.eat(")") {
                 return err(self.col(), "expected )");
             }
-            return self.string_cond(at, value, ty, CMP_EQ, &text);
+            return self.string_cond(at, e, CMP_EQ, &text);
         }
-        let (value, ty) = self.expr()?;
+        // Above `&&`, so that the loop sees the joins.
+        let e = self.binary(2)?;
         self.skip_ws();
-        let cmp_at = self.col();
-        let cmps = [
-            ("==", CMP_EQ),
-            ("!=", CMP_NE),
-            ("<=", CMP_LE),
-            (">=", CMP_GE),
-            ("<", CMP_LT),
-            (">", CMP_GT),
-        ];
-        let Some(&(s, cmp)) = cmps.iter().find(|(s, _)| self.rest().starts_with(s)) else {
-            return err(cmp_at, "expected a comparison: ==, !=, <, <=, > or >=");
+        let save = self.pos;
+        let cmp = if self.eat("==") {
+            Some(CMP_EQ)
+        } else if self.eat("!=") {
+            Some(CMP_NE)
+        } else {
+            None
         };
-        self.pos += s.len();
-        self.skip_ws();
-        if self.rest().starts_with('"') {
-            let text = self.string()?;
-            if cmp != CMP_EQ && cmp != CMP_NE {
-                return err(cmp_at, "strings compare only with == and !=");
+        if let Some(cmp) = cmp {
+            self.skip_ws();
+            if self.rest().starts_with('"') {
+                let text = self.string()?;
+                return self.string_cond(at, e, cmp, &text);
             }
-            return self.string_cond(at, value, ty, cmp, &text);
+            self.pos = save;
         }
-        if matches!(value.source, SRC_COMM | SRC_DATA_LOC) {
+        if e.special.is_some() {
             return err(self.col(), "a string compares with a \"string\"");
         }
-        let imm = self.number()?;
-        let mut value = value;
-        value.size = ty.size;
-        value.flags = if ty.signed { VAL_SIGNED } else { 0 };
-        Ok(Cond {
-            value,
-            cmp,
-            or_next: 0,
-            imm,
-            text: [0; STR_LEN],
-        })
+        let entry = e.needs_entry();
+        let mut value = e.value(at)?;
+        value.size = 8;
+        Ok((
+            Cond {
+                value,
+                cmp: CMP_NE,
+                or_next: 0,
+                text: [0; STR_LEN],
+            },
+            entry,
+        ))
     }
 
-    fn string_cond(
-        &self,
-        at: usize,
-        mut value: Value,
-        ty: CType,
-        cmp: u32,
-        text: &str,
-    ) -> Result<Cond, SpecError> {
-        if !(ty.string || ty.size == 8 || value.source == SRC_DATA_LOC) || value.op != OP_NONE {
+    fn string_cond(&self, at: usize, e: Expr, cmp: u32, text: &str) -> Result<(Cond, bool), SpecError> {
+        if !(e.ty.c.string || e.ty.c.size == 8 || e.special.is_some()) {
             return err(
                 at,
                 "only a string (char*, $COMM) compares with a \"string\"",
@@ -818,21 +1362,25 @@ impl<'a> ExprParser<'a> {
         if text.len() >= STR_LEN {
             return err(at, format!("strings are kept to {} bytes", STR_LEN - 1));
         }
+        let entry = e.needs_entry();
+        let mut value = e.value(at)?;
         value.flags = VAL_STRING
-            | if ty.user || self.scope.user {
+            | if e.ty.c.user || self.scope.user {
                 VAL_USER
             } else {
                 0
             };
         let mut buf = [0; STR_LEN];
         buf[..text.len()].copy_from_slice(text.as_bytes());
-        Ok(Cond {
-            value,
-            cmp,
-            or_next: 0,
-            imm: 0,
-            text: buf,
-        })
+        Ok((
+            Cond {
+                value,
+                cmp,
+                or_next: 0,
+                text: buf,
+            },
+            entry,
+        ))
     }
 
     fn string(&mut self) -> Result<String, SpecError> {
@@ -848,6 +1396,14 @@ impl<'a> ExprParser<'a> {
         self.pos += end + 1;
         Ok(s)
     }
+}
+
+/// Whether the text inside parentheses names a type, making them a cast:
+/// a pointer, `struct`/`union`, or a known plain type.
+fn looks_like_type(text: &str) -> bool {
+    let t = text.trim();
+    // `(size * 2)` is no pointer type: what the stars leave must be one.
+    t.starts_with("struct ") || t.starts_with("union ") || c_type(&t.replace('*', " ")).is_some()
 }
 
 #[cfg(test)]
@@ -869,8 +1425,19 @@ mod tests {
         ))
     }
 
+    /// (code, source or op, index, constant) of each instruction.
+    fn insns(v: &Value) -> Vec<(u8, u8, u32, u64)> {
+        v.insns[..v.n_insns as usize]
+            .iter()
+            .map(|i| {
+                let what = if i.code == I_PUSH { i.source } else { i.op };
+                (i.code, what, i.index, i.imm)
+            })
+            .collect()
+    }
+
     fn column(spec: &str, hist: bool) -> (usize, String) {
-        let e = parse(spec, hist, write_tp).unwrap_err();
+        let e = parse(spec, hist, write_tp, None).unwrap_err();
         (e.column, e.message)
     }
 
@@ -880,6 +1447,7 @@ mod tests {
             "p:c:malloc(size_t size, char *name):size_t,char*:size,name:size>16 && name==\"x\"#allocs",
             false,
             no_tp,
+            None,
         )
         .unwrap();
         assert_eq!(s.label.as_deref(), Some("allocs"));
@@ -891,13 +1459,13 @@ mod tests {
             }
         );
         assert_eq!(s.values.len(), 2);
-        assert_eq!(
-            (s.values[0].value.source, s.values[0].value.index),
-            (SRC_ARG, 0)
-        );
+        assert_eq!(insns(&s.values[0].value), [(I_PUSH, SRC_ARG, 0, 0)]);
         assert_eq!(s.values[1].value.flags, VAL_STRING | VAL_USER);
         assert_eq!(s.conds.len(), 2);
-        assert_eq!((s.conds[0].cmp, s.conds[0].imm), (CMP_GT, 16));
+        assert_eq!(
+            insns(&s.conds[0].value),
+            [(I_PUSH, SRC_ARG, 0, 0), (I_PUSH, SRC_CONST, 0, 16), (I_BINARY, OP_GT, 0, 0)]
+        );
         assert_eq!(&s.conds[1].text[..2], b"x\0");
     }
 
@@ -907,21 +1475,18 @@ mod tests {
             "r::vfs_read(void *f, void *b, size_t n):u64,u64:$latency/1000,$entry(n)",
             false,
             no_tp,
+            None,
         )
         .unwrap();
         assert!(s.need_entry);
-        assert_eq!(s.values[0].value.source, SRC_LATENCY);
         assert_eq!(
-            (s.values[0].value.op, s.values[0].value.imm),
-            (OP_DIV, 1000)
+            insns(&s.values[0].value),
+            [(I_PUSH, SRC_LATENCY, 0, 0), (I_PUSH, SRC_CONST, 0, 1000), (I_BINARY, OP_DIV, 0, 0)]
         );
-        assert_eq!(
-            (s.values[1].value.source, s.values[1].value.index),
-            (SRC_ENTRY_ARG, 2)
-        );
-        let d = parse("r::vfs_read()", false, no_tp).unwrap();
-        assert_eq!(d.values[0].value.source, SRC_RET);
-        assert!(parse("p::vfs_read()", false, no_tp).unwrap().default_expr);
+        assert_eq!(insns(&s.values[1].value), [(I_PUSH, SRC_ENTRY_ARG, 2, 0)]);
+        let d = parse("r::vfs_read()", false, no_tp, None).unwrap();
+        assert_eq!(insns(&d.values[0].value), [(I_PUSH, SRC_RET, 0, 0)]);
+        assert!(parse("p::vfs_read()", false, no_tp, None).unwrap().default_expr);
     }
 
     #[test]
@@ -930,13 +1495,11 @@ mod tests {
             "t:syscalls:sys_enter_write():u64:args->count:fd==1",
             true,
             write_tp,
+            None,
         )
         .unwrap();
-        assert_eq!(
-            (s.values[0].value.source, s.values[0].value.index),
-            (SRC_FIELD, 32)
-        );
-        assert_eq!(s.conds[0].value.index, 16);
+        assert_eq!(insns(&s.values[0].value), [(I_PUSH, SRC_FIELD, 32, 0)]);
+        assert_eq!(s.conds[0].value.insns[0].index, 16);
     }
 
     #[test]
@@ -957,6 +1520,15 @@ mod tests {
         assert_eq!(column(spec, false).0, spec.find("floaty").unwrap() + 1);
         let spec = "p:c:malloc(size_t size):u64:size:size ~ 3";
         assert_eq!(column(spec, false).0, spec.find('~').unwrap() + 1);
+        let spec = "p:c:malloc(size_t size):u64:size<<70";
+        let (c, m) = column(spec, false);
+        assert_eq!((c, m.as_str()), (spec.find("<<").unwrap() + 1, "shift by 70: at most 63"));
+        let spec = "p:c:malloc(size_t size):u64:size/(2-2)";
+        assert_eq!(column(spec, false).1, "division by zero");
+        let spec = "p:c:malloc(size_t size):u64:size->x";
+        assert_eq!(column(spec, false).0, spec.find("->").unwrap() + 1);
+        let spec = "p:c:malloc(size_t size):u64:((((size+1)*2+3)*4+5)*6)+(1+(2+(3+(4+size))))";
+        assert!(column(spec, false).1.contains("too"), "{}", column(spec, false).1);
         let spec = "p:c:malloc(size_t size):u64:$latency";
         assert_eq!(column(spec, false).0, spec.find('$').unwrap() + 1);
         assert!(
@@ -966,5 +1538,101 @@ mod tests {
         );
         let spec = "p:c:malloc(size_t size):u64,u64:size";
         assert!(column(spec, false).1.contains("2 types but 1 expressions"));
+    }
+
+    #[test]
+    fn operators_bind_as_in_c_and_constants_fold() {
+        let s = parse(
+            "r:c:read(int fd, char *buf, size_t n):u64:($retval & 0xff) | 1 << 4:$retval * 2 > $entry(n) / 4 + 1 || !$retval",
+            false,
+            no_tp,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            insns(&s.values[0].value),
+            [
+                (I_PUSH, SRC_RET, 0, 0),
+                (I_PUSH, SRC_CONST, 0, 0xff),
+                (I_BINARY, OP_AND, 0, 0),
+                (I_PUSH, SRC_CONST, 0, 16),
+                (I_BINARY, OP_OR, 0, 0)
+            ]
+        );
+        assert_eq!(s.conds.len(), 1);
+        let ops: Vec<u8> = s.conds[0].value.insns[..s.conds[0].value.n_insns as usize]
+            .iter()
+            .filter(|i| i.code != I_PUSH)
+            .map(|i| i.op)
+            .collect();
+        // ((r*2) > ((e/4)+1)) || !r
+        assert_eq!(ops, [OP_MUL, OP_DIV, OP_ADD, OP_GT, UN_LNOT, OP_LOR]);
+        assert!(s.need_entry);
+    }
+
+    #[test]
+    fn casts_and_labels() {
+        let s = parse(
+            "r:c:getenv():char*:(char*)$retval;names",
+            false,
+            no_tp,
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.label.as_deref(), Some("names"));
+        assert_eq!(s.values[0].value.flags, VAL_STRING | VAL_USER);
+        let s = parse("p:c:f(long x):int:(u8)x", false, no_tp, None).unwrap();
+        assert_eq!(
+            insns(&s.values[0].value),
+            [(I_PUSH, SRC_ARG, 0, 0), (I_CAST, 0, 0, 0)]
+        );
+        assert_eq!(s.values[0].value.insns[1].size, 1);
+        // A parameter in parentheses is no cast.
+        let s = parse("p:c:f(long size):int:(size) * 2", false, no_tp, None).unwrap();
+        assert_eq!(s.values[0].value.n_insns, 3);
+    }
+
+    #[test]
+    fn struct_members_and_enum_constants_from_kernel_btf() {
+        let Ok(b) = Btf::from_kernel() else {
+            panic!("this test reads /sys/kernel/btf/vmlinux, which every kernel rtrace runs on has");
+        };
+        let btf = Some(&b);
+        let s = parse(
+            "p::do_nanosleep(struct hrtimer_sleeper *t):u64:t->timer.state",
+            false,
+            no_tp,
+            btf,
+        )
+        .unwrap();
+        let sleeper = b.struct_id("hrtimer_sleeper").unwrap();
+        let (timer, _) = b.member_of(sleeper, "timer").unwrap();
+        let hrtimer = b.struct_id("hrtimer").unwrap();
+        let (state, _) = b.member_of(hrtimer, "state").unwrap();
+        let v = &s.values[0].value;
+        assert_eq!(v.n_insns, 2);
+        assert_eq!((v.insns[1].code, v.insns[1].imm), (I_LOAD, u64::from(timer + state)));
+        assert_eq!(v.insns[1].flags & INSN_USER, 0);
+        // A user structure by its kernel twin, read from user memory.
+        let s = parse(
+            "p:c:nanosleep(struct timespec *req):long:req->tv_nsec",
+            false,
+            no_tp,
+            btf,
+        )
+        .unwrap();
+        let v = &s.values[0].value;
+        assert_eq!((v.insns[1].code, v.insns[1].imm, v.insns[1].size), (I_LOAD, 8, 8));
+        assert_ne!(v.insns[1].flags & INSN_USER, 0);
+        // Named constants fold into the expression.
+        let atomic = b.enum_value("BPF_ANY").unwrap() as u64;
+        let s = parse("p::f(u64 flags):u64:flags & BPF_ANY", false, no_tp, btf).unwrap();
+        assert_eq!(s.values[0].value.insns[1].imm, atomic);
+        let spec = "p::do_nanosleep(struct hrtimer_sleeper *t):u64:t->nonesuch";
+        let e = parse(spec, false, no_tp, btf).unwrap_err();
+        assert_eq!(e.column, spec.find("nonesuch").unwrap() + 1);
+        assert!(e.message.contains("timer"), "{}", e.message);
+        let e = parse("p::f(struct no_such_struct_x *p):u64:p", false, no_tp, btf).unwrap_err();
+        assert!(e.message.contains("no struct no_such_struct_x"), "{}", e.message);
     }
 }
