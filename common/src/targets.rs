@@ -19,6 +19,19 @@ pub const GLOBAL: &str = "TARGETS";
 pub const IDS_MAP: &str = "TARGET_IDS";
 /// Name of the one-slot cgroup array that `-c` fills.
 pub const CGROUP_MAP: &str = "TARGET_CGROUP";
+/// Name of the hash of cgroup ids (`u64` keys) that `--cgroupmap` swaps
+/// for a map the user pinned, as bcc's tools take it.
+pub const CGROUP_SET_MAP: &str = "TARGET_CGROUP_SET";
+/// Name of the hash of mount namespace ids (`u64` keys) that
+/// `--mntnsmap` swaps for a map the user pinned.
+pub const MNTNS_SET_MAP: &str = "TARGET_MNTNS_SET";
+
+/// [`Targets::sets`]: the current task's cgroup id must be a key of
+/// `TARGET_CGROUP_SET`.
+pub const SET_CGROUPS: u32 = 1;
+/// [`Targets::sets`]: the current task's mount namespace id must be a key
+/// of `TARGET_MNTNS_SET`.
+pub const SET_MNTNS: u32 = 2;
 
 /// What a tool traces, passed as the global [`GLOBAL`].
 #[repr(C)]
@@ -34,6 +47,11 @@ pub struct Targets {
     /// A process never traced (rtrace itself, where its own output could
     /// feed back into what it traces); 0 for none.
     pub exclude_tgid: u32,
+    /// `SET_*` bits: the pinned maps the current task must be in.
+    pub sets: u32,
+    /// Where a task's mount namespace id is, from the kernel's BTF:
+    /// `task_struct.nsproxy`, `nsproxy.mnt_ns`, `mnt_namespace.ns.inum`.
+    pub mntns_offsets: [u32; 3],
     /// Keeps the struct free of trailing padding.
     pub _pad: u32,
 }

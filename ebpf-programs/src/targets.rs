@@ -3,13 +3,13 @@
 
 use aya_ebpf::{
     Global,
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task},
     macros::map,
     maps::{CgroupArray, HashMap},
 };
-use rtrace_common::targets::{BY_NONE, BY_TGID, Targets};
+use rtrace_common::targets::{BY_NONE, BY_TGID, SET_CGROUPS, SET_MNTNS, Targets};
 
-use crate::global;
+use crate::{global, read_kernel};
 
 #[unsafe(no_mangle)]
 static TARGETS: Global<Targets> = Global::new(Targets {
@@ -17,6 +17,8 @@ static TARGETS: Global<Targets> = Global::new(Targets {
     cgroup: 0,
     cgroup_id: 0,
     exclude_tgid: 0,
+    sets: 0,
+    mntns_offsets: [0; 3],
     _pad: 0,
 });
 
@@ -27,6 +29,15 @@ static TARGET_IDS: HashMap<u32, u8> = HashMap::with_max_entries(1, 0);
 /// The cgroup of `-c`.
 #[map]
 static TARGET_CGROUP: CgroupArray = CgroupArray::with_max_entries(1, 0);
+
+/// bcc's `--cgroupmap`: cgroup ids, from a map the user pinned; user
+/// space swaps that map in at load time.
+#[map]
+static TARGET_CGROUP_SET: HashMap<u64, u64> = HashMap::with_max_entries(1, 0);
+
+/// bcc's `--mntnsmap`: mount namespace ids, from a map the user pinned.
+#[map]
+static TARGET_MNTNS_SET: HashMap<u64, u32> = HashMap::with_max_entries(1, 0);
 
 /// The filter's settings.
 #[inline(always)]
@@ -57,10 +68,46 @@ pub fn by_ids() -> bool {
     t.by != BY_NONE || t.exclude_tgid != 0
 }
 
-/// Whether the current task is in the `-c` cgroup, or no cgroup is set.
+/// Whether the current task is in the `-c` cgroup and in the pinned sets
+/// of `--cgroupmap` and `--mntnsmap`, where they are given.
 #[inline(always)]
 pub fn current_in_cgroup() -> bool {
-    config().cgroup == 0 || TARGET_CGROUP.current_task_under_cgroup(0) == Ok(true)
+    let t = config();
+    if t.cgroup != 0 && TARGET_CGROUP.current_task_under_cgroup(0) != Ok(true) {
+        return false;
+    }
+    if t.sets == 0 {
+        return true;
+    }
+    in_sets(t)
+}
+
+/// The pinned sets' part of [`current_in_cgroup`], out of line: few
+/// runs use them.
+#[inline(never)]
+fn in_sets(t: &Targets) -> bool {
+    if t.sets & SET_CGROUPS != 0 {
+        // SAFETY: the helper has no preconditions.
+        let id = unsafe { bpf_get_current_cgroup_id() };
+        // SAFETY: only tested for presence.
+        if unsafe { TARGET_CGROUP_SET.get(id) }.is_none() {
+            return false;
+        }
+    }
+    if t.sets & SET_MNTNS != 0 {
+        // SAFETY: the helper has no preconditions.
+        let task = unsafe { bpf_get_current_task() } as *const u8;
+        let [nsproxy, mnt_ns, inum] = t.mntns_offsets;
+        let id = read_kernel::<*const u8>(task, nsproxy)
+            .and_then(|p| read_kernel::<*const u8>(p, mnt_ns))
+            .and_then(|p| read_kernel::<u32>(p, inum))
+            .map_or(0, u64::from);
+        // SAFETY: only tested for presence.
+        if unsafe { TARGET_MNTNS_SET.get(id) }.is_none() {
+            return false;
+        }
+    }
+    true
 }
 
 /// Whether the current task is traced: its ids and its cgroup.

@@ -651,3 +651,112 @@ impl Drop for LoopDevice {
         let _ = std::fs::remove_file(&self.file);
     }
 }
+
+/// A bpffs of a test's own, with hash maps pinned in it as bcc's users pin
+/// them for `--cgroupmap` and `--mntnsmap` (`bpftool map create PATH type
+/// hash key 8 value 8 entries N name NAME`, then `bpftool map update`),
+/// made with bpf(2) here since the hosts have no bpftool. Unmounted on
+/// drop.
+pub struct PinnedMaps {
+    dir: std::path::PathBuf,
+    fds: Vec<i32>,
+}
+
+/// One bpf(2) call with a zeroed attribute block holding `fields` (as
+/// native-endian u32 words from its start).
+fn bpf(cmd: i64, words: &[u32]) -> i64 {
+    let mut attr = [0u32; 32];
+    attr[..words.len()].copy_from_slice(words);
+    // SAFETY: `attr` outlives the call and is as large as the kernel reads.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    }
+}
+
+/// A pointer as the two u32 words bpf(2) attributes take it.
+fn words_of<T>(p: *const T) -> [u32; 2] {
+    let a = p as u64;
+    [a as u32, (a >> 32) as u32]
+}
+
+impl PinnedMaps {
+    /// Mounts a bpffs at a fresh directory.
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("rtrace-bpffs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+        let fs = c"bpf";
+        // SAFETY: valid C strings; no data.
+        let rc =
+            unsafe { libc::mount(fs.as_ptr(), path.as_ptr(), fs.as_ptr(), 0, std::ptr::null()) };
+        assert_eq!(rc, 0, "mount bpffs: {}", std::io::Error::last_os_error());
+        Self {
+            dir,
+            fds: Vec::new(),
+        }
+    }
+
+    /// Pins a hash map with 8-byte keys and values as `name`; returns its
+    /// path and its index for [`PinnedMaps::insert`].
+    pub fn hash(&mut self, name: &str) -> (String, usize) {
+        const MAP_CREATE: i64 = 0;
+        const OBJ_PIN: i64 = 6;
+        const HASH: u32 = 1;
+        let fd = bpf(MAP_CREATE, &[HASH, 8, 8, 64]);
+        assert!(fd >= 0, "map create: {}", std::io::Error::last_os_error());
+        let path = self.dir.join(name);
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        let [lo, hi] = words_of(c.as_ptr());
+        let rc = bpf(OBJ_PIN, &[lo, hi, fd as u32]);
+        assert_eq!(rc, 0, "pin: {}", std::io::Error::last_os_error());
+        self.fds.push(fd as i32);
+        (path.to_str().unwrap().to_owned(), self.fds.len() - 1)
+    }
+
+    /// Adds `key` to map `index`.
+    pub fn insert(&self, index: usize, key: u64) {
+        const MAP_UPDATE_ELEM: i64 = 2;
+        let value = 1u64;
+        let [klo, khi] = words_of(&key);
+        let [vlo, vhi] = words_of(&value);
+        let rc = bpf(
+            MAP_UPDATE_ELEM,
+            &[self.fds[index] as u32, 0, klo, khi, vlo, vhi],
+        );
+        assert_eq!(rc, 0, "update: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for PinnedMaps {
+    fn drop(&mut self) {
+        for &fd in &self.fds {
+            // SAFETY: descriptors this value opened.
+            unsafe { libc::close(fd) };
+        }
+        let path = std::ffi::CString::new(self.dir.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The id of the mount namespace of process `pid` (the inode number of
+/// `/proc/PID/ns/mnt`), as `--mntnsmap` keys it.
+pub fn mount_ns_id(pid: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+        .unwrap()
+        .ino()
+}
+
+/// The id of cgroup v2 directory `path` (its inode number), as
+/// `--cgroupmap` keys it.
+pub fn cgroup_id(path: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).unwrap().ino()
+}

@@ -2,7 +2,9 @@
 
 use std::{path::PathBuf, process::Command};
 
-use rtrace_integration_tests::{Rtrace, SIGINT, TestCgroup, json_lines, run, workload_bin};
+use rtrace_integration_tests::{
+    PinnedMaps, Rtrace, SIGINT, TestCgroup, cgroup_id, json_lines, mount_ns_id, run, workload_bin,
+};
 
 /// A private copy of `true` under a name no other process uses, so that
 /// the test's execs can be told from the rest of the machine's.
@@ -260,6 +262,71 @@ fn cgroup_filter_keeps_only_members() {
     drop(cgroup);
     assert_eq!(events.len(), 1, "{events:#?}");
     assert_eq!(strings(&events[0]["args"])[1], "inside");
+}
+
+/// bcc's `--cgroupmap` and `--mntnsmap`: maps the user pinned in bpffs,
+/// whose keys are the cgroups and mount namespaces to trace.
+#[test]
+fn pinned_cgroup_and_mount_namespace_maps_keep_only_their_members() {
+    use std::io::Write as _;
+    use std::os::unix::process::CommandExt as _;
+    let mut maps = PinnedMaps::new("execsnoop");
+    let (cgroups, cg_index) = maps.hash("cgroups");
+    let (mntns, ns_index) = maps.hash("mntns");
+    let cgroup = TestCgroup::new("execsnoop-map");
+    maps.insert(cg_index, cgroup_id(&cgroup.path));
+    let dir = cgroup.path.clone();
+    let prog = Program::new("map");
+    let events = traced(&["--cgroupmap", &cgroups], prog.path(), || {
+        let script = format!(
+            "echo $$ > {dir}/cgroup.procs && exec {} inside",
+            prog.path()
+        );
+        assert!(
+            Command::new("sh")
+                .args(["-c", &script])
+                .status()
+                .unwrap()
+                .success()
+        );
+        Command::new(prog.path()).arg("outside").status().unwrap();
+    });
+    drop(cgroup);
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(strings(&events[0]["args"])[1], "inside");
+
+    let events = traced(&["--mntnsmap", &mntns], prog.path(), || {
+        // A shell in a mount namespace of its own waits until its
+        // namespace is in the map, then execs.
+        let mut inside = Command::new("sh");
+        inside
+            .args(["-c", &format!("read x; exec {} inside", prog.path())])
+            .stdin(std::process::Stdio::piped());
+        // SAFETY: unshare(2) is async-signal-safe.
+        unsafe {
+            inside.pre_exec(|| {
+                if libc::unshare(libc::CLONE_NEWNS) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let mut inside = inside.spawn().unwrap();
+        let ns = mount_ns_id(inside.id());
+        assert_ne!(ns, mount_ns_id(std::process::id()));
+        maps.insert(ns_index, ns);
+        inside.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        assert!(inside.wait().unwrap().success());
+        Command::new(prog.path()).arg("outside").status().unwrap();
+    });
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(strings(&events[0]["args"])[1], "inside");
+    // Not a pinned map, or the wrong kind: one line, and why.
+    let (code, _, stderr) = run(&["execsnoop", "--cgroupmap", "/tmp"]);
+    assert_ne!(code, 0);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("not a BPF map pinned in bpffs"), "{stderr}");
 }
 
 #[test]

@@ -12,8 +12,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    PingPong, Rtrace, SIGHUP, SIGINT, SIGTERM, Workload, json_lines, parse_folded, run,
-    workload_bin,
+    PingPong, PinnedMaps, Rtrace, SIGHUP, SIGINT, SIGTERM, TestCgroup, Workload, cgroup_id,
+    json_lines, parse_folded, run, workload_bin,
 };
 
 /// What `rtrace profile` prints to stderr once sampling has begun.
@@ -1055,6 +1055,49 @@ fn multiline_output_has_bcc_layout() {
         counts.windows(2).all(|w| w[0] <= w[1]),
         "not hottest last: {counts:?}"
     );
+}
+
+/// `-c PATH` (a cgroup, where bcc's `-c N` is a period) and bcc's
+/// `--cgroupmap`: of two busy fixtures, only the one in the cgroup is
+/// sampled, and about as often as it ran.
+#[test]
+fn cgroup_and_pinned_cgroup_map_filters() {
+    let cgroup = TestCgroup::new("profile");
+    let mut maps = PinnedMaps::new("profile");
+    let (set, index) = maps.hash("cgroups");
+    maps.insert(index, cgroup_id(&cgroup.path));
+    for filter in [["-c", cgroup.path.as_str()], ["--cgroupmap", set.as_str()]] {
+        let inside = start_fixture("hotfuncs", &["cpu", "1"]);
+        let outside = start_fixture("hotfuncs", &["cpu", "1"]);
+        cgroup.add(inside.pid());
+        let (pid, other) = (inside.pid(), outside.pid());
+        let mut args = vec!["profile", "-F", "199", "--json"];
+        args.extend_from_slice(&filter);
+        let rtrace = Rtrace::start_until(&args, READY);
+        run_fixture(inside);
+        run_fixture(outside);
+        let (code, stdout, stderr) = rtrace.stop(SIGINT);
+        assert_eq!(code, 0, "{stderr}");
+        let stacks = json_lines(&stdout);
+        let mut ours = 0;
+        for s in &stacks {
+            assert_eq!(
+                s["pid"], pid,
+                "{filter:?}: a stack of pid {} (the other is {other})",
+                s["pid"]
+            );
+            ours += s["count"].as_u64().unwrap();
+        }
+        // A second of work at 199 Hz.
+        assert!(
+            ours >= 100,
+            "{filter:?}: {ours} samples of the fixture in the cgroup"
+        );
+    }
+    // bcc's -c N is still a period.
+    let (code, _, stderr) = run(&["profile", "-c", "1000000", "-F", "99", "1"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("-F and -c N"), "{stderr}");
 }
 
 #[test]

@@ -232,6 +232,26 @@ pub struct Scope {
     pub cgroup: Option<PathBuf>,
     /// Never trace rtrace itself, whose output could feed back.
     pub exclude_self: bool,
+    /// bcc's `--cgroupmap`: a hash map pinned in bpffs whose keys are the
+    /// cgroup ids to trace.
+    pub cgroup_map: Option<PathBuf>,
+    /// bcc's `--mntnsmap`: a hash map pinned in bpffs whose keys are the
+    /// mount namespace ids to trace.
+    pub mntns_map: Option<PathBuf>,
+}
+
+/// bcc's filters by maps the user pinned in bpffs, for the tools bcc has
+/// them in.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PinnedSets {
+    /// Trace only tasks whose cgroup id is a key of this hash map pinned in
+    /// bpffs (bcc's --cgroupmap; keys are 8-byte cgroup ids).
+    #[arg(long = "cgroupmap", value_name = "PATH")]
+    pub cgroup_map: Option<PathBuf>,
+    /// Trace only tasks whose mount namespace id is a key of this hash map
+    /// pinned in bpffs (bcc's --mntnsmap; keys are 8-byte namespace ids).
+    #[arg(long = "mntnsmap", value_name = "PATH")]
+    pub mntns_map: Option<PathBuf>,
 }
 
 /// A [`Scope`] checked against the system: its cgroup open.
@@ -239,6 +259,37 @@ struct Targets {
     global: targets::Targets,
     ids: Vec<u32>,
     cgroup: Option<File>,
+    /// Maps the user pinned, each for the object's map it replaces.
+    pins: Vec<(&'static str, PathBuf)>,
+}
+
+/// Checks that `path` is a hash map pinned in bpffs with 8-byte keys, as
+/// bcc's `--cgroupmap` and `--mntnsmap` take (`flag` names which).
+fn check_pinned_set(path: &std::path::Path, flag: &str) -> anyhow::Result<()> {
+    let map = aya::maps::MapData::from_pin(path).map_err(|e| {
+        anyhow::anyhow!(
+            "{flag} {}: not a BPF map pinned in bpffs ({e}); pin one with bpftool map create PATH type hash key 8 value 8 entries N name NAME",
+            path.display()
+        )
+    })?;
+    let info = map.info().with_context(|| {
+        format!(
+            "{flag} {}: cannot read the map's description",
+            path.display()
+        )
+    })?;
+    let hash = matches!(
+        info.map_type(),
+        Ok(aya::maps::MapType::Hash | aya::maps::MapType::LruHash)
+    );
+    if !hash || info.key_size() != 8 {
+        anyhow::bail!(
+            "{flag} {}: must be a hash map with 8-byte keys (its keys are {} bytes)",
+            path.display(),
+            info.key_size()
+        );
+    }
+    Ok(())
 }
 
 impl Targets {
@@ -265,6 +316,26 @@ impl Targets {
             }
             None => (None, 0),
         };
+        let mut sets = 0;
+        let mut pins = Vec::new();
+        let mut mntns_offsets = [0; 3];
+        if let Some(path) = &scope.cgroup_map {
+            check_pinned_set(path, "--cgroupmap")?;
+            sets |= targets::SET_CGROUPS;
+            pins.push((targets::CGROUP_SET_MAP, path.clone()));
+        }
+        if let Some(path) = &scope.mntns_map {
+            check_pinned_set(path, "--mntnsmap")?;
+            let btf = crate::btf::Btf::from_kernel()
+                .context("--mntnsmap finds a task's mount namespace through the kernel's BTF")?;
+            mntns_offsets = [
+                btf.offset("task_struct", "nsproxy")?,
+                btf.offset("nsproxy", "mnt_ns")?,
+                btf.offset("mnt_namespace", "ns.inum")?,
+            ];
+            sets |= targets::SET_MNTNS;
+            pins.push((targets::MNTNS_SET_MAP, path.clone()));
+        }
         Ok(Self {
             global: targets::Targets {
                 by,
@@ -275,10 +346,13 @@ impl Targets {
                 } else {
                     0
                 },
+                sets,
+                mntns_offsets,
                 _pad: 0,
             },
             ids,
             cgroup,
+            pins,
         })
     }
 
@@ -338,6 +412,7 @@ pub struct Load {
     globals: Vec<(&'static str, Vec<u8>)>,
     sizes: Vec<(&'static str, u32)>,
     unsupported_maps: bool,
+    pins: Vec<(&'static str, PathBuf)>,
 }
 
 impl Load {
@@ -368,6 +443,13 @@ impl Load {
         self
     }
 
+    /// Uses the map pinned at `path` for the object's map `name`.
+    pub fn pinned(&mut self, name: &'static str, path: PathBuf) -> &mut Self {
+        self.pins.retain(|(n, _)| *n != name);
+        self.pins.push((name, path));
+        self
+    }
+
     /// Lets the object hold maps aya has no user-space type for, which
     /// only the programs use (such as task storage).
     pub fn allow_unsupported_maps(&mut self) -> &mut Self {
@@ -387,6 +469,9 @@ impl Load {
         }
         for (n, entries) in &self.sizes {
             loader.map_max_entries(n, *entries);
+        }
+        for (n, path) in &self.pins {
+            loader.map_pin_path(n, path.as_path());
         }
         loader
             .load(object)
@@ -553,6 +638,9 @@ fn attach_chain<T: Tool>(
                 };
                 load.global(targets::GLOBAL, &targets.global);
                 load.size(targets::IDS_MAP, targets.ids.len().max(1) as u32);
+                for (name, path) in &targets.pins {
+                    load.pinned(name, path.clone());
+                }
                 load.size("ERRORS", T::ERRORS.len().max(1) as u32);
                 match (T::COLLECTOR, transport, tool.events()) {
                     // A tallying collector sends nothing: the object's

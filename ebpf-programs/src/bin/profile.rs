@@ -62,7 +62,8 @@ fn sample(ctx: &PerfEventContext) {
         (true, 0) => cfg.period_ns,
         (true, _) => elapsed(cfg),
     };
-    if !targets::admits(tgid, tid) {
+    // The sampled task is the current one, so the cgroup filters apply.
+    if !targets::admits(tgid, tid) || !targets::current_in_cgroup() {
         return;
     }
     if (cfg.heat_slots != 0 || cfg.range_end_ns != 0) && !in_time(cfg) {

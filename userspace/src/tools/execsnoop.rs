@@ -91,6 +91,8 @@ pub struct Args {
     #[arg(short = 'c', long, value_name = "CGROUP")]
     cgroup: Option<PathBuf>,
     #[command(flatten)]
+    sets: crate::tracer::PinnedSets,
+    #[command(flatten)]
     buffer: BufferArgs,
 }
 
@@ -343,6 +345,8 @@ impl Tool for Execsnoop {
     fn scope(&self) -> Scope {
         Scope {
             cgroup: self.args.cgroup.clone(),
+            cgroup_map: self.args.sets.cgroup_map.clone(),
+            mntns_map: self.args.sets.mntns_map.clone(),
             ..Scope::default()
         }
     }

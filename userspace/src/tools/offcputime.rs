@@ -199,6 +199,7 @@ impl Tool for Offcputime {
             // rtrace's own threads wait for the kernel all the time, and
             // would be most of what a whole-system trace shows.
             exclude_self: true,
+            ..Scope::default()
         }
     }
 

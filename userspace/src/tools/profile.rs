@@ -109,9 +109,19 @@ pub struct Args {
     #[arg(short = 'F', long, value_name = "HZ", conflicts_with = "period",
           value_parser = crate::output::at_least_one::<u64>)]
     frequency: Option<u64>,
+    /// -c N samples once every N events, as bcc's profile; -c PATH profiles
+    /// tasks in that cgroup v2 directory, or below it, only, as the other
+    /// tools' -c.
+    #[arg(short = 'c', value_name = "N|PATH", value_parser = period_or_cgroup)]
+    c: Option<PeriodOrCgroup>,
     /// Sample once every PERIOD events (for cpu-clock: nanoseconds).
-    #[arg(short = 'c', long, value_parser = crate::output::at_least_one::<u64>)]
+    #[arg(long, conflicts_with = "c", value_parser = crate::output::at_least_one::<u64>)]
     period: Option<u64>,
+    /// Profile tasks in this cgroup v2 directory, or below it, only.
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    sets: crate::tracer::PinnedSets,
     /// Profile these processes (all their threads) only; comma-separated.
     #[arg(short = 'p', long, value_delimiter = ',', conflicts_with = "tid")]
     pid: Vec<u32>,
@@ -180,6 +190,39 @@ pub struct Args {
     stacks: StackArgs,
     #[command(flatten)]
     buffer: BufferArgs,
+}
+
+/// What `-c` was given: a period (bcc's profile) or a cgroup (the other
+/// tools' `-c`). A number is a period; anything else is a path.
+#[derive(Debug, Clone)]
+enum PeriodOrCgroup {
+    Period(u64),
+    Cgroup(std::path::PathBuf),
+}
+
+fn period_or_cgroup(text: &str) -> Result<PeriodOrCgroup, String> {
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return crate::output::at_least_one::<u64>(text).map(PeriodOrCgroup::Period);
+    }
+    Ok(PeriodOrCgroup::Cgroup(text.into()))
+}
+
+impl Args {
+    /// The sampling period, from `--period` or `-c N`.
+    fn period(&self) -> Option<u64> {
+        match &self.c {
+            Some(PeriodOrCgroup::Period(n)) => Some(*n),
+            _ => self.period,
+        }
+    }
+
+    /// The cgroup filter, from `--cgroup` or `-c PATH`.
+    fn cgroup(&self) -> Option<std::path::PathBuf> {
+        match &self.c {
+            Some(PeriodOrCgroup::Cgroup(p)) => Some(p.clone()),
+            _ => self.cgroup.clone(),
+        }
+    }
 }
 
 /// Where there is no PMU, as in most VMs, the hardware events fail; this
@@ -314,8 +357,11 @@ impl Tool for Profile {
                 args.event.name()
             );
         }
+        if args.frequency.is_some() && args.period().is_some() {
+            anyhow::bail!("-F and -c N both set the sampling rate: give one");
+        }
         let freq = args.frequency.unwrap_or(49);
-        if args.period.is_none()
+        if args.period().is_none()
             && let Some(max) = max_sample_rate()
             && freq > max
         {
@@ -359,10 +405,12 @@ impl Tool for Profile {
         Scope {
             pids: self.args.pid.clone(),
             tids: self.args.tid.clone(),
+            cgroup: self.args.cgroup(),
+            cgroup_map: self.args.sets.cgroup_map.clone(),
+            mntns_map: self.args.sets.mntns_map.clone(),
             // Off the CPU, rtrace's own threads would be much of what a
             // whole-system profile shows: they wait for the kernel.
             exclude_self: self.args.off_cpu,
-            ..Scope::default()
         }
     }
 
@@ -447,7 +495,7 @@ impl Tool for Profile {
             .program_mut("profile")
             .context("program profile missing")?
             .try_into()?;
-        let (period, freq) = (self.args.period, self.freq);
+        let (period, freq) = (self.args.period(), self.freq);
         if let Err(e) = attach(prog, self.event, &self.cpus, period, freq) {
             if self.event != Event::Cpu {
                 let hint = if self.event.is_hardware() {
@@ -578,7 +626,7 @@ impl Tool for Profile {
 
 /// bcc's start-up line, on stderr so that stdout holds only stacks.
 fn header(args: &Args, event: Event, freq: u64) -> String {
-    let rate = match args.period {
+    let rate = match args.period() {
         Some(p) => format!("Sampling {} every {p} events", event.name()),
         None => format!("Sampling {} at {freq} Hertz", event.name()),
     };
@@ -632,7 +680,7 @@ impl Profile {
 
     /// The CPU time one cpu-clock sample stands for.
     fn period_ns(&self) -> u64 {
-        self.args.period.unwrap_or(1_000_000_000 / self.freq)
+        self.args.period().unwrap_or(1_000_000_000 / self.freq)
     }
 
     /// Writes the files asked for.
@@ -640,7 +688,7 @@ impl Profile {
         let args = &self.args;
         let lines = args.stacks.lines;
         let (event, freq) = (self.event, self.freq);
-        let rate = match args.period {
+        let rate = match args.period() {
             Some(p) => format!("every {p} events"),
             None => format!("{freq} Hz"),
         };
@@ -683,7 +731,7 @@ impl Profile {
         } else if let Some(file) = self.reports.pprof.take() {
             // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
             // events are counted in events.
-            let (unit, period) = match (event, args.period) {
+            let (unit, period) = match (event, args.period()) {
                 (Event::CpuClock, Some(p)) => ("nanoseconds", p),
                 (Event::CpuClock, None) => ("nanoseconds", 1_000_000_000 / freq),
                 (_, Some(p)) => ("count", p),
