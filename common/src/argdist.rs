@@ -223,6 +223,11 @@ pub struct Probe {
     pub need_entry: u32,
     /// Bytes kept of strings (`-z`), at most `STR_LEN`.
     pub str_len: u32,
+    /// String values in `values`: without any, keys go to the smaller
+    /// `COUNTS_NUM`, which hashes a fifth of the bytes.
+    pub n_strings: u32,
+    /// Keeps `values` aligned.
+    pub _pad: u32,
     /// The key's values.
     pub values: [Value; MAX_VALUES],
     /// The filter.
@@ -251,6 +256,18 @@ pub struct Key {
     pub strings: [[u8; STR_LEN]; MAX_STRINGS],
 }
 
+/// A count table key of a probe with no string values (`COUNTS_NUM`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NumKey {
+    /// The probe's slot.
+    pub probe: u32,
+    /// Keeps `values` aligned.
+    pub _pad: u32,
+    /// The values.
+    pub values: [u64; MAX_VALUES],
+}
+
 /// What the entry program keeps for a return probe.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -261,4 +278,4 @@ pub struct Entry {
     pub args: [u64; MAX_ARGS],
 }
 
-crate::pod!(Insn, Value, Cond, Probe, Config, Key, Entry);
+crate::pod!(Insn, Value, Cond, Probe, Config, Key, NumKey, Entry);

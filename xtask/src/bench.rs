@@ -35,7 +35,7 @@ const TRIALS: usize = 5;
 type Bench = fn() -> anyhow::Result<Row>;
 
 pub fn run(name: Option<&str>) -> anyhow::Result<()> {
-    let benches: [(&str, Bench); 9] = [
+    let benches: [(&str, Bench); 10] = [
         ("runqlat", runqlat),
         ("execsnoop", execsnoop),
         ("tcplife", tcplife),
@@ -44,6 +44,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         ("ext4slower", ext4slower),
         ("offcputime", offcputime),
         ("profile", profile),
+        ("argdist", argdist),
         ("exporter", exporter::run),
     ];
     match name {
@@ -1024,6 +1025,87 @@ fn gethostlatency() -> anyhow::Result<Row> {
         (&setups, &results),
         (2, 1),
         Some(LOOKUPS),
+    ))
+}
+
+/// Writes per trial of the argdist case.
+const WRITES: u64 = 200_000;
+
+/// bpftrace's form of argdist's count of write sizes to stdout.
+const BPFTRACE_WRITES: &str =
+    "tracepoint:syscalls:sys_enter_write /args->fd == 1/ { @[args->count] = count(); }";
+
+/// argdist's interpreted expressions against bpftrace's compiled ones: a
+/// count of write sizes to stdout, and a histogram of a longer expression.
+fn argdist() -> anyhow::Result<Row> {
+    let rtrace = crate::build()?;
+    let setups = vec![
+        Setup::bare(),
+        Setup::traced(
+            "bpftrace @[args->count] = count()",
+            "bpftrace",
+            &["-e", BPFTRACE_WRITES],
+            Ready::Stdout("Attaching"),
+            None,
+        ),
+        Setup::traced(
+            "rtrace argdist -C args->count",
+            &rtrace,
+            &[
+                "argdist",
+                "-C",
+                "t:syscalls:sys_enter_write():u64:args->count:args->fd == 1",
+            ],
+            Ready::Stderr("Tracing"),
+            None,
+        ),
+        Setup::traced(
+            "rtrace argdist -H of a 9-step expression",
+            &rtrace,
+            &[
+                "argdist",
+                "-H",
+                "t:syscalls:sys_enter_write():u64:(args->count & 0xfff) * 2 + (args->fd << 1):args->fd == 1 && args->count > 0",
+            ],
+            Ready::Stderr("Tracing"),
+            None,
+        ),
+    ];
+    eprintln!(
+        "bench argdist: {WRITES} writes of 64 bytes to stdout (/dev/null) by dd, median of \
+         {TRIALS} interleaved trials"
+    );
+    let results = trials(&setups, "ns/write", || {
+        // GNU dd writes `of=` through descriptor 1, which the filter asks for.
+        let start = std::time::Instant::now();
+        let status = Command::new("dd")
+            .args([
+                "if=/dev/zero",
+                "of=/dev/null",
+                "bs=64",
+                &format!("count={WRITES}"),
+                "status=none",
+            ])
+            .status()
+            .context("cannot run dd (Debian package coreutils)")?;
+        if !status.success() {
+            bail!("dd failed: {status}");
+        }
+        Ok((start.elapsed().as_nanos() as f64 / WRITES as f64, WRITES))
+    })?;
+    let (ratio, bpf_ratio) = report(&setups, &results, "ns/write");
+    println!();
+    println!(
+        "rtrace argdist adds {ratio:.2}x what bpftrace adds per write (BPF time {bpf_ratio:.2}x), \
+         interpreting what bpftrace compiles"
+    );
+    Ok(Row::new(
+        "argdist",
+        format!("{WRITES} writes of 64 bytes"),
+        "ns/write",
+        (&setups, &results),
+        (2, 1),
+        None,
     ))
 }
 

@@ -19,10 +19,11 @@ use rtrace_common::{
     argdist::{
         CMP_NE, Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL, Entry, I_BINARY, I_CAST, I_LOAD, I_PUSH,
         I_UNARY, INSN_SIGNED, INSN_USER, Insn, KIND_RETURN, Key, MAX_ARGS, MAX_INSNS, MAX_PROBES,
-        MAX_VALUES, MODE_HIST, OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE, OP_LOR,
-        OP_LT, OP_MOD, OP_MUL, OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, Probe, SRC_ARG,
-        SRC_COMM, SRC_CONST, SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_RET,
-        SRC_TID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER, Value,
+        MAX_VALUES, MODE_HIST, NumKey, OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE,
+        OP_LOR, OP_LT, OP_MOD, OP_MUL, OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, Probe,
+        SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID,
+        SRC_RET, SRC_TID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER,
+        Value,
     },
     hist::Hist,
 };
@@ -34,6 +35,10 @@ static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
 /// Frequency counts, by key; user space sizes it.
 #[map]
 static COUNTS: HashMap<Key, u64> = HashMap::with_max_entries(10240, 0);
+/// Frequency counts of probes with no string values, by their smaller
+/// key; user space sizes it.
+#[map]
+static COUNTS_NUM: HashMap<NumKey, u64> = HashMap::with_max_entries(10240, 0);
 /// Histograms, by probe slot.
 #[map]
 static HISTS: PerCpuArray<Hist> = PerCpuArray::with_max_entries(MAX_PROBES as u32, 0);
@@ -322,6 +327,23 @@ fn record(p: &Probe, slot: usize, s: &Sources) {
         if let Some(h) = HISTS.get_ptr_mut(slot as u32) {
             // SAFETY: a per-CPU histogram of this CPU.
             unsafe { hist_record_local(h, x) };
+        }
+        return;
+    }
+    if p.n_strings == 0 {
+        let mut k = NumKey {
+            probe: slot as u32,
+            _pad: 0,
+            values: [0; MAX_VALUES],
+        };
+        for (i, v) in p.values.iter().enumerate() {
+            if i as u32 >= p.n_values {
+                break;
+            }
+            k.values[i] = number(v, s);
+        }
+        if count_key(&COUNTS_NUM, &k).is_none() {
+            count_error(ERR_COUNTS_FULL);
         }
         return;
     }

@@ -14,7 +14,8 @@ use aya::{
 };
 use rtrace_common::{
     argdist::{
-        Config, ERR_NAMES, KIND_RETURN, Key, MAX_PROBES, MODE_COUNT, MODE_HIST, Probe, STR_LEN,
+        Config, ERR_NAMES, KIND_RETURN, Key, MAX_PROBES, MAX_STRINGS, MODE_COUNT, MODE_HIST,
+        NumKey, Probe, STR_LEN,
         VAL_STRING,
     },
     hist::Hist,
@@ -34,11 +35,14 @@ use spec::{Spec, Target};
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Specifier: {p|r|t}:{[library]|category}:function(signature)\
-[:type[,type...]:expr[,expr...][:filter]][#label]
+[:type[,type...]:expr[,expr...][:filter]][#label or ;label]
   p: function entry, r: function return, t: tracepoint; an empty library
   means a kernel function (kprobe), else a uprobe in that library or
-  executable. Special values: $retval, $latency (ns), $entry(param), $PID,
-  $TID, $COMM. Filters: comparisons joined by && and ||, strings in quotes.
+  executable. Expressions and filters are C: parameters, tracepoint fields
+  (args->f), $retval, $latency (ns), $entry(param), $PID, $TID, $COMM,
+  kernel enum constants, operators, casts, and struct members through
+  pointers (p->a.b), from the kernel's BTF. Strings compare with == and a
+  \"text\", or STRCMP(\"text\", expr).
 
 Examples:
   rtrace argdist -H 'p::__kmalloc(u64 size):u64:size'
@@ -49,7 +53,9 @@ Examples:
   rtrace argdist -H 'r::__vfs_read(void *file, void *buf, size_t count):size_t:$entry(count):$latency > 1000000'
   rtrace argdist -C 't:syscalls:sys_enter_write():u64:args->count' -p 1005
         # write sizes of process 1005
-  rtrace argdist -H 'r:c:read():ssize_t:$latency/1000#read latency (us)'"
+  rtrace argdist -H 'r:c:read():ssize_t:$latency/1000#read latency (us)'
+  rtrace argdist -C 'p:c:nanosleep(struct timespec *req):long:req->tv_nsec'
+  rtrace argdist -C 'p::vfs_write(struct file *f, char *b, size_t n):char*:f->f_path.dentry->d_name.name'"
 )]
 pub struct Args {
     /// Trace this process only.
@@ -144,6 +150,12 @@ fn probe(p: &Parsed, str_len: u32) -> Probe {
     out.n_values = p.spec.values.len() as u32;
     out.n_conds = p.spec.conds.len() as u32;
     out.need_entry = u32::from(p.spec.need_entry);
+    out.n_strings = p
+        .spec
+        .values
+        .iter()
+        .filter(|v| v.value.flags & VAL_STRING != 0)
+        .count() as u32;
     out.str_len = str_len;
     for (slot, v) in out.values.iter_mut().zip(&p.spec.values) {
         *slot = v.value;
@@ -262,10 +274,18 @@ struct Counts {
 }
 
 impl Counts {
-    fn read(&mut self, map: &mut BpfHashMap<&mut MapData, Key, u64>) -> Vec<(Key, u64)> {
-        let now: Vec<(Key, u64)> = map.iter().filter_map(Result::ok).collect();
+    /// One table's counts since the last read, each key made a [`Key`]
+    /// by `wide` (a probe's keys are all in one of the two tables, so
+    /// widened keys never meet).
+    fn read<K: aya::Pod>(
+        &mut self,
+        map: &mut BpfHashMap<&mut MapData, K, u64>,
+        wide: impl Fn(&K) -> Key,
+    ) -> Vec<(Key, u64)> {
+        let now: Vec<(K, u64)> = map.iter().filter_map(Result::ok).collect();
         let mut out = Vec::new();
-        for (key, total) in now {
+        for (raw, total) in now {
+            let key = wide(&raw);
             let shown = if self.cumulative {
                 total
             } else {
@@ -273,7 +293,7 @@ impl Counts {
             };
             if shown == 0 {
                 // Idle for a whole interval: make room in the table.
-                let _ = map.remove(&key);
+                let _ = map.remove(&raw);
                 self.prev.remove(&key);
                 continue;
             }
@@ -364,8 +384,18 @@ impl Tool for Argdist {
         for (slot, p) in cfg.probes.iter_mut().zip(&self.parsed) {
             *slot = probe(p, self.args.string_size);
         }
+        // Each table is as large as --table-size where a probe uses it,
+        // and one entry where none does.
+        let counts = |strings: bool| {
+            let used = cfg.probes[..self.parsed.len()]
+                .iter()
+                .zip(&self.parsed)
+                .any(|(p, parsed)| !parsed.hist && (p.n_strings > 0) == strings);
+            if used { self.args.table_size.max(1) } else { 1 }
+        };
         load.config(&cfg)
-            .size("COUNTS", self.args.table_size.max(1))
+            .size("COUNTS", counts(true))
+            .size("COUNTS_NUM", counts(false))
             .size("ENTRIES", tracer::thread_entries());
         Ok(())
     }
@@ -427,9 +457,25 @@ impl Argdist {
         let parsed = &self.parsed;
         let mut by_probe: Vec<Vec<(Key, u64)>> = vec![Vec::new(); parsed.len()];
         if parsed.iter().any(|p| !p.hist) {
-            let mut map: BpfHashMap<_, Key, u64> =
-                BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
-            for (key, n) in self.counts.read(&mut map) {
+            let mut read = self.counts.read(
+                &mut BpfHashMap::<_, Key, u64>::try_from(
+                    ebpf.map_mut("COUNTS").context("map COUNTS missing")?,
+                )?,
+                |k| *k,
+            );
+            read.extend(self.counts.read(
+                &mut BpfHashMap::<_, NumKey, u64>::try_from(
+                    ebpf.map_mut("COUNTS_NUM")
+                        .context("map COUNTS_NUM missing")?,
+                )?,
+                |k| Key {
+                    probe: k.probe,
+                    _pad: 0,
+                    values: k.values,
+                    strings: [[0; STR_LEN]; MAX_STRINGS],
+                },
+            ));
+            for (key, n) in read {
                 if let Some(v) = by_probe.get_mut(key.probe as usize) {
                     v.push((key, n));
                 }
