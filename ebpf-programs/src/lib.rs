@@ -199,6 +199,29 @@ pub fn count_key<K>(map: &HashMap<K, u64>, key: &K) -> Option<bool> {
     }
 }
 
+/// Adds one to `key`'s count in a per-CPU hash, creating it if needed:
+/// this CPU's count alone is written, so no atomic operation is needed.
+/// `None` if the table is full.
+#[inline(always)]
+pub fn count_key_local<K>(map: &aya_ebpf::maps::PerCpuHashMap<K, u64>, key: &K) -> Option<()> {
+    if let Some(c) = map.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of the entry.
+        unsafe { *c += 1 };
+        return Some(());
+    }
+    match map.insert(key, 1u64, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Some(()),
+        // Another CPU created it between the lookup and the insert.
+        Err(EEXIST) => {
+            let c = map.get_ptr_mut(key)?;
+            // SAFETY: this CPU's value of the entry.
+            unsafe { *c += 1 };
+            Some(())
+        }
+        Err(_) => None,
+    }
+}
+
 /// Adds `value` to a counter that several CPUs may update at once.
 ///
 /// # Safety

@@ -1034,6 +1034,9 @@ const WRITES: u64 = 200_000;
 /// bpftrace's form of argdist's count of write sizes to stdout.
 const BPFTRACE_WRITES: &str =
     "tracepoint:syscalls:sys_enter_write /args->fd == 1/ { @[args->count] = count(); }";
+/// bpftrace's form of argdist's histogram of write sizes to stdout.
+const BPFTRACE_WRITE_HIST: &str =
+    "tracepoint:syscalls:sys_enter_write /args->fd == 1/ { @ = hist(args->count); }";
 
 /// argdist's interpreted expressions against bpftrace's compiled ones: a
 /// count of write sizes to stdout, and a histogram of a longer expression.
@@ -1054,6 +1057,24 @@ fn argdist() -> anyhow::Result<Row> {
             &[
                 "argdist",
                 "-C",
+                "t:syscalls:sys_enter_write():u64:args->count:args->fd == 1",
+            ],
+            Ready::Stderr("Tracing"),
+            None,
+        ),
+        Setup::traced(
+            "bpftrace @ = hist(args->count)",
+            "bpftrace",
+            &["-e", BPFTRACE_WRITE_HIST],
+            Ready::Stdout("Attaching"),
+            None,
+        ),
+        Setup::traced(
+            "rtrace argdist -H args->count",
+            &rtrace,
+            &[
+                "argdist",
+                "-H",
                 "t:syscalls:sys_enter_write():u64:args->count:args->fd == 1",
             ],
             Ready::Stderr("Tracing"),
@@ -1094,10 +1115,14 @@ fn argdist() -> anyhow::Result<Row> {
         Ok((start.elapsed().as_nanos() as f64 / WRITES as f64, WRITES))
     })?;
     let (ratio, bpf_ratio) = report(&setups, &results, "ns/write");
+    let bare = results[0].cost;
+    let hist_ratio = (results[4].cost - bare) / (results[3].cost - bare);
+    let hist_bpf = results[4].bpf_ns / results[3].bpf_ns;
     println!();
     println!(
-        "rtrace argdist adds {ratio:.2}x what bpftrace adds per write (BPF time {bpf_ratio:.2}x), \
-         interpreting what bpftrace compiles"
+        "counts: rtrace argdist -C adds {ratio:.2}x what bpftrace adds per write (BPF time \
+         {bpf_ratio:.2}x); histograms: -H adds {hist_ratio:.2}x (BPF time {hist_bpf:.2}x); \
+         rtrace interprets what bpftrace compiles"
     );
     Ok(Row::new(
         "argdist",

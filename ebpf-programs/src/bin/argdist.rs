@@ -12,7 +12,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
     },
     macros::{kprobe, kretprobe, map, tracepoint, uprobe, uretprobe},
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use rtrace_common::{
@@ -27,7 +27,9 @@ use rtrace_common::{
     },
     hist::Hist,
 };
-use rtrace_ebpf::{count_error, count_key, global, hist_record_local, read_kernel, targets};
+use rtrace_ebpf::{
+    count_error, count_key, count_key_local, global, hist_record_local, read_kernel, targets,
+};
 
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
@@ -38,7 +40,7 @@ static COUNTS: HashMap<Key, u64> = HashMap::with_max_entries(10240, 0);
 /// Frequency counts of probes with no string values, by their smaller
 /// key; user space sizes it.
 #[map]
-static COUNTS_NUM: HashMap<NumKey, u64> = HashMap::with_max_entries(10240, 0);
+static COUNTS_NUM: PerCpuHashMap<NumKey, u64> = PerCpuHashMap::with_max_entries(10240, 0);
 /// Histograms, by probe slot.
 #[map]
 static HISTS: PerCpuArray<Hist> = PerCpuArray::with_max_entries(MAX_PROBES as u32, 0);
@@ -126,12 +128,33 @@ fn source(i: &Insn, s: &Sources) -> u64 {
         SRC_PID => s.id >> 32,
         SRC_TID => s.id & 0xffff_ffff,
         SRC_FIELD => cut(
-            read_sized(s.record.wrapping_add(i.index as usize), i.size, false),
+            field(s.record, i.index, i.size),
             i.size,
             i.flags & INSN_SIGNED != 0,
         ),
         _ => 0,
     }
+}
+
+/// A tracepoint record's field. The verifier allows plain loads from the
+/// record only at offsets fixed in the instruction, so the usual offsets
+/// and sizes get a load of their own (the configuration is read-only, and
+/// the verifier follows only the arm it names); the rest go through the
+/// helper, a call that costs several times a load.
+#[inline(always)]
+fn field(record: *const u8, offset: u32, size: u32) -> u64 {
+    macro_rules! fixed {
+        ($($at:literal)*) => {
+            match (offset, size) {
+                // SAFETY: the verifier allows only loads inside the record.
+                $(($at, 8) => return unsafe { core::ptr::read_volatile(record.add($at) as *const u64) },
+                  ($at, 4) => return u64::from(unsafe { core::ptr::read_volatile(record.add($at) as *const u32) }),)*
+                _ => {}
+            }
+        };
+    }
+    fixed!(8 16 24 32 40 48 56 64);
+    read_sized(record.wrapping_add(offset as usize), size, false)
 }
 
 /// `x op y`; division and remainder by zero give what BPF gives.
@@ -342,7 +365,7 @@ fn record(p: &Probe, slot: usize, s: &Sources) {
             }
             k.values[i] = number(v, s);
         }
-        if count_key(&COUNTS_NUM, &k).is_none() {
+        if count_key_local(&COUNTS_NUM, &k).is_none() {
             count_error(ERR_COUNTS_FULL);
         }
         return;

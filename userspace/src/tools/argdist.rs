@@ -10,7 +10,7 @@ use std::{collections::HashMap, fmt::Write as _};
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
+    maps::{HashMap as BpfHashMap, PerCpuArray, PerCpuHashMap},
 };
 use rtrace_common::{
     argdist::{
@@ -274,33 +274,28 @@ struct Counts {
 }
 
 impl Counts {
-    /// One table's counts since the last read, each key made a [`Key`]
-    /// by `wide` (a probe's keys are all in one of the two tables, so
-    /// widened keys never meet).
-    fn read<K: aya::Pod>(
-        &mut self,
-        map: &mut BpfHashMap<&mut MapData, K, u64>,
-        wide: impl Fn(&K) -> Key,
-    ) -> Vec<(Key, u64)> {
-        let now: Vec<(K, u64)> = map.iter().filter_map(Result::ok).collect();
+    /// Counts since the last read, given every key's running total: one
+    /// table's entries widened to [`Key`] (a probe's keys are all in one
+    /// of the two tables, so widened keys never meet). Returns them, and
+    /// the keys idle for a whole interval, to be removed to make room.
+    fn since<K>(&mut self, now: Vec<(K, Key, u64)>) -> (Vec<(Key, u64)>, Vec<K>) {
         let mut out = Vec::new();
-        for (raw, total) in now {
-            let key = wide(&raw);
+        let mut idle = Vec::new();
+        for (raw, key, total) in now {
             let shown = if self.cumulative {
                 total
             } else {
                 total - self.prev.get(&key).copied().unwrap_or(0).min(total)
             };
             if shown == 0 {
-                // Idle for a whole interval: make room in the table.
-                let _ = map.remove(&raw);
+                idle.push(raw);
                 self.prev.remove(&key);
                 continue;
             }
             self.prev.insert(key, total);
             out.push((key, shown));
         }
-        out
+        (out, idle)
     }
 }
 
@@ -457,24 +452,39 @@ impl Argdist {
         let parsed = &self.parsed;
         let mut by_probe: Vec<Vec<(Key, u64)>> = vec![Vec::new(); parsed.len()];
         if parsed.iter().any(|p| !p.hist) {
-            let mut read = self.counts.read(
-                &mut BpfHashMap::<_, Key, u64>::try_from(
-                    ebpf.map_mut("COUNTS").context("map COUNTS missing")?,
-                )?,
-                |k| *k,
-            );
-            read.extend(self.counts.read(
-                &mut BpfHashMap::<_, NumKey, u64>::try_from(
-                    ebpf.map_mut("COUNTS_NUM")
-                        .context("map COUNTS_NUM missing")?,
-                )?,
-                |k| Key {
-                    probe: k.probe,
-                    _pad: 0,
-                    values: k.values,
-                    strings: [[0; STR_LEN]; MAX_STRINGS],
-                },
-            ));
+            let mut map: BpfHashMap<_, Key, u64> =
+                BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
+            let now = map
+                .iter()
+                .filter_map(Result::ok)
+                .map(|(k, n)| (k, k, n))
+                .collect();
+            let (mut read, idle) = self.counts.since(now);
+            for k in idle {
+                let _ = map.remove(&k);
+            }
+            let mut map: PerCpuHashMap<_, NumKey, u64> = PerCpuHashMap::try_from(
+                ebpf.map_mut("COUNTS_NUM")
+                    .context("map COUNTS_NUM missing")?,
+            )?;
+            let now = map
+                .iter()
+                .filter_map(Result::ok)
+                .map(|(k, per_cpu)| {
+                    let wide = Key {
+                        probe: k.probe,
+                        _pad: 0,
+                        values: k.values,
+                        strings: [[0; STR_LEN]; MAX_STRINGS],
+                    };
+                    (k, wide, per_cpu.iter().sum())
+                })
+                .collect();
+            let (more, idle) = self.counts.since(now);
+            for k in idle {
+                let _ = map.remove(&k);
+            }
+            read.extend(more);
             for (key, n) in read {
                 if let Some(v) = by_probe.get_mut(key.probe as usize) {
                     v.push((key, n));
