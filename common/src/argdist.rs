@@ -10,8 +10,9 @@ pub const MAX_VALUES: usize = 4;
 pub const MAX_STRINGS: usize = 2;
 /// Comparisons one filter may have.
 pub const MAX_CONDS: usize = 4;
-/// Bytes kept of a string, NUL included: `-z`'s limit.
-pub const STR_LEN: usize = 80;
+/// Bytes kept of a string, NUL included: `-z`'s limit (bcc's examples
+/// use 120).
+pub const STR_LEN: usize = 128;
 /// Register arguments kept at entry for `$entry(param)`.
 pub const MAX_ARGS: usize = 6;
 
@@ -22,6 +23,8 @@ pub const KIND_ENTRY: u32 = 0;
 pub const KIND_RETURN: u32 = 1;
 /// `Probe::kind`: a tracepoint.
 pub const KIND_TRACEPOINT: u32 = 2;
+/// `Probe::kind`: a USDT probe, run as a uprobe at each of its sites.
+pub const KIND_USDT: u32 = 3;
 
 /// `Probe::mode`: a log2 histogram of one value.
 pub const MODE_HIST: u32 = 0;
@@ -58,6 +61,10 @@ pub const SRC_DATA_LOC: u8 = 9;
 /// `Value::source`: the value of the expression in `insns` (a number, or
 /// the address of a string).
 pub const SRC_EXPR: u8 = 10;
+
+/// `Insn::source`: the saved user register at offset `index` of
+/// `struct pt_regs` (a USDT argument).
+pub const SRC_REG: u8 = 11;
 
 /// `Insn::code`: pushes source `source`.
 pub const I_PUSH: u8 = 0;

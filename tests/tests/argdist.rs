@@ -236,6 +236,50 @@ fn struct_member_of_a_uprobe_argument() {
     }
 }
 
+/// USDT probes from Debian's `<sys/sdt.h>`: arguments in registers and in
+/// memory, a string, a filter on an argument, and the probe's semaphore
+/// raised while attached (the fixture fires `tick` only when it is).
+#[test]
+fn usdt_probe_arguments_and_semaphore() {
+    let fix = workload_bin("usdtfix").to_string_lossy().into_owned();
+    let tick = format!("u:{fix}:tick():s64,char*,s64,s32:arg1,arg2,arg3,arg4");
+    let plain = format!("u:{fix}:rtrace.plain():s64:arg1:arg1 > 1");
+    let t = trace_workload(
+        "usdtfix",
+        &[],
+        &["argdist", "--json", "-C", &tick, &plain],
+        Duration::from_millis(1200),
+        SIGINT,
+    );
+    let outputs = json_lines(&t.stdout);
+    let mut ticks = BTreeMap::new();
+    let mut plains = BTreeMap::new();
+    for call in t.done.split(',') {
+        let f: Vec<&str> = call.split(':').collect();
+        let (size, name) = (f[0].parse::<i64>().unwrap(), f[1]);
+        let (times, fired) = (f[2].parse::<u64>().unwrap(), f[3].parse::<u64>().unwrap());
+        assert_eq!(
+            fired, times,
+            "the semaphore was not raised for {call}: {}",
+            t.done
+        );
+        let key = serde_json::json!({"arg1": size, "arg2": name, "arg3": -size, "arg4": size * 2});
+        *ticks.entry(key.to_string()).or_default() += times;
+        if size > 1 {
+            *plains
+                .entry(serde_json::json!({"arg1": size}).to_string())
+                .or_default() += times;
+        }
+    }
+    assert_eq!(summed_counts(&outputs, 0), ticks);
+    assert_eq!(summed_counts(&outputs, 1), plains);
+    // A probe the file does not have names the ones it has.
+    let (code, _, stderr) = run(&["argdist", "-C", &format!("u:{fix}:nonesuch()")]);
+    assert_ne!(code, 0);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("rtrace.plain, rtrace.tick"), "{stderr}");
+}
+
 /// A string filter with bcc's STRCMP, and the text layout.
 #[test]
 fn string_filter_and_text_layout() {

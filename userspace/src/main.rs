@@ -26,6 +26,7 @@ mod tracer;
 mod transport;
 mod unwind;
 mod uprobes;
+mod usdt;
 
 use std::process::ExitCode;
 

@@ -14,8 +14,9 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 /// capability test, and qemu, busybox, cpio and xz (for the guests' loop
 /// module) run the other kernels of `vm-test`; the exporter's tests scrape
 /// it with a real Prometheus, and its benchmark compares scrapes with
-/// node_exporter's; man-db renders the man pages in their test.
-const PACKAGES: [&str; 14] = [
+/// node_exporter's; man-db renders the man pages in their test;
+/// systemtap-sdt-dev has `sys/sdt.h`, for the USDT fixture.
+const PACKAGES: [&str; 15] = [
     "bpftrace",
     "dwarves",
     "e2fsprogs",
@@ -30,6 +31,7 @@ const PACKAGES: [&str; 14] = [
     "prometheus",
     "prometheus-node-exporter",
     "man-db",
+    "systemtap-sdt-dev",
 ];
 
 /// The target of the static build (`cargo xtask dist`), which the tests

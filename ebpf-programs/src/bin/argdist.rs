@@ -22,8 +22,8 @@ use rtrace_common::{
         MAX_VALUES, MODE_HIST, NumKey, OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE,
         OP_LOR, OP_LT, OP_MOD, OP_MUL, OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, Probe,
         SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID,
-        SRC_RET, SRC_TID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER,
-        Value,
+        SRC_REG, SRC_RET, SRC_TID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING,
+        VAL_USER, Value,
     },
     hist::Hist,
 };
@@ -61,6 +61,8 @@ struct Sources {
     entry: Option<Entry>,
     /// The tracepoint record, or null.
     record: *const u8,
+    /// The saved registers of a uprobe (`struct pt_regs`), or null.
+    regs: *const u8,
     id: u64,
 }
 
@@ -125,6 +127,7 @@ fn source(i: &Insn, s: &Sources) -> u64 {
             // SAFETY: the helper has no preconditions.
             unsafe { bpf_ktime_get_ns() }.saturating_sub(e.start_ns)
         }),
+        SRC_REG => read_kernel::<u64>(s.regs, i.index).unwrap_or(0),
         SRC_PID => s.id >> 32,
         SRC_TID => s.id & 0xffff_ffff,
         SRC_FIELD => cut(
@@ -432,6 +435,7 @@ fn on_entry(ctx: &ProbeContext, slot: usize) {
         ret: 0,
         entry: None,
         record: core::ptr::null(),
+        regs: ctx.as_ptr() as *const u8,
         id,
     };
     record(p, slot, &s);
@@ -460,6 +464,7 @@ fn on_return(ctx: &RetProbeContext, slot: usize) {
         ret: ctx.ret(),
         entry,
         record: core::ptr::null(),
+        regs: ctx.as_ptr() as *const u8,
         id,
     };
     record(p, slot, &s);
@@ -473,6 +478,7 @@ fn on_tracepoint(ctx: &TracePointContext, slot: usize) {
         ret: 0,
         entry: None,
         record: ctx.as_ptr() as *const u8,
+        regs: core::ptr::null(),
         id: bpf_get_current_pid_tgid(),
     };
     record(p, slot, &s);

@@ -34,9 +34,10 @@ use spec::{Spec, Target};
 /// Trace a function and display a summary of its parameter values.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Specifier: {p|r|t}:{[library]|category}:function(signature)\
+    after_help = "Specifier: {p|r|t|u}:{[library]|category}:function(signature)\
 [:type[,type...]:expr[,expr...][:filter]][#label or ;label]
-  p: function entry, r: function return, t: tracepoint; an empty library
+  p: function entry, r: function return, t: tracepoint, u: USDT probe
+  (values arg1..argN, semaphores raised); an empty library
   means a kernel function (kprobe), else a uprobe in that library or
   executable. Expressions and filters are C: parameters, tracepoint fields
   (args->f), $retval, $latency (ns), $entry(param), $PID, $TID, $COMM,
@@ -82,7 +83,7 @@ pub struct Args {
     /// Show only the top N most frequent keys (-C).
     #[arg(short = 'T', long = "top", value_name = "N")]
     top: Option<usize>,
-    /// Bytes kept of each string value (at most 80).
+    /// Bytes kept of each string value (at most 128).
     #[arg(short = 'z', long = "string-size", value_name = "SIZE", default_value_t = 80,
           value_parser = clap::value_parser!(u32).range(1..=STR_LEN as i64))]
     string_size: u32,
@@ -126,13 +127,22 @@ fn parse_all(args: &Args) -> anyhow::Result<Vec<Parsed>> {
     }
     let format =
         |cat: &str, event: &str| tracefs::Format::read(cat, event).map_err(|e| format!("{e}"));
+    let usdt = |library: &str, probe: &str| {
+        let file = uprobes::resolve(library, args.pid).map_err(|e| e.to_string())?;
+        crate::usdt::find(&file, probe).map(|(_, a)| a)
+    };
     // Structs and named constants come from the kernel's own types; a
     // kernel without BTF still takes specs that need neither.
     let btf = crate::btf::Btf::from_kernel().ok();
+    let env = spec::Env {
+        format: &format,
+        usdt: &usdt,
+        btf: btf.as_ref(),
+    };
     specs
         .into_iter()
         .map(|(text, hist)| {
-            let spec = spec::parse(text, hist, format, btf.as_ref()).map_err(|e| {
+            let spec = spec::parse(text, hist, &env).map_err(|e| {
                 let flag = if hist { "-H" } else { "-C" };
                 anyhow::anyhow!("bad {flag} spec {text:?} at {e}")
             })?;
@@ -166,16 +176,43 @@ fn probe(p: &Parsed, str_len: u32) -> Probe {
     out
 }
 
-/// Attaches slot `i`'s programs for `spec`; says how, for `-v`.
+/// Attaches slot `i`'s programs for `spec`; says how, for `-v`. USDT
+/// probes' perf events go to `links`, which keeps them attached.
 fn attach(
     ebpf: &mut Ebpf,
     kernel: &mut Kernel,
     i: usize,
     spec: &Spec,
     pid: Option<u32>,
+    links: &mut Vec<std::os::fd::OwnedFd>,
 ) -> anyhow::Result<String> {
     let ret = spec.kind == KIND_RETURN;
     match &spec.target {
+        Target::Usdt { library, probe } => {
+            kernel.check(Mechanism::Uprobe).map_err(|why| {
+                anyhow::anyhow!(
+                    "{:?} needs uprobes, which do not work here: {why}",
+                    spec.raw
+                )
+            })?;
+            let file = uprobes::resolve(library, pid)?;
+            let (sites, _) = crate::usdt::find(&file, probe).map_err(anyhow::Error::msg)?;
+            for site in &sites {
+                links.push(crate::usdt::attach(
+                    ebpf,
+                    &format!("uprobe_{i}"),
+                    &file,
+                    site,
+                    pid,
+                )?);
+            }
+            let semaphores = sites.iter().filter(|s| s.semaphore != 0).count();
+            Ok(format!(
+                "USDT probe {probe} in {}: {} site(s), {semaphores} semaphore(s) raised",
+                file.display(),
+                sites.len()
+            ))
+        }
         Target::Tracepoint { category, event } => {
             Hooks::new(Mechanism::Tracepoint, kernel)?.attach(
                 ebpf,
@@ -323,6 +360,8 @@ pub struct Argdist {
     parsed: Vec<Parsed>,
     /// How each probe was attached, for `-v`.
     how: Vec<String>,
+    /// The perf events of USDT probes, attached while they are held.
+    links: Vec<std::os::fd::OwnedFd>,
     counts: Counts,
     prev_hists: Vec<Snapshot>,
 }
@@ -345,6 +384,7 @@ impl Tool for Argdist {
             args,
             parsed,
             how: Vec::new(),
+            links: Vec::new(),
             prev_hists: vec![Snapshot::default(); n],
         })
     }
@@ -402,8 +442,9 @@ impl Tool for Argdist {
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         self.how.clear();
+        self.links.clear();
         for (i, p) in self.parsed.iter().enumerate() {
-            let how = attach(ebpf, kernel, i, &p.spec, self.args.pid)
+            let how = attach(ebpf, kernel, i, &p.spec, self.args.pid, &mut self.links)
                 .with_context(|| format!("cannot attach {:?}", p.spec.raw))?;
             let what: Vec<String> = p.spec.values.iter().map(|v| v.text.clone()).collect();
             self.how.push(format!(

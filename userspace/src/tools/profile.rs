@@ -358,7 +358,12 @@ impl Tool for Profile {
             );
         }
         if args.frequency.is_some() && args.period().is_some() {
-            anyhow::bail!("-F and -c N both set the sampling rate: give one");
+            // A usage error, as clap's own conflicts are: exit 2.
+            clap::Error::raw(
+                clap::error::ErrorKind::ArgumentConflict,
+                "-F and -c N both set the sampling rate: give one\n",
+            )
+            .exit();
         }
         let freq = args.frequency.unwrap_or(49);
         if args.period().is_none()

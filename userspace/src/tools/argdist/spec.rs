@@ -1,20 +1,21 @@
 //! bcc's argdist probe specifier, parsed into the generic program's
 //! configuration, with errors that point at the column they are about:
 //!
-//! `{p|r|t}:{[library]|category}:function(signature)[:type[,type...]:expr[,expr...][:filter]][#label]`
+//! `{p|r|t|u}:{[library]|category}:function(signature)[:type[,type...]:expr[,expr...][:filter]][#label]`
 
 use rtrace_common::argdist::{
     CMP_EQ, CMP_NE, Cond, I_BINARY, I_CAST, I_LOAD, I_PUSH, I_UNARY, INSN_SIGNED, INSN_USER, Insn,
-    KIND_ENTRY, KIND_RETURN, KIND_TRACEPOINT, MAX_CONDS, MAX_INSNS, MAX_STRINGS, MAX_VALUES,
+    KIND_ENTRY, KIND_RETURN, KIND_TRACEPOINT, KIND_USDT, MAX_CONDS, MAX_INSNS, MAX_STRINGS, MAX_VALUES,
     OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE, OP_LOR, OP_LT, OP_MOD, OP_MUL,
     OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC,
-    SRC_ENTRY_ARG, SRC_EXPR, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_RET, SRC_TID, STACK_DEPTH,
+    SRC_ENTRY_ARG, SRC_EXPR, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET, SRC_TID, STACK_DEPTH,
     STR_LEN, UN_LNOT, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER, Value,
 };
 
 use crate::{
     btf::{Btf, Shape},
     tracefs::Format,
+    usdt,
 };
 
 /// A spec that does not parse: what is wrong, and at which column
@@ -119,6 +120,13 @@ pub enum Target {
         /// Its name.
         function: String,
     },
+    /// A USDT probe: a uprobe at each of its sites.
+    Usdt {
+        /// The library or executable, as written.
+        library: String,
+        /// `NAME` or `PROVIDER.NAME`.
+        probe: String,
+    },
     /// A tracepoint.
     Tracepoint {
         /// `category`.
@@ -208,6 +216,8 @@ struct Scope<'a> {
     /// Memory read through pointers is user memory (uprobes, syscalls).
     user: bool,
     btf: Option<&'a Btf>,
+    /// A USDT probe's arguments, `arg1` first.
+    usdt_args: Option<Vec<usdt::Arg>>,
 }
 
 /// A C type's text as a [`Ty`]: the plain types of [`c_type`], and
@@ -251,15 +261,24 @@ fn parse_type(text: &str, btf: Option<&Btf>) -> Result<Ty, String> {
     Ok(Ty { c, pointee })
 }
 
-/// Parses `spec` for `-H` (`hist`) or `-C`. `format` reads a tracepoint's
-/// format file, given its category and event; `btf` is the kernel's, for
-/// structs and named constants.
-pub fn parse(
-    spec: &str,
-    hist: bool,
-    format: impl Fn(&str, &str) -> Result<Format, String>,
-    btf: Option<&Btf>,
-) -> Result<Spec, SpecError> {
+/// Looks a tracepoint's format file up, by category and event.
+pub type FormatLookup<'a> = &'a dyn Fn(&str, &str) -> Result<Format, String>;
+/// Looks a USDT probe's arguments up, by library and probe name.
+pub type UsdtLookup<'a> = &'a dyn Fn(&str, &str) -> Result<Vec<usdt::Arg>, String>;
+
+/// What parsing a spec looks up in the system.
+pub struct Env<'a> {
+    /// A tracepoint's format file.
+    pub format: FormatLookup<'a>,
+    /// A USDT probe's arguments.
+    pub usdt: UsdtLookup<'a>,
+    /// The kernel's BTF, for structs and named constants.
+    pub btf: Option<&'a Btf>,
+}
+
+/// Parses `spec` for `-H` (`hist`) or `-C`.
+pub fn parse(spec: &str, hist: bool, env: &Env<'_>) -> Result<Spec, SpecError> {
+    let btf = env.btf;
     // bcc's `#label`, or `;label`; neither inside a string.
     let mut quoted = false;
     let cut = spec.char_indices().find_map(|(i, c)| {
@@ -304,12 +323,7 @@ pub fn parse(
         "p" => KIND_ENTRY,
         "r" => KIND_RETURN,
         "t" => KIND_TRACEPOINT,
-        "u" => {
-            return err(
-                0,
-                "USDT probes (u:) are not supported; use p:LIBRARY:FUNCTION for a uprobe",
-            );
-        }
+        "u" => KIND_USDT,
         other => return err(0, format!("unknown probe type {other:?}: use p, r or t")),
     };
     let (lib_at, library) = parts[1];
@@ -356,6 +370,21 @@ pub fn parse(
                 event: function.to_owned(),
             }
         }
+        KIND_USDT => {
+            if library.is_empty() {
+                return err(
+                    lib_at,
+                    "a USDT probe needs its library or executable, as in u:pthread:pthread_start",
+                );
+            }
+            if !signature.trim().is_empty() {
+                return err(sig_at, "USDT probes take no signature: name arguments arg1..argN");
+            }
+            Target::Usdt {
+                library: library.to_owned(),
+                probe: function.to_owned(),
+            }
+        }
         _ if library.is_empty() => Target::Kernel {
             function: function.to_owned(),
         },
@@ -366,15 +395,22 @@ pub fn parse(
     };
     let format = match &target {
         Target::Tracepoint { category, event } => {
-            Some(format(category, event).map_err(|m| SpecError {
+            Some((env.format)(category, event).map_err(|m| SpecError {
                 column: lib_at + 1,
                 message: m,
             })?)
         }
         _ => None,
     };
+    let usdt_args = match &target {
+        Target::Usdt { library, probe } => Some((env.usdt)(library, probe).map_err(|m| SpecError {
+            column: lib_at + 1,
+            message: m,
+        })?),
+        _ => None,
+    };
     let user = match &target {
-        Target::User { .. } => true,
+        Target::User { .. } | Target::Usdt { .. } => true,
         Target::Tracepoint { category, .. } => category == "syscalls",
         Target::Kernel { .. } => false,
     };
@@ -384,6 +420,7 @@ pub fn parse(
         format: format.as_ref(),
         user,
         btf,
+        usdt_args,
     };
 
     let (types, exprs, default_expr) = if parts.len() >= 5 {
@@ -421,12 +458,20 @@ pub fn parse(
     let mut need_entry = false;
     let mut strings = 0;
     for ((t_at, t), (e_at, e)) in type_list.into_iter().zip(expr_list) {
-        let Some(ty) = c_type(t) else {
+        let Some(mut ty) = c_type(t) else {
             return err(
                 t_at,
                 format!("unknown type {:?}: use {KNOWN_TYPES}", t.trim()),
             );
         };
+        // bcc shows $COMM as a string whatever type it is given (its own
+        // examples declare it u32).
+        if e.trim() == "$COMM" && !hist {
+            ty = CType {
+                string: true,
+                ..CType::U64
+            };
+        }
         if hist && ty.string {
             return err(t_at, "a histogram needs an integer type, not a string");
         }
@@ -1116,6 +1161,9 @@ impl<'a> ExprParser<'a> {
         } else if args {
             return err(at, "args-> names tracepoint fields; this is no tracepoint");
         }
+        if let Some(args) = &self.scope.usdt_args {
+            return self.usdt_arg(name_at, name, args);
+        }
         if let Some((i, p)) = self.param(name) {
             if self.scope.kind == KIND_RETURN {
                 return err(
@@ -1130,10 +1178,57 @@ impl<'a> ExprParser<'a> {
         if let Some(v) = self.scope.btf.and_then(|b| b.enum_value(name)) {
             return Ok(Expr::constant(v as u64, Ty::of(CType::int(8, true))));
         }
+        if name.starts_with("GFP_") || name.starts_with("__GFP_") {
+            return match gfp(name, self.scope.btf) {
+                Ok(v) => Ok(Expr::constant(v, Ty::of(CType::int(4, false)))),
+                Err(m) => err(name_at, m),
+            };
+        }
         if name == "NULL" {
             return Ok(Expr::constant(0, Ty::of(CType::U64)));
         }
         err(name_at, self.unknown(name))
+    }
+
+    /// `argN` of a USDT probe, read where its note says.
+    fn usdt_arg(&self, at: usize, name: &str, args: &[usdt::Arg]) -> Result<Expr, SpecError> {
+        let n: usize = match name.strip_prefix("arg").and_then(|n| n.parse().ok()) {
+            Some(n) if n >= 1 => n,
+            _ => {
+                return err(
+                    at,
+                    format!("unknown name {name:?}: a USDT probe's values are arg1..arg{}", args.len()),
+                );
+            }
+        };
+        let Some(arg) = args.get(n - 1) else {
+            return err(at, format!("the probe has {} arguments, not {n}", args.len()));
+        };
+        let ty = Ty::of(CType::int(arg.size, arg.signed));
+        let reg = |off: u32| {
+            let mut e = Expr::push(SRC_REG, Ty::of(CType::U64));
+            e.insns[0].index = off;
+            e
+        };
+        Ok(match arg.location {
+            usdt::Location::Constant(c) => Expr::constant(c as u64, ty),
+            usdt::Location::Register(off) if arg.size == 8 => {
+                let mut e = reg(off);
+                e.ty = ty;
+                e
+            }
+            usdt::Location::Register(off) => {
+                let mut e = reg(off).then(Insn {
+                    code: I_CAST,
+                    size: arg.size,
+                    flags: if arg.signed { INSN_SIGNED } else { 0 },
+                    ..Insn::default()
+                });
+                e.ty = ty;
+                e
+            }
+            usdt::Location::Memory(off, disp) => self.load(reg(off), disp as u64, ty),
+        })
     }
 
     /// A tracepoint field.
@@ -1398,6 +1493,51 @@ impl<'a> ExprParser<'a> {
     }
 }
 
+/// The usual combinations of GFP flags, as `include/linux/gfp_types.h`
+/// makes them of single flags.
+const GFP_COMBINATIONS: &[(&str, &[&str])] = &[
+    ("__GFP_RECLAIM", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM"]),
+    ("GFP_ATOMIC", &["HIGH", "KSWAPD_RECLAIM"]),
+    ("GFP_KERNEL", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM", "IO", "FS"]),
+    ("GFP_NOIO", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM"]),
+    ("GFP_NOFS", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM", "IO"]),
+    ("GFP_USER", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM", "IO", "FS", "HARDWALL"]),
+    ("GFP_DMA", &["DMA"]),
+    ("GFP_DMA32", &["DMA32"]),
+];
+
+/// A GFP flag's value. The flags are macros, which BTF does not carry;
+/// since Linux 6.10 the bits they are made of are enum constants
+/// (`___GFP_HIGH_BIT`), from which `__GFP_HIGH` and the usual
+/// combinations (`GFP_ATOMIC`) are built.
+fn gfp(name: &str, btf: Option<&Btf>) -> Result<u64, String> {
+    let bit = |flag: &str| -> Result<u64, String> {
+        btf.and_then(|b| b.enum_value(&format!("___GFP_{flag}_BIT")))
+            .map(|b| 1u64 << (b as u64 & 63))
+            .ok_or_else(|| {
+                format!(
+                    "{name} is a macro; this kernel's BTF lacks ___GFP_{flag}_BIT, which it is \
+                     made of (Linux 6.10+): write the number"
+                )
+            })
+    };
+    if let Some((_, flags)) = GFP_COMBINATIONS.iter().find(|(n, _)| *n == name) {
+        return flags.iter().try_fold(0, |acc, f| Ok(acc | bit(f)?));
+    }
+    match name.strip_prefix("__GFP_") {
+        Some(flag) => bit(flag),
+        None => Err(format!(
+            "{name} is not a GFP flag rtrace knows: use __GFP_* flags or one of {}",
+            GFP_COMBINATIONS
+                .iter()
+                .map(|(n, _)| *n)
+                .filter(|n| n.starts_with("GFP_"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 /// Whether the text inside parentheses names a type, making them a cast:
 /// a pointer, `struct`/`union`, or a known plain type.
 fn looks_like_type(text: &str) -> bool {
@@ -1409,6 +1549,28 @@ fn looks_like_type(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn no_usdt(_: &str, _: &str) -> Result<Vec<usdt::Arg>, String> {
+        Err("no USDT probes in this test".into())
+    }
+
+    /// [`parse`] with these look-ups.
+    fn parse4(
+        spec: &str,
+        hist: bool,
+        format: fn(&str, &str) -> Result<Format, String>,
+        btf: Option<&Btf>,
+    ) -> Result<Spec, SpecError> {
+        parse(
+            spec,
+            hist,
+            &Env {
+                format: &format,
+                usdt: &no_usdt,
+                btf,
+            },
+        )
+    }
 
     fn no_tp(_: &str, _: &str) -> Result<Format, String> {
         Err("no tracepoints in this test".into())
@@ -1437,13 +1599,13 @@ mod tests {
     }
 
     fn column(spec: &str, hist: bool) -> (usize, String) {
-        let e = parse(spec, hist, write_tp, None).unwrap_err();
+        let e = parse4(spec, hist, write_tp, None).unwrap_err();
         (e.column, e.message)
     }
 
     #[test]
     fn entry_probe_with_two_values_and_a_filter() {
-        let s = parse(
+        let s = parse4(
             "p:c:malloc(size_t size, char *name):size_t,char*:size,name:size>16 && name==\"x\"#allocs",
             false,
             no_tp,
@@ -1471,7 +1633,7 @@ mod tests {
 
     #[test]
     fn return_probe_specials() {
-        let s = parse(
+        let s = parse4(
             "r::vfs_read(void *f, void *b, size_t n):u64,u64:$latency/1000,$entry(n)",
             false,
             no_tp,
@@ -1484,14 +1646,14 @@ mod tests {
             [(I_PUSH, SRC_LATENCY, 0, 0), (I_PUSH, SRC_CONST, 0, 1000), (I_BINARY, OP_DIV, 0, 0)]
         );
         assert_eq!(insns(&s.values[1].value), [(I_PUSH, SRC_ENTRY_ARG, 2, 0)]);
-        let d = parse("r::vfs_read()", false, no_tp, None).unwrap();
+        let d = parse4("r::vfs_read()", false, no_tp, None).unwrap();
         assert_eq!(insns(&d.values[0].value), [(I_PUSH, SRC_RET, 0, 0)]);
-        assert!(parse("p::vfs_read()", false, no_tp, None).unwrap().default_expr);
+        assert!(parse4("p::vfs_read()", false, no_tp, None).unwrap().default_expr);
     }
 
     #[test]
     fn tracepoint_fields() {
-        let s = parse(
+        let s = parse4(
             "t:syscalls:sys_enter_write():u64:args->count:fd==1",
             true,
             write_tp,
@@ -1542,7 +1704,7 @@ mod tests {
 
     #[test]
     fn operators_bind_as_in_c_and_constants_fold() {
-        let s = parse(
+        let s = parse4(
             "r:c:read(int fd, char *buf, size_t n):u64:($retval & 0xff) | 1 << 4:$retval * 2 > $entry(n) / 4 + 1 || !$retval",
             false,
             no_tp,
@@ -1572,7 +1734,7 @@ mod tests {
 
     #[test]
     fn casts_and_labels() {
-        let s = parse(
+        let s = parse4(
             "r:c:getenv():char*:(char*)$retval;names",
             false,
             no_tp,
@@ -1581,14 +1743,14 @@ mod tests {
         .unwrap();
         assert_eq!(s.label.as_deref(), Some("names"));
         assert_eq!(s.values[0].value.flags, VAL_STRING | VAL_USER);
-        let s = parse("p:c:f(long x):int:(u8)x", false, no_tp, None).unwrap();
+        let s = parse4("p:c:f(long x):int:(u8)x", false, no_tp, None).unwrap();
         assert_eq!(
             insns(&s.values[0].value),
             [(I_PUSH, SRC_ARG, 0, 0), (I_CAST, 0, 0, 0)]
         );
         assert_eq!(s.values[0].value.insns[1].size, 1);
         // A parameter in parentheses is no cast.
-        let s = parse("p:c:f(long size):int:(size) * 2", false, no_tp, None).unwrap();
+        let s = parse4("p:c:f(long size):int:(size) * 2", false, no_tp, None).unwrap();
         assert_eq!(s.values[0].value.n_insns, 3);
     }
 
@@ -1598,7 +1760,7 @@ mod tests {
             panic!("this test reads /sys/kernel/btf/vmlinux, which every kernel rtrace runs on has");
         };
         let btf = Some(&b);
-        let s = parse(
+        let s = parse4(
             "p::do_nanosleep(struct hrtimer_sleeper *t):u64:t->timer.state",
             false,
             no_tp,
@@ -1614,7 +1776,7 @@ mod tests {
         assert_eq!((v.insns[1].code, v.insns[1].imm), (I_LOAD, u64::from(timer + state)));
         assert_eq!(v.insns[1].flags & INSN_USER, 0);
         // A user structure by its kernel twin, read from user memory.
-        let s = parse(
+        let s = parse4(
             "p:c:nanosleep(struct timespec *req):long:req->tv_nsec",
             false,
             no_tp,
@@ -1626,13 +1788,72 @@ mod tests {
         assert_ne!(v.insns[1].flags & INSN_USER, 0);
         // Named constants fold into the expression.
         let atomic = b.enum_value("BPF_ANY").unwrap() as u64;
-        let s = parse("p::f(u64 flags):u64:flags & BPF_ANY", false, no_tp, btf).unwrap();
+        let s = parse4("p::f(u64 flags):u64:flags & BPF_ANY", false, no_tp, btf).unwrap();
         assert_eq!(s.values[0].value.insns[1].imm, atomic);
         let spec = "p::do_nanosleep(struct hrtimer_sleeper *t):u64:t->nonesuch";
-        let e = parse(spec, false, no_tp, btf).unwrap_err();
+        let e = parse4(spec, false, no_tp, btf).unwrap_err();
         assert_eq!(e.column, spec.find("nonesuch").unwrap() + 1);
         assert!(e.message.contains("timer"), "{}", e.message);
-        let e = parse("p::f(struct no_such_struct_x *p):u64:p", false, no_tp, btf).unwrap_err();
+        let e = parse4("p::f(struct no_such_struct_x *p):u64:p", false, no_tp, btf).unwrap_err();
         assert!(e.message.contains("no struct no_such_struct_x"), "{}", e.message);
+    }
+
+    #[test]
+    fn usdt_arguments_compile_to_register_and_memory_reads() {
+        let usdt = |_: &str, _: &str| -> Result<Vec<usdt::Arg>, String> {
+            ["-8@%rdi", "8@%rsi", "-4@-4(%rsp)", "4@$7"]
+                .iter()
+                .map(|a| usdt::parse_arg(a))
+                .collect()
+        };
+        let env = Env {
+            format: &no_tp,
+            usdt: &usdt,
+            btf: None,
+        };
+        let s = parse(
+            "u:fix:tick():s64,char*,s32,u32:arg1,arg2,arg3,arg4:arg3 < 0",
+            false,
+            &env,
+        )
+        .unwrap();
+        assert_eq!(insns(&s.values[0].value), [(I_PUSH, SRC_REG, 112, 0)]);
+        assert_eq!(s.values[1].value.flags, VAL_STRING | VAL_USER);
+        let v = &s.values[2].value;
+        assert_eq!(insns(v), [(I_PUSH, SRC_REG, 152, 0), (I_LOAD, 0, 0, (-4i64) as u64)]);
+        assert_eq!((v.insns[1].size, v.insns[1].flags), (4, INSN_SIGNED | INSN_USER));
+        assert_eq!(insns(&s.values[3].value), [(I_PUSH, SRC_CONST, 0, 7)]);
+        let e = parse("u:fix:tick():u64:arg5", false, &env).unwrap_err();
+        assert!(e.message.contains("4 arguments"), "{}", e.message);
+        let e = parse("u:fix:tick(int x):u64:arg1", false, &env).unwrap_err();
+        assert!(e.message.contains("no signature"), "{}", e.message);
+    }
+
+    #[test]
+    fn gfp_macros_from_their_bits_in_btf() {
+        let Ok(b) = Btf::from_kernel() else {
+            panic!("this test reads /sys/kernel/btf/vmlinux, which every kernel rtrace runs on has");
+        };
+        let Some(high) = b.enum_value("___GFP_HIGH_BIT") else {
+            // Before 6.10 the bits are macros too: the error says so.
+            let e = gfp("GFP_ATOMIC", Some(&b)).unwrap_err();
+            assert!(e.contains("6.10"), "{e}");
+            return;
+        };
+        let kswapd = b.enum_value("___GFP_KSWAPD_RECLAIM_BIT").unwrap();
+        assert_eq!(
+            gfp("GFP_ATOMIC", Some(&b)),
+            Ok((1 << high) | (1 << kswapd))
+        );
+        assert_eq!(gfp("__GFP_HIGH", Some(&b)), Ok(1 << high));
+        assert!(gfp("GFP_NONESUCH", Some(&b)).is_err());
+        let s = parse4(
+            "p::__kmalloc(size_t size, gfp_t flags):size_t:size:flags&GFP_ATOMIC",
+            false,
+            no_tp,
+            Some(&b),
+        )
+        .unwrap();
+        assert_eq!(s.conds[0].value.insns[1].imm, (1 << high) | (1 << kswapd));
     }
 }
