@@ -347,8 +347,9 @@ pub fn attach(
     }
     // SAFETY: a descriptor just opened, owned from here.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
-    const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+    // `Ioctl` is c_ulong on glibc and c_int on musl.
+    const PERF_EVENT_IOC_SET_BPF: libc::Ioctl = 0x4004_2408;
+    const PERF_EVENT_IOC_ENABLE: libc::Ioctl = 0x2400;
     // SAFETY: ioctls on the perf event just opened.
     let ok = unsafe {
         libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog_fd) == 0
