@@ -20,6 +20,8 @@ enum Expect {
     Run,
     NeedsKprobes,
     Refused(String),
+    /// Needs kprobes, and where there are some, is refused with this.
+    NeedsKprobesThenRefused(String),
 }
 
 /// The list's lines: the command and what it must do.
@@ -29,6 +31,12 @@ fn lines() -> Vec<(String, Expect)> {
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|l| match l.split_once("  ## ") {
             Some((cmd, "needs kprobes")) => (cmd.to_owned(), Expect::NeedsKprobes),
+            Some((cmd, note)) if note.starts_with("needs kprobes, refused: ") => (
+                cmd.to_owned(),
+                Expect::NeedsKprobesThenRefused(
+                    note["needs kprobes, refused: ".len()..].to_owned(),
+                ),
+            ),
             Some((cmd, note)) => {
                 let why = note
                     .strip_prefix("refused: ")
@@ -140,7 +148,9 @@ fn bccs_documented_command_lines_run_or_name_what_they_need() {
     // The guests run what the host cannot: the lines that need kprobes.
     let todo: Vec<(String, Expect)> = lines()
         .into_iter()
-        .filter(|(_, e)| !guest || *e == Expect::NeedsKprobes)
+        .filter(|(_, e)| {
+            !guest || matches!(e, Expect::NeedsKprobes | Expect::NeedsKprobesThenRefused(_))
+        })
         .map(|(line, e)| {
             let line = line
                 .replace("{pids}", &pids)
@@ -164,10 +174,11 @@ fn bccs_documented_command_lines_run_or_name_what_they_need() {
                         let last = stderr.lines().last().unwrap_or("");
                         let ok = match (expect, kprobes) {
                             (Expect::Run, _) | (Expect::NeedsKprobes, true) => code == 0,
-                            (Expect::NeedsKprobes, false) => {
+                            (Expect::NeedsKprobes | Expect::NeedsKprobesThenRefused(_), false) => {
                                 code != 0 && stderr.lines().count() <= 2 && last.contains("kprobes")
                             }
-                            (Expect::Refused(why), _) => {
+                            (Expect::Refused(why), _)
+                            | (Expect::NeedsKprobesThenRefused(why), true) => {
                                 code != 0
                                     && stderr.trim().lines().count() == 1
                                     && stderr.contains(why.as_str())

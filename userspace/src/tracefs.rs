@@ -82,6 +82,35 @@ impl Format {
         Ok(Self::parse(&full, &text))
     }
 
+    /// The symbols a tracepoint's `print fmt` spells out for its flags and
+    /// enums (`{(unsigned long)(...), "GFP_ATOMIC"}`), as (name, C
+    /// expression): the kernel's own table of macros BTF does not carry.
+    pub fn print_symbols(
+        category: &str,
+        name: &str,
+    ) -> Result<Vec<(String, String)>, TracefsError> {
+        let full = format!("{category}:{name}");
+        let path = root()?
+            .join("events")
+            .join(category)
+            .join(name)
+            .join("format");
+        let text = std::fs::read_to_string(path).map_err(|_| TracefsError::NoTracepoint(full))?;
+        let fmt = text
+            .lines()
+            .find(|l| l.starts_with("print fmt:"))
+            .unwrap_or_default();
+        Ok(fmt
+            .split('{')
+            .skip(1)
+            .filter_map(|piece| {
+                let body = &piece[..piece.find("\"}")?];
+                let (expr, symbol) = body.rsplit_once(", \"")?;
+                Some((symbol.to_owned(), expr.trim().to_owned()))
+            })
+            .collect())
+    }
+
     /// Parses the text of a `format` file.
     pub fn parse(name: &str, text: &str) -> Self {
         let mut fields = HashMap::new();

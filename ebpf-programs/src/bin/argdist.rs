@@ -54,17 +54,23 @@ static KEY: PerCpuArray<Key> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static TEXT: PerCpuArray<[u8; STR_LEN]> = PerCpuArray::with_max_entries(1, 0);
 
-/// Where values come from in one run of a program.
+/// Where values come from in one run of a program: pointers, not
+/// copies, as the programs and the expression function share 512 bytes
+/// of stack, and 6.1's verifier counts every frame.
 struct Sources {
-    args: [u64; MAX_ARGS],
     ret: u64,
-    entry: Option<Entry>,
+    /// The call's entry in `ENTRIES` (a return probe's), or null.
+    entry: *const Entry,
     /// The tracepoint record, or null.
     record: *const u8,
-    /// The saved registers of a uprobe (`struct pt_regs`), or null.
+    /// The saved registers of a probe (`struct pt_regs`), or null.
     regs: *const u8,
     id: u64,
 }
+
+/// Where the x86-64 calling convention passes the first six arguments:
+/// their offsets in `struct pt_regs` (rdi, rsi, rdx, rcx, r8, r9).
+const ARG_REGS: [u32; MAX_ARGS] = [112, 104, 96, 88, 72, 64];
 
 /// The probe of `slot`, unless the current task is filtered out.
 #[inline(always)]
@@ -117,13 +123,17 @@ fn cut(x: u64, size: u32, signed: bool) -> u64 {
 /// What an `I_PUSH` pushes.
 #[inline(always)]
 fn source(i: &Insn, s: &Sources) -> u64 {
-    let arg = |args: &[u64; MAX_ARGS]| args.get(i.index as usize).copied().unwrap_or(0);
+    // SAFETY: an ENTRIES value, removed only after the run.
+    let entry = unsafe { s.entry.as_ref() };
     match i.source {
         SRC_CONST => i.imm,
-        SRC_ARG => arg(&s.args),
+        SRC_ARG => ARG_REGS
+            .get(i.index as usize)
+            .and_then(|&off| read_kernel::<u64>(s.regs, off).ok())
+            .unwrap_or(0),
         SRC_RET => s.ret,
-        SRC_ENTRY_ARG => s.entry.as_ref().map_or(0, |e| arg(&e.args)),
-        SRC_LATENCY => s.entry.as_ref().map_or(0, |e| {
+        SRC_ENTRY_ARG => entry.map_or(0, |e| e.args.get(i.index as usize).copied().unwrap_or(0)),
+        SRC_LATENCY => entry.map_or(0, |e| {
             // SAFETY: the helper has no preconditions.
             unsafe { bpf_ktime_get_ns() }.saturating_sub(e.start_ns)
         }),
@@ -417,12 +427,11 @@ fn args(ctx: &ProbeContext) -> [u64; MAX_ARGS] {
 fn on_entry(ctx: &ProbeContext, slot: usize) {
     let Some(p) = probe(slot) else { return };
     let id = bpf_get_current_pid_tgid();
-    let args = args(ctx);
     if p.kind == KIND_RETURN {
         let entry = Entry {
             // SAFETY: the helper has no preconditions.
             start_ns: unsafe { bpf_ktime_get_ns() },
-            args,
+            args: args(ctx),
         };
         let key = (slot as u64) << 32 | (id & 0xffff_ffff);
         if ENTRIES.insert(key, entry, 0).is_err() {
@@ -431,9 +440,8 @@ fn on_entry(ctx: &ProbeContext, slot: usize) {
         return;
     }
     let s = Sources {
-        args,
         ret: 0,
-        entry: None,
+        entry: core::ptr::null(),
         record: core::ptr::null(),
         regs: ctx.as_ptr() as *const u8,
         id,
@@ -452,15 +460,11 @@ fn on_return(ctx: &RetProbeContext, slot: usize) {
         let Some(e) = ENTRIES.get_ptr(key) else {
             return;
         };
-        // SAFETY: an ENTRIES value, copied before it is removed.
-        let e = unsafe { *e };
-        let _ = ENTRIES.remove(key);
-        Some(e)
+        e
     } else {
-        None
+        core::ptr::null()
     };
     let s = Sources {
-        args: [0; MAX_ARGS],
         ret: ctx.ret(),
         entry,
         record: core::ptr::null(),
@@ -468,15 +472,17 @@ fn on_return(ctx: &RetProbeContext, slot: usize) {
         id,
     };
     record(p, slot, &s);
+    if !entry.is_null() {
+        let _ = ENTRIES.remove(key);
+    }
 }
 
 #[inline(always)]
 fn on_tracepoint(ctx: &TracePointContext, slot: usize) {
     let Some(p) = probe(slot) else { return };
     let s = Sources {
-        args: [0; MAX_ARGS],
         ret: 0,
-        entry: None,
+        entry: core::ptr::null(),
         record: ctx.as_ptr() as *const u8,
         regs: core::ptr::null(),
         id: bpf_get_current_pid_tgid(),

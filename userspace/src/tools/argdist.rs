@@ -134,10 +134,21 @@ fn parse_all(args: &Args) -> anyhow::Result<Vec<Parsed>> {
     // Structs and named constants come from the kernel's own types; a
     // kernel without BTF still takes specs that need neither.
     let btf = crate::btf::Btf::from_kernel().ok();
+    // GFP flags are macros, which BTF lacks; kmem:kmalloc's print format
+    // spells each out, on every kernel. Read when first needed.
+    let symbols = std::cell::OnceCell::new();
+    let macros = |name: &str| {
+        symbols
+            .get_or_init(|| tracefs::Format::print_symbols("kmem", "kmalloc").unwrap_or_default())
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, e)| e.clone())
+    };
     let env = spec::Env {
         format: &format,
         usdt: &usdt,
         btf: btf.as_ref(),
+        macros: &macros,
     };
     specs
         .into_iter()
@@ -230,6 +241,7 @@ fn attach(
                     spec.raw
                 )
             })?;
+            let function = &crate::features::kernel_function(function)?;
             if ret {
                 attach_kernel_fn(ebpf, kernel,
                     &format!("kretprobe_{i}"),

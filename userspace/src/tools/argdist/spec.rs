@@ -218,6 +218,8 @@ struct Scope<'a> {
     btf: Option<&'a Btf>,
     /// A USDT probe's arguments, `arg1` first.
     usdt_args: Option<Vec<usdt::Arg>>,
+    /// The C expression of a macro the kernel lists (`GFP_ATOMIC`).
+    macros: MacroLookup<'a>,
 }
 
 /// A C type's text as a [`Ty`]: the plain types of [`c_type`], and
@@ -266,8 +268,14 @@ pub type FormatLookup<'a> = &'a dyn Fn(&str, &str) -> Result<Format, String>;
 /// Looks a USDT probe's arguments up, by library and probe name.
 pub type UsdtLookup<'a> = &'a dyn Fn(&str, &str) -> Result<Vec<usdt::Arg>, String>;
 
+/// Looks the C expression of a kernel macro up by name (`GFP_ATOMIC`):
+/// BTF carries enums, not macros.
+pub type MacroLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 /// What parsing a spec looks up in the system.
 pub struct Env<'a> {
+    /// Kernel macros.
+    pub macros: MacroLookup<'a>,
     /// A tracepoint's format file.
     pub format: FormatLookup<'a>,
     /// A USDT probe's arguments.
@@ -421,6 +429,7 @@ pub fn parse(spec: &str, hist: bool, env: &Env<'_>) -> Result<Spec, SpecError> {
         user,
         btf,
         usdt_args,
+        macros: env.macros,
     };
 
     let (types, exprs, default_expr) = if parts.len() >= 5 {
@@ -1178,16 +1187,36 @@ impl<'a> ExprParser<'a> {
         if let Some(v) = self.scope.btf.and_then(|b| b.enum_value(name)) {
             return Ok(Expr::constant(v as u64, Ty::of(CType::int(8, true))));
         }
-        if name.starts_with("GFP_") || name.starts_with("__GFP_") {
-            return match gfp(name, self.scope.btf) {
-                Ok(v) => Ok(Expr::constant(v, Ty::of(CType::int(4, false)))),
-                Err(m) => err(name_at, m),
-            };
+        if let Some(text) = (self.scope.macros)(name) {
+            return self.macro_value(name_at, name, &text);
         }
         if name == "NULL" {
             return Ok(Expr::constant(0, Ty::of(CType::U64)));
         }
         err(name_at, self.unknown(name))
+    }
+
+    /// A macro's value from the C expression the kernel gives for it,
+    /// which must be a constant.
+    fn macro_value(&self, at: usize, name: &str, text: &str) -> Result<Expr, SpecError> {
+        let scope = Scope {
+            kind: KIND_ENTRY,
+            params: Vec::new(),
+            format: None,
+            user: false,
+            btf: None,
+            usdt_args: None,
+            macros: &|_| None,
+        };
+        let mut p = ExprParser::new(text, 0, &scope);
+        let value = p.expr().and_then(|e| p.end().map(|()| e.constant));
+        match value {
+            Ok(Some(v)) => Ok(Expr::constant(v, Ty::of(CType::U64))),
+            _ => err(
+                at,
+                format!("{name} is {text:?} in the kernel's tables, which is no constant"),
+            ),
+        }
     }
 
     /// `argN` of a USDT probe, read where its note says.
@@ -1493,51 +1522,6 @@ impl<'a> ExprParser<'a> {
     }
 }
 
-/// The usual combinations of GFP flags, as `include/linux/gfp_types.h`
-/// makes them of single flags.
-const GFP_COMBINATIONS: &[(&str, &[&str])] = &[
-    ("__GFP_RECLAIM", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM"]),
-    ("GFP_ATOMIC", &["HIGH", "KSWAPD_RECLAIM"]),
-    ("GFP_KERNEL", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM", "IO", "FS"]),
-    ("GFP_NOIO", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM"]),
-    ("GFP_NOFS", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM", "IO"]),
-    ("GFP_USER", &["DIRECT_RECLAIM", "KSWAPD_RECLAIM", "IO", "FS", "HARDWALL"]),
-    ("GFP_DMA", &["DMA"]),
-    ("GFP_DMA32", &["DMA32"]),
-];
-
-/// A GFP flag's value. The flags are macros, which BTF does not carry;
-/// since Linux 6.10 the bits they are made of are enum constants
-/// (`___GFP_HIGH_BIT`), from which `__GFP_HIGH` and the usual
-/// combinations (`GFP_ATOMIC`) are built.
-fn gfp(name: &str, btf: Option<&Btf>) -> Result<u64, String> {
-    let bit = |flag: &str| -> Result<u64, String> {
-        btf.and_then(|b| b.enum_value(&format!("___GFP_{flag}_BIT")))
-            .map(|b| 1u64 << (b as u64 & 63))
-            .ok_or_else(|| {
-                format!(
-                    "{name} is a macro; this kernel's BTF lacks ___GFP_{flag}_BIT, which it is \
-                     made of (Linux 6.10+): write the number"
-                )
-            })
-    };
-    if let Some((_, flags)) = GFP_COMBINATIONS.iter().find(|(n, _)| *n == name) {
-        return flags.iter().try_fold(0, |acc, f| Ok(acc | bit(f)?));
-    }
-    match name.strip_prefix("__GFP_") {
-        Some(flag) => bit(flag),
-        None => Err(format!(
-            "{name} is not a GFP flag rtrace knows: use __GFP_* flags or one of {}",
-            GFP_COMBINATIONS
-                .iter()
-                .map(|(n, _)| *n)
-                .filter(|n| n.starts_with("GFP_"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-    }
-}
-
 /// Whether the text inside parentheses names a type, making them a cast:
 /// a pointer, `struct`/`union`, or a known plain type.
 fn looks_like_type(text: &str) -> bool {
@@ -1568,6 +1552,10 @@ mod tests {
                 format: &format,
                 usdt: &no_usdt,
                 btf,
+                macros: &|name| {
+                    (name == "GFP_ATOMIC")
+                        .then(|| "( unsigned long)((( gfp_t)((((1UL))) << (5)))|(( gfp_t)((((1UL))) << (11))))".to_owned())
+                },
             },
         )
     }
@@ -1810,6 +1798,7 @@ mod tests {
             format: &no_tp,
             usdt: &usdt,
             btf: None,
+            macros: &|_| None,
         };
         let s = parse(
             "u:fix:tick():s64,char*,s32,u32:arg1,arg2,arg3,arg4:arg3 < 0",
@@ -1830,30 +1819,18 @@ mod tests {
     }
 
     #[test]
-    fn gfp_macros_from_their_bits_in_btf() {
-        let Ok(b) = Btf::from_kernel() else {
-            panic!("this test reads /sys/kernel/btf/vmlinux, which every kernel rtrace runs on has");
-        };
-        let Some(high) = b.enum_value("___GFP_HIGH_BIT") else {
-            // Before 6.10 the bits are macros too: the error says so.
-            let e = gfp("GFP_ATOMIC", Some(&b)).unwrap_err();
-            assert!(e.contains("6.10"), "{e}");
-            return;
-        };
-        let kswapd = b.enum_value("___GFP_KSWAPD_RECLAIM_BIT").unwrap();
-        assert_eq!(
-            gfp("GFP_ATOMIC", Some(&b)),
-            Ok((1 << high) | (1 << kswapd))
-        );
-        assert_eq!(gfp("__GFP_HIGH", Some(&b)), Ok(1 << high));
-        assert!(gfp("GFP_NONESUCH", Some(&b)).is_err());
+    fn kernel_macros_from_the_tracepoints_tables() {
+        // The expression is kmem:kmalloc's own, from a 6.18 kernel.
         let s = parse4(
             "p::__kmalloc(size_t size, gfp_t flags):size_t:size:flags&GFP_ATOMIC",
             false,
             no_tp,
-            Some(&b),
+            None,
         )
         .unwrap();
-        assert_eq!(s.conds[0].value.insns[1].imm, (1 << high) | (1 << kswapd));
+        assert_eq!(s.conds[0].value.insns[1].imm, (1 << 5) | (1 << 11));
+        let (c, m) = column("p::f(u64 flags):u64:flags & GFP_NONESUCH", false);
+        assert_eq!(c, "p::f(u64 flags):u64:flags & ".len() + 1);
+        assert!(m.contains("GFP_NONESUCH"), "{m}");
     }
 }
