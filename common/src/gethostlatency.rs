@@ -6,7 +6,17 @@ use crate::TASK_COMM_LEN;
 pub const HOST_LEN: usize = 80;
 
 /// The resolver functions traced, by `Event::func`.
-pub const FUNCTIONS: [&str; 3] = ["getaddrinfo", "gethostbyname", "gethostbyname2"];
+pub const FUNCTIONS: [&str; 5] = [
+    "getaddrinfo",
+    "gethostbyname",
+    "gethostbyname2",
+    "gethostbyname_r",
+    "gethostbyaddr",
+];
+/// `Event::func` of `gethostbyaddr`, whose `host` holds the address:
+/// its family (`AF_INET`, `AF_INET6`) in byte 0, its length in byte 1,
+/// then its bytes.
+pub const FUNC_BY_ADDR: u32 = 4;
 
 /// A lookup in flight, kept by thread id from entry to return.
 #[repr(C)]
@@ -16,8 +26,9 @@ pub struct Start {
     pub start_ns: u64,
     /// Index into [`FUNCTIONS`].
     pub func: u32,
-    /// Keeps `host` aligned.
-    pub _pad: u32,
+    /// Traced calls made inside this one (glibc's `gethostbyname` calls
+    /// `gethostbyname_r`'s code): the outermost call is the lookup.
+    pub depth: u32,
     /// The name looked up, as passed.
     pub host: [u8; HOST_LEN],
 }

@@ -134,6 +134,25 @@ macro_rules! in_flight {
             }
         }
 
+        /// The current thread's operation in flight, if any, left in
+        /// place: for tools whose operations nest (a libc function that
+        /// calls another one traced), which count depth in it.
+        #[allow(dead_code)]
+        #[inline(always)]
+        fn start_peek() -> Option<*mut $v> {
+            #[cfg(feature = "task_storage")]
+            {
+                let p = TASK_STARTS.get($crate::task_storage::current_task(), false);
+                // SAFETY: `p` is this thread's storage, if not null.
+                (!p.is_null() && unsafe { (*p).$started } != 0).then_some(p)
+            }
+            #[cfg(not(feature = "task_storage"))]
+            {
+                let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+                STARTS.get_ptr_mut(tid)
+            }
+        }
+
         /// The current thread's operation in flight, if any, taken out.
         #[inline(always)]
         fn start_take() -> Option<$v> {

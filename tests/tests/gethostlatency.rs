@@ -100,6 +100,62 @@ fn getent_and_python_lookups_are_caught() {
     plausible(&p[0]);
 }
 
+/// gethostbyname_r (Python's gethostbyname_ex), gethostbyname through
+/// ctypes (which glibc makes of gethostbyname_r's code: one lookup, not
+/// two) and gethostbyaddr, its address shown as text.
+#[test]
+fn reentrant_nested_and_by_address_lookups() {
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import ctypes, os, socket, sys\n\
+             libc = ctypes.CDLL(None)\n\
+             print(os.getpid(), flush=True)\n\
+             sys.stdin.readline()\n\
+             socket.gethostbyname_ex('localhost')\n\
+             libc.gethostbyname(b'localhost')\n\
+             libc.gethostbyaddr(socket.inet_aton('127.0.0.1'), 4, socket.AF_INET)\n\
+             print('done', flush=True)",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("cannot run python3");
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
+    let rtrace = Rtrace::start(&["gethostlatency", "--json", "-p", &pid.to_string()]);
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "done");
+    assert!(child.wait().unwrap().success());
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let seen: Vec<(String, String)> = of_pid(&stdout, pid)
+        .iter()
+        .map(|e| {
+            plausible(e);
+            (
+                e["function"].as_str().unwrap().to_owned(),
+                e["host"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    // Python's gethostbyname_ex checks the name with getaddrinfo first.
+    let want: Vec<(String, String)> = [
+        ("getaddrinfo", "localhost"),
+        ("gethostbyname_r", "localhost"),
+        ("gethostbyname", "localhost"),
+        ("gethostbyaddr", "127.0.0.1"),
+    ]
+    .iter()
+    .map(|(f, h)| (f.to_string(), h.to_string()))
+    .collect();
+    assert_eq!(seen, want, "{stdout}");
+}
+
 /// With -p, the process's own libc is traced, and only its calls shown.
 #[test]
 fn pid_filter_keeps_one_process() {

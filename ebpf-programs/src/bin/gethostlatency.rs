@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     events::LOST_TABLE,
-    gethostlatency::{Event, Start},
+    gethostlatency::{Event, FUNC_BY_ADDR, Start},
 };
 use rtrace_ebpf::{count_error, events::emit, targets};
 
@@ -36,6 +36,13 @@ fn enter(ctx: &ProbeContext, func: u32) {
     if !targets::admits_current() {
         return;
     }
+    // A traced function called by another one: the outer call is the
+    // lookup, timed whole.
+    if let Some(outer) = start_peek() {
+        // SAFETY: this thread's operation in flight.
+        unsafe { (*outer).depth += 1 };
+        return;
+    }
     let Some(start) = start_slot() else {
         // No room (or, before 6.19, task storage's per-CPU busy guard
         // refusing a nested call): counted, never silent.
@@ -46,8 +53,22 @@ fn enter(ctx: &ProbeContext, func: u32) {
     // SAFETY: `start` is this thread's slot (or this CPU's scratch value).
     unsafe {
         (*start).func = func;
+        (*start).depth = 0;
         (*start).host[0] = 0;
-        if !host.is_null() {
+        if func == FUNC_BY_ADDR {
+            // gethostbyaddr(addr, len, type): the address's bytes.
+            let len: u32 = ctx.arg(1).unwrap_or(0);
+            let family: u32 = ctx.arg(2).unwrap_or(0);
+            let h = &mut (*start).host;
+            h[0] = family as u8;
+            h[1] = 0;
+            if len == 4 || len == 16 {
+                h[1] = len as u8;
+                let to = &mut h[2..18];
+                // SAFETY: the helper copes with any user address.
+                let _ = aya_ebpf::helpers::bpf_probe_read_user_buf(host, to);
+            }
+        } else if !host.is_null() {
             // SAFETY: the helper copes with any user address.
             let _ = bpf_probe_read_user_str_bytes(host, &mut (*start).host);
         }
@@ -77,9 +98,31 @@ pub fn enter_gethostbyname2(ctx: ProbeContext) -> u32 {
     0
 }
 
+#[uprobe]
+pub fn enter_gethostbyname_r(ctx: ProbeContext) -> u32 {
+    enter(&ctx, 3);
+    0
+}
+
+#[uprobe]
+pub fn enter_gethostbyaddr(ctx: ProbeContext) -> u32 {
+    enter(&ctx, FUNC_BY_ADDR);
+    0
+}
+
 /// Attached to the return of every function above.
 #[uretprobe]
 pub fn lookup_return(ctx: RetProbeContext) -> u32 {
+    // The return of a call inside the lookup.
+    if let Some(outer) = start_peek() {
+        // SAFETY: this thread's operation in flight.
+        unsafe {
+            if (*outer).depth > 0 {
+                (*outer).depth -= 1;
+                return 0;
+            }
+        }
+    }
     let Some(start) = start_take() else {
         return 0;
     };

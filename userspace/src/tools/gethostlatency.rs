@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use aya::Ebpf;
 use rtrace_common::{
     events::LOST_NAMES,
-    gethostlatency::{Event, FUNCTIONS},
+    gethostlatency::{Event, FUNC_BY_ADDR, FUNCTIONS},
 };
 use serde::Serialize;
 
@@ -20,7 +20,7 @@ use crate::{
 };
 
 
-/// Show latency for getaddrinfo/gethostbyname[2] calls.
+/// Show latency for getaddrinfo/gethostbyname[2][_r]/gethostbyaddr calls.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:
   rtrace gethostlatency            # time lookups by every process
@@ -175,7 +175,7 @@ impl Tool for Gethostlatency {
     }
 
     fn banner(&self) -> String {
-        "Tracing getaddrinfo/gethostbyname calls... Hit Ctrl-C to end.".to_owned()
+        "Tracing getaddrinfo/gethostbyname/gethostbyaddr calls... Hit Ctrl-C to end.".to_owned()
     }
 
     fn header(&self) -> Option<String> {
@@ -195,7 +195,27 @@ impl Tool for Gethostlatency {
             function: FUNCTIONS.get(e.func as usize).copied().unwrap_or("?"),
             latency_ms: e.delta_ns as f64 / 1e6,
             latency_ns: e.delta_ns,
-            host: output::c_string(&e.host),
+            host: if e.func == FUNC_BY_ADDR {
+                address(&e.host)
+            } else {
+                output::c_string(&e.host)
+            },
         })
+    }
+}
+
+/// The address `gethostbyaddr` was given, as text: its family in byte
+/// 0, its length in byte 1, its bytes after.
+fn address(raw: &[u8]) -> String {
+    const AF_INET: u8 = 2;
+    const AF_INET6: u8 = 10;
+    match (raw[0], raw[1]) {
+        (AF_INET, 4) => std::net::Ipv4Addr::new(raw[2], raw[3], raw[4], raw[5]).to_string(),
+        (AF_INET6, 16) => {
+            let mut b = [0u8; 16];
+            b.copy_from_slice(&raw[2..18]);
+            std::net::Ipv6Addr::from(b).to_string()
+        }
+        (family, len) => format!("[address of family {family}, {len} bytes]"),
     }
 }
