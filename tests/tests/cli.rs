@@ -130,3 +130,43 @@ fn man_pages_render_for_every_command() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The flags every tool takes are offered only where they do something:
+/// a tool's --help lists them, flamegraph's does not, and giving them
+/// there is a usage error.
+#[test]
+fn shared_flags_only_where_they_do_something() {
+    let help = |args: &[&str]| {
+        let (code, stdout, stderr) = run(args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        stdout
+    };
+    for tool in ["runqlat", "profile", "argdist", "gethostlatency"] {
+        let h = help(&[tool, "--help"]);
+        for flag in ["--verbose", "--json", "--no-task-storage"] {
+            assert!(h.contains(flag), "{tool} --help lacks {flag}");
+        }
+    }
+    for command in [
+        &["flamegraph", "--help"][..],
+        &["flamegraph", "diff", "--help"],
+    ] {
+        let h = help(command);
+        for flag in ["--verbose", "--json", "--no-task-storage"] {
+            assert!(!h.contains(flag), "{command:?} offers {flag}");
+        }
+    }
+    let h = help(&["exporter", "--help"]);
+    assert!(h.contains("--verbose") && !h.contains("--json"), "{h}");
+    let h = help(&["doctor", "--help"]);
+    assert!(h.contains("--json") && !h.contains("--verbose"), "{h}");
+    for args in [
+        &["flamegraph", "--json", "x.folded", "--svg", "x.svg"][..],
+        &["flamegraph", "diff", "-v", "a", "b", "--svg", "d.svg"],
+        &["exporter", "--json"],
+    ] {
+        let (code, _, stderr) = run(args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error: unexpected argument"), "{stderr}");
+    }
+}

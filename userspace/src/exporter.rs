@@ -52,6 +52,14 @@ rtrace_map_update_failures_total, rtrace_bpf_program_run_seconds_total and
 rtrace_bpf_program_runs_total (with sysctl kernel.bpf_stats_enabled=1),
 rtrace_build_info.")]
 pub struct Args {
+    /// Say which attach mechanism each collector chose, and why others
+    /// were skipped.
+    #[arg(short, long)]
+    verbose: bool,
+    /// Keep per-thread state in hash maps even where the kernel has task
+    /// local storage, which is cheaper (for comparison and testing).
+    #[arg(long)]
+    no_task_storage: bool,
     /// Address and port to serve `GET /metrics` on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9435")]
     listen: SocketAddr,
@@ -279,6 +287,17 @@ fn bpf_stats_enabled() -> bool {
 const REFRESH: Duration = Duration::from_secs(10);
 
 /// Runs the exporter until SIGINT, SIGTERM or SIGHUP.
+impl Args {
+    /// The flags of the tools that the exporter takes too.
+    pub fn global(&self) -> GlobalArgs {
+        GlobalArgs {
+            verbose: self.verbose,
+            no_task_storage: self.no_task_storage,
+            json: false,
+        }
+    }
+}
+
 pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     let all = crate::tools::collectors();
     let chosen: Vec<&Entry> = if args.collectors.is_empty() {

@@ -49,19 +49,30 @@ const LONG_VERSION: &str = concat!(
     env!("RTRACE_AYA_EBPF"),
 );
 
-/// Options every tool takes.
-#[derive(Debug, Clone, clap::Args)]
+/// Options every tracing tool takes; the other commands take those that
+/// do something there.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct GlobalArgs {
     /// Say which attach mechanism was chosen and why others were skipped.
-    #[arg(short, long, global = true)]
+    #[arg(short, long)]
     pub verbose: bool,
     /// Print one JSON object per line instead of text.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub json: bool,
     /// Keep per-thread state in hash maps even where the kernel has task
     /// local storage, which is cheaper (for comparison and testing).
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub no_task_storage: bool,
+}
+
+// A tool's own arguments and the ones every tool takes. No doc comment:
+// clap would make it every tool's about text, which is the tool's own.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WithGlobal<A: clap::Args> {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(flatten)]
+    pub args: A,
 }
 
 /// eBPF tracing tools: bcc's tools in one binary, with no compiler,
@@ -69,8 +80,6 @@ pub struct GlobalArgs {
 #[derive(Debug, Parser)]
 #[command(name = "rtrace", version, long_version = LONG_VERSION, propagate_version = true)]
 struct Cli {
-    #[command(flatten)]
-    global: GlobalArgs,
     #[command(subcommand)]
     command: tools::Command,
 }
@@ -98,7 +107,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(tools::run(cli.command, &cli.global)) {
+    match runtime.block_on(tools::run(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {

@@ -15,10 +15,14 @@ macro_rules! registry {
         #[derive(Debug, clap::Subcommand)]
         pub enum Command {
             /// Show what this kernel supports and which attach mechanisms work.
-            Doctor,
+            Doctor {
+                /// Print the report as one JSON object.
+                #[arg(long)]
+                json: bool,
+            },
             $(
                 #[allow(missing_docs, reason = "the about text is the arguments' doc comment")]
-                $variant(<$module::$tool as tracer::Tool>::Args),
+                $variant(crate::WithGlobal<<$module::$tool as tracer::Tool>::Args>),
             )*
             /// Draw flame graphs from folded stacks (differential: `diff`).
             Flamegraph(flamegraph::Args),
@@ -51,12 +55,18 @@ macro_rules! registry {
         }
 
         /// Runs one subcommand.
-        pub async fn run(command: Command, global: &GlobalArgs) -> anyhow::Result<()> {
+        pub async fn run(command: Command) -> anyhow::Result<()> {
             match command {
-                Command::Doctor => crate::doctor::run(global),
-                $(Command::$variant(args) => tracer::run::<$module::$tool>(args, global).await,)*
+                Command::Doctor { json } => crate::doctor::run(&GlobalArgs {
+                    json,
+                    ..GlobalArgs::default()
+                }),
+                $(Command::$variant(a) => tracer::run::<$module::$tool>(a.args, &a.global).await,)*
                 Command::Flamegraph(args) => flamegraph::run(args),
-                Command::Exporter(args) => crate::exporter::run(args, global).await,
+                Command::Exporter(args) => {
+                    let global = args.global();
+                    crate::exporter::run(args, &global).await
+                }
                 Command::Completions { shell } => {
                     let mut cmd = <crate::Cli as clap::CommandFactory>::command();
                     clap_complete::generate(shell, &mut cmd, "rtrace", &mut std::io::stdout());
