@@ -285,4 +285,60 @@ pub struct Entry {
     pub args: [u64; MAX_ARGS],
 }
 
+/// `x op y` as the program computes it; user space folds constants with
+/// it too. Division and remainder by zero give what BPF gives.
+#[inline(always)]
+pub fn binary(op: u8, signed: bool, x: u64, y: u64) -> u64 {
+    let (a, b) = (x as i64, y as i64);
+    match op {
+        OP_ADD => x.wrapping_add(y),
+        OP_SUB => x.wrapping_sub(y),
+        OP_MUL => x.wrapping_mul(y),
+        OP_DIV | OP_MOD => {
+            if y == 0 {
+                return if op == OP_DIV { 0 } else { x };
+            }
+            if signed {
+                // BPF has no signed division before v4 of the ISA.
+                let (ua, ub) = (a.unsigned_abs(), b.unsigned_abs());
+                if op == OP_DIV {
+                    let q = ua / ub;
+                    if (a < 0) != (b < 0) {
+                        q.wrapping_neg()
+                    } else {
+                        q
+                    }
+                } else {
+                    let r = ua % ub;
+                    if a < 0 { r.wrapping_neg() } else { r }
+                }
+            } else if op == OP_DIV {
+                x / y
+            } else {
+                x % y
+            }
+        }
+        OP_SHR => {
+            if signed {
+                (a >> (y & 63)) as u64
+            } else {
+                x >> (y & 63)
+            }
+        }
+        OP_SHL => x << (y & 63),
+        OP_AND => x & y,
+        OP_OR => x | y,
+        OP_XOR => x ^ y,
+        OP_EQ => u64::from(x == y),
+        OP_NE => u64::from(x != y),
+        OP_LT => u64::from(if signed { a < b } else { x < y }),
+        OP_LE => u64::from(if signed { a <= b } else { x <= y }),
+        OP_GT => u64::from(if signed { a > b } else { x > y }),
+        OP_GE => u64::from(if signed { a >= b } else { x >= y }),
+        OP_LAND => u64::from(x != 0 && y != 0),
+        OP_LOR => u64::from(x != 0 || y != 0),
+        _ => 0,
+    }
+}
+
 crate::pod!(Insn, Value, Cond, Probe, Config, Key, NumKey, Entry);

@@ -245,23 +245,28 @@ fn cgroup_filter_keeps_only_members() {
     let dir = cgroup.path.clone();
     let prog = Program::new("cg");
     let events = traced(&["-c", &dir], prog.path(), || {
-        // Inside: a shell moves itself into the cgroup, then execs.
-        let script = format!(
-            "echo $$ > {dir}/cgroup.procs && exec {} inside",
-            prog.path()
-        );
-        assert!(
-            Command::new("sh")
-                .args(["-c", &script])
-                .status()
-                .unwrap()
-                .success()
-        );
-        Command::new(prog.path()).arg("outside").status().unwrap();
+        exec_inside_and_outside(&dir, &prog)
     });
     drop(cgroup);
     assert_eq!(events.len(), 1, "{events:#?}");
     assert_eq!(strings(&events[0]["args"])[1], "inside");
+}
+
+/// Runs `prog inside` in cgroup `dir` (a shell moves itself there, then
+/// execs), and `prog outside` where the tests run.
+fn exec_inside_and_outside(dir: &str, prog: &Program) {
+    let script = format!(
+        "echo $$ > {dir}/cgroup.procs && exec {} inside",
+        prog.path()
+    );
+    assert!(
+        Command::new("sh")
+            .args(["-c", &script])
+            .status()
+            .unwrap()
+            .success()
+    );
+    Command::new(prog.path()).arg("outside").status().unwrap();
 }
 
 /// bcc's `--cgroupmap` and `--mntnsmap`: maps the user pinned in bpffs,
@@ -278,18 +283,7 @@ fn pinned_cgroup_and_mount_namespace_maps_keep_only_their_members() {
     let dir = cgroup.path.clone();
     let prog = Program::new("map");
     let events = traced(&["--cgroupmap", &cgroups], prog.path(), || {
-        let script = format!(
-            "echo $$ > {dir}/cgroup.procs && exec {} inside",
-            prog.path()
-        );
-        assert!(
-            Command::new("sh")
-                .args(["-c", &script])
-                .status()
-                .unwrap()
-                .success()
-        );
-        Command::new(prog.path()).arg("outside").status().unwrap();
+        exec_inside_and_outside(&dir, &prog)
     });
     drop(cgroup);
     assert_eq!(events.len(), 1, "{events:#?}");

@@ -19,15 +19,21 @@ struct PyLookup {
 
 impl PyLookup {
     fn start() -> Self {
+        Self::with("socket.getaddrinfo('localhost', 80)")
+    }
+
+    /// A Python that runs `lookups` (with `socket` and `ctypes` imported)
+    /// once it is told to.
+    fn with(lookups: &str) -> Self {
+        let script = format!(
+            "import ctypes, os, sys, socket\n\
+             print(os.getpid(), flush=True)\n\
+             sys.stdin.readline()\n\
+             {lookups}\n\
+             print('done', flush=True)"
+        );
         let mut child = Command::new("python3")
-            .args([
-                "-c",
-                "import os, sys, socket\n\
-                 print(os.getpid(), flush=True)\n\
-                 sys.stdin.readline()\n\
-                 socket.getaddrinfo('localhost', 80)\n\
-                 print('done', flush=True)",
-            ])
+            .args(["-c", &script])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -105,32 +111,15 @@ fn getent_and_python_lookups_are_caught() {
 /// two) and gethostbyaddr, its address shown as text.
 #[test]
 fn reentrant_nested_and_by_address_lookups() {
-    let mut child = Command::new("python3")
-        .args([
-            "-c",
-            "import ctypes, os, socket, sys\n\
-             libc = ctypes.CDLL(None)\n\
-             print(os.getpid(), flush=True)\n\
-             sys.stdin.readline()\n\
-             socket.gethostbyname_ex('localhost')\n\
-             libc.gethostbyname(b'localhost')\n\
-             libc.gethostbyaddr(socket.inet_aton('127.0.0.1'), 4, socket.AF_INET)\n\
-             print('done', flush=True)",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("cannot run python3");
-    let mut line = String::new();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    out.read_line(&mut line).unwrap();
-    let pid: u32 = line.trim().parse().unwrap();
+    let py = PyLookup::with(
+        "libc = ctypes.CDLL(None)\n\
+         socket.gethostbyname_ex('localhost')\n\
+         libc.gethostbyname(b'localhost')\n\
+         libc.gethostbyaddr(socket.inet_aton('127.0.0.1'), 4, socket.AF_INET)",
+    );
+    let pid = py.pid;
     let rtrace = Rtrace::start(&["gethostlatency", "--json", "-p", &pid.to_string()]);
-    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "done");
-    assert!(child.wait().unwrap().success());
+    py.lookup();
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     let seen: Vec<(String, String)> = of_pid(&stdout, pid)

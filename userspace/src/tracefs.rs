@@ -61,6 +61,17 @@ pub struct Field {
     pub signed: bool,
 }
 
+/// The text of `events/CATEGORY/NAME/format`.
+fn format_text(category: &str, name: &str) -> Result<String, TracefsError> {
+    let path = root()?
+        .join("events")
+        .join(category)
+        .join(name)
+        .join("format");
+    std::fs::read_to_string(path)
+        .map_err(|_| TracefsError::NoTracepoint(format!("{category}:{name}")))
+}
+
 /// The layout of one tracepoint's record.
 #[derive(Debug, Clone)]
 pub struct Format {
@@ -71,15 +82,8 @@ pub struct Format {
 impl Format {
     /// Reads `events/CATEGORY/NAME/format`.
     pub fn read(category: &str, name: &str) -> Result<Self, TracefsError> {
-        let full = format!("{category}:{name}");
-        let path = root()?
-            .join("events")
-            .join(category)
-            .join(name)
-            .join("format");
-        let text =
-            std::fs::read_to_string(path).map_err(|_| TracefsError::NoTracepoint(full.clone()))?;
-        Ok(Self::parse(&full, &text))
+        let text = format_text(category, name)?;
+        Ok(Self::parse(&format!("{category}:{name}"), &text))
     }
 
     /// The symbols a tracepoint's `print fmt` spells out for its flags and
@@ -89,13 +93,7 @@ impl Format {
         category: &str,
         name: &str,
     ) -> Result<Vec<(String, String)>, TracefsError> {
-        let full = format!("{category}:{name}");
-        let path = root()?
-            .join("events")
-            .join(category)
-            .join(name)
-            .join("format");
-        let text = std::fs::read_to_string(path).map_err(|_| TracefsError::NoTracepoint(full))?;
+        let text = format_text(category, name)?;
         let fmt = text
             .lines()
             .find(|l| l.starts_with("print fmt:"))

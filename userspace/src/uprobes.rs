@@ -170,6 +170,20 @@ pub fn symbol_offsets(file: &Path) -> anyhow::Result<HashMap<String, u64>> {
     Ok(out)
 }
 
+/// Uprobe program `prog` of `ebpf`, loaded (once).
+pub fn loaded<'a>(ebpf: &'a mut Ebpf, prog: &str) -> anyhow::Result<&'a mut UProbe> {
+    let p: &mut UProbe = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} missing from the object"))?
+        .try_into()?;
+    if p.fd().is_err() {
+        p.load().map_err(|e| {
+            anyhow::anyhow!("cannot load program {prog}: {}", crate::features::chain(&e))
+        })?;
+    }
+    Ok(p)
+}
+
 /// Loads uprobe program `prog` (once) and attaches it to `func` in
 /// `file`, for process `pid` only or for every process. The function is
 /// found in `symbols` (from [`symbol_offsets`]); one missing there is left
@@ -182,15 +196,7 @@ pub fn attach(
     symbols: Option<&HashMap<String, u64>>,
     pid: Option<u32>,
 ) -> anyhow::Result<()> {
-    let p: &mut UProbe = ebpf
-        .program_mut(prog)
-        .with_context(|| format!("program {prog} missing from the object"))?
-        .try_into()?;
-    if p.fd().is_err() {
-        p.load().map_err(|e| {
-            anyhow::anyhow!("cannot load program {prog}: {}", crate::features::chain(&e))
-        })?;
-    }
+    let p = loaded(ebpf, prog)?;
     let scope = match pid.and_then(NonZeroU32::new) {
         Some(p) => UProbeScope::OneProcess(p),
         None => UProbeScope::AllProcesses,

@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::{Ebpf, programs::UProbe};
+use aya::Ebpf;
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
 /// Where one argument of a probe is.
@@ -283,15 +283,7 @@ pub fn attach(
     site: &Site,
     pid: Option<u32>,
 ) -> anyhow::Result<OwnedFd> {
-    let p: &mut UProbe = ebpf
-        .program_mut(prog)
-        .with_context(|| format!("program {prog} missing from the object"))?
-        .try_into()?;
-    if p.fd().is_err() {
-        p.load().map_err(|e| {
-            anyhow::anyhow!("cannot load program {prog}: {}", crate::features::chain(&e))
-        })?;
-    }
+    let p = crate::uprobes::loaded(ebpf, prog)?;
     let prog_fd = p.fd()?.as_fd().as_raw_fd();
     let pmu = "/sys/bus/event_source/devices/uprobe";
     let ty: u32 = std::fs::read_to_string(format!("{pmu}/type"))

@@ -19,11 +19,9 @@ use rtrace_common::{
     argdist::{
         CMP_NE, Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL, Entry, I_BINARY, I_CAST, I_LOAD, I_PUSH,
         I_UNARY, INSN_SIGNED, INSN_USER, Insn, KIND_RETURN, Key, MAX_ARGS, MAX_INSNS, MAX_PROBES,
-        MAX_VALUES, MODE_HIST, NumKey, OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE,
-        OP_LOR, OP_LT, OP_MOD, OP_MUL, OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, Probe,
-        SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID,
-        SRC_REG, SRC_RET, SRC_TID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING,
-        VAL_USER, Value,
+        MAX_VALUES, MODE_HIST, NumKey, Probe, SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC,
+        SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET, SRC_TID, STACK_DEPTH,
+        STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER, Value, binary,
     },
     hist::Hist,
 };
@@ -168,61 +166,6 @@ fn field(record: *const u8, offset: u32, size: u32) -> u64 {
     }
     fixed!(8 16 24 32 40 48 56 64);
     read_sized(record.wrapping_add(offset as usize), size, false)
-}
-
-/// `x op y`; division and remainder by zero give what BPF gives.
-#[inline(always)]
-fn binary(op: u8, signed: bool, x: u64, y: u64) -> u64 {
-    let (a, b) = (x as i64, y as i64);
-    match op {
-        OP_ADD => x.wrapping_add(y),
-        OP_SUB => x.wrapping_sub(y),
-        OP_MUL => x.wrapping_mul(y),
-        OP_DIV | OP_MOD => {
-            if y == 0 {
-                return if op == OP_DIV { 0 } else { x };
-            }
-            if signed {
-                // BPF has no signed division before v4 of the ISA.
-                let (ua, ub) = (a.unsigned_abs(), b.unsigned_abs());
-                if op == OP_DIV {
-                    let q = ua / ub;
-                    if (a < 0) != (b < 0) {
-                        q.wrapping_neg()
-                    } else {
-                        q
-                    }
-                } else {
-                    let r = ua % ub;
-                    if a < 0 { r.wrapping_neg() } else { r }
-                }
-            } else if op == OP_DIV {
-                x / y
-            } else {
-                x % y
-            }
-        }
-        OP_SHR => {
-            if signed {
-                (a >> (y & 63)) as u64
-            } else {
-                x >> (y & 63)
-            }
-        }
-        OP_SHL => x << (y & 63),
-        OP_AND => x & y,
-        OP_OR => x | y,
-        OP_XOR => x ^ y,
-        OP_EQ => u64::from(x == y),
-        OP_NE => u64::from(x != y),
-        OP_LT => u64::from(if signed { a < b } else { x < y }),
-        OP_LE => u64::from(if signed { a <= b } else { x <= y }),
-        OP_GT => u64::from(if signed { a > b } else { x > y }),
-        OP_GE => u64::from(if signed { a >= b } else { x >= y }),
-        OP_LAND => u64::from(x != 0 && y != 0),
-        OP_LOR => u64::from(x != 0 || y != 0),
-        _ => 0,
-    }
 }
 
 /// Runs a value's expression on a stack of `STACK_DEPTH`; user space

@@ -187,6 +187,16 @@ fn probe(p: &Parsed, str_len: u32) -> Probe {
     out
 }
 
+/// Fails unless uprobes work here, which `spec` needs.
+fn needs_uprobes(kernel: &mut Kernel, spec: &Spec) -> anyhow::Result<()> {
+    kernel.check(Mechanism::Uprobe).map_err(|why| {
+        anyhow::anyhow!(
+            "{:?} needs uprobes, which do not work here: {why}",
+            spec.raw
+        )
+    })
+}
+
 /// Attaches slot `i`'s programs for `spec`; says how, for `-v`. USDT
 /// probes' perf events go to `links`, which keeps them attached.
 fn attach(
@@ -200,12 +210,7 @@ fn attach(
     let ret = spec.kind == KIND_RETURN;
     match &spec.target {
         Target::Usdt { library, probe } => {
-            kernel.check(Mechanism::Uprobe).map_err(|why| {
-                anyhow::anyhow!(
-                    "{:?} needs uprobes, which do not work here: {why}",
-                    spec.raw
-                )
-            })?;
+            needs_uprobes(kernel, spec)?;
             let file = uprobes::resolve(library, pid)?;
             let (sites, _) = crate::usdt::find(&file, probe).map_err(anyhow::Error::msg)?;
             for site in &sites {
@@ -258,12 +263,7 @@ fn attach(
             ))
         }
         Target::User { library, function } => {
-            kernel.check(Mechanism::Uprobe).map_err(|why| {
-                anyhow::anyhow!(
-                    "{:?} needs uprobes, which do not work here: {why}",
-                    spec.raw
-                )
-            })?;
+            needs_uprobes(kernel, spec)?;
             let file = uprobes::resolve(library, pid)?;
             let symbols = kernel.symbols(&file);
             if ret {

@@ -681,36 +681,6 @@ const LEVELS: &[&[(&str, u8)]] = &[
     &[("*", OP_MUL), ("/", OP_DIV), ("%", OP_MOD)],
 ];
 
-/// `x op y` on known values, as the program computes it.
-fn fold(op: u8, signed: bool, x: u64, y: u64) -> u64 {
-    let (a, b) = (x as i64, y as i64);
-    match op {
-        OP_ADD => x.wrapping_add(y),
-        OP_SUB => x.wrapping_sub(y),
-        OP_MUL => x.wrapping_mul(y),
-        OP_DIV if y == 0 => 0,
-        OP_MOD if y == 0 => x,
-        OP_DIV if signed => a.wrapping_div(b) as u64,
-        OP_MOD if signed => a.wrapping_rem(b) as u64,
-        OP_DIV => x / y,
-        OP_MOD => x % y,
-        OP_SHR if signed => (a >> (y & 63)) as u64,
-        OP_SHR => x >> (y & 63),
-        OP_SHL => x << (y & 63),
-        OP_AND => x & y,
-        OP_OR => x | y,
-        OP_XOR => x ^ y,
-        OP_EQ => u64::from(x == y),
-        OP_NE => u64::from(x != y),
-        OP_LT => u64::from(if signed { a < b } else { x < y }),
-        OP_LE => u64::from(if signed { a <= b } else { x <= y }),
-        OP_GT => u64::from(if signed { a > b } else { x > y }),
-        OP_GE => u64::from(if signed { a >= b } else { x >= y }),
-        OP_LAND => u64::from(x != 0 && y != 0),
-        OP_LOR => u64::from(x != 0 || y != 0),
-        _ => 0,
-    }
-}
 
 /// A place in memory named by `->` and `.`: an address computed on the
 /// stack, a constant offset from it, and its BTF type.
@@ -872,7 +842,7 @@ impl<'a> ExprParser<'a> {
             ..Insn::default()
         };
         if let (Some(x), Some(y)) = (lhs.constant, rhs.constant) {
-            return Ok(Expr::constant(fold(op, signed, x, y), ty));
+            return Ok(Expr::constant(rtrace_common::argdist::binary(op, signed, x, y), ty));
         }
         let depth = lhs.depth.max(rhs.depth + 1);
         let mut insns = lhs.insns;
