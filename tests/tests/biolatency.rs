@@ -220,14 +220,35 @@ fn extension_line_sums_up_the_histogram() {
 }
 
 /// bcc's `-j` (JSON) combines with its other short flags, as in bcc's
-/// `biolatency -jF`.
+/// `biolatency -jF`: bcc's dictionaries, one per flags value, with
+/// exactly bcc's keys, contiguous log2 intervals from 0, and every I/O.
 #[test]
-fn bccs_json_flag_prints_json() {
+fn bccs_json_flag_prints_bccs_dictionaries() {
     let (stdout, done, _dev) = traced("bljf", &["-jF"]);
-    let lines = json_lines(&stdout);
-    assert_eq!(lines.len(), 1, "{stdout}");
-    let hists = lines[0]["histograms"].as_array().unwrap();
-    assert!(hists.iter().all(|h| h["flags"].is_string()), "{stdout}");
-    let total: u64 = hists.iter().map(|h| h["count"].as_u64().unwrap()).sum();
-    assert_eq!(total, done);
+    let dicts = json_lines(&stdout);
+    assert!(!dicts.is_empty(), "{stdout}");
+    let mut total = 0;
+    for d in &dicts {
+        let mut keys: Vec<&str> = d.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["data", "flags", "ts", "val_type"], "{d}");
+        assert_eq!(d["val_type"], "usecs");
+        let ts = d["ts"].as_str().unwrap();
+        assert!(
+            ts.len() == 19 && ts.as_bytes()[4] == b'-' && ts.as_bytes()[10] == b' ',
+            "{ts}"
+        );
+        let mut next = 0;
+        for b in d["data"].as_array().unwrap() {
+            let (low, high) = (
+                b["interval-start"].as_u64().unwrap(),
+                b["interval-end"].as_u64().unwrap(),
+            );
+            assert_eq!(low, next, "{d}");
+            assert!(high >= low.max(1), "{d}");
+            next = high + 1;
+            total += b["count"].as_u64().unwrap();
+        }
+    }
+    assert_eq!(total, done, "{stdout}");
 }

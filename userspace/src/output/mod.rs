@@ -110,6 +110,26 @@ pub fn hms() -> String {
     }
 }
 
+/// The local date and time as `YYYY-MM-DD HH:MM:SS`, as bcc's `-j`
+/// prints it.
+pub fn local_datetime() -> String {
+    // SAFETY: time and localtime_r write only into the locals given.
+    unsafe {
+        let t = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&t, &mut tm);
+        format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+            tm.tm_year + 1900,
+            tm.tm_mon + 1,
+            tm.tm_mday,
+            tm.tm_hour,
+            tm.tm_min,
+            tm.tm_sec
+        )
+    }
+}
+
 /// Seconds since the Unix epoch, for JSON.
 pub fn epoch_secs() -> f64 {
     std::time::SystemTime::now()
@@ -250,6 +270,12 @@ impl Sink {
     }
 
     /// Prints one record.
+    /// Prints `value` as one JSON line as it is, with none of rtrace's
+    /// own fields: a peer's layout (bcc's `biolatency -j`).
+    pub fn emit_raw(&mut self, value: &serde_json::Value) -> anyhow::Result<()> {
+        json_line(value)
+    }
+
     pub fn emit(&mut self, record: &impl Record) -> anyhow::Result<()> {
         if self.json {
             // A record that is a list, such as a profile's stacks, is one

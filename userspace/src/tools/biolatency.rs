@@ -75,8 +75,10 @@ pub struct Args {
     /// `--extension`).
     #[arg(short = 'e', long)]
     extension: bool,
-    /// Print JSON, as `--json` does (bcc's `-j`; rtrace's fields, not
-    /// bcc's dictionary).
+    /// Print bcc's dictionaries, one line per histogram: `ts`, `val_type`,
+    /// `data` (`interval-start`, `interval-end`, `count`) and `flags` or
+    /// `disk` (as JSON; bcc prints Python's repr). `--json` prints
+    /// rtrace's fields.
     #[arg(short = 'j')]
     bcc_json: bool,
     /// Attach with this mechanism instead of the best one that works.
@@ -537,7 +539,7 @@ impl Tool for Biolatency {
                 snapshot,
             });
         }
-        sink.emit(&Interval {
+        let interval = Interval {
             attach: self.mech.name(),
             extra: serde_json::Map::new(),
             histograms,
@@ -548,7 +550,14 @@ impl Tool for Biolatency {
             extension: self.args.extension,
             empty_table: !self.args.disk && !self.args.flag,
             break_before_table: true,
-        })
+        };
+        if self.args.bcc_json {
+            for dict in interval.bcc_dicts() {
+                sink.emit_raw(&dict)?;
+            }
+            return Ok(());
+        }
+        sink.emit(&interval)
     }
 }
 
