@@ -227,6 +227,12 @@ fn bccs_json_flag_prints_bccs_dictionaries() {
     let (stdout, done, _dev) = traced("bljf", &["-jF"]);
     let dicts = json_lines(&stdout);
     assert!(!dicts.is_empty(), "{stdout}");
+    // bcc's key order and spacing, as Python prints a dictionary.
+    for line in stdout.lines() {
+        assert!(line.starts_with("{\"ts\": \""), "{line}");
+        assert!(line.contains("\", \"val_type\": \"usecs\", \"data\": [{\"interval-start\": 0, \"interval-end\": 1, \"count\": "), "{line}");
+        assert!(line.contains("}], \"flags\": \""), "{line}");
+    }
     let mut total = 0;
     for d in &dicts {
         let mut keys: Vec<&str> = d.as_object().unwrap().keys().map(String::as_str).collect();

@@ -159,38 +159,43 @@ pub struct Interval {
 }
 
 impl Interval {
-    /// bcc's `-j` dictionaries, one per histogram: `ts` (local time),
-    /// `val_type` (the unit), `data` (the log2 buckets from 0 up to the
-    /// highest with a count, each `interval-start`, `interval-end` and
-    /// `count`), then the histogram's labels (`flags`, `disk`). bcc prints
-    /// Python's repr of them (single quotes); these are the same
-    /// dictionaries as JSON, which Python's `json` and `ast.literal_eval`
-    /// both read.
-    pub fn bcc_dicts(&self) -> Vec<serde_json::Value> {
-        let ts = crate::output::local_datetime();
+    /// bcc's `-j` dictionaries, one line per histogram, keys in bcc's
+    /// order: `ts` (local time), `val_type` (the unit), `data` (the log2
+    /// buckets from 0 up to the highest with a count, each
+    /// `interval-start`, `interval-end` and `count`), then the
+    /// histogram's labels (`flags`, `disk`). bcc prints Python's repr of
+    /// them (single quotes); these are the same dictionaries, spaced as
+    /// Python spaces them, in JSON's double quotes, which Python's `json`
+    /// and `ast.literal_eval` both read.
+    pub fn bcc_dicts(&self) -> Vec<String> {
+        use std::fmt::Write as _;
+        let quote = |s: &str| serde_json::Value::from(s).to_string();
+        let ts = quote(&crate::output::local_datetime());
         self.histograms
             .iter()
             .map(|g| {
-                let data: Vec<serde_json::Value> = g
+                let data: Vec<String> = g
                     .snapshot
                     .log2()
                     .iter()
                     .enumerate()
                     .map(|(i, &count)| {
                         let (low, high) = log2_range(i);
-                        serde_json::json!({
-                            "interval-start": low,
-                            "interval-end": high,
-                            "count": count,
-                        })
+                        format!(
+                            "{{\"interval-start\": {low}, \"interval-end\": {high}, \"count\": {count}}}"
+                        )
                     })
                     .collect();
-                let mut dict = serde_json::Map::new();
-                dict.insert("ts".into(), ts.clone().into());
-                dict.insert("val_type".into(), self.unit.into());
-                dict.insert("data".into(), data.into());
-                dict.extend(g.labels.clone());
-                serde_json::Value::Object(dict)
+                let mut line = format!(
+                    "{{\"ts\": {ts}, \"val_type\": {}, \"data\": [{}]",
+                    quote(self.unit),
+                    data.join(", ")
+                );
+                for (key, value) in &g.labels {
+                    let _ = write!(line, ", {}: {value}", quote(key));
+                }
+                line.push('}');
+                line
             })
             .collect()
     }

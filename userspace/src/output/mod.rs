@@ -270,10 +270,13 @@ impl Sink {
     }
 
     /// Prints one record.
-    /// Prints `value` as one JSON line as it is, with none of rtrace's
-    /// own fields: a peer's layout (bcc's `biolatency -j`).
-    pub fn emit_raw(&mut self, value: &serde_json::Value) -> anyhow::Result<()> {
-        json_line(value)
+    /// Prints `line` as it is, with none of rtrace's own fields: a peer's
+    /// layout (bcc's `biolatency -j`).
+    pub fn emit_raw(&mut self, line: &str) -> anyhow::Result<()> {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        Ok(())
     }
 
     pub fn emit(&mut self, record: &impl Record) -> anyhow::Result<()> {
