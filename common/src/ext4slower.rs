@@ -18,10 +18,6 @@ pub const OP_FSYNC: u32 = 3;
 /// (`LLONG_MAX`).
 pub const WHOLE_FILE: i64 = i64::MAX;
 
-/// `super_block.s_magic` of ext2, ext3 and ext4, which the ext4 driver
-/// serves alike.
-pub const EXT4_SUPER_MAGIC: u64 = 0xEF53;
-
 /// Byte offsets into the kernel's file structures, from BTF.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -58,6 +54,9 @@ pub struct Config {
     pub sys_ret: u32,
     /// Struct offsets, from BTF.
     pub file: FileOffsets,
+    /// `super_block.s_magic` of the file system traced (the syscall
+    /// tracepoint path keeps files on it only).
+    pub magic: u64,
 }
 
 /// An operation in flight, kept by thread id from entry to return.

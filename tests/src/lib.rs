@@ -490,6 +490,38 @@ impl Mount {
         )
     }
 
+    /// A fresh file system of type `fstype` (xfs, btrfs) on a loop device
+    /// of 320 MiB (xfs's least), made with its mkfs; `None` where the
+    /// kernel does not have it (the guests load no module for either).
+    pub fn made(tag: &str, fstype: &str) -> Option<Self> {
+        let known = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+        if !known
+            .lines()
+            .any(|l| l.split_whitespace().last() == Some(fstype))
+        {
+            return None;
+        }
+        let device = LoopDevice::sized(tag, 320 << 20);
+        let mkfs = format!("mkfs.{fstype}");
+        let out = Command::new(&mkfs)
+            .args(["-q", "-f"])
+            .arg(&device.path)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {mkfs} (Debian's {fstype}progs): {e}"));
+        assert!(
+            out.status.success(),
+            "{mkfs} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(Self::attach(
+            tag,
+            fstype,
+            &device.path.clone(),
+            "",
+            Some(device),
+        ))
+    }
+
     /// A fresh tmpfs.
     pub fn tmpfs(tag: &str) -> Self {
         Self::attach(tag, "tmpfs", "tmpfs", "", None)
@@ -560,6 +592,11 @@ pub struct LoopDevice {
 impl LoopDevice {
     /// Attaches a new loop device.
     pub fn new(tag: &str) -> Self {
+        Self::sized(tag, 16 << 20)
+    }
+
+    /// Attaches a new loop device over a sparse file of `bytes`.
+    pub fn sized(tag: &str, bytes: u64) -> Self {
         use std::os::fd::AsRawFd as _;
         const LOOP_SET_FD: libc::c_ulong = 0x4C00;
         const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
@@ -571,7 +608,7 @@ impl LoopDevice {
             .truncate(true)
             .open(&file)
             .unwrap();
-        backing.set_len(16 << 20).unwrap();
+        backing.set_len(bytes).unwrap();
         let control = std::fs::File::open("/dev/loop-control")
             .expect("no /dev/loop-control: the loop driver is not loaded");
         // Tests running at once may be handed the same free device; the

@@ -18,6 +18,11 @@ type Op = (String, i64, i64);
 fn traced(dir: &str, args: &[&str], signal: i32) -> (String, String, String, Vec<Op>) {
     let mut full = vec!["ext4slower"];
     full.extend_from_slice(args);
+    traced_as(dir, &full, signal)
+}
+
+/// [`traced`] under `rtrace TOOL_ARGS`, the tool named in them.
+fn traced_as(dir: &str, full: &[&str], signal: i32) -> (String, String, String, Vec<Op>) {
     let Traced {
         stdout,
         stderr,
@@ -25,7 +30,7 @@ fn traced(dir: &str, args: &[&str], signal: i32) -> (String, String, String, Vec
     } = trace_workload(
         "fileops",
         &[dir.to_owned(), "ops".to_owned()],
-        &full,
+        full,
         std::time::Duration::from_millis(200),
         signal,
     );
@@ -215,6 +220,56 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
     assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains("possible values: fentry, kprobe, tracepoint"),
+        "{stderr}"
+    );
+}
+
+/// `fsslower -t xfs` and `-t btrfs` on fresh file systems: every
+/// operation, exactly, on each path this kernel has; and an xfs file is
+/// not ext4's.
+#[test]
+fn fsslower_on_xfs_and_btrfs_reports_every_operation() {
+    let mut ran = 0;
+    for fstype in ["xfs", "btrfs"] {
+        let Some(fs) = Mount::made(&format!("fs{fstype}"), fstype) else {
+            eprintln!("{fstype} is not in this kernel (the guests load no module for it)");
+            continue;
+        };
+        for mech in ["fentry", "kprobe", "tracepoint"] {
+            if !mechanism_works(mech) {
+                continue;
+            }
+            let args = ["fsslower", "-t", fstype, "-v", "-m", "0", "--attach", mech];
+            let (stdout, stderr, name, did) = traced_as(&fs.path, &args, SIGINT);
+            assert!(
+                stderr.contains(&format!("attached with {mech}")),
+                "{stderr}"
+            );
+            assert!(
+                stderr.contains(&format!("Tracing {fstype} operations")),
+                "{stderr}"
+            );
+            assert_eq!(
+                text_ops(&stdout, &name),
+                in_kib(&did),
+                "{fstype}, {mech}: {stdout}"
+            );
+            ran += 1;
+        }
+        // ext4slower sees nothing of it.
+        let (stdout, _, name, _) = traced(&fs.path, &["-m", "0"], SIGINT);
+        assert!(
+            text_ops(&stdout, &name).is_empty(),
+            "ext4slower on {fstype}: {stdout}"
+        );
+    }
+    if ran == 0 {
+        eprintln!("neither xfs nor btrfs here: nothing to run");
+    }
+    let (code, _, stderr) = run(&["fsslower", "-t", "zfs"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("unknown file system \"zfs\": use ext4, xfs, btrfs, nfs"),
         "{stderr}"
     );
 }

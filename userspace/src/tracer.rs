@@ -57,6 +57,9 @@ pub trait Tool: Sized {
     /// The subcommand, and the name of the tool's eBPF object
     /// (`ebpf-programs/src/bin/<NAME>.rs`).
     const NAME: &'static str;
+    /// The eBPF object the tool loads (with its variant's suffix): its
+    /// name, unless it shares another tool's programs.
+    const OBJECT: &'static str = Self::NAME;
     /// The mechanisms the tool can attach with, best first; `--attach`
     /// offers these. Empty for tools that choose per probe.
     const CHAIN: &'static [Mechanism];
@@ -653,7 +656,7 @@ fn attach_chain<T: Tool>(
                     _ => {}
                 }
                 tool.configure(m, kernel, &mut load)?;
-                let mut ebpf = load.load(&object_name(T::NAME, variant, transport))?;
+                let mut ebpf = load.load(&object_name(T::OBJECT, variant, transport))?;
                 targets.apply(&mut ebpf)?;
                 tool.attach(m, kernel, &mut ebpf)?;
                 anyhow::Ok(ebpf)

@@ -15,8 +15,9 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 /// module) run the other kernels of `vm-test`; the exporter's tests scrape
 /// it with a real Prometheus, and its benchmark compares scrapes with
 /// node_exporter's; man-db renders the man pages in their test;
-/// systemtap-sdt-dev has `sys/sdt.h`, for the USDT fixture.
-const PACKAGES: [&str; 15] = [
+/// systemtap-sdt-dev has `sys/sdt.h`, for the USDT fixture; xfsprogs and
+/// btrfs-progs make the file systems fsslower's tests trace.
+const PACKAGES: [&str; 17] = [
     "bpftrace",
     "dwarves",
     "e2fsprogs",
@@ -32,6 +33,8 @@ const PACKAGES: [&str; 15] = [
     "prometheus-node-exporter",
     "man-db",
     "systemtap-sdt-dev",
+    "xfsprogs",
+    "btrfs-progs",
 ];
 
 /// The target of the static build (`cargo xtask dist`), which the tests

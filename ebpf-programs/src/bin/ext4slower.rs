@@ -27,8 +27,7 @@ use aya_ebpf::{
 use rtrace_common::{
     events::LOST_TABLE,
     ext4slower::{
-        Config, EXT4_SUPER_MAGIC, Entry, Event, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, POS_AFTER,
-        WHOLE_FILE,
+        Config, Entry, Event, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, POS_AFTER, WHOLE_FILE,
     },
 };
 use rtrace_ebpf::{count_error, events::emit, file_of_fd, global, read_kernel, read_ptr, targets};
@@ -76,13 +75,15 @@ fn store(op: u32, file: *const u8, pos: i64, span: i64) {
     }
 }
 
-/// Whether `file` lives on an ext4 (or ext2/3, served by ext4) superblock.
+/// Whether `file` lives on the file system traced (ext4 also serves ext2
+/// and ext3, under the same magic).
 #[inline(always)]
 fn on_ext4(file: *const u8) -> bool {
-    let o = &global(&CONFIG).file;
+    let cfg = global(&CONFIG);
+    let o = &cfg.file;
     let sb = read_ptr(read_ptr(file, o.f_inode), o.i_sb);
     // s_magic is an unsigned long.
-    read_kernel::<u64>(sb, o.s_magic).is_ok_and(|m| m == EXT4_SUPER_MAGIC)
+    read_kernel::<u64>(sb, o.s_magic).is_ok_and(|m| m == cfg.magic)
 }
 
 /// Times `entry`, whose operation returned `ret`, and sends it if slow

@@ -22,12 +22,57 @@ use crate::{
 /// on any file system, and must look the file up to filter.
 const CHAIN: [Mechanism; 3] = [Mechanism::Fentry, Mechanism::Kprobe, Mechanism::Tracepoint];
 
-/// The ext4 functions, with the suffix of their programs' names.
-const FUNCTIONS: [(&str, &str); 4] = [
-    ("ext4_file_read_iter", "read"),
-    ("ext4_file_write_iter", "write"),
-    ("ext4_file_open", "open"),
-    ("ext4_sync_file", "sync"),
+/// The suffixes of the programs' names, in the order of [`Fs::functions`].
+const OPS: [&str; 4] = ["read", "write", "open", "sync"];
+
+/// A file system the tool can trace: its name, its superblock magic
+/// (`include/uapi/linux/magic.h`), and its read, write, open and sync
+/// file operations, as libbpf-tools' fsslower knows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fs {
+    /// As `-t` takes it.
+    pub name: &'static str,
+    magic: u64,
+    functions: [&'static str; 4],
+}
+
+/// The file systems `fsslower -t` takes.
+pub const FILE_SYSTEMS: [Fs; 4] = [
+    Fs {
+        name: "ext4",
+        magic: 0xEF53,
+        functions: [
+            "ext4_file_read_iter",
+            "ext4_file_write_iter",
+            "ext4_file_open",
+            "ext4_sync_file",
+        ],
+    },
+    Fs {
+        name: "xfs",
+        magic: 0x5846_5342,
+        functions: [
+            "xfs_file_read_iter",
+            "xfs_file_write_iter",
+            "xfs_file_open",
+            "xfs_file_fsync",
+        ],
+    },
+    Fs {
+        name: "btrfs",
+        magic: 0x9123_683E,
+        functions: [
+            "btrfs_file_read_iter",
+            "btrfs_file_write_iter",
+            "btrfs_file_open",
+            "btrfs_sync_file",
+        ],
+    },
+    Fs {
+        name: "nfs",
+        magic: 0x6969,
+        functions: ["nfs_file_read", "nfs_file_write", "nfs_file_open", "nfs_file_fsync"],
+    },
 ];
 
 /// The syscalls of the tracepoint path; each has a `tp_sys_enter_<name>`
@@ -103,17 +148,17 @@ fn syscall_offsets(cfg: &mut Config) -> Result<(), tracefs::TracefsError> {
     Ok(())
 }
 
-/// Attaches every program of mechanism `m`.
-fn attach(ebpf: &mut Ebpf, kernel: &mut Kernel, m: Mechanism) -> anyhow::Result<()> {
+/// Attaches every program of mechanism `m`, for file system `fs`.
+fn attach(ebpf: &mut Ebpf, kernel: &mut Kernel, m: Mechanism, fs: &Fs) -> anyhow::Result<()> {
     match m {
         Mechanism::Fentry => {
-            for (func, op) in FUNCTIONS {
+            for (func, op) in fs.functions.into_iter().zip(OPS) {
                 attach_kernel_fn(ebpf, kernel, &format!("fentry_{op}"), Mechanism::Fentry, func)?;
                 attach_kernel_fn(ebpf, kernel, &format!("fexit_{op}"), Mechanism::Fexit, func)?;
             }
         }
         Mechanism::Kprobe => {
-            for (func, op) in FUNCTIONS {
+            for (func, op) in fs.functions.into_iter().zip(OPS) {
                 attach_kernel_fn(ebpf, kernel, &format!("kprobe_{op}"), Mechanism::Kprobe, func)?;
                 attach_kernel_fn(ebpf, kernel, "kretprobe_ext4", Mechanism::Kretprobe, func)?;
             }
@@ -216,10 +261,29 @@ impl Op {
 /// The tool.
 pub struct Ext4slower {
     args: Args,
+    /// The file system traced: ext4, or `fsslower -t`'s.
+    fs: &'static Fs,
     min_ms: f64,
     mech: Option<Mechanism>,
     /// Where operations in flight are kept, for `-v`.
     store: &'static str,
+}
+
+impl Ext4slower {
+    /// The tool on file system `fs`.
+    pub fn on(args: Args, fs: &'static Fs) -> anyhow::Result<Self> {
+        let min_ms = args.min.or(args.min_ms).unwrap_or(10.0);
+        if !(min_ms >= 0.0 && min_ms.is_finite()) {
+            anyhow::bail!("bad threshold {min_ms}: use milliseconds, 0 or more");
+        }
+        Ok(Self {
+            args,
+            fs,
+            min_ms,
+            mech: None,
+            store: "",
+        })
+    }
 }
 
 impl Tool for Ext4slower {
@@ -229,16 +293,7 @@ impl Tool for Ext4slower {
     const ERRORS: &'static [&'static str] = &LOST_NAMES;
 
     fn new(args: Args) -> anyhow::Result<Self> {
-        let min_ms = args.min.or(args.min_ms).unwrap_or(10.0);
-        if !(min_ms >= 0.0 && min_ms.is_finite()) {
-            anyhow::bail!("bad threshold {min_ms}: use milliseconds, 0 or more");
-        }
-        Ok(Self {
-            args,
-            min_ms,
-            mech: None,
-            store: "",
-        })
+        Self::on(args, &FILE_SYSTEMS[0])
     }
 
     /// rtrace's own output written to a file on ext4 would otherwise feed
@@ -275,6 +330,7 @@ impl Tool for Ext4slower {
         let mut cfg = Config {
             min_ns: (self.min_ms * 1e6) as u64,
             file: file_offsets(btf)?,
+            magic: self.fs.magic,
             ..Config::default()
         };
         if m == Some(Mechanism::Tracepoint) {
@@ -292,14 +348,19 @@ impl Tool for Ext4slower {
         kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
-        attach(ebpf, kernel, m.context("ext4slower attaches through its chain")?)
+        attach(
+            ebpf,
+            kernel,
+            m.context("ext4slower attaches through its chain")?,
+            self.fs,
+        )
     }
 
     fn describe(&self) -> String {
         let hooks = if self.mech == Some(Mechanism::Tracepoint) {
-            "syscall tracepoints, keeping files on ext4".to_owned()
+            format!("syscall tracepoints, keeping files on {}", self.fs.name)
         } else {
-            FUNCTIONS.map(|(f, _)| f).join(", ")
+            self.fs.functions.join(", ")
         };
         format!("{hooks}; operations in flight in {}", self.store)
     }
@@ -312,9 +373,9 @@ impl Tool for Ext4slower {
 
     fn banner(&self) -> String {
         let what = if self.min_ms > 0.0 {
-            format!("Tracing ext4 operations slower than {} ms", self.min_ms)
+            format!("Tracing {} operations slower than {} ms", self.fs.name, self.min_ms)
         } else {
-            "Tracing ext4 operations".to_owned()
+            format!("Tracing {} operations", self.fs.name)
         };
         match self.args.duration {
             Some(d) => format!("{what} for {d} secs."),

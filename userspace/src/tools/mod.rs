@@ -83,6 +83,7 @@ registry! {
     Execsnoop => execsnoop::Execsnoop,
     Tcplife => tcplife::Tcplife,
     Ext4slower => ext4slower::Ext4slower,
+    Fsslower => fsslower::Fsslower,
     Gethostlatency => gethostlatency::Gethostlatency,
     Argdist => argdist::Argdist,
     Biolatency => biolatency::Biolatency,
