@@ -545,9 +545,14 @@ impl Kernel {
     /// loads take them ([`Btf::attach_ids`]), covering `target`.
     pub fn attach_ids(&mut self, target: AttachTarget<'_>) -> anyhow::Result<&aya::Btf> {
         let btf = self.btf()?;
-        let id = btf
-            .attach_id(target)
-            .with_context(|| format!("kernel BTF has no {target:?}"))?;
+        let id = btf.attach_id(target).with_context(|| match target {
+            // aya attaches fentry by vmlinux's type ids only.
+            AttachTarget::Function(f) => format!(
+                "no function {f} in the kernel's own BTF (a module's functions, \
+                 whose BTF is the module's, take kprobes)"
+            ),
+            AttachTarget::Tracepoint(e) => format!("no tracepoint {e} in the kernel's BTF"),
+        })?;
         if self.attach_ids.as_ref().is_none_or(|(upto, _)| *upto < id) {
             let btf = self.btf()?;
             let ids = btf.attach_ids(id)?;

@@ -196,7 +196,7 @@ mount -t securityfs nodev /sys/kernel/security
 mount -t bpf nodev /sys/fs/bpf
 mount -t cgroup2 nodev /sys/fs/cgroup
 ip link set lo up
-insmod /lib/modules/$(uname -r)/loop.ko 2>/dev/null
+for m in $(cat /lib/modules/$(uname -r)/order); do insmod /lib/modules/$(uname -r)/$m.ko 2>/dev/null; done
 ulimit -l unlimited
 echo "{MARK} kernel $(uname -r)"
 {body}
@@ -222,11 +222,16 @@ done"#
     )
 }
 
-/// Puts the loop driver of the kernel at `image` (`…/boot/vmlinuz-REL`)
-/// into the tree as `/lib/modules/REL/loop.ko`, uncompressed for busybox's
-/// insmod: biolatency's tests need a block device, and Debian builds loop
-/// as a module.
-fn loop_module(tree: &Path, image: &Path) -> anyhow::Result<()> {
+/// The modules the guests load, with what they depend on: loop for
+/// biolatency's and ext4slower's block devices, xfs and btrfs for
+/// fsslower's. Debian builds them as modules.
+const MODULES: [&str; 3] = ["loop", "xfs", "btrfs"];
+
+/// Puts [`MODULES`] of the kernel at `image` (`…/boot/vmlinuz-REL`) and
+/// their dependencies (from `modinfo`) into the tree as
+/// `/lib/modules/REL/NAME.ko`, uncompressed for busybox's insmod, with
+/// `/lib/modules/REL/order` listing them dependencies first.
+fn kernel_modules(tree: &Path, image: &Path) -> anyhow::Result<()> {
     let release = image
         .file_name()
         .and_then(|n| n.to_str())
@@ -235,28 +240,84 @@ fn loop_module(tree: &Path, image: &Path) -> anyhow::Result<()> {
     let root = image
         .parent()
         .and_then(Path::parent)
-        .context("kernel image outside a tree")?;
-    let dir = root
+        .context("kernel image outside a tree")?
         .join("lib/modules")
         .join(release)
-        .join("kernel/drivers/block");
+        .join("kernel");
+    let mut files = Vec::new();
+    find_modules(&root, &mut files)?;
     let dest = tree.join("lib/modules").join(release);
     fs::create_dir_all(&dest)?;
-    let plain = dir.join("loop.ko");
-    if plain.exists() {
-        fs::copy(&plain, dest.join("loop.ko"))?;
-        return Ok(());
+    let mut order: Vec<String> = Vec::new();
+    fn visit(
+        name: &str,
+        files: &[PathBuf],
+        dest: &Path,
+        order: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        let norm = name.replace('-', "_");
+        if order.contains(&norm) {
+            return Ok(());
+        }
+        let Some(file) = files.iter().find(|f| {
+            f.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.split(".ko").next())
+                .is_some_and(|n| n.replace('-', "_") == norm)
+        }) else {
+            // Built into this kernel.
+            return Ok(());
+        };
+        let deps = Command::new("modinfo")
+            .args(["-F", "depends"])
+            .arg(file)
+            .output()
+            .context("cannot run modinfo (Debian package kmod)")?;
+        for dep in String::from_utf8_lossy(&deps.stdout)
+            .trim()
+            .split(',')
+            .filter(|d| !d.is_empty())
+        {
+            visit(dep, files, dest, order)?;
+        }
+        let bytes = if file.extension().is_some_and(|e| e == "xz") {
+            let out = Command::new("xz")
+                .arg("-dc")
+                .arg(file)
+                .output()
+                .context("cannot run xz (Debian package xz-utils)")?;
+            if !out.status.success() {
+                bail!("cannot unpack {}", file.display());
+            }
+            out.stdout
+        } else {
+            fs::read(file)?
+        };
+        fs::write(dest.join(format!("{norm}.ko")), bytes)?;
+        order.push(norm);
+        Ok(())
     }
-    let packed = dir.join("loop.ko.xz");
-    let out = Command::new("xz")
-        .arg("-dc")
-        .arg(&packed)
-        .output()
-        .context("cannot run xz (Debian package xz-utils)")?;
-    if !out.status.success() {
-        bail!("cannot unpack {}", packed.display());
+    for m in MODULES {
+        visit(m, &files, &dest, &mut order)?;
     }
-    fs::write(dest.join("loop.ko"), out.stdout)?;
+    fs::write(dest.join("order"), order.join("\n") + "\n")?;
+    Ok(())
+}
+
+/// Every module file below `dir`.
+fn find_modules(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            find_modules(&path, out)?;
+        } else if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(".ko") || n.ends_with(".ko.xz"))
+        {
+            out.push(path);
+        }
+    }
     Ok(())
 }
 
@@ -317,17 +378,23 @@ fn initramfs(
     }
     // The capability test drops privileges with setpriv; execsnoop's tests
     // copy a real `true` (busybox's applets only answer to their names);
-    // ext4slower's make a file system with mke2fs.
-    for tool in ["/usr/bin/setpriv", "/usr/bin/true", "/usr/sbin/mke2fs"]
-        .iter()
-        .chain(extra)
+    // ext4slower's and fsslower's make file systems.
+    for tool in [
+        "/usr/bin/setpriv",
+        "/usr/bin/true",
+        "/usr/sbin/mke2fs",
+        "/usr/sbin/mkfs.xfs",
+        "/usr/sbin/mkfs.btrfs",
+    ]
+    .iter()
+    .chain(extra)
     {
         if Path::new(tool).exists() {
             elves.push((PathBuf::from(tool), (*tool).to_owned()));
         }
     }
     for image in kernels {
-        loop_module(&tree, image)?;
+        kernel_modules(&tree, image)?;
     }
     let mut libs = BTreeSet::new();
     for (from, to) in &elves {
