@@ -258,8 +258,33 @@ impl Op {
     }
 }
 
-/// The tool.
-pub struct Ext4slower {
+/// Which file system a [`Slower`] traces, and how its command line says
+/// so: ext4slower's is fixed, fsslower's is `-t`.
+pub trait FsChoice {
+    /// The command line.
+    type Args: clap::Args + std::fmt::Debug;
+    /// The subcommand.
+    const NAME: &'static str;
+    /// The common arguments, and the file system chosen.
+    fn split(args: Self::Args) -> (Args, &'static Fs);
+}
+
+/// ext4slower's choice: ext4.
+pub struct Ext4;
+
+impl FsChoice for Ext4 {
+    type Args = Args;
+    const NAME: &'static str = "ext4slower";
+    fn split(args: Args) -> (Args, &'static Fs) {
+        (args, &FILE_SYSTEMS[0])
+    }
+}
+
+/// `rtrace ext4slower`.
+pub type Ext4slower = Slower<Ext4>;
+
+/// The tool, on the file system `F` chooses.
+pub struct Slower<F> {
     args: Args,
     /// The file system traced: ext4, or `fsslower -t`'s.
     fs: &'static Fs,
@@ -267,11 +292,19 @@ pub struct Ext4slower {
     mech: Option<Mechanism>,
     /// Where operations in flight are kept, for `-v`.
     store: &'static str,
+    choice: std::marker::PhantomData<F>,
 }
 
-impl Ext4slower {
-    /// The tool on file system `fs`.
-    pub fn on(args: Args, fs: &'static Fs) -> anyhow::Result<Self> {
+impl<F: FsChoice> Tool for Slower<F> {
+    type Args = F::Args;
+    const NAME: &'static str = F::NAME;
+    /// Every file system's programs are ext4slower's.
+    const OBJECT: &'static str = Ext4::NAME;
+    const CHAIN: &'static [Mechanism] = &CHAIN;
+    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    fn new(args: F::Args) -> anyhow::Result<Self> {
+        let (args, fs) = F::split(args);
         let min_ms = args.min.or(args.min_ms).unwrap_or(10.0);
         if !(min_ms >= 0.0 && min_ms.is_finite()) {
             anyhow::bail!("bad threshold {min_ms}: use milliseconds, 0 or more");
@@ -282,18 +315,8 @@ impl Ext4slower {
             min_ms,
             mech: None,
             store: "",
+            choice: std::marker::PhantomData,
         })
-    }
-}
-
-impl Tool for Ext4slower {
-    type Args = Args;
-    const NAME: &'static str = "ext4slower";
-    const CHAIN: &'static [Mechanism] = &CHAIN;
-    const ERRORS: &'static [&'static str] = &LOST_NAMES;
-
-    fn new(args: Args) -> anyhow::Result<Self> {
-        Self::on(args, &FILE_SYSTEMS[0])
     }
 
     /// rtrace's own output written to a file on ext4 would otherwise feed

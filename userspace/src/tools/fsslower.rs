@@ -3,15 +3,7 @@
 //! file system's own read, write, open and sync functions for fentry and
 //! kprobes, its superblock magic for the syscall tracepoint path.
 
-use aya::Ebpf;
-
-use super::ext4slower::{self, Ext4slower, FILE_SYSTEMS, Fs};
-use crate::{
-    features::Mechanism,
-    output::Sink,
-    tracer::{Kernel, Load, Scope, Tool},
-    transport::BufferArgs,
-};
+use super::ext4slower::{self, FILE_SYSTEMS, Fs, FsChoice, Slower};
 
 /// Trace common file system operations slower than a threshold.
 #[derive(Debug, clap::Args)]
@@ -35,71 +27,16 @@ fn fs_type(name: &str) -> Result<&'static Fs, String> {
     })
 }
 
-/// The tool: ext4slower's, on another file system.
-pub struct Fsslower(Ext4slower);
+/// fsslower's choice: `-t`.
+pub struct Any;
 
-impl Tool for Fsslower {
+impl FsChoice for Any {
     type Args = Args;
     const NAME: &'static str = "fsslower";
-    const OBJECT: &'static str = Ext4slower::NAME;
-    const CHAIN: &'static [Mechanism] = Ext4slower::CHAIN;
-    const ERRORS: &'static [&'static str] = Ext4slower::ERRORS;
-
-    fn new(args: Args) -> anyhow::Result<Self> {
-        Ext4slower::on(args.slower, args.fs).map(Self)
-    }
-
-    fn scope(&self) -> Scope {
-        self.0.scope()
-    }
-
-    fn forced(&self) -> Option<Mechanism> {
-        self.0.forced()
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        self.0.events()
-    }
-
-    fn duration(&self) -> Option<u64> {
-        self.0.duration()
-    }
-
-    fn variants(&self, m: Option<Mechanism>, kernel: &mut Kernel) -> Vec<&'static str> {
-        self.0.variants(m, kernel)
-    }
-
-    fn configure(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        load: &mut Load,
-    ) -> anyhow::Result<()> {
-        self.0.configure(m, kernel, load)
-    }
-
-    fn attach(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        ebpf: &mut Ebpf,
-    ) -> anyhow::Result<()> {
-        self.0.attach(m, kernel, ebpf)
-    }
-
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-
-    fn banner(&self) -> String {
-        self.0.banner()
-    }
-
-    fn header(&self) -> Option<String> {
-        self.0.header()
-    }
-
-    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
-        self.0.event(record, sink)
+    fn split(args: Args) -> (ext4slower::Args, &'static Fs) {
+        (args.slower, args.fs)
     }
 }
+
+/// `rtrace fsslower`: ext4slower's tool on the file system `-t` names.
+pub type Fsslower = Slower<Any>;
