@@ -99,35 +99,37 @@ impl Signals {
     }
 }
 
-/// The local time as `HH:MM:SS`.
-pub fn hms() -> String {
+/// The local time now, broken down.
+fn local_now() -> libc::tm {
     // SAFETY: time and localtime_r write only into the locals given.
     unsafe {
         let t = libc::time(std::ptr::null_mut());
         let mut tm: libc::tm = std::mem::zeroed();
         libc::localtime_r(&t, &mut tm);
-        format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+        tm
     }
+}
+
+/// The local time as `HH:MM:SS`.
+pub fn hms() -> String {
+    hms_of(&local_now())
+}
+
+fn hms_of(tm: &libc::tm) -> String {
+    format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
 }
 
 /// The local date and time as `YYYY-MM-DD HH:MM:SS`, as bcc's `-j`
 /// prints it.
 pub fn local_datetime() -> String {
-    // SAFETY: time and localtime_r write only into the locals given.
-    unsafe {
-        let t = libc::time(std::ptr::null_mut());
-        let mut tm: libc::tm = std::mem::zeroed();
-        libc::localtime_r(&t, &mut tm);
-        format!(
-            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
-            tm.tm_year + 1900,
-            tm.tm_mon + 1,
-            tm.tm_mday,
-            tm.tm_hour,
-            tm.tm_min,
-            tm.tm_sec
-        )
-    }
+    let tm = local_now();
+    format!(
+        "{:04}-{:02}-{:02} {}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        hms_of(&tm)
+    )
 }
 
 /// Seconds since the Unix epoch, for JSON.
@@ -135,6 +137,19 @@ pub fn epoch_secs() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// An address the kernel gives as a family (`AF_INET`, `AF_INET6`) and
+/// 16 bytes, IPv4 in the first four; `None` for other families.
+pub fn ip_addr(family: u16, bytes: &[u8; 16]) -> Option<std::net::IpAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match i32::from(family) {
+        libc::AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from(*bytes))),
+        libc::AF_INET => Some(IpAddr::V4(Ipv4Addr::new(
+            bytes[0], bytes[1], bytes[2], bytes[3],
+        ))),
+        _ => None,
+    }
 }
 
 /// A NUL-terminated kernel string (`comm`, a file name) as text.

@@ -207,15 +207,11 @@ impl Tool for Gethostlatency {
 /// The address `gethostbyaddr` was given, as text: its family in byte
 /// 0, its length in byte 1, its bytes after.
 fn address(raw: &[u8]) -> String {
-    const AF_INET: u8 = 2;
-    const AF_INET6: u8 = 10;
-    match (raw[0], raw[1]) {
-        (AF_INET, 4) => std::net::Ipv4Addr::new(raw[2], raw[3], raw[4], raw[5]).to_string(),
-        (AF_INET6, 16) => {
-            let mut b = [0u8; 16];
-            b.copy_from_slice(&raw[2..18]);
-            std::net::Ipv6Addr::from(b).to_string()
-        }
-        (family, len) => format!("[address of family {family}, {len} bytes]"),
+    let (family, len) = (raw[0], raw[1]);
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&raw[2..18]);
+    match output::ip_addr(family.into(), &bytes) {
+        Some(a) if usize::from(len) == if a.is_ipv4() { 4 } else { 16 } => a.to_string(),
+        _ => format!("[address of family {family}, {len} bytes]"),
     }
 }

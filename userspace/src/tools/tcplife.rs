@@ -3,7 +3,7 @@
 
 use std::{
     fmt::Write as _,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
 };
 
 use anyhow::Context as _;
@@ -255,11 +255,7 @@ impl Record for Session<'_> {
 
 fn decode<'a>(record: &[u8]) -> Option<Session<'a>> {
     let e: Event = events::record(record)?;
-    let addr = |a: [u8; 16]| match e.family {
-        AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from(a))),
-        AF_INET => Some(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
-        _ => None,
-    };
+    let addr = |a: [u8; 16]| output::ip_addr(e.family, &a);
     Some(Session {
         pid: e.pid,
         comm: output::c_string(&e.comm),
