@@ -244,22 +244,24 @@ impl StackStore {
     /// symbolizer knows nothing of: the kernel tells of a process at its
     /// first sample, and this catches one whose news was lost.
     pub fn capture_unknown(&self, sym: &mut Symbolizer) {
+        capture_unknown(&self.pids(), sym);
+    }
+
+    /// The processes named by counts not settled yet, each once.
+    fn pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self.counts.keys().flat_map(tgids).collect();
         pids.sort_unstable();
         pids.dedup();
-        for pid in pids {
-            if !sym.knows(pid) {
-                sym.capture(pid, false);
-            }
-        }
+        pids
     }
 
-    /// Symbolizes and settles the processes found gone at the last call,
-    /// notes those gone now, and drops stacks nothing needs any more.
+    /// Captures what the symbolizer does not know of the processes named
+    /// by counts ([`StackStore::capture_unknown`]), symbolizes and settles
+    /// the processes found gone at the last call, notes those gone now,
+    /// and drops stacks nothing needs any more.
     pub fn settle_gone(&mut self, sym: &mut Symbolizer) {
-        let mut live: Vec<u32> = self.counts.keys().flat_map(tgids).collect();
-        live.sort_unstable();
-        live.dedup();
+        let live = self.pids();
+        capture_unknown(&live, sym);
         let due = std::mem::take(&mut self.gone);
         // The idle tasks (pid 0) never go; kernel threads' ids are real
         // processes, in /proc while they live.
@@ -441,6 +443,16 @@ fn own_frames(mut kernel: Vec<Frame>) -> Vec<Frame> {
 }
 
 /// The processes a count names: the thread's, and its waker's.
+/// Captures the mappings of those of `pids` the symbolizer has never
+/// captured.
+fn capture_unknown(pids: &[u32], sym: &mut Symbolizer) {
+    for &pid in pids {
+        if !sym.knows(pid) {
+            sym.capture(pid, false);
+        }
+    }
+}
+
 fn tgids(k: &WakeKey) -> impl Iterator<Item = u32> {
     std::iter::once(k.key.tgid).chain(k.has_waker().then_some(k.waker.tgid))
 }

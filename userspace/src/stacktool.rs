@@ -259,7 +259,6 @@ impl StackTool {
             return Ok(());
         }
         self.store.drain(ebpf, false)?;
-        self.store.capture_unknown(&mut self.sym);
         self.store.settle_gone(&mut self.sym);
         Ok(())
     }
