@@ -1098,21 +1098,16 @@ fn argdist() -> anyhow::Result<Row> {
     );
     let results = trials(&setups, "ns/write", || {
         // GNU dd writes `of=` through descriptor 1, which the filter asks for.
-        let start = std::time::Instant::now();
-        let status = Command::new("dd")
-            .args([
+        let secs = seconds(|| {
+            crate::run(Command::new("dd").args([
                 "if=/dev/zero",
                 "of=/dev/null",
                 "bs=64",
                 &format!("count={WRITES}"),
                 "status=none",
-            ])
-            .status()
-            .context("cannot run dd (Debian package coreutils)")?;
-        if !status.success() {
-            bail!("dd failed: {status}");
-        }
-        Ok((start.elapsed().as_nanos() as f64 / WRITES as f64, WRITES))
+            ]))
+        })?;
+        Ok((secs * 1e9 / WRITES as f64, WRITES))
     })?;
     let (ratio, bpf_ratio) = report(&setups, &results, "ns/write");
     let bare = results[0].cost;
