@@ -16,6 +16,48 @@ pub const STR_LEN: usize = 128;
 /// Register arguments kept at entry for `$entry(param)`.
 pub const MAX_ARGS: usize = 6;
 
+/// Offsets of x86-64's registers in the saved `struct pt_regs`, which
+/// probes read arguments from: USDT notes name any of them.
+pub mod regs {
+    /// r15.
+    pub const R15: u32 = 0;
+    /// r14.
+    pub const R14: u32 = 8;
+    /// r13.
+    pub const R13: u32 = 16;
+    /// r12.
+    pub const R12: u32 = 24;
+    /// rbp.
+    pub const BP: u32 = 32;
+    /// rbx.
+    pub const BX: u32 = 40;
+    /// r11.
+    pub const R11: u32 = 48;
+    /// r10.
+    pub const R10: u32 = 56;
+    /// r9.
+    pub const R9: u32 = 64;
+    /// r8.
+    pub const R8: u32 = 72;
+    /// rax.
+    pub const AX: u32 = 80;
+    /// rcx.
+    pub const CX: u32 = 88;
+    /// rdx.
+    pub const DX: u32 = 96;
+    /// rsi.
+    pub const SI: u32 = 104;
+    /// rdi.
+    pub const DI: u32 = 112;
+    /// rip.
+    pub const IP: u32 = 128;
+    /// rsp.
+    pub const SP: u32 = 152;
+}
+
+/// Where the x86-64 calling convention passes the first six arguments.
+pub const ARG_REGS: [u32; MAX_ARGS] = [regs::DI, regs::SI, regs::DX, regs::CX, regs::R8, regs::R9];
+
 /// `Probe::kind`: runs at function entry.
 pub const KIND_ENTRY: u32 = 0;
 /// `Probe::kind`: runs at return; the entry program only records the
@@ -283,6 +325,21 @@ pub struct Entry {
     pub start_ns: u64,
     /// The register arguments.
     pub args: [u64; MAX_ARGS],
+}
+
+/// `x` cut to `size` bytes, sign-extended if `signed`, as the program's
+/// casts and loads do; user space folds constant casts with it too.
+#[inline(always)]
+pub fn cut(x: u64, size: u32, signed: bool) -> u64 {
+    let shift = 64u32.saturating_sub(size * 8);
+    if shift == 0 || shift >= 64 {
+        return x;
+    }
+    if signed {
+        (((x << shift) as i64) >> shift) as u64
+    } else {
+        (x << shift) >> shift
+    }
 }
 
 /// `x op y` as the program computes it; user space folds constants with

@@ -526,31 +526,6 @@ pub fn attach_kernel_fn(
     attached.with_context(|| format!("cannot attach {name} to {func} with {mech}"))
 }
 
-/// The kernel function a probe on `func` goes to: `func` itself, or,
-/// where the kernel renamed it for allocation profiling (6.10+: `__kmalloc`
-/// became `__kmalloc_noprof`), its `_noprof` twin, so that the command
-/// lines written for older kernels keep working. Fails with a clear line
-/// when neither is in `/proc/kallsyms`.
-pub fn kernel_function(func: &str) -> anyhow::Result<String> {
-    let syms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-    let twin = format!("{func}_noprof");
-    let (mut own, mut renamed) = (false, false);
-    for line in syms.lines() {
-        let Some(name) = line.split_whitespace().nth(2) else {
-            continue;
-        };
-        own |= name == func;
-        renamed |= name == twin;
-    }
-    match (own, renamed) {
-        (true, _) => Ok(func.to_owned()),
-        (false, true) => Ok(twin),
-        // Without symbols to read (kptr_restrict), let the attach say.
-        _ if syms.is_empty() => Ok(func.to_owned()),
-        _ => anyhow::bail!("no kernel function '{func}' (it is not in /proc/kallsyms)"),
-    }
-}
-
 /// The lockdown mode from securityfs, if it can be read.
 pub fn lockdown() -> String {
     std::fs::read_to_string("/sys/kernel/security/lockdown")

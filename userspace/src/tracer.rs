@@ -296,7 +296,7 @@ fn check_pinned_set(path: &std::path::Path, flag: &str) -> anyhow::Result<()> {
 }
 
 impl Targets {
-    fn check(scope: &Scope) -> anyhow::Result<Self> {
+    fn check(scope: &Scope, kernel: &mut Kernel) -> anyhow::Result<Self> {
         for &pid in &scope.pids {
             check_task(pid, "process")?;
         }
@@ -329,7 +329,8 @@ impl Targets {
         }
         if let Some(path) = &scope.mntns_map {
             check_pinned_set(path, "--mntnsmap")?;
-            let btf = crate::btf::Btf::from_kernel()
+            let btf = kernel
+                .btf()
                 .context("--mntnsmap finds a task's mount namespace through the kernel's BTF")?;
             mntns_offsets = [
                 btf.offset("task_struct", "nsproxy")?,
@@ -493,9 +494,38 @@ pub struct Kernel {
     /// The attach-id BTF made so far, and the highest id it covers.
     attach_ids: Option<(u32, aya::Btf)>,
     symbols: HashMap<PathBuf, Option<HashMap<String, u64>>>,
+    /// `/proc/kallsyms`, read once however many probes look in it.
+    kallsyms: Option<String>,
 }
 
 impl Kernel {
+    /// The kernel function a probe on `func` goes to: `func` itself, or,
+    /// where the kernel renamed it for allocation profiling (6.10+:
+    /// `__kmalloc` became `__kmalloc_noprof`), its `_noprof` twin, so that
+    /// the command lines written for older kernels keep working. Fails
+    /// with a clear line when neither is in `/proc/kallsyms`.
+    pub fn function(&mut self, func: &str) -> anyhow::Result<String> {
+        let syms = self
+            .kallsyms
+            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default());
+        let twin = format!("{func}_noprof");
+        let (mut own, mut renamed) = (false, false);
+        for line in syms.lines() {
+            let Some(name) = line.split_whitespace().nth(2) else {
+                continue;
+            };
+            own |= name == func;
+            renamed |= name == twin;
+        }
+        match (own, renamed) {
+            (true, _) => Ok(func.to_owned()),
+            (false, true) => Ok(twin),
+            // Without symbols to read (kptr_restrict), let the attach say.
+            _ if syms.is_empty() => Ok(func.to_owned()),
+            _ => anyhow::bail!("no kernel function '{func}' (it is not in /proc/kallsyms)"),
+        }
+    }
+
     /// Whether mechanism `m` works here; the error says why not.
     pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
         // The probes of BTF-attached mechanisms attach to these.
@@ -713,11 +743,11 @@ impl<T: Tool> Session<T> {
         if collect {
             tool.collect();
         }
-        let targets = Targets::check(&tool.scope())?;
+        let mut kernel = Kernel::default();
+        let targets = Targets::check(&tool.scope(), &mut kernel)?;
         check_forced(T::NAME, tool.forced(), T::CHAIN)?;
         privs::check()?;
 
-        let mut kernel = Kernel::default();
         let transport = tool
             .events()
             .map(|args| Transport::choose(&mut kernel, args));

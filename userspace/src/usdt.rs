@@ -58,16 +58,17 @@ pub struct Site {
 /// `struct pt_regs` offsets of x86-64's registers, by every name the
 /// assembler gives their parts.
 fn register(name: &str) -> Option<u32> {
-    let full = match name {
-        "rax" | "eax" | "ax" | "al" => "ax",
-        "rbx" | "ebx" | "bx" | "bl" => "bx",
-        "rcx" | "ecx" | "cx" | "cl" => "cx",
-        "rdx" | "edx" | "dx" | "dl" => "dx",
-        "rsi" | "esi" | "si" | "sil" => "si",
-        "rdi" | "edi" | "di" | "dil" => "di",
-        "rbp" | "ebp" | "bp" | "bpl" => "bp",
-        "rsp" | "esp" | "sp" | "spl" => "sp",
-        "rip" => "ip",
+    use rtrace_common::argdist::regs;
+    Some(match name {
+        "rax" | "eax" | "ax" | "al" => regs::AX,
+        "rbx" | "ebx" | "bx" | "bl" => regs::BX,
+        "rcx" | "ecx" | "cx" | "cl" => regs::CX,
+        "rdx" | "edx" | "dx" | "dl" => regs::DX,
+        "rsi" | "esi" | "si" | "sil" => regs::SI,
+        "rdi" | "edi" | "di" | "dil" => regs::DI,
+        "rbp" | "ebp" | "bp" | "bpl" => regs::BP,
+        "rsp" | "esp" | "sp" | "spl" => regs::SP,
+        "rip" => regs::IP,
         other => {
             // r8..r15 and their d, w and b parts.
             let n = other
@@ -75,23 +76,19 @@ fn register(name: &str) -> Option<u32> {
                 .trim_end_matches(['d', 'w', 'b'])
                 .parse::<u32>()
                 .ok()?;
-            return match n {
-                8..=11 => Some(72 - (n - 8) * 8),
-                12..=15 => Some(24 - (n - 12) * 8),
-                _ => None,
-            };
+            [
+                regs::R8,
+                regs::R9,
+                regs::R10,
+                regs::R11,
+                regs::R12,
+                regs::R13,
+                regs::R14,
+                regs::R15,
+            ]
+            .get(n.checked_sub(8)? as usize)
+            .copied()?
         }
-    };
-    Some(match full {
-        "bp" => 32,
-        "bx" => 40,
-        "ax" => 80,
-        "cx" => 88,
-        "dx" => 96,
-        "si" => 104,
-        "di" => 112,
-        "ip" => 128,
-        _ => 152,
     })
 }
 
@@ -120,7 +117,7 @@ pub fn parse_arg(text: &str) -> Result<Arg, String> {
             .and_then(|r| r.strip_prefix('%'))
             .ok_or_else(unsupported)?;
         let reg = register(reg)
-            .filter(|&r| r != 128)
+            .filter(|&r| r != rtrace_common::argdist::regs::IP)
             .ok_or_else(unsupported)?;
         let disp = if disp.is_empty() {
             0
@@ -227,10 +224,22 @@ pub fn sites(path: &Path) -> anyhow::Result<Vec<Site>> {
     Ok(out)
 }
 
-/// The sites of probe `name` in `path` (`PROVIDER:NAME` or `NAME`), which
+/// A probe found in a file: what the spec is compiled against, and where
+/// it is attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The file, as the probe is attached in it.
+    pub file: std::path::PathBuf,
+    /// Every site.
+    pub sites: Vec<Site>,
+    /// Its arguments, the same at every site.
+    pub args: Vec<Arg>,
+}
+
+/// The sites of probe `name` in `path` (`PROVIDER.NAME` or `NAME`), which
 /// must all keep their arguments in the same places: the program reads
 /// them one way.
-pub fn find(path: &Path, name: &str) -> Result<(Vec<Site>, Vec<Arg>), String> {
+pub fn find(path: &Path, name: &str) -> Result<Probe, String> {
     let all = sites(path).map_err(|e| format!("{e:#}"))?;
     let (provider, probe) = match name.split_once('.') {
         Some((p, n)) => (Some(p), n),
@@ -270,7 +279,11 @@ pub fn find(path: &Path, name: &str) -> Result<(Vec<Site>, Vec<Arg>), String> {
             ));
         }
     }
-    Ok((found, args))
+    Ok(Probe {
+        file: path.to_owned(),
+        sites: found,
+        args,
+    })
 }
 
 /// Attaches uprobe program `prog` at `site` of `path` (in process `pid`

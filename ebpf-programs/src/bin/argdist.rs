@@ -17,11 +17,11 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     argdist::{
-        CMP_NE, Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL, Entry, I_BINARY, I_CAST, I_LOAD, I_PUSH,
-        I_UNARY, INSN_SIGNED, INSN_USER, Insn, KIND_RETURN, Key, MAX_ARGS, MAX_INSNS, MAX_PROBES,
-        MAX_VALUES, MODE_HIST, NumKey, Probe, SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC,
-        SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET, SRC_TID, STACK_DEPTH,
-        STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER, Value, binary,
+        ARG_REGS, CMP_NE, Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL, Entry, I_BINARY, I_CAST,
+        I_LOAD, I_PUSH, I_UNARY, INSN_SIGNED, INSN_USER, Insn, KIND_RETURN, Key, MAX_ARGS,
+        MAX_INSNS, MAX_PROBES, MAX_VALUES, MODE_HIST, NumKey, Probe, SRC_ARG, SRC_COMM, SRC_CONST,
+        SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET, SRC_TID,
+        STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER, Value, binary, cut,
     },
     hist::Hist,
 };
@@ -66,10 +66,6 @@ struct Sources {
     id: u64,
 }
 
-/// Where the x86-64 calling convention passes the first six arguments:
-/// their offsets in `struct pt_regs` (rdi, rsi, rdx, rcx, r8, r9).
-const ARG_REGS: [u32; MAX_ARGS] = [112, 104, 96, 88, 72, 64];
-
 /// The probe of `slot`, unless the current task is filtered out.
 #[inline(always)]
 fn probe(slot: usize) -> Option<&'static Probe> {
@@ -102,20 +98,6 @@ fn read_sized(p: *const u8, size: u32, user: bool) -> u64 {
         _ => read_kernel::<u64>(p, 0),
     }
     .unwrap_or(0)
-}
-
-/// `x` cut to `size` bytes, sign-extended if `signed`.
-#[inline(always)]
-fn cut(x: u64, size: u32, signed: bool) -> u64 {
-    let shift = 64u32.saturating_sub(size * 8);
-    if shift == 0 || shift >= 64 {
-        return x;
-    }
-    if signed {
-        (((x << shift) as i64) >> shift) as u64
-    } else {
-        (x << shift) >> shift
-    }
 }
 
 /// What an `I_PUSH` pushes.

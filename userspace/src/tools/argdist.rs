@@ -129,7 +129,7 @@ fn parse_all(args: &Args) -> anyhow::Result<Vec<Parsed>> {
         |cat: &str, event: &str| tracefs::Format::read(cat, event).map_err(|e| format!("{e}"));
     let usdt = |library: &str, probe: &str| {
         let file = uprobes::resolve(library, args.pid).map_err(|e| e.to_string())?;
-        crate::usdt::find(&file, probe).map(|(_, a)| a)
+        crate::usdt::find(&file, probe)
     };
     // Structs and named constants come from the kernel's own types; a
     // kernel without BTF still takes specs that need neither.
@@ -209,24 +209,22 @@ fn attach(
 ) -> anyhow::Result<String> {
     let ret = spec.kind == KIND_RETURN;
     match &spec.target {
-        Target::Usdt { library, probe } => {
+        Target::Usdt { probe, found } => {
             needs_uprobes(kernel, spec)?;
-            let file = uprobes::resolve(library, pid)?;
-            let (sites, _) = crate::usdt::find(&file, probe).map_err(anyhow::Error::msg)?;
-            for site in &sites {
+            for site in &found.sites {
                 links.push(crate::usdt::attach(
                     ebpf,
                     &format!("uprobe_{i}"),
-                    &file,
+                    &found.file,
                     site,
                     pid,
                 )?);
             }
-            let semaphores = sites.iter().filter(|s| s.semaphore != 0).count();
+            let semaphores = found.sites.iter().filter(|s| s.semaphore != 0).count();
             Ok(format!(
                 "USDT probe {probe} in {}: {} site(s), {semaphores} semaphore(s) raised",
-                file.display(),
-                sites.len()
+                found.file.display(),
+                found.sites.len()
             ))
         }
         Target::Tracepoint { category, event } => {
@@ -246,7 +244,7 @@ fn attach(
                     spec.raw
                 )
             })?;
-            let function = &crate::features::kernel_function(function)?;
+            let function = &kernel.function(function)?;
             if ret {
                 attach_kernel_fn(ebpf, kernel,
                     &format!("kretprobe_{i}"),

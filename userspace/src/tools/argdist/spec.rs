@@ -122,10 +122,10 @@ pub enum Target {
     },
     /// A USDT probe: a uprobe at each of its sites.
     Usdt {
-        /// The library or executable, as written.
-        library: String,
-        /// `NAME` or `PROVIDER.NAME`.
+        /// `NAME` or `PROVIDER.NAME`, as written.
         probe: String,
+        /// The probe, found in the library or executable named.
+        found: usdt::Probe,
     },
     /// A tracepoint.
     Tracepoint {
@@ -217,7 +217,7 @@ struct Scope<'a> {
     user: bool,
     btf: Option<&'a Btf>,
     /// A USDT probe's arguments, `arg1` first.
-    usdt_args: Option<Vec<usdt::Arg>>,
+    usdt_args: Option<&'a [usdt::Arg]>,
     /// The C expression of a macro the kernel lists (`GFP_ATOMIC`).
     macros: MacroLookup<'a>,
 }
@@ -265,8 +265,8 @@ fn parse_type(text: &str, btf: Option<&Btf>) -> Result<Ty, String> {
 
 /// Looks a tracepoint's format file up, by category and event.
 pub type FormatLookup<'a> = &'a dyn Fn(&str, &str) -> Result<Format, String>;
-/// Looks a USDT probe's arguments up, by library and probe name.
-pub type UsdtLookup<'a> = &'a dyn Fn(&str, &str) -> Result<Vec<usdt::Arg>, String>;
+/// Finds a USDT probe, by library and probe name.
+pub type UsdtLookup<'a> = &'a dyn Fn(&str, &str) -> Result<usdt::Probe, String>;
 
 /// Looks the C expression of a kernel macro up by name (`GFP_ATOMIC`):
 /// BTF carries enums, not macros.
@@ -388,9 +388,15 @@ pub fn parse(spec: &str, hist: bool, env: &Env<'_>) -> Result<Spec, SpecError> {
             if !signature.trim().is_empty() {
                 return err(sig_at, "USDT probes take no signature: name arguments arg1..argN");
             }
+            // Looked up once: the arguments compile against what is
+            // attached.
+            let found = (env.usdt)(library, function).map_err(|m| SpecError {
+                column: lib_at + 1,
+                message: m,
+            })?;
             Target::Usdt {
-                library: library.to_owned(),
                 probe: function.to_owned(),
+                found,
             }
         }
         _ if library.is_empty() => Target::Kernel {
@@ -411,10 +417,7 @@ pub fn parse(spec: &str, hist: bool, env: &Env<'_>) -> Result<Spec, SpecError> {
         _ => None,
     };
     let usdt_args = match &target {
-        Target::Usdt { library, probe } => Some((env.usdt)(library, probe).map_err(|m| SpecError {
-            column: lib_at + 1,
-            message: m,
-        })?),
+        Target::Usdt { found, .. } => Some(found.args.as_slice()),
         _ => None,
     };
     let user = match &target {
@@ -945,12 +948,7 @@ impl<'a> ExprParser<'a> {
             ..Insn::default()
         };
         if let Some(c) = x.constant {
-            let shift = 64 - ty.c.size * 8;
-            let v = if ty.c.signed {
-                (((c << shift) as i64) >> shift) as u64
-            } else {
-                (c << shift) >> shift
-            };
+            let v = rtrace_common::argdist::cut(c, ty.c.size, ty.c.signed);
             return Ok(Expr::constant(v, ty));
         }
         let mut e = x.then(insn);
@@ -1140,7 +1138,7 @@ impl<'a> ExprParser<'a> {
         } else if args {
             return err(at, "args-> names tracepoint fields; this is no tracepoint");
         }
-        if let Some(args) = &self.scope.usdt_args {
+        if let Some(args) = self.scope.usdt_args {
             return self.usdt_arg(name_at, name, args);
         }
         if let Some((i, p)) = self.param(name) {
@@ -1504,7 +1502,7 @@ fn looks_like_type(text: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn no_usdt(_: &str, _: &str) -> Result<Vec<usdt::Arg>, String> {
+    fn no_usdt(_: &str, _: &str) -> Result<usdt::Probe, String> {
         Err("no USDT probes in this test".into())
     }
 
@@ -1758,11 +1756,15 @@ mod tests {
 
     #[test]
     fn usdt_arguments_compile_to_register_and_memory_reads() {
-        let usdt = |_: &str, _: &str| -> Result<Vec<usdt::Arg>, String> {
-            ["-8@%rdi", "8@%rsi", "-4@-4(%rsp)", "4@$7"]
-                .iter()
-                .map(|a| usdt::parse_arg(a))
-                .collect()
+        let usdt = |_: &str, _: &str| -> Result<usdt::Probe, String> {
+            Ok(usdt::Probe {
+                file: "/fix".into(),
+                sites: Vec::new(),
+                args: ["-8@%rdi", "8@%rsi", "-4@-4(%rsp)", "4@$7"]
+                    .iter()
+                    .map(|a| usdt::parse_arg(a))
+                    .collect::<Result<_, _>>()?,
+            })
         };
         let env = Env {
             format: &no_tp,
