@@ -269,10 +269,7 @@ impl Features {
                         .map_err(|e| chain(&e))?;
                     $body.map(drop).map_err(|e| chain(&e))
                 };
-                let result = result.and_then(|()| {
-                    $trigger();
-                    fired(ebpf, $slot)
-                });
+                let result = result.and_then(|()| fired_after(ebpf, $slot, $trigger));
                 // The probe stays attached until the prober is dropped,
                 // which detaches every probe at once, off the main thread.
                 result
@@ -358,7 +355,9 @@ impl Features {
                     "probe_perf_event",
                     probes::PERF_EVENT,
                     spin,
-                    |p| p.load().and_then(|()| p.attach(
+                    // Software and hardware events share the program;
+                    // the one probed second finds it loaded.
+                    |p| (if p.fd().is_ok() { Ok(()) } else { p.load() }).and_then(|()| p.attach(
                         config,
                         PerfEventScope::CallingProcess { cpu: None },
                         SamplePolicy::Period(100_000),
@@ -382,17 +381,35 @@ impl Drop for Features {
     }
 }
 
-/// Whether the probe program in `slot` has run since the object was loaded.
-fn fired(ebpf: &Ebpf, slot: u32) -> Result<(), String> {
+/// Makes the event happen until the probe program in `slot` has run, for
+/// up to a second. Once is enough on a quick machine; in a loaded emulated
+/// guest a short sleep's timer can expire before the thread gets to block
+/// (no context switch), and sampling timers run late, so the event is made
+/// again, with a longer sleep between tries, before the attach is judged
+/// not to deliver.
+fn fired_after(ebpf: &Ebpf, slot: u32, trigger: impl Fn()) -> Result<(), String> {
     let hits: aya::maps::Array<_, u64> = ebpf
         .map("HITS")
         .ok_or("probe map HITS missing")?
         .try_into()
         .map_err(|e| chain(&e))?;
-    match hits.get(&slot, 0) {
-        Ok(0) => Err("attached, but the program never ran when its event happened".to_owned()),
-        Ok(_) => Ok(()),
-        Err(e) => Err(chain(&e)),
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        trigger();
+        match hits.get(&slot, 0) {
+            Ok(0) if start.elapsed() < std::time::Duration::from_secs(1) => {
+                std::thread::sleep(pause);
+                pause = (pause * 4).min(std::time::Duration::from_millis(100));
+            }
+            Ok(0) => {
+                return Err(
+                    "attached, but the program never ran when its event happened".to_owned(),
+                );
+            }
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(chain(&e)),
+        }
     }
 }
 
