@@ -477,8 +477,11 @@ fn python_without_frame_pointers_reaches_its_main() {
 
 #[test]
 fn jit_symbol_resolves_in_a_live_process() {
+    // Runs far longer than profile's start-up and 2 s of sampling can take
+    // in a loaded emulated guest (it is killed after): a fixture that ends
+    // while profile still starts leaves too few samples to judge.
     let mut jit = Command::new(workload_bin("jit"))
-        .arg("4")
+        .arg("120")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -1604,6 +1607,7 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
     let attr = |n: roxmltree::Node, a: &str| n.attribute(a).unwrap().parse::<u64>().unwrap();
     let (start, slot) = (attr(root, "data-start-ns"), attr(root, "data-slot-ns"));
     let (mut inside, mut outside, mut busy_cells, mut lit_busy_cells) = (0, 0, 0, 0);
+    let mut cells = Vec::new();
     for cell in doc
         .descendants()
         .filter(|n| n.has_attribute("data-samples"))
@@ -1611,6 +1615,7 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
         let index = attr(cell, "data-second") * (1_000_000_000 / slot) + attr(cell, "data-row");
         let from = start + index * slot;
         let n = attr(cell, "data-samples");
+        cells.push((from, n));
         let (overlap, _) = busy(from, slot);
         if overlap > 0 {
             inside += n;
@@ -1652,20 +1657,41 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
     let (overlap, second) = busy(from, len);
     let alpha = count_with(&folded, "leaf_alpha");
     let beta = count_with(&folded, "leaf_beta");
-    // At most one burst falls in 650 ms; the range counts it alone.
-    let expected = overlap as f64 * 499.0 / 1e9;
+    // At most one burst falls in 650 ms; the range counts it alone. It
+    // can count no more than the burst's wall time gives at 499 Hz, and
+    // as many as the heat map, sampling the same process alongside, has
+    // in cells over the range (pro rata at its edges): the same figure
+    // even when the fixture gets less CPU than wall time, as in a loaded
+    // emulated guest.
+    let due = overlap as f64 * 499.0 / 1e9;
+    let expected: f64 = cells
+        .iter()
+        .map(|&(at, n)| {
+            let o = (at + slot).min(from + len).saturating_sub(at.max(from));
+            n as f64 * o as f64 / slot as f64
+        })
+        .sum();
     let (hit, missed) = if second % 2 == 0 {
         (alpha, beta)
     } else {
         (beta, alpha)
     };
     eprintln!(
-        "range: {hit} samples of the burst in second {second}, {expected:.0} due, {missed} of others"
+        "range: {hit} samples of the burst in second {second}, {expected:.0} in the heat map, {due:.0} due, {missed} of others"
     );
     assert_eq!(missed, 0, "the other burst's leaf in the range: {stdout}");
     assert!(
-        (hit as f64 - expected).abs() <= 0.2 * expected + 5.0,
-        "{hit} samples in the range where {expected:.0} were due: {stdout}"
+        hit as f64 <= 1.2 * due + 5.0,
+        "{hit} samples in the range where {due:.0} were due: {stdout}"
+    );
+    let all: u64 = folded.values().sum();
+    assert!(
+        (all as f64 - expected).abs() <= 0.2 * expected + 5.0,
+        "{all} samples in the range where the heat map has {expected:.0} ({due:.0} due): {stdout}"
+    );
+    assert!(
+        all - hit <= all / 5 + 3,
+        "{hit} of {all} in the burst's leaf: {stdout}"
     );
 }
 
