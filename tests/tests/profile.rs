@@ -1327,15 +1327,16 @@ fn stack_transforms_flatten_towers_and_fold_collectors() {
     // from n samples (the two runs sample apart, each with its own
     // noise), and 0.02 for the fixture's alternation. A starved emulated
     // guest gets fewer samples, so its bound is wider.
-    let sd = |p: f64, n: u64| p * (1.0 - p) / n.max(1) as f64;
-    let bound = 0.02 + 4.0 * (sd(truth, total(&plain)) + sd(truth, total(&shaped))).sqrt();
+    let variance = |p: f64, n: u64| p * (1.0 - p) / n.max(1) as f64;
+    let bound =
+        0.02 + 4.0 * (variance(truth, total(&plain)) + variance(truth, total(&shaped))).sqrt();
     assert!(
         (shaped_gc - plain_gc).abs() < bound,
         "{shaped_gc} vs {plain_gc} (bound {bound:.3}; {} and {} samples)",
         total(&shaped),
         total(&plain)
     );
-    let bound = 0.02 + 4.0 * sd(truth, total(&shaped)).sqrt();
+    let bound = 0.02 + 4.0 * variance(truth, total(&shaped)).sqrt();
     assert!(
         (shaped_gc - truth).abs() < bound,
         "{shaped_gc} vs the fixture's {truth} (bound {bound:.3}; {} samples)",

@@ -442,7 +442,6 @@ fn own_frames(mut kernel: Vec<Frame>) -> Vec<Frame> {
     kernel
 }
 
-/// The processes a count names: the thread's, and its waker's.
 /// Captures the mappings of those of `pids` the symbolizer has never
 /// captured.
 fn capture_unknown(pids: &[u32], sym: &mut Symbolizer) {
@@ -453,6 +452,7 @@ fn capture_unknown(pids: &[u32], sym: &mut Symbolizer) {
     }
 }
 
+/// The processes a count names: the thread's, and its waker's.
 fn tgids(k: &WakeKey) -> impl Iterator<Item = u32> {
     std::iter::once(k.key.tgid).chain(k.has_waker().then_some(k.waker.tgid))
 }
