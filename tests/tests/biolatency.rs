@@ -28,8 +28,10 @@ fn traced(tag: &str, extra: &[&str]) -> (String, u64, LoopDevice) {
     dev.settle();
     let done = dev.completed() - before;
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    // No check of stderr's warnings: the whole machine's I/O reaches the
+    // programs, so a warning may concern other devices; the callers judge
+    // this device's histogram against its completions.
     assert_eq!(code, 0, "stderr: {stderr}");
-    assert!(!stderr.contains("warning"), "{stderr}");
     (stdout, done, dev)
 }
 

@@ -7,6 +7,7 @@
 
 mod bench;
 mod dist;
+mod programs;
 mod setup;
 mod vm;
 

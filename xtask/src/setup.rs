@@ -1,41 +1,15 @@
 //! Installs the toolchain pieces and packages rtrace's build and tests need,
-//! skipping whatever is already there.
+//! skipping whatever is already there, then checks that every program in
+//! [`crate::programs::PROGRAMS`] is present before any long step runs.
 
 use std::process::Command;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 
-use crate::run;
+use crate::{programs::Source, run};
 
 /// bpf-linker 0.11+ needs an external LLVM 23; 0.10 uses rustc's own LLVM.
 const BPF_LINKER_VERSION: &str = "0.10.4";
-/// Debian packages: pahole checks the BTF reader, libbpf-tools and perf
-/// (linux-perf) are the peers the benchmarks compare against, util-linux has setpriv for the
-/// capability test, and qemu, busybox, cpio and xz (for the guests' loop
-/// module) run the other kernels of `vm-test`; the exporter's tests scrape
-/// it with a real Prometheus, and its benchmark compares scrapes with
-/// node_exporter's; man-db renders the man pages in their test;
-/// systemtap-sdt-dev has `sys/sdt.h`, for the USDT fixture; xfsprogs and
-/// btrfs-progs make the file systems fsslower's tests trace.
-const PACKAGES: [&str; 17] = [
-    "bpftrace",
-    "dwarves",
-    "e2fsprogs",
-    "libbpf-tools",
-    "linux-perf",
-    "util-linux",
-    "qemu-system-x86",
-    "busybox-static",
-    "cpio",
-    "xz-utils",
-    "python3",
-    "prometheus",
-    "prometheus-node-exporter",
-    "man-db",
-    "systemtap-sdt-dev",
-    "xfsprogs",
-    "btrfs-progs",
-];
 
 /// The target of the static build (`cargo xtask dist`), which the tests
 /// also run in the guests.
@@ -107,7 +81,7 @@ pub fn ensure() -> anyhow::Result<()> {
         eprintln!("xtask: adding the {STATIC_TARGET} target for the static build");
         run(Command::new("rustup").args(["target", "add", STATIC_TARGET]))?;
     }
-    let missing: Vec<&str> = PACKAGES
+    let missing: Vec<&str> = crate::programs::packages()
         .into_iter()
         .filter(|p| {
             !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
@@ -122,6 +96,22 @@ pub fn ensure() -> anyhow::Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))
         .context("cannot install Debian packages")?;
+    }
+    // Fail now, not after the long steps that would first run them.
+    let absent: Vec<String> = crate::programs::missing()
+        .into_iter()
+        .map(|p| match p.source {
+            Source::Debian(package) => {
+                format!("{} (Debian package {package}; {})", p.name, p.why)
+            }
+            Source::Rust => format!("{} (the Rust toolchain; {})", p.name, p.why),
+        })
+        .collect();
+    if !absent.is_empty() {
+        bail!(
+            "still missing after setup: {}; xtask/src/programs.rs lists what each is for",
+            absent.join(", ")
+        );
     }
     Ok(())
 }
