@@ -17,6 +17,7 @@ pub mod offsets;
 pub mod probes;
 pub mod profile;
 pub mod runqlat;
+pub mod stacks;
 pub mod targets;
 pub mod tcplife;
 pub mod unwind;

@@ -1,8 +1,13 @@
 //! Types of `rtrace offcputime`. Blocked time is counted in the shared
-//! stack tables (`profile::Key` by nanoseconds), so the store, the CFI
-//! walk and the symbolizer serve it as they serve profile.
+//! stack tables ([`crate::stacks`], `Key` by nanoseconds), so the store,
+//! the CFI walk and the symbolizer serve it as they serve profile.
 
-use crate::profile::WakeKey;
+use crate::stacks::WakeKey;
+
+/// `ERRORS` slot: blocked threads not timed, as the table of threads off
+/// the CPU was full (`profile --off-cpu` too). Slots 0 to 7 are the
+/// stack tables' samples and stacks (`stacks::ERR_*`).
+pub use crate::stacks::ERR_STARTS_FULL;
 
 /// `Config::threads`: every thread.
 pub const THREADS_ALL: u32 = 0;
@@ -70,15 +75,10 @@ pub struct Start {
     pub key: WakeKey,
 }
 
-/// `ERRORS` slot: blocked threads not timed, as the table of threads off
-/// the CPU was full (`profile --off-cpu` too). Slots 0 to 7 are
-/// profile's samples and stacks (`profile::ERR_*`).
-pub const ERR_STARTS_FULL: u32 = 8;
-
-/// What each `ERRORS` slot counts, for the report at exit: profile's, its
-/// first count in blocked periods.
+/// What each `ERRORS` slot counts, for the report at exit: the stack
+/// tables' (profile's), its first count in blocked periods.
 pub const ERR_NAMES: [&str; 9] = {
-    let p = crate::profile::ERR_NAMES;
+    let p = crate::stacks::ERR_NAMES;
     [
         p[0],
         "blocked periods lost (count table full; raise --hash-storage-size)",

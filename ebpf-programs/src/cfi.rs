@@ -16,14 +16,19 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use rtrace_common::{
-    profile::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, SEEN_EXEC, SEEN_FORK, Seen},
+    stacks::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, SEEN_EXEC, SEEN_FORK, Seen},
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, MAX_REGIONS,
         NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
     },
 };
 
-use crate::{count_error, events::Sink, global, read_kernel, stacks::Scratch};
+use crate::{
+    count_error,
+    events::Sink,
+    global, read_kernel,
+    scratch::{CHUNK_SLOTS, CHUNK_WORDS, MAX_READS, Scratch, State},
+};
 
 /// Offsets into `struct pt_regs` and `struct task_struct`, from BTF.
 #[unsafe(no_mangle)]
@@ -48,50 +53,15 @@ static CFI_INDEX: Array<Bucket> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 #[map]
 static CFI_PROCS: HashMap<u32, ProcRegions> = HashMap::with_max_entries(1, 0);
 
+/// The generation each process last told user space of a new stack in
+/// (`stacks::first_in_generation`); only with the CFI walk, whose exec
+/// program clears a process's.
+#[map]
+pub(crate) static SEEN: aya_ebpf::maps::LruHashMap<u32, u32> =
+    aya_ebpf::maps::LruHashMap::with_max_entries(8192, 0);
+
 /// Steps of the binary search of a process's regions.
 const REGION_STEPS: usize = MAX_REGIONS.next_power_of_two().trailing_zeros() as usize + 1;
-
-/// A walk in progress. It lives in the per-CPU scratch value, not on
-/// the stack: kernels before 6.7 verify a `bpf_loop` callback once,
-/// with the values the caller's stack held at the call, and hard-wire
-/// the branches only later iterations take (a first frame has no
-/// caller, an empty region cache never hits). A map value's contents
-/// are unknown to the verifier.
-#[repr(C)]
-pub struct State {
-    ip: u64,
-    sp: u64,
-    bp: u64,
-    depth: u32,
-    /// Set when a frame's code is in no region of the process.
-    new_code: u32,
-    /// The region the last frame was in: callers are mostly in the
-    /// same file, so it is tried before the search.
-    last: Region,
-    /// The user address `Scratch::chunk` was copied from.
-    chunk_base: u64,
-    /// How many bytes it holds.
-    chunk_len: u64,
-    /// The words of the chunk the walk read, by index, in order.
-    reads: [u8; MAX_READS],
-    /// How many.
-    nreads: u32,
-    /// The bytes of the chunk up to the last word read.
-    span: u32,
-    /// Their hash, in order (`mix`).
-    words: u64,
-    /// Set when the walk read the stack beyond the chunk, read more than
-    /// `MAX_READS` words, or took a frame by its frame pointer: such a
-    /// walk is not remembered.
-    unremembered: u32,
-    /// The process's regions' version.
-    version: u32,
-    /// The registers the walk started from.
-    start: [u64; 3],
-}
-
-/// Stack words a remembered walk may have read: two a frame for 32.
-const MAX_READS: usize = 64;
 
 /// A thread's last walk, remembered: the walk is a function of the
 /// registers it starts from, the stack words it reads (whose addresses
@@ -178,15 +148,6 @@ fn read_user<T>(addr: u64) -> Option<T> {
     // SAFETY: the helper copes with any address.
     unsafe { bpf_probe_read_user(addr as *const T) }.ok()
 }
-
-/// Words of the user stack copied at the start of a walk: one copy costs
-/// about what two single reads do, and the frames near the stack pointer,
-/// which most walks stay in, then cost none.
-/// A power of two.
-pub const CHUNK_WORDS: usize = 256;
-/// The room for them, and a word more: a pair's first word is found by
-/// an index masked to `CHUNK_WORDS`, which the verifier then bounds.
-pub const CHUNK_SLOTS: usize = CHUNK_WORDS + 1;
 
 /// Copies the top of the user stack, from `sp`, into `chunk`, and
 /// returns how many bytes it holds: as much as `CHUNK_WORDS`, or to
@@ -418,7 +379,7 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let tgid = (id >> 32) as u32;
     let _ = CFI_PROCS.remove(tgid);
     // Its first stacks as the new program are told, for its symbols.
-    let _ = crate::stacks::SEEN.remove(tgid);
+    let _ = SEEN.remove(tgid);
     if crate::targets::admits(tgid, id as u32) {
         crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXEC));
     }

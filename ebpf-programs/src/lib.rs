@@ -8,6 +8,7 @@
 pub mod cfi;
 pub mod events;
 pub mod offcpu;
+pub mod scratch;
 pub mod stacks;
 pub mod targets;
 pub mod task_storage;

@@ -23,7 +23,7 @@ use rtrace_common::{
     offcputime::{
         Config, ERR_STARTS_FULL, PF_KTHREAD, STATE_ANY, Start, THREADS_ALL, THREADS_USER,
     },
-    profile::{Key, OFF_CPU, WakeKey},
+    stacks::{Key, OFF_CPU, WakeKey},
 };
 
 use crate::{

@@ -19,12 +19,12 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
-use rtrace_common::profile::{
+use rtrace_common::stacks::{
     ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, NEW_COUNTS,
     NEW_STACKS, Seen, Stack, WakeKey,
 };
 
-use crate::{EEXIST, atomic_add, count_error, events::Sink};
+use crate::{EEXIST, atomic_add, count_error, events::Sink, scratch::Scratch};
 
 /// Defines `STACK_COUNTS`, the counts by key (`Key` for profile: samples;
 /// `WakeKey` for offcputime: nanoseconds), in the tool that counts: each
@@ -79,25 +79,9 @@ static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(1, 0);
 /// a walk of every bucket, nor the stacks stored again after it.
 #[map]
 static STACK_NEW: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
-/// The generation each process last told user space of a new stack in.
-#[cfg(feature = "cfi")]
-#[map]
-pub(crate) static SEEN: aya_ebpf::maps::LruHashMap<u32, u32> =
-    aya_ebpf::maps::LruHashMap::with_max_entries(8192, 0);
 /// Where a stack is walked: it is larger than the eBPF stack.
 #[map]
 static STACK_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
-
-/// One CPU's room for the stack being walked, and the CFI walk's state.
-#[repr(C)]
-pub struct Scratch {
-    pub(crate) stack: Stack,
-    #[cfg(feature = "cfi")]
-    pub(crate) walk: crate::cfi::State,
-    /// The top of the user stack, read in one copy (`cfi::CHUNK_WORDS`).
-    #[cfg(feature = "cfi")]
-    pub(crate) chunk: [u64; crate::cfi::CHUNK_SLOTS],
-}
 
 /// The generation to count in now.
 #[inline(always)]
@@ -160,13 +144,13 @@ fn first_in_generation(tgid: u32, generation: u32) -> bool {
     #[cfg(feature = "cfi")]
     {
         // SAFETY: a map value.
-        if SEEN
+        if crate::cfi::SEEN
             .get_ptr(tgid)
             .is_some_and(|g| unsafe { *g } == generation)
         {
             return false;
         }
-        let _ = SEEN.insert(tgid, generation, 0);
+        let _ = crate::cfi::SEEN.insert(tgid, generation, 0);
     }
     let _ = (tgid, generation);
     true
@@ -237,7 +221,7 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                     crate::events::emit(
                         events,
                         ctx,
-                        &Seen::new(tgid, rtrace_common::profile::SEEN_NEW_CODE),
+                        &Seen::new(tgid, rtrace_common::stacks::SEEN_NEW_CODE),
                     );
                 }
                 // SAFETY: a map value.
@@ -249,7 +233,7 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                 }
                 return Some(stack);
             }
-            None => count_error(rtrace_common::profile::ERR_NO_TABLES),
+            None => count_error(rtrace_common::stacks::ERR_NO_TABLES),
         }
     }
     let _ = (events, tgid, sampled);

@@ -10,8 +10,8 @@ use rtrace_ebpf::global;
 
 rtrace_ebpf::event_map!();
 rtrace_ebpf::cfi_programs!();
-rtrace_ebpf::stack_counts!(rtrace_common::profile::WakeKey);
-rtrace_ebpf::offcpu_programs!(rtrace_common::profile::WakeKey, global(&CONFIG));
+rtrace_ebpf::stack_counts!(rtrace_common::stacks::WakeKey);
+rtrace_ebpf::offcpu_programs!(rtrace_common::stacks::WakeKey, global(&CONFIG));
 
 /// Set by user space before load.
 #[unsafe(no_mangle)]

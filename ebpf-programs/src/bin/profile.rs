@@ -12,13 +12,16 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray},
     programs::PerfEventContext,
 };
-use rtrace_common::profile::{Config, HEAT_SLOT_NS, Key, MAX_PERIODS};
+use rtrace_common::{
+    profile::{Config, HEAT_SLOT_NS, MAX_PERIODS},
+    stacks::Key,
+};
 use rtrace_ebpf::{global, stacks, targets};
 
 rtrace_ebpf::event_map!();
 rtrace_ebpf::cfi_programs!();
-rtrace_ebpf::stack_counts!(rtrace_common::profile::Key);
-rtrace_ebpf::offcpu_programs!(rtrace_common::profile::Key, &global(&CONFIG).off_cpu);
+rtrace_ebpf::stack_counts!(rtrace_common::stacks::Key);
+rtrace_ebpf::offcpu_programs!(rtrace_common::stacks::Key, &global(&CONFIG).off_cpu);
 
 /// Set by user space before load.
 #[unsafe(no_mangle)]

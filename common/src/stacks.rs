@@ -1,0 +1,186 @@
+//! The stack tables both stack tools count in (profile by samples,
+//! offcputime and `profile --off-cpu` by nanoseconds off the CPU): the
+//! keys counts are kept by, the stacks, the record of a process new to the
+//! tables, and the `ERRORS` slots of the store and the CFI walk. Below
+//! [`crate::profile`] and [`crate::offcputime`], which both take from here
+//! and re-export what was theirs under its old paths.
+
+use crate::TASK_COMM_LEN;
+
+/// Most frames kept of one stack, kernel or user (the kernel's default
+/// `perf_event_max_stack`).
+pub const MAX_DEPTH: usize = 127;
+
+/// `Key::flags`: the user stack could not be read or stored.
+pub const MISSED_USER: u32 = 1;
+/// `Key::flags`: the kernel stack could not be read or stored.
+pub const MISSED_KERNEL: u32 = 2;
+/// `Key::flags`: time off the CPU, in nanoseconds (`profile --off-cpu`),
+/// not samples.
+pub const OFF_CPU: u32 = 4;
+
+/// What samples are counted by: a process, its command and its two stacks.
+///
+/// A stack is named by a 64-bit hash of its frames, computed in the
+/// program; unlike `bpf_get_stackid`'s bucket index it cannot make two
+/// stacks collide in practice, and a stack table that is full is counted
+/// rather than silently merging samples.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    /// Process (thread group) id.
+    pub tgid: u32,
+    /// `MISSED_*` bits.
+    pub flags: u32,
+    /// The generation counted in (`GEN`): user space counts it up every
+    /// second and moves the older generation's counts out.
+    pub generation: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+    /// Hash of the user stack in `STACKS`, or 0 for none.
+    pub user: u64,
+    /// Hash of the kernel stack in `STACKS`, or 0 for none.
+    pub kernel: u64,
+    /// Command of the sampled thread.
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+impl Key {
+    /// The key of process `tgid` running `comm`, with no stacks yet, in
+    /// generation 0.
+    pub const fn new(tgid: u32, comm: [u8; TASK_COMM_LEN]) -> Self {
+        Self {
+            tgid,
+            flags: 0,
+            generation: 0,
+            _pad: 0,
+            user: 0,
+            kernel: 0,
+            comm,
+        }
+    }
+
+    /// Names the kernel stack by the hash it was stored under, or marks
+    /// it missed (`None`: it could not be walked or stored).
+    pub fn set_kernel(&mut self, stored: Option<u64>) {
+        match stored {
+            Some(h) => self.kernel = h,
+            None => self.flags |= MISSED_KERNEL,
+        }
+    }
+
+    /// The same for the user stack.
+    pub fn set_user(&mut self, stored: Option<u64>) {
+        match stored {
+            Some(h) => self.user = h,
+            None => self.flags |= MISSED_USER,
+        }
+    }
+}
+
+/// What offcputime counts blocked time by: the blocked thread's [`Key`],
+/// and with `--waker` the thread that woke it, described the same way (its
+/// `generation` unused); all zeros where none was recorded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WakeKey {
+    /// The blocked thread.
+    pub key: Key,
+    /// The thread that woke it.
+    pub waker: Key,
+}
+
+impl WakeKey {
+    /// Whether a waker was recorded: every thread has a command.
+    pub const fn has_waker(&self) -> bool {
+        self.waker.comm[0] != 0
+    }
+}
+
+/// A stack's frames, leaf first.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Stack {
+    /// Instruction pointers: the sampled one, then return addresses.
+    pub ips: [u64; MAX_DEPTH],
+    /// Frames used in `ips`.
+    pub len: u64,
+}
+
+/// What the program tells user space as soon as a process gets its first
+/// sample for a new stack, so that its memory map and JIT symbols are
+/// captured while it still lives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// Process (thread group) id.
+    pub tgid: u32,
+    /// `SEEN_*` bits.
+    pub flags: u32,
+    /// With [`SEEN_FORK`], the process it was forked from.
+    pub parent: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+}
+
+impl Seen {
+    /// A record of `tgid` with `flags` and no parent.
+    pub const fn new(tgid: u32, flags: u32) -> Self {
+        Self {
+            tgid,
+            flags,
+            parent: 0,
+            _pad: 0,
+        }
+    }
+}
+
+/// `Seen::flags`: the CFI walk met code in no region user space gave the
+/// process: it mapped something new (`dlopen`), so its regions are stale.
+pub const SEEN_NEW_CODE: u32 = 1;
+/// `Seen::flags`: the process has just run a new program: its CFI regions
+/// are to be read, while its symbols wait for its first sample, when its
+/// libraries are mapped.
+pub const SEEN_EXEC: u32 = 2;
+/// `Seen::flags`: the kernel gave a new process a copy of its parent's CFI
+/// regions; user space only has to forget them when it exits.
+pub const SEEN_FORK: u32 = 4;
+
+/// `STACK_NEW` slot: entries created in `STACKS`.
+pub const NEW_STACKS: u32 = 0;
+/// `STACK_NEW` slot: entries created in `STACK_COUNTS`.
+pub const NEW_COUNTS: u32 = 1;
+
+/// `ERRORS` slot: samples not counted, as the count table was full. Slot
+/// 0 is [`crate::events::LOST_EVENT`], new-process events not sent.
+pub const ERR_COUNTS_FULL: u32 = 1;
+/// `ERRORS` slot: stacks not stored, as the stack table was full.
+pub const ERR_STACKS_FULL: u32 = 2;
+/// `ERRORS` slot: user stacks the kernel could not walk.
+pub const ERR_USER_STACK: u32 = 3;
+/// `ERRORS` slot: kernel stacks the kernel could not walk.
+pub const ERR_KERNEL_STACK: u32 = 4;
+/// `ERRORS` slot: user stacks of processes without CFI tables yet.
+pub const ERR_NO_TABLES: u32 = 5;
+/// `ERRORS` slot: frames of CFI walks that took the frame pointer.
+pub const ERR_FP_FRAMES: u32 = 6;
+/// `ERRORS` slot: CFI walks that ended on a failed read.
+pub const ERR_CUT_SHORT: u32 = 7;
+/// `ERRORS` slot: blocked threads not timed, as the table of threads off
+/// the CPU was full (offcputime, and `profile --off-cpu`).
+pub const ERR_STARTS_FULL: u32 = 8;
+
+/// What each `ERRORS` slot counts, for the report at exit.
+pub const ERR_NAMES: [&str; 9] = [
+    crate::events::LOST_NAMES[0],
+    "samples lost (count table full; raise --hash-storage-size)",
+    "stacks lost (stack table full; raise --stack-storage-size)",
+    "user stacks that could not be walked",
+    "kernel stacks that could not be walked",
+    "user stacks walked by frame pointer, as their process had no CFI tables yet",
+    "user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)",
+    "user stacks cut short (a stack word could not be read)",
+    "blocked threads not timed (table of threads off the CPU full)",
+];
+
+crate::pod!(Key, WakeKey, Stack, Seen);

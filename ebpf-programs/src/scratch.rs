@@ -1,0 +1,74 @@
+//! The per-CPU scratch value a stack is walked in, and the CFI walk's
+//! state in it: below both the stack store ([`crate::stacks`], which keeps
+//! the map and hands the value to the walk) and the CFI walk (`crate::cfi`,
+//! which works in it).
+
+use rtrace_common::stacks::Stack;
+#[cfg(feature = "cfi")]
+use rtrace_common::unwind::Region;
+
+/// One CPU's room for the stack being walked, and the CFI walk's state.
+#[repr(C)]
+pub struct Scratch {
+    pub(crate) stack: Stack,
+    #[cfg(feature = "cfi")]
+    pub(crate) walk: State,
+    /// The top of the user stack, read in one copy (`CHUNK_WORDS`).
+    #[cfg(feature = "cfi")]
+    pub(crate) chunk: [u64; CHUNK_SLOTS],
+}
+
+/// A walk in progress. It lives in the per-CPU scratch value, not on
+/// the stack: kernels before 6.7 verify a `bpf_loop` callback once,
+/// with the values the caller's stack held at the call, and hard-wire
+/// the branches only later iterations take (a first frame has no
+/// caller, an empty region cache never hits). A map value's contents
+/// are unknown to the verifier.
+#[cfg(feature = "cfi")]
+#[repr(C)]
+pub struct State {
+    pub(crate) ip: u64,
+    pub(crate) sp: u64,
+    pub(crate) bp: u64,
+    pub(crate) depth: u32,
+    /// Set when a frame's code is in no region of the process.
+    pub(crate) new_code: u32,
+    /// The region the last frame was in: callers are mostly in the
+    /// same file, so it is tried before the search.
+    pub(crate) last: Region,
+    /// The user address `Scratch::chunk` was copied from.
+    pub(crate) chunk_base: u64,
+    /// How many bytes it holds.
+    pub(crate) chunk_len: u64,
+    /// The words of the chunk the walk read, by index, in order.
+    pub(crate) reads: [u8; MAX_READS],
+    /// How many.
+    pub(crate) nreads: u32,
+    /// The bytes of the chunk up to the last word read.
+    pub(crate) span: u32,
+    /// Their hash, in order (`cfi::mix`).
+    pub(crate) words: u64,
+    /// Set when the walk read the stack beyond the chunk, read more than
+    /// `MAX_READS` words, or took a frame by its frame pointer: such a
+    /// walk is not remembered.
+    pub(crate) unremembered: u32,
+    /// The process's regions' version.
+    pub(crate) version: u32,
+    /// The registers the walk started from.
+    pub(crate) start: [u64; 3],
+}
+
+/// Stack words a remembered walk may have read: two a frame for 32.
+#[cfg(feature = "cfi")]
+pub(crate) const MAX_READS: usize = 64;
+
+/// Words of the user stack copied at the start of a walk: one copy costs
+/// about what two single reads do, and the frames near the stack pointer,
+/// which most walks stay in, then cost none.
+/// A power of two.
+#[cfg(feature = "cfi")]
+pub const CHUNK_WORDS: usize = 256;
+/// The room for them, and a word more: a pair's first word is found by
+/// an index masked to `CHUNK_WORDS`, which the verifier then bounds.
+#[cfg(feature = "cfi")]
+pub const CHUNK_SLOTS: usize = CHUNK_WORDS + 1;
