@@ -19,7 +19,6 @@
 //! 8. the report of lost work at exit.
 
 use std::{
-    collections::HashMap,
     fs::File,
     os::fd::AsRawFd as _,
     path::PathBuf,
@@ -29,7 +28,7 @@ use std::{
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    maps::{CgroupArray, HashMap as BpfHashMap, PerCpuArray},
+    maps::{CgroupArray, HashMap as BpfHashMap},
 };
 use rtrace_common::{
     events::{LOST_EVENT, TALLIES, TALLY_ONLY},
@@ -37,14 +36,41 @@ use rtrace_common::{
 };
 
 use crate::{
-    GlobalArgs,
-    btf::{AttachTarget, Btf},
-    features::{Features, Mechanism, trim_verifier_log},
-    objects,
+    kernel::load::{Kernel, Load, TASK_STORAGE, read_errors},
+    kernel::{
+        features::{Mechanism, trim_verifier_log},
+        privs,
+        transport::{BufferArgs, Transport},
+    },
+    output::Schedule,
     output::{Signals, Sink, events::EventStream, metrics::Exposition},
-    privs,
-    transport::{BufferArgs, Transport},
 };
+
+/// Options every tracing tool takes; the other commands take those that
+/// do something there.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct GlobalArgs {
+    /// Say which attach mechanism was chosen and why others were skipped.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Print one JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep per-thread state in hash maps even where the kernel has task
+    /// local storage, which is cheaper (for comparison and testing).
+    #[arg(long)]
+    pub no_task_storage: bool,
+}
+
+// A tool's own arguments and the ones every tool takes. No doc comment:
+// clap would make it every tool's about text, which is the tool's own.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WithGlobal<A: clap::Args> {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(flatten)]
+    pub args: A,
+}
 
 /// A tool: its declarations and its part of the lifecycle.
 ///
@@ -120,9 +146,9 @@ pub trait Tool: Sized {
         Vec::new()
     }
 
-    /// When the tool prints ([`Interval`]).
-    fn interval(&self) -> Interval {
-        Interval::Never
+    /// When the tool prints ([`Schedule`]).
+    fn interval(&self) -> Schedule {
+        Schedule::Never
     }
 
     /// Seconds after which the run ends as if interrupted (`-d`).
@@ -204,23 +230,6 @@ pub struct Collector {
     /// events (`rtrace_common::events::TALLY_ONLY`); 0 for tools that read
     /// maps only.
     pub tallies: u32,
-}
-
-/// When a tool prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Interval {
-    /// Only from events, or in [`Tool::finish`].
-    Never,
-    /// Once, when the run ends.
-    AtEnd,
-    /// Every `secs` seconds, `count` times if given, and once more for a
-    /// partial interval cut short by a signal.
-    Every {
-        /// Seconds between outputs.
-        secs: u64,
-        /// Outputs before exiting.
-        count: Option<u64>,
-    },
 }
 
 /// What a tool traces, checked and applied by the tracer through the one
@@ -387,7 +396,7 @@ impl Targets {
 /// Fails with a clear message unless `id` names a live task (`what` says
 /// which kind).
 pub fn check_task(id: u32, what: &str) -> anyhow::Result<()> {
-    if id == 0 || !crate::procmaps::alive(id) {
+    if id == 0 || !crate::kernel::procmaps::alive(id) {
         anyhow::bail!("no such {what}: {id}");
     }
     Ok(())
@@ -407,189 +416,6 @@ fn cgroup_id(path: &std::path::Path) -> anyhow::Result<u64> {
         anyhow::bail!("{} is not a cgroup v2 directory", path.display());
     }
     Ok(meta.ino())
-}
-
-/// How to load a tool's object: the variant, globals and map sizes.
-#[derive(Debug, Default)]
-pub struct Load {
-    variant: &'static str,
-    globals: Vec<(&'static str, Vec<u8>)>,
-    sizes: Vec<(&'static str, u32)>,
-    unsupported_maps: bool,
-    pins: Vec<(&'static str, PathBuf)>,
-}
-
-impl Load {
-    /// The object variant being tried (`""` for the plain object).
-    pub fn variant(&self) -> &'static str {
-        self.variant
-    }
-
-    /// Sets global `name` to `value` (its size must match the object's).
-    pub fn global<T: aya::Pod>(&mut self, name: &'static str, value: &T) -> &mut Self {
-        // SAFETY: `T` is plain old data, so its bytes may be read.
-        let bytes =
-            unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) };
-        self.globals.retain(|(n, _)| *n != name);
-        self.globals.push((name, bytes.to_vec()));
-        self
-    }
-
-    /// Sets the global `CONFIG`, which every configurable object has.
-    pub fn config<T: aya::Pod>(&mut self, value: &T) -> &mut Self {
-        self.global("CONFIG", value)
-    }
-
-    /// Sizes map `name` to `entries`.
-    pub fn size(&mut self, name: &'static str, entries: u32) -> &mut Self {
-        self.sizes.retain(|(n, _)| *n != name);
-        self.sizes.push((name, entries));
-        self
-    }
-
-    /// Uses the map pinned at `path` for the object's map `name`.
-    pub fn pinned(&mut self, name: &'static str, path: PathBuf) -> &mut Self {
-        self.pins.retain(|(n, _)| *n != name);
-        self.pins.push((name, path));
-        self
-    }
-
-    /// Lets the object hold maps aya has no user-space type for, which
-    /// only the programs use (such as task storage).
-    pub fn allow_unsupported_maps(&mut self) -> &mut Self {
-        self.unsupported_maps = true;
-        self
-    }
-
-    fn load(&self, name: &str) -> anyhow::Result<Ebpf> {
-        let object =
-            objects::get(name).with_context(|| format!("no eBPF object {name} in this build"))?;
-        let mut loader = crate::features::loader();
-        if self.unsupported_maps {
-            loader.allow_unsupported_maps();
-        }
-        for (n, bytes) in &self.globals {
-            loader.override_global(n, bytes.as_slice(), true);
-        }
-        for (n, entries) in &self.sizes {
-            loader.map_max_entries(n, *entries);
-        }
-        for (n, path) in &self.pins {
-            loader.map_pin_path(n, path.as_path());
-        }
-        loader
-            .load(object)
-            .with_context(|| format!("cannot load the {name} programs"))
-    }
-}
-
-/// What set-up learns once per run, each only when first asked for: the
-/// mechanisms the kernel offers, its BTF, the type ids aya attaches by,
-/// and the symbols of the files uprobes go into. All of it is dropped once
-/// the tool is attached.
-#[derive(Default)]
-pub struct Kernel {
-    features: Features,
-    btf: Option<Result<Btf, String>>,
-    /// The attach-id BTF made so far, and the highest id it covers.
-    attach_ids: Option<(u32, aya::Btf)>,
-    symbols: HashMap<PathBuf, Option<HashMap<String, u64>>>,
-    /// `/proc/kallsyms`, read once however many probes look in it.
-    kallsyms: Option<String>,
-}
-
-impl Kernel {
-    /// The kernel function a probe on `func` goes to: `func` itself, or,
-    /// where the kernel renamed it for allocation profiling (6.10+:
-    /// `__kmalloc` became `__kmalloc_noprof`), its `_noprof` twin, so that
-    /// the command lines written for older kernels keep working. Fails
-    /// with a clear line when neither is in `/proc/kallsyms`.
-    pub fn function(&mut self, func: &str) -> anyhow::Result<String> {
-        let syms = self
-            .kallsyms
-            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default());
-        let twin = format!("{func}_noprof");
-        let (mut own, mut renamed) = (false, false);
-        for line in syms.lines() {
-            let Some(name) = line.split_whitespace().nth(2) else {
-                continue;
-            };
-            own |= name == func;
-            renamed |= name == twin;
-        }
-        match (own, renamed) {
-            (true, _) => Ok(func.to_owned()),
-            (false, true) => Ok(twin),
-            // Without symbols to read (kptr_restrict), let the attach say.
-            _ if syms.is_empty() => Ok(func.to_owned()),
-            _ => anyhow::bail!("no kernel function '{func}' (it is not in /proc/kallsyms)"),
-        }
-    }
-
-    /// Whether mechanism `m` works here; the error says why not.
-    pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
-        // The probes of BTF-attached mechanisms attach to these.
-        let target = match m {
-            Mechanism::TpBtf => Some(AttachTarget::Tracepoint("sched_switch")),
-            Mechanism::Fentry | Mechanism::Fexit => Some(AttachTarget::Function("vfs_read")),
-            _ => None,
-        };
-        let prepared = match target {
-            Some(t) if !self.features.probed(m) => {
-                self.attach_ids(t).map(drop).map_err(|e| format!("{e:#}"))
-            }
-            _ => Ok(()),
-        };
-        let Self {
-            features,
-            attach_ids,
-            ..
-        } = self;
-        let ids = prepared.and_then(|()| {
-            attach_ids
-                .as_ref()
-                .map(|(_, b)| b)
-                .ok_or_else(|| "kernel type ids not read".to_owned())
-        });
-        features.check(m, ids)
-    }
-
-    /// The running kernel's BTF, read on first use.
-    pub fn btf(&mut self) -> anyhow::Result<&Btf> {
-        self.btf
-            .get_or_insert_with(|| Btf::from_kernel().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| anyhow::anyhow!("{e}"))
-    }
-
-    /// The function symbols of `file` by file offset, read once; `None`
-    /// where they cannot be read (attaching then says why).
-    pub fn symbols(&mut self, file: &std::path::Path) -> Option<&HashMap<String, u64>> {
-        self.symbols
-            .entry(file.to_path_buf())
-            .or_insert_with(|| crate::uprobes::symbol_offsets(file).ok())
-            .as_ref()
-    }
-
-    /// The kernel's type ids in the form aya's tp_btf, fentry and fexit
-    /// loads take them ([`Btf::attach_ids`]), covering `target`.
-    pub fn attach_ids(&mut self, target: AttachTarget<'_>) -> anyhow::Result<&aya::Btf> {
-        let btf = self.btf()?;
-        let id = btf.attach_id(target).with_context(|| match target {
-            // aya attaches fentry by vmlinux's type ids only.
-            AttachTarget::Function(f) => format!(
-                "no function {f} in the kernel's own BTF (a module's functions, \
-                 whose BTF is the module's, take kprobes)"
-            ),
-            AttachTarget::Tracepoint(e) => format!("no tracepoint {e} in the kernel's BTF"),
-        })?;
-        if self.attach_ids.as_ref().is_none_or(|(upto, _)| *upto < id) {
-            let btf = self.btf()?;
-            let ids = btf.attach_ids(id)?;
-            self.attach_ids = Some((id, ids));
-        }
-        Ok(&self.attach_ids.as_ref().expect("set above").1)
-    }
 }
 
 /// No mechanism of a chain worked.
@@ -670,10 +496,7 @@ fn attach_chain<T: Tool>(
         let last = variants.len().saturating_sub(1);
         for (i, variant) in variants.into_iter().enumerate() {
             let attempt = (|| {
-                let mut load = Load {
-                    variant,
-                    ..Load::default()
-                };
+                let mut load = Load::new(variant);
                 load.global(targets::GLOBAL, &targets.global);
                 load.size(targets::IDS_MAP, targets.ids.len().max(1) as u32);
                 for (name, path) in &targets.pins {
@@ -767,7 +590,7 @@ impl<T: Tool> Session<T> {
         // What setup needed of the kernel (its BTF above all) is not
         // needed while tracing.
         drop(kernel);
-        crate::memory::release_free();
+        crate::kernel::memory::release_free();
         Ok(Self {
             tool,
             ebpf,
@@ -874,7 +697,7 @@ async fn run_loop<T: Tool>(
 ) -> anyhow::Result<()> {
     let interval = tool.interval();
     let mut next = match interval {
-        Interval::Every { secs, .. } => Some(Instant::now() + Duration::from_secs(secs)),
+        Schedule::Every { secs, .. } => Some(Instant::now() + Duration::from_secs(secs)),
         _ => None,
     };
     let mut done = 0u64;
@@ -944,13 +767,13 @@ async fn run_loop<T: Tool>(
                     s.drain(|record| tool.event(record, sink))?;
                 }
                 done += 1;
-                let last = matches!(interval, Interval::Every { count: Some(c), .. } if done >= c);
+                let last = matches!(interval, Schedule::Every { count: Some(c), .. } if done >= c);
                 tool.tick(ebpf, sink, last)?;
                 sink.flush()?;
                 if last {
                     return Ok(());
                 }
-                if let (Interval::Every { secs, .. }, Some(at)) = (interval, next.as_mut()) {
+                if let (Schedule::Every { secs, .. }, Some(at)) = (interval, next.as_mut()) {
                     *at += Duration::from_secs(secs);
                 }
             }
@@ -959,7 +782,7 @@ async fn run_loop<T: Tool>(
                 if let Some(s) = stream.as_deref_mut() {
                     s.drain_all(|record| tool.event(record, sink))?;
                 }
-                if interval != Interval::Never {
+                if interval != Schedule::Never {
                     tool.tick(ebpf, sink, true)?;
                 }
                 sink.flush()?;
@@ -985,92 +808,6 @@ fn report_errors(ebpf: &Ebpf, names: &[&str], perf_lost: u64) -> anyhow::Result<
         }
     }
     Ok(())
-}
-
-/// The object's `ERRORS` per-CPU counters, summed over CPUs.
-pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
-    per_cpu_sums(ebpf, "ERRORS", slots)
-}
-
-/// An event tool's `TALLIES` as a collector, summed over the CPUs.
-pub fn read_tallies(ebpf: &Ebpf, slots: u32) -> anyhow::Result<Vec<u64>> {
-    per_cpu_sums(ebpf, TALLIES, slots as usize)
-}
-
-/// The first `slots` counters of the per-CPU array `map`, each summed
-/// over the CPUs.
-pub fn per_cpu_sums(ebpf: &Ebpf, map: &str, slots: usize) -> anyhow::Result<Vec<u64>> {
-    let array: PerCpuArray<_, u64> = PerCpuArray::try_from(
-        ebpf.map(map)
-            .with_context(|| format!("map {map} missing"))?,
-    )?;
-    (0..slots as u32)
-        .map(|i| Ok(array.get(&i, 0)?.iter().sum()))
-        .collect()
-}
-
-/// The object variant built with the `task_storage` feature: state kept
-/// in the tasks themselves (5.11+).
-pub const TASK_STORAGE: &str = "task_storage";
-
-/// Sets up where an object's `in_flight!` operations are kept, for the
-/// variant being loaded, and says where, for `-v`.
-pub fn in_flight(load: &mut Load) -> &'static str {
-    if load.variant() == TASK_STORAGE {
-        // aya has no user-space type for task storage, which only the
-        // programs use.
-        load.allow_unsupported_maps();
-        "task storage"
-    } else {
-        load.size("STARTS", thread_entries());
-        "a hash by thread id"
-    }
-}
-
-/// Entries for a preallocated table keyed by thread: runnable ones for
-/// runqlat, ones inside a call for the latency tools, ones off the CPU for
-/// offcputime.
-///
-/// It needs no more than the number of threads; four times today's count (at least 65536, at most `pid_max`)
-/// leaves room to grow at a few megabytes, where `pid_max` entries could
-/// cost hundreds. Inserts that still fail are counted and reported.
-pub fn thread_entries() -> u32 {
-    let threads: u32 = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(3)?.split('/').nth(1)?.parse().ok())
-        .unwrap_or(0);
-    threads.saturating_mul(4).max(65_536).min(pid_max())
-}
-
-/// The kernel's `pid_max`: tables keyed by thread id sized to it can never
-/// fill up, unlike libbpf-tools' fixed 10240 entries.
-pub fn pid_max() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(4_194_304)
-}
-
-/// A link being detached on a thread of its own. Detaching a tracepoint
-/// waits for RCU grace periods (tens of milliseconds): a tool that stops a
-/// helper program before its report lets that wait overlap the report's
-/// work. Dropping this joins the thread, so that nothing is left attached
-/// when the tool is done.
-pub struct Detaching(Option<std::thread::JoinHandle<()>>);
-
-impl Detaching {
-    /// Starts detaching `link` (aya detaches a link when it is dropped).
-    pub fn start<L: Send + 'static>(link: L) -> Self {
-        Self(Some(std::thread::spawn(move || drop(link))))
-    }
-}
-
-impl Drop for Detaching {
-    fn drop(&mut self) {
-        if let Some(t) = self.0.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1102,7 +839,7 @@ mod tests {
             "execsnoop_perf",
             "probes",
         ] {
-            assert!(objects::get(name).is_some(), "{name}");
+            assert!(crate::kernel::objects::get(name).is_some(), "{name}");
         }
     }
 }

@@ -7,6 +7,8 @@
 
 mod bench;
 mod dist;
+#[cfg(test)]
+mod house;
 mod programs;
 mod setup;
 mod vm;

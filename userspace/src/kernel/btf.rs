@@ -135,7 +135,7 @@ struct Head {
 /// A BTF blob, indexed for lookups by name.
 #[derive(Debug)]
 pub struct Btf {
-    data: crate::memory::Mapped,
+    data: crate::kernel::memory::Mapped,
     /// The type section's range in `data`.
     types: std::ops::Range<usize>,
     /// The string section's range in `data`.
@@ -166,7 +166,7 @@ impl Btf {
     /// Reads BTF from a file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, BtfError> {
         let path = path.as_ref();
-        let data = crate::memory::Mapped::open(path).map_err(|source| BtfError::Read {
+        let data = crate::kernel::memory::Mapped::open(path).map_err(|source| BtfError::Read {
             path: path.display().to_string(),
             source,
         })?;
@@ -174,7 +174,7 @@ impl Btf {
     }
 
     /// Indexes a little-endian BTF blob.
-    fn index(data: crate::memory::Mapped) -> Result<Self, BtfError> {
+    fn index(data: crate::kernel::memory::Mapped) -> Result<Self, BtfError> {
         if u16_at(&data, 0)? != MAGIC {
             return Err(BtfError::Malformed("bad magic (not little-endian BTF)"));
         }

@@ -15,7 +15,7 @@ use aya::{
 
 use rtrace_common::probes;
 
-use crate::{btf::AttachTarget, objects, tracer::Kernel};
+use crate::kernel::objects;
 
 /// A way of getting a program to run in the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -116,7 +116,7 @@ pub extern "C" fn rtrace_uprobe_probe_target() -> u64 {
 fn own_offset(addr: usize) -> Option<u64> {
     let exe = std::fs::read_link("/proc/self/exe").ok()?;
     let addr = addr as u64;
-    crate::procmaps::read(None)
+    crate::kernel::procmaps::read(None)
         .ok()?
         .into_iter()
         .find(|m| m.contains(addr) && m.path().is_some_and(|p| std::path::Path::new(p) == exe))
@@ -292,7 +292,7 @@ impl Features {
         };
         match m {
             Mechanism::Tracepoint => {
-                crate::tracefs::root().map_err(|e| e.to_string())?;
+                crate::kernel::tracefs::root().map_err(|e| e.to_string())?;
                 try_attach!(
                     TracePoint,
                     "probe_tracepoint",
@@ -421,127 +421,6 @@ pub const TRACEPOINT_CHAIN: [Mechanism; 3] = [
     Mechanism::RawTracepoint,
     Mechanism::Tracepoint,
 ];
-
-/// Attaches a tool's programs to tracepoints with one mechanism of
-/// [`TRACEPOINT_CHAIN`].
-pub struct Hooks<'a> {
-    mech: Mechanism,
-    kernel: &'a mut Kernel,
-}
-
-impl<'a> Hooks<'a> {
-    /// Prepares to attach with `mech`; tp_btf takes the kernel's type ids
-    /// from `kernel`.
-    pub fn new(mech: Mechanism, kernel: &'a mut Kernel) -> anyhow::Result<Self> {
-        Ok(Self { mech, kernel })
-    }
-
-    /// The name prefix of the programs written for this mechanism, by
-    /// convention: `btf_`, `raw_` or `tp_` before the event's name.
-    pub fn prefix(&self) -> &'static str {
-        match self.mech {
-            Mechanism::TpBtf => "btf",
-            Mechanism::RawTracepoint => "raw",
-            _ => "tp",
-        }
-    }
-
-    /// Loads program `name` of `ebpf` and attaches it to tracepoint
-    /// `category:event`.
-    pub fn attach(
-        &mut self,
-        ebpf: &mut Ebpf,
-        name: &str,
-        category: &str,
-        event: &str,
-    ) -> anyhow::Result<()> {
-        use anyhow::Context as _;
-        let attached = (|| {
-            let prog = ebpf
-                .program_mut(name)
-                .with_context(|| format!("program {name} missing from the object"))?;
-            match self.mech {
-                Mechanism::TpBtf => {
-                    let btf = self.kernel.attach_ids(AttachTarget::Tracepoint(event))?;
-                    let p: &mut BtfTracePoint = prog.try_into()?;
-                    p.load(event, btf)?;
-                    p.attach()?;
-                }
-                Mechanism::RawTracepoint => {
-                    let p: &mut RawTracePoint = prog.try_into()?;
-                    p.load()?;
-                    p.attach(event)?;
-                }
-                Mechanism::Tracepoint => {
-                    // aya finds tracefs but does not mount it.
-                    crate::tracefs::root()?;
-                    // One program may serve several tracepoints.
-                    let p: &mut TracePoint = prog.try_into()?;
-                    if p.fd().is_err() {
-                        p.load()?;
-                    }
-                    p.attach(category, event)?;
-                }
-                m => anyhow::bail!("{m} cannot attach to tracepoints"),
-            }
-            anyhow::Ok(())
-        })();
-        attached.with_context(|| format!("cannot attach {name} to {category}:{event}"))
-    }
-
-    /// Attaches the conventionally named program for `category:event`.
-    pub fn attach_event(
-        &mut self,
-        ebpf: &mut Ebpf,
-        category: &str,
-        event: &str,
-    ) -> anyhow::Result<()> {
-        let name = format!("{}_{event}", self.prefix());
-        self.attach(ebpf, &name, category, event)
-    }
-}
-
-/// Loads program `name` of `ebpf` and attaches it to kernel function
-/// `func` with `mech` (fentry, fexit, kprobe or kretprobe). A kprobe
-/// program may be attached to several functions; it is loaded once.
-pub fn attach_kernel_fn(
-    ebpf: &mut Ebpf,
-    kernel: &mut Kernel,
-    name: &str,
-    mech: Mechanism,
-    func: &str,
-) -> anyhow::Result<()> {
-    use anyhow::Context as _;
-    let attached = (|| {
-        let prog = ebpf
-            .program_mut(name)
-            .with_context(|| format!("program {name} missing from the object"))?;
-        match mech {
-            Mechanism::Fentry => {
-                let btf = kernel.attach_ids(AttachTarget::Function(func))?;
-                let p: &mut FEntry = prog.try_into()?;
-                p.load(func, btf)?;
-                p.attach()?;
-            }
-            Mechanism::Fexit => {
-                let btf = kernel.attach_ids(AttachTarget::Function(func))?;
-                let p: &mut FExit = prog.try_into()?;
-                p.load(func, btf)?;
-                p.attach()?;
-            }
-            Mechanism::Kprobe | Mechanism::Kretprobe => {
-                let p: &mut KProbe = prog.try_into()?;
-                if p.fd().is_err() {
-                    p.load()?;
-                }
-                p.attach(func, 0)?;
-            }
-            m => anyhow::bail!("{m} cannot attach to kernel functions"),
-        }
-        anyhow::Ok(())
-    })();
-    attached.with_context(|| format!("cannot attach {name} to {func} with {mech}"))
-}
 
 /// The lockdown mode from securityfs, if it can be read.
 pub fn lockdown() -> String {

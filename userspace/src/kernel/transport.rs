@@ -5,9 +5,9 @@
 
 use std::{num::NonZeroU32, str::FromStr};
 
-use crate::{
+use crate::kernel::{
     features::Mechanism,
-    tracer::{Kernel, Load},
+    load::{Kernel, Load},
 };
 
 /// The event map's name in every event object: a ring buffer or a perf

@@ -1,6 +1,6 @@
 //! Event streaming shared by the event tools: a BPF ring buffer, or per-CPU
 //! perf buffers where the kernel has none, read with tokio. Which one a
-//! tool gets is decided with attaching (`crate::transport`).
+//! tool gets is decided with attaching (`crate::kernel::transport`).
 
 use std::{ops::ControlFlow, task::Poll};
 
@@ -15,7 +15,7 @@ use aya::{
 };
 use tokio::io::unix::AsyncFd;
 
-use crate::transport::{BufferArgs, RING, Transport};
+use crate::kernel::transport::{BufferArgs, RING, Transport};
 
 type PerfBuf = PerfEventArrayBuffer<MapData>;
 

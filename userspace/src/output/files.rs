@@ -111,7 +111,7 @@ impl StackReports {
 
 /// What a stack report holds, for the line announcing it: the total of
 /// the counts, in `unit`, and the stacks.
-pub fn held(samples: &[crate::output::stacks::Sample], unit: &str) -> String {
+pub fn held(samples: &[crate::stacks::sample::Sample], unit: &str) -> String {
     let total: u64 = samples.iter().map(|s| s.count).sum();
     format!(
         "{} {unit}, {} stacks",

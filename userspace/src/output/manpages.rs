@@ -6,10 +6,10 @@ use std::path::Path;
 use anyhow::Context as _;
 
 /// Writes `rtrace.1` and `rtrace-COMMAND.1` (and `rtrace-COMMAND-SUB.1`
-/// for nested commands) into `dir`; says on stderr how many.
-pub fn write(dir: &Path) -> anyhow::Result<()> {
+/// for nested commands) of command line `cmd` into `dir`; says on stderr
+/// how many.
+pub fn write(dir: &Path, mut cmd: clap::Command) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut cmd = <crate::Cli as clap::CommandFactory>::command();
     cmd.build();
     let mut written = 0;
     page(dir, &cmd, "rtrace", &mut written)?;

@@ -18,6 +18,24 @@ use std::{io::Write, time::Duration};
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// When a tool prints (the tracer runs it; `hist::Interval` is a
+/// histogram interval's output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Only from events, or in [`Tool::finish`].
+    Never,
+    /// Once, when the run ends.
+    AtEnd,
+    /// Every `secs` seconds, `count` times if given, and once more for a
+    /// partial interval cut short by a signal.
+    Every {
+        /// Seconds between outputs.
+        secs: u64,
+        /// Outputs before exiting.
+        count: Option<u64>,
+    },
+}
+
 /// Parses a whole number of 1 or more, for intervals, counts and sizes;
 /// clap's own range check would name the range as 1..18446744073709551615.
 pub fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
@@ -43,13 +61,13 @@ pub struct IntervalArgs {
 
 impl IntervalArgs {
     /// When a histogram tool with these arguments prints.
-    pub fn schedule(&self) -> crate::tracer::Interval {
+    pub fn schedule(&self) -> Schedule {
         match self.interval {
-            Some(secs) => crate::tracer::Interval::Every {
+            Some(secs) => Schedule::Every {
                 secs,
                 count: self.count,
             },
-            None => crate::tracer::Interval::AtEnd,
+            None => Schedule::AtEnd,
         }
     }
 }
@@ -152,12 +170,6 @@ pub fn ip_addr(family: u16, bytes: &[u8; 16]) -> Option<std::net::IpAddr> {
     }
 }
 
-/// A NUL-terminated kernel string (`comm`, a file name) as text.
-pub fn c_string(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 /// The leading time columns of an event tool's lines: `-T` (HH:MM:SS)
 /// and `-t` (seconds since tracing started, in a column of `width`).
 pub struct TimeColumns {
@@ -231,7 +243,7 @@ pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
     writeln!(out, "{line}").context("cannot write to stdout")
 }
 
-/// Loss counters (`crate::tracer::read_errors`) as a JSON object keyed by their names.
+/// Loss counters (`crate::kernel::load::read_errors`) as a JSON object keyed by their names.
 pub fn errors_json(names: &[&str], counts: &[u64]) -> serde_json::Value {
     names
         .iter()

@@ -4,44 +4,14 @@
 pub mod pprof;
 pub mod transform;
 
-use std::{fmt::Write as _, sync::Arc};
+use std::fmt::Write as _;
 
 use anyhow::Context as _;
 
-use crate::symbolize::{Frame, Kind};
-
-/// One distinct stack with its sample count.
-#[derive(Clone, Debug)]
-pub struct Sample {
-    /// Command of the sampled thread.
-    pub comm: String,
-    /// Process id.
-    pub pid: u32,
-    /// User frames, leaf first; shared by the samples of every process
-    /// with the same stack.
-    pub user: Arc<[Frame]>,
-    /// Kernel frames, leaf first.
-    pub kernel: Arc<[Frame]>,
-    /// Samples counted.
-    pub count: u64,
-    /// The thread that woke this one (offcputime `--waker`).
-    pub waker: Option<Arc<Thread>>,
-    /// Time off the CPU among on-CPU samples (`profile --off-cpu`).
-    pub off_cpu: bool,
-}
-
-/// A thread named in a sample besides the sampled one: the waker.
-#[derive(Clone, Debug)]
-pub struct Thread {
-    /// Its command.
-    pub comm: String,
-    /// Its process id.
-    pub pid: u32,
-    /// User frames, leaf first.
-    pub user: Arc<[Frame]>,
-    /// Kernel frames, leaf first.
-    pub kernel: Arc<[Frame]>,
-}
+use crate::stacks::{
+    sample::Sample,
+    symbolize::{Frame, Kind},
+};
 
 /// Where the waker's stack joins the woken thread's, as bcc's offwaketime
 /// marks it.
@@ -117,12 +87,6 @@ pub fn in_micros(samples: Vec<Sample>) -> Vec<Sample> {
     out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
     out
 }
-
-/// Placeholder frames for stacks that could not be walked or stored, as
-/// bcc names them.
-pub const MISSED_USER: &str = "[Missed User Stack]";
-/// See [`MISSED_USER`].
-pub const MISSED_KERNEL: &str = "[Missed Kernel Stack]";
 
 /// How text stacks are written.
 #[derive(Clone, Copy, Debug, Default)]

@@ -5,17 +5,20 @@
 
 use rtrace_common::argdist::{
     CMP_EQ, CMP_NE, Cond, I_BINARY, I_CAST, I_LOAD, I_PUSH, I_UNARY, INSN_SIGNED, INSN_USER, Insn,
-    KIND_ENTRY, KIND_RETURN, KIND_TRACEPOINT, KIND_USDT, MAX_CONDS, MAX_INSNS, MAX_STRINGS, MAX_VALUES,
-    OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE, OP_LOR, OP_LT, OP_MOD, OP_MUL,
-    OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, SRC_ARG, SRC_COMM, SRC_CONST, SRC_DATA_LOC,
-    SRC_ENTRY_ARG, SRC_EXPR, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET, SRC_TID, STACK_DEPTH,
-    STR_LEN, UN_LNOT, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER, Value,
+    KIND_ENTRY, KIND_RETURN, KIND_TRACEPOINT, KIND_USDT, MAX_CONDS, MAX_INSNS, MAX_STRINGS,
+    MAX_VALUES, OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE, OP_LOR, OP_LT, OP_MOD,
+    OP_MUL, OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, SRC_ARG, SRC_COMM, SRC_CONST,
+    SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_EXPR, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET,
+    SRC_TID, STACK_DEPTH, STR_LEN, UN_LNOT, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER,
+    Value,
 };
 
 use crate::{
-    btf::{Btf, Shape},
-    tracefs::Format,
-    usdt,
+    kernel::{
+        btf::{Btf, Shape},
+        tracefs::Format,
+    },
+    probes::usdt,
 };
 
 /// A spec that does not parse: what is wrong, and at which column
@@ -239,7 +242,9 @@ fn parse_type(text: &str, btf: Option<&Btf>) -> Result<Ty, String> {
                 "{kind} {name} is used through one pointer: write {kind} {name} *"
             ));
         }
-        let btf = btf.ok_or_else(|| format!("{kind} {name} needs the kernel's BTF, which is not readable"))?;
+        let btf = btf.ok_or_else(|| {
+            format!("{kind} {name} needs the kernel's BTF, which is not readable")
+        })?;
         let id = btf
             .struct_id(name)
             .or_else(|| btf.struct_id(&format!("__kernel_{name}")))
@@ -254,7 +259,8 @@ fn parse_type(text: &str, btf: Option<&Btf>) -> Result<Ty, String> {
             pointee: Pointee::Btf(id),
         });
     }
-    let c = c_type(text).ok_or_else(|| format!("unknown type {:?}: use {KNOWN_TYPES}", text.trim()))?;
+    let c =
+        c_type(text).ok_or_else(|| format!("unknown type {:?}: use {KNOWN_TYPES}", text.trim()))?;
     let pointee = if pointers == 1 {
         c_type(&text.replacen('*', " ", 1)).map_or(Pointee::Nothing, Pointee::Basic)
     } else {
@@ -386,7 +392,10 @@ pub fn parse(spec: &str, hist: bool, env: &Env<'_>) -> Result<Spec, SpecError> {
                 );
             }
             if !signature.trim().is_empty() {
-                return err(sig_at, "USDT probes take no signature: name arguments arg1..argN");
+                return err(
+                    sig_at,
+                    "USDT probes take no signature: name arguments arg1..argN",
+                );
             }
             // Looked up once: the arguments compile against what is
             // attached.
@@ -654,7 +663,10 @@ impl Expr {
         if self.insns.len() > MAX_INSNS {
             return err(
                 at,
-                format!("expression too long: {} steps, at most {MAX_INSNS}", self.insns.len()),
+                format!(
+                    "expression too long: {} steps, at most {MAX_INSNS}",
+                    self.insns.len()
+                ),
             );
         }
         if self.depth > STACK_DEPTH {
@@ -683,7 +695,6 @@ const LEVELS: &[&[(&str, u8)]] = &[
     &[("+", OP_ADD), ("-", OP_SUB)],
     &[("*", OP_MUL), ("/", OP_DIV), ("%", OP_MOD)],
 ];
-
 
 /// A place in memory named by `->` and `.`: an address computed on the
 /// stack, a constant offset from it, and its BTF type.
@@ -830,7 +841,10 @@ impl<'a> ExprParser<'a> {
             return err(at, "division by zero");
         }
         let signed = lhs.ty.c.signed && rhs.ty.c.signed;
-        let comparison = matches!(op, OP_EQ | OP_NE | OP_LT | OP_LE | OP_GT | OP_GE | OP_LAND | OP_LOR);
+        let comparison = matches!(
+            op,
+            OP_EQ | OP_NE | OP_LT | OP_LE | OP_GT | OP_GE | OP_LAND | OP_LOR
+        );
         let ty = if comparison {
             Ty::of(CType::int(4, true))
         } else if lhs.ty.pointee != Pointee::Nothing && matches!(op, OP_ADD | OP_SUB) {
@@ -845,7 +859,10 @@ impl<'a> ExprParser<'a> {
             ..Insn::default()
         };
         if let (Some(x), Some(y)) = (lhs.constant, rhs.constant) {
-            return Ok(Expr::constant(rtrace_common::argdist::binary(op, signed, x, y), ty));
+            return Ok(Expr::constant(
+                rtrace_common::argdist::binary(op, signed, x, y),
+                ty,
+            ));
         }
         let depth = lhs.depth.max(rhs.depth + 1);
         let mut insns = lhs.insns;
@@ -1084,7 +1101,11 @@ impl<'a> ExprParser<'a> {
                     format!(
                         "struct {name} has no member {member:?} (members: {}{})",
                         shown.join(", "),
-                        if names.len() > shown.len() { ", ..." } else { "" }
+                        if names.len() > shown.len() {
+                            ", ..."
+                        } else {
+                            ""
+                        }
                     ),
                 );
             };
@@ -1194,12 +1215,18 @@ impl<'a> ExprParser<'a> {
             _ => {
                 return err(
                     at,
-                    format!("unknown name {name:?}: a USDT probe's values are arg1..arg{}", args.len()),
+                    format!(
+                        "unknown name {name:?}: a USDT probe's values are arg1..arg{}",
+                        args.len()
+                    ),
                 );
             }
         };
         let Some(arg) = args.get(n - 1) else {
-            return err(at, format!("the probe has {} arguments, not {n}", args.len()));
+            return err(
+                at,
+                format!("the probe has {} arguments, not {n}", args.len()),
+            );
         };
         let ty = Ty::of(CType::int(arg.size, arg.signed));
         let reg = |off: u32| {
@@ -1229,7 +1256,12 @@ impl<'a> ExprParser<'a> {
     }
 
     /// A tracepoint field.
-    fn field(&self, at: usize, name: &str, field: &crate::tracefs::Field) -> Result<Expr, SpecError> {
+    fn field(
+        &self,
+        at: usize,
+        name: &str,
+        field: &crate::kernel::tracefs::Field,
+    ) -> Result<Expr, SpecError> {
         if field.c_type.starts_with("__data_loc") {
             let mut e = Expr::push(SRC_CONST, Ty::of(CType::U64));
             e.ty.c.string = true;
@@ -1377,7 +1409,10 @@ impl<'a> ExprParser<'a> {
         let mut entry = false;
         loop {
             if conds.len() == MAX_CONDS {
-                return err(self.col(), format!("at most {MAX_CONDS} terms with strings in them"));
+                return err(
+                    self.col(),
+                    format!("at most {MAX_CONDS} terms with strings in them"),
+                );
             }
             let (c, e) = self.cond()?;
             entry |= e;
@@ -1444,7 +1479,13 @@ impl<'a> ExprParser<'a> {
         ))
     }
 
-    fn string_cond(&self, at: usize, e: Expr, cmp: u32, text: &str) -> Result<(Cond, bool), SpecError> {
+    fn string_cond(
+        &self,
+        at: usize,
+        e: Expr,
+        cmp: u32,
+        text: &str,
+    ) -> Result<(Cond, bool), SpecError> {
         if !(e.ty.c.string || e.ty.c.size == 8 || e.special.is_some()) {
             return err(
                 at,
@@ -1582,7 +1623,11 @@ mod tests {
         assert_eq!(s.conds.len(), 2);
         assert_eq!(
             insns(&s.conds[0].value),
-            [(I_PUSH, SRC_ARG, 0, 0), (I_PUSH, SRC_CONST, 0, 16), (I_BINARY, OP_GT, 0, 0)]
+            [
+                (I_PUSH, SRC_ARG, 0, 0),
+                (I_PUSH, SRC_CONST, 0, 16),
+                (I_BINARY, OP_GT, 0, 0)
+            ]
         );
         assert_eq!(&s.conds[1].text[..2], b"x\0");
     }
@@ -1599,12 +1644,20 @@ mod tests {
         assert!(s.need_entry);
         assert_eq!(
             insns(&s.values[0].value),
-            [(I_PUSH, SRC_LATENCY, 0, 0), (I_PUSH, SRC_CONST, 0, 1000), (I_BINARY, OP_DIV, 0, 0)]
+            [
+                (I_PUSH, SRC_LATENCY, 0, 0),
+                (I_PUSH, SRC_CONST, 0, 1000),
+                (I_BINARY, OP_DIV, 0, 0)
+            ]
         );
         assert_eq!(insns(&s.values[1].value), [(I_PUSH, SRC_ENTRY_ARG, 2, 0)]);
         let d = parse4("r::vfs_read()", false, no_tp, None).unwrap();
         assert_eq!(insns(&d.values[0].value), [(I_PUSH, SRC_RET, 0, 0)]);
-        assert!(parse4("p::vfs_read()", false, no_tp, None).unwrap().default_expr);
+        assert!(
+            parse4("p::vfs_read()", false, no_tp, None)
+                .unwrap()
+                .default_expr
+        );
     }
 
     #[test]
@@ -1640,13 +1693,20 @@ mod tests {
         assert_eq!(column(spec, false).0, spec.find('~').unwrap() + 1);
         let spec = "p:c:malloc(size_t size):u64:size<<70";
         let (c, m) = column(spec, false);
-        assert_eq!((c, m.as_str()), (spec.find("<<").unwrap() + 1, "shift by 70: at most 63"));
+        assert_eq!(
+            (c, m.as_str()),
+            (spec.find("<<").unwrap() + 1, "shift by 70: at most 63")
+        );
         let spec = "p:c:malloc(size_t size):u64:size/(2-2)";
         assert_eq!(column(spec, false).1, "division by zero");
         let spec = "p:c:malloc(size_t size):u64:size->x";
         assert_eq!(column(spec, false).0, spec.find("->").unwrap() + 1);
         let spec = "p:c:malloc(size_t size):u64:((((size+1)*2+3)*4+5)*6)+(1+(2+(3+(4+size))))";
-        assert!(column(spec, false).1.contains("too"), "{}", column(spec, false).1);
+        assert!(
+            column(spec, false).1.contains("too"),
+            "{}",
+            column(spec, false).1
+        );
         let spec = "p:c:malloc(size_t size):u64:$latency";
         assert_eq!(column(spec, false).0, spec.find('$').unwrap() + 1);
         assert!(
@@ -1713,7 +1773,9 @@ mod tests {
     #[test]
     fn struct_members_and_enum_constants_from_kernel_btf() {
         let Ok(b) = Btf::from_kernel() else {
-            panic!("this test reads /sys/kernel/btf/vmlinux, which every kernel rtrace runs on has");
+            panic!(
+                "this test reads /sys/kernel/btf/vmlinux, which every kernel rtrace runs on has"
+            );
         };
         let btf = Some(&b);
         let s = parse4(
@@ -1729,7 +1791,10 @@ mod tests {
         let (state, _) = b.member_of(hrtimer, "state").unwrap();
         let v = &s.values[0].value;
         assert_eq!(v.n_insns, 2);
-        assert_eq!((v.insns[1].code, v.insns[1].imm), (I_LOAD, u64::from(timer + state)));
+        assert_eq!(
+            (v.insns[1].code, v.insns[1].imm),
+            (I_LOAD, u64::from(timer + state))
+        );
         assert_eq!(v.insns[1].flags & INSN_USER, 0);
         // A user structure by its kernel twin, read from user memory.
         let s = parse4(
@@ -1740,7 +1805,10 @@ mod tests {
         )
         .unwrap();
         let v = &s.values[0].value;
-        assert_eq!((v.insns[1].code, v.insns[1].imm, v.insns[1].size), (I_LOAD, 8, 8));
+        assert_eq!(
+            (v.insns[1].code, v.insns[1].imm, v.insns[1].size),
+            (I_LOAD, 8, 8)
+        );
         assert_ne!(v.insns[1].flags & INSN_USER, 0);
         // Named constants fold into the expression.
         let atomic = b.enum_value("BPF_ANY").unwrap() as u64;
@@ -1751,7 +1819,11 @@ mod tests {
         assert_eq!(e.column, spec.find("nonesuch").unwrap() + 1);
         assert!(e.message.contains("timer"), "{}", e.message);
         let e = parse4("p::f(struct no_such_struct_x *p):u64:p", false, no_tp, btf).unwrap_err();
-        assert!(e.message.contains("no struct no_such_struct_x"), "{}", e.message);
+        assert!(
+            e.message.contains("no struct no_such_struct_x"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -1781,8 +1853,14 @@ mod tests {
         assert_eq!(insns(&s.values[0].value), [(I_PUSH, SRC_REG, 112, 0)]);
         assert_eq!(s.values[1].value.flags, VAL_STRING | VAL_USER);
         let v = &s.values[2].value;
-        assert_eq!(insns(v), [(I_PUSH, SRC_REG, 152, 0), (I_LOAD, 0, 0, (-4i64) as u64)]);
-        assert_eq!((v.insns[1].size, v.insns[1].flags), (4, INSN_SIGNED | INSN_USER));
+        assert_eq!(
+            insns(v),
+            [(I_PUSH, SRC_REG, 152, 0), (I_LOAD, 0, 0, (-4i64) as u64)]
+        );
+        assert_eq!(
+            (v.insns[1].size, v.insns[1].flags),
+            (4, INSN_SIGNED | INSN_USER)
+        );
         assert_eq!(insns(&s.values[3].value), [(I_PUSH, SRC_CONST, 0, 7)]);
         let e = parse("u:fix:tick():u64:arg5", false, &env).unwrap_err();
         assert!(e.message.contains("4 arguments"), "{}", e.message);

@@ -67,11 +67,11 @@ pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
         format!("lib{target}")
     };
     if let Some(p) = pid {
-        let maps = crate::procmaps::read(Some(p))
+        let maps = crate::kernel::procmaps::read(Some(p))
             .map_err(|e| not_found(format!("cannot read /proc/{p}/maps: {e}")))?;
         if let Some(path) = maps
             .iter()
-            .filter_map(crate::procmaps::Mapping::path)
+            .filter_map(crate::kernel::procmaps::Mapping::path)
             .find(|path| names_library(path, &lib) || file_name(path) == target)
         {
             return Ok(root.join(path.trim_start_matches('/')));
@@ -127,49 +127,6 @@ fn is_elf(path: &Path) -> bool {
         .is_ok_and(|()| magic == *b"\x7fELF")
 }
 
-/// The file offsets of a file's function symbols, by name, as uprobes
-/// take them: read once per file, where aya would read the file again for
-/// every function attached.
-pub fn symbol_offsets(file: &Path) -> anyhow::Result<HashMap<String, u64>> {
-    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
-    // Mapped, only the symbol tables are read of a file that may be mostly
-    // debug information.
-    let data = crate::memory::Mapped::open(file)
-        .with_context(|| format!("cannot read {}", file.display()))?;
-    let obj = object::File::parse(&*data)
-        .with_context(|| format!("{} is not an ELF file", file.display()))?;
-    // Executables and shared objects give virtual addresses, which are
-    // moved to file offsets through their section.
-    let translate = matches!(
-        obj.kind(),
-        object::ObjectKind::Dynamic | object::ObjectKind::Executable
-    );
-    let mut out = HashMap::new();
-    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
-        if sym.is_undefined() || sym.kind() != object::SymbolKind::Text {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        let offset = if translate {
-            let Some(section) = sym
-                .section_index()
-                .and_then(|i| obj.section_by_index(i).ok())
-            else {
-                continue;
-            };
-            let Some((file_off, _)) = section.file_range() else {
-                continue;
-            };
-            sym.address() - section.address() + file_off
-        } else {
-            sym.address()
-        };
-        // Names may repeat (versioned symbols); the first wins, as in aya.
-        out.entry(name.to_owned()).or_insert(offset);
-    }
-    Ok(out)
-}
-
 /// Uprobe program `prog` of `ebpf`, loaded (once).
 pub fn loaded<'a>(ebpf: &'a mut Ebpf, prog: &str) -> anyhow::Result<&'a mut UProbe> {
     let p: &mut UProbe = ebpf
@@ -178,7 +135,10 @@ pub fn loaded<'a>(ebpf: &'a mut Ebpf, prog: &str) -> anyhow::Result<&'a mut UPro
         .try_into()?;
     if p.fd().is_err() {
         p.load().map_err(|e| {
-            anyhow::anyhow!("cannot load program {prog}: {}", crate::features::chain(&e))
+            anyhow::anyhow!(
+                "cannot load program {prog}: {}",
+                crate::kernel::features::chain(&e)
+            )
         })?;
     }
     Ok(p)
@@ -214,7 +174,7 @@ pub fn attach(
         _ => anyhow::anyhow!(
             "cannot attach to {func} in {}: {}",
             file.display(),
-            crate::features::chain(&e)
+            crate::kernel::features::chain(&e)
         ),
     })
 }

@@ -153,7 +153,7 @@ pub fn args(site: &Site) -> Result<Vec<Arg>, String> {
 /// Every probe site in ELF file `path`.
 pub fn sites(path: &Path) -> anyhow::Result<Vec<Site>> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let data = crate::memory::Mapped::of(&file)?;
+    let data = crate::kernel::memory::Mapped::of(&file)?;
     let elf = object::File::parse(&*data)
         .map_err(|e| anyhow::anyhow!("{} is not an ELF file: {e}", path.display()))?;
     let base = elf.section_by_name(".stapsdt.base").map(|s| s.address());
@@ -296,7 +296,7 @@ pub fn attach(
     site: &Site,
     pid: Option<u32>,
 ) -> anyhow::Result<OwnedFd> {
-    let p = crate::uprobes::loaded(ebpf, prog)?;
+    let p = crate::probes::uprobes::loaded(ebpf, prog)?;
     let prog_fd = p.fd()?.as_fd().as_raw_fd();
     let pmu = "/sys/bus/event_source/devices/uprobe";
     let ty: u32 = std::fs::read_to_string(format!("{pmu}/type"))

@@ -28,8 +28,8 @@ use object::Object as _;
 use rtrace_common::unwind::{Bucket, CfiRow};
 
 use crate::{
-    memory::{Mapped, Slab},
-    unwind::Table,
+    kernel::memory::{Mapped, Slab},
+    stacks::cfi::Table,
 };
 
 /// Bytes the cache may hold.
@@ -84,7 +84,7 @@ impl DiskCache {
     }
 
     /// The name of the table of the ELF file `data`: a 128-bit hash of
-    /// everything [`compile`](crate::unwind::compile) reads (the CFI
+    /// everything [`compile`](crate::stacks::cfi::compile) reads (the CFI
     /// sections' bytes and the addresses their pointers are relative to),
     /// so that a table is only ever used for the CFI it was compiled
     /// from, even where a file was patched in place and kept its build-id
@@ -255,7 +255,9 @@ mod tests {
         let dir = scratch(name);
         let mut cache = DiskCache::at(dir.clone());
         let data = fs::read(path).unwrap();
-        let compiled = cache.get_or_compile(&data, crate::unwind::compile).unwrap();
+        let compiled = cache
+            .get_or_compile(&data, crate::stacks::cfi::compile)
+            .unwrap();
         (dir, cache, data, compiled)
     }
 
@@ -269,7 +271,7 @@ mod tests {
             "{:?}",
             cache.write_error
         );
-        let never = |_: &[u8]| -> Result<Table, crate::unwind::CfiError> {
+        let never = |_: &[u8]| -> Result<Table, crate::stacks::cfi::CfiError> {
             panic!("compiled again although cached")
         };
         let cached = cache.get_or_compile(&data, never).unwrap();
@@ -313,7 +315,9 @@ mod tests {
         let file = fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
         let bytes = fs::read(&file).unwrap();
         fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
-        let again = cache.get_or_compile(&data, crate::unwind::compile).unwrap();
+        let again = cache
+            .get_or_compile(&data, crate::stacks::cfi::compile)
+            .unwrap();
         assert_eq!((cache.read, cache.written), (0, 2));
         assert_eq!(*again.rows, *compiled.rows);
         fs::remove_dir_all(dir).unwrap();

@@ -33,14 +33,13 @@ use rtrace_common::profile::{
     Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey,
 };
 
+use crate::kernel::load::per_cpu_sums;
 use crate::{
-    batch,
-    output::{
-        self,
-        stacks::{self, Sample, Thread},
+    kernel::{batch, procmaps},
+    stacks::{
+        sample::{self, Sample, Thread},
+        symbolize::{Frame, Kind, Symbolizer},
     },
-    procmaps,
-    symbolize::{Frame, Kind, Symbolizer},
 };
 
 /// A stack moved out of the kernel.
@@ -81,7 +80,7 @@ fn remove<K: aya::Pod, V: aya::Pod>(
 /// (`STACK_NEW`'s slots `NEW_STACKS` and `NEW_COUNTS`).
 fn created(ebpf: &Ebpf) -> anyhow::Result<[u64; 2]> {
     const { assert!(NEW_STACKS == 0 && NEW_COUNTS == 1) };
-    let sums = crate::tracer::per_cpu_sums(ebpf, "STACK_NEW", 2)?;
+    let sums = per_cpu_sums(ebpf, "STACK_NEW", 2)?;
     Ok([sums[0], sums[1]])
 }
 
@@ -326,10 +325,10 @@ impl StackStore {
                 let mut kernel = own_frames(frames.next().unwrap_or_default());
                 let mut user = frames.next().unwrap_or_default();
                 if lost(&key, MISSED_KERNEL, key.kernel) {
-                    kernel = vec![Frame::missed(stacks::MISSED_KERNEL, Kind::Kernel)];
+                    kernel = vec![Frame::missed(sample::MISSED_KERNEL, Kind::Kernel)];
                 }
                 if lost(&key, MISSED_USER, key.user) {
-                    user = vec![Frame::missed(stacks::MISSED_USER, Kind::User)];
+                    user = vec![Frame::missed(sample::MISSED_USER, Kind::User)];
                 }
                 Some((key.comm, key.tgid, kernel, user, key.flags & OFF_CPU != 0))
             });
@@ -393,7 +392,7 @@ impl StackStore {
                 .collect();
         }
         let thread = |n: &Named| Thread {
-            comm: output::c_string(&n.comm),
+            comm: crate::kernel::c_string(&n.comm),
             pid: n.pid,
             kernel: stacks[n.kernel as usize].clone(),
             user: stacks[n.user as usize].clone(),

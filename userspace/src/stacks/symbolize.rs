@@ -456,7 +456,7 @@ impl Symbolizer {
     /// Parses one line of `/proc/PID/maps`, keeping executable mappings and
     /// opening their files.
     fn parse_mapping(&mut self, pid: u32, line: &str) -> Option<Mapping> {
-        let m = crate::procmaps::Mapping::parse(line)?;
+        let m = crate::kernel::procmaps::Mapping::parse(line)?;
         if !m.exec {
             return None;
         }
@@ -686,7 +686,7 @@ fn interpreted(name: &str) -> bool {
 /// The GNU build id of an ELF file, in hex.
 fn build_id(file: &File) -> Option<String> {
     use object::Object as _;
-    let data = crate::memory::Mapped::of(file).ok()?;
+    let data = crate::kernel::memory::Mapped::of(file).ok()?;
     let elf = object::File::parse(&*data).ok()?;
     let id = elf.build_id().ok()??;
     Some(id.iter().map(|b| format!("{b:02x}")).collect())

@@ -3,7 +3,6 @@
 //! probe specs, with no compiler at run time: one generic program
 //! (`ebpf-programs/src/bin/argdist.rs`) reads the parsed specs.
 
-mod spec;
 
 use std::{collections::HashMap, fmt::Write as _};
 
@@ -21,15 +20,11 @@ use rtrace_common::{
     hist::Hist,
 };
 
-use crate::{
-    features::{Hooks, Mechanism, attach_kernel_fn},
-    output::{self, Record, Sink, hist::Snapshot},
-    tracefs,
-    tracer::{self, Kernel, Load, Scope, Tool},
-    uprobes,
-};
+use crate::{kernel::{features::Mechanism, load::{attach_kernel_fn, Hooks, Kernel, Load}, tracefs}, output::{self, hist::Snapshot, Record, Sink}, probes::uprobes, tracer::{Scope, Tool}};
 
-use spec::{Spec, Target};
+use crate::probes::spec::{self, Spec, Target};
+use crate::output::{Schedule};
+use crate::kernel::load::{thread_entries};
 
 /// Trace a function and display a summary of its parameter values.
 #[derive(Debug, clap::Args)]
@@ -129,11 +124,11 @@ fn parse_all(args: &Args) -> anyhow::Result<Vec<Parsed>> {
         |cat: &str, event: &str| tracefs::Format::read(cat, event).map_err(|e| format!("{e}"));
     let usdt = |library: &str, probe: &str| {
         let file = uprobes::resolve(library, args.pid).map_err(|e| e.to_string())?;
-        crate::usdt::find(&file, probe)
+        crate::probes::usdt::find(&file, probe)
     };
     // Structs and named constants come from the kernel's own types; a
     // kernel without BTF still takes specs that need neither.
-    let btf = crate::btf::Btf::from_kernel().ok();
+    let btf = crate::kernel::btf::Btf::from_kernel().ok();
     // GFP flags are macros, which BTF lacks; kmem:kmalloc's print format
     // spells each out, on every kernel. Read when first needed.
     let symbols = std::cell::OnceCell::new();
@@ -212,7 +207,7 @@ fn attach(
         Target::Usdt { probe, found } => {
             needs_uprobes(kernel, spec)?;
             for site in &found.sites {
-                links.push(crate::usdt::attach(
+                links.push(crate::probes::usdt::attach(
                     ebpf,
                     &format!("uprobe_{i}"),
                     &found.file,
@@ -288,7 +283,7 @@ fn key_values(spec: &Spec, key: &Key) -> serde_json::Map<String, serde_json::Val
         .enumerate()
         .map(|(i, v)| {
             let val: serde_json::Value = if v.value.flags & VAL_STRING != 0 {
-                output::c_string(&key.strings[v.value.str_slot as usize]).into()
+                crate::kernel::c_string(&key.strings[v.value.str_slot as usize]).into()
             } else if v.ty.signed {
                 (key.values[i] as i64).into()
             } else {
@@ -407,8 +402,8 @@ impl Tool for Argdist {
         }
     }
 
-    fn interval(&self) -> tracer::Interval {
-        tracer::Interval::Every {
+    fn interval(&self) -> Schedule {
+        Schedule::Every {
             secs: self.args.interval,
             count: self.args.count,
         }
@@ -441,7 +436,7 @@ impl Tool for Argdist {
         load.config(&cfg)
             .size("COUNTS", counts(true))
             .size("COUNTS_NUM", counts(false))
-            .size("ENTRIES", tracer::thread_entries());
+            .size("ENTRIES", thread_entries());
         Ok(())
     }
 

@@ -12,17 +12,9 @@ use rtrace_common::{
     offsets::MISSING,
 };
 
-use crate::{
-    btf::Btf,
-    features::{Hooks, Mechanism},
-    output::{
-        self, IntervalArgs, Sink,
-        hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
-        metrics::{Exposition, Kind, Running},
-    },
-    tracefs,
-    tracer::{self, Kernel, Load, Scope, Tool},
-};
+use crate::{kernel::{btf::Btf, features::Mechanism, load::{Hooks, Kernel, Load}, tracefs}, output::{self, hist::{Group, Interval, KeyedDeltas, PerCpuTotal}, IntervalArgs, metrics::{Exposition, Kind, Running}, Sink}, tracer::{self, Scope, Tool}};
+use crate::output::{Schedule};
+use crate::kernel::load::{read_errors};
 
 /// Typed and raw arguments give the request itself; classic tracepoints
 /// only its device and sector. Raw tracepoints come first: the programs
@@ -120,7 +112,7 @@ fn disk_by_name(name: &str) -> anyhow::Result<u32> {
 }
 
 /// Offsets into `struct request` and on to its disk, from BTF.
-fn request_offsets(btf: &Btf) -> Result<RequestOffsets, crate::btf::BtfError> {
+fn request_offsets(btf: &Btf) -> Result<RequestOffsets, crate::kernel::btf::BtfError> {
     let req = |s: &str, m: &str| btf.offset(s, m);
     let opt = |s: &str, m: &str| req(s, m).unwrap_or(MISSING);
     let q_disk = opt("request_queue", "disk");
@@ -158,7 +150,7 @@ fn queue_arg(btf: Option<&Btf>) -> bool {
     if let Some(n) = btf.and_then(|b| b.tracepoint_args("block_rq_issue")) {
         return n == 2;
     }
-    let release = crate::features::kernel_release();
+    let release = crate::kernel::features::kernel_release();
     let mut v = release
         .split(['.', '-'])
         .map(|p| p.parse::<u32>().unwrap_or(0));
@@ -393,7 +385,7 @@ impl Tool for Biolatency {
         self.args.attach
     }
 
-    fn interval(&self) -> tracer::Interval {
+    fn interval(&self) -> Schedule {
         self.args.interval.schedule()
     }
 
@@ -543,7 +535,7 @@ impl Tool for Biolatency {
             attach: self.mech.name(),
             extra: serde_json::Map::new(),
             histograms,
-            errors: output::errors_json(&ERR_NAMES, &tracer::read_errors(ebpf, ERR_NAMES.len())?),
+            errors: output::errors_json(&ERR_NAMES, &read_errors(ebpf, ERR_NAMES.len())?),
             unit: self.unit,
             timestamp: self.args.interval.timestamp,
             percentiles: self.args.percentiles,

@@ -2,17 +2,19 @@
 //! loading and attaching a tiny program.
 
 use crate::{
-    GlobalArgs,
-    features::{self, Mechanism},
+    kernel::{
+        features::{self, Mechanism},
+        load::Kernel,
+    },
     output,
-    tracer::Kernel,
+    tracer::GlobalArgs,
 };
 
 /// Prints the report.
 pub fn run(global: &GlobalArgs) -> anyhow::Result<()> {
-    crate::privs::check()?;
+    crate::kernel::privs::check()?;
     let release = features::kernel_release();
-    let btf = std::path::Path::new(crate::btf::VMLINUX).exists();
+    let btf = std::path::Path::new(crate::kernel::btf::VMLINUX).exists();
     let lockdown = features::lockdown();
     let mut f = Kernel::default();
     let results: Vec<(Mechanism, Result<(), String>)> =
@@ -35,7 +37,11 @@ pub fn run(global: &GlobalArgs) -> anyhow::Result<()> {
     println!("kernel     {release}");
     println!(
         "BTF        {}",
-        if btf { crate::btf::VMLINUX } else { "missing" }
+        if btf {
+            crate::kernel::btf::VMLINUX
+        } else {
+            "missing"
+        }
     );
     println!("lockdown   {lockdown}");
     println!();

@@ -14,17 +14,8 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::{
-    btf::Btf,
-    features::{Hooks, Mechanism},
-    output::{
-        self, Record, Sink, TimeColumns,
-        metrics::{Exposition, Kind},
-    },
-    tracefs,
-    tracer::{self, Kernel, Load, Scope, Tool},
-    transport::BufferArgs,
-};
+use crate::{kernel::{btf::Btf, features::Mechanism, load::{Hooks, Kernel, Load}, tracefs, transport::BufferArgs}, output::{metrics::{Exposition, Kind}, Record, Sink, TimeColumns}, tracer::{self, Scope, Tool}};
+use crate::kernel::load::{read_tallies};
 
 /// tp_btf: one program at `sched_process_exec` reads the new program's
 /// argv. Else the syscall tracepoints, which exist wherever ftrace
@@ -174,7 +165,7 @@ fn decode<'a>(record: &[u8], max_args: usize) -> Option<Exec<'a>> {
         ppid: head.ppid,
         uid: head.uid,
         retval: head.retval,
-        comm: output::c_string(&head.comm),
+        comm: crate::kernel::c_string(&head.comm),
         syscall: if head.flags & FLAG_EXECVEAT != 0 {
             "execveat"
         } else {
@@ -329,7 +320,7 @@ impl Tool for Execsnoop {
     });
 
     fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
-        self.execs = tracer::read_tallies(ebpf, TALLY_SLOTS)?[TALLY_EXECS as usize];
+        self.execs = read_tallies(ebpf, TALLY_SLOTS)?[TALLY_EXECS as usize];
         Ok(())
     }
 

@@ -24,13 +24,13 @@ use clap::FromArgMatches as _;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, header};
 
+use crate::kernel::load::read_errors;
 use crate::{
-    GlobalArgs,
     output::{
         Signals,
         metrics::{Exposition, Format, Kind},
     },
-    tracer::{self, Collector, Session, Tool},
+    tracer::{Collector, GlobalArgs, Session, Tool},
 };
 
 /// Serve the tools' histograms and counters as Prometheus metrics.
@@ -142,7 +142,7 @@ impl<T: Tool> Running for Session<T> {
     }
 
     fn losses(&self) -> anyhow::Result<(u64, u64)> {
-        let counts = tracer::read_errors(&self.ebpf, T::ERRORS.len())?;
+        let counts = read_errors(&self.ebpf, T::ERRORS.len())?;
         // An event tool's first slot is events lost to a full buffer;
         // every other slot of every tool is a table that was full.
         let events = self.tool.events().is_some();
@@ -258,8 +258,8 @@ impl Collectors {
         .value(
             &[
                 ("version", env!("CARGO_PKG_VERSION")),
-                ("commit", crate::BUILD_COMMIT),
-                ("aya", crate::AYA_VERSION),
+                ("commit", env!("RTRACE_COMMIT")),
+                ("aya", env!("RTRACE_AYA")),
             ],
             1.0,
         );
@@ -270,7 +270,7 @@ impl Collectors {
         // use (measured in the guests: 1.8 MiB more over 2000 scrapes
         // without it).
         if self.trimmed.elapsed() >= Duration::from_secs(1) {
-            crate::memory::release_free();
+            crate::kernel::memory::release_free();
             self.trimmed = std::time::Instant::now();
         }
         body
@@ -298,8 +298,7 @@ impl Args {
     }
 }
 
-pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    let all = crate::tools::collectors();
+pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Result<()> {
     let chosen: Vec<&Entry> = if args.collectors.is_empty() {
         all.iter().filter(|e| e.collector.default).collect()
     } else {
@@ -322,7 +321,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         // Checked once here rather than failing every collector.
         std::fs::metadata(cg).with_context(|| format!("cannot use cgroup {}", cg.display()))?;
     }
-    crate::privs::check()?;
+    crate::kernel::privs::check()?;
     // The port first: a port in use is found before anything is attached.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -436,24 +435,5 @@ fn respond<B>(req: &Request<B>, collectors: &RefCell<Collectors>) -> Response<Fu
             "text/plain; charset=utf-8",
             "only GET is served\n".to_owned(),
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-
-    #[test]
-    fn every_collectors_command_line_parses() {
-        use clap::Parser as _;
-        for e in crate::tools::collectors() {
-            let mut argv: Vec<&str> = vec![e.name];
-            argv.extend(e.collector.args);
-            assert!(
-                crate::Cli::try_parse_from(std::iter::once("rtrace").chain(argv.iter().copied()))
-                    .is_ok(),
-                "{}",
-                e.name
-            );
-        }
     }
 }

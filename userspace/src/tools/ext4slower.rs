@@ -8,14 +8,8 @@ use rtrace_common::{
     ext4slower::{Config, Event, FileOffsets, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, WHOLE_FILE},
 };
 
-use crate::{
-    btf::Btf,
-    features::{Hooks, Mechanism, attach_kernel_fn},
-    output::{self, Record, Sink, events},
-    tracefs,
-    tracer::{Kernel, Load, Scope, Tool},
-    transport::BufferArgs,
-};
+use crate::{kernel::{btf::Btf, features::Mechanism, load::{attach_kernel_fn, Hooks, Kernel, Load}, tracefs, transport::BufferArgs}, output::{self, events, Record, Sink}, tracer::{Scope, Tool}};
+use crate::kernel::load::{TASK_STORAGE, in_flight};
 
 /// fentry is cheapest (5.5+); kprobes work on any kernel built with them;
 /// the syscall tracepoints work everywhere but see every read and write
@@ -360,7 +354,7 @@ impl<F: FsChoice> Tool for Slower<F> {
             syscall_offsets(&mut cfg)?;
         }
         load.config(&cfg);
-        self.store = crate::tracer::in_flight(load);
+        self.store = in_flight(load);
         self.mech = m;
         Ok(())
     }
@@ -391,7 +385,7 @@ impl<F: FsChoice> Tool for Slower<F> {
     /// Task storage saves a hash insert and delete per operation; the
     /// hash stays as the fallback where the variant does not load.
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
-        vec![crate::tracer::TASK_STORAGE, ""]
+        vec![TASK_STORAGE, ""]
     }
 
     fn banner(&self) -> String {
@@ -422,8 +416,8 @@ impl<F: FsChoice> Tool for Slower<F> {
             return Ok(());
         };
         sink.emit(&Op {
-            comm: output::c_string(&event.comm),
-            name: output::c_string(&event.name),
+            comm: crate::kernel::c_string(&event.comm),
+            name: crate::kernel::c_string(&event.name),
             event,
             csv: self.args.csv,
         })

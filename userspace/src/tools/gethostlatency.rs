@@ -11,13 +11,8 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::{
-    features::Mechanism,
-    output::{self, Record, Sink, events},
-    tracer::{self, Kernel, Load, Scope, Tool},
-    transport::BufferArgs,
-    uprobes,
-};
+use crate::{kernel::{features::Mechanism, load::{Kernel, Load}, transport::BufferArgs}, output::{self, events, Record, Sink}, probes::uprobes, tracer::{self, Scope, Tool}};
+use crate::kernel::load::{TASK_STORAGE, in_flight};
 
 
 /// Show latency for getaddrinfo/gethostbyname[2][_r]/gethostbyaddr calls.
@@ -117,7 +112,7 @@ impl Tool for Gethostlatency {
     /// stays as the fallback where the variant does not load (before
     /// 5.11). Loading is the probe, as for runqlat.
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
-        vec![crate::tracer::TASK_STORAGE, ""]
+        vec![TASK_STORAGE, ""]
     }
 
     fn configure(
@@ -126,7 +121,7 @@ impl Tool for Gethostlatency {
         _kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        self.store = crate::tracer::in_flight(load);
+        self.store = in_flight(load);
         Ok(())
     }
 
@@ -191,14 +186,14 @@ impl Tool for Gethostlatency {
         };
         sink.emit(&Lookup {
             pid: e.pid,
-            comm: output::c_string(&e.comm),
+            comm: crate::kernel::c_string(&e.comm),
             function: FUNCTIONS.get(e.func as usize).copied().unwrap_or("?"),
             latency_ms: e.delta_ns as f64 / 1e6,
             latency_ns: e.delta_ns,
             host: if e.func == FUNC_BY_ADDR {
                 address(&e.host)
             } else {
-                output::c_string(&e.host)
+                crate::kernel::c_string(&e.host)
             },
         })
     }

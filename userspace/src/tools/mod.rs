@@ -2,9 +2,35 @@
 //! [`Tool`](crate::tracer::Tool), and one line in the registry below,
 //! which declares the module and generates its subcommand and dispatch.
 
+pub mod doctor;
+pub mod exporter;
 pub mod flamegraph;
+pub mod offcpu;
+pub mod stacktool;
 
-use crate::{GlobalArgs, tracer};
+use crate::tracer::{self, GlobalArgs};
+
+/// What `--version` says: the release, the commit, and the aya crates of
+/// both sides.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ncommit ",
+    env!("RTRACE_COMMIT"),
+    "\naya ",
+    env!("RTRACE_AYA"),
+    ", aya-ebpf ",
+    env!("RTRACE_AYA_EBPF"),
+);
+
+/// eBPF tracing tools: bcc's tools in one binary, with no compiler,
+/// headers or Python needed at run time.
+#[derive(Debug, clap::Parser)]
+#[command(name = "rtrace", version, long_version = LONG_VERSION, propagate_version = true)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
 
 /// Declares the tools' modules, the subcommands and their dispatch.
 macro_rules! registry {
@@ -22,12 +48,12 @@ macro_rules! registry {
             },
             $(
                 #[allow(missing_docs, reason = "the about text is the arguments' doc comment")]
-                $variant(crate::WithGlobal<<$module::$tool as tracer::Tool>::Args>),
+                $variant(tracer::WithGlobal<<$module::$tool as tracer::Tool>::Args>),
             )*
             /// Draw flame graphs from folded stacks (differential: `diff`).
             Flamegraph(flamegraph::Args),
             /// Serve the tools' histograms and counters as Prometheus metrics.
-            Exporter(crate::exporter::Args),
+            Exporter(exporter::Args),
             /// Print a completion script for SHELL: `rtrace completions bash
             /// > /etc/bash_completion.d/rtrace`.
             Completions {
@@ -44,11 +70,11 @@ macro_rules! registry {
         }
 
         /// Every tool that can be a collector of the exporter, by name.
-        pub fn collectors() -> Vec<crate::exporter::Entry> {
+        pub fn collectors() -> Vec<exporter::Entry> {
             let mut all = Vec::new();
             $(
                 if let Some(c) = <$module::$tool as tracer::Tool>::COLLECTOR {
-                    all.push(crate::exporter::Entry::of::<$module::$tool>(c));
+                    all.push(exporter::Entry::of::<$module::$tool>(c));
                 }
             )*
             all
@@ -57,7 +83,7 @@ macro_rules! registry {
         /// Runs one subcommand.
         pub async fn run(command: Command) -> anyhow::Result<()> {
             match command {
-                Command::Doctor { json } => crate::doctor::run(&GlobalArgs {
+                Command::Doctor { json } => doctor::run(&GlobalArgs {
                     json,
                     ..GlobalArgs::default()
                 }),
@@ -65,14 +91,14 @@ macro_rules! registry {
                 Command::Flamegraph(args) => flamegraph::run(args),
                 Command::Exporter(args) => {
                     let global = args.global();
-                    crate::exporter::run(args, &global).await
+                    exporter::run(args, &global, collectors()).await
                 }
                 Command::Completions { shell } => {
-                    let mut cmd = <crate::Cli as clap::CommandFactory>::command();
+                    let mut cmd = <Cli as clap::CommandFactory>::command();
                     clap_complete::generate(shell, &mut cmd, "rtrace", &mut std::io::stdout());
                     Ok(())
                 }
-                Command::Man { dir } => crate::output::manpages::write(&dir),
+                Command::Man { dir } => crate::output::manpages::write(&dir, <Cli as clap::CommandFactory>::command()),
             }
         }
     };
@@ -89,4 +115,23 @@ registry! {
     Biolatency => biolatency::Biolatency,
     Profile => profile::Profile,
     Offcputime => offcputime::Offcputime,
+}
+
+#[cfg(test)]
+mod tests {
+
+    #[test]
+    fn every_collectors_command_line_parses() {
+        use clap::Parser as _;
+        for e in super::collectors() {
+            let mut argv: Vec<&str> = vec![e.name];
+            argv.extend(e.collector.args);
+            assert!(
+                super::Cli::try_parse_from(std::iter::once("rtrace").chain(argv.iter().copied()))
+                    .is_ok(),
+                "{}",
+                e.name
+            );
+        }
+    }
 }

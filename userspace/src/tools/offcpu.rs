@@ -6,9 +6,10 @@ use anyhow::Context as _;
 use aya::Ebpf;
 use rtrace_common::offcputime::Config;
 
-use crate::{
-    features::{Hooks, Mechanism},
-    tracer::{self, Kernel, Load},
+use crate::kernel::load::thread_entries;
+use crate::kernel::{
+    features::Mechanism,
+    load::{Hooks, Kernel, Load},
 };
 
 /// tp_btf, else the raw tracepoint: both hand over the tasks themselves.
@@ -63,12 +64,8 @@ impl OffCpu {
         // threads off the CPU in the threads themselves when the programs
         // see typed tasks; otherwise a thread is in the table from the
         // moment it leaves the CPU until it is back.
-        self.in_task = m == Mechanism::TpBtf && load.variant() == crate::stacktool::CFI;
-        let starts = if self.in_task {
-            1
-        } else {
-            tracer::thread_entries()
-        };
+        self.in_task = m == Mechanism::TpBtf && load.variant() == super::stacktool::CFI;
+        let starts = if self.in_task { 1 } else { thread_entries() };
         load.size("STARTS", starts);
         let btf = kernel.btf()?;
         let task = |m: &[&str]| btf.member_any("task_struct", m).map(|i| i.offset);

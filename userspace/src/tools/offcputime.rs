@@ -11,18 +11,8 @@ use aya::Ebpf;
 use inferno::flamegraph::color::{BasicPalette, Palette};
 use rtrace_common::offcputime::{ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER};
 
-use crate::{
-    features::Mechanism,
-    offcpu::{self, Filter, OffCpu},
-    output::{
-        Sink,
-        files::{self, StackReports},
-        stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
-    },
-    stacktool::{StackArgs, StackTool},
-    tracer::{self, Kernel, Load, Scope, Tool},
-    transport::BufferArgs,
-};
+use crate::{kernel::{features::Mechanism, load::{Kernel, Load}, transport::BufferArgs}, output::{files::{self, StackReports}, Sink, stacks::{self, FlameOptions, Stacks, TextOptions}}, stacks::sample::Sample, tools::{offcpu::{self, Filter, OffCpu}, stacktool::{StackArgs, StackTool}}, tracer::{Scope, Tool}};
+use crate::output::{Schedule};
 
 /// Summarize off-CPU time by stack trace: where threads block, and for
 /// how long.
@@ -299,8 +289,8 @@ impl Tool for Offcputime {
 
     /// Every second the kernel's tables are moved out, so that they never
     /// fill; nothing is printed until the end.
-    fn interval(&self) -> tracer::Interval {
-        tracer::Interval::Every {
+    fn interval(&self) -> Schedule {
+        Schedule::Every {
             secs: 1,
             count: None,
         }

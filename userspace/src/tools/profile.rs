@@ -21,18 +21,8 @@ use rtrace_common::{
     profile::{Config, ERR_NAMES, HEAT_SLOT_NS},
 };
 
-use crate::{
-    features::Mechanism,
-    offcpu::{Filter, OffCpu},
-    output::{
-        Sink,
-        files::{self, StackReports},
-        stacks::{self, FlameOptions, Sample, Stacks, TextOptions},
-    },
-    stacktool::{StackArgs, StackTool},
-    tracer::{self, Kernel, Load, Scope, Tool},
-    transport::BufferArgs,
-};
+use crate::{kernel::{features::Mechanism, load::{Kernel, Load}, transport::BufferArgs}, output::{files::{self, StackReports}, Sink, stacks::{self, FlameOptions, Stacks, TextOptions}}, stacks::sample::Sample, tools::{offcpu::{Filter, OffCpu}, stacktool::{StackArgs, StackTool}}, tracer::{Scope, Tool}};
+use crate::output::{Schedule};
 
 /// The events `-e` can sample on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -511,7 +501,7 @@ impl Tool for Profile {
                 return Err(e.context(format!("event {} is not available{hint}", self.event.name())));
             }
             if let Err(why) = kernel.check(Mechanism::PerfEventSoftware) {
-                if let Some(refused) = crate::privs::perf_events_refused() {
+                if let Some(refused) = crate::kernel::privs::perf_events_refused() {
                     return Err(e.context(refused));
                 }
                 return Err(e.context(format!("and software perf events fail too: {why}")));
@@ -563,8 +553,8 @@ impl Tool for Profile {
 
     /// Every second the kernel's tables are moved out, so that they never
     /// fill; nothing is printed until the end.
-    fn interval(&self) -> tracer::Interval {
-        tracer::Interval::Every {
+    fn interval(&self) -> Schedule {
+        Schedule::Every {
             secs: 1,
             count: None,
         }

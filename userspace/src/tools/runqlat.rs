@@ -13,17 +13,9 @@ use rtrace_common::{
     runqlat::{Config, ERR_NAMES, Entry, TracepointOffsets, group},
 };
 
-use crate::{
-    btf::Btf,
-    features::{Hooks, Mechanism, TRACEPOINT_CHAIN},
-    output::{
-        self, IntervalArgs, Sink,
-        hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
-        metrics::{Exposition, Kind, Running},
-    },
-    tracefs,
-    tracer::{self, Kernel, Load, Scope, Tool},
-};
+use crate::{kernel::{btf::Btf, features::{Mechanism, TRACEPOINT_CHAIN}, load::{Hooks, Kernel, Load}, tracefs}, output::{self, hist::{Group, Interval, KeyedDeltas, PerCpuTotal}, IntervalArgs, metrics::{Exposition, Kind, Running}, Sink}, tracer::{self, Scope, Tool}};
+use crate::output::{Schedule};
+use crate::kernel::load::{TASK_STORAGE, pid_max, read_errors, thread_entries};
 
 const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 
@@ -69,7 +61,7 @@ pub struct Args {
 }
 
 /// Resolves the task_struct members the BTF and raw tracepoint programs read.
-fn task_offsets(btf: &Btf) -> Result<TaskOffsets, crate::btf::BtfError> {
+fn task_offsets(btf: &Btf) -> Result<TaskOffsets, crate::kernel::btf::BtfError> {
     let req = |s: &str, m: &[&str]| btf.member_any(s, m).map(|i| i.offset);
     let opt = |s: &str, m: &[&str]| req(s, m).unwrap_or(MISSING);
     Ok(TaskOffsets {
@@ -166,7 +158,7 @@ impl Tool for Runqlat {
         self.args.attach
     }
 
-    fn interval(&self) -> tracer::Interval {
+    fn interval(&self) -> Schedule {
         self.args.interval.schedule()
     }
 
@@ -176,7 +168,7 @@ impl Tool for Runqlat {
     /// RCU grace period (tens of milliseconds) to free the probe's map.
     fn variants(&self, m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
         if m == Some(Mechanism::TpBtf) {
-            vec![crate::tracer::TASK_STORAGE, ""]
+            vec![TASK_STORAGE, ""]
         } else {
             vec![""]
         }
@@ -225,7 +217,7 @@ impl Tool for Runqlat {
                 )?;
             }
         }
-        let in_task = load.variant() == crate::tracer::TASK_STORAGE;
+        let in_task = load.variant() == TASK_STORAGE;
         // Tables a run does not use get one entry: a hash's buckets are
         // allocated when it is created, even without preallocated entries,
         // and pid_max of them cost the kernel tens of megabytes and start-up
@@ -237,11 +229,11 @@ impl Tool for Runqlat {
             // aya has no user-space type for task storage, which only the
             // programs use.
             .allow_unsupported_maps()
-            .size("START", if in_task { 1 } else { tracer::thread_entries() })
-            .size("HISTS", if grouped { tracer::pid_max() } else { 1 })
-            .size("TGIDS", if tgids { tracer::pid_max() } else { 1 });
+            .size("START", if in_task { 1 } else { thread_entries() })
+            .size("HISTS", if grouped { pid_max() } else { 1 })
+            .size("TGIDS", if tgids { pid_max() } else { 1 });
         self.mech = m;
-        self.store = if in_task { crate::tracer::TASK_STORAGE } else { "hash" };
+        self.store = if in_task { TASK_STORAGE } else { "hash" };
         Ok(())
     }
 
@@ -253,7 +245,7 @@ impl Tool for Runqlat {
     ) -> anyhow::Result<()> {
         let m = m.context("runqlat attaches through its chain")?;
         let mut hooks = Hooks::new(m, kernel)?;
-        let prefix = if self.store == crate::tracer::TASK_STORAGE {
+        let prefix = if self.store == TASK_STORAGE {
             "ts"
         } else {
             hooks.prefix()
@@ -311,7 +303,7 @@ impl Tool for Runqlat {
             attach: self.mech.name(),
             extra,
             histograms,
-            errors: output::errors_json(&ERR_NAMES, &tracer::read_errors(ebpf, ERR_NAMES.len())?),
+            errors: output::errors_json(&ERR_NAMES, &read_errors(ebpf, ERR_NAMES.len())?),
             unit: self.unit,
             timestamp: self.args.interval.timestamp,
             percentiles: self.args.percentiles,
@@ -332,7 +324,7 @@ impl Runqlat {
             .read(&mut map, |e| &e.hist)
             .into_iter()
             .map(|(key, entry, snapshot)| {
-                let comm = output::c_string(&entry.comm);
+                let comm = crate::kernel::c_string(&entry.comm);
                 let mut labels = serde_json::Map::new();
                 labels.insert(self.label.into(), key.into());
                 labels.insert("comm".into(), comm.clone().into());

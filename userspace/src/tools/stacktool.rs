@@ -17,11 +17,9 @@ use rtrace_common::{
 };
 
 use crate::{
-    output::{events, stacks::Sample},
-    stackstore::StackStore,
-    symbolize::Symbolizer,
-    tracer::{Detaching, Kernel, Load},
-    unwind::KernelTables,
+    kernel::load::{Detaching, Kernel, Load},
+    output::events,
+    stacks::{sample::Sample, stackstore::StackStore, symbolize::Symbolizer, unwind::KernelTables},
 };
 
 /// `--unwind`.

@@ -17,17 +17,8 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::{
-    btf::Btf,
-    features::{Hooks, Mechanism, TRACEPOINT_CHAIN},
-    output::{
-        self, Record, Sink, TimeColumns, events,
-        metrics::{Exposition, Kind},
-    },
-    tracefs,
-    tracer::{self, Kernel, Load, Scope, Tool},
-    transport::BufferArgs,
-};
+use crate::{kernel::{btf::Btf, features::{Mechanism, TRACEPOINT_CHAIN}, load::{Hooks, Kernel, Load}, tracefs, transport::BufferArgs}, output::{self, events, metrics::{Exposition, Kind}, Record, Sink, TimeColumns}, tracer::{self, Scope, Tool}};
+use crate::kernel::load::{read_tallies};
 
 /// `sock:inet_sock_set_state` is there since 4.16.
 const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
@@ -258,7 +249,7 @@ fn decode<'a>(record: &[u8]) -> Option<Session<'a>> {
     let addr = |a: [u8; 16]| output::ip_addr(e.family, &a);
     Some(Session {
         pid: e.pid,
-        comm: output::c_string(&e.comm),
+        comm: crate::kernel::c_string(&e.comm),
         ip: if e.family == AF_INET6 { 6 } else { 4 },
         local: addr(e.saddr)?,
         lport: e.lport,
@@ -317,7 +308,7 @@ impl Tool for Tcplife {
     }
 
     fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
-        self.tallies = tracer::read_tallies(ebpf, TALLY_SLOTS)?;
+        self.tallies = read_tallies(ebpf, TALLY_SLOTS)?;
         Ok(())
     }
 

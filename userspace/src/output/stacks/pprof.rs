@@ -9,8 +9,8 @@ use std::{collections::HashMap, io::Write as _, sync::Arc};
 use anyhow::Context as _;
 use prost::Message as _;
 
-use super::Sample;
-use crate::symbolize::{CodeMapping, Frame, Kind};
+use crate::stacks::sample::Sample;
+use crate::stacks::symbolize::{CodeMapping, Frame, Kind};
 
 /// The generated types.
 #[allow(

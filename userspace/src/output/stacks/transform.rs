@@ -6,8 +6,8 @@ use std::{collections::HashMap, sync::Arc};
 
 use regex::Regex;
 
-use super::Sample;
-use crate::symbolize::Frame;
+use crate::stacks::sample::Sample;
+use crate::stacks::symbolize::Frame;
 
 /// The transforms, as every stack command takes them.
 #[derive(Debug, Clone, Default, clap::Args)]

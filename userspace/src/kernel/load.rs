@@ -1,0 +1,420 @@
+//! Loading a tool's object into the kernel and attaching its programs:
+//! what set-up learns once per run ([`Kernel`]), how an object is loaded
+//! ([`Load`]), tracepoint and kernel-function attaching, and the
+//! counters and table sizes every object shares.
+
+use std::{collections::HashMap, path::PathBuf};
+
+use anyhow::Context as _;
+use aya::{
+    Ebpf,
+    maps::PerCpuArray,
+    programs::{BtfTracePoint, FEntry, FExit, KProbe, RawTracePoint, TracePoint},
+};
+use rtrace_common::events::TALLIES;
+
+use crate::kernel::{
+    btf::{AttachTarget, Btf},
+    features::{Features, Mechanism},
+    objects,
+};
+
+/// How to load a tool's object: the variant, globals and map sizes.
+#[derive(Debug, Default)]
+pub struct Load {
+    variant: &'static str,
+    globals: Vec<(&'static str, Vec<u8>)>,
+    sizes: Vec<(&'static str, u32)>,
+    unsupported_maps: bool,
+    pins: Vec<(&'static str, PathBuf)>,
+}
+
+impl Load {
+    /// A load of object variant `variant` (`""` for the plain object),
+    /// with no globals or sizes set yet.
+    pub fn new(variant: &'static str) -> Self {
+        Self {
+            variant,
+            ..Self::default()
+        }
+    }
+
+    /// The object variant being tried (`""` for the plain object).
+    pub fn variant(&self) -> &'static str {
+        self.variant
+    }
+
+    /// Sets global `name` to `value` (its size must match the object's).
+    pub fn global<T: aya::Pod>(&mut self, name: &'static str, value: &T) -> &mut Self {
+        // SAFETY: `T` is plain old data, so its bytes may be read.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) };
+        self.globals.retain(|(n, _)| *n != name);
+        self.globals.push((name, bytes.to_vec()));
+        self
+    }
+
+    /// Sets the global `CONFIG`, which every configurable object has.
+    pub fn config<T: aya::Pod>(&mut self, value: &T) -> &mut Self {
+        self.global("CONFIG", value)
+    }
+
+    /// Sizes map `name` to `entries`.
+    pub fn size(&mut self, name: &'static str, entries: u32) -> &mut Self {
+        self.sizes.retain(|(n, _)| *n != name);
+        self.sizes.push((name, entries));
+        self
+    }
+
+    /// Uses the map pinned at `path` for the object's map `name`.
+    pub fn pinned(&mut self, name: &'static str, path: PathBuf) -> &mut Self {
+        self.pins.retain(|(n, _)| *n != name);
+        self.pins.push((name, path));
+        self
+    }
+
+    /// Lets the object hold maps aya has no user-space type for, which
+    /// only the programs use (such as task storage).
+    pub fn allow_unsupported_maps(&mut self) -> &mut Self {
+        self.unsupported_maps = true;
+        self
+    }
+
+    /// Loads object `name` (with its variant's suffix) as configured.
+    pub fn load(&self, name: &str) -> anyhow::Result<Ebpf> {
+        let object =
+            objects::get(name).with_context(|| format!("no eBPF object {name} in this build"))?;
+        let mut loader = crate::kernel::features::loader();
+        if self.unsupported_maps {
+            loader.allow_unsupported_maps();
+        }
+        for (n, bytes) in &self.globals {
+            loader.override_global(n, bytes.as_slice(), true);
+        }
+        for (n, entries) in &self.sizes {
+            loader.map_max_entries(n, *entries);
+        }
+        for (n, path) in &self.pins {
+            loader.map_pin_path(n, path.as_path());
+        }
+        loader
+            .load(object)
+            .with_context(|| format!("cannot load the {name} programs"))
+    }
+}
+
+/// What set-up learns once per run, each only when first asked for: the
+/// mechanisms the kernel offers, its BTF, the type ids aya attaches by,
+/// and the symbols of the files uprobes go into. All of it is dropped once
+/// the tool is attached.
+#[derive(Default)]
+pub struct Kernel {
+    features: Features,
+    btf: Option<Result<Btf, String>>,
+    /// The attach-id BTF made so far, and the highest id it covers.
+    attach_ids: Option<(u32, aya::Btf)>,
+    symbols: HashMap<PathBuf, Option<HashMap<String, u64>>>,
+    /// `/proc/kallsyms`, read once however many probes look in it.
+    kallsyms: Option<String>,
+}
+
+impl Kernel {
+    /// The kernel function a probe on `func` goes to: `func` itself, or,
+    /// where the kernel renamed it for allocation profiling (6.10+:
+    /// `__kmalloc` became `__kmalloc_noprof`), its `_noprof` twin, so that
+    /// the command lines written for older kernels keep working. Fails
+    /// with a clear line when neither is in `/proc/kallsyms`.
+    pub fn function(&mut self, func: &str) -> anyhow::Result<String> {
+        let syms = self
+            .kallsyms
+            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default());
+        let twin = format!("{func}_noprof");
+        let (mut own, mut renamed) = (false, false);
+        for line in syms.lines() {
+            let Some(name) = line.split_whitespace().nth(2) else {
+                continue;
+            };
+            own |= name == func;
+            renamed |= name == twin;
+        }
+        match (own, renamed) {
+            (true, _) => Ok(func.to_owned()),
+            (false, true) => Ok(twin),
+            // Without symbols to read (kptr_restrict), let the attach say.
+            _ if syms.is_empty() => Ok(func.to_owned()),
+            _ => anyhow::bail!("no kernel function '{func}' (it is not in /proc/kallsyms)"),
+        }
+    }
+
+    /// Whether mechanism `m` works here; the error says why not.
+    pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
+        // The probes of BTF-attached mechanisms attach to these.
+        let target = match m {
+            Mechanism::TpBtf => Some(AttachTarget::Tracepoint("sched_switch")),
+            Mechanism::Fentry | Mechanism::Fexit => Some(AttachTarget::Function("vfs_read")),
+            _ => None,
+        };
+        let prepared = match target {
+            Some(t) if !self.features.probed(m) => {
+                self.attach_ids(t).map(drop).map_err(|e| format!("{e:#}"))
+            }
+            _ => Ok(()),
+        };
+        let Self {
+            features,
+            attach_ids,
+            ..
+        } = self;
+        let ids = prepared.and_then(|()| {
+            attach_ids
+                .as_ref()
+                .map(|(_, b)| b)
+                .ok_or_else(|| "kernel type ids not read".to_owned())
+        });
+        features.check(m, ids)
+    }
+
+    /// The running kernel's BTF, read on first use.
+    pub fn btf(&mut self) -> anyhow::Result<&Btf> {
+        self.btf
+            .get_or_insert_with(|| Btf::from_kernel().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// The function symbols of `file` by file offset, read once; `None`
+    /// where they cannot be read (attaching then says why).
+    pub fn symbols(&mut self, file: &std::path::Path) -> Option<&HashMap<String, u64>> {
+        self.symbols
+            .entry(file.to_path_buf())
+            .or_insert_with(|| crate::kernel::elf::symbol_offsets(file).ok())
+            .as_ref()
+    }
+
+    /// The kernel's type ids in the form aya's tp_btf, fentry and fexit
+    /// loads take them ([`Btf::attach_ids`]), covering `target`.
+    pub fn attach_ids(&mut self, target: AttachTarget<'_>) -> anyhow::Result<&aya::Btf> {
+        let btf = self.btf()?;
+        let id = btf.attach_id(target).with_context(|| match target {
+            // aya attaches fentry by vmlinux's type ids only.
+            AttachTarget::Function(f) => format!(
+                "no function {f} in the kernel's own BTF (a module's functions, \
+                 whose BTF is the module's, take kprobes)"
+            ),
+            AttachTarget::Tracepoint(e) => format!("no tracepoint {e} in the kernel's BTF"),
+        })?;
+        if self.attach_ids.as_ref().is_none_or(|(upto, _)| *upto < id) {
+            let btf = self.btf()?;
+            let ids = btf.attach_ids(id)?;
+            self.attach_ids = Some((id, ids));
+        }
+        Ok(&self.attach_ids.as_ref().expect("set above").1)
+    }
+}
+
+/// Attaches a tool's programs to tracepoints with one mechanism of
+/// [`TRACEPOINT_CHAIN`].
+pub struct Hooks<'a> {
+    mech: Mechanism,
+    kernel: &'a mut Kernel,
+}
+
+impl<'a> Hooks<'a> {
+    /// Prepares to attach with `mech`; tp_btf takes the kernel's type ids
+    /// from `kernel`.
+    pub fn new(mech: Mechanism, kernel: &'a mut Kernel) -> anyhow::Result<Self> {
+        Ok(Self { mech, kernel })
+    }
+
+    /// The name prefix of the programs written for this mechanism, by
+    /// convention: `btf_`, `raw_` or `tp_` before the event's name.
+    pub fn prefix(&self) -> &'static str {
+        match self.mech {
+            Mechanism::TpBtf => "btf",
+            Mechanism::RawTracepoint => "raw",
+            _ => "tp",
+        }
+    }
+
+    /// Loads program `name` of `ebpf` and attaches it to tracepoint
+    /// `category:event`.
+    pub fn attach(
+        &mut self,
+        ebpf: &mut Ebpf,
+        name: &str,
+        category: &str,
+        event: &str,
+    ) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let attached = (|| {
+            let prog = ebpf
+                .program_mut(name)
+                .with_context(|| format!("program {name} missing from the object"))?;
+            match self.mech {
+                Mechanism::TpBtf => {
+                    let btf = self.kernel.attach_ids(AttachTarget::Tracepoint(event))?;
+                    let p: &mut BtfTracePoint = prog.try_into()?;
+                    p.load(event, btf)?;
+                    p.attach()?;
+                }
+                Mechanism::RawTracepoint => {
+                    let p: &mut RawTracePoint = prog.try_into()?;
+                    p.load()?;
+                    p.attach(event)?;
+                }
+                Mechanism::Tracepoint => {
+                    // aya finds tracefs but does not mount it.
+                    crate::kernel::tracefs::root()?;
+                    // One program may serve several tracepoints.
+                    let p: &mut TracePoint = prog.try_into()?;
+                    if p.fd().is_err() {
+                        p.load()?;
+                    }
+                    p.attach(category, event)?;
+                }
+                m => anyhow::bail!("{m} cannot attach to tracepoints"),
+            }
+            anyhow::Ok(())
+        })();
+        attached.with_context(|| format!("cannot attach {name} to {category}:{event}"))
+    }
+
+    /// Attaches the conventionally named program for `category:event`.
+    pub fn attach_event(
+        &mut self,
+        ebpf: &mut Ebpf,
+        category: &str,
+        event: &str,
+    ) -> anyhow::Result<()> {
+        let name = format!("{}_{event}", self.prefix());
+        self.attach(ebpf, &name, category, event)
+    }
+}
+
+/// Loads program `name` of `ebpf` and attaches it to kernel function
+/// `func` with `mech` (fentry, fexit, kprobe or kretprobe). A kprobe
+/// program may be attached to several functions; it is loaded once.
+pub fn attach_kernel_fn(
+    ebpf: &mut Ebpf,
+    kernel: &mut Kernel,
+    name: &str,
+    mech: Mechanism,
+    func: &str,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let attached = (|| {
+        let prog = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the object"))?;
+        match mech {
+            Mechanism::Fentry => {
+                let btf = kernel.attach_ids(AttachTarget::Function(func))?;
+                let p: &mut FEntry = prog.try_into()?;
+                p.load(func, btf)?;
+                p.attach()?;
+            }
+            Mechanism::Fexit => {
+                let btf = kernel.attach_ids(AttachTarget::Function(func))?;
+                let p: &mut FExit = prog.try_into()?;
+                p.load(func, btf)?;
+                p.attach()?;
+            }
+            Mechanism::Kprobe | Mechanism::Kretprobe => {
+                let p: &mut KProbe = prog.try_into()?;
+                if p.fd().is_err() {
+                    p.load()?;
+                }
+                p.attach(func, 0)?;
+            }
+            m => anyhow::bail!("{m} cannot attach to kernel functions"),
+        }
+        anyhow::Ok(())
+    })();
+    attached.with_context(|| format!("cannot attach {name} to {func} with {mech}"))
+}
+
+/// The object's `ERRORS` per-CPU counters, summed over CPUs.
+pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
+    per_cpu_sums(ebpf, "ERRORS", slots)
+}
+
+/// An event tool's `TALLIES` as a collector, summed over the CPUs.
+pub fn read_tallies(ebpf: &Ebpf, slots: u32) -> anyhow::Result<Vec<u64>> {
+    per_cpu_sums(ebpf, TALLIES, slots as usize)
+}
+
+/// The first `slots` counters of the per-CPU array `map`, each summed
+/// over the CPUs.
+pub fn per_cpu_sums(ebpf: &Ebpf, map: &str, slots: usize) -> anyhow::Result<Vec<u64>> {
+    let array: PerCpuArray<_, u64> = PerCpuArray::try_from(
+        ebpf.map(map)
+            .with_context(|| format!("map {map} missing"))?,
+    )?;
+    (0..slots as u32)
+        .map(|i| Ok(array.get(&i, 0)?.iter().sum()))
+        .collect()
+}
+
+/// The object variant built with the `task_storage` feature: state kept
+/// in the tasks themselves (5.11+).
+pub const TASK_STORAGE: &str = "task_storage";
+
+/// Sets up where an object's `in_flight!` operations are kept, for the
+/// variant being loaded, and says where, for `-v`.
+pub fn in_flight(load: &mut Load) -> &'static str {
+    if load.variant() == TASK_STORAGE {
+        // aya has no user-space type for task storage, which only the
+        // programs use.
+        load.allow_unsupported_maps();
+        "task storage"
+    } else {
+        load.size("STARTS", thread_entries());
+        "a hash by thread id"
+    }
+}
+
+/// Entries for a preallocated table keyed by thread: runnable ones for
+/// runqlat, ones inside a call for the latency tools, ones off the CPU for
+/// offcputime.
+///
+/// It needs no more than the number of threads; four times today's count (at least 65536, at most `pid_max`)
+/// leaves room to grow at a few megabytes, where `pid_max` entries could
+/// cost hundreds. Inserts that still fail are counted and reported.
+pub fn thread_entries() -> u32 {
+    let threads: u32 = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(3)?.split('/').nth(1)?.parse().ok())
+        .unwrap_or(0);
+    threads.saturating_mul(4).max(65_536).min(pid_max())
+}
+
+/// The kernel's `pid_max`: tables keyed by thread id sized to it can never
+/// fill up, unlike libbpf-tools' fixed 10240 entries.
+pub fn pid_max() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4_194_304)
+}
+
+/// A link being detached on a thread of its own. Detaching a tracepoint
+/// waits for RCU grace periods (tens of milliseconds): a tool that stops a
+/// helper program before its report lets that wait overlap the report's
+/// work. Dropping this joins the thread, so that nothing is left attached
+/// when the tool is done.
+pub struct Detaching(Option<std::thread::JoinHandle<()>>);
+
+impl Detaching {
+    /// Starts detaching `link` (aya detaches a link when it is dropped).
+    pub fn start<L: Send + 'static>(link: L) -> Self {
+        Self(Some(std::thread::spawn(move || drop(link))))
+    }
+}
+
+impl Drop for Detaching {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            let _ = t.join();
+        }
+    }
+}

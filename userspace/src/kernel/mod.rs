@@ -1,0 +1,22 @@
+//! What the running kernel offers, and loading into it: BTF, feature
+//! probing, tracefs, privileges, the event transport, the embedded
+//! objects, mapped memory, map reads and process mappings. Every layer
+//! above may import it; it imports only `rtrace_common`.
+
+pub mod batch;
+pub mod btf;
+pub mod elf;
+pub mod features;
+pub mod load;
+pub mod memory;
+pub mod objects;
+pub mod privs;
+pub mod procmaps;
+pub mod tracefs;
+pub mod transport;
+
+/// A NUL-terminated kernel string (`comm`, a file name) as text.
+pub fn c_string(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}

@@ -1,0 +1,8 @@
+//! Naming the places to attach: uprobe targets, USDT notes, and the one
+//! probe-spec grammar (`p:`, `r:`, `t:`, `u:` with their arguments and
+//! expressions) that tools share. Imported by the tracer and tools;
+//! imports only the kernel layer.
+
+pub mod spec;
+pub mod uprobes;
+pub mod usdt;

@@ -1,0 +1,465 @@
+//! Call frame information compiled into compact rows, for unwinding user
+//! stacks of code built without frame pointers: the compiler, from a
+//! file's `.eh_frame` (or `.debug_frame`) to the rows and index the
+//! kernel's walk searches. [`unwind`](super::unwind) gives processes their
+//! files' tables; [`cficache`](super::cficache) keeps compiled tables on
+//! disk.
+
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, RegisterRule,
+    UnwindContext, UnwindSection, X86_64,
+};
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+use rtrace_common::unwind::{Bucket, CfiRow, ROWS_PER_BUCKET};
+
+use crate::kernel::memory::Slab;
+
+pub use rtrace_common::unwind::{
+    CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAME, RBP_SAVED,
+};
+
+/// The rules from one address up to the next row's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// The first address (the file's virtual address) the rules hold for.
+    pub pc: u64,
+    /// One of the `CFA_*` values.
+    pub cfa: u8,
+    /// One of the `RBP_*` values.
+    pub rbp: u8,
+    /// See [`Row::cfa`].
+    pub cfa_offset: i32,
+    /// See [`Row::rbp`].
+    pub rbp_offset: i32,
+}
+
+impl Row {
+    /// The row as the kernel's tables hold it.
+    pub fn to_kernel(self) -> CfiRow {
+        CfiRow {
+            pc: self.pc,
+            cfa_offset: self.cfa_offset,
+            rbp_offset: self.rbp_offset as i16,
+            cfa: self.cfa,
+            rbp: self.rbp,
+        }
+    }
+
+    fn same_rules(&self, other: &Row) -> bool {
+        (self.cfa, self.rbp, self.cfa_offset, self.rbp_offset)
+            == (other.cfa, other.rbp, other.cfa_offset, other.rbp_offset)
+    }
+
+    pub fn none(pc: u64) -> Self {
+        Self {
+            pc,
+            cfa: CFA_NONE,
+            rbp: RBP_SAME,
+            cfa_offset: 0,
+            rbp_offset: 0,
+        }
+    }
+}
+
+/// Errors from compiling a file's call frame information.
+#[derive(Debug, thiserror::Error)]
+pub enum CfiError {
+    /// The file is not an ELF file object can read.
+    #[error("not an ELF file: {0}")]
+    Elf(#[from] object::Error),
+    /// The file has neither `.eh_frame` nor `.debug_frame`.
+    #[error("no .eh_frame or .debug_frame section")]
+    NoCfi,
+    /// The call frame information does not parse.
+    #[error("malformed call frame information: {0}")]
+    Malformed(#[from] gimli::Error),
+}
+
+/// What compiling one file found.
+#[derive(Debug, Default)]
+pub struct Table {
+    /// Rows sorted by address, neighbours with the same rules merged, as
+    /// the kernel holds them.
+    pub rows: Slab<CfiRow>,
+    /// Rows whose rules the unwinder cannot follow (such as a CFA given by
+    /// an expression other than the PLT's), kept as [`CFA_NONE`].
+    pub unsupported: usize,
+    /// For each bucket of `1 << index_shift` bytes of code from the first
+    /// row's address, the rows that cover it; see
+    /// [`rtrace_common::unwind::Region`].
+    pub index: Slab<Bucket>,
+    /// See [`Table::index`].
+    pub index_shift: u32,
+}
+
+impl Table {
+    /// Builds the index of the rows: buckets of 16 bytes of code or more,
+    /// and no more than one for every [`ROWS_PER_BUCKET`] rows.
+    fn build_index(&mut self) {
+        let (Some(first), Some(last)) = (self.rows.first(), self.rows.last()) else {
+            return;
+        };
+        let span = last.pc - first.pc;
+        let most = (self.rows.len() as u64 / u64::from(ROWS_PER_BUCKET)).max(1);
+        let mut shift = 4;
+        while (span >> shift) + 1 > most {
+            shift += 1;
+        }
+        let buckets = (span >> shift) + 1;
+        // The last row at or before each bucket's start.
+        let mut starts = Vec::with_capacity(buckets as usize);
+        let mut i = 0;
+        for b in 0..buckets {
+            let at = first.pc + (b << shift);
+            while self.rows.get(i + 1).is_some_and(|r| r.pc <= at) {
+                i += 1;
+            }
+            starts.push(i as u32);
+        }
+        let len = self.rows.len() as u32;
+        self.index = Slab::Owned(
+            (0..starts.len())
+                .map(|b| Bucket {
+                    first: starts[b],
+                    end: starts.get(b + 1).map_or(len, |&next| next + 1),
+                })
+                .collect(),
+        );
+        self.index_shift = shift;
+    }
+}
+
+/// The PLT's CFA expression as GCC and binutils write it:
+/// `rsp + 8 + ((rip & 15) >= N) << 3`, with N at byte 6 (`DW_OP_lit10` or
+/// `DW_OP_lit11`).
+const PLT_EXPRESSION: [u8; 11] = [
+    0x77, 0x08, // DW_OP_breg7 (rsp) 8
+    0x80, 0x00, // DW_OP_breg16 (rip) 0
+    0x3f, // DW_OP_lit15
+    0x1a, // DW_OP_and
+    0x3b, // DW_OP_lit11 (or 0x3a, lit10)
+    0x2a, // DW_OP_ge
+    0x33, // DW_OP_lit3
+    0x24, // DW_OP_shl
+    0x22, // DW_OP_plus
+];
+
+/// The threshold N of a PLT expression, if `expr` is one.
+fn plt_threshold(expr: &[u8]) -> Option<i32> {
+    if expr.len() != PLT_EXPRESSION.len() {
+        return None;
+    }
+    let lit = expr[6];
+    let same = expr
+        .iter()
+        .zip(PLT_EXPRESSION)
+        .enumerate()
+        .all(|(i, (a, b))| i == 6 || *a == b);
+    (same && (0x30..=0x4f).contains(&lit)).then(|| i32::from(lit - 0x30))
+}
+
+/// Appends the rows of every FDE in `section` (`.eh_frame` or
+/// `.debug_frame`) to `rows`, and each function's first address and the
+/// range of its rows in `rows` to `functions`.
+fn add_rows<'d, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    rows: &mut Vec<Row>,
+    functions: &mut Vec<Function>,
+    unsupported: &mut usize,
+) -> Result<(), gimli::Error>
+where
+    S: UnwindSection<EndianSlice<'d, LittleEndian>>,
+{
+    let mut ctx = UnwindContext::new();
+    let mut entries = section.entries(bases);
+    while let Some(entry) = entries.next()? {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let fde = partial.parse(S::cie_from_offset)?;
+        let first = rows.len();
+        let mut fde_rows = fde.rows(section, bases, &mut ctx)?;
+        while let Some(r) = fde_rows.next_row()? {
+            let mut row = Row::none(r.start_address());
+            let ra = r.register(X86_64::RA);
+            let ra_ok = matches!(ra, Some(RegisterRule::Offset(-8)));
+            match r.cfa() {
+                CfaRule::RegisterAndOffset { register, offset } if ra_ok => {
+                    let reg = match *register {
+                        X86_64::RSP => Some(CFA_RSP),
+                        X86_64::RBP => Some(CFA_RBP),
+                        _ => None,
+                    };
+                    if let (Some(reg), Ok(off)) = (reg, i32::try_from(*offset)) {
+                        row.cfa = reg;
+                        row.cfa_offset = off;
+                    }
+                }
+                CfaRule::Expression(e) if ra_ok => {
+                    let expr = e.get(section)?;
+                    if let Some(n) = plt_threshold(expr.0.slice()) {
+                        row.cfa = CFA_PLT;
+                        row.cfa_offset = n;
+                    }
+                }
+                _ => {}
+            }
+            if let Some(RegisterRule::Offset(off)) = r.register(X86_64::RBP)
+                && let Ok(off) = i16::try_from(off)
+            {
+                row.rbp = RBP_SAVED;
+                row.rbp_offset = i32::from(off);
+            }
+            // The outermost frame (`_start`, a thread's start) marks its
+            // return address undefined: the stack ends there.
+            if matches!(ra, Some(RegisterRule::Undefined)) {
+                row.cfa = CFA_END;
+            }
+            if row.cfa == CFA_NONE {
+                *unsupported += 1;
+            }
+            rows.push(row);
+        }
+        functions.push(Function {
+            start: fde.initial_address(),
+            end: fde.initial_address() + fde.len(),
+            rows: first as u32..rows.len() as u32,
+        });
+    }
+    Ok(())
+}
+
+/// One FDE's address range and where its rows are.
+struct Function {
+    start: u64,
+    end: u64,
+    rows: std::ops::Range<u32>,
+}
+
+/// Puts the functions' rows in address order, each function followed by a
+/// row that ends it unless the next one starts right there, and merges
+/// neighbours with the same rules. Functions are sorted, not rows: there
+/// are a twentieth as many, and each one's rows are in order already.
+fn assemble(rows: &[Row], mut functions: Vec<Function>) -> Vec<Row> {
+    functions.sort_unstable_by_key(|f| f.start);
+    let mut out: Vec<Row> = Vec::with_capacity(rows.len() + functions.len());
+    let push = |r: Row, out: &mut Vec<Row>| {
+        if let Some(last) = out.last_mut() {
+            if last.pc == r.pc {
+                // A function's end marker and the next function's first
+                // row share an address: the function's row wins, since it
+                // is the one that covers it.
+                if r.cfa != CFA_NONE || last.cfa == CFA_NONE {
+                    *last = r;
+                }
+                if out.len() >= 2 && out[out.len() - 2].same_rules(&out[out.len() - 1]) {
+                    out.pop();
+                }
+                return;
+            }
+            if last.same_rules(&r) {
+                return;
+            }
+        }
+        out.push(r);
+    };
+    let mut sorted = true;
+    for (i, f) in functions.iter().enumerate() {
+        for &r in &rows[f.rows.start as usize..f.rows.end as usize] {
+            sorted &= out.last().is_none_or(|l| l.pc <= r.pc);
+            push(r, &mut out);
+        }
+        if functions.get(i + 1).is_none_or(|next| next.start > f.end) {
+            push(Row::none(f.end), &mut out);
+        }
+    }
+    if !sorted {
+        // Overlapping FDEs (broken, but seen): order the rows themselves.
+        let mut all: Vec<Row> = Vec::with_capacity(rows.len() + functions.len());
+        for f in &functions {
+            all.extend_from_slice(&rows[f.rows.start as usize..f.rows.end as usize]);
+            all.push(Row::none(f.end));
+        }
+        all.sort_by_key(|r| (r.pc, r.cfa == CFA_NONE));
+        all.dedup_by_key(|r| r.pc);
+        out.clear();
+        for r in all {
+            push(r, &mut out);
+        }
+    }
+    out
+}
+
+/// Compiles the call frame information of the ELF file in `data`: its
+/// `.eh_frame`, and its `.debug_frame` where it has one (code built without
+/// unwind tables keeps its CFI there, beside the C runtime's `.eh_frame`).
+pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
+    let file = object::File::parse(data)?;
+    let mut bases = BaseAddresses::default();
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    if let Some(got) = file.section_by_name(".got") {
+        bases = bases.set_got(got.address());
+    }
+    let mut table = Table::default();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut functions = Vec::new();
+    let mut found = false;
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        let eh_data = section.uncompressed_data()?;
+        // Code runs about one row to two or three bytes of CFI.
+        rows.reserve(eh_data.len() / 2);
+        let bases = bases.clone().set_eh_frame(section.address());
+        let eh_frame = EhFrame::new(&eh_data, LittleEndian);
+        add_rows(
+            &eh_frame,
+            &bases,
+            &mut rows,
+            &mut functions,
+            &mut table.unsupported,
+        )?;
+        found = true;
+    }
+    if let Some(section) = file.section_by_name(".debug_frame") {
+        let debug_data = section.uncompressed_data()?;
+        let mut debug_frame = DebugFrame::new(&debug_data, LittleEndian);
+        debug_frame.set_address_size(8);
+        add_rows(
+            &debug_frame,
+            &bases,
+            &mut rows,
+            &mut functions,
+            &mut table.unsupported,
+        )?;
+        found = true;
+    }
+    if !found {
+        return Err(CfiError::NoCfi);
+    }
+    table.rows = Slab::Owned(
+        assemble(&rows, functions)
+            .into_iter()
+            .map(Row::to_kernel)
+            .collect(),
+    );
+    table.build_index();
+    Ok(table)
+}
+
+/// A file's loadable segments as (file offset, size, virtual address), to
+/// turn a mapping's file offset into the virtual addresses rows are keyed
+/// by.
+pub fn segments(data: &[u8]) -> Vec<(u64, u64, u64)> {
+    object::File::parse(data)
+        .map(|f| {
+            f.segments()
+                .map(|s| {
+                    let (off, size) = s.file_range();
+                    (off, size, s.address())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// The reference lookup: what the kernel's search of the same rows must
+// agree with, checked in the tests.
+#[cfg(test)]
+impl Table {
+    /// The row whose rules hold at `pc`, found as the kernel finds it:
+    /// its bucket of the index, then a search between that bucket's row
+    /// and the next one's.
+    pub fn lookup(&self, pc: u64) -> Option<&CfiRow> {
+        let first = self.rows.first()?.pc;
+        let last = self.index.len().checked_sub(1)?;
+        let b = usize::try_from(pc.checked_sub(first)? >> self.index_shift)
+            .unwrap_or(usize::MAX)
+            .min(last);
+        let Bucket { first: lo, end: hi } = self.index[b];
+        let (lo, hi) = (lo as usize, hi as usize);
+        let i = lo + self.rows[lo..hi].partition_point(|r| r.pc <= pc);
+        self.rows.get(i.checked_sub(1)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plt_expression_is_recognized() {
+        assert_eq!(plt_threshold(&PLT_EXPRESSION), Some(11));
+        let mut ten = PLT_EXPRESSION;
+        ten[6] = 0x3a;
+        assert_eq!(plt_threshold(&ten), Some(10));
+        assert_eq!(plt_threshold(&PLT_EXPRESSION[..10]), None);
+        let mut other = PLT_EXPRESSION;
+        other[0] = 0x76;
+        assert_eq!(plt_threshold(&other), None);
+    }
+
+    #[test]
+    fn libc_compiles_to_sorted_covering_rows() {
+        let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        let table = compile(&data).unwrap();
+        assert!(table.rows.len() > 10_000, "{} rows", table.rows.len());
+        assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
+        assert!(table.rows.iter().any(|r| r.cfa == CFA_PLT));
+        // Nearly every rule libc's CFI gives is one the unwinder follows
+        // (the rows without CFI are mostly the gaps between functions).
+        assert!(
+            table.unsupported * 100 < table.rows.len(),
+            "{} of {} rows unsupported",
+            table.unsupported,
+            table.rows.len()
+        );
+        // Functions start at rsp + 8 (the return address just pushed), and
+        // rsp-based CFAs move in whole words.
+        let entries = table
+            .rows
+            .iter()
+            .filter(|r| r.cfa == CFA_RSP && r.cfa_offset == 8)
+            .count();
+        assert!(entries > 1000, "{entries} rows at rsp + 8");
+        assert!(
+            table
+                .rows
+                .iter()
+                .filter(|r| r.cfa == CFA_RSP)
+                .all(|r| r.cfa_offset >= 8 && r.cfa_offset.rem_euclid(8) == 0)
+        );
+    }
+
+    #[test]
+    fn the_index_finds_the_row_a_search_of_all_rows_finds() {
+        for path in ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3"] {
+            let data = std::fs::read(path).unwrap();
+            let table = compile(&data).unwrap();
+            let rows = table.rows.len() as u64;
+            assert!(
+                (table.index.len() as u64) <= rows / u64::from(ROWS_PER_BUCKET) + 1,
+                "{path}: {} buckets for {rows} rows",
+                table.index.len()
+            );
+            let plain = |pc: u64| {
+                let i = table.rows.partition_point(|r| r.pc <= pc);
+                table.rows.get(i.checked_sub(1)?)
+            };
+            // Every row's first address, the byte before it and the one
+            // after, every bucket's start, and past both ends.
+            let first = table.rows[0].pc;
+            let buckets = (0..table.index.len() as u64).map(|b| first + (b << table.index_shift));
+            let pcs = table
+                .rows
+                .iter()
+                .flat_map(|r| [r.pc.wrapping_sub(1), r.pc, r.pc + 1])
+                .chain(buckets)
+                .chain([0, u64::MAX, table.rows.last().unwrap().pc + 4096]);
+            for pc in pcs {
+                assert_eq!(table.lookup(pc), plain(pc), "{path}: pc {pc:#x}");
+            }
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! From kernel addresses to named frames: CFI tables and their disk
+//! cache, the stack store that drains the kernel's stack tables, and
+//! symbolization. Imported by the tracer, output and tools; imports only
+//! the kernel layer.
+
+pub mod cfi;
+pub mod cficache;
+pub mod sample;
+pub mod stackstore;
+pub mod symbolize;
+pub mod unwind;

@@ -1,0 +1,45 @@
+//! Counted stacks of named frames: what the stack store hands the
+//! outputs.
+
+use std::sync::Arc;
+
+use crate::stacks::symbolize::Frame;
+
+/// One distinct stack with its sample count.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Command of the sampled thread.
+    pub comm: String,
+    /// Process id.
+    pub pid: u32,
+    /// User frames, leaf first; shared by the samples of every process
+    /// with the same stack.
+    pub user: Arc<[Frame]>,
+    /// Kernel frames, leaf first.
+    pub kernel: Arc<[Frame]>,
+    /// Samples counted.
+    pub count: u64,
+    /// The thread that woke this one (offcputime `--waker`).
+    pub waker: Option<Arc<Thread>>,
+    /// Time off the CPU among on-CPU samples (`profile --off-cpu`).
+    pub off_cpu: bool,
+}
+
+/// A thread named in a sample besides the sampled one: the waker.
+#[derive(Clone, Debug)]
+pub struct Thread {
+    /// Its command.
+    pub comm: String,
+    /// Its process id.
+    pub pid: u32,
+    /// User frames, leaf first.
+    pub user: Arc<[Frame]>,
+    /// Kernel frames, leaf first.
+    pub kernel: Arc<[Frame]>,
+}
+
+/// Placeholder frames for stacks that could not be walked or stored, as
+/// bcc names them.
+pub const MISSED_USER: &str = "[Missed User Stack]";
+/// See [`MISSED_USER`].
+pub const MISSED_KERNEL: &str = "[Missed Kernel Stack]";

@@ -1,0 +1,506 @@
+//! The shape of the code, checked: no import circles between modules of
+//! user space, `common` or the kernel crate, and user space's layers
+//! importing only downwards (tools, then the tracer, then stacks, probes
+//! and output, then the kernel layer).
+//!
+//! Imports are read as text: `use crate::…` and `use super::…` trees
+//! (braces included) and paths written inline (`crate::kernel::btf::Btf`).
+//! Test modules (`#[cfg(test)] mod … { … }`) are left out: a test may
+//! reach anywhere.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
+
+/// A crate's modules and, for each, the modules it imports, with the
+/// names that tie them.
+pub type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
+
+/// The import graph of the crate whose source root is `src` (`main.rs`
+/// or `lib.rs` is the root module, named ""); `bin/` is left out, as its
+/// files are crates of their own.
+pub fn graph(src: &Path) -> std::io::Result<Graph> {
+    let mut files = Vec::new();
+    collect(src, src, &mut files)?;
+    let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
+    let mut out = Graph::new();
+    for (module, text) in &files {
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for path in paths(&without_tests(text)) {
+            let Some(absolute) = resolve(module, &path) else {
+                continue;
+            };
+            // The longest prefix that is a module is what is imported.
+            let target = (1..=absolute.len())
+                .rev()
+                .map(|n| absolute[..n].join("::"))
+                .find(|m| modules.contains(m));
+            let Some(target) = target else { continue };
+            // A module's own items are no arrow.
+            if target == *module {
+                continue;
+            }
+            let name = absolute.last().cloned().unwrap_or_default();
+            edges.entry(target).or_default().insert(name);
+        }
+        out.insert(module.clone(), edges);
+    }
+    Ok(out)
+}
+
+fn collect(src: &Path, dir: &Path, out: &mut Vec<(String, String)>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let rel = path.strip_prefix(src).unwrap_or(&path);
+        if path.is_dir() {
+            if rel != Path::new("bin") {
+                collect(src, &path, out)?;
+            }
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let mut parts: Vec<String> = rel
+            .with_extension("")
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        if matches!(
+            parts.last().map(String::as_str),
+            Some("mod" | "lib" | "main")
+        ) {
+            parts.pop();
+        }
+        out.push((parts.join("::"), std::fs::read_to_string(&path)?));
+    }
+    Ok(())
+}
+
+/// `text` with every `#[cfg(test)]` module's body cut out.
+fn without_tests(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("#[cfg(test)]") {
+        let after = &rest[i + "#[cfg(test)]".len()..];
+        let trimmed = after.trim_start();
+        let is_mod = trimmed.starts_with("mod ") || trimmed.starts_with("pub mod ");
+        let open = trimmed.find(['{', ';']);
+        match (is_mod, open) {
+            (true, Some(o)) if trimmed.as_bytes()[o] == b'{' => {
+                out.push_str(&rest[..i]);
+                let body = &trimmed[o..];
+                let mut depth = 0usize;
+                let mut end = body.len();
+                for (k, c) in body.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = k + 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                rest = &body[end..];
+            }
+            _ => {
+                out.push_str(&rest[..i + "#[cfg(test)]".len()]);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every path a file names through `crate`, `super` or `self`, as
+/// segments with that first word kept, `use` trees expanded.
+fn paths(text: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let code = strip_comments(text);
+    // `use` trees first, then what is left for inline paths.
+    let mut rest = code.as_str();
+    let mut inline = String::new();
+    while let Some(i) = find_use(rest) {
+        inline.push_str(&rest[..i]);
+        let stmt_start = i + rest[i..].find("use ").unwrap() + 4;
+        let end = rest[stmt_start..]
+            .find(';')
+            .map_or(rest.len(), |e| stmt_start + e);
+        let tree = tidy(&rest[stmt_start..end]);
+        // A `use ` in a string or prose is no statement.
+        let is_tree = tree
+            .chars()
+            .all(|c| c.is_alphanumeric() || "_:{},* ".contains(c));
+        let expanded = if is_tree { expand(&tree) } else { Vec::new() };
+        for p in expanded {
+            let segs: Vec<String> = p
+                .split(" as ")
+                .next()
+                .unwrap_or_default()
+                .split("::")
+                .map(str::to_owned)
+                .collect();
+            if matches!(
+                segs.first().map(String::as_str),
+                Some("crate" | "super" | "self")
+            ) {
+                out.push(segs);
+            }
+        }
+        rest = &rest[end.min(rest.len())..];
+    }
+    inline.push_str(rest);
+    for start in ["crate::", "super::"] {
+        let mut at = 0;
+        while let Some(i) = inline[at..].find(start) {
+            let begin = at + i;
+            at = begin + start.len();
+            let before = inline[..begin].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let path: String = inline[begin..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            out.push(
+                path.trim_end_matches(':')
+                    .split("::")
+                    .map(str::to_owned)
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+/// Where the next `use` statement starts (`use`, `pub use`,
+/// `pub(crate) use`), at a word boundary.
+fn find_use(text: &str) -> Option<usize> {
+    let mut at = 0;
+    while let Some(i) = text[at..].find("use ") {
+        let k = at + i;
+        let before = text[..k].chars().next_back();
+        if before.is_none_or(|c| c.is_whitespace() || c == ';' || c == '{' || c == '}') {
+            return Some(k);
+        }
+        at = k + 4;
+    }
+    None
+}
+
+/// Line comments and doc comments removed (they name paths in prose).
+fn strip_comments(text: &str) -> String {
+    text.lines()
+        .map(|l| l.split_once("//").map_or(l, |(code, _)| code))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A `use` tree with its white space folded: none around `::`, braces
+/// and commas, one space around `as`.
+fn tidy(tree: &str) -> String {
+    let words: Vec<&str> = tree.split_whitespace().collect();
+    let mut out = String::new();
+    for w in words {
+        let glue = out.ends_with([':', '{', ',']) || w.starts_with([':', '{', '}', ',']);
+        if !out.is_empty() && !glue {
+            out.push(' ');
+        }
+        out.push_str(w);
+    }
+    out
+}
+
+/// A tidied `use` tree, expanded into its paths
+/// (`a::{b,c::{self,d}}` gives `a::b`, `a::c`, `a::c::d`).
+fn expand(tree: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for part in split_top(tree) {
+        match part.find('{') {
+            None => out.push(part),
+            Some(i) => {
+                let prefix = part[..i].trim_end_matches(':');
+                let inner = &part[i + 1..part.rfind('}').unwrap_or(part.len())];
+                for q in expand(inner) {
+                    if q == "self" || q.starts_with("self as") {
+                        out.push(prefix.to_owned());
+                    } else {
+                        out.push(format!("{prefix}::{q}"));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn split_top(s: &str) -> Vec<String> {
+    let (mut parts, mut cur, mut depth) = (Vec::new(), String::new(), 0i32);
+    for c in s.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    parts.push(cur);
+    parts.into_iter().filter(|p| !p.is_empty()).collect()
+}
+
+/// `path` (starting with `crate`, `super` or `self`) from module `module`,
+/// as segments from the crate root.
+fn resolve(module: &str, path: &[String]) -> Option<Vec<String>> {
+    let mut base: Vec<String> = if module.is_empty() {
+        Vec::new()
+    } else {
+        module.split("::").map(str::to_owned).collect()
+    };
+    let mut segs = path.iter();
+    match segs.next()?.as_str() {
+        "crate" => base.clear(),
+        "self" => {}
+        "super" => {
+            base.pop()?;
+            while segs.clone().next().is_some_and(|s| s == "super") {
+                segs.next();
+                base.pop()?;
+            }
+        }
+        _ => return None,
+    }
+    base.extend(segs.filter(|s| !s.is_empty()).cloned());
+    Some(base)
+}
+
+/// The circles of `g`: each strongly connected set of more than one
+/// module, with the arrows inside it.
+pub fn circles(g: &Graph) -> Vec<Vec<String>> {
+    // Tarjan's algorithm, iterative enough for a few hundred modules.
+    struct State<'a> {
+        g: &'a Graph,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        next: usize,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'a>(s: &mut State<'a>, v: &'a str) {
+        s.index.insert(v, s.next);
+        s.low.insert(v, s.next);
+        s.next += 1;
+        s.stack.push(v);
+        s.on.insert(v);
+        let g = s.g;
+        for w in g.get(v).into_iter().flat_map(|e| e.keys()) {
+            let w = w.as_str();
+            if !s.index.contains_key(w) {
+                visit(s, w);
+                let lw = s.low[w];
+                let lv = s.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if s.on.contains(w) {
+                let iw = s.index[w];
+                let lv = s.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if s.low[v] == s.index[v] {
+            let mut set = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on.remove(w);
+                set.push(w.to_owned());
+                if w == v {
+                    break;
+                }
+            }
+            if set.len() > 1 {
+                set.sort();
+                s.out.push(set);
+            }
+        }
+    }
+    let mut s = State {
+        g,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in g.keys() {
+        if !s.index.contains_key(v.as_str()) {
+            visit(&mut s, v);
+        }
+    }
+    s.out
+}
+
+/// Each circle with the arrows that tie it, for a failure message.
+pub fn describe(g: &Graph, sets: &[Vec<String>]) -> String {
+    let mut out = String::new();
+    for set in sets {
+        out.push_str(&format!("circle of {}:\n", set.join(", ")));
+        for from in set {
+            for (to, names) in &g[from] {
+                if set.contains(to) {
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    out.push_str(&format!(
+                        "  {} -> {}: {}\n",
+                        shown(from),
+                        shown(to),
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn shown(module: &str) -> &str {
+    if module.is_empty() { "crate" } else { module }
+}
+
+/// User space's layers, lowest first: a module may import its own layer's
+/// modules (the circle check keeps those apart) and those below, never
+/// those above. The crate root (`main.rs`) is above them all.
+pub const LAYERS: [&[&str]; 4] = [
+    &["kernel"],
+    &["stacks", "probes", "output"],
+    &["tracer"],
+    &["tools"],
+];
+
+fn layer(module: &str) -> Option<usize> {
+    let top = module.split("::").next()?;
+    LAYERS.iter().position(|l| l.contains(&top))
+}
+
+/// The imports of `g` that run from a lower layer up to a higher one (or
+/// to the crate root).
+pub fn upward(g: &Graph) -> Vec<String> {
+    let mut out = Vec::new();
+    for (from, edges) in g {
+        let Some(lf) = layer(from) else { continue };
+        for (to, names) in edges {
+            let up = match layer(to) {
+                Some(lt) => lt > lf,
+                None => to.is_empty(),
+            };
+            if up {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                out.push(format!("{from} -> {}: {}", shown(to), names.join(", ")));
+            }
+        }
+    }
+    out
+}
+
+/// `g` with each module folded into its top-level folder or file.
+pub fn folded(g: &Graph) -> Graph {
+    let top = |m: &str| m.split("::").next().unwrap_or_default().to_owned();
+    let mut out = Graph::new();
+    for (from, edges) in g {
+        let f = top(from);
+        let entry = out.entry(f.clone()).or_default();
+        for (to, names) in edges {
+            let t = top(to);
+            if t != f {
+                entry.entry(t).or_default().extend(names.iter().cloned());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn crate_graph(src: &str) -> Graph {
+        graph(&crate::root().join(src)).unwrap()
+    }
+
+    #[test]
+    fn no_import_circles_in_any_crate() {
+        for src in ["userspace/src", "common/src", "ebpf-programs/src"] {
+            let g = crate_graph(src);
+            assert!(g.len() > 3, "{src}: too few modules read: {g:?}");
+            let sets = circles(&g);
+            assert!(
+                sets.is_empty(),
+                "{src} has import circles:\n{}",
+                describe(&g, &sets)
+            );
+        }
+    }
+
+    #[test]
+    fn user_space_layers_import_downwards() {
+        let g = crate_graph("userspace/src");
+        let up = upward(&g);
+        assert!(
+            up.is_empty(),
+            "imports that run upwards:\n{}",
+            up.join("\n")
+        );
+        let folders = folded(&g);
+        let sets = circles(&folders);
+        assert!(
+            sets.is_empty(),
+            "user space's folders import each other:\n{}",
+            describe(&folders, &sets)
+        );
+        // Every top-level module belongs to a layer.
+        for m in g.keys().filter(|m| !m.is_empty() && !m.contains("::")) {
+            assert!(layer(m).is_some(), "{m} is in no layer of house::LAYERS");
+        }
+    }
+
+    /// The check must be able to fail: a made-up crate with a circle
+    /// through a `use` tree and an inline path, and an upward import.
+    #[test]
+    fn circles_and_upward_imports_are_found() {
+        let dir = std::env::temp_dir().join(format!("rtrace-house-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("kernel")).unwrap();
+        std::fs::create_dir_all(dir.join("tools")).unwrap();
+        std::fs::write(dir.join("main.rs"), "mod kernel;\nmod tools;\n").unwrap();
+        std::fs::write(
+            dir.join("kernel/mod.rs"),
+            "pub mod btf;\nuse crate::{tools::{self, run}};\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("kernel/btf.rs"),
+            "// crate::tools::run in a comment is no import\nfn f() {}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("tools/mod.rs"),
+            "pub fn run() { crate::kernel::x(); }\n#[cfg(test)]\nmod tests { use crate::kernel::btf; }\n",
+        )
+        .unwrap();
+        let g = graph(&dir).unwrap();
+        let sets = circles(&g);
+        assert_eq!(sets, [vec!["kernel".to_owned(), "tools".to_owned()]]);
+        assert!(!g["tools"].contains_key("kernel::btf"), "{g:?}");
+        assert!(g["kernel::btf"].is_empty(), "{g:?}");
+        assert_eq!(upward(&g), ["kernel -> tools: run, tools"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
