@@ -164,6 +164,11 @@ pub const ERR_KERNEL_STACK: u32 = 4;
 pub const ERR_NO_TABLES: u32 = 5;
 /// `ERRORS` slot: frames of CFI walks that took the frame pointer.
 pub const ERR_FP_FRAMES: u32 = 6;
+/// The `ERRORS` slots that count expected fallbacks, not missing output: a
+/// new process's first stacks, walked by frame pointer before its tables
+/// are loaded, and frame-pointer steps where no CFI covers the code (JIT
+/// code, the vDSO, hand-written assembly).
+pub const ERR_EXPECTED: [u32; 2] = [ERR_NO_TABLES, ERR_FP_FRAMES];
 /// `ERRORS` slot: CFI walks that ended on a failed read.
 pub const ERR_CUT_SHORT: u32 = 7;
 /// `ERRORS` slot: blocked threads not timed, as the table of threads off

@@ -93,6 +93,11 @@ pub trait Tool: Sized {
     /// report at exit. An event tool's first slot is events lost to a full
     /// buffer (`rtrace_common::events::LOST_EVENT`).
     const ERRORS: &'static [&'static str];
+    /// The `ERRORS` slots that count expected, harmless fallbacks rather
+    /// than missing or wrong output (a new process's first stacks walked
+    /// before its tables, frame-pointer steps through JIT code): `-v`
+    /// reports them with the summary; they are no warning.
+    const EXPECTED: &'static [u32] = &[];
 
     /// Checks the arguments, before any privilege is needed.
     fn new(args: Self::Args) -> anyhow::Result<Self>;
@@ -674,10 +679,10 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
     for line in tool.warnings() {
         eprintln!("rtrace: warning: {line}");
     }
-    report_errors(
+    report_errors::<T>(
         &ebpf,
-        T::ERRORS,
         stream.as_ref().map_or(0, EventStream::perf_lost),
+        global.verbose,
     )
 }
 
@@ -796,15 +801,21 @@ async fn run_loop<T: Tool>(
 /// nonzero. A perf buffer's own loss records count towards the first slot
 /// of an event tool: a full perf buffer fails the helper, which the
 /// programs count, and the kernel reports the same drops again, so the
-/// larger of the two is taken rather than the sum.
-fn report_errors(ebpf: &Ebpf, names: &[&str], perf_lost: u64) -> anyhow::Result<()> {
-    let counts = read_errors(ebpf, names.len())?;
-    for (i, (name, mut n)) in names.iter().zip(counts).enumerate() {
+/// larger of the two is taken rather than the sum. The tool's
+/// [`Tool::EXPECTED`] slots are no warning: `-v` shows them.
+fn report_errors<T: Tool>(ebpf: &Ebpf, perf_lost: u64, verbose: bool) -> anyhow::Result<()> {
+    let counts = read_errors(ebpf, T::ERRORS.len())?;
+    for (i, (name, mut n)) in T::ERRORS.iter().zip(counts).enumerate() {
         if i == LOST_EVENT as usize {
             n = n.max(perf_lost);
         }
-        if n > 0 {
+        if n == 0 {
+            continue;
+        }
+        if !T::EXPECTED.contains(&(i as u32)) {
             eprintln!("rtrace: warning: {n} {name}");
+        } else if verbose {
+            eprintln!("rtrace: {}: {n} {name}", T::NAME);
         }
     }
     Ok(())

@@ -162,6 +162,7 @@ impl Tool for Offcputime {
     const NAME: &'static str = "offcputime";
     const CHAIN: &'static [Mechanism] = &offcpu::CHAIN;
     const ERRORS: &'static [&'static str] = &ERR_NAMES;
+    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
 
     fn new(args: Args) -> anyhow::Result<Self> {
         if let Some(max) = args.max_block_time {

@@ -328,6 +328,7 @@ impl Tool for Profile {
     const NAME: &'static str = "profile";
     const CHAIN: &'static [Mechanism] = &[];
     const ERRORS: &'static [&'static str] = &ERR_NAMES;
+    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
 
     fn new(args: Args) -> anyhow::Result<Self> {
         let online =
