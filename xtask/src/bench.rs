@@ -53,15 +53,23 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             for (_, bench) in benches {
                 rows.push(bench()?);
             }
-            startup::run()?;
+            let startup = startup::run()?;
             let table = all_table(&rows);
             println!("\n{table}");
             let path = crate::root().join("target/bench/all.md");
             std::fs::write(&path, &table)?;
             eprintln!("bench: the table is also in {}", path.display());
-            Ok(())
+            // The start-up table is written even if the first fails.
+            let all = update_doc(
+                "all",
+                &format!(
+                    "{} (the table is also written to `target/bench/all.md`):\n\n{table}",
+                    measured_on("all")
+                ),
+            );
+            all.and(update_doc("startup", &startup))
         }
-        Some("startup") => startup::run(),
+        Some("startup") => update_doc("startup", &startup::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
@@ -70,6 +78,84 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             ),
         },
     }
+}
+
+/// The document the generated tables are kept in, from the workspace root.
+const DOC: &str = "docs/benchmarks.md";
+
+/// Replaces what lies between `<!-- bench:NAME:begin -->` and
+/// `<!-- bench:NAME:end -->` in `doc` with `body`, keeping the markers.
+fn replace_between_markers(doc: &str, name: &str, body: &str) -> anyhow::Result<String> {
+    let begin = format!("<!-- bench:{name}:begin -->");
+    let end = format!("<!-- bench:{name}:end -->");
+    let (Some(b), Some(e)) = (doc.find(&begin), doc.find(&end)) else {
+        bail!("no {begin} ... {end} markers in {DOC}: put them around the table to replace");
+    };
+    if e < b || doc.matches(&begin).count() > 1 || doc.matches(&end).count() > 1 {
+        bail!("{DOC} must have {begin} once, followed by {end} once");
+    }
+    let head = &doc[..b + begin.len()];
+    let tail = &doc[e..];
+    // Blank lines around the body keep a table from running into a marker.
+    Ok(format!("{head}\n\n{}\n\n{tail}", body.trim_matches('\n')))
+}
+
+/// Writes `body` between the `bench:NAME` markers of [`DOC`].
+fn update_doc(name: &str, body: &str) -> anyhow::Result<()> {
+    let path = crate::root().join(DOC);
+    let doc = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    std::fs::write(&path, replace_between_markers(&doc, name, body)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("bench: the table replaces the {name} table in {DOC}");
+    Ok(())
+}
+
+/// The line that says when and where `cargo xtask bench NAME` measured:
+/// the date (UTC), host name, CPUs and kernel release.
+fn measured_on(name: &str) -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p).map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned())
+    };
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    format!(
+        "`cargo xtask bench {name}` on `{}` ({cpus} CPUs, Linux {}), {}",
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/osrelease"),
+        date(secs / 86_400),
+    )
+}
+
+/// Day `days` since 1970-01-01 as `24 November 2026` (the proleptic
+/// Gregorian calendar, by Howard Hinnant's `civil_from_days`).
+fn date(days: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!("{day} {} {year}", MONTHS[(month - 1) as usize])
 }
 
 /// The lowest and highest of `v`.
@@ -1977,4 +2063,51 @@ done"#
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{date, replace_between_markers};
+
+    #[test]
+    fn dates() {
+        assert_eq!(date(0), "1 January 1970");
+        assert_eq!(date(11_016), "29 February 2000");
+        assert_eq!(date(20_416), "24 November 2025");
+        assert_eq!(date(20_781), "24 November 2026");
+    }
+
+    #[test]
+    fn replaces_between_markers() {
+        let doc = "intro\n\n<!-- bench:all:begin -->\nold table\n<!-- bench:all:end -->\n\n\
+                   <!-- bench:startup:begin -->\nkept\n<!-- bench:startup:end -->\nafter\n";
+        let new = replace_between_markers(doc, "all", "| new |\n| --- |\n").unwrap();
+        assert_eq!(
+            new,
+            "intro\n\n<!-- bench:all:begin -->\n\n| new |\n| --- |\n\n<!-- bench:all:end -->\n\n\
+             <!-- bench:startup:begin -->\nkept\n<!-- bench:startup:end -->\nafter\n"
+        );
+        // Again with the same body: nothing changes.
+        assert_eq!(
+            replace_between_markers(&new, "all", "| new |\n| --- |").unwrap(),
+            new
+        );
+    }
+
+    #[test]
+    fn missing_or_misplaced_markers_are_errors() {
+        let err = replace_between_markers("no markers\n", "all", "x").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("no <!-- bench:all:begin --> ... <!-- bench:all:end --> markers"),
+            "{err}"
+        );
+        let only_begin = "<!-- bench:all:begin -->\nold\n";
+        assert!(replace_between_markers(only_begin, "all", "x").is_err());
+        let other = "<!-- bench:startup:begin -->\n<!-- bench:startup:end -->\n";
+        assert!(replace_between_markers(other, "all", "x").is_err());
+        let reversed = "<!-- bench:all:end -->\n<!-- bench:all:begin -->\n";
+        let err = replace_between_markers(reversed, "all", "x").unwrap_err();
+        assert!(err.to_string().contains("followed by"), "{err}");
+    }
 }

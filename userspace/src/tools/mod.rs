@@ -134,4 +134,27 @@ mod tests {
             );
         }
     }
+
+    /// Every command but the two that print rtrace's own files has a
+    /// page under `docs/tools/`, linked from the README's table.
+    #[test]
+    fn every_command_has_a_page() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let cmd = <super::Cli as clap::CommandFactory>::command();
+        let mut missing = Vec::new();
+        for sub in cmd.get_subcommands() {
+            let name = sub.get_name();
+            if matches!(name, "completions" | "man" | "help") {
+                continue;
+            }
+            let page = format!("docs/tools/{name}.md");
+            if !root.join(&page).is_file() {
+                missing.push(format!("{page} (no such file)"));
+            } else if !readme.contains(&format!("({page})")) {
+                missing.push(format!("{page} (not linked from README.md)"));
+            }
+        }
+        assert!(missing.is_empty(), "commands without a page: {missing:?}");
+    }
 }

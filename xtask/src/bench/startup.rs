@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{libbpf_tool, median};
+use super::{libbpf_tool, measured_on, median};
 
 /// Rounds per tracer, interleaved.
 const ROUNDS: usize = 7;
@@ -207,8 +207,9 @@ fn fmt_spread(v: &[f64]) -> String {
     format!("{:.0} ({:.0}-{:.0})", v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-/// Runs the start-up and memory benchmark.
-pub fn run() -> anyhow::Result<()> {
+/// Runs the start-up and memory benchmark; returns its table for
+/// docs/benchmarks.md, with the line saying where it was measured.
+pub fn run() -> anyhow::Result<String> {
     let rtrace = crate::build()?;
     eprintln!(
         "bench startup: launch to attached, to the first event, and resident memory {} s \
@@ -229,6 +230,12 @@ pub fn run() -> anyhow::Result<()> {
     );
     let mut worst_ratio: f64 = 0.0;
     let mut worst_rss: (f64, &str) = (0.0, "");
+    // The same figures as a Markdown table, for docs/benchmarks.md.
+    let mut table = String::from(
+        "| tool | rtrace to attached | libbpf-tools | rtrace to the first event | libbpf-tools \
+         | rtrace resident (buffers apart) | libbpf-tools resident |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
     for case in CASES {
         let peer = case
             .peer
@@ -289,6 +296,27 @@ pub fn run() -> anyhow::Result<()> {
             mib(&mine, |r| r.buffers_kib),
             mib(&theirs, |r| r.rss_kib + r.buffers_kib),
         );
+        let ms = |s: String| if s == "-" { s } else { format!("{s} ms") };
+        let bufs = median(mine.iter().map(|r| r.buffers_kib as f64 / 1024.0).collect());
+        let peer_mib = mib(&theirs, |r| r.rss_kib + r.buffers_kib);
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {rss:.1} MiB{} | {} |\n",
+            case.tool,
+            ms(fmt_spread(&attach(&mine))),
+            ms(spread(attach(&theirs))),
+            ms(first(&mine)),
+            ms(first(&theirs)),
+            if bufs > 0.0 {
+                format!(" (+{bufs:.1} MiB buffers)")
+            } else {
+                String::new()
+            },
+            if peer_mib == "-" {
+                peer_mib
+            } else {
+                format!("{peer_mib} MiB")
+            },
+        ));
     }
     println!();
     println!(
@@ -306,7 +334,11 @@ pub fn run() -> anyhow::Result<()> {
             "NOT met"
         }
     );
-    Ok(())
+    Ok(format!(
+        "Start-up and memory, measured with {}; medians of {ROUNDS} interleaved rounds, \
+         ranges in brackets; - where libbpf-tools has no such tool that runs here:\n\n{table}",
+        measured_on("startup")
+    ))
 }
 
 /// The start of the line each tool prints once it traces (rtrace on
