@@ -2,7 +2,7 @@
 //! call frame information rows, one per element of an array that user
 //! space writes through a shared mapping, and each process's
 //! executable regions pointing into them. User space compiles and loads
-//! them (`userspace/src/unwind.rs`); the BPF program searches them.
+//! them (`userspace/src/stacks/cfi.rs`); the BPF program searches them.
 
 /// Executable regions kept per process; a process with more has the rest
 /// walked by frame pointer.
