@@ -3,7 +3,6 @@
 //! probe specs, with no compiler at run time: one generic program
 //! (`ebpf-programs/src/bin/argdist.rs`) reads the parsed specs.
 
-
 use std::{collections::HashMap, fmt::Write as _};
 
 use anyhow::Context as _;
@@ -14,17 +13,25 @@ use aya::{
 use rtrace_common::{
     argdist::{
         Config, ERR_NAMES, KIND_RETURN, Key, MAX_PROBES, MAX_STRINGS, MODE_COUNT, MODE_HIST,
-        NumKey, Probe, STR_LEN,
-        VAL_STRING,
+        NumKey, Probe, STR_LEN, VAL_STRING,
     },
     hist::Hist,
 };
 
-use crate::{kernel::{features::Mechanism, load::{attach_kernel_fn, Hooks, Kernel, Load}, tracefs}, output::{self, hist::Snapshot, Record, Sink}, probes::uprobes, tracer::{Scope, Tool}};
+use crate::{
+    kernel::{
+        features::Mechanism,
+        load::{Hooks, Kernel, Load, attach_kernel_fn},
+        tracefs,
+    },
+    output::{self, Record, Sink, hist::Snapshot},
+    probes::uprobes,
+    tracer::{Scope, Tool},
+};
 
+use crate::kernel::load::thread_entries;
+use crate::output::Schedule;
 use crate::probes::spec::{self, Spec, Target};
-use crate::output::{Schedule};
-use crate::kernel::load::{thread_entries};
 
 /// Trace a function and display a summary of its parameter values.
 #[derive(Debug, clap::Args)]
@@ -241,14 +248,22 @@ fn attach(
             })?;
             let function = &kernel.function(function)?;
             if ret {
-                attach_kernel_fn(ebpf, kernel,
+                attach_kernel_fn(
+                    ebpf,
+                    kernel,
                     &format!("kretprobe_{i}"),
                     Mechanism::Kretprobe,
                     function,
                 )?;
             }
             if !ret || spec.need_entry {
-                attach_kernel_fn(ebpf, kernel, &format!("kprobe_{i}"), Mechanism::Kprobe, function)?;
+                attach_kernel_fn(
+                    ebpf,
+                    kernel,
+                    &format!("kprobe_{i}"),
+                    Mechanism::Kprobe,
+                    function,
+                )?;
             }
             Ok(format!(
                 "{} {function}",
@@ -588,9 +603,6 @@ impl Argdist {
                 }));
             }
         }
-        Ok(Report {
-            text,
-            probes: json,
-        })
+        Ok(Report { text, probes: json })
     }
 }

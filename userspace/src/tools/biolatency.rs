@@ -12,9 +12,22 @@ use rtrace_common::{
     offsets::MISSING,
 };
 
-use crate::{kernel::{btf::Btf, features::Mechanism, load::{Hooks, Kernel, Load}, tracefs}, output::{self, hist::{Group, Interval, KeyedDeltas, PerCpuTotal}, IntervalArgs, metrics::{Exposition, Kind, Running}, Sink}, tracer::{self, Scope, Tool}};
-use crate::output::{Schedule};
-use crate::kernel::load::{read_errors};
+use crate::kernel::load::read_errors;
+use crate::output::Schedule;
+use crate::{
+    kernel::{
+        btf::Btf,
+        features::Mechanism,
+        load::{Hooks, Kernel, Load},
+        tracefs,
+    },
+    output::{
+        self, IntervalArgs, Sink,
+        hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
+        metrics::{Exposition, Kind, Running},
+    },
+    tracer::{self, Scope, Tool},
+};
 
 /// Typed and raw arguments give the request itself; classic tracepoints
 /// only its device and sector. Raw tracepoints come first: the programs
@@ -347,8 +360,7 @@ impl Tool for Biolatency {
                     .flag_names
                     .as_ref()
                     .map_or_else(|| "unknown".to_owned(), |n| op_label(&n.label(key.flags)));
-                self.running
-                    .insert(key, (Running::default(), disk, op));
+                self.running.insert(key, (Running::default(), disk, op));
             }
             if let Some((r, _, _)) = self.running.get_mut(&key) {
                 r.update([&hist]);

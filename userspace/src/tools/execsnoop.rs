@@ -14,8 +14,21 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::{kernel::{btf::Btf, features::Mechanism, load::{Hooks, Kernel, Load}, tracefs, transport::BufferArgs}, output::{metrics::{Exposition, Kind}, Record, Sink, TimeColumns}, tracer::{self, Scope, Tool}};
-use crate::kernel::load::{read_tallies};
+use crate::kernel::load::read_tallies;
+use crate::{
+    kernel::{
+        btf::Btf,
+        features::Mechanism,
+        load::{Hooks, Kernel, Load},
+        tracefs,
+        transport::BufferArgs,
+    },
+    output::{
+        Record, Sink, TimeColumns,
+        metrics::{Exposition, Kind},
+    },
+    tracer::{self, Scope, Tool},
+};
 
 /// tp_btf: one program at `sched_process_exec` reads the new program's
 /// argv. Else the syscall tracepoints, which exist wherever ftrace
@@ -406,7 +419,12 @@ impl Tool for Execsnoop {
         let Some(mut e) = decode(record, self.args.max_args as usize) else {
             return Ok(());
         };
-        if self.args.name.as_deref().is_some_and(|n| !e.comm.contains(n)) {
+        if self
+            .args
+            .name
+            .as_deref()
+            .is_some_and(|n| !e.comm.contains(n))
+        {
             return Ok(());
         }
         if let Some(l) = self.args.line.as_deref()
@@ -438,7 +456,10 @@ mod tests {
         let plain = block("/usr/bin/ls", &["ls", "-l", "/tmp"]);
         assert_eq!(
             bcc_args(&plain, FLAG_ARGV, 20),
-            (vec!["/usr/bin/ls".into(), "-l".into(), "/tmp".into()], false)
+            (
+                vec!["/usr/bin/ls".into(), "-l".into(), "/tmp".into()],
+                false
+            )
         );
         // `/bin/echo /bin/echo` is no script: its second word stays.
         let echo = block("/bin/echo", &["/bin/echo", "/bin/echo"]);

@@ -8,8 +8,18 @@ use rtrace_common::{
     ext4slower::{Config, Event, FileOffsets, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, WHOLE_FILE},
 };
 
-use crate::{kernel::{btf::Btf, features::Mechanism, load::{attach_kernel_fn, Hooks, Kernel, Load}, tracefs, transport::BufferArgs}, output::{self, events, Record, Sink}, tracer::{Scope, Tool}};
 use crate::kernel::load::{TASK_STORAGE, in_flight};
+use crate::{
+    kernel::{
+        btf::Btf,
+        features::Mechanism,
+        load::{Hooks, Kernel, Load, attach_kernel_fn},
+        tracefs,
+        transport::BufferArgs,
+    },
+    output::{self, Record, Sink, events},
+    tracer::{Scope, Tool},
+};
 
 /// fentry is cheapest (5.5+); kprobes work on any kernel built with them;
 /// the syscall tracepoints work everywhere but see every read and write
@@ -65,7 +75,12 @@ pub const FILE_SYSTEMS: [Fs; 4] = [
     Fs {
         name: "nfs",
         magic: 0x6969,
-        functions: ["nfs_file_read", "nfs_file_write", "nfs_file_open", "nfs_file_fsync"],
+        functions: [
+            "nfs_file_read",
+            "nfs_file_write",
+            "nfs_file_open",
+            "nfs_file_fsync",
+        ],
     },
 ];
 
@@ -147,13 +162,25 @@ fn attach(ebpf: &mut Ebpf, kernel: &mut Kernel, m: Mechanism, fs: &Fs) -> anyhow
     match m {
         Mechanism::Fentry => {
             for (func, op) in fs.functions.into_iter().zip(OPS) {
-                attach_kernel_fn(ebpf, kernel, &format!("fentry_{op}"), Mechanism::Fentry, func)?;
+                attach_kernel_fn(
+                    ebpf,
+                    kernel,
+                    &format!("fentry_{op}"),
+                    Mechanism::Fentry,
+                    func,
+                )?;
                 attach_kernel_fn(ebpf, kernel, &format!("fexit_{op}"), Mechanism::Fexit, func)?;
             }
         }
         Mechanism::Kprobe => {
             for (func, op) in fs.functions.into_iter().zip(OPS) {
-                attach_kernel_fn(ebpf, kernel, &format!("kprobe_{op}"), Mechanism::Kprobe, func)?;
+                attach_kernel_fn(
+                    ebpf,
+                    kernel,
+                    &format!("kprobe_{op}"),
+                    Mechanism::Kprobe,
+                    func,
+                )?;
                 attach_kernel_fn(ebpf, kernel, "kretprobe_ext4", Mechanism::Kretprobe, func)?;
             }
         }
@@ -390,7 +417,10 @@ impl<F: FsChoice> Tool for Slower<F> {
 
     fn banner(&self) -> String {
         let what = if self.min_ms > 0.0 {
-            format!("Tracing {} operations slower than {} ms", self.fs.name, self.min_ms)
+            format!(
+                "Tracing {} operations slower than {} ms",
+                self.fs.name, self.min_ms
+            )
         } else {
             format!("Tracing {} operations", self.fs.name)
         };

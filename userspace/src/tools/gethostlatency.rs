@@ -11,9 +11,17 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::{kernel::{features::Mechanism, load::{Kernel, Load}, transport::BufferArgs}, output::{self, events, Record, Sink}, probes::uprobes, tracer::{self, Scope, Tool}};
 use crate::kernel::load::{TASK_STORAGE, in_flight};
-
+use crate::{
+    kernel::{
+        features::Mechanism,
+        load::{Kernel, Load},
+        transport::BufferArgs,
+    },
+    output::{self, Record, Sink, events},
+    probes::uprobes,
+    tracer::{self, Scope, Tool},
+};
 
 /// Show latency for getaddrinfo/gethostbyname[2][_r]/gethostbyaddr calls.
 #[derive(Debug, clap::Args)]
@@ -138,9 +146,8 @@ impl Tool for Gethostlatency {
             let (libc, pid) = (&self.libc, self.args.pid);
             let entry = uprobes::attach(ebpf, &format!("enter_{func}"), func, libc, symbols, pid);
             // Without its return probe, an entry would only fill the table.
-            let both = entry.and_then(|()| {
-                uprobes::attach(ebpf, "lookup_return", func, libc, symbols, pid)
-            });
+            let both = entry
+                .and_then(|()| uprobes::attach(ebpf, "lookup_return", func, libc, symbols, pid));
             match both {
                 Ok(()) => self.attached.push(func),
                 Err(e) => self.missing.push(format!("{e:#}")),
@@ -166,7 +173,10 @@ impl Tool for Gethostlatency {
     }
 
     fn notes(&self) -> Vec<String> {
-        self.missing.iter().map(|m| format!("skipped: {m}")).collect()
+        self.missing
+            .iter()
+            .map(|m| format!("skipped: {m}"))
+            .collect()
     }
 
     fn banner(&self) -> String {

@@ -11,8 +11,25 @@ use aya::Ebpf;
 use inferno::flamegraph::color::{BasicPalette, Palette};
 use rtrace_common::offcputime::{ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER};
 
-use crate::{kernel::{features::Mechanism, load::{Kernel, Load}, transport::BufferArgs}, output::{files::{self, StackReports}, Sink, stacks::{self, FlameOptions, Stacks, TextOptions}}, stacks::sample::Sample, tools::{offcpu::{self, Filter, OffCpu}, stacktool::{StackArgs, StackTool}}, tracer::{Scope, Tool}};
-use crate::output::{Schedule};
+use crate::output::Schedule;
+use crate::{
+    kernel::{
+        features::Mechanism,
+        load::{Kernel, Load},
+        transport::BufferArgs,
+    },
+    output::{
+        Sink,
+        files::{self, StackReports},
+        stacks::{self, FlameOptions, Stacks, TextOptions},
+    },
+    stacks::sample::Sample,
+    tools::{
+        offcpu::{self, Filter, OffCpu},
+        stacktool::{StackArgs, StackTool},
+    },
+    tracer::{Scope, Tool},
+};
 
 /// Summarize off-CPU time by stack trace: where threads block, and for
 /// how long.
@@ -43,7 +60,11 @@ pub struct Args {
     #[arg(short = 't', long, value_delimiter = ',')]
     tid: Vec<u32>,
     /// User threads only (no kernel threads).
-    #[arg(short = 'u', long = "user-threads-only", conflicts_with = "kernel_threads")]
+    #[arg(
+        short = 'u',
+        long = "user-threads-only",
+        conflicts_with = "kernel_threads"
+    )]
     user_threads: bool,
     /// Kernel threads only (no user threads).
     #[arg(short = 'k', long = "kernel-threads-only")]
@@ -62,7 +83,12 @@ pub struct Args {
     #[arg(short = 'f', long)]
     folded: bool,
     /// Count only blocks of at least this many microseconds.
-    #[arg(short = 'm', long = "min-block-time", value_name = "MIN_US", default_value_t = 1)]
+    #[arg(
+        short = 'm',
+        long = "min-block-time",
+        value_name = "MIN_US",
+        default_value_t = 1
+    )]
     min_block_time: u64,
     /// Count only blocks of at most this many microseconds.
     #[arg(short = 'M', long = "max-block-time", value_name = "MAX_US")]

@@ -2,10 +2,7 @@
 //! profile does it, with symbolized kernel, user and JIT frames, and flame
 //! graph, pprof and speedscope files.
 
-use std::{
-    path::PathBuf,
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 use aya::{
@@ -21,8 +18,25 @@ use rtrace_common::{
     profile::{Config, ERR_NAMES, HEAT_SLOT_NS},
 };
 
-use crate::{kernel::{features::Mechanism, load::{Kernel, Load}, transport::BufferArgs}, output::{files::{self, StackReports}, Sink, stacks::{self, FlameOptions, Stacks, TextOptions}}, stacks::sample::Sample, tools::{offcpu::{Filter, OffCpu}, stacktool::{StackArgs, StackTool}}, tracer::{Scope, Tool}};
-use crate::output::{Schedule};
+use crate::output::Schedule;
+use crate::{
+    kernel::{
+        features::Mechanism,
+        load::{Kernel, Load},
+        transport::BufferArgs,
+    },
+    output::{
+        Sink,
+        files::{self, StackReports},
+        stacks::{self, FlameOptions, Stacks, TextOptions},
+    },
+    stacks::sample::Sample,
+    tools::{
+        offcpu::{Filter, OffCpu},
+        stacktool::{StackArgs, StackTool},
+    },
+    tracer::{Scope, Tool},
+};
 
 /// The events `-e` can sample on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -499,7 +513,10 @@ impl Tool for Profile {
                 } else {
                     ""
                 };
-                return Err(e.context(format!("event {} is not available{hint}", self.event.name())));
+                return Err(e.context(format!(
+                    "event {} is not available{hint}",
+                    self.event.name()
+                )));
             }
             if let Err(why) = kernel.check(Mechanism::PerfEventSoftware) {
                 if let Some(refused) = crate::kernel::privs::perf_events_refused() {
@@ -597,10 +614,13 @@ impl Tool for Profile {
             delimiter: self.args.delimited,
             annotate: self.args.annotate,
         };
-        let files = self.args.svg.is_some()
-            || self.args.pprof.is_some()
-            || self.args.speedscope.is_some();
-        let value = if self.off_cpu.is_some() { "us" } else { "count" };
+        let files =
+            self.args.svg.is_some() || self.args.pprof.is_some() || self.args.speedscope.is_some();
+        let value = if self.off_cpu.is_some() {
+            "us"
+        } else {
+            "count"
+        };
         Stacks::print(sink, &samples, text, self.args.folded, files, value)?;
         let unit = if self.off_cpu.is_some() {
             "us on and off CPU"
@@ -654,7 +674,9 @@ impl Profile {
         let Some((file, slots)) = self.heatmap.take() else {
             return Ok(());
         };
-        let used = (elapsed.as_nanos() as u64).div_ceil(HEAT_SLOT_NS).min(u64::from(slots)) as u32;
+        let used = (elapsed.as_nanos() as u64)
+            .div_ceil(HEAT_SLOT_NS)
+            .min(u64::from(slots)) as u32;
         let heat: aya::maps::PerCpuArray<_, u32> =
             aya::maps::PerCpuArray::try_from(ebpf.map("HEAT").context("map HEAT missing")?)?;
         let counts: Vec<u64> = (0..used)
@@ -692,9 +714,15 @@ impl Profile {
         let what = files::held(samples, unit);
         if let Some(file) = self.reports.svg.take() {
             let (title, count_name) = if args.off_cpu {
-                (format!("rtrace profile: on- and off-CPU time ({rate})"), "us")
+                (
+                    format!("rtrace profile: on- and off-CPU time ({rate})"),
+                    "us",
+                )
             } else {
-                (format!("rtrace profile: {} at {rate}", event.name()), "samples")
+                (
+                    format!("rtrace profile: {} at {rate}", event.name()),
+                    "samples",
+                )
             };
             let opts = FlameOptions {
                 title,
@@ -753,7 +781,9 @@ impl Profile {
         if let Some(file) = self.reports.speedscope.take() {
             let unit = if args.off_cpu { "microseconds" } else { "none" };
             let name = format!("rtrace profile ({rate})");
-            file.write(&what, |out| stacks::write_speedscope(samples, out, &name, unit))?;
+            file.write(&what, |out| {
+                stacks::write_speedscope(samples, out, &name, unit)
+            })?;
         }
         Ok(())
     }

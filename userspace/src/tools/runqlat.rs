@@ -13,9 +13,22 @@ use rtrace_common::{
     runqlat::{Config, ERR_NAMES, Entry, TracepointOffsets, group},
 };
 
-use crate::{kernel::{btf::Btf, features::{Mechanism, TRACEPOINT_CHAIN}, load::{Hooks, Kernel, Load}, tracefs}, output::{self, hist::{Group, Interval, KeyedDeltas, PerCpuTotal}, IntervalArgs, metrics::{Exposition, Kind, Running}, Sink}, tracer::{self, Scope, Tool}};
-use crate::output::{Schedule};
 use crate::kernel::load::{TASK_STORAGE, pid_max, read_errors, thread_entries};
+use crate::output::Schedule;
+use crate::{
+    kernel::{
+        btf::Btf,
+        features::{Mechanism, TRACEPOINT_CHAIN},
+        load::{Hooks, Kernel, Load},
+        tracefs,
+    },
+    output::{
+        self, IntervalArgs, Sink,
+        hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
+        metrics::{Exposition, Kind, Running},
+    },
+    tracer::{self, Scope, Tool},
+};
 
 const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 
@@ -278,7 +291,8 @@ impl Tool for Runqlat {
     fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
         let array: PerCpuArray<_, Entry> =
             PerCpuArray::try_from(ebpf.map("TOTAL").context("map TOTAL missing")?)?;
-        self.running.update(array.get(&0, 0)?.iter().map(|e| &e.hist));
+        self.running
+            .update(array.get(&0, 0)?.iter().map(|e| &e.hist));
         Ok(())
     }
 
@@ -293,7 +307,11 @@ impl Tool for Runqlat {
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
         let histograms = if self.grouping == group::NONE {
-            vec![Group::total(self.total.read(ebpf, "TOTAL", |e: &Entry| &e.hist)?)]
+            vec![Group::total(self.total.read(
+                ebpf,
+                "TOTAL",
+                |e: &Entry| &e.hist,
+            )?)]
         } else {
             self.read_groups(ebpf)?
         };

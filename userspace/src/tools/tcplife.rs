@@ -1,10 +1,7 @@
 //! `rtrace tcplife`: one line per closed TCP session, with its owner,
 //! addresses, bytes each way and lifetime, as bcc's tcplife prints it.
 
-use std::{
-    fmt::Write as _,
-    net::IpAddr,
-};
+use std::{fmt::Write as _, net::IpAddr};
 
 use anyhow::Context as _;
 use aya::Ebpf;
@@ -17,8 +14,21 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::{kernel::{btf::Btf, features::{Mechanism, TRACEPOINT_CHAIN}, load::{Hooks, Kernel, Load}, tracefs, transport::BufferArgs}, output::{self, events, metrics::{Exposition, Kind}, Record, Sink, TimeColumns}, tracer::{self, Scope, Tool}};
-use crate::kernel::load::{read_tallies};
+use crate::kernel::load::read_tallies;
+use crate::{
+    kernel::{
+        btf::Btf,
+        features::{Mechanism, TRACEPOINT_CHAIN},
+        load::{Hooks, Kernel, Load},
+        tracefs,
+        transport::BufferArgs,
+    },
+    output::{
+        self, Record, Sink, TimeColumns, events,
+        metrics::{Exposition, Kind},
+    },
+    tracer::{self, Scope, Tool},
+};
 
 /// `sock:inet_sock_set_state` is there since 4.16.
 const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
