@@ -76,6 +76,10 @@ pub const PROGRAMS: &[Program] = &[
         "the tests crate's build script compiles the Rust fixtures",
     ),
     rust(
+        "rustfmt",
+        "checks the tools' files, which cargo fmt cannot see",
+    ),
+    rust(
         "bpf-linker",
         "links the eBPF objects; setup installs 0.10.4 with cargo",
     ),
