@@ -3,7 +3,8 @@
 use std::{path::PathBuf, process::Command};
 
 use rtrace_integration_tests::{
-    PinnedMaps, Rtrace, SIGINT, TestCgroup, cgroup_id, json_lines, mount_ns_id, run, workload_bin,
+    PinnedMaps, Rtrace, SIGINT, TestCgroup, cgroup_id, json_lines, mount_ns_id, run, run_workload,
+    workload_bin,
 };
 
 /// A private copy of `true` under a name no other process uses, so that
@@ -435,4 +436,26 @@ fn parent_and_user_name_filters() {
     let (code, _, stderr) = run(&["execsnoop", "-P", "999999999"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("no such process: 999999999"), "{stderr}");
+}
+
+/// Two workers exec'ing as fast as they can, 3000 execs in all, under
+/// execsnoop's default settings (text, the default event buffer): every
+/// exec is printed and nothing is lost.
+#[test]
+fn an_exec_storm_loses_nothing_with_default_settings() {
+    const EACH: usize = 1500;
+    let prog = Program::new("storm");
+    let rtrace = Rtrace::start(&["execsnoop"]);
+    run_workload(
+        "execstorm",
+        &[EACH.to_string(), "2".to_owned(), prog.path().to_owned()],
+    );
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let name = prog.path.file_name().unwrap().to_str().unwrap().to_owned();
+    let seen = stdout
+        .lines()
+        .filter(|l| l.contains(&name) && l.contains(" storm-"))
+        .count();
+    assert_eq!(seen, 2 * EACH, "{stderr}");
 }

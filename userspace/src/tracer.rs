@@ -40,7 +40,7 @@ use crate::{
     kernel::{
         features::{Mechanism, trim_verifier_log},
         privs,
-        transport::{BufferArgs, Transport},
+        transport::{BufferArgs, DEFAULT_BUFFER, Transport},
     },
     output::Schedule,
     output::{Signals, Sink, events::EventStream, metrics::Exposition},
@@ -117,6 +117,9 @@ pub trait Tool: Sized {
     fn events(&self) -> Option<&BufferArgs> {
         None
     }
+
+    /// The event buffer's size without `--buffer-size`, in bytes.
+    const EVENT_BUFFER: u32 = DEFAULT_BUFFER;
 
     /// Object variants to try for mechanism `m`, best first: a feature the
     /// object is also built with (`"task_storage"`), or `""` for the plain
@@ -515,7 +518,7 @@ fn attach_chain<T: Tool>(
                         load.global(TALLY_ONLY, &1u32);
                         load.size(TALLIES, c.tallies);
                     }
-                    (_, Some(t), Some(args)) => t.size(&mut load, args),
+                    (_, Some(t), Some(args)) => t.size(&mut load, args.bytes(T::EVENT_BUFFER)),
                     _ => {}
                 }
                 tool.configure(m, kernel, &mut load)?;
@@ -621,8 +624,8 @@ impl<T: Tool> Session<T> {
         for note in self.tool.notes() {
             eprintln!("rtrace: {}: {note}", T::NAME);
         }
-        if let Some((t, why)) = &self.transport {
-            t.report(T::NAME, why.as_deref());
+        if let (Some((t, why)), Some(args)) = (&self.transport, self.tool.events()) {
+            t.report(T::NAME, args.bytes(T::EVENT_BUFFER), why.as_deref());
         }
     }
 }
@@ -642,7 +645,9 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
     let mut signals = Signals::new()?;
     signals.stop_after(tool.duration());
     let open_stream = |ebpf: &mut Ebpf| match (&transport, tool.events()) {
-        (Some((t, _)), Some(args)) => EventStream::new(ebpf, *t, args).map(Some),
+        (Some((t, _)), Some(args)) => {
+            EventStream::new(ebpf, *t, args.bytes(T::EVENT_BUFFER)).map(Some)
+        }
         _ => Ok(None),
     };
     // Perf buffers must be open before anything is traced, or the events

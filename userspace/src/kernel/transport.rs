@@ -56,18 +56,33 @@ impl FromStr for BufferSize {
     }
 }
 
+/// The event buffer a tool gets without `--buffer-size`: 1 MiB holds
+/// thousands of events of a few hundred bytes while the reader catches
+/// up, and a ring buffer's pages count twice in the resident set (they are
+/// mapped twice, so that a record may wrap).
+pub const DEFAULT_BUFFER: u32 = 1 << 20;
+
 /// The transport flags every event tool takes.
 #[derive(Debug, clap::Args)]
 pub struct BufferArgs {
     /// Event buffer size (bytes, or with K/M/G; rounded up to a power of
     /// two): the ring buffer's, or shared among the CPUs' perf buffers.
-    /// Raise it if events are reported lost.
-    #[arg(long, value_name = "SIZE", default_value = "16M")]
-    pub buffer_size: BufferSize,
+    /// The default fits the tool's event rate (1M; execsnoop's 2M, as an
+    /// exec's argv may be long). Raise it if events are reported lost.
+    #[arg(long, value_name = "SIZE")]
+    pub buffer_size: Option<BufferSize>,
     /// Send events through per-CPU perf buffers even where the kernel has a
     /// BPF ring buffer (which keeps events in order and is cheaper).
     #[arg(long)]
     pub perf_buffer: bool,
+}
+
+impl BufferArgs {
+    /// The buffer's size in bytes: `--buffer-size`, else the tool's
+    /// `default`.
+    pub fn bytes(&self, default: u32) -> u32 {
+        self.buffer_size.map_or(default, |b| b.0.get())
+    }
 }
 
 /// How events travel from the programs to user space.
@@ -100,18 +115,24 @@ impl Transport {
         }
     }
 
-    /// Sizes the ring buffer; perf buffers are sized when opened.
-    pub fn size(self, load: &mut Load, args: &BufferArgs) {
+    /// Sizes the ring buffer to `bytes`; perf buffers are sized when
+    /// opened.
+    pub fn size(self, load: &mut Load, bytes: u32) {
         if self == Self::Ring {
-            load.size(RING, args.buffer_size.0.get());
+            load.size(RING, bytes);
         }
     }
 
-    /// Says on stderr which transport was chosen, and why, under `-v`.
-    pub fn report(self, tool: &str, why: Option<&str>) {
+    /// Says on stderr which transport was chosen, of how many bytes, and
+    /// why, under `-v`.
+    pub fn report(self, tool: &str, bytes: u32, why: Option<&str>) {
+        let size = format!("{} KiB", bytes / 1024);
         match why {
-            Some(why) => eprintln!("rtrace: {tool}: events through {} ({why})", self.name()),
-            None => eprintln!("rtrace: {tool}: events through {}", self.name()),
+            Some(why) => eprintln!(
+                "rtrace: {tool}: events through {} of {size} ({why})",
+                self.name()
+            ),
+            None => eprintln!("rtrace: {tool}: events through {} of {size}", self.name()),
         }
     }
 }

@@ -15,7 +15,7 @@ use aya::{
 };
 use tokio::io::unix::AsyncFd;
 
-use crate::kernel::transport::{BufferArgs, RING, Transport};
+use crate::kernel::transport::{RING, Transport};
 
 type PerfBuf = PerfEventArrayBuffer<MapData>;
 
@@ -42,7 +42,8 @@ pub struct EventStream {
 
 impl EventStream {
     /// Takes the object's event map and opens it for reading.
-    pub fn new(ebpf: &mut Ebpf, transport: Transport, args: &BufferArgs) -> anyhow::Result<Self> {
+    /// `bytes` is the buffer's size, shared among the CPUs' perf buffers.
+    pub fn new(ebpf: &mut Ebpf, transport: Transport, bytes: u32) -> anyhow::Result<Self> {
         let map = ebpf
             .take_map(RING)
             .with_context(|| format!("map {RING} missing"))?;
@@ -64,7 +65,7 @@ impl EventStream {
                 let mut array = PerfEventArray::try_from(map)?;
                 let online = online_cpus()
                     .map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?;
-                let pages = perf_pages(args.buffer_size.0.get(), online.len());
+                let pages = perf_pages(bytes, online.len());
                 let mut cpus = Vec::with_capacity(online.len());
                 for cpu in online {
                     let buf = array

@@ -306,6 +306,8 @@ impl Tool for Execsnoop {
     type Args = Args;
     const NAME: &'static str = "execsnoop";
     const CHAIN: &'static [Mechanism] = &CHAIN;
+    // An exec's argv may fill most of an 8 KiB record.
+    const EVENT_BUFFER: u32 = 2 << 20;
     const ERRORS: &'static [&'static str] = &LOST_NAMES;
 
     fn new(args: Args) -> anyhow::Result<Self> {
