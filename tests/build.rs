@@ -8,6 +8,8 @@
 //! They are built with rustc directly because a cargo profile cannot force
 //! frame pointers for some binaries only.
 //!
+//! A `<name>.ml` is built with ocamlopt as `<name>`.
+//!
 //! A `<name>.c` is built with the C compiler three ways: `<name>` with
 //! frame pointers but frameless leaves (GCC's `-momit-leaf-frame-pointer`,
 //! which walks by frame pointer get wrong), `<name>_nofp` without frame
@@ -33,6 +35,11 @@ fn main() {
         if src.extension().is_some_and(|e| e == "c") {
             println!("cargo:rerun-if-changed={}", src.display());
             build_c(&src, &name, &bin_dir, &mut built);
+            continue;
+        }
+        if src.extension().is_some_and(|e| e == "ml") {
+            println!("cargo:rerun-if-changed={}", src.display());
+            build_ocaml(&src, &name, &out, &bin_dir);
             continue;
         }
         if src.extension().is_none_or(|e| e != "rs") {
@@ -93,6 +100,32 @@ fn build_c(src: &std::path::Path, name: &str, bin_dir: &std::path::Path, built: 
         assert!(status.success(), "building fixture {file} failed");
         built.push(file);
     }
+}
+
+/// Builds an OCaml fixture with ocamlopt (Debian's ocaml-nox), as it is:
+/// OCaml's native code keeps no frame pointers. Not listed in
+/// `fixtures.txt`: the test that uses it compares with perf, which the VM
+/// guests lack.
+fn build_ocaml(
+    src: &std::path::Path,
+    name: &str,
+    out: &std::path::Path,
+    bin_dir: &std::path::Path,
+) {
+    // ocamlopt writes its .cmx and .o beside the source it compiles.
+    let work = out.join(format!("{name}.ml"));
+    std::fs::copy(src, &work).unwrap();
+    let status = Command::new("ocamlopt")
+        .arg("-g")
+        .arg("-o")
+        .arg(bin_dir.join(name))
+        .arg(&work)
+        .current_dir(out)
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("cannot run ocamlopt (Debian package ocaml-nox; `cargo xtask setup` installs it): {e}")
+        });
+    assert!(status.success(), "building fixture {name} failed");
 }
 
 /// pprof's message types, generated from rtrace's `profile.proto` into

@@ -1956,3 +1956,120 @@ fn normal_runs_warn_only_of_missing_or_wrong_output() {
         }
     }
 }
+
+/// OCaml's native code (no frame pointers) named as perf names it: the
+/// OCaml fixture profiled by rtrace and by `perf record --call-graph
+/// dwarf` at once shows the same demangled names (`Ocamlhot.tower_84`,
+/// not `camlOcamlhot__tower_84`), and as many of its samples reach `main`
+/// in one as in the other, within their sampling spread; `--no-demangle`
+/// keeps the linker's names.
+#[test]
+fn ocaml_frames_are_named_and_walked_as_perf_does() {
+    if rtrace_integration_tests::in_guest() {
+        eprintln!("skipped: the guests have neither OCaml nor perf; the host runs this test");
+        return;
+    }
+    let fixture = start_fixture("ocamlhot", &["3"]);
+    let pid = fixture.pid().to_string();
+    let data = temp("ocaml-perf.data");
+    let mut perf = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "199"])
+        .args(["--call-graph", "dwarf", "-p", &pid, "-o"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("perf (Debian package linux-perf; cargo xtask installs it)");
+    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-f", "-p", &pid], READY);
+    // perf has no word for having started: give it the time rtrace took
+    // and more.
+    std::thread::sleep(Duration::from_millis(500));
+    run_fixture(fixture);
+    assert!(perf.wait().unwrap().success());
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let script = Command::new("perf")
+        .arg("script")
+        .arg("-i")
+        .arg(&data)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&data);
+    assert!(script.status.success());
+    let mut perf_folded = Vec::new();
+    inferno::collapse::Collapse::collapse(
+        &mut inferno::collapse::perf::Folder::default(),
+        script.stdout.as_slice(),
+        &mut perf_folded,
+    )
+    .unwrap();
+    let perf_folded = parse_folded(&String::from_utf8(perf_folded).unwrap());
+    let ours = parse_folded(&stdout);
+    // The fixture's own functions, by the names each tool gives them.
+    let names = |folded: &BTreeMap<Vec<String>, u64>| -> HashSet<String> {
+        folded
+            .keys()
+            .flatten()
+            .filter(|f| f.starts_with("Ocamlhot.") || f.starts_with("camlOcamlhot"))
+            .filter(|f| !f.contains("entry"))
+            .cloned()
+            .collect()
+    };
+    let (perf_names, our_names) = (names(&perf_folded), names(&ours));
+    assert!(
+        perf_names.iter().any(|n| n.starts_with("Ocamlhot.tower_"))
+            && perf_names
+                .iter()
+                .any(|n| n.starts_with("Ocamlhot.leaf_hot_")),
+        "perf's names: {perf_names:?}"
+    );
+    assert_eq!(our_names, perf_names, "rtrace's names against perf's");
+    // The share of the fixture's samples whose stack reaches `main`.
+    let reach = |folded: &BTreeMap<Vec<String>, u64>| -> (f64, f64) {
+        let of_fixture = folded
+            .iter()
+            .filter(|(f, _)| f.iter().any(|n| n.starts_with("Ocamlhot.")));
+        let (mut all, mut whole) = (0u64, 0u64);
+        for (frames, n) in of_fixture {
+            all += n;
+            if frames.iter().any(|f| f == "main") {
+                whole += n;
+            }
+        }
+        (whole as f64 / all.max(1) as f64, all as f64)
+    };
+    let ((p, _), (r, rn)) = (reach(&perf_folded), reach(&ours));
+    // inferno weighs perf's samples by their period: the spread needs
+    // their number.
+    let pn = String::from_utf8_lossy(&script.stdout)
+        .lines()
+        .filter(|l| l.contains(" cpu-clock:"))
+        .count() as f64;
+    assert!(
+        pn >= 100.0 && rn >= 100.0,
+        "too few samples: perf {pn}, rtrace {rn}"
+    );
+    eprintln!("reaching main: rtrace {r:.3} of {rn} samples, perf dwarf {p:.3} of {pn}");
+    let spread = (p * (1.0 - p) / pn + r * (1.0 - r) / rn).sqrt();
+    assert!(
+        (p - r).abs() <= 4.0 * spread + 0.02,
+        "samples reaching main: rtrace {r:.3} of {rn}, perf --call-graph dwarf {p:.3} of {pn}"
+    );
+
+    // The linker's names, when asked for.
+    let fixture = start_fixture("ocamlhot", &["1"]);
+    let pid = fixture.pid().to_string();
+    let rtrace = Rtrace::start_until(
+        &["profile", "-F", "199", "-f", "--no-demangle", "-p", &pid],
+        READY,
+    );
+    run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let raw = names(&parse_folded(&stdout));
+    assert!(
+        raw.iter().any(|n| n.starts_with("camlOcamlhot__tower_"))
+            && !raw.iter().any(|n| n.starts_with("Ocamlhot.")),
+        "{raw:?}"
+    );
+}

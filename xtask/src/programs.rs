@@ -89,6 +89,11 @@ pub const PROGRAMS: &[Program] = &[
         "gcc",
         "the tests crate's build script compiles the C fixtures",
     ),
+    deb(
+        "ocamlopt",
+        "ocaml-nox",
+        "the tests crate's build script compiles the OCaml fixture",
+    ),
     deb("strip", "binutils", "dist strips the static binary"),
     // Shells and core utilities the tests and benchmarks start.
     deb(

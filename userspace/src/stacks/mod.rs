@@ -5,6 +5,7 @@
 
 pub mod cfi;
 pub mod cficache;
+pub mod demangle;
 pub mod sample;
 pub mod stackstore;
 pub mod symbolize;

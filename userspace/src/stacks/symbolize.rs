@@ -27,6 +27,8 @@ use blazesym::{
     },
 };
 
+use crate::stacks::demangle;
+
 /// What kind of code a frame is in; flame graphs color by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -229,6 +231,8 @@ pub struct Symbolizer {
     recapture: Duration,
     /// See [`Symbolizer::with_lines`].
     lines: bool,
+    /// See [`Symbolizer::with_demangling`].
+    demangle: bool,
     /// See [`Symbolizer::kallsyms`].
     kallsyms: Option<File>,
     /// What kallsyms' changes looked like when the copy began.
@@ -294,6 +298,7 @@ impl Symbolizer {
             procs: HashMap::new(),
             recapture: RECAPTURE,
             lines: false,
+            demangle: true,
             kallsyms: None,
             kallsyms_state: None,
             prefetch: None,
@@ -323,6 +328,20 @@ impl Symbolizer {
     /// Gives frames their source file and line (`--lines`).
     pub fn with_lines(&mut self, lines: bool) {
         self.lines = lines;
+    }
+
+    /// Demangles names as perf does (the default), or keeps the linker's
+    /// (`--no-demangle`): Rust and C++ by blazesym, OCaml by
+    /// [`demangle::ocaml`].
+    pub fn with_demangling(&mut self, on: bool) {
+        if on != self.demangle {
+            self.demangle = on;
+            self.blaze = Blaze::builder()
+                .enable_demangling(on)
+                .enable_inlined_fns(true)
+                .enable_code_info(true)
+                .build();
+        }
     }
 
     /// Sets how long a process's mappings are trusted before its next new
@@ -570,7 +589,7 @@ impl Symbolizer {
             let sym = syms.as_ref().ok().and_then(|s| s.get(i));
             resolved.insert(
                 Loc::Kernel(*a),
-                frames(sym, Kind::Kernel, "[kernel]", self.lines),
+                frames(sym, Kind::Kernel, "[kernel]", self.lines, false),
             );
         }
         for (id, mut offsets) in by_file {
@@ -590,7 +609,7 @@ impl Symbolizer {
                 let sym = syms.as_ref().ok().and_then(|s| s.get(i));
                 resolved.insert(
                     Loc::File(id, *off),
-                    frames(sym, Kind::User, &open.module, self.lines),
+                    frames(sym, Kind::User, &open.module, self.lines, self.demangle),
                 );
             }
         }
@@ -725,7 +744,19 @@ fn snapshot_kallsyms() -> std::io::Result<File> {
 /// innermost first, then the function itself; each with its own line
 /// where `lines` (blazesym gives each inlined function the line inside
 /// it, and the function the line of its call to the first).
-fn frames(sym: Option<&Symbolized<'_>>, kind: Kind, module: &str, lines: bool) -> Vec<Frame> {
+fn frames(
+    sym: Option<&Symbolized<'_>>,
+    kind: Kind,
+    module: &str,
+    lines: bool,
+    demangle: bool,
+) -> Vec<Frame> {
+    let named = |name: &str| {
+        demangle
+            .then(|| demangle::ocaml(name))
+            .flatten()
+            .unwrap_or_else(|| name.to_owned())
+    };
     match sym {
         Some(Symbolized::Sym(s)) => {
             let mut out: Vec<Frame> = s
@@ -733,14 +764,14 @@ fn frames(sym: Option<&Symbolized<'_>>, kind: Kind, module: &str, lines: bool) -
                 .iter()
                 .rev()
                 .map(|f| {
-                    let mut frame = Frame::new(f.name.to_string(), Kind::Inlined, Some(module));
+                    let mut frame = Frame::new(named(&f.name), Kind::Inlined, Some(module));
                     if lines {
                         frame.line = source_line(f.code_info.as_ref());
                     }
                     frame
                 })
                 .collect();
-            let mut frame = Frame::new(s.name.to_string(), kind, Some(module));
+            let mut frame = Frame::new(named(&s.name), kind, Some(module));
             if lines {
                 frame.line = source_line(s.code_info.as_deref());
             }

@@ -57,6 +57,11 @@ pub struct StackArgs {
     /// of their own.
     #[arg(long)]
     pub lines: bool,
+    /// Keep the linker's names (`_ZN4core3fmt5write17h..E`,
+    /// `camlHot__tower_91`) instead of demangling them as perf does (Rust,
+    /// C++ and OCaml: `core::fmt::write`, `Hot.tower_91`).
+    #[arg(long)]
+    pub no_demangle: bool,
     #[command(flatten)]
     pub transforms: crate::output::stacks::transform::TransformArgs,
 }
@@ -145,6 +150,7 @@ impl StackTool {
         }
         self.transforms = args.transforms.clone();
         self.sym.with_lines(args.lines);
+        self.sym.with_demangling(!args.no_demangle);
         load.size("STACKS", args.stack_storage_size)
             .size("STACK_COUNTS", args.hash_storage_size);
         self.store
