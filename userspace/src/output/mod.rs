@@ -4,6 +4,9 @@
 //! Rust's stdout is line-buffered whatever it points at, so each line
 //! reaches a pipe or file as soon as it is printed; the loop flushes after
 //! each interval as well.
+//!
+//! Imported by the tracer and tools; imports the kernel layer, and from
+//! `stacks` the named frames it renders.
 
 pub mod events;
 pub mod files;

@@ -1,6 +1,7 @@
 //! The tools. Each is a module with a type implementing
 //! [`Tool`](crate::tracer::Tool), and one line in the registry below,
 //! which declares the module and generates its subcommand and dispatch.
+//! The top layer: only `main` imports it; it may import every other.
 
 pub mod doctor;
 pub mod exporter;
