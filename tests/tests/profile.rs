@@ -1420,20 +1420,7 @@ fn flamegraph_draws_perfs_folded_stacks() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     run_fixture(fixture);
     assert!(perf.wait().unwrap().success());
-    let script = std::process::Command::new("perf")
-        .arg("script")
-        .arg("-i")
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(script.status.success());
-    let mut folded = Vec::new();
-    inferno::collapse::Collapse::collapse(
-        &mut inferno::collapse::perf::Folder::default(),
-        script.stdout.as_slice(),
-        &mut folded,
-    )
-    .unwrap();
+    let (_, folded) = perf_script_folded(&data);
     let path = temp("perf.folded");
     std::fs::write(&path, &folded).unwrap();
     let svg = temp("perf.svg");
@@ -1454,6 +1441,26 @@ fn flamegraph_draws_perfs_folded_stacks() {
     for f in ["main", "leaf_alpha", "leaf_beta"] {
         assert!(frames.iter().any(|n| n == f), "{f}: {frames:?}");
     }
+}
+
+/// `perf script` of perf.data file `data`, and its stacks folded as
+/// FlameGraph's stackcollapse-perf folds them (inferno's port of it).
+fn perf_script_folded(data: &std::path::Path) -> (Vec<u8>, Vec<u8>) {
+    let script = Command::new("perf")
+        .arg("script")
+        .arg("-i")
+        .arg(data)
+        .output()
+        .unwrap();
+    assert!(script.status.success());
+    let mut folded = Vec::new();
+    inferno::collapse::Collapse::collapse(
+        &mut inferno::collapse::perf::Folder::default(),
+        script.stdout.as_slice(),
+        &mut folded,
+    )
+    .unwrap();
+    (script.stdout, folded)
 }
 
 /// The lines of `cfuncs.c` that carry `marker`.
@@ -1988,21 +1995,8 @@ fn ocaml_frames_are_named_and_walked_as_perf_does() {
     assert!(perf.wait().unwrap().success());
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
-    let script = Command::new("perf")
-        .arg("script")
-        .arg("-i")
-        .arg(&data)
-        .output()
-        .unwrap();
+    let (script, perf_folded) = perf_script_folded(&data);
     let _ = std::fs::remove_file(&data);
-    assert!(script.status.success());
-    let mut perf_folded = Vec::new();
-    inferno::collapse::Collapse::collapse(
-        &mut inferno::collapse::perf::Folder::default(),
-        script.stdout.as_slice(),
-        &mut perf_folded,
-    )
-    .unwrap();
     let perf_folded = parse_folded(&String::from_utf8(perf_folded).unwrap());
     let ours = parse_folded(&stdout);
     // The fixture's own functions, by the names each tool gives them.
@@ -2041,7 +2035,7 @@ fn ocaml_frames_are_named_and_walked_as_perf_does() {
     let ((p, _), (r, rn)) = (reach(&perf_folded), reach(&ours));
     // inferno weighs perf's samples by their period: the spread needs
     // their number.
-    let pn = String::from_utf8_lossy(&script.stdout)
+    let pn = String::from_utf8_lossy(&script)
         .lines()
         .filter(|l| l.contains(" cpu-clock:"))
         .count() as f64;
