@@ -994,7 +994,7 @@ fn bad_input_is_one_clear_line() {
 
 #[test]
 fn stacks_beyond_the_stack_table_are_counted_not_lost() {
-    let (stdout, _, _, stderr) = {
+    let (stdout, alpha, beta, stderr) = {
         let fixture = start_fixture("hotfuncs", &["cpu", "2"]);
         let pid = fixture.pid().to_string();
         let rtrace = Rtrace::start_until(
@@ -1019,8 +1019,13 @@ fn stacks_beyond_the_stack_table_are_counted_not_lost() {
     let total: u64 = folded.values().sum();
     let missed = count_with(&folded, "[Missed User Stack]");
     // Every sample is still counted, under a placeholder when its stack
-    // found no room, and the loss is reported.
-    assert!(total >= 200, "too few samples: {total}");
+    // found no room, and the loss is reported. A busy machine gives the
+    // fixture less CPU than its 2 s: judged by the CPU time it measured.
+    let due = (alpha + beta) as f64 / 1e9 * 199.0;
+    assert!(
+        total >= 50 && total as f64 >= 0.5 * due,
+        "too few samples: {total} for {due:.0} due"
+    );
     assert!(missed > 0, "no missed stacks with room for two:\n{stdout}");
     let lost_line = stderr
         .lines()
@@ -1128,24 +1133,42 @@ fn thread_filter_and_idle_stacks() {
         assert_eq!(s["pid"].to_string(), tid, "{s}");
     }
 
-    // Idle CPUs show up as pid 0 only with -I.
+    // Idle CPUs show up as pid 0 only with -I; with it, about as often
+    // as the kernel counted the CPUs idle meanwhile (a busy machine may
+    // not idle at all).
     let idle = |args: &[&str]| {
         let mut all = vec!["profile", "-F", "199", "-K", "--json"];
         all.extend_from_slice(args);
         all.push("1");
+        let before = idle_seconds();
         let (code, stdout, stderr) = run(&all);
+        let idled = idle_seconds() - before;
         assert_eq!(code, 0, "{stderr}");
-        json_lines(&stdout)
+        let samples = json_lines(&stdout)
             .iter()
             .filter(|s| s["pid"] == 0)
             .map(|s| s["count"].as_u64().unwrap())
-            .sum::<u64>()
+            .sum::<u64>();
+        (samples, idled)
     };
-    assert_eq!(idle(&[]), 0, "idle samples without -I");
+    assert_eq!(idle(&[]).0, 0, "idle samples without -I");
+    let (samples, idled) = idle(&["-I"]);
+    // The run's one second and its start and end both fall within the
+    // kernel's count, so a quarter of its idle time is a floor.
+    let floor = (idled * 199.0 / 4.0).floor() as u64;
     assert!(
-        idle(&["-I"]) > 0,
-        "no idle samples with -I on a mostly idle machine"
+        samples >= floor,
+        "{samples} idle samples with -I where the CPUs idled {idled:.2} s"
     );
+}
+
+/// Seconds the CPUs have been idle since boot, summed (`/proc/stat`).
+fn idle_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let cpu = stat.lines().next().unwrap();
+    // user nice system idle iowait ..., in clock ticks of 1/100 s.
+    let ticks: u64 = cpu.split_whitespace().nth(4).unwrap().parse().unwrap();
+    ticks as f64 / 100.0
 }
 
 /// `--off-cpu`: the fixture computes and sleeps by turns in `mid_mixed`;
@@ -1535,8 +1558,12 @@ fn lines_name_the_fixtures_own_source() {
         .filter(|(s, _)| s.iter().any(|f| f.starts_with("leaf_gamma (")))
         .map(|(_, n)| n)
         .sum();
+    // Which of the loop's few instructions a timer interrupt lands on
+    // shifts with the machine's load (a third in step under a loaded
+    // guest, half on a quiet host): a fifth is the floor, and a lost
+    // inline frame gives none.
     assert!(
-        gamma > 100 && in_step * 2 > gamma,
+        gamma > 100 && in_step * 5 > gamma,
         "{in_step} of {gamma}: {stdout}"
     );
     // The flame graph names the frames with their lines.
