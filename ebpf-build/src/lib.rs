@@ -19,6 +19,8 @@
 //!   `cfg(feature = "task_storage")`. So a tool's ring-buffer and
 //!   perf-buffer objects come from one source with nothing to register
 //!   ([`variants`], [`build`]).
+//!
+//! The objects are embedded without their DWARF ([`strip_debug`]).
 
 use std::{
     fmt::Write as _,
@@ -152,9 +154,83 @@ pub struct Object {
     pub path: PathBuf,
 }
 
+/// An object without its DWARF: the `.debug*` sections, the relocation
+/// sections that apply to them, and the symbols they define go; every
+/// other section (the programs and their relocations, maps, `.rodata`,
+/// `.BTF` and `.BTF.ext` and their relocations) keeps its bytes, type and
+/// flags. The symbol table loses the deleted sections' symbols and is
+/// renumbered, relocations following; section names, which bpf-linker
+/// keeps in `.strtab`, move to a `.shstrtab`. The kernel and aya read BTF,
+/// never DWARF, which was four fifths of the objects' bytes.
+///
+/// A kept relocation that refers to a symbol of a deleted section is an
+/// error rather than silently dropped.
+pub fn strip_debug(data: &[u8]) -> Result<Vec<u8>, String> {
+    use object::build::elf::{Builder, SectionData};
+
+    let mut builder = Builder::read(data).map_err(|e| format!("not an ELF object: {e}"))?;
+    for section in &mut builder.sections {
+        if section.name.starts_with(b".debug") {
+            section.delete = true;
+        }
+    }
+    // Relocation sections that apply to a deleted section (`.rel.debug_*`).
+    // The table's iterators skip deleted items, so the targets are looked
+    // up by id.
+    let applying: Vec<_> = builder
+        .sections
+        .iter()
+        .filter(|s| matches!(s.data, SectionData::Relocation(_)))
+        .filter(|s| {
+            s.sh_info_section
+                .is_some_and(|t| builder.sections.get(t).delete)
+        })
+        .map(|s| s.id())
+        .collect();
+    for id in applying {
+        builder.sections.get_mut(id).delete = true;
+    }
+    // Symbols defined in deleted sections (their section symbols) go too;
+    // nothing kept may refer to them.
+    builder.delete_orphan_symbols();
+    for section in &builder.sections {
+        if let SectionData::Relocation(relocations) = &section.data {
+            let orphan = relocations
+                .iter()
+                .filter_map(|r| r.symbol)
+                .find(|&s| builder.symbols.get(s).delete);
+            if let Some(symbol) = orphan {
+                return Err(format!(
+                    "{} relocates against {}, defined in a debug section",
+                    String::from_utf8_lossy(&section.name),
+                    String::from_utf8_lossy(&builder.symbols.get(symbol).name)
+                ));
+            }
+        }
+    }
+    // bpf-linker names sections from `.strtab`, which the builder writes as
+    // the symbols' table only: the section names get a table of their own.
+    if !builder
+        .sections
+        .iter()
+        .any(|s| matches!(s.data, SectionData::SectionString))
+    {
+        let shstrtab = builder.sections.add();
+        shstrtab.name = b".shstrtab"[..].into();
+        shstrtab.sh_type = object::elf::SHT_STRTAB;
+        shstrtab.sh_addralign = 1;
+        shstrtab.data = SectionData::SectionString;
+    }
+    let mut out = Vec::with_capacity(data.len());
+    builder
+        .write(&mut out)
+        .map_err(|e| format!("cannot write the stripped object: {e}"))?;
+    Ok(out)
+}
+
 /// Builds every object and its variants into `target_dir`, copies them to
-/// `out_dir`, and writes `out_dir/objects.rs`: a table of `(name, bytes)`
-/// for `include!`.
+/// `out_dir` without their DWARF ([`strip_debug`]), and writes
+/// `out_dir/objects.rs`: a table of `(name, bytes)` for `include!`.
 pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Object>, String> {
     let bins_dir = root.join(CRATE_DIR).join("src").join("bin");
     let mut bins: Vec<(String, Vec<String>)> = Vec::new();
@@ -220,8 +296,11 @@ pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Objec
                 None => bin.to_owned(),
             };
             let path = out_dir.join(&name);
-            fs::copy(built.join(bin), &path)
+            let from = built.join(bin);
+            let data = fs::read(&from)
                 .map_err(|e| format!("eBPF object {bin} missing after the build: {e}"))?;
+            let stripped = strip_debug(&data).map_err(|e| format!("{}: {e}", from.display()))?;
+            fs::write(&path, stripped).map_err(|e| format!("{}: {e}", path.display()))?;
             objects.push(Object { name, path });
         }
     }
@@ -287,5 +366,104 @@ mod tests {
         for k in ["PATH", "HOME", "RUSTUP_HOME", "CARGO_HOME"] {
             assert!(!scrubbed(k), "{k}");
         }
+    }
+
+    /// A BPF object as bpf-linker leaves one, in small: code with a
+    /// relocation, DWARF with relocations into the code and a symbol of
+    /// its own, and BTF.
+    fn object_with_dwarf(code_relocates_against_dwarf: bool) -> Vec<u8> {
+        use object::write::{Object, Relocation, Symbol, SymbolSection};
+        use object::{
+            Architecture, BinaryFormat, Endianness, RelocationFlags, SectionKind, SymbolFlags,
+            SymbolKind, SymbolScope, elf::R_BPF_64_64,
+        };
+
+        let mut obj = Object::new(BinaryFormat::Elf, Architecture::Bpf, Endianness::Little);
+        let symbol = |name: &str, section, kind| Symbol {
+            name: name.as_bytes().to_vec(),
+            value: 0,
+            size: 8,
+            kind,
+            scope: SymbolScope::Compilation,
+            weak: false,
+            section: SymbolSection::Section(section),
+            flags: SymbolFlags::None,
+        };
+        let reloc = |offset, symbol| Relocation {
+            offset,
+            symbol,
+            addend: 0,
+            flags: RelocationFlags::Elf {
+                r_type: R_BPF_64_64,
+            },
+        };
+        let text = obj.add_section(Vec::new(), b".text".to_vec(), SectionKind::Text);
+        obj.append_section_data(text, &[0x95; 16], 8);
+        let func = obj.add_symbol(symbol("func", text, SymbolKind::Text));
+        let rodata = obj.add_section(Vec::new(), b".rodata".to_vec(), SectionKind::ReadOnlyData);
+        obj.append_section_data(rodata, b"constant", 8);
+        let constant = obj.add_symbol(symbol("constant", rodata, SymbolKind::Data));
+        let info = obj.add_section(Vec::new(), b".debug_info".to_vec(), SectionKind::Debug);
+        obj.append_section_data(info, &[0; 32], 1);
+        let label = obj.add_symbol(symbol("debug_label", info, SymbolKind::Data));
+        obj.add_relocation(info, reloc(0, func)).unwrap();
+        obj.add_relocation(info, reloc(8, label)).unwrap();
+        let btf = obj.add_section(Vec::new(), b".BTF".to_vec(), SectionKind::Metadata);
+        obj.append_section_data(btf, b"\x9f\xeb\x01\x00btf", 4);
+        let target = if code_relocates_against_dwarf {
+            label
+        } else {
+            constant
+        };
+        obj.add_relocation(text, reloc(0, target)).unwrap();
+        obj.write().unwrap()
+    }
+
+    #[test]
+    fn dwarf_is_stripped_and_the_rest_kept() {
+        use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+
+        let data = object_with_dwarf(false);
+        let before = object::File::parse(&*data).unwrap();
+        assert!(before.section_by_name(".debug_info").is_some());
+        assert!(before.sections().any(|s| {
+            s.name()
+                .is_ok_and(|n| n.starts_with(".rel") && n.contains("debug"))
+        }));
+
+        let stripped = strip_debug(&data).unwrap();
+        let after = object::File::parse(&*stripped).unwrap();
+        let names: Vec<&str> = after.sections().filter_map(|s| s.name().ok()).collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.starts_with(".debug") || (n.starts_with(".rel") && n.contains(".debug"))),
+            "{names:?}"
+        );
+        for kept in [".text", ".rodata", ".BTF"] {
+            let was = before.section_by_name(kept).unwrap();
+            let is = after.section_by_name(kept).unwrap();
+            assert_eq!(is.data().unwrap(), was.data().unwrap(), "{kept}");
+            assert_eq!(is.kind(), was.kind(), "{kept}");
+        }
+        // The code's relocation still names its symbol.
+        let text = after.section_by_name(".text").unwrap();
+        let relocations: Vec<_> = text.relocations().collect();
+        assert_eq!(relocations.len(), 1);
+        let object::RelocationTarget::Symbol(id) = relocations[0].1.target() else {
+            panic!("{relocations:?}");
+        };
+        assert_eq!(after.symbol_by_index(id).unwrap().name(), Ok("constant"));
+        let symbols: Vec<&str> = after.symbols().filter_map(|s| s.name().ok()).collect();
+        assert!(symbols.contains(&"func"), "{symbols:?}");
+        assert!(!symbols.contains(&"debug_label"), "{symbols:?}");
+        assert!(stripped.len() < data.len());
+    }
+
+    #[test]
+    fn code_that_refers_to_dwarf_is_not_silently_changed() {
+        let err = strip_debug(&object_with_dwarf(true)).unwrap_err();
+        assert!(err.contains("debug_label"), "{err}");
+        assert!(strip_debug(b"not an object").is_err());
     }
 }
