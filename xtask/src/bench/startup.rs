@@ -1,15 +1,21 @@
 //! `cargo xtask bench startup`: how fast each tool is tracing, how fast the
 //! first event shows, and how much memory it holds once attached, against
-//! libbpf-tools' tool of the same name in the same run.
+//! libbpf-tools' tool of the same name in the same run; then how large
+//! rtrace's binary is beside libbpf-tools' binaries of the same tools.
+//!
+//! Memory is checked against the goal of at most 20 MB resident as `ps`
+//! counts it (VmRSS, the event buffers' pages included) for every tool but
+//! profile: a tool over it fails the benchmark.
 
 use std::{
     io::{BufRead as _, BufReader},
+    path::Path,
     process::{Child, Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 
 use super::{libbpf_tool, measured_on, median};
 
@@ -18,6 +24,22 @@ const ROUNDS: usize = 7;
 /// How long after attaching resident memory is read: long enough for a
 /// tool to settle into its loop.
 const SETTLE: Duration = Duration::from_secs(1);
+/// The goal: at most 20 MB (decimal, so 19.1 MiB) resident as `ps` counts
+/// it, in the worst round, for every tool but [`NO_RESIDENT_GOAL`].
+const RESIDENT_GOAL: u64 = 20_000_000;
+/// The tool the resident goal leaves out: its CFI tables are sized to the
+/// binaries it unwinds.
+const NO_RESIDENT_GOAL: &str = "profile";
+/// libbpf-tools' binaries of the tools rtrace has, for the size table.
+const PEER_BINARIES: [&str; 7] = [
+    "runqlat",
+    "biolatency",
+    "execsnoop",
+    "tcplife",
+    "gethostlatency",
+    "offcputime",
+    "ext4slower",
+];
 
 /// One tool as both tracers run it.
 struct Case {
@@ -95,34 +117,52 @@ struct Run {
     attach_ms: f64,
     /// Launch to the first event's line, when the case has events.
     first_event_ms: Option<f64>,
-    /// Resident memory once attached, without event buffer mappings.
-    rss_kib: u64,
-    /// Resident pages of the event buffers (ring or perf), mapped from the
-    /// kernel: not the tracer's own memory, and sized by `--buffer-size`.
-    buffers_kib: u64,
+    /// Resident memory once attached as `ps` counts it (VmRSS), in bytes:
+    /// the event buffers' pages included.
+    rss: u64,
+    /// Of `rss`, the resident pages of the event buffers (ring or perf),
+    /// mapped from the kernel and sized by `--buffer-size`.
+    buffers: u64,
 }
 
-/// Resident memory of `pid` in KiB: (all but BPF and perf buffer mappings,
-/// those mappings).
+/// The value of a `Name:   123 kB` line, in bytes.
+fn kb_field(line: &str, name: &str) -> Option<u64> {
+    let kb = line.strip_prefix(name)?.trim().strip_suffix("kB")?;
+    kb.trim().parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
+/// Resident memory of `pid` in bytes: (VmRSS, as `ps` shows it; of it, the
+/// BPF and perf buffer mappings).
 fn resident(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))
-        .with_context(|| format!("cannot read /proc/{pid}/smaps"))?;
-    let (mut own, mut buffers) = (0, 0);
+    let read = |file: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+            .with_context(|| format!("cannot read /proc/{pid}/{file}"))
+    };
+    let status = read("status")?;
+    let rss = status
+        .lines()
+        .find_map(|l| kb_field(l, "VmRSS:"))
+        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))?;
+    let mut buffers = 0;
     let mut buffer = false;
-    for line in smaps.lines() {
+    for line in read("smaps")?.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
         if first.contains('-') && !first.ends_with(':') {
             buffer = line.contains("anon_inode:bpf") || line.contains("[perf_event]");
-        } else if let Some(kb) = line.strip_prefix("Rss:") {
-            let kb: u64 = kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
-            if buffer {
-                buffers += kb;
-            } else {
-                own += kb;
-            }
+        } else if buffer && let Some(bytes) = kb_field(line, "Rss:") {
+            buffers += bytes;
         }
     }
-    Ok((own, buffers))
+    Ok((rss, buffers))
+}
+
+/// Bytes in decimal megabytes (as the goal is stated) or kilobytes.
+fn size(bytes: u64) -> String {
+    if bytes >= 1_000_000 {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    } else {
+        format!("{:.0} kB", bytes as f64 / 1e3)
+    }
 }
 
 /// Starts `cmd`, waits for a stdout or stderr line starting with `ready`
@@ -190,14 +230,15 @@ fn once(
         }
     }
     std::thread::sleep(SETTLE);
-    let (rss_kib, buffers_kib) = resident(child.id())?;
+    let resident = resident(child.id());
     stop(&mut child);
+    let (rss, buffers) = resident?;
     let ms = |at: Instant| at.duration_since(started).as_secs_f64() * 1e3;
     Ok(Run {
         attach_ms: ms(attached.expect("waited for")),
         first_event_ms: first.map(ms),
-        rss_kib,
-        buffers_kib,
+        rss,
+        buffers,
     })
 }
 
@@ -207,34 +248,39 @@ fn fmt_spread(v: &[f64]) -> String {
     format!("{:.0} ({:.0}-{:.0})", v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-/// Runs the start-up and memory benchmark; returns its table for
-/// docs/benchmarks.md, with the line saying where it was measured.
+/// Runs the start-up and memory benchmark, then the size comparison;
+/// returns their tables for docs/benchmarks.md, with the line saying where
+/// they were measured. Fails, once everything is printed, if a tool is over
+/// the resident goal.
 pub fn run() -> anyhow::Result<String> {
     let rtrace = crate::build()?;
     eprintln!(
         "bench startup: launch to attached, to the first event, and resident memory {} s \
-         after attaching; median (min-max) of {ROUNDS} interleaved rounds",
+         after attaching (VmRSS, as ps counts it); median (min-max) of {ROUNDS} interleaved \
+         rounds; MB = 10^6 bytes",
         SETTLE.as_secs()
     );
     println!(
-        "{:<15} {:>18} {:>18} {:>7} {:>16} {:>16} {:>9} {:>9} {:>9}",
+        "{:<15} {:>18} {:>18} {:>7} {:>16} {:>16} {:>8} {:>8} {:>8}",
         "tool",
         "rtrace ms",
         "libbpf-tools ms",
         "ratio",
         "rtrace 1st ev",
         "peer 1st ev",
-        "rss MiB",
-        "bufs MiB",
-        "peer MiB"
+        "rss MB",
+        "bufs MB",
+        "peer MB"
     );
     let mut worst_ratio: f64 = 0.0;
-    let mut worst_rss: (f64, &str) = (0.0, "");
+    // Each tool's largest resident memory, for the goal.
+    let mut largest: Vec<(&str, u64)> = Vec::new();
     // The same figures as a Markdown table, for docs/benchmarks.md.
     let mut table = String::from(
         "| tool | rtrace to attached | libbpf-tools | rtrace to the first event | libbpf-tools \
-         | rtrace resident (buffers apart) | libbpf-tools resident |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n",
+         | rtrace resident (of it event buffers) | libbpf-tools resident \
+         | goal: at most 20 MB resident |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for case in CASES {
         let peer = case
@@ -263,15 +309,8 @@ pub fn run() -> anyhow::Result<String> {
             }
         };
         let first = |r: &[Run]| spread(r.iter().filter_map(|r| r.first_event_ms).collect());
-        let mib = |r: &[Run], f: fn(&Run) -> u64| {
-            if r.is_empty() {
-                "-".to_owned()
-            } else {
-                format!(
-                    "{:.1}",
-                    median(r.iter().map(|r| f(r) as f64 / 1024.0).collect())
-                )
-            }
+        let mb = |r: &[Run], f: fn(&Run) -> u64| {
+            (!r.is_empty()).then(|| median(r.iter().map(|r| f(r) as f64 / 1e6).collect()))
         };
         let ratio = if theirs.is_empty() {
             "-".to_owned()
@@ -280,12 +319,18 @@ pub fn run() -> anyhow::Result<String> {
             worst_ratio = worst_ratio.max(ratio);
             format!("{ratio:.2}")
         };
-        let rss = median(mine.iter().map(|r| r.rss_kib as f64 / 1024.0).collect());
-        if case.tool != "profile" && rss > worst_rss.0 {
-            worst_rss = (rss, case.tool);
-        }
+        let rss = mb(&mine, |r| r.rss).unwrap_or(0.0);
+        let bufs = mb(&mine, |r| r.buffers).unwrap_or(0.0);
+        let peer_mb = mb(&theirs, |r| r.rss);
+        let goal = if case.tool == NO_RESIDENT_GOAL {
+            "(none for profile)".to_owned()
+        } else {
+            let max = mine.iter().map(|r| r.rss).max().unwrap_or(0);
+            largest.push((case.tool, max));
+            format!("{} ({})", verdict(max), size(max))
+        };
         println!(
-            "{:<15} {:>18} {:>18} {:>7} {:>16} {:>16} {:>9.1} {:>9} {:>9}",
+            "{:<15} {:>18} {:>18} {:>7} {:>16} {:>16} {:>8.1} {:>8.1} {:>8}",
             case.tool,
             fmt_spread(&attach(&mine)),
             spread(attach(&theirs)),
@@ -293,29 +338,23 @@ pub fn run() -> anyhow::Result<String> {
             first(&mine),
             first(&theirs),
             rss,
-            mib(&mine, |r| r.buffers_kib),
-            mib(&theirs, |r| r.rss_kib + r.buffers_kib),
+            bufs,
+            peer_mb.map_or_else(|| "-".to_owned(), |m| format!("{m:.1}")),
         );
         let ms = |s: String| if s == "-" { s } else { format!("{s} ms") };
-        let bufs = median(mine.iter().map(|r| r.buffers_kib as f64 / 1024.0).collect());
-        let peer_mib = mib(&theirs, |r| r.rss_kib + r.buffers_kib);
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {rss:.1} MiB{} | {} |\n",
+            "| {} | {} | {} | {} | {} | {rss:.1} MB{} | {} | {goal} |\n",
             case.tool,
             ms(fmt_spread(&attach(&mine))),
             ms(spread(attach(&theirs))),
             ms(first(&mine)),
             ms(first(&theirs)),
             if bufs > 0.0 {
-                format!(" (+{bufs:.1} MiB buffers)")
+                format!(" ({bufs:.1} MB)")
             } else {
                 String::new()
             },
-            if peer_mib == "-" {
-                peer_mib
-            } else {
-                format!("{peer_mib} MiB")
-            },
+            peer_mb.map_or_else(|| "-".to_owned(), |m| format!("{m:.1} MB")),
         ));
     }
     println!();
@@ -324,21 +363,151 @@ pub fn run() -> anyhow::Result<String> {
         if worst_ratio <= 1.0 { "met" } else { "NOT met" }
     );
     println!(
-        "target: at most 20 MiB resident (event buffers apart) for every tool but profile: \
-         largest {:.1} MiB ({}), {}",
-        worst_rss.0,
-        worst_rss.1,
-        if worst_rss.0 <= 20.0 {
-            "met"
-        } else {
-            "NOT met"
-        }
+        "resident memory as ps counts it (VmRSS, event buffers included), the largest of \
+         {ROUNDS} rounds; {NO_RESIDENT_GOAL} has no goal:"
     );
+    for (tool, max) in &largest {
+        println!(
+            "{tool:<15} goal: at most 20 MB resident: {} ({})",
+            verdict(*max),
+            size(*max)
+        );
+    }
+    println!();
+    let (sizes_text, sizes_table) = sizes(&rtrace)?;
+    print!("{sizes_text}");
+    let over: Vec<String> = largest
+        .iter()
+        .filter(|(_, max)| *max > RESIDENT_GOAL)
+        .map(|(tool, max)| format!("{tool} ({})", size(*max)))
+        .collect();
+    if !over.is_empty() {
+        bail!(
+            "over the goal of at most 20 MB resident: {}",
+            over.join(", ")
+        );
+    }
     Ok(format!(
         "Start-up and memory, measured with {}; medians of {ROUNDS} interleaved rounds, \
-         ranges in brackets; - where libbpf-tools has no such tool that runs here:\n\n{table}",
+         ranges in brackets; resident memory as `ps` counts it (VmRSS, the event buffers' \
+         pages included, their share in brackets), the goal judged on the largest of the \
+         rounds; MB are 10^6 bytes; - where libbpf-tools has no such tool that runs here:\n\n\
+         {table}\n\
+         Binary sizes, in the same run:\n\n{sizes_table}",
         measured_on("startup")
     ))
+}
+
+/// `OK` or `OVER` the resident goal.
+fn verdict(bytes: u64) -> &'static str {
+    if bytes <= RESIDENT_GOAL { "OK" } else { "OVER" }
+}
+
+/// The size of rtrace's binaries (the release build, and the static one if
+/// `cargo xtask dist` built it) beside libbpf-tools' binaries of the same
+/// tools and their sum: (plain text to print, a Markdown table).
+fn sizes(rtrace: &Path) -> anyhow::Result<(String, String)> {
+    let len = |p: &Path| -> anyhow::Result<u64> {
+        Ok(std::fs::metadata(p)
+            .with_context(|| format!("cannot read {}", p.display()))?
+            .len())
+    };
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let release = len(rtrace)?;
+    rows.push((
+        "rtrace, every tool (`target/release/rtrace`)".to_owned(),
+        size(release),
+    ));
+    let dist = crate::dist::static_path();
+    let static_size = if dist.exists() {
+        // The static binary is built only by `cargo xtask dist`: say so if
+        // it is of another commit than the release binary measured here.
+        let (of_release, of_static) = (commit(rtrace), commit(&dist));
+        format!(
+            "{}{}",
+            size(len(&dist)?),
+            match of_static {
+                Some(c) if of_release.as_ref() != Some(&c) => format!(" (built from {c})"),
+                _ => String::new(),
+            }
+        )
+    } else {
+        "not built (`cargo xtask dist` builds it)".to_owned()
+    };
+    rows.push((
+        "rtrace, static and stripped (`target/dist/rtrace`)".to_owned(),
+        static_size,
+    ));
+    // A tool may be a link to another's binary (ext4slower to fsslower):
+    // the sum counts each file once.
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    let mut sum = 0;
+    for tool in PEER_BINARIES {
+        let path = libbpf_tool(tool)?;
+        let file = std::fs::canonicalize(&path)?;
+        let bytes = len(&file)?;
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+        let alias = match name {
+            Some(n) if n != tool => format!(" (a link to {n})"),
+            _ => String::new(),
+        };
+        rows.push((
+            format!("libbpf-tools {tool} (`{}`){alias}", path.display()),
+            size(bytes),
+        ));
+        if !files.contains(&file) {
+            sum += bytes;
+            files.push(file);
+        }
+    }
+    rows.push((
+        format!("libbpf-tools, these {} tools together", PEER_BINARIES.len()),
+        size(sum),
+    ));
+    let libs = shared_libraries(&files[0]);
+    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    let mut text = String::from("binary sizes (MB = 10^6 bytes):\n");
+    let mut table = String::from("| binary | size |\n| --- | --- |\n");
+    for (name, size) in &rows {
+        text.push_str(&format!("{name:<width$} {size}\n"));
+        table.push_str(&format!("| {name} | {size} |\n"));
+    }
+    if !libs.is_empty() {
+        let line = format!(
+            "libbpf-tools' binaries also load shared libraries, not counted above: {}.\n",
+            libs.join(", ")
+        );
+        text.push_str(&line);
+        table.push('\n');
+        table.push_str(&line);
+    }
+    Ok((text, table))
+}
+
+/// The `commit ...` line of an rtrace binary's `--version`.
+fn commit(rtrace: &Path) -> Option<String> {
+    let out = Command::new(rtrace).arg("--version").output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("commit "))
+        .map(str::to_owned)
+}
+
+/// The shared libraries `binary` loads, with their sizes, as `ldd` names
+/// them; empty if `ldd` cannot tell.
+fn shared_libraries(binary: &Path) -> Vec<String> {
+    let Ok(out) = Command::new("ldd").arg(binary).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().split_once(" => ")?;
+            let path = rest.split_whitespace().next()?;
+            let bytes = std::fs::metadata(path).ok()?.len();
+            Some(format!("{name} {}", size(bytes)))
+        })
+        .collect()
 }
 
 /// The start of the line each tool prints once it traces (rtrace on
@@ -347,5 +516,29 @@ fn banner(tool: &str) -> &'static str {
     match tool {
         "profile" => "Sampling",
         _ => "Tracing",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_fields_are_read_in_bytes() {
+        assert_eq!(
+            kb_field("VmRSS:\t   12345 kB", "VmRSS:"),
+            Some(12345 * 1024)
+        );
+        assert_eq!(kb_field("Rss:                   4 kB", "Rss:"), Some(4096));
+        assert_eq!(kb_field("VmHWM:\t   1 kB", "VmRSS:"), None);
+    }
+
+    #[test]
+    fn the_goal_is_20_decimal_megabytes() {
+        assert_eq!(verdict(20_000_000), "OK");
+        assert_eq!(verdict(20_000_001), "OVER");
+        assert_eq!(verdict(20 << 20), "OVER");
+        assert_eq!(size(12_553_216), "12.6 MB");
+        assert_eq!(size(380_288), "380 kB");
     }
 }
