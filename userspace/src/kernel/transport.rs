@@ -66,9 +66,9 @@ pub const DEFAULT_BUFFER: u32 = 1 << 20;
 #[derive(Debug, clap::Args)]
 pub struct BufferArgs {
     /// Event buffer size (bytes, or with K/M/G; rounded up to a power of
-    /// two): the ring buffer's, or shared among the CPUs' perf buffers.
-    /// The default fits the tool's event rate (1M; execsnoop's 2M, as an
-    /// exec's argv may be long). Raise it if events are reported lost.
+    /// two): the ring buffer's, or shared among the CPUs' perf buffers (at
+    /// least 64K each) [default: 1M, or 2M for execsnoop, whose argv may
+    /// be long]. Raise it if events are reported lost.
     #[arg(long, value_name = "SIZE")]
     pub buffer_size: Option<BufferSize>,
     /// Send events through per-CPU perf buffers even where the kernel has a

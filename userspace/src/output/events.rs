@@ -187,12 +187,15 @@ impl EventStream {
     }
 }
 
-/// Pages per CPU for perf buffers sharing `total` bytes: a power of two of
-/// at least one page, as the kernel requires.
+/// Pages per CPU for perf buffers sharing `total` bytes: a power of two,
+/// as the kernel requires, of at least 64 KiB, so that a machine of many
+/// CPUs still holds several of the largest records (an exec's, near 8 KiB)
+/// in each.
 fn perf_pages(total: u32, cpus: usize) -> usize {
     // SAFETY: sysconf has no preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let per_cpu = total as usize / cpus.max(1) / page.max(1);
+    let least = (64 << 10) / page.max(1);
+    let per_cpu = (total as usize / cpus.max(1) / page.max(1)).max(least);
     match per_cpu {
         0 | 1 => 1,
         n if n.is_power_of_two() => n,
@@ -271,4 +274,18 @@ pub fn record<T: aya::Pod>(record: &[u8]) -> Option<T> {
     }
     // SAFETY: `T` is plain old data and the record holds one.
     Some(unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::perf_pages;
+
+    #[test]
+    fn perf_buffers_share_the_size_with_a_floor() {
+        // 4 KiB pages on x86-64.
+        assert_eq!(perf_pages(1 << 20, 2), 128);
+        assert_eq!(perf_pages(3 << 20, 2), 256);
+        assert_eq!(perf_pages(1 << 20, 256), 16);
+        assert_eq!(perf_pages(4096, 1), 16);
+    }
 }
