@@ -3,10 +3,14 @@
 //! importing only downwards (tools, then the tracer, then stacks, probes
 //! and output, then the kernel layer).
 //!
-//! Imports are read as text: `use crate::…` and `use super::…` trees
-//! (braces included) and paths written inline (`crate::kernel::btf::Btf`).
+//! Imports are read as text, with comments and literals blanked: `use
+//! crate::…`, `use super::…` and `use self::…` trees (braces included) and
+//! `crate::` and `super::` paths written inline (`crate::kernel::btf::Btf`).
 //! Test modules (`#[cfg(test)] mod … { … }`) are left out: a test may
-//! reach anywhere.
+//! reach anywhere. Not read: paths relative to a module's own children
+//! written without `self::` (`use child::x`), which this code base does
+//! not use for imports across modules, and a module's `mod` declarations,
+//! which are no arrow.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,7 +31,7 @@ pub fn graph(src: &Path) -> std::io::Result<Graph> {
     let mut out = Graph::new();
     for (module, text) in &files {
         let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for path in paths(&without_tests(text)) {
+        for path in paths(&without_tests(&code_only(text))) {
             let Some(absolute) = resolve(module, &path) else {
                 continue;
             };
@@ -78,6 +82,112 @@ fn collect(src: &Path, dir: &Path, out: &mut Vec<(String, String)>) -> std::io::
     Ok(())
 }
 
+/// `text` with comments and the contents of string and character
+/// literals blanked (newlines kept), so that neither a `use ` or `crate::`
+/// in prose or a string nor a brace in a literal is read as code.
+fn code_only(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let blank = |ch: char| if ch == '\n' { '\n' } else { ' ' };
+    let mut i = 0;
+    while i < c.len() {
+        let next = c.get(i + 1).copied();
+        if c[i] == '/' && next == Some('/') {
+            while i < c.len() && c[i] != '\n' {
+                out.push(' ');
+                i += 1;
+            }
+        } else if c[i] == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    out.push_str("  ");
+                    i += 2;
+                } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    out.push_str("  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    out.push(blank(c[i]));
+                    i += 1;
+                }
+            }
+        } else if c[i] == 'r' && matches!(next, Some('"' | '#')) && !ident_before(&c, i) {
+            // A raw string: r"…", r#"…"#, and so on.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while c.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if c.get(j) != Some(&'"') {
+                out.push(c[i]);
+                i += 1;
+                continue;
+            }
+            out.push('"');
+            j += 1;
+            while j < c.len() {
+                if c[j] == '"' && (1..=hashes).all(|k| c.get(j + k) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                out.push(blank(c[j]));
+                j += 1;
+            }
+            out.push('"');
+            i = j;
+        } else if c[i] == '"' {
+            out.push('"');
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                if c[i] == '\\' {
+                    out.push(' ');
+                    i += 1;
+                }
+                if i < c.len() {
+                    out.push(blank(c[i]));
+                    i += 1;
+                }
+            }
+            out.push('"');
+            i += 1;
+        } else if c[i] == '\'' {
+            // A character literal ('x', '\n', '\u{1F600}'), not a lifetime.
+            let end = if next == Some('\\') {
+                (i + 2..c.len()).find(|&j| c[j] == '\'')
+            } else if c.get(i + 2) == Some(&'\'') {
+                Some(i + 2)
+            } else {
+                None
+            };
+            match end {
+                Some(e) => {
+                    out.push_str(&" ".repeat(e - i + 1));
+                    i = e + 1;
+                }
+                None => {
+                    out.push(c[i]);
+                    i += 1;
+                }
+            }
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Whether an identifier character stands just before position `i`.
+fn ident_before(c: &[char], i: usize) -> bool {
+    i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_')
+}
+
 /// `text` with every `#[cfg(test)]` module's body cut out.
 fn without_tests(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -122,9 +232,8 @@ fn without_tests(text: &str) -> String {
 /// segments with that first word kept, `use` trees expanded.
 fn paths(text: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
-    let code = strip_comments(text);
     // `use` trees first, then what is left for inline paths.
-    let mut rest = code.as_str();
+    let mut rest = text;
     let mut inline = String::new();
     while let Some(i) = find_use(rest) {
         inline.push_str(&rest[..i]);
@@ -193,14 +302,6 @@ fn find_use(text: &str) -> Option<usize> {
         at = k + 4;
     }
     None
-}
-
-/// Line comments and doc comments removed (they name paths in prose).
-fn strip_comments(text: &str) -> String {
-    text.lines()
-        .map(|l| l.split_once("//").map_or(l, |(code, _)| code))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// A `use` tree with its white space folded: none around `::`, braces
@@ -487,12 +588,15 @@ mod tests {
         .unwrap();
         std::fs::write(
             dir.join("kernel/btf.rs"),
-            "// crate::tools::run in a comment is no import\nfn f() {}\n",
+            "// crate::tools::run in a comment is no import\n\
+             fn f() { let _ = (\"use crate::tools::run; http://x\", r#\"crate::tools\"#, '{'); }\n\
+             /* crate::tools::run */\n",
         )
         .unwrap();
         std::fs::write(
             dir.join("tools/mod.rs"),
-            "pub fn run() { crate::kernel::x(); }\n#[cfg(test)]\nmod tests { use crate::kernel::btf; }\n",
+            "pub fn run() { crate::kernel::x(); }\n\
+             #[cfg(test)]\nmod tests { fn f() -> char { '}' } use crate::kernel::btf; }\n",
         )
         .unwrap();
         let g = graph(&dir).unwrap();
