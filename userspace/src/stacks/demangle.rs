@@ -3,14 +3,15 @@
 //! cpp_demangle); OCaml's native code is demangled here, as perf's
 //! `demangle-ocaml` does: `camlHot__tower_91` is `Hot.tower_91`.
 //!
-//! No crate on crates.io demangles OCaml, and the schemes are small:
-//! - up to OCaml 4.14 and 5.0–5.2 on most targets, `__` between path
-//!   components and `$xx` (two hex digits) for any other byte:
+//! No crate on crates.io demangles OCaml, and the Linux schemes are small:
+//! `caml`, the module path and the function with its stamp, any byte
+//! other than a letter, digit or `_` escaped as `$xx` (two hex digits):
+//! - up to OCaml 5.0, `__` between path components:
 //!   `camlStdlib__List__map_281`, `camlHot__$2b$2b_12` (`++`);
-//! - OCaml 5 on Linux, `.` between components and the same `$xx`
-//!   escapes: `camlHot.tower_91`;
-//! - OCaml 5.3+ where `.` cannot be used (macOS, MASM), `$` between
-//!   components and `$$xx` escapes: `camlHot$tower_91`.
+//! - from OCaml 5.1, `.` between them: `camlHot.tower_91`.
+//!
+//! (OCaml 5.4 uses `$` between components on macOS and Windows, where
+//! rtrace does not run.)
 
 /// The readable name of OCaml symbol `sym`, or `None` when it is not one:
 /// an OCaml symbol is `caml` and then a capitalized module name
@@ -21,29 +22,19 @@ pub fn ocaml(sym: &str) -> Option<String> {
         return None;
     }
     let b = rest.as_bytes();
-    // `$` as the separator: a `$` not followed by an escape's hex digits
-    // ends a component; escapes are then `$$xx`.
-    let dollar_separated = !rest.contains("__") && !rest.contains('.') && rest.contains('$');
     let hex = |i: usize| -> Option<u8> {
-        let pair = rest.get(i..i + 2)?;
-        u8::from_str_radix(pair, 16).ok()
+        let pair = b.get(i..i + 2)?;
+        if !pair.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()
     };
     let mut out: Vec<u8> = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'_' && b.get(i + 1) == Some(&b'_') && !dollar_separated {
+        if b[i] == b'_' && b.get(i + 1) == Some(&b'_') {
             out.push(b'.');
             i += 2;
-        } else if b[i] == b'$' && dollar_separated {
-            if b.get(i + 1) == Some(&b'$')
-                && let Some(c) = hex(i + 2)
-            {
-                out.push(c);
-                i += 4;
-            } else {
-                out.push(b'.');
-                i += 1;
-            }
         } else if b[i] == b'$'
             && let Some(c) = hex(i + 1)
         {
@@ -63,22 +54,18 @@ mod tests {
 
     #[test]
     fn ocaml_schemes_read_as_perf_prints_them() {
-        // OCaml 4 and 5.0-5.2: `__` separators.
+        // OCaml 4 and 5.0: `__` separators.
         assert_eq!(ocaml("camlHot__tower_91").as_deref(), Some("Hot.tower_91"));
         assert_eq!(
             ocaml("camlStdlib__List__map_281").as_deref(),
             Some("Stdlib.List.map_281")
         );
         assert_eq!(ocaml("camlHot__$2b$2b_12").as_deref(), Some("Hot.++_12"));
-        // OCaml 5 on Linux: `.` separators, `$xx` escapes.
+        // OCaml 5.1 and later: `.` separators, `$xx` escapes.
         assert_eq!(ocaml("camlHot.tower_91").as_deref(), Some("Hot.tower_91"));
         assert_eq!(ocaml("camlHot.$3e$3e=_7").as_deref(), Some("Hot.>>=_7"));
-        // OCaml 5.3+ where dots are not allowed: `$` separators, `$$xx`.
-        assert_eq!(
-            ocaml("camlStdlib$List$map_281").as_deref(),
-            Some("Stdlib.List.map_281")
-        );
-        assert_eq!(ocaml("camlHot$$$2b$$2b_12").as_deref(), Some("Hot.++_12"));
+        // Not an escape: `$` and no two hex digits, or a sign.
+        assert_eq!(ocaml("camlHot.$+1_3").as_deref(), Some("Hot.$+1_3"));
         // A module's own symbols, with no function.
         assert_eq!(ocaml("camlHot").as_deref(), Some("Hot"));
         assert_eq!(
