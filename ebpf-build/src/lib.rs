@@ -191,7 +191,19 @@ pub fn strip_debug(data: &[u8]) -> Result<Vec<u8>, String> {
         builder.sections.get_mut(id).delete = true;
     }
     // Symbols defined in deleted sections (their section symbols) go too;
-    // nothing kept may refer to them.
+    // nothing kept may refer to them. The symbol table is renumbered, which
+    // sections that hold symbol indices as bytes would not follow.
+    const SHT_LLVM_ADDRSIG: u32 = 0x6fff_4c03;
+    if let Some(s) = builder
+        .sections
+        .iter()
+        .find(|s| matches!(s.sh_type, object::elf::SHT_GROUP | SHT_LLVM_ADDRSIG))
+    {
+        return Err(format!(
+            "{} holds symbol indices, which stripping would leave wrong",
+            String::from_utf8_lossy(&s.name)
+        ));
+    }
     builder.delete_orphan_symbols();
     for section in &builder.sections {
         if let SectionData::Relocation(relocations) = &section.data {
