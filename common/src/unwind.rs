@@ -1,8 +1,9 @@
 //! Types of the in-kernel CFI unwinder (profile's `cfi` object): compiled
 //! call frame information rows, one per element of an array that user
 //! space writes through a shared mapping, and each process's
-//! executable regions pointing into them. User space compiles and loads
-//! them (`userspace/src/stacks/cfi.rs`); the BPF program searches them.
+//! executable regions pointing into them. User space compiles
+//! them (`userspace/src/stacks/cfi.rs`) and loads them
+//! (`userspace/src/stacks/unwind.rs`); the BPF program searches them.
 
 /// Executable regions kept per process; a process with more has the rest
 /// walked by frame pointer.

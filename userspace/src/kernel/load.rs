@@ -15,7 +15,7 @@ use rtrace_common::events::TALLIES;
 
 use crate::kernel::{
     btf::{AttachTarget, Btf},
-    features::{Features, Mechanism},
+    features::{self, Features, Mechanism},
     objects,
 };
 
@@ -84,7 +84,7 @@ impl Load {
     pub fn load(&self, name: &str) -> anyhow::Result<Ebpf> {
         let object =
             objects::get(name).with_context(|| format!("no eBPF object {name} in this build"))?;
-        let mut loader = crate::kernel::features::loader();
+        let mut loader = features::loader();
         if self.unsupported_maps {
             loader.allow_unsupported_maps();
         }
@@ -245,7 +245,6 @@ impl<'a> Hooks<'a> {
         category: &str,
         event: &str,
     ) -> anyhow::Result<()> {
-        use anyhow::Context as _;
         let attached = (|| {
             let prog = ebpf
                 .program_mut(name)
@@ -301,7 +300,6 @@ pub fn attach_kernel_fn(
     mech: Mechanism,
     func: &str,
 ) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let attached = (|| {
         let prog = ebpf
             .program_mut(name)

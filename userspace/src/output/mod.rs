@@ -25,7 +25,7 @@ use tokio::signal::unix::{SignalKind, signal};
 /// histogram interval's output).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Schedule {
-    /// Only from events, or in [`Tool::finish`].
+    /// Only from events, or in `Tool::finish`.
     Never,
     /// Once, when the run ends.
     AtEnd,
@@ -52,10 +52,10 @@ pub fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Re
 #[derive(Debug, Clone, clap::Args)]
 pub struct IntervalArgs {
     /// Seconds between outputs; without it, print once at Ctrl-C.
-    #[arg(value_parser = crate::output::at_least_one::<u64>)]
+    #[arg(value_parser = at_least_one::<u64>)]
     pub interval: Option<u64>,
     /// Number of outputs before exiting; without it, run until interrupted.
-    #[arg(value_parser = crate::output::at_least_one::<u64>)]
+    #[arg(value_parser = at_least_one::<u64>)]
     pub count: Option<u64>,
     /// Print a timestamp (HH:MM:SS) before each output.
     #[arg(short = 'T', long)]

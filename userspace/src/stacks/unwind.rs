@@ -1,18 +1,12 @@
-//! Call frame information compiled into compact rows, for unwinding user
-//! stacks of code built without frame pointers (issue 13).
+//! Each process's executable regions with their files' CFI tables (which
+//! [`cfi`](super::cfi) compiles and [`cficache`](super::cficache) keeps on
+//! disk), loaded into the kernel's maps for the in-kernel walk of user
+//! stacks built without frame pointers.
 //!
-//! Each executable mapping's `.eh_frame` is reduced, address range by
-//! address range, to the few rules x86-64 code needs: where the canonical
-//! frame address (CFA) is (`rsp + n`, `rbp + n`, or the PLT's expression),
-//! and where the caller's `rbp` was saved. The return address is always at
-//! CFA - 8 on x86-64. Rows are sorted by address, so one frame is one
-//! binary search and two reads. Addresses no FDE covers get a row that says
-//! so, and the walk falls back to the frame pointer there (JIT code, hand-
-//! written assembly), which the caller counts.
-//!
-//! This module has the compiler and a reference walk over the rows; the
-//! walk the kernel does (in BPF, over the same rows in maps) must agree
-//! with it.
+//! Addresses no FDE covers fall back to the frame pointer (JIT code, hand-
+//! written assembly), which the kernel counts. A reference walk over the
+//! same rows, which the kernel's walk must agree with, is checked in the
+//! tests.
 
 use std::{collections::HashMap, fs::File, sync::Arc};
 

@@ -21,17 +21,16 @@ use rtrace_common::{
 use crate::{
     kernel::{
         features::Mechanism,
-        load::{Hooks, Kernel, Load, attach_kernel_fn},
+        load::{Hooks, Kernel, Load, attach_kernel_fn, thread_entries},
         tracefs,
     },
-    output::{self, Record, Sink, hist::Snapshot},
-    probes::uprobes,
+    output::{self, Record, Schedule, Sink, hist::Snapshot},
+    probes::{
+        spec::{self, Spec, Target},
+        uprobes,
+    },
     tracer::{Scope, Tool},
 };
-
-use crate::kernel::load::thread_entries;
-use crate::output::Schedule;
-use crate::probes::spec::{self, Spec, Target};
 
 /// Trace a function and display a summary of its parameter values.
 #[derive(Debug, clap::Args)]

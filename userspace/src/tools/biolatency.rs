@@ -12,17 +12,15 @@ use rtrace_common::{
     offsets::MISSING,
 };
 
-use crate::kernel::load::read_errors;
-use crate::output::Schedule;
 use crate::{
     kernel::{
         btf::Btf,
         features::Mechanism,
-        load::{Hooks, Kernel, Load},
+        load::{Hooks, Kernel, Load, read_errors},
         tracefs,
     },
     output::{
-        self, IntervalArgs, Sink,
+        self, IntervalArgs, Schedule, Sink,
         hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
         metrics::{Exposition, Kind, Running},
     },

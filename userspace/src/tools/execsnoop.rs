@@ -14,12 +14,11 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::kernel::load::read_tallies;
 use crate::{
     kernel::{
         btf::Btf,
         features::Mechanism,
-        load::{Hooks, Kernel, Load},
+        load::{Hooks, Kernel, Load, read_tallies},
         tracefs,
         transport::BufferArgs,
     },

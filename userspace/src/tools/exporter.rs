@@ -24,8 +24,8 @@ use clap::FromArgMatches as _;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, header};
 
-use crate::kernel::load::read_errors;
 use crate::{
+    kernel::load::read_errors,
     output::{
         Signals,
         metrics::{Exposition, Format, Kind},

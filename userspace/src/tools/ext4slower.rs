@@ -8,12 +8,11 @@ use rtrace_common::{
     ext4slower::{Config, Event, FileOffsets, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, WHOLE_FILE},
 };
 
-use crate::kernel::load::{TASK_STORAGE, in_flight};
 use crate::{
     kernel::{
         btf::Btf,
         features::Mechanism,
-        load::{Hooks, Kernel, Load, attach_kernel_fn},
+        load::{Hooks, Kernel, Load, TASK_STORAGE, attach_kernel_fn, in_flight},
         tracefs,
         transport::BufferArgs,
     },

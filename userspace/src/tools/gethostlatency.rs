@@ -11,11 +11,10 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::kernel::load::{TASK_STORAGE, in_flight};
 use crate::{
     kernel::{
         features::Mechanism,
-        load::{Kernel, Load},
+        load::{Kernel, Load, TASK_STORAGE, in_flight},
         transport::BufferArgs,
     },
     output::{self, Record, Sink, events},

@@ -6,10 +6,9 @@ use anyhow::Context as _;
 use aya::Ebpf;
 use rtrace_common::offcputime::Config;
 
-use crate::kernel::load::thread_entries;
 use crate::kernel::{
     features::Mechanism,
-    load::{Hooks, Kernel, Load},
+    load::{Hooks, Kernel, Load, thread_entries},
 };
 
 /// tp_btf, else the raw tracepoint: both hand over the tasks themselves.

@@ -11,7 +11,6 @@ use aya::Ebpf;
 use inferno::flamegraph::color::{BasicPalette, Palette};
 use rtrace_common::offcputime::{ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER};
 
-use crate::output::Schedule;
 use crate::{
     kernel::{
         features::Mechanism,
@@ -19,7 +18,7 @@ use crate::{
         transport::BufferArgs,
     },
     output::{
-        Sink,
+        Schedule, Sink,
         files::{self, StackReports},
         stacks::{self, FlameOptions, Stacks, TextOptions},
     },

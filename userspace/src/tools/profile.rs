@@ -18,7 +18,6 @@ use rtrace_common::{
     profile::{Config, ERR_NAMES, HEAT_SLOT_NS},
 };
 
-use crate::output::Schedule;
 use crate::{
     kernel::{
         features::Mechanism,
@@ -26,7 +25,7 @@ use crate::{
         transport::BufferArgs,
     },
     output::{
-        Sink,
+        Schedule, Sink,
         files::{self, StackReports},
         stacks::{self, FlameOptions, Stacks, TextOptions},
     },

@@ -13,17 +13,15 @@ use rtrace_common::{
     runqlat::{Config, ERR_NAMES, Entry, TracepointOffsets, group},
 };
 
-use crate::kernel::load::{TASK_STORAGE, pid_max, read_errors, thread_entries};
-use crate::output::Schedule;
 use crate::{
     kernel::{
         btf::Btf,
         features::{Mechanism, TRACEPOINT_CHAIN},
-        load::{Hooks, Kernel, Load},
+        load::{Hooks, Kernel, Load, TASK_STORAGE, pid_max, read_errors, thread_entries},
         tracefs,
     },
     output::{
-        self, IntervalArgs, Sink,
+        self, IntervalArgs, Schedule, Sink,
         hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
         metrics::{Exposition, Kind, Running},
     },

@@ -4,8 +4,9 @@
 //! rtrace's binary is beside libbpf-tools' binaries of the same tools.
 //!
 //! Memory is checked against the goal of at most 20 MB resident as `ps`
-//! counts it (VmRSS, the event buffers' pages included) for every tool but
-//! profile: a tool over it fails the benchmark.
+//! counts it (VmRSS, the event buffers' pages included) for every tool it
+//! launches but profile (offcputime, fsslower and the exporter are not
+//! launched here): a tool over it fails the benchmark.
 
 use std::{
     io::{BufRead as _, BufReader},
