@@ -1988,6 +1988,13 @@ fn normal_runs_warn_only_of_missing_or_wrong_output() {
                         && !stderr.contains("where no CFI covers the code"),
                     "{tool}: expected fallbacks shown without -v:\n{stderr}"
                 );
+            } else if tool == "profile" && stderr.contains("walked in the kernel from CFI") {
+                // The JIT fixture's code has no CFI: -v counts its frames.
+                assert!(
+                    stderr.lines().any(|l| l.starts_with("rtrace: profile: ")
+                        && l.ends_with("user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)")),
+                    "-v does not count the JIT frames walked by frame pointer:\n{stderr}"
+                );
             }
         }
     }
