@@ -284,16 +284,22 @@ impl Default for Symbolizer {
     }
 }
 
+/// blazesym's symbolizer as rtrace uses it: inlined functions and source
+/// lines on, demangling as asked.
+fn blaze(demangle: bool) -> Blaze {
+    Blaze::builder()
+        .enable_demangling(demangle)
+        .enable_inlined_fns(true)
+        .enable_code_info(true)
+        .build()
+}
+
 impl Symbolizer {
     /// A symbolizer with demangling, line info and inlined functions on.
     pub fn new() -> Self {
         raise_fd_limit();
         Self {
-            blaze: Blaze::builder()
-                .enable_demangling(true)
-                .enable_inlined_fns(true)
-                .enable_code_info(true)
-                .build(),
+            blaze: blaze(true),
             files: HashMap::new(),
             procs: HashMap::new(),
             recapture: RECAPTURE,
@@ -336,11 +342,7 @@ impl Symbolizer {
     pub fn with_demangling(&mut self, on: bool) {
         if on != self.demangle {
             self.demangle = on;
-            self.blaze = Blaze::builder()
-                .enable_demangling(on)
-                .enable_inlined_fns(true)
-                .enable_code_info(true)
-                .build();
+            self.blaze = blaze(on);
         }
     }
 
