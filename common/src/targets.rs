@@ -1,5 +1,6 @@
-//! The one target filter every tool shares: `-p` (processes), `-L`/`-t`
-//! (threads) and `-c` (a cgroup v2 directory).
+//! The one target filter every tool shares: `-p` (processes), `-t`/`-L`
+//! (threads), `-c` (a cgroup v2 directory, also the one `-- CMD` runs in)
+//! and `-C` (CPUs).
 //!
 //! User space sets the global `TARGETS` to a [`Targets`], fills the
 //! `TARGET_IDS` hash with the ids asked for and points the `TARGET_CGROUP`
@@ -19,6 +20,8 @@ pub const GLOBAL: &str = "TARGETS";
 pub const IDS_MAP: &str = "TARGET_IDS";
 /// Name of the one-slot cgroup array that `-c` fills.
 pub const CGROUP_MAP: &str = "TARGET_CGROUP";
+/// Name of the array (`u8` per CPU, 1 for traced) that `-C` fills.
+pub const CPUS_MAP: &str = "TARGET_CPUS";
 /// Name of the hash of cgroup ids (`u64` keys) that `--cgroupmap` swaps
 /// for a map the user pinned, as bcc's tools take it.
 pub const CGROUP_SET_MAP: &str = "TARGET_CGROUP_SET";
@@ -52,8 +55,9 @@ pub struct Targets {
     /// Where a task's mount namespace id is, from the kernel's BTF:
     /// `task_struct.nsproxy`, `nsproxy.mnt_ns`, `mnt_namespace.ns.inum`.
     pub mntns_offsets: [u32; 3],
-    /// Keeps the struct free of trailing padding.
-    pub _pad: u32,
+    /// Whether `TARGET_CPUS` says which CPUs are traced (`-C`); events on
+    /// others are not.
+    pub cpus: u32,
 }
 
 crate::pod!(Targets);

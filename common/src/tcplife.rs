@@ -98,6 +98,11 @@ pub const OWNER_FIN_SENT: u32 = 2;
 /// child socket, closed at once, not a session.
 pub const OWNER_ESTABLISHED: u32 = 4;
 
+/// `Owner::flags`: the owner, when it was taken, was in the traced cgroup
+/// (`-c`, `-- CMD`), on a traced CPU (`-C`), and in the pinned sets: the
+/// socket closes later where the current task may be anyone.
+pub const OWNER_IN_SCOPE: u32 = 8;
+
 /// What is known of a socket while it lives: when it was born and which
 /// process owns it.
 #[repr(C)]

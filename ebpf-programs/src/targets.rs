@@ -1,11 +1,15 @@
-//! The target filter shared by every tool (`-p`, `-L`/`-t`, `-c`): one
-//! global, one id hash and one cgroup array, set by user space's `Tracer`.
+//! The target filter shared by every tool (`-p`, `-t`/`-L`, `-c`, `-C`,
+//! and `-- CMD`, which is a cgroup): one global, one id hash, one cgroup
+//! array and one CPU array, set by user space's `Tracer`.
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_smp_processor_id,
+    },
     macros::map,
-    maps::{CgroupArray, HashMap},
+    maps::{Array, CgroupArray, HashMap},
 };
 use rtrace_common::targets::{BY_NONE, BY_TGID, SET_CGROUPS, SET_MNTNS, Targets};
 
@@ -19,7 +23,7 @@ static TARGETS: Global<Targets> = Global::new(Targets {
     exclude_tgid: 0,
     sets: 0,
     mntns_offsets: [0; 3],
-    _pad: 0,
+    cpus: 0,
 });
 
 /// The ids `-p` or `-L` lists; user space sizes it to the list.
@@ -29,6 +33,11 @@ static TARGET_IDS: HashMap<u32, u8> = HashMap::with_max_entries(1, 0);
 /// The cgroup of `-c`.
 #[map]
 static TARGET_CGROUP: CgroupArray = CgroupArray::with_max_entries(1, 0);
+
+/// The CPUs `-C` lists (1 for traced); user space sizes it to the
+/// machine's CPUs.
+#[map]
+static TARGET_CPUS: Array<u8> = Array::with_max_entries(1, 0);
 
 /// bcc's `--cgroupmap`: cgroup ids, from a map the user pinned; user
 /// space swaps that map in at load time.
@@ -68,11 +77,15 @@ pub fn by_ids() -> bool {
     t.by != BY_NONE || t.exclude_tgid != 0
 }
 
-/// Whether the current task is in the `-c` cgroup and in the pinned sets
-/// of `--cgroupmap` and `--mntnsmap`, where they are given.
+/// Whether the current task is in the `-c` cgroup (or `-- CMD`'s) and in
+/// the pinned sets of `--cgroupmap` and `--mntnsmap`, and runs on a CPU
+/// `-C` lists, where they are given.
 #[inline(always)]
 pub fn current_in_cgroup() -> bool {
     let t = config();
+    if !on_cpu() {
+        return false;
+    }
     if t.cgroup != 0 && TARGET_CGROUP.current_task_under_cgroup(0) != Ok(true) {
         return false;
     }
@@ -80,6 +93,20 @@ pub fn current_in_cgroup() -> bool {
         return true;
     }
     in_sets(t)
+}
+
+/// Whether this CPU is traced: `-C` lists it, or there is no `-C`.
+#[inline(always)]
+pub fn on_cpu() -> bool {
+    config().cpus == 0 || on_listed_cpu()
+}
+
+/// Whether this CPU is one `-C` lists; out of line, as few runs ask.
+#[inline(never)]
+fn on_listed_cpu() -> bool {
+    // SAFETY: the helper has no preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    TARGET_CPUS.get(cpu).is_some_and(|&on| on == 1)
 }
 
 /// The pinned sets' part of [`current_in_cgroup`], out of line: few

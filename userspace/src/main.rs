@@ -40,8 +40,13 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(tools::run(cli.command)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status),
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        // A command that could not be run exits with 127, as in a shell.
+        Err(err) if err.is::<tracer::command::NotRun>() => {
+            eprintln!("rtrace: error: {err:#}");
+            ExitCode::from(127)
+        }
         Err(err) => {
             eprintln!("rtrace: error: {err:#}");
             ExitCode::FAILURE

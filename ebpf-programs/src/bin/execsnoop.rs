@@ -97,7 +97,7 @@ fn enter(ctx: &TracePointContext, flags: u32) {
     if cfg.ppid != 0 && ppid(&cfg) != cfg.ppid {
         return;
     }
-    if !targets::current_in_cgroup() {
+    if !targets::admits_current() {
         return;
     }
     let Some(e) = SCRATCH.get_ptr_mut(0) else {
@@ -258,7 +258,7 @@ fn exec_argv(ctx: &BtfTracePointContext) -> Option<()> {
     if cfg.ppid != 0 && ppid(cfg) != cfg.ppid {
         return None;
     }
-    if !targets::current_in_cgroup() {
+    if !targets::admits_current() {
         return None;
     }
     if tally_only() {

@@ -109,6 +109,10 @@ fn latency(cfg: &Config, start: u64, now: u64) -> Option<u64> {
 /// Counts one sample under `key`; `comm` fills a new entry's command.
 #[inline(always)]
 fn record(cfg: &Config, key: u32, value: u64, comm: impl FnOnce() -> [u8; TASK_COMM_LEN]) {
+    // The wait ends on this CPU: `-C` counts the waits its CPUs end.
+    if !targets::on_cpu() {
+        return;
+    }
     if cfg.group == group::NONE {
         if let Some(e) = TOTAL.get_ptr_mut(0) {
             // SAFETY: `e` is TOTAL's per-CPU value.

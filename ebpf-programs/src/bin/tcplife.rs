@@ -22,7 +22,7 @@ use rtrace_common::{
     events::LOST_TABLE,
     tcplife::{
         AF_INET, AF_INET6, Config, Event, MAX_PORTS, OWNER_ACTIVE, OWNER_ESTABLISHED,
-        OWNER_FIN_SENT, Owner, SockOffsets, TALLY_RX, TALLY_SESSIONS, TALLY_TX,
+        OWNER_FIN_SENT, OWNER_IN_SCOPE, Owner, SockOffsets, TALLY_RX, TALLY_SESSIONS, TALLY_TX,
     },
 };
 use rtrace_ebpf::{
@@ -80,6 +80,16 @@ fn current() -> (u32, [u8; 16]) {
     )
 }
 
+/// [`OWNER_IN_SCOPE`] if the current task is in the traced cgroup.
+#[inline(always)]
+fn scope_flag() -> u32 {
+    if targets::current_in_cgroup() {
+        OWNER_IN_SCOPE
+    } else {
+        0
+    }
+}
+
 /// Adds `flags` to `sk`'s entry and, with `claim`, makes the current
 /// process its owner unless it has one; `false` if `sk` has no entry.
 #[inline(always)]
@@ -93,6 +103,7 @@ fn mark(sk: u64, flags: u32, claim: bool) -> bool {
         (*o).flags |= flags;
         if claim && (*o).pid == 0 {
             ((*o).pid, (*o).comm) = current();
+            (*o).flags |= scope_flag();
         }
     }
     true
@@ -126,11 +137,16 @@ fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Optio
         if mark(sk, flags, claim) {
             return;
         }
-        let (pid, comm) = if claim { current() } else { (0, [0; 16]) };
+        let (pid, comm, scope) = if claim {
+            let (pid, comm) = current();
+            (pid, comm, scope_flag())
+        } else {
+            (0, [0; 16], 0)
+        };
         let owner = Owner {
             birth_ns: unsafe { bpf_ktime_get_ns() },
             pid,
-            flags,
+            flags: flags | scope,
             comm,
         };
         // An insert that fails because another CPU's came first is no loss.
@@ -157,14 +173,15 @@ fn state_change<C: EbpfContext>(ctx: &C, sk: u64, newstate: i32, protocol: Optio
     if owner.flags & (OWNER_ACTIVE | OWNER_ESTABLISHED) == 0 {
         return;
     }
-    let (pid, comm) = if owner.pid != 0 {
-        (owner.pid, owner.comm)
+    let (pid, comm, scope) = if owner.pid != 0 {
+        (owner.pid, owner.comm, owner.flags)
     } else {
         // Closed without a close(2) of its own, such as by a reset
         // before accept: the current task is the best left.
-        current()
+        let (pid, comm) = current();
+        (pid, comm, scope_flag())
     };
-    if !targets::admits(pid, pid) {
+    if !targets::admits(pid, pid) || scope & OWNER_IN_SCOPE == 0 {
         return;
     }
     let lport = u16::from_be(read_kernel::<u16>(skp, so.sport).unwrap_or(0));

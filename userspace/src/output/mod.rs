@@ -16,7 +16,11 @@ pub mod manpages;
 pub mod metrics;
 pub mod stacks;
 
-use std::{io::Write, time::Duration};
+use std::{
+    io::{LineWriter, Write},
+    sync::Mutex,
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
@@ -37,6 +41,40 @@ pub enum Schedule {
         /// Outputs before exiting.
         count: Option<u64>,
     },
+}
+
+/// Where the tools' output goes: stdout, or stderr in command mode (the
+/// command's own stdout stays its own), or the file of `-o`.
+#[derive(Debug)]
+pub enum Destination {
+    /// Standard output, the default.
+    Stdout,
+    /// Standard error.
+    Stderr,
+    /// A file, written a line at a time.
+    File(LineWriter<std::fs::File>),
+}
+
+static DESTINATION: Mutex<Destination> = Mutex::new(Destination::Stdout);
+
+/// Sends all output from now on to `to`.
+pub fn direct_to(to: Destination) {
+    *DESTINATION
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = to;
+}
+
+/// Runs `f` on the output's writer, a line-buffered one whatever it is.
+pub fn with_out<R>(f: impl FnOnce(&mut dyn Write) -> std::io::Result<R>) -> anyhow::Result<R> {
+    let mut to = DESTINATION
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (r, what) = match &mut *to {
+        Destination::Stdout => (f(&mut std::io::stdout().lock()), "stdout"),
+        Destination::Stderr => (f(&mut std::io::stderr().lock()), "stderr"),
+        Destination::File(w) => (f(w), "the output file"),
+    };
+    r.with_context(|| format!("cannot write to {what}"))
 }
 
 /// Parses a whole number of 1 or more, for intervals, counts and sizes;
@@ -101,9 +139,9 @@ impl Signals {
         self.deadline = secs.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
     }
 
-    /// Resolves when any of the three signals arrives, or the deadline
-    /// passes.
-    pub async fn recv(&mut self) {
+    /// Resolves when any of the three signals arrives, with its number,
+    /// or the deadline passes, with 0.
+    pub async fn recv(&mut self) -> i32 {
         let until = self.deadline;
         let deadline = async {
             match until {
@@ -112,10 +150,10 @@ impl Signals {
             }
         };
         tokio::select! {
-            _ = self.int.recv() => {}
-            _ = self.term.recv() => {}
-            _ = self.hup.recv() => {}
-            () = deadline => {}
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+            () = deadline => 0,
         }
     }
 }
@@ -242,8 +280,7 @@ impl TimeColumns {
 /// Prints one JSON object as one line.
 pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
     let line = serde_json::to_string(value).context("cannot encode JSON")?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").context("cannot write to stdout")
+    with_out(|out| writeln!(out, "{line}"))
 }
 
 /// Loss counters (`crate::kernel::load::read_errors`) as a JSON object keyed by their names.
@@ -265,7 +302,8 @@ pub trait Record: serde::Serialize {
     fn text(&self, out: &mut String);
 }
 
-/// Where every record goes: text or JSON lines on stdout.
+/// Where every record goes: text or JSON lines on the output
+/// ([`direct_to`]).
 pub struct Sink {
     tool: &'static str,
     json: bool,
@@ -295,18 +333,17 @@ impl Sink {
         if self.json || !self.text {
             return Ok(());
         }
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{header}").context("cannot write to stdout")
+        with_out(|out| writeln!(out, "{header}"))
     }
 
     /// Prints one record.
     /// Prints `line` as it is, with none of rtrace's own fields: a peer's
     /// layout (bcc's `biolatency -j`).
     pub fn emit_raw(&mut self, line: &str) -> anyhow::Result<()> {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{line}")?;
-        out.flush()?;
-        Ok(())
+        with_out(|out| {
+            writeln!(out, "{line}")?;
+            out.flush()
+        })
     }
 
     pub fn emit(&mut self, record: &impl Record) -> anyhow::Result<()> {
@@ -333,14 +370,12 @@ impl Sink {
         }
         self.line.clear();
         record.text(&mut self.line);
-        std::io::stdout()
-            .lock()
-            .write_all(self.line.as_bytes())
-            .context("cannot write to stdout")
+        let line = &self.line;
+        with_out(|out| out.write_all(line.as_bytes()))
     }
 
     /// Pushes what was printed out to a pipe or file.
     pub fn flush(&mut self) -> anyhow::Result<()> {
-        std::io::stdout().flush().context("cannot write to stdout")
+        with_out(|out| out.flush())
     }
 }

@@ -3,6 +3,7 @@
 //! probe specs, with no compiler at run time: one generic program
 //! (`ebpf-programs/src/bin/argdist.rs`) reads the parsed specs.
 
+use crate::tracer::{ScopeArgs, own};
 use std::{collections::HashMap, fmt::Write as _};
 
 use anyhow::Context as _;
@@ -60,12 +61,8 @@ Examples:
   rtrace argdist -C 'p::vfs_write(struct file *f, char *b, size_t n):char*:f->f_path.dentry->d_name.name'"
 )]
 pub struct Args {
-    /// Trace this process only.
-    #[arg(short = 'p', long)]
-    pid: Option<u32>,
-    /// Trace this thread only.
-    #[arg(short = 't', long)]
-    tid: Option<u32>,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::C | own::UPPER_C }>,
     /// Seconds between outputs.
     #[arg(short = 'i', long, default_value_t = 1,
           value_parser = crate::output::at_least_one::<u64>)]
@@ -129,7 +126,7 @@ fn parse_all(args: &Args) -> anyhow::Result<Vec<Parsed>> {
     let format =
         |cat: &str, event: &str| tracefs::Format::read(cat, event).map_err(|e| format!("{e}"));
     let usdt = |library: &str, probe: &str| {
-        let file = uprobes::resolve(library, args.pid).map_err(|e| e.to_string())?;
+        let file = uprobes::resolve(library, args.scope.one_pid()).map_err(|e| e.to_string())?;
         crate::probes::usdt::find(&file, probe)
     };
     // Structs and named constants come from the kernel's own types; a
@@ -409,11 +406,7 @@ impl Tool for Argdist {
     }
 
     fn scope(&self) -> Scope {
-        Scope {
-            pids: self.args.pid.into_iter().collect(),
-            tids: self.args.tid.into_iter().collect(),
-            ..Scope::default()
-        }
+        self.args.scope.scope()
     }
 
     fn interval(&self) -> Schedule {
@@ -463,8 +456,15 @@ impl Tool for Argdist {
         self.how.clear();
         self.links.clear();
         for (i, p) in self.parsed.iter().enumerate() {
-            let how = attach(ebpf, kernel, i, &p.spec, self.args.pid, &mut self.links)
-                .with_context(|| format!("cannot attach {:?}", p.spec.raw))?;
+            let how = attach(
+                ebpf,
+                kernel,
+                i,
+                &p.spec,
+                self.args.scope.one_pid(),
+                &mut self.links,
+            )
+            .with_context(|| format!("cannot attach {:?}", p.spec.raw))?;
             let what: Vec<String> = p.spec.values.iter().map(|v| v.text.clone()).collect();
             self.how.push(format!(
                 "probe {i}: {how}: {} of {}{}{}",

@@ -1,7 +1,8 @@
 //! `rtrace biolatency`: block I/O latency histograms, as libbpf-tools'
 //! biolatency prints them, with percentiles and JSON besides.
 
-use std::{collections::HashMap, path::PathBuf};
+use crate::tracer::ScopeArgs;
+use std::collections::HashMap;
 
 use anyhow::Context as _;
 use aya::{Ebpf, maps::HashMap as BpfHashMap};
@@ -68,9 +69,8 @@ pub struct Args {
     /// Trace this disk only (a name in /sys/block, such as sda).
     #[arg(short = 'd', long = "disk-name", value_name = "DISK")]
     disk_name: Option<String>,
-    /// Trace I/O issued by tasks in this cgroup v2 directory, or below it.
-    #[arg(short = 'c', long, value_name = "CGROUP")]
-    cgroup: Option<PathBuf>,
+    #[command(flatten)]
+    scope: ScopeArgs,
     /// Also print p50, p90, p99, p99.9 and the maximum.
     #[arg(long)]
     percentiles: bool,
@@ -385,10 +385,7 @@ impl Tool for Biolatency {
     }
 
     fn scope(&self) -> Scope {
-        Scope {
-            cgroup: self.args.cgroup.clone(),
-            ..Scope::default()
-        }
+        self.args.scope.scope()
     }
 
     fn forced(&self) -> Option<Mechanism> {

@@ -1,7 +1,8 @@
 //! `rtrace execsnoop`: one line per exec, as libbpf-tools' execsnoop prints
 //! it, plus a PPID column, execveat, full argv and JSON.
 
-use std::{fmt::Write as _, path::PathBuf};
+use crate::tracer::{ScopeArgs, own};
+use std::fmt::Write as _;
 
 use anyhow::Context as _;
 use aya::Ebpf;
@@ -90,9 +91,8 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ARGS)))]
     max_args: u32,
-    /// Trace processes in this cgroup v2 directory, or below it, only.
-    #[arg(short = 'c', long, value_name = "CGROUP")]
-    cgroup: Option<PathBuf>,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::T | own::U }>,
     #[command(flatten)]
     sets: crate::tracer::PinnedSets,
     #[command(flatten)]
@@ -349,10 +349,9 @@ impl Tool for Execsnoop {
 
     fn scope(&self) -> Scope {
         Scope {
-            cgroup: self.args.cgroup.clone(),
             cgroup_map: self.args.sets.cgroup_map.clone(),
             mntns_map: self.args.sets.mntns_map.clone(),
-            ..Scope::default()
+            ..self.args.scope.scope()
         }
     }
 

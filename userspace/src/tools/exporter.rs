@@ -114,7 +114,9 @@ fn open<T: Tool + 'static>(
         .try_get_matches_from(argv)
         .map_err(|e| anyhow::anyhow!("{}", e.kind()))?;
     let args = T::Args::from_arg_matches(&matches).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let session = Session::open(T::new(args)?, global, true)?;
+    let tool = T::new(args)?;
+    let scope = tool.scope();
+    let session = Session::open(tool, &scope, global, true)?;
     Ok(Box::new(session))
 }
 
@@ -373,7 +375,7 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
                         }
                     }
                     _ = refresh.tick() => collectors.borrow_mut().refresh(),
-                    () = signals.recv() => return,
+                    _ = signals.recv() => return,
                 }
             }
         })

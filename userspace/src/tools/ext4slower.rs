@@ -1,6 +1,7 @@
 //! `rtrace ext4slower`: ext4 reads, writes, opens and syncs slower than a
 //! threshold, one line each, as bcc's ext4slower prints them.
 
+use crate::tracer::{ScopeArgs, own};
 use anyhow::Context as _;
 use aya::Ebpf;
 use rtrace_common::{
@@ -114,9 +115,8 @@ pub struct Args {
     /// Trace operations slower than this many milliseconds (0: all).
     #[arg(short = 'm', long = "min", value_name = "MIN_MS")]
     min: Option<f64>,
-    /// Trace this process only.
-    #[arg(short = 'p', long)]
-    pid: Option<u32>,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::C | own::T }>,
     /// Trace for this many seconds, then exit.
     #[arg(short = 'd', long, value_name = "SECS",
           value_parser = crate::output::at_least_one::<u64>)]
@@ -343,9 +343,8 @@ impl<F: FsChoice> Tool for Slower<F> {
     /// back into what it traces.
     fn scope(&self) -> Scope {
         Scope {
-            pids: self.args.pid.into_iter().collect(),
             exclude_self: true,
-            ..Scope::default()
+            ..self.args.scope.scope()
         }
     }
 

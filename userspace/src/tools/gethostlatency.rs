@@ -1,6 +1,7 @@
 //! `rtrace gethostlatency`: host name lookups through libc and how long
 //! each took, as bcc's gethostlatency prints them.
 
+use crate::tracer::ScopeArgs;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -30,10 +31,10 @@ use crate::{
   rtrace gethostlatency -l /usr/lib/musl/lib/libc.so  # this libc
   rtrace gethostlatency --json     # one JSON object per lookup")]
 pub struct Args {
-    /// Trace this process only; its own libc is found through
-    /// /proc/PID/root, so a container's libc is traced.
-    #[arg(short = 'p', long)]
-    pid: Option<u32>,
+    /// The processes traced (with -p, each process's own libc is found
+    /// through /proc/PID/root, so a container's libc is traced).
+    #[command(flatten)]
+    scope: ScopeArgs,
     /// The libc to trace (default: the process's with -p, else the
     /// system's).
     #[arg(short = 'l', long, value_name = "LIBC")]
@@ -84,7 +85,7 @@ impl Tool for Gethostlatency {
 
     fn new(args: Args) -> anyhow::Result<Self> {
         // The process's own libc is looked up, so it must exist first.
-        if let Some(pid) = args.pid {
+        if let Some(pid) = args.scope.one_pid() {
             tracer::check_task(pid, "process")?;
         }
         let libc = match &args.libc {
@@ -93,7 +94,7 @@ impl Tool for Gethostlatency {
                 // An explicit path is the caller's view, not the process's.
                 uprobes::resolve(p, None)?
             }
-            None => uprobes::resolve("c", args.pid)?,
+            None => uprobes::resolve("c", args.scope.one_pid())?,
         };
         Ok(Self {
             args,
@@ -105,10 +106,7 @@ impl Tool for Gethostlatency {
     }
 
     fn scope(&self) -> Scope {
-        Scope {
-            pids: self.args.pid.into_iter().collect(),
-            ..Scope::default()
-        }
+        self.args.scope.scope()
     }
 
     fn events(&self) -> Option<&BufferArgs> {
@@ -142,7 +140,7 @@ impl Tool for Gethostlatency {
         self.attached.clear();
         self.missing.clear();
         for func in FUNCTIONS {
-            let (libc, pid) = (&self.libc, self.args.pid);
+            let (libc, pid) = (&self.libc, self.args.scope.one_pid());
             let entry = uprobes::attach(ebpf, &format!("enter_{func}"), func, libc, symbols, pid);
             // Without its return probe, an entry would only fill the table.
             let both = entry

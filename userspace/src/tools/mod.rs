@@ -81,14 +81,22 @@ macro_rules! registry {
             all
         }
 
-        /// Runs one subcommand.
-        pub async fn run(command: Command) -> anyhow::Result<()> {
+        /// Runs one subcommand; its exit status (a command's, in command
+        /// mode) on success.
+        pub async fn run(command: Command) -> anyhow::Result<u8> {
+            match command {
+                $(Command::$variant(a) => tracer::run::<$module::$tool>(a.args, &a.global).await,)*
+                other => run_other(other).await.map(|()| 0),
+            }
+        }
+
+        async fn run_other(command: Command) -> anyhow::Result<()> {
             match command {
                 Command::Doctor { json } => doctor::run(&GlobalArgs {
                     json,
                     ..GlobalArgs::default()
                 }),
-                $(Command::$variant(a) => tracer::run::<$module::$tool>(a.args, &a.global).await,)*
+                $(Command::$variant(_) => unreachable!("tools run in `run`"),)*
                 Command::Flamegraph(args) => flamegraph::run(args),
                 Command::Exporter(args) => {
                     let global = args.global();

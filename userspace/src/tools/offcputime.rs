@@ -4,6 +4,7 @@
 //! does; user stacks come from the same CFI walk as profile's, so they
 //! reach through libc's blocking wrappers in code without frame pointers.
 
+use crate::tracer::{ScopeArgs, own};
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -52,12 +53,8 @@ pub struct Args {
     /// Trace for this many seconds; without it, until Ctrl-C.
     #[arg(value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
-    /// Trace these processes (all their threads) only; comma-separated.
-    #[arg(short = 'p', long, value_delimiter = ',', conflicts_with = "tid")]
-    pid: Vec<u32>,
-    /// Trace these threads only; comma-separated.
-    #[arg(short = 't', long, value_delimiter = ',')]
-    tid: Vec<u32>,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::U }>,
     /// User threads only (no kernel threads).
     #[arg(
         short = 'u',
@@ -111,9 +108,6 @@ pub struct Args {
     /// the thread stopped, as /proc/PID/stack shows it.
     #[arg(long)]
     sched_frames: bool,
-    /// Trace threads in this cgroup v2 directory (and below) only.
-    #[arg(short = 'c', long, value_name = "PATH")]
-    cgroup: Option<PathBuf>,
     /// Write an off-CPU flame graph (SVG) to FILE.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
@@ -209,13 +203,10 @@ impl Tool for Offcputime {
 
     fn scope(&self) -> Scope {
         Scope {
-            pids: self.args.pid.clone(),
-            tids: self.args.tid.clone(),
-            cgroup: self.args.cgroup.clone(),
             // rtrace's own threads wait for the kernel all the time, and
             // would be most of what a whole-system trace shows.
             exclude_self: true,
-            ..Scope::default()
+            ..self.args.scope.scope()
         }
     }
 
@@ -274,7 +265,7 @@ impl Tool for Offcputime {
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         let m = m.context("offcputime attaches through its chain")?;
-        self.stacks.attach(ebpf, &self.args.pid)?;
+        self.stacks.attach(ebpf, &self.args.scope.pids)?;
         self.off_cpu.attach(m, kernel, ebpf)
     }
 
@@ -288,10 +279,8 @@ impl Tool for Offcputime {
 
     fn banner(&self) -> String {
         let a = &self.args;
-        let whom = if !a.pid.is_empty() {
-            format!("PID {:?}", a.pid)
-        } else if !a.tid.is_empty() {
-            format!("TID {:?}", a.tid)
+        let whom = if let Some(whom) = a.scope.whom() {
+            whom
         } else if a.user_threads {
             "user threads".to_owned()
         } else if a.kernel_threads {

@@ -2,6 +2,7 @@
 //! profile does it, with symbolized kernel, user and JIT frames, and flame
 //! graph, pprof and speedscope files.
 
+use crate::tracer::{ScopeArgs, own};
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
@@ -120,26 +121,16 @@ pub struct Args {
     /// Sample once every PERIOD events (for cpu-clock: nanoseconds).
     #[arg(long, conflicts_with = "c", value_parser = crate::output::at_least_one::<u64>)]
     period: Option<u64>,
-    /// Profile tasks in this cgroup v2 directory, or below it, only.
-    #[arg(long, value_name = "PATH")]
-    cgroup: Option<std::path::PathBuf>,
     #[command(flatten)]
     sets: crate::tracer::PinnedSets,
-    /// Profile these processes (all their threads) only; comma-separated.
-    #[arg(short = 'p', long, value_delimiter = ',', conflicts_with = "tid")]
-    pid: Vec<u32>,
-    /// Profile these threads only; comma-separated.
-    #[arg(short = 'L', long, value_delimiter = ',')]
-    tid: Vec<u32>,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::A | own::C }>,
     /// Show stacks from user space only (no kernel space stacks).
     #[arg(short = 'U', long = "user-stacks-only", conflicts_with = "kernel_only")]
     user_only: bool,
     /// Show stacks from kernel space only (no user space stacks).
     #[arg(short = 'K', long = "kernel-stacks-only")]
     kernel_only: bool,
-    /// Sample this CPU only.
-    #[arg(short = 'C', long)]
-    cpu: Option<u32>,
     /// Include the CPU idle stacks (pid 0).
     #[arg(short = 'I', long = "include-idle")]
     include_idle: bool,
@@ -223,7 +214,7 @@ impl Args {
     fn cgroup(&self) -> Option<std::path::PathBuf> {
         match &self.c {
             Some(PeriodOrCgroup::Cgroup(p)) => Some(p.clone()),
-            _ => self.cgroup.clone(),
+            _ => self.scope.cgroup.clone(),
         }
     }
 }
@@ -346,12 +337,14 @@ impl Tool for Profile {
     fn new(args: Args) -> anyhow::Result<Self> {
         let online =
             online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?;
-        let cpus = match args.cpu {
-            Some(c) if !online.contains(&c) => {
-                anyhow::bail!("CPU {c} is not online (online: {online:?})")
-            }
-            Some(c) => vec![c],
-            None => online,
+        if let Some(c) = args.scope.cpus.iter().find(|c| !online.contains(c)) {
+            anyhow::bail!("CPU {c} is not online (online: {online:?})")
+        }
+        // Sampling only the CPUs asked for costs the others nothing.
+        let cpus = if args.scope.cpus.is_empty() {
+            online
+        } else {
+            args.scope.cpus.clone()
         };
         // Off-CPU time is weighed against on-CPU samples in time, which a
         // timer's samples measure exactly.
@@ -412,14 +405,13 @@ impl Tool for Profile {
 
     fn scope(&self) -> Scope {
         Scope {
-            pids: self.args.pid.clone(),
-            tids: self.args.tid.clone(),
             cgroup: self.args.cgroup(),
             cgroup_map: self.args.sets.cgroup_map.clone(),
             mntns_map: self.args.sets.mntns_map.clone(),
             // Off the CPU, rtrace's own threads would be much of what a
             // whole-system profile shows: they wait for the kernel.
             exclude_self: self.args.off_cpu,
+            ..self.args.scope.scope()
         }
     }
 
@@ -487,7 +479,7 @@ impl Tool for Profile {
         kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
-        self.stacks.attach(ebpf, &self.args.pid)?;
+        self.stacks.attach(ebpf, &self.args.scope.pids)?;
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
             .context("program profile missing")?
@@ -645,12 +637,9 @@ fn header(args: &Args, event: Event, freq: u64) -> String {
         Some(p) => format!("Sampling {} every {p} events", event.name()),
         None => format!("Sampling {} at {freq} Hertz", event.name()),
     };
-    let whom = if !args.pid.is_empty() {
-        format!("of PID {:?}", args.pid)
-    } else if !args.tid.is_empty() {
-        format!("of TID {:?}", args.tid)
-    } else {
-        "of all threads".to_owned()
+    let whom = match args.scope.whom() {
+        Some(whom) => format!("of {whom}"),
+        None => "of all threads".to_owned(),
     };
     let which = if args.user_only {
         "user"
@@ -659,9 +648,14 @@ fn header(args: &Args, event: Event, freq: u64) -> String {
     } else {
         "user + kernel"
     };
-    let cpu = args.cpu.map(|c| format!(" on CPU#{c}")).unwrap_or_default();
+    let cpu = match args.scope.cpus.as_slice() {
+        [] => String::new(),
+        [c] => format!(" on CPU#{c}"),
+        cs => format!(" on CPUs {cs:?}"),
+    };
     let until = match args.duration {
         Some(s) => format!(" for {s} secs."),
+        None if args.scope.commanded() => " until it exits.".to_owned(),
         None => "... Hit Ctrl-C to end.".to_owned(),
     };
     format!("{rate} {whom} by {which} stack{cpu}{until}")

@@ -1,7 +1,7 @@
 //! `rtrace runqlat`: run-queue latency histograms, as libbpf-tools' runqlat
 //! prints them, with percentiles and JSON besides.
 
-use std::path::PathBuf;
+use crate::tracer::{ScopeArgs, own};
 
 use anyhow::Context as _;
 use aya::{
@@ -57,12 +57,8 @@ pub struct Args {
     /// Print a histogram per PID namespace.
     #[arg(long = "pidnss", group = "grouping")]
     per_pidns: bool,
-    /// Trace this process (all its threads) only.
-    #[arg(short = 'p', long)]
-    pid: Option<u32>,
-    /// Trace tasks in this cgroup v2 directory, or below it, only.
-    #[arg(short = 'c', long, value_name = "CGROUP")]
-    cgroup: Option<PathBuf>,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::L }>,
     /// Also print p50, p90, p99, p99.9 and the maximum.
     #[arg(long)]
     percentiles: bool,
@@ -158,11 +154,7 @@ impl Tool for Runqlat {
     }
 
     fn scope(&self) -> Scope {
-        Scope {
-            pids: self.args.pid.into_iter().collect(),
-            cgroup: self.args.cgroup.clone(),
-            ..Scope::default()
-        }
+        self.args.scope.scope()
     }
 
     fn forced(&self) -> Option<Mechanism> {
@@ -200,7 +192,7 @@ impl Tool for Runqlat {
             tp: TracepointOffsets::default(),
         };
         if m == Mechanism::Tracepoint {
-            if self.grouping == group::PIDNS || self.args.cgroup.is_some() {
+            if self.grouping == group::PIDNS || self.args.scope.by_cgroup() {
                 anyhow::bail!("--pidnss and -c need task structs, which tracepoint records lack");
             }
             cfg.tp = tracepoint_offsets()?;
@@ -218,7 +210,7 @@ impl Tool for Runqlat {
                     "pid namespaces",
                 )?;
             }
-            if self.args.cgroup.is_some() {
+            if self.args.scope.by_cgroup() {
                 need(
                     cfg.task
                         .kn_parent
@@ -235,7 +227,7 @@ impl Tool for Runqlat {
         // the time to clear them.
         let grouped = self.grouping != group::NONE;
         let tgids = m == Mechanism::Tracepoint
-            && (self.args.pid.is_some() || self.grouping == group::PROCESS);
+            && (!self.args.scope.pids.is_empty() || self.grouping == group::PROCESS);
         load.config(&cfg)
             // aya has no user-space type for task storage, which only the
             // programs use.

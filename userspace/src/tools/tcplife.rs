@@ -1,6 +1,7 @@
 //! `rtrace tcplife`: one line per closed TCP session, with its owner,
 //! addresses, bytes each way and lifetime, as bcc's tcplife prints it.
 
+use crate::tracer::{ScopeArgs, own};
 use std::{fmt::Write as _, net::IpAddr};
 
 use anyhow::Context as _;
@@ -59,9 +60,8 @@ pub struct Args {
     /// TIME(s) with -T and -t).
     #[arg(short = 's', long, conflicts_with = "wide")]
     csv: bool,
-    /// Trace this process only.
-    #[arg(short = 'p', long)]
-    pid: Option<u32>,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::T | own::L }>,
     /// Comma-separated list of local ports to trace (at most 16).
     #[arg(short = 'L', long = "localport", value_name = "PORTS", value_parser = parse_ports)]
     local_ports: Option<Ports>,
@@ -339,10 +339,7 @@ impl Tool for Tcplife {
     }
 
     fn scope(&self) -> Scope {
-        Scope {
-            pids: self.args.pid.into_iter().collect(),
-            ..Scope::default()
-        }
+        self.args.scope.scope()
     }
 
     fn forced(&self) -> Option<Mechanism> {

@@ -17,8 +17,19 @@
 //!    signal, the deadline or the last interval; every record goes through
 //!    one [`Sink`], text or JSON;
 //! 8. the report of lost work at exit.
+//!
+//! With `-- CMD` ([`command`]), the command is started held at a cork
+//! before step 3, in a cgroup of its own that the scope then names, let go
+//! after step 6, and its exit ends the loop as a signal would; rtrace exits
+//! with its status.
+
+pub mod command;
+pub mod scope;
+
+pub use scope::{ScopeArgs, own};
 
 use std::{
+    ffi::OsString,
     fs::File,
     os::fd::AsRawFd as _,
     path::PathBuf,
@@ -28,7 +39,7 @@ use std::{
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    maps::{CgroupArray, HashMap as BpfHashMap},
+    maps::{Array, CgroupArray, HashMap as BpfHashMap},
 };
 use rtrace_common::{
     events::{LOST_EVENT, TALLIES, TALLY_ONLY},
@@ -43,6 +54,7 @@ use crate::{
         transport::{BufferArgs, DEFAULT_BUFFER, Transport},
     },
     output::{Schedule, Signals, Sink, events::EventStream, metrics::Exposition},
+    tracer::command::{CommandLine, Corked},
 };
 
 /// Options every tracing tool takes; the other commands take those that
@@ -101,7 +113,7 @@ pub trait Tool: Sized {
     /// Checks the arguments, before any privilege is needed.
     fn new(args: Self::Args) -> anyhow::Result<Self>;
 
-    /// What the tool traces (`-p`, `-L`/`-t`, `-c`).
+    /// What the tool traces: its [`ScopeArgs`], and what the tool adds.
     fn scope(&self) -> Scope {
         Scope::default()
     }
@@ -240,7 +252,7 @@ pub struct Collector {
 }
 
 /// What a tool traces, checked and applied by the tracer through the one
-/// kernel-side filter (`rtrace_ebpf::targets`).
+/// kernel-side filter (`rtrace_ebpf::targets`), and the command it runs.
 #[derive(Debug, Clone, Default)]
 pub struct Scope {
     /// Processes (thread group ids); empty for all.
@@ -249,6 +261,16 @@ pub struct Scope {
     pub tids: Vec<u32>,
     /// A cgroup v2 directory the traced tasks must be in or below.
     pub cgroup: Option<PathBuf>,
+    /// CPUs whose events are traced; empty for all.
+    pub cpus: Vec<u32>,
+    /// `-- CMD`: the command rtrace runs and traces until it exits.
+    pub command: Vec<OsString>,
+    /// Whom the command runs as (`-u`).
+    pub user: Option<String>,
+    /// Trace the whole system while the command runs (`--all-cpus`).
+    pub all_cpus: bool,
+    /// Where the output goes (`-o`).
+    pub output: Option<PathBuf>,
     /// Never trace rtrace itself, whose output could feed back.
     pub exclude_self: bool,
     /// bcc's `--cgroupmap`: a hash map pinned in bpffs whose keys are the
@@ -257,6 +279,80 @@ pub struct Scope {
     /// bcc's `--mntnsmap`: a hash map pinned in bpffs whose keys are the
     /// mount namespace ids to trace.
     pub mntns_map: Option<PathBuf>,
+}
+
+impl Scope {
+    /// Whether the command runs in a cgroup of its own, which is then
+    /// what is traced: with `-- CMD` and no `-p`, `-t`, `-c` or
+    /// `--all-cpus`.
+    pub fn command_cgroup(&self) -> bool {
+        !self.command.is_empty()
+            && self.pids.is_empty()
+            && self.tids.is_empty()
+            && self.cgroup.is_none()
+            && !self.all_cpus
+    }
+
+    /// Whether tasks are chosen by cgroup: `-c`, or the command's own.
+    pub fn by_cgroup(&self) -> bool {
+        self.cgroup.is_some() || self.command_cgroup()
+    }
+}
+
+impl<const OWN: u32> ScopeArgs<OWN> {
+    /// Whether tasks are chosen by cgroup ([`Scope::by_cgroup`]).
+    pub fn by_cgroup(&self) -> bool {
+        self.scope().by_cgroup()
+    }
+
+    /// The one process the flags name, for probes that attach to a
+    /// process (uprobes); `None` for all, and in command mode, where the
+    /// command's children are traced too.
+    pub fn one_pid(&self) -> Option<u32> {
+        match (self.pids.as_slice(), self.commanded()) {
+            ([pid], false) => Some(*pid),
+            _ => None,
+        }
+    }
+
+    /// What the flags choose, for a banner ("PID [185]", "`make -j2`
+    /// and what it starts"); `None` for the whole system.
+    pub fn whom(&self) -> Option<String> {
+        let cmd = || {
+            let words: Vec<String> = self
+                .command
+                .iter()
+                .map(|w| w.to_string_lossy().into_owned())
+                .collect();
+            words.join(" ")
+        };
+        if !self.pids.is_empty() {
+            Some(format!("PID {:?}", self.pids))
+        } else if !self.tids.is_empty() {
+            Some(format!("TID {:?}", self.tids))
+        } else if let Some(cg) = &self.cgroup {
+            Some(format!("cgroup {}", cg.display()))
+        } else if self.commanded() && !self.all_cpus {
+            Some(format!("`{}` and what it starts", cmd()))
+        } else {
+            None
+        }
+    }
+
+    /// The scope these flags ask for.
+    pub fn scope(&self) -> Scope {
+        Scope {
+            pids: self.pids.clone(),
+            tids: self.tids.clone(),
+            cgroup: self.cgroup.clone(),
+            cpus: self.cpus.clone(),
+            command: self.command.clone(),
+            user: self.user.clone(),
+            all_cpus: self.all_cpus,
+            output: self.output.clone(),
+            ..Scope::default()
+        }
+    }
 }
 
 /// bcc's filters by maps the user pinned in bpffs, for the tools bcc has
@@ -280,6 +376,8 @@ struct Targets {
     cgroup: Option<File>,
     /// Maps the user pinned, each for the object's map it replaces.
     pins: Vec<(&'static str, PathBuf)>,
+    /// The CPUs of `-C`, and how many CPUs the machine may have.
+    cpus: (Vec<u32>, u32),
 }
 
 /// Checks that `path` is a hash map pinned in bpffs with 8-byte keys, as
@@ -356,6 +454,12 @@ impl Targets {
             sets |= targets::SET_MNTNS;
             pins.push((targets::MNTNS_SET_MAP, path.clone()));
         }
+        let possible = aya::util::nr_cpus()
+            .map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?
+            as u32;
+        if let Some(&cpu) = scope.cpus.iter().find(|&&c| c >= possible) {
+            anyhow::bail!("no CPU {cpu}: this machine has CPUs 0 to {}", possible - 1);
+        }
         Ok(Self {
             global: targets::Targets {
                 by,
@@ -368,11 +472,12 @@ impl Targets {
                 },
                 sets,
                 mntns_offsets,
-                _pad: 0,
+                cpus: u32::from(!scope.cpus.is_empty()),
             },
             ids,
             cgroup,
             pins,
+            cpus: (scope.cpus.clone(), possible),
         })
     }
 
@@ -386,6 +491,15 @@ impl Targets {
             for id in &self.ids {
                 map.insert(id, 1, 0)
                     .context("cannot fill the target filter")?;
+            }
+        }
+        if !self.cpus.0.is_empty() {
+            let mut map: Array<_, u8> = ebpf
+                .map_mut(targets::CPUS_MAP)
+                .with_context(|| format!("map {} missing", targets::CPUS_MAP))?
+                .try_into()?;
+            for &cpu in &self.cpus.0 {
+                map.set(cpu, 1, 0).context("cannot set the CPU filter")?;
             }
         }
         if let Some(cg) = &self.cgroup {
@@ -506,6 +620,7 @@ fn attach_chain<T: Tool>(
                 let mut load = Load::new(variant);
                 load.global(targets::GLOBAL, &targets.global);
                 load.size(targets::IDS_MAP, targets.ids.len().max(1) as u32);
+                load.size(targets::CPUS_MAP, targets.cpus.1.max(1));
                 for (name, path) in &targets.pins {
                     load.pinned(name, path.clone());
                 }
@@ -569,12 +684,17 @@ impl<T: Tool> Session<T> {
     /// Checks the tool's targets and the privileges, then walks its attach
     /// chain. `collect`: as a collector of the exporter, which reads maps
     /// and takes no events.
-    pub fn open(mut tool: T, global: &GlobalArgs, collect: bool) -> anyhow::Result<Self> {
+    pub fn open(
+        mut tool: T,
+        scope: &Scope,
+        global: &GlobalArgs,
+        collect: bool,
+    ) -> anyhow::Result<Self> {
         if collect {
             tool.collect();
         }
         let mut kernel = Kernel::default();
-        let targets = Targets::check(&tool.scope(), &mut kernel)?;
+        let targets = Targets::check(scope, &mut kernel)?;
         check_forced(T::NAME, tool.forced(), T::CHAIN)?;
         privs::check()?;
 
@@ -629,9 +749,52 @@ impl<T: Tool> Session<T> {
     }
 }
 
-/// Runs tool `T` from its arguments to the report at exit.
-pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<()> {
-    let session = Session::open(T::new(args)?, global, false)?;
+/// Checks a scope with a command, starts the command held at its cork,
+/// and points the scope at the command's cgroup where it traces the
+/// command itself.
+fn start_command(scope: &mut Scope, duration: Option<u64>) -> anyhow::Result<Option<Corked>> {
+    if scope.command.is_empty() {
+        return Ok(None);
+    }
+    if duration.is_some() {
+        anyhow::bail!("a duration and -- CMD both say when to stop: give one of them");
+    }
+    let line = CommandLine {
+        argv: scope.command.clone(),
+        user: scope.user.clone(),
+        own_cgroup: scope.command_cgroup(),
+    };
+    let corked = Corked::start(&line)?;
+    if let Some(cg) = corked.cgroup() {
+        scope.cgroup = Some(cg.to_owned());
+    }
+    Ok(Some(corked))
+}
+
+/// Sends the output where the scope says: `-o FILE`, else stderr in
+/// command mode (the command's stdout is its own), else stdout.
+fn direct_output(scope: &Scope) -> anyhow::Result<()> {
+    use crate::output::{Destination, direct_to};
+    match &scope.output {
+        Some(path) => {
+            let file =
+                File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            direct_to(Destination::File(std::io::LineWriter::new(file)));
+        }
+        None if !scope.command.is_empty() => direct_to(Destination::Stderr),
+        None => {}
+    }
+    Ok(())
+}
+
+/// Runs tool `T` from its arguments to the report at exit; the exit
+/// status is the command's in command mode, else 0.
+pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<u8> {
+    let tool = T::new(args)?;
+    let mut scope = tool.scope();
+    let mut command = start_command(&mut scope, tool.duration())?;
+    direct_output(&scope)?;
+    let session = Session::open(tool, &scope, global, false)?;
     if global.verbose {
         session.report();
     }
@@ -652,11 +815,16 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
     // Perf buffers must be open before anything is traced, or the events
     // find no buffer; a ring buffer keeps them from the moment it exists,
     // so mapping it (hundreds of pages, thousands with --buffer-size)
-    // need not delay
-    // saying that tracing has started.
+    // need not delay saying that tracing has started.
     let ring = matches!(transport, Some((Transport::Ring, _)));
     let mut stream = if ring { None } else { open_stream(&mut ebpf)? };
-    eprintln!("{}", tool.banner());
+    let mut banner = tool.banner();
+    if command.is_some() {
+        // bcc's banners end in how to stop; in command mode the command's
+        // exit does.
+        banner = banner.replace("Hit Ctrl-C to end.", "Ends when the command exits.");
+    }
+    eprintln!("{banner}");
     if ring {
         stream = open_stream(&mut ebpf)?;
     }
@@ -665,13 +833,17 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
         sink.header(&header)?;
     }
     tool.start();
+    if let Some(c) = &mut command {
+        c.release()?;
+    }
 
-    run_loop(
+    let stopped_by = run_loop(
         &mut tool,
         &mut ebpf,
         stream.as_mut(),
         &mut signals,
         &mut sink,
+        command.as_mut(),
     )
     .await?;
     tool.finish(&mut ebpf, &mut sink)?;
@@ -688,23 +860,46 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
         &ebpf,
         stream.as_ref().map_or(0, EventStream::perf_lost),
         global.verbose,
-    )
+    )?;
+    Ok(match command.as_ref().and_then(Corked::status) {
+        Some(status) => status,
+        // Stopped by a second signal while the command still ran.
+        None if command.is_some() && stopped_by > 0 => 128u8.wrapping_add(stopped_by as u8),
+        None => 0,
+    })
+}
+
+/// Whether a SIGINT came from the terminal, which sent it to the command
+/// too: rtrace and the command share the foreground process group.
+fn from_terminal(sig: i32) -> bool {
+    // SAFETY: no preconditions.
+    sig == libc::SIGINT && unsafe { libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
 /// What woke the loop.
 enum Wake {
     Events,
     Interval,
-    Stop,
+    /// A signal (its number) or the deadline (0).
+    Stop(i32),
+    /// The command exited.
+    Exited,
 }
 
+/// The loop, until a signal, the deadline, the last interval or the
+/// command's exit; returns the signal that ended it, if one did. In
+/// command mode a first signal is passed on to the command (unless the
+/// terminal sent it to both), whose exit then ends the loop; a second ends
+/// it at once.
 async fn run_loop<T: Tool>(
     tool: &mut T,
     ebpf: &mut Ebpf,
     mut stream: Option<&mut EventStream>,
     signals: &mut Signals,
     sink: &mut Sink,
-) -> anyhow::Result<()> {
+    mut command: Option<&mut Corked>,
+) -> anyhow::Result<i32> {
+    let mut signalled = false;
     let interval = tool.interval();
     let mut next = match interval {
         Schedule::Every { secs, .. } => Some(Instant::now() + Duration::from_secs(secs)),
@@ -744,11 +939,32 @@ async fn run_loop<T: Tool>(
                 None => std::future::pending().await,
             }
         };
+        let exited = async {
+            match command.as_deref_mut() {
+                Some(c) => c.exited().await,
+                None => std::future::pending().await,
+            }
+        };
         let wake = tokio::select! {
             r = ready => { r?; Wake::Events }
             () = polled => Wake::Events,
             () = due => Wake::Interval,
-            () = signals.recv() => Wake::Stop,
+            sig = signals.recv() => Wake::Stop(sig),
+            () = exited => Wake::Exited,
+        };
+        let wake = match (wake, command.as_deref()) {
+            (Wake::Stop(sig), Some(c)) if !signalled && sig != 0 => {
+                signalled = true;
+                if !from_terminal(sig) {
+                    c.signal(sig);
+                }
+                continue;
+            }
+            (Wake::Stop(sig), Some(c)) if sig != 0 => {
+                c.signal(libc::SIGTERM);
+                Wake::Stop(sig)
+            }
+            (w, _) => w,
         };
         match wake {
             Wake::Events => {
@@ -781,13 +997,13 @@ async fn run_loop<T: Tool>(
                 tool.tick(ebpf, sink, last)?;
                 sink.flush()?;
                 if last {
-                    return Ok(());
+                    return Ok(0);
                 }
                 if let (Schedule::Every { secs, .. }, Some(at)) = (interval, next.as_mut()) {
                     *at += Duration::from_secs(secs);
                 }
             }
-            Wake::Stop => {
+            Wake::Stop(_) | Wake::Exited => {
                 // Events already in the buffers are handled first.
                 if let Some(s) = stream.as_deref_mut() {
                     s.drain_all(|record| tool.event(record, sink))?;
@@ -796,7 +1012,10 @@ async fn run_loop<T: Tool>(
                     tool.tick(ebpf, sink, true)?;
                 }
                 sink.flush()?;
-                return Ok(());
+                return Ok(match wake {
+                    Wake::Stop(sig) => sig,
+                    _ => 0,
+                });
             }
         }
     }
