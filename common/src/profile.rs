@@ -5,7 +5,7 @@
 pub use crate::stacks::{
     ERR_COUNTS_FULL, ERR_CUT_SHORT, ERR_FP_FRAMES, ERR_KERNEL_STACK, ERR_NAMES, ERR_NO_TABLES,
     ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MISSED_KERNEL, MISSED_USER, NEW_COUNTS,
-    NEW_STACKS, OFF_CPU, SEEN_EXEC, SEEN_FORK, SEEN_NEW_CODE, Seen, Stack, WakeKey,
+    NEW_STACKS, OFF_CPU, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, Stack, WakeKey,
 };
 
 /// Most periods one timed sample stands for: more means the timer was

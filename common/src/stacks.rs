@@ -145,6 +145,9 @@ pub const SEEN_EXEC: u32 = 2;
 /// `Seen::flags`: the kernel gave a new process a copy of its parent's CFI
 /// regions; user space only has to forget them when it exits.
 pub const SEEN_FORK: u32 = 4;
+/// `Seen::flags`: the process is exiting: user space reads what it wrote
+/// at exit (its perf map) while its pid is still its own.
+pub const SEEN_EXIT: u32 = 8;
 
 /// `STACK_NEW` slot: entries created in `STACKS`.
 pub const NEW_STACKS: u32 = 0;

@@ -16,7 +16,7 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use rtrace_common::{
-    stacks::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, SEEN_EXEC, SEEN_FORK, Seen},
+    stacks::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, Seen},
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, MAX_REGIONS,
         NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
@@ -420,6 +420,24 @@ pub fn on_fork<S: Sink>(ctx: &RawTracePointContext, events: &S) {
             _pad: 0,
         };
         crate::events::emit(events, ctx, &seen);
+    }
+}
+
+/// A process whose stacks were taken is exiting (its main thread is): user
+/// space is told at once, so that it reads what the process wrote as it
+/// exited (a JIT's perf map, which Mono and the JVM write only then)
+/// before its pid can be reused.
+#[inline(always)]
+pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    if tgid != id as u32 {
+        return;
+    }
+    // SAFETY: only tested for presence.
+    let sampled = unsafe { SEEN.get(tgid) }.is_some() || CFI_PROCS.get_ptr(tgid).is_some();
+    if sampled {
+        crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXIT));
     }
 }
 

@@ -14,8 +14,8 @@ pub mod targets;
 pub mod task_storage;
 
 /// Defines the programs that keep the CFI tables in step with the
-/// processes, `cfi_exec` and `cfi_fork` (raw tracepoints
-/// `sched_process_exec` and `sched_process_fork`: the walk needs
+/// processes, `cfi_exec`, `cfi_fork` and `cfi_exit` (raw tracepoints
+/// `sched_process_exec`, `sched_process_fork` and `sched_process_exit`: the walk needs
 /// `bpf_loop`, 5.17, so they are always there, and unlike tracepoints they
 /// need no tracefs), in an object that has an `EVENTS` map (`event_map!`).
 /// Only with the `cfi` feature.
@@ -33,6 +33,13 @@ macro_rules! cfi_programs {
         #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_process_fork")]
         pub fn cfi_fork(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
             $crate::cfi::on_fork(&ctx, &EVENTS);
+            0
+        }
+
+        #[cfg(feature = "cfi")]
+        #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_process_exit")]
+        pub fn cfi_exit(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
+            $crate::cfi::on_exit(&ctx, &EVENTS);
             0
         }
     };

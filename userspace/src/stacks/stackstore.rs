@@ -272,6 +272,11 @@ impl StackStore {
         if due.is_empty() {
             return;
         }
+        // A perf map written at exit (Mono's, the JVM's) is read before
+        // the process's stacks are named, in case its exit was not seen.
+        for &pid in &due {
+            sym.read_jit(pid);
+        }
         // A count naming a process gone, as the thread or its waker.
         self.settle(sym, |tgid| due.contains(&tgid));
         for pid in due {

@@ -186,11 +186,40 @@ struct Process {
     jit: Vec<JitSymbol>,
     /// Size of the perf map when last read.
     jit_len: u64,
-    /// Where the perf map is, found once: it is looked at on every new
-    /// stack of the process.
-    jit_path: Option<String>,
+    /// Where the perf map is, found once while the process lives: it is
+    /// looked at on every new stack of the process, and read once more
+    /// when the process exits or the run ends.
+    jit_path: Option<JitPath>,
+    /// The process's command, for warnings.
+    comm: Option<Arc<str>>,
     /// When the mappings were last read.
     captured: Option<Instant>,
+}
+
+/// Where a process's perf map is: `/tmp/perf-PID.map` as the process
+/// sees it, by its pid in its own namespace. A process with a root of its
+/// own (a container) has it reached through that root, held open, so
+/// that it is still found after the process has exited.
+#[derive(Clone)]
+struct JitPath {
+    /// The path to read.
+    path: String,
+    /// The path as the process names it, for warnings.
+    shown: String,
+    /// The process's root directory, when it is not rtrace's.
+    _root: Option<Arc<File>>,
+}
+
+/// One frame located: where, its address, and its file's mapping.
+type Place = (Loc, u64, Option<Arc<CodeMapping>>);
+
+/// JIT frames left unnamed in one process, for the warning that says why.
+struct Unnamed {
+    comm: Option<Arc<str>>,
+    frames: u64,
+    /// Why: the perf map was missing, empty, or did not name them.
+    map: &'static str,
+    shown: String,
 }
 
 /// `file:line` of a symbol or an inlined function, where known.
@@ -243,6 +272,8 @@ pub struct Symbolizer {
     /// Files whose frames could not be resolved, and why: their frames
     /// show as `[unknown]`, which the user is told of.
     failures: std::collections::BTreeMap<String, String>,
+    /// Processes with JIT frames that their perf map did not name.
+    unnamed: std::collections::BTreeMap<u32, Unnamed>,
 }
 
 /// What changes kallsyms between two looks: modules loaded or unloaded,
@@ -309,6 +340,7 @@ impl Symbolizer {
             kallsyms_state: None,
             prefetch: None,
             failures: std::collections::BTreeMap::new(),
+            unnamed: std::collections::BTreeMap::new(),
         }
     }
 
@@ -328,7 +360,58 @@ impl Symbolizer {
                 self.failures.len() - SHOWN
             ));
         }
+        for (pid, u) in self.unnamed.iter().take(SHOWN) {
+            let comm = u
+                .comm
+                .as_deref()
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default();
+            let why = match u.map {
+                "missing" => format!(
+                    "it wrote no {}; a JIT runtime writes one when asked \
+                     (node --perf-basic-prof, mono --jitmap, the JVM's perf-map-agent)",
+                    u.shown
+                ),
+                "empty" => format!(
+                    "its {} was empty; Mono and the JVM write it at exit: \
+                     run the program under `rtrace profile -- CMD`",
+                    u.shown
+                ),
+                _ => format!(
+                    "its {} did not name them (it may be written at exit: \
+                     run the program under `rtrace profile -- CMD`)",
+                    u.shown
+                ),
+            };
+            out.push(format!(
+                "PID {pid}{comm}: {} JIT frames unnamed: {why}",
+                u.frames
+            ));
+        }
+        if self.unnamed.len() > SHOWN {
+            out.push(format!(
+                "and JIT frames of {} other processes are unnamed",
+                self.unnamed.len() - SHOWN
+            ));
+        }
         out
+    }
+
+    /// Reads process `pid`'s perf map again if it changed: at its exit,
+    /// when a runtime that writes the map then (Mono, the JVM) has just
+    /// written it.
+    pub fn read_jit(&mut self, pid: u32) {
+        if let Some(proc) = self.procs.get_mut(&pid) {
+            read_perf_map(pid, proc);
+        }
+    }
+
+    /// Reads every known process's perf map again if it changed, at the
+    /// end of a run.
+    pub fn read_all_jit(&mut self) {
+        for (&pid, proc) in &mut self.procs {
+            read_perf_map(pid, proc);
+        }
     }
 
     /// Gives frames their source file and line (`--lines`).
@@ -415,7 +498,7 @@ impl Symbolizer {
         match self.procs.get(&parent) {
             Some(p) => {
                 let mut p = p.clone();
-                p.jit_path = None;
+                p.jit_path = perf_map_path(child);
                 p.jit_len = 0;
                 p.jit.clear();
                 self.procs.insert(child, p);
@@ -536,7 +619,6 @@ impl Symbolizer {
         // back, is in the right function and line even when the call is a
         // function's last instruction.
         // Each address where it is, with its mapping, for pprof.
-        type Place = (Loc, u64, Option<Arc<CodeMapping>>);
         let places: Vec<Vec<Place>> = stacks
             .iter()
             .map(|(pid, ips)| {
@@ -616,6 +698,7 @@ impl Symbolizer {
             }
         }
 
+        self.note_unnamed(&places);
         places
             .iter()
             .map(|stack| {
@@ -675,12 +758,17 @@ impl Symbolizer {
         (loc, m.code.clone())
     }
 
+    /// The perf-map symbol at `ip` of `pid`.
+    fn jit_symbol(&self, pid: u32, ip: u64) -> Option<&JitSymbol> {
+        let jit = &self.procs.get(&pid)?.jit;
+        let i = jit.partition_point(|s| s.start <= ip);
+        i.checked_sub(1).map(|i| &jit[i]).filter(|s| ip < s.end)
+    }
+
     /// The perf-map symbol at `ip` of `pid`, or `[unknown]`.
     fn jit_frame(&self, pid: u32, ip: u64) -> Frame {
-        let jit = &self.procs[&pid].jit;
-        let i = jit.partition_point(|s| s.start <= ip);
-        match i.checked_sub(1).map(|i| &jit[i]) {
-            Some(s) if ip < s.end => {
+        match self.jit_symbol(pid, ip) {
+            Some(s) => {
                 let kind = if interpreted(&s.name) {
                     Kind::Interpreted
                 } else {
@@ -688,7 +776,43 @@ impl Symbolizer {
                 };
                 Frame::new(s.name.clone(), kind, Some("[jit]"))
             }
-            _ => Frame::unknown(Kind::User, None),
+            None => Frame::unknown(Kind::User, None),
+        }
+    }
+
+    /// Counts, per process, the frames in anonymous executable memory
+    /// (JIT code) that its perf map does not name, with why, for the
+    /// warning at exit. Addresses in no mapping at all are a walk gone
+    /// astray, not JIT code, and are not counted.
+    fn note_unnamed(&mut self, places: &[Vec<Place>]) {
+        let mut found: HashMap<u32, u64> = HashMap::new();
+        for (loc, _, _) in places.iter().flatten() {
+            let Loc::Jit(pid, ip) = *loc else { continue };
+            let anon = self.procs.get(&pid).is_some_and(|p| {
+                p.maps
+                    .iter()
+                    .any(|m| m.name.is_empty() && (m.start..m.end).contains(&ip))
+            });
+            if anon && self.jit_symbol(pid, ip).is_none() {
+                *found.entry(pid).or_default() += 1;
+            }
+        }
+        for (pid, frames) in found {
+            let proc = &self.procs[&pid];
+            let (map, shown) = match &proc.jit_path {
+                None => ("missing", format!("/tmp/perf-{pid}.map")),
+                Some(j) if std::fs::metadata(&j.path).is_err() => ("missing", j.shown.clone()),
+                Some(j) if proc.jit_len == 0 => ("empty", j.shown.clone()),
+                Some(j) => ("partial", j.shown.clone()),
+            };
+            let entry = self.unnamed.entry(pid).or_insert_with(|| Unnamed {
+                comm: proc.comm.clone(),
+                frames: 0,
+                map,
+                shown,
+            });
+            entry.frames += frames;
+            entry.map = map;
         }
     }
 }
@@ -787,14 +911,22 @@ fn frames(
 /// Reads process `pid`'s perf map if it changed since last read. A map
 /// that is gone leaves the symbols read before.
 fn read_perf_map(pid: u32, proc: &mut Process) {
-    let path = proc.jit_path.get_or_insert_with(|| perf_map_path(pid));
-    let Ok(meta) = std::fs::metadata(&*path) else {
+    if proc.jit_path.is_none() {
+        proc.jit_path = perf_map_path(pid);
+        proc.comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .map(|c| Arc::from(c.trim_end()));
+    }
+    let Some(jit) = &proc.jit_path else {
+        return;
+    };
+    let Ok(meta) = std::fs::metadata(&jit.path) else {
         return;
     };
     if meta.len() == proc.jit_len {
         return;
     }
-    let Ok(text) = std::fs::read_to_string(&*path) else {
+    let Ok(text) = std::fs::read_to_string(&jit.path) else {
         return;
     };
     proc.jit_len = meta.len();
@@ -828,17 +960,32 @@ fn read_perf_map(pid: u32, proc: &mut Process) {
 }
 
 /// Where process `pid`'s perf map is: a process in a container names its
-/// map by its own pid, in its own /tmp.
-fn perf_map_path(pid: u32) -> String {
-    let nspid = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|l| l.split_whitespace().last()?.parse::<u32>().ok())
-        })
+/// map by its own pid, in its own /tmp. `None` if the process is gone
+/// before it could be found.
+fn perf_map_path(pid: u32) -> Option<JitPath> {
+    use std::os::unix::fs::MetadataExt as _;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last()?.parse::<u32>().ok())
         .unwrap_or(pid);
-    format!("/proc/{pid}/root/tmp/perf-{nspid}.map")
+    let shown = format!("/tmp/perf-{nspid}.map");
+    let root = File::open(format!("/proc/{pid}/root")).ok()?;
+    let ours = std::fs::metadata("/").ok()?;
+    let theirs = root.metadata().ok()?;
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return Some(JitPath {
+            path: shown.clone(),
+            shown,
+            _root: None,
+        });
+    }
+    Some(JitPath {
+        path: format!("/proc/self/fd/{}/tmp/perf-{nspid}.map", root.as_raw_fd()),
+        shown,
+        _root: Some(Arc::new(root)),
+    })
 }
 
 /// Raises the soft limit on open files to the hard one: every distinct

@@ -12,7 +12,7 @@ use aya::{
     programs::{RawTracePoint, raw_trace_point::RawTracePointLink},
 };
 use rtrace_common::{
-    profile::{SEEN_EXEC, SEEN_FORK, SEEN_NEW_CODE, Seen},
+    profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen},
     unwind::CfiOffsets,
 };
 
@@ -88,9 +88,9 @@ pub struct StackTool {
     cfi: Option<KernelTables>,
     /// Whether the `cfi` object was loaded.
     cfi_loaded: bool,
-    /// The exec and fork programs' links, owned so that they can be
+    /// The exec, fork and exit programs' links, owned so that they can be
     /// detached on a thread of their own; with the `cfi` object.
-    links: Option<(RawTracePointLink, RawTracePointLink)>,
+    links: Option<(RawTracePointLink, RawTracePointLink, RawTracePointLink)>,
     /// When counting began, and as seconds since the epoch.
     started: Option<(Instant, f64)>,
     /// When the report began (`finish`).
@@ -193,7 +193,16 @@ impl StackTool {
         let id = fork
             .attach("sched_process_fork")
             .context("cannot attach to raw tracepoint sched_process_fork")?;
-        self.links = Some((exec_link, fork.take_link(id)?));
+        let fork_link = fork.take_link(id)?;
+        let exit: &mut RawTracePoint = ebpf
+            .program_mut("cfi_exit")
+            .context("program cfi_exit missing")?
+            .try_into()?;
+        exit.load().context("cannot load the exit program")?;
+        let id = exit
+            .attach("sched_process_exit")
+            .context("cannot attach to raw tracepoint sched_process_exit")?;
+        self.links = Some((exec_link, fork_link, exit.take_link(id)?));
         Ok(())
     }
 
@@ -212,6 +221,12 @@ impl StackTool {
         let Some(seen) = events::record::<Seen>(record) else {
             return Ok(());
         };
+        if seen.flags & SEEN_EXIT != 0 {
+            // What it wrote as it exited (a JIT's perf map) is read while
+            // its pid is its own.
+            self.sym.read_jit(seen.tgid);
+            return Ok(());
+        }
         if seen.flags & SEEN_FORK != 0 {
             self.sym.inherit(seen.tgid, seen.parent);
             if let Some(cfi) = &mut self.cfi {
@@ -275,6 +290,9 @@ impl StackTool {
         let _detaching = self.links.take().map(Detaching::start);
         self.store.drain(ebpf, true)?;
         self.store.capture_unknown(&mut self.sym);
+        // Perf maps written at exit (Mono's, the JVM's), by processes that
+        // exited as counting stopped or were still running.
+        self.sym.read_all_jit();
         let samples = self.store.samples(&mut self.sym);
         Ok(self.transforms.samples(samples))
     }
