@@ -8,7 +8,8 @@
 //! They are built with rustc directly because a cargo profile cannot force
 //! frame pointers for some binaries only.
 //!
-//! A `<name>.ml` is built with ocamlopt as `<name>`.
+//! A `<name>.ml` is built with ocamlopt as `<name>`, and a `<name>.cs`
+//! with Mono's mcs as `<name>.exe`, which `mono` runs.
 //!
 //! A `<name>.c` is built with the C compiler three ways: `<name>` with
 //! frame pointers but frameless leaves (GCC's `-momit-leaf-frame-pointer`,
@@ -40,6 +41,11 @@ fn main() {
         if src.extension().is_some_and(|e| e == "ml") {
             println!("cargo:rerun-if-changed={}", src.display());
             build_ocaml(&src, &name, &out, &bin_dir);
+            continue;
+        }
+        if src.extension().is_some_and(|e| e == "cs") {
+            println!("cargo:rerun-if-changed={}", src.display());
+            build_mono(&src, &name, &bin_dir);
             continue;
         }
         if src.extension().is_none_or(|e| e != "rs") {
@@ -126,6 +132,22 @@ fn build_ocaml(
             panic!("cannot run ocamlopt (Debian package ocaml-nox; `cargo xtask setup` installs it): {e}")
         });
     assert!(status.success(), "building fixture {name} failed");
+}
+
+/// Builds a C# fixture with mcs (Debian's mono-mcs) as `<name>.exe`, a CIL
+/// assembly that Mono's JIT compiles as it runs. Not listed in
+/// `fixtures.txt`: the VM guests have no Mono.
+fn build_mono(src: &std::path::Path, name: &str, bin_dir: &std::path::Path) {
+    let file = format!("{name}.exe");
+    let status = Command::new("mcs")
+        .arg("-optimize+")
+        .arg(format!("-out:{}", bin_dir.join(&file).display()))
+        .arg(src)
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("cannot run mcs (Debian package mono-mcs; `cargo xtask setup` installs it): {e}")
+        });
+    assert!(status.success(), "building fixture {file} failed");
 }
 
 /// pprof's message types, generated from rtrace's `profile.proto` into

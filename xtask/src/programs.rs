@@ -96,6 +96,11 @@ pub const PROGRAMS: &[Program] = &[
         "ocaml-nox",
         "the tests crate's build script compiles the OCaml fixture",
     ),
+    deb(
+        "mcs",
+        "mono-mcs",
+        "the tests crate's build script compiles the C# fixture",
+    ),
     deb("strip", "binutils", "dist strips the static binary"),
     // Shells and core utilities the tests and benchmarks start.
     deb(
@@ -145,6 +150,16 @@ pub const PROGRAMS: &[Program] = &[
         "python3",
         "python3",
         "Python stacks in profile's tests and benchmarks",
+    ),
+    deb(
+        "mono",
+        "mono-runtime",
+        "JIT-compiled stacks (perf-PID.map) in profile's tests",
+    ),
+    deb(
+        "node",
+        "nodejs",
+        "JIT-compiled stacks (perf-PID.map) in profile's tests",
     ),
     deb("man", "man-db", "the man pages are rendered in their test"),
     deb(
