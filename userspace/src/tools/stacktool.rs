@@ -176,33 +176,11 @@ impl StackTool {
         self.cfi = Some(tables);
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
-        let exec: &mut RawTracePoint = ebpf
-            .program_mut("cfi_exec")
-            .context("program cfi_exec missing")?
-            .try_into()?;
-        exec.load().context("cannot load the exec program")?;
-        let id = exec
-            .attach("sched_process_exec")
-            .context("cannot attach to raw tracepoint sched_process_exec")?;
-        let exec_link = exec.take_link(id)?;
-        let fork: &mut RawTracePoint = ebpf
-            .program_mut("cfi_fork")
-            .context("program cfi_fork missing")?
-            .try_into()?;
-        fork.load().context("cannot load the fork program")?;
-        let id = fork
-            .attach("sched_process_fork")
-            .context("cannot attach to raw tracepoint sched_process_fork")?;
-        let fork_link = fork.take_link(id)?;
-        let exit: &mut RawTracePoint = ebpf
-            .program_mut("cfi_exit")
-            .context("program cfi_exit missing")?
-            .try_into()?;
-        exit.load().context("cannot load the exit program")?;
-        let id = exit
-            .attach("sched_process_exit")
-            .context("cannot attach to raw tracepoint sched_process_exit")?;
-        self.links = Some((exec_link, fork_link, exit.take_link(id)?));
+        self.links = Some((
+            attach_raw(ebpf, "cfi_exec", "sched_process_exec")?,
+            attach_raw(ebpf, "cfi_fork", "sched_process_fork")?,
+            attach_raw(ebpf, "cfi_exit", "sched_process_exit")?,
+        ));
         Ok(())
     }
 
@@ -328,4 +306,19 @@ impl StackTool {
         out.extend(self.sym.warnings());
         out
     }
+}
+
+/// Loads program `name` and attaches it to raw tracepoint `tracepoint`,
+/// returning its link.
+fn attach_raw(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> anyhow::Result<RawTracePointLink> {
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing"))?
+        .try_into()?;
+    prog.load()
+        .with_context(|| format!("cannot load program {name}"))?;
+    let id = prog
+        .attach(tracepoint)
+        .with_context(|| format!("cannot attach to raw tracepoint {tracepoint}"))?;
+    Ok(prog.take_link(id)?)
 }
