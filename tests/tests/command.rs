@@ -347,3 +347,30 @@ fn an_empty_perf_map_is_warned_of_with_the_cure() {
     );
     assert!(warning.contains("rtrace profile -- CMD"), "{warning}");
 }
+
+/// argdist counts the command's own syscalls, every one and no other
+/// process's: three echos are three writes.
+#[test]
+fn argdist_counts_exactly_the_commands_writes() {
+    let out = rtrace(
+        &[
+            "argdist",
+            "-C",
+            "t:syscalls:sys_enter_write()",
+            "--",
+            "sh",
+            "-c",
+            "echo a; echo b; echo c",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "a\nb\nc\n");
+    let err = text(&out.stderr);
+    let total: u64 = err
+        .lines()
+        .filter(|l| l.contains("total calls"))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(total, 3, "{err}");
+}
