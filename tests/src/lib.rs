@@ -797,3 +797,44 @@ pub fn cgroup_id(path: &str) -> u64 {
     use std::os::unix::fs::MetadataExt as _;
     std::fs::metadata(path).unwrap().ino()
 }
+
+/// A private copy of `true` under a name no other process uses
+/// (`PREFIX TAG PID`, short enough for a 15-byte comm), so that a test's
+/// execs can be told from the rest of the machine's. Removed when
+/// dropped.
+pub struct UniqueProgram {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl UniqueProgram {
+    /// A copy named `{prefix}{tag}{pid}` in a directory of its own.
+    pub fn new(prefix: &str, tag: &str) -> Self {
+        let pid = std::process::id();
+        let dir = std::env::temp_dir().join(format!("rtrace-{prefix}-{pid}-{tag}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{prefix}{tag}{pid}"));
+        std::fs::copy("/usr/bin/true", &path).unwrap();
+        Self { dir, path }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &str {
+        self.path.to_str().unwrap()
+    }
+
+    /// Its file name, which is its command.
+    pub fn name(&self) -> String {
+        self.path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+impl Drop for UniqueProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

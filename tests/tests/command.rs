@@ -4,13 +4,12 @@
 //! written at exit (Mono's `--jitmap`).
 
 use std::{
-    path::PathBuf,
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
 use rtrace_integration_tests::{
-    SIGINT, in_guest, json_lines, parse_folded, rtrace_bin, workload_bin,
+    SIGINT, UniqueProgram, in_guest, json_lines, parse_folded, rtrace_bin, workload_bin,
 };
 
 fn rtrace(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -33,33 +32,6 @@ fn json_only(b: &[u8]) -> String {
         .filter(|l| l.starts_with('{'))
         .map(|l| format!("{l}\n"))
         .collect()
-}
-
-/// A private copy of `true` under a name no other process uses.
-struct Program(PathBuf);
-
-impl Program {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("rtrace-cmd-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("rtc{tag}{}", std::process::id()));
-        std::fs::copy("/usr/bin/true", &path).unwrap();
-        Self(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-
-    fn name(&self) -> String {
-        self.0.file_name().unwrap().to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
-    }
 }
 
 #[test]
@@ -148,8 +120,8 @@ fn the_command_runs_as_the_invoking_user() {
 /// and nothing that runs beside it.
 #[test]
 fn execsnoop_sees_the_command_and_its_children_only() {
-    let mine = Program::new("mine");
-    let other = Program::new("other");
+    let mine = UniqueProgram::new("rtc", "mine");
+    let other = UniqueProgram::new("rtc", "other");
     // Execs beside the command, from a process rtrace did not start.
     let noise_script = format!("while :; do {}; sleep 0.01; done", other.path());
     let mut noise = Command::new("sh")
@@ -181,7 +153,7 @@ fn execsnoop_sees_the_command_and_its_children_only() {
 /// while it runs, and the command is not.
 #[test]
 fn pid_and_command_trace_the_pid_while_the_command_runs() {
-    let mine = Program::new("pid");
+    let mine = UniqueProgram::new("rtc", "pid");
     let flag = std::env::temp_dir().join(format!("rtrace-cmd-flag-{}", std::process::id()));
     let _ = std::fs::remove_file(&flag);
     let flag = flag.to_str().unwrap().to_owned();

@@ -1,39 +1,11 @@
 //! `rtrace execsnoop` against real execs of uniquely named programs.
 
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
 use rtrace_integration_tests::{
-    PinnedMaps, Rtrace, SIGINT, TestCgroup, cgroup_id, json_lines, mount_ns_id, run, run_workload,
-    workload_bin,
+    PinnedMaps, Rtrace, SIGINT, TestCgroup, UniqueProgram, cgroup_id, json_lines, mount_ns_id, run,
+    run_workload, workload_bin,
 };
-
-/// A private copy of `true` under a name no other process uses, so that
-/// the test's execs can be told from the rest of the machine's.
-struct Program {
-    dir: PathBuf,
-    path: PathBuf,
-}
-
-impl Program {
-    fn new(tag: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("rtrace-execsnoop-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("rtx{tag}{}", std::process::id()));
-        std::fs::copy("/usr/bin/true", &path).unwrap();
-        Self { dir, path }
-    }
-
-    fn path(&self) -> &str {
-        self.path.to_str().unwrap()
-    }
-}
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// Runs execsnoop with `extra` around `work`; returns the JSON events whose
 /// first argument mentions `needle`.
@@ -77,7 +49,7 @@ fn perf_buffer_transport_reports_every_exec() {
 
 fn every_exec_is_reported(extra: &[&str], tag: &str) {
     const N: usize = 25;
-    let prog = Program::new(tag);
+    let prog = UniqueProgram::new("rtx", tag);
     let mut pids = Vec::new();
     let mut events = traced(extra, prog.path(), || {
         for i in 0..N {
@@ -92,15 +64,7 @@ fn every_exec_is_reported(extra: &[&str], tag: &str) {
     assert_eq!(events.len(), N, "{events:#?}");
     // Perf buffers are per CPU, so only each CPU's events keep their order.
     events.sort_by_key(|e| e["args"][3].as_str().unwrap().parse::<usize>().unwrap());
-    let comm: String = prog
-        .path
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .chars()
-        .take(15)
-        .collect();
+    let comm: String = prog.name().chars().take(15).collect();
     for (i, e) in events.iter().enumerate() {
         assert_eq!(
             strings(&e["args"]),
@@ -133,7 +97,7 @@ fn failed_exec_shows_only_with_x() {
 
 #[test]
 fn execveat_through_a_descriptor_is_reported() {
-    let prog = Program::new("at");
+    let prog = UniqueProgram::new("rtx", "at");
     let events = traced(&[], prog.path(), || {
         let status = Command::new(workload_bin("execveat"))
             .args([prog.path(), "via-fd"])
@@ -153,7 +117,7 @@ fn execveat_through_a_descriptor_is_reported() {
 
 #[test]
 fn a_script_shows_as_it_was_run_not_as_its_interpreter() {
-    let prog = Program::new("script");
+    let prog = UniqueProgram::new("rtx", "script");
     // The kernel runs `/bin/sh -e SCRIPT one two`; bcc shows the exec as
     // the caller made it.
     std::fs::write(prog.path(), "#!/bin/sh -e\ntrue\n").unwrap();
@@ -173,7 +137,7 @@ fn a_script_shows_as_it_was_run_not_as_its_interpreter() {
 
 #[test]
 fn max_args_truncates_with_a_marker() {
-    let prog = Program::new("max");
+    let prog = UniqueProgram::new("rtx", "max");
     let long = "y".repeat(300);
     let events = traced(&["--max-args", "3"], prog.path(), || {
         Command::new(prog.path())
@@ -193,7 +157,7 @@ fn max_args_truncates_with_a_marker() {
 
 #[test]
 fn line_filter_matches_arguments_and_name_filter_matches_comm() {
-    let prog = Program::new("l");
+    let prog = UniqueProgram::new("rtx", "l");
     let tag = format!("marker{}", std::process::id());
     let work = || {
         Command::new(prog.path()).arg(&tag).status().unwrap();
@@ -203,7 +167,7 @@ fn line_filter_matches_arguments_and_name_filter_matches_comm() {
     let events = traced(&["-l", &tag], prog.path(), work);
     assert_eq!(events.len(), 1, "{events:#?}");
     assert_eq!(strings(&events[0]["args"])[1], tag);
-    let name = prog.path.file_name().unwrap().to_str().unwrap()[..6].to_owned();
+    let name = prog.name()[..6].to_owned();
     let events = traced(&["-n", &name], prog.path(), work);
     assert_eq!(events.len(), 2, "{events:#?}");
     let events = traced(&["-n", "no-such-command"], prog.path(), work);
@@ -212,7 +176,7 @@ fn line_filter_matches_arguments_and_name_filter_matches_comm() {
 
 #[test]
 fn text_output_has_libbpf_tools_columns_and_ppid() {
-    let prog = Program::new("txt");
+    let prog = UniqueProgram::new("rtx", "txt");
     let rtrace = Rtrace::start(&["execsnoop", "-U", "-T", "-q"]);
     let child = Command::new(prog.path())
         .arg("q\"uote")
@@ -245,7 +209,7 @@ fn text_output_has_libbpf_tools_columns_and_ppid() {
 fn cgroup_filter_keeps_only_members() {
     let cgroup = TestCgroup::new("execsnoop");
     let dir = cgroup.path.clone();
-    let prog = Program::new("cg");
+    let prog = UniqueProgram::new("rtx", "cg");
     let events = traced(&["-c", &dir], prog.path(), || {
         exec_inside_and_outside(&dir, &prog)
     });
@@ -256,7 +220,7 @@ fn cgroup_filter_keeps_only_members() {
 
 /// Runs `prog inside` in cgroup `dir` (a shell moves itself there, then
 /// execs), and `prog outside` where the tests run.
-fn exec_inside_and_outside(dir: &str, prog: &Program) {
+fn exec_inside_and_outside(dir: &str, prog: &UniqueProgram) {
     let script = format!(
         "echo $$ > {dir}/cgroup.procs && exec {} inside",
         prog.path()
@@ -283,7 +247,7 @@ fn pinned_cgroup_and_mount_namespace_maps_keep_only_their_members() {
     let cgroup = TestCgroup::new("execsnoop-map");
     maps.insert(cg_index, cgroup_id(&cgroup.path));
     let dir = cgroup.path.clone();
-    let prog = Program::new("map");
+    let prog = UniqueProgram::new("rtx", "map");
     let events = traced(&["--cgroupmap", &cgroups], prog.path(), || {
         exec_inside_and_outside(&dir, &prog)
     });
@@ -444,7 +408,7 @@ fn parent_and_user_name_filters() {
 #[test]
 fn an_exec_storm_loses_nothing_with_default_settings() {
     const EACH: usize = 1500;
-    let prog = Program::new("storm");
+    let prog = UniqueProgram::new("rtx", "storm");
     let rtrace = Rtrace::start(&["execsnoop"]);
     run_workload(
         "execstorm",
@@ -452,7 +416,7 @@ fn an_exec_storm_loses_nothing_with_default_settings() {
     );
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
-    let name = prog.path.file_name().unwrap().to_str().unwrap().to_owned();
+    let name = prog.name();
     let seen = stdout
         .lines()
         .filter(|l| l.contains(&name) && l.contains(" storm-"))
