@@ -212,7 +212,10 @@ fn duration_ends_the_run() {
 #[test]
 fn bad_input_gets_one_line_and_nonzero_exit() {
     assert_one_line_error(&["ext4slower", "-p", "999999999"], "no such process");
-    assert_one_line_error(&["ext4slower", "--", "-3"], "bad threshold");
+    // `--` now starts a command (`-- CMD`), so a negative threshold is
+    // given as --min's value.
+    assert_one_line_error(&["ext4slower", "--min=-3"], "bad threshold");
+    assert_one_line_error(&["ext4slower", "--", "-3"], "cannot run -3");
     let (code, _, stderr) = run(&["ext4slower", "--bogus"]);
     assert_eq!(code, 2, "{stderr}");
     // --attach offers only the tool's own chain.
