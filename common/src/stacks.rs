@@ -19,6 +19,14 @@ pub const MISSED_KERNEL: u32 = 2;
 /// not samples.
 pub const OFF_CPU: u32 = 4;
 
+/// How coarse [`Key::slot`] is: 2^26 ns, 67 ms, within which code that a
+/// JIT put at one address in place of other code gets one name.
+pub const SLOT_SHIFT: u32 = 26;
+
+/// Processes `TIMED_JIT` holds: those whose stacks are counted by time
+/// slot, as their jitdumps name code by time.
+pub const MAX_TIMED: u32 = 1024;
+
 /// What samples are counted by: a process, its command and its two stacks.
 ///
 /// A stack is named by a 64-bit hash of its frames, computed in the
@@ -35,8 +43,11 @@ pub struct Key {
     /// The generation counted in (`GEN`): user space counts it up every
     /// second and moves the older generation's counts out.
     pub generation: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// For a process in `TIMED_JIT`, when its stacks were taken:
+    /// CLOCK_MONOTONIC >> [`SLOT_SHIFT`], truncated; else 0. Its JIT
+    /// frames are named by the code that was at their addresses then,
+    /// from its jitdump.
+    pub slot: u32,
     /// Hash of the user stack in `STACKS`, or 0 for none.
     pub user: u64,
     /// Hash of the kernel stack in `STACKS`, or 0 for none.
@@ -53,7 +64,7 @@ impl Key {
             tgid,
             flags: 0,
             generation: 0,
-            _pad: 0,
+            slot: 0,
             user: 0,
             kernel: 0,
             comm,

@@ -13,15 +13,15 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_comm,
+        bpf_get_current_comm, bpf_ktime_get_ns,
         generated::{bpf_get_stack, bpf_get_task_stack},
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
 use rtrace_common::stacks::{
-    ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, NEW_COUNTS,
-    NEW_STACKS, Seen, Stack, WakeKey,
+    ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MAX_TIMED,
+    NEW_COUNTS, NEW_STACKS, SLOT_SHIFT, Seen, Stack, WakeKey,
 };
 
 use crate::{EEXIST, atomic_add, count_error, events::Sink, scratch::Scratch};
@@ -79,6 +79,10 @@ static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(1, 0);
 /// a walk of every bucket, nor the stacks stored again after it.
 #[map]
 static STACK_NEW: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+/// Processes whose stacks are counted by time slot ([`Key::slot`]): user
+/// space puts those whose jitdumps name code by time here.
+#[map]
+static TIMED_JIT: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TIMED, 0);
 /// Where a stack is walked: it is larger than the eBPF stack.
 #[map]
 static STACK_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
@@ -169,6 +173,11 @@ pub fn describe_current<C: EbpfContext, S: Sink>(
     key: &mut Key,
 ) {
     *key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
+    // SAFETY: the value is only tested for presence.
+    if unsafe { TIMED_JIT.get(tgid) }.is_some() {
+        // SAFETY: a helper without arguments.
+        key.slot = (unsafe { bpf_ktime_get_ns() } >> SLOT_SHIFT) as u32;
+    }
     if kernel {
         key.set_kernel(kernel_stack(ctx));
     }

@@ -29,8 +29,9 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, IterableMap as _},
 };
-use rtrace_common::profile::{
-    Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey,
+use rtrace_common::{
+    profile::{Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey},
+    stacks::SLOT_SHIFT,
 };
 
 use crate::kernel::load::per_cpu_sums;
@@ -123,6 +124,10 @@ fn move_counts<K: aya::Pod>(
     }
     remove(&mut counts, &moved, batched).context("cannot clear map STACK_COUNTS")
 }
+
+/// How long counts by time slot wait for a jitdump to name their JIT code
+/// before they give up their slot.
+const SLOT_PATIENCE: Duration = Duration::from_secs(10);
 
 /// The longest the kernel's tables stay put, however little is new: the
 /// counts of processes gone wait for a move to be symbolized and their
@@ -239,6 +244,43 @@ impl StackStore {
         Ok(())
     }
 
+    /// Settles what can be of the counts by time slot ([`Key::slot`]) of
+    /// processes `pids`, whose jitdumps tell which code was at an address
+    /// when, while they run: a stack whose JIT code the dump names
+    /// already. The others wait, as runtimes buffer their records (V8
+    /// writes 2 MB at a time, or at exit), for the process's exit or the
+    /// end; after `SLOT_PATIENCE` their slot is dropped, so that what
+    /// waits does not grow with the run, and they take the newest code
+    /// at their addresses when named.
+    pub fn settle_timed(&mut self, sym: &mut Symbolizer, pids: &HashSet<u32>) {
+        if pids.is_empty() {
+            return;
+        }
+        sym.read_dumps();
+        let waiting: Vec<WakeKey> = self
+            .counts
+            .keys()
+            .filter(|k| k.key.slot != 0 && pids.contains(&k.key.tgid))
+            .copied()
+            .collect();
+        let now = crate::kernel::monotonic_ns();
+        let oldest = now.saturating_sub(SLOT_PATIENCE.as_nanos() as u64);
+        let mut ready: HashSet<WakeKey> = HashSet::new();
+        for k in waiting {
+            let ips = self.stacks.get(&k.key.user).map_or(&[][..], |h| &h.ips);
+            if sym.names_all_jit(k.key.tgid, ips) {
+                ready.insert(k);
+            } else if slot_middle(k.key.slot, now) < oldest
+                && let Some(n) = self.counts.remove(&k)
+            {
+                let mut untimed = k;
+                untimed.key.slot = 0;
+                *self.counts.entry(untimed).or_default() += n;
+            }
+        }
+        self.settle_where(sym, |k| ready.contains(k));
+    }
+
     /// Captures the mappings of every process with counts that the
     /// symbolizer knows nothing of: the kernel tells of a process at its
     /// first sample, and this catches one whose news was lost.
@@ -298,10 +340,16 @@ impl StackStore {
     /// Symbolizes the counts naming a process `which` admits and moves
     /// them to the settled counts.
     fn settle(&mut self, sym: &mut Symbolizer, which: impl Fn(u32) -> bool) {
-        let entries: Vec<(WakeKey, u64)> = self
+        self.settle_where(sym, |k| tgids(k).any(&which));
+    }
+
+    /// Symbolizes the counts whose keys `which` admits and moves them to
+    /// the settled counts.
+    fn settle_where(&mut self, sym: &mut Symbolizer, which: impl Fn(&WakeKey) -> bool) {
+        let mut entries: Vec<(WakeKey, u64)> = self
             .counts
             .iter()
-            .filter(|(k, _)| tgids(k).any(&which))
+            .filter(|(k, _)| which(k))
             .map(|(k, n)| (*k, *n))
             .collect();
         if entries.is_empty() {
@@ -310,6 +358,20 @@ impl StackStore {
         for (k, _) in &entries {
             self.counts.remove(k);
         }
+        entries.sort_unstable_by_key(|(k, _)| k.key.slot);
+        // JIT frames are named by the code at their addresses in the slot
+        // counted in, where there is one.
+        let now = crate::kernel::monotonic_ns();
+        for group in entries.chunk_by(|a, b| a.0.key.slot == b.0.key.slot) {
+            let slot = group[0].0.key.slot;
+            sym.jit_time((slot != 0).then(|| slot_middle(slot, now)));
+            self.name(sym, group);
+        }
+        sym.jit_time(None);
+    }
+
+    /// Symbolizes counts and adds them to the settled counts.
+    fn name(&mut self, sym: &mut Symbolizer, entries: &[(WakeKey, u64)]) {
         let threads = |k: &WakeKey| [Some(k.key), k.has_waker().then_some(k.waker)];
         let stacks = &self.stacks;
         let empty: Box<[u64]> = Box::default();
@@ -324,7 +386,7 @@ impl StackStore {
             key.flags & flag != 0 || (hash != 0 && !stacks.contains_key(&hash))
         };
         let mut named = Vec::with_capacity(entries.len());
-        for (k, count) in &entries {
+        for (k, count) in entries {
             let [thread, waker] = threads(k).map(|key| {
                 let key = key?;
                 let mut kernel = own_frames(frames.next().unwrap_or_default());
@@ -428,6 +490,18 @@ impl StackStore {
     }
 }
 
+/// The CLOCK_MONOTONIC middle of time slot `slot` ([`Key::slot`]), which
+/// the kernel truncated to 32 bits, taken as the latest such slot at or
+/// before `now`.
+fn slot_middle(slot: u32, now: u64) -> u64 {
+    let now_slot = now >> SLOT_SHIFT;
+    let mut full = (now_slot & !u64::from(u32::MAX)) | u64::from(slot);
+    if full > now_slot {
+        full = full.wrapping_sub(1 << 32);
+    }
+    (full << SLOT_SHIFT) + (1 << (SLOT_SHIFT - 1))
+}
+
 /// A kernel stack without the frames of the tracing machinery at its leaf.
 /// Stacks taken in a tracepoint program (offcputime's, `profile
 /// --off-cpu`'s) begin with the program and the tracepoint's calls
@@ -459,4 +533,23 @@ fn capture_unknown(pids: &[u32], sym: &mut Symbolizer) {
 /// The processes a count names: the thread's, and its waker's.
 fn tgids(k: &WakeKey) -> impl Iterator<Item = u32> {
     std::iter::once(k.key.tgid).chain(k.has_waker().then_some(k.waker.tgid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_placed_at_or_before_now_across_the_truncation() {
+        let ns = |slot: u64| (slot << SLOT_SHIFT) + (1 << (SLOT_SHIFT - 1));
+        let now = (5u64 << 32 | 7) << SLOT_SHIFT;
+        assert_eq!(slot_middle(7, now), ns(5 << 32 | 7));
+        assert_eq!(slot_middle(3, now), ns(5 << 32 | 3));
+        // A slot above now's low bits was counted before they wrapped.
+        assert_eq!(
+            slot_middle(u32::MAX, now),
+            ns((4 << 32) | u64::from(u32::MAX))
+        );
+        assert_eq!(slot_middle(9, 9 << SLOT_SHIFT), ns(9));
+    }
 }

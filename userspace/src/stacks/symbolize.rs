@@ -1,6 +1,7 @@
 //! Turning instruction pointers into function names: kernel frames from
 //! kallsyms, user frames from ELF symbols and DWARF (demangled, with inlined
-//! functions), and JIT frames from `/tmp/perf-PID.map`.
+//! functions), and JIT frames from jitdumps (`jit-PID.dump`) and
+//! `/tmp/perf-PID.map`.
 //!
 //! What a process's addresses mean is captured while it lives
 //! ([`Symbolizer::capture`]): its executable mappings, each with its file
@@ -11,7 +12,7 @@
 //! deleted files) rather than by path when the report is made.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::File,
     os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
     path::PathBuf,
@@ -27,7 +28,10 @@ use blazesym::{
     },
 };
 
-use crate::stacks::demangle;
+use crate::stacks::{
+    demangle,
+    jitdump::{self, JitDump},
+};
 
 /// What kind of code a frame is in; flame graphs color by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -210,6 +214,63 @@ struct JitPath {
     _root: Option<Arc<File>>,
 }
 
+/// A process's jitdump file ([`jitdump`](super::jitdump)), held open from
+/// when its mapping is first seen: it is read again as the runtime appends
+/// to it, after the process has exited and after the runtime deleted it.
+struct Dump {
+    file: File,
+    /// Its path in the process, for warnings.
+    shown: String,
+    dump: JitDump,
+    /// Why reading stopped, if it did.
+    error: Option<String>,
+}
+
+impl Dump {
+    /// What was read, for `-v`.
+    fn summary(&self, pid: u32) -> String {
+        let held = if self.dump.is_empty() {
+            "no code".to_owned()
+        } else {
+            format!("{} code placements", self.dump.len())
+        };
+        format!(
+            "jitdump of PID {pid} ({}): {held}, {} malformed records skipped{}",
+            self.shown,
+            self.dump.malformed(),
+            if self.dump.closed() { ", closed" } else { "" }
+        )
+    }
+
+    /// Why names from it may be wrong or missing, if they may.
+    fn warning(&self, pid: u32) -> Option<String> {
+        if let Some(e) = &self.error {
+            return Some(format!(
+                "PID {pid}: {} was read only up to byte {}: {e}",
+                self.shown,
+                self.dump.offset()
+            ));
+        }
+        (self.dump.header().is_some() && !self.dump.timed()).then(|| {
+            format!(
+                "PID {pid}: {} has the CPU's own timestamps, not CLOCK_MONOTONIC: \
+                 code the JIT replaced at one address takes the newest name",
+                self.shown
+            )
+        })
+    }
+
+    /// Reads what the runtime appended since the last read.
+    fn read_more(&mut self) {
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = self.dump.read_more(&mut self.file) {
+            self.error = Some(e.to_string());
+        }
+    }
+}
+
 /// One frame located: where, its address, and its file's mapping.
 type Place = (Loc, u64, Option<Arc<CodeMapping>>);
 
@@ -274,6 +335,13 @@ pub struct Symbolizer {
     failures: std::collections::BTreeMap<String, String>,
     /// Processes with JIT frames that their perf map did not name.
     unnamed: std::collections::BTreeMap<u32, Unnamed>,
+    /// Jitdump files by the pid of the process that maps them.
+    dumps: HashMap<u32, Dump>,
+    /// The CLOCK_MONOTONIC time JIT code is looked up at in jitdumps (see
+    /// [`Symbolizer::jit_time`]); `None` takes the newest code.
+    jit_time: Option<u64>,
+    /// What the dumps of processes forgotten held, and their warnings.
+    gone_dumps: Vec<(String, Option<String>)>,
 }
 
 /// What changes kallsyms between two looks: modules loaded or unloaded,
@@ -341,6 +409,9 @@ impl Symbolizer {
             prefetch: None,
             failures: std::collections::BTreeMap::new(),
             unnamed: std::collections::BTreeMap::new(),
+            dumps: HashMap::new(),
+            jit_time: None,
+            gone_dumps: Vec::new(),
         }
     }
 
@@ -368,10 +439,12 @@ impl Symbolizer {
                 .unwrap_or_default();
             let why = match u.map {
                 "missing" => format!(
-                    "it wrote no {}; a JIT runtime writes one when asked \
-                     (node --perf-basic-prof, mono --jitmap, the JVM's perf-map-agent)",
+                    "it wrote no {} and mapped no jit-PID.dump; a JIT runtime writes one \
+                     when asked (node --perf-basic-prof or --perf-prof, mono --jitmap, \
+                     the JVM's perf-map-agent)",
                     u.shown
                 ),
+                "dump" => format!("its {} did not name them", u.shown),
                 "empty" => format!(
                     "its {} was empty; Mono and the JVM write it at exit: \
                      run the program under `rtrace profile -- CMD`",
@@ -388,6 +461,8 @@ impl Symbolizer {
                 u.frames
             ));
         }
+        out.extend(self.gone_dumps.iter().filter_map(|(_, w)| w.clone()));
+        out.extend(self.dumps.iter().filter_map(|(&pid, d)| d.warning(pid)));
         if self.unnamed.len() > SHOWN {
             out.push(format!(
                 "and JIT frames of {} other processes are unnamed",
@@ -404,6 +479,9 @@ impl Symbolizer {
         if let Some(proc) = self.procs.get_mut(&pid) {
             read_perf_map(pid, proc);
         }
+        if let Some(d) = self.dumps.get_mut(&pid) {
+            d.read_more();
+        }
     }
 
     /// Reads every known process's perf map again if it changed, at the
@@ -412,6 +490,46 @@ impl Symbolizer {
         for (&pid, proc) in &mut self.procs {
             read_perf_map(pid, proc);
         }
+        self.read_dumps();
+    }
+
+    /// Reads what runtimes appended to their jitdumps since the last read.
+    pub fn read_dumps(&mut self) {
+        for d in self.dumps.values_mut() {
+            d.read_more();
+        }
+    }
+
+    /// The processes with a jitdump whose times are comparable with
+    /// sample times: their stacks are worth naming at the time they were
+    /// counted ([`Symbolizer::jit_time`]).
+    pub fn timed_dumps(&self) -> HashSet<u32> {
+        self.dumps
+            .iter()
+            .filter(|(_, d)| d.dump.timed())
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+
+    /// What each jitdump read holds, for `-v`.
+    pub fn dump_summary(&self) -> Vec<String> {
+        let mut pids: Vec<&u32> = self.dumps.keys().collect();
+        pids.sort_unstable();
+        let live = pids.into_iter().map(|&pid| self.dumps[&pid].summary(pid));
+        self.gone_dumps
+            .iter()
+            .map(|(s, _)| s.clone())
+            .chain(live)
+            .collect()
+    }
+
+    /// Sets the CLOCK_MONOTONIC time at which JIT frames are looked up in
+    /// jitdumps until the next call: a JIT reuses the addresses of code it
+    /// threw away, and the code at an address when the stack was counted
+    /// is what ran. `None` takes the newest code at each address, as a
+    /// perf map has it.
+    pub fn jit_time(&mut self, at: Option<u64>) {
+        self.jit_time = at;
     }
 
     /// Gives frames their source file and line (`--lines`).
@@ -464,6 +582,7 @@ impl Symbolizer {
                 found.push(m);
             }
         }
+        self.find_dump(pid, &found);
         let proc = self.procs.entry(pid).or_default();
         for m in found {
             // A file that could not be opened this time (the process was
@@ -555,6 +674,38 @@ impl Symbolizer {
     /// symbolized and it is gone.
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
+        if let Some(d) = self.dumps.remove(&pid) {
+            self.gone_dumps.push((d.summary(pid), d.warning(pid)));
+        }
+    }
+
+    /// Opens and reads the jitdump among a process's executable mappings,
+    /// if it maps one and it is not open yet: a runtime maps its dump's
+    /// first page executable for perf to find it. The file was opened
+    /// with the mapping, through `map_files`, so a dump deleted since is
+    /// still read.
+    fn find_dump(&mut self, pid: u32, found: &[Mapping]) {
+        if self.dumps.contains_key(&pid) {
+            return;
+        }
+        let Some((id, name)) = found.iter().find_map(|m| {
+            let path = m.name.strip_suffix(" (deleted)").unwrap_or(&m.name);
+            jitdump::dump_pid(path)?;
+            Some((m.file?, path))
+        }) else {
+            return;
+        };
+        let Some(file) = self.files.get(&id).and_then(|f| f.file.try_clone().ok()) else {
+            return;
+        };
+        let mut dump = Dump {
+            file,
+            shown: name.to_owned(),
+            dump: JitDump::new(),
+            error: None,
+        };
+        dump.read_more();
+        self.dumps.insert(pid, dump);
     }
 
     /// Parses one line of `/proc/PID/maps`, keeping executable mappings and
@@ -765,8 +916,54 @@ impl Symbolizer {
         i.checked_sub(1).map(|i| &jit[i]).filter(|s| ip < s.end)
     }
 
-    /// The perf-map symbol at `ip` of `pid`, or `[unknown]`.
+    /// Whether every frame of user stack `ips` of `pid` (leaf first) that
+    /// is in JIT code is named, by the jitdump or the perf map.
+    pub fn names_all_jit(&self, pid: u32, ips: &[u64]) -> bool {
+        ips.iter().enumerate().all(|(i, &ip)| {
+            let ip = if i == 0 { ip } else { ip.saturating_sub(1) };
+            !self.in_jit_code(pid, ip)
+                || self.dump_symbol(pid, ip).is_some()
+                || self.jit_symbol(pid, ip).is_some()
+        })
+    }
+
+    /// Whether `ip` of `pid` is in anonymous executable memory, JIT code.
+    /// Addresses in no mapping at all are a walk gone astray.
+    fn in_jit_code(&self, pid: u32, ip: u64) -> bool {
+        self.procs.get(&pid).is_some_and(|p| {
+            p.maps
+                .iter()
+                .any(|m| m.name.is_empty() && (m.start..m.end).contains(&ip))
+        })
+    }
+
+    /// The code at `ip` of `pid` by its jitdump, at the time set by
+    /// [`Symbolizer::jit_time`].
+    fn dump_symbol(&self, pid: u32, ip: u64) -> Option<jitdump::JitSymbol<'_>> {
+        let dump = &self.dumps.get(&pid)?.dump;
+        match self.jit_time {
+            Some(t) => dump.lookup(ip, t),
+            None => dump.lookup_latest(ip),
+        }
+    }
+
+    /// The JIT code at `ip` of `pid` by its jitdump, else its perf map, or
+    /// `[unknown]`.
     fn jit_frame(&self, pid: u32, ip: u64) -> Frame {
+        if let Some(s) = self.dump_symbol(pid, ip) {
+            let kind = if interpreted(s.name) {
+                Kind::Interpreted
+            } else {
+                Kind::Jit
+            };
+            let mut frame = Frame::new(s.name.to_owned(), kind, Some("[jit]"));
+            if self.lines {
+                frame.line = s
+                    .source
+                    .map(|l| Arc::from(format!("{}:{}", l.file, l.line)));
+            }
+            return frame;
+        }
         match self.jit_symbol(pid, ip) {
             Some(s) => {
                 let kind = if interpreted(&s.name) {
@@ -788,22 +985,23 @@ impl Symbolizer {
         let mut found: HashMap<u32, u64> = HashMap::new();
         for (loc, _, _) in places.iter().flatten() {
             let Loc::Jit(pid, ip) = *loc else { continue };
-            let anon = self.procs.get(&pid).is_some_and(|p| {
-                p.maps
-                    .iter()
-                    .any(|m| m.name.is_empty() && (m.start..m.end).contains(&ip))
-            });
-            if anon && self.jit_symbol(pid, ip).is_none() {
+            if self.in_jit_code(pid, ip)
+                && self.jit_symbol(pid, ip).is_none()
+                && self.dump_symbol(pid, ip).is_none()
+            {
                 *found.entry(pid).or_default() += 1;
             }
         }
         for (pid, frames) in found {
             let proc = &self.procs[&pid];
-            let (map, shown) = match &proc.jit_path {
-                None => ("missing", format!("/tmp/perf-{pid}.map")),
-                Some(j) if std::fs::metadata(&j.path).is_err() => ("missing", j.shown.clone()),
-                Some(j) if proc.jit_len == 0 => ("empty", j.shown.clone()),
-                Some(j) => ("partial", j.shown.clone()),
+            let (map, shown) = match (&proc.jit_path, self.dumps.get(&pid)) {
+                (_, Some(d)) => ("dump", d.shown.clone()),
+                (None, None) => ("missing", format!("/tmp/perf-{pid}.map")),
+                (Some(j), None) if std::fs::metadata(&j.path).is_err() => {
+                    ("missing", j.shown.clone())
+                }
+                (Some(j), None) if proc.jit_len == 0 => ("empty", j.shown.clone()),
+                (Some(j), None) => ("partial", j.shown.clone()),
             };
             let entry = self.unnamed.entry(pid).or_insert_with(|| Unnamed {
                 comm: proc.comm.clone(),

@@ -17,6 +17,7 @@ use crate::kernel::procmaps;
 #[cfg(test)]
 use crate::stacks::cfi::{CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAVED, Row};
 use crate::stacks::cfi::{CfiError, Table, compile, segments};
+use crate::stacks::jitdump::dump_pid;
 
 /// One file's table, shared by every process that maps the file.
 #[derive(Debug)]
@@ -97,7 +98,9 @@ impl Tables {
         };
         let mut regions = Vec::new();
         for m in procmaps::read(pid)?.into_iter().filter(|m| m.exec) {
-            let file = m.path().and_then(|path| {
+            // A jitdump is mapped executable only for profilers to find
+            // it; it is data, never run, and has no CFI.
+            let file = m.path().filter(|p| dump_pid(p).is_none()).and_then(|path| {
                 File::open(format!("{proc_dir}/map_files/{}", m.range()))
                     .or_else(|_| File::open(format!("{proc_dir}/root{path}")))
                     .ok()

@@ -4,11 +4,15 @@
 //! the stack store and the symbolizer, and the events that tie them
 //! together. A tool adds only its own programs and its own output.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use aya::{
     Ebpf,
+    maps::{HashMap as BpfHashMap, MapData},
     programs::{RawTracePoint, raw_trace_point::RawTracePointLink},
 };
 use rtrace_common::{
@@ -97,6 +101,14 @@ pub struct StackTool {
     report_start: Option<Instant>,
     /// What the report took, for `-v`.
     report: Option<String>,
+    /// The kernel's `TIMED_JIT`, taken at attach so that a process is
+    /// put there as soon as its jitdump is found.
+    timed_map: Option<BpfHashMap<MapData, u32, u8>>,
+    /// Processes in the kernel's `TIMED_JIT`.
+    marked: HashSet<u32>,
+    /// Processes that `TIMED_JIT` had no room for: their JIT frames are
+    /// named at the store's moves, not by time slot.
+    unmarked: HashSet<u32>,
     /// `--hide`, `--collapse`, `--collapse-recursion`.
     transforms: crate::output::stacks::transform::TransformArgs,
 }
@@ -163,9 +175,14 @@ impl StackTool {
     /// symbolized all the same; with the CFI walk, builds their tables and
     /// attaches the exec and fork programs.
     pub fn attach(&mut self, ebpf: &mut Ebpf, pids: &[u32]) -> anyhow::Result<()> {
+        let map = ebpf
+            .take_map("TIMED_JIT")
+            .context("map TIMED_JIT missing")?;
+        self.timed_map = Some(BpfHashMap::try_from(map)?);
         for &pid in pids {
             self.sym.capture(pid, true);
         }
+        self.mark_timed();
         if !self.cfi_loaded {
             return Ok(());
         }
@@ -217,6 +234,7 @@ impl StackTool {
         // Code the walk found in no region is new to the symbolizer too.
         if !exec {
             self.sym.capture(seen.tgid, new_code);
+            self.mark_timed();
         }
         if let Some(cfi) = &mut self.cfi {
             cfi.add_process(seen.tgid, exec || new_code)?;
@@ -252,12 +270,41 @@ impl StackTool {
         if let Some(cfi) = &mut self.cfi {
             cfi.forget_exited();
         }
-        if !self.store.due(ebpf)? {
+        // Processes with a timed jitdump are counted by time slot, which
+        // fills the kernel's table faster: it is moved out every tick.
+        self.mark_timed();
+        if self.marked.is_empty() && !self.store.due(ebpf)? {
             return Ok(());
         }
         self.store.drain(ebpf, false)?;
+        self.store.settle_timed(&mut self.sym, &self.marked);
         self.store.settle_gone(&mut self.sym);
         Ok(())
+    }
+
+    /// Tells the kernel which processes' stacks to count by time slot:
+    /// those with a timed jitdump, and no others, so that the table holds
+    /// only live ones.
+    fn mark_timed(&mut self) {
+        let Some(map) = &mut self.timed_map else {
+            return;
+        };
+        let timed = self.sym.timed_dumps();
+        if timed == self.marked {
+            return;
+        }
+        for pid in self.marked.difference(&timed) {
+            // Gone already is fine.
+            let _ = map.remove(pid);
+        }
+        for &pid in timed.difference(&self.marked) {
+            match map.insert(pid, 1, 0) {
+                Ok(()) => self.unmarked.remove(&pid),
+                Err(_) => self.unmarked.insert(pid),
+            };
+        }
+        self.marked = timed;
+        self.marked.retain(|p| !self.unmarked.contains(p));
     }
 
     /// Once counting has stopped: every count, symbolized and transformed
@@ -268,8 +315,9 @@ impl StackTool {
         let _detaching = self.links.take().map(Detaching::start);
         self.store.drain(ebpf, true)?;
         self.store.capture_unknown(&mut self.sym);
-        // Perf maps written at exit (Mono's, the JVM's), by processes that
-        // exited as counting stopped or were still running.
+        // Perf maps and jitdumps written at exit (Mono's, the JVM's, V8's
+        // buffer), by processes that exited as counting stopped or were
+        // still running.
         self.sym.read_all_jit();
         let samples = self.store.samples(&mut self.sym);
         Ok(self.transforms.samples(samples))
@@ -296,7 +344,12 @@ impl StackTool {
                 c.cache_summary()
             )
         });
-        self.report.iter().cloned().chain(tables).collect()
+        self.report
+            .iter()
+            .cloned()
+            .chain(tables)
+            .chain(self.sym.dump_summary())
+            .collect()
     }
 
     /// Processes whose tables could not be built, files whose frames
@@ -304,6 +357,15 @@ impl StackTool {
     pub fn warnings(&self) -> Vec<String> {
         let mut out = self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default();
         out.extend(self.sym.warnings());
+        if !self.unmarked.is_empty() {
+            out.push(format!(
+                "{} processes with jitdumps did not fit in map TIMED_JIT ({} entries): \
+                 their JIT frames are named by the code at each address when the \
+                 stack tables were moved out (every second), not within 67 ms",
+                self.unmarked.len(),
+                rtrace_common::stacks::MAX_TIMED
+            ));
+        }
         out
     }
 }
