@@ -360,7 +360,7 @@ impl Corked {
             // SAFETY: in the child; see `child`.
             unsafe {
                 child(
-                    cork_r.as_raw_fd(),
+                    [cork_r.as_raw_fd(), cork_w.as_raw_fd()],
                     err_w.as_raw_fd(),
                     path_c.as_ptr(),
                     argv.as_ptr(),
@@ -504,7 +504,7 @@ impl Drop for Corked {
 /// Runs between fork and exec in a multi-threaded process: only system
 /// calls on memory prepared before the fork.
 unsafe fn child(
-    cork: RawFd,
+    [cork, cork_w]: [RawFd; 2],
     errors: RawFd,
     path: *const libc::c_char,
     argv: *const *const libc::c_char,
@@ -513,6 +513,9 @@ unsafe fn child(
 ) -> ! {
     // SAFETY: all async-signal-safe calls on valid pointers.
     unsafe {
+        // The cork's other end is the tracer's: held here too, the pipe
+        // would never close when the tracer fails.
+        libc::close(cork_w);
         let mut go = 0u8;
         loop {
             let n = libc::read(cork, (&raw mut go).cast(), 1);

@@ -752,12 +752,19 @@ impl<T: Tool> Session<T> {
 /// Checks a scope with a command, starts the command held at its cork,
 /// and points the scope at the command's cgroup where it traces the
 /// command itself.
-fn start_command(scope: &mut Scope, duration: Option<u64>) -> anyhow::Result<Option<Corked>> {
+fn start_command(
+    scope: &mut Scope,
+    duration: Option<u64>,
+    interval: Schedule,
+) -> anyhow::Result<Option<Corked>> {
     if scope.command.is_empty() {
         return Ok(None);
     }
     if duration.is_some() {
         anyhow::bail!("a duration and -- CMD both say when to stop: give one of them");
+    }
+    if let Schedule::Every { count: Some(_), .. } = interval {
+        anyhow::bail!("a count of intervals and -- CMD both say when to stop: give one of them");
     }
     let line = CommandLine {
         argv: scope.command.clone(),
@@ -792,7 +799,7 @@ fn direct_output(scope: &Scope) -> anyhow::Result<()> {
 pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<u8> {
     let tool = T::new(args)?;
     let mut scope = tool.scope();
-    let mut command = start_command(&mut scope, tool.duration())?;
+    let mut command = start_command(&mut scope, tool.duration(), tool.interval())?;
     direct_output(&scope)?;
     let session = Session::open(tool, &scope, global, false)?;
     if global.verbose {
