@@ -58,7 +58,11 @@ Examples:
         # write sizes of process 1005
   rtrace argdist -H 'r:c:read():ssize_t:$latency/1000#read latency (us)'
   rtrace argdist -C 'p:c:nanosleep(struct timespec *req):long:req->tv_nsec'
-  rtrace argdist -C 'p::vfs_write(struct file *f, char *b, size_t n):char*:f->f_path.dentry->d_name.name'"
+  rtrace argdist -C 'p::vfs_write(struct file *f, char *b, size_t n):char*:f->f_path.dentry->d_name.name'
+  rtrace argdist -C 't:syscalls:sys_enter_write():u64:args->count' -- dd if=/dev/zero of=/dev/null bs=4k count=1000
+        # write sizes of one dd, from its first instruction until it exits
+  rtrace argdist -H 'p:c:malloc(size_t size):size_t:size' -- ls -lR /usr/share/doc
+        # malloc sizes of one ls (outputs every -i seconds and at its exit)"
 )]
 pub struct Args {
     #[command(flatten)]
@@ -71,7 +75,7 @@ pub struct Args {
     #[arg(short = 'n', long = "number", value_name = "COUNT",
           value_parser = crate::output::at_least_one::<u64>)]
     count: Option<u64>,
-    /// Total seconds to trace.
+    /// Total seconds to trace (not with -- CMD, which says when to stop).
     #[arg(short = 'd', long, value_name = "SECS",
           value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,

@@ -50,7 +50,10 @@ const CHAIN: [Mechanism; 3] = [
   rtrace biolatency -D          # show each disk device separately
   rtrace biolatency -F          # show I/O flags separately
   rtrace biolatency -d sdc      # trace sdc only
-  rtrace biolatency -c CG       # trace I/O issued by cgroup v2 directory CG")]
+  rtrace biolatency -c CG       # trace I/O issued by cgroup v2 directory CG
+  rtrace biolatency -m -- dd if=/dev/zero of=f bs=1M count=100 oflag=direct
+                                # the I/O of one command, until it exits
+  rtrace biolatency -D --percentiles -- dd if=f of=/dev/null bs=1M iflag=direct")]
 pub struct Args {
     #[command(flatten)]
     interval: IntervalArgs,

@@ -58,7 +58,10 @@ const HOOKS: [(&str, &str); 5] = [
   rtrace execsnoop -q          # add \"quotemarks\" around arguments
   rtrace execsnoop -n main     # only print command lines containing \"main\"
   rtrace execsnoop -l tpkg     # only print command where arguments contain \"tpkg\"
-  rtrace execsnoop -c CG       # trace processes in cgroup v2 directory CG")]
+  rtrace execsnoop -c CG       # trace processes in cgroup v2 directory CG
+  rtrace execsnoop -- make     # what a build runs, and nothing else, until it ends
+  rtrace execsnoop -T --user nobody -- sh -c 'id -un; ls /'
+                               # run the command as nobody (-u is the UID filter)")]
 pub struct Args {
     /// Include a time column (HH:MM:SS).
     #[arg(short = 'T', long)]

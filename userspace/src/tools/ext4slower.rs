@@ -107,7 +107,9 @@ const SYSCALLS: [&str; 9] = [
   rtrace ext4slower -c          # CSV output (ENDTIME_ns,...,LATENCY_us,FILE)
   rtrace ext4slower -p 185      # trace PID 185 only
   rtrace ext4slower -d 10       # trace for 10 seconds only
-  rtrace ext4slower --json      # one JSON object per operation")]
+  rtrace ext4slower --json      # one JSON object per operation
+  rtrace ext4slower -m 0 -- tar xf src.tar   # every operation of one tar, until it exits
+  rtrace ext4slower --min=1 -- dd if=/dev/zero of=f bs=1M count=32 conv=fsync")]
 pub struct Args {
     /// Trace operations slower than this many milliseconds (0: all).
     #[arg(value_name = "MIN_MS", conflicts_with = "min")]
@@ -117,7 +119,8 @@ pub struct Args {
     min: Option<f64>,
     #[command(flatten)]
     scope: ScopeArgs<{ own::C | own::T }>,
-    /// Trace for this many seconds, then exit.
+    /// Trace for this many seconds, then exit (not with -- CMD, which says
+    /// when to stop).
     #[arg(short = 'd', long, value_name = "SECS",
           value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,

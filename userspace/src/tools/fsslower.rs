@@ -11,7 +11,9 @@ use super::ext4slower::{self, FILE_SYSTEMS, Fs, FsChoice, Slower};
   rtrace fsslower -t xfs        # xfs operations slower than 10 ms (default)
   rtrace fsslower -t btrfs 1    # btrfs operations slower than 1 ms
   rtrace fsslower -t nfs -m 0   # every nfs operation
-  rtrace fsslower -t ext4 -p 185   # as rtrace ext4slower -p 185")]
+  rtrace fsslower -t ext4 -p 185   # as rtrace ext4slower -p 185
+  rtrace fsslower -t xfs -m 0 -- tar xf src.tar -C /mnt/xfs   # every xfs operation of one tar
+  rtrace fsslower -t xfs 1 -- dd if=/dev/zero of=/mnt/xfs/f bs=1M count=64 conv=fsync")]
 pub struct Args {
     /// Which file system: ext4, xfs, btrfs or nfs.
     #[arg(short = 't', long = "type", value_name = "TYPE", value_parser = fs_type)]

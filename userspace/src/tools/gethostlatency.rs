@@ -29,7 +29,9 @@ use crate::{
   rtrace gethostlatency            # time lookups by every process
   rtrace gethostlatency -p 181     # only trace PID 181
   rtrace gethostlatency -l /usr/lib/musl/lib/libc.so  # this libc
-  rtrace gethostlatency --json     # one JSON object per lookup")]
+  rtrace gethostlatency --json     # one JSON object per lookup
+  rtrace gethostlatency -- getent ahosts localhost   # the lookups of one command
+  rtrace gethostlatency -p 181 -- sleep 10           # PID 181's lookups for 10 seconds")]
 pub struct Args {
     /// The processes traced (with -p, each process's own libc is found
     /// through /proc/PID/root, so a container's libc is traced).

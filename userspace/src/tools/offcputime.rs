@@ -48,9 +48,12 @@ use crate::{
   rtrace offcputime -K          # only show kernel space stacks (no user)
   rtrace offcputime --state D   # only threads blocked uninterruptibly (I/O)
   rtrace offcputime --waker -p 185   # and the stacks of the threads that woke them
-  rtrace offcputime --svg off.svg 10   # an off-CPU flame graph of 10 seconds")]
+  rtrace offcputime --svg off.svg 10   # an off-CPU flame graph of 10 seconds
+  rtrace offcputime -- make -j2        # where a build and all it starts wait, until it ends
+  rtrace offcputime -p 185 -- sleep 10   # PID 185 for as long as the command runs")]
 pub struct Args {
-    /// Trace for this many seconds; without it, until Ctrl-C.
+    /// Trace for this many seconds; without it, until Ctrl-C (not with
+    /// -- CMD, which says when to stop).
     #[arg(value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
     #[command(flatten)]

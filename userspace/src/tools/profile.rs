@@ -104,9 +104,12 @@ impl Event {
   rtrace profile -K               # only show kernel space stacks (no user)
   rtrace profile --svg cpu.svg 10 # a flame graph of 10 seconds
   rtrace profile -e page-faults   # where page faults happen
-  rtrace profile --off-cpu -p 185 --svg wall.svg 10   # on- and off-CPU time in one graph")]
+  rtrace profile --off-cpu -p 185 --svg wall.svg 10   # on- and off-CPU time in one graph
+  rtrace profile -F 99 -- ./prog  # run ./prog, profile it and what it starts until it exits
+  rtrace profile --svg build.svg -- make -j2   # a flame graph of a whole build")]
 pub struct Args {
-    /// Profile for this many seconds; without it, until Ctrl-C.
+    /// Profile for this many seconds; without it, until Ctrl-C (not with
+    /// -- CMD, which says when to stop).
     #[arg(value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
     /// Sample this many times per second on each CPU (default 49).

@@ -41,7 +41,9 @@ const HOOKS: [&str; 3] = ["sched_wakeup", "sched_wakeup_new", "sched_switch"];
   rtrace runqlat -mT 1        # 1s summaries, milliseconds, and timestamps
   rtrace runqlat -P           # show each PID separately
   rtrace runqlat -p 185       # trace PID 185 only
-  rtrace runqlat --percentiles --json 5")]
+  rtrace runqlat --percentiles --json 5
+  rtrace runqlat -- stress-ng --cpu 4 --timeout 5s      # the load's own tasks, until it exits
+  rtrace runqlat -a -- stress-ng --cpu 4 --timeout 5s   # every task, while the load runs")]
 pub struct Args {
     #[command(flatten)]
     interval: IntervalArgs,

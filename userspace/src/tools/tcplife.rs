@@ -44,7 +44,11 @@ const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
   rtrace tcplife -L 80,81     # only trace local ports 80 and 81
   rtrace tcplife -D 80        # only trace remote port 80
   rtrace tcplife -4           # only trace IPv4 family
-  rtrace tcplife --json       # one JSON object per session, exact bytes")]
+  rtrace tcplife --json       # one JSON object per session, exact bytes
+  rtrace tcplife -- curl -s -o /dev/null http://127.0.0.1:8000/
+                              # the sessions of one command, until it exits
+  rtrace tcplife -a -T -- curl -s -o /dev/null http://127.0.0.1:8000/
+                              # every session while it runs (the server's end too)")]
 pub struct Args {
     /// Include a time column (HH:MM:SS).
     #[arg(short = 'T', long)]
