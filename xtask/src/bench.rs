@@ -13,6 +13,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+mod command;
 mod exporter;
 mod startup;
 
@@ -68,13 +69,15 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
                 ),
             );
             let startup = startup::run().and_then(|t| update_doc("startup", &t));
-            all.and(startup)
+            let command = command::run().and_then(|t| update_doc("command", &t));
+            all.and(startup).and(command)
         }
         Some("startup") => update_doc("startup", &startup::run()?),
+        Some("command") => update_doc("command", &command::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
-                "unknown benchmark {one}; known: all, {}, startup",
+                "unknown benchmark {one}; known: all, {}, startup, command",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },
