@@ -319,17 +319,6 @@ fn parse_range(s: &str) -> Result<(Duration, Duration), String> {
     Ok((a, b))
 }
 
-/// Now on `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid clock id and out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 impl Tool for Profile {
     type Args = Args;
     const NAME: &'static str = "profile";
@@ -489,7 +478,7 @@ impl Tool for Profile {
             .try_into()?;
         prog.load().context("cannot load the profile program")?;
         // Time zero, just before the first sample can come.
-        self.window_start = monotonic_ns();
+        self.window_start = crate::kernel::monotonic_ns();
         let mut window: aya::maps::Array<_, u64> =
             aya::maps::Array::try_from(ebpf.map_mut("WINDOW").context("map WINDOW missing")?)?;
         window
