@@ -533,6 +533,13 @@ unsafe fn child(
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        // A shell starts a background job with SIGINT ignored, which the
+        // command would inherit, and a SIGINT passed on to it would do
+        // nothing. perf sets its handlers before it forks, so its command
+        // starts with the default; so does this one. SIGHUP is left as
+        // it was: under nohup the command is to outlive the terminal.
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
         let fail = |step: u8| -> ! {
             let e = (*libc::__errno_location()).to_le_bytes();
             let report = [step, e[0], e[1], e[2], e[3]];
