@@ -574,6 +574,20 @@ impl Symbolizer {
             return;
         }
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            // Gone before it was ever read: its perf map, named by its pid,
+            // may still name its JIT code (written at exit, or as it ran).
+            if let std::collections::hash_map::Entry::Vacant(e) = self.procs.entry(pid) {
+                let shown = format!("/tmp/perf-{pid}.map");
+                let proc = e.insert(Process {
+                    jit_path: Some(JitPath {
+                        path: shown.clone(),
+                        shown,
+                        _root: None,
+                    }),
+                    ..Process::default()
+                });
+                read_perf_map(pid, proc);
+            }
             return;
         };
         let mut found = Vec::new();
@@ -601,6 +615,21 @@ impl Symbolizer {
         }
         proc.captured = Some(Instant::now());
         read_perf_map(pid, proc);
+    }
+
+    /// Notes that process `pid` ran a new program: what was captured of
+    /// the old one (inherited at fork, or read before) no longer says what
+    /// its addresses mean, so its mappings are read again at once and its
+    /// JIT files looked for afresh.
+    pub fn exec(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.captured = None;
+            p.jit.clear();
+            p.jit_len = 0;
+            p.jit_path = None;
+        }
+        self.close_dump(pid);
+        self.capture(pid, true);
     }
 
     /// Whether anything was captured of process `pid`.
@@ -674,6 +703,12 @@ impl Symbolizer {
     /// symbolized and it is gone.
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
+        self.close_dump(pid);
+    }
+
+    /// Closes process `pid`'s jitdump, keeping what `-v` and the warnings
+    /// say of it.
+    fn close_dump(&mut self, pid: u32) {
         if let Some(d) = self.dumps.remove(&pid) {
             self.gone_dumps.push((d.summary(pid), d.warning(pid)));
         }

@@ -231,11 +231,15 @@ impl StackTool {
         }
         let exec = seen.flags & SEEN_EXEC != 0;
         let new_code = seen.flags & SEEN_NEW_CODE != 0;
-        // Code the walk found in no region is new to the symbolizer too.
-        if !exec {
+        // Code the walk found in no region is new to the symbolizer too;
+        // a new program makes what was captured (its parent's, at fork)
+        // wrong.
+        if exec {
+            self.sym.exec(seen.tgid);
+        } else {
             self.sym.capture(seen.tgid, new_code);
-            self.mark_timed();
         }
+        self.mark_timed();
         if let Some(cfi) = &mut self.cfi {
             cfi.add_process(seen.tgid, exec || new_code)?;
         }
