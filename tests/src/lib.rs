@@ -838,3 +838,32 @@ impl Drop for UniqueProgram {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Asserts that `a` of `a + b` samples is the share `want` that the
+/// workload measured itself, within 5 points and three standard errors
+/// of a share of that many samples.
+pub fn assert_share(what: &str, a: u64, b: u64, want: f64) {
+    let n = (a + b) as f64;
+    let got = a as f64 / n;
+    let bound = 0.05 + 3.0 * (want * (1.0 - want) / n).sqrt();
+    assert!(
+        (got - want).abs() <= bound,
+        "{what}'s share {got:.3} of {n} samples, the workload measured {want:.3} (bound {bound:.3})"
+    );
+}
+
+/// A file-operation event of ext4slower or fsslower as the `fileops`
+/// workload lists its operations: type, bytes (-1 for a whole file) and
+/// offset.
+pub fn file_op(e: &serde_json::Value) -> (String, i64, i64) {
+    let bytes = if e["whole_file"] == true {
+        -1
+    } else {
+        e["bytes"].as_i64().unwrap()
+    };
+    (
+        e["type"].as_str().unwrap().to_owned(),
+        bytes,
+        e["offset"].as_i64().unwrap(),
+    )
+}

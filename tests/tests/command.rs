@@ -18,8 +18,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    Mount, PingPong, SIGINT, UniqueProgram, Workload, in_guest, json_lines, parse_folded,
-    rtrace_bin, run_workload, workload_bin,
+    Mount, PingPong, SIGINT, UniqueProgram, Workload, assert_share, file_op, in_guest, json_lines,
+    parse_folded, rtrace_bin, run_workload, workload_bin,
 };
 
 fn rtrace(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -312,14 +312,7 @@ fn mono_jit_frames_written_at_exit_are_named() {
         "only {} of {jit} JIT samples named",
         hot + warm
     );
-    let got = hot as f64 / (hot + warm) as f64;
-    // 5 points, and three standard errors of a share of this many samples.
-    let n = (hot + warm) as f64;
-    let bound = 0.05 + 3.0 * (want * (1.0 - want) / n).sqrt();
-    assert!(
-        (got - want).abs() <= bound,
-        "Hot's share {got:.3}, the program measured {want:.3} (bound {bound:.3})"
-    );
+    assert_share("HotProgram:Hot", hot, warm, want);
 }
 
 /// The same program, profiled by pid while it runs: its map is still
@@ -672,16 +665,7 @@ fn ext4slower_sees_every_file_operation_of_the_command_and_none_beside() {
         .filter(|e| e["file"] == name)
         .map(|e| {
             assert_eq!(e["comm"], "fileops", "{e}");
-            let bytes = if e["whole_file"] == true {
-                -1
-            } else {
-                e["bytes"].as_i64().unwrap()
-            };
-            (
-                e["type"].as_str().unwrap().to_owned(),
-                bytes,
-                e["offset"].as_i64().unwrap(),
-            )
+            file_op(e)
         })
         .collect();
     assert_eq!(got, did, "{stderr}");

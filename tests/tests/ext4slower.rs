@@ -4,7 +4,7 @@
 //! matrix.
 
 use rtrace_integration_tests::{
-    Mount, Rtrace, SIGHUP, SIGINT, SIGTERM, Traced, assert_one_line_error, json_lines,
+    Mount, Rtrace, SIGHUP, SIGINT, SIGTERM, Traced, assert_one_line_error, file_op, json_lines,
     mechanism_works, run, trace_workload,
 };
 
@@ -129,16 +129,7 @@ fn json_has_exact_offsets_and_latencies() {
             let ns = e["latency_ns"].as_u64().unwrap();
             let ms = e["latency_ms"].as_f64().unwrap();
             assert!((ns as f64 / 1e6 - ms).abs() < 1e-9, "{e}");
-            let bytes = if e["whole_file"] == true {
-                -1
-            } else {
-                e["bytes"].as_i64().unwrap()
-            };
-            (
-                e["type"].as_str().unwrap().to_owned(),
-                bytes,
-                e["offset"].as_i64().unwrap(),
-            )
+            file_op(&e)
         })
         .collect();
     assert_eq!(got, did, "{stdout}");

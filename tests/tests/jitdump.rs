@@ -10,7 +10,7 @@ use std::{
     process::{Command, Output, Stdio},
 };
 
-use rtrace_integration_tests::{in_guest, parse_folded, rtrace_bin, workload_bin};
+use rtrace_integration_tests::{assert_share, in_guest, parse_folded, rtrace_bin, workload_bin};
 
 /// Runs `rtrace ARGS` in `dir`; the command's own output is on stdout.
 fn rtrace_in(dir: Option<&std::path::Path>, args: &[&str]) -> Output {
@@ -50,19 +50,6 @@ fn measured(stdout: &str, prefix: &str, key: &str) -> f64 {
         .and_then(|l| l.split_whitespace().find_map(|kv| kv.strip_prefix(key)))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {prefix}{key} in {stdout}"))
-}
-
-/// Asserts that `a` of `a + b` samples is the share `want` the workload
-/// measured, within 5 points and three standard errors of a share of
-/// that many samples.
-fn assert_share(what: &str, a: u64, b: u64, want: f64) {
-    let n = (a + b) as f64;
-    let got = a as f64 / n;
-    let bound = 0.05 + 3.0 * (want * (1.0 - want) / n).sqrt();
-    assert!(
-        (got - want).abs() <= bound,
-        "{what}'s share {got:.3} of {n} samples, the workload measured {want:.3} (bound {bound:.3})"
-    );
 }
 
 #[test]
