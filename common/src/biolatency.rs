@@ -23,6 +23,11 @@ pub struct RequestOffsets {
     pub first_minor: u32,
     /// `request.cmd_flags`.
     pub cmd_flags: u32,
+    /// `request.bio`, its first bio: the submitter of that decides
+    /// whether the request is in scope ([`Config::by_submitter`]).
+    pub bio: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
 }
 
 /// Byte offsets into the block tracepoints' records, from tracefs.
@@ -39,6 +44,10 @@ pub struct TracepointOffsets {
     pub done_sector: u32,
     /// `rwbs` in `block_rq_complete`.
     pub done_rwbs: u32,
+    /// `dev` in `block_bio_queue`.
+    pub bio_dev: u32,
+    /// `sector` in `block_bio_queue`.
+    pub bio_sector: u32,
     /// Keeps the struct free of padding.
     pub _pad: u32,
 }
@@ -59,8 +68,14 @@ pub struct Config {
     pub per_disk: u32,
     /// A histogram per set of I/O flags (`-F`).
     pub per_flags: u32,
+    /// Whether a request is in scope by the task that submitted its first
+    /// bio, noted at `block_bio_queue`, rather than by the task that
+    /// inserts or issues it: a scope (`-c`, `-- CMD`) is set, and a
+    /// request is often issued by another task (a kernel worker that
+    /// flushes a plug or runs the queue, or another process's dispatch).
+    pub by_submitter: u32,
     /// Keeps the struct free of padding.
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 2],
     /// Struct offsets for the BTF and raw tracepoint programs.
     pub rq: RequestOffsets,
     /// Record offsets for the tracepoint programs.

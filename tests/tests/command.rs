@@ -18,8 +18,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    Mount, PingPong, SIGINT, UniqueProgram, Workload, assert_share, file_op, in_guest, json_lines,
-    parse_folded, rtrace_bin, run_workload, workload_bin,
+    LoopDevice, Mount, PingPong, SIGINT, UniqueProgram, Workload, assert_share, file_op, in_guest,
+    json_lines, parse_folded, rtrace_bin, run_workload, workload_bin,
 };
 
 fn rtrace(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -669,6 +669,64 @@ fn ext4slower_sees_every_file_operation_of_the_command_and_none_beside() {
         })
         .collect();
     assert_eq!(got, did, "{stderr}");
+}
+
+/// biolatency: exactly the command's direct I/Os on a loop device, the
+/// first one too, while the same program does direct I/O to the same
+/// device beside it; under each I/O scheduler the device offers, as with
+/// one a request is often issued by another task than its submitter (a
+/// worker, or the process beside it running the queue), and the scope
+/// is the submitter's.
+#[test]
+fn biolatency_counts_exactly_the_commands_requests() {
+    const READS: u64 = 300;
+    const WRITES: u64 = 100;
+    let dev = LoopDevice::new("cmdbl");
+    let scheduler = format!("/sys/block/{}/queue/scheduler", dev.name);
+    let offered = std::fs::read_to_string(&scheduler).unwrap_or_default();
+    let schedulers: Vec<String> = offered
+        .split_whitespace()
+        .map(|s| s.trim_matches(['[', ']']).to_owned())
+        .collect();
+    assert!(!schedulers.is_empty(), "{scheduler}: {offered:?}");
+    for sched in &schedulers {
+        std::fs::write(&scheduler, sched).unwrap();
+        let path = dev.path.clone();
+        let beside = Beside::start("bl", move || {
+            vec![run_beside("directio", &[&path, "200", "100"], "")]
+        });
+        let script = format!(
+            "{} {} {READS} {WRITES}; {}; exit 3",
+            bin("directio"),
+            dev.path,
+            beside.rendezvous()
+        );
+        let out = rtrace(
+            &["biolatency", "--json", "-D", "--", "sh", "-c", &script],
+            &[],
+        );
+        beside.finish();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{sched}: {stderr}");
+        let lines = json_lines(&json_only(&out.stderr));
+        assert_eq!(lines.len(), 1, "one report at the command's exit: {stderr}");
+        let hists = lines[0]["histograms"].as_array().unwrap();
+        let counted: u64 = hists
+            .iter()
+            .filter(|h| h["disk"] == dev.name.as_str())
+            .map(|h| h["count"].as_u64().unwrap())
+            .sum();
+        // The workload's requests cannot merge: each is one, submitted by
+        // the command's process; the device's others beside it.
+        assert_eq!(
+            counted,
+            READS + WRITES,
+            "with the {sched} scheduler, {counted} on {} (errors {}); the command made {}",
+            dev.name,
+            lines[0]["errors"],
+            READS + WRITES
+        );
+    }
 }
 
 /// offcputime: a script that runs a program three times, the last two

@@ -18,7 +18,7 @@ use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
 use rtrace_common::{
@@ -43,6 +43,13 @@ static START: HashMap<StartKey, u64> = HashMap::with_max_entries(65536, 0);
 /// The histograms, by disk and flags as the options ask.
 #[map]
 static HISTS: HashMap<HistKey, Entry> = HashMap::with_max_entries(4096, 0);
+/// Bios submitted by tasks in scope, by the key their request will have
+/// (the bio's address, or its device and first sector for the tracepoint
+/// programs), until a request they head starts. A bio merged into
+/// another's request heads none: least recently used ones go first.
+#[map]
+static SUBMITTED: LruHashMap<StartKey, u8> = LruHashMap::with_max_entries(65536, 0);
+
 /// A zeroed histogram to create new ones from.
 #[map]
 static ZERO: PerCpuArray<Entry> = PerCpuArray::with_max_entries(1, 0);
@@ -127,12 +134,23 @@ fn slot_take(rq: u64) -> Option<u64> {
 /// where its insert and its issue could find its slot taken and free in
 /// turn, and it would be in both tables.
 #[inline(always)]
-fn start(key: StartKey, dev: impl FnOnce() -> u32, insert: bool) {
+fn start(
+    key: StartKey,
+    dev: impl FnOnce() -> u32,
+    submitter: impl FnOnce() -> StartKey,
+    insert: bool,
+) {
     let cfg = global(&CONFIG);
     if cfg.filter_dev != 0 && dev() != cfg.dev {
         return;
     }
-    if !targets::current_in_cgroup() {
+    if cfg.by_submitter != 0 {
+        let bio = submitter();
+        if SUBMITTED.get_ptr(bio).is_none() {
+            return;
+        }
+        let _ = SUBMITTED.remove(bio);
+    } else if !targets::current_in_cgroup() {
         return;
     }
     // With -Q a request that went through the queue keeps its insert time;
@@ -238,7 +256,19 @@ fn rq_key(rq: *const u8) -> StartKey {
 
 #[inline(always)]
 fn typed_start(rq: *const u8, insert: bool) {
-    start(rq_key(rq), || rq_dev(rq), insert);
+    let bio = || {
+        let first = read_kernel::<u64>(rq, global(&CONFIG).rq.bio).unwrap_or(0);
+        rq_key(first as *const u8)
+    };
+    start(rq_key(rq), || rq_dev(rq), bio, insert);
+}
+
+/// Notes bio `bio`, being submitted, if its submitter is in scope.
+#[inline(always)]
+fn submitted(key: StartKey) {
+    if targets::current_in_cgroup() {
+        let _ = SUBMITTED.insert(key, 1, 0);
+    }
 }
 
 #[inline(always)]
@@ -260,6 +290,26 @@ fn btf_arg(ctx: &BtfTracePointContext, n: u32) -> *const u8 {
     {
         ctx.arg(n as usize)
     }
+}
+
+/// A bio's address as a number, for a key: read from the context by a
+/// helper, as a typed pointer may not be stored.
+#[inline(always)]
+fn btf_arg_value(ctx: &BtfTracePointContext, n: u32) -> u64 {
+    read_kernel::<u64>(ctx.as_ptr() as *const u8, n * 8).unwrap_or(0)
+}
+
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn btf_block_bio_queue(ctx: BtfTracePointContext) -> i32 {
+    submitted(rq_key(btf_arg_value(&ctx, 0) as *const u8));
+    0
+}
+
+/// Before 5.11 the request queue came first.
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn btf_block_bio_queue_q(ctx: BtfTracePointContext) -> i32 {
+    submitted(rq_key(btf_arg_value(&ctx, 1) as *const u8));
+    0
 }
 
 #[btf_tracepoint(function = "block_rq_insert")]
@@ -291,6 +341,19 @@ pub fn btf_block_rq_issue_q(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn btf_block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     typed_done(btf_arg(&ctx, 0));
+    0
+}
+
+#[raw_tracepoint(tracepoint = "block_bio_queue")]
+pub fn raw_block_bio_queue(ctx: RawTracePointContext) -> i32 {
+    submitted(rq_key(ctx.arg(0)));
+    0
+}
+
+/// Before 5.11 the request queue came first.
+#[raw_tracepoint(tracepoint = "block_bio_queue")]
+pub fn raw_block_bio_queue_q(ctx: RawTracePointContext) -> i32 {
+    submitted(rq_key(ctx.arg(1)));
     0
 }
 
@@ -346,8 +409,19 @@ fn record_key<C: EbpfContext>(ctx: &C, dev: u32, sector: u32) -> Option<(StartKe
 fn record_start(ctx: &TracePointContext, insert: bool) {
     let tp = &global(&CONFIG).tp;
     if let Some((key, dev)) = record_key(ctx, tp.dev, tp.sector) {
-        start(key, || dev, insert);
+        start(key, || dev, || key, insert);
     }
+}
+
+/// A bio's device and first sector are its request's, where it heads one
+/// (on a whole disk: a partition's bio keeps the partition's device).
+#[tracepoint(category = "block", name = "block_bio_queue")]
+pub fn tp_block_bio_queue(ctx: TracePointContext) -> u32 {
+    let tp = &global(&CONFIG).tp;
+    if let Some((key, _)) = record_key(&ctx, tp.bio_dev, tp.bio_sector) {
+        submitted(key);
+    }
+    0
 }
 
 #[tracepoint(category = "block", name = "block_rq_insert")]

@@ -142,26 +142,32 @@ fn request_offsets(btf: &Btf) -> Result<RequestOffsets, crate::kernel::btf::BtfE
         major: req("gendisk", "major")?,
         first_minor: req("gendisk", "first_minor")?,
         cmd_flags: req("request", "cmd_flags")?,
+        bio: req("request", "bio")?,
+        _pad: 0,
     })
 }
 
 fn tracepoint_offsets() -> Result<TracepointOffsets, tracefs::TracefsError> {
     let issue = tracefs::Format::read("block", "block_rq_issue")?;
     let done = tracefs::Format::read("block", "block_rq_complete")?;
+    let bio = tracefs::Format::read("block", "block_bio_queue")?;
     Ok(TracepointOffsets {
         dev: issue.offset("dev")?,
         sector: issue.offset("sector")?,
         done_dev: done.offset("dev")?,
         done_sector: done.offset("sector")?,
         done_rwbs: done.offset("rwbs")?,
+        bio_dev: bio.offset("dev")?,
+        bio_sector: bio.offset("sector")?,
         _pad: 0,
     })
 }
 
-/// Whether `block_rq_insert` and `block_rq_issue` pass the request queue
-/// before the request, as they did before 5.11.
-fn queue_arg(btf: Option<&Btf>) -> bool {
-    if let Some(n) = btf.and_then(|b| b.tracepoint_args("block_rq_issue")) {
+/// Whether tracepoint `name` (`block_rq_issue`, and `block_rq_insert`
+/// and `block_bio_queue` with it) passes the request queue first, as they
+/// did before 5.11.
+fn queue_arg(btf: Option<&Btf>, name: &str) -> bool {
+    if let Some(n) = btf.and_then(|b| b.tracepoint_args(name)) {
         return n == 2;
     }
     let release = crate::kernel::features::kernel_release();
@@ -299,6 +305,8 @@ pub struct Biolatency {
     mech: Mechanism,
     /// Whether `block_rq_insert` and `block_rq_issue` pass the queue first.
     queue_first: bool,
+    /// Whether `block_bio_queue` does.
+    bio_queue_first: bool,
     /// Where requests in flight are kept, for `-v`.
     store: &'static str,
     flag_names: Option<FlagNames>,
@@ -331,6 +339,7 @@ impl Tool for Biolatency {
             unit_ns,
             mech: Mechanism::TpBtf,
             queue_first: false,
+            bio_queue_first: false,
             store: "",
             flag_names: None,
             disks: disks(),
@@ -426,7 +435,8 @@ impl Tool for Biolatency {
         let btf = kernel.btf().ok();
         // Labels and the tracepoints' form come from the kernel's own
         // BTF, read while it is at hand.
-        self.queue_first = queue_arg(btf);
+        self.queue_first = queue_arg(btf, "block_rq_issue");
+        self.bio_queue_first = queue_arg(btf, "block_bio_queue");
         if self.args.flag && self.flag_names.is_none() {
             self.flag_names = Some(FlagNames::new(btf));
         }
@@ -437,7 +447,8 @@ impl Tool for Biolatency {
             queued: u32::from(self.args.queued),
             per_disk: u32::from(self.args.disk),
             per_flags: u32::from(self.args.flag),
-            _pad: [0; 3],
+            by_submitter: u32::from(self.by_submitter()),
+            _pad: [0; 2],
             rq: RequestOffsets::default(),
             tp: TracepointOffsets::default(),
         };
@@ -477,6 +488,15 @@ impl Tool for Biolatency {
                 };
             let name = format!("{}_{hook}{suffix}", attacher.prefix());
             attacher.attach(ebpf, &name, "block", hook)?;
+        }
+        if self.by_submitter() {
+            let suffix = if self.bio_queue_first && m != Mechanism::Tracepoint {
+                "_q"
+            } else {
+                ""
+            };
+            let name = format!("{}_block_bio_queue{suffix}", attacher.prefix());
+            attacher.attach(ebpf, &name, "block", "block_bio_queue")?;
         }
         Ok(())
     }
@@ -564,6 +584,13 @@ impl Tool for Biolatency {
 }
 
 impl Biolatency {
+    /// Whether requests are in scope by the task that submitted them
+    /// (see `Config::by_submitter`): a cgroup or a command scopes them.
+    /// With neither, every request counts and no bio is followed.
+    fn by_submitter(&self) -> bool {
+        self.args.scope.cgroup.is_some() || self.args.scope.commanded()
+    }
+
     /// Whether the histograms are split (by disk or flags).
     fn grouped(&self) -> bool {
         self.args.disk || self.args.flag
