@@ -576,18 +576,7 @@ impl Symbolizer {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             // Gone before it was ever read: its perf map, named by its pid,
             // may still name its JIT code (written at exit, or as it ran).
-            if let std::collections::hash_map::Entry::Vacant(e) = self.procs.entry(pid) {
-                let shown = format!("/tmp/perf-{pid}.map");
-                let proc = e.insert(Process {
-                    jit_path: Some(JitPath {
-                        path: shown.clone(),
-                        shown,
-                        _root: None,
-                    }),
-                    ..Process::default()
-                });
-                read_perf_map(pid, proc);
-            }
+            read_perf_map(pid, self.procs.entry(pid).or_default());
             return;
         };
         let mut found = Vec::new();
@@ -623,6 +612,10 @@ impl Symbolizer {
     /// JIT files looked for afresh.
     pub fn exec(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
+            // The samples before the exec (a shell's child between fork
+            // and exec) are few; a new program's at the old one's
+            // addresses would be named wrongly.
+            p.maps.clear();
             p.captured = None;
             p.jit.clear();
             p.jit_len = 0;
@@ -1193,11 +1186,19 @@ fn read_perf_map(pid: u32, proc: &mut Process) {
 }
 
 /// Where process `pid`'s perf map is: a process in a container names its
-/// map by its own pid, in its own /tmp. `None` if the process is gone
-/// before it could be found.
+/// map by its own pid, in its own /tmp. A process gone before it could be
+/// looked at is taken to be in rtrace's /tmp, as perf takes every
+/// process; `None` if its root cannot be opened.
 fn perf_map_path(pid: u32) -> Option<JitPath> {
     use std::os::unix::fs::MetadataExt as _;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        let shown = format!("/tmp/perf-{pid}.map");
+        return Some(JitPath {
+            path: shown.clone(),
+            shown,
+            _root: None,
+        });
+    };
     let nspid = status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
