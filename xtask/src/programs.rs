@@ -119,6 +119,11 @@ pub const PROGRAMS: &[Program] = &[
         "libbpf-tools' output is line-buffered through it",
     ),
     deb("chmod", "coreutils", "the guest's /init is made executable"),
+    deb(
+        "timeout",
+        "coreutils",
+        "command mode's test of a failure after the fork",
+    ),
     deb("dd", "coreutils", "block I/O workloads"),
     deb("sleep", "coreutils", "unit tests' idle processes"),
     deb("echo", "coreutils", "the start-up benchmark's exec"),
