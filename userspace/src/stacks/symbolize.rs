@@ -794,17 +794,15 @@ impl Symbolizer {
     /// Frames come back leaf first, inlined functions before the function
     /// they were inlined into.
     pub fn symbolize(&mut self, stacks: &[(Option<u32>, &[u64])]) -> Vec<Vec<Frame>> {
-        // Return addresses point after the call; the call itself, one byte
-        // back, is in the right function and line even when the call is a
-        // function's last instruction.
-        // Each address where it is, with its mapping, for pprof.
+        // Each address where it is (its call site: `call_site`), with its
+        // mapping, for pprof.
         let places: Vec<Vec<Place>> = stacks
             .iter()
             .map(|(pid, ips)| {
                 ips.iter()
                     .enumerate()
                     .map(|(i, &ip)| {
-                        let ip = if i == 0 { ip } else { ip.saturating_sub(1) };
+                        let ip = call_site(i, ip);
                         let (loc, mapping) = match pid {
                             None => (Loc::Kernel(ip), Some(kernel_mapping())),
                             Some(pid) => self.locate(*pid, ip),
@@ -948,7 +946,7 @@ impl Symbolizer {
     /// is in JIT code is named, by the jitdump or the perf map.
     pub fn names_all_jit(&self, pid: u32, ips: &[u64]) -> bool {
         ips.iter().enumerate().all(|(i, &ip)| {
-            let ip = if i == 0 { ip } else { ip.saturating_sub(1) };
+            let ip = call_site(i, ip);
             !self.in_jit_code(pid, ip)
                 || self.dump_symbol(pid, ip).is_some()
                 || self.jit_symbol(pid, ip).is_some()
@@ -979,12 +977,7 @@ impl Symbolizer {
     /// `[unknown]`.
     fn jit_frame(&self, pid: u32, ip: u64) -> Frame {
         if let Some(s) = self.dump_symbol(pid, ip) {
-            let kind = if interpreted(s.name) {
-                Kind::Interpreted
-            } else {
-                Kind::Jit
-            };
-            let mut frame = Frame::new(s.name.to_owned(), kind, Some("[jit]"));
+            let mut frame = jit_named(s.name);
             if self.lines {
                 frame.line = s
                     .source
@@ -993,14 +986,7 @@ impl Symbolizer {
             return frame;
         }
         match self.jit_symbol(pid, ip) {
-            Some(s) => {
-                let kind = if interpreted(&s.name) {
-                    Kind::Interpreted
-                } else {
-                    Kind::Jit
-                };
-                Frame::new(s.name.clone(), kind, Some("[jit]"))
-            }
+            Some(s) => jit_named(&s.name),
             None => Frame::unknown(Kind::User, None),
         }
     }
@@ -1041,6 +1027,24 @@ impl Symbolizer {
             entry.map = map;
         }
     }
+}
+
+/// A frame of JIT code named `name` by a jitdump or a perf map.
+fn jit_named(name: &str) -> Frame {
+    let kind = if interpreted(name) {
+        Kind::Interpreted
+    } else {
+        Kind::Jit
+    };
+    Frame::new(name.to_owned(), kind, Some("[jit]"))
+}
+
+/// The address looked up for frame `i` of a stack, leaf first: a return
+/// address points after its call, and the call itself, one byte back, is
+/// in the right function and line even when it is a function's last
+/// instruction.
+fn call_site(i: usize, ip: u64) -> u64 {
+    if i == 0 { ip } else { ip.saturating_sub(1) }
 }
 
 /// Whether a perf map's name is an interpreted function's: Python's
