@@ -107,7 +107,7 @@ pub struct StackTool {
     /// Processes in the kernel's `TIMED_JIT`.
     marked: HashSet<u32>,
     /// Processes that `TIMED_JIT` had no room for: their JIT frames are
-    /// named at the store's moves, not by time slot.
+    /// named by the newest code at each address, not by time slot.
     unmarked: HashSet<u32>,
     /// `--hide`, `--collapse`, `--collapse-recursion`.
     transforms: crate::output::stacks::transform::TransformArgs,
@@ -364,8 +364,8 @@ impl StackTool {
         if !self.unmarked.is_empty() {
             out.push(format!(
                 "{} processes with jitdumps did not fit in map TIMED_JIT ({} entries): \
-                 their JIT frames are named by the code at each address when the \
-                 stack tables were moved out (every second), not within 67 ms",
+                 their JIT frames are named by the newest code at each address, \
+                 not by the code there within 67 ms of the sample",
                 self.unmarked.len(),
                 rtrace_common::stacks::MAX_TIMED
             ));
