@@ -1643,9 +1643,15 @@ fn perf_lost(data: &str) -> u64 {
     else {
         return 0;
     };
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains("LOST"))
+    sum_after_colon(&String::from_utf8_lossy(&out.stdout), "LOST")
+}
+
+/// The sum of the numbers that follow the first `:` of each line of
+/// `text` containing `marker` (perf's `LOST_SAMPLES events: 3`, a
+/// histogram's `lo -> hi : count`).
+fn sum_after_colon(text: &str, marker: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.contains(marker))
         .filter_map(|l| {
             l.split(':')
                 .nth(1)?

@@ -142,20 +142,7 @@ fn report_ms(stderr: &str) -> Option<f64> {
 
 /// The sum of a histogram's counts (`lo -> hi : count |***|`).
 fn histogram_count(stderr: &str) -> Option<u64> {
-    Some(
-        stderr
-            .lines()
-            .filter(|l| l.contains("->"))
-            .filter_map(|l| {
-                l.split(':')
-                    .nth(1)?
-                    .split_whitespace()
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum(),
-    )
+    Some(super::sum_after_colon(stderr, "->"))
 }
 
 /// The command's `FIRST LAST` line.
@@ -359,29 +346,25 @@ pub fn run() -> anyhow::Result<String> {
          to exit | added | ÷ perf |\n| --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for (i, s) in setups.iter().enumerate() {
+        let [a, b, c, d, e, f] = [
+            ranged(&cork[i]),
+            add(&cork, i),
+            ratio(&cork, i, PERF),
+            ranged(&exit[i]),
+            add(&exit, i),
+            ratio(&exit, i, PERF),
+        ];
         println!(
-            "{:<38} {:>26} {:>9} {:>7} {:>26} {:>9} {:>7}",
-            s.label,
-            ranged(&cork[i]),
-            add(&cork, i),
-            ratio(&cork, i, PERF),
-            ranged(&exit[i]),
-            add(&exit, i),
-            ratio(&exit, i, PERF),
+            "{:<38} {a:>26} {b:>9} {c:>7} {d:>26} {e:>9} {f:>7}",
+            s.label
         );
+        let label = if i == ALONE {
+            s.label.to_owned()
+        } else {
+            format!("`{}`", s.label)
+        };
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} |\n",
-            if i == ALONE {
-                s.label.to_owned()
-            } else {
-                format!("`{}`", s.label)
-            },
-            ranged(&cork[i]),
-            add(&cork, i),
-            ratio(&cork, i, PERF),
-            ranged(&exit[i]),
-            add(&exit, i),
-            ratio(&exit, i, PERF),
+            "| {label} | {a} | {b} | {c} | {d} | {e} | {f} |\n"
         ));
     }
     let mut notes = Vec::new();
