@@ -852,6 +852,25 @@ pub fn assert_share(what: &str, a: u64, b: u64, want: f64) {
     );
 }
 
+/// The `fileops` workload's `done` line after its `done ` word: the
+/// file's name, and each operation it did as type, bytes (-1 for a whole
+/// file) and offset.
+pub fn fileops_done(done: &str) -> (String, Vec<(String, i64, i64)>) {
+    let (name, did) = done.split_once(' ').expect("no operations");
+    let ops = did
+        .split(',')
+        .map(|op| {
+            let f: Vec<&str> = op.split(':').collect();
+            (
+                f[0].to_owned(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    (name.to_owned(), ops)
+}
+
 /// A file-operation event of ext4slower or fsslower as the `fileops`
 /// workload lists its operations: type, bytes (-1 for a whole file) and
 /// offset.

@@ -18,8 +18,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    LoopDevice, Mount, PingPong, SIGINT, UniqueProgram, Workload, assert_share, file_op, in_guest,
-    json_lines, parse_folded, rtrace_bin, run_workload, workload_bin,
+    LoopDevice, Mount, PingPong, SIGINT, UniqueProgram, Workload, assert_share, file_op,
+    fileops_done, in_guest, json_lines, parse_folded, rtrace_bin, run_workload, workload_bin,
 };
 
 fn rtrace(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -639,18 +639,7 @@ fn ext4slower_sees_every_file_operation_of_the_command_and_none_beside() {
         .lines()
         .find_map(|l| l.strip_prefix("done "))
         .unwrap_or_else(|| panic!("{stdout}"));
-    let (name, did) = done.split_once(' ').unwrap();
-    let did: Vec<(String, i64, i64)> = did
-        .split(',')
-        .map(|op| {
-            let f: Vec<&str> = op.split(':').collect();
-            (
-                f[0].to_owned(),
-                f[1].parse().unwrap(),
-                f[2].parse().unwrap(),
-            )
-        })
-        .collect();
+    let (name, did) = fileops_done(done);
     let events = json_lines(&json_only(&out.stderr));
     let others: Vec<String> = outsiders.iter().map(|p| format!("e4-{p}.dat")).collect();
     for e in &events {

@@ -4,8 +4,8 @@
 //! matrix.
 
 use rtrace_integration_tests::{
-    Mount, Rtrace, SIGHUP, SIGINT, SIGTERM, Traced, assert_one_line_error, file_op, json_lines,
-    mechanism_works, run, trace_workload,
+    Mount, Rtrace, SIGHUP, SIGINT, SIGTERM, Traced, assert_one_line_error, file_op, fileops_done,
+    json_lines, mechanism_works, run, trace_workload,
 };
 
 /// One operation: (type, bytes, offset in bytes); -1 bytes is a sync of
@@ -34,19 +34,8 @@ fn traced_as(dir: &str, full: &[&str], signal: i32) -> (String, String, String, 
         std::time::Duration::from_millis(200),
         signal,
     );
-    let (name, did) = done.split_once(' ').unwrap();
-    let ops = did
-        .split(',')
-        .map(|op| {
-            let f: Vec<&str> = op.split(':').collect();
-            (
-                f[0].to_owned(),
-                f[1].parse().unwrap(),
-                f[2].parse().unwrap(),
-            )
-        })
-        .collect();
-    (stdout, stderr, name.to_owned(), ops)
+    let (name, ops) = fileops_done(&done);
+    (stdout, stderr, name, ops)
 }
 
 /// The operations of the text output's lines on file `name`, with the
