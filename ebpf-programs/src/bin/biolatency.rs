@@ -263,7 +263,8 @@ fn typed_start(rq: *const u8, insert: bool) {
     start(rq_key(rq), || rq_dev(rq), bio, insert);
 }
 
-/// Notes bio `bio`, being submitted, if its submitter is in scope.
+/// Notes the bio of `key` (see [`SUBMITTED`]), being submitted, if its
+/// submitter is in scope.
 #[inline(always)]
 fn submitted(key: StartKey) {
     if targets::current_in_cgroup() {
