@@ -278,14 +278,18 @@ impl KernelTables {
     /// exec and fork are seen in the kernel, so regions are never read
     /// again on a timer: a busy process brings new stacks every second,
     /// and rereading its maps for each would cost more than the walk.
-    pub fn add_process(&mut self, pid: u32, force: bool) -> anyhow::Result<()> {
+    ///
+    /// Returns whether the process's mappings were read: a mapping the
+    /// walk then knows it will never report as new code, so whoever names
+    /// the frames must read them no earlier.
+    pub fn add_process(&mut self, pid: u32, force: bool) -> anyhow::Result<bool> {
         if !force && self.captured.contains_key(&pid) {
-            return Ok(());
+            return Ok(false);
         }
         self.captured.insert(pid, std::time::Instant::now());
         let Ok(regions) = self.tables.process(Some(pid)) else {
             // Gone already: its samples keep their frame-pointer walk.
-            return Ok(());
+            return Ok(false);
         };
         self.writes = self.writes.wrapping_add(1);
         let mut out = ProcRegions {
@@ -334,7 +338,7 @@ impl KernelTables {
                 self.captured.remove(&pid);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Notes a process the kernel gave its parent's regions at fork, so

@@ -179,6 +179,15 @@ impl StackTool {
             .take_map("TIMED_JIT")
             .context("map TIMED_JIT missing")?;
         self.timed_map = Some(BpfHashMap::try_from(map)?);
+        // The walk's regions before the symbolizer's capture, as in
+        // `event`.
+        if self.cfi_loaded {
+            let mut tables = KernelTables::new(ebpf, CFI_ROWS, CFI_BUCKETS)?;
+            for &pid in pids {
+                tables.add_process(pid, true)?;
+            }
+            self.cfi = Some(tables);
+        }
         for &pid in pids {
             self.sym.capture(pid, true);
         }
@@ -186,11 +195,6 @@ impl StackTool {
         if !self.cfi_loaded {
             return Ok(());
         }
-        let mut tables = KernelTables::new(ebpf, CFI_ROWS, CFI_BUCKETS)?;
-        for &pid in pids {
-            tables.add_process(pid, true)?;
-        }
-        self.cfi = Some(tables);
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
         self.links = Some((
@@ -231,18 +235,23 @@ impl StackTool {
         }
         let exec = seen.flags & SEEN_EXEC != 0;
         let new_code = seen.flags & SEEN_NEW_CODE != 0;
+        // The walk's regions first: a mapping they hold (a JIT's code
+        // page, mapped between the exec and this read) is never reported
+        // as new code, so the symbolizer reads the mappings after them,
+        // or it would never learn of that code's jitdump.
+        let read = match &mut self.cfi {
+            Some(cfi) => cfi.add_process(seen.tgid, exec || new_code)?,
+            None => false,
+        };
         // Code the walk found in no region is new to the symbolizer too;
         // a new program makes what was captured (its parent's, at fork)
         // wrong.
         if exec {
             self.sym.exec(seen.tgid);
         } else {
-            self.sym.capture(seen.tgid, new_code);
+            self.sym.capture(seen.tgid, new_code || read);
         }
         self.mark_timed();
-        if let Some(cfi) = &mut self.cfi {
-            cfi.add_process(seen.tgid, exec || new_code)?;
-        }
         Ok(())
     }
 
