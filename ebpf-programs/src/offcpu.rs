@@ -203,26 +203,40 @@ fn clear_entry<K, S, const DIRECT: bool>(t: &Tables<'_, K, S>, entry: *mut Start
     }
 }
 
-/// Keeps `start` for thread `task` (id `tid`), leaving the CPU.
+/// Makes thread `task` (id `tid`)'s entry as it leaves the CPU at `now`:
+/// the time and no waker yet, so that a wakeup on another CPU while its
+/// stacks are walked (a walk is long next to the moment between a
+/// thread's going to sleep and its switch, and an emulated guest makes it
+/// longer) finds the entry and names its waker.
 #[inline(always)]
-fn keep_entry<K, S, const DIRECT: bool>(
+fn make_entry<K, S, const DIRECT: bool>(
     t: &Tables<'_, K, S>,
     task: *const u8,
     tid: u32,
-    start: &Start,
-) -> bool {
+    now: u64,
+) -> Option<*mut Start> {
+    let zero = Key::new(0, [0; 16]);
     #[cfg(feature = "cfi")]
     if in_task::<DIRECT>() {
         let p = TASK_OFF.get(task, true);
         if p.is_null() {
-            return false;
+            return None;
         }
-        // SAFETY: the task's own storage.
-        unsafe { *p = *start };
-        return true;
+        // SAFETY: the task's own storage. The waker is cleared before the
+        // time is set, which tells a waker the entry is there.
+        unsafe {
+            (*p).key.waker = zero;
+            core::ptr::write_volatile(&raw mut (*p).ns, now);
+        }
+        return Some(p);
     }
     let _ = task;
-    t.starts.insert(tid, start, 0).is_ok()
+    let start = Start {
+        ns: now,
+        key: WakeKey { key: zero, waker: zero },
+    };
+    t.starts.insert(tid, start, 0).ok()?;
+    t.starts.get_ptr_mut(tid)
 }
 
 /// The maps a switch works on.
@@ -285,14 +299,13 @@ fn leaves<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     tid: u32,
     now: u64,
 ) {
-    let zero = Key::new(0, [0; 16]);
-    let mut start = Start {
-        ns: now,
-        key: WakeKey {
-            key: zero,
-            waker: zero,
-        },
+    let Some(entry) = make_entry::<K, S, DIRECT>(t, prev, tid, now) else {
+        count_error(ERR_STARTS_FULL);
+        return;
     };
+    // SAFETY: the thread's own entry; a waker writes only the waker's
+    // half of it.
+    let key = unsafe { &mut (*entry).key.key };
     stacks::describe_current(
         ctx,
         t.events,
@@ -300,11 +313,8 @@ fn leaves<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
         cfg.kernel != 0 && !kernel_at_switch_in::<DIRECT>(cfg),
         cfg.user != 0,
         core::ptr::null(),
-        &mut start.key.key,
+        key,
     );
-    if !keep_entry::<K, S, DIRECT>(t, prev, tid, &start) {
-        count_error(ERR_STARTS_FULL);
-    }
 }
 
 /// With `--waker`: the current thread wakes `wakee`; if it is a traced
