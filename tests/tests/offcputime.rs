@@ -258,18 +258,12 @@ fn multiline_output_has_bcc_layout() {
     assert!(blocks > 0, "{stdout}");
 }
 
-/// `--waker`: the waiter thread's time blocked reading the pipe is
-/// joined to the stack of the main thread that wrote to it, whole from
-/// `main` through libc's `write` (no frame pointers: the CFI walk), in
-/// folded lines (`--` then the waker's frames leaf first, then its
-/// command) and in bcc's offwaketime layout.
-#[test]
-fn waker_names_the_waking_threads_stack() {
-    let (stdout, done, _) = trace_blocking("cfuncs_nofp", &["wake", "2"], "-p", &["-f", "--waker"]);
-    let waited = done[1] as f64 / 1000.0;
-    let folded = parse_folded(&stdout);
+/// The waiter's time in wait_for_poke in folded `--waker` output, and
+/// how much of it is joined to the stack of the main thread that wrote
+/// to the pipe, whole from `main` through libc's `write`.
+fn waited_and_woken_by_poker(folded: &BTreeMap<Vec<String>, u64>) -> (u64, u64) {
     let (mut blocked, mut by_poker) = (0, 0);
-    for (frames, us) in &folded {
+    for (frames, us) in folded {
         // The blocked thread's frames come before `--`; the waker's after
         // it may be the waiter too, interrupted by the timer that woke
         // the main thread.
@@ -303,13 +297,41 @@ fn waker_names_the_waking_threads_stack() {
             by_poker += us;
         }
     }
+    (blocked, by_poker)
+}
+
+/// `--waker`: the waiter thread's time off the CPU in wait_for_poke is
+/// what it measured, and its sleeps there are joined to the stack of the
+/// main thread that wrote to the pipe, whole from `main` through libc's
+/// `write` (no frame pointers: the CFI walk), in folded lines (`--` then
+/// the waker's frames leaf first, then its command) and in bcc's
+/// offwaketime layout.
+///
+/// Sleeps only (`--state S`) for the waker: a thread preempted in the
+/// kernel (at a `cond_resched` in pipe_read, say) is off the CPU runnable,
+/// woken by nobody, and a starved emulated guest does that to the waiter
+/// for a tenth of its time.
+#[test]
+fn waker_names_the_waking_threads_stack() {
+    let (stdout, done, _) = trace_blocking("cfuncs_nofp", &["wake", "2"], "-p", &["-f", "--waker"]);
+    let waited = done[1] as f64 / 1000.0;
+    let (blocked, _) = waited_and_woken_by_poker(&parse_folded(&stdout));
     assert!(
         (blocked as f64 - waited).abs() <= 0.1 * waited,
         "{blocked} us blocked in wait_for_poke; the waiter measured {waited} us:\n{stdout}"
     );
+
+    let (stdout, ..) = trace_blocking(
+        "cfuncs_nofp",
+        &["wake", "1"],
+        "-p",
+        &["-f", "--waker", "--state", "S"],
+    );
+    let (asleep, by_poker) = waited_and_woken_by_poker(&parse_folded(&stdout));
+    assert!(asleep > 0, "{stdout}");
     assert!(
-        by_poker as f64 >= 0.95 * blocked as f64,
-        "{by_poker} of {blocked} us woken by write_poke's whole stack:\n{stdout}"
+        by_poker as f64 >= 0.95 * asleep as f64,
+        "{by_poker} of {asleep} us asleep woken by write_poke's whole stack:\n{stdout}"
     );
 
     let (stdout, _, pid) = trace_blocking("cfuncs_nofp", &["wake", "1"], "-p", &["--waker"]);
