@@ -77,7 +77,7 @@ pub struct Start {
 
 /// What each `ERRORS` slot counts, for the report at exit: the stack
 /// tables' (profile's), its first count in blocked periods.
-pub const ERR_NAMES: [&str; 9] = {
+pub const ERR_NAMES: [&str; 12] = {
     let p = crate::stacks::ERR_NAMES;
     [
         p[0],
@@ -89,6 +89,9 @@ pub const ERR_NAMES: [&str; 9] = {
         p[6],
         p[7],
         p[8],
+        p[9],
+        p[10],
+        p[11],
     ]
 };
 

@@ -174,7 +174,9 @@ pub const ERR_STACKS_FULL: u32 = 2;
 pub const ERR_USER_STACK: u32 = 3;
 /// `ERRORS` slot: kernel stacks the kernel could not walk.
 pub const ERR_KERNEL_STACK: u32 = 4;
-/// `ERRORS` slot: user stacks of processes without CFI tables yet.
+/// `ERRORS` slot: user stacks of processes without CFI tables from user
+/// space yet, walked from the regions the kernel finds itself, else by
+/// frame pointer.
 pub const ERR_NO_TABLES: u32 = 5;
 /// `ERRORS` slot: frames of CFI walks that took the frame pointer.
 pub const ERR_FP_FRAMES: u32 = 6;
@@ -182,24 +184,44 @@ pub const ERR_FP_FRAMES: u32 = 6;
 /// new process's first stacks, walked by frame pointer before its tables
 /// are loaded, and frame-pointer steps where no CFI covers the code (JIT
 /// code, the vDSO, hand-written assembly).
-pub const ERR_EXPECTED: [u32; 2] = [ERR_NO_TABLES, ERR_FP_FRAMES];
+pub const ERR_EXPECTED: [u32; 5] = [
+    ERR_NO_TABLES,
+    ERR_FP_FRAMES,
+    ERR_FOUND,
+    ERR_FIND_BUSY,
+    ERR_FIND_NO_FILE,
+];
 /// `ERRORS` slot: CFI walks that ended on a failed read.
 pub const ERR_CUT_SHORT: u32 = 7;
 /// `ERRORS` slot: blocked threads not timed, as the table of threads off
 /// the CPU was full (offcputime, and `profile --off-cpu`).
 pub const ERR_STARTS_FULL: u32 = 8;
 
+/// `ERRORS` slot: regions the CFI walk found itself (`bpf_find_vma`) for
+/// code in no region user space gave it, of files whose rows it holds.
+pub const ERR_FOUND: u32 = 9;
+/// `ERRORS` slot: walks that could not look for a region themselves, as
+/// the helper was busy (it is, on a CPU, from one sample with interrupts
+/// off until its deferred unlock has run).
+pub const ERR_FIND_BUSY: u32 = 10;
+/// `ERRORS` slot: regions the CFI walk found itself of files whose rows it
+/// does not hold (not loaded yet, or with several executable segments).
+pub const ERR_FIND_NO_FILE: u32 = 11;
+
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 9] = [
+pub const ERR_NAMES: [&str; 12] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
     "user stacks that could not be walked",
     "kernel stacks that could not be walked",
-    "user stacks walked by frame pointer, as their process had no CFI tables yet",
+    "user stacks of processes without CFI tables from user space yet",
     "user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)",
     "user stacks cut short (a stack word could not be read)",
     "blocked threads not timed (table of threads off the CPU full)",
+    "regions the kernel found itself for code user space had not listed",
+    "regions not looked for, the kernel's lookup being busy",
+    "regions the kernel found of files without loaded CFI",
 ];
 
 crate::pod!(Key, WakeKey, Stack, Seen);

@@ -116,6 +116,67 @@ pub struct ProcRegions {
     pub regions: [Region; MAX_REGIONS],
 }
 
+/// Regions a process keeps of those the kernel found itself
+/// ([`FoundRegions`]).
+pub const MAX_FOUND: usize = 16;
+
+/// A loaded file, as the kernel names it: where the walk finds a
+/// mapping's file's rows without user space, from the mapping alone.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    /// `inode.i_ino`.
+    pub ino: u64,
+    /// `super_block.s_dev`, the kernel's encoding (`major << 20 | minor`),
+    /// not `stat`'s.
+    pub dev: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+}
+
+/// What a [`Region`] of a mapping of a loaded file needs besides the
+/// mapping's own addresses: the file's rows and index, and what turns a
+/// mapping's start and file offset into the load bias. Only files with a
+/// single executable segment have one, so that any executable mapping of
+/// the file maps that segment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileRegion {
+    /// See [`Region::index_base`].
+    pub index_base: u64,
+    /// The executable segment's file offset less its virtual address: a
+    /// mapping at `start` of file offset `pgoff * 4096` has the bias
+    /// `start - pgoff * 4096 + seg_delta`.
+    pub seg_delta: u64,
+    /// See [`Region::row_start`].
+    pub row_start: u32,
+    /// See [`Region::row_len`].
+    pub row_len: u32,
+    /// See [`Region::index_start`].
+    pub index_start: u32,
+    /// See [`Region::index_len`].
+    pub index_len: u32,
+    /// See [`Region::index_shift`].
+    pub index_shift: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+}
+
+/// The regions the kernel found for a process itself (`bpf_find_vma`),
+/// for code user space had not given it regions for yet: a process that
+/// lives a few tens of milliseconds is gone before user space reads its
+/// maps. Kept until the process runs a new program or exits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FoundRegions {
+    /// The slot the next region found goes to: the oldest is replaced.
+    pub next: u32,
+    /// Regions in use.
+    pub n: u32,
+    /// The regions, in the order found.
+    pub regions: [Region; MAX_FOUND],
+}
+
 /// Offsets of the kernel structures the CFI programs read, from BTF.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -132,6 +193,39 @@ pub struct CfiOffsets {
     pub task_pid: u32,
     /// `task_struct.tgid` (the process id).
     pub task_tgid: u32,
+    /// `task_struct.mm`.
+    pub task_mm: u32,
+    /// `mm_struct.start_code`: the program's executable segment.
+    pub mm_start_code: u32,
+    /// `vm_area_struct.vm_start`.
+    pub vma_start: u32,
+    /// `vm_area_struct.vm_end`.
+    pub vma_end: u32,
+    /// `vm_area_struct.vm_pgoff`: the mapping's file offset, in pages.
+    pub vma_pgoff: u32,
+    /// `vm_area_struct.vm_flags`.
+    pub vma_flags: u32,
+    /// `vm_area_struct.vm_file`.
+    pub vma_file: u32,
+    /// `file.f_inode`.
+    pub file_inode: u32,
+    /// `inode.i_ino`.
+    pub inode_ino: u32,
+    /// `inode.i_sb`.
+    pub inode_sb: u32,
+    /// `super_block.s_dev`.
+    pub sb_dev: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
 }
 
-crate::pod!(CfiRow, Bucket, Region, ProcRegions, CfiOffsets);
+crate::pod!(
+    CfiRow,
+    Bucket,
+    Region,
+    ProcRegions,
+    CfiOffsets,
+    FileKey,
+    FileRegion,
+    FoundRegions
+);

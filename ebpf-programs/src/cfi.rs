@@ -9,17 +9,21 @@ use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::{self, bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+        generated::{self, bpf_find_vma, bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::map,
     maps::{Array, HashMap},
     programs::RawTracePointContext,
 };
 use rtrace_common::{
-    stacks::{ERR_CUT_SHORT, ERR_FP_FRAMES, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, Seen},
+    stacks::{
+        ERR_CUT_SHORT, ERR_FIND_BUSY, ERR_FIND_NO_FILE, ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES,
+        MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, Seen,
+    },
     unwind::{
-        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, MAX_REGIONS,
-        NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
+        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, FileKey, FileRegion,
+        FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region,
+        SEARCH_STEPS,
     },
 };
 
@@ -39,6 +43,18 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     cs: 0,
     task_pid: 0,
     task_tgid: 0,
+    task_mm: 0,
+    mm_start_code: 0,
+    vma_start: 0,
+    vma_end: 0,
+    vma_pgoff: 0,
+    vma_flags: 0,
+    vma_file: 0,
+    file_inode: 0,
+    inode_ino: 0,
+    inode_sb: 0,
+    sb_dev: 0,
+    _pad: 0,
 });
 
 /// Every loaded file's rows; user space sizes it and writes them
@@ -52,6 +68,26 @@ static CFI_INDEX: Array<Bucket> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 /// Each process's regions, by process id; user space sizes it.
 #[map]
 static CFI_PROCS: HashMap<u32, ProcRegions> = HashMap::with_max_entries(1, 0);
+
+/// Each loaded file's rows, by the file as the kernel names it, for
+/// mappings the walk finds itself; user space sizes it and fills it as
+/// it loads files.
+#[map]
+static CFI_FILES: HashMap<FileKey, FileRegion> = HashMap::with_max_entries(1, 0);
+/// The regions the walk found itself, by process id; user space sizes
+/// it. Not LRU: entries go when their process runs a new program or
+/// exits, and an LRU map's eviction could drop one still in use for one
+/// long gone.
+#[map]
+static CFI_FOUND: HashMap<u32, FoundRegions> = HashMap::with_max_entries(1, 0);
+/// A zeroed [`FoundRegions`], what a process's entry is created from:
+/// too big to build on the stack.
+#[map]
+static CFI_FOUND_ZERO: Array<FoundRegions> = Array::with_max_entries(1, 0);
+/// The regions of processes user space has not given any: none. The
+/// walk goes on from the regions it finds itself.
+#[map]
+static CFI_NO_PROCS: Array<ProcRegions> = Array::with_max_entries(1, 0);
 
 /// The generation each process last told user space of a new stack in
 /// (`stacks::first_in_generation`); only with the CFI walk, whose exec
@@ -110,6 +146,10 @@ static WALKS: crate::task_storage::TaskStorage<Remembered> =
 struct Walk {
     scratch: *mut Scratch,
     procs: *const ProcRegions,
+    tgid: u32,
+    /// Whether `procs` are the process's own, not [`CFI_NO_PROCS`]: code in
+    /// none of its own is new code, to tell user space of.
+    own: u32,
 }
 
 /// The user registers: `sampled`'s (a perf event's), if the sample hit
@@ -272,15 +312,194 @@ fn search_rows(r: &Region, pc: u64) -> Option<CfiRow> {
     row(r.row_start + lo - 1)
 }
 
+/// The mapping `bpf_find_vma` found, as [`vma_found`] reads it.
+#[repr(C)]
+#[derive(Default)]
+struct Vma {
+    start: u64,
+    end: u64,
+    pgoff: u64,
+    flags: u64,
+    ino: u64,
+    dev: u32,
+    _pad: u32,
+}
+
+/// `vm_flags`' bit of an executable mapping.
+const VM_EXEC: u64 = 4;
+/// `-EBUSY`, what `bpf_find_vma` returns where it cannot lock the memory
+/// map (with interrupts off, once per CPU until its deferred unlock ran).
+const EBUSY: i64 = -16;
+
+/// `bpf_find_vma`'s callback: copies what a region needs of the mapping.
+/// Plain loads, which the verifier checks against the BTF types (the
+/// offsets are read-only data, constants to it); a missing file reads as
+/// zeros.
+#[inline(never)]
+extern "C" fn vma_found(
+    _task: *mut core::ffi::c_void,
+    vma: *mut core::ffi::c_void,
+    ctx: *mut core::ffi::c_void,
+) -> i64 {
+    let o = global(&CFI_OFFSETS);
+    let vma = vma as *const u8;
+    // SAFETY: `vma` and what it points to are BTF-typed kernel pointers,
+    // whose loads the verifier guards; `ctx` is the caller's `Vma`.
+    unsafe {
+        let load =
+            |p: *const u8, off: u32| core::ptr::read_volatile(p.add(off as usize).cast::<u64>());
+        let out = &mut *ctx.cast::<Vma>();
+        out.start = load(vma, o.vma_start);
+        out.end = load(vma, o.vma_end);
+        out.pgoff = load(vma, o.vma_pgoff);
+        out.flags = load(vma, o.vma_flags);
+        let file = load(vma, o.vma_file) as *const u8;
+        if file.is_null() {
+            return 0;
+        }
+        let inode = load(file, o.file_inode) as *const u8;
+        if inode.is_null() {
+            return 0;
+        }
+        out.ino = load(inode, o.inode_ino);
+        let sb = load(inode, o.inode_sb) as *const u8;
+        if sb.is_null() {
+            return 0;
+        }
+        out.dev = core::ptr::read_volatile(sb.add(o.sb_dev as usize).cast::<u32>());
+    }
+    0
+}
+
+/// The region of the current task's mapping at `addr`, found by the
+/// kernel, if it maps a file whose rows are loaded (counted either way);
+/// `Err(())` if the lookup could not be done (busy, counted) or found no
+/// executable mapping.
+#[inline(always)]
+fn find_region(addr: u64) -> Result<Region, ()> {
+    let mut vma = Vma::default();
+    // SAFETY: `vma_found` is a callback of the helper's signature and
+    // `vma` lives across the call.
+    let ret = unsafe {
+        bpf_find_vma(
+            bpf_get_current_task_btf(),
+            addr,
+            vma_found as *mut core::ffi::c_void,
+            (&raw mut vma).cast(),
+            0,
+        )
+    };
+    if ret == EBUSY {
+        count_error(ERR_FIND_BUSY);
+    }
+    if ret != 0 || vma.flags & VM_EXEC == 0 || vma.ino == 0 {
+        return Err(());
+    }
+    let key = FileKey {
+        ino: vma.ino,
+        dev: vma.dev,
+        _pad: 0,
+    };
+    // SAFETY: a map value, copied.
+    let Some(f) = (unsafe { CFI_FILES.get(key) }).copied() else {
+        count_error(ERR_FIND_NO_FILE);
+        return Err(());
+    };
+    count_error(ERR_FOUND);
+    Ok(Region {
+        start: vma.start,
+        end: vma.end,
+        bias: vma
+            .start
+            .wrapping_sub(vma.pgoff.wrapping_mul(4096))
+            .wrapping_add(f.seg_delta),
+        index_base: f.index_base,
+        row_start: f.row_start,
+        row_len: f.row_len,
+        index_start: f.index_start,
+        index_len: f.index_len,
+        index_shift: f.index_shift,
+        _pad: 0,
+    })
+}
+
+/// Keeps region `r`, found for process `tgid`, for its later frames and
+/// samples; the oldest goes when there is no room.
+#[inline(always)]
+fn keep_found(tgid: u32, r: &Region) {
+    let found = match CFI_FOUND.get_ptr_mut(tgid) {
+        Some(f) => f,
+        None => {
+            let Some(zero) = CFI_FOUND_ZERO.get_ptr(0) else {
+                return;
+            };
+            // By reference: the value would not fit on the eBPF stack.
+            // SAFETY: a map value.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let _ = CFI_FOUND.insert(tgid, unsafe { &*zero }, 0);
+            let Some(f) = CFI_FOUND.get_ptr_mut(tgid) else {
+                return;
+            };
+            f
+        }
+    };
+    // SAFETY: a map value. Two threads of one process may race here: a
+    // torn region can only misname that process's frames.
+    unsafe {
+        let next = (*found).next as usize % MAX_FOUND;
+        if let Some(slot) = (*found).regions.get_mut(next) {
+            *slot = *r;
+        }
+        (*found).next = (next + 1) as u32;
+        if ((*found).n as usize) < MAX_FOUND {
+            (*found).n += 1;
+        }
+    }
+}
+
+/// The region holding `ip` among those the kernel found for process
+/// `tgid`, or found now, at most once a walk (`bpf_find_vma` succeeds
+/// about once per CPU with interrupts off, until its deferred unlock
+/// runs), into `st.last`.
+#[inline(always)]
+fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
+    if let Some(found) = CFI_FOUND.get_ptr(tgid) {
+        // SAFETY: a map value.
+        let found = unsafe { &*found };
+        for i in 0..MAX_FOUND {
+            if i as u32 >= found.n {
+                break;
+            }
+            let Some(r) = found.regions.get(i) else {
+                break;
+            };
+            if r.start <= ip && ip < r.end && r.row_len != 0 {
+                st.last = *r;
+                return true;
+            }
+        }
+    }
+    if st.find_tried != 0 {
+        return false;
+    }
+    st.find_tried = 1;
+    let Ok(r) = find_region(ip) else {
+        return false;
+    };
+    keep_found(tgid, &r);
+    st.last = r;
+    true
+}
+
 /// One frame of the walk, run by `bpf_loop`: records the frame's pc
 /// and steps to the caller; 1 ends the walk.
 #[inline(never)]
 extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `ctx` is the caller's `Walk`, whose pointers are map
     // values that outlive the walk.
-    let (scratch, procs) = unsafe {
+    let (scratch, procs, tgid, own) = unsafe {
         let w = &*ctx.cast::<Walk>();
-        (&mut *w.scratch, &*w.procs)
+        (&mut *w.scratch, &*w.procs, w.tgid, w.own)
     };
     let st = &mut scratch.walk;
     let chunk = &scratch.chunk;
@@ -293,13 +512,20 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // A return address is looked up at its call, one byte back.
     let back = u64::from(depth > 0);
     let ip = st.ip;
-    let found = if region(procs, st, ip) {
+    let known = region(procs, st, ip) || {
+        if own != 0 {
+            st.new_code = 1;
+        }
+        // Not remembered: the regions found are no part of its version.
+        st.unremembered = 1;
+        found_region(tgid, st, ip)
+    };
+    let found = if known {
         let bias = st.last.bias;
         search_rows(&st.last, ip.wrapping_sub(bias).wrapping_sub(back))
             .filter(|r| r.cfa != 0)
             .map(|r| (bias, r))
     } else {
-        st.new_code = 1;
         None
     };
     let Some((bias, r)) = found else {
@@ -378,10 +604,40 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
     let _ = CFI_PROCS.remove(tgid);
+    let _ = CFI_FOUND.remove(tgid);
+    prefill(tgid);
     // Its first stacks as the new program are told, for its symbols.
     let _ = SEEN.remove(tgid);
     if crate::targets::admits(tgid, id as u32) {
         crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXEC));
+    }
+}
+
+/// Finds the regions of a new program's own code and of where it starts
+/// (its interpreter's entry, else its own), before its first sample:
+/// here, in task context, the kernel's lookup is never busy, while a
+/// sample may look up one region a walk. Files user space has not loaded
+/// yet are not found (its first run of a program it has not seen).
+#[inline(always)]
+fn prefill(tgid: u32) {
+    let o = global(&CFI_OFFSETS);
+    // SAFETY: the helper has no preconditions.
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    let mm = crate::read_ptr(task, o.task_mm);
+    let code = read_kernel::<u64>(mm, o.mm_start_code).unwrap_or(0);
+    let mut first = Region::default();
+    if code != 0
+        && let Ok(r) = find_region(code)
+    {
+        keep_found(tgid, &r);
+        first = r;
+    }
+    if let Some((ip, _, _)) = user_regs(core::ptr::null())
+        && ip != 0
+        && !(first.start <= ip && ip < first.end)
+        && let Ok(r) = find_region(ip)
+    {
+        keep_found(tgid, &r);
     }
 }
 
@@ -434,6 +690,7 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     if tgid != id as u32 {
         return;
     }
+    let _ = CFI_FOUND.remove(tgid);
     // SAFETY: only tested for presence.
     let sampled = unsafe { SEEN.get(tgid) }.is_some() || CFI_PROCS.get_ptr(tgid).is_some();
     if sampled {
@@ -568,8 +825,9 @@ pub(crate) unsafe fn remember(
 /// Walks the current task's user stack into the scratch value's stack
 /// and returns its depth, and whether user space should read the
 /// process's regions again (it ran code in none of them; said at most
-/// every `NEW_CODE_EVERY_NS`); `None` if its process has no tables
-/// (the caller then walks by frame pointer). `sampled`: see
+/// every `NEW_CODE_EVERY_NS`). A process user space has given no
+/// regions yet is walked from those the kernel finds itself. `None` only
+/// if a map is missing (the caller then walks by frame pointer). `sampled`: see
 /// [`user_stack`](crate::stacks::user_stack).
 ///
 /// A walk in task context (no `sampled` registers: a switch or a wakeup,
@@ -597,7 +855,13 @@ pub(crate) fn walk(
     if ip == 0 {
         return Some(none);
     }
-    let procs = CFI_PROCS.get_ptr_mut(tgid)?;
+    let (procs, own) = match CFI_PROCS.get_ptr_mut(tgid) {
+        Some(p) => (p, 1),
+        None => {
+            count_error(ERR_NO_TABLES);
+            (CFI_NO_PROCS.get_ptr_mut(0)?, 0)
+        }
+    };
     // SAFETY: map values.
     unsafe {
         let chunk_len = copy_top(&mut (*scratch).chunk, sp);
@@ -607,6 +871,7 @@ pub(crate) fn walk(
             bp,
             depth: 0,
             new_code: 0,
+            find_tried: 0,
             last: Region::default(),
             chunk_base: sp,
             chunk_len,
@@ -634,7 +899,12 @@ pub(crate) fn walk(
             }
         }
     }
-    let mut w = Walk { scratch, procs };
+    let mut w = Walk {
+        scratch,
+        procs,
+        tgid,
+        own,
+    };
     // SAFETY: `frame` is a callback of bpf_loop's signature and `w`
     // lives across the call.
     unsafe {

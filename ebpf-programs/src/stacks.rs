@@ -242,7 +242,8 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                 }
                 return Some(stack);
             }
-            None => count_error(rtrace_common::stacks::ERR_NO_TABLES),
+            // A map missing: the kernel's frame-pointer walk.
+            None => {}
         }
     }
     let _ = (events, tgid, sampled);

@@ -364,6 +364,85 @@ fn process_started_after_the_start_is_unwound() {
     );
 }
 
+/// Samples of the `execkids` fixture's children (their command, `comm`),
+/// those under its whole chain, those whose walk reached the root (as
+/// deep as the deepest of theirs), and the depths seen, for the report.
+fn kid_chains(folded: &BTreeMap<Vec<String>, u64>, comm: &str) -> (u64, u64, u64, String) {
+    const CHAIN: [&str; 4] = ["main", "kid_outer", "kid_inner", "kid_burn"];
+    let kids: Vec<(&Vec<String>, u64)> = folded
+        .iter()
+        .filter(|(f, _)| f[0] == comm && f.len() > 1)
+        .map(|(f, &c)| (f, c))
+        .collect();
+    let all: u64 = kids.iter().map(|(_, c)| c).sum();
+    let chained: u64 = kids
+        .iter()
+        .filter(|(f, _)| f.windows(4).any(|w| w == CHAIN))
+        .map(|(_, c)| c)
+        .sum();
+    // The root: as deep as a whole chain goes (the command, the C
+    // runtime's start, main and the three).
+    let root = kids
+        .iter()
+        .filter(|(f, _)| f.windows(4).any(|w| w == CHAIN))
+        .map(|(f, _)| f.len())
+        .max()
+        .unwrap_or(usize::MAX);
+    let rooted: u64 = kids
+        .iter()
+        .filter(|(f, _)| f.len() == root)
+        .map(|(_, c)| c)
+        .sum();
+    let mut depths = BTreeMap::new();
+    for (f, c) in &kids {
+        *depths.entry(f.len() - 1).or_insert(0u64) += c;
+    }
+    (all, chained, rooted, format!("{depths:?}"))
+}
+
+/// Programs that live a few tens of milliseconds, run anew two at a time
+/// as a build runs its compilers, are mostly gone before user space has
+/// read their maps: the walk finds their mappings itself and walks them
+/// from the rows of their files, which the first of them brought, instead
+/// of by frame pointer (three frames of garbage without them).
+#[test]
+fn short_lived_programs_keep_their_whole_chain() {
+    let fixture = workload_bin("execkids_nofp");
+    let out = temp("execkids.folded");
+    let (code, _, stderr) = run(&[
+        "profile",
+        "-F",
+        "199",
+        "-f",
+        "-U",
+        "-v",
+        "--all-cpus",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        fixture.to_str().unwrap(),
+        "80",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let stdout = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let folded = parse_folded(&stdout);
+    let (all, chained, rooted, depths) = kid_chains(&folded, "execkids_nofp");
+    eprintln!(
+        "children's samples: {all}, under the whole chain: {chained}, reaching the root: \
+         {rooted}; depths {depths}"
+    );
+    assert!(
+        all >= 200,
+        "too few samples of the children ({all}):\n{stdout}\n{stderr}"
+    );
+    assert!(
+        chained as f64 >= 0.9 * all as f64,
+        "only {chained} of {all} samples of the children are under their whole chain \
+         ({rooted} reach the root; depths {depths}):\n{stdout}\n{stderr}"
+    );
+}
+
 /// On a host where short-lived processes come and go, as on a build or CI
 /// host, every process brings new stacks; the tables are moved out of the
 /// kernel as the profile runs, so a minute of them at 999 Hz loses next to

@@ -348,6 +348,24 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
     Ok(table)
 }
 
+/// What a mapping of a file's one executable segment needs for its load
+/// bias besides its own start and offset: the segment's file offset less
+/// its virtual address; `None` where the file has several executable
+/// segments (or none), as a mapping alone then does not tell which it
+/// holds.
+pub fn exec_segment_delta(data: &[u8]) -> Option<u64> {
+    const PF_X: u32 = 1;
+    let file = object::File::parse(data).ok()?;
+    let mut exec = file.segments().filter(
+        |s| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0),
+    );
+    let seg = exec.next()?;
+    if exec.next().is_some() {
+        return None;
+    }
+    Some(seg.file_range().0.wrapping_sub(seg.address()))
+}
+
 /// A file's loadable segments as (file offset, size, virtual address), to
 /// turn a mapping's file offset into the virtual addresses rows are keyed
 /// by.

@@ -10,13 +10,15 @@
 
 use std::{collections::HashMap, fs::File, sync::Arc};
 
-use rtrace_common::unwind::{Bucket, CfiRow, MAX_REGIONS, ProcRegions, Region as KRegion};
+use rtrace_common::unwind::{
+    Bucket, CfiRow, FileKey, FileRegion, MAX_REGIONS, ProcRegions, Region as KRegion,
+};
 
 use crate::kernel::procmaps;
 
 #[cfg(test)]
 use crate::stacks::cfi::{CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAVED, Row};
-use crate::stacks::cfi::{CfiError, Table, compile, segments};
+use crate::stacks::cfi::{CfiError, Table, compile, exec_segment_delta, segments};
 use crate::stacks::jitdump::dump_pid;
 
 /// One file's table, shared by every process that maps the file.
@@ -25,6 +27,24 @@ pub struct FileTable {
     /// The compiled rows; empty where the file has no usable CFI.
     pub table: Table,
     segments: Vec<(u64, u64, u64)>,
+    /// The file as the kernel names it, and its executable segment's
+    /// [`FileRegion::seg_delta`]: where the kernel's walk may find the
+    /// file's mappings itself. `None` for the vDSO, and files with several
+    /// executable segments.
+    kernel: Option<(FileKey, u64)>,
+}
+
+/// The kernel's name of the file `stat` says is on `dev` at `ino`: its
+/// `s_dev` encodes the device as `major << 20 | minor`, `st_dev` as
+/// glibc's `makedev` does.
+fn file_key(dev: u64, ino: u64) -> FileKey {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    FileKey {
+        ino,
+        dev: ((major << 20) | (minor & 0xf_ffff)) as u32,
+        _pad: 0,
+    }
 }
 
 impl FileTable {
@@ -124,9 +144,12 @@ impl Tables {
                                 self.unreadable.push((m.name.clone(), e));
                                 Table::default()
                             });
+                            let kernel = exec_segment_delta(&data)
+                                .map(|d| (file_key(meta.dev(), meta.ino()), d));
                             Some(Arc::new(FileTable {
                                 table,
                                 segments: segments(&data),
+                                kernel,
                             }))
                         })
                         .clone()
@@ -164,6 +187,7 @@ impl Tables {
                 Some(Arc::new(FileTable {
                     table: compile(data).ok()?,
                     segments: segments(data),
+                    kernel: None,
                 }))
             })
             .clone()
@@ -194,6 +218,11 @@ pub struct KernelTables {
     _index_map: aya::maps::Array<aya::maps::MapData, Bucket>,
     index: crate::kernel::memory::SharedArray<Bucket>,
     procs: aya::maps::HashMap<aya::maps::MapData, u32, ProcRegions>,
+    /// Each loaded file's rows by the file, for the mappings the walk
+    /// finds itself.
+    files: aya::maps::HashMap<aya::maps::MapData, FileKey, FileRegion>,
+    /// Files loaded whose rows `files` did not take (full).
+    files_unnamed: usize,
     tables: Tables,
     /// Where each loaded file's rows and index are, by its table.
     loaded: HashMap<usize, Loaded>,
@@ -252,12 +281,17 @@ impl KernelTables {
         let procs = ebpf
             .take_map("CFI_PROCS")
             .context("map CFI_PROCS missing")?;
+        let files = ebpf
+            .take_map("CFI_FILES")
+            .context("map CFI_FILES missing")?;
         Ok(Self {
             _rows_map: rows_map,
             rows,
             _index_map: index_map,
             index,
             procs: procs.try_into()?,
+            files: files.try_into()?,
+            files_unnamed: 0,
             tables: Tables {
                 cache: crate::stacks::cficache::DiskCache::from_env(),
                 ..Tables::default()
@@ -393,6 +427,21 @@ impl KernelTables {
         self.next_row += at.row_len;
         self.next_bucket += at.index_len;
         self.loaded.insert(key, at);
+        if let Some((name, seg_delta)) = file.kernel {
+            let region = FileRegion {
+                index_base: rows[0].pc,
+                seg_delta,
+                row_start: at.row_start,
+                row_len: at.row_len,
+                index_start: at.index_start,
+                index_len: at.index_len,
+                index_shift: file.table.index_shift,
+                _pad: 0,
+            };
+            if self.files.insert(name, region, 0).is_err() {
+                self.files_unnamed += 1;
+            }
+        }
         Some(at)
     }
 
@@ -440,6 +489,13 @@ impl KernelTables {
             out.push(format!(
                 "{} file(s) with unreadable CFI were walked by frame pointer, first {name}: {why}",
                 broken.len()
+            ));
+        }
+        if self.files_unnamed > 0 {
+            out.push(format!(
+                "{} file(s) did not fit in map CFI_FILES: their mappings in processes that \
+                 user space had not read yet were walked by frame pointer",
+                self.files_unnamed
             ));
         }
         if self.files_not_loaded + self.processes_not_loaded > 0 {
@@ -664,6 +720,7 @@ mod tests {
         let file = FileTable {
             table: Table::default(),
             segments: vec![(0, 0x90190, 0), (0x90190, 0x19d480, 0x91190)],
+            kernel: None,
         };
         let start = 0x55d6_488d_7000;
         let bias = file.bias(start, 0x90000, 0x19e000).unwrap();

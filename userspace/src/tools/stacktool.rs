@@ -78,8 +78,12 @@ const CFI_ROWS: u32 = 1 << 20;
 /// `ROWS_PER_BUCKET` rows, and one more, so the rest is for files with
 /// very few rows; 2.5 MiB.
 const CFI_BUCKETS: u32 = CFI_ROWS / rtrace_common::unwind::ROWS_PER_BUCKET + (1 << 16);
-/// Processes whose regions the kernel holds.
+/// Processes whose regions the kernel holds, and the processes whose
+/// regions it found itself.
 const CFI_PROCESSES: u32 = 4096;
+/// Files whose mappings the kernel can find the rows of itself: more than
+/// the rows array holds files of any size.
+const CFI_FILES: u32 = 16384;
 
 /// See the module documentation.
 #[derive(Default)]
@@ -151,6 +155,19 @@ impl StackTool {
                 cs: reg("cs")?,
                 task_pid: btf.offset("task_struct", "pid")?,
                 task_tgid: btf.offset("task_struct", "tgid")?,
+                task_mm: btf.offset("task_struct", "mm")?,
+                mm_start_code: btf.offset("mm_struct", "start_code")?,
+                // In anonymous unions since 6.1 and 6.3; found through them.
+                vma_start: btf.offset("vm_area_struct", "vm_start")?,
+                vma_end: btf.offset("vm_area_struct", "vm_end")?,
+                vma_pgoff: btf.offset("vm_area_struct", "vm_pgoff")?,
+                vma_flags: btf.offset("vm_area_struct", "vm_flags")?,
+                vma_file: btf.offset("vm_area_struct", "vm_file")?,
+                file_inode: btf.offset("file", "f_inode")?,
+                inode_ino: btf.offset("inode", "i_ino")?,
+                inode_sb: btf.offset("inode", "i_sb")?,
+                sb_dev: btf.offset("super_block", "s_dev")?,
+                _pad: 0,
             };
             // The walks remembered per thread are in task storage, for
             // which aya has no user-space type: only the programs use it.
@@ -158,7 +175,9 @@ impl StackTool {
             load.global("CFI_OFFSETS", &offsets)
                 .size("CFI_ROWS", CFI_ROWS)
                 .size("CFI_INDEX", CFI_BUCKETS)
-                .size("CFI_PROCS", CFI_PROCESSES);
+                .size("CFI_PROCS", CFI_PROCESSES)
+                .size("CFI_FILES", CFI_FILES)
+                .size("CFI_FOUND", CFI_PROCESSES);
         }
         self.transforms = args.transforms.clone();
         self.sym.with_lines(args.lines);
