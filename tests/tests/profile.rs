@@ -364,49 +364,40 @@ fn process_started_after_the_start_is_unwound() {
     );
 }
 
-/// Samples of the `execkids` fixture's children (their command, `comm`),
-/// those under its whole chain, those whose walk reached the root (as
-/// deep as the deepest of theirs), and the depths seen, for the report.
-fn kid_chains(folded: &BTreeMap<Vec<String>, u64>, comm: &str) -> (u64, u64, u64, String) {
+/// The `execkids` fixture's children's samples (their command, `comm`):
+/// how many, how many under the whole chain, how many whose walk reached
+/// the root (as deep as most are: the C runtime's start, main and the
+/// three), how many have at most three frames (a frame-pointer walk
+/// through code without them), and the depths seen, for the report.
+/// Frames of children that exited before their maps were read are
+/// [unknown], so the depth tells of the walk where the names cannot.
+fn kid_chains(folded: &BTreeMap<Vec<String>, u64>, comm: &str) -> [u64; 4] {
     const CHAIN: [&str; 4] = ["main", "kid_outer", "kid_inner", "kid_burn"];
-    let kids: Vec<(&Vec<String>, u64)> = folded
-        .iter()
-        .filter(|(f, _)| f[0] == comm && f.len() > 1)
-        .map(|(f, &c)| (f, c))
-        .collect();
-    let all: u64 = kids.iter().map(|(_, c)| c).sum();
-    let chained: u64 = kids
-        .iter()
-        .filter(|(f, _)| f.windows(4).any(|w| w == CHAIN))
-        .map(|(_, c)| c)
-        .sum();
-    // The root: as deep as a whole chain goes (the command, the C
-    // runtime's start, main and the three).
-    let root = kids
-        .iter()
-        .filter(|(f, _)| f.windows(4).any(|w| w == CHAIN))
-        .map(|(f, _)| f.len())
-        .max()
-        .unwrap_or(usize::MAX);
-    let rooted: u64 = kids
-        .iter()
-        .filter(|(f, _)| f.len() == root)
-        .map(|(_, c)| c)
-        .sum();
-    let mut depths = BTreeMap::new();
-    for (f, c) in &kids {
-        *depths.entry(f.len() - 1).or_insert(0u64) += c;
+    let mut depths: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut chained = 0;
+    for (frames, count) in folded.iter().filter(|(f, _)| f[0] == comm && f.len() > 1) {
+        *depths.entry(frames.len() - 1).or_default() += count;
+        if frames.windows(4).any(|w| w == CHAIN) {
+            chained += count;
+        }
     }
-    (all, chained, rooted, format!("{depths:?}"))
+    let all: u64 = depths.values().sum();
+    let rooted = depths.values().max().copied().unwrap_or(0);
+    let short: u64 = depths.range(..=3).map(|(_, c)| c).sum();
+    eprintln!(
+        "children's samples: {all}, under the whole chain: {chained}, reaching the root: \
+         {rooted}, of three frames or fewer: {short}; by depth {depths:?}"
+    );
+    [all, chained, rooted, short]
 }
 
 /// Programs that live a few tens of milliseconds, run anew two at a time
-/// as a build runs its compilers, are mostly gone before user space has
+/// as a build runs its compilers, are partly gone before user space has
 /// read their maps: the walk finds their mappings itself and walks them
 /// from the rows of their files, which the first of them brought, instead
-/// of by frame pointer (three frames of garbage without them).
+/// of by frame pointer (a frame or two of garbage without them).
 #[test]
-fn short_lived_programs_keep_their_whole_chain() {
+fn short_lived_programs_are_walked_to_their_root() {
     let fixture = workload_bin("execkids_nofp");
     let out = temp("execkids.folded");
     let (code, _, stderr) = run(&[
@@ -426,20 +417,21 @@ fn short_lived_programs_keep_their_whole_chain() {
     assert_eq!(code, 0, "{stderr}");
     let stdout = std::fs::read_to_string(&out).unwrap();
     let _ = std::fs::remove_file(&out);
-    let folded = parse_folded(&stdout);
-    let (all, chained, rooted, depths) = kid_chains(&folded, "execkids_nofp");
-    eprintln!(
-        "children's samples: {all}, under the whole chain: {chained}, reaching the root: \
-         {rooted}; depths {depths}"
+    let [all, chained, rooted, short] = kid_chains(&parse_folded(&stdout), "execkids_nofp");
+    assert!(
+        all >= 300,
+        "too few samples of the children ({all}):\n{stderr}"
     );
     assert!(
-        all >= 200,
-        "too few samples of the children ({all}):\n{stdout}\n{stderr}"
+        chained > 0,
+        "no sample of the children is named under their chain:\n{stdout}"
     );
+    // Before the walk found mappings itself, a tenth of the samples had
+    // one frame and another few were cut short.
     assert!(
-        chained as f64 >= 0.9 * all as f64,
-        "only {chained} of {all} samples of the children are under their whole chain \
-         ({rooted} reach the root; depths {depths}):\n{stdout}\n{stderr}"
+        rooted as f64 >= 0.93 * all as f64 && short as f64 <= 0.03 * all as f64,
+        "{rooted} of {all} samples of the children reach their root, {short} have three \
+         frames or fewer:\n{stdout}\n{stderr}"
     );
 }
 
