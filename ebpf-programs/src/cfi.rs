@@ -605,7 +605,11 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let tgid = (id >> 32) as u32;
     let _ = CFI_PROCS.remove(tgid);
     let _ = CFI_FOUND.remove(tgid);
-    prefill(tgid);
+    // Only where its stacks are taken: every exec on the host would
+    // otherwise cost two lookups and an entry.
+    if crate::targets::admits_current() {
+        prefill(tgid);
+    }
     // Its first stacks as the new program are told, for its symbols.
     let _ = SEEN.remove(tgid);
     if crate::targets::admits(tgid, id as u32) {
@@ -827,8 +831,8 @@ pub(crate) unsafe fn remember(
 /// process's regions again (it ran code in none of them; said at most
 /// every `NEW_CODE_EVERY_NS`). A process user space has given no
 /// regions yet is walked from those the kernel finds itself. `None` only
-/// if a map is missing (the caller then walks by frame pointer). `sampled`: see
-/// [`user_stack`](crate::stacks::user_stack).
+/// if a map is missing (the caller then walks by frame pointer).
+/// `sampled`: see [`user_stack`](crate::stacks::user_stack).
 ///
 /// A walk in task context (no `sampled` registers: a switch or a wakeup,
 /// where task storage may be created) is remembered for the thread, and
