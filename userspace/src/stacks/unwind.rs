@@ -730,6 +730,58 @@ mod tests {
         assert_eq!(file.bias(start, 0x400000, 0x1000), None);
     }
 
+    /// The kernel names a mapped file in `/proc/PID/maps` as the walk
+    /// reads it (`s_dev`, `i_ino`); `stat` through the mapping must give
+    /// the same name, and the executable segment the same bias as the
+    /// segment a mapping holds most of.
+    #[test]
+    fn mapped_files_are_named_and_biased_as_the_kernel_finds_them() {
+        use std::os::unix::fs::MetadataExt as _;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let mut checked = 0;
+        for line in maps.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let Some(m) = procmaps::Mapping::parse(line) else {
+                continue;
+            };
+            if !m.exec || m.inode == 0 || !m.name.starts_with('/') {
+                continue;
+            }
+            let (major, minor) = fields[3].split_once(':').unwrap();
+            let dev = (u32::from_str_radix(major, 16).unwrap() << 20)
+                | u32::from_str_radix(minor, 16).unwrap();
+            let path = format!("/proc/self/map_files/{}", m.range());
+            let meta = std::fs::metadata(&path).unwrap();
+            let key = file_key(meta.dev(), meta.ino());
+            assert_eq!((key.dev, key.ino), (dev, m.inode), "{line}");
+            let data = std::fs::read(&path).unwrap();
+            let Some(delta) = exec_segment_delta(&data) else {
+                continue;
+            };
+            let file = FileTable {
+                table: Table::default(),
+                segments: segments(&data),
+                kernel: None,
+            };
+            let bias = file.bias(m.start, m.offset, m.end - m.start).unwrap();
+            assert_eq!(
+                bias,
+                m.start.wrapping_sub(m.offset).wrapping_add(delta),
+                "{line}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 2, "{maps}");
+    }
+
+    #[test]
+    fn kernel_device_numbers_are_major_shifted_by_20() {
+        for (major, minor) in [(8, 1), (259, 300), (0, 27), (4095, 0xfffff)] {
+            let key = file_key(libc::makedev(major, minor), 1);
+            assert_eq!(key.dev, (major << 20) | minor, "{major}:{minor}");
+        }
+    }
+
     #[test]
     fn the_vdso_has_one_table_for_every_process() {
         let mut tables = Tables::default();
