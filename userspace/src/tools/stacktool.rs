@@ -115,6 +115,8 @@ pub struct StackTool {
     unmarked: HashSet<u32>,
     /// `--hide`, `--collapse`, `--collapse-recursion`.
     transforms: crate::output::stacks::transform::TransformArgs,
+    /// Processes that ran a new program and have not been captured since.
+    execed: HashSet<u32>,
 }
 
 impl StackTool {
@@ -243,6 +245,7 @@ impl StackTool {
             // What it wrote as it exited (a JIT's perf map) is read while
             // its pid is its own.
             self.sym.read_jit(seen.tgid);
+            self.execed.remove(&seen.tgid);
             return Ok(());
         }
         if seen.flags & SEEN_FORK != 0 {
@@ -262,13 +265,16 @@ impl StackTool {
             Some(cfi) => cfi.add_process(seen.tgid, exec || new_code)?,
             None => false,
         };
-        // Code the walk found in no region is new to the symbolizer too;
-        // a new program makes what was captured (its parent's, at fork)
-        // wrong.
+        // Code the walk found in no region is new to the symbolizer too,
+        // and so is all of a new program's: what was read at the exec
+        // (before its loader mapped its libraries) does not name it,
+        // however recently it was read, so its first stacks read again.
         if exec {
             self.sym.exec(seen.tgid);
+            self.execed.insert(seen.tgid);
         } else {
-            self.sym.capture(seen.tgid, new_code || read);
+            let fresh = self.execed.remove(&seen.tgid);
+            self.sym.capture(seen.tgid, new_code || read || fresh);
         }
         self.mark_timed();
         Ok(())
