@@ -367,10 +367,10 @@ fn process_started_after_the_start_is_unwound() {
 /// The `execkids` fixture's children's samples (their command, `comm`):
 /// how many, how many under the whole chain, how many whose walk reached
 /// the root (as deep as most are: the C runtime's start, main and the
-/// three), how many have at most three frames (a frame-pointer walk
-/// through code without them), and the depths seen, for the report.
-/// Frames of children that exited before their maps were read are
-/// [unknown], so the depth tells of the walk where the names cannot.
+/// three), and how many have at most three frames (a frame-pointer walk
+/// through code without them); printed with the depths seen. Frames of
+/// children that exited before their maps were read are [unknown], so
+/// the depth tells of the walk where the names cannot.
 fn kid_chains(folded: &BTreeMap<Vec<String>, u64>, comm: &str) -> [u64; 4] {
     const CHAIN: [&str; 4] = ["main", "kid_outer", "kid_inner", "kid_burn"];
     let mut depths: BTreeMap<usize, u64> = BTreeMap::new();
@@ -408,9 +408,9 @@ fn profile_execkids(scope: &[&str]) -> (String, String) {
 }
 
 /// Checks that the children's samples reached their root (as deep as
-/// most) and few have three frames or fewer; returns how many samples
-/// and how many under the named chain.
-fn check_kids_rooted(folded: &str, stderr: &str) -> (u64, u64) {
+/// most), few have three frames or fewer, and at least `named` of them
+/// are named under the whole chain.
+fn check_kids(folded: &str, stderr: &str, named: f64) {
     let [all, chained, rooted, short] = kid_chains(&parse_folded(folded), "execkids_nofp");
     assert!(
         all >= 300,
@@ -423,30 +423,29 @@ fn check_kids_rooted(folded: &str, stderr: &str) -> (u64, u64) {
         "{rooted} of {all} samples of the children reach their root, {short} have three \
          frames or fewer:\n{folded}\n{stderr}"
     );
-    (all, chained)
+    // Before a new program's maps were read at its first sample, however
+    // recently its parent's had been, under a tenth.
+    assert!(
+        chained as f64 >= named * all as f64,
+        "only {chained} of {all} samples of the children are named under their chain:\n\
+         {folded}\n{stderr}"
+    );
 }
 
 /// Programs that live a few tens of milliseconds, run anew two at a time
 /// as a build runs its compilers, are partly gone before user space has
 /// read their maps: the walk finds their mappings itself and walks them
 /// from the rows of their files, which the first of them brought, instead
-/// of by frame pointer (a frame or two of garbage without them). With the
-/// command's own cgroup, user space keeps up with them and names nearly
-/// every frame (before, a tenth of the samples were named under the
-/// chain); system-wide, the names depend on what else the host runs (they
-/// are read from the processes' maps while they live), so only the walk
-/// is checked.
+/// of by frame pointer (a frame or two of garbage without them), and
+/// their frames are named from their maps read at their first sample.
+/// System-wide, user space also reads every other process's maps, and may
+/// fall behind on a busy host: a little less is asked there.
 #[test]
 fn short_lived_programs_are_walked_to_their_root() {
     let (folded, stderr) = profile_execkids(&[]);
-    let (all, chained) = check_kids_rooted(&folded, &stderr);
-    assert!(
-        chained as f64 >= 0.8 * all as f64,
-        "only {chained} of {all} samples of the children are named under their chain:\n\
-         {folded}\n{stderr}"
-    );
+    check_kids(&folded, &stderr, 0.9);
     let (folded, stderr) = profile_execkids(&["--all-cpus"]);
-    check_kids_rooted(&folded, &stderr);
+    check_kids(&folded, &stderr, 0.85);
 }
 
 /// On a host where short-lived processes come and go, as on a build or CI
