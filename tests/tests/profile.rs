@@ -424,8 +424,8 @@ fn check_kids(folded: &str, stderr: &str, named: f64) {
          frames or fewer:\n{folded}\n{stderr}"
     );
     // Before a new program's maps were read at its first sample, however
-    // recently its parent's had been, from a tenth to a half, by how soon
-    // the parent was first read.
+    // recently its parent's had been: from under a tenth to a half, run
+    // to run.
     assert!(
         chained as f64 >= named * all as f64,
         "only {chained} of {all} samples of the children are named under their chain:\n\
