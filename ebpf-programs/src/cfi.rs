@@ -12,7 +12,7 @@ use aya_ebpf::{
         generated::{self, bpf_find_vma, bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::map,
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::RawTracePointContext,
 };
 use rtrace_common::{
@@ -83,7 +83,7 @@ static CFI_FOUND: HashMap<u32, FoundRegions> = HashMap::with_max_entries(1, 0);
 /// A zeroed [`FoundRegions`], what a process's entry is created from:
 /// too big to build on the stack.
 #[map]
-static CFI_FOUND_ZERO: Array<FoundRegions> = Array::with_max_entries(1, 0);
+static CFI_FOUND_ZERO: PerCpuArray<FoundRegions> = PerCpuArray::with_max_entries(1, 0);
 /// The regions of processes user space has not given any: none. The
 /// walk goes on from the regions it finds itself.
 #[map]
@@ -427,21 +427,8 @@ fn find_region(addr: u64) -> Result<Region, ()> {
 /// samples; the oldest goes when there is no room.
 #[inline(always)]
 fn keep_found(tgid: u32, r: &Region) {
-    let found = match CFI_FOUND.get_ptr_mut(tgid) {
-        Some(f) => f,
-        None => {
-            let Some(zero) = CFI_FOUND_ZERO.get_ptr(0) else {
-                return;
-            };
-            // By reference: the value would not fit on the eBPF stack.
-            // SAFETY: a map value.
-            #[allow(clippy::needless_borrows_for_generic_args)]
-            let _ = CFI_FOUND.insert(tgid, unsafe { &*zero }, 0);
-            let Some(f) = CFI_FOUND.get_ptr_mut(tgid) else {
-                return;
-            };
-            f
-        }
+    let Some((found, _)) = crate::get_or_insert(&CFI_FOUND, &tgid, &CFI_FOUND_ZERO) else {
+        return;
     };
     // SAFETY: a map value. Two threads of one process may race here: a
     // torn region can only misname that process's frames.
