@@ -348,38 +348,41 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
     Ok(table)
 }
 
-/// What a mapping of a file's one executable segment needs for its load
-/// bias besides its own start and offset: the segment's file offset less
-/// its virtual address; `None` where the file has several executable
-/// segments (or none), as a mapping alone then does not tell which it
-/// holds.
-pub fn exec_segment_delta(data: &[u8]) -> Option<u64> {
-    const PF_X: u32 = 1;
-    let file = object::File::parse(data).ok()?;
-    let mut exec = file.segments().filter(
-        |s| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0),
-    );
-    let seg = exec.next()?;
-    if exec.next().is_some() {
-        return None;
-    }
-    Some(seg.file_range().0.wrapping_sub(seg.address()))
+/// A file's loadable segments.
+#[derive(Debug, Default)]
+pub struct Segments {
+    /// Each as (file offset, size, virtual address), to turn a mapping's
+    /// file offset into the virtual addresses rows are keyed by.
+    pub ranges: Vec<(u64, u64, u64)>,
+    /// What a mapping of the file's one executable segment needs for its
+    /// load bias besides its own start and offset: the segment's file
+    /// offset less its virtual address; `None` where the file has several
+    /// executable segments (or none), as a mapping alone then does not
+    /// tell which it holds.
+    pub exec_delta: Option<u64>,
 }
 
-/// A file's loadable segments as (file offset, size, virtual address), to
-/// turn a mapping's file offset into the virtual addresses rows are keyed
-/// by.
-pub fn segments(data: &[u8]) -> Vec<(u64, u64, u64)> {
-    object::File::parse(data)
-        .map(|f| {
-            f.segments()
-                .map(|s| {
-                    let (off, size) = s.file_range();
-                    (off, size, s.address())
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+/// The loadable segments of the ELF file `data`; none if it is no ELF
+/// file.
+pub fn segments(data: &[u8]) -> Segments {
+    const PF_X: u32 = 1;
+    let Ok(file) = object::File::parse(data) else {
+        return Segments::default();
+    };
+    let mut out = Segments::default();
+    let mut execs = 0;
+    for s in file.segments() {
+        let (off, size) = s.file_range();
+        out.ranges.push((off, size, s.address()));
+        if matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0) {
+            execs += 1;
+            out.exec_delta = Some(off.wrapping_sub(s.address()));
+        }
+    }
+    if execs != 1 {
+        out.exec_delta = None;
+    }
+    out
 }
 
 // The reference lookup: what the kernel's search of the same rows must

@@ -18,7 +18,7 @@ use crate::kernel::procmaps;
 
 #[cfg(test)]
 use crate::stacks::cfi::{CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAVED, Row};
-use crate::stacks::cfi::{CfiError, Table, compile, exec_segment_delta, segments};
+use crate::stacks::cfi::{CfiError, Table, compile, segments};
 use crate::stacks::jitdump::dump_pid;
 
 /// One file's table, shared by every process that maps the file.
@@ -38,11 +38,9 @@ pub struct FileTable {
 /// `s_dev` encodes the device as `major << 20 | minor`, `st_dev` as
 /// glibc's `makedev` does.
 fn file_key(dev: u64, ino: u64) -> FileKey {
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     FileKey {
         ino,
-        dev: ((major << 20) | (minor & 0xf_ffff)) as u32,
+        dev: (libc::major(dev) << 20) | (libc::minor(dev) & 0xf_ffff),
         _pad: 0,
     }
 }
@@ -144,11 +142,13 @@ impl Tables {
                                 self.unreadable.push((m.name.clone(), e));
                                 Table::default()
                             });
-                            let kernel = exec_segment_delta(&data)
+                            let segments = segments(&data);
+                            let kernel = segments
+                                .exec_delta
                                 .map(|d| (file_key(meta.dev(), meta.ino()), d));
                             Some(Arc::new(FileTable {
                                 table,
-                                segments: segments(&data),
+                                segments: segments.ranges,
                                 kernel,
                             }))
                         })
@@ -186,7 +186,7 @@ impl Tables {
                 };
                 Some(Arc::new(FileTable {
                     table: compile(data).ok()?,
-                    segments: segments(data),
+                    segments: segments(data).ranges,
                     kernel: None,
                 }))
             })
@@ -755,12 +755,13 @@ mod tests {
             let key = file_key(meta.dev(), meta.ino());
             assert_eq!((key.dev, key.ino), (dev, m.inode), "{line}");
             let data = std::fs::read(&path).unwrap();
-            let Some(delta) = exec_segment_delta(&data) else {
+            let segments = segments(&data);
+            let Some(delta) = segments.exec_delta else {
                 continue;
             };
             let file = FileTable {
                 table: Table::default(),
-                segments: segments(&data),
+                segments: segments.ranges,
                 kernel: None,
             };
             let bias = file.bias(m.start, m.offset, m.end - m.start).unwrap();
