@@ -417,9 +417,11 @@ fn check_kids(folded: &str, stderr: &str, named: f64) {
         "too few samples of the children ({all}):\n{stderr}"
     );
     // Before the walk found mappings itself, a tenth of the samples had
-    // a frame or two (by frame pointer), and fewer reached the root.
+    // a frame or two (by frame pointer), and fewer reached the root. A
+    // few still do: those taken in exec or in exit, once the memory map
+    // is gone.
     assert!(
-        rooted as f64 >= 0.93 * all as f64 && short as f64 <= 0.03 * all as f64,
+        rooted as f64 >= 0.93 * all as f64 && short as f64 <= 0.05 * all as f64,
         "{rooted} of {all} samples of the children reach their root, {short} have three \
          frames or fewer:\n{folded}\n{stderr}"
     );
