@@ -71,12 +71,22 @@ pub struct Region {
     pub end: u64,
     /// Subtracted from an address to get the file's virtual address.
     pub bias: u64,
+    /// The mapped file's rows; none where it has none (walked by frame
+    /// pointer).
+    pub rows: FileRows,
+}
+
+/// Where a file's rows and index are in the rows and index arrays, which
+/// every mapping of the file shares.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileRows {
     /// The file address the index's first bucket starts at: its first
     /// row's.
     pub index_base: u64,
     /// The file's first row in the rows array.
     pub row_start: u32,
-    /// The file's rows; 0 where it has none (walked by frame pointer).
+    /// The file's rows; 0 where it has none.
     pub row_len: u32,
     /// The file's first entry in the index array.
     pub index_start: u32,
@@ -142,24 +152,12 @@ pub struct FileKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FileRegion {
-    /// See [`Region::index_base`].
-    pub index_base: u64,
     /// The executable segment's file offset less its virtual address: a
     /// mapping at `start` of file offset `pgoff * 4096` has the bias
     /// `start - pgoff * 4096 + seg_delta`.
     pub seg_delta: u64,
-    /// See [`Region::row_start`].
-    pub row_start: u32,
-    /// See [`Region::row_len`].
-    pub row_len: u32,
-    /// See [`Region::index_start`].
-    pub index_start: u32,
-    /// See [`Region::index_len`].
-    pub index_len: u32,
-    /// See [`Region::index_shift`].
-    pub index_shift: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// The file's rows.
+    pub rows: FileRows,
 }
 
 /// The regions the kernel found for a process itself (`bpf_find_vma`),

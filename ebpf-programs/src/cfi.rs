@@ -21,7 +21,7 @@ use rtrace_common::{
         MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, Seen,
     },
     unwind::{
-        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, FileKey, FileRegion,
+        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, FileKey, FileRegion, FileRows,
         FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region,
         SEARCH_STEPS,
     },
@@ -275,11 +275,11 @@ fn region(procs: &ProcRegions, st: &mut State, ip: u64) -> bool {
     false
 }
 
-/// The row of region `r`'s file for file address `pc`, if any CFI
-/// covers it: the last row at or before `pc`, found by halves among the
-/// rows of its bucket of the index.
+/// The row of file `r` for file address `pc`, if any CFI covers it: the
+/// last row at or before `pc`, found by halves among the rows of its
+/// bucket of the index.
 #[inline(always)]
-fn search_rows(r: &Region, pc: u64) -> Option<CfiRow> {
+fn search_rows(r: &FileRows, pc: u64) -> Option<CfiRow> {
     let last = r.index_len.checked_sub(1)?;
     if pc < r.index_base {
         return None;
@@ -413,13 +413,7 @@ fn find_region(addr: u64) -> Result<Region, ()> {
             .start
             .wrapping_sub(vma.pgoff.wrapping_mul(4096))
             .wrapping_add(f.seg_delta),
-        index_base: f.index_base,
-        row_start: f.row_start,
-        row_len: f.row_len,
-        index_start: f.index_start,
-        index_len: f.index_len,
-        index_shift: f.index_shift,
-        _pad: 0,
+        rows: f.rows,
     })
 }
 
@@ -460,7 +454,7 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
             let Some(r) = found.regions.get(i) else {
                 break;
             };
-            if r.start <= ip && ip < r.end && r.row_len != 0 {
+            if r.start <= ip && ip < r.end && r.rows.row_len != 0 {
                 st.last = *r;
                 return true;
             }
@@ -509,7 +503,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     };
     let found = if known {
         let bias = st.last.bias;
-        search_rows(&st.last, ip.wrapping_sub(bias).wrapping_sub(back))
+        search_rows(&st.last.rows, ip.wrapping_sub(bias).wrapping_sub(back))
             .filter(|r| r.cfa != 0)
             .map(|r| (bias, r))
     } else {

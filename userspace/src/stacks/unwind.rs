@@ -11,7 +11,7 @@
 use std::{collections::HashMap, fs::File, sync::Arc};
 
 use rtrace_common::unwind::{
-    Bucket, CfiRow, FileKey, FileRegion, MAX_REGIONS, ProcRegions, Region as KRegion,
+    Bucket, CfiRow, FileKey, FileRegion, FileRows, MAX_REGIONS, ProcRegions, Region as KRegion,
 };
 
 use crate::kernel::procmaps;
@@ -225,7 +225,7 @@ pub struct KernelTables {
     files_unnamed: usize,
     tables: Tables,
     /// Where each loaded file's rows and index are, by its table.
-    loaded: HashMap<usize, Loaded>,
+    loaded: HashMap<usize, FileRows>,
     next_row: u32,
     next_bucket: u32,
     /// When each process's regions were last read.
@@ -238,15 +238,6 @@ pub struct KernelTables {
     /// Writes of a process's regions so far: each carries the count as
     /// its version.
     writes: u32,
-}
-
-/// Where one file's rows and index are in the kernel's arrays.
-#[derive(Clone, Copy, Default)]
-struct Loaded {
-    row_start: u32,
-    row_len: u32,
-    index_start: u32,
-    index_len: u32,
 }
 
 /// Maps the array `name` of `ebpf`, of `len` elements, shared and
@@ -339,25 +330,15 @@ impl KernelTables {
             let Some(slot) = out.regions.get_mut(out.n as usize) else {
                 break;
             };
-            let loaded = r
+            let rows = r
                 .table
                 .filter(|t| !t.table.rows.is_empty())
-                .and_then(|t| Some((self.load_file(&t)?, t)));
-            let (at, base, shift) = match loaded {
-                Some((at, t)) => (at, t.table.rows[0].pc, t.table.index_shift),
-                None => (Loaded::default(), 0, 0),
-            };
+                .and_then(|t| self.load_file(&t));
             *slot = KRegion {
                 start: r.start,
                 end: r.end,
                 bias: r.bias,
-                index_base: base,
-                row_start: at.row_start,
-                row_len: at.row_len,
-                index_start: at.index_start,
-                index_len: at.index_len,
-                index_shift: shift,
-                _pad: 0,
+                rows: rows.unwrap_or_default(),
             };
             out.n += 1;
         }
@@ -398,17 +379,20 @@ impl KernelTables {
 
     /// Copies a file's rows and index into the arrays, once; `None` if
     /// they do not fit.
-    fn load_file(&mut self, file: &Arc<FileTable>) -> Option<Loaded> {
+    fn load_file(&mut self, file: &Arc<FileTable>) -> Option<FileRows> {
         let key = Arc::as_ptr(file) as usize;
         if let Some(&at) = self.loaded.get(&key) {
             return Some(at);
         }
         let (rows, index) = (&file.table.rows, &file.table.index);
-        let at = Loaded {
+        let at = FileRows {
+            index_base: rows.first()?.pc,
             row_start: self.next_row,
             row_len: rows.len() as u32,
             index_start: self.next_bucket,
             index_len: index.len() as u32,
+            index_shift: file.table.index_shift,
+            _pad: 0,
         };
         let span = |start: u32, len: u32| start as usize..(start + len) as usize;
         let (Some(row_dest), Some(index_dest)) = (
@@ -429,14 +413,8 @@ impl KernelTables {
         self.loaded.insert(key, at);
         if let Some((name, seg_delta)) = file.kernel {
             let region = FileRegion {
-                index_base: rows[0].pc,
                 seg_delta,
-                row_start: at.row_start,
-                row_len: at.row_len,
-                index_start: at.index_start,
-                index_len: at.index_len,
-                index_shift: file.table.index_shift,
-                _pad: 0,
+                rows: at,
             };
             if self.files.insert(name, region, 0).is_err() {
                 self.files_unnamed += 1;
