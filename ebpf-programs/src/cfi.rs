@@ -21,9 +21,9 @@ use rtrace_common::{
         MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, Seen,
     },
     unwind::{
-        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, FileKey, FileRegion, FileRows,
-        FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region,
-        SEARCH_STEPS,
+        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, FileKey, FileRegion,
+        FileRows, FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED,
+        Region, SEARCH_STEPS,
     },
 };
 

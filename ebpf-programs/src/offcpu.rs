@@ -233,7 +233,10 @@ fn make_entry<K, S, const DIRECT: bool>(
     let _ = task;
     let start = Start {
         ns: now,
-        key: WakeKey { key: zero, waker: zero },
+        key: WakeKey {
+            key: zero,
+            waker: zero,
+        },
     };
     t.starts.insert(tid, start, 0).ok()?;
     t.starts.get_ptr_mut(tid)
