@@ -159,6 +159,36 @@ pub const SEEN_FORK: u32 = 4;
 /// `Seen::flags`: the process is exiting: user space reads what it wrote
 /// at exit (its perf map) while its pid is still its own.
 pub const SEEN_EXIT: u32 = 8;
+/// `Seen::flags`, of a [`Found`] record: the kernel found a mapping of
+/// the process itself (for the CFI walk); user space names the frames in
+/// it from this record, as the process may be gone before its maps are
+/// read.
+pub const SEEN_FOUND: u32 = 16;
+
+/// A mapping of a loaded file that the kernel found for a process itself
+/// (`bpf_find_vma`), told to user space once, as it is kept: the record
+/// starts as a [`Seen`] does, with [`SEEN_FOUND`] in its flags.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Found {
+    /// Process (thread group) id.
+    pub tgid: u32,
+    /// [`SEEN_FOUND`]; 0 where nothing was found.
+    pub flags: u32,
+    /// The file's `super_block.s_dev`, the kernel's encoding
+    /// (`major << 20 | minor`).
+    pub dev: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
+    /// The file's `inode.i_ino`.
+    pub ino: u64,
+    /// The mapping's first address.
+    pub start: u64,
+    /// One past its last.
+    pub end: u64,
+    /// The file offset of `start`, in pages.
+    pub pgoff: u64,
+}
 
 /// `STACK_NEW` slot: entries created in `STACKS`.
 pub const NEW_STACKS: u32 = 0;
@@ -224,4 +254,4 @@ pub const ERR_NAMES: [&str; 12] = [
     "regions the kernel found of files without loaded CFI",
 ];
 
-crate::pod!(Key, WakeKey, Stack, Seen);
+crate::pod!(Key, WakeKey, Stack, Seen, Found);

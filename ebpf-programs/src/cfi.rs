@@ -18,7 +18,7 @@ use aya_ebpf::{
 use rtrace_common::{
     stacks::{
         ERR_CUT_SHORT, ERR_FIND_BUSY, ERR_FIND_NO_FILE, ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES,
-        MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, Seen,
+        Found, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_FOUND, Seen,
     },
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, FileKey, FileRegion,
@@ -372,11 +372,12 @@ extern "C" fn vma_found(
 }
 
 /// The region of the current task's mapping at `addr`, found by the
-/// kernel, if it maps a file whose rows are loaded (counted either way);
+/// kernel, if it maps a file whose rows are loaded (counted either way),
+/// and the record that tells user space of it (process `tgid`'s);
 /// `Err(())` if the lookup could not be done (busy, counted) or found no
 /// executable mapping.
 #[inline(always)]
-fn find_region(addr: u64) -> Result<Region, ()> {
+fn find_region(tgid: u32, addr: u64) -> Result<(Region, Found), ()> {
     let mut vma = Vma::default();
     // SAFETY: `vma_found` is a callback of the helper's signature and
     // `vma` lives across the call.
@@ -406,7 +407,7 @@ fn find_region(addr: u64) -> Result<Region, ()> {
         return Err(());
     };
     count_error(ERR_FOUND);
-    Ok(Region {
+    let region = Region {
         start: vma.start,
         end: vma.end,
         bias: vma
@@ -414,7 +415,18 @@ fn find_region(addr: u64) -> Result<Region, ()> {
             .wrapping_sub(vma.pgoff.wrapping_mul(4096))
             .wrapping_add(f.seg_delta),
         rows: f.rows,
-    })
+    };
+    let found = Found {
+        tgid,
+        flags: SEEN_FOUND,
+        dev: vma.dev,
+        _pad: 0,
+        ino: vma.ino,
+        start: vma.start,
+        end: vma.end,
+        pgoff: vma.pgoff,
+    };
+    Ok((region, found))
 }
 
 /// Keeps region `r`, found for process `tgid`, for its later frames and
@@ -464,11 +476,12 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
         return false;
     }
     st.find_tried = 1;
-    let Ok(r) = find_region(ip) else {
+    let Ok((r, found)) = find_region(tgid, ip) else {
         return false;
     };
     keep_found(tgid, &r);
     st.last = r;
+    st.found = found;
     true
 }
 
@@ -586,15 +599,16 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let tgid = (id >> 32) as u32;
     let _ = CFI_PROCS.remove(tgid);
     let _ = CFI_FOUND.remove(tgid);
-    // Only where its stacks are taken: every exec on the host would
-    // otherwise cost two lookups and an entry.
-    if crate::targets::admits_current() {
-        prefill(tgid);
-    }
-    // Its first stacks as the new program are told, for its symbols.
+    // Its first stacks as the new program are told, for its symbols;
+    // the exec before the mappings found, which it would clear.
     let _ = SEEN.remove(tgid);
     if crate::targets::admits(tgid, id as u32) {
         crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXEC));
+    }
+    // Only where its stacks are taken: every exec on the host would
+    // otherwise cost two lookups and an entry.
+    if crate::targets::admits_current() {
+        prefill(ctx, events, tgid);
     }
 }
 
@@ -604,7 +618,7 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
 /// sample may look up one region a walk. Files user space has not loaded
 /// yet are not found (its first run of a program it has not seen).
 #[inline(always)]
-fn prefill(tgid: u32) {
+fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
     let o = global(&CFI_OFFSETS);
     // SAFETY: the helper has no preconditions.
     let task = unsafe { bpf_get_current_task_btf() } as *const u8;
@@ -612,17 +626,19 @@ fn prefill(tgid: u32) {
     let code = read_kernel::<u64>(mm, o.mm_start_code).unwrap_or(0);
     let mut first = Region::default();
     if code != 0
-        && let Ok(r) = find_region(code)
+        && let Ok((r, found)) = find_region(tgid, code)
     {
         keep_found(tgid, &r);
+        crate::events::emit(events, ctx, &found);
         first = r;
     }
     if let Some((ip, _, _)) = user_regs(core::ptr::null())
         && ip != 0
         && !(first.start <= ip && ip < first.end)
-        && let Ok(r) = find_region(ip)
+        && let Ok((r, found)) = find_region(tgid, ip)
     {
         keep_found(tgid, &r);
+        crate::events::emit(events, ctx, &found);
     }
 }
 
@@ -867,6 +883,7 @@ pub(crate) fn walk(
             unremembered: 0,
             version: (*procs).version,
             start: [ip, sp, bp],
+            found: Found::default(),
         }
     };
     let memo = if sampled.is_null() {

@@ -59,6 +59,9 @@ pub struct State {
     pub(crate) version: u32,
     /// The registers the walk started from.
     pub(crate) start: [u64; 3],
+    /// The mapping the walk found and kept for its process, to be told
+    /// to user space (flags 0 where none).
+    pub(crate) found: rtrace_common::stacks::Found,
 }
 
 /// Stack words a remembered walk may have read: two a frame for 32.

@@ -234,6 +234,11 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                     );
                 }
                 // SAFETY: a map value.
+                let found = unsafe { &(*s).walk.found };
+                if found.flags != 0 {
+                    crate::events::emit(events, ctx, found);
+                }
+                // SAFETY: a map value.
                 let stack = store(unsafe { &raw mut (*s).stack }, depth)?;
                 if let Some(m) = memo {
                     // SAFETY: `m` is the thread's memo, `s` the scratch

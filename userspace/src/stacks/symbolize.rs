@@ -169,6 +169,10 @@ struct Mapping {
     code: Option<Arc<CodeMapping>>,
     /// Why a file-backed mapping's file could not be opened.
     unopened: Option<Arc<str>>,
+    /// A mapping of the program the process ran before its last exec:
+    /// it names what was sampled between its fork and that exec, at
+    /// addresses no mapping of the new program holds.
+    before_exec: bool,
 }
 
 /// A symbol of a perf map.
@@ -198,6 +202,9 @@ struct Process {
     comm: Option<Arc<str>>,
     /// When the mappings were last read.
     captured: Option<Instant>,
+    /// Known only from mappings the kernel found ([`Symbolizer::found`]):
+    /// nothing was read of it yet.
+    found_only: bool,
 }
 
 /// Where a process's perf map is: `/tmp/perf-PID.map` as the process
@@ -563,6 +570,9 @@ impl Symbolizer {
         if pid == 0 {
             return;
         }
+        if let Some(proc) = self.procs.get_mut(&pid) {
+            proc.found_only = false;
+        }
         if !force
             && let Some(proc) = self.procs.get_mut(&pid)
             && proc.captured.is_some_and(|t| t.elapsed() < self.recapture)
@@ -612,10 +622,14 @@ impl Symbolizer {
     /// JIT files looked for afresh.
     pub fn exec(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
-            // The samples before the exec (a shell's child between fork
-            // and exec) are few; a new program's at the old one's
-            // addresses would be named wrongly.
-            p.maps.clear();
+            // The samples before the exec (a shell's or a build's child
+            // between fork and exec) are named by the old program's
+            // mappings, one program back, where the new one's hold
+            // nothing.
+            p.maps.retain(|m| !m.before_exec);
+            for m in &mut p.maps {
+                m.before_exec = true;
+            }
             p.captured = None;
             p.jit.clear();
             p.jit_len = 0;
@@ -625,9 +639,51 @@ impl Symbolizer {
         self.capture(pid, true);
     }
 
+    /// Notes a mapping of process `pid` that the kernel found itself
+    /// (from `start` to `end`, of file offset `offset`, of the file the
+    /// kernel names `dev` (its `s_dev`) and `ino`): the frames in it are
+    /// named from it if the process is gone before its maps are read. The
+    /// file is known by what any process mapped of it; until then its
+    /// frames have no name.
+    pub fn found(&mut self, pid: u32, start: u64, end: u64, offset: u64, dev: u32, ino: u64) {
+        let id = (libc::makedev(dev >> 20, dev & 0xf_ffff), ino);
+        let proc = self.procs.entry(pid).or_insert_with(|| Process {
+            found_only: true,
+            ..Process::default()
+        });
+        let known = proc
+            .maps
+            .iter()
+            .any(|m| m.start <= start && end <= m.end && m.file == Some(id) && m.offset <= offset);
+        if known {
+            return;
+        }
+        let open = self.files.get(&id);
+        let name = open.map(|f| f.path.clone()).unwrap_or_default();
+        let code = open.map(|f| {
+            Arc::new(CodeMapping {
+                start,
+                limit: end,
+                offset,
+                file: f.path.clone(),
+                build_id: f.build_id.clone(),
+            })
+        });
+        proc.maps.push(Mapping {
+            start,
+            end,
+            offset,
+            file: Some(id),
+            name,
+            code,
+            unopened: None,
+            before_exec: false,
+        });
+    }
+
     /// Whether anything was captured of process `pid`.
     pub fn knows(&self, pid: u32) -> bool {
-        self.procs.contains_key(&pid)
+        self.procs.get(&pid).is_some_and(|p| !p.found_only)
     }
 
     /// Gives process `child`, just forked from `parent`, what was captured
@@ -765,6 +821,7 @@ impl Symbolizer {
             name: m.name,
             code,
             unopened,
+            before_exec: false,
         })
     }
 
@@ -916,13 +973,14 @@ impl Symbolizer {
         let Some(proc) = self.procs.get(&pid) else {
             return (Loc::Unknown, None);
         };
-        let Some((i, m)) = proc
-            .maps
-            .iter()
-            .enumerate()
-            .rev()
-            .find(|(_, m)| (m.start..m.end).contains(&ip))
-        else {
+        let holding = |old: bool| {
+            proc.maps
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, m)| m.before_exec == old && (m.start..m.end).contains(&ip))
+        };
+        let Some((i, m)) = holding(false).or_else(|| holding(true)) else {
             // Code in no mapping seen may still be in the perf map.
             return (Loc::Jit(pid, ip), None);
         };

@@ -17,6 +17,7 @@ use aya::{
 };
 use rtrace_common::{
     profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen},
+    stacks::{Found, SEEN_FOUND},
     unwind::CfiOffsets,
 };
 
@@ -241,6 +242,13 @@ impl StackTool {
         let Some(seen) = events::record::<Seen>(record) else {
             return Ok(());
         };
+        if seen.flags & SEEN_FOUND != 0 {
+            if let Some(f) = events::record::<Found>(record) {
+                let offset = f.pgoff.wrapping_mul(4096);
+                self.sym.found(f.tgid, f.start, f.end, offset, f.dev, f.ino);
+            }
+            return Ok(());
+        }
         if seen.flags & SEEN_EXIT != 0 {
             // What it wrote as it exited (a JIT's perf map) is read while
             // its pid is its own.
