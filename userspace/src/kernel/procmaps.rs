@@ -14,6 +14,8 @@ pub struct Mapping {
     pub offset: u64,
     /// The file's inode, 0 for anonymous memory.
     pub inode: u64,
+    /// The file's device, as `major:minor` (`fe:01`).
+    pub dev: (u32, u32),
     /// The path as the kernel shows it (`/usr/lib/x.so`, `[vdso]`, and a
     /// ` (deleted)` suffix for replaced files), or empty.
     pub name: String,
@@ -26,7 +28,11 @@ impl Mapping {
         let (start, end) = fields.next()?.split_once('-')?;
         let perms = fields.next()?;
         let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-        let _dev = fields.next()?;
+        let (major, minor) = fields.next()?.split_once(':')?;
+        let dev = (
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        );
         let inode = fields.next()?.parse().ok()?;
         Some(Self {
             start: u64::from_str_radix(start, 16).ok()?,
@@ -34,6 +40,7 @@ impl Mapping {
             exec: perms.as_bytes().get(2) == Some(&b'x'),
             offset,
             inode,
+            dev,
             name: fields.next().unwrap_or("").trim_start().to_owned(),
         })
     }
@@ -48,6 +55,40 @@ impl Mapping {
     pub fn path(&self) -> Option<&str> {
         (self.inode != 0 && self.name.starts_with('/'))
             .then(|| self.name.strip_suffix(" (deleted)").unwrap_or(&self.name))
+    }
+
+    /// Opens the mapped file of process `proc_dir` (`/proc/PID` or
+    /// `/proc/self`): through `map_files`, which crosses mount namespaces
+    /// and finds deleted or replaced files but needs CAP_SYS_ADMIN, else
+    /// through the process's root, which needs leave to trace it
+    /// (CAP_SYS_PTRACE for another user's), else by its path here, taken
+    /// only if the file there is the one mapped (the same device and
+    /// inode): an unprivileged profile of root's processes still opens the
+    /// libraries every user may read. The error is the first way's when
+    /// no way worked.
+    pub fn open(&self, proc_dir: &str) -> std::io::Result<std::fs::File> {
+        use std::os::unix::fs::MetadataExt as _;
+        let Some(path) = self.path() else {
+            return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        };
+        let first = match std::fs::File::open(format!("{proc_dir}/map_files/{}", self.range())) {
+            Ok(f) => return Ok(f),
+            Err(e) => e,
+        };
+        if let Ok(f) = std::fs::File::open(format!("{proc_dir}/root{path}")) {
+            return Ok(f);
+        }
+        let here = std::fs::File::open(path)
+            .and_then(|f| Ok((f.metadata()?, f)))
+            .ok()
+            .filter(|(meta, _)| {
+                let dev = meta.dev();
+                meta.ino() == self.inode && (libc::major(dev), libc::minor(dev)) == self.dev
+            });
+        match here {
+            Some((_, f)) => Ok(f),
+            None => Err(first),
+        }
     }
 
     /// Whether `addr` is in the mapping.
@@ -85,8 +126,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (m.start, m.end, m.offset, m.inode),
-            (0x7f3e2c000000, 0x7f3e2c028000, 0x28000, 1049118)
+            (m.start, m.end, m.offset, m.inode, m.dev),
+            (0x7f3e2c000000, 0x7f3e2c028000, 0x28000, 1049118, (0xfe, 1))
         );
         assert!(m.exec);
         assert_eq!(m.path(), Some("/usr/lib/x86_64-linux-gnu/libc.so.6"));

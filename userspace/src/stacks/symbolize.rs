@@ -799,7 +799,7 @@ impl Symbolizer {
         if !m.exec {
             return None;
         }
-        let (file, unopened) = match m.path().map(|path| self.open_file(pid, &m.range(), path)) {
+        let (file, unopened) = match m.path().map(|path| self.open_file(pid, &m, path)) {
             Some(Ok(id)) => (Some(id), None),
             Some(Err(why)) => (None, Some(Arc::from(why))),
             None => (None, None),
@@ -825,14 +825,27 @@ impl Symbolizer {
         })
     }
 
-    /// Opens a mapped file through the process's own view of it, once per
-    /// file across all processes.
-    fn open_file(&mut self, pid: u32, range: &str, path: &str) -> Result<FileId, String> {
-        let opened = File::open(format!("/proc/{pid}/map_files/{range}"))
-            .or_else(|_| File::open(format!("/proc/{pid}/root{path}")))
+    /// Opens a mapped file through the process's own view of it, or by
+    /// its path where that is the same file
+    /// ([`crate::kernel::procmaps::Mapping::open`]),
+    /// once per file across all processes.
+    fn open_file(
+        &mut self,
+        pid: u32,
+        m: &crate::kernel::procmaps::Mapping,
+        path: &str,
+    ) -> Result<FileId, String> {
+        let opened = m
+            .open(&format!("/proc/{pid}"))
             .and_then(|file| Ok((file.metadata()?, file)));
         let (meta, file) = match opened {
             Ok(opened) => opened,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(format!(
+                    "cannot open it: {e}; the file at its path here is not the one mapped, \
+                     and CAP_SYS_PTRACE would open the process's own"
+                ));
+            }
             Err(e) => return Err(format!("cannot open it: {e}")),
         };
         let id = (meta.dev(), meta.ino());

@@ -8,7 +8,7 @@
 //! same rows, which the kernel's walk must agree with, is checked in the
 //! tests.
 
-use std::{collections::HashMap, fs::File, sync::Arc};
+use std::{collections::HashMap, sync::Arc};
 
 use rtrace_common::unwind::{
     Bucket, CfiRow, FileKey, FileRegion, FileRows, MAX_REGIONS, ProcRegions, Region as KRegion,
@@ -105,9 +105,8 @@ pub struct Tables {
 
 impl Tables {
     /// The executable regions of process `pid` (`None`: this process),
-    /// compiling the tables of files not seen before. Files are opened
-    /// through `/proc/PID/map_files`, which crosses mount namespaces and
-    /// finds deleted or replaced files, else through `/proc/PID/root`.
+    /// compiling the tables of files not seen before. Files are opened as
+    /// [`procmaps::Mapping::open`] does.
     pub fn process(&mut self, pid: Option<u32>) -> std::io::Result<Vec<Region>> {
         use std::os::unix::fs::MetadataExt as _;
         let proc_dir = match pid {
@@ -118,11 +117,10 @@ impl Tables {
         for m in procmaps::read(pid)?.into_iter().filter(|m| m.exec) {
             // A jitdump is mapped executable only for profilers to find
             // it; it is data, never run, and has no CFI.
-            let file = m.path().filter(|p| dump_pid(p).is_none()).and_then(|path| {
-                File::open(format!("{proc_dir}/map_files/{}", m.range()))
-                    .or_else(|_| File::open(format!("{proc_dir}/root{path}")))
-                    .ok()
-            });
+            let file = m
+                .path()
+                .filter(|p| dump_pid(p).is_none())
+                .and_then(|_| m.open(&proc_dir).ok());
             let table = if m.name == "[vdso]" {
                 self.vdso()
             } else {
