@@ -886,3 +886,55 @@ pub fn file_op(e: &serde_json::Value) -> (String, i64, i64) {
         e["offset"].as_i64().unwrap(),
     )
 }
+
+/// A copy of the rtrace binary that an unprivileged user can run.
+pub fn unprivileged_copy() -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = std::env::temp_dir().join(format!("rtrace-unpriv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.join("rtrace");
+    std::fs::copy(rtrace_bin(), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, bin)
+}
+
+/// `setpriv` as user and group 65534 with only `caps` (e.g.
+/// `+bpf,+perfmon`), in every set a child inherits.
+pub fn as_nobody(bin: &std::path::Path, caps: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        &format!("--inh-caps=-all{caps}"),
+        &format!("--ambient-caps=-all{caps}"),
+        &format!("--bounding-set=-all{caps}"),
+    ])
+    .arg(bin);
+    cmd
+}
+
+/// Sets `kernel.perf_event_paranoid` for the test's span, putting back
+/// the old level on drop.
+pub struct Paranoid(Option<String>);
+
+impl Paranoid {
+    /// The setting.
+    pub const PATH: &str = "/proc/sys/kernel/perf_event_paranoid";
+
+    /// Sets the level, until the value is dropped.
+    pub fn set(level: &str) -> Self {
+        let old = std::fs::read_to_string(Self::PATH).unwrap();
+        std::fs::write(Self::PATH, level).unwrap();
+        Self(Some(old))
+    }
+}
+
+impl Drop for Paranoid {
+    fn drop(&mut self) {
+        if let Some(old) = self.0.take() {
+            let _ = std::fs::write(Self::PATH, old.trim());
+        }
+    }
+}
