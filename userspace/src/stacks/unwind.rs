@@ -228,8 +228,12 @@ pub struct KernelTables {
     next_bucket: u32,
     /// When each process's regions were last read.
     captured: HashMap<u32, std::time::Instant>,
-    /// Files whose rows did not fit: their code is walked by frame pointer.
-    pub files_not_loaded: usize,
+    /// Files whose rows did not fit, each once (by its table), with its
+    /// rows: their code is walked by frame pointer. Each process mapping
+    /// one tries it again.
+    files_not_loaded: HashMap<usize, usize>,
+    /// The rows array's length.
+    capacity: u32,
     /// Processes whose regions did not fit, even once exited ones were
     /// forgotten.
     pub processes_not_loaded: usize,
@@ -289,7 +293,8 @@ impl KernelTables {
             next_row: 0,
             next_bucket: 0,
             captured: HashMap::new(),
-            files_not_loaded: 0,
+            files_not_loaded: HashMap::new(),
+            capacity,
             processes_not_loaded: 0,
             writes: 0,
         })
@@ -401,7 +406,7 @@ impl KernelTables {
                 .as_mut_slice()
                 .get_mut(span(at.index_start, at.index_len)),
         ) else {
-            self.files_not_loaded += 1;
+            self.files_not_loaded.insert(key, rows.len());
             return None;
         };
         row_dest.copy_from_slice(rows);
@@ -474,11 +479,20 @@ impl KernelTables {
                 self.files_unnamed
             ));
         }
-        if self.files_not_loaded + self.processes_not_loaded > 0 {
+        if !self.files_not_loaded.is_empty() {
+            let wanted: usize = self.files_not_loaded.values().sum();
             out.push(format!(
-                "{} file(s) and {} process(es) did not fit in the CFI tables and were walked by \
-                 frame pointer",
-                self.files_not_loaded, self.processes_not_loaded
+                "{} file(s) with {wanted} rows of CFI did not fit in the tables' {} rows ({} \
+                 taken) and were walked by frame pointer",
+                self.files_not_loaded.len(),
+                self.capacity,
+                self.next_row
+            ));
+        }
+        if self.processes_not_loaded > 0 {
+            out.push(format!(
+                "{} process(es) did not fit in map CFI_PROCS and were walked by frame pointer",
+                self.processes_not_loaded
             ));
         }
         out
