@@ -77,7 +77,7 @@ pub struct Start {
 
 /// What each `ERRORS` slot counts, for the report at exit: the stack
 /// tables' (profile's), its first count in blocked periods.
-pub const ERR_NAMES: [&str; 12] = {
+pub const ERR_NAMES: [&str; 13] = {
     let p = crate::stacks::ERR_NAMES;
     [
         p[0],
@@ -92,6 +92,7 @@ pub const ERR_NAMES: [&str; 12] = {
         p[9],
         p[10],
         p[11],
+        p[12],
     ]
 };
 

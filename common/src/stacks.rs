@@ -237,9 +237,13 @@ pub const ERR_FIND_BUSY: u32 = 10;
 /// `ERRORS` slot: regions the CFI walk found itself of files whose rows it
 /// does not hold (not loaded yet, or with several executable segments).
 pub const ERR_FIND_NO_FILE: u32 = 11;
+/// `ERRORS` slot: user stacks deeper than [`MAX_DEPTH`] frames, kept to
+/// their leaf-most ones (the CFI walk's; a frame-pointer walk by the
+/// kernel does not tell).
+pub const ERR_DEEP: u32 = 12;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 12] = [
+pub const ERR_NAMES: [&str; 13] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -252,6 +256,7 @@ pub const ERR_NAMES: [&str; 12] = [
     "regions the kernel found itself for code user space had not listed",
     "regions not looked for, the kernel's lookup being busy",
     "regions the kernel found of files without loaded CFI",
+    "user stacks deeper than 127 frames, kept to their leaf-most 127",
 ];
 
 crate::pod!(Key, WakeKey, Stack, Seen, Found);

@@ -17,8 +17,8 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     stacks::{
-        ERR_CUT_SHORT, ERR_FIND_BUSY, ERR_FIND_NO_FILE, ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES,
-        Found, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_FOUND, Seen,
+        ERR_CUT_SHORT, ERR_DEEP, ERR_FIND_BUSY, ERR_FIND_NO_FILE, ERR_FOUND, ERR_FP_FRAMES,
+        ERR_NO_TABLES, Found, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_FOUND, Seen,
     },
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, FileKey, FileRegion,
@@ -583,6 +583,11 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     };
     st.sp = cfa;
     st.ip = ret;
+    if ret != 0 && st.depth as usize >= MAX_DEPTH {
+        // A caller beyond the last frame kept: the stack keeps its
+        // leaf-most frames and is counted.
+        count_error(ERR_DEEP);
+    }
     i64::from(ret == 0)
 }
 

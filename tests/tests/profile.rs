@@ -1467,6 +1467,53 @@ fn svg_frames(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// A stack deeper than the walk's 127 frames keeps its leaf-most 127, and
+/// every such sample is counted in one warning: the fixture's tower
+/// recurses 200 deep (no frame pointers: the CFI walk).
+#[test]
+fn stacks_deeper_than_the_walk_keep_their_leaf_and_are_counted() {
+    let fixture = start_fixture("cfuncs_nofp", &["tower", "2", "200"]);
+    let pid = fixture.pid().to_string();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-p", &pid, "-f", "-U"], READY);
+    run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let all: u64 = folded.values().sum();
+    let mut in_leaf = 0;
+    for (frames, n) in &folded {
+        if frames.last().is_some_and(|f| f == "leaf_gamma") {
+            // The command, then the 127 frames nearest the leaf.
+            assert_eq!(frames.len(), 128, "{frames:?}");
+            assert!(
+                frames[1..frames.len() - 1].iter().all(|f| f == "tower"),
+                "{frames:?}"
+            );
+            in_leaf += n;
+        }
+    }
+    let counted: u64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rtrace: warning: ")?
+                .strip_suffix(" user stacks deeper than 127 frames, kept to their leaf-most 127")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert!(
+        in_leaf >= 100,
+        "too few samples in the tower's leaf ({in_leaf}):\n{stdout}"
+    );
+    // Every sample in the leaf is 200 deep; those on the way up and down
+    // may be too.
+    assert!(
+        in_leaf <= counted && counted <= all,
+        "{counted} stacks counted as deeper than 127 frames; {in_leaf} in the leaf, {all} \
+         in all:\n{stderr}"
+    );
+}
+
 /// `--hide`, `--collapse` and `--collapse-recursion` on a fixture with a
 /// recursive tower and a "garbage collector" subtree: in profile's own
 /// output, sampled beside an untransformed run of the same process, and
