@@ -12,8 +12,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    PingPong, PinnedMaps, Rtrace, SIGHUP, SIGINT, SIGTERM, TestCgroup, Workload, as_nobody,
-    cgroup_id, json_lines, parse_folded, run, unprivileged_copy, workload_bin,
+    Paranoid, PingPong, PinnedMaps, Rtrace, SIGHUP, SIGINT, SIGTERM, TestCgroup, Workload,
+    as_nobody, cgroup_id, json_lines, parse_folded, run, unprivileged_copy, workload_bin,
 };
 
 /// What `rtrace profile` prints to stderr once sampling has begun.
@@ -330,6 +330,9 @@ fn an_unprivileged_profile_names_root_processes_frames_in_libc() {
     let (dir, bin) = unprivileged_copy();
     // For nobody's output.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Debian's kernels (the guests') default to level 3, where perf
+    // events are CAP_SYS_ADMIN's alone; 2 lets CAP_PERFMON sample.
+    let _level = Paranoid::set("2");
     let fixture = start_fixture("hotfuncs_nofp", &["cpu", "2"]);
     let out = dir.join("nobody.folded");
     let mut rtrace = as_nobody(&bin, ",+bpf,+perfmon")
