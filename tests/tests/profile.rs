@@ -1785,12 +1785,14 @@ fn lines_name_the_fixtures_own_source() {
         .filter(|(s, _)| s.iter().any(|f| f.starts_with("leaf_gamma (")))
         .map(|(_, n)| n)
         .sum();
-    // Which of the loop's few instructions a timer interrupt lands on
-    // shifts with the machine's load (a third in step under a loaded
-    // guest, half on a quiet host): a fifth is the floor, and a lost
-    // inline frame gives none.
+    // Which of the loop's five instructions (two of them step's) a timer
+    // interrupt lands on shifts with the machine and its load: a third in
+    // step under a loaded guest, half on a quiet host, a tenth to a fifth
+    // on this host with builds beside it. A lost inline frame gives
+    // none: a twentieth is the floor, some 3.5 standard deviations below
+    // a tenth of 500 samples.
     assert!(
-        gamma > 100 && in_step * 5 > gamma,
+        gamma > 100 && in_step * 20 > gamma,
         "{in_step} of {gamma}: {stdout}"
     );
     // The flame graph names the frames with their lines.
