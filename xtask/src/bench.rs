@@ -13,6 +13,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+mod build;
 mod command;
 mod exporter;
 mod startup;
@@ -1462,8 +1463,20 @@ fn seconds(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// profile's benchmark: CPU-bound fixtures with frame pointers against
+/// `perf record -g`, then without them against DWARF mode, then a C build
+/// ([`build`]). `RTRACE_BENCH_ONLY=build` runs the C build alone, whose
+/// row then stands for profile in `bench all`.
 fn profile() -> anyhow::Result<Row> {
     let rtrace = crate::build()?;
+    if std::env::var_os("RTRACE_BENCH_ONLY").is_some_and(|v| v == "build") {
+        let (lines, row) = build::run(&rtrace)?;
+        println!();
+        for line in lines {
+            println!("{line}");
+        }
+        return Ok(row);
+    }
     let fixture = CpuLoad::hotfuncs("hotfuncs");
     let dir = crate::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
@@ -1540,6 +1553,8 @@ fn profile() -> anyhow::Result<Row> {
         profile_unwinding(&rtrace, &data_s, &CpuLoad::hotfuncs("hotfuncs_nofp"))?;
     let (python, row) = profile_unwinding(&rtrace, &data_s, &CpuLoad::python())?;
     unwinding.extend(python);
+    let (cbuild, _) = build::run(&rtrace)?;
+    unwinding.extend(cbuild);
     println!();
     for (
         hz,

@@ -92,6 +92,16 @@ pub const PROGRAMS: &[Program] = &[
         "the tests crate's build script compiles the C fixtures",
     ),
     deb(
+        "gcc",
+        "gcc",
+        "the C build profile's benchmark samples (run by make)",
+    ),
+    deb(
+        "make",
+        "make",
+        "runs the C build profile's benchmark samples",
+    ),
+    deb(
         "ocamlopt",
         "ocaml-nox",
         "the tests crate's build script compiles the OCaml fixture",
