@@ -607,7 +607,10 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     // Its first stacks as the new program are told, for its symbols;
     // the exec before the mappings found, which it would clear.
     let _ = SEEN.remove(tgid);
-    if crate::targets::admits(tgid, id as u32) {
+    // Only in scope: in command mode (a cgroup, no ids) every exec on the
+    // host would otherwise have user space read its maps and load its
+    // files' tables.
+    if crate::targets::admits(tgid, id as u32) && crate::targets::current_in_groups() {
         crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXEC));
     }
     // Only where its stacks are taken: every exec on the host would

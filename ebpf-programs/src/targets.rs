@@ -82,10 +82,15 @@ pub fn by_ids() -> bool {
 /// `-C` lists, where they are given.
 #[inline(always)]
 pub fn current_in_cgroup() -> bool {
+    on_cpu() && current_in_groups()
+}
+
+/// Whether the current task is in the `-c` cgroup (or `-- CMD`'s) and in
+/// the pinned sets, on whichever CPU: for what a task's later samples on
+/// a listed CPU need, such as its exec.
+#[inline(always)]
+pub fn current_in_groups() -> bool {
     let t = config();
-    if !on_cpu() {
-        return false;
-    }
     if t.cgroup != 0 && TARGET_CGROUP.current_task_under_cgroup(0) != Ok(true) {
         return false;
     }
