@@ -11,38 +11,60 @@ pub const MAX_REGIONS: usize = 48;
 /// How often the walk may tell user space that a process ran code in no
 /// known region.
 pub const NEW_CODE_EVERY_NS: u64 = 100_000_000;
-/// Steps of one binary search: enough for 2^24 rows in a file.
-pub const SEARCH_STEPS: usize = 24;
+/// Steps of one binary search: enough for a bucket's rows, which hold at
+/// most `1 << MAX_INDEX_SHIFT` bytes of code, each row at least a byte.
+pub const SEARCH_STEPS: usize = MAX_INDEX_SHIFT as usize + 1;
 /// A file's index has at most one bucket for this many rows, so that it
 /// takes at most an eighth of the rows' memory.
 pub const ROWS_PER_BUCKET: u32 = 4;
 
-/// [`CfiRow::cfa`]: no CFI covers these addresses: walk by frame pointer.
+/// [`CfiRule::cfa`]: no CFI covers these addresses: walk by frame pointer.
 pub const CFA_NONE: u8 = 0;
-/// [`CfiRow::cfa`]: CFA = rsp + offset.
+/// [`CfiRule::cfa`]: CFA = rsp + offset.
 pub const CFA_RSP: u8 = 1;
-/// [`CfiRow::cfa`]: CFA = rbp + offset.
+/// [`CfiRule::cfa`]: CFA = rbp + offset.
 pub const CFA_RBP: u8 = 2;
-/// [`CfiRow::cfa`]: a PLT entry: CFA = rsp + 8, plus 8 from byte `offset`
+/// [`CfiRule::cfa`]: a PLT entry: CFA = rsp + 8, plus 8 from byte `offset`
 /// of its 16 on.
 pub const CFA_PLT: u8 = 3;
-/// [`CfiRow::cfa`]: the outermost frame (`_start`, a thread's start): the
+/// [`CfiRule::cfa`]: the outermost frame (`_start`, a thread's start): the
 /// return address is undefined, and the stack ends here.
 pub const CFA_END: u8 = 4;
-/// [`CfiRow::rbp`]: the caller's rbp is still in rbp.
+/// [`CfiRule::rbp`]: the caller's rbp is still in rbp.
 pub const RBP_SAME: u8 = 0;
-/// [`CfiRow::rbp`]: the caller's rbp was saved at CFA + `rbp_offset`.
+/// [`CfiRule::rbp`]: the caller's rbp was saved at CFA + `rbp_offset`.
 pub const RBP_SAVED: u8 = 1;
 
-/// The unwind rules from `pc` (a file virtual address) to the next row's.
+/// A bucket of a file's index covers at most `1 << MAX_INDEX_SHIFT` bytes
+/// of code, so that a row's address within its bucket fits
+/// [`CfiRow::pc`]: every row a bucket's search compares lies less than
+/// `1 << 16` bytes from the bucket's start.
+pub const MAX_INDEX_SHIFT: u32 = 15;
+
+/// One row of a file's table, four bytes: from `pc` up to the next row's,
+/// the unwind rules are the file's rule number `rule`. Most of a file's
+/// rows repeat a few hundred distinct rules, which are kept once
+/// ([`CfiRule`]). The kernel's array holds rows in pairs, each element a
+/// `u64` (an array map keeps its elements eight bytes apart), the first
+/// row in its low half.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CfiRow {
-    /// The first address the rules hold for.
-    pub pc: u64,
-    /// See [`CfiRow::cfa`].
+    /// The row's first address less the file's first row's, modulo
+    /// `1 << 16`: within a bucket's search, the address less the bucket's
+    /// start (see [`MAX_INDEX_SHIFT`]).
+    pub pc: u16,
+    /// The rules, as an index into the file's rules.
+    pub rule: u16,
+}
+
+/// The unwind rules of one or more rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CfiRule {
+    /// See [`CfiRule::cfa`].
     pub cfa_offset: i32,
-    /// See [`CfiRow::rbp`].
+    /// See [`CfiRule::rbp`].
     pub rbp_offset: i16,
     /// One of the `CFA_*` values.
     pub cfa: u8,
@@ -92,10 +114,11 @@ pub struct FileRows {
     pub index_start: u32,
     /// The file's buckets; at least one where it has rows.
     pub index_len: u32,
-    /// A bucket covers `1 << index_shift` bytes of code.
+    /// A bucket covers `1 << index_shift` bytes of code; at most
+    /// [`MAX_INDEX_SHIFT`].
     pub index_shift: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// The file's first rule in the rules array.
+    pub rule_start: u32,
 }
 
 /// One bucket of a file's index: the rows that cover its code are
@@ -219,6 +242,7 @@ pub struct CfiOffsets {
 
 crate::pod!(
     CfiRow,
+    CfiRule,
     Bucket,
     Region,
     ProcRegions,

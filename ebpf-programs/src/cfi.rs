@@ -21,9 +21,9 @@ use rtrace_common::{
         ERR_NO_TABLES, Found, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_FOUND, Seen,
     },
     unwind::{
-        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, FileKey, FileRegion,
-        FileRows, FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED,
-        Region, SEARCH_STEPS,
+        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, CfiRule, FileKey,
+        FileRegion, FileRows, FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions,
+        RBP_SAVED, Region, SEARCH_STEPS,
     },
 };
 
@@ -60,7 +60,11 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
 /// Every loaded file's rows; user space sizes it and writes them
 /// through a shared mapping, not a syscall per row.
 #[map]
-static CFI_ROWS: Array<CfiRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+static CFI_ROWS: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// Every loaded file's distinct unwind rules, which its rows number; user
+/// space sizes it and writes them as it does the rows.
+#[map]
+static CFI_RULES: Array<CfiRule> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 /// Every loaded file's index into its rows (see [`Region`]); user space
 /// sizes it and writes it as it does the rows.
 #[map]
@@ -180,7 +184,16 @@ fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
 
 #[inline(always)]
 fn row(index: u32) -> Option<CfiRow> {
-    CFI_ROWS.get(index).copied()
+    // Shifted out, not chosen by a branch or an index: either doubles
+    // the states the verifier walks at each step of the search. The
+    // array is little-endian: the first row is the low half, a row's
+    // address its low 16 bits.
+    let pair = *CFI_ROWS.get(index >> 1)?;
+    let half = (pair >> ((index & 1) * 32)) as u32;
+    Some(CfiRow {
+        pc: half as u16,
+        rule: (half >> 16) as u16,
+    })
 }
 
 #[inline(always)]
@@ -275,41 +288,44 @@ fn region(procs: &ProcRegions, st: &mut State, ip: u64) -> bool {
     false
 }
 
-/// The row of file `r` for file address `pc`, if any CFI covers it: the
-/// last row at or before `pc`, found by halves among the rows of its
-/// bucket of the index.
+/// The rules of file `r` at file address `pc`, if any CFI covers it:
+/// those of the last row at or before `pc`, found by halves among the
+/// rows of its bucket of the index. A bucket's first row is at or before
+/// the bucket's start; the others lie less than `1 << 16` bytes after it,
+/// so that their 16 bits of address compare as offsets from the start.
 #[inline(always)]
-fn search_rows(r: &FileRows, pc: u64) -> Option<CfiRow> {
+fn search_rows(r: &FileRows, pc: u64) -> Option<CfiRule> {
     let last = r.index_len.checked_sub(1)?;
     if pc < r.index_base {
         return None;
     }
-    let b = (pc - r.index_base) >> (r.index_shift & 63);
+    let off = pc - r.index_base;
+    let b = off >> (r.index_shift & 63);
     let b = if b > u64::from(last) { last } else { b as u32 };
-    let Bucket {
-        first: mut lo,
-        end: mut hi,
-    } = *CFI_INDEX.get(r.index_start + b)?;
+    let start = u64::from(b) << (r.index_shift & 63);
+    // Past the last bucket every row compares below it.
+    let want = off - start;
+    let want = if want > 0xffff { 0xffff } else { want as u16 };
+    let start = start as u16;
+    let Bucket { first, end: mut hi } = *CFI_INDEX.get(r.index_start + b)?;
     if hi > r.row_len {
         hi = r.row_len;
     }
-    // The bucket's first row is at or before `pc`, so the answer is at
-    // least that row: `lo` ends above it.
+    // The answer is at least the bucket's first row: `lo` ends above it.
+    let mut lo = first + 1;
     for _ in 0..SEARCH_STEPS {
         if lo >= hi {
             break;
         }
         let mid = lo + (hi - lo) / 2;
-        if row(r.row_start + mid)?.pc <= pc {
+        if row(r.row_start + mid)?.pc.wrapping_sub(start) <= want {
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    if lo == 0 {
-        return None;
-    }
-    row(r.row_start + lo - 1)
+    let found = row(r.row_start + lo - 1)?;
+    CFI_RULES.get(r.rule_start + u32::from(found.rule)).copied()
 }
 
 /// The mapping `bpf_find_vma` found, as [`vma_found`] reads it.

@@ -808,13 +808,20 @@ pub struct UniqueProgram {
 }
 
 impl UniqueProgram {
-    /// A copy named `{prefix}{tag}{pid}` in a directory of its own.
+    /// A copy of `true` named `{prefix}{tag}{pid}` in a directory of its
+    /// own.
     pub fn new(prefix: &str, tag: &str) -> Self {
+        Self::copy_of("/usr/bin/true", prefix, tag)
+    }
+
+    /// A copy of the program at `from` (a file of its own: another inode)
+    /// named `{prefix}{tag}{pid}` in a directory of its own.
+    pub fn copy_of(from: &str, prefix: &str, tag: &str) -> Self {
         let pid = std::process::id();
         let dir = std::env::temp_dir().join(format!("rtrace-{prefix}-{pid}-{tag}"));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{prefix}{tag}{pid}"));
-        std::fs::copy("/usr/bin/true", &path).unwrap();
+        std::fs::copy(from, &path).unwrap();
         Self { dir, path }
     }
 

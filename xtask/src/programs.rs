@@ -94,7 +94,7 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "gcc",
         "gcc",
-        "the C build profile's benchmark samples (run by make)",
+        "profile's CFI budget test finds cc1 with it; the C build profile's benchmark samples (run by make)",
     ),
     deb(
         "make",

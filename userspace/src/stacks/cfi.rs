@@ -10,7 +10,7 @@ use gimli::{
     UnwindContext, UnwindSection, X86_64,
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
-use rtrace_common::unwind::{Bucket, CfiRow, ROWS_PER_BUCKET};
+use rtrace_common::unwind::{Bucket, CfiRow, CfiRule, MAX_INDEX_SHIFT, ROWS_PER_BUCKET};
 
 use crate::kernel::memory::Slab;
 
@@ -34,10 +34,9 @@ pub struct Row {
 }
 
 impl Row {
-    /// The row as the kernel's tables hold it.
-    pub fn to_kernel(self) -> CfiRow {
-        CfiRow {
-            pc: self.pc,
+    /// The row's rules as the kernel's tables hold them.
+    pub fn rule(&self) -> CfiRule {
+        CfiRule {
             cfa_offset: self.cfa_offset,
             rbp_offset: self.rbp_offset as i16,
             cfa: self.cfa,
@@ -73,36 +72,79 @@ pub enum CfiError {
     /// The call frame information does not parse.
     #[error("malformed call frame information: {0}")]
     Malformed(#[from] gimli::Error),
+    /// More distinct unwind rules than a row can number (`1 << 16`).
+    #[error("more than 65536 distinct unwind rules")]
+    TooManyRules,
 }
 
 /// What compiling one file found.
 #[derive(Debug, Default)]
 pub struct Table {
     /// Rows sorted by address, neighbours with the same rules merged, as
-    /// the kernel holds them.
+    /// the kernel holds them: each address as an offset from `base`
+    /// modulo `1 << 16`, each rule as an index into `rules`.
     pub rows: Slab<CfiRow>,
+    /// The file's distinct rules.
+    pub rules: Slab<CfiRule>,
+    /// The first row's address (a file virtual address).
+    pub base: u64,
     /// Rows whose rules the unwinder cannot follow (such as a CFA given by
     /// an expression other than the PLT's), kept as [`CFA_NONE`].
     pub unsupported: usize,
-    /// For each bucket of `1 << index_shift` bytes of code from the first
-    /// row's address, the rows that cover it; see
-    /// [`rtrace_common::unwind::Region`].
+    /// For each bucket of `1 << index_shift` bytes of code from `base`,
+    /// the rows that cover it; see [`rtrace_common::unwind::Region`].
     pub index: Slab<Bucket>,
-    /// See [`Table::index`].
+    /// See [`Table::index`]; at most [`MAX_INDEX_SHIFT`].
     pub index_shift: u32,
 }
 
 impl Table {
-    /// Builds the index of the rows: buckets of 16 bytes of code or more,
-    /// and no more than one for every [`ROWS_PER_BUCKET`] rows.
-    fn build_index(&mut self) {
-        let (Some(first), Some(last)) = (self.rows.first(), self.rows.last()) else {
+    /// The table of `rows`, sorted by address: the rows made four bytes
+    /// each, the distinct rules kept once, and the index built. Fails
+    /// where the file has more distinct rules than a row can number.
+    fn of(rows: &[Row], unsupported: usize) -> Result<Self, CfiError> {
+        let mut table = Table {
+            unsupported,
+            base: rows.first().map_or(0, |r| r.pc),
+            ..Table::default()
+        };
+        let mut numbered: std::collections::HashMap<CfiRule, u16> = Default::default();
+        let mut rules = Vec::new();
+        let mut dense = Vec::with_capacity(rows.len());
+        for r in rows {
+            let rule = r.rule();
+            let n = match numbered.get(&rule) {
+                Some(&n) => n,
+                None => {
+                    let n = u16::try_from(rules.len()).map_err(|_| CfiError::TooManyRules)?;
+                    rules.push(rule);
+                    numbered.insert(rule, n);
+                    n
+                }
+            };
+            dense.push(CfiRow {
+                pc: r.pc.wrapping_sub(table.base) as u16,
+                rule: n,
+            });
+        }
+        table.rows = Slab::Owned(dense);
+        table.rules = Slab::Owned(rules);
+        table.build_index(rows);
+        Ok(table)
+    }
+
+    /// Builds the index of `rows` (the table's, with their addresses
+    /// whole): buckets of 16 bytes of code up to `1 << MAX_INDEX_SHIFT`,
+    /// and no more than one for every [`ROWS_PER_BUCKET`] rows where that
+    /// bound allows.
+    fn build_index(&mut self, rows: &[Row]) {
+        let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
             return;
         };
         let span = last.pc - first.pc;
-        let most = (self.rows.len() as u64 / u64::from(ROWS_PER_BUCKET)).max(1);
+        let most = (rows.len() as u64 / u64::from(ROWS_PER_BUCKET)).max(1);
         let mut shift = 4;
-        while (span >> shift) + 1 > most {
+        while shift < MAX_INDEX_SHIFT && (span >> shift) + 1 > most {
             shift += 1;
         }
         let buckets = (span >> shift) + 1;
@@ -111,12 +153,12 @@ impl Table {
         let mut i = 0;
         for b in 0..buckets {
             let at = first.pc + (b << shift);
-            while self.rows.get(i + 1).is_some_and(|r| r.pc <= at) {
+            while rows.get(i + 1).is_some_and(|r| r.pc <= at) {
                 i += 1;
             }
             starts.push(i as u32);
         }
-        let len = self.rows.len() as u32;
+        let len = rows.len() as u32;
         self.index = Slab::Owned(
             (0..starts.len())
                 .map(|b| Bucket {
@@ -126,6 +168,29 @@ impl Table {
                 .collect(),
         );
         self.index_shift = shift;
+    }
+
+    /// The rules that hold at file address `pc`, found as the kernel's
+    /// walk finds them: its bucket of the index, then a search by halves
+    /// between that bucket's first row, which is at or before the bucket's
+    /// start, and the next bucket's, comparing addresses less the bucket's
+    /// start in 16 bits. The tests hold the kernel's walk to it.
+    #[cfg(test)]
+    pub fn lookup(&self, pc: u64) -> Option<CfiRule> {
+        let last = self.index.len().checked_sub(1)?;
+        let off = pc.checked_sub(self.base)?;
+        let b = usize::try_from(off >> self.index_shift)
+            .unwrap_or(usize::MAX)
+            .min(last);
+        let start = (b as u64) << self.index_shift;
+        // Past the last bucket every row compares below it.
+        let want = (off - start).min(u64::from(u16::MAX)) as u16;
+        let Bucket { first, end } = self.index[b];
+        let (lo, hi) = (first as usize + 1, (end as usize).min(self.rows.len()));
+        let within = |r: &CfiRow| r.pc.wrapping_sub(start as u16) <= want;
+        let i = lo.min(hi) + self.rows.get(lo.min(hi)..hi)?.partition_point(within);
+        let row = self.rows.get(i.checked_sub(1)?)?;
+        self.rules.get(usize::from(row.rule)).copied()
     }
 }
 
@@ -295,6 +360,13 @@ fn assemble(rows: &[Row], mut functions: Vec<Function>) -> Vec<Row> {
 /// `.eh_frame`, and its `.debug_frame` where it has one (code built without
 /// unwind tables keeps its CFI there, beside the C runtime's `.eh_frame`).
 pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
+    let (rows, unsupported) = rows_of(data)?;
+    Table::of(&rows, unsupported)
+}
+
+/// The rows of the ELF file in `data`, sorted by address, with their
+/// addresses whole, and how many have rules the unwinder cannot follow.
+fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
     let file = object::File::parse(data)?;
     let mut bases = BaseAddresses::default();
     if let Some(text) = file.section_by_name(".text") {
@@ -303,7 +375,7 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
     if let Some(got) = file.section_by_name(".got") {
         bases = bases.set_got(got.address());
     }
-    let mut table = Table::default();
+    let mut unsupported = 0;
     let mut rows: Vec<Row> = Vec::new();
     let mut functions = Vec::new();
     let mut found = false;
@@ -318,7 +390,7 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
             &bases,
             &mut rows,
             &mut functions,
-            &mut table.unsupported,
+            &mut unsupported,
         )?;
         found = true;
     }
@@ -331,21 +403,14 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
             &bases,
             &mut rows,
             &mut functions,
-            &mut table.unsupported,
+            &mut unsupported,
         )?;
         found = true;
     }
     if !found {
         return Err(CfiError::NoCfi);
     }
-    table.rows = Slab::Owned(
-        assemble(&rows, functions)
-            .into_iter()
-            .map(Row::to_kernel)
-            .collect(),
-    );
-    table.build_index();
-    Ok(table)
+    Ok((assemble(&rows, functions), unsupported))
 }
 
 /// A file's loadable segments.
@@ -385,26 +450,6 @@ pub fn segments(data: &[u8]) -> Segments {
     out
 }
 
-// The reference lookup: what the kernel's search of the same rows must
-// agree with, checked in the tests.
-#[cfg(test)]
-impl Table {
-    /// The row whose rules hold at `pc`, found as the kernel finds it:
-    /// its bucket of the index, then a search between that bucket's row
-    /// and the next one's.
-    pub fn lookup(&self, pc: u64) -> Option<&CfiRow> {
-        let first = self.rows.first()?.pc;
-        let last = self.index.len().checked_sub(1)?;
-        let b = usize::try_from(pc.checked_sub(first)? >> self.index_shift)
-            .unwrap_or(usize::MAX)
-            .min(last);
-        let Bucket { first: lo, end: hi } = self.index[b];
-        let (lo, hi) = (lo as usize, hi as usize);
-        let i = lo + self.rows[lo..hi].partition_point(|r| r.pc <= pc);
-        self.rows.get(i.checked_sub(1)?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -424,63 +469,106 @@ mod tests {
     #[test]
     fn libc_compiles_to_sorted_covering_rows() {
         let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
-        let table = compile(&data).unwrap();
-        assert!(table.rows.len() > 10_000, "{} rows", table.rows.len());
-        assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
-        assert!(table.rows.iter().any(|r| r.cfa == CFA_PLT));
+        let (rows, unsupported) = rows_of(&data).unwrap();
+        assert!(rows.len() > 10_000, "{} rows", rows.len());
+        assert!(rows.windows(2).all(|w| w[0].pc < w[1].pc));
+        assert!(rows.iter().any(|r| r.cfa == CFA_PLT));
         // Nearly every rule libc's CFI gives is one the unwinder follows
         // (the rows without CFI are mostly the gaps between functions).
         assert!(
-            table.unsupported * 100 < table.rows.len(),
-            "{} of {} rows unsupported",
-            table.unsupported,
-            table.rows.len()
+            unsupported * 100 < rows.len(),
+            "{unsupported} of {} rows unsupported",
+            rows.len()
         );
         // Functions start at rsp + 8 (the return address just pushed), and
         // rsp-based CFAs move in whole words.
-        let entries = table
-            .rows
+        let entries = rows
             .iter()
             .filter(|r| r.cfa == CFA_RSP && r.cfa_offset == 8)
             .count();
         assert!(entries > 1000, "{entries} rows at rsp + 8");
         assert!(
-            table
-                .rows
-                .iter()
+            rows.iter()
                 .filter(|r| r.cfa == CFA_RSP)
                 .all(|r| r.cfa_offset >= 8 && r.cfa_offset.rem_euclid(8) == 0)
         );
+        // Kept four bytes a row: a few hundred distinct rules serve them.
+        let table = compile(&data).unwrap();
+        assert_eq!(table.rows.len(), rows.len());
+        assert!(
+            table.rules.len() * 20 < rows.len(),
+            "{} rules for {} rows",
+            table.rules.len(),
+            rows.len()
+        );
+    }
+
+    /// Checks that `table`'s lookup finds, for every row's first address,
+    /// the byte before it and the one after, every bucket's start, and
+    /// past both ends, the rules a search of all of `rows` finds.
+    fn agrees(what: &str, rows: &[Row], table: &Table) {
+        let plain = |pc: u64| {
+            let i = rows.partition_point(|r| r.pc <= pc);
+            rows.get(i.checked_sub(1)?).map(Row::rule)
+        };
+        let first = rows[0].pc;
+        let buckets = (0..table.index.len() as u64).map(|b| first + (b << table.index_shift));
+        let pcs = rows
+            .iter()
+            .flat_map(|r| [r.pc.wrapping_sub(1), r.pc, r.pc + 1])
+            .chain(buckets)
+            .chain([0, u64::MAX, rows.last().unwrap().pc + 4096]);
+        for pc in pcs {
+            assert_eq!(table.lookup(pc), plain(pc), "{what}: pc {pc:#x}");
+        }
     }
 
     #[test]
     fn the_index_finds_the_row_a_search_of_all_rows_finds() {
         for path in ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3"] {
             let data = std::fs::read(path).unwrap();
-            let table = compile(&data).unwrap();
-            let rows = table.rows.len() as u64;
+            let (rows, unsupported) = rows_of(&data).unwrap();
+            let table = Table::of(&rows, unsupported).unwrap();
+            let span = rows.last().unwrap().pc - rows[0].pc;
+            let most = (rows.len() as u64 / u64::from(ROWS_PER_BUCKET) + 1)
+                .max((span >> MAX_INDEX_SHIFT) + 1);
             assert!(
-                (table.index.len() as u64) <= rows / u64::from(ROWS_PER_BUCKET) + 1,
-                "{path}: {} buckets for {rows} rows",
-                table.index.len()
+                (table.index.len() as u64) <= most,
+                "{path}: {} buckets for {} rows",
+                table.index.len(),
+                rows.len()
             );
-            let plain = |pc: u64| {
-                let i = table.rows.partition_point(|r| r.pc <= pc);
-                table.rows.get(i.checked_sub(1)?)
-            };
-            // Every row's first address, the byte before it and the one
-            // after, every bucket's start, and past both ends.
-            let first = table.rows[0].pc;
-            let buckets = (0..table.index.len() as u64).map(|b| first + (b << table.index_shift));
-            let pcs = table
-                .rows
-                .iter()
-                .flat_map(|r| [r.pc.wrapping_sub(1), r.pc, r.pc + 1])
-                .chain(buckets)
-                .chain([0, u64::MAX, table.rows.last().unwrap().pc + 4096]);
-            for pc in pcs {
-                assert_eq!(table.lookup(pc), plain(pc), "{path}: pc {pc:#x}");
-            }
+            agrees(path, &rows, &table);
         }
+    }
+
+    #[test]
+    fn rows_far_apart_are_found_though_their_addresses_are_kept_in_16_bits() {
+        // Few rows over megabytes of code: the buckets stay at 32 KiB, and
+        // rows 64 KiB and more apart share their 16 bits.
+        let rule = |cfa_offset: i32| Row {
+            cfa: CFA_RSP,
+            cfa_offset,
+            ..Row::none(0)
+        };
+        let pcs = [
+            0x1000, 0x1010, 0x11000, 0x21000, 0x21008, 0x9000f, 0x98000, 0x98001, 0x400000,
+            0x410000, 0x418000,
+        ];
+        let rows: Vec<Row> = pcs
+            .iter()
+            .enumerate()
+            .map(|(i, &pc)| Row {
+                pc,
+                ..if i % 3 == 2 {
+                    Row::none(0)
+                } else {
+                    rule(8 * (i as i32 + 1))
+                }
+            })
+            .collect();
+        let table = Table::of(&rows, 0).unwrap();
+        assert_eq!(table.index_shift, MAX_INDEX_SHIFT);
+        agrees("sparse", &rows, &table);
     }
 }

@@ -25,7 +25,7 @@ use std::{
 };
 
 use object::Object as _;
-use rtrace_common::unwind::{Bucket, CfiRow};
+use rtrace_common::unwind::{Bucket, CfiRow, CfiRule, MAX_INDEX_SHIFT};
 
 use crate::{
     kernel::memory::{Mapped, Slab},
@@ -36,9 +36,10 @@ use crate::{
 pub const BUDGET: u64 = 256 << 20;
 /// The first bytes of a cached table; the last one is the format's
 /// version, raised whenever the compiler's rules change.
-const MAGIC: [u8; 8] = *b"RTCFI\0\0\x02";
-/// Magic, rows, unsupported rows, index shift and buckets.
-const HEADER: usize = 8 + 8 + 8 + 4 + 4;
+const MAGIC: [u8; 8] = *b"RTCFI\0\0\x03";
+/// Magic, rows, unsupported rows, index shift, buckets, the first row's
+/// address, rules and four bytes of padding.
+const HEADER: usize = 8 + 8 + 8 + 4 + 4 + 8 + 4 + 4;
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -152,16 +153,23 @@ impl DiskCache {
             .mode(0o700)
             .create(&self.dir)?;
         let mut bytes = Vec::with_capacity(
-            HEADER + table.rows.len() * size_of::<CfiRow>() + table.index.len() * 8,
+            HEADER
+                + size_of_val(&*table.rows)
+                + size_of_val(&*table.rules)
+                + size_of_val(&*table.index),
         );
         bytes.extend_from_slice(&MAGIC);
         bytes.extend_from_slice(&(table.rows.len() as u64).to_le_bytes());
         bytes.extend_from_slice(&(table.unsupported as u64).to_le_bytes());
         bytes.extend_from_slice(&table.index_shift.to_le_bytes());
         bytes.extend_from_slice(&(table.index.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&table.base.to_le_bytes());
+        bytes.extend_from_slice(&(table.rules.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&[0; 4]);
         // As the kernel holds them (this machine's byte order: the cache
         // is per machine), so that a read uses them where they lie.
         bytes.extend_from_slice(as_bytes(&table.rows));
+        bytes.extend_from_slice(as_bytes(&table.rules));
         bytes.extend_from_slice(as_bytes(&table.index));
         let tmp = self.dir.join(format!(".tmp-{}", std::process::id()));
         let mut f = File::options()
@@ -205,7 +213,8 @@ impl DiskCache {
 
 /// The bytes of `items`.
 fn as_bytes<T: aya::Pod>(items: &[T]) -> &[u8] {
-    // SAFETY: `T` is plain data with no padding (`CfiRow`, `Bucket`).
+    // SAFETY: `T` is plain data with no padding (`CfiRow`, `CfiRule`,
+    // `Bucket`).
     unsafe { std::slice::from_raw_parts(items.as_ptr().cast(), size_of_val(items)) }
 }
 
@@ -221,16 +230,25 @@ fn read(path: &Path) -> Option<Table> {
     let u32_at = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().unwrap());
     let (rows, unsupported) = (usize::try_from(u64_at(8)).ok()?, u64_at(16));
     let (index_shift, buckets) = (u32_at(24), u32_at(28) as usize);
+    let (base, rules) = (u64_at(32), u32_at(40) as usize);
     let rows_len = rows.checked_mul(size_of::<CfiRow>())?;
-    if file.len() != HEADER + rows_len + buckets * size_of::<Bucket>() || index_shift > 63 {
+    let rules_len = rules.checked_mul(size_of::<CfiRule>())?;
+    if file.len() != HEADER + rows_len + rules_len + buckets * size_of::<Bucket>()
+        || index_shift > MAX_INDEX_SHIFT
+    {
         return None;
     }
-    let index: Slab<Bucket> = Slab::mapped(file.clone(), HEADER + rows_len, buckets)?;
+    let rules: Slab<CfiRule> = Slab::mapped(file.clone(), HEADER + rows_len, rules)?;
+    let index: Slab<Bucket> = Slab::mapped(file.clone(), HEADER + rows_len + rules_len, buckets)?;
     let fits = index
         .iter()
         .all(|b| b.first < b.end && b.end as usize <= rows);
-    (fits && index.is_empty() == (rows == 0)).then_some(Table {
-        rows: Slab::mapped(file, HEADER, rows)?,
+    let rows: Slab<CfiRow> = Slab::mapped(file, HEADER, rows)?;
+    let numbered = rows.iter().all(|r| usize::from(r.rule) < rules.len());
+    (fits && numbered && index.is_empty() == rows.is_empty()).then_some(Table {
+        rows,
+        rules,
+        base,
         unsupported: unsupported as usize,
         index,
         index_shift,
@@ -278,10 +296,11 @@ mod tests {
         assert_eq!((cache.read, cache.written), (1, 1));
         assert!(matches!(cached.rows, Slab::Mapped { .. }));
         assert_eq!(*cached.rows, *compiled.rows);
+        assert_eq!(*cached.rules, *compiled.rules);
         assert_eq!(*cached.index, *compiled.index);
         assert_eq!(
-            (cached.index_shift, cached.unsupported),
-            (compiled.index_shift, compiled.unsupported)
+            (cached.base, cached.index_shift, cached.unsupported),
+            (compiled.base, compiled.index_shift, compiled.unsupported)
         );
         // The same CFI at another place in another file is the same
         // table; other CFI is another.

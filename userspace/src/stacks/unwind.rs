@@ -11,7 +11,8 @@
 use std::{collections::HashMap, sync::Arc};
 
 use rtrace_common::unwind::{
-    Bucket, CfiRow, FileKey, FileRegion, FileRows, MAX_REGIONS, ProcRegions, Region as KRegion,
+    Bucket, CfiRow, CfiRule, FileKey, FileRegion, FileRows, MAX_REGIONS, ProcRegions,
+    Region as KRegion,
 };
 
 use crate::kernel::procmaps;
@@ -32,6 +33,8 @@ pub struct FileTable {
     /// file's mappings itself. `None` for the vDSO, and files with several
     /// executable segments.
     kernel: Option<(FileKey, u64)>,
+    /// The file as `stat` names it (device, inode); `None` for the vDSO.
+    stat: Option<(u64, u64)>,
 }
 
 /// The kernel's name of the file `stat` says is on `dev` at `ino`: its
@@ -148,6 +151,7 @@ impl Tables {
                                 table,
                                 segments: segments.ranges,
                                 kernel,
+                                stat: Some((meta.dev(), meta.ino())),
                             }))
                         })
                         .clone()
@@ -186,13 +190,14 @@ impl Tables {
                     table: compile(data).ok()?,
                     segments: segments(data).ranges,
                     kernel: None,
+                    stat: None,
                 }))
             })
             .clone()
     }
 
     /// Files with tables, their rows, and the rows' size in bytes as the
-    /// kernel will hold them (16 bytes a row).
+    /// kernel will hold them (4 bytes a row).
     #[cfg(test)]
     pub fn stats(&self) -> (usize, usize, usize) {
         let rows: usize = self
@@ -201,7 +206,11 @@ impl Tables {
             .flatten()
             .map(|f| f.table.rows.len())
             .sum();
-        (self.files.values().flatten().count(), rows, rows * 16)
+        (
+            self.files.values().flatten().count(),
+            rows,
+            rows * size_of::<CfiRow>(),
+        )
     }
 }
 
@@ -209,12 +218,15 @@ impl Tables {
 /// process's regions, filled as processes show up and refreshed as they
 /// map more (`dlopen`), each file's rows loaded once.
 pub struct KernelTables {
-    /// The rows array, written in place through `rows`.
-    _rows_map: aya::maps::Array<aya::maps::MapData, CfiRow>,
+    /// The rows array, written in place through `rows`, row by row.
+    _rows_map: aya::maps::Array<aya::maps::MapData, u64>,
     rows: crate::kernel::memory::SharedArray<CfiRow>,
     /// The index array, written in place through `index`.
     _index_map: aya::maps::Array<aya::maps::MapData, Bucket>,
     index: crate::kernel::memory::SharedArray<Bucket>,
+    /// The rules array, written in place through `rules`.
+    _rules_map: aya::maps::Array<aya::maps::MapData, CfiRule>,
+    rules: crate::kernel::memory::SharedArray<CfiRule>,
     procs: aya::maps::HashMap<aya::maps::MapData, u32, ProcRegions>,
     /// Each loaded file's rows by the file, for the mappings the walk
     /// finds itself.
@@ -222,18 +234,24 @@ pub struct KernelTables {
     /// Files loaded whose rows `files` did not take (full).
     files_unnamed: usize,
     tables: Tables,
-    /// Where each loaded file's rows and index are, by its table.
-    loaded: HashMap<usize, FileRows>,
-    next_row: u32,
-    next_bucket: u32,
-    /// When each process's regions were last read.
-    captured: HashMap<u32, std::time::Instant>,
-    /// Files whose rows did not fit, each once (by its table), with its
-    /// rows: their code is walked by frame pointer. Each process mapping
-    /// one tries it again.
-    files_not_loaded: HashMap<usize, usize>,
-    /// The rows array's length.
-    capacity: u32,
+    /// Each loaded file, by its table.
+    loaded: HashMap<usize, Loaded>,
+    /// The free places of the rows, index and rules arrays.
+    free_rows: Free,
+    free_buckets: Free,
+    free_rules: Free,
+    /// When each process's regions were last read, and the files (by
+    /// table) they map.
+    captured: HashMap<u32, (std::time::Instant, Vec<usize>)>,
+    /// Files whose rows did not fit, even with every file no live process
+    /// maps evicted, each once (by its table), with the rows, buckets and
+    /// rules it needed and when it was last tried: their code is walked by
+    /// frame pointer. A process mapping one tries it again.
+    files_not_loaded: HashMap<usize, (Capacity, std::time::Instant)>,
+    /// What the arrays hold.
+    capacity: Capacity,
+    /// Files evicted to make room, and their rows.
+    evicted: (usize, usize),
     /// Processes whose regions did not fit, even once exited ones were
     /// forgotten.
     pub processes_not_loaded: usize,
@@ -242,35 +260,161 @@ pub struct KernelTables {
     writes: u32,
 }
 
-/// Maps the array `name` of `ebpf`, of `len` elements, shared and
-/// writable.
-fn shared_array<T: aya::Pod>(
+/// How many elements the kernel's rows, index and rules arrays hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// Rows, four bytes each.
+    pub rows: u32,
+    /// Buckets of the index, eight bytes each.
+    pub buckets: u32,
+    /// Rules, eight bytes each.
+    pub rules: u32,
+}
+
+impl Capacity {
+    /// The arrays `budget` bytes hold. A row takes four bytes and a
+    /// quarter of a bucket (two); files with few rows over much code take
+    /// more buckets, and a file's distinct rules, some hundreds, are kept
+    /// once: seven bytes a row in all.
+    pub fn of_budget(budget: u64) -> Self {
+        // Even: the kernel's array holds rows in pairs.
+        let rows = u32::try_from(budget / 7).unwrap_or(u32::MAX) & !1;
+        Self {
+            rows,
+            buckets: rows / 4 + rows / 16,
+            rules: rows / 16,
+        }
+    }
+
+    /// The bytes the arrays take.
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.rows) * size_of::<CfiRow>() as u64
+            + u64::from(self.buckets) * size_of::<Bucket>() as u64
+            + u64::from(self.rules) * size_of::<CfiRule>() as u64
+    }
+
+    /// The budget in MiB, rounded up, whose arrays would hold `need`
+    /// besides `self` (what is taken).
+    fn budget_for(&self, need: &Capacity, of: &Capacity) -> u64 {
+        let scale = |taken: u32, need: u32, cap: u32| {
+            (f64::from(taken) + f64::from(need)) / f64::from(cap.max(1))
+        };
+        let times = scale(self.rows, need.rows, of.rows)
+            .max(scale(self.buckets, need.buckets, of.buckets))
+            .max(scale(self.rules, need.rules, of.rules));
+        (times * of.bytes() as f64 / f64::from(1 << 20)).ceil() as u64
+    }
+}
+
+/// A loaded file: where its rows are, and when a process last mapped it.
+#[derive(Debug)]
+struct Loaded {
+    at: FileRows,
+    rules: u32,
+    used: std::time::Instant,
+    /// The file as the kernel names it, where `CFI_FILES` has it.
+    kernel: Option<FileKey>,
+    /// The file as `stat` names it (device, inode).
+    file: Option<(u64, u64)>,
+}
+
+/// The free places of one of the kernel's arrays, sorted, neighbours
+/// merged; taken first fit.
+#[derive(Debug)]
+struct Free(Vec<(u32, u32)>);
+
+impl Free {
+    /// All of an array of `len` elements.
+    fn new(len: u32) -> Self {
+        Self(vec![(0, len)])
+    }
+
+    /// The start of `n` elements taken, if a free place holds them.
+    fn take(&mut self, n: u32) -> Option<u32> {
+        if n == 0 {
+            return Some(0);
+        }
+        let i = self.0.iter().position(|&(_, len)| len >= n)?;
+        let (start, len) = self.0[i];
+        if len == n {
+            self.0.remove(i);
+        } else {
+            self.0[i] = (start + n, len - n);
+        }
+        Some(start)
+    }
+
+    /// Gives back `n` elements from `start`.
+    fn give(&mut self, start: u32, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let i = self.0.partition_point(|&(s, _)| s < start);
+        self.0.insert(i, (start, n));
+        if i + 1 < self.0.len() && start + n == self.0[i + 1].0 {
+            self.0[i].1 += self.0[i + 1].1;
+            self.0.remove(i + 1);
+        }
+        if i > 0 && self.0[i - 1].0 + self.0[i - 1].1 == start {
+            self.0[i - 1].1 += self.0[i].1;
+            self.0.remove(i);
+        }
+    }
+
+    /// Elements free in all.
+    fn total(&self) -> u32 {
+        self.0.iter().map(|&(_, n)| n).sum()
+    }
+}
+
+/// The files (device and inode, as `stat` names them) that live
+/// processes map, as `/proc/*/maps` shows them.
+fn mapped_files() -> std::collections::HashSet<(u64, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| procmaps::read(Some(pid)).ok())
+        .flatten()
+        .filter(|m| m.inode != 0)
+        .map(|m| (libc::makedev(m.dev.0, m.dev.1), m.inode))
+        .collect()
+}
+
+/// Maps the array `name` of `ebpf`, of `len` elements of type `M`,
+/// shared and writable, as elements of type `T` (whose size divides
+/// `M`'s).
+fn shared_array<M: aya::Pod, T: aya::Pod>(
     ebpf: &mut aya::Ebpf,
     name: &str,
     len: u32,
 ) -> anyhow::Result<(
-    aya::maps::Array<aya::maps::MapData, T>,
+    aya::maps::Array<aya::maps::MapData, M>,
     crate::kernel::memory::SharedArray<T>,
 )> {
     use anyhow::Context as _;
     use aya::maps::IterableMap as _;
     use std::os::fd::AsFd as _;
-    let map: aya::maps::Array<_, T> = ebpf
+    let map: aya::maps::Array<_, M> = ebpf
         .take_map(name)
         .with_context(|| format!("map {name} missing"))?
         .try_into()?;
-    let shared = crate::kernel::memory::SharedArray::of(map.map().fd().as_fd(), len as usize)
-        .with_context(|| format!("cannot map the array {name}"))?;
+    let shared = crate::kernel::memory::SharedArray::of(
+        map.map().fd().as_fd(),
+        len as usize * size_of::<M>() / size_of::<T>(),
+    )
+    .with_context(|| format!("cannot map the array {name}"))?;
     Ok((map, shared))
 }
 
 impl KernelTables {
-    /// Takes the `cfi` object's maps, whose rows array holds `capacity`
-    /// rows and whose index holds `buckets` entries.
-    pub fn new(ebpf: &mut aya::Ebpf, capacity: u32, buckets: u32) -> anyhow::Result<Self> {
+    /// Takes the `cfi` object's maps, whose arrays hold `capacity`.
+    pub fn new(ebpf: &mut aya::Ebpf, capacity: Capacity) -> anyhow::Result<Self> {
         use anyhow::Context as _;
-        let (rows_map, rows) = shared_array(ebpf, "CFI_ROWS", capacity)?;
-        let (index_map, index) = shared_array(ebpf, "CFI_INDEX", buckets)?;
+        let (rows_map, rows) = shared_array::<u64, _>(ebpf, "CFI_ROWS", capacity.rows / 2)?;
+        let (index_map, index) = shared_array::<Bucket, _>(ebpf, "CFI_INDEX", capacity.buckets)?;
+        let (rules_map, rules) = shared_array::<CfiRule, _>(ebpf, "CFI_RULES", capacity.rules)?;
         let procs = ebpf
             .take_map("CFI_PROCS")
             .context("map CFI_PROCS missing")?;
@@ -282,6 +426,8 @@ impl KernelTables {
             rows,
             _index_map: index_map,
             index,
+            _rules_map: rules_map,
+            rules,
             procs: procs.try_into()?,
             files: files.try_into()?,
             files_unnamed: 0,
@@ -290,11 +436,13 @@ impl KernelTables {
                 ..Tables::default()
             },
             loaded: HashMap::new(),
-            next_row: 0,
-            next_bucket: 0,
+            free_rows: Free::new(capacity.rows),
+            free_buckets: Free::new(capacity.buckets),
+            free_rules: Free::new(capacity.rules),
             captured: HashMap::new(),
             files_not_loaded: HashMap::new(),
             capacity,
+            evicted: (0, 0),
             processes_not_loaded: 0,
             writes: 0,
         })
@@ -314,7 +462,8 @@ impl KernelTables {
         if !force && self.captured.contains_key(&pid) {
             return Ok(false);
         }
-        self.captured.insert(pid, std::time::Instant::now());
+        self.captured
+            .insert(pid, (std::time::Instant::now(), Vec::new()));
         let Ok(regions) = self.tables.process(Some(pid)) else {
             // Gone already: its samples keep their frame-pointer walk.
             return Ok(false);
@@ -329,14 +478,15 @@ impl KernelTables {
         // Every executable region is listed, those without CFI (JIT code,
         // files whose rows did not fit) with no rows: code in none of them
         // is new code, which the walk reports.
+        let mut files = Vec::new();
         for r in regions {
             let Some(slot) = out.regions.get_mut(out.n as usize) else {
                 break;
             };
-            let rows = r
-                .table
-                .filter(|t| !t.table.rows.is_empty())
-                .and_then(|t| self.load_file(&t));
+            let rows = r.table.filter(|t| !t.table.rows.is_empty()).and_then(|t| {
+                files.push(Arc::as_ptr(&t) as usize);
+                self.load_file(&t, &files)
+            });
             *slot = KRegion {
                 start: r.start,
                 end: r.end,
@@ -344,6 +494,9 @@ impl KernelTables {
                 rows: rows.unwrap_or_default(),
             };
             out.n += 1;
+        }
+        if let Some(c) = self.captured.get_mut(&pid) {
+            c.1 = files;
         }
         if self.procs.insert(pid, out, 0).is_err() {
             // Full: room is made by forgetting processes that exited, and
@@ -362,7 +515,8 @@ impl KernelTables {
     /// Notes a process the kernel gave its parent's regions at fork, so
     /// that they are forgotten when it exits.
     pub fn adopt(&mut self, pid: u32) {
-        self.captured.insert(pid, std::time::Instant::now());
+        self.captured
+            .insert(pid, (std::time::Instant::now(), Vec::new()));
     }
 
     /// Removes the regions of processes that have exited, so that a host
@@ -380,40 +534,54 @@ impl KernelTables {
         }
     }
 
-    /// Copies a file's rows and index into the arrays, once; `None` if
-    /// they do not fit.
-    fn load_file(&mut self, file: &Arc<FileTable>) -> Option<FileRows> {
+    /// Copies a file's rows, index and rules into the arrays, once; when
+    /// they do not fit, files no live process maps are evicted, least
+    /// recently mapped first, but not those in `keep` (the process's own,
+    /// loaded a moment ago). `None` if they still do not fit.
+    fn load_file(&mut self, file: &Arc<FileTable>, keep: &[usize]) -> Option<FileRows> {
         let key = Arc::as_ptr(file) as usize;
-        if let Some(&at) = self.loaded.get(&key) {
-            return Some(at);
+        if let Some(l) = self.loaded.get_mut(&key) {
+            l.used = std::time::Instant::now();
+            return Some(l.at);
         }
-        let (rows, index) = (&file.table.rows, &file.table.index);
-        let at = FileRows {
-            index_base: rows.first()?.pc,
-            row_start: self.next_row,
-            row_len: rows.len() as u32,
-            index_start: self.next_bucket,
-            index_len: index.len() as u32,
-            index_shift: file.table.index_shift,
-            _pad: 0,
+        let t = &file.table;
+        let need = Capacity {
+            rows: t.rows.len() as u32,
+            buckets: t.index.len() as u32,
+            rules: t.rules.len() as u32,
         };
-        let span = |start: u32, len: u32| start as usize..(start + len) as usize;
-        let (Some(row_dest), Some(index_dest)) = (
-            self.rows
-                .as_mut_slice()
-                .get_mut(span(at.row_start, at.row_len)),
-            self.index
-                .as_mut_slice()
-                .get_mut(span(at.index_start, at.index_len)),
-        ) else {
-            self.files_not_loaded.insert(key, rows.len());
+        // A file that did not fit is tried again at most once a second:
+        // each try may read every process's maps.
+        if self
+            .files_not_loaded
+            .get(&key)
+            .is_some_and(|(_, when)| when.elapsed() < std::time::Duration::from_secs(1))
+        {
+            return None;
+        }
+        let Some((row_start, index_start, rule_start)) = self.take(&need).or_else(|| {
+            self.evict(&need, keep);
+            self.take(&need)
+        }) else {
+            self.files_not_loaded
+                .insert(key, (need, std::time::Instant::now()));
             return None;
         };
-        row_dest.copy_from_slice(rows);
-        index_dest.copy_from_slice(index);
-        self.next_row += at.row_len;
-        self.next_bucket += at.index_len;
-        self.loaded.insert(key, at);
+        let at = FileRows {
+            index_base: t.base,
+            row_start,
+            row_len: need.rows,
+            index_start,
+            index_len: need.buckets,
+            index_shift: t.index_shift,
+            rule_start,
+        };
+        let span = |start: u32, len: u32| start as usize..(start + len) as usize;
+        self.rows.as_mut_slice()[span(row_start, need.rows)].copy_from_slice(&t.rows);
+        self.index.as_mut_slice()[span(index_start, need.buckets)].copy_from_slice(&t.index);
+        self.rules.as_mut_slice()[span(rule_start, need.rules)].copy_from_slice(&t.rules);
+        self.files_not_loaded.remove(&key);
+        let mut kernel = None;
         if let Some((name, seg_delta)) = file.kernel {
             let region = FileRegion {
                 seg_delta,
@@ -421,17 +589,113 @@ impl KernelTables {
             };
             if self.files.insert(name, region, 0).is_err() {
                 self.files_unnamed += 1;
+            } else {
+                kernel = Some(name);
             }
         }
+        self.loaded.insert(
+            key,
+            Loaded {
+                at,
+                rules: need.rules,
+                used: std::time::Instant::now(),
+                kernel,
+                file: file.stat,
+            },
+        );
         Some(at)
     }
 
+    /// Takes room for `need` in all three arrays, or in none.
+    fn take(&mut self, need: &Capacity) -> Option<(u32, u32, u32)> {
+        let rows = self.free_rows.take(need.rows)?;
+        let Some(buckets) = self.free_buckets.take(need.buckets) else {
+            self.free_rows.give(rows, need.rows);
+            return None;
+        };
+        let Some(rules) = self.free_rules.take(need.rules) else {
+            self.free_rows.give(rows, need.rows);
+            self.free_buckets.give(buckets, need.buckets);
+            return None;
+        };
+        Some((rows, buckets, rules))
+    }
+
+    /// Evicts files that no live process maps, least recently mapped
+    /// first, until `need` would fit in what is free in all (a free place
+    /// holding it whole is not guaranteed), or none is left to evict.
+    /// Files in `keep` stay. Processes that exited are forgotten first,
+    /// and the processes user space never read (whose regions the kernel
+    /// found itself) are seen in `/proc/*/maps`.
+    fn evict(&mut self, need: &Capacity, keep: &[usize]) {
+        self.forget_exited();
+        let mut live: std::collections::HashSet<usize> = keep.iter().copied().collect();
+        live.extend(self.captured.values().flat_map(|(_, f)| f.iter().copied()));
+        let mapped = mapped_files();
+        let mut idle: Vec<(std::time::Instant, usize)> = self
+            .loaded
+            .iter()
+            .filter(|(k, l)| !live.contains(k) && !l.file.is_some_and(|f| mapped.contains(&f)))
+            .map(|(&k, l)| (l.used, k))
+            .collect();
+        idle.sort_unstable();
+        for (_, key) in idle {
+            let fits = self.free_rows.total() >= need.rows
+                && self.free_buckets.total() >= need.buckets
+                && self.free_rules.total() >= need.rules
+                && self
+                    .take(need)
+                    .inspect(|&(r, b, u)| {
+                        self.free_rows.give(r, need.rows);
+                        self.free_buckets.give(b, need.buckets);
+                        self.free_rules.give(u, need.rules);
+                    })
+                    .is_some();
+            if fits {
+                return;
+            }
+            let Some(l) = self.loaded.remove(&key) else {
+                continue;
+            };
+            if let Some(name) = l.kernel {
+                let _ = self.files.remove(&name);
+            }
+            self.free_rows.give(l.at.row_start, l.at.row_len);
+            self.free_buckets.give(l.at.index_start, l.at.index_len);
+            self.free_rules.give(l.at.rule_start, l.rules);
+            self.evicted.0 += 1;
+            self.evicted.1 += l.at.row_len as usize;
+        }
+    }
+
+    /// What the arrays hold now.
+    fn taken(&self) -> Capacity {
+        Capacity {
+            rows: self.capacity.rows - self.free_rows.total(),
+            buckets: self.capacity.buckets - self.free_buckets.total(),
+            rules: self.capacity.rules - self.free_rules.total(),
+        }
+    }
+
     /// Files loaded, their rows, and the bytes the kernel holds for them
-    /// (rows and index).
+    /// (rows, index and rules).
     pub fn stats(&self) -> (usize, usize, usize) {
-        let rows = self.next_row as usize;
-        let bytes = rows * size_of::<CfiRow>() + self.next_bucket as usize * size_of::<Bucket>();
-        (self.loaded.len(), rows, bytes)
+        let taken = self.taken();
+        (
+            self.loaded.len(),
+            taken.rows as usize,
+            taken.bytes() as usize,
+        )
+    }
+
+    /// Files evicted to make room, and their rows.
+    pub fn evictions(&self) -> (usize, usize) {
+        self.evicted
+    }
+
+    /// The arrays' size in bytes.
+    pub fn budget(&self) -> u64 {
+        self.capacity.bytes()
     }
 
     /// Where tables were kept between runs, for `-v`: how many were read
@@ -480,13 +744,25 @@ impl KernelTables {
             ));
         }
         if !self.files_not_loaded.is_empty() {
-            let wanted: usize = self.files_not_loaded.values().sum();
+            let need = self
+                .files_not_loaded
+                .values()
+                .fold(Capacity::default(), |a, (n, _)| Capacity {
+                    rows: a.rows + n.rows,
+                    buckets: a.buckets + n.buckets,
+                    rules: a.rules + n.rules,
+                });
+            let taken = self.taken();
             out.push(format!(
-                "{} file(s) with {wanted} rows of CFI did not fit in the tables' {} rows ({} \
-                 taken) and were walked by frame pointer",
+                "{} file(s) with {} rows of CFI did not fit in the CFI tables' budget of {} MiB \
+                 ({} rows, {} taken by files live processes map) and were walked by frame \
+                 pointer; --cfi-budget {} would have held them",
                 self.files_not_loaded.len(),
-                self.capacity,
-                self.next_row
+                need.rows,
+                self.capacity.bytes().div_ceil(1 << 20),
+                self.capacity.rows,
+                taken.rows,
+                taken.budget_for(&need, &self.capacity),
             ));
         }
         if self.processes_not_loaded > 0 {
@@ -583,10 +859,7 @@ pub fn step(
     read: impl Fn(u64) -> Option<u64>,
 ) -> Option<Step> {
     let lookup_pc = if callee { file_pc - 1 } else { file_pc };
-    let row = table
-        .lookup(lookup_pc)
-        .copied()
-        .unwrap_or(Row::none(0).to_kernel());
+    let row = table.lookup(lookup_pc).unwrap_or(Row::none(0).rule());
     let cfa = match row.cfa {
         CFA_RSP => regs.sp.checked_add_signed(i64::from(row.cfa_offset))?,
         CFA_RBP => regs.bp.checked_add_signed(i64::from(row.cfa_offset))?,
@@ -711,6 +984,7 @@ mod tests {
             table: Table::default(),
             segments: vec![(0, 0x90190, 0), (0x90190, 0x19d480, 0x91190)],
             kernel: None,
+            stat: None,
         };
         let start = 0x55d6_488d_7000;
         let bias = file.bias(start, 0x90000, 0x19e000).unwrap();
@@ -753,6 +1027,7 @@ mod tests {
                 table: Table::default(),
                 segments: segments.ranges,
                 kernel: None,
+                stat: None,
             };
             let bias = file.bias(m.start, m.offset, m.end - m.start).unwrap();
             assert_eq!(
@@ -763,6 +1038,48 @@ mod tests {
             checked += 1;
         }
         assert!(checked >= 2, "{maps}");
+    }
+
+    #[test]
+    fn free_places_are_taken_first_fit_and_merged_when_given_back() {
+        let mut free = Free::new(100);
+        let a = free.take(30).unwrap();
+        let b = free.take(30).unwrap();
+        let c = free.take(30).unwrap();
+        assert_eq!((a, b, c), (0, 30, 60));
+        assert_eq!(free.take(20), None);
+        assert_eq!(free.take(0), Some(0));
+        free.give(b, 30);
+        assert_eq!(free.total(), 40);
+        // The hole b left is taken before the tail.
+        assert_eq!(free.take(25), Some(30));
+        free.give(30, 25);
+        free.give(a, 30);
+        free.give(c, 30);
+        // Given back, every place merged into one again.
+        assert_eq!(free.0, vec![(0, 100)]);
+        assert_eq!(free.take(100), Some(0));
+    }
+
+    #[test]
+    fn a_budget_holds_seven_bytes_a_row_in_pairs() {
+        let c = Capacity::of_budget(32 << 20);
+        assert_eq!(c.rows % 2, 0);
+        assert!(c.bytes() <= 32 << 20 && c.bytes() > 31 << 20, "{c:?}");
+        assert!(c.buckets >= c.rows / 4 && c.rules >= 1 << 16, "{c:?}");
+        // Half of a 2 MiB budget taken: another 1 MiB of rows wants 3 MiB.
+        let two = Capacity::of_budget(2 << 20);
+        let half = Capacity {
+            rows: two.rows / 2,
+            buckets: two.buckets / 2,
+            rules: two.rules / 2,
+        };
+        assert_eq!(half.budget_for(&half, &two), 2);
+        let more = Capacity {
+            rows: two.rows,
+            ..half
+        };
+        assert_eq!(half.budget_for(&more, &two), 3);
     }
 
     #[test]
@@ -787,9 +1104,9 @@ mod tests {
         // Its image starts at address 0, where it is mapped.
         assert_eq!(bias, start);
         assert!(
-            mine.table.rows.iter().any(|r| r.cfa == CFA_RSP),
+            mine.table.rules.iter().any(|r| r.cfa == CFA_RSP),
             "{:?}",
-            mine.table.rows
+            mine.table.rules
         );
         let mut child = std::process::Command::new("sleep")
             .arg("5")
@@ -807,7 +1124,7 @@ mod tests {
         let mut tables = Tables::default();
         let mine = tables.process(None).unwrap();
         let (files, rows, bytes) = tables.stats();
-        assert!(files >= 2 && rows > 10_000 && bytes == rows * 16);
+        assert!(files >= 2 && rows > 10_000 && bytes == rows * 4);
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()

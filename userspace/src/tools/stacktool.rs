@@ -24,7 +24,12 @@ use rtrace_common::{
 use crate::{
     kernel::load::{Detaching, Kernel, Load},
     output::events,
-    stacks::{sample::Sample, stackstore::StackStore, symbolize::Symbolizer, unwind::KernelTables},
+    stacks::{
+        sample::Sample,
+        stackstore::StackStore,
+        symbolize::Symbolizer,
+        unwind::{Capacity, KernelTables},
+    },
 };
 
 /// `--unwind`.
@@ -57,6 +62,15 @@ pub struct StackArgs {
     /// (empty: not kept).
     #[arg(long, value_enum, default_value_t = Unwind::Auto)]
     pub unwind: Unwind,
+    /// Memory for the CFI walk's tables in the kernel, in MiB, allocated
+    /// when the walk is loaded: 7 bytes a row of CFI (libc has some
+    /// 30000 rows, rustc's driver some 500000). When a new file does not
+    /// fit, files that no live process maps are evicted, least recently
+    /// mapped first; a file that still does not fit is walked by frame
+    /// pointer and named in a warning with the budget that would hold it.
+    #[arg(long, value_name = "MB", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub cfi_budget: u32,
     /// Give each frame its source file and line (`main.c:12`), from the
     /// debug information, in every output; inlined functions keep lines
     /// of their own.
@@ -73,12 +87,6 @@ pub struct StackArgs {
 
 /// The object variant with the CFI walk.
 pub const CFI: &str = "cfi";
-/// Rows of CFI the kernel holds: 16 MiB.
-const CFI_ROWS: u32 = 1 << 20;
-/// Buckets of the rows' index: a file has at most one for every
-/// `ROWS_PER_BUCKET` rows, and one more, so the rest is for files with
-/// very few rows; 2.5 MiB.
-const CFI_BUCKETS: u32 = CFI_ROWS / rtrace_common::unwind::ROWS_PER_BUCKET + (1 << 16);
 /// Processes whose regions the kernel holds, and the processes whose
 /// regions it found itself.
 const CFI_PROCESSES: u32 = 4096;
@@ -97,6 +105,8 @@ pub struct StackTool {
     cfi: Option<KernelTables>,
     /// Whether the `cfi` object was loaded.
     cfi_loaded: bool,
+    /// What its tables hold (`--cfi-budget`).
+    cfi_capacity: Capacity,
     /// The exec, fork and exit programs' links, owned so that they can be
     /// detached on a thread of their own; with the `cfi` object.
     links: Option<(RawTracePointLink, RawTracePointLink, RawTracePointLink)>,
@@ -148,6 +158,7 @@ impl StackTool {
         load: &mut Load,
     ) -> anyhow::Result<()> {
         self.cfi_loaded = load.variant() == CFI;
+        self.cfi_capacity = Capacity::of_budget(u64::from(args.cfi_budget) << 20);
         if self.cfi_loaded {
             let btf = kernel.btf()?;
             let reg = |m: &str| btf.offset("pt_regs", m);
@@ -176,8 +187,9 @@ impl StackTool {
             // which aya has no user-space type: only the programs use it.
             load.allow_unsupported_maps();
             load.global("CFI_OFFSETS", &offsets)
-                .size("CFI_ROWS", CFI_ROWS)
-                .size("CFI_INDEX", CFI_BUCKETS)
+                .size("CFI_ROWS", self.cfi_capacity.rows / 2)
+                .size("CFI_INDEX", self.cfi_capacity.buckets)
+                .size("CFI_RULES", self.cfi_capacity.rules)
                 .size("CFI_PROCS", CFI_PROCESSES)
                 .size("CFI_FILES", CFI_FILES)
                 .size("CFI_FOUND", CFI_PROCESSES);
@@ -204,7 +216,7 @@ impl StackTool {
         // The walk's regions before the symbolizer's capture, as in
         // `event`.
         if self.cfi_loaded {
-            let mut tables = KernelTables::new(ebpf, CFI_ROWS, CFI_BUCKETS)?;
+            let mut tables = KernelTables::new(ebpf, self.cfi_capacity)?;
             for &pid in pids {
                 tables.add_process(pid, true)?;
             }
@@ -384,9 +396,12 @@ impl StackTool {
     pub fn summary(&self) -> Vec<String> {
         let tables = self.cfi.as_ref().map(|c| {
             let (files, rows, bytes) = c.stats();
+            let (evicted, evicted_rows) = c.evictions();
             format!(
-                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel; {}",
+                "CFI tables: {files} files, {rows} rows, {} KiB in the kernel of a {} KiB \
+                 budget, {evicted} files ({evicted_rows} rows) evicted; {}",
                 bytes / 1024,
+                c.budget() / 1024,
                 c.cache_summary()
             )
         });
