@@ -236,8 +236,10 @@ pub struct CfiOffsets {
     pub inode_sb: u32,
     /// `super_block.s_dev`.
     pub sb_dev: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// Whether the walk may look up mappings itself (`bpf_find_vma`, 5.17
+    /// and later): read-only, so that the verifier drops the helper's
+    /// call where it is 0 and a kernel without it loads the walk.
+    pub find_vma: u32,
 }
 
 crate::pod!(

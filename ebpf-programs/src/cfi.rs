@@ -54,7 +54,7 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     inode_ino: 0,
     inode_sb: 0,
     sb_dev: 0,
-    _pad: 0,
+    find_vma: 0,
 });
 
 /// Every loaded file's rows; user space sizes it and writes them
@@ -394,6 +394,9 @@ extern "C" fn vma_found(
 /// executable mapping.
 #[inline(always)]
 fn find_region(tgid: u32, addr: u64) -> Result<(Region, Found), ()> {
+    if global(&CFI_OFFSETS).find_vma == 0 {
+        return Err(());
+    }
     let mut vma = Vma::default();
     // SAFETY: `vma_found` is a callback of the helper's signature and
     // `vma` lives across the call.

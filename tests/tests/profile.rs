@@ -419,6 +419,49 @@ fn process_started_after_the_start_is_unwound() {
     );
 }
 
+/// Kernels before 5.17 have no `bpf_find_vma`: the walk loads without
+/// it and unwinds from the tables user space gives each process, a
+/// running fixture's and a new one's. Run everywhere with the lookup
+/// turned off, as those kernels run it.
+#[test]
+fn the_walk_without_the_kernels_own_lookup_still_unwinds() {
+    let env = [("RTRACE_NO_FIND_VMA", "1")];
+    let fixture = start_fixture("cfuncs_nofp", &["cpu", "3"]);
+    let pid = fixture.pid().to_string();
+    let rtrace = Rtrace::start_with_env(
+        &["profile", "-v", "-F", "999", "-p", &pid, "-f", "-U"],
+        READY,
+        &env,
+    );
+    let done = run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    if !stderr.contains("user stacks walked in the kernel from CFI") {
+        eprintln!("skipped: no CFI walk on this kernel");
+        return;
+    }
+    assert!(
+        stderr.contains("mappings are not looked up in the kernel"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("regions the kernel found"), "{stderr}");
+    check_c_chain(&stdout, done[0], done[1]);
+
+    // A process started after the profile: its first stacks, before its
+    // table is built, go by frame pointer.
+    let rtrace = Rtrace::start_with_env(&["profile", "-F", "199", "-U", "-f"], READY, &env);
+    let fixture = start_fixture("hotfuncs_nofp", &["cpu", "3"]);
+    run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let (hot, whole) = hot_reaching_main(&stdout);
+    assert!(hot >= 300, "too few hot samples ({hot}):\n{stdout}");
+    assert!(
+        whole as f64 >= 0.8 * hot as f64,
+        "{whole} of {hot} hot samples reach main:\n{stdout}"
+    );
+}
+
 /// The `execkids` fixture's children's samples (their command, `comm`):
 /// how many, how many under the whole chain, how many whose walk reached
 /// the root (as deep as most are: the C runtime's start, main and the

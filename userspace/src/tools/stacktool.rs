@@ -94,6 +94,15 @@ const CFI_PROCESSES: u32 = 4096;
 /// the rows array holds files of any size.
 const CFI_FILES: u32 = 16384;
 
+/// Whether the CFI walk may look up mappings itself: the kernel has
+/// `bpf_find_vma` (its BTF numbers the helper), and `RTRACE_NO_FIND_VMA`
+/// does not ask to do without it, as kernels before 5.17 must (the tests
+/// run the walk so in every guest).
+fn find_vma(btf: &crate::kernel::btf::Btf) -> bool {
+    std::env::var_os("RTRACE_NO_FIND_VMA").is_none_or(|v| v.is_empty())
+        && btf.enum_value("BPF_FUNC_find_vma").is_some()
+}
+
 /// See the module documentation.
 #[derive(Default)]
 pub struct StackTool {
@@ -107,6 +116,8 @@ pub struct StackTool {
     cfi_loaded: bool,
     /// What its tables hold (`--cfi-budget`).
     cfi_capacity: Capacity,
+    /// Whether the walk looks up mappings itself ([`find_vma`]).
+    cfi_find_vma: bool,
     /// The exec, fork and exit programs' links, owned so that they can be
     /// detached on a thread of their own; with the `cfi` object.
     links: Option<(RawTracePointLink, RawTracePointLink, RawTracePointLink)>,
@@ -161,6 +172,7 @@ impl StackTool {
         self.cfi_capacity = Capacity::of_budget(u64::from(args.cfi_budget) << 20);
         if self.cfi_loaded {
             let btf = kernel.btf()?;
+            self.cfi_find_vma = find_vma(btf);
             let reg = |m: &str| btf.offset("pt_regs", m);
             let offsets = CfiOffsets {
                 ip: reg("ip")?,
@@ -181,7 +193,7 @@ impl StackTool {
                 inode_ino: btf.offset("inode", "i_ino")?,
                 inode_sb: btf.offset("inode", "i_sb")?,
                 sb_dev: btf.offset("super_block", "s_dev")?,
-                _pad: 0,
+                find_vma: u32::from(self.cfi_find_vma),
             };
             // The walks remembered per thread are in task storage, for
             // which aya has no user-space type: only the programs use it.
@@ -405,10 +417,17 @@ impl StackTool {
                 c.cache_summary()
             )
         });
+        let lookup = (self.cfi.is_some() && !self.cfi_find_vma).then(|| {
+            "CFI walk: mappings are not looked up in the kernel (no bpf_find_vma, or \
+             RTRACE_NO_FIND_VMA): a process's stacks go by frame pointer until user space has \
+             read its maps"
+                .to_owned()
+        });
         self.report
             .iter()
             .cloned()
             .chain(tables)
+            .chain(lookup)
             .chain(self.sym.dump_summary())
             .collect()
     }
