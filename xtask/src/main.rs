@@ -76,6 +76,21 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs a command and returns its standard output, failing with its
+/// description and standard error if it fails.
+pub fn stdout_of(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Cargo of the pinned nightly, in the eBPF crate, as the build uses it.
 fn nightly_cargo() -> anyhow::Result<Command> {
     ebpf_build::cargo(&root()).map_err(anyhow::Error::msg)

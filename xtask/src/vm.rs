@@ -52,23 +52,11 @@ fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/rtrace/vm"))
 }
 
-fn stdout_of(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// The newest package whose name matches `pattern`.
 fn newest_package(pattern: &str) -> anyhow::Result<String> {
     let search = || -> anyhow::Result<Vec<String>> {
-        let out = stdout_of(Command::new("apt-cache").args(["search", "--names-only", pattern]))?;
+        let out =
+            crate::stdout_of(Command::new("apt-cache").args(["search", "--names-only", pattern]))?;
         Ok(out
             .lines()
             .filter_map(|l| l.split_whitespace().next())
@@ -127,7 +115,7 @@ fn kernel_image(package: &str) -> anyhow::Result<PathBuf> {
 
 /// Test executables of the integration crate, built by cargo.
 fn test_executables() -> anyhow::Result<Vec<PathBuf>> {
-    let out = stdout_of(cargo().args([
+    let out = crate::stdout_of(cargo().args([
         "test",
         "--release",
         "-p",

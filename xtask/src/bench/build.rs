@@ -184,19 +184,15 @@ fn generate(dir: &Path) -> anyhow::Result<()> {
 
 /// Runs `make` in `dir` with `args`, quietly; fails with its stderr.
 fn make(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let mut cmd = Command::new("make");
-    cmd.arg("-s").arg("-C").arg(dir).args(args);
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    crate::stdout_of(
+        Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .stdin(Stdio::null()),
+    )
+    .map(drop)
 }
 
 /// One build from clean; returns its wall time in milliseconds.
