@@ -1865,7 +1865,7 @@ fn flamegraph_draws_perfs_folded_stacks() {
     let data = temp("perf.data");
     let fixture = start_fixture("cfuncs", &["cpu", "2"]);
     let pid = fixture.pid().to_string();
-    let mut perf = std::process::Command::new("perf")
+    let perf = std::process::Command::new("perf")
         .args([
             "record",
             "-q",
@@ -1880,12 +1880,18 @@ fn flamegraph_draws_perfs_folded_stacks() {
         ])
         .arg(&data)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("perf (Debian package linux-perf; cargo xtask installs it)");
     std::thread::sleep(std::time::Duration::from_millis(500));
     run_fixture(fixture);
-    assert!(perf.wait().unwrap().success());
+    let perf = perf.wait_with_output().unwrap();
+    assert!(
+        perf.status.success(),
+        "perf record: {}: {}",
+        perf.status,
+        String::from_utf8_lossy(&perf.stderr)
+    );
     let (_, folded) = perf_script_folded(&data);
     let path = temp("perf.folded");
     std::fs::write(&path, &folded).unwrap();
