@@ -513,10 +513,16 @@ impl KernelTables {
     }
 
     /// Notes a process the kernel gave its parent's regions at fork, so
-    /// that they are forgotten when it exits.
-    pub fn adopt(&mut self, pid: u32) {
+    /// that they are forgotten when it exits, and that its parent's files
+    /// stay loaded while it lives.
+    pub fn adopt(&mut self, pid: u32, parent: u32) {
+        let files = self
+            .captured
+            .get(&parent)
+            .map(|(_, f)| f.clone())
+            .unwrap_or_default();
         self.captured
-            .insert(pid, (std::time::Instant::now(), Vec::new()));
+            .insert(pid, (std::time::Instant::now(), files));
     }
 
     /// Removes the regions of processes that have exited, so that a host

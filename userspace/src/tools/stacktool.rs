@@ -283,7 +283,7 @@ impl StackTool {
         if seen.flags & SEEN_FORK != 0 {
             self.sym.inherit(seen.tgid, seen.parent);
             if let Some(cfi) = &mut self.cfi {
-                cfi.adopt(seen.tgid);
+                cfi.adopt(seen.tgid, seen.parent);
             }
             return Ok(());
         }
