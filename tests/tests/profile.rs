@@ -327,6 +327,9 @@ fn count_under(folded: &BTreeMap<Vec<String>, u64>, inner: &str, outer: &str) ->
 #[test]
 fn an_unprivileged_profile_names_root_processes_frames_in_libc() {
     use std::os::unix::fs::PermissionsExt as _;
+    if too_slow_here("a 2 s fixture registered by an rtrace without a table cache") {
+        return;
+    }
     let (dir, bin) = unprivileged_copy();
     // For nobody's output.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -539,6 +542,9 @@ fn check_kids(folded: &str, stderr: &str, named: f64) {
 /// fall behind on a busy host: a little less is asked there.
 #[test]
 fn short_lived_programs_are_walked_to_their_root() {
+    if too_slow_here("children of 20 to 50 ms") {
+        return;
+    }
     let (folded, stderr) = profile_execkids(&[], &["80"]);
     check_kids(&folded, &stderr, 0.9);
     let (folded, stderr) = profile_execkids(&["--all-cpus"], &["80"]);
@@ -553,6 +559,9 @@ fn short_lived_programs_are_walked_to_their_root() {
 /// and exit stay unnamed.
 #[test]
 fn programs_gone_before_their_maps_are_read_are_named() {
+    if too_slow_here("children of 2 to 5 ms") {
+        return;
+    }
     let (folded, stderr) = profile_execkids(&[], &["300", "2", "5"]);
     let (mut all, mut unnamed) = (0, 0);
     for (frames, count) in parse_folded(&folded) {
@@ -560,7 +569,17 @@ fn programs_gone_before_their_maps_are_read_are_named() {
             continue;
         }
         all += count;
-        if frames.iter().any(|f| f == "[unknown]") {
+        // libc's static __libc_start_call_main, between __libc_start_main
+        // and main, has a name only in libc's separate debug file, which
+        // a machine may not have: that frame is no fault of the naming.
+        let unnamed_here = frames.iter().enumerate().any(|(i, f)| {
+            f == "[unknown]"
+                && !(frames
+                    .get(i.wrapping_sub(1))
+                    .is_some_and(|p| p == "__libc_start_main")
+                    && frames.get(i + 1).is_some_and(|n| n == "main"))
+        });
+        if unnamed_here {
             unnamed += count;
         }
     }
@@ -658,6 +677,22 @@ fn cfi_tables_are_compiled_once_then_read_from_the_cache() {
     // The fixture, libc and the loader at least; the vDSO is never cached.
     assert!(*read1 == 0 && *written1 >= 3, "{l1}");
     assert!(*read2 == *written1 && *written2 == 0, "{l1}\n{l2}");
+}
+
+/// Whether to pass over a test of how quickly user space reads a new
+/// process's maps: in the emulated guests user space runs some fifty
+/// times slower (TCG), so children of a few tens of milliseconds, and a
+/// fixture whose tables an unprivileged rtrace compiles without a cache,
+/// are gone before their maps are read. The host runs these tests; the
+/// guests still run the CFI walk's kernel side in every other test.
+fn too_slow_here(what: &str) -> bool {
+    let slow = rtrace_integration_tests::in_guest();
+    if slow {
+        eprintln!(
+            "skipped: {what} needs user space at a real machine's speed; the host runs this test"
+        );
+    }
+    slow
 }
 
 /// The numbers of profile's `-v` line on its CFI tables: files, rows,
