@@ -240,9 +240,9 @@ pub struct KernelTables {
     free_rows: Free,
     free_buckets: Free,
     free_rules: Free,
-    /// When each process's regions were last read, and the files (by
-    /// table) they map.
-    captured: HashMap<u32, (std::time::Instant, Vec<usize>)>,
+    /// The processes whose regions were read (or copied at fork), with
+    /// the files (by table) they map.
+    captured: HashMap<u32, Vec<usize>>,
     /// Files whose rows did not fit, even with every file no live process
     /// maps evicted, each once (by its table), with the rows, buckets and
     /// rules it needed and when it was last tried: their code is walked by
@@ -462,8 +462,7 @@ impl KernelTables {
         if !force && self.captured.contains_key(&pid) {
             return Ok(false);
         }
-        self.captured
-            .insert(pid, (std::time::Instant::now(), Vec::new()));
+        self.captured.insert(pid, Vec::new());
         let Ok(regions) = self.tables.process(Some(pid)) else {
             // Gone already: its samples keep their frame-pointer walk.
             return Ok(false);
@@ -496,7 +495,7 @@ impl KernelTables {
             out.n += 1;
         }
         if let Some(c) = self.captured.get_mut(&pid) {
-            c.1 = files;
+            *c = files;
         }
         if self.procs.insert(pid, out, 0).is_err() {
             // Full: room is made by forgetting processes that exited, and
@@ -516,13 +515,8 @@ impl KernelTables {
     /// that they are forgotten when it exits, and that its parent's files
     /// stay loaded while it lives.
     pub fn adopt(&mut self, pid: u32, parent: u32) {
-        let files = self
-            .captured
-            .get(&parent)
-            .map(|(_, f)| f.clone())
-            .unwrap_or_default();
-        self.captured
-            .insert(pid, (std::time::Instant::now(), files));
+        let files = self.captured.get(&parent).cloned().unwrap_or_default();
+        self.captured.insert(pid, files);
     }
 
     /// Removes the regions of processes that have exited, so that a host
@@ -636,7 +630,7 @@ impl KernelTables {
     fn evict(&mut self, need: &Capacity, keep: &[usize]) {
         self.forget_exited();
         let mut live: std::collections::HashSet<usize> = keep.iter().copied().collect();
-        live.extend(self.captured.values().flat_map(|(_, f)| f.iter().copied()));
+        live.extend(self.captured.values().flatten().copied());
         let mapped = mapped_files();
         let mut idle: Vec<(std::time::Instant, usize)> = self
             .loaded
