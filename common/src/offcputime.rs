@@ -77,7 +77,7 @@ pub struct Start {
 
 /// What each `ERRORS` slot counts, for the report at exit: the stack
 /// tables' (profile's), its first count in blocked periods.
-pub const ERR_NAMES: [&str; 13] = {
+pub const ERR_NAMES: [&str; 15] = {
     let p = crate::stacks::ERR_NAMES;
     [
         p[0],
@@ -93,6 +93,8 @@ pub const ERR_NAMES: [&str; 13] = {
         p[10],
         p[11],
         p[12],
+        p[13],
+        p[14],
     ]
 };
 

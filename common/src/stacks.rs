@@ -214,8 +214,10 @@ pub const ERR_FP_FRAMES: u32 = 6;
 /// new process's first stacks, walked by frame pointer before its tables
 /// are loaded, and frame-pointer steps where no CFI covers the code (JIT
 /// code, the vDSO, hand-written assembly).
-pub const ERR_EXPECTED: [u32; 5] = [
+pub const ERR_EXPECTED: [u32; 7] = [
     ERR_NO_TABLES,
+    ERR_EXITING,
+    ERR_EXECING,
     ERR_FP_FRAMES,
     ERR_FOUND,
     ERR_FIND_BUSY,
@@ -241,9 +243,19 @@ pub const ERR_FIND_NO_FILE: u32 = 11;
 /// their leaf-most ones (the CFI walk's; a frame-pointer walk by the
 /// kernel does not tell).
 pub const ERR_DEEP: u32 = 12;
+/// `ERRORS` slot: samples of exiting processes whose memory the kernel
+/// had already taken away (`task->mm` is gone in `do_exit`): there is no
+/// user stack left to walk, only the registers it stopped with, so none
+/// is taken (the CFI walk's).
+pub const ERR_EXITING: u32 = 13;
+/// `ERRORS` slot: samples of processes in `execve` after their old memory
+/// map was let go and before the new program's first registers: their
+/// registers name the old program, whose stack is gone, so no user stack
+/// is taken (the CFI walk's).
+pub const ERR_EXECING: u32 = 14;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 13] = [
+pub const ERR_NAMES: [&str; 15] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -257,6 +269,8 @@ pub const ERR_NAMES: [&str; 13] = [
     "regions not looked for, the kernel's lookup being busy",
     "regions the kernel found of files without loaded CFI",
     "user stacks deeper than 127 frames, kept to their leaf-most 127",
+    "samples of exiting processes whose memory was already freed, without a user stack",
+    "samples of processes in execve between two programs, without a user stack",
 ];
 
 crate::pod!(Key, WakeKey, Stack, Seen, Found);

@@ -17,8 +17,9 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     stacks::{
-        ERR_CUT_SHORT, ERR_DEEP, ERR_FIND_BUSY, ERR_FIND_NO_FILE, ERR_FOUND, ERR_FP_FRAMES,
-        ERR_NO_TABLES, Found, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_FOUND, Seen,
+        ERR_CUT_SHORT, ERR_DEEP, ERR_EXECING, ERR_EXITING, ERR_FIND_BUSY, ERR_FIND_NO_FILE,
+        ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, Found, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK,
+        SEEN_FOUND, Seen,
     },
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, CfiRule, FileKey,
@@ -55,6 +56,8 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     inode_sb: 0,
     sb_dev: 0,
     find_vma: 0,
+    task_fs: 0,
+    fs_in_exec: u32::MAX,
 });
 
 /// Every loaded file's rows; user space sizes it and writes them
@@ -630,7 +633,7 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     // host would otherwise have user space read its maps and load its
     // files' tables.
     if crate::targets::admits(tgid, id as u32) && crate::targets::current_in_groups() {
-        crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXEC));
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, SEEN_EXEC));
     }
     // Only where its stacks are taken: every exec on the host would
     // otherwise cost two lookups and an entry.
@@ -881,6 +884,28 @@ pub(crate) fn walk(
     // Kernel threads (and the idle tasks) have no user registers: no user
     // stack, no tables to miss, and no "new code" to tell user space of.
     if ip == 0 {
+        return Some(none);
+    }
+    // An exiting process's memory goes before its last samples: once
+    // do_exit has let go of `task->mm`, only the registers it stopped
+    // with are left, and none of its stack can be read.
+    // SAFETY: the helper has no preconditions.
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    let o = global(&CFI_OFFSETS);
+    let mm = crate::read_ptr(task, o.task_mm);
+    if mm.is_null() {
+        count_error(ERR_EXITING);
+        return Some(none);
+    }
+    // In `execve`, from the switch to the new memory map until the new
+    // program's code is set up (`start_code`, just before its first
+    // registers), the registers are the old program's and its stack is
+    // gone.
+    if o.fs_in_exec != u32::MAX
+        && read_kernel::<u32>(crate::read_ptr(task, o.task_fs), o.fs_in_exec).unwrap_or(0) != 0
+        && read_kernel::<u64>(mm, o.mm_start_code).unwrap_or(1) == 0
+    {
+        count_error(ERR_EXECING);
         return Some(none);
     }
     let (procs, own) = match CFI_PROCS.get_ptr_mut(tgid) {

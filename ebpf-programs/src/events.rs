@@ -45,6 +45,13 @@ static EVENTS_READER: Array<u32> = Array::with_max_entries(1, 0);
 pub trait Sink {
     /// Sends `bytes` as one record; `false` if there was no room.
     fn send<C: EbpfContext>(&self, ctx: &C, bytes: &[u8]) -> bool;
+
+    /// Sends `bytes` as one record and wakes user space at once, even
+    /// while it reads on its timer: for a record it must act on before
+    /// the process it names is gone.
+    fn send_now<C: EbpfContext>(&self, ctx: &C, bytes: &[u8]) -> bool {
+        self.send(ctx, bytes)
+    }
 }
 
 impl Sink for RingBuf {
@@ -76,6 +83,16 @@ impl Sink for RingBuf {
             let _ = self.output::<[u8]>(&none[..0], u64::from(BPF_RB_FORCE_WAKEUP));
         }
         true
+    }
+
+    /// A wakeup from inside the program costs microseconds, nothing beside
+    /// what the records sent this way tell of (an exec, a process's first
+    /// stack); the reader's timer could leave a process of 10 ms gone
+    /// before user space reads its mappings.
+    #[inline(always)]
+    fn send_now<C: EbpfContext>(&self, _ctx: &C, bytes: &[u8]) -> bool {
+        self.output::<[u8]>(bytes, u64::from(BPF_RB_FORCE_WAKEUP))
+            .is_ok()
     }
 }
 
@@ -134,6 +151,18 @@ pub fn emit<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, value: &T) {
     // SAFETY: `value` is `size` readable bytes.
     let bytes = unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size) };
     send_counted(sink, ctx, bytes);
+}
+
+/// Sends a whole `T` as one record and wakes user space at once
+/// ([`Sink::send_now`]).
+#[inline(always)]
+pub fn emit_now<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, value: &T) {
+    let size = core::mem::size_of::<T>();
+    // SAFETY: `value` is `size` readable bytes.
+    let bytes = unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size) };
+    if !sink.send_now(ctx, bytes) {
+        count_error(LOST_EVENT);
+    }
 }
 
 /// Sends `bytes`, counting it as lost if there is no room.

@@ -227,7 +227,7 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
             Some(Walked::Known(stack)) => return Some(stack),
             Some(Walked::Frames { depth, tell, memo }) => {
                 if tell {
-                    crate::events::emit(
+                    crate::events::emit_now(
                         events,
                         ctx,
                         &Seen::new(tgid, rtrace_common::stacks::SEEN_NEW_CODE),

@@ -538,17 +538,21 @@ fn check_kids(folded: &str, stderr: &str, named: f64) {
 /// from the rows of their files, which the first of them brought, instead
 /// of by frame pointer (a frame or two of garbage without them), and
 /// their frames are named from their maps read at their first sample.
-/// System-wide, user space also reads every other process's maps, and may
-/// fall behind on a busy host: a little less is asked there.
+/// The bar, 95 % named under the whole chain, holds system-wide
+/// too: an exec and a walk's news of code in no mapping wake user space
+/// at once (on its 10 ms timer, a child was often gone before its maps
+/// were read), and samples taken in exit after the memory map is gone
+/// have no user stack rather than a frame of garbage. Host runs with two
+/// CPU hogs beside it: 0.95 to 0.97.
 #[test]
 fn short_lived_programs_are_walked_to_their_root() {
     if too_slow_here("children of 20 to 50 ms") {
         return;
     }
     let (folded, stderr) = profile_execkids(&[], &["80"]);
-    check_kids(&folded, &stderr, 0.9);
+    check_kids(&folded, &stderr, 0.95);
     let (folded, stderr) = profile_execkids(&["--all-cpus"], &["80"]);
-    check_kids(&folded, &stderr, 0.85);
+    check_kids(&folded, &stderr, 0.95);
 }
 
 /// Programs that live 2 to 5 ms are mostly gone before user space reads
