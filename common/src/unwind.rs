@@ -240,12 +240,6 @@ pub struct CfiOffsets {
     /// and later): read-only, so that the verifier drops the helper's
     /// call where it is 0 and a kernel without it loads the walk.
     pub find_vma: u32,
-    /// `task_struct.fs`.
-    pub task_fs: u32,
-    /// `fs_struct.in_exec`, or `u32::MAX` where the kernel has none: a
-    /// task in `execve` whose new memory map has no code yet still holds
-    /// the old program's registers, which name nothing in the new one.
-    pub fs_in_exec: u32,
 }
 
 crate::pod!(

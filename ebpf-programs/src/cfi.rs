@@ -56,8 +56,6 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     inode_sb: 0,
     sb_dev: 0,
     find_vma: 0,
-    task_fs: 0,
-    fs_in_exec: u32::MAX,
 });
 
 /// Every loaded file's rows; user space sizes it and writes them
@@ -898,13 +896,11 @@ pub(crate) fn walk(
         return Some(none);
     }
     // In `execve`, from the switch to the new memory map until the new
-    // program's code is set up (`start_code`, just before its first
-    // registers), the registers are the old program's and its stack is
-    // gone.
-    if o.fs_in_exec != u32::MAX
-        && read_kernel::<u32>(crate::read_ptr(task, o.task_fs), o.fs_in_exec).unwrap_or(0) != 0
-        && read_kernel::<u64>(mm, o.mm_start_code).unwrap_or(1) == 0
-    {
+    // program's code is set up (`start_code`, set just before its first
+    // registers; every running program has one), the registers are the
+    // old program's and its stack is gone. (`fs->in_exec` is no sign:
+    // this host's 6.18 clears it at that switch.)
+    if read_kernel::<u64>(mm, o.mm_start_code).unwrap_or(1) == 0 {
         count_error(ERR_EXECING);
         return Some(none);
     }

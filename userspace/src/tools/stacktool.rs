@@ -194,8 +194,6 @@ impl StackTool {
                 inode_sb: btf.offset("inode", "i_sb")?,
                 sb_dev: btf.offset("super_block", "s_dev")?,
                 find_vma: u32::from(self.cfi_find_vma),
-                task_fs: btf.offset("task_struct", "fs")?,
-                fs_in_exec: btf.offset("fs_struct", "in_exec").unwrap_or(u32::MAX),
             };
             // The walks remembered per thread are in task storage, for
             // which aya has no user-space type: only the programs use it.
