@@ -100,7 +100,7 @@ fn build_c(src: &std::path::Path, name: &str, bin_dir: &std::path::Path, built: 
             .arg("-o")
             .arg(bin_dir.join(&file))
             .arg(src)
-            .arg("-pthread")
+            .args(["-pthread", "-lm"])
             .status()
             .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
         assert!(status.success(), "building fixture {file} failed");

@@ -19,7 +19,7 @@ use rtrace_common::{
     stacks::{
         ERR_CUT_SHORT, ERR_DEEP, ERR_EXECING, ERR_EXITING, ERR_FIND_BUSY, ERR_FIND_NO_FILE,
         ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, Found, MAX_DEPTH, SEEN_EXEC, SEEN_EXIT, SEEN_FORK,
-        SEEN_FOUND, Seen,
+        SEEN_FOUND, SEEN_NEW_CODE, Seen,
     },
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, CfiRule, FileKey,
@@ -724,6 +724,23 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let sampled = unsafe { SEEN.get(tgid) }.is_some() || CFI_PROCS.get_ptr(tgid).is_some();
     if sampled {
         crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXIT));
+    }
+}
+
+/// The dynamic loader has changed its list of a process's objects: at
+/// a program's start, once before it maps the libraries and once after;
+/// at each `dlopen` and `dlclose` (its `_dl_debug_state`, the hook
+/// debuggers stop at). User space is woken at once to read the process's
+/// regions, ahead of its first stacks through them: the kernel's own
+/// lookup finds one mapping a sample, so a short-lived program's first
+/// stack through its code, libbfd and libc would otherwise go by frame
+/// pointer through one of the libraries.
+#[inline(always)]
+pub fn on_loaded<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    if crate::targets::admits(tgid, id as u32) && crate::targets::current_in_groups() {
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, SEEN_NEW_CODE));
     }
 }
 

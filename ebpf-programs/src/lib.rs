@@ -17,8 +17,9 @@ pub mod task_storage;
 /// processes, `cfi_exec`, `cfi_fork` and `cfi_exit` (raw tracepoints
 /// `sched_process_exec`, `sched_process_fork` and `sched_process_exit`: the walk needs
 /// `bpf_loop`, 5.17, so they are always there, and unlike tracepoints they
-/// need no tracefs), in an object that has an `EVENTS` map (`event_map!`).
-/// Only with the `cfi` feature.
+/// need no tracefs), and `cfi_loaded` (a uprobe on the dynamic loader's
+/// `_dl_debug_state`), in an object that has an `EVENTS` map
+/// (`event_map!`). Only with the `cfi` feature.
 #[macro_export]
 macro_rules! cfi_programs {
     () => {
@@ -40,6 +41,13 @@ macro_rules! cfi_programs {
         #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_process_exit")]
         pub fn cfi_exit(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
             $crate::cfi::on_exit(&ctx, &EVENTS);
+            0
+        }
+
+        #[cfg(feature = "cfi")]
+        #[aya_ebpf::macros::uprobe]
+        pub fn cfi_loaded(ctx: aya_ebpf::programs::ProbeContext) -> u32 {
+            $crate::cfi::on_loaded(&ctx, &EVENTS);
             0
         }
     };

@@ -13,7 +13,11 @@ use anyhow::Context as _;
 use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
-    programs::{RawTracePoint, raw_trace_point::RawTracePointLink},
+    programs::{
+        RawTracePoint,
+        raw_trace_point::RawTracePointLink,
+        uprobe::{UProbeLink, UProbeScope},
+    },
 };
 use rtrace_common::{
     profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen},
@@ -121,6 +125,8 @@ pub struct StackTool {
     /// The exec, fork and exit programs' links, owned so that they can be
     /// detached on a thread of their own; with the `cfi` object.
     links: Option<(RawTracePointLink, RawTracePointLink, RawTracePointLink)>,
+    /// The loader hook's link, or why there is none ([`LOADER`]).
+    loader: Option<Result<UProbeLink, String>>,
     /// When counting began, and as seconds since the epoch.
     started: Option<(Instant, f64)>,
     /// When the report began (`finish`).
@@ -248,6 +254,7 @@ impl StackTool {
             attach_raw(ebpf, "cfi_fork", "sched_process_fork")?,
             attach_raw(ebpf, "cfi_exit", "sched_process_exit")?,
         ));
+        self.loader = Some(attach_loader(ebpf).map_err(|e| format!("{e:#}")));
         Ok(())
     }
 
@@ -382,7 +389,7 @@ impl StackTool {
     /// The exec and fork programs are detached meanwhile.
     pub fn finish(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
         self.report_start = Some(Instant::now());
-        let _detaching = self.links.take().map(Detaching::start);
+        let _detaching = Detaching::start((self.links.take(), self.loader.take()));
         self.store.drain(ebpf, true)?;
         self.store.capture_unknown(&mut self.sym);
         // Perf maps and jitdumps written at exit (Mono's, the JVM's, V8's
@@ -423,11 +430,19 @@ impl StackTool {
              read its maps"
                 .to_owned()
         });
+        let loader = match &self.loader {
+            Some(Err(e)) => Some(format!(
+                "CFI walk: no hook in the dynamic loader ({e}): a new program's regions are \
+                 read at its exec and at its first stack through code in none of them"
+            )),
+            _ => None,
+        };
         self.report
             .iter()
             .cloned()
             .chain(tables)
             .chain(lookup)
+            .chain(loader)
             .chain(self.sym.dump_summary())
             .collect()
     }
@@ -452,6 +467,33 @@ impl StackTool {
 
 /// Loads program `name` and attaches it to raw tracepoint `tracepoint`,
 /// returning its link.
+/// The system's dynamic loader, whose `_dl_debug_state` (called when its
+/// list of a process's objects changes: at a program's start, once
+/// before and once after it maps the libraries, and at `dlopen`) wakes
+/// user space to read the process's regions.
+const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
+
+/// Attaches the `cfi_loaded` program to [`LOADER`]'s `_dl_debug_state`,
+/// for every process (the program keeps to the ones traced); not where
+/// `RTRACE_NO_LOADER_HOOK` is set.
+fn attach_loader(ebpf: &mut Ebpf) -> anyhow::Result<UProbeLink> {
+    // What a walk without the hook gets (a loader elsewhere, as in a
+    // container), for the tests.
+    if std::env::var_os("RTRACE_NO_LOADER_HOOK").is_some_and(|v| !v.is_empty()) {
+        anyhow::bail!("RTRACE_NO_LOADER_HOOK is set");
+    }
+    let prog = crate::probes::uprobes::loaded(ebpf, "cfi_loaded")?;
+    let id = prog
+        .attach("_dl_debug_state", LOADER, UProbeScope::AllProcesses)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot attach to _dl_debug_state in {LOADER}: {}",
+                crate::kernel::features::chain(&e)
+            )
+        })?;
+    Ok(prog.take_link(id)?)
+}
+
 fn attach_raw(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> anyhow::Result<RawTracePointLink> {
     let prog: &mut RawTracePoint = ebpf
         .program_mut(name)
