@@ -30,6 +30,11 @@ pub const CFA_PLT: u8 = 3;
 /// [`CfiRule::cfa`]: the outermost frame (`_start`, a thread's start): the
 /// return address is undefined, and the stack ends here.
 pub const CFA_END: u8 = 4;
+/// [`CfiRule::cfa`]: CFA = rsp + offset, and the return address is in
+/// rdi, not on the stack: glibc's `vfork` pops it there to keep it
+/// across the system call, which the child returns from on the same
+/// stack. Known only in the sampled frame, whose registers are live.
+pub const CFA_RSP_RA_RDI: u8 = 5;
 /// [`CfiRule::rbp`]: the caller's rbp is still in rbp.
 pub const RBP_SAME: u8 = 0;
 /// [`CfiRule::rbp`]: the caller's rbp was saved at CFA + `rbp_offset`.
@@ -236,6 +241,8 @@ pub struct CfiOffsets {
     pub inode_sb: u32,
     /// `super_block.s_dev`.
     pub sb_dev: u32,
+    /// `pt_regs.di`.
+    pub di: u32,
     /// Whether the walk may look up mappings itself (`bpf_find_vma`, 5.17
     /// and later): read-only, so that the verifier drops the helper's
     /// call where it is 0 and a kernel without it loads the walk.

@@ -22,9 +22,9 @@ use rtrace_common::{
         SEEN_FOUND, SEEN_NEW_CODE, Seen,
     },
     unwind::{
-        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CfiOffsets, CfiRow, CfiRule, FileKey,
-        FileRegion, FileRows, FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions,
-        RBP_SAVED, Region, SEARCH_STEPS,
+        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_RA_RDI, CfiOffsets, CfiRow, CfiRule,
+        FileKey, FileRegion, FileRows, FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS,
+        ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
     },
 };
 
@@ -55,6 +55,7 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     inode_ino: 0,
     inode_sb: 0,
     sb_dev: 0,
+    di: 0,
     find_vma: 0,
 });
 
@@ -160,7 +161,7 @@ struct Walk {
 /// The user registers: `sampled`'s (a perf event's), if the sample hit
 /// user mode, else those the task entered the kernel with.
 #[inline(always)]
-fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
+fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64, u64)> {
     let o = global(&CFI_OFFSETS);
     let read = |base: *const u8, off: u32| read_kernel::<u64>(base, off).ok();
     if !sampled.is_null() && read(sampled, o.cs)? & 3 == 3 {
@@ -168,6 +169,7 @@ fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
             read(sampled, o.ip)?,
             read(sampled, o.sp)?,
             read(sampled, o.bp)?,
+            read(sampled, o.di)?,
         ));
     }
     // SAFETY: the helpers have no preconditions beyond a task.
@@ -180,7 +182,7 @@ fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
     // instead of a helper call each.
     // SAFETY: `regs` is the task's live register frame.
     let load = |off: u32| unsafe { *(regs.wrapping_add(off as usize) as *const u64) };
-    Some((load(o.ip), load(o.sp), load(o.bp)))
+    Some((load(o.ip), load(o.sp), load(o.bp), load(o.di)))
 }
 
 #[inline(always)]
@@ -560,6 +562,17 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         st.ip = ret;
         return i64::from(ret == 0);
     };
+    if r.cfa == CFA_RSP_RA_RDI {
+        // rdi is known only in the sampled frame; a remembered walk is
+        // recalled by ip, sp and bp, not rdi.
+        if depth != 0 {
+            return 1;
+        }
+        st.unremembered = 1;
+        st.sp = st.sp.wrapping_add(r.cfa_offset as i64 as u64);
+        st.ip = st.di;
+        return i64::from(st.ip == 0);
+    }
     let cfa = match r.cfa {
         CFA_RSP => st.sp.wrapping_add(r.cfa_offset as i64 as u64),
         CFA_RBP => st.bp.wrapping_add(r.cfa_offset as i64 as u64),
@@ -660,7 +673,7 @@ fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
         crate::events::emit(events, ctx, &found);
         first = r;
     }
-    if let Some((ip, _, _)) = user_regs(core::ptr::null())
+    if let Some((ip, _, _, _)) = user_regs(core::ptr::null())
         && ip != 0
         && !(first.start <= ip && ip < first.end)
         && let Ok((r, found)) = find_region(tgid, ip)
@@ -892,7 +905,7 @@ pub(crate) fn walk(
         tell: false,
         memo: None,
     };
-    let Some((ip, sp, bp)) = user_regs(sampled) else {
+    let Some((ip, sp, bp, di)) = user_regs(sampled) else {
         count_error(ERR_CUT_SHORT);
         return Some(none);
     };
@@ -935,6 +948,7 @@ pub(crate) fn walk(
             ip,
             sp,
             bp,
+            di,
             depth: 0,
             new_code: 0,
             find_tried: 0,

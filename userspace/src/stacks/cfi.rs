@@ -15,7 +15,7 @@ use rtrace_common::unwind::{Bucket, CfiRow, CfiRule, MAX_INDEX_SHIFT, ROWS_PER_B
 use crate::kernel::memory::Slab;
 
 pub use rtrace_common::unwind::{
-    CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAME, RBP_SAVED,
+    CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_RA_RDI, RBP_SAME, RBP_SAVED,
 };
 
 /// The rules from one address up to the next row's.
@@ -250,6 +250,15 @@ where
             let ra = r.register(X86_64::RA);
             let ra_ok = matches!(ra, Some(RegisterRule::Offset(-8)));
             match r.cfa() {
+                CfaRule::RegisterAndOffset {
+                    register: X86_64::RSP,
+                    offset,
+                } if ra == Some(RegisterRule::Register(X86_64::RDI)) => {
+                    if let Ok(off) = i32::try_from(*offset) {
+                        row.cfa = CFA_RSP_RA_RDI;
+                        row.cfa_offset = off;
+                    }
+                }
                 CfaRule::RegisterAndOffset { register, offset } if ra_ok => {
                     let reg = match *register {
                         X86_64::RSP => Some(CFA_RSP),
@@ -501,6 +510,30 @@ mod tests {
             table.rules.len(),
             rows.len()
         );
+    }
+
+    /// glibc's `vfork` pops its return address into rdi before the system
+    /// call and pushes it back after: the rows between say so, and the
+    /// CFA is rsp itself there.
+    #[test]
+    fn vforks_return_address_is_kept_in_rdi() {
+        use object::{Object as _, ObjectSymbol as _};
+        let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        let vfork = object::File::parse(&*data)
+            .unwrap()
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("vfork"))
+            .expect("libc exports vfork")
+            .address();
+        let table = compile(&data).unwrap();
+        let at_entry = table.lookup(vfork).unwrap();
+        assert_eq!((at_entry.cfa, at_entry.cfa_offset), (CFA_RSP, 8));
+        // The pop is one byte (`pop %rdi`), maybe after an endbr64.
+        let popped = (1..=8)
+            .filter_map(|d| table.lookup(vfork + d))
+            .find(|r| r.cfa == CFA_RSP_RA_RDI)
+            .expect("a row with the return address in rdi");
+        assert_eq!(popped.cfa_offset, 0);
     }
 
     /// Checks that `table`'s lookup finds, for every row's first address,

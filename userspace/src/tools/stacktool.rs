@@ -184,6 +184,7 @@ impl StackTool {
                 ip: reg("ip")?,
                 sp: reg("sp")?,
                 bp: reg("bp")?,
+                di: reg("di")?,
                 cs: reg("cs")?,
                 task_pid: btf.offset("task_struct", "pid")?,
                 task_tgid: btf.offset("task_struct", "tgid")?,
