@@ -35,6 +35,12 @@ pub const CFA_END: u8 = 4;
 /// across the system call, which the child returns from on the same
 /// stack. Known only in the sampled frame, whose registers are live.
 pub const CFA_RSP_RA_RDI: u8 = 5;
+/// [`CfiRule::cfa`]: CFA = rsp + offset, in the parent only: glibc's
+/// `clone` and `clone3` end their CFI at the system call, since the child
+/// returns from it on another stack, and these rows carry the rule from
+/// before it over the code after it up to the child's own start. A
+/// sampled frame whose rax is 0 (the child's return value) ends there.
+pub const CFA_RSP_IN_PARENT: u8 = 6;
 /// [`CfiRule::rbp`]: the caller's rbp is still in rbp.
 pub const RBP_SAME: u8 = 0;
 /// [`CfiRule::rbp`]: the caller's rbp was saved at CFA + `rbp_offset`.
@@ -243,6 +249,8 @@ pub struct CfiOffsets {
     pub sb_dev: u32,
     /// `pt_regs.di`.
     pub di: u32,
+    /// `pt_regs.ax`.
+    pub ax: u32,
     /// Whether the walk may look up mappings itself (`bpf_find_vma`, 5.17
     /// and later): read-only, so that the verifier drops the helper's
     /// call where it is 0 and a kernel without it loads the walk.

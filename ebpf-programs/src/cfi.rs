@@ -22,9 +22,9 @@ use rtrace_common::{
         SEEN_FOUND, SEEN_NEW_CODE, Seen,
     },
     unwind::{
-        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_RA_RDI, CfiOffsets, CfiRow, CfiRule,
-        FileKey, FileRegion, FileRows, FoundRegions, MAX_FOUND, MAX_REGIONS, NEW_CODE_EVERY_NS,
-        ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
+        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, CfiOffsets,
+        CfiRow, CfiRule, FileKey, FileRegion, FileRows, FoundRegions, MAX_FOUND, MAX_REGIONS,
+        NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
     },
 };
 
@@ -56,6 +56,7 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     inode_sb: 0,
     sb_dev: 0,
     di: 0,
+    ax: 0,
     find_vma: 0,
 });
 
@@ -161,7 +162,7 @@ struct Walk {
 /// The user registers: `sampled`'s (a perf event's), if the sample hit
 /// user mode, else those the task entered the kernel with.
 #[inline(always)]
-fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64, u64)> {
+fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
     let o = global(&CFI_OFFSETS);
     let read = |base: *const u8, off: u32| read_kernel::<u64>(base, off).ok();
     if !sampled.is_null() && read(sampled, o.cs)? & 3 == 3 {
@@ -169,7 +170,6 @@ fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64, u64)> {
             read(sampled, o.ip)?,
             read(sampled, o.sp)?,
             read(sampled, o.bp)?,
-            read(sampled, o.di)?,
         ));
     }
     // SAFETY: the helpers have no preconditions beyond a task.
@@ -182,7 +182,22 @@ fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64, u64)> {
     // instead of a helper call each.
     // SAFETY: `regs` is the task's live register frame.
     let load = |off: u32| unsafe { *(regs.wrapping_add(off as usize) as *const u64) };
-    Some((load(o.ip), load(o.sp), load(o.bp), load(o.di)))
+    Some((load(o.ip), load(o.sp), load(o.bp)))
+}
+
+/// The current task's user register at `pt_regs` offset `off`: the
+/// registers it entered the kernel with, which are also those a sample
+/// taken in user mode saw (the interrupt saved them there).
+#[inline(always)]
+fn task_reg(off: u32) -> u64 {
+    // SAFETY: the helpers have no preconditions beyond a task.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+    if regs.is_null() {
+        return 0;
+    }
+    // SAFETY: a BTF-typed pointer to the task's register frame, whose
+    // loads the verifier checks against `struct pt_regs`.
+    unsafe { *(regs.wrapping_add(off as usize) as *const u64) }
 }
 
 #[inline(always)]
@@ -570,9 +585,21 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         }
         st.unremembered = 1;
         st.sp = st.sp.wrapping_add(r.cfa_offset as i64 as u64);
-        st.ip = st.di;
+        st.ip = task_reg(global(&CFI_OFFSETS).di);
         return i64::from(st.ip == 0);
     }
+    // After clone's system call: the parent's frame, or the child's
+    // start on another stack (its rax, the call's value, is 0), which
+    // ends the walk. No call returns here, so only a sampled frame is.
+    let r = if r.cfa == CFA_RSP_IN_PARENT {
+        if depth != 0 || task_reg(global(&CFI_OFFSETS).ax) == 0 {
+            return 1;
+        }
+        st.unremembered = 1;
+        CfiRule { cfa: CFA_RSP, ..r }
+    } else {
+        r
+    };
     let cfa = match r.cfa {
         CFA_RSP => st.sp.wrapping_add(r.cfa_offset as i64 as u64),
         CFA_RBP => st.bp.wrapping_add(r.cfa_offset as i64 as u64),
@@ -673,7 +700,7 @@ fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
         crate::events::emit(events, ctx, &found);
         first = r;
     }
-    if let Some((ip, _, _, _)) = user_regs(core::ptr::null())
+    if let Some((ip, _, _)) = user_regs(core::ptr::null())
         && ip != 0
         && !(first.start <= ip && ip < first.end)
         && let Ok((r, found)) = find_region(tgid, ip)
@@ -905,7 +932,7 @@ pub(crate) fn walk(
         tell: false,
         memo: None,
     };
-    let Some((ip, sp, bp, di)) = user_regs(sampled) else {
+    let Some((ip, sp, bp)) = user_regs(sampled) else {
         count_error(ERR_CUT_SHORT);
         return Some(none);
     };
@@ -948,7 +975,6 @@ pub(crate) fn walk(
             ip,
             sp,
             bp,
-            di,
             depth: 0,
             new_code: 0,
             find_tried: 0,

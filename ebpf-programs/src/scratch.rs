@@ -30,9 +30,6 @@ pub struct State {
     pub(crate) ip: u64,
     pub(crate) sp: u64,
     pub(crate) bp: u64,
-    /// rdi as sampled: the sampled frame's return address in glibc's
-    /// `vfork` (`CFA_RSP_RA_RDI`).
-    pub(crate) di: u64,
     pub(crate) depth: u32,
     /// Set when a frame's code is in no region of the process.
     pub(crate) new_code: u32,

@@ -459,31 +459,49 @@ fn the_walk_without_the_kernels_own_lookup_still_unwinds() {
     check_new_process(&env);
 }
 
-/// The `execkids` fixture's children's samples (their command, `comm`):
-/// how many, how many under the whole chain, how many whose walk reached
-/// the root (as deep as most are: the C runtime's start, main and the
-/// three), and how many have at most three frames (a frame-pointer walk
-/// through code without them); printed with the depths seen. Frames of
-/// children that exited before their maps were read are [unknown], so
-/// the depth tells of the walk where the names cannot.
-fn kid_chains(folded: &BTreeMap<Vec<String>, u64>, comm: &str) -> [u64; 4] {
+/// The samples of the `execkids` fixture (`comm`: parent and children)
+/// that have user frames: how many, how many reach their root (`_start`,
+/// the program's, or the loader's while it maps the libraries), how many
+/// were taken in the children's work (under `main`, by the frames of the
+/// work that any walk keeps), how many of those carry the whole chain
+/// from `main` to `kid_burn`, and how many have three frames or fewer.
+/// Samples in the loader, in fork or in exit are whole without the chain:
+/// the issue's 95 % named under the chain is asked of the work's.
+fn kid_chains(folded: &BTreeMap<Vec<String>, u64>, comm: &str) -> [u64; 5] {
     const CHAIN: [&str; 4] = ["main", "kid_outer", "kid_inner", "kid_burn"];
+    const WORK: [&str; 7] = [
+        "kid_outer",
+        "kid_inner",
+        "kid_burn",
+        "kid_sort",
+        "kid_cmp",
+        "msort_with_tmp",
+        "__GI___qsort_r",
+    ];
+    let [mut all, mut rooted, mut work, mut chained, mut short] = [0; 5];
     let mut depths: BTreeMap<usize, u64> = BTreeMap::new();
-    let mut chained = 0;
     for (frames, count) in folded.iter().filter(|(f, _)| f[0] == comm && f.len() > 1) {
+        all += count;
         *depths.entry(frames.len() - 1).or_default() += count;
-        if frames.windows(4).any(|w| w == CHAIN) {
-            chained += count;
+        if frames[1] == "_start" {
+            rooted += count;
+        }
+        if frames.len() <= 4 {
+            short += count;
+        }
+        if frames.iter().any(|f| WORK.contains(&f.as_str())) {
+            work += count;
+            if frames.windows(4).any(|w| w == CHAIN) {
+                chained += count;
+            }
         }
     }
-    let all: u64 = depths.values().sum();
-    let rooted = depths.values().max().copied().unwrap_or(0);
-    let short: u64 = depths.range(..=3).map(|(_, c)| c).sum();
     eprintln!(
-        "children's samples: {all}, under the whole chain: {chained}, reaching the root: \
-         {rooted}, of three frames or fewer: {short}; by depth {depths:?}"
+        "children's samples: {all}, reaching the root: {rooted}, in their work: {work}, of \
+         those under the whole chain: {chained}, of three frames or fewer: {short}; by depth \
+         {depths:?}"
     );
-    [all, chained, rooted, short]
+    [all, rooted, work, chained, short]
 }
 
 /// Profiles the `execkids` fixture's children (`kids`: its arguments)
@@ -504,21 +522,19 @@ fn profile_execkids(scope: &[&str], kids: &[&str]) -> (String, String) {
     (folded, stderr)
 }
 
-/// Checks that the children's samples reached their root (as deep as
-/// most), few have three frames or fewer, and at least `named` of them
+/// Checks that the children's samples reached their root, few have
+/// three frames or fewer, and at least `named` of those in their work
 /// are named under the whole chain.
 fn check_kids(folded: &str, stderr: &str, named: f64) {
-    let [all, chained, rooted, short] = kid_chains(&parse_folded(folded), "execkids_nofp");
+    let [all, rooted, work, chained, short] = kid_chains(&parse_folded(folded), "execkids_nofp");
     assert!(
-        all >= 300,
-        "too few samples of the children ({all}):\n{stderr}"
+        all >= 300 && work * 10 >= all * 8,
+        "too few samples of the children ({all}), or in their work ({work}):\n{stderr}"
     );
     // Before the walk found mappings itself, a tenth of the samples had
-    // a frame or two (by frame pointer), and fewer reached the root. A
-    // few still do: those taken in exec or in exit, once the memory map
-    // is gone.
+    // a frame or two (by frame pointer), and fewer reached the root.
     assert!(
-        rooted as f64 >= 0.93 * all as f64 && short as f64 <= 0.05 * all as f64,
+        rooted as f64 >= 0.95 * all as f64 && short as f64 <= 0.05 * all as f64,
         "{rooted} of {all} samples of the children reach their root, {short} have three \
          frames or fewer:\n{folded}\n{stderr}"
     );
@@ -526,9 +542,9 @@ fn check_kids(folded: &str, stderr: &str, named: f64) {
     // recently its parent's had been: from under a tenth to a half, run
     // to run.
     assert!(
-        chained as f64 >= named * all as f64,
-        "only {chained} of {all} samples of the children are named under their chain:\n\
-         {folded}\n{stderr}"
+        chained as f64 >= named * work as f64,
+        "only {chained} of the {work} samples in the children's work are named under their \
+         chain:\n{folded}\n{stderr}"
     );
 }
 
@@ -561,7 +577,7 @@ fn short_lived_programs_are_walked_to_their_root() {
 /// (libbfd, libc), while the kernel can look up one a sample: the dynamic
 /// loader's hook has user space read their regions once the libraries
 /// are mapped, before main. Without it (`RTRACE_NO_LOADER_HOOK`), 10 to
-/// 11 % of the samples lost the chain on the host; with it, 3 to 4 %.
+/// 11 % of the samples lost the chain on the host.
 #[test]
 fn short_lived_programs_through_libraries_are_walked_whole() {
     if too_slow_here("children of 20 to 50 ms") {
@@ -569,22 +585,16 @@ fn short_lived_programs_through_libraries_are_walked_whole() {
     }
     for scope in [&[][..], &["--all-cpus"][..]] {
         let (folded, stderr) = profile_execkids(scope, &["80", "20", "50", "libs"]);
-        let [all, chained, _, _] = kid_chains(&parse_folded(&folded), "execkids_nofp");
         let through: u64 = parse_folded(&folded)
             .iter()
             .filter(|(f, _)| f[0] == "execkids_nofp" && f.iter().any(|x| x == "kid_cmp"))
             .map(|(_, c)| c)
             .sum();
         assert!(
-            all >= 300 && through * 2 >= all,
-            "too few samples of the children ({all}), or through the comparator ({through}):\n\
-             {stderr}"
+            through >= 150,
+            "{scope:?}: too few samples through the comparator ({through}):\n{stderr}"
         );
-        assert!(
-            chained as f64 >= 0.95 * all as f64,
-            "{scope:?}: only {chained} of {all} samples of the children are named under their \
-             chain:\n{folded}\n{stderr}"
-        );
+        check_kids(&folded, &stderr, 0.95);
     }
 }
 

@@ -15,7 +15,8 @@ use rtrace_common::unwind::{Bucket, CfiRow, CfiRule, MAX_INDEX_SHIFT, ROWS_PER_B
 use crate::kernel::memory::Slab;
 
 pub use rtrace_common::unwind::{
-    CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_RA_RDI, RBP_SAME, RBP_SAVED,
+    CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, RBP_SAME,
+    RBP_SAVED,
 };
 
 /// The rules from one address up to the next row's.
@@ -315,7 +316,11 @@ struct Function {
 /// row that ends it unless the next one starts right there, and merges
 /// neighbours with the same rules. Functions are sorted, not rows: there
 /// are a twentieth as many, and each one's rows are in order already.
-fn assemble(rows: &[Row], mut functions: Vec<Function>) -> Vec<Row> {
+fn assemble(
+    rows: &[Row],
+    mut functions: Vec<Function>,
+    syscall_at: impl Fn(u64) -> bool,
+) -> Vec<Row> {
     functions.sort_unstable_by_key(|f| f.start);
     let mut out: Vec<Row> = Vec::with_capacity(rows.len() + functions.len());
     let push = |r: Row, out: &mut Vec<Row>| {
@@ -345,7 +350,19 @@ fn assemble(rows: &[Row], mut functions: Vec<Function>) -> Vec<Row> {
             push(r, &mut out);
         }
         if functions.get(i + 1).is_none_or(|next| next.start > f.end) {
-            push(Row::none(f.end), &mut out);
+            // glibc's clone and clone3 end their CFI at the system call,
+            // as the child returns from it on another stack; their parent
+            // goes on under the last rule up to the child's own start.
+            let last = rows[f.rows.start as usize..f.rows.end as usize].last();
+            let end = match last {
+                Some(l) if l.cfa == CFA_RSP && syscall_at(f.end) => Row {
+                    pc: f.end,
+                    cfa: CFA_RSP_IN_PARENT,
+                    ..*l
+                },
+                _ => Row::none(f.end),
+            };
+            push(end, &mut out);
         }
     }
     if !sorted {
@@ -419,7 +436,13 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
     if !found {
         return Err(CfiError::NoCfi);
     }
-    Ok((assemble(&rows, functions), unsupported))
+    let syscall_at = |addr: u64| {
+        file.sections().any(|s| {
+            s.data_range(addr, 2)
+                .is_ok_and(|d| d == Some(&[0x0f, 0x05][..]))
+        })
+    };
+    Ok((assemble(&rows, functions, syscall_at), unsupported))
 }
 
 /// A file's loadable segments.
@@ -534,6 +557,34 @@ mod tests {
             .find(|r| r.cfa == CFA_RSP_RA_RDI)
             .expect("a row with the return address in rdi");
         assert_eq!(popped.cfa_offset, 0);
+    }
+
+    /// glibc's `clone` ends its CFI at its system call; the code after it
+    /// (the parent's return) gets the rule from before it, marked as the
+    /// parent's, up to the child's start, whose return address is
+    /// undefined.
+    #[test]
+    fn clones_parent_keeps_its_rule_past_the_system_call() {
+        use object::{Object as _, ObjectSymbol as _};
+        let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        let clone = object::File::parse(&*data)
+            .unwrap()
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("clone"))
+            .expect("libc exports clone")
+            .address();
+        let table = compile(&data).unwrap();
+        let after = (clone..clone + 0x80)
+            .filter_map(|pc| table.lookup(pc).map(|r| (pc, r)))
+            .find(|(_, r)| r.cfa == CFA_RSP_IN_PARENT)
+            .expect("a parent's row after clone's system call");
+        assert_eq!(after.1.cfa_offset, 8);
+        assert!(
+            (after.0..after.0 + 0x40)
+                .filter_map(|pc| table.lookup(pc))
+                .any(|r| r.cfa == CFA_END),
+            "the child's start follows"
+        );
     }
 
     /// Checks that `table`'s lookup finds, for every row's first address,

@@ -18,7 +18,9 @@ use rtrace_common::unwind::{
 use crate::kernel::procmaps;
 
 #[cfg(test)]
-use crate::stacks::cfi::{CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_RA_RDI, RBP_SAVED, Row};
+use crate::stacks::cfi::{
+    CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, RBP_SAVED, Row,
+};
 use crate::stacks::cfi::{CfiError, Table, compile, segments};
 use crate::stacks::jitdump::dump_pid;
 
@@ -867,9 +869,10 @@ pub fn step(
             let pushed = (file_pc & 15) >= row.cfa_offset as u64;
             regs.sp + 8 + if pushed { 8 } else { 0 }
         }
-        // The reference walk keeps no rdi (vfork's return address); its
-        // tests walk no vfork.
-        CFA_END | CFA_RSP_RA_RDI => return None,
+        // The reference walk keeps no rdi (vfork's return address) and no
+        // rax (which tells clone's parent from its child); its tests walk
+        // neither.
+        CFA_END | CFA_RSP_RA_RDI | CFA_RSP_IN_PARENT => return None,
         _ => {
             // The frame pointer walk: [bp] is the caller's bp, [bp + 8]
             // the return address.

@@ -185,6 +185,7 @@ impl StackTool {
                 sp: reg("sp")?,
                 bp: reg("bp")?,
                 di: reg("di")?,
+                ax: reg("ax")?,
                 cs: reg("cs")?,
                 task_pid: btf.offset("task_struct", "pid")?,
                 task_tgid: btf.offset("task_struct", "tgid")?,
