@@ -229,7 +229,9 @@ fn unnamed(frame: &str) -> bool {
 
 /// Whether a user stack, root first, reaches its root: its outermost frame
 /// is where a process or a thread begins (`_start`, `__libc_start_main`,
-/// `start_thread`, glibc's `clone3` or `clone`), or is nameless and calls
+/// `start_thread`, glibc's `clone3` or `clone`, or the loader's
+/// `_dl_start_user`, its `_start` going on to run the libraries'
+/// initializers), or is nameless and calls
 /// `__libc_start_main`: the `_start` of a stripped executable, which has
 /// no symbol (as, ld, gcc, collect2 and dash here).
 fn rooted(user: &[&str]) -> bool {
@@ -239,7 +241,7 @@ fn rooted(user: &[&str]) -> bool {
                 || start_main(root)
                 || matches!(
                     *root,
-                    "start_thread" | "clone3" | "__clone3" | "clone" | "__clone"
+                    "start_thread" | "clone3" | "__clone3" | "clone" | "__clone" | "_dl_start_user"
                 ) =>
         {
             true
