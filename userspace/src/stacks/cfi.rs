@@ -538,17 +538,23 @@ mod tests {
     /// glibc's `vfork` pops its return address into rdi before the system
     /// call and pushes it back after: the rows between say so, and the
     /// CFA is rsp itself there.
-    #[test]
-    fn vforks_return_address_is_kept_in_rdi() {
+    /// This machine's libc's compiled table, and the address of function
+    /// `name`, which it exports.
+    fn libc_table_at(name: &str) -> (Table, u64) {
         use object::{Object as _, ObjectSymbol as _};
         let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
-        let vfork = object::File::parse(&*data)
+        let at = object::File::parse(&*data)
             .unwrap()
             .dynamic_symbols()
-            .find(|s| s.name() == Ok("vfork"))
-            .expect("libc exports vfork")
+            .find(|s| s.name() == Ok(name))
+            .unwrap_or_else(|| panic!("libc exports no {name}"))
             .address();
-        let table = compile(&data).unwrap();
+        (compile(&data).unwrap(), at)
+    }
+
+    #[test]
+    fn vforks_return_address_is_kept_in_rdi() {
+        let (table, vfork) = libc_table_at("vfork");
         let at_entry = table.lookup(vfork).unwrap();
         assert_eq!((at_entry.cfa, at_entry.cfa_offset), (CFA_RSP, 8));
         // The pop is one byte (`pop %rdi`), maybe after an endbr64.
@@ -565,15 +571,7 @@ mod tests {
     /// undefined.
     #[test]
     fn clones_parent_keeps_its_rule_past_the_system_call() {
-        use object::{Object as _, ObjectSymbol as _};
-        let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
-        let clone = object::File::parse(&*data)
-            .unwrap()
-            .dynamic_symbols()
-            .find(|s| s.name() == Ok("clone"))
-            .expect("libc exports clone")
-            .address();
-        let table = compile(&data).unwrap();
+        let (table, clone) = libc_table_at("clone");
         let after = (clone..clone + 0x80)
             .filter_map(|pc| table.lookup(pc).map(|r| (pc, r)))
             .find(|(_, r)| r.cfa == CFA_RSP_IN_PARENT)
