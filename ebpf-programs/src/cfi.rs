@@ -670,7 +670,7 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     // Only in scope: in command mode (a cgroup, no ids) every exec on the
     // host would otherwise have user space read its maps and load its
     // files' tables.
-    if crate::targets::admits(tgid, id as u32) && crate::targets::current_in_groups() {
+    if crate::targets::admits_current_anywhere() {
         crate::events::emit_now(events, ctx, &Seen::new(tgid, SEEN_EXEC));
     }
     // Only where its stacks are taken: every exec on the host would
@@ -777,9 +777,8 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
 /// pointer through one of the libraries.
 #[inline(always)]
 pub fn on_loaded<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
-    let id = bpf_get_current_pid_tgid();
-    let tgid = (id >> 32) as u32;
-    if crate::targets::admits(tgid, id as u32) && crate::targets::current_in_groups() {
+    if crate::targets::admits_current_anywhere() {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         crate::events::emit_now(events, ctx, &Seen::new(tgid, SEEN_NEW_CODE));
     }
 }

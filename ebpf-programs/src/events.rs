@@ -86,9 +86,9 @@ impl Sink for RingBuf {
     }
 
     /// A wakeup from inside the program costs microseconds, nothing beside
-    /// what the records sent this way tell of (an exec, a process's first
-    /// stack); the reader's timer could leave a process of 10 ms gone
-    /// before user space reads its mappings.
+    /// what the records sent this way tell of (an exec, code in no known
+    /// mapping, a loader's new libraries); the reader's timer could leave
+    /// a process of 10 ms gone before user space reads its mappings.
     #[inline(always)]
     fn send_now<C: EbpfContext>(&self, _ctx: &C, bytes: &[u8]) -> bool {
         self.output::<[u8]>(bytes, u64::from(BPF_RB_FORCE_WAKEUP))
@@ -147,21 +147,24 @@ pub unsafe fn emit_bytes<S: Sink, C: EbpfContext>(
 /// Sends a whole `T` as one record.
 #[inline(always)]
 pub fn emit<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, value: &T) {
-    let size = core::mem::size_of::<T>();
-    // SAFETY: `value` is `size` readable bytes.
-    let bytes = unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size) };
-    send_counted(sink, ctx, bytes);
+    send_counted(sink, ctx, bytes_of(value));
 }
 
 /// Sends a whole `T` as one record and wakes user space at once
 /// ([`Sink::send_now`]).
 #[inline(always)]
 pub fn emit_now<S: Sink, C: EbpfContext, T>(sink: &S, ctx: &C, value: &T) {
-    let size = core::mem::size_of::<T>();
-    // SAFETY: `value` is `size` readable bytes.
-    let bytes = unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size) };
-    if !sink.send_now(ctx, bytes) {
+    if !sink.send_now(ctx, bytes_of(value)) {
         count_error(LOST_EVENT);
+    }
+}
+
+/// The bytes of a whole `T`, as a record carries them.
+#[inline(always)]
+fn bytes_of<T>(value: &T) -> &[u8] {
+    // SAFETY: `value` is `size_of::<T>()` readable bytes.
+    unsafe {
+        core::slice::from_raw_parts((value as *const T).cast::<u8>(), core::mem::size_of::<T>())
     }
 }
 

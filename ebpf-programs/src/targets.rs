@@ -142,6 +142,15 @@ fn in_sets(t: &Targets) -> bool {
     true
 }
 
+/// Whether the current task's ids are traced and it is in the traced
+/// groups, on whichever CPU: for what its later samples on a listed CPU
+/// need, such as its exec's new mappings.
+#[inline(always)]
+pub fn admits_current_anywhere() -> bool {
+    let id = bpf_get_current_pid_tgid();
+    admits((id >> 32) as u32, id as u32) && current_in_groups()
+}
+
 /// Whether the current task is traced: its ids and its cgroup.
 #[inline(always)]
 pub fn admits_current() -> bool {

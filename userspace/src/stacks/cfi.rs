@@ -436,8 +436,14 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
     if !found {
         return Err(CfiError::NoCfi);
     }
+    // Asked at nearly every function's end: the code sections are
+    // found once.
+    let code: Vec<_> = file
+        .sections()
+        .filter(|s| s.kind() == object::SectionKind::Text)
+        .collect();
     let syscall_at = |addr: u64| {
-        file.sections().any(|s| {
+        code.iter().any(|s| {
             s.data_range(addr, 2)
                 .is_ok_and(|d| d == Some(&[0x0f, 0x05][..]))
         })
@@ -535,9 +541,6 @@ mod tests {
         );
     }
 
-    /// glibc's `vfork` pops its return address into rdi before the system
-    /// call and pushes it back after: the rows between say so, and the
-    /// CFA is rsp itself there.
     /// This machine's libc's compiled table, and the address of function
     /// `name`, which it exports.
     fn libc_table_at(name: &str) -> (Table, u64) {
@@ -552,6 +555,9 @@ mod tests {
         (compile(&data).unwrap(), at)
     }
 
+    /// glibc's `vfork` pops its return address into rdi before the system
+    /// call and pushes it back after: the rows between say so, and the
+    /// CFA is rsp itself there.
     #[test]
     fn vforks_return_address_is_kept_in_rdi() {
         let (table, vfork) = libc_table_at("vfork");

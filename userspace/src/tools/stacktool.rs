@@ -467,8 +467,6 @@ impl StackTool {
     }
 }
 
-/// Loads program `name` and attaches it to raw tracepoint `tracepoint`,
-/// returning its link.
 /// The system's dynamic loader, whose `_dl_debug_state` (called when its
 /// list of a process's objects changes: at a program's start, once
 /// before and once after it maps the libraries, and at `dlopen`) wakes
@@ -496,6 +494,8 @@ fn attach_loader(ebpf: &mut Ebpf) -> anyhow::Result<UProbeLink> {
     Ok(prog.take_link(id)?)
 }
 
+/// Loads program `name` and attaches it to raw tracepoint `tracepoint`,
+/// returning its link.
 fn attach_raw(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> anyhow::Result<RawTracePointLink> {
     let prog: &mut RawTracePoint = ebpf
         .program_mut(name)
