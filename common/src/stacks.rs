@@ -7,9 +7,28 @@
 
 use crate::TASK_COMM_LEN;
 
-/// Most frames kept of one stack, kernel or user (the kernel's default
+/// Frames one `STACKS` entry holds, and the frames a stack keeps unless
+/// `--max-stack` asks for more (the kernel's default
 /// `perf_event_max_stack`).
 pub const MAX_DEPTH: usize = 127;
+
+/// Most `STACKS` entries one stack is stored in. A stack deeper than
+/// [`MAX_DEPTH`] is stored root end first, in entries whose last slot
+/// holds the hash of the entry with the frames further from the leaf
+/// ([`CONTINUED`]): the leaf-most entry's hash names the whole stack, and
+/// stacks that share their root-ward part share its entries.
+pub const MAX_SEGMENTS: usize = 8;
+
+/// Frames in an entry that goes on in another: its last slot is the link.
+pub const SEGMENT_FRAMES: usize = MAX_DEPTH - 1;
+
+/// Most frames `--max-stack` may keep of one stack.
+pub const MAX_STACK: usize = 1000;
+const _: () = assert!(MAX_STACK <= SEGMENT_FRAMES * (MAX_SEGMENTS - 1) + MAX_DEPTH);
+
+/// [`Stack::len`] bit: the entry holds [`SEGMENT_FRAMES`] frames and, in
+/// `ips[SEGMENT_FRAMES]`, the hash of the entry that goes on from them.
+pub const CONTINUED: u64 = 1 << 63;
 
 /// `Key::flags`: the user stack could not be read or stored.
 pub const MISSED_USER: u32 = 1;
@@ -108,14 +127,37 @@ impl WakeKey {
     }
 }
 
-/// A stack's frames, leaf first.
+/// A stack's frames, leaf first: all of them, or the leaf-most part of a
+/// deeper one that goes on in another entry ([`CONTINUED`]).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Stack {
     /// Instruction pointers: the sampled one, then return addresses.
     pub ips: [u64; MAX_DEPTH],
-    /// Frames used in `ips`.
+    /// Slots used in `ips`, with [`CONTINUED`] if the last is a link.
     pub len: u64,
+}
+
+impl Stack {
+    /// The frames this entry holds, and the hash of the entry that goes
+    /// on from them, if any.
+    pub fn frames(&self) -> (&[u64], Option<u64>) {
+        let n = ((self.len & !CONTINUED) as usize).min(MAX_DEPTH);
+        if self.len & CONTINUED != 0 {
+            (&self.ips[..SEGMENT_FRAMES], Some(self.ips[SEGMENT_FRAMES]))
+        } else {
+            (&self.ips[..n], None)
+        }
+    }
+}
+
+/// Where a stack is walked, before it is stored in entries of
+/// [`MAX_DEPTH`] frames.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Frames {
+    /// Instruction pointers, leaf first.
+    pub ips: [u64; MAX_STACK],
 }
 
 /// What the program tells user space as soon as a process gets its first
@@ -239,7 +281,7 @@ pub const ERR_FIND_BUSY: u32 = 10;
 /// `ERRORS` slot: regions the CFI walk found itself of files whose rows it
 /// does not hold (not loaded yet, or with several executable segments).
 pub const ERR_FIND_NO_FILE: u32 = 11;
-/// `ERRORS` slot: user stacks deeper than [`MAX_DEPTH`] frames, kept to
+/// `ERRORS` slot: user stacks deeper than `--max-stack` frames, kept to
 /// their leaf-most ones (the CFI walk's; a frame-pointer walk by the
 /// kernel does not tell).
 pub const ERR_DEEP: u32 = 12;
@@ -268,7 +310,7 @@ pub const ERR_NAMES: [&str; 15] = [
     "regions the kernel found itself for code user space had not listed",
     "regions not looked for, the kernel's lookup being busy",
     "regions the kernel found of files without loaded CFI",
-    "user stacks deeper than 127 frames, kept to their leaf-most 127",
+    "user stacks deeper than --max-stack frames (127 unless raised), kept to their leaf-most ones",
     "samples of exiting processes whose memory was already freed, without a user stack",
     "samples of processes in execve between two programs, without a user stack",
 ];

@@ -3,19 +3,28 @@
 //! the map and hands the value to the walk) and the CFI walk (`crate::cfi`,
 //! which works in it).
 
-use rtrace_common::stacks::Stack;
+use rtrace_common::stacks::{Frames, Stack};
 #[cfg(feature = "cfi")]
 use rtrace_common::unwind::Region;
 
 /// One CPU's room for the stack being walked, and the CFI walk's state.
 #[repr(C)]
 pub struct Scratch {
-    pub(crate) stack: Stack,
+    /// The frames walked, up to `--max-stack`.
+    pub(crate) frames: Frames,
+    /// One `STACKS` entry of them, as it is stored.
+    pub(crate) entry: Stack,
     #[cfg(feature = "cfi")]
     pub(crate) walk: State,
     /// The top of the user stack, read in one copy (`CHUNK_WORDS`).
     #[cfg(feature = "cfi")]
     pub(crate) chunk: [u64; CHUNK_SLOTS],
+    /// Hashes of the frames the CFI walk took, by `SEGMENT_FRAMES`: the
+    /// keys of the entries the stack is stored in are made of them, with
+    /// no loop over the frames once walked. Apart from `walk`, which is
+    /// written whole, as its written zeros are copied.
+    #[cfg(feature = "cfi")]
+    pub(crate) chunks: [u64; rtrace_common::stacks::MAX_SEGMENTS + 1],
 }
 
 /// A walk in progress. It lives in the per-CPU scratch value, not on

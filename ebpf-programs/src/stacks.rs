@@ -14,14 +14,14 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_ktime_get_ns,
-        generated::{bpf_get_stack, bpf_get_task_stack},
+        generated::{bpf_get_stack, bpf_get_task_stack, bpf_probe_read_kernel},
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
 use rtrace_common::stacks::{
-    ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MAX_TIMED,
-    NEW_COUNTS, NEW_STACKS, SLOT_SHIFT, Seen, Stack, WakeKey,
+    CONTINUED, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH,
+    MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
 };
 
 use crate::{EEXIST, atomic_add, count_error, events::Sink, scratch::Scratch};
@@ -178,11 +178,14 @@ pub fn describe_current<C: EbpfContext, S: Sink>(
         // SAFETY: a helper without arguments.
         key.slot = (unsafe { bpf_ktime_get_ns() } >> SLOT_SHIFT) as u32;
     }
-    if kernel {
-        key.set_kernel(kernel_stack(ctx));
-    }
+    // The user stack first: its walk is most of what the verifier
+    // follows, once from here, where the kernel stack's outcomes would
+    // have it followed once for each.
     if user {
         key.set_user(user_stack(ctx, events, tgid, sampled));
+    }
+    if kernel {
+        key.set_kernel(kernel_stack(ctx));
     }
 }
 
@@ -238,12 +241,11 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                 if found.flags != 0 {
                     crate::events::emit(events, ctx, found);
                 }
-                // SAFETY: a map value.
-                let stack = store(unsafe { &raw mut (*s).stack }, depth)?;
-                if let Some(m) = memo {
-                    // SAFETY: `m` is the thread's memo, `s` the scratch
+                let stack = crate::cfi::store_walked(s, depth)?;
+                if !memo.is_null() {
+                    // SAFETY: `memo` is the thread's, `s` the scratch
                     // value just walked.
-                    unsafe { crate::cfi::remember(m, s, tgid, stack, generation) };
+                    unsafe { crate::cfi::remember(memo, s, tgid, stack, generation) };
                 }
                 return Some(stack);
             }
@@ -267,64 +269,104 @@ fn get_stack<C: EbpfContext>(ctx: &C, flags: u64, walk_error: u32) -> Option<u64
 
 /// Runs a kernel stack helper, `walk(buffer, bytes)`, into the scratch
 /// stack and stores what it walked; a failed walk counts `walk_error`.
+/// The kernel's own walks keep one entry's frames (`MAX_DEPTH`, the
+/// default of `kernel.perf_event_max_stack`).
 #[inline(always)]
 fn walk_and_store(
     walk_error: u32,
     walk: impl FnOnce(*mut core::ffi::c_void, u32) -> i64,
 ) -> Option<u64> {
     let s = STACK_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: a map value, with room for `MAX_DEPTH` frames.
-    let s = unsafe { &raw mut (*s).stack };
-    let n = walk(
-        unsafe { (&raw mut (*s).ips).cast() },
-        (MAX_DEPTH * 8) as u32,
-    );
+    // SAFETY: a map value, with room for `MAX_DEPTH` frames and more.
+    let ips = unsafe { &raw mut (*s).frames.ips };
+    let n = walk(ips.cast(), (MAX_DEPTH * 8) as u32);
     if n < 0 {
         count_error(walk_error);
         return None;
     }
-    store(s, n as u64 / 8)
-}
-
-/// Hashes the `len` frames walked into `s`, stores them in `STACKS` and
-/// returns the hash: 0 for an empty stack, `None` if it could not be
-/// stored.
-#[inline(always)]
-fn store(s: *mut Stack, len: u64) -> Option<u64> {
+    let len = (n as u64 / 8).min(MAX_DEPTH as u64);
     if len == 0 {
         return Some(0);
     }
-    // FNV-1a over whole frames, then a final mix so that stacks differing
-    // only in their last frame still spread over all 64 bits.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    // The helper zeroes what it did not fill, so every slot is hashed,
+    // without a branch a slot: a loop that ended at the stack's end
+    // would have the verifier follow the rest of the program from each.
+    let mut h = [HASH_SEED; 2];
     for i in 0..MAX_DEPTH {
-        if i as u64 >= len {
-            break;
-        }
         // SAFETY: `i < MAX_DEPTH`, inside the map value.
-        let ip = unsafe { (*s).ips[i] };
-        h = (h ^ ip).wrapping_mul(0x0000_0100_0000_01b3);
+        let ip = unsafe { (*ips)[i] };
+        let c = usize::from(i >= SEGMENT_FRAMES);
+        h[c] = fnv(h[c], ip);
     }
+    store_entry(s, 0, len, 0, entry_key(h[0], h[1], len, 0))
+}
+
+/// Where a stack's hashes start.
+pub(crate) const HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Adds frame `ip` to hash `h` (FNV-1a over whole frames).
+#[inline(always)]
+pub(crate) fn fnv(h: u64, ip: u64) -> u64 {
+    (h ^ ip).wrapping_mul(0x0000_0100_0000_01b3)
+}
+
+/// The key a `STACKS` entry is stored under: of the hashes of its frames
+/// (`chunk`, the first `SEGMENT_FRAMES`, and `tail`, those after), its
+/// `len` field and its link, mixed so that stacks differing only in
+/// their last frame still spread over all 64 bits.
+#[inline(always)]
+pub(crate) fn entry_key(chunk: u64, tail: u64, len: u64, link: u64) -> u64 {
+    let mut h = fnv(fnv(fnv(chunk, tail), len), link);
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
-    h |= 1;
+    h | 1
+}
+
+/// Stores `n` frames of the scratch value's walk from frame `start`, and
+/// `link` if not 0 ([`Stack::len`]), as the `STACKS` entry `key`, and
+/// returns `key`; `None` if it could not be stored.
+#[inline(always)]
+pub(crate) fn store_entry(
+    s: *mut Scratch,
+    start: usize,
+    n: u64,
+    link: u64,
+    key: u64,
+) -> Option<u64> {
     // Most stacks are stored already: a lookup takes no lock, an insert
     // takes the bucket's even to find the key there.
     // SAFETY: a lookup; the value is not read.
-    if unsafe { STACKS.get(h) }.is_some() {
-        return Some(h);
+    if unsafe { STACKS.get(key) }.is_some() {
+        return Some(key);
     }
-    // SAFETY: `s` is a map value.
-    unsafe { (*s).len = len };
+    // SAFETY: map values; the entry has room for `MAX_DEPTH` frames, the
+    // walk holds `n` from `start`.
+    let e = unsafe {
+        let e = &raw mut (*s).entry;
+        let from = (&raw const (*s).frames.ips)
+            .cast::<u64>()
+            .wrapping_add(start);
+        // `n <= MAX_DEPTH`, masked so that the verifier knows it: read
+        // back, or the compiler, knowing it too, drops the mask.
+        let bytes = (core::ptr::read_volatile(&n) as u32 & MAX_DEPTH as u32) * 8;
+        // Kernel memory (a map value): the copy cannot fail.
+        let _ = bpf_probe_read_kernel((&raw mut (*e).ips).cast(), bytes, from.cast());
+        if link != 0 {
+            (*e).ips[SEGMENT_FRAMES] = link;
+            (*e).len = MAX_DEPTH as u64 | CONTINUED;
+        } else {
+            (*e).len = n;
+        }
+        &*e
+    };
     // By reference: a copy would not fit on the eBPF stack.
-    let walked: &Stack = unsafe { &*s };
-    match STACKS.insert(h, walked, u64::from(BPF_NOEXIST)) {
+    match STACKS.insert(key, e, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
             count_new(NEW_STACKS);
-            Some(h)
+            Some(key)
         }
-        Err(e) if e == EEXIST => Some(h),
+        Err(err) if err == EEXIST => Some(key),
         Err(_) => {
             count_error(ERR_STACKS_FULL);
             None

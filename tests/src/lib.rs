@@ -2,7 +2,7 @@
 //! real kernel, with real workloads.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader, Read, Write},
     path::PathBuf,
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
     sync::mpsc,
@@ -136,14 +136,28 @@ impl Rtrace {
 
     /// Waits for rtrace to exit on its own; returns (exit code, stdout, stderr).
     pub fn wait(mut self) -> (i32, String, String) {
-        let out = self.child.wait_with_output().unwrap();
+        let mut stdout = Vec::new();
+        if let Some(mut out) = self.child.stdout.take() {
+            out.read_to_end(&mut stdout).unwrap();
+        }
+        let status = self.child.wait().unwrap();
         self.stderr_lines.extend(self.stderr.iter());
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         (
-            out.status.code().unwrap_or(-1),
-            stdout,
-            self.stderr_lines.join("\n"),
+            status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&stdout).into_owned(),
+            std::mem::take(&mut self.stderr_lines).join("\n"),
         )
+    }
+}
+
+/// A test that fails while rtrace runs must not leave it running (its
+/// programs attached) under the tests after it.
+impl Drop for Rtrace {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

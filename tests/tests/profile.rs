@@ -1762,59 +1762,98 @@ fn svg_frames(text: &str) -> Vec<String> {
 }
 
 /// A stack deeper than the walk's 127 frames keeps its leaf-most 127, and
-/// every such sample is counted in one warning: the fixture's tower
-/// recurses 200 deep (no frame pointers: the CFI walk).
+/// every such sample is counted in one warning; `--max-stack` keeps the
+/// whole of it, stored in several linked entries and joined. The
+/// fixture's tower recurses 200 deep (no frame pointers: the CFI walk),
+/// profiled by both at once.
 #[test]
 fn stacks_deeper_than_the_walk_keep_their_leaf_and_are_counted() {
-    let fixture = start_fixture("cfuncs_nofp", &["tower", "2", "200"]);
+    const DEPTH: usize = 200;
+    let fixture = start_fixture("cfuncs_nofp", &["tower", "2", &DEPTH.to_string()]);
     let pid = fixture.pid().to_string();
-    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-p", &pid, "-f", "-U"], READY);
+    let base = ["profile", "-F", "199", "-p", &pid, "-f", "-U"];
+    let cut = Rtrace::start_until(&base, READY);
+    let deep_args: Vec<&str> = base.iter().copied().chain(["--max-stack", "300"]).collect();
+    let deep = Rtrace::start_until(&deep_args, READY);
     let tower_ns = run_fixture(fixture)[0];
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
-    let folded = parse_folded(&stdout);
-    let all: u64 = folded.values().sum();
     // Half the samples the tower's CPU time gives at 199 Hz: nearly all
     // of it is in the leaf.
     let floor = 0.5 * 199.0 * tower_ns as f64 / 1e9;
-    let mut in_leaf = 0;
-    for (frames, n) in &folded {
-        // `step`, inlined into leaf_gamma, is a frame of the symbolizer's,
-        // not of the walk.
-        let frames = match frames.split_last() {
-            Some((last, rest)) if last == "step" => rest,
-            _ => &frames[..],
-        };
-        if frames.last().is_some_and(|f| f == "leaf_gamma") {
-            // The command, then the 127 frames nearest the leaf.
-            assert_eq!(frames.len(), 128, "{frames:?}");
-            assert!(
-                frames[1..frames.len() - 1].iter().all(|f| f == "tower"),
-                "{frames:?}"
-            );
-            in_leaf += n;
+    let warned = |stderr: &str| -> u64 {
+        stderr
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("rtrace: warning: ")?
+                    .strip_suffix(
+                        " user stacks deeper than --max-stack frames (127 unless raised), kept \
+                         to their leaf-most ones",
+                    )?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    // The samples in the tower's leaf, each stack checked by `check`
+    // (without the command, leaf last).
+    let in_leaf = |folded: &BTreeMap<Vec<String>, u64>, check: &dyn Fn(&[String])| -> u64 {
+        let mut n = 0;
+        for (frames, count) in folded {
+            // `step`, inlined into leaf_gamma, is a frame of the
+            // symbolizer's, not of the walk.
+            let frames = match frames.split_last() {
+                Some((last, rest)) if last == "step" => rest,
+                _ => &frames[..],
+            };
+            if frames.last().is_some_and(|f| f == "leaf_gamma") {
+                check(&frames[1..]);
+                n += count;
+            }
         }
-    }
-    let counted: u64 = stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("rtrace: warning: ")?
-                .strip_suffix(" user stacks deeper than 127 frames, kept to their leaf-most 127")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0);
+        n
+    };
+
+    let (code, stdout, stderr) = cut.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let all: u64 = folded.values().sum();
+    let leaf = in_leaf(&folded, &|frames| {
+        // The 127 frames nearest the leaf.
+        assert_eq!(frames.len(), 127, "{frames:?}");
+        assert!(
+            frames[..frames.len() - 1].iter().all(|f| f == "tower"),
+            "{frames:?}"
+        );
+    });
+    let counted = warned(&stderr);
     assert!(
-        in_leaf as f64 >= floor && in_leaf >= 20,
-        "too few samples in the tower's leaf ({in_leaf}, {tower_ns} ns in the tower):\n{stdout}"
+        leaf as f64 >= floor && leaf >= 20,
+        "too few samples in the tower's leaf ({leaf}, {tower_ns} ns in the tower):\n{stdout}"
     );
     // Every sample in the leaf is 200 deep; those on the way up and down
     // may be too.
     assert!(
-        in_leaf <= counted && counted <= all,
-        "{counted} stacks counted as deeper than 127 frames; {in_leaf} in the leaf, {all} \
+        leaf <= counted && counted <= all,
+        "{counted} stacks counted as deeper than 127 frames; {leaf} in the leaf, {all} \
          in all:\n{stderr}"
     );
+
+    let (code, stdout, stderr) = deep.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let leaf = in_leaf(&folded, &|frames| {
+        // The whole stack: from the program's entry through main and
+        // the tower's levels to the leaf.
+        let towers = frames.iter().filter(|f| *f == "tower").count();
+        assert_eq!(towers, DEPTH, "{frames:?}");
+        assert_eq!(frames[0], "_start", "{frames:?}");
+        assert!(frames.iter().any(|f| f == "main"), "{frames:?}");
+    });
+    assert!(
+        leaf as f64 >= floor && leaf >= 20,
+        "too few whole stacks in the tower's leaf ({leaf}, {tower_ns} ns in the tower):\n{stdout}"
+    );
+    // Nothing of the fixture is deeper than 300 frames.
+    assert_eq!(warned(&stderr), 0, "{stderr}");
 }
 
 /// `--hide`, `--collapse` and `--collapse-recursion` on a fixture with a

@@ -31,7 +31,7 @@ use aya::{
 };
 use rtrace_common::{
     profile::{Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey},
-    stacks::SLOT_SHIFT,
+    stacks::{MAX_SEGMENTS, SLOT_SHIFT},
 };
 
 use crate::kernel::load::per_cpu_sums;
@@ -150,6 +150,8 @@ pub struct StackStore {
     counts: HashMap<WakeKey, u64>,
     /// Frames by stack hash.
     stacks: HashMap<u64, Held>,
+    /// See [`StackStore::cut`].
+    cut: u64,
     /// The generation the kernel counts in now.
     generation: u32,
     /// Ticks so far.
@@ -230,18 +232,47 @@ impl StackStore {
         let (entries, batched) = read_all(&stacks);
         let tick = self.tick;
         let hashes: Vec<u64> = entries.iter().map(|(h, _)| *h).collect();
-        for (hash, s) in entries {
-            let len = (s.len as usize).min(s.ips.len());
-            self.stacks
-                .entry(hash)
-                .and_modify(|h| h.tick = tick)
-                .or_insert_with(|| Held {
-                    ips: s.ips[..len].into(),
-                    tick,
-                });
+        let read: HashMap<u64, Stack> = entries.into_iter().collect();
+        for (&hash, s) in &read {
+            if let Some(held) = self.stacks.get_mut(&hash) {
+                held.tick = tick;
+                continue;
+            }
+            let ips = self.join(s, &read);
+            self.stacks.insert(hash, Held { ips, tick });
         }
         remove(&mut stacks, &hashes, batched).context("cannot clear map STACKS")?;
         Ok(())
+    }
+
+    /// The frames of entry `s` and of the entries it goes on in (a stack
+    /// deeper than one entry), found among those just `read` or those
+    /// moved out before, which are whole already. A part found in neither
+    /// is counted ([`StackStore::cut`]).
+    fn join(&mut self, s: &Stack, read: &HashMap<u64, Stack>) -> Box<[u64]> {
+        let (frames, mut next) = s.frames();
+        let mut ips = frames.to_vec();
+        for _ in 1..MAX_SEGMENTS {
+            let Some(hash) = next else { break };
+            if let Some(s) = read.get(&hash) {
+                let (frames, more) = s.frames();
+                ips.extend_from_slice(frames);
+                next = more;
+            } else if let Some(held) = self.stacks.get(&hash) {
+                ips.extend_from_slice(&held.ips);
+                next = None;
+            } else {
+                self.cut += 1;
+                next = None;
+            }
+        }
+        ips.into()
+    }
+
+    /// Deep stacks stored in several entries of which one was lost
+    /// between moves, kept to the part that was found.
+    pub fn cut(&self) -> u64 {
+        self.cut
     }
 
     /// Settles what can be of the counts by time slot ([`Key::slot`]) of
@@ -551,5 +582,57 @@ mod tests {
             ns((4 << 32) | u64::from(u32::MAX))
         );
         assert_eq!(slot_middle(9, 9 << SLOT_SHIFT), ns(9));
+    }
+
+    /// An entry as the kernel stores it: `frames`, then `link` if any.
+    fn entry(frames: std::ops::Range<u64>, link: Option<u64>) -> Stack {
+        use rtrace_common::stacks::{CONTINUED, MAX_DEPTH, SEGMENT_FRAMES};
+        let mut s = Stack {
+            ips: [0; MAX_DEPTH],
+            len: frames.end - frames.start,
+        };
+        for (slot, ip) in s.ips.iter_mut().zip(frames) {
+            *slot = ip;
+        }
+        if let Some(l) = link {
+            assert_eq!(s.len, SEGMENT_FRAMES as u64);
+            s.ips[SEGMENT_FRAMES] = l;
+            s.len = MAX_DEPTH as u64 | CONTINUED;
+        }
+        s
+    }
+
+    #[test]
+    fn a_deep_stack_is_joined_from_its_entries_read_now_or_before() {
+        // 300 frames in three entries: 0..126 -> 126..252 -> 252..300.
+        let read: HashMap<u64, Stack> = [
+            (11, entry(0..126, Some(22))),
+            (22, entry(126..252, Some(33))),
+            (33, entry(252..300, None)),
+        ]
+        .into();
+        let mut store = StackStore::default();
+        let whole = store.join(&read[&11], &read);
+        assert_eq!(&*whole, &(0..300).collect::<Vec<u64>>()[..]);
+        assert_eq!(store.cut(), 0);
+
+        // The root-ward entries were moved out at an earlier tick, joined.
+        store.stacks.insert(
+            22,
+            Held {
+                ips: (126..300).collect(),
+                tick: 0,
+            },
+        );
+        let only_leaf: HashMap<u64, Stack> = [(11, read[&11])].into();
+        let whole = store.join(&only_leaf[&11], &only_leaf);
+        assert_eq!(whole.len(), 300);
+        assert_eq!(whole[299], 299);
+
+        // Lost: the leaf-most part is kept, and counted.
+        let mut store = StackStore::default();
+        let cut = store.join(&only_leaf[&11], &only_leaf);
+        assert_eq!(&*cut, &(0..126).collect::<Vec<u64>>()[..]);
+        assert_eq!(store.cut(), 1);
     }
 }

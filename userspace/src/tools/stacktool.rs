@@ -75,6 +75,13 @@ pub struct StackArgs {
     #[arg(long, value_name = "MB", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub cfi_budget: u32,
+    /// Most frames the CFI walk keeps of a user stack, up to 1000 (perf's
+    /// name; 127 by default, as the kernel's `perf_event_max_stack`). A
+    /// deeper stack keeps its leaf-most frames, counted in a warning. The
+    /// kernel's own walks (kernel stacks, `--unwind fp`) keep 127.
+    #[arg(long, value_name = "N", default_value_t = rtrace_common::stacks::MAX_DEPTH as u32,
+          value_parser = clap::value_parser!(u32).range(1..=rtrace_common::stacks::MAX_STACK as i64))]
+    pub max_stack: u32,
     /// Give each frame its source file and line (`main.c:12`), from the
     /// debug information, in every output; inlined functions keep lines
     /// of their own.
@@ -174,6 +181,15 @@ impl StackTool {
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
+        // What an attempt with another variant attached is let go: its
+        // tables' maps and its programs' links belong to an object that
+        // failed to load or attach.
+        self.cfi = None;
+        self.links = None;
+        self.loader = None;
+        self.timed_map = None;
+        self.marked.clear();
+        self.unmarked.clear();
         self.cfi_loaded = load.variant() == CFI;
         self.cfi_capacity = Capacity::of_budget(u64::from(args.cfi_budget) << 20);
         if self.cfi_loaded {
@@ -213,6 +229,16 @@ impl StackTool {
                 .size("CFI_PROCS", CFI_PROCESSES)
                 .size("CFI_FILES", CFI_FILES)
                 .size("CFI_FOUND", CFI_PROCESSES);
+        }
+        let one_entry = rtrace_common::stacks::MAX_DEPTH as u32;
+        if self.cfi_loaded {
+            load.global("MAX_STACK_DEPTH", &args.max_stack);
+        } else if args.max_stack > one_entry {
+            eprintln!(
+                "rtrace: warning: --max-stack {} needs the CFI walk (kernel 5.17+, not \
+                 --unwind fp): the kernel's frame-pointer walk keeps {one_entry} frames",
+                args.max_stack
+            );
         }
         self.transforms = args.transforms.clone();
         self.sym.with_lines(args.lines);
@@ -454,6 +480,13 @@ impl StackTool {
     pub fn warnings(&self) -> Vec<String> {
         let mut out = self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default();
         out.extend(self.sym.warnings());
+        if self.store.cut() > 0 {
+            out.push(format!(
+                "{} deep stacks lost their root-ward part between two moves out of the \
+                 kernel, and are kept to their leaf-most frames",
+                self.store.cut()
+            ));
+        }
         if !self.unmarked.is_empty() {
             out.push(format!(
                 "{} processes with jitdumps did not fit in map TIMED_JIT ({} entries): \
