@@ -17,10 +17,9 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     stacks::{
-        CONTINUED, ERR_CUT_SHORT, ERR_DEEP, ERR_EXECING, ERR_EXITING, ERR_FIND_BUSY,
-        ERR_FIND_NO_FILE, ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, Found, MAX_DEPTH, MAX_SEGMENTS,
-        MAX_STACK, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_FOUND, SEEN_NEW_CODE, SEGMENT_FRAMES,
-        Seen,
+        ERR_CUT_SHORT, ERR_DEEP, ERR_EXECING, ERR_EXITING, ERR_FIND_BUSY, ERR_FIND_NO_FILE,
+        ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, Found, MAX_DEPTH, MAX_STACK, SEEN_EXEC, SEEN_EXIT,
+        SEEN_FORK, SEEN_FOUND, SEEN_NEW_CODE, SEGMENT_FRAMES, Seen,
     },
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, CfiOffsets,
@@ -542,7 +541,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     *slot = st.ip;
     st.depth += 1;
     if let Some(h) = scratch.chunks.get_mut(depth / SEGMENT_FRAMES) {
-        *h = crate::stacks::fnv(*h, st.ip);
+        *h = crate::scratch::fnv(*h, st.ip);
     }
     // A return address is looked up at its call, one byte back.
     let back = u64::from(depth > 0);
@@ -997,7 +996,7 @@ pub(crate) fn walk(
             found: Found::default(),
         };
         for h in (*scratch).chunks.iter_mut() {
-            *h = crate::stacks::HASH_SEED;
+            *h = crate::scratch::HASH_SEED;
         }
     };
     let memo = if sampled.is_null() {
@@ -1072,105 +1071,4 @@ static MAX_STACK_DEPTH: Global<u32> = Global::new(MAX_DEPTH as u32);
 #[inline(always)]
 pub(crate) fn max_depth() -> u32 {
     (*global(&MAX_STACK_DEPTH)).min(MAX_STACK as u32)
-}
-
-/// Stores the `len` frames the CFI walk put in the scratch value `s`,
-/// whose hashes by `SEGMENT_FRAMES` it kept as it went
-/// (`State::chunks`), and returns the key that names them: 0 for an
-/// empty stack, `None` if they could not be stored. A stack deeper than
-/// one entry holds is stored in several, root end first, each but the
-/// last linked to the next ([`rtrace_common::stacks::CONTINUED`]), so
-/// that the leaf-most entry's key names the whole.
-#[inline(always)]
-pub(crate) fn store_walked(s: *mut Scratch, len: u64) -> Option<u64> {
-    // SAFETY: a map value.
-    let chunks = unsafe { &(*s).chunks };
-    let chunk = |k: usize| chunks.get(k).copied().unwrap_or(crate::stacks::HASH_SEED);
-    if len <= MAX_DEPTH as u64 {
-        if len == 0 {
-            return Some(0);
-        }
-        return crate::stacks::store_entry(
-            s,
-            0,
-            len,
-            0,
-            crate::stacks::entry_key(chunk(0), chunk(1), len, 0),
-        );
-    }
-    let last = (len - MAX_DEPTH as u64).div_ceil(SEGMENT_FRAMES as u64);
-    let mut c = Storing {
-        s,
-        len,
-        last,
-        next: 0,
-        failed: 0,
-    };
-    // One entry a call of a `bpf_loop` callback: followed by the verifier
-    // once for each way the walk ended, rather than an entry's code each
-    // time for each.
-    // SAFETY: `store_segment` is a callback of bpf_loop's signature and
-    // `c` lives across the call.
-    unsafe {
-        aya_ebpf::helpers::generated::bpf_loop(
-            (last + 1).min(MAX_SEGMENTS as u64) as u32,
-            store_segment as *mut core::ffi::c_void,
-            (&raw mut c).cast(),
-            0,
-        )
-    };
-    (c.failed == 0).then_some(c.next)
-}
-
-/// A deep stack being stored by [`store_segment`].
-#[repr(C)]
-struct Storing {
-    s: *mut Scratch,
-    /// Its frames.
-    len: u64,
-    /// Its last entry's index.
-    last: u64,
-    /// The key of the entry stored last, which the next links to.
-    next: u64,
-    /// Set when an entry could not be stored.
-    failed: u64,
-}
-
-/// Stores entry `last - index` of a deep stack, the root-most first.
-#[inline(never)]
-extern "C" fn store_segment(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: `ctx` is the caller's `Storing`, whose scratch value
-    // outlives the loop.
-    let c = unsafe { &mut *ctx.cast::<Storing>() };
-    let chunks = unsafe { &(*c.s).chunks };
-    let chunk = |k: usize| chunks.get(k).copied().unwrap_or(crate::stacks::HASH_SEED);
-    let Some(k) = c.last.checked_sub(index) else {
-        return 1;
-    };
-    let k = (k as usize).min(MAX_SEGMENTS - 1);
-    let start = k * SEGMENT_FRAMES;
-    let stored = if k as u64 == c.last {
-        let n = c.len.saturating_sub(start as u64);
-        crate::stacks::store_entry(
-            c.s,
-            start,
-            n,
-            0,
-            crate::stacks::entry_key(chunk(k), chunk(k + 1), n, 0),
-        )
-    } else {
-        let field = MAX_DEPTH as u64 | CONTINUED;
-        let key = crate::stacks::entry_key(chunk(k), 0, field, c.next);
-        crate::stacks::store_entry(c.s, start, SEGMENT_FRAMES as u64, c.next, key)
-    };
-    match stored {
-        Some(key) => {
-            c.next = key;
-            0
-        }
-        None => {
-            c.failed = 1;
-            1
-        }
-    }
 }

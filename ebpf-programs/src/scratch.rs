@@ -7,6 +7,17 @@ use rtrace_common::stacks::{Frames, Stack};
 #[cfg(feature = "cfi")]
 use rtrace_common::unwind::Region;
 
+/// Where a stack's hashes start.
+pub(crate) const HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Adds frame `ip` to hash `h` (FNV-1a over whole frames): the store's
+/// hash of what a kernel walk gave, and the CFI walk's as it goes
+/// (`Scratch::chunks`).
+#[inline(always)]
+pub(crate) fn fnv(h: u64, ip: u64) -> u64 {
+    (h ^ ip).wrapping_mul(0x0000_0100_0000_01b3)
+}
+
 /// One CPU's room for the stack being walked, and the CFI walk's state.
 #[repr(C)]
 pub struct Scratch {

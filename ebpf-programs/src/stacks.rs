@@ -24,7 +24,11 @@ use rtrace_common::stacks::{
     MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
 };
 
-use crate::{EEXIST, atomic_add, count_error, events::Sink, scratch::Scratch};
+use crate::{
+    EEXIST, atomic_add, count_error,
+    events::Sink,
+    scratch::{HASH_SEED, Scratch, fnv},
+};
 
 /// Defines `STACK_COUNTS`, the counts by key (`Key` for profile: samples;
 /// `WakeKey` for offcputime: nanoseconds), in the tool that counts: each
@@ -241,7 +245,7 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                 if found.flags != 0 {
                     crate::events::emit(events, ctx, found);
                 }
-                let stack = crate::cfi::store_walked(s, depth)?;
+                let stack = store_walked(s, depth)?;
                 if !memo.is_null() {
                     // SAFETY: `memo` is the thread's, `s` the scratch
                     // value just walked.
@@ -301,21 +305,12 @@ fn walk_and_store(
     store_entry(s, 0, len, 0, entry_key(h[0], h[1], len, 0))
 }
 
-/// Where a stack's hashes start.
-pub(crate) const HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// Adds frame `ip` to hash `h` (FNV-1a over whole frames).
-#[inline(always)]
-pub(crate) fn fnv(h: u64, ip: u64) -> u64 {
-    (h ^ ip).wrapping_mul(0x0000_0100_0000_01b3)
-}
-
 /// The key a `STACKS` entry is stored under: of the hashes of its frames
 /// (`chunk`, the first `SEGMENT_FRAMES`, and `tail`, those after), its
 /// `len` field and its link, mixed so that stacks differing only in
 /// their last frame still spread over all 64 bits.
 #[inline(always)]
-pub(crate) fn entry_key(chunk: u64, tail: u64, len: u64, link: u64) -> u64 {
+fn entry_key(chunk: u64, tail: u64, len: u64, link: u64) -> u64 {
     let mut h = fnv(fnv(fnv(chunk, tail), len), link);
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -323,17 +318,103 @@ pub(crate) fn entry_key(chunk: u64, tail: u64, len: u64, link: u64) -> u64 {
     h | 1
 }
 
+/// Stores the `len` frames the CFI walk put in the scratch value `s`,
+/// whose hashes by `SEGMENT_FRAMES` it kept as it went
+/// (`State::chunks`), and returns the key that names them: 0 for an
+/// empty stack, `None` if they could not be stored. A stack deeper than
+/// one entry holds is stored in several, root end first, each but the
+/// last linked to the next ([`rtrace_common::stacks::CONTINUED`]), so
+/// that the leaf-most entry's key names the whole.
+#[cfg(feature = "cfi")]
+#[inline(always)]
+fn store_walked(s: *mut Scratch, len: u64) -> Option<u64> {
+    // SAFETY: a map value.
+    let chunks = unsafe { &(*s).chunks };
+    let chunk = |k: usize| chunks.get(k).copied().unwrap_or(HASH_SEED);
+    if len <= MAX_DEPTH as u64 {
+        if len == 0 {
+            return Some(0);
+        }
+        return store_entry(s, 0, len, 0, entry_key(chunk(0), chunk(1), len, 0));
+    }
+    let last = (len - MAX_DEPTH as u64).div_ceil(SEGMENT_FRAMES as u64);
+    let mut c = Storing {
+        s,
+        len,
+        last,
+        next: 0,
+        failed: 0,
+    };
+    // One entry a call of a `bpf_loop` callback: followed by the verifier
+    // once for each way the walk ended, rather than an entry's code each
+    // time for each.
+    // SAFETY: `store_segment` is a callback of bpf_loop's signature and
+    // `c` lives across the call.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            (last + 1).min(rtrace_common::stacks::MAX_SEGMENTS as u64) as u32,
+            store_segment as *mut core::ffi::c_void,
+            (&raw mut c).cast(),
+            0,
+        )
+    };
+    (c.failed == 0).then_some(c.next)
+}
+
+/// A deep stack being stored by [`store_segment`].
+#[cfg(feature = "cfi")]
+#[repr(C)]
+struct Storing {
+    s: *mut Scratch,
+    /// Its frames.
+    len: u64,
+    /// Its last entry's index.
+    last: u64,
+    /// The key of the entry stored last, which the next links to.
+    next: u64,
+    /// Set when an entry could not be stored.
+    failed: u64,
+}
+
+/// Stores entry `last - index` of a deep stack, the root-most first.
+#[cfg(feature = "cfi")]
+#[inline(never)]
+extern "C" fn store_segment(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the caller's `Storing`, whose scratch value
+    // outlives the loop.
+    let c = unsafe { &mut *ctx.cast::<Storing>() };
+    let chunks = unsafe { &(*c.s).chunks };
+    let chunk = |k: usize| chunks.get(k).copied().unwrap_or(HASH_SEED);
+    let Some(k) = c.last.checked_sub(index) else {
+        return 1;
+    };
+    let k = (k as usize).min(rtrace_common::stacks::MAX_SEGMENTS - 1);
+    let start = k * SEGMENT_FRAMES;
+    let stored = if k as u64 == c.last {
+        let n = c.len.saturating_sub(start as u64);
+        store_entry(c.s, start, n, 0, entry_key(chunk(k), chunk(k + 1), n, 0))
+    } else {
+        let field = MAX_DEPTH as u64 | CONTINUED;
+        let key = entry_key(chunk(k), 0, field, c.next);
+        store_entry(c.s, start, SEGMENT_FRAMES as u64, c.next, key)
+    };
+    match stored {
+        Some(key) => {
+            c.next = key;
+            0
+        }
+        None => {
+            c.failed = 1;
+            1
+        }
+    }
+}
+
 /// Stores `n` frames of the scratch value's walk from frame `start`, and
 /// `link` if not 0 ([`Stack::len`]), as the `STACKS` entry `key`, and
 /// returns `key`; `None` if it could not be stored.
 #[inline(always)]
-pub(crate) fn store_entry(
-    s: *mut Scratch,
-    start: usize,
-    n: u64,
-    link: u64,
-    key: u64,
-) -> Option<u64> {
+fn store_entry(s: *mut Scratch, start: usize, n: u64, link: u64, key: u64) -> Option<u64> {
     // Most stacks are stored already: a lookup takes no lock, an insert
     // takes the bucket's even to find the key there.
     // SAFETY: a lookup; the value is not read.
