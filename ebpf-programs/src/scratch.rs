@@ -36,6 +36,26 @@ pub struct Scratch {
     /// written whole, as its written zeros are copied.
     #[cfg(feature = "cfi")]
     pub(crate) chunks: [u64; rtrace_common::stacks::MAX_SEGMENTS + 1],
+    /// A deep stack being stored, entry by entry.
+    #[cfg(feature = "cfi")]
+    pub(crate) storing: Storing,
+}
+
+/// A deep stack being stored by a `bpf_loop` callback, one entry a call
+/// (`stacks::store_segment`). In the map value, not on the stack, for the
+/// reason [`State`] is: kernels before 6.7 would take its first values
+/// for all calls, and drop the links as dead code.
+#[cfg(feature = "cfi")]
+#[repr(C)]
+pub struct Storing {
+    /// Its frames.
+    pub(crate) len: u64,
+    /// Its last entry's index.
+    pub(crate) last: u64,
+    /// The key of the entry stored last, which the next links to.
+    pub(crate) next: u64,
+    /// Set when an entry could not be stored.
+    pub(crate) failed: u64,
 }
 
 /// A walk in progress. It lives in the per-CPU scratch value, not on

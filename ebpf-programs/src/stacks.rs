@@ -24,6 +24,8 @@ use rtrace_common::stacks::{
     MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
 };
 
+#[cfg(feature = "cfi")]
+use crate::scratch::Storing;
 use crate::{
     EEXIST, atomic_add, count_error,
     events::Sink,
@@ -338,52 +340,42 @@ fn store_walked(s: *mut Scratch, len: u64) -> Option<u64> {
         return store_entry(s, 0, len, 0, entry_key(chunk(0), chunk(1), len, 0));
     }
     let last = (len - MAX_DEPTH as u64).div_ceil(SEGMENT_FRAMES as u64);
-    let mut c = Storing {
-        s,
-        len,
-        last,
-        next: 0,
-        failed: 0,
+    // SAFETY: a map value.
+    unsafe {
+        (*s).storing = Storing {
+            len,
+            last,
+            next: 0,
+            failed: 0,
+        }
     };
+    let mut ctx = s;
     // One entry a call of a `bpf_loop` callback: followed by the verifier
     // once for each way the walk ended, rather than an entry's code each
     // time for each.
     // SAFETY: `store_segment` is a callback of bpf_loop's signature and
-    // `c` lives across the call.
+    // `ctx` lives across the call.
     unsafe {
         aya_ebpf::helpers::generated::bpf_loop(
             (last + 1).min(rtrace_common::stacks::MAX_SEGMENTS as u64) as u32,
             store_segment as *mut core::ffi::c_void,
-            (&raw mut c).cast(),
+            (&raw mut ctx).cast(),
             0,
         )
     };
+    // SAFETY: a map value.
+    let c = unsafe { &(*s).storing };
     (c.failed == 0).then_some(c.next)
-}
-
-/// A deep stack being stored by [`store_segment`].
-#[cfg(feature = "cfi")]
-#[repr(C)]
-struct Storing {
-    s: *mut Scratch,
-    /// Its frames.
-    len: u64,
-    /// Its last entry's index.
-    last: u64,
-    /// The key of the entry stored last, which the next links to.
-    next: u64,
-    /// Set when an entry could not be stored.
-    failed: u64,
 }
 
 /// Stores entry `last - index` of a deep stack, the root-most first.
 #[cfg(feature = "cfi")]
 #[inline(never)]
 extern "C" fn store_segment(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: `ctx` is the caller's `Storing`, whose scratch value
+    // SAFETY: `ctx` is the caller's pointer to the scratch value, which
     // outlives the loop.
-    let c = unsafe { &mut *ctx.cast::<Storing>() };
-    let chunks = unsafe { &(*c.s).chunks };
+    let s = unsafe { *ctx.cast::<*mut Scratch>() };
+    let (chunks, c) = unsafe { (&(*s).chunks, &mut (*s).storing) };
     let chunk = |k: usize| chunks.get(k).copied().unwrap_or(HASH_SEED);
     let Some(k) = c.last.checked_sub(index) else {
         return 1;
@@ -392,11 +384,11 @@ extern "C" fn store_segment(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let start = k * SEGMENT_FRAMES;
     let stored = if k as u64 == c.last {
         let n = c.len.saturating_sub(start as u64);
-        store_entry(c.s, start, n, 0, entry_key(chunk(k), chunk(k + 1), n, 0))
+        store_entry(s, start, n, 0, entry_key(chunk(k), chunk(k + 1), n, 0))
     } else {
         let field = MAX_DEPTH as u64 | CONTINUED;
         let key = entry_key(chunk(k), 0, field, c.next);
-        store_entry(c.s, start, SEGMENT_FRAMES as u64, c.next, key)
+        store_entry(s, start, SEGMENT_FRAMES as u64, c.next, key)
     };
     match stored {
         Some(key) => {
