@@ -304,7 +304,7 @@ fn walk_and_store(
         let c = usize::from(i >= SEGMENT_FRAMES);
         h[c] = fnv(h[c], ip);
     }
-    store_entry(s, 0, len, 0, entry_key(h[0], h[1], len, 0))
+    store_entry(s, 0, len, 0, h)
 }
 
 /// The key a `STACKS` entry is stored under: of the hashes of its frames
@@ -330,14 +330,11 @@ fn entry_key(chunk: u64, tail: u64, len: u64, link: u64) -> u64 {
 #[cfg(feature = "cfi")]
 #[inline(always)]
 fn store_walked(s: *mut Scratch, len: u64) -> Option<u64> {
-    // SAFETY: a map value.
-    let chunks = unsafe { &(*s).chunks };
-    let chunk = |k: usize| chunks.get(k).copied().unwrap_or(HASH_SEED);
     if len <= MAX_DEPTH as u64 {
         if len == 0 {
             return Some(0);
         }
-        return store_entry(s, 0, len, 0, entry_key(chunk(0), chunk(1), len, 0));
+        return store_entry(s, 0, len, 0, [chunk(s, 0), chunk(s, 1)]);
     }
     let last = (len - MAX_DEPTH as u64).div_ceil(SEGMENT_FRAMES as u64);
     // SAFETY: a map value.
@@ -375,8 +372,7 @@ extern "C" fn store_segment(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `ctx` is the caller's pointer to the scratch value, which
     // outlives the loop.
     let s = unsafe { *ctx.cast::<*mut Scratch>() };
-    let (chunks, c) = unsafe { (&(*s).chunks, &mut (*s).storing) };
-    let chunk = |k: usize| chunks.get(k).copied().unwrap_or(HASH_SEED);
+    let c = unsafe { &mut (*s).storing };
     let Some(k) = c.last.checked_sub(index) else {
         return 1;
     };
@@ -384,11 +380,9 @@ extern "C" fn store_segment(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let start = k * SEGMENT_FRAMES;
     let stored = if k as u64 == c.last {
         let n = c.len.saturating_sub(start as u64);
-        store_entry(s, start, n, 0, entry_key(chunk(k), chunk(k + 1), n, 0))
+        store_entry(s, start, n, 0, [chunk(s, k), chunk(s, k + 1)])
     } else {
-        let field = MAX_DEPTH as u64 | CONTINUED;
-        let key = entry_key(chunk(k), 0, field, c.next);
-        store_entry(s, start, SEGMENT_FRAMES as u64, c.next, key)
+        store_entry(s, start, SEGMENT_FRAMES as u64, c.next, [chunk(s, k), 0])
     };
     match stored {
         Some(key) => {
@@ -402,11 +396,27 @@ extern "C" fn store_segment(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
 }
 
-/// Stores `n` frames of the scratch value's walk from frame `start`, and
-/// `link` if not 0 ([`Stack::len`]), as the `STACKS` entry `key`, and
-/// returns `key`; `None` if it could not be stored.
+/// The CFI walk's hash of its frames `k * SEGMENT_FRAMES` on
+/// (`Scratch::chunks`).
+#[cfg(feature = "cfi")]
 #[inline(always)]
-fn store_entry(s: *mut Scratch, start: usize, n: u64, link: u64, key: u64) -> Option<u64> {
+fn chunk(s: *const Scratch, k: usize) -> u64 {
+    // SAFETY: a map value.
+    unsafe { (*s).chunks.get(k).copied().unwrap_or(HASH_SEED) }
+}
+
+/// Stores `n` frames of the scratch value's walk from frame `start`, and
+/// `link` if not 0 ([`Stack::len`]), as one `STACKS` entry, and returns
+/// its key ([`entry_key`], of the frames' `hashes`: the first
+/// `SEGMENT_FRAMES`, and those after); `None` if it could not be stored.
+#[inline(always)]
+fn store_entry(s: *mut Scratch, start: usize, n: u64, link: u64, hashes: [u64; 2]) -> Option<u64> {
+    let field = if link != 0 {
+        MAX_DEPTH as u64 | CONTINUED
+    } else {
+        n
+    };
+    let key = entry_key(hashes[0], hashes[1], field, link);
     // Most stacks are stored already: a lookup takes no lock, an insert
     // takes the bucket's even to find the key there.
     // SAFETY: a lookup; the value is not read.
@@ -427,10 +437,8 @@ fn store_entry(s: *mut Scratch, start: usize, n: u64, link: u64, key: u64) -> Op
         let _ = bpf_probe_read_kernel((&raw mut (*e).ips).cast(), bytes, from.cast());
         if link != 0 {
             (*e).ips[SEGMENT_FRAMES] = link;
-            (*e).len = MAX_DEPTH as u64 | CONTINUED;
-        } else {
-            (*e).len = n;
         }
+        (*e).len = field;
         &*e
     };
     // By reference: a copy would not fit on the eBPF stack.
