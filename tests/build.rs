@@ -16,7 +16,8 @@
 //! which walks by frame pointer get wrong), `<name>_nofp` without frame
 //! pointers, and `<name>_debugframe` without them and with its own CFI only
 //! in `.debug_frame` (no unwind tables; the C runtime's start code keeps
-//! its `.eh_frame`).
+//! its `.eh_frame`). A `lib<name>.c` is a shared library, built once, as
+//! `lib<name>_nofp.so`.
 
 use std::{env, path::PathBuf, process::Command};
 
@@ -35,7 +36,11 @@ fn main() {
         let name = src.file_stem().unwrap().to_string_lossy().into_owned();
         if src.extension().is_some_and(|e| e == "c") {
             println!("cargo:rerun-if-changed={}", src.display());
-            build_c(&src, &name, &bin_dir, &mut built);
+            if name.starts_with("lib") {
+                build_c_library(&src, &name, &bin_dir, &mut built);
+            } else {
+                build_c(&src, &name, &bin_dir, &mut built);
+            }
             continue;
         }
         if src.extension().is_some_and(|e| e == "ml") {
@@ -106,6 +111,29 @@ fn build_c(src: &std::path::Path, name: &str, bin_dir: &std::path::Path, built: 
         assert!(status.success(), "building fixture {file} failed");
         built.push(file);
     }
+}
+
+/// Builds a C library fixture (`lib<name>.c`) as `lib<name>_nofp.so`:
+/// without frame pointers, and bound lazily (`-z lazy`), so that its PLT's
+/// first calls go through ld.so's resolver.
+fn build_c_library(
+    src: &std::path::Path,
+    name: &str,
+    bin_dir: &std::path::Path,
+    built: &mut Vec<String>,
+) {
+    let cc = env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let file = format!("{name}_nofp.so");
+    let status = Command::new(&cc)
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-fPIC", "-shared"])
+        .arg("-Wl,-z,lazy")
+        .arg("-o")
+        .arg(bin_dir.join(&file))
+        .arg(src)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+    assert!(status.success(), "building fixture {file} failed");
+    built.push(file);
 }
 
 /// Builds an OCaml fixture with ocamlopt (Debian's ocaml-nox), as it is:

@@ -41,10 +41,11 @@ pub const CFA_RSP_RA_RDI: u8 = 5;
 /// before it over the code after it up to the child's own start. A
 /// sampled frame whose rax is 0 (the child's return value) ends there.
 pub const CFA_RSP_IN_PARENT: u8 = 6;
-/// [`CfiRule::rbp`]: the caller's rbp is still in rbp.
-pub const RBP_SAME: u8 = 0;
-/// [`CfiRule::rbp`]: the caller's rbp was saved at CFA + `rbp_offset`.
-pub const RBP_SAVED: u8 = 1;
+/// [`CfiRule::cfa`]: CFA = rbx + offset. ld.so's lazy-binding trampoline
+/// (`_dl_runtime_resolve_*`) keeps its frame in rbx while it aligns rsp
+/// for `xsave`; rbx is followed through the frames above (it is
+/// callee-saved: [`CfiRule::rbx_slot`]).
+pub const CFA_RBX: u8 = 7;
 
 /// A bucket of a file's index covers at most `1 << MAX_INDEX_SHIFT` bytes
 /// of code, so that a row's address within its bucket fits
@@ -75,12 +76,18 @@ pub struct CfiRow {
 pub struct CfiRule {
     /// See [`CfiRule::cfa`].
     pub cfa_offset: i32,
-    /// See [`CfiRule::rbp`].
-    pub rbp_offset: i16,
+    /// The caller's rbp was saved at CFA + 8 * `rbp_slot`; 0: it is still
+    /// in rbp. Saves are pushes or moves a few words below the return
+    /// address, so a byte of words holds them all; a rule whose save does
+    /// not fit is not compiled.
+    pub rbp_slot: i8,
+    /// The caller's rbx was saved at CFA + 8 * `rbx_slot`; 0: it is still
+    /// in rbx. Followed only for [`CFA_RBX`]'s frames.
+    pub rbx_slot: i8,
     /// One of the `CFA_*` values.
     pub cfa: u8,
-    /// One of the `RBP_*` values.
-    pub rbp: u8,
+    /// Zero: the rule is eight bytes, no padding.
+    pub pad: u8,
 }
 
 /// One executable mapping of a process.
@@ -251,6 +258,8 @@ pub struct CfiOffsets {
     pub di: u32,
     /// `pt_regs.ax`.
     pub ax: u32,
+    /// `pt_regs.bx`.
+    pub bx: u32,
     /// Whether the walk may look up mappings itself (`bpf_find_vma`, 5.17
     /// and later): read-only, so that the verifier drops the helper's
     /// call where it is 0 and a kernel without it loads the walk.

@@ -22,9 +22,9 @@ use rtrace_common::{
         SEEN_FORK, SEEN_FOUND, SEEN_NEW_CODE, SEGMENT_FRAMES, Seen,
     },
     unwind::{
-        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, CfiOffsets,
-        CfiRow, CfiRule, FileKey, FileRegion, FileRows, FoundRegions, MAX_FOUND, MAX_REGIONS,
-        NEW_CODE_EVERY_NS, ProcRegions, RBP_SAVED, Region, SEARCH_STEPS,
+        Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RBX, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI,
+        CfiOffsets, CfiRow, CfiRule, FileKey, FileRegion, FileRows, FoundRegions, MAX_FOUND,
+        MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, Region, SEARCH_STEPS,
     },
 };
 
@@ -57,6 +57,7 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     sb_dev: 0,
     di: 0,
     ax: 0,
+    bx: 0,
     find_vma: 0,
 });
 
@@ -162,7 +163,7 @@ struct Walk {
 /// The user registers: `sampled`'s (a perf event's), if the sample hit
 /// user mode, else those the task entered the kernel with.
 #[inline(always)]
-fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
+fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64, u64)> {
     let o = global(&CFI_OFFSETS);
     let read = |base: *const u8, off: u32| read_kernel::<u64>(base, off).ok();
     if !sampled.is_null() && read(sampled, o.cs)? & 3 == 3 {
@@ -170,6 +171,7 @@ fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
             read(sampled, o.ip)?,
             read(sampled, o.sp)?,
             read(sampled, o.bp)?,
+            read(sampled, o.bx)?,
         ));
     }
     // SAFETY: the helpers have no preconditions beyond a task.
@@ -182,7 +184,7 @@ fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64)> {
     // instead of a helper call each.
     // SAFETY: `regs` is the task's live register frame.
     let load = |off: u32| unsafe { *(regs.wrapping_add(off as usize) as *const u64) };
-    Some((load(o.ip), load(o.sp), load(o.bp)))
+    Some((load(o.ip), load(o.sp), load(o.bp), load(o.bx)))
 }
 
 /// The current task's user register at `pt_regs` offset `off`: the
@@ -606,6 +608,12 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let cfa = match r.cfa {
         CFA_RSP => st.sp.wrapping_add(r.cfa_offset as i64 as u64),
         CFA_RBP => st.bp.wrapping_add(r.cfa_offset as i64 as u64),
+        CFA_RBX => {
+            // rbx is not among the registers a remembered walk is
+            // recalled by.
+            st.unremembered = 1;
+            st.bx.wrapping_add(r.cfa_offset as i64 as u64)
+        }
         CFA_PLT => {
             let pc = ip.wrapping_sub(bias);
             st.sp
@@ -621,7 +629,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     };
     // The return address is at CFA - 8; rbp, where saved, is nearly
     // always just below it, and then one read fetches both.
-    let ret = if r.rbp == RBP_SAVED && r.rbp_offset == -16 {
+    let ret = if r.rbp_slot == -2 {
         let Some([bp, ret]) = stack_words::<2>(chunk, st, cfa.wrapping_sub(16)) else {
             count_error(ERR_CUT_SHORT);
             return 1;
@@ -633,8 +641,8 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
             count_error(ERR_CUT_SHORT);
             return 1;
         };
-        if r.rbp == RBP_SAVED {
-            match stack_words::<1>(chunk, st, cfa.wrapping_add(r.rbp_offset as i64 as u64)) {
+        if r.rbp_slot != 0 {
+            match stack_words::<1>(chunk, st, saved_at(cfa, r.rbp_slot)) {
                 Some([v]) => st.bp = v,
                 None => {
                     count_error(ERR_CUT_SHORT);
@@ -644,6 +652,17 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         }
         ret
     };
+    // rbx is followed only as far as a frame needs it: ld.so's
+    // trampolines are the only code that finds its frame from it.
+    if r.rbx_slot != 0 {
+        match stack_words::<1>(chunk, st, saved_at(cfa, r.rbx_slot)) {
+            Some([v]) => st.bx = v,
+            None => {
+                count_error(ERR_CUT_SHORT);
+                return 1;
+            }
+        }
+    }
     st.sp = cfa;
     st.ip = ret;
     if ret != 0 && st.depth >= max_depth() {
@@ -652,6 +671,12 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         count_error(ERR_DEEP);
     }
     i64::from(ret == 0)
+}
+
+/// Where a rule's saved register is: `slot` words from the CFA.
+#[inline(always)]
+fn saved_at(cfa: u64, slot: i8) -> u64 {
+    cfa.wrapping_add((i64::from(slot) * 8) as u64)
 }
 
 /// A process that runs a new program has none of the regions user
@@ -703,7 +728,7 @@ fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
         crate::events::emit(events, ctx, &found);
         first = r;
     }
-    if let Some((ip, _, _)) = user_regs(core::ptr::null())
+    if let Some((ip, _, _, _)) = user_regs(core::ptr::null())
         && ip != 0
         && !(first.start <= ip && ip < first.end)
         && let Ok((r, found)) = find_region(tgid, ip)
@@ -937,7 +962,7 @@ pub(crate) fn walk(
         tell: false,
         memo: core::ptr::null_mut(),
     };
-    let Some((ip, sp, bp)) = user_regs(sampled) else {
+    let Some((ip, sp, bp, bx)) = user_regs(sampled) else {
         count_error(ERR_CUT_SHORT);
         return Some(none);
     };
@@ -980,6 +1005,7 @@ pub(crate) fn walk(
             ip,
             sp,
             bp,
+            bx,
             depth: 0,
             new_code: 0,
             find_tried: 0,

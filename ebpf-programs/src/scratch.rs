@@ -70,6 +70,8 @@ pub struct State {
     pub(crate) ip: u64,
     pub(crate) sp: u64,
     pub(crate) bp: u64,
+    /// rbx, followed for ld.so's trampolines (`CFA_RBX`).
+    pub(crate) bx: u64,
     pub(crate) depth: u32,
     /// Set when a frame's code is in no region of the process.
     pub(crate) new_code: u32,

@@ -15,8 +15,7 @@ use rtrace_common::unwind::{Bucket, CfiRow, CfiRule, MAX_INDEX_SHIFT, ROWS_PER_B
 use crate::kernel::memory::Slab;
 
 pub use rtrace_common::unwind::{
-    CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, RBP_SAME,
-    RBP_SAVED,
+    CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RBX, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI,
 };
 
 /// The rules from one address up to the next row's.
@@ -26,12 +25,12 @@ pub struct Row {
     pub pc: u64,
     /// One of the `CFA_*` values.
     pub cfa: u8,
-    /// One of the `RBP_*` values.
-    pub rbp: u8,
     /// See [`Row::cfa`].
     pub cfa_offset: i32,
-    /// See [`Row::rbp`].
-    pub rbp_offset: i32,
+    /// See [`CfiRule::rbp_slot`].
+    pub rbp_slot: i8,
+    /// See [`CfiRule::rbx_slot`].
+    pub rbx_slot: i8,
 }
 
 impl Row {
@@ -39,25 +38,38 @@ impl Row {
     pub fn rule(&self) -> CfiRule {
         CfiRule {
             cfa_offset: self.cfa_offset,
-            rbp_offset: self.rbp_offset as i16,
+            rbp_slot: self.rbp_slot,
+            rbx_slot: self.rbx_slot,
             cfa: self.cfa,
-            rbp: self.rbp,
+            pad: 0,
         }
     }
 
     fn same_rules(&self, other: &Row) -> bool {
-        (self.cfa, self.rbp, self.cfa_offset, self.rbp_offset)
-            == (other.cfa, other.rbp, other.cfa_offset, other.rbp_offset)
+        self.rule() == other.rule()
     }
 
     pub fn none(pc: u64) -> Self {
         Self {
             pc,
             cfa: CFA_NONE,
-            rbp: RBP_SAME,
             cfa_offset: 0,
-            rbp_offset: 0,
+            rbp_slot: 0,
+            rbx_slot: 0,
         }
+    }
+}
+
+/// The slot (in words from the CFA) a register was saved at, if it was
+/// saved (`Some(None)` where it was not): `None` where the save is not a
+/// whole word or lies beyond what a rule holds.
+fn saved_slot(rule: Option<RegisterRule<usize>>) -> Option<Option<i8>> {
+    match rule {
+        Some(RegisterRule::Offset(off)) if off % 8 == 0 => {
+            i8::try_from(off / 8).ok().filter(|&s| s != 0).map(Some)
+        }
+        Some(RegisterRule::Offset(_)) => None,
+        _ => Some(None),
     }
 }
 
@@ -264,6 +276,7 @@ where
                     let reg = match *register {
                         X86_64::RSP => Some(CFA_RSP),
                         X86_64::RBP => Some(CFA_RBP),
+                        X86_64::RBX => Some(CFA_RBX),
                         _ => None,
                     };
                     if let (Some(reg), Ok(off)) = (reg, i32::try_from(*offset)) {
@@ -280,11 +293,17 @@ where
                 }
                 _ => {}
             }
-            if let Some(RegisterRule::Offset(off)) = r.register(X86_64::RBP)
-                && let Ok(off) = i16::try_from(off)
-            {
-                row.rbp = RBP_SAVED;
-                row.rbp_offset = i32::from(off);
+            // A save the rule cannot hold leaves the row to the frame
+            // pointer: a caller's register taken as unchanged would be wrong.
+            match (
+                saved_slot(r.register(X86_64::RBP)),
+                saved_slot(r.register(X86_64::RBX)),
+            ) {
+                (Some(bp), Some(bx)) => {
+                    row.rbp_slot = bp.unwrap_or(0);
+                    row.rbx_slot = bx.unwrap_or(0);
+                }
+                _ => row.cfa = CFA_NONE,
             }
             // The outermost frame (`_start`, a thread's start) marks its
             // return address undefined: the stack ends there.
@@ -569,6 +588,29 @@ mod tests {
             .find(|r| r.cfa == CFA_RSP_RA_RDI)
             .expect("a row with the return address in rdi");
         assert_eq!(popped.cfa_offset, 0);
+    }
+
+    /// ld.so's lazy-binding trampolines push rbx and keep their frame in
+    /// it (`mov %rsp, %rbx`) while rsp is aligned for `xsave`: their CFA
+    /// is rbx-based, and the caller's rbx lies at rbx itself, so the
+    /// slot is as far below the CFA as rbx is.
+    #[test]
+    fn ld_sos_trampoline_finds_its_frame_from_rbx() {
+        let data = std::fs::read("/lib64/ld-linux-x86-64.so.2").unwrap();
+        let table = compile(&data).unwrap();
+        let from_rbx: Vec<_> = table.rules.iter().filter(|r| r.cfa == CFA_RBX).collect();
+        assert!(!from_rbx.is_empty(), "no rbx-based rule in ld.so");
+        for r in from_rbx {
+            assert_eq!(i32::from(r.rbx_slot) * 8, -r.cfa_offset, "{r:?}");
+        }
+        // Other functions save rbx for their callers, as pushes below the
+        // return address.
+        assert!(
+            table
+                .rules
+                .iter()
+                .any(|r| r.cfa == CFA_RSP && r.rbx_slot < -1)
+        );
     }
 
     /// glibc's `clone` ends its CFI at its system call; the code after it

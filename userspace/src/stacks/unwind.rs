@@ -19,7 +19,7 @@ use crate::kernel::procmaps;
 
 #[cfg(test)]
 use crate::stacks::cfi::{
-    CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, RBP_SAVED, Row,
+    CFA_END, CFA_PLT, CFA_RBP, CFA_RBX, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, Row,
 };
 use crate::stacks::cfi::{CfiError, Table, compile, segments};
 use crate::stacks::jitdump::dump_pid;
@@ -835,6 +835,8 @@ pub struct Regs {
     pub sp: u64,
     /// The frame pointer.
     pub bp: u64,
+    /// rbx, which ld.so's trampolines keep their frame in.
+    pub bx: u64,
 }
 
 #[cfg(test)]
@@ -865,6 +867,7 @@ pub fn step(
     let cfa = match row.cfa {
         CFA_RSP => regs.sp.checked_add_signed(i64::from(row.cfa_offset))?,
         CFA_RBP => regs.bp.checked_add_signed(i64::from(row.cfa_offset))?,
+        CFA_RBX => regs.bx.checked_add_signed(i64::from(row.cfa_offset))?,
         CFA_PLT => {
             let pushed = (file_pc & 15) >= row.cfa_offset as u64;
             regs.sp + 8 + if pushed { 8 } else { 0 }
@@ -883,17 +886,19 @@ pub fn step(
                 pc: read(regs.bp + 8)?,
                 sp: regs.bp + 16,
                 bp: read(regs.bp)?,
+                bx: regs.bx,
             }));
         }
     };
-    let bp = match row.rbp {
-        RBP_SAVED => read(cfa.checked_add_signed(i64::from(row.rbp_offset))?)?,
-        _ => regs.bp,
+    let saved = |slot: i8, now: u64| match slot {
+        0 => Some(now),
+        s => read(cfa.checked_add_signed(8 * i64::from(s))?),
     };
     Some(Step::Cfi(Regs {
         pc: read(cfa - 8)?,
         sp: cfa,
-        bp,
+        bp: saved(row.rbp_slot, regs.bp)?,
+        bx: saved(row.rbx_slot, regs.bx)?,
     }))
 }
 
@@ -927,19 +932,21 @@ mod tests {
 
     #[inline(never)]
     fn here() -> Regs {
-        let (pc, sp, bp): (u64, u64, u64);
-        // SAFETY: reads three registers, touching no memory.
+        let (pc, sp, bp, bx): (u64, u64, u64, u64);
+        // SAFETY: reads four registers, touching no memory.
         unsafe {
             std::arch::asm!(
                 "lea {pc}, [rip]",
                 "mov {sp}, rsp",
                 "mov {bp}, rbp",
+                "mov {bx}, rbx",
                 pc = out(reg) pc,
                 sp = out(reg) sp,
                 bp = out(reg) bp,
+                bx = out(reg) bx,
             );
         }
-        Regs { pc, sp, bp }
+        Regs { pc, sp, bp, bx }
     }
 
     #[inline(never)]

@@ -202,6 +202,7 @@ impl StackTool {
                 bp: reg("bp")?,
                 di: reg("di")?,
                 ax: reg("ax")?,
+                bx: reg("bx")?,
                 cs: reg("cs")?,
                 task_pid: btf.offset("task_struct", "pid")?,
                 task_tgid: btf.offset("task_struct", "tgid")?,
