@@ -1,10 +1,12 @@
 //! Counted stacks and their outputs: bcc's multi-line and folded text,
 //! JSON lines, flame graphs (inferno), speedscope and pprof files.
 
+pub mod annotate;
 pub mod pprof;
+pub mod report;
 pub mod transform;
 
-use std::fmt::Write as _;
+use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
 use anyhow::Context as _;
 
@@ -84,6 +86,112 @@ pub fn in_micros(samples: Vec<Sample>) -> Vec<Sample> {
         })
         .filter(|s| s.count > 0)
         .collect();
+    out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
+    out
+}
+
+/// Samples of folded lines (`comm;frame;... count`, root first), as
+/// rtrace, perf's and FlameGraph's stackcollapse write them: the first
+/// name is the command, each frame's kind is read from its `_[k]`,
+/// `_[j]`, `_[i]` or `_[p]` suffix, and a waker's part (after `--`) is
+/// dropped. Lines that do not end in a count are an error, with their
+/// number.
+pub fn samples_of_folded(text: &str) -> anyhow::Result<Vec<Sample>> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_end();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (stack, count) = line
+            .rsplit_once(' ')
+            .and_then(|(s, c)| Some((s, c.parse::<u64>().ok()?)))
+            .with_context(|| {
+                format!(
+                    "line {}: not a folded stack (`frame;frame;... count`)",
+                    i + 1
+                )
+            })?;
+        let mut names = stack.split(';');
+        let comm = names.next().unwrap_or_default().to_owned();
+        let (mut user, mut kernel) = (Vec::new(), Vec::new());
+        for n in names {
+            if n == WAKER_DELIMITER {
+                break;
+            }
+            if n == "-" {
+                continue;
+            }
+            let (name, kind) = [
+                ("_[k]", Kind::Kernel),
+                (OFF_CPU_ANNOTATION, Kind::Kernel),
+                ("_[j]", Kind::Jit),
+                ("_[i]", Kind::Inlined),
+                ("_[p]", Kind::Interpreted),
+            ]
+            .iter()
+            .find_map(|(suffix, kind)| Some((n.strip_suffix(suffix)?, *kind)))
+            .unwrap_or((n, Kind::User));
+            let module = (kind == Kind::Kernel).then_some("[kernel]");
+            let f = Frame::new(name, kind, module);
+            if kind == Kind::Kernel || (kind == Kind::Inlined && !kernel.is_empty()) {
+                kernel.push(f);
+            } else {
+                user.push(f);
+            }
+        }
+        user.reverse();
+        kernel.reverse();
+        out.push(Sample {
+            comm,
+            pid: 0,
+            user: user.into(),
+            kernel: kernel.into(),
+            count,
+            waker: None,
+            off_cpu: false,
+        });
+    }
+    Ok(out)
+}
+
+/// The samples with the same thread and frames as one, hottest first:
+/// pprof files may hold a stack many times (Go's do), and stacks kept
+/// apart by their leaves' exact addresses are one stack to every output
+/// but pprof and annotate. `exact`: leaf frames at other addresses stay
+/// apart.
+pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
+    type Key = (String, u32, Arc<[Frame]>, Arc<[Frame]>, bool, [u64; 2]);
+    let leaf = |f: &[Frame]| {
+        if exact {
+            f.first().map_or(0, |f| f.addr)
+        } else {
+            0
+        }
+    };
+    let mut index: HashMap<Key, usize> = HashMap::new();
+    let mut out: Vec<Sample> = Vec::with_capacity(samples.len());
+    for s in samples {
+        if s.waker.is_some() {
+            out.push(s);
+            continue;
+        }
+        let key = (
+            s.comm.clone(),
+            s.pid,
+            s.user.clone(),
+            s.kernel.clone(),
+            s.off_cpu,
+            [leaf(&s.user), leaf(&s.kernel)],
+        );
+        match index.get(&key) {
+            Some(&i) => out[i].count += s.count,
+            None => {
+                index.insert(key, out.len());
+                out.push(s);
+            }
+        }
+    }
     out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
     out
 }

@@ -166,6 +166,10 @@ pub struct StackStore {
     /// Distinct frames, by id.
     frames: Vec<Frame>,
     frame_ids: HashMap<Frame, u32>,
+    /// See [`StackStore::exact_leaves`].
+    exact: bool,
+    /// Leaf frames by name and exact address, where they are kept apart.
+    exact_ids: HashMap<(Frame, u64), u32>,
 }
 
 impl StackStore {
@@ -175,6 +179,14 @@ impl StackStore {
             wakers,
             ..Self::default()
         }
+    }
+
+    /// Keeps each stack's leaf frames (the sampled code, and the function
+    /// it was inlined into) at their exact addresses: stacks that differ
+    /// only there stay apart, for annotate and for pprof's locations.
+    /// Otherwise frames alike share one of their addresses.
+    pub fn exact_leaves(&mut self) {
+        self.exact = true;
     }
 
     /// Notes how many entries `STACKS` and `STACK_COUNTS` hold, as they
@@ -453,16 +465,37 @@ impl StackStore {
     /// The id of a stack, each frame interned: a stack costs four bytes a
     /// frame, and each name is held once.
     fn intern(&mut self, stack: Vec<Frame>) -> u32 {
+        // The leaf's location: its inlined frames and the function they
+        // are in, which share its address.
+        let leaf = if self.exact {
+            stack
+                .iter()
+                .position(|f| f.kind != Kind::Inlined)
+                .map_or(stack.len(), |i| i + 1)
+        } else {
+            0
+        };
         let ids: Box<[u32]> = stack
             .into_iter()
-            .map(|f| match self.frame_ids.get(&f) {
-                Some(&id) => id,
-                None => {
-                    let id = self.frames.len() as u32;
-                    self.frames.push(f.clone());
-                    self.frame_ids.insert(f, id);
-                    id
+            .enumerate()
+            .map(|(i, f)| {
+                let found = if i < leaf {
+                    self.exact_ids.get(&(f.clone(), f.addr))
+                } else {
+                    self.frame_ids.get(&f)
+                };
+                if let Some(&id) = found {
+                    return id;
                 }
+                let id = self.frames.len() as u32;
+                self.frames.push(f.clone());
+                if i < leaf {
+                    let addr = f.addr;
+                    self.exact_ids.insert((f, addr), id);
+                } else {
+                    self.frame_ids.insert(f, id);
+                }
+                id
             })
             .collect();
         let next = self.named.len() as u32;

@@ -124,7 +124,9 @@ pub struct CodeMapping {
 }
 
 impl Frame {
-    fn new(name: impl Into<Arc<str>>, kind: Kind, module: Option<&str>) -> Self {
+    /// A frame of `kind` named `name`, in `module`, with no line or
+    /// address.
+    pub fn new(name: impl Into<Arc<str>>, kind: Kind, module: Option<&str>) -> Self {
         Self {
             name: name.into(),
             kind,

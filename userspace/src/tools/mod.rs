@@ -7,6 +7,7 @@ pub mod doctor;
 pub mod exporter;
 pub mod flamegraph;
 pub mod offcpu;
+pub mod report;
 pub mod stacktool;
 
 use crate::tracer::{self, GlobalArgs};
@@ -53,6 +54,10 @@ macro_rules! registry {
             )*
             /// Draw flame graphs from folded stacks (differential: `diff`).
             Flamegraph(flamegraph::Args),
+            /// Report on a saved profile (pprof or folded stacks) as perf
+            /// report does: overhead by comm, dso and symbol, call chains,
+            /// annotated instructions.
+            Report(report::Args),
             /// Serve the tools' histograms and counters as Prometheus metrics.
             Exporter(exporter::Args),
             /// Print a completion script for SHELL: `rtrace completions bash
@@ -98,6 +103,7 @@ macro_rules! registry {
                 }),
                 $(Command::$variant(_) => unreachable!("tools run in `run`"),)*
                 Command::Flamegraph(args) => flamegraph::run(args),
+                Command::Report(args) => report::run(args),
                 Command::Exporter(args) => {
                     let global = args.global();
                     exporter::run(args, &global, collectors()).await

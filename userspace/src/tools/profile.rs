@@ -28,7 +28,11 @@ use crate::{
     output::{
         Schedule, Sink,
         files::{self, StackReports},
-        stacks::{self, FlameOptions, Stacks, TextOptions},
+        stacks::{
+            self, FlameOptions, Stacks, TextOptions,
+            annotate::{self, AnnotateArgs},
+            report::{Report, ReportArgs},
+        },
     },
     stacks::sample::Sample,
     tools::{
@@ -183,6 +187,15 @@ pub struct Args {
     /// `on_cpu` and `off_cpu` sample types.
     #[arg(long, conflicts_with = "period")]
     off_cpu: bool,
+    /// Print perf report's table instead of stacks: overhead with
+    /// children and self by --sort keys (comm, dso, sym), shaped by the
+    /// report options (--hierarchy, -g, --percent-limit and the rest).
+    #[arg(long)]
+    report: bool,
+    #[command(flatten)]
+    report_opts: Box<ReportArgs>,
+    #[command(flatten)]
+    annotate_opts: AnnotateArgs,
     #[command(flatten)]
     stacks: StackArgs,
     #[command(flatten)]
@@ -361,6 +374,11 @@ impl Tool for Profile {
         {
             anyhow::bail!("-F {freq} is above kernel.perf_event_max_sample_rate ({max})");
         }
+        if !args.report
+            && let Some(flag) = args.report_opts.changed()
+        {
+            anyhow::bail!("{flag} shapes perf report's table: add --report");
+        }
         let reports = StackReports::create(
             args.svg.as_deref(),
             args.pprof.as_deref(),
@@ -461,6 +479,10 @@ impl Tool for Profile {
             cfg.off_cpu.mark_switches = 1;
         }
         self.stacks.configure(&self.args.stacks, kernel, load)?;
+        // Annotate and pprof's locations need the sampled addresses.
+        if self.args.annotate_opts.wanted() || self.args.pprof.is_some() {
+            self.stacks.exact_leaves();
+        }
         load.config(&cfg);
         Ok(())
     }
@@ -585,14 +607,35 @@ impl Tool for Profile {
             off.stop(ebpf)?;
         }
         self.write_heatmap(ebpf, elapsed)?;
-        let mut samples = self.stacks.finish(ebpf)?;
+        let mut exact = self.stacks.finish(ebpf)?;
         if self.off_cpu.is_some() {
             // One measure for both: samples count the nanoseconds of CPU
             // time they stand for (`Config::timed`), and time off the CPU
             // is counted in nanoseconds.
-            samples = stacks::in_micros(samples);
+            exact = stacks::in_micros(exact);
         }
-        self.write_files(&samples, elapsed)?;
+        let samples = if self.args.annotate_opts.wanted() || self.args.pprof.is_some() {
+            stacks::merge(exact.clone(), false)
+        } else {
+            std::mem::take(&mut exact)
+        };
+        self.write_files(&samples, &exact, elapsed)?;
+        let unit = if self.off_cpu.is_some() {
+            "us on and off CPU"
+        } else {
+            "samples"
+        };
+        if self.args.report || self.args.annotate_opts.wanted() {
+            if self.args.report {
+                let u = if self.off_cpu.is_some() { "us" } else { "samples" };
+                sink.emit(&Report::new(&samples, &self.args.report_opts, self.event.name(), u))?;
+            }
+            if self.args.annotate_opts.wanted() {
+                sink.emit(&annotate::annotate(&exact, &self.args.annotate_opts, Some(self.event.name()))?)?;
+            }
+            self.stacks.reported(&samples, unit);
+            return Ok(());
+        }
         let text = TextOptions {
             delimiter: self.args.delimited,
             annotate: self.args.annotate,
@@ -605,11 +648,6 @@ impl Tool for Profile {
             "count"
         };
         Stacks::print(sink, &samples, text, self.args.folded, files, value)?;
-        let unit = if self.off_cpu.is_some() {
-            "us on and off CPU"
-        } else {
-            "samples"
-        };
         self.stacks.reported(&samples, unit);
         Ok(())
     }
@@ -687,7 +725,14 @@ impl Profile {
     }
 
     /// Writes the files asked for.
-    fn write_files(&mut self, samples: &[Sample], elapsed: Duration) -> anyhow::Result<()> {
+    /// `exact`: the samples with their leaves at their exact addresses,
+    /// for pprof's locations.
+    fn write_files(
+        &mut self,
+        samples: &[Sample],
+        exact: &[Sample],
+        elapsed: Duration,
+    ) -> anyhow::Result<()> {
         let args = &self.args;
         let lines = args.stacks.lines;
         let (event, freq) = (self.event, self.freq);
@@ -734,9 +779,7 @@ impl Profile {
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
-            file.write(&what, |out| {
-                stacks::pprof::write(samples, out, &meta, lines)
-            })?;
+            file.write(&what, |out| stacks::pprof::write(exact, out, &meta, lines))?;
         } else if let Some(file) = self.reports.pprof.take() {
             // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
             // events are counted in events.
@@ -759,9 +802,7 @@ impl Profile {
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
             };
-            file.write(&what, |out| {
-                stacks::pprof::write(samples, out, &meta, lines)
-            })?;
+            file.write(&what, |out| stacks::pprof::write(exact, out, &meta, lines))?;
         }
         if let Some(file) = self.reports.speedscope.take() {
             let unit = if args.off_cpu { "microseconds" } else { "none" };

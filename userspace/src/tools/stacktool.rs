@@ -413,6 +413,12 @@ impl StackTool {
         self.marked.retain(|p| !self.unmarked.contains(p));
     }
 
+    /// Keeps stacks' leaves at their exact addresses (see
+    /// [`StackStore::exact_leaves`]).
+    pub fn exact_leaves(&mut self) {
+        self.store.exact_leaves();
+    }
+
     /// Once counting has stopped: every count, symbolized and transformed
     /// (`--hide` and the like), hottest first.
     /// The exec and fork programs are detached meanwhile.

@@ -74,8 +74,13 @@ type FunctionKey = (Arc<str>, Option<Arc<str>>, Option<String>);
 struct Builder {
     strings: Strings,
     mappings: HashMap<*const CodeMapping, u64>,
+    /// Mappings of frames known by their module alone (`[vdso]`, `[jit]`),
+    /// so that a reader names their file as rtrace did.
+    named: HashMap<Arc<str>, u64>,
     functions: HashMap<FunctionKey, u64>,
-    locations: HashMap<Vec<Frame>, u64>,
+    /// Locations by frames and address: frames alike at other addresses
+    /// (exact leaves) are other locations.
+    locations: HashMap<(Vec<Frame>, u64), u64>,
     profile: Profile,
 }
 
@@ -102,6 +107,22 @@ impl Builder {
         id
     }
 
+    fn named_mapping(&mut self, module: &Arc<str>) -> u64 {
+        if let Some(&id) = self.named.get(module) {
+            return id;
+        }
+        let id = self.profile.mapping.len() as u64 + 1;
+        let filename = self.strings.get(module);
+        self.profile.mapping.push(Mapping {
+            id,
+            filename,
+            has_functions: true,
+            ..Mapping::default()
+        });
+        self.named.insert(module.clone(), id);
+        id
+    }
+
     fn function(&mut self, f: &Frame) -> u64 {
         let file = f.file_line().map(|(file, _)| file.to_owned());
         let key = (f.name.clone(), f.module.clone(), file.clone());
@@ -124,14 +145,16 @@ impl Builder {
     /// The location of one address: its inlined frames (leaf first) and
     /// the function they were inlined into, last.
     fn location(&mut self, frames: &[Frame], lines: bool) -> u64 {
-        if let Some(&id) = self.locations.get(frames) {
+        let last = &frames[frames.len() - 1];
+        let key = (frames.to_vec(), last.addr);
+        if let Some(&id) = self.locations.get(&key) {
             return id;
         }
         let id = self.profile.location.len() as u64 + 1;
-        let last = &frames[frames.len() - 1];
-        let mapping_id = match &last.mapping {
-            Some(m) => self.mapping(m, lines),
-            None => 0,
+        let mapping_id = match (&last.mapping, &last.module) {
+            (Some(m), _) => self.mapping(m, lines),
+            (None, Some(module)) => self.named_mapping(module),
+            (None, None) => 0,
         };
         let line = frames
             .iter()
@@ -148,7 +171,7 @@ impl Builder {
             line,
             is_folded: false,
         });
-        self.locations.insert(frames.to_vec(), id);
+        self.locations.insert(key, id);
         id
     }
 }
@@ -226,4 +249,204 @@ pub fn write(
     gz.write_all(&bytes)
         .and_then(|()| gz.finish().map(drop))
         .context("cannot write the pprof profile")
+}
+
+/// A profile read from a pprof file: its samples, as rtrace's own outputs
+/// take them, and what they count.
+pub struct Read {
+    /// The samples, one a pprof sample (not merged).
+    pub samples: Vec<Sample>,
+    /// The sample type counted, and its unit (`cpu`, `nanoseconds`).
+    pub value: (String, String),
+    /// The profile's period type (`cpu`), as the report's event.
+    pub event: String,
+}
+
+/// Whether `bytes` look like a pprof file: gzipped, as pprof files are
+/// written, or a bare profile message.
+pub fn looks_like(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0x1f, 0x8b])
+        || proto::Profile::decode(bytes).is_ok_and(|p| !p.sample_type.is_empty())
+}
+
+/// Reads a pprof profile (gzipped or not), counting sample type `index`
+/// (its name or number), else the profile's default type, else
+/// `samples` where it has one, else its last type, as `go tool pprof`
+/// does.
+pub fn read(bytes: &[u8], index: Option<&str>) -> anyhow::Result<Read> {
+    let mut raw = Vec::new();
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut raw)
+            .context("a truncated or corrupt gzipped pprof profile")?;
+        &raw[..]
+    } else {
+        bytes
+    };
+    let p = Profile::decode(bytes).context("not a pprof profile (profile.proto)")?;
+    let s = |i: i64| -> &str {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| p.string_table.get(i))
+            .map_or("", String::as_str)
+    };
+    if p.sample_type.is_empty() {
+        anyhow::bail!("not a pprof profile: it has no sample types");
+    }
+    let types: Vec<(String, String)> = p
+        .sample_type
+        .iter()
+        .map(|t| (s(t.r#type).to_owned(), s(t.unit).to_owned()))
+        .collect();
+    let known = || {
+        types
+            .iter()
+            .map(|(t, u)| format!("{t} ({u})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let pick = match index {
+        Some(i) => match i.parse::<usize>() {
+            Ok(n) if n < types.len() => n,
+            Ok(n) => anyhow::bail!(
+                "sample index {n} is out of range; the types are {}",
+                known()
+            ),
+            Err(_) => types
+                .iter()
+                .position(|(t, _)| t == i)
+                .with_context(|| format!("no sample type {i:?}; the types are {}", known()))?,
+        },
+        None => {
+            let default = s(p.default_sample_type);
+            types
+                .iter()
+                .position(|(t, _)| !default.is_empty() && t == default)
+                .or_else(|| types.iter().position(|(t, _)| t == "samples"))
+                .unwrap_or(types.len() - 1)
+        }
+    };
+    let mappings: HashMap<u64, Arc<CodeMapping>> = p
+        .mapping
+        .iter()
+        .map(|m| {
+            let build_id = s(m.build_id);
+            (
+                m.id,
+                Arc::new(CodeMapping {
+                    start: m.memory_start,
+                    limit: m.memory_limit,
+                    offset: m.file_offset,
+                    file: s(m.filename).to_owned(),
+                    build_id: (!build_id.is_empty()).then(|| build_id.to_owned()),
+                }),
+            )
+        })
+        .collect();
+    let functions: HashMap<u64, &Function> = p.function.iter().map(|f| (f.id, f)).collect();
+    let kind_of = |m: Option<&Arc<CodeMapping>>| match m.map(|m| m.file.as_str()) {
+        Some(f) if f.starts_with("[kernel") => Kind::Kernel,
+        Some("[jit]") => Kind::Jit,
+        _ => Kind::User,
+    };
+    // Each location's frames, leaf first: its inlined functions, then the
+    // one they were inlined into.
+    let locations: HashMap<u64, Vec<Frame>> = p
+        .location
+        .iter()
+        .map(|l| {
+            let mapping = mappings.get(&l.mapping_id);
+            let kind = kind_of(mapping);
+            let module = mapping.map(|m| m.file.as_str()).filter(|f| !f.is_empty());
+            let frame = |name: &str, kind: Kind| {
+                let mut f = Frame::new(name, kind, module);
+                f.addr = l.address;
+                f.mapping = mapping.cloned();
+                f
+            };
+            let mut frames: Vec<Frame> = l
+                .line
+                .iter()
+                .enumerate()
+                .map(|(i, line)| {
+                    let func = functions.get(&line.function_id);
+                    let name = func.map_or("", |f| s(f.name));
+                    let name = if name.is_empty() { "[unknown]" } else { name };
+                    let last = i + 1 == l.line.len();
+                    let mut f = frame(name, if last { kind } else { Kind::Inlined });
+                    let file = func.map_or("", |f| s(f.filename));
+                    if !file.is_empty() && line.line > 0 {
+                        f.line = Some(Arc::from(format!("{file}:{}", line.line)));
+                    }
+                    f
+                })
+                .collect();
+            if frames.is_empty() {
+                frames.push(frame("[unknown]", kind));
+            }
+            (l.id, frames)
+        })
+        .collect();
+    let main_file = p
+        .mapping
+        .first()
+        .map(|m| s(m.filename))
+        .and_then(|f| f.rsplit('/').next())
+        .filter(|f| !f.is_empty())
+        .unwrap_or("[unknown]")
+        .to_owned();
+    let mut samples = Vec::with_capacity(p.sample.len());
+    for x in &p.sample {
+        let count = x.value.get(pick).copied().unwrap_or(0);
+        if count <= 0 {
+            continue;
+        }
+        let label = |key: &str| x.label.iter().find(|l| s(l.key) == key);
+        let comm = label("comm")
+            .map(|l| s(l.str).to_owned())
+            .unwrap_or_else(|| main_file.clone());
+        let pid = label("pid").map_or(0, |l| u32::try_from(l.num).unwrap_or(0));
+        let frames: Vec<Frame> = x
+            .location_id
+            .iter()
+            .filter_map(|id| locations.get(id))
+            .flatten()
+            .cloned()
+            .collect();
+        // Leaf first: the kernel's frames, where there are any, come
+        // before the user frames that entered it.
+        let split = frames
+            .iter()
+            .position(|f| f.kind != Kind::Kernel && f.kind != Kind::Inlined)
+            .map_or(frames.len(), |i| {
+                // Inlined frames belong with the frame after them.
+                frames[..i]
+                    .iter()
+                    .rposition(|f| f.kind == Kind::Kernel)
+                    .map_or(0, |k| k + 1)
+            });
+        let (kernel, user) = frames.split_at(split);
+        samples.push(Sample {
+            comm,
+            pid,
+            user: Arc::from(user),
+            kernel: Arc::from(kernel),
+            count: count as u64,
+            waker: None,
+            off_cpu: false,
+        });
+    }
+    let period = p
+        .period_type
+        .as_ref()
+        .map(|t| s(t.r#type).to_owned())
+        .unwrap_or_default();
+    Ok(Read {
+        samples,
+        value: types[pick].clone(),
+        event: if period.is_empty() {
+            types[pick].0.clone()
+        } else {
+            period
+        },
+    })
 }

@@ -1,0 +1,707 @@
+//! perf report's tables over counted stacks: overhead with children and
+//! self by sort keys (`comm`, `pid`, `dso`, `sym`), `--hierarchy`,
+//! `--percent-limit`, filters, and each row's call chains (`-g`), in
+//! `perf report --stdio`'s layout or as JSON. The same tables serve a
+//! live profile (`--report`) and a saved one (`rtrace report FILE`).
+
+use std::{collections::HashMap, fmt::Write as _, sync::Arc};
+
+use crate::stacks::{
+    sample::Sample,
+    symbolize::{Frame, Kind},
+};
+
+/// perf report's options, as perf spells them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// Sort (and group) rows by these keys, comma-separated: comm, pid,
+    /// dso, sym (perf report's --sort).
+    #[arg(long, short = 's', value_name = "KEYS", default_value = "comm,dso,sym",
+          value_parser = parse_keys)]
+    pub sort: Keys,
+    /// Rows by self overhead only: no children column (perf's default
+    /// adds each function's callees to it).
+    #[arg(long)]
+    pub no_children: bool,
+    /// Nest the rows: each key's groups, then the next key's within them.
+    #[arg(long)]
+    pub hierarchy: bool,
+    /// Hide rows below this share, in percent.
+    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
+    pub percent_limit: f64,
+    /// Also show each row's sample count.
+    #[arg(short = 'n', long = "show-nr-samples")]
+    pub show_nr_samples: bool,
+    /// Call chains under each row: `-g [TYPE][,MIN][,ORDER]`, TYPE graph
+    /// (a tree, the default), folded (one line a chain) or none, MIN the
+    /// smallest chain shown in percent (0.5), ORDER caller (from the root,
+    /// the default) or callee.
+    #[arg(short = 'g', long = "call-graph", value_name = "TYPE,MIN,ORDER",
+          num_args = 0..=1, require_equals = true, default_missing_value = "graph",
+          value_parser = parse_call_graph)]
+    pub call_graph: Option<CallGraph>,
+    /// Only these commands (comma-separated).
+    #[arg(long, value_name = "COMMS", value_delimiter = ',')]
+    pub comms: Vec<String>,
+    /// Only these process ids (comma-separated).
+    #[arg(long, value_name = "PIDS", value_delimiter = ',')]
+    pub pids: Vec<u32>,
+    /// Only frames in these shared objects (comma-separated, as the dso
+    /// column names them: `libc.so.6`, `[kernel.kallsyms]`).
+    #[arg(long, value_name = "DSOS", value_delimiter = ',')]
+    pub dsos: Vec<String>,
+    /// Only these functions (comma-separated).
+    #[arg(long, value_name = "SYMBOLS", value_delimiter = ',')]
+    pub symbols: Vec<String>,
+}
+
+impl ReportArgs {
+    /// The first option set to other than its default, by its flag, if
+    /// any: live tools take them only with `--report`.
+    pub fn changed(&self) -> Option<&'static str> {
+        [
+            (self.sort.0 != [Key::Comm, Key::Dso, Key::Sym], "--sort"),
+            (self.no_children, "--no-children"),
+            (self.hierarchy, "--hierarchy"),
+            (self.percent_limit != 0.0, "--percent-limit"),
+            (self.show_nr_samples, "-n"),
+            (self.call_graph.is_some(), "-g"),
+            (!self.comms.is_empty(), "--comms"),
+            (!self.pids.is_empty(), "--pids"),
+            (!self.dsos.is_empty(), "--dsos"),
+            (!self.symbols.is_empty(), "--symbols"),
+        ]
+        .into_iter()
+        .find_map(|(set, flag)| set.then_some(flag))
+    }
+}
+
+/// One sort key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    /// The command.
+    Comm,
+    /// The process, shown `pid:comm` as perf shows it.
+    Pid,
+    /// The file the code is in.
+    Dso,
+    /// The function.
+    Sym,
+}
+
+impl Key {
+    fn title(self) -> &'static str {
+        match self {
+            Self::Comm => "Command",
+            Self::Pid => "Pid:Command",
+            Self::Dso => "Shared Object",
+            Self::Sym => "Symbol",
+        }
+    }
+
+    fn json(self) -> &'static str {
+        match self {
+            Self::Comm => "comm",
+            Self::Pid => "pid",
+            Self::Dso => "dso",
+            Self::Sym => "sym",
+        }
+    }
+}
+
+/// The sort keys, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys(pub Vec<Key>);
+
+fn parse_keys(s: &str) -> Result<Keys, String> {
+    let mut keys = Vec::new();
+    for k in s.split(',') {
+        let key = match k.trim() {
+            "comm" => Key::Comm,
+            "pid" => Key::Pid,
+            "dso" => Key::Dso,
+            "sym" | "symbol" => Key::Sym,
+            other => {
+                return Err(format!(
+                    "unknown sort key {other:?}; known: comm, pid, dso, sym"
+                ));
+            }
+        };
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    Ok(Keys(keys))
+}
+
+/// How call chains are shown under the rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallGraph {
+    /// graph, folded or none.
+    pub style: ChainStyle,
+    /// The smallest chain shown, in percent of all samples.
+    pub min: f64,
+    /// Root first (caller) or the row's function first (callee).
+    pub callee: bool,
+}
+
+/// See [`CallGraph::style`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainStyle {
+    /// A tree, branching where chains part.
+    Graph,
+    /// One line a chain: `percent frame;frame;...`.
+    Folded,
+    /// No chains.
+    None,
+}
+
+fn parse_call_graph(s: &str) -> Result<CallGraph, String> {
+    let mut g = CallGraph {
+        style: ChainStyle::Graph,
+        min: 0.5,
+        callee: false,
+    };
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "graph" | "fractal" | "flat" => g.style = ChainStyle::Graph,
+            "folded" => g.style = ChainStyle::Folded,
+            "none" => g.style = ChainStyle::None,
+            "caller" => g.callee = false,
+            "callee" => g.callee = true,
+            n => {
+                g.min = n.parse::<f64>().ok().filter(|v| *v >= 0.0).ok_or_else(|| {
+                    format!(
+                        "unknown call graph option {n:?}; use TYPE (graph, folded, none), \
+                         MIN (a percentage) and ORDER (caller, callee)"
+                    )
+                })?;
+            }
+        }
+    }
+    Ok(g)
+}
+
+/// A frame as the report sees it: its function and file, as perf names
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Site {
+    sym: Arc<str>,
+    dso: Arc<str>,
+    kernel: bool,
+}
+
+/// The dso column's name of a frame: perf's `[kernel.kallsyms]` for the
+/// kernel, `[JIT] tid N` for code a perf map names, else the file's base
+/// name, `[unknown]` where none is known.
+fn dso(f: &Frame, pid: u32) -> Arc<str> {
+    match f.kind {
+        Kind::Kernel => match f.module.as_deref() {
+            Some(m) if m.starts_with('[') && m != "[kernel]" => Arc::from(m),
+            _ => Arc::from("[kernel.kallsyms]"),
+        },
+        Kind::Jit => Arc::from(format!("[JIT] tid {pid}")),
+        _ => match f.module.as_deref() {
+            Some(m) => Arc::from(m.rsplit('/').next().unwrap_or(m)),
+            None => Arc::from("[unknown]"),
+        },
+    }
+}
+
+/// A sample's frames, root first, as sites: inlined frames are part of
+/// the function they were inlined into (its row, as perf's symbol is the
+/// symbol table's), and the delimiters text output adds are dropped.
+fn sites(s: &Sample) -> Vec<Site> {
+    s.root_first(false)
+        .iter()
+        .filter(|f| f.kind != Kind::Inlined)
+        .map(|f| Site {
+            sym: f.name.clone(),
+            dso: dso(f, s.pid),
+            kernel: f.kind == Kind::Kernel,
+        })
+        .collect()
+}
+
+/// The values of a row's keys.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct RowKey(Vec<Value>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Value {
+    Comm(String),
+    Pid(u32, String),
+    Dso(Arc<str>),
+    /// Kernel or not (`[k]` or `[.]`), and the name.
+    Sym(bool, Arc<str>),
+}
+
+impl Value {
+    fn text(&self) -> String {
+        match self {
+            Self::Comm(c) => c.clone(),
+            Self::Pid(p, c) => format!("{p:>7}:{c}"),
+            Self::Dso(d) => d.to_string(),
+            Self::Sym(k, n) => format!("[{}] {n}", if *k { 'k' } else { '.' }),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        match self {
+            Self::Comm(c) => c.as_str().into(),
+            Self::Pid(p, _) => (*p).into(),
+            Self::Dso(d) => d.as_ref().into(),
+            Self::Sym(_, n) => n.as_ref().into(),
+        }
+    }
+}
+
+fn row_key(keys: &[Key], s: &Sample, site: &Site) -> RowKey {
+    RowKey(
+        keys.iter()
+            .map(|k| match k {
+                Key::Comm => Value::Comm(s.comm.clone()),
+                Key::Pid => Value::Pid(s.pid, s.comm.clone()),
+                Key::Dso => Value::Dso(site.dso.clone()),
+                Key::Sym => Value::Sym(site.kernel, site.sym.clone()),
+            })
+            .collect(),
+    )
+}
+
+/// One row's counts and the chains through it.
+#[derive(Default)]
+struct Tally {
+    children: u64,
+    self_: u64,
+    /// Chains, root first, with their counts.
+    chains: HashMap<Vec<Arc<str>>, u64>,
+}
+
+/// The rows of one level: all keys, or (with `--hierarchy`) their first
+/// `n`.
+fn tally(
+    samples: &[Sample],
+    keys: &[Key],
+    args: &ReportArgs,
+    children: bool,
+    chains: bool,
+) -> HashMap<RowKey, Tally> {
+    let mut rows: HashMap<RowKey, Tally> = HashMap::new();
+    let unknown = Site {
+        sym: Arc::from("[unknown]"),
+        dso: Arc::from("[unknown]"),
+        kernel: false,
+    };
+    for s in samples {
+        if (!args.comms.is_empty() && !args.comms.contains(&s.comm))
+            || (!args.pids.is_empty() && !args.pids.contains(&s.pid))
+        {
+            continue;
+        }
+        let mut stack = sites(s);
+        if stack.is_empty() {
+            stack.push(unknown.clone());
+        }
+        let admitted = |site: &Site| {
+            (args.dsos.is_empty() || args.dsos.iter().any(|d| **d == *site.dso))
+                && (args.symbols.is_empty() || args.symbols.iter().any(|n| **n == *site.sym))
+        };
+        let chain = |upto: usize| -> Vec<Arc<str>> {
+            stack[..=upto].iter().map(|x| x.sym.clone()).collect()
+        };
+        let leaf = stack.len() - 1;
+        if admitted(&stack[leaf]) {
+            let t = rows.entry(row_key(keys, s, &stack[leaf])).or_default();
+            t.self_ += s.count;
+            if !children {
+                t.children += s.count;
+                if chains {
+                    *t.chains.entry(chain(leaf)).or_default() += s.count;
+                }
+            }
+        }
+        if children {
+            // Each row once a sample, at its outermost frame: recursion
+            // counts once, and the chain is the shortest that reaches it.
+            let mut seen: HashMap<RowKey, usize> = HashMap::new();
+            for (i, site) in stack.iter().enumerate() {
+                if admitted(site) {
+                    seen.entry(row_key(keys, s, site)).or_insert(i);
+                }
+            }
+            for (k, at) in seen {
+                let t = rows.entry(k).or_default();
+                t.children += s.count;
+                if chains {
+                    *t.chains.entry(chain(at)).or_default() += s.count;
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// perf report's table of `samples`.
+pub struct Report {
+    /// The header comment's lines (perf's `# Samples: ...`).
+    header: Vec<String>,
+    keys: Vec<Key>,
+    children: bool,
+    show_count: bool,
+    total: u64,
+    graph: Option<CallGraph>,
+    /// Rows in order, each with its depth (0 unless `--hierarchy`).
+    rows: Vec<(usize, RowKey, Tally)>,
+}
+
+impl Report {
+    /// The report of `samples` under `args`: of `event` (`cpu-clock`), each
+    /// sample counting `unit` (`samples`, `us`), as the header says.
+    pub fn new(samples: &[Sample], args: &ReportArgs, event: &str, unit: &str) -> Self {
+        let total: u64 = samples.iter().map(|s| s.count).sum();
+        let children = !args.no_children;
+        let graph = args
+            .call_graph
+            .filter(|g| g.style != ChainStyle::None && !args.hierarchy);
+        let keys = &args.sort.0;
+        let limit = |t: &Tally| {
+            let v = if children { t.children } else { t.self_ };
+            total > 0 && 100.0 * v as f64 / total as f64 >= args.percent_limit && v > 0
+        };
+        let order = |a: &(RowKey, Tally), b: &(RowKey, Tally)| {
+            let v = |t: &Tally| {
+                if children {
+                    (t.children, t.self_)
+                } else {
+                    (t.self_, 0)
+                }
+            };
+            v(&b.1).cmp(&v(&a.1)).then_with(|| a.0.cmp(&b.0))
+        };
+        let mut rows = Vec::new();
+        if args.hierarchy {
+            let levels: Vec<HashMap<RowKey, Tally>> = (1..=keys.len())
+                .map(|n| tally(samples, &keys[..n], args, children, false))
+                .collect();
+            let mut sorted: Vec<Vec<(RowKey, Tally)>> = levels
+                .into_iter()
+                .map(|l| {
+                    let mut v: Vec<_> = l.into_iter().filter(|(_, t)| limit(t)).collect();
+                    v.sort_by(order);
+                    v
+                })
+                .collect();
+            fn walk(
+                levels: &mut [Vec<(RowKey, Tally)>],
+                depth: usize,
+                prefix: &[Value],
+                out: &mut Vec<(usize, RowKey, Tally)>,
+            ) {
+                let Some(level) = levels.get_mut(depth) else {
+                    return;
+                };
+                let mine: Vec<(RowKey, Tally)> = {
+                    let (take, keep): (Vec<_>, Vec<_>) = std::mem::take(level)
+                        .into_iter()
+                        .partition(|(k, _)| k.0.starts_with(prefix));
+                    *level = keep;
+                    take
+                };
+                for (k, t) in mine {
+                    let next = k.0.clone();
+                    out.push((depth, k, t));
+                    walk(levels, depth + 1, &next, out);
+                }
+            }
+            walk(&mut sorted, 0, &[], &mut rows);
+        } else {
+            let mut v: Vec<_> = tally(samples, keys, args, children, graph.is_some())
+                .into_iter()
+                .filter(|(_, t)| limit(t))
+                .collect();
+            v.sort_by(order);
+            rows = v.into_iter().map(|(k, t)| (0, k, t)).collect();
+        }
+        Self {
+            header: vec![
+                if unit == "samples" {
+                    format!("Samples: {total} of event '{event}'")
+                } else {
+                    format!("Total: {total} {unit} of event '{event}'")
+                },
+                format!("{} distinct stacks", samples.len()),
+            ],
+            keys: keys.clone(),
+            children,
+            show_count: args.show_nr_samples,
+            total,
+            graph,
+            rows,
+        }
+    }
+
+    fn pct(&self, v: u64) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            100.0 * v as f64 / self.total as f64
+        }
+    }
+
+    /// A row's chains, hottest first, at or above the call graph's
+    /// threshold, each in the order asked for.
+    fn chains(&self, t: &Tally) -> Vec<(Vec<Arc<str>>, u64)> {
+        let Some(g) = self.graph else {
+            return Vec::new();
+        };
+        let mut v: Vec<(Vec<Arc<str>>, u64)> = t
+            .chains
+            .iter()
+            .filter(|(_, n)| self.pct(**n) >= g.min)
+            .map(|(c, &n)| {
+                let mut c = c.clone();
+                if g.callee {
+                    c.reverse();
+                }
+                (c, n)
+            })
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
+    }
+}
+
+impl serde::Serialize for Report {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        ser.collect_seq(self.rows.iter().map(|(depth, k, t)| {
+            let mut m = serde_json::Map::new();
+            if self.children {
+                m.insert("children".into(), round(self.pct(t.children)).into());
+            }
+            m.insert("self".into(), round(self.pct(t.self_)).into());
+            m.insert("children_samples".into(), t.children.into());
+            m.insert("self_samples".into(), t.self_.into());
+            for (key, v) in self.keys.iter().zip(&k.0) {
+                m.insert(key.json().into(), v.json());
+                if let Value::Sym(kernel, _) = v {
+                    m.insert("kernel".into(), (*kernel).into());
+                }
+            }
+            if *depth > 0 || self.rows.iter().any(|r| r.0 > 0) {
+                m.insert("depth".into(), (*depth).into());
+            }
+            let chains = self.chains(t);
+            if !chains.is_empty() {
+                let list: Vec<serde_json::Value> = chains
+                    .iter()
+                    .map(|(c, n)| {
+                        serde_json::json!({
+                            "percent": round(self.pct(*n)),
+                            "samples": n,
+                            "frames": c.iter().map(|f| f.as_ref()).collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect();
+                m.insert("chains".into(), list.into());
+            }
+            m
+        }))
+    }
+}
+
+fn round(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+impl crate::output::Record for Report {
+    fn text(&self, out: &mut String) {
+        for h in &self.header {
+            let _ = writeln!(out, "# {h}");
+        }
+        out.push_str("#\n");
+        let mut cols: Vec<String> = Vec::new();
+        if self.children {
+            cols.push(format!("{:>8}", "Children"));
+            cols.push(format!("{:>8}", "Self"));
+        } else {
+            cols.push(format!("{:>8}", "Overhead"));
+        }
+        if self.show_count {
+            cols.push(format!("{:>9}", "Samples"));
+        }
+        let lead = cols.join("  ");
+        let texts: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|(_, k, _)| k.0.iter().map(Value::text).collect())
+            .collect();
+        let hierarchy = self.rows.iter().any(|r| r.0 > 0);
+        if hierarchy {
+            let titles: Vec<&str> = self.keys.iter().map(|k| k.title()).collect();
+            let _ = writeln!(out, "# {lead}  {}", titles.join(" / "));
+        } else {
+            let widths: Vec<usize> = (0..self.keys.len())
+                .map(|i| {
+                    texts
+                        .iter()
+                        .map(|t| t[i].chars().count())
+                        .chain([self.keys[i].title().len()])
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+            let mut title = format!("# {lead}");
+            let dots_lead: Vec<String> = cols.iter().map(|c| ".".repeat(c.len())).collect();
+            let mut dots = format!("# {}", dots_lead.join("  "));
+            for (k, w) in self.keys.iter().zip(&widths) {
+                let _ = write!(title, "  {:<w$}", k.title());
+                let _ = write!(dots, "  {}", ".".repeat(*w));
+            }
+            let _ = writeln!(out, "{}", title.trim_end());
+            let _ = writeln!(out, "{dots}");
+            out.push_str("#\n");
+            for ((_, _, t), text) in self.rows.iter().zip(&texts) {
+                let mut line = self.lead(t);
+                for (v, w) in text.iter().zip(&widths) {
+                    let _ = write!(line, "  {v:<w$}");
+                }
+                let _ = writeln!(out, "{}", line.trim_end());
+                self.chain_text(t, out);
+            }
+            self.footer(out);
+            return;
+        }
+        out.push_str("#\n");
+        for ((depth, _, t), text) in self.rows.iter().zip(&texts) {
+            let _ = writeln!(
+                out,
+                "{}  {}{}",
+                self.lead(t),
+                "    ".repeat(*depth),
+                text[*depth]
+            );
+        }
+        self.footer(out);
+    }
+}
+
+impl Report {
+    fn lead(&self, t: &Tally) -> String {
+        let mut line = String::new();
+        if self.children {
+            let _ = write!(
+                line,
+                "  {:>7.2}%  {:>7.2}%",
+                self.pct(t.children),
+                self.pct(t.self_)
+            );
+        } else {
+            let _ = write!(line, "  {:>7.2}%", self.pct(t.self_));
+        }
+        if self.show_count {
+            let n = if self.children { t.children } else { t.self_ };
+            let _ = write!(line, "  {n:>9}");
+        }
+        line
+    }
+
+    fn footer(&self, out: &mut String) {
+        out.push_str("\n#\n# (Tip: rtrace report FILE reads a saved pprof or folded profile)\n#\n");
+    }
+
+    /// A row's chains under it: perf's graph (a tree, branching where the
+    /// chains part) or one line a chain.
+    fn chain_text(&self, t: &Tally, out: &mut String) {
+        let Some(g) = self.graph else {
+            return;
+        };
+        let chains = self.chains(t);
+        if chains.is_empty() {
+            return;
+        }
+        let pad = " ".repeat(12);
+        match g.style {
+            ChainStyle::Folded => {
+                for (c, n) in &chains {
+                    let names: Vec<&str> = c.iter().map(|f| f.as_ref()).collect();
+                    let _ = writeln!(out, "{pad}{:.2}% {}", self.pct(*n), names.join(";"));
+                }
+            }
+            ChainStyle::Graph => {
+                let tree = Tree::of(&chains);
+                let _ = writeln!(out, "{pad}|");
+                tree.print(out, &pad, self, true);
+            }
+            ChainStyle::None => {}
+        }
+        out.push('\n');
+    }
+}
+
+/// Chains merged where they share their start.
+#[derive(Default)]
+struct Tree {
+    /// Children in order of first appearance (chains come hottest first).
+    kids: Vec<(Arc<str>, u64, Tree)>,
+}
+
+impl Tree {
+    fn of(chains: &[(Vec<Arc<str>>, u64)]) -> Self {
+        let mut root = Tree::default();
+        for (c, n) in chains {
+            let mut node = &mut root;
+            for f in c {
+                let i = match node.kids.iter().position(|k| k.0 == *f) {
+                    Some(i) => i,
+                    None => {
+                        node.kids.push((f.clone(), 0, Tree::default()));
+                        node.kids.len() - 1
+                    }
+                };
+                node.kids[i].1 += n;
+                node = &mut node.kids[i].2;
+            }
+        }
+        root
+    }
+
+    /// Prints the tree at column `col`: a lone child goes on under its
+    /// parent (`---name`, then one name a line); children that part are
+    /// branches with their share (`|--12.34%--name`).
+    fn print(&self, out: &mut String, col: &str, r: &Report, top: bool) {
+        if self.kids.len() == 1 {
+            let (name, _, kid) = &self.kids[0];
+            let lead = if top { "---" } else { "   " };
+            let _ = writeln!(out, "{col}{lead}{name}");
+            return kid.print_run(out, &format!("{col}   "), r);
+        }
+        for (i, (name, n, kid)) in self.kids.iter().enumerate() {
+            let last = i + 1 == self.kids.len();
+            let tag = format!("--{:.2}%--", r.pct(*n));
+            let _ = writeln!(out, "{col}{}{tag}{name}", if last { " " } else { "|" });
+            let bar = if last { " " } else { "|" };
+            let next = format!("{col}{bar}{}", " ".repeat(tag.len()));
+            kid.print_run(out, &next, r);
+            if !last {
+                let _ = writeln!(out, "{col}|");
+            }
+        }
+    }
+
+    /// Goes on below a printed name at column `col`.
+    fn print_run(&self, out: &mut String, col: &str, r: &Report) {
+        match self.kids.len() {
+            0 => {}
+            1 => {
+                let (name, _, kid) = &self.kids[0];
+                let _ = writeln!(out, "{col}{name}");
+                kid.print_run(out, col, r);
+            }
+            _ => {
+                let _ = writeln!(out, "{col}|");
+                self.print(out, col, r, false);
+            }
+        }
+    }
+}

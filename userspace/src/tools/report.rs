@@ -1,0 +1,183 @@
+//! `rtrace report FILE`: perf report's tables, and rtrace's other outputs,
+//! from a profile saved earlier: a pprof file (rtrace's `--pprof`, Go's
+//! pprof, Pyroscope's exports) or folded stacks. perf's record-now,
+//! report-later split.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+
+use crate::{
+    output::{
+        Sink,
+        files::ReportFile,
+        stacks::{self, FlameOptions, TextOptions, pprof, report},
+    },
+    stacks::sample::Sample,
+};
+
+/// Report on a saved profile (pprof or folded stacks) as perf report does.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  rtrace profile -F 99 --pprof cpu.pb.gz 10
+  rtrace report cpu.pb.gz                          # overhead by comm, dso, sym
+  rtrace report cpu.pb.gz --sort comm,dso --no-children
+  rtrace report cpu.pb.gz --hierarchy --percent-limit 1
+  rtrace report cpu.pb.gz -g=folded,1,caller --comms python3
+  rtrace report cpu.folded --svg cpu.svg
+  rtrace report cpu.pb.gz --annotate hot_loop")]
+pub struct Args {
+    /// The profile: a pprof file (gzipped or not) or folded stacks
+    /// (`comm;frame;... count`); `-` reads stdin.
+    input: PathBuf,
+    #[command(flatten)]
+    report: report::ReportArgs,
+    /// The pprof sample type to count, by name or number (default: the
+    /// profile's default, else `samples`, else its last).
+    #[arg(long, value_name = "TYPE")]
+    sample_index: Option<String>,
+    /// Print folded stacks (`comm;frames.. count`) instead of the table.
+    #[arg(short = 'f', long)]
+    folded: bool,
+    /// Add `_[k]` to kernel frames, `_[j]` to JIT frames and `_[i]` to
+    /// inlined ones in folded output.
+    #[arg(short = 'a', long = "annotations")]
+    annotations: bool,
+    /// Accepted for perf's sake: the table is printed as `perf report
+    /// --stdio` prints it.
+    #[arg(long, hide = true)]
+    stdio: bool,
+    /// Also write a flame graph (SVG) to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Also write a speedscope profile (JSON) to FILE.
+    #[arg(long, value_name = "FILE")]
+    speedscope: Option<PathBuf>,
+    /// Also write a gzipped pprof profile to FILE (folded stacks to
+    /// pprof, for one).
+    #[arg(long, value_name = "FILE")]
+    pprof: Option<PathBuf>,
+    #[command(flatten)]
+    annotate: crate::output::stacks::annotate::AnnotateArgs,
+    /// Print the table as JSON lines, one row each.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A profile as read: its samples, what they count and the event.
+struct Loaded {
+    samples: Vec<Sample>,
+    unit: String,
+    event: String,
+}
+
+/// Reads `input`: pprof if it is one, else folded stacks; anything else
+/// is one clear error.
+fn load(args: &Args) -> anyhow::Result<Loaded> {
+    let path = &args.input;
+    let bytes = if path.as_os_str() == "-" {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut v).context("cannot read stdin")?;
+        v
+    } else {
+        std::fs::read(path).with_context(|| format!("cannot open {}", path.display()))?
+    };
+    let name = path.display();
+    if pprof::looks_like(&bytes) {
+        let r =
+            pprof::read(&bytes, args.sample_index.as_deref()).with_context(|| format!("{name}"))?;
+        let unit = match r.value.1.as_str() {
+            "count" => "samples".to_owned(),
+            u => u.to_owned(),
+        };
+        return Ok(Loaded {
+            samples: r.samples,
+            unit,
+            event: r.event,
+        });
+    }
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| anyhow::anyhow!("{name}: neither a pprof profile nor folded stacks"))?;
+    let samples = stacks::samples_of_folded(text)
+        .with_context(|| format!("{name}: neither a pprof profile nor folded stacks"))?;
+    if args.sample_index.is_some() {
+        anyhow::bail!(
+            "{name}: --sample-index applies to pprof files; folded stacks have one count"
+        );
+    }
+    Ok(Loaded {
+        samples,
+        unit: "samples".to_owned(),
+        event: "folded".to_owned(),
+    })
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    // Output files first, as profile creates them: a bad path fails before
+    // any work.
+    let svg = args.svg.as_deref().map(ReportFile::create).transpose()?;
+    let speedscope = args
+        .speedscope
+        .as_deref()
+        .map(ReportFile::create)
+        .transpose()?;
+    let pprof_out = args.pprof.as_deref().map(ReportFile::create).transpose()?;
+    let loaded = load(&args)?;
+    let exact = stacks::merge(loaded.samples, true);
+    let samples = stacks::merge(exact.clone(), false);
+    let what = crate::output::files::held(&samples, &loaded.unit);
+    if let Some(file) = svg {
+        let opts = FlameOptions {
+            title: format!("rtrace report: {}", args.input.display()),
+            icicle: false,
+            count_name: loaded.unit.clone(),
+            palette: FlameOptions::by_kind(),
+        };
+        file.write(&what, |out| stacks::write_svg(&samples, out, &opts))?;
+    }
+    if let Some(file) = speedscope {
+        let unit = if loaded.unit == "samples" {
+            "none"
+        } else {
+            "nanoseconds"
+        };
+        let name = args.input.display().to_string();
+        file.write(&what, |out| {
+            stacks::write_speedscope(&samples, out, &name, unit)
+        })?;
+    }
+    if let Some(file) = pprof_out {
+        let unit: &str = &loaded.unit;
+        let meta = pprof::Meta {
+            types: &[("samples", if unit == "samples" { "count" } else { unit })],
+            values: &|s: &Sample| vec![s.count],
+            period_type: (
+                &loaded.event,
+                if unit == "samples" { "count" } else { unit },
+            ),
+            period: 1,
+            time_nanos: 0,
+            duration_nanos: 0,
+        };
+        file.write(&what, |out| pprof::write(&exact, out, &meta, false))?;
+    }
+    let mut sink = Sink::new("report", args.json);
+    if args.annotate.wanted() {
+        let table =
+            crate::output::stacks::annotate::annotate(&exact, &args.annotate, Some(&loaded.event))?;
+        return sink.emit(&table);
+    }
+    if args.folded {
+        return sink.emit(&stacks::Stacks {
+            samples: &samples,
+            style: stacks::Style::Folded(TextOptions {
+                delimiter: false,
+                annotate: args.annotations,
+            }),
+            value: "count",
+        });
+    }
+    let table = report::Report::new(&samples, &args.report, &loaded.event, &loaded.unit);
+    sink.emit(&table)
+}
