@@ -401,3 +401,45 @@ fn bad_input_is_one_clear_line() {
         "no such process: 999999999",
     );
 }
+
+/// `--report`: perf report's table of off-CPU time. The fixture's two
+/// blocking functions' rows (children: every stack through them) hold
+/// their blocked time within the bounds the fixture's own clocks give,
+/// in the split it measured, and their self time is nil: they block in
+/// libc and the kernel below them.
+#[test]
+fn the_report_splits_blocked_time_as_measured() {
+    let (stdout, done, _) = trace_blocking(
+        "cfuncs_nofp",
+        &["block", "2"],
+        "-p",
+        &["--report", "--json", "--sort", "sym"],
+    );
+    let (alpha_ns, beta_ns) = (done[0], done[1]);
+    let (alpha_wall, sleeps) = (done[4] / 1000, done[6]);
+    let rows = json_lines(&stdout);
+    let row = |name: &str| -> (u64, u64) {
+        let r = rows
+            .iter()
+            .find(|r| r["sym"] == name)
+            .unwrap_or_else(|| panic!("no row for {name}:\n{stdout}"));
+        (
+            r["children_samples"].as_u64().unwrap(),
+            r["self_samples"].as_u64().unwrap(),
+        )
+    };
+    let (alpha, alpha_self) = row(LEAVES[0]);
+    let (beta, beta_self) = row(LEAVES[1]);
+    assert_eq!((alpha_self, beta_self), (0, 0), "{stdout}");
+    let slack = sleeps as f64;
+    assert!(
+        alpha as f64 >= (sleeps * 3000) as f64 - slack && alpha as f64 <= alpha_wall as f64 + slack,
+        "{alpha} us under sleep_alpha: {sleeps} sleeps of 3 ms took {alpha_wall} us:\n{stdout}"
+    );
+    let share = alpha as f64 / (alpha + beta) as f64;
+    let expected = alpha_ns as f64 / (alpha_ns + beta_ns) as f64;
+    assert!(
+        (share - expected).abs() <= 0.05,
+        "sleep_alpha has {share:.3} of the blocked time; the fixture measured {expected:.3}"
+    );
+}

@@ -21,7 +21,7 @@ use crate::{
     output::{
         Schedule, Sink,
         files::{self, StackReports},
-        stacks::{self, FlameOptions, Stacks, TextOptions},
+        stacks::{self, FlameOptions, Stacks, TextOptions, report::{Report, ReportArgs}},
     },
     stacks::sample::Sample,
     tools::{
@@ -121,6 +121,13 @@ pub struct Args {
     /// works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&offcpu::CHAIN))]
     attach: Option<Mechanism>,
+    /// Print perf report's table instead of stacks: off-CPU time with
+    /// children and self by --sort keys (comm, dso, sym), shaped by the
+    /// report options (--hierarchy, -g, --percent-limit and the rest).
+    #[arg(long)]
+    report: bool,
+    #[command(flatten)]
+    report_opts: Box<ReportArgs>,
     #[command(flatten)]
     stacks: StackArgs,
     #[command(flatten)]
@@ -193,6 +200,11 @@ impl Tool for Offcputime {
                 "-m {} is above -M {max}: no block could be counted",
                 args.min_block_time
             );
+        }
+        if !args.report
+            && let Some(flag) = args.report_opts.changed()
+        {
+            anyhow::bail!("{flag} shapes perf report's table: add --report");
         }
         let reports = StackReports::create(args.svg.as_deref(), args.pprof.as_deref(), None)?;
         Ok(Self {
@@ -333,6 +345,12 @@ impl Tool for Offcputime {
         // Counted in nanoseconds; bcc shows microseconds.
         let samples = stacks::in_micros(self.stacks.finish(ebpf)?);
         self.write_files(&samples, elapsed)?;
+        if self.args.report {
+            let report = Report::new(&samples, &self.args.report_opts, "offcpu-time", "us");
+            sink.emit(&report)?;
+            self.stacks.reported(&samples, "us off CPU");
+            return Ok(());
+        }
         let text = TextOptions {
             delimiter: self.args.delimited,
             annotate: false,
