@@ -2224,6 +2224,7 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
     let fixture = start_fixture("cfuncs_nofp", &["bursts", "4"]);
     let pid = fixture.pid().to_string();
     let svg = temp("heat.svg");
+    let pprof = temp("heat.pb.gz");
     let heat = Rtrace::start_until(
         &[
             "profile",
@@ -2234,6 +2235,8 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
             "-U",
             "--heatmap",
             svg.to_str().unwrap(),
+            "--pprof",
+            pprof.to_str().unwrap(),
         ],
         READY,
     );
@@ -2305,6 +2308,38 @@ fn heat_map_shows_bursts_where_they_were_and_a_range_profiles_one() {
         lit_busy_cells * 10 >= busy_cells * 9,
         "{lit_busy_cells} of {busy_cells}"
     );
+    // The same heat map later, from the run's pprof, which keeps the
+    // samples' times.
+    let later = temp("heat-later.svg");
+    let (code, _, stderr) = run(&[
+        "report",
+        pprof.to_str().unwrap(),
+        "--heatmap",
+        later.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let cells_of = |text: &str| -> Vec<(String, String, String)> {
+        let doc = parse_svg(text).unwrap();
+        let mut v: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.has_attribute("data-samples"))
+            .map(|n| {
+                let a = |k: &str| n.attribute(k).unwrap().to_owned();
+                (a("data-second"), a("data-row"), a("data-samples"))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let later_text = std::fs::read_to_string(&later).unwrap();
+    assert_eq!(cells_of(&text), cells_of(&later_text));
+    let later_doc = parse_svg(&later_text).unwrap();
+    assert_eq!(
+        later_doc.root_element().attribute("data-start-ns"),
+        root.attribute("data-start-ns")
+    );
+    let _ = std::fs::remove_file(&later);
+    let _ = std::fs::remove_file(&pprof);
 
     // The range's run: its own time zero, from -v (before the banner).
     let zero: u64 = ranged

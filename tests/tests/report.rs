@@ -488,6 +488,17 @@ fn bad_input_is_one_clear_line() {
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     assert_one_line_error(&["report", cut.to_str().unwrap()], "truncated or corrupt");
     assert_one_line_error(&["report", "/nonexistent/profile"], "cannot open");
+    let heat = temp("heat.svg");
+    assert_one_line_error(
+        &[
+            "report",
+            good.to_str().unwrap(),
+            "--heatmap",
+            heat.to_str().unwrap(),
+        ],
+        "keeps no sample times",
+    );
+    let _ = std::fs::remove_file(&heat);
     let (code, _, stderr) = run(&["report", text.to_str().unwrap(), "--sort", "comm,bogus"]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("unknown sort key \"bogus\""), "{stderr}");

@@ -21,7 +21,10 @@ use crate::{
     output::{
         Schedule, Sink,
         files::{self, StackReports},
-        stacks::{self, FlameOptions, Stacks, TextOptions, report::{Report, ReportArgs}},
+        stacks::{
+            self, FlameOptions, Stacks, TextOptions,
+            report::{Report, ReportArgs},
+        },
     },
     stacks::sample::Sample,
     tools::{
@@ -398,6 +401,7 @@ impl Offcputime {
                 period: 1000,
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
+                comments: &[],
             };
             file.write(&what, |out| {
                 stacks::pprof::write(samples, out, &meta, lines)

@@ -302,8 +302,11 @@ pub struct Profile {
     off_cpu: Option<OffCpu>,
     /// The files asked for, created before anything is attached.
     reports: StackReports,
-    /// `--heatmap`'s file, and its slots.
-    heatmap: Option<(files::ReportFile, u32)>,
+    /// `--heatmap`'s file.
+    heatmap: Option<files::ReportFile>,
+    /// Time slots the kernel counts samples in: for the heat map, and
+    /// kept in a pprof file for `rtrace report --heatmap`; 0 for neither.
+    heat_slots: u32,
     /// When sampling began, on `CLOCK_MONOTONIC`: the heat map's and
     /// `--range`'s time zero.
     window_start: u64,
@@ -384,20 +387,24 @@ impl Tool for Profile {
             args.pprof.as_deref(),
             args.speedscope.as_deref(),
         )?;
-        let heatmap = match &args.heatmap {
-            Some(path) => {
-                let slots = args.duration.map_or(MAX_HEAT_SLOTS, |d| {
-                    u32::try_from(d.saturating_mul(1_000_000_000 / HEAT_SLOT_NS))
-                        .unwrap_or(u32::MAX)
-                        .saturating_add(1)
-                });
-                Some((files::ReportFile::create(path)?, slots))
-            }
-            None => None,
+        let heatmap = args
+            .heatmap
+            .as_deref()
+            .map(files::ReportFile::create)
+            .transpose()?;
+        let heat_slots = if args.heatmap.is_some() || args.pprof.is_some() {
+            args.duration.map_or(MAX_HEAT_SLOTS, |d| {
+                u32::try_from(d.saturating_mul(1_000_000_000 / HEAT_SLOT_NS))
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(1)
+            })
+        } else {
+            0
         };
         Ok(Self {
             reports,
             heatmap,
+            heat_slots,
             window_start: 0,
             event: if args.off_cpu {
                 Event::CpuClock
@@ -445,7 +452,7 @@ impl Tool for Profile {
         kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
-        let heat_slots = self.heatmap.as_ref().map_or(0, |(_, n)| *n);
+        let heat_slots = self.heat_slots;
         let (range_start, range_end) = self.args.range.unwrap_or_default();
         let mut cfg = Config {
             include_idle: u32::from(self.args.include_idle),
@@ -606,7 +613,8 @@ impl Tool for Profile {
         if let Some(off) = &self.off_cpu {
             off.stop(ebpf)?;
         }
-        self.write_heatmap(ebpf, elapsed)?;
+        let heat = self.heat_counts(ebpf, elapsed)?;
+        self.write_heatmap(heat.as_deref())?;
         let mut exact = self.stacks.finish(ebpf)?;
         if self.off_cpu.is_some() {
             // One measure for both: samples count the nanoseconds of CPU
@@ -619,7 +627,7 @@ impl Tool for Profile {
         } else {
             std::mem::take(&mut exact)
         };
-        self.write_files(&samples, &exact, elapsed)?;
+        self.write_files(&samples, &exact, heat.as_deref(), elapsed)?;
         let unit = if self.off_cpu.is_some() {
             "us on and off CPU"
         } else {
@@ -627,11 +635,24 @@ impl Tool for Profile {
         };
         if self.args.report || self.args.annotate_opts.wanted() {
             if self.args.report {
-                let u = if self.off_cpu.is_some() { "us" } else { "samples" };
-                sink.emit(&Report::new(&samples, &self.args.report_opts, self.event.name(), u))?;
+                let u = if self.off_cpu.is_some() {
+                    "us"
+                } else {
+                    "samples"
+                };
+                sink.emit(&Report::new(
+                    &samples,
+                    &self.args.report_opts,
+                    self.event.name(),
+                    u,
+                ))?;
             }
             if self.args.annotate_opts.wanted() {
-                sink.emit(&annotate::annotate(&exact, &self.args.annotate_opts, Some(self.event.name()))?)?;
+                sink.emit(&annotate::annotate(
+                    &exact,
+                    &self.args.annotate_opts,
+                    Some(self.event.name()),
+                )?)?;
             }
             self.stacks.reported(&samples, unit);
             return Ok(());
@@ -692,19 +713,29 @@ fn header(args: &Args, event: Event, freq: u64) -> String {
 }
 
 impl Profile {
-    /// Writes the heat map, if asked for, from the kernel's slot counts.
-    fn write_heatmap(&mut self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<()> {
-        let Some((file, slots)) = self.heatmap.take() else {
-            return Ok(());
-        };
+    /// The kernel's samples by time slot, up to the end of sampling, where
+    /// they were counted.
+    fn heat_counts(&self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<Option<Vec<u64>>> {
+        if self.heat_slots == 0 {
+            return Ok(None);
+        }
         let used = (elapsed.as_nanos() as u64)
             .div_ceil(HEAT_SLOT_NS)
-            .min(u64::from(slots)) as u32;
+            .min(u64::from(self.heat_slots)) as u32;
         let heat: aya::maps::PerCpuArray<_, u32> =
             aya::maps::PerCpuArray::try_from(ebpf.map("HEAT").context("map HEAT missing")?)?;
         let counts: Vec<u64> = (0..used)
             .map(|i| Ok(heat.get(&i, 0)?.iter().map(|&n| u64::from(n)).sum()))
             .collect::<anyhow::Result<_>>()?;
+        Ok(Some(counts))
+    }
+
+    /// Writes the heat map, if asked for, from the kernel's slot counts.
+    fn write_heatmap(&mut self, counts: Option<&[u64]>) -> anyhow::Result<()> {
+        let (Some(file), Some(counts)) = (self.heatmap.take(), counts) else {
+            return Ok(());
+        };
+        let used = counts.len() as u32;
         let total: u64 = counts.iter().sum();
         let title = format!("rtrace profile: samples over time ({})", self.event.name());
         let what = format!(
@@ -714,7 +745,7 @@ impl Profile {
         );
         let start = self.window_start;
         file.write(&what, |out| {
-            crate::output::heatmap::write_svg(&counts, HEAT_SLOT_NS, start, &title, out)
+            crate::output::heatmap::write_svg(counts, HEAT_SLOT_NS, start, &title, out)
                 .map_err(Into::into)
         })
     }
@@ -731,8 +762,13 @@ impl Profile {
         &mut self,
         samples: &[Sample],
         exact: &[Sample],
+        heat: Option<&[u64]>,
         elapsed: Duration,
     ) -> anyhow::Result<()> {
+        let comments: Vec<String> = heat
+            .map(|h| stacks::pprof::heat_comment(h, HEAT_SLOT_NS, self.window_start))
+            .into_iter()
+            .collect();
         let args = &self.args;
         let lines = args.stacks.lines;
         let (event, freq) = (self.event, self.freq);
@@ -778,6 +814,7 @@ impl Profile {
                 period: self.period_ns(),
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
+                comments: &comments,
             };
             file.write(&what, |out| stacks::pprof::write(exact, out, &meta, lines))?;
         } else if let Some(file) = self.reports.pprof.take() {
@@ -801,6 +838,7 @@ impl Profile {
                 period,
                 time_nanos: self.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
+                comments: &comments,
             };
             file.write(&what, |out| stacks::pprof::write(exact, out, &meta, lines))?;
         }

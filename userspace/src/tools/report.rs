@@ -57,6 +57,10 @@ pub struct Args {
     /// pprof, for one).
     #[arg(long, value_name = "FILE")]
     pprof: Option<PathBuf>,
+    /// Also write the sub-second heat map (SVG) to FILE, from the sample
+    /// times an rtrace profile keeps in its pprof files.
+    #[arg(long, value_name = "FILE")]
+    heatmap: Option<PathBuf>,
     #[command(flatten)]
     annotate: crate::output::stacks::annotate::AnnotateArgs,
     /// Print the table as JSON lines, one row each.
@@ -69,6 +73,7 @@ struct Loaded {
     samples: Vec<Sample>,
     unit: String,
     event: String,
+    heat: Option<pprof::Heat>,
 }
 
 /// Reads `input`: pprof if it is one, else folded stacks; anything else
@@ -94,6 +99,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
             samples: r.samples,
             unit,
             event: r.event,
+            heat: r.heat,
         });
     }
     let text = std::str::from_utf8(&bytes)
@@ -109,6 +115,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         samples,
         unit: "samples".to_owned(),
         event: "folded".to_owned(),
+        heat: None,
     })
 }
 
@@ -123,7 +130,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(ReportFile::create)
         .transpose()?;
     let pprof_out = args.pprof.as_deref().map(ReportFile::create).transpose()?;
+    let heatmap = args
+        .heatmap
+        .as_deref()
+        .map(ReportFile::create)
+        .transpose()?;
     let loaded = load(&args)?;
+    if let Some(file) = heatmap {
+        let heat = loaded.heat.as_ref().with_context(|| {
+            format!(
+                "{} keeps no sample times for a heat map (rtrace profile --pprof writes them)",
+                args.input.display()
+            )
+        })?;
+        let total: u64 = heat.counts.iter().sum();
+        let slots_a_second = (1_000_000_000 / heat.slot_ns).max(1);
+        let what = format!(
+            "{} samples in {} s",
+            crate::output::files::thousands(total),
+            (heat.counts.len() as u64).div_ceil(slots_a_second)
+        );
+        let title = format!("rtrace report: samples over time ({})", loaded.event);
+        file.write(&what, |out| {
+            crate::output::heatmap::write_svg(
+                &heat.counts,
+                heat.slot_ns,
+                heat.start_ns,
+                &title,
+                out,
+            )
+            .map_err(Into::into)
+        })?;
+    }
     let exact = stacks::merge(loaded.samples, true);
     let samples = stacks::merge(exact.clone(), false);
     let what = crate::output::files::held(&samples, &loaded.unit);
@@ -159,6 +197,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             period: 1,
             time_nanos: 0,
             duration_nanos: 0,
+            comments: &[],
         };
         file.write(&what, |out| pprof::write(&exact, out, &meta, false))?;
     }

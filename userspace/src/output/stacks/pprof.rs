@@ -41,6 +41,58 @@ pub struct Meta<'a> {
     pub time_nanos: u64,
     /// How long it lasted.
     pub duration_nanos: u64,
+    /// The profile's comments (`go tool pprof -comments`): rtrace keeps
+    /// its samples' times there ([`heat_comment`]).
+    pub comments: &'a [String],
+}
+
+/// What a comment holding samples by time slot starts with.
+const HEAT_MARK: &str = "rtrace-heat-v1";
+
+/// A comment keeping the samples counted in each time slot of `slot_ns`
+/// from `start_ns` (CLOCK_MONOTONIC), for a heat map drawn later: pprof's
+/// samples have no times, and its comments are free text every reader
+/// keeps.
+pub fn heat_comment(counts: &[u64], slot_ns: u64, start_ns: u64) -> String {
+    let list: Vec<String> = counts.iter().map(u64::to_string).collect();
+    format!(
+        "{HEAT_MARK} slot_ns={slot_ns} start_ns={start_ns} counts={}",
+        list.join(",")
+    )
+}
+
+/// Samples by time slot, as a heat map takes them.
+pub struct Heat {
+    /// Samples in each slot.
+    pub counts: Vec<u64>,
+    /// A slot's length.
+    pub slot_ns: u64,
+    /// The first slot's start, CLOCK_MONOTONIC.
+    pub start_ns: u64,
+}
+
+fn parse_heat(comment: &str) -> Option<Heat> {
+    let rest = comment.strip_prefix(HEAT_MARK)?;
+    let (mut slot_ns, mut start_ns, mut counts) = (None, None, None);
+    for field in rest.split_whitespace() {
+        match field.split_once('=')? {
+            ("slot_ns", v) => slot_ns = v.parse().ok(),
+            ("start_ns", v) => start_ns = v.parse().ok(),
+            ("counts", v) => {
+                counts = v
+                    .split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(|c| c.parse().ok())
+                    .collect::<Option<Vec<u64>>>()
+            }
+            _ => {}
+        }
+    }
+    Some(Heat {
+        counts: counts?,
+        slot_ns: slot_ns.filter(|&n| n > 0)?,
+        start_ns: start_ns?,
+    })
 }
 
 /// The string table: index 0 is the empty string, as pprof requires.
@@ -242,6 +294,7 @@ pub fn write(
     b.profile.period = meta.period as i64;
     b.profile.time_nanos = meta.time_nanos as i64;
     b.profile.duration_nanos = meta.duration_nanos as i64;
+    b.profile.comment = meta.comments.iter().map(|c| b.strings.get(c)).collect();
     b.profile.string_table = std::mem::take(&mut b.strings.list);
 
     let bytes = b.profile.encode_to_vec();
@@ -260,6 +313,8 @@ pub struct Read {
     pub value: (String, String),
     /// The profile's period type (`cpu`), as the report's event.
     pub event: String,
+    /// Samples by time, where rtrace kept them.
+    pub heat: Option<Heat>,
 }
 
 /// Whether `bytes` look like a pprof file: gzipped, as pprof files are
@@ -440,7 +495,9 @@ pub fn read(bytes: &[u8], index: Option<&str>) -> anyhow::Result<Read> {
         .as_ref()
         .map(|t| s(t.r#type).to_owned())
         .unwrap_or_default();
+    let heat = p.comment.iter().find_map(|&c| parse_heat(s(c)));
     Ok(Read {
+        heat,
         samples,
         value: types[pick].clone(),
         event: if period.is_empty() {
