@@ -375,19 +375,28 @@ fn an_unprivileged_profile_names_root_processes_frames_in_libc() {
     assert!(!text.contains("libc.so.6 are [unknown]"), "{text}");
 }
 
-/// A library without frame pointers, loaded with `dlopen` after profiling
-/// began, gets its table when its first stacks show up: its frames come
-/// out under the caller in the executable.
-#[test]
-fn library_loaded_after_the_start_is_unwound() {
-    let lib = workload_bin("libdlspin_nofp.so");
-    let lib = lib.to_str().unwrap();
-    let fixture = start_fixture("dlhost_nofp", &[lib, "3"]);
+/// Profiles `dlhost_nofp` loading `lib` (a fixture library) after
+/// profiling began, for 3 s with `extra` arguments, at 199 Hz, user stacks
+/// folded; rtrace's stdout and stderr.
+fn profile_dlhost(lib: &str, extra: &[&str]) -> (String, String) {
+    let lib = workload_bin(lib);
+    let mut args = vec![lib.to_str().unwrap(), "3"];
+    args.extend_from_slice(extra);
+    let fixture = start_fixture("dlhost_nofp", &args);
     let pid = fixture.pid().to_string();
     let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-U", "-p", &pid, "-f"], READY);
     run_fixture(fixture);
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
+    (stdout, stderr)
+}
+
+/// A library without frame pointers, loaded with `dlopen` after profiling
+/// began, gets its table when its first stacks show up: its frames come
+/// out under the caller in the executable.
+#[test]
+fn library_loaded_after_the_start_is_unwound() {
+    let (stdout, _) = profile_dlhost("libdlspin_nofp.so", &[]);
     let folded = parse_folded(&stdout);
     let inner = count_with(&folded, "dl_inner");
     let whole = count_under(&folded, "dl_inner", "dlhost::main");
@@ -414,14 +423,7 @@ fn library_loaded_after_the_start_is_unwound() {
 /// much of their lives binding symbols, lost a twentieth of their roots.
 #[test]
 fn a_lazily_bound_symbols_resolver_is_walked_through_ld_so() {
-    let lib = workload_bin("libifuncspin_nofp.so");
-    let lib = lib.to_str().unwrap();
-    let fixture = start_fixture("dlhost_nofp", &[lib, "3", "lazy"]);
-    let pid = fixture.pid().to_string();
-    let rtrace = Rtrace::start_until(&["profile", "-F", "199", "-U", "-p", &pid, "-f"], READY);
-    run_fixture(fixture);
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
+    let (stdout, stderr) = profile_dlhost("libifuncspin_nofp.so", &["lazy"]);
     let folded = parse_folded(&stdout);
     let through = count_under(&folded, "ifunc_burn", "pick_target");
     let whole = count_under(&folded, "ifunc_burn", "dlhost::main");

@@ -16,6 +16,7 @@ use anyhow::{Context as _, bail};
 mod build;
 mod command;
 mod exporter;
+mod report;
 mod startup;
 
 /// Ping-pong round trips per trial: about a second bare.
@@ -71,14 +72,16 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             );
             let startup = startup::run().and_then(|t| update_doc("startup", &t));
             let command = command::run().and_then(|t| update_doc("command", &t));
-            all.and(startup).and(command)
+            let report = report::run().and_then(|t| update_doc("report", &t));
+            all.and(startup).and(command).and(report)
         }
         Some("startup") => update_doc("startup", &startup::run()?),
         Some("command") => update_doc("command", &command::run()?),
+        Some("report") => update_doc("report", &report::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
-                "unknown benchmark {one}; known: all, {}, startup, command",
+                "unknown benchmark {one}; known: all, {}, startup, command, report",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },

@@ -123,13 +123,11 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Output files first, as profile creates them: a bad path fails before
     // any work.
-    let svg = args.svg.as_deref().map(ReportFile::create).transpose()?;
-    let speedscope = args
-        .speedscope
-        .as_deref()
-        .map(ReportFile::create)
-        .transpose()?;
-    let pprof_out = args.pprof.as_deref().map(ReportFile::create).transpose()?;
+    let files = crate::output::files::StackReports::create(
+        args.svg.as_deref(),
+        args.pprof.as_deref(),
+        args.speedscope.as_deref(),
+    )?;
     let heatmap = args
         .heatmap
         .as_deref()
@@ -165,7 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let exact = stacks::merge(loaded.samples, true);
     let samples = stacks::merge(exact.clone(), false);
     let what = crate::output::files::held(&samples, &loaded.unit);
-    if let Some(file) = svg {
+    if let Some(file) = files.svg {
         let opts = FlameOptions {
             title: format!("rtrace report: {}", args.input.display()),
             icicle: false,
@@ -174,7 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         file.write(&what, |out| stacks::write_svg(&samples, out, &opts))?;
     }
-    if let Some(file) = speedscope {
+    if let Some(file) = files.speedscope {
         let unit = if loaded.unit == "samples" {
             "none"
         } else {
@@ -185,7 +183,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stacks::write_speedscope(&samples, out, &name, unit)
         })?;
     }
-    if let Some(file) = pprof_out {
+    if let Some(file) = files.pprof {
         let unit: &str = &loaded.unit;
         let meta = pprof::Meta {
             types: &[("samples", if unit == "samples" { "count" } else { unit })],

@@ -69,10 +69,7 @@ impl TransformArgs {
         if self.is_empty() {
             return samples;
         }
-        type Key = (String, u32, bool, Vec<Frame>, Vec<Frame>);
-        let mut merged: HashMap<Key, usize> = HashMap::new();
-        let mut out: Vec<Sample> = Vec::with_capacity(samples.len());
-        for mut s in samples {
+        let transformed = samples.into_iter().map(|mut s| {
             let root_first: Vec<(bool, Frame)> = s
                 .user
                 .iter()
@@ -90,27 +87,10 @@ impl TransformArgs {
             };
             s.user = leaf_first(false);
             s.kernel = leaf_first(true);
-            if s.waker.is_some() {
-                out.push(s);
-                continue;
-            }
-            let key = (
-                s.comm.clone(),
-                s.pid,
-                s.off_cpu,
-                s.user.to_vec(),
-                s.kernel.to_vec(),
-            );
-            match merged.get(&key) {
-                Some(&i) => out[i].count += s.count,
-                None => {
-                    merged.insert(key, out.len());
-                    out.push(s);
-                }
-            }
-        }
-        out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.pid.cmp(&b.pid)));
-        out
+            s
+        });
+        // Leaves kept at their exact addresses stay apart (annotate).
+        super::merge(transformed.collect(), true)
     }
 
     /// Transforms folded lines (`frame;frame;... count`, root first, as
