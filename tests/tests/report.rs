@@ -383,6 +383,49 @@ fn a_pprof_file_written_elsewhere_is_read() {
     let (w, l) = expect(1);
     assert_eq!(main["children_samples"], w + l, "{stdout}");
     assert_eq!(main["self_samples"], 0, "{stdout}");
+    // Filters, the percent limit and the hierarchy.
+    let g = gz.to_str().unwrap();
+    let rows_of = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec!["report", g, "--json"];
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = run(&args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        json_lines(&stdout)
+    };
+    let syms = |rows: &[serde_json::Value]| -> Vec<String> {
+        rows.iter()
+            .map(|r| r["sym"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    assert_eq!(
+        syms(&rows_of(&[
+            "--no-children",
+            "--symbols",
+            "main.lock",
+            "--dsos",
+            "server"
+        ])),
+        ["main.lock"]
+    );
+    assert!(rows_of(&["--comms", "nosuchcomm"]).is_empty());
+    let lock_pct = 100.0 * l as f64 / (w + l) as f64;
+    let limit = format!("{:.2}", lock_pct + 1.0);
+    assert_eq!(
+        syms(&rows_of(&["--no-children", "--percent-limit", &limit])),
+        ["main.work"]
+    );
+    let tree = rows_of(&["--hierarchy", "--sort", "comm,sym", "--no-children"]);
+    assert_eq!(tree[0]["depth"], 0, "{tree:?}");
+    assert_eq!(tree[0]["comm"], "server", "{tree:?}");
+    assert_eq!(tree[0]["self_samples"], w + l, "{tree:?}");
+    assert_eq!(
+        tree[1..]
+            .iter()
+            .map(|r| r["depth"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 1],
+        "{tree:?}"
+    );
     let _ = std::fs::remove_file(&raw);
     let _ = std::fs::remove_file(&gz);
 }

@@ -32,7 +32,9 @@ pub struct ReportArgs {
     /// Also show each row's sample count.
     #[arg(short = 'n', long = "show-nr-samples")]
     pub show_nr_samples: bool,
-    /// Call chains under each row: `-g [TYPE][,MIN][,ORDER]`, TYPE graph
+    /// Call chains under each row: `-g`, or `-g=TYPE,MIN,ORDER` (each
+    /// part optional; the `=` keeps a duration or file after it apart),
+    /// TYPE graph
     /// (a tree, the default), folded (one line a chain) or none, MIN the
     /// smallest chain shown in percent (0.5), ORDER caller (from the root,
     /// the default) or callee.
