@@ -6,7 +6,7 @@ pub mod pprof;
 pub mod report;
 pub mod transform;
 
-use std::{collections::HashMap, fmt::Write as _, sync::Arc};
+use std::{fmt::Write as _, sync::Arc};
 
 use anyhow::Context as _;
 
@@ -169,7 +169,7 @@ pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
             0
         }
     };
-    let mut index: HashMap<Key, usize> = HashMap::new();
+    let mut index: foldhash::HashMap<Key, usize> = foldhash::HashMap::default();
     let mut out: Vec<Sample> = Vec::with_capacity(samples.len());
     for s in samples {
         if s.waker.is_some() {

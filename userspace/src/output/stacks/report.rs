@@ -4,7 +4,9 @@
 //! `perf report --stdio`'s layout or as JSON. The same tables serve a
 //! live profile (`--report`) and a saved one (`rtrace report FILE`).
 
-use std::{collections::HashMap, fmt::Write as _, sync::Arc};
+use std::{fmt::Write as _, sync::Arc};
+
+use foldhash::HashMap;
 
 use crate::stacks::{
     sample::Sample,
@@ -289,7 +291,7 @@ fn tally(
     children: bool,
     chains: bool,
 ) -> HashMap<RowKey, Tally> {
-    let mut rows: HashMap<RowKey, Tally> = HashMap::new();
+    let mut rows: HashMap<RowKey, Tally> = HashMap::default();
     let unknown = Site {
         sym: Arc::from("[unknown]"),
         dso: Arc::from("[unknown]"),
@@ -326,7 +328,7 @@ fn tally(
         if children {
             // Each row once a sample, at its outermost frame: recursion
             // counts once, and the chain is the shortest that reaches it.
-            let mut seen: HashMap<RowKey, usize> = HashMap::new();
+            let mut seen: HashMap<RowKey, usize> = HashMap::default();
             for (i, site) in stack.iter().enumerate() {
                 if admitted(site) {
                     seen.entry(row_key(keys, s, site)).or_insert(i);
@@ -343,6 +345,9 @@ fn tally(
     }
     rows
 }
+
+/// The widest the last column's dots go.
+const MAX_WIDTH: usize = 60;
 
 /// perf report's table of `samples`.
 pub struct Report {
@@ -543,14 +548,23 @@ impl crate::output::Record for Report {
             let titles: Vec<&str> = self.keys.iter().map(|k| k.title()).collect();
             let _ = writeln!(out, "# {lead}  {}", titles.join(" / "));
         } else {
+            // The last column is not padded, and no column's dots run
+            // past MAX_WIDTH: one long symbol (a C++ or Rust generic's)
+            // would pad every row to its length.
+            let last = self.keys.len().saturating_sub(1);
             let widths: Vec<usize> = (0..self.keys.len())
                 .map(|i| {
-                    texts
+                    let longest = texts
                         .iter()
                         .map(|t| t[i].chars().count())
                         .chain([self.keys[i].title().len()])
                         .max()
-                        .unwrap_or(0)
+                        .unwrap_or(0);
+                    if i == last {
+                        longest.min(MAX_WIDTH)
+                    } else {
+                        longest
+                    }
                 })
                 .collect();
             let mut title = format!("# {lead}");
@@ -565,10 +579,14 @@ impl crate::output::Record for Report {
             out.push_str("#\n");
             for ((_, _, t), text) in self.rows.iter().zip(&texts) {
                 let mut line = self.lead(t);
-                for (v, w) in text.iter().zip(&widths) {
-                    let _ = write!(line, "  {v:<w$}");
+                for (i, (v, w)) in text.iter().zip(&widths).enumerate() {
+                    if i == last {
+                        let _ = write!(line, "  {v}");
+                    } else {
+                        let _ = write!(line, "  {v:<w$}");
+                    }
                 }
-                let _ = writeln!(out, "{}", line.trim_end());
+                let _ = writeln!(out, "{line}");
                 self.chain_text(t, out);
             }
             self.footer(out);
