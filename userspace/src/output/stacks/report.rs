@@ -725,3 +725,135 @@ impl Tree {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::Record as _;
+
+    fn args(extra: &[&str]) -> ReportArgs {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            r: ReportArgs,
+        }
+        Cli::parse_from(std::iter::once("t").chain(extra.iter().copied())).r
+    }
+
+    /// Folded lines as samples: `comm;root;...;leaf count`.
+    fn samples(text: &str) -> Vec<Sample> {
+        crate::output::stacks::samples_of_folded(text).unwrap()
+    }
+
+    fn row<'a>(r: &'a Report, sym: &str) -> &'a Tally {
+        &r.rows
+            .iter()
+            .find(|(_, k, _)| {
+                k.0.iter()
+                    .any(|v| matches!(v, Value::Sym(_, n) if &**n == sym))
+            })
+            .unwrap_or_else(|| panic!("no row {sym}"))
+            .2
+    }
+
+    #[test]
+    fn recursion_counts_once_in_children_and_the_leaf_is_self() {
+        let s = samples("a;main;f;f;f;g 3\na;main;f 2\na;main;h 5\n");
+        let r = Report::new(&s, &args(&[]), "cpu-clock", "samples");
+        assert_eq!(r.total, 10);
+        let f = row(&r, "f");
+        assert_eq!((f.children, f.self_), (5, 2));
+        let main = row(&r, "main");
+        assert_eq!((main.children, main.self_), (10, 0));
+        // Sorted by children, then self.
+        let order: Vec<String> = r.rows.iter().map(|(_, k, _)| k.0[2].text()).collect();
+        // f and h tie on children; h has more of its own.
+        assert_eq!(order, ["[.] main", "[.] h", "[.] f", "[.] g"]);
+        let r = Report::new(&s, &args(&["--no-children"]), "cpu-clock", "samples");
+        let order: Vec<String> = r.rows.iter().map(|(_, k, _)| k.0[2].text()).collect();
+        assert_eq!(order, ["[.] h", "[.] g", "[.] f"]);
+    }
+
+    #[test]
+    fn chains_run_from_the_root_to_the_row_and_fold_into_a_tree() {
+        let s = samples("a;main;f;x 6\na;main;g;f;y 4\n");
+        let r = Report::new(&s, &args(&["-g=folded,0"]), "cpu-clock", "samples");
+        let f = row(&r, "f");
+        let chains = r.chains(f);
+        let text: Vec<String> = chains.iter().map(|(c, _)| c.join(";")).collect();
+        assert_eq!(text, ["main;f", "main;g;f"]);
+        let r = Report::new(&s, &args(&["-g=graph,0,callee"]), "cpu-clock", "samples");
+        let mut out = String::new();
+        r.text(&mut out);
+        // Callee order: the row's function first, its callers after; the
+        // two chains part below it.
+        let at = out.find("[.] f").unwrap();
+        let graph: Vec<&str> = out[at..].lines().skip(1).take(6).collect();
+        assert_eq!(
+            graph,
+            [
+                "            |",
+                "            ---f",
+                "               |",
+                "               |--60.00%--main",
+                "               |",
+                "                --40.00%--g",
+            ],
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn hierarchy_nests_each_key_under_the_last() {
+        let s = samples("a;main;f 6\nb;main;f 3\nb;main;g 1\n");
+        let r = Report::new(
+            &s,
+            &args(&["--hierarchy", "--sort", "comm,sym", "--no-children"]),
+            "cpu-clock",
+            "samples",
+        );
+        let rows: Vec<(usize, String, u64)> = r
+            .rows
+            .iter()
+            .map(|(d, k, t)| (*d, k.0[*d].text(), t.self_))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (0, "a".to_owned(), 6),
+                (1, "[.] f".to_owned(), 6),
+                (0, "b".to_owned(), 4),
+                (1, "[.] f".to_owned(), 3),
+                (1, "[.] g".to_owned(), 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn kernel_frames_are_kallsyms_and_marked_k() {
+        let s = samples("a;main;read;entry_SYSCALL_64_[k];vfs_read_[k] 4\n");
+        let r = Report::new(&s, &args(&["--no-children"]), "cpu-clock", "samples");
+        assert_eq!(r.rows.len(), 1);
+        let k = &r.rows[0].1;
+        assert_eq!(
+            k.0.iter().map(Value::text).collect::<Vec<_>>(),
+            ["a", "[kernel.kallsyms]", "[k] vfs_read"]
+        );
+    }
+
+    #[test]
+    fn options_parse_as_perf_spells_them_and_refuse_others() {
+        assert_eq!(args(&["--sort", "pid,sym"]).sort.0, [Key::Pid, Key::Sym]);
+        let g = args(&["-g=folded,2.5,callee"]).call_graph.unwrap();
+        assert_eq!((g.style, g.min, g.callee), (ChainStyle::Folded, 2.5, true));
+        assert!(
+            parse_keys("comm,cpu")
+                .unwrap_err()
+                .contains("unknown sort key")
+        );
+        assert!(parse_call_graph("fancy").is_err());
+        assert_eq!(args(&[]).changed(), None);
+        assert_eq!(args(&["--hierarchy"]).changed(), Some("--hierarchy"));
+    }
+}
