@@ -160,8 +160,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map_err(Into::into)
         })?;
     }
-    let exact = stacks::merge(loaded.samples, true);
-    let samples = stacks::merge(exact.clone(), false);
+    // The table and annotate count each sample as it comes; the stacks
+    // are merged only for the outputs that print each stack once (merging
+    // hashes every frame of every stack: most of a report's time).
+    let raw = loaded.samples;
+    let samples = if files.svg.is_some() || files.speedscope.is_some() || args.folded {
+        stacks::merge(raw.clone(), false)
+    } else {
+        Vec::new()
+    };
     let what = crate::output::files::held(&samples, &loaded.unit);
     if let Some(file) = files.svg {
         let opts = FlameOptions {
@@ -197,12 +204,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             duration_nanos: 0,
             comments: &[],
         };
+        // Leaves at other addresses stay other locations.
+        let exact = stacks::merge(raw.clone(), true);
+        let what = crate::output::files::held(&exact, &loaded.unit);
         file.write(&what, |out| pprof::write(&exact, out, &meta, false))?;
     }
     let mut sink = Sink::new("report", args.json);
     if args.annotate.wanted() {
         let table =
-            crate::output::stacks::annotate::annotate(&exact, &args.annotate, Some(&loaded.event))?;
+            crate::output::stacks::annotate::annotate(&raw, &args.annotate, Some(&loaded.event))?;
         return sink.emit(&table);
     }
     if args.folded {
@@ -215,6 +225,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             value: "count",
         });
     }
-    let table = report::Report::new(&samples, &args.report, &loaded.event, &loaded.unit);
+    let table = report::Report::new(&raw, &args.report, &loaded.event, &loaded.unit);
     sink.emit(&table)
 }

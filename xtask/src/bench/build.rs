@@ -195,6 +195,20 @@ fn make(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     .map(drop)
 }
 
+/// Builds the generated project from clean, again and again, until
+/// `secs` seconds have passed: a busy machine of short-lived processes
+/// for other benchmarks to profile.
+pub(super) fn builds_for(secs: u64) -> anyhow::Result<()> {
+    let dir = crate::root().join("target/bench/cbuild");
+    generate(&dir)?;
+    let end = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        make(&dir, &["clean"])?;
+        make(&dir, &[JOBS])?;
+    }
+    Ok(())
+}
+
 /// One build from clean; returns its wall time in milliseconds.
 fn build(dir: &Path) -> anyhow::Result<f64> {
     Ok(seconds(|| make(dir, &[JOBS]))? * 1e3)

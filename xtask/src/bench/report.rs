@@ -1,8 +1,8 @@
 //! `cargo xtask bench report`: perf report's tables from one 30 s
 //! system-wide profile at 999 Hz, recorded once by rtrace (`--pprof`) and
 //! by perf (`perf record -g -a`) side by side over the same workload (the
-//! profile fixture without frame pointers and Debian's python3, both
-//! busy); then, interleaved, the time `rtrace report FILE` takes against
+//! C build of `bench profile`, `make -j2` from clean again and again:
+//! hundreds of short-lived processes, thousands of distinct stacks); then, interleaved, the time `rtrace report FILE` takes against
 //! `perf report --stdio` on its perf.data, with and without call chains;
 //! and the time from Ctrl-C to the table of a live `rtrace profile
 //! --report` over the same 30 s.
@@ -64,24 +64,7 @@ pub fn run() -> anyhow::Result<String> {
     let mut cmd = Command::new("perf");
     cmd.args(["record", "-q", "-g", "-a", "-F", "999", "-o", &data_s]);
     let perf = Tracer::start(cmd, Ready::After(Duration::from_secs(1)), None)?;
-    let ms = (SECONDS * 1000).to_string();
-    let fixture = crate::root().join("target/release/hotfuncs_nofp");
-    let python = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\n\
-                  while time.monotonic() < end: pass\n";
-    let mut load = vec![
-        Command::new(&fixture)
-            .args(["stolen", &ms])
-            .stdout(Stdio::null())
-            .spawn()
-            .context("cannot start hotfuncs_nofp")?,
-        Command::new("/usr/bin/python3")
-            .args(["-c", python, &SECONDS.to_string()])
-            .spawn()
-            .context("cannot start python3")?,
-    ];
-    for c in &mut load {
-        c.wait()?;
-    }
+    super::build::builds_for(SECONDS)?;
     let live = live.stop()?;
     let recorded = recorder.stop()?;
     perf.stop()?;
@@ -124,9 +107,9 @@ pub fn run() -> anyhow::Result<String> {
     }
     let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
     let mut out = format!(
-        "{} ({SECONDS} s system-wide at 999 Hz; two busy processes, the profile fixture \
-         without frame pointers and python3; medians of {ROUNDS} interleaved runs, \
-         ranges in parentheses):\n\n",
+        "{} ({SECONDS} s system-wide at 999 Hz over C builds, `make -j2` of 120 generated \
+         files from clean again and again; medians of {ROUNDS} interleaved runs, ranges in \
+         parentheses):\n\n",
         measured_on("report")
     );
     out.push_str("| report | time | vs perf |\n| --- | --- | --- |\n");

@@ -212,19 +212,42 @@ fn dso(f: &Frame, pid: u32) -> Arc<str> {
     }
 }
 
-/// A sample's frames, root first, as sites: inlined frames are part of
-/// the function they were inlined into (its row, as perf's symbol is the
-/// symbol table's), and the delimiters text output adds are dropped.
-fn sites(s: &Sample) -> Vec<Site> {
-    s.root_first(false)
-        .iter()
-        .filter(|f| f.kind != Kind::Inlined)
-        .map(|f| Site {
+/// The dso names of the modules seen, by the module's string: each
+/// made once, not once a frame.
+type DsoNames = HashMap<(Option<Arc<str>>, Kind, u32), Arc<str>>;
+
+/// A sample's own frames, root first, as sites (a waker's are not its
+/// own): inlined frames are part of the function they were inlined into
+/// (its row, as perf's symbol is the symbol table's); time off the CPU
+/// has its marker between the user and kernel frames.
+fn sites(s: &Sample, names: &mut DsoNames) -> Vec<Site> {
+    let mut out = Vec::with_capacity(s.user.len() + s.kernel.len() + 1);
+    let mut push = |f: &Frame, out: &mut Vec<Site>| {
+        if f.kind == Kind::Inlined {
+            return;
+        }
+        // JIT frames' dso names the process.
+        let pid = if f.kind == Kind::Jit { s.pid } else { 0 };
+        let dso = names
+            .entry((f.module.clone(), f.kind, pid))
+            .or_insert_with(|| dso(f, s.pid))
+            .clone();
+        out.push(Site {
             sym: f.name.clone(),
-            dso: dso(f, s.pid),
+            dso,
             kernel: f.kind == Kind::Kernel,
-        })
-        .collect()
+        });
+    };
+    for f in s.user.iter().rev() {
+        push(f, &mut out);
+    }
+    if s.off_cpu {
+        push(&Frame::missed(super::OFF_CPU_FRAME, Kind::Kernel), &mut out);
+    }
+    for f in s.kernel.iter().rev() {
+        push(f, &mut out);
+    }
+    out
 }
 
 /// The values of a row's keys.
@@ -292,6 +315,7 @@ fn tally(
     chains: bool,
 ) -> HashMap<RowKey, Tally> {
     let mut rows: HashMap<RowKey, Tally> = HashMap::default();
+    let mut names = DsoNames::default();
     let unknown = Site {
         sym: Arc::from("[unknown]"),
         dso: Arc::from("[unknown]"),
@@ -303,7 +327,7 @@ fn tally(
         {
             continue;
         }
-        let mut stack = sites(s);
+        let mut stack = sites(s, &mut names);
         if stack.is_empty() {
             stack.push(unknown.clone());
         }
@@ -437,7 +461,7 @@ impl Report {
                 } else {
                     format!("Total: {total} {unit} of event '{event}'")
                 },
-                format!("{} distinct stacks", samples.len()),
+                format!("{} stacks", samples.len()),
             ],
             keys: keys.clone(),
             children,
