@@ -72,7 +72,8 @@ pub fn run() -> anyhow::Result<String> {
         bail!("rtrace wrote no pprof: {}", recorded.stderr);
     }
     let cases: [(&str, &str, Vec<&str>); 4] = [
-        ("rtrace report FILE", &rtrace, vec!["report", &pprof_s]),
+        // perf's default prints each row's call graph: so does -g.
+        ("rtrace report FILE -g", &rtrace, vec!["report", &pprof_s, "-g"]),
         (
             "perf report --stdio",
             "perf",
