@@ -73,7 +73,11 @@ pub fn run() -> anyhow::Result<String> {
     }
     let cases: [(&str, &str, Vec<&str>); 4] = [
         // perf's default prints each row's call graph: so does -g.
-        ("rtrace report FILE -g", &rtrace, vec!["report", &pprof_s, "-g"]),
+        (
+            "rtrace report FILE -g",
+            &rtrace,
+            vec!["report", &pprof_s, "-g"],
+        ),
         (
             "perf report --stdio",
             "perf",
