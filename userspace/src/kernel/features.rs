@@ -422,6 +422,20 @@ pub const TRACEPOINT_CHAIN: [Mechanism; 3] = [
     Mechanism::Tracepoint,
 ];
 
+/// Whether this machine has a hardware PMU (a `cpu` event source): VMs
+/// mostly have none, and then every hardware event fails.
+pub fn has_pmu() -> bool {
+    std::fs::read_dir("/sys/bus/event_source/devices")
+        .map(|d| {
+            d.flatten().any(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n == "cpu" || n.starts_with("cpu_") || n.starts_with("armv")
+            })
+        })
+        .unwrap_or(false)
+}
+
 /// The lockdown mode from securityfs, if it can be read.
 pub fn lockdown() -> String {
     std::fs::read_to_string("/sys/kernel/security/lockdown")

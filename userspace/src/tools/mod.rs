@@ -6,6 +6,7 @@
 pub mod doctor;
 pub mod exporter;
 pub mod flamegraph;
+pub mod list;
 pub mod offcpu;
 pub mod report;
 pub mod stacktool;
@@ -54,6 +55,9 @@ macro_rules! registry {
             )*
             /// Draw flame graphs from folded stacks (differential: `diff`).
             Flamegraph(flamegraph::Args),
+            /// List the events, tracepoints, kernel functions and USDT probes
+            /// this machine offers, as perf list and tplist do.
+            List(list::Args),
             /// Report on a saved profile (pprof or folded stacks) as perf
             /// report does: overhead by comm, dso and symbol, call chains,
             /// annotated instructions.
@@ -104,6 +108,7 @@ macro_rules! registry {
                 $(Command::$variant(_) => unreachable!("tools run in `run`"),)*
                 Command::Flamegraph(args) => flamegraph::run(args),
                 Command::Report(args) => report::run(args),
+                Command::List(args) => list::run(args),
                 Command::Exporter(args) => {
                     let global = args.global();
                     exporter::run(args, &global, collectors()).await

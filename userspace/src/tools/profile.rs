@@ -238,16 +238,7 @@ impl Args {
 /// Where there is no PMU, as in most VMs, the hardware events fail; this
 /// says why in words.
 fn pmu_hint() -> &'static str {
-    let pmus = std::fs::read_dir("/sys/bus/event_source/devices")
-        .map(|d| {
-            d.flatten().any(|e| {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                n == "cpu" || n.starts_with("cpu_") || n.starts_with("armv")
-            })
-        })
-        .unwrap_or(false);
-    if pmus {
+    if crate::kernel::features::has_pmu() {
         ""
     } else {
         " (this machine has no hardware PMU: /sys/bus/event_source/devices has no cpu)"
