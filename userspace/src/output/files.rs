@@ -91,20 +91,19 @@ pub struct StackReports {
     pub pprof: Option<ReportFile>,
     /// `--speedscope`.
     pub speedscope: Option<ReportFile>,
+    /// `--heatmap`.
+    pub heatmap: Option<ReportFile>,
 }
 
 impl StackReports {
-    /// Creates each file asked for.
-    pub fn create(
-        svg: Option<&Path>,
-        pprof: Option<&Path>,
-        speedscope: Option<&Path>,
-    ) -> anyhow::Result<Self> {
-        let create = |p: Option<&Path>| p.map(ReportFile::create).transpose();
+    /// Creates each file asked for: svg, pprof, speedscope, heat map.
+    pub fn create(paths: [Option<&Path>; 4]) -> anyhow::Result<Self> {
+        let [svg, pprof, speedscope, heatmap] = paths.map(|p| p.map(ReportFile::create));
         Ok(Self {
-            svg: create(svg)?,
-            pprof: create(pprof)?,
-            speedscope: create(speedscope)?,
+            svg: svg.transpose()?,
+            pprof: pprof.transpose()?,
+            speedscope: speedscope.transpose()?,
+            heatmap: heatmap.transpose()?,
         })
     }
 }

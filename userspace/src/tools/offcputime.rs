@@ -209,7 +209,8 @@ impl Tool for Offcputime {
         {
             anyhow::bail!("{flag} shapes perf report's table: add --report");
         }
-        let reports = StackReports::create(args.svg.as_deref(), args.pprof.as_deref(), None)?;
+        let reports =
+            StackReports::create([args.svg.as_deref(), args.pprof.as_deref(), None, None])?;
         Ok(Self {
             reports,
             args,

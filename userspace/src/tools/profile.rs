@@ -293,8 +293,6 @@ pub struct Profile {
     off_cpu: Option<OffCpu>,
     /// The files asked for, created before anything is attached.
     reports: StackReports,
-    /// `--heatmap`'s file.
-    heatmap: Option<files::ReportFile>,
     /// Time slots the kernel counts samples in: for the heat map, and
     /// kept in a pprof file for `rtrace report --heatmap`; 0 for neither.
     heat_slots: u32,
@@ -373,16 +371,12 @@ impl Tool for Profile {
         {
             anyhow::bail!("{flag} shapes perf report's table: add --report");
         }
-        let reports = StackReports::create(
+        let reports = StackReports::create([
             args.svg.as_deref(),
             args.pprof.as_deref(),
             args.speedscope.as_deref(),
-        )?;
-        let heatmap = args
-            .heatmap
-            .as_deref()
-            .map(files::ReportFile::create)
-            .transpose()?;
+            args.heatmap.as_deref(),
+        ])?;
         let heat_slots = if args.heatmap.is_some() || args.pprof.is_some() {
             args.duration.map_or(MAX_HEAT_SLOTS, |d| {
                 u32::try_from(d.saturating_mul(1_000_000_000 / HEAT_SLOT_NS))
@@ -394,7 +388,6 @@ impl Tool for Profile {
         };
         Ok(Self {
             reports,
-            heatmap,
             heat_slots,
             window_start: 0,
             event: if args.off_cpu {
@@ -559,7 +552,7 @@ impl Tool for Profile {
             ),
             None => format!("sampling {}", self.event.name()),
         }];
-        if self.heatmap.is_some() || self.args.range.is_some() {
+        if self.args.heatmap.is_some() || self.args.range.is_some() {
             notes.push(format!(
                 "time zero of the heat map and --range: CLOCK_MONOTONIC {} ns",
                 self.window_start
@@ -723,7 +716,7 @@ impl Profile {
 
     /// Writes the heat map, if asked for, from the kernel's slot counts.
     fn write_heatmap(&mut self, counts: Option<&[u64]>) -> anyhow::Result<()> {
-        let (Some(file), Some(counts)) = (self.heatmap.take(), counts) else {
+        let (Some(file), Some(counts)) = (self.reports.heatmap.take(), counts) else {
             return Ok(());
         };
         let used = counts.len() as u32;

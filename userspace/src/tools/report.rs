@@ -10,7 +10,6 @@ use anyhow::Context as _;
 use crate::{
     output::{
         Sink,
-        files::ReportFile,
         stacks::{self, FlameOptions, TextOptions, pprof, report},
     },
     stacks::sample::Sample,
@@ -123,18 +122,14 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Output files first, as profile creates them: a bad path fails before
     // any work.
-    let files = crate::output::files::StackReports::create(
+    let files = crate::output::files::StackReports::create([
         args.svg.as_deref(),
         args.pprof.as_deref(),
         args.speedscope.as_deref(),
-    )?;
-    let heatmap = args
-        .heatmap
-        .as_deref()
-        .map(ReportFile::create)
-        .transpose()?;
+        args.heatmap.as_deref(),
+    ])?;
     let loaded = load(&args)?;
-    if let Some(file) = heatmap {
+    if let Some(file) = files.heatmap {
         let heat = loaded.heat.as_ref().with_context(|| {
             format!(
                 "{} keeps no sample times for a heat map (rtrace profile --pprof writes them)",
