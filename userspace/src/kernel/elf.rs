@@ -1,5 +1,6 @@
 //! The function symbols of an ELF file by file offset, which is how the
-//! kernel takes a uprobe's place.
+//! kernel takes a uprobe's place; and the translation between a file's
+//! offsets and its virtual addresses, through its segments.
 
 use std::{collections::HashMap, path::Path};
 
@@ -46,4 +47,24 @@ pub fn symbol_offsets(file: &Path) -> anyhow::Result<HashMap<String, u64>> {
         out.entry(name.to_owned()).or_insert(offset);
     }
     Ok(out)
+}
+
+/// The file offset of virtual address `addr` in `elf`: through the
+/// segment whose file-backed bytes hold it.
+pub fn vaddr_to_offset(elf: &object::File<'_>, addr: u64) -> Option<u64> {
+    use object::{Object as _, ObjectSegment as _};
+    elf.segments().find_map(|s| {
+        let (start, size) = s.file_range();
+        (s.address() <= addr && addr < s.address() + size).then(|| addr - s.address() + start)
+    })
+}
+
+/// The virtual address of file offset `off` in `elf`: through the segment
+/// that maps it.
+pub fn offset_to_vaddr(elf: &object::File<'_>, off: u64) -> Option<u64> {
+    use object::{Object as _, ObjectSegment as _};
+    elf.segments().find_map(|s| {
+        let (start, size) = s.file_range();
+        (start <= off && off < start + size).then(|| off - start + s.address())
+    })
 }

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::Context as _;
 use aya::Ebpf;
-use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+use object::{Object as _, ObjectSection as _};
 
 /// Where one argument of a probe is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,12 +157,7 @@ pub fn sites(path: &Path) -> anyhow::Result<Vec<Site>> {
     let elf = object::File::parse(&*data)
         .map_err(|e| anyhow::anyhow!("{} is not an ELF file: {e}", path.display()))?;
     let base = elf.section_by_name(".stapsdt.base").map(|s| s.address());
-    let to_offset = |addr: u64| -> Option<u64> {
-        elf.segments().find_map(|s| {
-            let (start, size) = s.file_range();
-            (s.address() <= addr && addr < s.address() + size).then(|| addr - s.address() + start)
-        })
-    };
+    let to_offset = |addr: u64| crate::kernel::elf::vaddr_to_offset(&elf, addr);
     let mut out = Vec::new();
     let Some(notes) = elf.section_by_name(".note.stapsdt") else {
         return Ok(out);

@@ -218,10 +218,7 @@ fn function(name: &str, hits: &Hits) -> anyhow::Result<Function> {
     // Process address -> file offset -> the segment's virtual address.
     let to_vaddr = |addr: u64| -> Option<u64> {
         let off = addr.checked_sub(m.start)?.checked_add(m.offset)?;
-        elf.segments().find_map(|s| {
-            let (start, size) = s.file_range();
-            (start <= off && off < start + size).then(|| off - start + s.address())
-        })
+        crate::kernel::elf::offset_to_vaddr(&elf, off)
     };
     let any = *hits.addrs.keys().next().context("no samples")?;
     let at = to_vaddr(any).context("the sampled address is in no segment of the file")?;
@@ -283,15 +280,7 @@ fn source_lines(path: &str, elf: &object::File<'_>, insns: &mut [Insn]) {
     // blazesym takes file offsets.
     let offsets: Vec<u64> = insns
         .iter()
-        .map(|i| {
-            elf.segments()
-                .find_map(|s| {
-                    let (off, size) = s.file_range();
-                    let a = s.address();
-                    (a <= i.addr && i.addr < a + size).then(|| i.addr - a + off)
-                })
-                .unwrap_or(0)
-        })
+        .map(|i| crate::kernel::elf::vaddr_to_offset(elf, i.addr).unwrap_or(0))
         .collect();
     let blaze = Symbolizer::builder().enable_code_info(true).build();
     let src = Source::Elf(Elf::new(path));
