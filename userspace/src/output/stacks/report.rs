@@ -256,8 +256,8 @@ struct RowKey(Vec<Value>);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Value {
-    Comm(String),
-    Pid(u32, String),
+    Comm(Arc<str>),
+    Pid(u32, Arc<str>),
     Dso(Arc<str>),
     /// Kernel or not (`[k]` or `[.]`), and the name.
     Sym(bool, Arc<str>),
@@ -266,7 +266,7 @@ enum Value {
 impl Value {
     fn text(&self) -> String {
         match self {
-            Self::Comm(c) => c.clone(),
+            Self::Comm(c) => c.to_string(),
             Self::Pid(p, c) => format!("{p:>7}:{c}"),
             Self::Dso(d) => d.to_string(),
             Self::Sym(k, n) => format!("[{}] {n}", if *k { 'k' } else { '.' }),
@@ -275,7 +275,7 @@ impl Value {
 
     fn json(&self) -> serde_json::Value {
         match self {
-            Self::Comm(c) => c.as_str().into(),
+            Self::Comm(c) => c.as_ref().into(),
             Self::Pid(p, _) => (*p).into(),
             Self::Dso(d) => d.as_ref().into(),
             Self::Sym(_, n) => n.as_ref().into(),
@@ -283,12 +283,13 @@ impl Value {
     }
 }
 
-fn row_key(keys: &[Key], s: &Sample, site: &Site) -> RowKey {
+/// The key of `site` in sample `s`, whose command is `comm`.
+fn row_key(keys: &[Key], s: &Sample, comm: &Arc<str>, site: &Site) -> RowKey {
     RowKey(
         keys.iter()
             .map(|k| match k {
-                Key::Comm => Value::Comm(s.comm.clone()),
-                Key::Pid => Value::Pid(s.pid, s.comm.clone()),
+                Key::Comm => Value::Comm(comm.clone()),
+                Key::Pid => Value::Pid(s.pid, comm.clone()),
                 Key::Dso => Value::Dso(site.dso.clone()),
                 Key::Sym => Value::Sym(site.kernel, site.sym.clone()),
             })
@@ -327,6 +328,8 @@ fn tally(
         {
             continue;
         }
+        // One string a sample, shared by its frames' keys.
+        let comm: Arc<str> = Arc::from(s.comm.as_str());
         let mut stack = sites(s, &mut names);
         if stack.is_empty() {
             stack.push(unknown.clone());
@@ -340,7 +343,9 @@ fn tally(
         };
         let leaf = stack.len() - 1;
         if admitted(&stack[leaf]) {
-            let t = rows.entry(row_key(keys, s, &stack[leaf])).or_default();
+            let t = rows
+                .entry(row_key(keys, s, &comm, &stack[leaf]))
+                .or_default();
             t.self_ += s.count;
             if !children {
                 t.children += s.count;
@@ -355,7 +360,7 @@ fn tally(
             let mut seen: HashMap<RowKey, usize> = HashMap::default();
             for (i, site) in stack.iter().enumerate() {
                 if admitted(site) {
-                    seen.entry(row_key(keys, s, site)).or_insert(i);
+                    seen.entry(row_key(keys, s, &comm, site)).or_insert(i);
                 }
             }
             for (k, at) in seen {
@@ -379,6 +384,8 @@ pub struct Report {
     header: Vec<String>,
     keys: Vec<Key>,
     children: bool,
+    /// `--hierarchy`: rows nested by their keys.
+    hierarchy: bool,
     show_count: bool,
     total: u64,
     graph: Option<CallGraph>,
@@ -465,6 +472,7 @@ impl Report {
             ],
             keys: keys.clone(),
             children,
+            hierarchy: args.hierarchy,
             show_count: args.show_nr_samples,
             total,
             graph,
@@ -519,7 +527,7 @@ impl serde::Serialize for Report {
                     m.insert("kernel".into(), (*kernel).into());
                 }
             }
-            if *depth > 0 || self.rows.iter().any(|r| r.0 > 0) {
+            if self.hierarchy {
                 m.insert("depth".into(), (*depth).into());
             }
             let chains = self.chains(t);
@@ -567,8 +575,7 @@ impl crate::output::Record for Report {
             .iter()
             .map(|(_, k, _)| k.0.iter().map(Value::text).collect())
             .collect();
-        let hierarchy = self.rows.iter().any(|r| r.0 > 0);
-        if hierarchy {
+        if self.hierarchy {
             let titles: Vec<&str> = self.keys.iter().map(|k| k.title()).collect();
             let _ = writeln!(out, "# {lead}  {}", titles.join(" / "));
         } else {
@@ -675,7 +682,13 @@ impl Report {
             ChainStyle::Graph => {
                 let tree = Tree::of(&chains);
                 let _ = writeln!(out, "{pad}|");
-                tree.print(out, &pad, self, true);
+                if let [(name, _, kid)] = &tree.kids[..] {
+                    // One chain start: it goes on under the row.
+                    let _ = writeln!(out, "{pad}---{name}");
+                    kid.print_run(out, &format!("{pad}   "), self);
+                } else {
+                    tree.branches(out, &pad, self);
+                }
             }
             ChainStyle::None => {}
         }
@@ -710,21 +723,14 @@ impl Tree {
         root
     }
 
-    /// Prints the tree at column `col`: a lone child goes on under its
-    /// parent (`---name`, then one name a line); children that part are
-    /// branches with their share (`|--12.34%--name`).
-    fn print(&self, out: &mut String, col: &str, r: &Report, top: bool) {
-        if self.kids.len() == 1 {
-            let (name, _, kid) = &self.kids[0];
-            let lead = if top { "---" } else { "   " };
-            let _ = writeln!(out, "{col}{lead}{name}");
-            return kid.print_run(out, &format!("{col}   "), r);
-        }
+    /// Prints the children at column `col` as branches with their share
+    /// (`|--12.34%--name`), each going on below its name.
+    fn branches(&self, out: &mut String, col: &str, r: &Report) {
         for (i, (name, n, kid)) in self.kids.iter().enumerate() {
             let last = i + 1 == self.kids.len();
             let tag = format!("--{:.2}%--", r.pct(*n));
-            let _ = writeln!(out, "{col}{}{tag}{name}", if last { " " } else { "|" });
             let bar = if last { " " } else { "|" };
+            let _ = writeln!(out, "{col}{bar}{tag}{name}");
             let next = format!("{col}{bar}{}", " ".repeat(tag.len()));
             kid.print_run(out, &next, r);
             if !last {
@@ -733,7 +739,8 @@ impl Tree {
         }
     }
 
-    /// Goes on below a printed name at column `col`.
+    /// Goes on below a printed name at column `col`: a lone child one name
+    /// a line, children that part as branches.
     fn print_run(&self, out: &mut String, col: &str, r: &Report) {
         match self.kids.len() {
             0 => {}
@@ -744,7 +751,7 @@ impl Tree {
             }
             _ => {
                 let _ = writeln!(out, "{col}|");
-                self.print(out, col, r, false);
+                self.branches(out, col, r);
             }
         }
     }
