@@ -87,9 +87,10 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         std::fs::read(path).with_context(|| format!("cannot open {}", path.display()))?
     };
     let name = path.display();
-    if pprof::looks_like(&bytes) {
-        let r =
-            pprof::read(&bytes, args.sample_index.as_deref()).with_context(|| format!("{name}"))?;
+    if let Some(profile) = pprof::decode(&bytes) {
+        let r = profile
+            .and_then(|p| pprof::read(&p, args.sample_index.as_deref()))
+            .with_context(|| format!("{name}"))?;
         let unit = match r.value.1.as_str() {
             "count" => "samples".to_owned(),
             u => u.to_owned(),

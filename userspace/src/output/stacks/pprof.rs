@@ -317,27 +317,32 @@ pub struct Read {
     pub heat: Option<Heat>,
 }
 
-/// Whether `bytes` look like a pprof file: gzipped, as pprof files are
-/// written, or a bare profile message.
-pub fn looks_like(bytes: &[u8]) -> bool {
-    bytes.starts_with(&[0x1f, 0x8b])
-        || proto::Profile::decode(bytes).is_ok_and(|p| !p.sample_type.is_empty())
+/// `bytes` decoded as a pprof profile, if they are one: gzipped, as pprof
+/// files are written (then whatever fails is the file's fault), or a bare
+/// profile message with sample types. `None`: not a pprof file. Each
+/// file is decoded once, whatever it turns out to be.
+pub fn decode(bytes: &[u8]) -> Option<anyhow::Result<Profile>> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut raw = Vec::new();
+        return Some(
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut raw)
+                .context("a truncated or corrupt gzipped pprof profile")
+                .and_then(|_| {
+                    Profile::decode(&raw[..]).context("not a pprof profile (profile.proto)")
+                }),
+        );
+    }
+    Profile::decode(bytes)
+        .ok()
+        .filter(|p| !p.sample_type.is_empty())
+        .map(Ok)
 }
 
-/// Reads a pprof profile (gzipped or not), counting sample type `index`
-/// (its name or number), else the profile's default type, else
+/// Reads a decoded pprof profile ([`decode`]), counting sample type
+/// `index` (its name or number), else the profile's default type, else
 /// `samples` where it has one, else its last type, as `go tool pprof`
 /// does.
-pub fn read(bytes: &[u8], index: Option<&str>) -> anyhow::Result<Read> {
-    let mut raw = Vec::new();
-    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut raw)
-            .context("a truncated or corrupt gzipped pprof profile")?;
-        &raw[..]
-    } else {
-        bytes
-    };
-    let p = Profile::decode(bytes).context("not a pprof profile (profile.proto)")?;
+pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
     let s = |i: i64| -> &str {
         usize::try_from(i)
             .ok()
