@@ -190,10 +190,13 @@ fn fields(root: &Path, tracepoint: &str) -> Vec<Field> {
         .collect()
 }
 
-/// The events and tracepoints of this machine that `keep` admits.
+/// The events and tracepoints of this machine that `keep` admits, and its
+/// kernel functions where `functions` (else their number, in a note:
+/// there are tens of thousands).
 fn kernel_entries(
     keep: &dyn Fn(&str, &str) -> bool,
     verbose: bool,
+    functions: bool,
     notes: &mut Vec<String>,
 ) -> Vec<Entry> {
     let mut out = Vec::new();
@@ -216,35 +219,46 @@ fn kernel_entries(
     add(&mut out, &HARDWARE, "hardware", "Hardware event", pmu);
     add(&mut out, &CACHE, "cache", "Hardware cache event", pmu);
     add(&mut out, &SOFTWARE, "software", "Software event", true);
-    match crate::kernel::tracefs::root() {
-        Ok(root) => match std::fs::read_to_string(root.join("available_events")) {
-            Ok(text) => {
-                let mut names: Vec<&str> = text.lines().map(str::trim).collect();
-                names.sort_unstable();
-                for n in names.into_iter().filter(|n| keep("tracepoint", n)) {
-                    out.push(Entry {
-                        name: n.to_owned(),
-                        kind: "tracepoint",
-                        description: "Tracepoint event".to_owned(),
-                        available: true,
-                        why: None,
-                        fields: if verbose {
-                            fields(&root, n)
-                        } else {
-                            Vec::new()
-                        },
-                    });
-                }
+    let root = match crate::kernel::tracefs::root() {
+        Ok(root) => root,
+        Err(e) => {
+            notes.push(format!(
+                "tracepoints and kernel functions cannot be listed: {e}"
+            ));
+            return out;
+        }
+    };
+    match std::fs::read_to_string(root.join("available_events")) {
+        Ok(text) => {
+            let mut names: Vec<&str> = text.lines().map(str::trim).collect();
+            names.sort_unstable();
+            for n in names.into_iter().filter(|n| keep("tracepoint", n)) {
+                out.push(Entry {
+                    name: n.to_owned(),
+                    kind: "tracepoint",
+                    description: "Tracepoint event".to_owned(),
+                    available: true,
+                    why: None,
+                    fields: if verbose {
+                        fields(&root, n)
+                    } else {
+                        Vec::new()
+                    },
+                });
             }
-            Err(e) => notes.push(format!(
-                "tracepoints cannot be listed: {}: {e}",
-                root.join("available_events").display()
-            )),
-        },
-        Err(e) => notes.push(format!("tracepoints cannot be listed: {e}")),
+        }
+        Err(e) => notes.push(format!(
+            "tracepoints cannot be listed: {}: {e}",
+            root.join("available_events").display()
+        )),
     }
-    let functions = Path::new("/sys/kernel/tracing/available_filter_functions");
-    match std::fs::read_to_string(functions) {
+    let listed = root.join("available_filter_functions");
+    match std::fs::read_to_string(&listed) {
+        Ok(text) if !functions => notes.push(format!(
+            "{} kernel functions can be probed (p:NAME, r:NAME); list them with \
+             `rtrace list 'p:GLOB'`",
+            text.lines().count()
+        )),
         Ok(text) => {
             for line in text.lines() {
                 let name = line.split_whitespace().next().unwrap_or("");
@@ -265,7 +279,7 @@ fn kernel_entries(
         }
         Err(e) => notes.push(format!(
             "kernel functions (p:NAME, r:NAME) cannot be listed: {}: {e}{}",
-            functions.display(),
+            listed.display(),
             match crate::kernel::features::lockdown().as_str() {
                 l @ ("integrity" | "confidentiality") => format!(" (lockdown: {l})"),
                 _ => String::new(),
@@ -425,28 +439,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             all
         }
-        None => {
-            // Without a glob, every kernel function would drown the rest:
-            // they are counted, and listed with `p:GLOB`.
-            let keep_kernel = |kind: &str, name: &str| {
-                if kind == "kernel-function" && args.glob.is_none() {
-                    return false;
-                }
-                keep(kind, name)
-            };
-            let e = kernel_entries(&keep_kernel, args.verbose, &mut notes);
-            if args.glob.is_none()
-                && let Ok(text) =
-                    std::fs::read_to_string("/sys/kernel/tracing/available_filter_functions")
-            {
-                notes.push(format!(
-                    "{} kernel functions can be probed (p:NAME, r:NAME); list them with \
-                     `rtrace list 'p:GLOB'`",
-                    text.lines().count()
-                ));
-            }
-            e
-        }
+        // Without a glob, every kernel function would drown the rest:
+        // they are counted, and listed with `p:GLOB`.
+        None => kernel_entries(&keep, args.verbose, args.glob.is_some(), &mut notes),
     };
     let mut sink = Sink::new("list", args.json);
     if args.json {
