@@ -470,8 +470,7 @@ impl Tool for Profile {
             cfg.off_cpu.mark_switches = 1;
         }
         self.stacks.configure(&self.args.stacks, kernel, load)?;
-        // Annotate and pprof's locations need the sampled addresses.
-        if self.args.annotate_opts.wanted() || self.args.pprof.is_some() {
+        if self.exact_leaves() {
             self.stacks.exact_leaves();
         }
         load.config(&cfg);
@@ -606,7 +605,7 @@ impl Tool for Profile {
             // is counted in nanoseconds.
             exact = stacks::in_micros(exact);
         }
-        let samples = if self.args.annotate_opts.wanted() || self.args.pprof.is_some() {
+        let samples = if self.exact_leaves() {
             stacks::merge(exact.clone(), false)
         } else {
             std::mem::take(&mut exact)
@@ -732,6 +731,12 @@ impl Profile {
             crate::output::heatmap::write_svg(counts, HEAT_SLOT_NS, start, &title, out)
                 .map_err(Into::into)
         })
+    }
+
+    /// Whether stacks keep their leaves at their exact sampled addresses:
+    /// annotate and pprof's locations need them.
+    fn exact_leaves(&self) -> bool {
+        self.args.annotate_opts.wanted() || self.args.pprof.is_some()
     }
 
     /// The CPU time one cpu-clock sample stands for.
