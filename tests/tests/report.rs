@@ -22,22 +22,27 @@ fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("rtrace-report-{}-{name}", std::process::id()))
 }
 
-/// Starts `hotfuncs_nofp cpu 3`, which waits for its go.
-fn hotfuncs() -> Workload {
-    let (w, line) = Workload::start("hotfuncs_nofp", &["cpu".to_owned(), "3".to_owned()]);
+/// Profiles `hotfuncs_nofp cpu 3` at 999 Hz with `extra` arguments;
+/// `beside` is started first, given the fixture's pid, and its value
+/// handed back. rtrace's stdout, and the fixture's CPU nanoseconds in
+/// `hot_alpha` and `hot_beta`.
+fn profile_hotfuncs<T>(extra: &[&str], beside: impl FnOnce(&str) -> T) -> (String, (f64, f64), T) {
+    let (mut w, line) = Workload::start("hotfuncs_nofp", &["cpu".to_owned(), "3".to_owned()]);
     assert!(line.starts_with("ready"), "{line}");
-    w
-}
-
-/// Lets the fixture run; its CPU nanoseconds in `hot_alpha` and `hot_beta`.
-fn finish(mut w: Workload) -> (f64, f64) {
+    let pid = w.pid().to_string();
+    let with = beside(&pid);
+    let mut args = vec!["profile", "-F", "999", "-p", &pid];
+    args.extend_from_slice(extra);
+    let rtrace = Rtrace::start_until(&args, READY);
     let done = w.go();
     assert!(w.wait().success());
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
     let n: Vec<f64> = done
         .split_whitespace()
         .filter_map(|n| n.parse().ok())
         .collect();
-    (n[0], n[1])
+    (stdout, (n[0], n[1]), with)
 }
 
 /// A report's JSON rows by their symbol: (self samples, children samples).
@@ -69,18 +74,9 @@ fn row(rows: &BTreeMap<String, (u64, u64)>, name: &str) -> (u64, u64) {
 #[test]
 fn the_live_report_agrees_with_its_stacks_and_the_saved_profile() {
     let pprof = temp("live.pb.gz");
-    let w = hotfuncs();
-    let pid = w.pid().to_string();
     let p = pprof.to_str().unwrap();
-    let rtrace = Rtrace::start_until(
-        &[
-            "profile", "-F", "999", "-p", &pid, "--report", "--json", "--pprof", p,
-        ],
-        READY,
-    );
-    let (alpha_ns, beta_ns) = finish(w);
-    let (code, live, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
+    let (live, (alpha_ns, beta_ns), ()) =
+        profile_hotfuncs(&["--report", "--json", "--pprof", p], |_| ());
     let rows = rows_by_sym(&live);
     // The same run's stacks.
     let (code, folded, stderr) = run(&["report", p, "--folded", "-a"]);
@@ -154,31 +150,19 @@ fn the_table_agrees_with_perf_report() {
         return;
     }
     let data = temp("perf.data");
-    let w = hotfuncs();
-    let pid = w.pid().to_string();
-    let mut perf = Command::new("perf")
-        .args(["record", "-q", "-F", "999", "-g", "-p", &pid, "-o"])
-        .arg(&data)
-        .spawn()
-        .expect("perf (cargo xtask setup installs it)");
-    let rtrace = Rtrace::start_until(
-        &[
-            "profile",
-            "-F",
-            "999",
-            "-p",
-            &pid,
-            "--report",
-            "--no-children",
-            "--sort",
-            "comm,dso,sym",
-        ],
-        READY,
+    let (ours, _, mut perf) = profile_hotfuncs(
+        &["--report", "--no-children", "--sort", "comm,dso,sym"],
+        |pid| {
+            let perf = Command::new("perf")
+                .args(["record", "-q", "-F", "999", "-g", "-p", pid, "-o"])
+                .arg(&data)
+                .spawn()
+                .expect("perf (cargo xtask setup installs it)");
+            // Both sampling before the fixture's go.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            perf
+        },
     );
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    finish(w);
-    let (code, ours, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
     assert!(perf.wait().unwrap().success());
     let out = Command::new("perf")
         .args([
@@ -452,26 +436,8 @@ fn annotate_puts_the_samples_on_the_hot_loop() {
     assert_eq!(loop_lines.len(), 2);
     let pprof = temp("annotate.pb.gz");
     let p = pprof.to_str().unwrap();
-    let w = hotfuncs();
-    let pid = w.pid().to_string();
-    let rtrace = Rtrace::start_until(
-        &[
-            "profile",
-            "-F",
-            "999",
-            "-p",
-            &pid,
-            "--annotate",
-            "hot_alpha",
-            "--json",
-            "--pprof",
-            p,
-        ],
-        READY,
-    );
-    finish(w);
-    let (code, live, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
+    let (live, _, ()) =
+        profile_hotfuncs(&["--annotate", "hot_alpha", "--json", "--pprof", p], |_| ());
     let f = &json_lines(&live)[0];
     assert!(
         f["function"].as_str().unwrap().ends_with("hot_alpha"),
