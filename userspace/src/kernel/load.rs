@@ -336,6 +336,29 @@ pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
     per_cpu_sums(ebpf, "ERRORS", slots)
 }
 
+/// Runs of each loaded program that the kernel skipped, by program: a
+/// program's event that comes while the same program runs on that CPU
+/// (an interrupt's I/O completion during a completion of another
+/// request's, say) does not run it, and the kernel only counts it
+/// (`recursion_misses` in the program's fdinfo, 5.12). Programs with none
+/// are left out, as is every program where the kernel keeps no count.
+pub fn skipped_runs(ebpf: &Ebpf) -> Vec<(String, u64)> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    ebpf.programs()
+        .filter_map(|(name, p)| {
+            let fd = p.fd().ok()?.as_fd().as_raw_fd();
+            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+            let n: u64 = info
+                .lines()
+                .find_map(|l| l.strip_prefix("recursion_misses:"))?
+                .trim()
+                .parse()
+                .ok()?;
+            (n > 0).then(|| (name.to_owned(), n))
+        })
+        .collect()
+}
+
 /// An event tool's `TALLIES` as a collector, summed over the CPUs.
 pub fn read_tallies(ebpf: &Ebpf, slots: u32) -> anyhow::Result<Vec<u64>> {
     per_cpu_sums(ebpf, TALLIES, slots as usize)

@@ -1033,7 +1033,9 @@ async fn run_loop<T: Tool>(
 /// of an event tool: a full perf buffer fails the helper, which the
 /// programs count, and the kernel reports the same drops again, so the
 /// larger of the two is taken rather than the sum. The tool's
-/// [`Tool::EXPECTED`] slots are no warning: `-v` shows them.
+/// [`Tool::EXPECTED`] slots are no warning: `-v` shows them. Events the
+/// kernel kept from a program that was already running are reported
+/// too.
 fn report_errors<T: Tool>(ebpf: &Ebpf, perf_lost: u64, verbose: bool) -> anyhow::Result<()> {
     let counts = read_errors(ebpf, T::ERRORS.len())?;
     for (i, (name, mut n)) in T::ERRORS.iter().zip(counts).enumerate() {
@@ -1048,6 +1050,12 @@ fn report_errors<T: Tool>(ebpf: &Ebpf, perf_lost: u64, verbose: bool) -> anyhow:
         } else if verbose {
             eprintln!("rtrace: {}: {n} {name}", T::NAME);
         }
+    }
+    for (program, n) in crate::kernel::load::skipped_runs(ebpf) {
+        eprintln!(
+            "rtrace: warning: {n} events not counted: program {program} was already running on \
+             their CPU, and the kernel skips a program that would nest in itself"
+        );
     }
     Ok(())
 }
