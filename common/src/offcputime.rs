@@ -59,8 +59,9 @@ pub struct Config {
     /// from where it stopped when it runs again, which skips them and
     /// costs less.
     pub sched_frames: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
+    /// Whether blocked time is counted by thread, not only by process
+    /// ([`crate::stacks::Key::tid`]).
+    pub per_thread: u32,
 }
 
 /// What a thread left the CPU with: when, and the key its blocked time

@@ -34,6 +34,9 @@ pub struct Config {
     /// Slots of `HEAT` (`--heatmap`), each `HEAT_SLOT_NS` long from the
     /// start in `WINDOW`; 0 without a heat map.
     pub heat_slots: u32,
+    /// Whether samples are counted by thread, not only by process
+    /// ([`crate::stacks::Key::tid`]).
+    pub per_thread: u32,
     /// The sampling period in nanoseconds: what a timed sample counts
     /// when there is nothing to measure from, and `MAX_PERIODS` of them
     /// the most.

@@ -73,6 +73,11 @@ pub struct Key {
     pub kernel: u64,
     /// Command of the sampled thread.
     pub comm: [u8; TASK_COMM_LEN],
+    /// The sampled thread's id where samples are counted by thread
+    /// (`--sort tid`, pprof); else 0, so a process's threads share keys.
+    pub tid: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
 }
 
 impl Key {
@@ -87,6 +92,8 @@ impl Key {
             user: 0,
             kernel: 0,
             comm,
+            tid: 0,
+            _pad: 0,
         }
     }
 

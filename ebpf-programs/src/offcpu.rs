@@ -318,6 +318,9 @@ fn leaves<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
         core::ptr::null(),
         key,
     );
+    if cfg.per_thread != 0 {
+        key.tid = tid;
+    }
 }
 
 /// With `--waker`: the current thread wakes `wakee`; if it is a traced
@@ -338,7 +341,8 @@ pub fn wakes<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
     let Some(start) = entry_of::<K, S, DIRECT>(t, wakee, tid) else {
         return;
     };
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: a map value; a thread is woken by one thread at a time, and
     // a lost race only names the other waker.
     let waker = unsafe { &mut (*start).key.waker };
@@ -351,6 +355,9 @@ pub fn wakes<C: EbpfContext, K, S: Sink, const DIRECT: bool>(
         core::ptr::null(),
         waker,
     );
+    if cfg.per_thread != 0 {
+        waker.tid = pid_tgid as u32;
+    }
 }
 
 /// Adds the time thread `tid`, switched to, was off the CPU to its

@@ -516,3 +516,70 @@ fn bad_input_is_one_clear_line() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+/// Rows by thread: `--sort tid` of two threads of one name splits their
+/// samples as their own CPU clocks do, `--tids` keeps one, and the pprof
+/// of the same run, reported later, gives the same rows (it keeps each
+/// sample's thread). The folded stacks of that run are one line a stack,
+/// not one a thread.
+#[test]
+fn rows_by_thread_follow_each_threads_cpu_time() {
+    let pprof = temp("threads.pb.gz");
+    let p = pprof.to_str().unwrap();
+    let (mut w, line) = Workload::start("cfuncs_nofp", &["threads".to_owned(), "3".to_owned()]);
+    assert!(line.starts_with("ready"), "{line}");
+    let pid = w.pid().to_string();
+    let args = [
+        "profile", "-F", "999", "-p", &pid, "--report", "--sort", "tid", "--json", "--pprof", p,
+    ];
+    let rtrace = Rtrace::start_until(&args, READY);
+    let done = w.go();
+    assert!(w.wait().success());
+    let (code, live, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let n: Vec<u64> = done
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let (tids, cpu) = ([n[0], n[2]], [n[1] as f64, n[3] as f64]);
+    let by_tid = |text: &str| -> BTreeMap<u64, u64> {
+        json_lines(text)
+            .iter()
+            .filter_map(|r| Some((r["tid"].as_u64()?, r["self_samples"].as_u64()?)))
+            .collect()
+    };
+    let rows = by_tid(&live);
+    let seen = [0, 1].map(|i| rows.get(&tids[i]).copied().unwrap_or(0));
+    // main only waits: nearly every sample is the two spinners'.
+    let total = seen[0] + seen[1];
+    let share = seen[0] as f64 / total as f64;
+    let measured = cpu[0] / (cpu[0] + cpu[1]);
+    // ~3,000 samples: a binomial share moves by under a point; five is a
+    // real error.
+    assert!(
+        total >= 1000 && (share - measured).abs() < 0.05,
+        "thread {} has {share:.3} of the spinners' samples and {measured:.3} of their CPU \
+         time: {live}",
+        tids[0]
+    );
+    // The same rows from the file, and one thread alone with --tids.
+    let (code, later, stderr) = run(&["report", p, "--sort", "tid", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(by_tid(&later), rows);
+    let one = tids[1].to_string();
+    let (code, alone, stderr) = run(&["report", p, "--sort", "tid", "--tids", &one, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let alone = by_tid(&alone);
+    assert_eq!(alone.keys().collect::<Vec<_>>(), [&tids[1]], "{alone:?}");
+    assert_eq!(alone[&tids[1]], seen[1]);
+    // Folded, the two threads' alike stacks are one line each.
+    let (code, folded, stderr) = run(&["report", p, "--folded"]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = folded
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().0)
+        .collect();
+    let distinct: std::collections::BTreeSet<&str> = lines.iter().copied().collect();
+    assert_eq!(lines.len(), distinct.len(), "{folded}");
+    let _ = std::fs::remove_file(&pprof);
+}

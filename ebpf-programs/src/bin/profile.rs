@@ -78,6 +78,9 @@ fn sample(ctx: &PerfEventContext) {
     let sampled = ctx.as_ptr() as *const u8;
     let (kernel, user) = (cfg.kernel != 0, cfg.user != 0);
     stacks::describe_current(ctx, &EVENTS, tgid, kernel, user, sampled, &mut key);
+    if cfg.per_thread != 0 {
+        key.tid = tid;
+    }
     key.generation = stacks::generation();
     stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, value);
 }

@@ -145,6 +145,7 @@ pub fn samples_of_folded(text: &str) -> anyhow::Result<Vec<Sample>> {
         out.push(Sample {
             comm,
             pid: 0,
+            tid: 0,
             user: user.into(),
             kernel: kernel.into(),
             count,
@@ -158,10 +159,11 @@ pub fn samples_of_folded(text: &str) -> anyhow::Result<Vec<Sample>> {
 /// The samples with the same thread and frames as one, hottest first:
 /// pprof files may hold a stack many times (Go's do), and stacks kept
 /// apart by their leaves' exact addresses are one stack to every output
-/// but pprof and annotate. `exact`: leaf frames at other addresses stay
-/// apart.
+/// but pprof and annotate; so are a process's threads, where they were
+/// counted apart (for pprof and a report by thread). `exact`: leaf frames
+/// at other addresses, and other threads, stay apart.
 pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
-    type Key = (String, u32, Arc<[Frame]>, Arc<[Frame]>, bool, [u64; 2]);
+    type Key = (String, u32, u32, Arc<[Frame]>, Arc<[Frame]>, bool, [u64; 2]);
     let leaf = |f: &[Frame]| {
         if exact {
             f.first().map_or(0, |f| f.addr)
@@ -171,14 +173,18 @@ pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
     };
     let mut index: foldhash::HashMap<Key, usize> = foldhash::HashMap::default();
     let mut out: Vec<Sample> = Vec::with_capacity(samples.len());
-    for s in samples {
+    for mut s in samples {
         if s.waker.is_some() {
             out.push(s);
             continue;
         }
+        if !exact {
+            s.tid = 0;
+        }
         let key = (
             s.comm.clone(),
             s.pid,
+            s.tid,
             s.user.clone(),
             s.kernel.clone(),
             s.off_cpu,

@@ -12,6 +12,9 @@ pub struct Sample {
     pub comm: String,
     /// Process id.
     pub pid: u32,
+    /// Thread id, where samples were counted by thread (a report by
+    /// thread, a pprof); else 0.
+    pub tid: u32,
     /// User frames, leaf first; shared by the samples of every process
     /// with the same stack.
     pub user: Arc<[Frame]>,

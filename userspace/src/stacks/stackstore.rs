@@ -87,13 +87,17 @@ fn created(ebpf: &Ebpf) -> anyhow::Result<[u64; 2]> {
 
 /// One thread of a count, symbolized: command, pid, kernel and user
 /// frames, and whether it was off the CPU.
-type Symbolized = ([u8; 16], u32, Vec<Frame>, Vec<Frame>, bool);
+/// A thread's command, process, thread (0 where not counted by thread),
+/// kernel and user frames, and whether it was off the CPU.
+type Symbolized = ([u8; 16], u32, u32, Vec<Frame>, Vec<Frame>, bool);
 
 /// One thread of a settled sample: names, not addresses.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Named {
     comm: [u8; 16],
     pid: u32,
+    /// The thread, where counted by thread; else 0.
+    tid: u32,
     /// Id of the kernel stack in [`StackStore::named`].
     kernel: u32,
     /// Id of the user stack in [`StackStore::named`].
@@ -440,15 +444,23 @@ impl StackStore {
                 if lost(&key, MISSED_USER, key.user) {
                     user = vec![Frame::missed(sample::MISSED_USER, Kind::User)];
                 }
-                Some((key.comm, key.tgid, kernel, user, key.flags & OFF_CPU != 0))
+                Some((
+                    key.comm,
+                    key.tgid,
+                    key.tid,
+                    kernel,
+                    user,
+                    key.flags & OFF_CPU != 0,
+                ))
             });
             named.push((thread, waker, *count));
         }
         for (thread, waker, count) in named {
             let mut name = |t: Option<Symbolized>| {
-                t.map(|(comm, pid, kernel, user, off_cpu)| Named {
+                t.map(|(comm, pid, tid, kernel, user, off_cpu)| Named {
                     comm,
                     pid,
+                    tid,
                     kernel: self.intern(kernel),
                     user: self.intern(user),
                     off_cpu,
@@ -541,6 +553,7 @@ impl StackStore {
                 Sample {
                     comm,
                     pid,
+                    tid: t.tid,
                     kernel,
                     user,
                     count,

@@ -34,6 +34,9 @@ pub struct Filter {
     /// Whether kernel stacks keep the scheduler's and lock primitives'
     /// frames (walked as the thread leaves the CPU).
     pub sched_frames: bool,
+    /// Whether blocked time is counted by thread (a report by tid, a
+    /// pprof), not only by process.
+    pub per_thread: bool,
 }
 
 /// The context-switch programs of one object.
@@ -82,7 +85,7 @@ impl OffCpu {
             waker: u32::from(filter.waker),
             mark_switches: 0,
             sched_frames: u32::from(filter.sched_frames),
-            _pad: 0,
+            per_thread: u32::from(filter.per_thread),
         })
     }
 

@@ -270,6 +270,7 @@ impl Tool for Offcputime {
             state: args.state.unwrap_or(STATE_ANY),
             waker: args.waker,
             sched_frames: args.sched_frames,
+            per_thread: self.per_thread(),
         };
         let cfg = self.off_cpu.configure(filter, m, kernel, load)?;
         self.stacks.configure(&self.args.stacks, kernel, load)?;
@@ -347,12 +348,21 @@ impl Tool for Offcputime {
         // Stop counting before reading, so the report is one consistent cut.
         self.off_cpu.stop(ebpf)?;
         // Counted in nanoseconds; bcc shows microseconds.
-        let samples = stacks::in_micros(self.stacks.finish(ebpf)?);
-        self.write_files(&samples, elapsed)?;
+        let counted = stacks::in_micros(self.stacks.finish(ebpf)?);
+        // Counted by thread (for pprof, or a table by thread), the other
+        // outputs still print each stack once.
+        let merged;
+        let samples: &[Sample] = if self.per_thread() {
+            merged = stacks::merge(counted.clone(), false);
+            &merged
+        } else {
+            &counted
+        };
+        self.write_files(samples, &counted, elapsed)?;
         if self.args.report {
-            let report = Report::new(&samples, &self.args.report_opts, "offcpu-time", "us");
+            let report = Report::new(&counted, &self.args.report_opts, "offcpu-time", "us");
             sink.emit(&report)?;
-            self.stacks.reported(&samples, "us off CPU");
+            self.stacks.reported(samples, "us off CPU");
             return Ok(());
         }
         let text = TextOptions {
@@ -360,8 +370,8 @@ impl Tool for Offcputime {
             annotate: false,
         };
         let files = self.args.svg.is_some() || self.args.pprof.is_some();
-        Stacks::print(sink, &samples, text, self.args.folded, files, "us")?;
-        self.stacks.reported(&samples, "us off CPU");
+        Stacks::print(sink, samples, text, self.args.folded, files, "us")?;
+        self.stacks.reported(samples, "us off CPU");
         Ok(())
     }
 
@@ -375,10 +385,18 @@ impl Tool for Offcputime {
 }
 
 impl Offcputime {
-    /// Writes the files asked for.
+    /// Whether blocked time is counted by thread: for a table by thread,
+    /// and for a pprof, which keeps each sample's thread.
+    fn per_thread(&self) -> bool {
+        self.args.report_opts.by_thread() || self.args.pprof.is_some()
+    }
+
+    /// Writes the files asked for: the flame graph from `samples`, the
+    /// pprof from `counted`, which keeps threads apart.
     fn write_files(
         &mut self,
         samples: &[Sample],
+        counted: &[Sample],
         elapsed: std::time::Duration,
     ) -> anyhow::Result<()> {
         let lines = self.args.stacks.lines;
@@ -405,7 +423,7 @@ impl Offcputime {
                 comments: &[],
             };
             file.write(&what, |out| {
-                stacks::pprof::write(samples, out, &meta, lines)
+                stacks::pprof::write(counted, out, &meta, lines)
             })?;
         }
         Ok(())

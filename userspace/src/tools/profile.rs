@@ -443,12 +443,14 @@ impl Tool for Profile {
             user: u32::from(!self.args.kernel_only),
             kernel: u32::from(!self.args.user_only),
             heat_slots,
+            per_thread: u32::from(self.per_thread()),
             range_start_ns: range_start.as_nanos() as u64,
             range_end_ns: range_end.as_nanos() as u64,
             ..Config::default()
         };
         load.size("HEAT", heat_slots.max(1));
         let period_ns = self.period_ns();
+        let per_thread = self.per_thread();
         if let Some(off) = &mut self.off_cpu {
             cfg.timed = 1;
             cfg.period_ns = period_ns;
@@ -464,6 +466,7 @@ impl Tool for Profile {
                 state: STATE_ANY,
                 waker: false,
                 sched_frames: false,
+                per_thread,
             };
             let m = OffCpu::mechanism(kernel)?;
             cfg.off_cpu = off.configure(filter, m, kernel, load)?;
@@ -605,7 +608,9 @@ impl Tool for Profile {
             // is counted in nanoseconds.
             exact = stacks::in_micros(exact);
         }
-        let samples = if self.exact_leaves() {
+        // `exact` keeps what pprof, annotate and a table by thread need;
+        // the other outputs print each stack once.
+        let samples = if self.exact_leaves() || self.per_thread() {
             stacks::merge(exact.clone(), false)
         } else {
             std::mem::take(&mut exact)
@@ -623,8 +628,9 @@ impl Tool for Profile {
                 } else {
                     "samples"
                 };
+                let counted = if self.per_thread() { &exact } else { &samples };
                 sink.emit(&Report::new(
-                    &samples,
+                    counted,
                     &self.args.report_opts,
                     self.event.name(),
                     u,
@@ -737,6 +743,14 @@ impl Profile {
     /// annotate and pprof's locations need them.
     fn exact_leaves(&self) -> bool {
         self.args.annotate_opts.wanted() || self.args.pprof.is_some()
+    }
+
+    /// Whether samples are counted by thread: for a report that sorts or
+    /// filters by thread, and for a pprof, which keeps each sample's
+    /// thread for a later one. Otherwise a process's threads share their
+    /// counts, as the kernel keeps fewer of them.
+    fn per_thread(&self) -> bool {
+        self.args.report_opts.by_thread() || self.args.pprof.is_some()
     }
 
     /// The CPU time one cpu-clock sample stands for.

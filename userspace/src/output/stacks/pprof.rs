@@ -259,7 +259,8 @@ pub fn write(
         };
         b.profile.sample_type.push(vt);
     }
-    let keys = ["comm", "pid", "waker_comm", "waker_pid"].map(|k| b.strings.get(k));
+    // perf_data_converter's label names, where it has them.
+    let keys = ["comm", "pid", "waker_comm", "waker_pid", "tid"].map(|k| b.strings.get(k));
     for s in samples {
         let stack: Vec<Frame> = s.root_first(false).into_iter().rev().collect();
         let location_id = by_location(&stack)
@@ -277,6 +278,9 @@ pub fn write(
             ..Label::default()
         };
         let mut label = vec![text(&mut b, keys[0], &s.comm), num(keys[1], s.pid)];
+        if s.tid != 0 {
+            label.push(num(keys[4], s.tid));
+        }
         if let Some(w) = &s.waker {
             label.push(text(&mut b, keys[2], &w.comm));
             label.push(num(keys[3], w.pid));
@@ -464,7 +468,8 @@ pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
         let comm = label("comm")
             .map(|l| s(l.str).to_owned())
             .unwrap_or_else(|| main_file.clone());
-        let pid = label("pid").map_or(0, |l| u32::try_from(l.num).unwrap_or(0));
+        let id = |key: &str| label(key).map_or(0, |l| u32::try_from(l.num).unwrap_or(0));
+        let (pid, tid) = (id("pid"), id("tid"));
         let frames: Vec<Frame> = x
             .location_id
             .iter()
@@ -488,6 +493,7 @@ pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
         samples.push(Sample {
             comm,
             pid,
+            tid,
             user: Arc::from(user),
             kernel: Arc::from(kernel),
             count: count as u64,

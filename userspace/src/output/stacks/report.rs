@@ -16,8 +16,9 @@ use crate::stacks::{
 /// perf report's options, as perf spells them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReportArgs {
-    /// Sort (and group) rows by these keys, comma-separated: comm, pid,
-    /// dso, sym (perf report's --sort).
+    /// Sort (and group) rows by these keys, comma-separated: comm, pid
+    /// (the process; tgid is its other name), tid (the thread: perf's
+    /// pid), dso, sym (perf report's --sort).
     #[arg(long, short = 's', value_name = "KEYS", default_value = "comm,dso,sym",
           value_parser = parse_keys)]
     pub sort: Keys,
@@ -50,6 +51,9 @@ pub struct ReportArgs {
     /// Only these process ids (comma-separated).
     #[arg(long, value_name = "PIDS", value_delimiter = ',')]
     pub pids: Vec<u32>,
+    /// Only these thread ids (comma-separated).
+    #[arg(long, value_name = "TIDS", value_delimiter = ',')]
+    pub tids: Vec<u32>,
     /// Only frames in these shared objects (comma-separated, as the dso
     /// column names them: `libc.so.6`, `[kernel.kallsyms]`).
     #[arg(long, value_name = "DSOS", value_delimiter = ',')]
@@ -72,11 +76,18 @@ impl ReportArgs {
             (self.call_graph.is_some(), "-g"),
             (!self.comms.is_empty(), "--comms"),
             (!self.pids.is_empty(), "--pids"),
+            (!self.tids.is_empty(), "--tids"),
             (!self.dsos.is_empty(), "--dsos"),
             (!self.symbols.is_empty(), "--symbols"),
         ]
         .into_iter()
         .find_map(|(set, flag)| set.then_some(flag))
+    }
+
+    /// Whether the table needs each sample's thread: sorted or filtered
+    /// by it.
+    pub fn by_thread(&self) -> bool {
+        self.sort.0.contains(&Key::Tid) || !self.tids.is_empty()
     }
 }
 
@@ -87,6 +98,9 @@ pub enum Key {
     Comm,
     /// The process, shown `pid:comm` as perf shows it.
     Pid,
+    /// The thread, shown `tid:comm` (perf's `pid` key, which is by
+    /// thread).
+    Tid,
     /// The file the code is in.
     Dso,
     /// The function.
@@ -98,6 +112,7 @@ impl Key {
         match self {
             Self::Comm => "Command",
             Self::Pid => "Pid:Command",
+            Self::Tid => "Tid:Command",
             Self::Dso => "Shared Object",
             Self::Sym => "Symbol",
         }
@@ -107,6 +122,7 @@ impl Key {
         match self {
             Self::Comm => "comm",
             Self::Pid => "pid",
+            Self::Tid => "tid",
             Self::Dso => "dso",
             Self::Sym => "sym",
         }
@@ -122,12 +138,13 @@ fn parse_keys(s: &str) -> Result<Keys, String> {
     for k in s.split(',') {
         let key = match k.trim() {
             "comm" => Key::Comm,
-            "pid" => Key::Pid,
+            "pid" | "tgid" => Key::Pid,
+            "tid" => Key::Tid,
             "dso" => Key::Dso,
             "sym" | "symbol" => Key::Sym,
             other => {
                 return Err(format!(
-                    "unknown sort key {other:?}; known: comm, pid, dso, sym"
+                    "unknown sort key {other:?}; known: comm, pid, tid, dso, sym"
                 ));
             }
         };
@@ -257,6 +274,7 @@ struct RowKey(Vec<Value>);
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Value {
     Comm(Arc<str>),
+    /// A process or a thread, with its command.
     Pid(u32, Arc<str>),
     Dso(Arc<str>),
     /// Kernel or not (`[k]` or `[.]`), and the name.
@@ -290,6 +308,9 @@ fn row_key(keys: &[Key], s: &Sample, comm: &Arc<str>, site: &Site) -> RowKey {
             .map(|k| match k {
                 Key::Comm => Value::Comm(comm.clone()),
                 Key::Pid => Value::Pid(s.pid, comm.clone()),
+                // A file without threads keeps a process's samples in one
+                // row, under its pid.
+                Key::Tid => Value::Pid(if s.tid != 0 { s.tid } else { s.pid }, comm.clone()),
                 Key::Dso => Value::Dso(site.dso.clone()),
                 Key::Sym => Value::Sym(site.kernel, site.sym.clone()),
             })
@@ -325,6 +346,7 @@ fn tally(
     for s in samples {
         if (!args.comms.is_empty() && !args.comms.contains(&s.comm))
             || (!args.pids.is_empty() && !args.pids.contains(&s.pid))
+            || (!args.tids.is_empty() && !args.tids.contains(&s.tid))
         {
             continue;
         }
@@ -862,6 +884,33 @@ mod tests {
     }
 
     #[test]
+    fn threads_have_rows_of_their_own_and_files_without_them_one_per_process() {
+        let mut s = samples("a;main;f 3\na;main;f 1\n");
+        s[0].pid = 10;
+        s[1].pid = 10;
+        s[0].tid = 11;
+        s[1].tid = 12;
+        let r = Report::new(
+            &s,
+            &args(&["--no-children", "-s", "tid"]),
+            "cpu-clock",
+            "samples",
+        );
+        let texts: Vec<String> = r.rows.iter().map(|(_, k, _)| k.0[0].text()).collect();
+        assert_eq!(texts, ["     11:a", "     12:a"]);
+        s[0].tid = 0;
+        s[1].tid = 0;
+        let r = Report::new(
+            &s,
+            &args(&["--no-children", "-s", "tid"]),
+            "cpu-clock",
+            "samples",
+        );
+        let texts: Vec<String> = r.rows.iter().map(|(_, k, _)| k.0[0].text()).collect();
+        assert_eq!(texts, ["     10:a"]);
+    }
+
+    #[test]
     fn kernel_frames_are_kallsyms_and_marked_k() {
         let s = samples("a;main;read;entry_SYSCALL_64_[k];vfs_read_[k] 4\n");
         let r = Report::new(&s, &args(&["--no-children"]), "cpu-clock", "samples");
@@ -876,6 +925,10 @@ mod tests {
     #[test]
     fn options_parse_as_perf_spells_them_and_refuse_others() {
         assert_eq!(args(&["--sort", "pid,sym"]).sort.0, [Key::Pid, Key::Sym]);
+        assert_eq!(args(&["-s", "tgid,tid"]).sort.0, [Key::Pid, Key::Tid]);
+        assert!(args(&["-s", "comm,tid"]).by_thread());
+        assert!(args(&["--tids", "7"]).by_thread());
+        assert!(!args(&["-s", "pid"]).by_thread());
         let g = args(&["-g=folded,2.5,callee"]).call_graph.unwrap();
         assert_eq!((g.style, g.min, g.callee), (ChainStyle::Folded, 2.5, true));
         assert!(
