@@ -18,6 +18,7 @@ pub mod probes;
 pub mod profile;
 pub mod runqlat;
 pub mod stacks;
+pub mod stat;
 pub mod targets;
 pub mod tcplife;
 pub mod unwind;

@@ -18,6 +18,7 @@ mod command;
 mod exporter;
 mod report;
 mod startup;
+mod stat;
 
 /// Ping-pong round trips per trial: about a second bare.
 const ROUNDS: u64 = 200_000;
@@ -73,15 +74,17 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             let startup = startup::run().and_then(|t| update_doc("startup", &t));
             let command = command::run().and_then(|t| update_doc("command", &t));
             let report = report::run().and_then(|t| update_doc("report", &t));
-            all.and(startup).and(command).and(report)
+            let stat = stat::run().and_then(|t| update_doc("stat", &t));
+            all.and(startup).and(command).and(report).and(stat)
         }
         Some("startup") => update_doc("startup", &startup::run()?),
         Some("command") => update_doc("command", &command::run()?),
         Some("report") => update_doc("report", &report::run()?),
+        Some("stat") => update_doc("stat", &stat::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
-                "unknown benchmark {one}; known: all, {}, startup, command, report",
+                "unknown benchmark {one}; known: all, {}, startup, command, report, stat",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },

@@ -5,6 +5,7 @@
 
 pub mod batch;
 pub mod btf;
+pub mod counters;
 pub mod elf;
 pub mod features;
 pub mod load;

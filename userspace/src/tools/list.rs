@@ -75,21 +75,7 @@ struct Field {
     decl: String,
 }
 
-/// perf's hardware events, with their aliases.
-const HARDWARE: [&str; 10] = [
-    "cpu-cycles OR cycles",
-    "instructions",
-    "cache-references",
-    "cache-misses",
-    "branch-instructions OR branches",
-    "branch-misses",
-    "bus-cycles",
-    "stalled-cycles-frontend OR idle-cycles-frontend",
-    "stalled-cycles-backend OR idle-cycles-backend",
-    "ref-cycles",
-];
-
-/// perf's generic hardware cache events.
+/// The generic hardware cache events perf lists (of all it takes).
 const CACHE: [&str; 15] = [
     "L1-dcache-loads",
     "L1-dcache-load-misses",
@@ -108,34 +94,15 @@ const CACHE: [&str; 15] = [
     "branch-load-misses",
 ];
 
-/// perf's software events, with their aliases.
-const SOFTWARE: [&str; 12] = [
-    "cpu-clock",
-    "task-clock",
-    "page-faults OR faults",
-    "context-switches OR cs",
-    "cpu-migrations OR migrations",
-    "minor-faults",
-    "major-faults",
-    "alignment-faults",
-    "emulation-faults",
-    "dummy",
-    "bpf-output",
-    "cgroup-switches",
-];
-
 /// A glob as a regex over the whole name.
 fn glob(pattern: &str) -> anyhow::Result<regex::Regex> {
-    let mut re = String::from("^");
-    for c in pattern.chars() {
-        match c {
-            '*' => re.push_str(".*"),
-            '?' => re.push('.'),
-            c => re.push_str(&regex::escape(&c.to_string())),
-        }
-    }
-    re.push('$');
-    regex::Regex::new(&re).with_context(|| format!("bad glob {pattern:?}"))
+    crate::probes::event::glob(pattern).with_context(|| format!("bad glob {pattern:?}"))
+}
+
+/// A table of [`crate::probes::event`]'s, each event with its aliases as
+/// perf list shows them.
+fn names(table: &[(&[&str], u64)]) -> Vec<String> {
+    table.iter().map(|(n, _)| n.join(" OR ")).collect()
 }
 
 /// Which kinds a glob's prefix keeps (bcc's `t:`, `p:`, `r:`, `u:`), and
@@ -202,11 +169,11 @@ fn kernel_entries(
     let mut out = Vec::new();
     let pmu = crate::kernel::features::has_pmu();
     let no_pmu = "no hardware PMU on this machine (/sys/bus/event_source/devices has no cpu)";
-    let add = |out: &mut Vec<Entry>, names: &[&str], kind: &'static str, desc: &str, ok: bool| {
+    let add = |out: &mut Vec<Entry>, names: &[String], kind: &'static str, desc: &str, ok: bool| {
         for n in names {
             if n.split(" OR ").any(|a| keep(kind, a)) {
                 out.push(Entry {
-                    name: (*n).to_owned(),
+                    name: n.clone(),
                     kind,
                     description: desc.to_owned(),
                     available: ok,
@@ -216,9 +183,23 @@ fn kernel_entries(
             }
         }
     };
-    add(&mut out, &HARDWARE, "hardware", "Hardware event", pmu);
-    add(&mut out, &CACHE, "cache", "Hardware cache event", pmu);
-    add(&mut out, &SOFTWARE, "software", "Software event", true);
+    use crate::probes::event::{HARDWARE, SOFTWARE};
+    let cache: Vec<String> = CACHE.iter().map(|&c| c.to_owned()).collect();
+    add(
+        &mut out,
+        &names(&HARDWARE),
+        "hardware",
+        "Hardware event",
+        pmu,
+    );
+    add(&mut out, &cache, "cache", "Hardware cache event", pmu);
+    add(
+        &mut out,
+        &names(&SOFTWARE),
+        "software",
+        "Software event",
+        true,
+    );
     let root = match crate::kernel::tracefs::root() {
         Ok(root) => root,
         Err(e) => {

@@ -135,6 +135,7 @@ registry! {
     Biolatency => biolatency::Biolatency,
     Profile => profile::Profile,
     Offcputime => offcputime::Offcputime,
+    Stat => stat::Stat,
 }
 
 #[cfg(test)]

@@ -118,6 +118,11 @@ pub trait Tool: Sized {
         Scope::default()
     }
 
+    /// The scope as the run settled it, before the tool is configured:
+    /// in command mode, `cgroup` is the command's own. For what the
+    /// kernel-side filter cannot do, such as opening perf counters on it.
+    fn scoped(&mut self, _scope: &Scope) {}
+
     /// The mechanism `--attach` forces, if any.
     fn forced(&self) -> Option<Mechanism> {
         None
@@ -797,9 +802,10 @@ fn direct_output(scope: &Scope) -> anyhow::Result<()> {
 /// Runs tool `T` from its arguments to the report at exit; the exit
 /// status is the command's in command mode, else 0.
 pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<u8> {
-    let tool = T::new(args)?;
+    let mut tool = T::new(args)?;
     let mut scope = tool.scope();
     let mut command = start_command(&mut scope, tool.duration(), tool.interval())?;
+    tool.scoped(&scope);
     direct_output(&scope)?;
     let session = Session::open(tool, &scope, global, false)?;
     if global.verbose {

@@ -1,0 +1,218 @@
+//! `rtrace stat` against a fixture that makes known numbers of syscalls,
+//! sleeps and page faults, and against `perf stat` counting the same
+//! process at the same time.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use rtrace_integration_tests::{
+    Rtrace, SIGINT, Workload, assert_one_line_error, in_guest, json_lines, run,
+};
+
+const N: u64 = 2000;
+const EVENTS: &str = "syscalls:sys_enter_*,page-faults,context-switches,cycles";
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("rtrace-stat-{}-{name}", std::process::id()))
+}
+
+/// perf's CSV lines (rtrace's `-x,` and perf's own) by event: the value
+/// field as written, and the run time.
+fn csv(text: &str) -> BTreeMap<String, (String, u64)> {
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            assert!(f.len() >= 5, "not perf's CSV: {l:?}");
+            (
+                f[2].to_owned(),
+                (f[0].to_owned(), f[3].parse().unwrap_or(0)),
+            )
+        })
+        .collect()
+}
+
+/// perf stat beside rtrace, started disabled and enabled through its
+/// control fifo, which acknowledges: counting has begun when it answers.
+struct PerfStat {
+    child: std::process::Child,
+    out: PathBuf,
+    fifos: [PathBuf; 2],
+}
+
+impl PerfStat {
+    fn start(pid: u32) -> Self {
+        let fifos = [temp("ctl"), temp("ack")];
+        for f in &fifos {
+            let _ = std::fs::remove_file(f);
+            let c = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
+            // SAFETY: a valid path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        }
+        let out = temp("perf.csv");
+        let control = format!("fifo:{},{}", fifos[0].display(), fifos[1].display());
+        let child = Command::new("perf")
+            .args(["stat", "-D", "-1", "--control", &control, "-x,", "-o"])
+            .arg(&out)
+            .args(["-e", EVENTS, "-p", &pid.to_string()])
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("perf (cargo xtask setup installs it)");
+        std::fs::write(&fifos[0], "enable\n").unwrap();
+        let mut ack = String::new();
+        BufReader::new(std::fs::File::open(&fifos[1]).unwrap())
+            .read_line(&mut ack)
+            .unwrap();
+        assert_eq!(ack.trim(), "ack", "perf stat's control answer");
+        Self { child, out, fifos }
+    }
+
+    fn stop(mut self) -> String {
+        // SAFETY: signalling a child of ours.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.child.wait().unwrap();
+        let text = std::fs::read_to_string(&self.out).unwrap();
+        for f in self.fifos.iter().chain([&self.out]) {
+            let _ = std::fs::remove_file(f);
+        }
+        text
+    }
+}
+
+/// Counting one process: each syscall exactly as often as the fixture
+/// made it, and (on the host, which has perf) every count equal to perf
+/// stat's over the same stretch: the syscall tracepoints, which rtrace
+/// counts from raw_syscalls by number and perf one tracepoint at a time,
+/// and the software counters both take from the kernel. `cycles` is
+/// `<not supported>` without a PMU, as perf prints it.
+#[test]
+fn a_processs_counts_are_the_fixtures_and_perf_stats() {
+    let (mut w, line) = Workload::start("statfix", &[N.to_string()]);
+    assert_eq!(line.trim(), "ready");
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start_until(&["stat", "-e", EVENTS, "-p", &pid, "-x,"], "Counting");
+    let perf = (!in_guest()).then(|| PerfStat::start(w.pid()));
+    w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let theirs = perf.map(PerfStat::stop);
+    assert!(w.wait().success());
+    let ours = csv(&stdout);
+    let value = |e: &str| -> u64 {
+        ours.get(e)
+            .unwrap_or_else(|| panic!("no {e} line:\n{stdout}"))
+            .0
+            .parse()
+            .unwrap_or_else(|_| panic!("{e}: {stdout}"))
+    };
+    assert_eq!(value("syscalls:sys_enter_getppid"), N, "{stdout}");
+    assert_eq!(value("syscalls:sys_enter_clock_nanosleep"), N, "{stdout}");
+    assert_eq!(value("syscalls:sys_enter_mmap"), 1, "{stdout}");
+    // One fault a page touched; the kernel may add a few of its own (the
+    // stdout buffer's page).
+    let faults = value("page-faults");
+    assert!(
+        (N..N + 16).contains(&faults),
+        "{faults} page faults for {N} pages"
+    );
+    assert!(value("context-switches") >= N, "{stdout}");
+    let (cycles, _) = &ours["cycles"];
+    let pmu = std::path::Path::new("/sys/bus/event_source/devices/cpu").exists();
+    assert_eq!(cycles == "<not supported>", !pmu, "{stdout}");
+    let Some(theirs) = theirs else {
+        eprintln!("perf stat not compared: the VM guests have no perf");
+        return;
+    };
+    let theirs = csv(&theirs);
+    let values = |m: &BTreeMap<String, (String, u64)>| -> BTreeMap<String, String> {
+        m.iter()
+            .filter(|(e, _)| e.starts_with("syscalls:") || *e == "page-faults")
+            .map(|(e, (v, _))| (e.clone(), v.clone()))
+            .collect()
+    };
+    assert_eq!(values(&ours), values(&theirs), "rtrace:\n{stdout}");
+    assert_eq!(ours["cycles"].0, theirs["cycles"].0);
+}
+
+/// A command: its counts, the elapsed, user and system seconds, and its
+/// exit status as rtrace's.
+#[test]
+fn a_command_is_counted_with_its_times_and_exit_status() {
+    let (code, stdout, stderr) = run(&[
+        "stat",
+        "-e",
+        "syscalls:sys_enter_exit_group,task-clock",
+        "--",
+        "sh",
+        "-c",
+        "for i in 1 2 3; do /bin/true; done; exit 3",
+    ]);
+    assert_eq!(code, 3, "{stderr}");
+    // perf stat's report goes to stderr, as the command's stdout is its own.
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("Performance counter stats for 'sh -c for i in 1 2 3"),
+        "{stderr}"
+    );
+    let exits = stderr
+        .lines()
+        .find(|l| l.contains("syscalls:sys_enter_exit_group"))
+        .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok());
+    assert_eq!(exits, Some(4), "the shell and three /bin/true: {stderr}");
+    for what in [
+        "seconds time elapsed",
+        "seconds user",
+        "seconds sys",
+        "msec task-clock",
+    ] {
+        assert!(stderr.contains(what), "{what}: {stderr}");
+    }
+}
+
+/// `--json`: one object a count, with perf stat's keys.
+#[test]
+fn json_rows_carry_perfs_keys() {
+    let (code, stdout, stderr) = run(&[
+        "stat",
+        "--json",
+        "-e",
+        "page-faults,cycles",
+        "-o",
+        "/dev/stdout",
+        "--",
+        "/bin/true",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines = json_lines(&stdout);
+    let rows = lines[0]["rows"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let faults = rows.iter().find(|r| r["event"] == "page-faults").unwrap();
+    assert!(faults["counter-value"].as_f64().unwrap() >= 1.0, "{stdout}");
+    assert_eq!(faults["metric-unit"], "/sec");
+    assert!(lines[0]["elapsed"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    assert_one_line_error(
+        &["stat", "-e", "cycles,bogus", "1"],
+        "column 8: unknown event",
+    );
+    assert_one_line_error(
+        &["stat", "-e", "cycles:x", "1"],
+        "column 8: unknown modifier",
+    );
+    assert_one_line_error(
+        &["stat", "-e", "nosuch:*", "1"],
+        "no tracepoint matches nosuch:*",
+    );
+    assert_one_line_error(&["stat", "-e", "p:vfs_read", "1"], "probes (p:, r:, u:)");
+    assert_one_line_error(&["stat", "-p", "999999999", "1"], "999999999");
+    let (code, _, stderr) = run(&["stat", "--bogus"]);
+    assert_eq!(code, 2, "{stderr}");
+}

@@ -1,0 +1,640 @@
+//! `rtrace stat`: perf stat's counts of a command, processes, threads, a
+//! cgroup or the whole system. perf's counters are the kernel's own, in
+//! counting mode; tracepoints are counted in the kernel by one program
+//! (by the id each record begins with), and the syscall tracepoints by
+//! syscall number from `raw_syscalls`, two attaches for hundreds of
+//! tracepoints where perf opens one counter a tracepoint and CPU.
+
+use std::{
+    fmt::Write as _,
+    fs::File,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use aya::{
+    Ebpf,
+    maps::PerCpuArray,
+    programs::{RawTracePoint, TracePoint},
+    util::online_cpus,
+};
+use rtrace_common::stat::MAX_SYSCALLS;
+
+use crate::{
+    kernel::{
+        counters::{self, Counter, On, Reading},
+        features::Mechanism,
+        load::{Kernel, Load},
+        tracefs,
+    },
+    output::{Record, Schedule, Sink, files::thousands},
+    probes::event::{self, Event},
+    tracer::{Scope, ScopeArgs, Tool},
+};
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  rtrace stat -- make -j2                      # perf stat's counts of a build
+  rtrace stat -a 5                             # the whole system, for 5 seconds
+  rtrace stat -e 'syscalls:sys_enter_*' -p 185 # each syscall of PID 185, until Ctrl-C
+  rtrace stat -e 'block:*' -a 10               # block layer events, 10 seconds
+  rtrace stat -e context-switches -x, -- ls -R /   # perf's CSV")]
+/// Count events as perf stat does: perf's counters and any tracepoints, of
+/// a command, processes, threads, a cgroup or the whole system.
+pub struct Args {
+    /// Events to count, comma-separated (or -e again): perf's counters
+    /// (task-clock, context-switches, page-faults, cycles, LLC-loads, ...,
+    /// with :u or :k for user or kernel mode only) and tracepoints, globs
+    /// allowed (sched:sched_switch, 'syscalls:sys_enter_*', 'block:*',
+    /// bcc's t:CATEGORY:EVENT). Without it, perf stat's default set.
+    #[arg(short = 'e', long = "event", value_name = "EVENTS")]
+    events: Vec<String>,
+    /// perf's CSV: one line an event (value, unit, event, run time,
+    /// percent running, metric, metric unit), fields separated by SEP.
+    #[arg(short = 'x', long = "field-separator", value_name = "SEP")]
+    separator: Option<String>,
+    /// Count for this many seconds; without it, until Ctrl-C (not with --
+    /// CMD, whose exit ends the count).
+    #[arg(value_parser = crate::output::at_least_one::<u64>)]
+    duration: Option<u64>,
+    #[command(flatten)]
+    scope: ScopeArgs,
+}
+
+/// perf stat's default events, where no `-e` is given.
+const DEFAULT: &str = "task-clock,context-switches,cpu-migrations,page-faults,\
+                       cycles,instructions,branches,branch-misses";
+
+/// What one line counts.
+#[derive(Debug)]
+enum Source {
+    /// A perf counter, on each of its targets; empty where this machine
+    /// cannot count it.
+    Counter {
+        counter: event::Counter,
+        open: Vec<Counter>,
+    },
+    /// A tracepoint, by the id its records begin with.
+    Tracepoint(u32),
+    /// A syscall tracepoint counted from `raw_syscalls`: its slot in
+    /// `SYSCALLS` (exits from [`MAX_SYSCALLS`]).
+    Syscall(u32),
+}
+
+/// One line of the report: an event and how it is counted.
+#[derive(Debug)]
+struct Line {
+    name: String,
+    source: Source,
+}
+
+pub struct Stat {
+    args: Args,
+    specs: Vec<Event>,
+    lines: Vec<Line>,
+    scope: Scope,
+    /// The command's cgroup, held open for its counters and read for its
+    /// CPU time at the end.
+    cgroup: Option<(PathBuf, File)>,
+    started: Option<Instant>,
+}
+
+/// The names of the tracepoints tracefs lists that `category:event`
+/// (globs) matches, in order.
+fn tracepoints(
+    available: &str,
+    category: &str,
+    event: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let (c, e) = (event::glob(category)?, event::glob(event)?);
+    let mut found: Vec<(String, String)> = available
+        .lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .filter(|(cat, ev)| c.is_match(cat) && e.is_match(ev))
+        .map(|(cat, ev)| (cat.to_owned(), ev.to_owned()))
+        .collect();
+    found.sort();
+    found.dedup();
+    Ok(found)
+}
+
+/// The `SYSCALLS` slot of syscall tracepoint `event` (`sys_enter_NAME`
+/// or `sys_exit_NAME`), if the syscall has a number here.
+fn syscall_slot(event: &str) -> Option<u32> {
+    let (base, name) = match event.strip_prefix("sys_enter_") {
+        Some(n) => (0, n),
+        None => (MAX_SYSCALLS, event.strip_prefix("sys_exit_")?),
+    };
+    let nr = name.parse::<syscalls::Sysno>().ok()?.id();
+    u32::try_from(nr)
+        .ok()
+        .filter(|&n| n < MAX_SYSCALLS)
+        .map(|n| base + n)
+}
+
+impl Tool for Stat {
+    type Args = Args;
+    const NAME: &'static str = "stat";
+    const CHAIN: &'static [Mechanism] = &[];
+    const ERRORS: &'static [&'static str] = &rtrace_common::stat::ERR_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let lists = if args.events.is_empty() {
+            vec![DEFAULT.to_owned()]
+        } else {
+            args.events.clone()
+        };
+        let mut specs = Vec::new();
+        for list in &lists {
+            specs.extend(event::parse_list(list).map_err(|e| anyhow::anyhow!("-e {list:?}: {e}"))?);
+        }
+        for spec in &specs {
+            if let Event::Kernel { .. } | Event::User { .. } | Event::Usdt { .. } = spec {
+                anyhow::bail!(
+                    "rtrace stat counts perf's counters and tracepoints; probes (p:, r:, u:) \
+                     are not counted yet"
+                );
+            }
+        }
+        if args.separator.as_deref() == Some("") {
+            anyhow::bail!("-x needs a separator, as in -x,");
+        }
+        Ok(Self {
+            args,
+            specs,
+            lines: Vec::new(),
+            scope: Scope::default(),
+            cgroup: None,
+            started: None,
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            // What rtrace does reading its counts is not the workload's.
+            exclude_self: true,
+            ..self.args.scope.scope()
+        }
+    }
+
+    fn scoped(&mut self, scope: &Scope) {
+        self.scope = scope.clone();
+    }
+
+    fn duration(&self) -> Option<u64> {
+        self.args.duration
+    }
+
+    fn interval(&self) -> Schedule {
+        Schedule::AtEnd
+    }
+
+    fn configure(
+        &mut self,
+        _m: Option<Mechanism>,
+        _kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let mut lines = Vec::new();
+        let mut available: Option<(PathBuf, String)> = None;
+        let mut most_id = 0;
+        for spec in &self.specs {
+            match spec {
+                Event::Counter(c) => lines.push(Line {
+                    name: c.display(),
+                    source: Source::Counter {
+                        counter: c.clone(),
+                        open: Vec::new(),
+                    },
+                }),
+                Event::Tracepoint { category, event } => {
+                    if available.is_none() {
+                        let root = tracefs::root()?;
+                        let text = std::fs::read_to_string(root.join("available_events"))
+                            .with_context(|| {
+                                format!("cannot read {}", root.join("available_events").display())
+                            })?;
+                        available = Some((root, text));
+                    }
+                    let (root, text) = available.as_ref().context("tracefs")?;
+                    let found = tracepoints(text, category, event)?;
+                    if found.is_empty() {
+                        anyhow::bail!(
+                            "no tracepoint matches {category}:{event} (rtrace list shows them)"
+                        );
+                    }
+                    for (cat, ev) in found {
+                        let name = format!("{cat}:{ev}");
+                        if lines.iter().any(|l: &Line| l.name == name) {
+                            continue;
+                        }
+                        let source = match (cat.as_str(), syscall_slot(&ev)) {
+                            ("syscalls", Some(slot)) => Source::Syscall(slot),
+                            _ => {
+                                let path = root.join("events").join(&cat).join(&ev).join("id");
+                                let id: u32 = std::fs::read_to_string(&path)
+                                    .ok()
+                                    .and_then(|t| t.trim().parse().ok())
+                                    .with_context(|| format!("cannot read {}", path.display()))?;
+                                most_id = most_id.max(id);
+                                Source::Tracepoint(id)
+                            }
+                        };
+                        lines.push(Line { name, source });
+                    }
+                }
+                _ => unreachable!("refused in new"),
+            }
+        }
+        load.size("TRACEPOINTS", most_id + 1);
+        self.lines = lines;
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        _m: Option<Mechanism>,
+        _kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let syscalls = |exit: bool| {
+            self.lines.iter().any(|l| match l.source {
+                Source::Syscall(s) => (s >= MAX_SYSCALLS) == exit,
+                _ => false,
+            })
+        };
+        for (exit, prog, hook) in [
+            (false, "stat_sys_enter", "sys_enter"),
+            (true, "stat_sys_exit", "sys_exit"),
+        ] {
+            if syscalls(exit) {
+                let p: &mut RawTracePoint = ebpf
+                    .program_mut(prog)
+                    .with_context(|| format!("program {prog} missing"))?
+                    .try_into()?;
+                p.load()?;
+                p.attach(hook)
+                    .with_context(|| format!("cannot attach {prog} to raw_syscalls:{hook}"))?;
+            }
+        }
+        let mut loaded = false;
+        for line in &self.lines {
+            if !matches!(line.source, Source::Tracepoint(_)) {
+                continue;
+            }
+            let p: &mut TracePoint = ebpf
+                .program_mut("stat_tracepoint")
+                .context("program stat_tracepoint missing")?
+                .try_into()?;
+            if !loaded {
+                p.load()?;
+                loaded = true;
+            }
+            let (cat, ev) = line.name.split_once(':').context("tracepoint name")?;
+            p.attach(cat, ev)
+                .with_context(|| format!("cannot attach to tracepoint {}", line.name))?;
+        }
+        self.open_counters()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} events", self.lines.len())
+    }
+
+    fn banner(&self) -> String {
+        let whom = self.args.scope.whom();
+        format!(
+            "Counting {} events of {}... Hit Ctrl-C to end.",
+            self.lines.len(),
+            whom.as_deref().unwrap_or("the whole system")
+        )
+    }
+
+    fn start(&mut self) {
+        self.started = Some(Instant::now());
+    }
+
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        let elapsed = self.started.map_or(Duration::ZERO, |s| s.elapsed());
+        let per_cpu = |name: &str| -> anyhow::Result<Option<PerCpuArray<_, u64>>> {
+            Ok(match ebpf.map(name) {
+                Some(m) => Some(PerCpuArray::try_from(m)?),
+                None => None,
+            })
+        };
+        let tps = per_cpu("TRACEPOINTS")?;
+        let sys = per_cpu("SYSCALLS")?;
+        let sum = |a: &Option<PerCpuArray<&aya::maps::MapData, u64>>, i: u32| -> u64 {
+            a.as_ref()
+                .and_then(|a| a.get(&i, 0).ok())
+                .map_or(0, |v| v.iter().sum())
+        };
+        let mut rows = Vec::with_capacity(self.lines.len());
+        // The programs counted all along, as a counter always running.
+        let whole = |value| Reading {
+            value,
+            enabled: elapsed.as_nanos() as u64,
+            running: elapsed.as_nanos() as u64,
+        };
+        for line in &mut self.lines {
+            let (reading, supported) = match &mut line.source {
+                Source::Counter { open, .. } if open.is_empty() => (Reading::default(), false),
+                Source::Counter { open, .. } => {
+                    let mut total = Reading::default();
+                    for c in open.iter_mut() {
+                        total += c.read().context("cannot read a counter")?;
+                    }
+                    (total, true)
+                }
+                Source::Tracepoint(id) => (whole(sum(&tps, *id)), true),
+                Source::Syscall(slot) => (whole(sum(&sys, *slot)), true),
+            };
+            // perf gives software counters a rate; hardware counters and
+            // tracepoints none.
+            let rated = match &line.source {
+                Source::Counter { counter, .. } => !counter.hardware(),
+                _ => false,
+            };
+            rows.push(Row::new(&line.name, reading, supported, rated, elapsed));
+        }
+        let cpu_times = self.cgroup.as_ref().and_then(|(p, _)| cgroup_cpu_times(p));
+        let report = Report {
+            target: self.target(),
+            rows,
+            elapsed_s: elapsed.as_secs_f64(),
+            user_s: cpu_times.map(|t| t.0),
+            sys_s: cpu_times.map(|t| t.1),
+            separator: self.args.separator.clone(),
+        };
+        sink.emit(&report)
+    }
+}
+
+impl Stat {
+    /// Where each counter counts, by the scope: the command's (or `-c`)
+    /// cgroup on each CPU, each thread of `-p`'s processes and what they
+    /// start, `-t`'s threads, or every CPU.
+    fn open_counters(&mut self) -> anyhow::Result<()> {
+        let online =
+            online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?;
+        let cpus: Vec<u32> = if self.scope.cpus.is_empty() {
+            online
+        } else {
+            self.scope.cpus.clone()
+        };
+        if let Some(path) = &self.scope.cgroup {
+            let dir = counters::cgroup_dir(path)
+                .with_context(|| format!("cannot open cgroup {}", path.display()))?;
+            self.cgroup = Some((path.clone(), dir));
+        }
+        let mut tasks: Vec<(u32, bool)> = Vec::new();
+        for &pid in &self.scope.pids {
+            let dir = format!("/proc/{pid}/task");
+            let threads = std::fs::read_dir(&dir).with_context(|| format!("no process {pid}"))?;
+            for t in threads.flatten() {
+                if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) {
+                    tasks.push((tid, true));
+                }
+            }
+        }
+        tasks.extend(self.scope.tids.iter().map(|&t| (t, false)));
+        let targets: Vec<On<'_>> = if let Some((_, dir)) = &self.cgroup {
+            cpus.iter().map(|&c| On::Cgroup(dir, c)).collect()
+        } else if !tasks.is_empty() {
+            tasks
+                .iter()
+                .map(|&(tid, inherit)| On::Task { tid, inherit })
+                .collect()
+        } else {
+            cpus.iter().map(|&c| On::Cpu(c)).collect()
+        };
+        for line in &mut self.lines {
+            let Source::Counter { counter, open } = &mut line.source else {
+                continue;
+            };
+            let spec = counters::Spec {
+                kind: counter.kind,
+                config: counter.config,
+                exclude_user: counter.kernel_only,
+                exclude_kernel: counter.user_only,
+            };
+            for on in &targets {
+                match Counter::open(spec, *on) {
+                    Ok(c) => open.push(c),
+                    // perf's `<not supported>`: no PMU, or not this event.
+                    Err(e) if counter.hardware() => {
+                        let _ = e;
+                        open.clear();
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!("cannot count {} on {on:?}", counter.display())
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What perf's heading names: the command, the processes, the
+    /// threads, the cgroup, or the whole system.
+    fn target(&self) -> String {
+        let s = &self.args.scope;
+        let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        if !s.command.is_empty() && !s.all_cpus {
+            let words: Vec<String> = s
+                .command
+                .iter()
+                .map(|w| w.to_string_lossy().into_owned())
+                .collect();
+            format!("'{}'", words.join(" "))
+        } else if !s.pids.is_empty() {
+            format!("process id '{}'", ids(&s.pids))
+        } else if !s.tids.is_empty() {
+            format!("thread id '{}'", ids(&s.tids))
+        } else if let Some(cg) = &s.cgroup {
+            format!("cgroup '{}'", cg.display())
+        } else {
+            "'system wide'".to_owned()
+        }
+    }
+}
+
+/// The cgroup's user and system CPU seconds (`cpu.stat`), which include
+/// every process it held, finished or not.
+fn cgroup_cpu_times(path: &std::path::Path) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(path.join("cpu.stat")).ok()?;
+    let field = |name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .map(|us| us as f64 / 1e6)
+    };
+    Some((field("user_usec ")?, field("system_usec ")?))
+}
+
+/// One counted event, with perf's derived figure.
+#[derive(Debug, serde::Serialize)]
+struct Row {
+    event: String,
+    /// The count (milliseconds for the clocks), `None` where not
+    /// supported.
+    #[serde(rename = "counter-value")]
+    value: Option<f64>,
+    unit: &'static str,
+    #[serde(rename = "event-runtime")]
+    runtime: u64,
+    #[serde(rename = "pcnt-running")]
+    running: f64,
+    #[serde(rename = "metric-value")]
+    metric: Option<f64>,
+    #[serde(rename = "metric-unit")]
+    metric_unit: &'static str,
+}
+
+impl Row {
+    fn new(name: &str, r: Reading, supported: bool, rated: bool, elapsed: Duration) -> Self {
+        let clock = matches!(name, "task-clock" | "cpu-clock")
+            || name.starts_with("task-clock:")
+            || name.starts_with("cpu-clock:");
+        let secs = elapsed.as_secs_f64();
+        let running = if r.enabled == 0 {
+            100.0
+        } else {
+            100.0 * r.running as f64 / r.enabled as f64
+        };
+        let value = r.scaled();
+        let (shown, unit, metric, metric_unit) = if !supported {
+            (None, "", None, "")
+        } else if clock {
+            // Nanoseconds of CPU time: milliseconds, and the CPUs the
+            // time kept busy on average.
+            let ms = value as f64 / 1e6;
+            let cpus = if secs > 0.0 {
+                value as f64 / 1e9 / secs
+            } else {
+                0.0
+            };
+            (Some(ms), "msec", Some(cpus), "CPUs utilized")
+        } else if rated {
+            let rate = if secs > 0.0 { value as f64 / secs } else { 0.0 };
+            (Some(value as f64), "", Some(rate), "/sec")
+        } else {
+            (Some(value as f64), "", None, "")
+        };
+        Self {
+            event: name.to_owned(),
+            value: shown,
+            unit,
+            runtime: r.running,
+            running,
+            metric,
+            metric_unit,
+        }
+    }
+}
+
+/// The whole count, in perf stat's layout.
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    target: String,
+    rows: Vec<Row>,
+    #[serde(rename = "elapsed")]
+    elapsed_s: f64,
+    #[serde(rename = "user", skip_serializing_if = "Option::is_none")]
+    user_s: Option<f64>,
+    #[serde(rename = "sys", skip_serializing_if = "Option::is_none")]
+    sys_s: Option<f64>,
+    #[serde(skip)]
+    separator: Option<String>,
+}
+
+/// A rate as perf scales it: `K/sec`, `M/sec`, `G/sec`.
+fn rate(per_sec: f64) -> (f64, &'static str) {
+    if per_sec >= 1e9 {
+        (per_sec / 1e9, "G/sec")
+    } else if per_sec >= 1e6 {
+        (per_sec / 1e6, "M/sec")
+    } else if per_sec >= 1e3 {
+        (per_sec / 1e3, "K/sec")
+    } else {
+        (per_sec, "/sec")
+    }
+}
+
+impl Record for Report {
+    fn text(&self, out: &mut String) {
+        if let Some(sep) = &self.separator {
+            for r in &self.rows {
+                let value = match r.value {
+                    Some(v) if r.unit == "msec" => format!("{v:.2}"),
+                    Some(v) => format!("{v:.0}"),
+                    None => "<not supported>".to_owned(),
+                };
+                let metric = r.metric.map(|m| format!("{m:.2}")).unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "{value}{sep}{}{sep}{}{sep}{}{sep}{:.2}{sep}{metric}{sep}{}",
+                    r.unit, r.event, r.runtime, r.running, r.metric_unit
+                );
+            }
+            return;
+        }
+        let _ = writeln!(out, "\n Performance counter stats for {}:\n", self.target);
+        for r in &self.rows {
+            let (value, unit) = match r.value {
+                None => ("<not supported>".to_owned(), ""),
+                Some(v) if r.unit == "msec" => (format!("{v:.2}"), "msec"),
+                Some(v) => (thousands(v as u64), ""),
+            };
+            let metric = match (r.metric, r.metric_unit) {
+                (Some(m), "/sec") => {
+                    let (m, u) = rate(m);
+                    format!("  #  {m:>8.3} {u}")
+                }
+                (Some(m), u) if !u.is_empty() => format!("  #  {m:>8.3} {u}"),
+                _ => String::new(),
+            };
+            let line = format!("{value:>18} {unit:<4} {:<34}{metric}", r.event);
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        let _ = writeln!(out, "\n{:>18.9} seconds time elapsed", self.elapsed_s);
+        if let (Some(u), Some(s)) = (self.user_s, self.sys_s) {
+            let _ = writeln!(out, "\n{u:>18.9} seconds user\n{s:>18.9} seconds sys");
+        }
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_printed_as_perf_prints_them() {
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(rate(1500.0), (1.5, "K/sec"));
+    }
+
+    #[test]
+    fn syscall_tracepoints_map_to_their_numbers() {
+        assert_eq!(syscall_slot("sys_enter_read"), Some(0));
+        assert_eq!(syscall_slot("sys_exit_write"), Some(MAX_SYSCALLS + 1));
+        assert_eq!(syscall_slot("sys_enter_no_such_call"), None);
+        assert_eq!(syscall_slot("sched_switch"), None);
+    }
+
+    #[test]
+    fn globs_pick_tracepoints_from_the_kernels_list() {
+        let list = "sched:sched_switch\nsched:sched_wakeup\nblock:block_rq_insert\n";
+        let got = tracepoints(list, "sched", "*").unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            tracepoints(list, "*", "*insert").unwrap()[0].1,
+            "block_rq_insert"
+        );
+        assert!(tracepoints(list, "irq", "*").unwrap().is_empty());
+    }
+}
