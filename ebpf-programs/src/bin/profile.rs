@@ -1,16 +1,18 @@
 //! CPU profiling: a program on a sampling perf event (one per CPU) that
 //! counts samples by process and stacks, in the shared stack tables
 //! (`rtrace_ebpf::stacks`); with `--off-cpu`, the context-switch programs
-//! of `rtrace_ebpf::offcpu` count time off the CPU beside them.
+//! of `rtrace_ebpf::offcpu` count time off the CPU beside them. With `-e`
+//! on tracepoints, the same count at every event of each, from a program
+//! attached to them all.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
     EbpfContext, Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, perf_event},
+    macros::{map, perf_event, tracepoint},
     maps::{Array, PerCpuArray},
-    programs::PerfEventContext,
+    programs::{PerfEventContext, TracePointContext},
 };
 use rtrace_common::{
     profile::{Config, HEAT_SLOT_NS, MAX_PERIODS},
@@ -46,12 +48,22 @@ static HEAT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
-    sample(&ctx);
+    // The sample's registers: the user walk starts there when it hit user
+    // mode.
+    sample(&ctx, ctx.as_ptr() as *const u8);
+    0
+}
+
+/// Every event of the tracepoints `-e` names: the thread is in the
+/// kernel, so the user walk starts from the registers it entered with.
+#[tracepoint]
+pub fn profile_tracepoint(ctx: TracePointContext) -> u32 {
+    sample(&ctx, core::ptr::null());
     0
 }
 
 #[inline(always)]
-fn sample(ctx: &PerfEventContext) {
+fn sample<C: EbpfContext>(ctx: &C, sampled: *const u8) {
     let cfg = global(&CONFIG);
     let id = bpf_get_current_pid_tgid();
     let (tid, tgid) = (id as u32, (id >> 32) as u32);
@@ -73,9 +85,6 @@ fn sample(ctx: &PerfEventContext) {
         return;
     }
     let mut key = Key::new(0, [0; 16]);
-    // The sample's registers: the user walk starts there when it hit user
-    // mode.
-    let sampled = ctx.as_ptr() as *const u8;
     let (kernel, user) = (cfg.kernel != 0, cfg.user != 0);
     stacks::describe_current(ctx, &EVENTS, tgid, kernel, user, sampled, &mut key);
     if cfg.per_thread != 0 {

@@ -344,6 +344,63 @@ pub fn parse_list(list: &str) -> Result<Vec<Event>, SpecError> {
     Ok(out)
 }
 
+/// Why the tracepoints of a spec could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum TracepointError {
+    /// tracefs' list could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The list's path.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Nothing matches.
+    #[error("no tracepoint matches {0} (rtrace list shows them)")]
+    NoMatch(String),
+    /// A glob that makes no pattern.
+    #[error("bad glob: {0}")]
+    Glob(#[from] regex::Error),
+}
+
+/// The tracepoints tracefs (at `root`) lists that `category:event`
+/// names, either part a glob; sorted, and at least one.
+pub fn tracepoints(
+    root: &std::path::Path,
+    category: &str,
+    event: &str,
+) -> Result<Vec<(String, String)>, TracepointError> {
+    let path = root.join("available_events");
+    let text = std::fs::read_to_string(&path).map_err(|source| TracepointError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let found = matching(&text, category, event)?;
+    if found.is_empty() {
+        return Err(TracepointError::NoMatch(format!("{category}:{event}")));
+    }
+    Ok(found)
+}
+
+/// The `category:event` lines of `available` that the globs match,
+/// sorted.
+fn matching(
+    available: &str,
+    category: &str,
+    event: &str,
+) -> Result<Vec<(String, String)>, regex::Error> {
+    let (c, e) = (glob(category)?, glob(event)?);
+    let mut found: Vec<(String, String)> = available
+        .lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .filter(|(cat, ev)| c.is_match(cat) && e.is_match(ev))
+        .map(|(cat, ev)| (cat.to_owned(), ev.to_owned()))
+        .collect();
+    found.sort();
+    found.dedup();
+    Ok(found)
+}
+
 /// A glob as a regex over the whole name.
 pub fn glob(pattern: &str) -> Result<regex::Regex, regex::Error> {
     let mut re = String::from("^");
@@ -436,6 +493,17 @@ mod tests {
         );
         let list = parse_list("cycles,sched:sched_switch, cs").unwrap();
         assert_eq!(list.len(), 3);
+    }
+
+    #[test]
+    fn globs_pick_tracepoints_from_the_kernels_list() {
+        let list = "sched:sched_switch\nsched:sched_wakeup\nblock:block_rq_insert\n";
+        assert_eq!(matching(list, "sched", "*").unwrap().len(), 2);
+        assert_eq!(
+            matching(list, "*", "*insert").unwrap()[0].1,
+            "block_rq_insert"
+        );
+        assert!(matching(list, "irq", "*").unwrap().is_empty());
     }
 
     #[test]

@@ -9,8 +9,8 @@ use anyhow::Context as _;
 use aya::{
     Ebpf,
     programs::{
-        PerfEvent,
-        perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        PerfEvent, TracePoint,
+        perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy},
     },
     util::online_cpus,
 };
@@ -34,6 +34,7 @@ use crate::{
             report::{Report, ReportArgs},
         },
     },
+    probes::event,
     stacks::sample::Sample,
     tools::{
         offcpu::{Filter, OffCpu},
@@ -42,55 +43,95 @@ use crate::{
     tracer::{Scope, Tool},
 };
 
-/// The events `-e` can sample on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// What `-e` samples on.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// CPU time: hardware cycles where there is a PMU, else cpu-clock.
     Cpu,
-    /// The software CPU clock (a timer; works everywhere).
-    CpuClock,
-    /// Hardware CPU cycles (needs a PMU).
-    Cycles,
-    /// Hardware instructions retired (needs a PMU).
-    Instructions,
-    /// Hardware last-level cache misses (needs a PMU).
-    #[value(alias = "cache-misses")]
-    LlcMisses,
-    /// Page faults (software).
-    PageFaults,
-    /// Context switches (software).
-    #[value(alias = "cs")]
-    ContextSwitches,
+    /// A perf counter, by perf's name: a sample every so many events.
+    Counter(event::Counter),
+    /// Every event of the tracepoints a spec names (globs allowed).
+    Tracepoint {
+        /// The category, or a glob.
+        category: String,
+        /// The event, or a glob.
+        event: String,
+    },
+}
+
+/// `-e`'s value, boxed: the arguments of every tool are one enum, which
+/// should not grow by a spec's strings.
+fn parse_event_arg(text: &str) -> Result<Box<Event>, String> {
+    parse_event(text).map(Box::new)
+}
+
+/// `-e`'s value: `cpu`, or an event spec (`probes::event`).
+fn parse_event(text: &str) -> Result<Event, String> {
+    match text {
+        "cpu" => return Ok(Event::Cpu),
+        // rtrace's name before the event specs.
+        "llc-misses" => {
+            let Ok(event::Event::Counter(mut c)) = event::parse("cache-misses") else {
+                return Err("cache-misses".to_owned());
+            };
+            c.name = text.to_owned();
+            return Ok(Event::Counter(c));
+        }
+        _ => {}
+    }
+    match event::parse(text).map_err(|e| e.to_string())? {
+        event::Event::Counter(c) if c.user_only || c.kernel_only => Err(format!(
+            "{text}: profile takes no :u or :k; -U or -K keeps one mode's stacks"
+        )),
+        event::Event::Counter(c) => Ok(Event::Counter(c)),
+        event::Event::Tracepoint { category, event } => Ok(Event::Tracepoint { category, event }),
+        _ => Err(format!(
+            "{text}: profile samples on counters and tracepoints; probes (p:, r:, u:) are not \
+             sampled yet"
+        )),
+    }
 }
 
 impl Event {
-    fn config(self) -> PerfEventConfig {
-        match self {
-            Self::Cpu | Self::Cycles => PerfEventConfig::Hardware(HardwareEvent::CpuCycles),
-            Self::CpuClock => PerfEventConfig::Software(SoftwareEvent::CpuClock),
-            Self::Instructions => PerfEventConfig::Hardware(HardwareEvent::Instructions),
-            Self::LlcMisses => PerfEventConfig::Hardware(HardwareEvent::CacheMisses),
-            Self::PageFaults => PerfEventConfig::Software(SoftwareEvent::PageFaults),
-            Self::ContextSwitches => PerfEventConfig::Software(SoftwareEvent::ContextSwitches),
+    /// The software CPU clock, a timer that works everywhere.
+    fn cpu_clock() -> Self {
+        match event::parse("cpu-clock") {
+            Ok(event::Event::Counter(c)) => Self::Counter(c),
+            _ => Self::Cpu,
         }
     }
 
-    fn name(self) -> &'static str {
+    fn is_cpu_clock(&self) -> bool {
+        matches!(self, Self::Counter(c) if c.kind == event::TYPE_SOFTWARE && c.config == 0)
+    }
+
+    fn config(&self) -> PerfEventConfig {
         match self {
-            Self::Cpu | Self::Cycles => "cycles",
-            Self::CpuClock => "cpu-clock",
-            Self::Instructions => "instructions",
-            Self::LlcMisses => "llc-misses",
-            Self::PageFaults => "page-faults",
-            Self::ContextSwitches => "context-switches",
+            Self::Counter(c) => PerfEventConfig::Pmu {
+                pmu_type: c.kind,
+                config: c.config,
+            },
+            // Tracepoints are not sampled by a perf event's period.
+            Self::Cpu | Self::Tracepoint { .. } => {
+                PerfEventConfig::Hardware(HardwareEvent::CpuCycles)
+            }
         }
     }
 
-    fn is_hardware(self) -> bool {
-        matches!(
-            self,
-            Self::Cpu | Self::Cycles | Self::Instructions | Self::LlcMisses
-        )
+    fn name(&self) -> String {
+        match self {
+            Self::Cpu => "cycles".to_owned(),
+            Self::Counter(c) => c.display(),
+            Self::Tracepoint { category, event } => format!("{category}:{event}"),
+        }
+    }
+
+    fn is_hardware(&self) -> bool {
+        match self {
+            Self::Cpu => true,
+            Self::Counter(c) => c.hardware(),
+            Self::Tracepoint { .. } => false,
+        }
     }
 }
 
@@ -151,9 +192,14 @@ pub struct Args {
     /// inlined ones in text output.
     #[arg(short = 'a', long = "annotations")]
     annotate: bool,
-    /// The event to sample on.
-    #[arg(short = 'e', long, value_enum, default_value_t = Event::Cpu)]
-    event: Event,
+    /// The event to sample on: cpu (cycles where there is a PMU, else
+    /// cpu-clock), any perf counter (cpu-clock, page-faults, cs, cycles,
+    /// instructions, LLC-loads, ...: a sample every -c N events, or -F
+    /// times a second), or tracepoints (sched:sched_switch,
+    /// 'block:block_rq_*', bcc's t:CATEGORY:EVENT): stacks at every event.
+    #[arg(short = 'e', long, value_name = "EVENT", default_value = "cpu",
+          value_parser = parse_event_arg)]
+    event: Box<Event>,
     /// Write a flame graph (SVG) to FILE.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
@@ -254,10 +300,13 @@ fn max_sample_rate() -> Option<u64> {
         .ok()
 }
 
+/// The program that counts stacks at tracepoints (`-e CATEGORY:EVENT`).
+const TRACEPOINT_PROGRAM: &str = "profile_tracepoint";
+
 /// Attaches the program to `event` on every CPU in `cpus`.
 fn attach(
     prog: &mut PerfEvent,
-    event: Event,
+    event: &Event,
     cpus: &[u32],
     period: Option<u64>,
     freq: u64,
@@ -287,6 +336,8 @@ pub struct Profile {
     event: Event,
     /// Why hardware cycles were passed over, if they were.
     fallback: Option<String>,
+    /// Tracepoints `-e` attached to, in tracepoint mode.
+    tracepoints: usize,
     /// Stacks counted in the kernel, their walk and their names.
     stacks: StackTool,
     /// The context-switch programs, with `--off-cpu`.
@@ -345,10 +396,17 @@ impl Tool for Profile {
         };
         // Off-CPU time is weighed against on-CPU samples in time, which a
         // timer's samples measure exactly.
-        if args.off_cpu && !matches!(args.event, Event::Cpu | Event::CpuClock) {
+        if args.off_cpu && !(*args.event == Event::Cpu || args.event.is_cpu_clock()) {
             anyhow::bail!(
                 "--off-cpu weighs samples by time: it samples cpu-clock, not {}",
                 args.event.name()
+            );
+        }
+        if matches!(*args.event, Event::Tracepoint { .. })
+            && (args.frequency.is_some() || args.period().is_some())
+        {
+            anyhow::bail!(
+                "a tracepoint's stacks are taken at every event: -F and -c N pace counters only"
             );
         }
         if args.frequency.is_some() && args.period().is_some() {
@@ -391,15 +449,16 @@ impl Tool for Profile {
             heat_slots,
             window_start: 0,
             event: if args.off_cpu {
-                Event::CpuClock
+                Event::cpu_clock()
             } else {
-                args.event
+                (*args.event).clone()
             },
             off_cpu: args.off_cpu.then(OffCpu::default),
             args,
             cpus,
             freq,
             fallback: None,
+            tracepoints: 0,
             stacks: StackTool::default(),
         })
     }
@@ -487,24 +546,38 @@ impl Tool for Profile {
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         self.stacks.attach(ebpf, &self.args.scope.pids)?;
+        if let Event::Tracepoint { category, event } = &self.event {
+            let root = crate::kernel::tracefs::root()?;
+            let found = event::tracepoints(&root, category, event)?;
+            let prog: &mut TracePoint = ebpf
+                .program_mut(TRACEPOINT_PROGRAM)
+                .context("program profile_tracepoint missing")?
+                .try_into()?;
+            prog.load().context("cannot load the tracepoint program")?;
+            self.set_window(ebpf)?;
+            let prog: &mut TracePoint = ebpf
+                .program_mut(TRACEPOINT_PROGRAM)
+                .context("program profile_tracepoint missing")?
+                .try_into()?;
+            for (c, e) in &found {
+                prog.attach(c, e)
+                    .with_context(|| format!("cannot attach to tracepoint {c}:{e}"))?;
+            }
+            self.tracepoints = found.len();
+            return Ok(());
+        }
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
             .context("program profile missing")?
             .try_into()?;
         prog.load().context("cannot load the profile program")?;
-        // Time zero, just before the first sample can come.
-        self.window_start = crate::kernel::monotonic_ns();
-        let mut window: aya::maps::Array<_, u64> =
-            aya::maps::Array::try_from(ebpf.map_mut("WINDOW").context("map WINDOW missing")?)?;
-        window
-            .set(0, self.window_start, 0)
-            .context("cannot set the start of sampling")?;
+        self.set_window(ebpf)?;
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
             .context("program profile missing")?
             .try_into()?;
         let (period, freq) = (self.args.period(), self.freq);
-        if let Err(e) = attach(prog, self.event, &self.cpus, period, freq) {
+        if let Err(e) = attach(prog, &self.event, &self.cpus, period, freq) {
             if self.event != Event::Cpu {
                 let hint = if self.event.is_hardware() {
                     pmu_hint()
@@ -523,8 +596,8 @@ impl Tool for Profile {
                 return Err(e.context(format!("and software perf events fail too: {why}")));
             }
             self.fallback = Some(format!("{e:#}"));
-            self.event = Event::CpuClock;
-            attach(prog, self.event, &self.cpus, period, freq)?;
+            self.event = Event::cpu_clock();
+            attach(prog, &self.event, &self.cpus, period, freq)?;
         }
         if let Some(off) = &mut self.off_cpu {
             let m = OffCpu::mechanism(kernel)?;
@@ -539,9 +612,13 @@ impl Tool for Profile {
             .as_ref()
             .map(|o| format!(", off-CPU time at {}", o.describe()))
             .unwrap_or_default();
+        let on = if self.tracepoints > 0 {
+            format!("{} tracepoint(s)", self.tracepoints)
+        } else {
+            format!("perf events on {} CPU(s)", self.cpus.len())
+        };
         format!(
-            "perf events on {} CPU(s){off}; {}; stacks named by their own 64-bit hash",
-            self.cpus.len(),
+            "{on}{off}; {}; stacks named by their own 64-bit hash",
             self.stacks.describe()
         )
     }
@@ -564,7 +641,7 @@ impl Tool for Profile {
     }
 
     fn banner(&self) -> String {
-        header(&self.args, self.event, self.freq)
+        header(&self.args, &self.event, self.freq)
     }
 
     /// Every second the kernel's tables are moved out, so that they never
@@ -591,11 +668,19 @@ impl Tool for Profile {
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
         let elapsed = self.stacks.elapsed();
         // Stop sampling before reading, so the report is one consistent cut.
-        let prog: &mut PerfEvent = ebpf
-            .program_mut("profile")
-            .context("program profile missing")?
-            .try_into()?;
-        prog.unload().context("cannot stop sampling")?;
+        if matches!(self.event, Event::Tracepoint { .. }) {
+            let prog: &mut TracePoint = ebpf
+                .program_mut(TRACEPOINT_PROGRAM)
+                .context("program profile_tracepoint missing")?
+                .try_into()?;
+            prog.unload().context("cannot stop counting")?;
+        } else {
+            let prog: &mut PerfEvent = ebpf
+                .program_mut("profile")
+                .context("program profile missing")?
+                .try_into()?;
+            prog.unload().context("cannot stop sampling")?;
+        }
         if let Some(off) = &self.off_cpu {
             off.stop(ebpf)?;
         }
@@ -632,7 +717,7 @@ impl Tool for Profile {
                 sink.emit(&Report::new(
                     counted,
                     &self.args.report_opts,
-                    self.event.name(),
+                    &self.event.name(),
                     u,
                 ))?;
             }
@@ -640,7 +725,7 @@ impl Tool for Profile {
                 sink.emit(&annotate::annotate(
                     &exact,
                     &self.args.annotate_opts,
-                    Some(self.event.name()),
+                    Some(&self.event.name()),
                 )?)?;
             }
             self.stacks.reported(&samples, unit);
@@ -672,10 +757,11 @@ impl Tool for Profile {
 }
 
 /// bcc's start-up line, on stderr so that stdout holds only stacks.
-fn header(args: &Args, event: Event, freq: u64) -> String {
-    let rate = match args.period() {
-        Some(p) => format!("Sampling {} every {p} events", event.name()),
-        None => format!("Sampling {} at {freq} Hertz", event.name()),
+fn header(args: &Args, event: &Event, freq: u64) -> String {
+    let rate = match (event, args.period()) {
+        (Event::Tracepoint { .. }, _) => format!("Sampling {} at every event", event.name()),
+        (_, Some(p)) => format!("Sampling {} every {p} events", event.name()),
+        (_, None) => format!("Sampling {} at {freq} Hertz", event.name()),
     };
     let whom = match args.scope.whom() {
         Some(whom) => format!("of {whom}"),
@@ -745,6 +831,16 @@ impl Profile {
         self.args.annotate_opts.wanted() || self.args.pprof.is_some()
     }
 
+    /// Sets time zero, just before the first sample can come.
+    fn set_window(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        self.window_start = crate::kernel::monotonic_ns();
+        let mut window: aya::maps::Array<_, u64> =
+            aya::maps::Array::try_from(ebpf.map_mut("WINDOW").context("map WINDOW missing")?)?;
+        window
+            .set(0, self.window_start, 0)
+            .context("cannot set the start of sampling")
+    }
+
     /// Whether samples are counted by thread: for a report that sorts or
     /// filters by thread, and for a pprof, which keeps each sample's
     /// thread for a later one. Otherwise a process's threads share their
@@ -774,10 +870,11 @@ impl Profile {
             .collect();
         let args = &self.args;
         let lines = args.stacks.lines;
-        let (event, freq) = (self.event, self.freq);
-        let rate = match args.period() {
-            Some(p) => format!("every {p} events"),
-            None => format!("{freq} Hz"),
+        let (event, freq) = (&self.event, self.freq);
+        let rate = match (event, args.period()) {
+            (Event::Tracepoint { .. }, _) => "every event".to_owned(),
+            (_, Some(p)) => format!("every {p} events"),
+            (_, None) => format!("{freq} Hz"),
         };
         let unit = if args.off_cpu { "us" } else { "samples" };
         let what = files::held(samples, unit);
@@ -823,17 +920,14 @@ impl Profile {
         } else if let Some(file) = self.reports.pprof.take() {
             // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
             // events are counted in events.
-            let (unit, period) = match (event, args.period()) {
-                (Event::CpuClock, Some(p)) => ("nanoseconds", p),
-                (Event::CpuClock, None) => ("nanoseconds", 1_000_000_000 / freq),
-                (_, Some(p)) => ("count", p),
-                (_, None) => ("count", 1),
+            let (unit, period) = match (event.is_cpu_clock(), args.period()) {
+                (true, Some(p)) => ("nanoseconds", p),
+                (true, None) => ("nanoseconds", 1_000_000_000 / freq),
+                (false, Some(p)) if !matches!(event, Event::Tracepoint { .. }) => ("count", p),
+                (false, _) => ("count", 1),
             };
-            let event = if event == Event::CpuClock {
-                "cpu"
-            } else {
-                event.name()
-            };
+            let name = event.name();
+            let event = if event.is_cpu_clock() { "cpu" } else { &name };
             let meta = stacks::pprof::Meta {
                 types: &[("samples", "count"), (event, unit)],
                 values: &|s: &Sample| vec![s.count, s.count.saturating_mul(period)],

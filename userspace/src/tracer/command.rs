@@ -400,6 +400,11 @@ impl Corked {
         Ok(corked)
     }
 
+    /// The command's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+
     /// The cgroup the command runs in, if one of its own.
     pub fn cgroup(&self) -> Option<&Path> {
         self.cgroup.as_ref().map(CommandCgroup::path)

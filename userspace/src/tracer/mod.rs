@@ -274,6 +274,8 @@ pub struct Scope {
     pub user: Option<String>,
     /// Trace the whole system while the command runs (`--all-cpus`).
     pub all_cpus: bool,
+    /// The command's process id, once started (corked, before its exec).
+    pub command_pid: Option<u32>,
     /// Where the output goes (`-o`).
     pub output: Option<PathBuf>,
     /// Never trace rtrace itself, whose output could feed back.
@@ -780,6 +782,7 @@ fn start_command(
     if let Some(cg) = corked.cgroup() {
         scope.cgroup = Some(cg.to_owned());
     }
+    scope.command_pid = Some(corked.pid());
     Ok(Some(corked))
 }
 
