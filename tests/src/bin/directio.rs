@@ -1,10 +1,12 @@
 //! Workload for biolatency's tests and benchmark: a known number of direct
 //! I/O requests, one at a time, so that none merge.
 //!
-//! Usage: `directio PATH READS WRITES`. It reads READS and then writes
-//! WRITES blocks of 4 KiB with O_DIRECT at spread-out offsets of PATH (a
-//! block device or a file of at least 16 MiB), one request at a time, and
-//! prints `done NANOSECONDS`.
+//! Usage: `directio PATH READS WRITES [wait]`. It reads READS and then
+//! writes WRITES blocks of 4 KiB with O_DIRECT at spread-out offsets of
+//! PATH (a block device or a file of at least 16 MiB), one request at a
+//! time, and prints `done NANOSECONDS`. With `wait`, it first opens PATH,
+//! prints `ready` and waits for a line on stdin: a tracer started then
+//! knows the process before its first request.
 
 use std::{fs::OpenOptions, os::unix::fs::FileExt as _, os::unix::fs::OpenOptionsExt as _};
 
@@ -47,6 +49,11 @@ fn main() {
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .unwrap_or_else(|e| panic!("cannot open {path}: {e}"));
+    if args.get(3).is_some_and(|a| a == "wait") {
+        println!("ready");
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).unwrap();
+    }
     let mut buf = Aligned::new();
     let offset = |i: u64| (i * 8 % SPAN) * BLOCK as u64 + (i * 8 / SPAN % 8) * BLOCK as u64;
     let start = std::time::Instant::now();

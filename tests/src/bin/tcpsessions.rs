@@ -7,7 +7,10 @@
 //! The server closes first in odd sessions and the client in even ones, so
 //! both ends see both kinds of close. The server calls itself `tcpserver`.
 //! At the end it prints
-//! `done CLIENT_PID SERVER_PID PORT NANOSECONDS`.
+//! `done CLIENT_PID SERVER_PID PORT NANOSECONDS`. With `wait` for PORT,
+//! once the server listens (on a free port) it prints `ready` and waits
+//! for a line on stdin before the first session: a tracer started then
+//! knows both processes before they connect.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -65,7 +68,11 @@ fn main() {
     let count: usize = arg(&args, 1);
     let up: usize = arg(&args, 2);
     let down: usize = arg(&args, 3);
-    let want: u16 = args.get(4).map_or(0, |_| arg(&args, 4));
+    let wait = args.get(4).is_some_and(|a| a == "wait");
+    let want: u16 = match args.get(4) {
+        Some(_) if !wait => arg(&args, 4),
+        _ => 0,
+    };
     let host = match family {
         4 => "127.0.0.1",
         6 => "[::1]",
@@ -93,6 +100,11 @@ fn main() {
         .and_then(|p| p.parse().ok())
         .expect("server did not say its port");
 
+    if wait {
+        println!("ready");
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).unwrap();
+    }
     let payload = vec![b'u'; up];
     let mut got = vec![0u8; down];
     let start = Instant::now();

@@ -136,6 +136,7 @@ registry! {
     Profile => profile::Profile,
     Offcputime => offcputime::Offcputime,
     Stat => stat::Stat,
+    Stackcount => stackcount::Stackcount,
 }
 
 #[cfg(test)]

@@ -831,6 +831,11 @@ impl Profile {
         self.args.annotate_opts.wanted() || self.args.pprof.is_some()
     }
 
+    /// The tracepoints `-e` attached to (0 where it samples a counter).
+    pub fn tracepoints(&self) -> usize {
+        self.tracepoints
+    }
+
     /// Sets time zero, just before the first sample can come.
     fn set_window(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
         self.window_start = crate::kernel::monotonic_ns();
