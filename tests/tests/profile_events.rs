@@ -107,24 +107,16 @@ fn block_rq_insert_stacks_count_every_request_of_the_writer() {
 #[test]
 fn connect_stacks_are_one_a_connect() {
     const SESSIONS: u64 = 25;
-    // The client waits, and is named with -p, so that its tables are
-    // loaded before its first connect (a process rtrace meets system-wide
-    // gets them at its first event, whose stack is walked without them).
+    // The client waits, so that it runs before rtrace starts, which then
+    // loads its tables (every running process's) before tracing: its
+    // first connect is walked whole, system-wide too.
     let (mut w, line) = Workload::start(
         "tcpsessions",
         &["4", &SESSIONS.to_string(), "1", "1", "wait"].map(str::to_owned),
     );
     assert_eq!(line.trim(), "ready");
-    let pid = w.pid().to_string();
     let rtrace = Rtrace::start_until(
-        &[
-            "profile",
-            "-e",
-            "syscalls:sys_enter_connect",
-            "-f",
-            "-p",
-            &pid,
-        ],
+        &["profile", "-e", "syscalls:sys_enter_connect", "-f"],
         "Sampling",
     );
     w.go();

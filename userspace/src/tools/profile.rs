@@ -338,6 +338,9 @@ pub struct Profile {
     fallback: Option<String>,
     /// Tracepoints `-e` attached to, in tracepoint mode.
     tracepoints: usize,
+    /// Processes whose tables were loaded before tracing, and how long
+    /// that took (tracepoint mode, system-wide).
+    preloaded: Option<(usize, Duration)>,
     /// Stacks counted in the kernel, their walk and their names.
     stacks: StackTool,
     /// The context-switch programs, with `--off-cpu`.
@@ -459,6 +462,7 @@ impl Tool for Profile {
             freq,
             fallback: None,
             tracepoints: 0,
+            preloaded: None,
             stacks: StackTool::default(),
         })
     }
@@ -549,6 +553,17 @@ impl Tool for Profile {
         if let Event::Tracepoint { category, event } = &self.event {
             let root = crate::kernel::tracefs::root()?;
             let found = event::tracepoints(&root, category, event)?;
+            // A rare event's first in a process must not wait for the
+            // process's tables: load every running process's now.
+            // (A command of its own starts after this: it gets its tables
+            // at its exec.)
+            let scope = self.args.scope.scope();
+            if scope.pids.is_empty() && scope.tids.is_empty() && !scope.command_cgroup() {
+                let started = std::time::Instant::now();
+                eprintln!("rtrace: loading the unwind tables of every running process...");
+                let n = self.stacks.preload_all()?;
+                self.preloaded = Some((n, started.elapsed()));
+            }
             let prog: &mut TracePoint = ebpf
                 .program_mut(TRACEPOINT_PROGRAM)
                 .context("program profile_tracepoint missing")?
@@ -631,6 +646,12 @@ impl Tool for Profile {
             ),
             None => format!("sampling {}", self.event.name()),
         }];
+        if let Some((n, took)) = self.preloaded {
+            notes.push(format!(
+                "the tables of {n} running processes loaded before tracing, in {:.2} s",
+                took.as_secs_f64()
+            ));
+        }
         if self.args.heatmap.is_some() || self.args.range.is_some() {
             notes.push(format!(
                 "time zero of the heat map and --range: CLOCK_MONOTONIC {} ns",

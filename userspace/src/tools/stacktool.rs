@@ -287,6 +287,28 @@ impl StackTool {
         Ok(())
     }
 
+    /// Loads the walk's tables and captures the symbols of every process
+    /// running now, rather than at each one's first sample: for events
+    /// that come rarely (a tracepoint), whose first in a process would
+    /// otherwise be walked without its tables. Returns how many.
+    pub fn preload_all(&mut self) -> anyhow::Result<usize> {
+        let pids: Vec<u32> = std::fs::read_dir("/proc")
+            .context("cannot list /proc")?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|&p| p != std::process::id())
+            .collect();
+        if let Some(tables) = &mut self.cfi {
+            for &pid in &pids {
+                tables.add_process(pid, true)?;
+            }
+        }
+        for &pid in &pids {
+            self.sym.capture(pid, true);
+        }
+        Ok(pids.len())
+    }
+
     /// How user stacks are walked, for `-v`.
     pub fn describe(&self) -> &'static str {
         if self.cfi_loaded {
