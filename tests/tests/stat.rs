@@ -231,3 +231,48 @@ fn bad_input_is_one_clear_line() {
     let (code, _, stderr) = run(&["stat", "--bogus"]);
     assert_eq!(code, 2, "{stderr}");
 }
+
+/// `-I MS`: perf's interval lines, times rising, whose counts add up to
+/// the fixture's calls.
+#[test]
+fn intervals_add_up_to_the_whole() {
+    let (mut w, line) = Workload::start("statfix", &[N.to_string()]);
+    assert_eq!(line.trim(), "ready");
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start_until(
+        &[
+            "stat",
+            "-I",
+            "100",
+            "-x,",
+            "-e",
+            "syscalls:sys_enter_getppid",
+            "-p",
+            &pid,
+        ],
+        "Counting",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    w.go();
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(w.wait().success());
+    let mut last = 0.0;
+    let mut total = 0;
+    let mut lines = 0;
+    for l in stdout.lines() {
+        let f: Vec<&str> = l.split(',').collect();
+        assert_eq!(f[3], "syscalls:sys_enter_getppid", "{l}");
+        let time: f64 = f[0].parse().unwrap();
+        assert!(time > last, "{stdout}");
+        last = time;
+        total += f[1].parse::<u64>().unwrap();
+        lines += 1;
+    }
+    assert!(
+        lines >= 4,
+        "intervals of 100 ms over half a second: {stdout}"
+    );
+    assert_eq!(total, N, "{stdout}");
+}

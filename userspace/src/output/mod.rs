@@ -33,11 +33,11 @@ pub enum Schedule {
     Never,
     /// Once, when the run ends.
     AtEnd,
-    /// Every `secs` seconds, `count` times if given, and once more for a
+    /// Every `period`, `count` times if given, and once more for a
     /// partial interval cut short by a signal.
     Every {
-        /// Seconds between outputs.
-        secs: u64,
+        /// Time between outputs.
+        period: std::time::Duration,
         /// Outputs before exiting.
         count: Option<u64>,
     },
@@ -105,7 +105,7 @@ impl IntervalArgs {
     pub fn schedule(&self) -> Schedule {
         match self.interval {
             Some(secs) => Schedule::Every {
-                secs,
+                period: std::time::Duration::from_secs(secs),
                 count: self.count,
             },
             None => Schedule::AtEnd,

@@ -415,7 +415,7 @@ impl Tool for Argdist {
 
     fn interval(&self) -> Schedule {
         Schedule::Every {
-            secs: self.args.interval,
+            period: std::time::Duration::from_secs(self.args.interval),
             count: self.args.count,
         }
     }

@@ -326,7 +326,7 @@ impl Tool for Offcputime {
     /// fill; nothing is printed until the end.
     fn interval(&self) -> Schedule {
         Schedule::Every {
-            secs: 1,
+            period: std::time::Duration::from_secs(1),
             count: None,
         }
     }

@@ -669,7 +669,7 @@ impl Tool for Profile {
     /// fill; nothing is printed until the end.
     fn interval(&self) -> Schedule {
         Schedule::Every {
-            secs: 1,
+            period: Duration::from_secs(1),
             count: None,
         }
     }

@@ -50,6 +50,11 @@ pub struct Args {
     /// bcc's t:CATEGORY:EVENT). Without it, perf stat's default set.
     #[arg(short = 'e', long = "event", value_name = "EVENTS")]
     events: Vec<String>,
+    /// Print the counts every MS milliseconds (at least 10), each line
+    /// with the seconds since the start, as perf stat -I.
+    #[arg(short = 'I', long = "interval-print", value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(10..))]
+    interval_ms: Option<u64>,
     /// perf's CSV: one line an event (value, unit, event, run time,
     /// percent running, metric, metric unit), fields separated by SEP.
     #[arg(short = 'x', long = "field-separator", value_name = "SEP")]
@@ -98,6 +103,11 @@ pub struct Stat {
     /// CPU time at the end.
     cgroup: Option<(PathBuf, File)>,
     started: Option<Instant>,
+    /// With `-I`: the totals at the last interval, and when it ended.
+    previous: Vec<Reading>,
+    last_tick: Option<Instant>,
+    /// perf's heading of the interval lines, until printed.
+    interval_header: bool,
 }
 
 /// The `SYSCALLS` slot of syscall tracepoint `event` (`sys_enter_NAME`
@@ -148,6 +158,9 @@ impl Tool for Stat {
             scope: Scope::default(),
             cgroup: None,
             started: None,
+            previous: Vec::new(),
+            last_tick: None,
+            interval_header: true,
         })
     }
 
@@ -168,7 +181,13 @@ impl Tool for Stat {
     }
 
     fn interval(&self) -> Schedule {
-        Schedule::AtEnd
+        match self.args.interval_ms {
+            Some(ms) => Schedule::Every {
+                period: Duration::from_millis(ms),
+                count: None,
+            },
+            None => Schedule::AtEnd,
+        }
     }
 
     fn configure(
@@ -285,49 +304,55 @@ impl Tool for Stat {
         self.started = Some(Instant::now());
     }
 
-    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        let elapsed = self.started.map_or(Duration::ZERO, |s| s.elapsed());
-        let per_cpu = |name: &str| -> anyhow::Result<Option<PerCpuArray<_, u64>>> {
-            Ok(match ebpf.map(name) {
-                Some(m) => Some(PerCpuArray::try_from(m)?),
-                None => None,
-            })
-        };
-        let tps = per_cpu("TRACEPOINTS")?;
-        let sys = per_cpu("SYSCALLS")?;
-        let sum = |a: &Option<PerCpuArray<&aya::maps::MapData, u64>>, i: u32| -> u64 {
-            a.as_ref()
-                .and_then(|a| a.get(&i, 0).ok())
-                .map_or(0, |v| v.iter().sum())
-        };
-        let mut rows = Vec::with_capacity(self.lines.len());
-        // The programs counted all along, as a counter always running.
-        let whole = |value| Reading {
-            value,
-            enabled: elapsed.as_nanos() as u64,
-            running: elapsed.as_nanos() as u64,
-        };
-        for line in &mut self.lines {
-            let (reading, supported) = match &mut line.source {
-                Source::Counter { open, .. } if open.is_empty() => (Reading::default(), false),
-                Source::Counter { open, .. } => {
-                    let mut total = Reading::default();
-                    for c in open.iter_mut() {
-                        total += c.read().context("cannot read a counter")?;
-                    }
-                    (total, true)
-                }
-                Source::Tracepoint(id) => (whole(sum(&tps, *id)), true),
-                Source::Syscall(slot) => (whole(sum(&sys, *slot)), true),
-            };
-            // perf gives software counters a rate; hardware counters and
-            // tracepoints none.
-            let rated = match &line.source {
-                Source::Counter { counter, .. } => !counter.hardware(),
-                _ => false,
-            };
-            rows.push(Row::new(&line.name, reading, supported, rated, elapsed));
+    /// With `-I`: the counts of the interval that ended, as perf prints
+    /// them, each line with the time since the start.
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
+        if self.args.interval_ms.is_none() {
+            return Ok(());
         }
+        let now = Instant::now();
+        let since = self.started.map_or(Duration::ZERO, |s| now - s);
+        let period = self.last_tick.map_or(since, |t| now - t);
+        self.last_tick = Some(now);
+        let readings = self.readings(ebpf, since)?;
+        let mut rows = Vec::with_capacity(readings.len());
+        for (i, (line, (r, supported))) in self.lines.iter().zip(&readings).enumerate() {
+            let before = self.previous.get(i).copied().unwrap_or_default();
+            let delta = Reading {
+                value: r.value.saturating_sub(before.value),
+                enabled: r.enabled.saturating_sub(before.enabled),
+                running: r.running.saturating_sub(before.running),
+            };
+            rows.push(Row::new(
+                &line.name,
+                delta,
+                *supported,
+                line.rated(),
+                period,
+            ));
+        }
+        self.previous = readings.into_iter().map(|(r, _)| r).collect();
+        sink.emit(&Interval {
+            time: since.as_secs_f64(),
+            rows,
+            separator: self.args.separator.clone(),
+            header: std::mem::take(&mut self.interval_header),
+        })
+    }
+
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        if self.args.interval_ms.is_some() {
+            // The intervals said it all, the last one cut short included.
+            return Ok(());
+        }
+        let elapsed = self.started.map_or(Duration::ZERO, |s| s.elapsed());
+        let readings = self.readings(ebpf, elapsed)?;
+        let rows = self
+            .lines
+            .iter()
+            .zip(readings)
+            .map(|(line, (r, supported))| Row::new(&line.name, r, supported, line.rated(), elapsed))
+            .collect();
         let cpu_times = self.cgroup.as_ref().and_then(|(p, _)| cgroup_cpu_times(p));
         let report = Report {
             target: self.target(),
@@ -341,7 +366,57 @@ impl Tool for Stat {
     }
 }
 
+impl Line {
+    /// Whether perf gives it a rate: software counters; hardware
+    /// counters and tracepoints have none.
+    fn rated(&self) -> bool {
+        match &self.source {
+            Source::Counter { counter, .. } => !counter.hardware(),
+            _ => false,
+        }
+    }
+}
+
 impl Stat {
+    /// Every line's total so far, and whether it is counted at all; the
+    /// programs' counts as counters that ran for all of `elapsed`.
+    fn readings(&mut self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<Vec<(Reading, bool)>> {
+        let per_cpu = |name: &str| -> anyhow::Result<Option<PerCpuArray<_, u64>>> {
+            Ok(match ebpf.map(name) {
+                Some(m) => Some(PerCpuArray::try_from(m)?),
+                None => None,
+            })
+        };
+        let tps = per_cpu("TRACEPOINTS")?;
+        let sys = per_cpu("SYSCALLS")?;
+        let sum = |a: &Option<PerCpuArray<&aya::maps::MapData, u64>>, i: u32| -> u64 {
+            a.as_ref()
+                .and_then(|a| a.get(&i, 0).ok())
+                .map_or(0, |v| v.iter().sum())
+        };
+        let whole = |value| Reading {
+            value,
+            enabled: elapsed.as_nanos() as u64,
+            running: elapsed.as_nanos() as u64,
+        };
+        let mut out = Vec::with_capacity(self.lines.len());
+        for line in &mut self.lines {
+            out.push(match &mut line.source {
+                Source::Counter { open, .. } if open.is_empty() => (Reading::default(), false),
+                Source::Counter { open, .. } => {
+                    let mut total = Reading::default();
+                    for c in open.iter_mut() {
+                        total += c.read().context("cannot read a counter")?;
+                    }
+                    (total, true)
+                }
+                Source::Tracepoint(id) => (whole(sum(&tps, *id)), true),
+                Source::Syscall(slot) => (whole(sum(&sys, *slot)), true),
+            });
+        }
+        Ok(out)
+    }
+
     /// Where each counter counts, by the scope: the command and what it
     /// starts (its counters inherited, as perf stat's), `-c`'s cgroup on
     /// each CPU, each thread of `-p`'s processes and what they start,
@@ -530,6 +605,37 @@ struct Report {
     separator: Option<String>,
 }
 
+/// One interval's counts (`-I`), in perf stat's interval layout.
+#[derive(Debug, serde::Serialize)]
+struct Interval {
+    /// Seconds since the start.
+    #[serde(rename = "interval")]
+    time: f64,
+    rows: Vec<Row>,
+    #[serde(skip)]
+    separator: Option<String>,
+    /// Whether perf's column heading comes first (the first interval).
+    #[serde(skip)]
+    header: bool,
+}
+
+impl Record for Interval {
+    fn text(&self, out: &mut String) {
+        if let Some(sep) = &self.separator {
+            for r in &self.rows {
+                let _ = writeln!(out, "{:.9}{sep}{}", self.time, r.csv(sep));
+            }
+            return;
+        }
+        if self.header {
+            let _ = writeln!(out, "#           time             counts unit events");
+        }
+        for r in &self.rows {
+            let _ = writeln!(out, "{:>15.9} {}", self.time, r.text());
+        }
+    }
+}
+
 /// A rate as perf scales it: `K/sec`, `M/sec`, `G/sec`.
 fn rate(per_sec: f64) -> (f64, &'static str) {
     if per_sec >= 1e9 {
@@ -543,41 +649,53 @@ fn rate(per_sec: f64) -> (f64, &'static str) {
     }
 }
 
+impl Row {
+    /// perf's CSV fields: value, unit, event, run time, percent running,
+    /// metric, metric unit.
+    fn csv(&self, sep: &str) -> String {
+        let value = match self.value {
+            Some(v) if self.unit == "msec" => format!("{v:.2}"),
+            Some(v) => format!("{v:.0}"),
+            None => "<not supported>".to_owned(),
+        };
+        let metric = self.metric.map(|m| format!("{m:.2}")).unwrap_or_default();
+        format!(
+            "{value}{sep}{}{sep}{}{sep}{}{sep}{:.2}{sep}{metric}{sep}{}",
+            self.unit, self.event, self.runtime, self.running, self.metric_unit
+        )
+    }
+
+    /// perf's text line: the count, its unit, the event and the metric.
+    fn text(&self) -> String {
+        let (value, unit) = match self.value {
+            None => ("<not supported>".to_owned(), ""),
+            Some(v) if self.unit == "msec" => (format!("{v:.2}"), "msec"),
+            Some(v) => (thousands(v as u64), ""),
+        };
+        let metric = match (self.metric, self.metric_unit) {
+            (Some(m), "/sec") => {
+                let (m, u) = rate(m);
+                format!("  #  {m:>8.3} {u}")
+            }
+            (Some(m), u) if !u.is_empty() => format!("  #  {m:>8.3} {u}"),
+            _ => String::new(),
+        };
+        let line = format!("{value:>18} {unit:<4} {:<34}{metric}", self.event);
+        line.trim_end().to_owned()
+    }
+}
+
 impl Record for Report {
     fn text(&self, out: &mut String) {
         if let Some(sep) = &self.separator {
             for r in &self.rows {
-                let value = match r.value {
-                    Some(v) if r.unit == "msec" => format!("{v:.2}"),
-                    Some(v) => format!("{v:.0}"),
-                    None => "<not supported>".to_owned(),
-                };
-                let metric = r.metric.map(|m| format!("{m:.2}")).unwrap_or_default();
-                let _ = writeln!(
-                    out,
-                    "{value}{sep}{}{sep}{}{sep}{}{sep}{:.2}{sep}{metric}{sep}{}",
-                    r.unit, r.event, r.runtime, r.running, r.metric_unit
-                );
+                let _ = writeln!(out, "{}", r.csv(sep));
             }
             return;
         }
         let _ = writeln!(out, "\n Performance counter stats for {}:\n", self.target);
         for r in &self.rows {
-            let (value, unit) = match r.value {
-                None => ("<not supported>".to_owned(), ""),
-                Some(v) if r.unit == "msec" => (format!("{v:.2}"), "msec"),
-                Some(v) => (thousands(v as u64), ""),
-            };
-            let metric = match (r.metric, r.metric_unit) {
-                (Some(m), "/sec") => {
-                    let (m, u) = rate(m);
-                    format!("  #  {m:>8.3} {u}")
-                }
-                (Some(m), u) if !u.is_empty() => format!("  #  {m:>8.3} {u}"),
-                _ => String::new(),
-            };
-            let line = format!("{value:>18} {unit:<4} {:<34}{metric}", r.event);
-            let _ = writeln!(out, "{}", line.trim_end());
+            let _ = writeln!(out, "{}", r.text());
         }
         let _ = writeln!(out, "\n{:>18.9} seconds time elapsed", self.elapsed_s);
         if let (Some(u), Some(s)) = (self.user_s, self.sys_s) {

@@ -918,7 +918,7 @@ async fn run_loop<T: Tool>(
     let mut signalled = false;
     let interval = tool.interval();
     let mut next = match interval {
-        Schedule::Every { secs, .. } => Some(Instant::now() + Duration::from_secs(secs)),
+        Schedule::Every { period, .. } => Some(Instant::now() + period),
         _ => None,
     };
     let mut done = 0u64;
@@ -1015,8 +1015,8 @@ async fn run_loop<T: Tool>(
                 if last {
                     return Ok(0);
                 }
-                if let (Schedule::Every { secs, .. }, Some(at)) = (interval, next.as_mut()) {
-                    *at += Duration::from_secs(secs);
+                if let (Schedule::Every { period, .. }, Some(at)) = (interval, next.as_mut()) {
+                    *at += period;
                 }
             }
             Wake::Stop(_) | Wake::Exited => {

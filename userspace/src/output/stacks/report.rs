@@ -890,24 +890,15 @@ mod tests {
         s[1].pid = 10;
         s[0].tid = 11;
         s[1].tid = 12;
-        let r = Report::new(
-            &s,
-            &args(&["--no-children", "-s", "tid"]),
-            "cpu-clock",
-            "samples",
-        );
-        let texts: Vec<String> = r.rows.iter().map(|(_, k, _)| k.0[0].text()).collect();
-        assert_eq!(texts, ["     11:a", "     12:a"]);
+        let rows = |s: &[Sample]| -> Vec<String> {
+            let args = args(&["--no-children", "-s", "tid"]);
+            let r = Report::new(s, &args, "cpu-clock", "samples");
+            r.rows.iter().map(|(_, k, _)| k.0[0].text()).collect()
+        };
+        assert_eq!(rows(&s), ["     11:a", "     12:a"]);
         s[0].tid = 0;
         s[1].tid = 0;
-        let r = Report::new(
-            &s,
-            &args(&["--no-children", "-s", "tid"]),
-            "cpu-clock",
-            "samples",
-        );
-        let texts: Vec<String> = r.rows.iter().map(|(_, k, _)| k.0[0].text()).collect();
-        assert_eq!(texts, ["     10:a"]);
+        assert_eq!(rows(&s), ["     10:a"]);
     }
 
     #[test]
