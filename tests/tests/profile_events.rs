@@ -174,7 +174,8 @@ fn events_are_perfs_names_and_bad_ones_one_line() {
 /// times: kernel stacks through the scheduler, as many as the kernel's
 /// own account of the fixture's switches (getrusage; and the one as it
 /// blocks for its last line), most of them through `do_nanosleep` (a
-/// microsecond's sleep may end before it blocks).
+/// microsecond's sleep may end before it blocks, or block twice when woken
+/// early).
 #[test]
 fn stackcount_gives_kernel_stacks_through_schedule() {
     const N: u64 = 500;
@@ -208,7 +209,7 @@ fn stackcount_gives_kernel_stacks_through_schedule() {
         .map(|(_, n)| n)
         .sum();
     assert!(
-        (N * 9 / 10..=N).contains(&slept),
+        (N * 9 / 10..=N + N / 100).contains(&slept),
         "{slept} for {N} sleeps: {stdout}"
     );
 }
