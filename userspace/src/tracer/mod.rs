@@ -1097,6 +1097,7 @@ mod tests {
             "runqlat_task_storage",
             "execsnoop_perf",
             "probes",
+            "stat",
         ] {
             assert!(crate::kernel::objects::get(name).is_some(), "{name}");
         }
