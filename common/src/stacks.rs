@@ -31,12 +31,12 @@ const _: () = assert!(MAX_STACK <= SEGMENT_FRAMES * (MAX_SEGMENTS - 1) + MAX_DEP
 pub const CONTINUED: u64 = 1 << 63;
 
 /// `Key::flags`: the user stack could not be read or stored.
-pub const MISSED_USER: u32 = 1;
+pub const MISSED_USER: u16 = 1;
 /// `Key::flags`: the kernel stack could not be read or stored.
-pub const MISSED_KERNEL: u32 = 2;
+pub const MISSED_KERNEL: u16 = 2;
 /// `Key::flags`: time off the CPU, in nanoseconds (`profile --off-cpu`),
 /// not samples.
-pub const OFF_CPU: u32 = 4;
+pub const OFF_CPU: u16 = 4;
 
 /// How coarse [`Key::slot`] is: 2^26 ns, 67 ms, within which code that a
 /// JIT put at one address in place of other code gets one name.
@@ -58,26 +58,26 @@ pub struct Key {
     /// Process (thread group) id.
     pub tgid: u32,
     /// `MISSED_*` bits.
-    pub flags: u32,
-    /// The generation counted in (`GEN`): user space counts it up every
-    /// second and moves the older generation's counts out.
-    pub generation: u32,
+    pub flags: u16,
+    /// The generation counted in (`GEN`, truncated): user space counts
+    /// it up every second and moves the older generation's counts out.
+    pub generation: u16,
     /// For a process in `TIMED_JIT`, when its stacks were taken:
     /// CLOCK_MONOTONIC >> [`SLOT_SHIFT`], truncated; else 0. Its JIT
     /// frames are named by the code that was at their addresses then,
     /// from its jitdump.
     pub slot: u32,
+    /// The sampled thread's id where samples are counted by thread
+    /// (`--sort tid`, pprof); else 0, so a process's threads share keys.
+    /// (The key stays 48 bytes, as the 6.1 verifier's stack budget for
+    /// the CFI walk needs.)
+    pub tid: u32,
     /// Hash of the user stack in `STACKS`, or 0 for none.
     pub user: u64,
     /// Hash of the kernel stack in `STACKS`, or 0 for none.
     pub kernel: u64,
     /// Command of the sampled thread.
     pub comm: [u8; TASK_COMM_LEN],
-    /// The sampled thread's id where samples are counted by thread
-    /// (`--sort tid`, pprof); else 0, so a process's threads share keys.
-    pub tid: u32,
-    /// Keeps the struct free of padding.
-    pub _pad: u32,
 }
 
 impl Key {
@@ -89,11 +89,10 @@ impl Key {
             flags: 0,
             generation: 0,
             slot: 0,
+            tid: 0,
             user: 0,
             kernel: 0,
             comm,
-            tid: 0,
-            _pad: 0,
         }
     }
 

@@ -385,7 +385,7 @@ fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
             && off >= cfg.min_ns
             && off <= cfg.max_ns
         {
-            (*start).key.key.generation = stacks::generation();
+            (*start).key.key.generation = stacks::generation() as u16;
             if cfg.kernel != 0 && kernel_at_switch_in::<DIRECT>(cfg) {
                 (*start).key.key.set_kernel(stacks::task_kernel_stack(next));
             }

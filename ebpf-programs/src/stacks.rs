@@ -118,7 +118,7 @@ pub fn add<C: EbpfContext, S: Sink, K: Counted>(
     match counts.insert(key, value, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
             count_new(NEW_COUNTS);
-            let generation = key.counted().generation;
+            let generation = u32::from(key.counted().generation);
             for k in [Some(key.counted()), key.other()].into_iter().flatten() {
                 if k.tgid != 0 && first_in_generation(k.tgid, generation) {
                     crate::events::emit(events, ctx, &Seen::new(k.tgid, 0));

@@ -572,14 +572,18 @@ fn rows_by_thread_follow_each_threads_cpu_time() {
     let alone = by_tid(&alone);
     assert_eq!(alone.keys().collect::<Vec<_>>(), [&tids[1]], "{alone:?}");
     assert_eq!(alone[&tids[1]], seen[1]);
-    // Folded, the two threads' alike stacks are one line each.
+    // Folded, the two threads' alike stacks are one line: both spin in
+    // leaf_alpha under spinner_main. (Other lines may print alike where
+    // frames unnamed at other addresses, as in the guests' stripped libc,
+    // show as [unknown].)
     let (code, folded, stderr) = run(&["report", p, "--folded"]);
     assert_eq!(code, 0, "{stderr}");
-    let lines: Vec<&str> = folded
+    let spinning: Vec<&str> = folded
         .lines()
-        .map(|l| l.rsplit_once(' ').unwrap().0)
+        .filter(|l| l.contains("spinner_main;leaf_alpha "))
         .collect();
-    let distinct: std::collections::BTreeSet<&str> = lines.iter().copied().collect();
-    assert_eq!(lines.len(), distinct.len(), "{folded}");
+    assert_eq!(spinning.len(), 1, "{folded}");
+    let n: u64 = spinning[0].rsplit_once(' ').unwrap().1.parse().unwrap();
+    assert!(n >= total * 3 / 4, "{n} of {total}: {folded}");
     let _ = std::fs::remove_file(&pprof);
 }

@@ -48,22 +48,44 @@ static HEAT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
-    // The sample's registers: the user walk starts there when it hit user
-    // mode.
-    sample(&ctx, ctx.as_ptr() as *const u8);
+    sample(&ctx);
     0
 }
 
-/// Every event of the tracepoints `-e` names: the thread is in the
-/// kernel, so the user walk starts from the registers it entered with.
+/// Every event of the tracepoints `-e` names.
 #[tracepoint]
 pub fn profile_tracepoint(ctx: TracePointContext) -> u32 {
-    sample(&ctx, core::ptr::null());
+    sample(&ctx);
     0
+}
+
+/// Where a program's user walk starts.
+trait Sampled: EbpfContext {
+    /// The registers the walk starts from; null for the thread's own
+    /// user registers (`bpf_task_pt_regs`).
+    fn sampled(&self) -> *const u8;
+}
+
+impl Sampled for PerfEventContext {
+    /// The sample's registers: the user walk starts there when it hit
+    /// user mode.
+    #[inline(always)]
+    fn sampled(&self) -> *const u8 {
+        self.as_ptr() as *const u8
+    }
+}
+
+impl Sampled for TracePointContext {
+    /// The thread is in the kernel: the walk starts from the registers
+    /// it entered with.
+    #[inline(always)]
+    fn sampled(&self) -> *const u8 {
+        core::ptr::null()
+    }
 }
 
 #[inline(always)]
-fn sample<C: EbpfContext>(ctx: &C, sampled: *const u8) {
+fn sample<C: Sampled>(ctx: &C) {
     let cfg = global(&CONFIG);
     let id = bpf_get_current_pid_tgid();
     let (tid, tgid) = (id as u32, (id >> 32) as u32);
@@ -85,12 +107,18 @@ fn sample<C: EbpfContext>(ctx: &C, sampled: *const u8) {
         return;
     }
     let mut key = Key::new(0, [0; 16]);
+    // Computed here, after the filters, as the verifier has followed it
+    // since before tracepoints shared this function: placed before them,
+    // the 6.1 verifier no longer accepted the CFI walk.
+    let sampled = ctx.sampled();
     let (kernel, user) = (cfg.kernel != 0, cfg.user != 0);
     stacks::describe_current(ctx, &EVENTS, tgid, kernel, user, sampled, &mut key);
     if cfg.per_thread != 0 {
-        key.tid = tid;
+        // Asked again rather than kept across the walk, which would hold a
+        // register or a stack slot the walk's verification has no room for.
+        key.tid = bpf_get_current_pid_tgid() as u32;
     }
-    key.generation = stacks::generation();
+    key.generation = stacks::generation() as u16;
     stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, value);
 }
 

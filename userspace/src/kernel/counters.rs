@@ -36,6 +36,16 @@ pub enum On<'a> {
     Cgroup(&'a File, u32),
 }
 
+impl std::fmt::Display for On<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Task { tid, .. } => write!(f, "thread {tid}"),
+            Self::Cpu(cpu) => write!(f, "CPU {cpu}"),
+            Self::Cgroup(_, cpu) => write!(f, "the cgroup on CPU {cpu}"),
+        }
+    }
+}
+
 /// What to count, and in which modes.
 #[derive(Debug, Clone, Copy)]
 pub struct Spec {

@@ -120,7 +120,8 @@ fn move_counts<K: aya::Pod>(
     let mut moved = Vec::with_capacity(entries.len());
     for (k, n) in entries {
         let mut w = wide(k);
-        if all || w.key.generation == old {
+        // Keys keep the generation's low 16 bits.
+        if all || w.key.generation == old as u16 {
             moved.push(k);
             w.key.generation = 0;
             *into.entry(w).or_default() += n;
@@ -429,7 +430,7 @@ impl StackStore {
             requests.push((Some(key.tgid), ips(key.user)));
         }
         let mut frames = sym.symbolize(&requests).into_iter();
-        let lost = |key: &Key, flag: u32, hash: u64| {
+        let lost = |key: &Key, flag: u16, hash: u64| {
             key.flags & flag != 0 || (hash != 0 && !stacks.contains_key(&hash))
         };
         let mut named = Vec::with_capacity(entries.len());

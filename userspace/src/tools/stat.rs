@@ -477,14 +477,20 @@ impl Stat {
                 match Counter::open(spec, *on) {
                     Ok(c) => open.push(c),
                     // perf's `<not supported>`: no PMU, or not this event.
-                    Err(e) if counter.hardware() => {
-                        let _ = e;
+                    Err(_) if counter.hardware() => {
                         open.clear();
                         break;
                     }
                     Err(e) => {
+                        let hint = match on {
+                            On::Cgroup(..) if e.kind() == std::io::ErrorKind::NotFound => {
+                                "; counters on a cgroup need the perf_event controller on \
+                                 the cgroup v2 hierarchy, which this kernel does not put there"
+                            }
+                            _ => "",
+                        };
                         return Err(e).with_context(|| {
-                            format!("cannot count {} on {on:?}", counter.display())
+                            format!("cannot count {} on {on}{hint}", counter.display())
                         });
                     }
                 }
