@@ -96,6 +96,18 @@ pub struct Counter {
 }
 
 impl Counter {
+    /// perf's counter by `name` (or an alias), in both modes.
+    pub fn named(name: &str) -> Option<Self> {
+        let (kind, config) = counter(name)?;
+        Some(Self {
+            name: name.to_owned(),
+            kind,
+            config,
+            user_only: false,
+            kernel_only: false,
+        })
+    }
+
     /// Whether it needs a hardware PMU.
     pub fn hardware(&self) -> bool {
         self.kind != TYPE_SOFTWARE
@@ -199,14 +211,7 @@ pub fn parse(spec: &str) -> Result<Event, SpecError> {
         col += p.len() + 1;
     }
     // A counter, with perf's modifiers after a colon.
-    if let Some((kind, config)) = counter(parts[0]) {
-        let mut c = Counter {
-            name: parts[0].to_owned(),
-            kind,
-            config,
-            user_only: false,
-            kernel_only: false,
-        };
+    if let Some(mut c) = Counter::named(parts[0]) {
         match parts.len() {
             1 => {}
             2 => {

@@ -22,7 +22,7 @@ use rtrace_common::{
 use crate::{
     kernel::{
         features::Mechanism,
-        load::{Kernel, Load},
+        load::{Hooks, Kernel, Load},
         transport::BufferArgs,
     },
     output::{
@@ -71,9 +71,7 @@ fn parse_event(text: &str) -> Result<Event, String> {
         "cpu" => return Ok(Event::Cpu),
         // rtrace's name before the event specs.
         "llc-misses" => {
-            let Ok(event::Event::Counter(mut c)) = event::parse("cache-misses") else {
-                return Err("cache-misses".to_owned());
-            };
+            let mut c = event::Counter::named("cache-misses").ok_or("cache-misses")?;
             c.name = text.to_owned();
             return Ok(Event::Counter(c));
         }
@@ -95,10 +93,7 @@ fn parse_event(text: &str) -> Result<Event, String> {
 impl Event {
     /// The software CPU clock, a timer that works everywhere.
     fn cpu_clock() -> Self {
-        match event::parse("cpu-clock") {
-            Ok(event::Event::Counter(c)) => Self::Counter(c),
-            _ => Self::Cpu,
-        }
+        event::Counter::named("cpu-clock").map_or(Self::Cpu, Self::Counter)
     }
 
     fn is_cpu_clock(&self) -> bool {
@@ -570,13 +565,10 @@ impl Tool for Profile {
                 .try_into()?;
             prog.load().context("cannot load the tracepoint program")?;
             self.set_window(ebpf)?;
-            let prog: &mut TracePoint = ebpf
-                .program_mut(TRACEPOINT_PROGRAM)
-                .context("program profile_tracepoint missing")?
-                .try_into()?;
+            // The program is loaded: the hooks attach it to each.
+            let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
             for (c, e) in &found {
-                prog.attach(c, e)
-                    .with_context(|| format!("cannot attach to tracepoint {c}:{e}"))?;
+                hooks.attach(ebpf, TRACEPOINT_PROGRAM, c, e)?;
             }
             self.tracepoints = found.len();
             return Ok(());

@@ -13,19 +13,14 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::{
-    Ebpf,
-    maps::PerCpuArray,
-    programs::{RawTracePoint, TracePoint},
-    util::online_cpus,
-};
+use aya::{Ebpf, maps::PerCpuArray, util::online_cpus};
 use rtrace_common::stat::MAX_SYSCALLS;
 
 use crate::{
     kernel::{
         counters::{self, Counter, On, Reading},
         features::Mechanism,
-        load::{Kernel, Load},
+        load::{Hooks, Kernel, Load},
         tracefs,
     },
     output::{Record, Schedule, Sink, files::thousands},
@@ -244,7 +239,7 @@ impl Tool for Stat {
     fn attach(
         &mut self,
         _m: Option<Mechanism>,
-        _kernel: &mut Kernel,
+        kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         let syscalls = |exit: bool| {
@@ -253,36 +248,22 @@ impl Tool for Stat {
                 _ => false,
             })
         };
+        let mut raw = Hooks::new(Mechanism::RawTracepoint, kernel)?;
         for (exit, prog, hook) in [
             (false, "stat_sys_enter", "sys_enter"),
             (true, "stat_sys_exit", "sys_exit"),
         ] {
             if syscalls(exit) {
-                let p: &mut RawTracePoint = ebpf
-                    .program_mut(prog)
-                    .with_context(|| format!("program {prog} missing"))?
-                    .try_into()?;
-                p.load()?;
-                p.attach(hook)
-                    .with_context(|| format!("cannot attach {prog} to raw_syscalls:{hook}"))?;
+                raw.attach(ebpf, prog, "raw_syscalls", hook)?;
             }
         }
-        let mut loaded = false;
+        // One program for every tracepoint: the hooks load it once.
+        let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
         for line in &self.lines {
-            if !matches!(line.source, Source::Tracepoint(_)) {
-                continue;
+            if let Source::Tracepoint(_) = line.source {
+                let (cat, ev) = line.name.split_once(':').context("tracepoint name")?;
+                hooks.attach(ebpf, "stat_tracepoint", cat, ev)?;
             }
-            let p: &mut TracePoint = ebpf
-                .program_mut("stat_tracepoint")
-                .context("program stat_tracepoint missing")?
-                .try_into()?;
-            if !loaded {
-                p.load()?;
-                loaded = true;
-            }
-            let (cat, ev) = line.name.split_once(':').context("tracepoint name")?;
-            p.attach(cat, ev)
-                .with_context(|| format!("cannot attach to tracepoint {}", line.name))?;
         }
         self.open_counters()
     }
