@@ -142,12 +142,15 @@ pub enum Event {
         /// `r:`: its return.
         ret: bool,
     },
-    /// A function of an executable or library (`u:FILE:FUNCTION`).
+    /// A function of an executable or library (`u:FILE:FUNCTION`, or
+    /// bcc's `p:FILE:FUNCTION`), or its return (bcc's `r:FILE:FUNCTION`).
     User {
         /// The file, as written (a path or a library's name).
         file: String,
-        /// The function.
+        /// The function, or a glob.
         function: String,
+        /// `r:`: its return.
+        ret: bool,
     },
     /// A USDT probe (`u:FILE:PROVIDER:NAME`).
     Usdt {
@@ -158,6 +161,42 @@ pub enum Event {
         /// The probe's name.
         name: String,
     },
+}
+
+impl std::fmt::Display for Event {
+    /// The spec again, in the grammar's own spelling (bcc's letters for
+    /// probes, perf's for counters and tracepoints).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Counter(c) => f.write_str(&c.display()),
+            Self::Tracepoint { category, event } => write!(f, "{category}:{event}"),
+            Self::Kernel { function, ret } => {
+                write!(f, "{}:{function}", if *ret { "r" } else { "p" })
+            }
+            Self::User {
+                file,
+                function,
+                ret: false,
+            } => write!(f, "u:{file}:{function}"),
+            Self::User { file, function, .. } => write!(f, "r:{file}:{function}"),
+            Self::Usdt {
+                file,
+                provider,
+                name,
+            } => write!(f, "u:{file}:{provider}:{name}"),
+        }
+    }
+}
+
+impl Event {
+    /// Whether it is a probe (`p:`, `r:`, `u:`, USDT), attached by
+    /// [`crate::probes::attach`], rather than a counter or tracepoints.
+    pub fn is_probe(&self) -> bool {
+        matches!(
+            self,
+            Self::Kernel { .. } | Self::User { .. } | Self::Usdt { .. }
+        )
+    }
 }
 
 /// The type and config of the counter named `name`, if perf has one by
@@ -191,6 +230,12 @@ fn name_ok(s: &str) -> bool {
     !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '*' | '?' | '-'))
+}
+
+/// Whether `s` can be a function name or pattern: a name, a glob, or a
+/// regular expression (bcc's `-r`), so anything but separators and space.
+fn function_ok(s: &str) -> bool {
+    !s.is_empty() && !s.contains(|c: char| c.is_whitespace() || c == ':')
 }
 
 /// Parses one event spec.
@@ -248,7 +293,7 @@ pub fn parse(spec: &str) -> Result<Event, SpecError> {
             "a tracepoint is t:CATEGORY:EVENT, as in t:sched:sched_switch",
         ),
         ("p" | "r" | "kprobe" | "kretprobe", 1) => {
-            if !name_ok(rest[0]) {
+            if !function_ok(rest[0]) {
                 return err(rest_at[0], format!("bad function name {:?}", rest[0]));
             }
             Ok(Event::Kernel {
@@ -258,7 +303,7 @@ pub fn parse(spec: &str) -> Result<Event, SpecError> {
         }
         // bcc's `p::function` has an empty library for the kernel.
         ("p" | "r", 2) if rest[0].is_empty() => {
-            if !name_ok(rest[1]) {
+            if !function_ok(rest[1]) {
                 return err(rest_at[1], format!("bad function name {:?}", rest[1]));
             }
             Ok(Event::Kernel {
@@ -266,26 +311,40 @@ pub fn parse(spec: &str) -> Result<Event, SpecError> {
                 ret: prefix == "r",
             })
         }
+        // bcc's uprobes: `p:FILE:FUNCTION`, `r:FILE:FUNCTION`.
+        ("p" | "r", 2) => {
+            if !function_ok(rest[1]) {
+                return err(rest_at[1], format!("bad function name {:?}", rest[1]));
+            }
+            Ok(Event::User {
+                file: rest[0].to_owned(),
+                function: rest[1].to_owned(),
+                ret: prefix == "r",
+            })
+        }
         ("p" | "r" | "kprobe" | "kretprobe", _) => err(
             at[0],
-            "a kernel function is p:FUNCTION (entry) or r:FUNCTION (return)",
+            "a kernel function is p:FUNCTION (entry) or r:FUNCTION (return); a user one \
+             p:FILE:FUNCTION or r:FILE:FUNCTION",
         ),
         ("u" | "uprobe", 2 | 3) if rest[0].is_empty() => err(
             rest_at[0],
             "name the executable or library, as in u:libc:malloc",
         ),
         ("u" | "uprobe", 2) => {
-            if !name_ok(rest[1]) {
+            if !function_ok(rest[1]) {
                 return err(rest_at[1], format!("bad function name {:?}", rest[1]));
             }
             Ok(Event::User {
                 file: rest[0].to_owned(),
                 function: rest[1].to_owned(),
+                ret: false,
             })
         }
         ("u" | "usdt", 3) => {
+            // An empty provider is any (`u:FILE::NAME`).
             for i in [1, 2] {
-                if !name_ok(rest[i]) {
+                if !(name_ok(rest[i]) || i == 1 && rest[i].is_empty()) {
                     return err(rest_at[i], format!("bad probe name {:?}", rest[i]));
                 }
             }
@@ -485,9 +544,27 @@ mod tests {
             parse("u:/lib/x86_64-linux-gnu/libc.so.6:malloc").unwrap(),
             Event::User {
                 file: "/lib/x86_64-linux-gnu/libc.so.6".into(),
-                function: "malloc".into()
+                function: "malloc".into(),
+                ret: false,
             }
         );
+        assert_eq!(
+            parse("r:c:malloc").unwrap(),
+            Event::User {
+                file: "c".into(),
+                function: "malloc".into(),
+                ret: true,
+            }
+        );
+        for spec in [
+            "p:tcp_send*",
+            "r:vfs_read",
+            "u:c:malloc",
+            "r:c:free",
+            "u:c:libc:setjmp",
+        ] {
+            assert_eq!(parse(spec).unwrap().to_string(), spec);
+        }
         assert_eq!(
             parse("u:./usdtfix:rtrace:tick").unwrap(),
             Event::Usdt {

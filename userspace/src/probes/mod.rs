@@ -4,6 +4,7 @@
 //! expressions) that tools share. Imported by the tracer and tools;
 //! imports only the kernel layer.
 
+pub mod attach;
 pub mod event;
 pub mod spec;
 pub mod uprobes;
