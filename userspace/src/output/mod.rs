@@ -374,6 +374,15 @@ impl Sink {
         with_out(|out| out.write_all(line.as_bytes()))
     }
 
+    /// Ends a block of text with an empty line (an interval's stacks);
+    /// nothing in JSON, whose lines carry their times.
+    pub fn separate(&mut self) -> anyhow::Result<()> {
+        if self.json || !self.text {
+            return Ok(());
+        }
+        self.emit_raw("")
+    }
+
     /// Pushes what was printed out to a pipe or file.
     pub fn flush(&mut self) -> anyhow::Result<()> {
         with_out(|out| out.flush())

@@ -515,6 +515,15 @@ impl StackStore {
         *self.named.entry(ids).or_insert(next)
     }
 
+    /// Every sample since the last call, symbolized, hottest first, as
+    /// [`samples`](Self::samples); the counts start again from zero, the
+    /// names stay known.
+    pub fn take_samples(&mut self, sym: &mut Symbolizer) -> Vec<Sample> {
+        let out = self.samples(sym);
+        self.settled.clear();
+        out
+    }
+
     /// Every sample, symbolized, hottest first. Processes still alive get
     /// their newest mappings and perf map first; ones gone keep what was
     /// captured at their first samples.

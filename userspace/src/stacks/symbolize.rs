@@ -332,6 +332,8 @@ pub struct Symbolizer {
     lines: bool,
     /// See [`Symbolizer::with_demangling`].
     demangle: bool,
+    /// See [`Symbolizer::with_places`].
+    places: Places,
     /// See [`Symbolizer::kallsyms`].
     kallsyms: Option<File>,
     /// What kallsyms' changes looked like when the copy began.
@@ -413,6 +415,7 @@ impl Symbolizer {
             recapture: RECAPTURE,
             lines: false,
             demangle: true,
+            places: Places::default(),
             kallsyms: None,
             kallsyms_state: None,
             prefetch: None,
@@ -544,6 +547,13 @@ impl Symbolizer {
     /// Gives frames their source file and line (`--lines`).
     pub fn with_lines(&mut self, lines: bool) {
         self.lines = lines;
+    }
+
+    /// Names each frame with its offset in its function (`func+0x1a`), or
+    /// its address before the name, as bcc's stackcount `-s` and `-v`:
+    /// frames at different places in one function stay apart.
+    pub fn with_places(&mut self, places: Places) {
+        self.places = places;
     }
 
     /// Demangles names as perf does (the default), or keeps the linker's
@@ -922,7 +932,14 @@ impl Symbolizer {
             let sym = syms.as_ref().ok().and_then(|s| s.get(i));
             resolved.insert(
                 Loc::Kernel(*a),
-                frames(sym, Kind::Kernel, "[kernel]", self.lines, false),
+                frames(
+                    sym,
+                    Kind::Kernel,
+                    "[kernel]",
+                    self.lines,
+                    false,
+                    self.places,
+                ),
             );
         }
         for (id, mut offsets) in by_file {
@@ -942,7 +959,14 @@ impl Symbolizer {
                 let sym = syms.as_ref().ok().and_then(|s| s.get(i));
                 resolved.insert(
                     Loc::File(id, *off),
-                    frames(sym, Kind::User, &open.module, self.lines, self.demangle),
+                    frames(
+                        sym,
+                        Kind::User,
+                        &open.module,
+                        self.lines,
+                        self.demangle,
+                        self.places,
+                    ),
                 );
             }
         }
@@ -974,6 +998,9 @@ impl Symbolizer {
                         for f in &mut frames {
                             f.addr = *addr;
                             f.mapping.clone_from(mapping);
+                            if self.places.addresses && f.kind != Kind::Inlined {
+                                f.name = Arc::from(format!("{addr:#x} {}", f.name));
+                            }
                         }
                         frames
                     })
@@ -1169,6 +1196,15 @@ fn snapshot_kallsyms() -> std::io::Result<File> {
     Ok(copy)
 }
 
+/// How frames name their places in their code, beside their functions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Places {
+    /// `func+0x1a`.
+    pub offsets: bool,
+    /// `0xffffffff8110a5c1 func`.
+    pub addresses: bool,
+}
+
 /// The frames one blazesym result stands for: the inlined functions,
 /// innermost first, then the function itself; each with its own line
 /// where `lines` (blazesym gives each inlined function the line inside
@@ -1179,6 +1215,7 @@ fn frames(
     module: &str,
     lines: bool,
     demangle: bool,
+    places: Places,
 ) -> Vec<Frame> {
     let named = |name: &str| {
         demangle
@@ -1200,7 +1237,12 @@ fn frames(
                     frame
                 })
                 .collect();
-            let mut frame = Frame::new(named(&s.name), kind, Some(module));
+            let name = if places.offsets {
+                format!("{}+{:#x}", named(&s.name), s.offset)
+            } else {
+                named(&s.name)
+            };
+            let mut frame = Frame::new(name, kind, Some(module));
             if lines {
                 frame.line = source_line(s.code_info.as_deref());
             }

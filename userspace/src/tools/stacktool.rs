@@ -92,6 +92,13 @@ pub struct StackArgs {
     /// C++ and OCaml: `core::fmt::write`, `Hot.tower_91`).
     #[arg(long)]
     pub no_demangle: bool,
+    /// Name each frame with its offset in its function (`vfs_read+0x1a`),
+    /// so that calls from different places stay apart (bcc's -s).
+    #[arg(long)]
+    pub offsets: bool,
+    /// Show each frame's address before its name (bcc's -v).
+    #[arg(long)]
+    pub addresses: bool,
     #[command(flatten)]
     pub transforms: crate::output::stacks::transform::TransformArgs,
 }
@@ -244,6 +251,10 @@ impl StackTool {
         self.transforms = args.transforms.clone();
         self.sym.with_lines(args.lines);
         self.sym.with_demangling(!args.no_demangle);
+        self.sym.with_places(crate::stacks::symbolize::Places {
+            offsets: args.offsets,
+            addresses: args.addresses,
+        });
         load.size("STACKS", args.stack_storage_size)
             .size("STACK_COUNTS", args.hash_storage_size);
         self.store
@@ -454,6 +465,15 @@ impl StackTool {
         // still running.
         self.sym.read_all_jit();
         let samples = self.store.samples(&mut self.sym);
+        Ok(self.transforms.samples(samples))
+    }
+
+    /// The samples counted since the last interval, while counting goes
+    /// on (stackcount's `-i`): the older generation's counts moved out,
+    /// the newer left for the next.
+    pub fn interval(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
+        self.store.drain(ebpf, false)?;
+        let samples = self.store.take_samples(&mut self.sym);
         Ok(self.transforms.samples(samples))
     }
 
