@@ -14,8 +14,6 @@ mod tracer;
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
         e.downcast_ref::<std::io::Error>()
@@ -28,7 +26,7 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("rtrace: internal error: {info}");
     }));
-    let cli = tools::Cli::parse();
+    let cli = tools::Cli::parse_args();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -35,6 +35,22 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The command line as clap builds it, with bcc's letters where they
+    /// differ from rtrace's own: stackcount's `-v` is bcc's (addresses),
+    /// so rtrace's verbose output is `--verbose` there.
+    pub fn command_line() -> clap::Command {
+        <Self as clap::CommandFactory>::command()
+            .mut_subcommand("stackcount", |s| s.mut_arg("verbose", |a| a.short(None)))
+    }
+
+    /// Parses the process's arguments; a usage error exits with 2.
+    pub fn parse_args() -> Self {
+        let matches = Self::command_line().get_matches();
+        <Self as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
 /// Declares the tools' modules, the subcommands and their dispatch.
 macro_rules! registry {
     ($($variant:ident => $module:ident :: $tool:ident),* $(,)?) => {
@@ -51,7 +67,8 @@ macro_rules! registry {
             },
             $(
                 #[allow(missing_docs, reason = "the about text is the arguments' doc comment")]
-                $variant(tracer::WithGlobal<<$module::$tool as tracer::Tool>::Args>),
+                // Boxed: tools' arguments differ much in size.
+                $variant(Box<tracer::WithGlobal<<$module::$tool as tracer::Tool>::Args>>),
             )*
             /// Draw flame graphs from folded stacks (differential: `diff`).
             Flamegraph(flamegraph::Args),
@@ -94,7 +111,10 @@ macro_rules! registry {
         /// mode) on success.
         pub async fn run(command: Command) -> anyhow::Result<u8> {
             match command {
-                $(Command::$variant(a) => tracer::run::<$module::$tool>(a.args, &a.global).await,)*
+                $(Command::$variant(a) => {
+                    let a = *a;
+                    tracer::run::<$module::$tool>(a.args, &a.global).await
+                })*
                 other => run_other(other).await.map(|()| 0),
             }
         }
@@ -114,11 +134,11 @@ macro_rules! registry {
                     exporter::run(args, &global, collectors()).await
                 }
                 Command::Completions { shell } => {
-                    let mut cmd = <Cli as clap::CommandFactory>::command();
+                    let mut cmd = Cli::command_line();
                     clap_complete::generate(shell, &mut cmd, "rtrace", &mut std::io::stdout());
                     Ok(())
                 }
-                Command::Man { dir } => crate::output::manpages::write(&dir, <Cli as clap::CommandFactory>::command()),
+                Command::Man { dir } => crate::output::manpages::write(&dir, Cli::command_line()),
             }
         }
     };
@@ -141,6 +161,13 @@ registry! {
 
 #[cfg(test)]
 mod tests {
+
+    /// clap's own checks of the whole command line: no two arguments of
+    /// a subcommand share a letter or a name.
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command_line().debug_assert();
+    }
 
     #[test]
     fn every_collectors_command_line_parses() {

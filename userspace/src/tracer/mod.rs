@@ -212,6 +212,19 @@ pub trait Tool: Sized {
         Ok(())
     }
 
+    /// How many times the whole run is made (perf stat's `-r`): the
+    /// command runs again each time, and the tool is opened, attached and
+    /// finished again with it.
+    fn repeats(&self) -> u32 {
+        1
+    }
+
+    /// Runs once after every repetition's [`finish`](Self::finish), when
+    /// [`repeats`](Self::repeats) asked for more than one.
+    fn finish_rounds(&mut self, _sink: &mut Sink) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// `-v` lines about the run, printed after [`finish`](Self::finish).
     fn summary(&self) -> Vec<String> {
         Vec::new()
@@ -803,13 +816,49 @@ fn direct_output(scope: &Scope) -> anyhow::Result<()> {
 }
 
 /// Runs tool `T` from its arguments to the report at exit; the exit
-/// status is the command's in command mode, else 0.
+/// status is the command's in command mode, else 0. With
+/// [`Tool::repeats`], the whole run is made that many times (until a
+/// signal), and the status is the last run's.
 pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<u8> {
     let mut tool = T::new(args)?;
+    let repeats = tool.repeats().max(1);
+    let mut signals = Signals::new()?;
+    let mut sink = None;
+    let mut status = 0;
+    for round in 0..repeats {
+        let (back, round_status, stopped_by) =
+            run_once(tool, global, &mut signals, &mut sink, round).await?;
+        tool = back;
+        status = round_status;
+        if stopped_by > 0 {
+            break;
+        }
+    }
+    if repeats > 1
+        && let Some(sink) = &mut sink
+    {
+        tool.finish_rounds(sink)?;
+        sink.flush()?;
+    }
+    Ok(status)
+}
+
+/// One run of the tool: opened, attached, traced until the end, finished;
+/// returns the tool, the exit status and the signal that stopped it (0
+/// for none). The sink is made on the first run.
+async fn run_once<T: Tool>(
+    mut tool: T,
+    global: &GlobalArgs,
+    signals: &mut Signals,
+    sink_slot: &mut Option<Sink>,
+    round: u32,
+) -> anyhow::Result<(T, u8, i32)> {
     let mut scope = tool.scope();
     let mut command = start_command(&mut scope, tool.duration(), tool.interval())?;
     tool.scoped(&scope);
-    direct_output(&scope)?;
+    if round == 0 {
+        direct_output(&scope)?;
+    }
     let session = Session::open(tool, &scope, global, false)?;
     if global.verbose {
         session.report();
@@ -820,7 +869,6 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
         transport,
         ..
     } = session;
-    let mut signals = Signals::new()?;
     signals.stop_after(tool.duration());
     let open_stream = |ebpf: &mut Ebpf| match (&transport, tool.events()) {
         (Some((t, _)), Some(args)) => {
@@ -840,14 +888,20 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
         // exit does.
         banner = banner.replace("Hit Ctrl-C to end.", "Ends when the command exits.");
     }
-    eprintln!("{banner}");
+    if round == 0 {
+        eprintln!("{banner}");
+    }
     if ring {
         stream = open_stream(&mut ebpf)?;
     }
-    let mut sink = Sink::new(T::NAME, global.json || tool.json());
-    if let Some(header) = tool.header() {
-        sink.header(&header)?;
+    if sink_slot.is_none() {
+        let mut sink = Sink::new(T::NAME, global.json || tool.json());
+        if let Some(header) = tool.header() {
+            sink.header(&header)?;
+        }
+        *sink_slot = Some(sink);
     }
+    let sink = sink_slot.as_mut().context("no output")?;
     tool.start();
     if let Some(c) = &mut command {
         c.release()?;
@@ -857,12 +911,12 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
         &mut tool,
         &mut ebpf,
         stream.as_mut(),
-        &mut signals,
-        &mut sink,
+        signals,
+        sink,
         command.as_mut(),
     )
     .await?;
-    tool.finish(&mut ebpf, &mut sink)?;
+    tool.finish(&mut ebpf, sink)?;
     sink.flush()?;
     if global.verbose {
         for line in tool.summary() {
@@ -877,12 +931,13 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
         stream.as_ref().map_or(0, EventStream::perf_lost),
         global.verbose,
     )?;
-    Ok(match command.as_ref().and_then(Corked::status) {
+    let status = match command.as_ref().and_then(Corked::status) {
         Some(status) => status,
         // Stopped by a second signal while the command still ran.
         None if command.is_some() && stopped_by > 0 => 128u8.wrapping_add(stopped_by as u8),
         None => 0,
-    })
+    };
+    Ok((tool, status, stopped_by))
 }
 
 /// Whether a SIGINT came from the terminal, which sent it to the command
@@ -916,6 +971,7 @@ async fn run_loop<T: Tool>(
     mut command: Option<&mut Corked>,
 ) -> anyhow::Result<i32> {
     let mut signalled = false;
+    let mut first_signal = 0;
     let interval = tool.interval();
     let mut next = match interval {
         Schedule::Every { period, .. } => Some(Instant::now() + period),
@@ -971,6 +1027,7 @@ async fn run_loop<T: Tool>(
         let wake = match (wake, command.as_deref()) {
             (Wake::Stop(sig), Some(c)) if !signalled && sig != 0 => {
                 signalled = true;
+                first_signal = sig;
                 if !from_terminal(sig) {
                     c.signal(sig);
                 }
@@ -1030,7 +1087,8 @@ async fn run_loop<T: Tool>(
                 sink.flush()?;
                 return Ok(match wake {
                     Wake::Stop(sig) => sig,
-                    _ => 0,
+                    // The command ended by the signal passed on to it.
+                    _ => first_signal,
                 });
             }
         }
