@@ -4,7 +4,7 @@
 use std::{
     fs::File,
     io::Read as _,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
     path::Path,
 };
 
@@ -156,4 +156,63 @@ impl Counter {
 /// Opens a cgroup v2 directory for [`On::Cgroup`].
 pub fn cgroup_dir(path: &Path) -> std::io::Result<File> {
     File::open(path)
+}
+
+/// `perf_event_attr.type` of a tracepoint.
+const PERF_TYPE_TRACEPOINT: u32 = 2;
+/// `bpf(2)` command and attach type: a link from a program to a perf
+/// event, with a cookie (Linux 5.15+).
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PERF_EVENT: u64 = 41;
+
+/// Attaches loaded tracepoint program `prog` to tracepoint `id` (its
+/// tracefs id) through a BPF link carrying `cookie`, which the program
+/// reads with `bpf_get_attach_cookie`: one program can so tell the
+/// tracepoints it serves apart, since the kernel overwrites the start of
+/// each record (its `common_type`) with a pointer to the registers before
+/// a program sees it. The link holds the perf event; dropping the
+/// returned descriptor detaches.
+pub fn tracepoint_link(prog: BorrowedFd<'_>, id: u64, cookie: u64) -> std::io::Result<OwnedFd> {
+    // SAFETY: a plain C struct, all zeroes valid.
+    let mut attr: perf_event_attr = unsafe { std::mem::zeroed() };
+    attr.type_ = PERF_TYPE_TRACEPOINT;
+    attr.size = std::mem::size_of::<perf_event_attr>() as u32;
+    attr.config = id;
+    attr.__bindgen_anon_2.wakeup_events = 1;
+    // SAFETY: `attr` outlives the call; the kernel copies it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &raw const attr,
+            -1,
+            0,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened, owned from here.
+    let event = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // union bpf_attr's link_create: prog_fd, target_fd, attach_type,
+    // flags, then perf_event.bpf_cookie.
+    let mut link = [0u64; 8];
+    link[0] = prog.as_raw_fd() as u64 | (event.as_raw_fd() as u64) << 32;
+    link[1] = BPF_PERF_EVENT;
+    link[2] = cookie;
+    // SAFETY: `link` outlives the call, and its size is given.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_CREATE,
+            link.as_ptr(),
+            std::mem::size_of_val(&link),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

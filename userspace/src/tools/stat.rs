@@ -6,15 +6,20 @@
 //! tracepoints where perf opens one counter a tracepoint and CPU.
 
 use std::{
+    collections::{BTreeMap, HashMap},
     fmt::Write as _,
     fs::File,
+    os::fd::{AsFd as _, OwnedFd},
     path::PathBuf,
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
 use aya::{Ebpf, maps::PerCpuArray, util::online_cpus};
-use rtrace_common::stat::MAX_SYSCALLS;
+use rtrace_common::stat::{
+    BY_PROCESS, BY_THREAD, KIND_PROBE, KIND_SYSCALL, KIND_TRACEPOINT, MAX_PROBES, MAX_SYSCALLS,
+    SLOT_KIND_SHIFT, TaskCount, TaskKey,
+};
 
 use crate::{
     kernel::{
@@ -24,7 +29,10 @@ use crate::{
         tracefs,
     },
     output::{Record, Schedule, Sink, files::thousands},
-    probes::event::{self, Event},
+    probes::{
+        attach::{self, Programs},
+        event::{self, Event},
+    },
     tracer::{Scope, ScopeArgs, Tool},
 };
 
@@ -34,7 +42,10 @@ use crate::{
   rtrace stat -a 5                             # the whole system, for 5 seconds
   rtrace stat -e 'syscalls:sys_enter_*' -p 185 # each syscall of PID 185, until Ctrl-C
   rtrace stat -e 'block:*' -a 10               # block layer events, 10 seconds
-  rtrace stat -e context-switches -x, -- ls -R /   # perf's CSV")]
+  rtrace stat -e context-switches -x, -- ls -R /   # perf's CSV
+  rtrace stat -r 5 -- ./bench                  # five runs, mean and spread
+  rtrace stat -e 'syscalls:sys_enter_*' --per-process -a 5   # by process
+  rtrace stat -e 'u:libc:malloc,p:vfs_read' -p 185           # calls of functions")]
 /// Count events as perf stat does: perf's counters and any tracepoints, of
 /// a command, processes, threads, a cgroup or the whole system.
 pub struct Args {
@@ -42,9 +53,34 @@ pub struct Args {
     /// (task-clock, context-switches, page-faults, cycles, LLC-loads, ...,
     /// with :u or :k for user or kernel mode only) and tracepoints, globs
     /// allowed (sched:sched_switch, 'syscalls:sys_enter_*', 'block:*',
-    /// bcc's t:CATEGORY:EVENT). Without it, perf stat's default set.
+    /// bcc's t:CATEGORY:EVENT), and calls of functions (p:FUNCTION and
+    /// r:FUNCTION in the kernel, u:FILE:FUNCTION or u:FILE:PROVIDER:NAME
+    /// for USDT; globs count together). Without it, perf stat's default
+    /// set.
     #[arg(short = 'e', long = "event", value_name = "EVENTS")]
     events: Vec<String>,
+    /// perf's detailed counts: -d adds the L1 data cache and last-level
+    /// cache loads and misses, -dd the instruction cache and TLBs, -ddd
+    /// the prefetches (each `<not supported>` without a PMU).
+    #[arg(short = 'd', long = "detailed", action = clap::ArgAction::Count)]
+    detailed: u8,
+    /// Each CPU's counts apart (perf's --no-aggr), with -a, -C or a
+    /// cgroup.
+    #[arg(short = 'A', long = "no-aggr")]
+    no_aggr: bool,
+    /// Each thread's counts apart: perf's counters of -p's or -t's
+    /// threads, tracepoints and probes of any scope.
+    #[arg(long, conflicts_with_all = ["no_aggr", "per_process"])]
+    per_thread: bool,
+    /// Each process's counts apart, its threads together: perf's
+    /// counters of -p's processes, tracepoints and probes of any scope.
+    #[arg(long, conflicts_with = "no_aggr")]
+    per_process: bool,
+    /// Run the command N times and print the mean of each count with its
+    /// spread, as perf stat -r.
+    #[arg(short = 'r', long = "repeat", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: Option<u32>,
     /// Print the counts every MS milliseconds (at least 10), each line
     /// with the seconds since the start, as perf stat -I.
     #[arg(short = 'I', long = "interval-print", value_name = "MS",
@@ -66,6 +102,35 @@ pub struct Args {
 const DEFAULT: &str = "task-clock,context-switches,cpu-migrations,page-faults,\
                        cycles,instructions,branches,branch-misses";
 
+/// What each level of `-d` adds, as perf stat's detailed levels.
+const DETAILED: [&str; 3] = [
+    "L1-dcache-loads,L1-dcache-load-misses,LLC-loads,LLC-load-misses",
+    "L1-icache-loads,L1-icache-load-misses,dTLB-loads,dTLB-load-misses,iTLB-loads,\
+     iTLB-load-misses",
+    "L1-dcache-prefetches,L1-dcache-prefetch-misses",
+];
+
+/// What counts are split by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Split {
+    Whole,
+    /// `-A`.
+    Cpu,
+    /// `--per-thread`.
+    Thread,
+    /// `--per-process`.
+    Process,
+}
+
+/// The part of a split a count belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Part {
+    Whole,
+    Cpu(u32),
+    /// A thread or a process, by id.
+    Task(u32),
+}
+
 /// What one line counts.
 #[derive(Debug)]
 enum Source {
@@ -73,13 +138,15 @@ enum Source {
     /// cannot count it.
     Counter {
         counter: event::Counter,
-        open: Vec<Counter>,
+        open: Vec<(Counter, Part)>,
     },
     /// A tracepoint, by the id its records begin with.
     Tracepoint(u32),
     /// A syscall tracepoint counted from `raw_syscalls`: its slot in
     /// `SYSCALLS` (exits from [`MAX_SYSCALLS`]).
     Syscall(u32),
+    /// A probe spec, by its slot of programs.
+    Probe(u32),
 }
 
 /// One line of the report: an event and how it is counted.
@@ -93,13 +160,22 @@ pub struct Stat {
     args: Args,
     specs: Vec<Event>,
     lines: Vec<Line>,
+    split: Split,
+    /// Names of the tasks counted apart, by id.
+    comms: HashMap<u32, String>,
+    /// USDT probes' perf events, which keep them attached.
+    links: Vec<OwnedFd>,
+    /// How each probe spec was attached, for `-v`.
+    notes: Vec<String>,
+    /// With `-r`: each finished run's rows and elapsed time.
+    rounds: Vec<(Vec<Row>, Duration)>,
     scope: Scope,
     /// The command's cgroup, held open for its counters and read for its
     /// CPU time at the end.
     cgroup: Option<(PathBuf, File)>,
     started: Option<Instant>,
     /// With `-I`: the totals at the last interval, and when it ended.
-    previous: Vec<Reading>,
+    previous: Vec<BTreeMap<Part, Reading>>,
     last_tick: Option<Instant>,
     /// perf's heading of the interval lines, until printed.
     interval_header: bool,
@@ -126,30 +202,69 @@ impl Tool for Stat {
     const ERRORS: &'static [&'static str] = &rtrace_common::stat::ERR_NAMES;
 
     fn new(args: Args) -> anyhow::Result<Self> {
-        let lists = if args.events.is_empty() {
+        let mut lists = if args.events.is_empty() {
             vec![DEFAULT.to_owned()]
         } else {
             args.events.clone()
         };
+        lists.extend(
+            DETAILED[..usize::from(args.detailed).min(DETAILED.len())]
+                .iter()
+                .map(|&l| l.to_owned()),
+        );
         let mut specs = Vec::new();
         for list in &lists {
             specs.extend(event::parse_list(list).map_err(|e| anyhow::anyhow!("-e {list:?}: {e}"))?);
         }
-        for spec in &specs {
-            if let Event::Kernel { .. } | Event::User { .. } | Event::Usdt { .. } = spec {
-                anyhow::bail!(
-                    "rtrace stat counts perf's counters and tracepoints; probes (p:, r:, u:) \
-                     are not counted yet"
-                );
-            }
+        let probes = specs.iter().filter(|s| s.is_probe()).count();
+        if probes > MAX_PROBES as usize {
+            anyhow::bail!("{probes} probes: at most {MAX_PROBES} are counted at once");
         }
         if args.separator.as_deref() == Some("") {
             anyhow::bail!("-x needs a separator, as in -x,");
+        }
+        let scope = args.scope.scope();
+        let split = match (args.no_aggr, args.per_thread, args.per_process) {
+            (true, ..) => Split::Cpu,
+            (_, true, _) => Split::Thread,
+            (.., true) => Split::Process,
+            _ => Split::Whole,
+        };
+        let counters = specs.iter().any(|s| matches!(s, Event::Counter(_)));
+        let tasks = !scope.pids.is_empty() || !scope.tids.is_empty();
+        match split {
+            Split::Cpu if tasks || scope.command_cgroup() => anyhow::bail!(
+                "-A splits counts by CPU: it needs -a, -C or a cgroup, not a process, thread \
+                 or command of its own"
+            ),
+            Split::Thread | Split::Process if counters && !tasks => anyhow::bail!(
+                "--per-thread and --per-process split perf's counters of -p's processes or \
+                 -t's threads only; tracepoints and probes (-e) split in any scope"
+            ),
+            Split::Process if !scope.tids.is_empty() => {
+                anyhow::bail!("--per-process splits -p's processes; -t names threads")
+            }
+            _ => {}
+        }
+        if let Some(n) = args.repeat
+            && n > 1
+        {
+            if scope.command.is_empty() {
+                anyhow::bail!("-r repeats a command: give one after --");
+            }
+            if args.interval_ms.is_some() || split != Split::Whole {
+                anyhow::bail!("-r gives one report of every run: not with -I, -A or --per-*");
+            }
         }
         Ok(Self {
             args,
             specs,
             lines: Vec::new(),
+            split,
+            comms: HashMap::new(),
+            links: Vec::new(),
+            notes: Vec::new(),
+            rounds: Vec::new(),
             scope: Scope::default(),
             cgroup: None,
             started: None,
@@ -228,10 +343,25 @@ impl Tool for Stat {
                         lines.push(Line { name, source });
                     }
                 }
-                _ => unreachable!("refused in new"),
+                probe => {
+                    let slot = lines
+                        .iter()
+                        .filter(|l: &&Line| matches!(l.source, Source::Probe(_)))
+                        .count() as u32;
+                    lines.push(Line {
+                        name: probe.to_string(),
+                        source: Source::Probe(slot),
+                    });
+                }
             }
         }
         load.size("TRACEPOINTS", most_id + 1);
+        let by_task = match self.split {
+            Split::Thread => BY_THREAD,
+            Split::Process => BY_PROCESS,
+            _ => 0,
+        };
+        load.global("BY_TASK", &by_task);
         self.lines = lines;
         Ok(())
     }
@@ -257,19 +387,59 @@ impl Tool for Stat {
                 raw.attach(ebpf, prog, "raw_syscalls", hook)?;
             }
         }
-        // One program for every tracepoint: the hooks load it once.
-        let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
-        for line in &self.lines {
-            if let Source::Tracepoint(_) = line.source {
-                let (cat, ev) = line.name.split_once(':').context("tracepoint name")?;
-                hooks.attach(ebpf, "stat_tracepoint", cat, ev)?;
+        // Again with each run of -r.
+        self.links.clear();
+        self.notes.clear();
+        // One program for every tracepoint, each link with the
+        // tracepoint's id as its cookie, which the program counts by.
+        if self
+            .lines
+            .iter()
+            .any(|l| matches!(l.source, Source::Tracepoint(_)))
+        {
+            let prog: &mut aya::programs::TracePoint = ebpf
+                .program_mut("stat_tracepoint")
+                .context("program stat_tracepoint missing")?
+                .try_into()?;
+            prog.load().context("cannot load the tracepoint program")?;
+            let fd = prog.fd()?.as_fd();
+            for line in &self.lines {
+                if let Source::Tracepoint(id) = line.source {
+                    let link = counters::tracepoint_link(fd, u64::from(id), u64::from(id))
+                        .with_context(|| {
+                            format!(
+                                "cannot attach to {} (a BPF link with a cookie: Linux 5.15+)",
+                                line.name
+                            )
+                        })?;
+                    self.links.push(link);
+                }
             }
+        }
+        let probes = self.specs.iter().filter(|s| s.is_probe());
+        for (slot, spec) in probes.enumerate() {
+            let names =
+                ["kprobe", "kretprobe", "uprobe", "uretprobe"].map(|k| format!("stat_{k}_{slot}"));
+            let progs = Programs {
+                kprobe: &names[0],
+                kretprobe: &names[1],
+                uprobe: &names[2],
+                uretprobe: &names[3],
+            };
+            let pid = self.args.scope.one_pid();
+            let attached = attach::attach(ebpf, kernel, &progs, spec, attach::Names::Glob, pid)?;
+            self.links.extend(attached.links);
+            self.notes.push(format!("{spec}: {}", attached.how));
         }
         self.open_counters()
     }
 
     fn describe(&self) -> String {
         format!("{} events", self.lines.len())
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.notes.clone()
     }
 
     fn banner(&self) -> String {
@@ -297,22 +467,25 @@ impl Tool for Stat {
         self.last_tick = Some(now);
         let readings = self.readings(ebpf, since)?;
         let mut rows = Vec::with_capacity(readings.len());
-        for (i, (line, (r, supported))) in self.lines.iter().zip(&readings).enumerate() {
-            let before = self.previous.get(i).copied().unwrap_or_default();
-            let delta = Reading {
-                value: r.value.saturating_sub(before.value),
-                enabled: r.enabled.saturating_sub(before.enabled),
-                running: r.running.saturating_sub(before.running),
-            };
-            rows.push(Row::new(
-                &line.name,
-                delta,
-                *supported,
-                line.rated(),
-                period,
-            ));
+        for (i, (line, (parts, supported))) in self.lines.iter().zip(&readings).enumerate() {
+            for (part, r) in parts {
+                let before = self
+                    .previous
+                    .get(i)
+                    .and_then(|p| p.get(part))
+                    .copied()
+                    .unwrap_or_default();
+                let delta = Reading {
+                    value: r.value.saturating_sub(before.value),
+                    enabled: r.enabled.saturating_sub(before.enabled),
+                    running: r.running.saturating_sub(before.running),
+                };
+                let mut row = Row::new(&line.name, delta, *supported, line.rated(), period);
+                row.set_part(*part, &self.comms);
+                rows.push(row);
+            }
         }
-        self.previous = readings.into_iter().map(|(r, _)| r).collect();
+        self.previous = readings.into_iter().map(|(p, _)| p).collect();
         sink.emit(&Interval {
             time: since.as_secs_f64(),
             rows,
@@ -328,23 +501,93 @@ impl Tool for Stat {
         }
         let elapsed = self.started.map_or(Duration::ZERO, |s| s.elapsed());
         let readings = self.readings(ebpf, elapsed)?;
-        let rows = self
-            .lines
-            .iter()
-            .zip(readings)
-            .map(|(line, (r, supported))| Row::new(&line.name, r, supported, line.rated(), elapsed))
-            .collect();
+        let mut rows = Vec::new();
+        for (line, (parts, supported)) in self.lines.iter().zip(readings) {
+            for (part, r) in parts {
+                let mut row = Row::new(&line.name, r, supported, line.rated(), elapsed);
+                row.set_part(part, &self.comms);
+                rows.push(row);
+            }
+        }
+        if self.args.repeat.is_some_and(|n| n > 1) {
+            // The report comes after the last run, of them all.
+            self.rounds.push((rows, elapsed));
+            return Ok(());
+        }
         let cpu_times = self.cgroup.as_ref().and_then(|(p, _)| cgroup_cpu_times(p));
         let report = Report {
             target: self.target(),
             rows,
             elapsed_s: elapsed.as_secs_f64(),
+            elapsed_spread: None,
+            runs: 1,
             user_s: cpu_times.map(|t| t.0),
             sys_s: cpu_times.map(|t| t.1),
             separator: self.args.separator.clone(),
         };
         sink.emit(&report)
     }
+
+    fn repeats(&self) -> u32 {
+        self.args.repeat.unwrap_or(1)
+    }
+
+    /// With `-r`: each count's mean over the runs, with perf's spread
+    /// (the standard error of the mean, in percent of it).
+    fn finish_rounds(&mut self, sink: &mut Sink) -> anyhow::Result<()> {
+        let Some((first, _)) = self.rounds.first() else {
+            return Ok(());
+        };
+        let runs = self.rounds.len();
+        let mut rows = Vec::with_capacity(first.len());
+        for (i, row) in first.iter().enumerate() {
+            let values: Vec<f64> = self
+                .rounds
+                .iter()
+                .filter_map(|(rows, _)| rows.get(i)?.value)
+                .collect();
+            let metrics: Vec<f64> = self
+                .rounds
+                .iter()
+                .filter_map(|(rows, _)| rows.get(i)?.metric)
+                .collect();
+            let mut mean_row = Row {
+                value: (!values.is_empty()).then(|| mean_spread(&values).0),
+                metric: (!metrics.is_empty()).then(|| mean_spread(&metrics).0),
+                spread: (values.len() > 1).then(|| mean_spread(&values).1),
+                ..row.clone()
+            };
+            if row.value.is_none() {
+                mean_row.spread = None;
+            }
+            rows.push(mean_row);
+        }
+        let elapsed: Vec<f64> = self.rounds.iter().map(|(_, e)| e.as_secs_f64()).collect();
+        let (elapsed_s, spread) = mean_spread(&elapsed);
+        let report = Report {
+            target: self.target(),
+            rows,
+            elapsed_s,
+            elapsed_spread: Some(spread),
+            runs,
+            user_s: None,
+            sys_s: None,
+            separator: self.args.separator.clone(),
+        };
+        sink.emit(&report)
+    }
+}
+
+/// The mean of `values`, and the standard error of that mean in percent
+/// of it, as perf stat -r prints it.
+fn mean_spread(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    if values.len() < 2 || mean == 0.0 {
+        return (mean, 0.0);
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, 100.0 * (var / n).sqrt() / mean)
 }
 
 impl Line {
@@ -359,9 +602,15 @@ impl Line {
 }
 
 impl Stat {
-    /// Every line's total so far, and whether it is counted at all; the
-    /// programs' counts as counters that ran for all of `elapsed`.
-    fn readings(&mut self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<Vec<(Reading, bool)>> {
+    /// Every line's counts so far by part of the split, and whether it
+    /// is counted at all; the programs' counts as counters that ran for
+    /// all of `elapsed`.
+    #[allow(clippy::type_complexity)]
+    fn readings(
+        &mut self,
+        ebpf: &Ebpf,
+        elapsed: Duration,
+    ) -> anyhow::Result<Vec<(BTreeMap<Part, Reading>, bool)>> {
         let per_cpu = |name: &str| -> anyhow::Result<Option<PerCpuArray<_, u64>>> {
             Ok(match ebpf.map(name) {
                 Some(m) => Some(PerCpuArray::try_from(m)?),
@@ -370,29 +619,89 @@ impl Stat {
         };
         let tps = per_cpu("TRACEPOINTS")?;
         let sys = per_cpu("SYSCALLS")?;
-        let sum = |a: &Option<PerCpuArray<&aya::maps::MapData, u64>>, i: u32| -> u64 {
-            a.as_ref()
-                .and_then(|a| a.get(&i, 0).ok())
-                .map_or(0, |v| v.iter().sum())
-        };
+        let probes = per_cpu("PROBES")?;
         let whole = |value| Reading {
             value,
             enabled: elapsed.as_nanos() as u64,
             running: elapsed.as_nanos() as u64,
         };
+        // The CPUs a split by CPU shows: those counted.
+        let cpus: Vec<u32> = if self.scope.cpus.is_empty() {
+            online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?
+        } else {
+            self.scope.cpus.clone()
+        };
+        let split = self.split;
+        // A program's counts of one slot, by part.
+        let from_array = |a: &Option<PerCpuArray<&aya::maps::MapData, u64>>, i: u32| {
+            let values = a.as_ref().and_then(|a| a.get(&i, 0).ok());
+            let mut parts = BTreeMap::new();
+            match split {
+                Split::Cpu => {
+                    for &c in &cpus {
+                        let v = values.as_ref().and_then(|v| v.get(c as usize)).copied();
+                        parts.insert(Part::Cpu(c), whole(v.unwrap_or(0)));
+                    }
+                }
+                _ => {
+                    let v = values.map_or(0, |v| v.iter().sum());
+                    parts.insert(Part::Whole, whole(v));
+                }
+            }
+            parts
+        };
+        // Counts by task, by the slot they were counted in.
+        let mut by_task: HashMap<u32, BTreeMap<Part, Reading>> = HashMap::new();
+        if matches!(split, Split::Thread | Split::Process)
+            && let Some(m) = ebpf.map("TASK_COUNTS")
+        {
+            let map = aya::maps::HashMap::<_, TaskKey, TaskCount>::try_from(m)?;
+            for entry in map.iter() {
+                let Ok((k, v)) = entry else { continue };
+                // A process is named by its leader where it is still
+                // there; the kernel has the name of whichever thread came
+                // first.
+                self.comms.entry(k.id).or_insert_with(|| {
+                    let leader = (split == Split::Process)
+                        .then(|| std::fs::read_to_string(format!("/proc/{}/comm", k.id)).ok())
+                        .flatten();
+                    leader.map_or_else(
+                        || crate::kernel::c_string(&v.comm),
+                        |c| c.trim_end().to_owned(),
+                    )
+                });
+                by_task
+                    .entry(k.slot)
+                    .or_default()
+                    .insert(Part::Task(k.id), whole(v.count));
+            }
+        }
+        let mut take = |kind: u32, slot: u32| {
+            by_task
+                .remove(&(kind << SLOT_KIND_SHIFT | slot))
+                .unwrap_or_default()
+        };
         let mut out = Vec::with_capacity(self.lines.len());
         for line in &mut self.lines {
+            let split_tasks = matches!(split, Split::Thread | Split::Process);
             out.push(match &mut line.source {
-                Source::Counter { open, .. } if open.is_empty() => (Reading::default(), false),
-                Source::Counter { open, .. } => {
-                    let mut total = Reading::default();
-                    for c in open.iter_mut() {
-                        total += c.read().context("cannot read a counter")?;
-                    }
-                    (total, true)
+                Source::Counter { open, .. } if open.is_empty() => {
+                    (BTreeMap::from([(Part::Whole, Reading::default())]), false)
                 }
-                Source::Tracepoint(id) => (whole(sum(&tps, *id)), true),
-                Source::Syscall(slot) => (whole(sum(&sys, *slot)), true),
+                Source::Counter { open, .. } => {
+                    let mut parts: BTreeMap<Part, Reading> = BTreeMap::new();
+                    for (c, part) in open.iter_mut() {
+                        *parts.entry(*part).or_default() +=
+                            c.read().context("cannot read a counter")?;
+                    }
+                    (parts, true)
+                }
+                Source::Tracepoint(id) if split_tasks => (take(KIND_TRACEPOINT, *id), true),
+                Source::Syscall(slot) if split_tasks => (take(KIND_SYSCALL, *slot), true),
+                Source::Probe(slot) if split_tasks => (take(KIND_PROBE, *slot), true),
+                Source::Tracepoint(id) => (from_array(&tps, *id), true),
+                Source::Syscall(slot) => (from_array(&sys, *slot), true),
+                Source::Probe(slot) => (from_array(&probes, *slot), true),
             });
         }
         Ok(out)
@@ -423,26 +732,53 @@ impl Stat {
             .scope
             .command_pid
             .filter(|_| self.args.scope.scope().command_cgroup());
-        let mut tasks: Vec<(u32, bool)> = command.map(|p| (p, true)).into_iter().collect();
+        // Each task, whether what it starts is counted with it, and the
+        // process it belongs to.
+        let mut tasks: Vec<(u32, bool, u32)> = command.map(|p| (p, true, p)).into_iter().collect();
         for &pid in &self.scope.pids {
             let dir = format!("/proc/{pid}/task");
             let threads = std::fs::read_dir(&dir).with_context(|| format!("no process {pid}"))?;
             for t in threads.flatten() {
                 if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) {
-                    tasks.push((tid, true));
+                    tasks.push((tid, true, pid));
                 }
             }
         }
-        tasks.extend(self.scope.tids.iter().map(|&t| (t, false)));
-        let targets: Vec<On<'_>> = if let (Some((_, dir)), None) = (&self.cgroup, command) {
-            cpus.iter().map(|&c| On::Cgroup(dir, c)).collect()
+        tasks.extend(self.scope.tids.iter().map(|&t| (t, false, t)));
+        let split = self.split;
+        let comm = |id: u32| {
+            std::fs::read_to_string(format!("/proc/{id}/comm"))
+                .map_or_else(|_| "?".to_owned(), |c| c.trim_end().to_owned())
+        };
+        for &(tid, _, pid) in &tasks {
+            match split {
+                Split::Thread => self.comms.insert(tid, comm(tid)),
+                Split::Process => self.comms.insert(pid, comm(pid)),
+                _ => None,
+            };
+        }
+        let by_cpu = |c: u32| match split {
+            Split::Cpu => Part::Cpu(c),
+            _ => Part::Whole,
+        };
+        let targets: Vec<(On<'_>, Part)> = if let (Some((_, dir)), None) = (&self.cgroup, command) {
+            cpus.iter()
+                .map(|&c| (On::Cgroup(dir, c), by_cpu(c)))
+                .collect()
         } else if !tasks.is_empty() {
             tasks
                 .iter()
-                .map(|&(tid, inherit)| On::Task { tid, inherit })
+                .map(|&(tid, inherit, pid)| {
+                    let part = match split {
+                        Split::Thread => Part::Task(tid),
+                        Split::Process => Part::Task(pid),
+                        _ => Part::Whole,
+                    };
+                    (On::Task { tid, inherit }, part)
+                })
                 .collect()
         } else {
-            cpus.iter().map(|&c| On::Cpu(c)).collect()
+            cpus.iter().map(|&c| (On::Cpu(c), by_cpu(c))).collect()
         };
         for line in &mut self.lines {
             let Source::Counter { counter, open } = &mut line.source else {
@@ -454,9 +790,9 @@ impl Stat {
                 exclude_user: counter.kernel_only,
                 exclude_kernel: counter.user_only,
             };
-            for on in &targets {
+            for (on, part) in &targets {
                 match Counter::open(spec, *on) {
-                    Ok(c) => open.push(c),
+                    Ok(c) => open.push((c, *part)),
                     // perf's `<not supported>`: no PMU, or not this event.
                     Err(_) if counter.hardware() => {
                         open.clear();
@@ -517,8 +853,15 @@ fn cgroup_cpu_times(path: &std::path::Path) -> Option<(f64, f64)> {
 }
 
 /// One counted event, with perf's derived figure.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 struct Row {
+    /// With -A: the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu: Option<u32>,
+    /// With --per-thread or --per-process: `comm-id`, as perf names a
+    /// thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thread: Option<String>,
     event: String,
     /// The count (milliseconds for the clocks), `None` where not
     /// supported.
@@ -533,6 +876,9 @@ struct Row {
     metric: Option<f64>,
     #[serde(rename = "metric-unit")]
     metric_unit: &'static str,
+    /// With -r: the spread of the count over the runs, in percent.
+    #[serde(rename = "variance", skip_serializing_if = "Option::is_none")]
+    spread: Option<f64>,
 }
 
 impl Row {
@@ -566,6 +912,9 @@ impl Row {
             (Some(value as f64), "", None, "")
         };
         Self {
+            cpu: None,
+            thread: None,
+            spread: None,
             event: name.to_owned(),
             value: shown,
             unit,
@@ -582,8 +931,13 @@ impl Row {
 struct Report {
     target: String,
     rows: Vec<Row>,
+    /// The runs averaged (`-r`).
+    runs: usize,
     #[serde(rename = "elapsed")]
     elapsed_s: f64,
+    /// With -r: the elapsed time's spread over the runs, in percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    elapsed_spread: Option<f64>,
     #[serde(rename = "user", skip_serializing_if = "Option::is_none")]
     user_s: Option<f64>,
     #[serde(rename = "sys", skip_serializing_if = "Option::is_none")]
@@ -646,10 +1000,37 @@ impl Row {
             None => "<not supported>".to_owned(),
         };
         let metric = self.metric.map(|m| format!("{m:.2}")).unwrap_or_default();
+        // perf puts the part first, and the spread after the count.
+        let part = self.part().map(|p| format!("{p}{sep}")).unwrap_or_default();
+        let spread = self.spread.map(|v| format!("{v:.2}%")).unwrap_or_default();
+        let spread = if self.spread.is_some() {
+            format!("{sep}{spread}")
+        } else {
+            String::new()
+        };
         format!(
-            "{value}{sep}{}{sep}{}{sep}{}{sep}{:.2}{sep}{metric}{sep}{}",
+            "{part}{value}{sep}{}{sep}{}{spread}{sep}{}{sep}{:.2}{sep}{metric}{sep}{}",
             self.unit, self.event, self.runtime, self.running, self.metric_unit
         )
+    }
+
+    /// Sets the part of a split the row counts, named as perf names it.
+    fn set_part(&mut self, part: Part, comms: &HashMap<u32, String>) {
+        match part {
+            Part::Whole => {}
+            Part::Cpu(c) => self.cpu = Some(c),
+            Part::Task(id) => {
+                let comm = comms.get(&id).map_or("?", String::as_str);
+                self.thread = Some(format!("{comm}-{id}"));
+            }
+        }
+    }
+
+    /// The part of a split it counts: `CPU3`, or `comm-tid`.
+    fn part(&self) -> Option<String> {
+        self.cpu
+            .map(|c| format!("CPU{c}"))
+            .or_else(|| self.thread.clone())
     }
 
     /// perf's text line: the count, its unit, the event and the metric.
@@ -667,7 +1048,24 @@ impl Row {
             (Some(m), u) if !u.is_empty() => format!("  #  {m:>8.3} {u}"),
             _ => String::new(),
         };
-        let line = format!("{value:>18} {unit:<4} {:<34}{metric}", self.event);
+        let spread = match self.spread {
+            Some(v) => format!("  ( +- {v:>5.2}% )"),
+            None => String::new(),
+        };
+        let metric = if spread.is_empty() || !metric.is_empty() {
+            metric
+        } else {
+            format!("{:<20}", "")
+        };
+        let part = match (self.cpu, &self.thread) {
+            (Some(c), _) => format!("{:<8}", format!("CPU{c}")),
+            (None, Some(t)) => format!("{t:>24} "),
+            _ => String::new(),
+        };
+        let line = format!(
+            "{part}{value:>18} {unit:<4} {:<34}{metric}{spread}",
+            self.event
+        );
         line.trim_end().to_owned()
     }
 }
@@ -680,11 +1078,32 @@ impl Record for Report {
             }
             return;
         }
-        let _ = writeln!(out, "\n Performance counter stats for {}:\n", self.target);
+        let runs = if self.runs > 1 {
+            format!(" ({} runs)", self.runs)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "\n Performance counter stats for {}{runs}:\n",
+            self.target
+        );
         for r in &self.rows {
             let _ = writeln!(out, "{}", r.text());
         }
-        let _ = writeln!(out, "\n{:>18.9} seconds time elapsed", self.elapsed_s);
+        match self.elapsed_spread {
+            Some(spread) => {
+                let sd = self.elapsed_s * spread / 100.0;
+                let _ = writeln!(
+                    out,
+                    "\n{:>18.9} +- {sd:.9} seconds time elapsed  ( +- {spread:>5.2}% )",
+                    self.elapsed_s
+                );
+            }
+            None => {
+                let _ = writeln!(out, "\n{:>18.9} seconds time elapsed", self.elapsed_s);
+            }
+        }
         if let (Some(u), Some(s)) = (self.user_s, self.sys_s) {
             let _ = writeln!(out, "\n{u:>18.9} seconds user\n{s:>18.9} seconds sys");
         }
