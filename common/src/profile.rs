@@ -37,6 +37,11 @@ pub struct Config {
     /// Whether samples are counted by thread, not only by process
     /// ([`crate::stacks::Key::tid`]).
     pub per_thread: u32,
+    /// With tracepoints and probes: a count every this many of the
+    /// scope's events on a CPU (`-c N`, as perf's period); 0 or 1 for
+    /// every event.
+    pub every: u32,
+    pub _pad: u32,
     /// The sampling period in nanoseconds: what a timed sample counts
     /// when there is nothing to measure from, and `MAX_PERIODS` of them
     /// the most.

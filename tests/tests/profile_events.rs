@@ -1,9 +1,11 @@
-//! `rtrace profile -e` on tracepoints: stacks taken at every event,
-//! counted against what the workload did (a loop device's own completed
-//! writes, a client's connects), and on counters by perf's names.
+//! `rtrace profile -e` on tracepoints and probes: stacks taken at every
+//! event (or every N-th), counted against what the workload did (a loop
+//! device's own completed writes, a client's connects, a fixture's calls),
+//! and on counters by perf's names; and bcc's stackcount over the same.
 
 use rtrace_integration_tests::{
-    LoopDevice, Rtrace, SIGINT, Workload, assert_one_line_error, parse_folded, run,
+    LoopDevice, Rtrace, SIGINT, Workload, assert_one_line_error, mechanism_works, parse_folded,
+    run, workload_bin,
 };
 
 /// The device's completed writes, from its own stat file.
@@ -212,4 +214,150 @@ fn stackcount_gives_kernel_stacks_through_schedule() {
         (N * 9 / 10..=N + N / 100).contains(&slept),
         "{slept} for {N} sleeps: {stdout}"
     );
+}
+
+/// The fixture's calls of `statfix_call`, each a uprobe hit.
+const CALLS: u64 = 3000;
+
+/// The statfix fixture, ready, and the uprobe spec of its function.
+fn statfix() -> (Workload, String) {
+    let (w, line) = Workload::start("statfix", &[CALLS.to_string()]);
+    assert_eq!(line.trim(), "ready");
+    let probe = format!("u:{}:statfix_call", workload_bin("statfix").display());
+    (w, probe)
+}
+
+/// `-e u:FILE:FUNCTION`: a stack at every call of the fixture's function,
+/// the function at the leaf under its caller `main` (the walk from the
+/// uprobe's registers); with `-c 7`, every seventh call on each CPU.
+#[test]
+fn uprobe_stacks_count_every_call_or_every_nth() {
+    let (mut w, probe) = statfix();
+    let pid = w.pid().to_string();
+    let every = Rtrace::start_until(
+        &["profile", "-e", &probe, "-U", "-f", "-p", &pid],
+        "Sampling",
+    );
+    let nth = Rtrace::start_until(
+        &["profile", "-e", &probe, "-c", "7", "-U", "-f", "-p", &pid],
+        "Sampling",
+    );
+    w.go();
+    let (code, stdout, stderr) = every.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, nth_out, nth_err) = nth.stop(SIGINT);
+    assert_eq!(code, 0, "{nth_err}");
+    assert!(w.wait().success());
+    let stacks = parse_folded(&stdout);
+    let total: u64 = stacks.values().sum();
+    assert_eq!(total, CALLS, "{stdout}\n{stderr}");
+    let whole: u64 = stacks
+        .iter()
+        .filter(|(f, _)| {
+            let leaf = f.iter().position(|x| x == "statfix_call");
+            let main = f.iter().position(|x| x == "main");
+            matches!((main, leaf), (Some(m), Some(l)) if m < l && l == f.len() - 1)
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(whole, CALLS, "main;...;statfix_call: {stdout}");
+    // Each CPU counts its own calls: a thread that moved leaves at most a
+    // remainder of six on each.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let nth_total: u64 = parse_folded(&nth_out).values().sum();
+    assert!(
+        ((CALLS / 7).saturating_sub(cpus)..=CALLS / 7).contains(&nth_total),
+        "{nth_total} stacks of every 7th of {CALLS} calls: {nth_out}"
+    );
+}
+
+/// bcc's `stackcount LIBRARY:FUNCTION` with `-i`: the counts printed each
+/// interval and started again add up to every call of two runs of the
+/// fixture a few seconds apart, in separate intervals; `-s` names frames
+/// with offsets and `-v` with addresses.
+#[test]
+fn stackcount_counts_user_functions_by_interval_with_offsets_and_addresses() {
+    let bin = workload_bin("statfix");
+    let pattern = format!("{}:statfix_call", bin.display());
+    let rtrace = Rtrace::start_until(
+        &["stackcount", "-U", "-f", "-i", "1", "-s", &pattern],
+        "Tracing 1 functions",
+    );
+    let addresses = Rtrace::start_until(
+        &["stackcount", "-U", "-f", "-v", &pattern],
+        "Tracing 1 functions",
+    );
+    for round in 0..2 {
+        if round > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2500));
+        }
+        let (mut w, _) = statfix();
+        w.go();
+        assert!(w.wait().success());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, with_addresses, stderr) = addresses.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    // Intervals print a blank line after their stacks.
+    let intervals: Vec<u64> = stdout
+        .split("\n\n")
+        .map(|chunk| parse_folded(chunk).values().sum())
+        .collect();
+    let total: u64 = intervals.iter().sum();
+    assert_eq!(total, 2 * CALLS, "{stdout}");
+    assert!(
+        intervals.iter().filter(|&&n| n > 0).count() >= 2,
+        "two runs 2.5 s apart in separate intervals: {intervals:?}\n{stdout}"
+    );
+    for frames in parse_folded(&stdout.replace("\n\n", "\n")).keys() {
+        let leaf = frames.last().unwrap();
+        assert!(leaf.starts_with("statfix_call+0x"), "{frames:?}");
+    }
+    let stacks = parse_folded(&with_addresses);
+    assert_eq!(stacks.values().sum::<u64>(), 2 * CALLS, "{with_addresses}");
+    for frames in stacks.keys() {
+        let leaf = frames.last().unwrap();
+        let (addr, name) = leaf.split_once(' ').unwrap_or_else(|| panic!("{leaf}"));
+        assert!(addr.starts_with("0x") && name == "statfix_call", "{leaf}");
+    }
+}
+
+/// bcc's `stackcount FUNCTION` on kernel functions (kprobes), by glob and
+/// by `-r` regular expression: every getppid the fixture made, through
+/// the fixture's `statfix_call`. The host has no kprobes: this runs in the
+/// VM matrix.
+#[test]
+fn stackcount_counts_kernel_functions_by_glob_and_regex() {
+    if !mechanism_works("kprobe") {
+        eprintln!("skipped: no kprobes on this kernel (the VM matrix runs this test)");
+        return;
+    }
+    let (mut w, _) = statfix();
+    let pid = w.pid().to_string();
+    let glob = Rtrace::start_until(
+        &["stackcount", "-f", "-p", &pid, "__x64_sys_getpp?d"],
+        "Tracing 1 functions",
+    );
+    let regex = Rtrace::start_until(
+        &["stackcount", "-f", "-r", "-p", &pid, "^__x64_sys_getppid$"],
+        "Tracing 1 functions",
+    );
+    w.go();
+    for rtrace in [glob, regex] {
+        let (code, stdout, stderr) = rtrace.stop(SIGINT);
+        assert_eq!(code, 0, "{stderr}");
+        let stacks = parse_folded(&stdout);
+        assert_eq!(stacks.values().sum::<u64>(), CALLS, "{stdout}");
+        let through: u64 = stacks
+            .iter()
+            .filter(|(f, _)| {
+                f.iter().any(|x| x == "statfix_call") && f.iter().any(|x| x == "__x64_sys_getppid")
+            })
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(through, CALLS, "{stdout}");
+    }
+    assert!(w.wait().success());
 }

@@ -10,9 +10,9 @@
 use aya_ebpf::{
     EbpfContext, Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, perf_event, tracepoint},
+    macros::{kprobe, kretprobe, map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{Array, PerCpuArray},
-    programs::{PerfEventContext, TracePointContext},
+    programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use rtrace_common::{
     profile::{Config, HEAT_SLOT_NS, MAX_PERIODS},
@@ -59,6 +59,38 @@ pub fn profile_tracepoint(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Every call of the kernel functions `-e p:` names.
+#[kprobe]
+pub fn profile_kprobe(ctx: ProbeContext) -> u32 {
+    sample(&ctx);
+    0
+}
+
+/// Every return of the kernel functions `-e r:` names.
+#[kretprobe]
+pub fn profile_kretprobe(ctx: RetProbeContext) -> u32 {
+    sample(&ctx);
+    0
+}
+
+/// Every call of the user functions or USDT probes `-e u:` names.
+#[uprobe]
+pub fn profile_uprobe(ctx: ProbeContext) -> u32 {
+    sample(&ctx);
+    0
+}
+
+/// Every return of the user functions `-e r:FILE:FUNCTION` names.
+#[uretprobe]
+pub fn profile_uretprobe(ctx: RetProbeContext) -> u32 {
+    sample(&ctx);
+    0
+}
+
+/// With `-c N` on events: this CPU's events of the scope so far.
+#[map]
+static EVENTS_SEEN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Where a program's user walk starts.
 trait Sampled: EbpfContext {
     /// The registers the walk starts from; null for the thread's own
@@ -75,14 +107,20 @@ impl Sampled for PerfEventContext {
     }
 }
 
-impl Sampled for TracePointContext {
-    /// The thread is in the kernel: the walk starts from the registers
-    /// it entered with.
-    #[inline(always)]
-    fn sampled(&self) -> *const u8 {
-        core::ptr::null()
-    }
+/// The thread is in the kernel (a tracepoint, a kernel function) or
+/// trapped there from a uprobe: the walk starts from the registers it
+/// entered with, which for a uprobe are those at the probed instruction.
+macro_rules! sampled_from_entry {
+    ($($ctx:ty),*) => {$(
+        impl Sampled for $ctx {
+            #[inline(always)]
+            fn sampled(&self) -> *const u8 {
+                core::ptr::null()
+            }
+        }
+    )*};
 }
+sampled_from_entry!(TracePointContext, ProbeContext, RetProbeContext);
 
 #[inline(always)]
 fn sample<C: Sampled>(ctx: &C) {
@@ -106,6 +144,9 @@ fn sample<C: Sampled>(ctx: &C) {
     if (cfg.heat_slots != 0 || cfg.range_end_ns != 0) && !in_time(cfg) {
         return;
     }
+    if cfg.every > 1 && !nth(u64::from(cfg.every)) {
+        return;
+    }
     let mut key = Key::new(0, [0; 16]);
     // Computed here, after the filters, as the verifier has followed it
     // since before tracepoints shared this function: placed before them,
@@ -120,6 +161,23 @@ fn sample<C: Sampled>(ctx: &C) {
     }
     key.generation = stacks::generation() as u16;
     stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, value);
+}
+
+/// Counts an event of the scope on this CPU, and says whether it is an
+/// `every`-th one (as a perf counter's period counts on each CPU).
+#[inline(always)]
+fn nth(every: u64) -> bool {
+    match EVENTS_SEEN.get_ptr_mut(0) {
+        Some(n) => {
+            // SAFETY: this CPU's slot; a program does not nest in itself.
+            let seen = unsafe {
+                *n += 1;
+                *n
+            };
+            seen % every == 0
+        }
+        None => true,
+    }
 }
 
 /// Counts the sample in its heat map slot, and says whether it falls in

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use aya::{
     Ebpf,
     programs::{
-        PerfEvent, TracePoint,
+        PerfEvent,
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy},
     },
     util::online_cpus,
@@ -34,7 +34,10 @@ use crate::{
             report::{Report, ReportArgs},
         },
     },
-    probes::event,
+    probes::{
+        attach::{self, Programs},
+        event,
+    },
     stacks::sample::Sample,
     tools::{
         offcpu::{Filter, OffCpu},
@@ -57,6 +60,9 @@ pub enum Event {
         /// The event, or a glob.
         event: String,
     },
+    /// Every call (or return) of the functions, or every hit of the USDT
+    /// probe, a probe spec names (`p:`, `r:`, `u:`).
+    Probe(event::Event),
 }
 
 /// `-e`'s value, boxed: the arguments of every tool are one enum, which
@@ -83,10 +89,7 @@ fn parse_event(text: &str) -> Result<Event, String> {
         )),
         event::Event::Counter(c) => Ok(Event::Counter(c)),
         event::Event::Tracepoint { category, event } => Ok(Event::Tracepoint { category, event }),
-        _ => Err(format!(
-            "{text}: profile samples on counters and tracepoints; probes (p:, r:, u:) are not \
-             sampled yet"
-        )),
+        probe => Ok(Event::Probe(probe)),
     }
 }
 
@@ -106,8 +109,9 @@ impl Event {
                 pmu_type: c.kind,
                 config: c.config,
             },
-            // Tracepoints are not sampled by a perf event's period.
-            Self::Cpu | Self::Tracepoint { .. } => {
+            // Tracepoints and probes are not sampled by a perf event's
+            // period.
+            Self::Cpu | Self::Tracepoint { .. } | Self::Probe(_) => {
                 PerfEventConfig::Hardware(HardwareEvent::CpuCycles)
             }
         }
@@ -118,14 +122,21 @@ impl Event {
             Self::Cpu => "cycles".to_owned(),
             Self::Counter(c) => c.display(),
             Self::Tracepoint { category, event } => format!("{category}:{event}"),
+            Self::Probe(p) => p.to_string(),
         }
+    }
+
+    /// Whether stacks are taken at events (tracepoints, probes), every
+    /// one or every `-c N`-th, rather than by a counter's period.
+    fn at_events(&self) -> bool {
+        matches!(self, Self::Tracepoint { .. } | Self::Probe(_))
     }
 
     fn is_hardware(&self) -> bool {
         match self {
             Self::Cpu => true,
             Self::Counter(c) => c.hardware(),
-            Self::Tracepoint { .. } => false,
+            Self::Tracepoint { .. } | Self::Probe(_) => false,
         }
     }
 }
@@ -152,6 +163,14 @@ pub struct Args {
     /// -- CMD, which says when to stop).
     #[arg(value_parser = crate::output::at_least_one::<u64>)]
     duration: Option<u64>,
+    /// Print the stacks counted every SECS seconds and count again from
+    /// zero, as bcc's stackcount -i (text and folded output).
+    #[arg(long, value_name = "SECS", value_parser = crate::output::at_least_one::<u64>)]
+    interval: Option<u64>,
+    /// Function names in a probe -e are regular expressions, not globs
+    /// (bcc stackcount's -r).
+    #[arg(long, hide = true)]
+    regexp: bool,
     /// Sample this many times per second on each CPU (default 49).
     #[arg(short = 'F', long, value_name = "HZ", conflicts_with = "period",
           value_parser = crate::output::at_least_one::<u64>)]
@@ -298,6 +317,20 @@ fn max_sample_rate() -> Option<u64> {
 /// The program that counts stacks at tracepoints (`-e CATEGORY:EVENT`).
 const TRACEPOINT_PROGRAM: &str = "profile_tracepoint";
 
+/// Where `-e` takes stacks at events, found before anything is attached.
+enum Found {
+    Tracepoints(Vec<(String, String)>),
+    Probe(attach::Resolved),
+}
+
+/// The programs that count stacks at probes (`-e p:`, `r:`, `u:`).
+const PROBE_PROGRAMS: Programs<'static> = Programs {
+    kprobe: "profile_kprobe",
+    kretprobe: "profile_kretprobe",
+    uprobe: "profile_uprobe",
+    uretprobe: "profile_uretprobe",
+};
+
 /// Attaches the program to `event` on every CPU in `cpus`.
 fn attach(
     prog: &mut PerfEvent,
@@ -331,8 +364,17 @@ pub struct Profile {
     event: Event,
     /// Why hardware cycles were passed over, if they were.
     fallback: Option<String>,
-    /// Tracepoints `-e` attached to, in tracepoint mode.
-    tracepoints: usize,
+    /// The places `-e` attached to at events (tracepoints, functions,
+    /// USDT sites), and what they are; 0 where it samples a counter.
+    sites: (usize, &'static str),
+    /// USDT probes' perf events, which keep them attached.
+    links: Vec<std::os::fd::OwnedFd>,
+    /// How a probe spec was attached, for `-v`.
+    probe_how: Option<String>,
+    /// Ticks so far, for `--interval`.
+    ticks: u64,
+    /// The program counting at events, to stop before the report.
+    event_program: Option<&'static str>,
     /// Processes whose tables were loaded before tracing, and how long
     /// that took (tracepoint mode, system-wide).
     preloaded: Option<(usize, Duration)>,
@@ -400,12 +442,15 @@ impl Tool for Profile {
                 args.event.name()
             );
         }
-        if matches!(*args.event, Event::Tracepoint { .. })
-            && (args.frequency.is_some() || args.period().is_some())
-        {
+        if args.event.at_events() && args.frequency.is_some() {
             anyhow::bail!(
-                "a tracepoint's stacks are taken at every event: -F and -c N pace counters only"
+                "stacks of {} are taken at every event (or every -c N-th): -F paces counters \
+                 only",
+                args.event.name()
             );
+        }
+        if args.event.at_events() && args.period().is_some_and(|n| n > u64::from(u32::MAX)) {
+            anyhow::bail!("-c N on events counts at most every {}th", u32::MAX);
         }
         if args.frequency.is_some() && args.period().is_some() {
             // A usage error, as clap's own conflicts are: exit 2.
@@ -421,6 +466,19 @@ impl Tool for Profile {
             && freq > max
         {
             anyhow::bail!("-F {freq} is above kernel.perf_event_max_sample_rate ({max})");
+        }
+        if args.interval.is_some()
+            && (args.report
+                || args.svg.is_some()
+                || args.pprof.is_some()
+                || args.speedscope.is_some()
+                || args.heatmap.is_some()
+                || args.off_cpu)
+        {
+            anyhow::bail!(
+                "--interval prints stacks as it goes; --report, --off-cpu and files take them \
+                 all at the end"
+            );
         }
         if !args.report
             && let Some(flag) = args.report_opts.changed()
@@ -456,7 +514,11 @@ impl Tool for Profile {
             cpus,
             freq,
             fallback: None,
-            tracepoints: 0,
+            sites: (0, ""),
+            links: Vec::new(),
+            probe_how: None,
+            ticks: 0,
+            event_program: None,
             preloaded: None,
             stacks: StackTool::default(),
         })
@@ -502,6 +564,11 @@ impl Tool for Profile {
             kernel: u32::from(!self.args.user_only),
             heat_slots,
             per_thread: u32::from(self.per_thread()),
+            every: if self.event.at_events() {
+                self.args.period().map_or(1, |n| n as u32)
+            } else {
+                1
+            },
             range_start_ns: range_start.as_nanos() as u64,
             range_end_ns: range_end.as_nanos() as u64,
             ..Config::default()
@@ -545,9 +612,24 @@ impl Tool for Profile {
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
         self.stacks.attach(ebpf, &self.args.scope.pids)?;
-        if let Event::Tracepoint { category, event } = &self.event {
-            let root = crate::kernel::tracefs::root()?;
-            let found = event::tracepoints(&root, category, event)?;
+        if self.event.at_events() {
+            // Found first: a bad spec fails before the tables are loaded.
+            let pid = self.args.scope.one_pid();
+            let found = match &self.event {
+                Event::Tracepoint { category, event } => {
+                    let root = crate::kernel::tracefs::root()?;
+                    Found::Tracepoints(event::tracepoints(&root, category, event)?)
+                }
+                Event::Probe(spec) => {
+                    let names = if self.args.regexp {
+                        attach::Names::Regex
+                    } else {
+                        attach::Names::Glob
+                    };
+                    Found::Probe(attach::resolve(kernel, spec, names, pid)?)
+                }
+                _ => unreachable!("at_events"),
+            };
             // A rare event's first in a process must not wait for the
             // process's tables: load every running process's now.
             // (A command of its own starts after this: it gets its tables
@@ -559,18 +641,40 @@ impl Tool for Profile {
                 let n = self.stacks.preload_all()?;
                 self.preloaded = Some((n, started.elapsed()));
             }
-            let prog: &mut TracePoint = ebpf
-                .program_mut(TRACEPOINT_PROGRAM)
-                .context("program profile_tracepoint missing")?
-                .try_into()?;
-            prog.load().context("cannot load the tracepoint program")?;
             self.set_window(ebpf)?;
-            // The program is loaded: the hooks attach it to each.
-            let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
-            for (c, e) in &found {
-                hooks.attach(ebpf, TRACEPOINT_PROGRAM, c, e)?;
+            match found {
+                Found::Tracepoints(tracepoints) => {
+                    // One program, loaded once by the hooks, for them all.
+                    let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
+                    for (c, e) in &tracepoints {
+                        hooks.attach(ebpf, TRACEPOINT_PROGRAM, c, e)?;
+                    }
+                    self.sites = (tracepoints.len(), "tracepoint(s)");
+                    self.event_program = Some(TRACEPOINT_PROGRAM);
+                }
+                Found::Probe(resolved) => {
+                    let attached = resolved.attach(ebpf, kernel, &PROBE_PROGRAMS, pid)?;
+                    self.links = attached.links;
+                    self.probe_how = Some(attached.how);
+                    let (kind, program) = match &resolved {
+                        attach::Resolved::Kernel { ret: false, .. } => {
+                            ("function(s)", PROBE_PROGRAMS.kprobe)
+                        }
+                        attach::Resolved::Kernel { ret: true, .. } => {
+                            ("function(s)", PROBE_PROGRAMS.kretprobe)
+                        }
+                        attach::Resolved::User { ret: false, .. } => {
+                            ("function(s)", PROBE_PROGRAMS.uprobe)
+                        }
+                        attach::Resolved::User { ret: true, .. } => {
+                            ("function(s)", PROBE_PROGRAMS.uretprobe)
+                        }
+                        attach::Resolved::Usdt(..) => ("USDT site(s)", PROBE_PROGRAMS.uprobe),
+                    };
+                    self.sites = (attached.sites, kind);
+                    self.event_program = Some(program);
+                }
             }
-            self.tracepoints = found.len();
             return Ok(());
         }
         let prog: &mut PerfEvent = ebpf
@@ -619,8 +723,8 @@ impl Tool for Profile {
             .as_ref()
             .map(|o| format!(", off-CPU time at {}", o.describe()))
             .unwrap_or_default();
-        let on = if self.tracepoints > 0 {
-            format!("{} tracepoint(s)", self.tracepoints)
+        let on = if self.sites.0 > 0 {
+            format!("{} {}", self.sites.0, self.sites.1)
         } else {
             format!("perf events on {} CPU(s)", self.cpus.len())
         };
@@ -638,6 +742,7 @@ impl Tool for Profile {
             ),
             None => format!("sampling {}", self.event.name()),
         }];
+        notes.extend(self.probe_how.iter().map(|how| format!("attached {how}")));
         if let Some((n, took)) = self.preloaded {
             notes.push(format!(
                 "the tables of {n} running processes loaded before tracing, in {:.2} s",
@@ -666,8 +771,21 @@ impl Tool for Profile {
         }
     }
 
-    fn tick(&mut self, ebpf: &mut Ebpf, _sink: &mut Sink, last: bool) -> anyhow::Result<()> {
-        self.stacks.tick(ebpf, last)
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        self.stacks.tick(ebpf, last)?;
+        if let Some(every) = self.args.interval
+            && !last
+        {
+            self.ticks += 1;
+            if self.ticks.is_multiple_of(every) {
+                // The last interval is the report at the end.
+                let samples = self.stacks.interval(ebpf)?;
+                self.print_stacks(sink, &samples)?;
+                sink.separate()?;
+                sink.flush()?;
+            }
+        }
+        Ok(())
     }
 
     fn start(&mut self) {
@@ -681,12 +799,19 @@ impl Tool for Profile {
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
         let elapsed = self.stacks.elapsed();
         // Stop sampling before reading, so the report is one consistent cut.
-        if matches!(self.event, Event::Tracepoint { .. }) {
-            let prog: &mut TracePoint = ebpf
-                .program_mut(TRACEPOINT_PROGRAM)
-                .context("program profile_tracepoint missing")?
-                .try_into()?;
-            prog.unload().context("cannot stop counting")?;
+        if let Some(name) = self.event_program {
+            // Every kind of program unloads alike: by its links.
+            let prog = ebpf
+                .program_mut(name)
+                .with_context(|| format!("program {name} missing"))?;
+            match prog {
+                aya::programs::Program::TracePoint(p) => p.unload(),
+                aya::programs::Program::KProbe(p) => p.unload(),
+                aya::programs::Program::UProbe(p) => p.unload(),
+                _ => Ok(()),
+            }
+            .context("cannot stop counting")?;
+            self.links.clear();
         } else {
             let prog: &mut PerfEvent = ebpf
                 .program_mut("profile")
@@ -744,18 +869,7 @@ impl Tool for Profile {
             self.stacks.reported(&samples, unit);
             return Ok(());
         }
-        let text = TextOptions {
-            delimiter: self.args.delimited,
-            annotate: self.args.annotate,
-        };
-        let files =
-            self.args.svg.is_some() || self.args.pprof.is_some() || self.args.speedscope.is_some();
-        let value = if self.off_cpu.is_some() {
-            "us"
-        } else {
-            "count"
-        };
-        Stacks::print(sink, &samples, text, self.args.folded, files, value)?;
+        self.print_stacks(sink, &samples)?;
         self.stacks.reported(&samples, unit);
         Ok(())
     }
@@ -772,7 +886,7 @@ impl Tool for Profile {
 /// bcc's start-up line, on stderr so that stdout holds only stacks.
 fn header(args: &Args, event: &Event, freq: u64) -> String {
     let rate = match (event, args.period()) {
-        (Event::Tracepoint { .. }, _) => format!("Sampling {} at every event", event.name()),
+        (e, None) if e.at_events() => format!("Sampling {} at every event", event.name()),
         (_, Some(p)) => format!("Sampling {} every {p} events", event.name()),
         (_, None) => format!("Sampling {} at {freq} Hertz", event.name()),
     };
@@ -801,6 +915,23 @@ fn header(args: &Args, event: &Event, freq: u64) -> String {
 }
 
 impl Profile {
+    /// Prints stacks as text or folded lines (or nothing, where files are
+    /// the output).
+    fn print_stacks(&self, sink: &mut Sink, samples: &[Sample]) -> anyhow::Result<()> {
+        let text = TextOptions {
+            delimiter: self.args.delimited,
+            annotate: self.args.annotate,
+        };
+        let files =
+            self.args.svg.is_some() || self.args.pprof.is_some() || self.args.speedscope.is_some();
+        let value = if self.off_cpu.is_some() {
+            "us"
+        } else {
+            "count"
+        };
+        Stacks::print(sink, samples, text, self.args.folded, files, value)
+    }
+
     /// The kernel's samples by time slot, up to the end of sampling, where
     /// they were counted.
     fn heat_counts(&self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<Option<Vec<u64>>> {
@@ -844,9 +975,10 @@ impl Profile {
         self.args.annotate_opts.wanted() || self.args.pprof.is_some()
     }
 
-    /// The tracepoints `-e` attached to (0 where it samples a counter).
-    pub fn tracepoints(&self) -> usize {
-        self.tracepoints
+    /// The places `-e` attached to at events (0 where it samples a
+    /// counter).
+    pub fn sites(&self) -> usize {
+        self.sites.0
     }
 
     /// Sets time zero, just before the first sample can come.
@@ -890,7 +1022,7 @@ impl Profile {
         let lines = args.stacks.lines;
         let (event, freq) = (&self.event, self.freq);
         let rate = match (event, args.period()) {
-            (Event::Tracepoint { .. }, _) => "every event".to_owned(),
+            (e, None) if e.at_events() => "every event".to_owned(),
             (_, Some(p)) => format!("every {p} events"),
             (_, None) => format!("{freq} Hz"),
         };
@@ -941,7 +1073,7 @@ impl Profile {
             let (unit, period) = match (event.is_cpu_clock(), args.period()) {
                 (true, Some(p)) => ("nanoseconds", p),
                 (true, None) => ("nanoseconds", 1_000_000_000 / freq),
-                (false, Some(p)) if !matches!(event, Event::Tracepoint { .. }) => ("count", p),
+                (false, Some(p)) => ("count", p),
                 (false, _) => ("count", 1),
             };
             let name = event.name();

@@ -1,7 +1,8 @@
 //! `rtrace stackcount`: bcc's stackcount, the stacks that lead to each
-//! event of tracepoints, with bcc's flags. It is `rtrace profile -e` under
-//! bcc's spelling: its flags become profile's, and profile's object,
-//! walk, store and outputs do the work.
+//! event of tracepoints, kernel and user functions and USDT probes, with
+//! bcc's flags and patterns. It is `rtrace profile -e` under bcc's
+//! spelling: its flags become profile's, and profile's object, walk,
+//! store and outputs do the work.
 
 use aya::Ebpf;
 use clap::Parser as _;
@@ -21,12 +22,20 @@ use crate::{
 #[command(after_help = "Examples:
   rtrace stackcount t:sched:sched_switch -K    # kernel stacks of every context switch
   rtrace stackcount -p 185 t:syscalls:sys_enter_write   # who writes, in PID 185
-  rtrace stackcount -f -D 10 't:block:block_rq_*'       # folded, for 10 seconds")]
+  rtrace stackcount -f -D 10 't:block:block_rq_*'       # folded, for 10 seconds
+  rtrace stackcount submit_bio                 # calls of a kernel function (kprobes)
+  rtrace stackcount -r '^tcp_send.*'           # functions by regular expression
+  rtrace stackcount -p 185 c:malloc            # calls of libc's malloc in PID 185
+  rtrace stackcount -i 5 u:/usr/bin/python3:function__entry  # a USDT probe, every 5 s")]
 /// Count the stacks that lead to events, as bcc's stackcount does: every
-/// event of the tracepoints a pattern names.
+/// event of the tracepoints, functions or USDT probe a pattern names.
 pub struct Args {
-    /// The events: tracepoints as bcc spells them (t:CATEGORY:EVENT) or
-    /// as perf does (CATEGORY:EVENT), globs allowed.
+    /// The events, as bcc spells them: FUNCTION or p:FUNCTION (kernel),
+    /// LIBRARY:FUNCTION or p:LIBRARY:FUNCTION (user; c:malloc is libc's),
+    /// t:CATEGORY:EVENT (tracepoints; perf's CATEGORY:EVENT too where the
+    /// category exists), u:LIBRARY:PROBE (USDT). Function names and
+    /// tracepoints may be globs; with -r, function names are regular
+    /// expressions.
     #[arg(value_name = "PATTERN")]
     pattern: String,
     /// Trace this process only.
@@ -54,18 +63,41 @@ pub struct Args {
     /// Folded output: one line a stack, for flame graphs.
     #[arg(short = 'f', long)]
     folded: bool,
-    /// bcc's summary interval: not yet (the count is printed at the end).
-    #[arg(short = 'i', long, value_name = "SECONDS")]
+    /// Print the counts every SECONDS and count again from zero.
+    #[arg(short = 'i', long, value_name = "SECONDS",
+          value_parser = crate::output::at_least_one::<u64>)]
     interval: Option<u64>,
-    /// bcc's regular-expression patterns: not yet (patterns are globs).
+    /// Function names in the pattern are regular expressions (matched
+    /// anywhere in a name, as bcc's), not globs.
     #[arg(short = 'r', long)]
     regexp: bool,
-    /// bcc's address offsets: not yet.
+    /// Show each frame's offset in its function (func+0x1a).
     #[arg(short = 's', long)]
     offset: bool,
-    /// bcc's raw addresses: not yet.
-    #[arg(short = 'v', long)]
-    raw_addresses: bool,
+    /// Show each frame's address before its name (bcc's -v; rtrace's own
+    /// verbose output is --verbose here).
+    #[arg(short = 'v', long = "addresses")]
+    addresses: bool,
+}
+
+/// bcc's pattern as an event spec of `probes::event`, given which
+/// tracepoint categories exist (for perf's `CATEGORY:EVENT`).
+fn event_spec(pattern: &str, is_category: impl Fn(&str) -> bool) -> anyhow::Result<String> {
+    let parts: Vec<&str> = pattern.split(':').collect();
+    Ok(match parts.as_slice() {
+        [function] => format!("p:{function}"),
+        ["t", category, event] => format!("{category}:{event}"),
+        // bcc's u: is USDT: any provider.
+        ["u", library, probe] => format!("u:{library}::{probe}"),
+        ["p", ..] => pattern.to_owned(),
+        [category, _] if is_category(category) => pattern.to_owned(),
+        // bcc's `c` is libc, as `uprobes::resolve` finds libraries.
+        [library, function] => format!("p:{library}:{function}"),
+        _ => anyhow::bail!(
+            "{pattern}: not a stackcount pattern (FUNCTION, p:FUNCTION, LIBRARY:FUNCTION, \
+             t:CATEGORY:EVENT or u:LIBRARY:PROBE)"
+        ),
+    })
 }
 
 /// profile's arguments, parsed from the command line stackcount's flags
@@ -84,27 +116,11 @@ pub struct Stackcount {
 }
 
 impl Args {
-    /// profile's command line for these flags.
-    fn profile_argv(&self) -> anyhow::Result<Vec<String>> {
-        for (set, flag) in [
-            (self.interval.is_some(), "-i"),
-            (self.regexp, "-r"),
-            (self.offset, "-s"),
-            (self.raw_addresses, "-v"),
-        ] {
-            if set {
-                anyhow::bail!("stackcount's {flag} is not supported yet");
-            }
-        }
-        let pattern = self.pattern.strip_prefix("t:").unwrap_or(&self.pattern);
-        if !pattern.contains(':') {
-            anyhow::bail!(
-                "{}: stackcount counts tracepoints (t:CATEGORY:EVENT); kernel and user \
-                 functions are not counted yet",
-                self.pattern
-            );
-        }
-        let mut argv: Vec<String> = ["profile", "-e", pattern].map(str::to_owned).to_vec();
+    /// profile's command line for these flags, given which tracepoint
+    /// categories exist.
+    fn profile_argv(&self, is_category: impl Fn(&str) -> bool) -> anyhow::Result<Vec<String>> {
+        let spec = event_spec(&self.pattern, is_category)?;
+        let mut argv: Vec<String> = vec!["profile".into(), "-e".into(), spec];
         let mut add = |set: bool, flag: &str| {
             if set {
                 argv.push(flag.to_owned());
@@ -114,6 +130,12 @@ impl Args {
         add(self.user_only, "-U");
         add(self.delimited, "-d");
         add(self.folded, "-f");
+        add(self.regexp, "--regexp");
+        add(self.offset, "--offsets");
+        add(self.addresses, "--addresses");
+        if let Some(i) = self.interval {
+            argv.extend(["--interval".to_owned(), i.to_string()]);
+        }
         if let Some(pid) = self.pid {
             argv.extend(["-p".to_owned(), pid.to_string()]);
         }
@@ -136,7 +158,10 @@ impl Tool for Stackcount {
     const EXPECTED: &'static [u32] = <Profile as Tool>::EXPECTED;
 
     fn new(args: Args) -> anyhow::Result<Self> {
-        let argv = args.profile_argv()?;
+        let argv = args.profile_argv(|category| {
+            crate::kernel::tracefs::root()
+                .is_ok_and(|root| root.join("events").join(category).is_dir())
+        })?;
         let parsed = AsProfile::try_parse_from(&argv)
             .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim()))?;
         Ok(Self {
@@ -199,7 +224,7 @@ impl Tool for Stackcount {
         // bcc's own line, so that scripts waiting for it find it.
         format!(
             "Tracing {} functions for \"{}\"... Hit Ctrl-C to end.",
-            self.profile.tracepoints(),
+            self.profile.sites(),
             self.pattern
         )
     }
@@ -241,7 +266,9 @@ mod tests {
         }
         let mut words = vec!["stackcount"];
         words.extend_from_slice(line);
-        Cli::try_parse_from(words)?.args.profile_argv()
+        Cli::try_parse_from(words)?
+            .args
+            .profile_argv(|c| ["sched", "block"].contains(&c))
     }
 
     #[test]
@@ -260,10 +287,29 @@ mod tests {
                 "5"
             ]
         );
-        assert!(argv(&["vfs_read"]).is_err());
-        assert!(argv(&["-i", "1", "t:sched:sched_switch"]).is_err());
+        let spec = |line: &[&str]| argv(line).unwrap()[2].clone();
+        assert_eq!(spec(&["vfs_read"]), "p:vfs_read");
+        assert_eq!(spec(&["c:malloc"]), "p:c:malloc");
+        assert_eq!(spec(&["sched:sched_switch"]), "sched:sched_switch");
+        assert_eq!(
+            spec(&["u:pthread:pthread_create"]),
+            "u:pthread::pthread_create"
+        );
+        assert_eq!(spec(&["p::vfs_read"]), "p::vfs_read");
+        assert!(argv(&["a:b:c:d"]).is_err());
+        let words = argv(&["-i", "2", "-r", "-s", "-v", "^vfs_.*"]).unwrap();
+        assert_eq!(
+            words[3..],
+            ["--regexp", "--offsets", "--addresses", "--interval", "2"]
+        );
         // The flags it builds parse as profile's.
-        let words = argv(&["-c", "0", "-U", "-d", "t:block:*"]).unwrap();
-        assert!(AsProfile::try_parse_from(&words).is_ok(), "{words:?}");
+        for line in [
+            &["-c", "0", "-U", "-d", "t:block:*"][..],
+            &["-i", "2", "-r", "-s", "-v", "^vfs_.*"],
+            &["u:pthread:pthread_create"],
+        ] {
+            let words = argv(line).unwrap();
+            assert!(AsProfile::try_parse_from(&words).is_ok(), "{words:?}");
+        }
     }
 }
