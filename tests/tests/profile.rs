@@ -2598,6 +2598,9 @@ fn normal_runs_warn_only_of_missing_or_wrong_output() {
             "[unknown]",
             "did not fit",
             "unreadable CFI",
+            // A slow machine may see the JIT fixture delete its map before
+            // rtrace reads it: its frames are then unnamed, and said so.
+            "frames unnamed",
         ]
         .iter()
         .any(|k| l.contains(k))
