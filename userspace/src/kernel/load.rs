@@ -146,6 +146,27 @@ impl Kernel {
         }
     }
 
+    /// The kernel's text symbols (`/proc/kallsyms`' t and T) whose names
+    /// `keep` admits, sorted and each once: the functions kprobes can be
+    /// asked for (the kernel refuses its blacklisted ones at attach).
+    pub fn functions_where(&mut self, keep: impl Fn(&str) -> bool) -> Vec<String> {
+        let syms = self
+            .kallsyms
+            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default());
+        let mut out: Vec<String> = syms
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let (_, kind, name) = (f.next()?, f.next()?, f.next()?);
+                // Module symbols are listed with their module after.
+                (matches!(kind, "t" | "T") && keep(name)).then(|| name.to_owned())
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Whether mechanism `m` works here; the error says why not.
     pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
         // The probes of BTF-attached mechanisms attach to these.

@@ -12,7 +12,6 @@ use crate::{
     kernel::{
         features::Mechanism,
         load::{Kernel, attach_kernel_fn},
-        tracefs,
     },
     probes::{
         event::{Event, glob},
@@ -96,16 +95,21 @@ fn expand<'a>(
 }
 
 /// The kernel functions `pattern` names: itself (or its `_noprof` twin),
-/// or, for a glob, those tracefs lists as probeable.
+/// or, for a glob or regular expression, the kernel's text symbols it
+/// matches (tracefs' list of ftrace's functions leaves out some that
+/// kprobes take, such as the syscall wrappers on some kernels).
 fn kernel_functions(kernel: &mut Kernel, pattern: &str, how: Names) -> anyhow::Result<Vec<String>> {
     if !how.many(pattern) {
         return Ok(vec![kernel.function(pattern)?]);
     }
-    let path = tracefs::root()?.join("available_filter_functions");
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let names = text.lines().filter_map(|l| l.split_whitespace().next());
-    expand(pattern, how, names, "kernel function")
+    let re = how.pattern(pattern)?;
+    let names = kernel.functions_where(|n| re.is_match(n) && !n.contains('.'));
+    expand(
+        pattern,
+        how,
+        names.iter().map(String::as_str),
+        "kernel function",
+    )
 }
 
 /// A probe spec's sites, found and checked, not attached yet: a tool
