@@ -19,6 +19,7 @@ pub mod profile;
 pub mod runqlat;
 pub mod stacks;
 pub mod stat;
+pub mod strace;
 pub mod targets;
 pub mod tcplife;
 pub mod unwind;

@@ -200,6 +200,7 @@ pub const PROGRAMS: &[Program] = &[
     deb("modinfo", "kmod", "finds the guests' modules' dependencies"),
     // Peers the tests and benchmarks compare with.
     deb("perf", "linux-perf", "profile's peer"),
+    deb("strace", "strace", "rtrace strace's peer"),
     deb("bpftrace", "bpftrace", "argdist's and ext4slower's peer"),
     deb("runqlat", "libbpf-tools", "runqlat's peer"),
     deb("biolatency", "libbpf-tools", "biolatency's peer"),

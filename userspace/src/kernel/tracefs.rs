@@ -168,6 +168,19 @@ impl Format {
         names
     }
 
+    /// The fields after the common ones, in their record's order, with
+    /// their names.
+    pub fn fields_in_order(&self) -> Vec<(&str, &Field)> {
+        let mut fields: Vec<(&str, &Field)> = self
+            .fields
+            .iter()
+            .filter(|(n, _)| !n.starts_with("common_"))
+            .map(|(n, f)| (n.as_str(), f))
+            .collect();
+        fields.sort_by_key(|(_, f)| f.offset);
+        fields
+    }
+
     /// Looks a field up by name.
     pub fn field(&self, name: &str) -> Result<&Field, TracefsError> {
         self.fields.get(name).ok_or_else(|| TracefsError::NoField {

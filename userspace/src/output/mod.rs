@@ -160,13 +160,24 @@ impl Signals {
 
 /// The local time now, broken down.
 fn local_now() -> libc::tm {
-    // SAFETY: time and localtime_r write only into the locals given.
+    // SAFETY: time writes nothing with a null pointer.
+    local_tm(unsafe { libc::time(std::ptr::null_mut()) } as i64)
+}
+
+fn local_tm(secs: i64) -> libc::tm {
+    // Inferred, not named: musl's `time_t` alias is deprecated.
+    let t = secs as _;
+    // SAFETY: localtime_r writes only into the local given.
     unsafe {
-        let t = libc::time(std::ptr::null_mut());
         let mut tm: libc::tm = std::mem::zeroed();
         libc::localtime_r(&t, &mut tm);
         tm
     }
+}
+
+/// The local time of `secs` since the epoch as `HH:MM:SS`.
+pub fn local_time_of(secs: i64) -> String {
+    hms_of(&local_tm(secs))
 }
 
 /// The local time as `HH:MM:SS`.

@@ -157,6 +157,7 @@ registry! {
     Offcputime => offcputime::Offcputime,
     Stat => stat::Stat,
     Stackcount => stackcount::Stackcount,
+    Strace => strace::Strace,
 }
 
 #[cfg(test)]

@@ -1,0 +1,166 @@
+//! Types of `rtrace strace`: what its programs keep of each syscall in
+//! flight, send at its exit, and count for the summary.
+
+/// Arguments a syscall has at most.
+pub const MAX_ARGS: usize = 6;
+/// Bytes of one captured argument (a string, a buffer, a struct) at most:
+/// `-s` cuts what is shown below this.
+pub const BLOB: usize = 512;
+/// Arguments captured a syscall at most.
+pub const BLOBS: usize = 2;
+/// Syscall numbers below this are traced (x86-64 has under 500).
+pub const MAX_SYSCALLS: u32 = 512;
+
+/// [`Event::kind`]: a syscall, at its exit.
+pub const KIND_SYSCALL: u32 = 0;
+/// [`Event::kind`]: an exec's arguments, at its entry (the exit finds the
+/// old program's memory gone).
+pub const KIND_EXEC: u32 = 1;
+/// [`Event::kind`]: a signal delivered (`args[0]` the signal, `[1]` its
+/// code, `[2]` and `[3]` the sender's pid and uid).
+pub const KIND_SIGNAL: u32 = 2;
+/// [`Event::kind`]: a thread exited (`args[0]` its exit code as wait
+/// gives it, `[1]` whether it was the last of its process).
+pub const KIND_EXIT: u32 = 3;
+
+/// [`Event::flags`]: the syscall's entry was not seen (it began before
+/// tracing did), so its arguments are unknown.
+pub const FLAG_NO_ENTRY: u32 = 1;
+/// [`Event::flags`]: each captured argument starts at its slot times
+/// [`BLOB`] (an exec's), not after the one before.
+pub const FLAG_FIXED_SLOTS: u32 = 2;
+/// [`Event::flags`]: the thread exited inside the syscall (`exit`,
+/// `exit_group`), which so never returned.
+pub const FLAG_NO_RETURN: u32 = 4;
+/// [`Event::flags`]: an exec's record from `sched_process_exec`: the exec
+/// succeeded (sent whether or not execs are shown).
+pub const FLAG_EXEC_DONE: u32 = 8;
+
+/// How one argument is captured ([`Capture::how`]).
+pub const CAPTURE_NONE: u8 = 0;
+/// A NUL-terminated string.
+pub const CAPTURE_STR: u8 = 1;
+/// Bytes whose count is another argument (`write`'s buffer).
+pub const CAPTURE_LEN_ARG: u8 = 2;
+/// Bytes whose count is the return value (`read`'s buffer).
+pub const CAPTURE_LEN_RET: u8 = 3;
+/// A fixed number of bytes ([`Capture::size`]), such as a struct.
+pub const CAPTURE_FIXED: u8 = 4;
+/// An argv-style array of strings: its first strings, NUL-separated.
+pub const CAPTURE_ARGV: u8 = 5;
+
+/// How to capture one argument of a syscall.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capture {
+    /// `CAPTURE_*`.
+    pub how: u8,
+    /// The argument (0-5) holding the pointer.
+    pub arg: u8,
+    /// With [`CAPTURE_LEN_ARG`]: the argument holding the count.
+    pub len_arg: u8,
+    /// With `CAPTURE_FIXED`: 1 if read only on success (an output).
+    pub on_success: u8,
+    /// With [`CAPTURE_FIXED`]: the bytes.
+    pub size: u32,
+}
+
+/// What is done for one syscall number (`SYSCALLS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Syscall {
+    /// 1 if its lines are shown (`-e trace=`); the summary counts every
+    /// syscall of the scope regardless.
+    pub shown: u32,
+    /// 1 if its arguments are captured and sent at its entry
+    /// ([`KIND_EXEC`]), not its exit.
+    pub at_entry: u32,
+    /// What to capture.
+    pub captures: [Capture; BLOBS],
+}
+
+/// A syscall in flight, by thread (`INFLIGHT`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Inflight {
+    pub nr: u64,
+    pub args: [u64; MAX_ARGS],
+    pub enter_ns: u64,
+}
+
+/// Load-time configuration, the global `CONFIG`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    /// 1: lines are sent (not `-c`).
+    pub lines: u32,
+    /// 1: the summary is counted (`-c`, `-C`).
+    pub summary: u32,
+    /// Bytes captured of each argument (`-s`, at most [`BLOB`]).
+    pub string_limit: u32,
+    /// 1: only failed calls are sent (`-Z`).
+    pub failed_only: u32,
+    /// Only calls that took at least this long are sent (`--duration`).
+    pub min_ns: u64,
+    /// `task_struct.exit_code`'s offset, from the kernel's BTF.
+    pub exit_code: u32,
+    /// `task_struct.signal`'s offset, and `signal_struct.live`'s: the
+    /// threads of a process still running.
+    pub signal: u32,
+    pub live: u32,
+    /// `task_struct.mm`, `mm_struct.arg_start` and `arg_end`, and
+    /// `linux_binprm.filename`: an exec's argv as the new program has it,
+    /// and its file.
+    pub mm: u32,
+    pub arg_start: u32,
+    pub arg_end: u32,
+    pub bprm_filename: u32,
+}
+
+/// A syscall's figures for the summary (`SUMMARY`, per CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Totals {
+    pub calls: u64,
+    pub errors: u64,
+    pub ns: u64,
+}
+
+/// What is sent: a syscall at its exit, an exec's arguments, a signal or
+/// an exit. The captured bytes follow the header, [`Event::lens`] of
+/// each, one after the other.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Event {
+    pub kind: u32,
+    pub flags: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub nr: u64,
+    pub enter_ns: u64,
+    pub exit_ns: u64,
+    pub args: [u64; MAX_ARGS],
+    pub ret: i64,
+    /// Bytes captured of each [`Syscall::captures`] argument.
+    pub lens: [u32; BLOBS],
+    pub comm: [u8; 16],
+    /// The captured bytes; one more [`BLOB`] than is ever sent, where a
+    /// read the verifier cannot bound more tightly may reach.
+    pub data: [u8; BLOB * (BLOBS + 1)],
+}
+
+/// Bytes of [`Event`] before its captured bytes.
+pub const HEADER_SIZE: usize = core::mem::offset_of!(Event, data);
+
+crate::pod!(Capture, Syscall, Config, Totals, Inflight);
+
+/// `ERRORS` slots after the two every event tool has: a syscall whose
+/// number is beyond the table.
+pub const ERR_SYSCALL_NR: u32 = 2;
+
+/// What each `ERRORS` slot counts.
+pub const ERR_NAMES: [&str; 3] = [
+    crate::events::LOST_NAMES[0],
+    crate::events::LOST_NAMES[1],
+    "syscalls not traced (a number beyond the table)",
+];

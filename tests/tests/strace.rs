@@ -1,0 +1,462 @@
+//! `rtrace strace` against strace itself (Debian's, installed by `cargo
+//! xtask`) on one fixture that makes a known sequence of syscalls, and
+//! against a fixture's own counts for the summary and under overload.
+
+use std::{collections::BTreeMap, path::PathBuf, process::Command};
+
+use rtrace_integration_tests::{Rtrace, SIGINT, Workload, in_guest, run, workload_bin};
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("rtrace-strace-{}-{name}", std::process::id()))
+}
+
+/// One logical event of a trace: a syscall (an unfinished call and its
+/// resumption joined), a signal or an exit, by the task it happened in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Call {
+    /// The syscall's name, or `---`/`+++` with what they say.
+    what: String,
+    /// The return as strace prints it, pids made `PID`.
+    ret: String,
+    /// The quoted strings among the arguments.
+    strings: Vec<String>,
+    /// Whether it was shown unfinished and resumed.
+    split: bool,
+}
+
+/// The quoted strings of `text`, escapes kept.
+fn strings(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut end = None;
+        while let Some((j, d)) = chars.next() {
+            match d {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    end = Some(j);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if let Some(j) = end {
+            out.push(text[i..=j].to_owned());
+        }
+    }
+    out
+}
+
+/// A trace's lines by task: strace's `-f -o` lines begin with the pid,
+/// rtrace's with `[pid N]` but for the first process. Tasks are numbered
+/// by first appearance, so the two runs' pids compare.
+fn parse(text: &str, rtrace: bool) -> BTreeMap<usize, Vec<Call>> {
+    let mut order: Vec<u32> = Vec::new();
+    let mut out: BTreeMap<usize, Vec<Call>> = BTreeMap::new();
+    let mut pending: BTreeMap<usize, Call> = BTreeMap::new();
+    let pid_re = |s: &str| s.chars().all(|c| c.is_ascii_digit()) && !s.is_empty();
+    for line in text.lines() {
+        let (pid, rest) = if rtrace {
+            match line.strip_prefix("[pid ") {
+                Some(r) => {
+                    let (p, rest) = r.split_once("] ").unwrap();
+                    (p.trim().parse().unwrap(), rest)
+                }
+                None => (0, line),
+            }
+        } else {
+            let (p, rest) = line.split_once(' ').unwrap();
+            assert!(pid_re(p), "{line}");
+            (p.parse().unwrap(), rest)
+        };
+        let task = match order.iter().position(|&p| p == pid) {
+            Some(i) => i,
+            None => {
+                order.push(pid);
+                order.len() - 1
+            }
+        };
+        let rest = rest.trim();
+        if rest.starts_with("---") || rest.starts_with("+++") {
+            // `--- SIGUSR1 {si_signo=..., si_code=...` to the signal and
+            // its code; exits whole.
+            let what = if rest.starts_with("---") {
+                let sig = rest.split_whitespace().nth(1).unwrap().to_owned();
+                let code = rest
+                    .split("si_code=")
+                    .nth(1)
+                    .and_then(|r| r.split([',', '}']).next())
+                    .unwrap_or("");
+                format!("--- {sig} {code}")
+            } else {
+                rest.to_owned()
+            };
+            out.entry(task).or_default().push(Call {
+                what,
+                ret: String::new(),
+                strings: Vec::new(),
+                split: false,
+            });
+            continue;
+        }
+        if let Some(r) = rest.strip_prefix("<... ") {
+            let (name, tail) = r.split_once(" resumed>").unwrap();
+            let mut call = pending.remove(&task).unwrap_or_else(|| Call {
+                what: name.to_owned(),
+                ret: String::new(),
+                strings: Vec::new(),
+                split: true,
+            });
+            let (args, ret) = split_ret(tail);
+            call.strings.extend(strings(args));
+            call.ret = norm_ret(&call.what, ret);
+            out.entry(task).or_default().push(call);
+            continue;
+        }
+        let Some((name, args)) = rest.split_once('(') else {
+            continue;
+        };
+        if let Some(head) = args.strip_suffix("<unfinished ...>") {
+            pending.insert(
+                task,
+                Call {
+                    what: name.to_owned(),
+                    ret: String::new(),
+                    strings: strings(head),
+                    split: true,
+                },
+            );
+            continue;
+        }
+        let (args, ret) = split_ret(args);
+        out.entry(task).or_default().push(Call {
+            what: name.to_owned(),
+            ret: norm_ret(name, ret.trim()),
+            strings: strings(args),
+            split: false,
+        });
+    }
+    out
+}
+
+/// A call's arguments and its return, strace's padding before `=` taken
+/// out.
+fn split_ret(text: &str) -> (&str, &str) {
+    let mut at = text.len();
+    while let Some(i) = text[..at].rfind(')') {
+        let rest = text[i + 1..].trim_start();
+        if let Some(ret) = rest.strip_prefix("= ") {
+            return (&text[..i], ret);
+        }
+        at = i;
+    }
+    (text, "?")
+}
+
+/// A return value with what differs between runs taken out: pids, the
+/// time a call took (`-T`), an error's description kept.
+fn norm_ret(name: &str, ret: &str) -> String {
+    let ret = ret.split(" <").next().unwrap_or(ret).trim();
+    match name {
+        "clone" | "clone3" | "fork" | "vfork" | "wait4" | "getpid" | "gettid" => {
+            if ret.starts_with('-') {
+                ret.to_owned()
+            } else {
+                "PID".to_owned()
+            }
+        }
+        _ => ret.to_owned(),
+    }
+}
+
+/// The calls compared: what the fixture does itself, and the loader's
+/// file work, each the same in any run of the fixture.
+fn compared(calls: &[Call]) -> Vec<Call> {
+    const NAMES: [&str; 14] = [
+        "openat",
+        "read",
+        "write",
+        "newfstatat",
+        "socket",
+        "connect",
+        "close",
+        "pipe2",
+        "kill",
+        "clone",
+        "clone3",
+        "execve",
+        "exit_group",
+        "exit",
+    ];
+    calls
+        .iter()
+        .filter(|c| {
+            NAMES.contains(&c.what.as_str())
+                || c.what.starts_with("+++")
+                // SIGCHLD is ignored by default: only a ptrace stop shows
+                // it, so strace's trace has it and the kernel's has not.
+                || c.what.starts_with("--- SIGUSR1")
+        })
+        .cloned()
+        .collect()
+}
+
+/// The fixture under `strace -f -s 256` and under `rtrace strace -s 256`:
+/// each task (the process, its thread, its child) makes the same calls in
+/// the same order, with the same returns and errors, the same paths,
+/// strings, buffers and argv, the blocking read shown unfinished and
+/// resumed in both, the same signal and the same exits.
+#[test]
+fn the_fixtures_calls_are_straces() {
+    if in_guest() {
+        eprintln!("strace not compared: the VM guests have no strace (the host compares)");
+        return;
+    }
+    let fixture = workload_bin("stracefix");
+    let theirs = temp("strace.txt");
+    let ours = temp("rtrace.txt");
+    let status = Command::new("strace")
+        .args(["-f", "-s", "256", "-o"])
+        .arg(&theirs)
+        .arg(&fixture)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("strace (cargo xtask setup installs it)");
+    assert!(status.success());
+    let (code, _, stderr) = run(&[
+        "strace",
+        "-s",
+        "256",
+        "-o",
+        ours.to_str().unwrap(),
+        "--",
+        fixture.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let theirs_text = std::fs::read_to_string(&theirs).unwrap();
+    let ours_text = std::fs::read_to_string(&ours).unwrap();
+    let _ = std::fs::remove_file(&theirs);
+    let _ = std::fs::remove_file(&ours);
+    let a = parse(&theirs_text, false);
+    let b = parse(&ours_text, true);
+    assert_eq!(
+        a.len(),
+        3,
+        "the process, its thread, its child:\n{theirs_text}"
+    );
+    assert_eq!(b.len(), a.len(), "tasks:\n{ours_text}");
+    for (task, calls) in &a {
+        let want = compared(calls);
+        let got = compared(&b[task]);
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(
+                (&w.what, &w.ret, &w.strings),
+                (&g.what, &g.ret, &g.strings),
+                "task {task}, call {i}:\nstrace:\n{theirs_text}\nrtrace:\n{ours_text}"
+            );
+        }
+        assert_eq!(want.len(), got.len(), "task {task}:\n{want:#?}\n{got:#?}");
+    }
+    // The main thread's read of the pipe blocks until the other thread
+    // writes: both show it unfinished and resumed.
+    let blocked = |t: &BTreeMap<usize, Vec<Call>>| {
+        t[&0]
+            .iter()
+            .any(|c| c.what == "read" && c.split && c.strings == ["\"ping\""])
+    };
+    assert!(blocked(&a), "{theirs_text}");
+    assert!(blocked(&b), "{ours_text}");
+}
+
+/// `-e trace=` by names and by class, `-Z` and `--duration`, each on the
+/// same fixture.
+#[test]
+fn filters_do_what_they_say() {
+    let fixture = workload_bin("stracefix");
+    let fixture = fixture.to_str().unwrap();
+    let trace = |extra: &[&str]| -> Vec<String> {
+        let out = temp("filter.txt");
+        let mut args = vec!["strace", "-f", "-o", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.extend(["--", fixture]);
+        let (code, _, stderr) = run(&args);
+        assert_eq!(code, 0, "{stderr}");
+        let text = std::fs::read_to_string(&out).unwrap();
+        let _ = std::fs::remove_file(&out);
+        text.lines()
+            .map(|l| {
+                l.strip_prefix("[pid ")
+                    .and_then(|r| r.split_once("] "))
+                    .map_or(l, |(_, rest)| rest)
+                    .to_owned()
+            })
+            .filter(|l| !l.starts_with("---") && !l.starts_with("+++"))
+            .collect()
+    };
+    let name = |l: &String| l.split('(').next().unwrap_or("").to_owned();
+    let lines = trace(&["-e", "trace=openat,connect"]);
+    assert!(
+        lines
+            .iter()
+            .all(|l| ["openat", "connect"].contains(&name(l).as_str()))
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\"/nonexistent/stracefix\""))
+    );
+    assert!(lines.iter().any(|l| l.starts_with("connect(")));
+    let lines = trace(&["-e", "trace=%network"]);
+    let names: Vec<String> = lines.iter().map(name).collect();
+    assert_eq!(names, ["socket", "connect"], "{lines:?}");
+    let lines = trace(&["-e", "trace=!%memory,%signal", "-e", "trace=%memory"]);
+    assert!(
+        lines
+            .iter()
+            .all(|l| ["mmap", "munmap", "mprotect", "brk", "madvise"].contains(&name(l).as_str())),
+        "the last -e wins, as strace's: {lines:?}"
+    );
+    let lines = trace(&["-Z"]);
+    assert!(!lines.is_empty());
+    assert!(lines.iter().all(|l| l.contains(" = -1 ")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("ECONNREFUSED")));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\"/nonexistent/stracefix\""))
+    );
+    // The writer sleeps 200 ms; the reader waits as long for it.
+    let lines = trace(&["--duration", "100", "-T"]);
+    let spent = |l: &String| -> f64 {
+        l.rsplit_once(" <")
+            .and_then(|(_, t)| t.strip_suffix('>')?.parse().ok())
+            .unwrap_or_else(|| panic!("no time spent: {l}"))
+    };
+    // An unfinished call's time is on its resumed line.
+    assert!(
+        lines
+            .iter()
+            .filter(|l| !l.ends_with("<unfinished ...>"))
+            .all(|l| spent(l) >= 0.1),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| name(l) == "clock_nanosleep"),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l.contains("\"ping\"")), "{lines:?}");
+}
+
+/// `-c` of a process: the summary's calls of each syscall the fixture
+/// makes N of are N, from the kernel's own counts.
+#[test]
+fn the_summary_counts_each_call() {
+    const N: u64 = 3000;
+    let (mut w, line) = Workload::start("statfix", &[N.to_string()]);
+    assert_eq!(line.trim(), "ready");
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start_until(&["strace", "-c", "-p", &pid], "Tracing the syscalls");
+    w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(w.wait().success());
+    let row = |name: &str| -> (u64, u64) {
+        let l = stdout
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{stdout}"));
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // % time, seconds, usecs/call, calls, [errors], syscall.
+        let errors = if f.len() == 6 {
+            f[4].parse().unwrap()
+        } else {
+            0
+        };
+        (f[3].parse().unwrap(), errors)
+    };
+    assert_eq!(row("getppid"), (N, 0), "{stdout}");
+    assert_eq!(row("clock_nanosleep").0, N, "{stdout}");
+    assert!(stdout.starts_with("% time     seconds  usecs/call     calls    errors syscall"));
+    assert!(
+        stdout.lines().last().unwrap().ends_with(" total"),
+        "{stdout}"
+    );
+}
+
+/// Overload: a fixture making many calls into a small buffer. Every call
+/// is either printed or counted lost (and the loss reported), and the
+/// summary beside the lines (`-C`) is exact.
+#[test]
+fn nothing_is_lost_silently_under_overload() {
+    const N: u64 = 200_000;
+    let (mut w, line) = Workload::start("statfix", &[N.to_string()]);
+    assert_eq!(line.trim(), "ready");
+    let pid = w.pid().to_string();
+    let out = temp("overload.txt");
+    let rtrace = Rtrace::start_until(
+        &[
+            "strace",
+            "-C",
+            "-e",
+            "trace=getppid",
+            "--buffer-size",
+            "64K",
+            "-o",
+            out.to_str().unwrap(),
+            "-p",
+            &pid,
+        ],
+        "Tracing the syscalls",
+    );
+    w.go();
+    let (code, _, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(w.wait().success());
+    let text = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let printed = text.lines().filter(|l| l.starts_with("getppid(")).count() as u64;
+    let lost: u64 = stderr
+        .lines()
+        .find(|l| l.contains("events lost (event buffer full"))
+        .and_then(|l| {
+            l.strip_prefix("rtrace: warning: ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert_eq!(
+        printed + lost,
+        N,
+        "printed {printed}, lost {lost}:\n{stderr}"
+    );
+    let calls: u64 = text
+        .lines()
+        .find(|l| l.split_whitespace().last() == Some("getppid"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap_or_else(|| panic!("no summary row:\n{text}"));
+    assert_eq!(calls, N);
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    rtrace_integration_tests::assert_one_line_error(
+        &["strace", "-e", "trace=openat,nosuchcall", "-p", "1"],
+        "column 14: no syscall \"nosuchcall\"",
+    );
+    rtrace_integration_tests::assert_one_line_error(
+        &["strace", "-e", "trace=%nope", "-p", "1"],
+        "unknown class %nope",
+    );
+    rtrace_integration_tests::assert_one_line_error(&["strace", "-p", "999999999"], "999999999");
+    rtrace_integration_tests::assert_one_line_error(
+        &["strace", "-s", "4096", "-p", "1"],
+        "-s 4096",
+    );
+}

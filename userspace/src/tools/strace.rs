@@ -1,0 +1,748 @@
+//! `rtrace strace`: every syscall of a process, a command or the system,
+//! in strace's layout and with strace's command line, from one program on
+//! each `raw_syscalls` tracepoint instead of a ptrace stop at every call.
+//! Arguments are named and typed by the kernel's own syscall tracepoint
+//! formats ([`decode`]); strings, buffers and the structs that matter are
+//! read in the kernel. `-c` keeps its summary in the kernel.
+
+mod decode;
+
+use std::{collections::HashMap, fmt::Write as _, time::Duration};
+
+use anyhow::Context as _;
+use aya::{
+    Ebpf,
+    maps::{Array, PerCpuArray},
+};
+use rtrace_common::strace::{
+    BLOB, Config, ERR_NAMES, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY,
+    FLAG_NO_RETURN, HEADER_SIZE, KIND_EXEC, KIND_EXIT, KIND_SIGNAL, KIND_SYSCALL, MAX_SYSCALLS,
+    Syscall, Totals,
+};
+use serde::Serialize;
+
+use crate::{
+    kernel::{
+        features::Mechanism,
+        load::{Hooks, Kernel, Load},
+        transport::BufferArgs,
+    },
+    output::{Record, Sink},
+    tracer::{Scope, ScopeArgs, Tool, own},
+};
+use decode::{Decl, Table};
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  rtrace strace -- ls /tmp                 # every syscall of a command and its children
+  rtrace strace -p 185                     # every syscall of PID 185's threads, until Ctrl-C
+  rtrace strace -c -- make                 # strace -c's summary of a build
+  rtrace strace -e trace=%file -tt -T -p 185   # file syscalls, with times and durations
+  rtrace strace -Z -e trace=open,openat -- app # failed opens only
+  rtrace strace --duration 10 -p 185       # calls that took 10 ms or more
+  rtrace strace -s 128 -o trace.txt -- curl -s example.com")]
+/// Trace system calls as strace does, without stopping the traced
+/// processes: one line a syscall with its arguments, strings read in the
+/// kernel, or strace -c's summary counted there.
+pub struct Args {
+    /// Follow threads and children (strace's -f): always so with -- CMD
+    /// and for -p's threads; taken for strace's command lines.
+    #[arg(short = 'f')]
+    follow: bool,
+    /// The most bytes of a string or buffer shown (strace's -s; at most
+    /// 512).
+    #[arg(
+        short = 's',
+        long = "string-limit",
+        value_name = "N",
+        default_value_t = 32
+    )]
+    string_limit: u32,
+    /// Which syscalls to show: trace=NAME,NAME,... with strace's classes
+    /// (%file, %network, %process, %memory, %signal, %desc) and ! to
+    /// negate.
+    #[arg(short = 'e', long = "expr", value_name = "EXPR")]
+    expr: Vec<String>,
+    /// Print strace -c's summary (time, calls, errors a syscall) instead
+    /// of lines.
+    #[arg(short = 'c', long = "summary-only")]
+    summary_only: bool,
+    /// Print lines and the summary.
+    #[arg(short = 'C', long = "summary", conflicts_with = "summary_only")]
+    summary: bool,
+    /// Only calls that failed.
+    #[arg(short = 'Z', long = "failed-only")]
+    failed_only: bool,
+    /// Only calls that took at least MS milliseconds (fractions allowed).
+    #[arg(long, value_name = "MS")]
+    duration: Option<f64>,
+    /// Time of day on each line: -t seconds, -tt microseconds, -ttt
+    /// seconds since the epoch.
+    #[arg(short = 't', action = clap::ArgAction::Count)]
+    times: u8,
+    /// The time spent in each call, at the end of its line.
+    #[arg(short = 'T')]
+    spent: bool,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::C | own::UPPER_C | own::T }>,
+    #[command(flatten)]
+    buffer: BufferArgs,
+}
+
+/// The tool.
+pub struct Strace {
+    args: Args,
+    table: Table,
+    /// Syscall numbers shown (`-e trace=`).
+    shown: Vec<bool>,
+    /// Exec arguments sent at entry, by thread, until the exit.
+    execs: HashMap<u32, Event>,
+    /// The process whose lines carry no `[pid N]` (the command, or the
+    /// first `-p`).
+    first: Option<u32>,
+    /// The thread and the time of the last line printed, for strace's
+    /// `<unfinished ...>`.
+    last: (u32, u64),
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC, for time of day.
+    realtime_offset: i128,
+    /// Lines printed.
+    printed: u64,
+    /// The command, until its exec succeeds: what it does before is
+    /// rtrace's own start of it, which strace does not show either.
+    before_exec: Option<u32>,
+}
+
+impl Tool for Strace {
+    type Args = Args;
+    const NAME: &'static str = "strace";
+    const CHAIN: &'static [Mechanism] = &[];
+    const EVENT_BUFFER: u32 = 8 << 20;
+    const ERRORS: &'static [&'static str] = &ERR_NAMES;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        if args.string_limit as usize > BLOB {
+            anyhow::bail!("-s {}: at most {BLOB} bytes are read", args.string_limit);
+        }
+        let table = Table::read();
+        let shown = shown(&table, &args.expr)?;
+        Ok(Self {
+            args,
+            table,
+            shown,
+            execs: HashMap::new(),
+            first: None,
+            last: (0, 0),
+            realtime_offset: 0,
+            printed: 0,
+            before_exec: None,
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            // rtrace's own writes would feed back.
+            exclude_self: true,
+            ..self.args.scope.scope()
+        }
+    }
+
+    fn scoped(&mut self, scope: &Scope) {
+        self.first = scope.command_pid.or(scope.pids.first().copied());
+        self.before_exec = scope.command_pid;
+    }
+
+    fn events(&self) -> Option<&BufferArgs> {
+        (!self.args.summary_only).then_some(&self.args.buffer)
+    }
+
+    fn configure(
+        &mut self,
+        _m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let btf = kernel.btf()?;
+        let offset = |s: &str, m: &str| {
+            btf.offset(s, m)
+                .with_context(|| format!("cannot find {s}.{m} in kernel BTF"))
+        };
+        let cfg = Config {
+            lines: u32::from(!self.args.summary_only),
+            summary: u32::from(self.args.summary_only || self.args.summary),
+            string_limit: self.args.string_limit,
+            failed_only: u32::from(self.args.failed_only),
+            min_ns: self.args.duration.map_or(0, |ms| (ms * 1e6) as u64),
+            exit_code: offset("task_struct", "exit_code")?,
+            signal: offset("task_struct", "signal")?,
+            live: offset("signal_struct", "live")?,
+            mm: offset("task_struct", "mm")?,
+            arg_start: offset("mm_struct", "arg_start")?,
+            arg_end: offset("mm_struct", "arg_end")?,
+            bprm_filename: offset("linux_binprm", "filename")?,
+        };
+        load.config(&cfg);
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        _m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let mut syscalls: Array<_, Syscall> =
+            Array::try_from(ebpf.map_mut("SYSCALLS").context("map SYSCALLS missing")?)?;
+        for (nr, decl) in self.table.iter() {
+            let mut plan = decl.plan;
+            plan.shown = u32::from(self.shown[nr as usize]);
+            syscalls.set(nr, plan, 0)?;
+        }
+        let mut raw = Hooks::new(Mechanism::RawTracepoint, kernel)?;
+        raw.attach(ebpf, "strace_sys_enter", "raw_syscalls", "sys_enter")?;
+        raw.attach(ebpf, "strace_sys_exit", "raw_syscalls", "sys_exit")?;
+        if !self.args.summary_only {
+            raw.attach(ebpf, "strace_signal", "signal", "signal_deliver")?;
+            raw.attach(ebpf, "strace_exit", "sched", "sched_process_exit")?;
+            raw.attach(ebpf, "strace_exec", "sched", "sched_process_exec")?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "raw_syscalls:sys_enter and sys_exit, signal_deliver, sched_process_exit".to_owned()
+    }
+
+    fn banner(&self) -> String {
+        let whom = self.args.scope.whom();
+        format!(
+            "Tracing the syscalls of {}... Hit Ctrl-C to end.",
+            whom.as_deref().unwrap_or("the whole system")
+        )
+    }
+
+    fn start(&mut self) {
+        let real = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as i128;
+        self.realtime_offset = real - i128::from(crate::kernel::monotonic_ns());
+    }
+
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        if record.len() < HEADER_SIZE {
+            return Ok(());
+        }
+        // SAFETY: `Event` is plain data; a short record leaves zeroes.
+        let mut e: Event = unsafe { std::mem::zeroed() };
+        let n = record.len().min(size_of::<Event>());
+        // SAFETY: copies `n <= size_of::<Event>()` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(record.as_ptr(), (&raw mut e).cast::<u8>(), n);
+        }
+        if let Some(pid) = self.before_exec
+            && e.pid == pid
+        {
+            if e.kind != KIND_EXEC {
+                return Ok(());
+            }
+            if e.flags & FLAG_EXEC_DONE != 0 {
+                self.before_exec = None;
+            }
+        }
+        match e.kind {
+            KIND_EXEC if !self.shown.get(e.nr as usize).copied().unwrap_or(false) => {}
+            KIND_EXEC => {
+                // The exec's own record (its argv as the new program has
+                // it) comes after the entry's, and keeps its count of the
+                // environment.
+                if e.ret < 0
+                    && let Some(entry) = self.execs.get(&e.tid)
+                {
+                    e.ret = entry.ret;
+                }
+                self.execs.insert(e.tid, e);
+            }
+            KIND_SYSCALL => {
+                let exec = self.execs.remove(&e.tid).filter(|x| x.nr == e.nr);
+                self.syscall(&e, exec.as_ref(), sink)?;
+            }
+            KIND_SIGNAL => self.signal(&e, sink)?,
+            KIND_EXIT => self.exit(&e, sink)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        if !(self.args.summary_only || self.args.summary) {
+            return Ok(());
+        }
+        let map: PerCpuArray<_, Totals> =
+            PerCpuArray::try_from(ebpf.map("SUMMARY").context("map SUMMARY missing")?)?;
+        let mut rows = Vec::new();
+        for (nr, decl) in self.table.iter() {
+            if !self.shown[nr as usize] {
+                continue;
+            }
+            let Ok(values) = map.get(&nr, 0) else {
+                continue;
+            };
+            let mut t = Totals::default();
+            for v in values.iter() {
+                t.calls += v.calls;
+                t.errors += v.errors;
+                t.ns += v.ns;
+            }
+            if t.calls > 0 {
+                rows.push(SummaryRow {
+                    syscall: decl.name.clone(),
+                    calls: t.calls,
+                    errors: t.errors,
+                    seconds: t.ns as f64 / 1e9,
+                });
+            }
+        }
+        rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(b.calls.cmp(&a.calls)));
+        sink.emit(&Summary { rows })
+    }
+
+    fn summary(&self) -> Vec<String> {
+        vec![format!("{} lines printed", self.printed)]
+    }
+}
+
+/// The syscalls `-e trace=` shows, by number.
+fn shown(table: &Table, exprs: &[String]) -> anyhow::Result<Vec<bool>> {
+    let mut shown = vec![true; MAX_SYSCALLS as usize];
+    for expr in exprs {
+        let (key, value) = expr.split_once('=').unwrap_or(("trace", expr.as_str()));
+        if key != "trace" {
+            anyhow::bail!("-e {expr}: only trace= is taken (strace's other -e forms are not)");
+        }
+        let (negate, list) = match value.strip_prefix('!') {
+            Some(rest) => (true, rest),
+            None => (false, value),
+        };
+        let mut chosen = vec![false; MAX_SYSCALLS as usize];
+        let mut column = key.len() + 1 + usize::from(negate);
+        for word in list.split(',') {
+            let word = word.trim();
+            if word == "all" {
+                chosen.iter_mut().for_each(|c| *c = true);
+            } else if word == "none" {
+            } else if let Some(class) = word.strip_prefix('%') {
+                let mut known = false;
+                for (nr, decl) in table.iter() {
+                    if let Some(yes) = decode::in_class(class, decl) {
+                        known = true;
+                        chosen[nr as usize] |= yes;
+                    }
+                }
+                if !known {
+                    anyhow::bail!(
+                        "-e {expr}: column {}: unknown class %{class} (%file, %network, \
+                         %process, %memory, %signal, %desc)",
+                        column + 1
+                    );
+                }
+            } else {
+                let nr = table.number(word).with_context(|| {
+                    format!("-e {expr}: column {}: no syscall {word:?}", column + 1)
+                })?;
+                chosen[nr as usize] = true;
+            }
+            column += word.len() + 1;
+        }
+        for (s, c) in shown.iter_mut().zip(chosen) {
+            *s = c != negate;
+        }
+    }
+    Ok(shown)
+}
+
+impl Strace {
+    /// The `[pid N] ` strace puts before a line of another task than the
+    /// first, and the time of day with `-t`.
+    fn prefix(&self, tid: u32, at_ns: u64) -> String {
+        let mut out = String::new();
+        if self.first != Some(tid) {
+            let _ = write!(out, "[pid {tid:>5}] ");
+        }
+        if self.args.times > 0 {
+            let ns = i128::from(at_ns) + self.realtime_offset;
+            let secs = (ns / 1_000_000_000) as i64;
+            let micros = ((ns % 1_000_000_000) / 1000) as u32;
+            if self.args.times >= 3 {
+                let _ = write!(out, "{secs}.{micros:06} ");
+            } else {
+                let local = crate::output::local_time_of(secs);
+                if self.args.times == 2 {
+                    let _ = write!(out, "{local}.{micros:06} ");
+                } else {
+                    let _ = write!(out, "{local} ");
+                }
+            }
+        }
+        out
+    }
+
+    fn line(&mut self, sink: &mut Sink, line: Line) -> anyhow::Result<()> {
+        self.printed += 1;
+        sink.emit(&line)
+    }
+
+    fn syscall(&mut self, e: &Event, exec: Option<&Event>, sink: &mut Sink) -> anyhow::Result<()> {
+        let Some(decl) = self.table.get(e.nr) else {
+            return Ok(());
+        };
+        let decl = decl.clone();
+        // The exec's arguments were read at its entry.
+        let source = exec.unwrap_or(e);
+        let args = args_text(&decl, source, self.args.string_limit as usize);
+        // A new task's first return, from the fork that made it: strace
+        // shows none.
+        if e.flags & FLAG_NO_ENTRY != 0
+            && e.ret == 0
+            && matches!(decl.name.as_str(), "clone" | "clone3" | "fork" | "vfork")
+        {
+            return Ok(());
+        }
+        let ret = if e.flags & FLAG_NO_RETURN != 0 {
+            "?".to_owned()
+        } else {
+            ret_text(&decl.name, e.ret)
+        };
+        let spent = Duration::from_nanos(e.exit_ns.saturating_sub(e.enter_ns));
+        let spent_text = if self.args.spent {
+            format!(" <{:.6}>", spent.as_secs_f64())
+        } else {
+            String::new()
+        };
+        let resumed_only = e.flags & FLAG_NO_ENTRY != 0;
+        // strace shows a call that another task's line interrupted as two
+        // lines: its entry, unfinished, and its exit, resumed.
+        let interrupted = !resumed_only && self.last.0 != e.tid && self.last.1 > e.enter_ns;
+        let mut text = Vec::new();
+        if resumed_only {
+            text.push(format!(
+                "{}<... {} resumed>) = {ret}{spent_text}",
+                self.prefix(e.tid, e.exit_ns),
+                decl.name
+            ));
+        } else if interrupted {
+            let split = (0..args.len())
+                .find(|&i| decl.is_output(i))
+                .unwrap_or(args.len());
+            let head = args[..split].join(", ");
+            let tail = args[split..].join(", ");
+            let sep = if split > 0 { ", " } else { "" };
+            text.push(format!(
+                "{}{}({head}{sep} <unfinished ...>",
+                self.prefix(e.tid, e.enter_ns),
+                decl.name
+            ));
+            text.push(format!(
+                "{}<... {} resumed>{tail}) = {ret}{spent_text}",
+                self.prefix(e.tid, e.exit_ns),
+                decl.name
+            ));
+        } else {
+            text.push(format!(
+                "{}{}({}) = {ret}{spent_text}",
+                self.prefix(e.tid, e.enter_ns),
+                decl.name,
+                args.join(", ")
+            ));
+        }
+        self.last = (e.tid, e.exit_ns);
+        let error = (e.flags & FLAG_NO_RETURN == 0 && (-4095..0).contains(&e.ret))
+            .then(|| decode::errno(-e.ret).0);
+        self.line(
+            sink,
+            Line {
+                pid: e.pid,
+                tid: e.tid,
+                syscall: Some(decl.name.clone()),
+                args,
+                ret: Some(e.ret),
+                error,
+                spent_us: Some(spent.as_secs_f64() * 1e6),
+                text,
+            },
+        )
+    }
+
+    fn signal(&mut self, e: &Event, sink: &mut Sink) -> anyhow::Result<()> {
+        let sig = e.args[0];
+        let name = decode::signal(sig);
+        let code = e.args[1] as i64;
+        let mut info = format!("si_signo={name}, si_code={}", decode::si_code(sig, code));
+        if code <= 0 || sig == 17 {
+            let _ = write!(info, ", si_pid={}, si_uid={}", e.args[2], e.args[3]);
+        }
+        if sig == 17 {
+            let _ = write!(info, ", si_status={}", e.args[4] as i32);
+        }
+        let text = vec![format!(
+            "{}--- {name} {{{info}}} ---",
+            self.prefix(e.tid, e.enter_ns)
+        )];
+        self.last = (e.tid, e.enter_ns);
+        self.line(
+            sink,
+            Line {
+                pid: e.pid,
+                tid: e.tid,
+                syscall: None,
+                args: vec![name],
+                ret: None,
+                error: None,
+                spent_us: None,
+                text,
+            },
+        )
+    }
+
+    fn exit(&mut self, e: &Event, sink: &mut Sink) -> anyhow::Result<()> {
+        let code = e.args[0] as u32;
+        let what = if code & 0x7f == 0 {
+            format!("exited with {}", (code >> 8) & 0xff)
+        } else {
+            format!("killed by {}", decode::signal(u64::from(code & 0x7f)))
+        };
+        let text = vec![format!("{}+++ {what} +++", self.prefix(e.tid, e.enter_ns))];
+        self.last = (e.tid, e.enter_ns);
+        self.line(
+            sink,
+            Line {
+                pid: e.pid,
+                tid: e.tid,
+                syscall: None,
+                args: vec![what],
+                ret: None,
+                error: None,
+                spent_us: None,
+                text,
+            },
+        )
+    }
+}
+
+/// The captured bytes of slot `slot` of `e`.
+fn blob(e: &Event, slot: usize) -> &[u8] {
+    let start: usize = if e.flags & FLAG_FIXED_SLOTS != 0 {
+        slot * BLOB
+    } else {
+        e.lens[..slot].iter().map(|&l| l as usize).sum()
+    };
+    let len = e.lens[slot] as usize;
+    e.data.get(start..start + len).unwrap_or(&[])
+}
+
+/// Each argument as strace shows it.
+fn args_text(decl: &Decl, e: &Event, limit: usize) -> Vec<String> {
+    let name = decl.name.as_str();
+    let mut out = Vec::with_capacity(decl.args.len());
+    for (i, a) in decl.args.iter().enumerate() {
+        let v = e.args[i];
+        // open's mode only where it creates.
+        if a.name == "mode"
+            && matches!(name, "open" | "openat")
+            && i.checked_sub(1)
+                .is_some_and(|f| e.args[f] & 0o20100100 == 0)
+        {
+            continue;
+        }
+        let captured = decl.slot_of(i).map(|s| (s, decl.plan.captures[s]));
+        let text = match captured {
+            Some((s, c)) => {
+                let b = blob(e, s);
+                match c.how {
+                    rtrace_common::strace::CAPTURE_STR if b.is_empty() => pointer(v),
+                    rtrace_common::strace::CAPTURE_STR => decode::string(b, limit),
+                    rtrace_common::strace::CAPTURE_ARGV => decode::argv(b, limit),
+                    rtrace_common::strace::CAPTURE_LEN_ARG
+                    | rtrace_common::strace::CAPTURE_LEN_RET
+                        if a.c_type.contains("sockaddr") =>
+                    {
+                        decode::sockaddr(b)
+                    }
+                    // Read one byte past what is shown, to tell a cut.
+                    rtrace_common::strace::CAPTURE_LEN_ARG
+                    | rtrace_common::strace::CAPTURE_LEN_RET
+                        if !b.is_empty() =>
+                    {
+                        decode::quote(&b[..b.len().min(limit)], b.len() > limit)
+                    }
+                    rtrace_common::strace::CAPTURE_LEN_RET if e.ret == 0 => "\"\"".to_owned(),
+                    rtrace_common::strace::CAPTURE_LEN_ARG
+                        if e.args[usize::from(c.len_arg)] == 0 =>
+                    {
+                        "\"\"".to_owned()
+                    }
+                    _ if b.is_empty() => pointer(v),
+                    _ if a.c_type.starts_with("struct stat") => decode::stat(b),
+                    _ if a.c_type.contains("timespec") => decode::timespec(b),
+                    _ if name.starts_with("pipe") && b.len() >= 8 => format!(
+                        "[{}, {}]",
+                        i32::from_ne_bytes(b[0..4].try_into().unwrap_or([0; 4])),
+                        i32::from_ne_bytes(b[4..8].try_into().unwrap_or([0; 4]))
+                    ),
+                    _ => pointer(v),
+                }
+            }
+            None => scalar(name, a, v, e),
+        };
+        out.push(text);
+    }
+    if name == "execve" || name == "execveat" {
+        // The environment: its address and how many entries.
+        if let Some(i) = decl.args.iter().position(|a| a.name == "envp")
+            && let Some(t) = out.get_mut(i)
+        {
+            *t = format!("{} /* {} vars */", pointer(e.args[i]), e.ret);
+        }
+    }
+    out
+}
+
+fn pointer(v: u64) -> String {
+    if v == 0 {
+        "NULL".to_owned()
+    } else {
+        format!("{v:#x}")
+    }
+}
+
+/// An argument that is a number, a flag set or a pointer.
+fn scalar(sys: &str, a: &decode::Arg, v: u64, e: &Event) -> String {
+    let _ = e;
+    match (sys, a.name.as_str()) {
+        (_, "dfd" | "olddfd" | "newdfd" | "fd") if v as i32 == -100 => "AT_FDCWD".into(),
+        ("open" | "openat", "flags") => decode::open_flags(v),
+        ("access" | "faccessat" | "faccessat2", "mode") => decode::access_mode(v),
+        (_, "mode") => format!("0{:o}", v & 0o7777),
+        (_, "flag") | ("statx" | "fchownat" | "utimensat" | "unlinkat", "flags") => {
+            decode::at_flags(v)
+        }
+        ("rt_sigaction", "sig") => decode::signal(v),
+        ("rt_sigprocmask", "how") => decode::sigmask_how(v),
+        ("mmap", "fd") => (v as i32).to_string(),
+        (
+            "mmap" | "mprotect" | "munmap" | "mremap" | "madvise" | "brk",
+            "addr" | "start" | "brk",
+        ) => pointer(v),
+        ("mmap" | "mprotect" | "pkey_mprotect", "prot") => decode::prot(v),
+        ("mmap", "flags") => decode::map_flags(v),
+        ("socket" | "socketpair", "family") => decode::family(v),
+        ("socket" | "socketpair", "type") => decode::sock_type(v),
+        ("kill" | "tkill" | "tgkill", "sig") => decode::signal(v),
+        ("clock_nanosleep" | "clock_gettime" | "clock_getres", "which_clock") => decode::clock(v),
+        _ if a.c_type.contains('*') => pointer(v),
+        _ if a.signed => match a.c_type.as_str() {
+            "int" | "pid_t" | "key_t" | "clockid_t" | "timer_t" | "mqd_t" => (v as i32).to_string(),
+            _ => (v as i64).to_string(),
+        },
+        _ if a.c_type == "unsigned int" || a.c_type == "u32" || a.c_type == "uid_t" => {
+            (v as u32).to_string()
+        }
+        _ => v.to_string(),
+    }
+}
+
+/// The return value as strace shows it: an error by name, an address in
+/// hex, else a number.
+fn ret_text(sys: &str, ret: i64) -> String {
+    if (-4095..0).contains(&ret) {
+        let (name, desc) = decode::errno(-ret);
+        return format!("-1 {name} ({desc})");
+    }
+    match sys {
+        "mmap" | "mremap" | "brk" | "shmat" => format!("{ret:#x}"),
+        _ => ret.to_string(),
+    }
+}
+
+/// One line (or an unfinished call's two) as text, or as JSON.
+#[derive(Debug, Serialize)]
+struct Line {
+    pid: u32,
+    tid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    syscall: Option<String>,
+    args: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ret: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spent_us: Option<f64>,
+    #[serde(skip)]
+    text: Vec<String>,
+}
+
+impl Record for Line {
+    fn text(&self, out: &mut String) {
+        for l in &self.text {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+}
+
+/// strace -c's table.
+#[derive(Debug, Serialize)]
+struct Summary {
+    rows: Vec<SummaryRow>,
+}
+
+#[derive(Debug, Serialize)]
+struct SummaryRow {
+    syscall: String,
+    calls: u64,
+    errors: u64,
+    seconds: f64,
+}
+
+impl Record for Summary {
+    fn text(&self, out: &mut String) {
+        let total: f64 = self.rows.iter().map(|r| r.seconds).sum();
+        let rule = "------ ----------- ----------- --------- --------- ----------------";
+        let _ = writeln!(
+            out,
+            "% time     seconds  usecs/call     calls    errors syscall\n{rule}"
+        );
+        let pct = |s: f64| if total > 0.0 { 100.0 * s / total } else { 0.0 };
+        let errors = |n: u64| {
+            if n == 0 { String::new() } else { n.to_string() }
+        };
+        for r in &self.rows {
+            let _ = writeln!(
+                out,
+                "{:>6.2} {:>11.6} {:>11} {:>9} {:>9} {}",
+                pct(r.seconds),
+                r.seconds,
+                (r.seconds * 1e6 / r.calls as f64).round() as u64,
+                r.calls,
+                errors(r.errors),
+                r.syscall
+            );
+        }
+        let calls: u64 = self.rows.iter().map(|r| r.calls).sum();
+        let errs: u64 = self.rows.iter().map(|r| r.errors).sum();
+        let per_call = if calls > 0 {
+            (total * 1e6 / calls as f64).round() as u64
+        } else {
+            0
+        };
+        let _ = writeln!(
+            out,
+            "{rule}\n{:>6.2} {:>11.6} {:>11} {:>9} {:>9} total",
+            if total > 0.0 { 100.0 } else { 0.0 },
+            total,
+            per_call,
+            calls,
+            errors(errs)
+        );
+    }
+}
