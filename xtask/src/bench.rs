@@ -19,6 +19,7 @@ mod exporter;
 mod report;
 mod startup;
 mod stat;
+mod trace;
 
 /// Ping-pong round trips per trial: about a second bare.
 const ROUNDS: u64 = 200_000;
@@ -76,16 +77,22 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             let command = command::run().and_then(|t| update_doc("command", &t));
             let report = report::run().and_then(|t| update_doc("report", &t));
             let stat = stat::run().and_then(|t| update_doc("stat", &t));
-            all.and(startup).and(command).and(report).and(stat)
+            let trace = trace::run().and_then(|t| update_doc("trace", &t));
+            all.and(startup)
+                .and(command)
+                .and(report)
+                .and(stat)
+                .and(trace)
         }
         Some("startup") => update_doc("startup", &startup::run()?),
         Some("command") => update_doc("command", &command::run()?),
         Some("report") => update_doc("report", &report::run()?),
         Some("stat") => update_doc("stat", &stat::run()?),
+        Some("trace") => update_doc("trace", &trace::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
-                "unknown benchmark {one}; known: all, {}, startup, command, report, stat",
+                "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },

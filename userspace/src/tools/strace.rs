@@ -483,10 +483,20 @@ impl Strace {
         if sig == 17 {
             let _ = write!(info, ", si_status={}", e.args[4] as i32);
         }
-        let text = vec![format!(
-            "{}--- {name} {{{info}}} ---",
-            self.prefix(e.tid, e.enter_ns)
-        )];
+        let text = format!("--- {name} {{{info}}} ---");
+        self.mark(e, text, name, sink)
+    }
+
+    /// A line that is no syscall (a signal, an exit): `text` after the
+    /// prefix, `what` its one argument in JSON.
+    fn mark(
+        &mut self,
+        e: &Event,
+        text: String,
+        what: String,
+        sink: &mut Sink,
+    ) -> anyhow::Result<()> {
+        let text = vec![format!("{}{text}", self.prefix(e.tid, e.enter_ns))];
         self.last = (e.tid, e.enter_ns);
         self.line(
             sink,
@@ -494,7 +504,7 @@ impl Strace {
                 pid: e.pid,
                 tid: e.tid,
                 syscall: None,
-                args: vec![name],
+                args: vec![what],
                 ret: None,
                 error: None,
                 spent_us: None,
@@ -510,21 +520,7 @@ impl Strace {
         } else {
             format!("killed by {}", decode::signal(u64::from(code & 0x7f)))
         };
-        let text = vec![format!("{}+++ {what} +++", self.prefix(e.tid, e.enter_ns))];
-        self.last = (e.tid, e.enter_ns);
-        self.line(
-            sink,
-            Line {
-                pid: e.pid,
-                tid: e.tid,
-                syscall: None,
-                args: vec![what],
-                ret: None,
-                error: None,
-                spent_us: None,
-                text,
-            },
-        )
+        self.mark(e, format!("+++ {what} +++"), what, sink)
     }
 }
 
