@@ -115,6 +115,10 @@ pub struct Config {
     pub arg_start: u32,
     pub arg_end: u32,
     pub bprm_filename: u32,
+    /// 1: the summary is counted by process too (`--summary-by-process`),
+    /// in `SUMMARY_BY_PID`.
+    pub by_process: u32,
+    pub _pad: u32,
 }
 
 /// A syscall's figures for the summary (`SUMMARY`, per CPU).
@@ -125,6 +129,30 @@ pub struct Totals {
     pub errors: u64,
     pub ns: u64,
 }
+
+/// A process and a syscall, for the summary by process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PidNr {
+    pub pid: u32,
+    pub nr: u32,
+}
+
+/// A process's figures for one syscall, and the process's name.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcTotals {
+    pub totals: Totals,
+    /// The name of the thread that made its first call.
+    pub comm: [u8; 16],
+}
+
+/// Processes times syscalls the summary by process holds at most.
+pub const MAX_PID_NRS: u32 = 65536;
+
+/// `ERRORS` slot: a call the summary by process could not count (its
+/// table full).
+pub const ERR_BY_PID_FULL: u32 = 3;
 
 /// What is sent: a syscall at its exit, an exec's arguments, a signal or
 /// an exit. The captured bytes follow the header, [`Event::lens`] of
@@ -152,15 +180,18 @@ pub struct Event {
 /// Bytes of [`Event`] before its captured bytes.
 pub const HEADER_SIZE: usize = core::mem::offset_of!(Event, data);
 
-crate::pod!(Capture, Syscall, Config, Totals, Inflight);
+crate::pod!(
+    Capture, Syscall, Config, Totals, Inflight, PidNr, ProcTotals
+);
 
 /// `ERRORS` slots after the two every event tool has: a syscall whose
 /// number is beyond the table.
 pub const ERR_SYSCALL_NR: u32 = 2;
 
 /// What each `ERRORS` slot counts.
-pub const ERR_NAMES: [&str; 3] = [
+pub const ERR_NAMES: [&str; 4] = [
     crate::events::LOST_NAMES[0],
     crate::events::LOST_NAMES[1],
     "syscalls not traced (a number beyond the table)",
+    "calls not in the summary by process (its table was full)",
 ];

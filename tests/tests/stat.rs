@@ -151,9 +151,10 @@ fn a_processs_counts_are_the_fixtures_and_perf_stats() {
     let theirs = csv(&theirs);
     let values = |m: &BTreeMap<String, (String, u64)>| -> BTreeMap<String, String> {
         m.iter()
-            .filter(|(e, _)| {
-                e.starts_with("syscalls:") || e.starts_with("sched:") || *e == "page-faults"
-            })
+            // perf stat -p counts sched:sched_switch as 0 (its counter on
+            // the task is not running where the tracepoint fires); rtrace's
+            // count is checked against the kernel's own account above.
+            .filter(|(e, _)| e.starts_with("syscalls:") || *e == "page-faults")
             .map(|(e, (v, _))| (e.clone(), v.clone()))
             .collect()
     };

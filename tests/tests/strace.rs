@@ -353,7 +353,9 @@ fn filters_do_what_they_say() {
 }
 
 /// `-c` of a process: the summary's calls of each syscall the fixture
-/// makes N of are N, from the kernel's own counts.
+/// makes N of are N, from the kernel's own counts; `--summary-by-process`
+/// of the whole system beside it gives the fixture a table of its own
+/// with its N getppid calls.
 #[test]
 fn the_summary_counts_each_call() {
     const N: u64 = 3000;
@@ -361,10 +363,27 @@ fn the_summary_counts_each_call() {
     assert_eq!(line.trim(), "ready");
     let pid = w.pid().to_string();
     let rtrace = Rtrace::start_until(&["strace", "-c", "-p", &pid], "Tracing the syscalls");
+    // Beside it, the whole system's getppid calls split by process.
+    let by_process = Rtrace::start_until(
+        &["strace", "--summary-by-process", "-e", "trace=getppid"],
+        "Tracing the syscalls",
+    );
     w.go();
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
+    let (code, split, stderr) = by_process.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
     assert!(w.wait().success());
+    let heading = format!(" statfix ({pid}), {N} calls");
+    let table = split
+        .split_once(&heading)
+        .unwrap_or_else(|| panic!("no table headed {heading:?}:\n{split}"))
+        .1;
+    let getppid = table
+        .lines()
+        .find(|l| l.split_whitespace().last() == Some("getppid"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok());
+    assert_eq!(getppid, Some(N), "{split}");
     let row = |name: &str| -> (u64, u64) {
         let l = stdout
             .lines()

@@ -12,6 +12,7 @@
 
 use aya_ebpf::{
     Global,
+    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
         generated::{bpf_probe_read_kernel_str, bpf_probe_read_user, bpf_probe_read_user_str},
@@ -24,12 +25,12 @@ use rtrace_common::{
     events::LOST_TABLE,
     strace::{
         BLOB, BLOBS, CAPTURE_ARGV, CAPTURE_FIXED, CAPTURE_LEN_ARG, CAPTURE_LEN_RET, CAPTURE_STR,
-        Capture, Config, ERR_SYSCALL_NR, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY,
-        FLAG_NO_RETURN, HEADER_SIZE, Inflight, KIND_EXEC, KIND_EXIT, KIND_SIGNAL, KIND_SYSCALL,
-        MAX_ARGS, MAX_SYSCALLS, Syscall, Totals,
+        Capture, Config, ERR_BY_PID_FULL, ERR_SYSCALL_NR, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS,
+        FLAG_NO_ENTRY, FLAG_NO_RETURN, HEADER_SIZE, Inflight, KIND_EXEC, KIND_EXIT, KIND_SIGNAL,
+        KIND_SYSCALL, MAX_ARGS, MAX_PID_NRS, MAX_SYSCALLS, PidNr, ProcTotals, Syscall, Totals,
     },
 };
-use rtrace_ebpf::{count_error, events::emit_bytes, global, read_kernel, targets};
+use rtrace_ebpf::{atomic_add, count_error, events::emit_bytes, global, read_kernel, targets};
 
 rtrace_ebpf::event_map!();
 
@@ -48,6 +49,49 @@ static INFLIGHT: HashMap<u32, Inflight> = HashMap::with_max_entries(16384, 0);
 /// The summary: each syscall's calls, errors and time, per CPU.
 #[map]
 static SUMMARY: PerCpuArray<Totals> = PerCpuArray::with_max_entries(MAX_SYSCALLS, 0);
+
+/// The summary by process (`--summary-by-process`).
+#[map]
+static SUMMARY_BY_PID: HashMap<PidNr, ProcTotals> = HashMap::with_max_entries(MAX_PID_NRS, 0);
+
+/// Adds a call to the summary by process.
+#[inline(always)]
+fn by_process(nr: u64, failed: bool, took: u64) {
+    let key = PidNr {
+        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        nr: nr as u32,
+    };
+    let add = |t: *mut ProcTotals| {
+        // SAFETY: a map value; other CPUs add to it too, atomically.
+        unsafe {
+            atomic_add(&raw mut (*t).totals.calls, 1);
+            atomic_add(&raw mut (*t).totals.errors, u64::from(failed));
+            atomic_add(&raw mut (*t).totals.ns, took);
+        }
+    };
+    if let Some(t) = SUMMARY_BY_PID.get_ptr_mut(key) {
+        add(t);
+        return;
+    }
+    let first = ProcTotals {
+        totals: Totals {
+            calls: 1,
+            errors: u64::from(failed),
+            ns: took,
+        },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    if SUMMARY_BY_PID
+        .insert(key, first, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        // Another CPU made it meanwhile, or the table is full.
+        match SUMMARY_BY_PID.get_ptr_mut(key) {
+            Some(t) => add(t),
+            None => count_error(ERR_BY_PID_FULL),
+        }
+    }
+}
 
 /// Where a record is put together: it is far larger than the stack.
 #[map]
@@ -150,6 +194,9 @@ pub fn strace_sys_exit(ctx: RawTracePointContext) -> i32 {
             (*t).errors += u64::from(failed);
             (*t).ns += took;
         }
+    }
+    if cfg.by_process != 0 {
+        by_process(f.nr, failed, took);
     }
     if cfg.lines == 0 || (cfg.failed_only != 0 && !failed) || took < cfg.min_ns {
         return 0;

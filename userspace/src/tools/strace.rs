@@ -7,7 +7,11 @@
 
 mod decode;
 
-use std::{collections::HashMap, fmt::Write as _, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use aya::{
@@ -17,7 +21,7 @@ use aya::{
 use rtrace_common::strace::{
     BLOB, Config, ERR_NAMES, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY,
     FLAG_NO_RETURN, HEADER_SIZE, KIND_EXEC, KIND_EXIT, KIND_SIGNAL, KIND_SYSCALL, MAX_SYSCALLS,
-    Syscall, Totals,
+    PidNr, ProcTotals, Syscall, Totals,
 };
 use serde::Serialize;
 
@@ -70,6 +74,10 @@ pub struct Args {
     /// Print lines and the summary.
     #[arg(short = 'C', long = "summary", conflicts_with = "summary_only")]
     summary: bool,
+    /// The summary split by process, as perf trace -s splits it: each
+    /// process's table (alone, as -c; with -C, after the lines).
+    #[arg(long)]
+    summary_by_process: bool,
     /// Only calls that failed.
     #[arg(short = 'Z', long = "failed-only")]
     failed_only: bool,
@@ -152,7 +160,7 @@ impl Tool for Strace {
     }
 
     fn events(&self) -> Option<&BufferArgs> {
-        (!self.args.summary_only).then_some(&self.args.buffer)
+        (!self.summary_only()).then_some(&self.args.buffer)
     }
 
     fn configure(
@@ -167,8 +175,10 @@ impl Tool for Strace {
                 .with_context(|| format!("cannot find {s}.{m} in kernel BTF"))
         };
         let cfg = Config {
-            lines: u32::from(!self.args.summary_only),
-            summary: u32::from(self.args.summary_only || self.args.summary),
+            lines: u32::from(!self.summary_only()),
+            summary: u32::from(self.summary_only() || self.args.summary),
+            by_process: u32::from(self.args.summary_by_process),
+            _pad: 0,
             string_limit: self.args.string_limit,
             failed_only: u32::from(self.args.failed_only),
             min_ns: self.args.duration.map_or(0, |ms| (ms * 1e6) as u64),
@@ -200,7 +210,7 @@ impl Tool for Strace {
         let mut raw = Hooks::new(Mechanism::RawTracepoint, kernel)?;
         raw.attach(ebpf, "strace_sys_enter", "raw_syscalls", "sys_enter")?;
         raw.attach(ebpf, "strace_sys_exit", "raw_syscalls", "sys_exit")?;
-        if !self.args.summary_only {
+        if !self.summary_only() {
             raw.attach(ebpf, "strace_signal", "signal", "signal_deliver")?;
             raw.attach(ebpf, "strace_exit", "sched", "sched_process_exit")?;
             raw.attach(ebpf, "strace_exec", "sched", "sched_process_exec")?;
@@ -274,8 +284,11 @@ impl Tool for Strace {
     }
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        if !(self.args.summary_only || self.args.summary) {
+        if !(self.summary_only() || self.args.summary) {
             return Ok(());
+        }
+        if self.args.summary_by_process {
+            return self.summary_by_process(ebpf, sink);
         }
         let map: PerCpuArray<_, Totals> =
             PerCpuArray::try_from(ebpf.map("SUMMARY").context("map SUMMARY missing")?)?;
@@ -293,17 +306,9 @@ impl Tool for Strace {
                 t.errors += v.errors;
                 t.ns += v.ns;
             }
-            if t.calls > 0 {
-                rows.push(SummaryRow {
-                    syscall: decl.name.clone(),
-                    calls: t.calls,
-                    errors: t.errors,
-                    seconds: t.ns as f64 / 1e9,
-                });
-            }
+            rows.extend(SummaryRow::of(&decl.name, t));
         }
-        rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(b.calls.cmp(&a.calls)));
-        sink.emit(&Summary { rows })
+        sink.emit(&Summary::sorted(None, rows))
     }
 
     fn summary(&self) -> Vec<String> {
@@ -361,6 +366,44 @@ fn shown(table: &Table, exprs: &[String]) -> anyhow::Result<Vec<bool>> {
 }
 
 impl Strace {
+    /// Whether only a summary is printed: `-c`, or `--summary-by-process`
+    /// without `-C`.
+    fn summary_only(&self) -> bool {
+        self.args.summary_only || self.args.summary_by_process && !self.args.summary
+    }
+
+    /// A table for each process, from the kernel's counts by process and
+    /// syscall, the busiest process first.
+    fn summary_by_process(&mut self, ebpf: &Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        let map: aya::maps::HashMap<_, PidNr, ProcTotals> = aya::maps::HashMap::try_from(
+            ebpf.map("SUMMARY_BY_PID")
+                .context("map SUMMARY_BY_PID missing")?,
+        )?;
+        let mut by_pid: BTreeMap<u32, (String, Vec<SummaryRow>)> = BTreeMap::new();
+        for entry in map.iter() {
+            let Ok((k, v)) = entry else { continue };
+            if !self.shown.get(k.nr as usize).copied().unwrap_or(false) {
+                continue;
+            }
+            let Some(decl) = self.table.get(u64::from(k.nr)) else {
+                continue;
+            };
+            let slot = by_pid
+                .entry(k.pid)
+                .or_insert_with(|| (crate::kernel::c_string(&v.comm), Vec::new()));
+            slot.1.extend(SummaryRow::of(&decl.name, v.totals));
+        }
+        let mut tables: Vec<Summary> = by_pid
+            .into_iter()
+            .map(|(pid, (comm, rows))| Summary::sorted(Some((comm, pid)), rows))
+            .collect();
+        tables.sort_by(|a, b| b.seconds().total_cmp(&a.seconds()));
+        for t in &tables {
+            sink.emit(t)?;
+        }
+        Ok(())
+    }
+
     /// The `[pid N] ` strace puts before a line of another task than the
     /// first, and the time of day with `-t`.
     fn prefix(&self, tid: u32, at_ns: u64) -> String {
@@ -686,10 +729,37 @@ impl Record for Line {
     }
 }
 
-/// strace -c's table.
+/// strace -c's table, of everything or of one process.
 #[derive(Debug, Serialize)]
 struct Summary {
+    /// With `--summary-by-process`: the process's name and id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    process: Option<(String, u32)>,
     rows: Vec<SummaryRow>,
+}
+
+impl Summary {
+    /// The rows sorted as strace sorts them: by time, then calls.
+    fn sorted(process: Option<(String, u32)>, mut rows: Vec<SummaryRow>) -> Self {
+        rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(b.calls.cmp(&a.calls)));
+        Self { process, rows }
+    }
+
+    fn seconds(&self) -> f64 {
+        self.rows.iter().map(|r| r.seconds).sum()
+    }
+}
+
+impl SummaryRow {
+    /// A row of `name`'s figures, if it was called.
+    fn of(name: &str, t: Totals) -> Option<Self> {
+        (t.calls > 0).then(|| Self {
+            syscall: name.to_owned(),
+            calls: t.calls,
+            errors: t.errors,
+            seconds: t.ns as f64 / 1e9,
+        })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -703,6 +773,10 @@ struct SummaryRow {
 impl Record for Summary {
     fn text(&self, out: &mut String) {
         let total: f64 = self.rows.iter().map(|r| r.seconds).sum();
+        if let Some((comm, pid)) = &self.process {
+            let calls: u64 = self.rows.iter().map(|r| r.calls).sum();
+            let _ = writeln!(out, "\n {comm} ({pid}), {calls} calls\n");
+        }
         let rule = "------ ----------- ----------- --------- --------- ----------------";
         let _ = writeln!(
             out,
