@@ -161,6 +161,9 @@ pub struct Stat {
     specs: Vec<Event>,
     lines: Vec<Line>,
     split: Split,
+    /// The CPUs counted: `-C`'s, or every online one (read once, when
+    /// the counters open).
+    cpus: Vec<u32>,
     /// Names of the tasks counted apart, by id.
     comms: HashMap<u32, String>,
     /// USDT probes' perf events, which keep them attached.
@@ -261,6 +264,7 @@ impl Tool for Stat {
             specs,
             lines: Vec::new(),
             split,
+            cpus: Vec::new(),
             comms: HashMap::new(),
             links: Vec::new(),
             notes: Vec::new(),
@@ -626,11 +630,7 @@ impl Stat {
             running: elapsed.as_nanos() as u64,
         };
         // The CPUs a split by CPU shows: those counted.
-        let cpus: Vec<u32> = if self.scope.cpus.is_empty() {
-            online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?
-        } else {
-            self.scope.cpus.clone()
-        };
+        let cpus = self.cpus.clone();
         let split = self.split;
         // A program's counts of one slot, by part.
         let from_array = |a: &Option<PerCpuArray<&aya::maps::MapData, u64>>, i: u32| {
@@ -712,13 +712,12 @@ impl Stat {
     /// each CPU, each thread of `-p`'s processes and what they start,
     /// `-t`'s threads, or every CPU.
     fn open_counters(&mut self) -> anyhow::Result<()> {
-        let online =
-            online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?;
-        let cpus: Vec<u32> = if self.scope.cpus.is_empty() {
-            online
+        self.cpus = if self.scope.cpus.is_empty() {
+            online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?
         } else {
             self.scope.cpus.clone()
         };
+        let cpus = self.cpus.clone();
         if let Some(path) = &self.scope.cgroup {
             let dir = counters::cgroup_dir(path)
                 .with_context(|| format!("cannot open cgroup {}", path.display()))?;

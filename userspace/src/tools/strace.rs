@@ -630,7 +630,7 @@ fn args_text(decl: &Decl, e: &Event, limit: usize) -> Vec<String> {
                     _ => pointer(v),
                 }
             }
-            None => scalar(name, a, v, e),
+            None => scalar(name, a, v),
         };
         out.push(text);
     }
@@ -654,8 +654,7 @@ fn pointer(v: u64) -> String {
 }
 
 /// An argument that is a number, a flag set or a pointer.
-fn scalar(sys: &str, a: &decode::Arg, v: u64, e: &Event) -> String {
-    let _ = e;
+fn scalar(sys: &str, a: &decode::Arg, v: u64) -> String {
     match (sys, a.name.as_str()) {
         (_, "dfd" | "olddfd" | "newdfd" | "fd") if v as i32 == -100 => "AT_FDCWD".into(),
         ("open" | "openat", "flags") => decode::open_flags(v),
