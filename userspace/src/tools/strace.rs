@@ -10,6 +10,7 @@ mod decode;
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Write as _,
+    sync::Arc,
     time::Duration,
 };
 
@@ -100,7 +101,7 @@ pub struct Args {
 /// The tool.
 pub struct Strace {
     args: Args,
-    table: Table,
+    table: Arc<Table>,
     /// Syscall numbers shown (`-e trace=`).
     shown: Vec<bool>,
     /// Exec arguments sent at entry, by thread, until the exit.
@@ -135,7 +136,7 @@ impl Tool for Strace {
         let shown = shown(&table, &args.expr)?;
         Ok(Self {
             args,
-            table,
+            table: Arc::new(table),
             shown,
             execs: HashMap::new(),
             first: None,
@@ -435,13 +436,14 @@ impl Strace {
     }
 
     fn syscall(&mut self, e: &Event, exec: Option<&Event>, sink: &mut Sink) -> anyhow::Result<()> {
-        let Some(decl) = self.table.get(e.nr) else {
+        // Shared, not copied: the lines below borrow `self` mutably.
+        let table = Arc::clone(&self.table);
+        let Some(decl) = table.get(e.nr) else {
             return Ok(());
         };
-        let decl = decl.clone();
         // The exec's arguments were read at its entry.
         let source = exec.unwrap_or(e);
-        let args = args_text(&decl, source, self.args.string_limit as usize);
+        let args = args_text(decl, source, self.args.string_limit as usize);
         // A new task's first return, from the fork that made it: strace
         // shows none.
         if e.flags & FLAG_NO_ENTRY != 0
