@@ -107,6 +107,20 @@ pub const SRC_EXPR: u8 = 10;
 /// `Insn::source`: the saved user register at offset `index` of
 /// `struct pt_regs` (a USDT argument).
 pub const SRC_REG: u8 = 11;
+/// `Insn::source`: the user id (bcc trace's `$uid`).
+pub const SRC_UID: u8 = 12;
+/// `Insn::source`: the group id (`$gid`).
+pub const SRC_GID: u8 = 13;
+/// `Insn::source`: the CPU (`$cpu`).
+pub const SRC_CPU: u8 = 14;
+/// `Insn::source`: the current `task_struct`'s address (`$task`).
+pub const SRC_TASK: u8 = 15;
+
+/// Addresses below this are user memory on x86-64 (the canonical lower
+/// half): a read through a pointer picks its helper by the address, so a
+/// kernel function's `const char __user *` reads as a string without
+/// being marked.
+pub const USER_TOP: u64 = 1 << 47;
 
 /// `Insn::code`: pushes source `source`.
 pub const I_PUSH: u8 = 0;

@@ -22,6 +22,7 @@ pub mod stat;
 pub mod strace;
 pub mod targets;
 pub mod tcplife;
+pub mod trace;
 pub mod unwind;
 
 /// Length of `task_struct.comm`, including the terminating NUL.

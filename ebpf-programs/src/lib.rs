@@ -7,6 +7,7 @@
 #[cfg(feature = "cfi")]
 pub mod cfi;
 pub mod events;
+pub mod expr;
 pub mod offcpu;
 pub mod scratch;
 pub mod stacks;

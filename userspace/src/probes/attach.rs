@@ -11,10 +11,11 @@ use aya::Ebpf;
 use crate::{
     kernel::{
         features::Mechanism,
-        load::{Kernel, attach_kernel_fn},
+        load::{Hooks, Kernel, attach_kernel_fn},
     },
     probes::{
         event::{Event, glob},
+        spec::Target,
         uprobes, usdt,
     },
 };
@@ -291,4 +292,118 @@ fn listed(names: &[String]) -> String {
         text.push_str(&format!(" and {} more", names.len() - SHOWN));
     }
     text
+}
+
+/// Fails unless uprobes work here, which spec `raw` needs.
+fn needs_uprobes(kernel: &mut Kernel, raw: &str) -> anyhow::Result<()> {
+    kernel
+        .check(Mechanism::Uprobe)
+        .map_err(|why| anyhow::anyhow!("{raw:?} needs uprobes, which do not work here: {why}"))
+}
+
+/// One parsed spec (argdist's or trace's) in its slot of the object's
+/// `spec_programs!`.
+#[derive(Debug, Clone, Copy)]
+pub struct Slot<'a> {
+    /// The slot: its programs end in `_N`.
+    pub index: usize,
+    /// The spec as given, for errors.
+    pub raw: &'a str,
+    /// Where it goes.
+    pub target: &'a Target,
+    /// A return probe.
+    pub ret: bool,
+    /// A return probe that needs its entry's arguments or time.
+    pub need_entry: bool,
+}
+
+/// Attaches a slot's programs for its spec; says how, for `-v`. USDT
+/// probes' perf events go to `links`, which keeps them attached.
+pub fn attach_slot(
+    ebpf: &mut Ebpf,
+    kernel: &mut Kernel,
+    slot: &Slot<'_>,
+    pid: Option<u32>,
+    links: &mut Vec<OwnedFd>,
+) -> anyhow::Result<String> {
+    let (i, ret) = (slot.index, slot.ret);
+    match slot.target {
+        Target::Usdt { probe, found } => {
+            needs_uprobes(kernel, slot.raw)?;
+            for site in &found.sites {
+                links.push(crate::probes::usdt::attach(
+                    ebpf,
+                    &format!("uprobe_{i}"),
+                    &found.file,
+                    site,
+                    pid,
+                )?);
+            }
+            let semaphores = found.sites.iter().filter(|s| s.semaphore != 0).count();
+            Ok(format!(
+                "USDT probe {probe} in {}: {} site(s), {semaphores} semaphore(s) raised",
+                found.file.display(),
+                found.sites.len()
+            ))
+        }
+        Target::Tracepoint { category, event } => {
+            Hooks::new(Mechanism::Tracepoint, kernel)?.attach(
+                ebpf,
+                &format!("tracepoint_{i}"),
+                category,
+                event,
+            )?;
+            Ok(format!("tracepoint {category}:{event}"))
+        }
+        Target::Kernel { function } => {
+            kernel.check(Mechanism::Kprobe).map_err(|why| {
+                anyhow::anyhow!(
+                    "{:?} needs kprobes, which this kernel does not offer ({why}); \
+                     tracepoints (t:) work everywhere",
+                    slot.raw
+                )
+            })?;
+            let function = &kernel.function(function)?;
+            if ret {
+                attach_kernel_fn(
+                    ebpf,
+                    kernel,
+                    &format!("kretprobe_{i}"),
+                    Mechanism::Kretprobe,
+                    function,
+                )?;
+            }
+            if !ret || slot.need_entry {
+                attach_kernel_fn(
+                    ebpf,
+                    kernel,
+                    &format!("kprobe_{i}"),
+                    Mechanism::Kprobe,
+                    function,
+                )?;
+            }
+            Ok(format!(
+                "{} {function}",
+                if ret { "kretprobe" } else { "kprobe" }
+            ))
+        }
+        Target::User { library, function } => {
+            needs_uprobes(kernel, slot.raw)?;
+            let file = uprobes::resolve(library, pid)?;
+            let symbols = kernel.symbols(&file);
+            if ret {
+                let prog = format!("uretprobe_{i}");
+                uprobes::attach(ebpf, &prog, function, &file, symbols, pid)?;
+            }
+            if !ret || slot.need_entry {
+                let prog = format!("uprobe_{i}");
+                uprobes::attach(ebpf, &prog, function, &file, symbols, pid)?;
+            }
+            Ok(format!(
+                "{} {function} in {}",
+                if ret { "uretprobe" } else { "uprobe" },
+                file.display()
+            ))
+        }
+    }
 }

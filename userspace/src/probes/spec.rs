@@ -7,11 +7,13 @@ use rtrace_common::argdist::{
     CMP_EQ, CMP_NE, Cond, I_BINARY, I_CAST, I_LOAD, I_PUSH, I_UNARY, INSN_SIGNED, INSN_USER, Insn,
     KIND_ENTRY, KIND_RETURN, KIND_TRACEPOINT, KIND_USDT, MAX_CONDS, MAX_INSNS, MAX_STRINGS,
     MAX_VALUES, OP_ADD, OP_AND, OP_DIV, OP_EQ, OP_GE, OP_GT, OP_LAND, OP_LE, OP_LOR, OP_LT, OP_MOD,
-    OP_MUL, OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, SRC_ARG, SRC_COMM, SRC_CONST,
-    SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_EXPR, SRC_FIELD, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET,
-    SRC_TID, STACK_DEPTH, STR_LEN, UN_LNOT, UN_NEG, UN_NOT, VAL_SIGNED, VAL_STRING, VAL_USER,
-    Value,
+    OP_MUL, OP_NE, OP_OR, OP_SHL, OP_SHR, OP_SUB, OP_XOR, SRC_ARG, SRC_COMM, SRC_CONST, SRC_CPU,
+    SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_EXPR, SRC_FIELD, SRC_GID, SRC_LATENCY, SRC_PID, SRC_REG,
+    SRC_RET, SRC_TASK, SRC_TID, SRC_UID, STACK_DEPTH, STR_LEN, UN_LNOT, UN_NEG, UN_NOT, VAL_SIGNED,
+    VAL_STRING, VAL_USER, Value,
 };
+
+pub mod trace;
 
 use crate::{
     kernel::{
@@ -223,6 +225,9 @@ struct Scope<'a> {
     usdt_args: Option<&'a [usdt::Arg]>,
     /// The C expression of a macro the kernel lists (`GFP_ATOMIC`).
     macros: MacroLookup<'a>,
+    /// bcc trace's names: `arg1`..`arg6`, `retval`, `$pid` (the thread),
+    /// `$tgid`, `$uid`, `$gid`, `$cpu`, `$task`.
+    bcc_names: bool,
 }
 
 /// A C type's text as a [`Ty`]: the plain types of [`c_type`], and
@@ -288,6 +293,34 @@ pub struct Env<'a> {
     pub usdt: UsdtLookup<'a>,
     /// The kernel's BTF, for structs and named constants.
     pub btf: Option<&'a Btf>,
+}
+
+/// Runs `f` with the look-ups of this system: tracepoint formats from
+/// tracefs, USDT probes in files (`pid`'s own mappings first), the
+/// kernel's BTF if readable (a kernel without it still takes specs that
+/// need no struct or named constant), and GFP macros from `kmem:kmalloc`'s
+/// print format (BTF has no macros; read when first needed).
+pub fn with_system<R>(pid: Option<u32>, f: impl FnOnce(&Env<'_>) -> R) -> R {
+    let format = |cat: &str, event: &str| Format::read(cat, event).map_err(|e| format!("{e}"));
+    let usdt = |library: &str, probe: &str| {
+        let file = crate::probes::uprobes::resolve(library, pid).map_err(|e| e.to_string())?;
+        usdt::find(&file, probe)
+    };
+    let btf = Btf::from_kernel().ok();
+    let symbols = std::cell::OnceCell::new();
+    let macros = |name: &str| {
+        symbols
+            .get_or_init(|| Format::print_symbols("kmem", "kmalloc").unwrap_or_default())
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, e)| e.clone())
+    };
+    f(&Env {
+        format: &format,
+        usdt: &usdt,
+        btf: btf.as_ref(),
+        macros: &macros,
+    })
 }
 
 /// Parses `spec` for `-H` (`hist`) or `-C`.
@@ -365,6 +398,156 @@ pub fn parse(spec: &str, hist: bool, env: &Env<'_>) -> Result<Spec, SpecError> {
     {
         return err(func_at, format!("bad function name {function:?}"));
     }
+    let (target, format) = locate(kind, (lib_at, library), function, (sig_at, signature), env)?;
+    let usdt_args = match &target {
+        Target::Usdt { found, .. } => Some(found.args.as_slice()),
+        _ => None,
+    };
+    let user = reads_user(&target);
+    let scope = Scope {
+        kind,
+        params: signature_params(signature, sig_at, btf)?,
+        format: format.as_ref(),
+        user,
+        btf,
+        usdt_args,
+        macros: env.macros,
+        bcc_names: false,
+    };
+
+    let (types, exprs, default_expr) = if parts.len() >= 5 {
+        (parts[3], parts[4], false)
+    } else if kind == KIND_RETURN {
+        ((0, "int"), (0, "$retval"), false)
+    } else {
+        ((0, "u64"), (0, "1"), true)
+    };
+    if default_expr && hist {
+        return err(
+            body.len(),
+            "a histogram needs an expression: add :TYPE:EXPR",
+        );
+    }
+    let type_list = split_list(types);
+    let expr_list = split_list(exprs);
+    if type_list.len() != expr_list.len() {
+        return err(
+            exprs.0,
+            format!(
+                "{} types but {} expressions: give one type per expression",
+                type_list.len(),
+                expr_list.len()
+            ),
+        );
+    }
+    if hist && expr_list.len() != 1 {
+        return err(exprs.0, "a histogram takes exactly one expression");
+    }
+    if expr_list.len() > MAX_VALUES {
+        return err(exprs.0, format!("at most {MAX_VALUES} expressions"));
+    }
+    let mut values = Vec::new();
+    let mut need_entry = false;
+    let mut strings = 0;
+    for ((t_at, t), (e_at, e)) in type_list.into_iter().zip(expr_list) {
+        let Some(mut ty) = c_type(t) else {
+            return err(
+                t_at,
+                format!("unknown type {:?}: use {KNOWN_TYPES}", t.trim()),
+            );
+        };
+        // bcc shows $COMM as a string whatever type it is given (its own
+        // examples declare it u32).
+        if e.trim() == "$COMM" && !hist {
+            ty = CType {
+                string: true,
+                ..CType::U64
+            };
+        }
+        if hist && ty.string {
+            return err(t_at, "a histogram needs an integer type, not a string");
+        }
+        let mut p = ExprParser::new(e, e_at, &scope);
+        let expr = p.expr()?;
+        p.end()?;
+        need_entry |= expr.needs_entry();
+        let mut value = compile_value(&expr, ty, &scope, (t_at, e_at), &mut strings)?;
+        value.size = ty.size;
+        values.push(KeyValue {
+            text: e.trim().to_owned(),
+            ty,
+            value,
+        });
+    }
+    let conds = match parts.get(5) {
+        Some(&(at, text)) => {
+            let mut p = ExprParser::new(text, at, &scope);
+            let (conds, entry) = p.filter()?;
+            need_entry |= entry;
+            conds
+        }
+        None => Vec::new(),
+    };
+    Ok(Spec {
+        raw: spec.to_owned(),
+        label,
+        kind,
+        target,
+        values,
+        conds,
+        need_entry,
+        default_expr,
+    })
+}
+
+/// The program's value of an expression of declared type `ty`: a string
+/// in the next string slot of `strings`, or a number. `t_at` and `e_at`
+/// are the columns of the type and of the expression.
+fn compile_value(
+    expr: &Expr,
+    ty: CType,
+    scope: &Scope<'_>,
+    (t_at, e_at): (usize, usize),
+    strings: &mut u32,
+) -> Result<Value, SpecError> {
+    let value = if ty.string {
+        if !(expr.ty.c.string || expr.ty.c.size == 8 || expr.special.is_some()) {
+            return err(e_at, "char* needs a pointer or a string");
+        }
+        let mut value = expr.value(e_at)?;
+        value.flags = VAL_STRING
+            | if expr.ty.c.user || scope.user {
+                VAL_USER
+            } else {
+                0
+            };
+        value.str_slot = *strings;
+        *strings += 1;
+        if *strings as usize > MAX_STRINGS {
+            return err(e_at, format!("at most {MAX_STRINGS} string values"));
+        }
+        value
+    } else {
+        if expr.special.is_some() {
+            return err(t_at, "this value is a string: declare it char*");
+        }
+        let mut value = expr.value(e_at)?;
+        value.flags = if ty.signed { VAL_SIGNED } else { 0 };
+        value
+    };
+    Ok(value)
+}
+
+/// Where a probe of `kind` on `library` (or category) and `function`
+/// goes, and the tracepoint's format if it is one; `signature` must be
+/// empty for tracepoints and USDT probes. Columns are the parts' own.
+fn locate(
+    kind: u32,
+    (lib_at, library): (usize, &str),
+    function: &str,
+    (sig_at, signature): (usize, &str),
+    env: &Env<'_>,
+) -> Result<(Target, Option<Format>), SpecError> {
     let target = match kind {
         KIND_TRACEPOINT => {
             if library.is_empty() {
@@ -425,132 +608,17 @@ pub fn parse(spec: &str, hist: bool, env: &Env<'_>) -> Result<Spec, SpecError> {
         }
         _ => None,
     };
-    let usdt_args = match &target {
-        Target::Usdt { found, .. } => Some(found.args.as_slice()),
-        _ => None,
-    };
-    let user = match &target {
+    Ok((target, format))
+}
+
+/// Whether memory read through a probe's pointers is user memory:
+/// uprobes', USDT probes' and syscall tracepoints'.
+fn reads_user(target: &Target) -> bool {
+    match target {
         Target::User { .. } | Target::Usdt { .. } => true,
         Target::Tracepoint { category, .. } => category == "syscalls",
         Target::Kernel { .. } => false,
-    };
-    let scope = Scope {
-        kind,
-        params: signature_params(signature, sig_at, btf)?,
-        format: format.as_ref(),
-        user,
-        btf,
-        usdt_args,
-        macros: env.macros,
-    };
-
-    let (types, exprs, default_expr) = if parts.len() >= 5 {
-        (parts[3], parts[4], false)
-    } else if kind == KIND_RETURN {
-        ((0, "int"), (0, "$retval"), false)
-    } else {
-        ((0, "u64"), (0, "1"), true)
-    };
-    if default_expr && hist {
-        return err(
-            body.len(),
-            "a histogram needs an expression: add :TYPE:EXPR",
-        );
     }
-    let type_list = split_list(types);
-    let expr_list = split_list(exprs);
-    if type_list.len() != expr_list.len() {
-        return err(
-            exprs.0,
-            format!(
-                "{} types but {} expressions: give one type per expression",
-                type_list.len(),
-                expr_list.len()
-            ),
-        );
-    }
-    if hist && expr_list.len() != 1 {
-        return err(exprs.0, "a histogram takes exactly one expression");
-    }
-    if expr_list.len() > MAX_VALUES {
-        return err(exprs.0, format!("at most {MAX_VALUES} expressions"));
-    }
-    let mut values = Vec::new();
-    let mut need_entry = false;
-    let mut strings = 0;
-    for ((t_at, t), (e_at, e)) in type_list.into_iter().zip(expr_list) {
-        let Some(mut ty) = c_type(t) else {
-            return err(
-                t_at,
-                format!("unknown type {:?}: use {KNOWN_TYPES}", t.trim()),
-            );
-        };
-        // bcc shows $COMM as a string whatever type it is given (its own
-        // examples declare it u32).
-        if e.trim() == "$COMM" && !hist {
-            ty = CType {
-                string: true,
-                ..CType::U64
-            };
-        }
-        if hist && ty.string {
-            return err(t_at, "a histogram needs an integer type, not a string");
-        }
-        let mut p = ExprParser::new(e, e_at, &scope);
-        let expr = p.expr()?;
-        p.end()?;
-        need_entry |= expr.needs_entry();
-        let mut value = if ty.string {
-            if !(expr.ty.c.string || expr.ty.c.size == 8 || expr.special.is_some()) {
-                return err(e_at, "char* needs a pointer or a string");
-            }
-            let mut value = expr.value(e_at)?;
-            value.flags = VAL_STRING
-                | if expr.ty.c.user || scope.user {
-                    VAL_USER
-                } else {
-                    0
-                };
-            value.str_slot = strings;
-            strings += 1;
-            if strings as usize > MAX_STRINGS {
-                return err(e_at, format!("at most {MAX_STRINGS} string values"));
-            }
-            value
-        } else {
-            if expr.special.is_some() {
-                return err(t_at, "this value is a string: declare it char*");
-            }
-            let mut value = expr.value(e_at)?;
-            value.flags = if ty.signed { VAL_SIGNED } else { 0 };
-            value
-        };
-        value.size = ty.size;
-        values.push(KeyValue {
-            text: e.trim().to_owned(),
-            ty,
-            value,
-        });
-    }
-    let conds = match parts.get(5) {
-        Some(&(at, text)) => {
-            let mut p = ExprParser::new(text, at, &scope);
-            let (conds, entry) = p.filter()?;
-            need_entry |= entry;
-            conds
-        }
-        None => Vec::new(),
-    };
-    Ok(Spec {
-        raw: spec.to_owned(),
-        label,
-        kind,
-        target,
-        values,
-        conds,
-        need_entry,
-        default_expr,
-    })
 }
 
 /// Splits a comma-separated list, keeping each item's column.
@@ -1093,7 +1161,10 @@ impl<'a> ExprParser<'a> {
             let Shape::Struct { id, name } = btf.shape(strukt) else {
                 return err(op_at, "this is no struct or union");
             };
-            let Some((off, ty)) = btf.member_of(id, member) else {
+            let Some((off, ty)) = btf
+                .member_of(id, member)
+                .or_else(|| common_member(btf, id, member))
+            else {
                 let names = btf.member_names(id);
                 let shown: Vec<&str> = names.iter().take(12).map(String::as_str).collect();
                 return err(
@@ -1173,6 +1244,11 @@ impl<'a> ExprParser<'a> {
             e.insns[0].index = i as u32;
             return Ok(e);
         }
+        if self.scope.bcc_names
+            && let Some(e) = self.bcc_name(name_at, name)?
+        {
+            return Ok(e);
+        }
         if let Some(v) = self.scope.btf.and_then(|b| b.enum_value(name)) {
             return Ok(Expr::constant(v as u64, Ty::of(CType::int(8, true))));
         }
@@ -1196,6 +1272,7 @@ impl<'a> ExprParser<'a> {
             btf: None,
             usdt_args: None,
             macros: &|_| None,
+            bcc_names: false,
         };
         let mut p = ExprParser::new(text, 0, &scope);
         let value = p.expr().and_then(|e| p.end().map(|()| e.constant));
@@ -1329,6 +1406,16 @@ impl<'a> ExprParser<'a> {
                 e.insns[0].index = i as u32;
                 e
             }
+            "pid" if self.scope.bcc_names => Expr::push(SRC_TID, Ty::of(CType::int(4, false))),
+            "tgid" if self.scope.bcc_names => Expr::push(SRC_PID, Ty::of(CType::int(4, false))),
+            "uid" if self.scope.bcc_names => Expr::push(SRC_UID, Ty::of(CType::int(4, false))),
+            "gid" if self.scope.bcc_names => Expr::push(SRC_GID, Ty::of(CType::int(4, false))),
+            "cpu" if self.scope.bcc_names => Expr::push(SRC_CPU, Ty::of(CType::int(4, false))),
+            "task" if self.scope.bcc_names => {
+                let ty =
+                    parse_type("struct task_struct *", self.scope.btf).or_else(|m| err(at, m))?;
+                Expr::push(SRC_TASK, ty)
+            }
             "PID" => Expr::push(SRC_PID, Ty::of(CType::int(4, false))),
             "TID" => Expr::push(SRC_TID, Ty::of(CType::int(4, false))),
             "COMM" => {
@@ -1349,6 +1436,40 @@ impl<'a> ExprParser<'a> {
         })
     }
 
+    /// bcc trace's `argN` (a register argument, at a return the one the
+    /// entry had; `@user` after it is taken and needs nothing, as reads
+    /// pick user or kernel memory by the address) and `retval`; `None`
+    /// for other names.
+    fn bcc_name(&mut self, at: usize, name: &str) -> Result<Option<Expr>, SpecError> {
+        if name == "retval" {
+            if self.scope.kind != KIND_RETURN {
+                return err(at, "retval is only known in return probes (r:)");
+            }
+            return Ok(Some(Expr::push(SRC_RET, Ty::of(CType::U64))));
+        }
+        let Some(n) = name
+            .strip_prefix("arg")
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|n| (1..=6).contains(n))
+        else {
+            return Ok(None);
+        };
+        if self.scope.kind == KIND_TRACEPOINT {
+            return err(at, "a tracepoint's values are its fields: args->NAME");
+        }
+        let _ = self.eat("@user");
+        let source = if self.scope.kind == KIND_RETURN {
+            SRC_ENTRY_ARG
+        } else {
+            SRC_ARG
+        };
+        let mut ty = Ty::of(CType::U64);
+        ty.c.user = self.scope.user;
+        let mut e = Expr::push(source, ty);
+        e.insns[0].index = n - 1;
+        Ok(Some(e))
+    }
+
     fn param(&self, name: &str) -> Option<(usize, &'a Param)> {
         self.scope
             .params
@@ -1367,6 +1488,17 @@ impl<'a> ExprParser<'a> {
         } else {
             "parameters"
         };
+        if self.scope.bcc_names && self.scope.format.is_none() {
+            let params = if known.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", known.join(", "))
+            };
+            return format!(
+                "unknown name {name:?} (arg1..arg6, retval, $pid, $tgid, $uid, $cpu, $task{params}), \
+                 and no kernel enum constant has that name"
+            );
+        }
         if known.is_empty() {
             format!(
                 "unknown name {name:?}: the signature declares no parameters, and no kernel enum constant has that name"
@@ -1529,6 +1661,19 @@ impl<'a> ExprParser<'a> {
         self.pos += end + 1;
         Ok(s)
     }
+}
+
+/// `struct sock`'s members that are C macros over its common part
+/// (`sk_dport` for `__sk_common.skc_dport`), which BTF cannot know of but
+/// bcc's examples use: the offset and type of the common part's member.
+fn common_member(btf: &Btf, id: u32, member: &str) -> Option<(u32, u32)> {
+    let rest = member.strip_prefix("sk_")?;
+    let (common_off, common_ty) = btf.member_of(id, "__sk_common")?;
+    let Shape::Struct { id: common, .. } = btf.shape(common_ty) else {
+        return None;
+    };
+    let (off, ty) = btf.member_of(common, &format!("skc_{rest}"))?;
+    Some((common_off + off, ty))
 }
 
 /// Whether the text inside parentheses names a type, making them a cast:

@@ -22,13 +22,12 @@ use rtrace_common::{
 use crate::{
     kernel::{
         features::Mechanism,
-        load::{Hooks, Kernel, Load, attach_kernel_fn, thread_entries},
-        tracefs,
+        load::{Kernel, Load, thread_entries},
     },
     output::{self, Record, Schedule, Sink, hist::Snapshot},
     probes::{
-        spec::{self, Spec, Target},
-        uprobes,
+        attach::{Slot, attach_slot},
+        spec::{self, Spec},
     },
     tracer::{Scope, Tool},
 };
@@ -127,43 +126,19 @@ fn parse_all(args: &Args) -> anyhow::Result<Vec<Parsed>> {
     if specs.len() > MAX_PROBES {
         anyhow::bail!("at most {MAX_PROBES} probes may be given");
     }
-    let format =
-        |cat: &str, event: &str| tracefs::Format::read(cat, event).map_err(|e| format!("{e}"));
-    let usdt = |library: &str, probe: &str| {
-        let file = uprobes::resolve(library, args.scope.one_pid()).map_err(|e| e.to_string())?;
-        crate::probes::usdt::find(&file, probe)
-    };
-    // Structs and named constants come from the kernel's own types; a
-    // kernel without BTF still takes specs that need neither.
-    let btf = crate::kernel::btf::Btf::from_kernel().ok();
-    // GFP flags are macros, which BTF lacks; kmem:kmalloc's print format
-    // spells each out, on every kernel. Read when first needed.
-    let symbols = std::cell::OnceCell::new();
-    let macros = |name: &str| {
-        symbols
-            .get_or_init(|| tracefs::Format::print_symbols("kmem", "kmalloc").unwrap_or_default())
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, e)| e.clone())
-    };
-    let env = spec::Env {
-        format: &format,
-        usdt: &usdt,
-        btf: btf.as_ref(),
-        macros: &macros,
-    };
-    specs
-        .into_iter()
-        .map(|(text, hist)| {
-            let spec = spec::parse(text, hist, &env).map_err(|e| {
-                let flag = if hist { "-H" } else { "-C" };
-                anyhow::anyhow!("bad {flag} spec {text:?} at {e}")
-            })?;
-            Ok(Parsed { spec, hist })
-        })
-        .collect()
+    spec::with_system(args.scope.one_pid(), |env| {
+        specs
+            .into_iter()
+            .map(|(text, hist)| {
+                let spec = spec::parse(text, hist, env).map_err(|e| {
+                    let flag = if hist { "-H" } else { "-C" };
+                    anyhow::anyhow!("bad {flag} spec {text:?} at {e}")
+                })?;
+                Ok(Parsed { spec, hist })
+            })
+            .collect()
+    })
 }
-
 /// The program's configuration of one spec.
 fn probe(p: &Parsed, str_len: u32) -> Probe {
     // SAFETY: every field is an integer or an array of them.
@@ -187,108 +162,6 @@ fn probe(p: &Parsed, str_len: u32) -> Probe {
         *slot = *c;
     }
     out
-}
-
-/// Fails unless uprobes work here, which `spec` needs.
-fn needs_uprobes(kernel: &mut Kernel, spec: &Spec) -> anyhow::Result<()> {
-    kernel.check(Mechanism::Uprobe).map_err(|why| {
-        anyhow::anyhow!(
-            "{:?} needs uprobes, which do not work here: {why}",
-            spec.raw
-        )
-    })
-}
-
-/// Attaches slot `i`'s programs for `spec`; says how, for `-v`. USDT
-/// probes' perf events go to `links`, which keeps them attached.
-fn attach(
-    ebpf: &mut Ebpf,
-    kernel: &mut Kernel,
-    i: usize,
-    spec: &Spec,
-    pid: Option<u32>,
-    links: &mut Vec<std::os::fd::OwnedFd>,
-) -> anyhow::Result<String> {
-    let ret = spec.kind == KIND_RETURN;
-    match &spec.target {
-        Target::Usdt { probe, found } => {
-            needs_uprobes(kernel, spec)?;
-            for site in &found.sites {
-                links.push(crate::probes::usdt::attach(
-                    ebpf,
-                    &format!("uprobe_{i}"),
-                    &found.file,
-                    site,
-                    pid,
-                )?);
-            }
-            let semaphores = found.sites.iter().filter(|s| s.semaphore != 0).count();
-            Ok(format!(
-                "USDT probe {probe} in {}: {} site(s), {semaphores} semaphore(s) raised",
-                found.file.display(),
-                found.sites.len()
-            ))
-        }
-        Target::Tracepoint { category, event } => {
-            Hooks::new(Mechanism::Tracepoint, kernel)?.attach(
-                ebpf,
-                &format!("tracepoint_{i}"),
-                category,
-                event,
-            )?;
-            Ok(format!("tracepoint {category}:{event}"))
-        }
-        Target::Kernel { function } => {
-            kernel.check(Mechanism::Kprobe).map_err(|why| {
-                anyhow::anyhow!(
-                    "{:?} needs kprobes, which this kernel does not offer ({why}); \
-                     tracepoints (t:) work everywhere",
-                    spec.raw
-                )
-            })?;
-            let function = &kernel.function(function)?;
-            if ret {
-                attach_kernel_fn(
-                    ebpf,
-                    kernel,
-                    &format!("kretprobe_{i}"),
-                    Mechanism::Kretprobe,
-                    function,
-                )?;
-            }
-            if !ret || spec.need_entry {
-                attach_kernel_fn(
-                    ebpf,
-                    kernel,
-                    &format!("kprobe_{i}"),
-                    Mechanism::Kprobe,
-                    function,
-                )?;
-            }
-            Ok(format!(
-                "{} {function}",
-                if ret { "kretprobe" } else { "kprobe" }
-            ))
-        }
-        Target::User { library, function } => {
-            needs_uprobes(kernel, spec)?;
-            let file = uprobes::resolve(library, pid)?;
-            let symbols = kernel.symbols(&file);
-            if ret {
-                let prog = format!("uretprobe_{i}");
-                uprobes::attach(ebpf, &prog, function, &file, symbols, pid)?;
-            }
-            if !ret || spec.need_entry {
-                let prog = format!("uprobe_{i}");
-                uprobes::attach(ebpf, &prog, function, &file, symbols, pid)?;
-            }
-            Ok(format!(
-                "{} {function} in {}",
-                if ret { "uretprobe" } else { "uprobe" },
-                file.display()
-            ))
-        }
-    }
 }
 
 /// One key's values by expression, as JSON numbers or strings.
@@ -460,11 +333,16 @@ impl Tool for Argdist {
         self.how.clear();
         self.links.clear();
         for (i, p) in self.parsed.iter().enumerate() {
-            let how = attach(
+            let how = attach_slot(
                 ebpf,
                 kernel,
-                i,
-                &p.spec,
+                &Slot {
+                    index: i,
+                    raw: &p.spec.raw,
+                    target: &p.spec.target,
+                    ret: p.spec.kind == KIND_RETURN,
+                    need_entry: p.spec.need_entry,
+                },
                 self.args.scope.one_pid(),
                 &mut self.links,
             )

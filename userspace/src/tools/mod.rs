@@ -111,6 +111,12 @@ macro_rules! registry {
         /// mode) on success.
         pub async fn run(command: Command) -> anyhow::Result<u8> {
             match command {
+                // With no probe, trace is strace's engine under perf
+                // trace's name, as perf trace traces syscalls with no events.
+                Command::Trace(a) if a.args.syscalls() => {
+                    let a = *a;
+                    tracer::run::<strace::Strace>(a.args.into_strace()?, &a.global).await
+                }
                 $(Command::$variant(a) => {
                     let a = *a;
                     tracer::run::<$module::$tool>(a.args, &a.global).await
@@ -158,6 +164,7 @@ registry! {
     Stat => stat::Stat,
     Stackcount => stackcount::Stackcount,
     Strace => strace::Strace,
+    Trace => trace::Trace,
 }
 
 #[cfg(test)]

@@ -98,6 +98,43 @@ pub struct Args {
     buffer: BufferArgs,
 }
 
+/// What `rtrace trace` with no probe asks of strace's engine beside its
+/// scope.
+#[derive(Debug, Clone, Copy)]
+pub struct TraceFlags {
+    /// strace's `-t` count.
+    pub times: u8,
+    /// perf trace's `-s`: the summary by process, instead of lines.
+    pub summary: bool,
+    /// Only calls that took at least this many milliseconds.
+    pub duration: Option<f64>,
+}
+
+impl Args {
+    /// The arguments `rtrace trace` runs with when it is given no probe:
+    /// perf trace's view with strace's engine and layout.
+    pub fn for_trace(
+        scope: ScopeArgs<{ own::C | own::UPPER_C | own::T }>,
+        buffer: BufferArgs,
+        flags: TraceFlags,
+    ) -> Self {
+        Self {
+            follow: true,
+            string_limit: 32,
+            expr: Vec::new(),
+            summary_only: flags.summary,
+            summary: false,
+            summary_by_process: flags.summary,
+            failed_only: false,
+            duration: flags.duration,
+            times: flags.times,
+            spent: false,
+            scope,
+            buffer,
+        }
+    }
+}
+
 /// The tool.
 pub struct Strace {
     args: Args,
@@ -380,7 +417,11 @@ impl Strace {
             ebpf.map("SUMMARY_BY_PID")
                 .context("map SUMMARY_BY_PID missing")?,
         )?;
-        let mut by_pid: BTreeMap<u32, (String, Vec<SummaryRow>)> = BTreeMap::new();
+        // Each (process, syscall) entry keeps the name the process had at
+        // its first such call; one that execs has two, and is named by
+        // the one most of its calls were made under (its new program's).
+        type Names = BTreeMap<String, u64>;
+        let mut by_pid: BTreeMap<u32, (Names, Vec<SummaryRow>)> = BTreeMap::new();
         for entry in map.iter() {
             let Ok((k, v)) = entry else { continue };
             if !self.shown.get(k.nr as usize).copied().unwrap_or(false) {
@@ -389,14 +430,20 @@ impl Strace {
             let Some(decl) = self.table.get(u64::from(k.nr)) else {
                 continue;
             };
-            let slot = by_pid
-                .entry(k.pid)
-                .or_insert_with(|| (crate::kernel::c_string(&v.comm), Vec::new()));
+            let slot = by_pid.entry(k.pid).or_default();
+            *slot.0.entry(crate::kernel::c_string(&v.comm)).or_default() += v.totals.calls;
             slot.1.extend(SummaryRow::of(&decl.name, v.totals));
         }
         let mut tables: Vec<Summary> = by_pid
             .into_iter()
-            .map(|(pid, (comm, rows))| Summary::sorted(Some((comm, pid)), rows))
+            .map(|(pid, (names, rows))| {
+                let comm = names
+                    .into_iter()
+                    .max_by_key(|&(_, calls)| calls)
+                    .map(|(name, _)| name)
+                    .unwrap_or_default();
+                Summary::sorted(Some((comm, pid)), rows)
+            })
             .collect();
         tables.sort_by(|a, b| b.seconds().total_cmp(&a.seconds()));
         for t in &tables {

@@ -202,6 +202,12 @@ pub trait Tool: Sized {
         Ok(())
     }
 
+    /// Whether the tool has printed all it was asked for (bcc's `-M`):
+    /// the run then ends as if interrupted.
+    fn done(&self) -> bool {
+        false
+    }
+
     /// Prints one interval; `last` is the final one.
     fn tick(&mut self, _ebpf: &mut Ebpf, _sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
         Ok(())
@@ -1055,6 +1061,13 @@ async fn run_loop<T: Tool>(
                             s.drain(|record| tool.event(record, sink))?;
                         }
                     }
+                }
+                if tool.done() {
+                    if interval != Schedule::Never {
+                        tool.tick(ebpf, sink, true)?;
+                    }
+                    sink.flush()?;
+                    return Ok(0);
                 }
                 sink.flush()?;
             }

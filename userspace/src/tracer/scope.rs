@@ -104,6 +104,21 @@ impl<const OWN: u32> ScopeArgs<OWN> {
     pub fn commanded(&self) -> bool {
         !self.command.is_empty()
     }
+
+    /// The same flags for a tool that keeps other letters (`rtrace trace`
+    /// with no probe runs as `rtrace strace`).
+    pub fn into_letters<const OTHER: u32>(self) -> ScopeArgs<OTHER> {
+        ScopeArgs {
+            pids: self.pids,
+            tids: self.tids,
+            cgroup: self.cgroup,
+            cpus: self.cpus,
+            all_cpus: self.all_cpus,
+            user: self.user,
+            output: self.output,
+            command: self.command,
+        }
+    }
 }
 
 impl<const OWN: u32> clap::FromArgMatches for ScopeArgs<OWN> {
