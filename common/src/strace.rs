@@ -118,6 +118,10 @@ pub struct Config {
     /// 1: the summary is counted by process too (`--summary-by-process`),
     /// in `SUMMARY_BY_PID`.
     pub by_process: u32,
+    /// 1: processes forked by traced ones are traced too (`-f` with `-p`).
+    pub follow: u32,
+    /// `task_struct.tgid`'s offset, for the child a fork makes.
+    pub tgid: u32,
     pub _pad: u32,
 }
 

@@ -69,6 +69,16 @@ pub fn admits(tgid: u32, tid: u32) -> bool {
     }
 }
 
+/// Traces process `tgid` too, where processes are chosen by id (`-p`):
+/// for a tool that follows the children of those it traces. A full table
+/// leaves it untraced.
+#[inline(always)]
+pub fn adopt(tgid: u32) {
+    if config().by == BY_TGID && TARGET_IDS.get_ptr(tgid).is_none() {
+        let _ = TARGET_IDS.insert(tgid, 1, 0);
+    }
+}
+
 /// Whether any id filter is set, so that a tool can skip looking up a
 /// task's ids when nothing asks for them.
 #[inline(always)]

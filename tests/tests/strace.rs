@@ -6,6 +6,8 @@ use std::{collections::BTreeMap, path::PathBuf, process::Command};
 
 use rtrace_integration_tests::{Rtrace, SIGINT, Workload, in_guest, run, workload_bin};
 
+use std::io::Write as _;
+
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("rtrace-strace-{}-{name}", std::process::id()))
 }
@@ -478,4 +480,161 @@ fn bad_input_is_one_clear_line() {
         &["strace", "-s", "4096", "-p", "1"],
         "-s 4096",
     );
+}
+
+/// The lines of a trace that show a descriptor with its path, as (the
+/// syscall, the annotations), pipes' inode numbers left out (each run has
+/// its own pipes).
+fn annotated(text: &str) -> Vec<(String, Vec<String>)> {
+    text.lines()
+        .filter_map(|l| {
+            // rtrace's `[pid N] `, strace -f -o's `N `.
+            let l = l
+                .strip_prefix("[pid ")
+                .and_then(|r| r.split_once("] "))
+                .map_or(l, |(_, rest)| rest);
+            let l = l.trim_start_matches(|c: char| c.is_ascii_digit() || c == ' ');
+            let name = l.split('(').next()?.to_owned();
+            let mut marks = Vec::new();
+            let mut rest = l;
+            while let Some(i) = rest.find('<') {
+                let tail = &rest[i + 1..];
+                let Some(j) = tail.find('>') else { break };
+                let mark = &tail[..j];
+                if mark.starts_with('/') || mark.contains(":[") {
+                    let mark = match mark.split_once(":[") {
+                        Some((kind, _)) => format!("{kind}:[]"),
+                        None => mark.to_owned(),
+                    };
+                    marks.push(mark);
+                }
+                rest = &tail[j..];
+            }
+            (!marks.is_empty()).then_some((name, marks))
+        })
+        .collect()
+}
+
+/// `-y`: descriptors with their paths, the same as strace -y shows on the
+/// same command (learned from the opens, dups and closes, and for those
+/// the command had before, from /proc while it waits to exec).
+#[test]
+fn descriptors_with_their_paths() {
+    let filter = "trace=openat,read,close,newfstatat,write,dup2,fcntl";
+    let command = [
+        "sh",
+        "-c",
+        "exec 7</etc/hostname; cat /etc/hostname <&7 >/dev/null; cd /etc && cat ./hostname",
+    ];
+    let out = temp("y.txt");
+    let mut args = vec![
+        "strace",
+        "-y",
+        "-e",
+        filter,
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+    ];
+    args.extend_from_slice(&command);
+    let (code, _, stderr) = run(&args);
+    assert_eq!(code, 0, "{stderr}");
+    let mine = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let ours = annotated(&mine);
+    // The relative open, resolved against the working directory.
+    assert!(
+        ours.iter()
+            .any(|(n, m)| n == "read" && m == &["/etc/hostname"]),
+        "{mine}"
+    );
+    assert!(
+        mine.contains("openat(AT_FDCWD</etc>, \"./hostname\", O_RDONLY) = 3</etc/hostname>"),
+        "{mine}"
+    );
+    if in_guest() {
+        eprintln!("no strace in the VM guests: the host compares with it");
+        return;
+    }
+    let theirs_file = temp("y-strace.txt");
+    let mut cmd = Command::new("strace");
+    cmd.args([
+        "-f",
+        "-y",
+        "-e",
+        filter,
+        "-o",
+        theirs_file.to_str().unwrap(),
+    ])
+    .args(command);
+    let status = cmd.output().expect("strace").status;
+    assert!(status.success());
+    let theirs = std::fs::read_to_string(&theirs_file).unwrap();
+    let _ = std::fs::remove_file(&theirs_file);
+    // strace -f shows what the shell does before its exec of the first
+    // command too: compare from the first line with a path.
+    let theirs_marks = annotated(&theirs);
+    let first = ours
+        .iter()
+        .zip(&theirs_marks)
+        .position(|(a, b)| a != b)
+        .unwrap_or(ours.len().min(theirs_marks.len()));
+    assert_eq!(
+        ours.len(),
+        theirs_marks.len(),
+        "first difference at {first}: rtrace {:?}, strace {:?}",
+        ours.get(first..first + 3),
+        theirs_marks.get(first..first + 3)
+    );
+    assert_eq!(
+        ours,
+        theirs_marks,
+        "first difference at {first}: rtrace {:?}, strace {:?}",
+        ours.get(first..first + 3),
+        theirs_marks.get(first..first + 3)
+    );
+}
+
+/// `-f` with `-p`: the children the process forks after tracing began are
+/// traced from their fork; without `-f`, only the process.
+#[test]
+fn dash_f_follows_the_children_of_dash_p() {
+    for follow in [true, false] {
+        let mut sh = Command::new("sh")
+            .args(["-c", "read x; /bin/echo followed-child; read y"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = sh.id().to_string();
+        let out = temp(&format!("follow-{follow}.txt"));
+        let mut args = vec![
+            "strace",
+            "-e",
+            "trace=execve,write",
+            "-o",
+            out.to_str().unwrap(),
+            "-p",
+            &pid,
+        ];
+        if follow {
+            args.push("-f");
+        }
+        let rtrace = Rtrace::start(&args);
+        let mut stdin = sh.stdin.take().unwrap();
+        writeln!(stdin, "go").unwrap();
+        // The child has run once the shell reads again.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        writeln!(stdin, "end").unwrap();
+        drop(stdin);
+        sh.wait().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (code, _, stderr) = rtrace.stop(SIGINT);
+        assert_eq!(code, 0, "{stderr}");
+        let text = std::fs::read_to_string(&out).unwrap();
+        let _ = std::fs::remove_file(&out);
+        let exec = text.contains("execve(\"/bin/echo\", [\"/bin/echo\", \"followed-child\"]");
+        let write = text.contains("write(1, \"followed-child\\n\", 15) = 15");
+        assert_eq!((exec, write), (follow, follow), "-f {follow}: {text}");
+    }
 }

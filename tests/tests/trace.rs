@@ -193,10 +193,13 @@ fn kprobe_and_kretprobe_lines() {
         .map(|l| l["message"].as_str().unwrap().to_owned())
         .collect();
     let at = |m: &str| msgs.iter().position(|x| x == m);
-    let (Some(a), Some(b), Some(c)) = (at("/etc/hostname"), at(&missing), at("failed -2")) else {
+    let (Some(a), Some(b)) = (at("/etc/hostname"), at(&missing)) else {
         panic!("{stdout}");
     };
-    assert!(a < b && b < c, "{msgs:?}");
+    assert!(a < b, "{msgs:?}");
+    // The missing file's open fails after its entry (other failed opens,
+    // the loader's, may come before).
+    assert!(msgs[b..].iter().any(|m| m == "failed -2"), "{msgs:?}");
 }
 
 /// bcc's own documented command lines (tools/trace_example.txt): every
@@ -261,7 +264,7 @@ fn bcc_documented_lines_are_accepted() {
             ],
             None,
         ),
-        (&["r:bash:readline \"%s\", retval"], None),
+        (&["r:bash:readline \"%s\", retval"], Some("bash")),
         (
             &["-U", "-a", "r::sys_futex \"%d\", retval"],
             Some("sys_futex"),
@@ -346,17 +349,21 @@ fn bcc_documented_lines_are_accepted() {
         let (code, _, stderr) = run(&args);
         assert_ne!(code, 2, "{line:?} is no command line to rtrace: {stderr}");
         assert!(!stderr.contains("bad probe"), "{line:?}: {stderr}");
+        // bash's readline needs bash (the VM guests have none); a kernel
+        // function, kprobes and the function (the kernel may name it
+        // otherwise, as `__kmalloc_noprof`, which rtrace finds).
         let runnable = match needs {
             None => true,
+            Some("bash") => std::path::Path::new("/bin/bash").exists(),
             Some(f) => kprobes && has(f),
         };
         if runnable {
             assert_eq!(code, 0, "{line:?}: {stderr}");
-        } else {
+        } else if code != 0 {
             assert_eq!(stderr.lines().count(), 1, "{line:?}: {stderr}");
             assert!(
                 stderr.contains("kprobes") || stderr.contains(needs.unwrap_or("")),
-                "{line:?} failed for another reason than the kernel's: {stderr}"
+                "{line:?} failed for another reason than the machine's: {stderr}"
             );
         }
     }

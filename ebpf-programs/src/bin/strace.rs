@@ -345,8 +345,9 @@ fn capture(e: *mut Event, used: usize, c: &Capture, f: &Inflight, ret: i64, limi
             .get(c.len_arg as usize)
             .copied()
             .unwrap_or(0)
-            .min(limit as u64 + 1),
-        CAPTURE_LEN_RET if ret > 0 => (ret as u64).min(limit as u64 + 1),
+            .min(limit as u64 + 1)
+            .min(BLOB as u64),
+        CAPTURE_LEN_RET if ret > 0 => (ret as u64).min(limit as u64 + 1).min(BLOB as u64),
         // Structs whole, whatever -s says.
         CAPTURE_FIXED if c.on_success == 0 || ret == 0 => u64::from(c.size),
         _ => return 0,
@@ -419,6 +420,22 @@ fn env_count(envp: *const u64) -> i64 {
 /// program, which is in memory; the old program's strings, read at the
 /// syscall's entry, may be in pages not faulted in (a forked child's
 /// `.rodata`), which a BPF program cannot read.
+/// With `-f` and `-p`: a child a traced process forks is traced from its
+/// birth, as strace -f follows it.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn strace_fork(ctx: RawTracePointContext) -> i32 {
+    let cfg = global(&CONFIG);
+    if cfg.follow == 0 || !targets::admits_current() {
+        return 0;
+    }
+    // The tracepoint's second argument is the child's task.
+    let child: *const u8 = ctx.arg(1);
+    if let Ok(tgid) = read_kernel::<u32>(child, cfg.tgid) {
+        targets::adopt(tgid);
+    }
+    0
+}
+
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn strace_exec(ctx: RawTracePointContext) -> i32 {
     let cfg = global(&CONFIG);

@@ -6,6 +6,7 @@
 //! read in the kernel. `-c` keeps its summary in the kernel.
 
 mod decode;
+mod fds;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -45,13 +46,14 @@ use decode::{Decl, Table};
   rtrace strace -e trace=%file -tt -T -p 185   # file syscalls, with times and durations
   rtrace strace -Z -e trace=open,openat -- app # failed opens only
   rtrace strace --duration 10 -p 185       # calls that took 10 ms or more
-  rtrace strace -s 128 -o trace.txt -- curl -s example.com")]
+  rtrace strace -s 128 -o trace.txt -- curl -s example.com
+  rtrace strace -y -f -p 185                # descriptors with paths; 185's children too")]
 /// Trace system calls as strace does, without stopping the traced
 /// processes: one line a syscall with its arguments, strings read in the
 /// kernel, or strace -c's summary counted there.
 pub struct Args {
-    /// Follow threads and children (strace's -f): always so with -- CMD
-    /// and for -p's threads; taken for strace's command lines.
+    /// Follow children (strace's -f): -p's processes' children are traced
+    /// from their fork; a command's always are, and -p's threads.
     #[arg(short = 'f')]
     follow: bool,
     /// The most bytes of a string or buffer shown (strace's -s; at most
@@ -92,11 +94,18 @@ pub struct Args {
     /// The time spent in each call, at the end of its line.
     #[arg(short = 'T')]
     spent: bool,
+    /// Each descriptor with its path, as 3</etc/hostname> (strace's -y).
+    #[arg(short = 'y', long = "decode-fds")]
+    decode_fds: bool,
     #[command(flatten)]
     scope: ScopeArgs<{ own::C | own::UPPER_C | own::T }>,
     #[command(flatten)]
     buffer: BufferArgs,
 }
+
+/// Processes `-f` follows beside those `-p` names, at most: the id
+/// table's room.
+const MAX_FOLLOWED: u32 = 16384;
 
 /// What `rtrace trace` with no probe asks of strace's engine beside its
 /// scope.
@@ -119,7 +128,8 @@ impl Args {
         flags: TraceFlags,
     ) -> Self {
         Self {
-            follow: true,
+            // perf trace -p follows no children.
+            follow: false,
             string_limit: 32,
             expr: Vec::new(),
             summary_only: flags.summary,
@@ -129,6 +139,7 @@ impl Args {
             duration: flags.duration,
             times: flags.times,
             spent: false,
+            decode_fds: false,
             scope,
             buffer,
         }
@@ -156,6 +167,8 @@ pub struct Strace {
     /// The command, until its exec succeeds: what it does before is
     /// rtrace's own start of it, which strace does not show either.
     before_exec: Option<u32>,
+    /// Descriptors' paths (`-y`).
+    fds: fds::Fds,
 }
 
 impl Tool for Strace {
@@ -181,6 +194,7 @@ impl Tool for Strace {
             realtime_offset: 0,
             printed: 0,
             before_exec: None,
+            fds: fds::Fds::default(),
         })
     }
 
@@ -195,6 +209,11 @@ impl Tool for Strace {
     fn scoped(&mut self, scope: &Scope) {
         self.first = scope.command_pid.or(scope.pids.first().copied());
         self.before_exec = scope.command_pid;
+        if self.args.decode_fds {
+            for &pid in scope.command_pid.iter().chain(&scope.pids) {
+                self.fds.read_all(pid);
+            }
+        }
     }
 
     fn events(&self) -> Option<&BufferArgs> {
@@ -217,7 +236,13 @@ impl Tool for Strace {
             summary: u32::from(self.summary_only() || self.args.summary),
             by_process: u32::from(self.args.summary_by_process),
             _pad: 0,
-            string_limit: self.args.string_limit,
+            // -y learns a descriptor's path from the call that opened
+            // it: the whole path, however much -s shows.
+            string_limit: if self.args.decode_fds {
+                (BLOB - 2) as u32
+            } else {
+                self.args.string_limit
+            },
             failed_only: u32::from(self.args.failed_only),
             min_ns: self.args.duration.map_or(0, |ms| (ms * 1e6) as u64),
             exit_code: offset("task_struct", "exit_code")?,
@@ -227,8 +252,17 @@ impl Tool for Strace {
             arg_start: offset("mm_struct", "arg_start")?,
             arg_end: offset("mm_struct", "arg_end")?,
             bprm_filename: offset("linux_binprm", "filename")?,
+            follow: u32::from(self.follows()),
+            tgid: offset("task_struct", "tgid")?,
         };
         load.config(&cfg);
+        if self.follows() {
+            // Room for the children followed beside the processes named.
+            load.size(
+                rtrace_common::targets::IDS_MAP,
+                (self.args.scope.pids.len() as u32).max(1) + MAX_FOLLOWED,
+            );
+        }
         Ok(())
     }
 
@@ -242,12 +276,18 @@ impl Tool for Strace {
             Array::try_from(ebpf.map_mut("SYSCALLS").context("map SYSCALLS missing")?)?;
         for (nr, decl) in self.table.iter() {
             let mut plan = decl.plan;
-            plan.shown = u32::from(self.shown[nr as usize]);
+            // -y learns from calls it does not show.
+            plan.shown = u32::from(
+                self.shown[nr as usize] || self.args.decode_fds && fds::affects(&decl.name),
+            );
             syscalls.set(nr, plan, 0)?;
         }
         let mut raw = Hooks::new(Mechanism::RawTracepoint, kernel)?;
         raw.attach(ebpf, "strace_sys_enter", "raw_syscalls", "sys_enter")?;
         raw.attach(ebpf, "strace_sys_exit", "raw_syscalls", "sys_exit")?;
+        if self.follows() {
+            raw.attach(ebpf, "strace_fork", "sched", "sched_process_fork")?;
+        }
         if !self.summary_only() {
             raw.attach(ebpf, "strace_signal", "signal", "signal_deliver")?;
             raw.attach(ebpf, "strace_exit", "sched", "sched_process_exit")?;
@@ -406,6 +446,12 @@ fn shown(table: &Table, exprs: &[String]) -> anyhow::Result<Vec<bool>> {
 impl Strace {
     /// Whether only a summary is printed: `-c`, or `--summary-by-process`
     /// without `-C`.
+    /// Whether children of the processes `-p` names are traced too:
+    /// strace's `-f` (a command's are, by its cgroup).
+    fn follows(&self) -> bool {
+        self.args.follow && !self.args.scope.pids.is_empty()
+    }
+
     fn summary_only(&self) -> bool {
         self.args.summary_only || self.args.summary_by_process && !self.args.summary
     }
@@ -490,7 +536,14 @@ impl Strace {
         };
         // The exec's arguments were read at its entry.
         let source = exec.unwrap_or(e);
-        let args = args_text(decl, source, self.args.string_limit as usize);
+        let mut args = args_text(decl, source, self.args.string_limit as usize);
+        if self.args.decode_fds {
+            self.decode_fds(decl, e, &mut args);
+        }
+        // Sent only for -y to learn from.
+        if !self.shown.get(e.nr as usize).copied().unwrap_or(false) {
+            return Ok(());
+        }
         // A new task's first return, from the fork that made it: strace
         // shows none.
         if e.flags & FLAG_NO_ENTRY != 0
@@ -499,11 +552,18 @@ impl Strace {
         {
             return Ok(());
         }
-        let ret = if e.flags & FLAG_NO_RETURN != 0 {
+        let mut ret = if e.flags & FLAG_NO_RETURN != 0 {
             "?".to_owned()
         } else {
             ret_text(&decl.name, e.ret)
         };
+        if self.args.decode_fds
+            && e.ret >= 0
+            && fds::Fds::returns_fd(&decl.name, &e.args)
+            && let Some(path) = self.fds.path(e.pid, e.ret as i32)
+        {
+            ret = format!("{ret}<{path}>");
+        }
         let spent = Duration::from_nanos(e.exit_ns.saturating_sub(e.enter_ns));
         let spent_text = if self.args.spent {
             format!(" <{:.6}>", spent.as_secs_f64())
@@ -564,6 +624,41 @@ impl Strace {
         )
     }
 
+    /// `-y`: the descriptors among the arguments with their paths, as
+    /// they were when the call began; then what the call did to the
+    /// process's descriptors is learned.
+    fn decode_fds(&mut self, decl: &Decl, e: &Event, args: &mut [String]) {
+        let mut shown = 0;
+        for (i, a) in decl.args.iter().enumerate() {
+            // Arguments strace leaves out (open's mode) are not shown.
+            if a.name == "mode" && args.len() < decl.args.len() {
+                continue;
+            }
+            let at = shown;
+            shown += 1;
+            if !fds::is_fd_arg(&a.name) || (decl.name == "mmap" && a.name == "fd") {
+                continue;
+            }
+            if let Some(path) = self.fds.shown(e.pid, e.args[i] as i32)
+                && let Some(text) = args.get_mut(at)
+            {
+                text.push_str(&format!("<{path}>"));
+            }
+        }
+        let named = decl
+            .args
+            .iter()
+            .position(|a| matches!(a.name.as_str(), "filename" | "pathname"))
+            .and_then(|i| decl.slot_of(i))
+            .map(|s| {
+                let b = blob(e, s);
+                let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+                String::from_utf8_lossy(&b[..end]).into_owned()
+            });
+        self.fds
+            .after(e.pid, &decl.name, &e.args, named.as_deref(), e.ret);
+    }
+
     fn signal(&mut self, e: &Event, sink: &mut Sink) -> anyhow::Result<()> {
         let sig = e.args[0];
         let name = decode::signal(sig);
@@ -606,6 +701,9 @@ impl Strace {
     }
 
     fn exit(&mut self, e: &Event, sink: &mut Sink) -> anyhow::Result<()> {
+        if e.args[1] != 0 {
+            self.fds.forget(e.pid);
+        }
         let code = e.args[0] as u32;
         let what = if code & 0x7f == 0 {
             format!("exited with {}", (code >> 8) & 0xff)
@@ -713,6 +811,7 @@ fn scalar(sys: &str, a: &decode::Arg, v: u64) -> String {
             decode::at_flags(v)
         }
         ("rt_sigaction", "sig") => decode::signal(v),
+        ("fcntl", "cmd") => decode::fcntl_cmd(v),
         ("rt_sigprocmask", "how") => decode::sigmask_how(v),
         ("mmap", "fd") => (v as i32).to_string(),
         (

@@ -441,8 +441,8 @@ mod tests {
         let s = env_parse("p:c:open(char *filename) \"opening %s\", filename").unwrap();
         assert!(s.conds.is_empty());
         assert_eq!(s.values.len(), 1);
-        let s = env_parse("r:c:read ((int)retval < 0) \"read failed: %d %lu\", retval, arg2")
-            .unwrap();
+        let s =
+            env_parse("r:c:read ((int)retval < 0) \"read failed: %d %lu\", retval, arg2").unwrap();
         assert_eq!(s.conds.len(), 1);
         assert_eq!(s.values[0].insns[0].source, SRC_RET);
         assert_eq!(s.values[0].size, 4);
@@ -471,8 +471,9 @@ mod tests {
                 },
             ]
         );
-        let s = env_parse("t:syscalls:sys_enter_openat \"%-8s|%05x%%\", args->filename, args->flags")
-            .unwrap();
+        let s =
+            env_parse("t:syscalls:sys_enter_openat \"%-8s|%05x%%\", args->filename, args->flags")
+                .unwrap();
         assert_eq!(
             s.format[0],
             Piece::Conv {

@@ -632,6 +632,32 @@ pub fn clock(v: u64) -> String {
     }
 }
 
+/// fcntl's command by name, as strace names it.
+pub fn fcntl_cmd(v: u64) -> String {
+    let name = match v {
+        0 => "F_DUPFD",
+        1 => "F_GETFD",
+        2 => "F_SETFD",
+        3 => "F_GETFL",
+        4 => "F_SETFL",
+        5 => "F_GETLK",
+        6 => "F_SETLK",
+        7 => "F_SETLKW",
+        8 => "F_SETOWN",
+        9 => "F_GETOWN",
+        1024 => "F_SETLEASE",
+        1025 => "F_GETLEASE",
+        1026 => "F_NOTIFY",
+        1030 => "F_DUPFD_CLOEXEC",
+        1031 => "F_SETPIPE_SZ",
+        1032 => "F_GETPIPE_SZ",
+        1033 => "F_ADD_SEALS",
+        1034 => "F_GET_SEALS",
+        _ => return v.to_string(),
+    };
+    name.to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
