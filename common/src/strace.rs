@@ -122,6 +122,8 @@ pub struct Config {
     pub follow: u32,
     /// `task_struct.tgid`'s offset, for the child a fork makes.
     pub tgid: u32,
+    /// 1: each shown call's user stack is walked at its entry (`-k`).
+    pub stacks: u32,
     pub _pad: u32,
 }
 
@@ -156,7 +158,7 @@ pub const MAX_PID_NRS: u32 = 65536;
 
 /// `ERRORS` slot: a call the summary by process could not count (its
 /// table full).
-pub const ERR_BY_PID_FULL: u32 = 3;
+pub const ERR_BY_PID_FULL: u32 = 16;
 
 /// What is sent: a syscall at its exit, an exec's arguments, a signal or
 /// an exit. The captured bytes follow the header, [`Event::lens`] of
@@ -173,6 +175,9 @@ pub struct Event {
     pub exit_ns: u64,
     pub args: [u64; MAX_ARGS],
     pub ret: i64,
+    /// With `-k`: the user stack at the call's entry, by its hash in the
+    /// shared stack table (`STACKS`); 0 for none.
+    pub stack: u64,
     /// Bytes captured of each [`Syscall::captures`] argument.
     pub lens: [u32; BLOBS],
     pub comm: [u8; 16],
@@ -190,12 +195,27 @@ crate::pod!(
 
 /// `ERRORS` slots after the two every event tool has: a syscall whose
 /// number is beyond the table.
-pub const ERR_SYSCALL_NR: u32 = 2;
+pub const ERR_SYSCALL_NR: u32 = 15;
 
 /// What each `ERRORS` slot counts.
-pub const ERR_NAMES: [&str; 4] = [
+/// Slots 2 to 14 are the shared stack walk's (`-k`,
+/// `crate::stacks::ERR_NAMES`), which the walk counts into.
+pub const ERR_NAMES: [&str; 17] = [
     crate::events::LOST_NAMES[0],
     crate::events::LOST_NAMES[1],
+    crate::stacks::ERR_NAMES[2],
+    crate::stacks::ERR_NAMES[3],
+    crate::stacks::ERR_NAMES[4],
+    crate::stacks::ERR_NAMES[5],
+    crate::stacks::ERR_NAMES[6],
+    crate::stacks::ERR_NAMES[7],
+    crate::stacks::ERR_NAMES[8],
+    crate::stacks::ERR_NAMES[9],
+    crate::stacks::ERR_NAMES[10],
+    crate::stacks::ERR_NAMES[11],
+    crate::stacks::ERR_NAMES[12],
+    "calls of exiting processes whose memory was already freed, without a user stack",
+    "calls of processes in execve between two programs, without a user stack",
     "syscalls not traced (a number beyond the table)",
     "calls not in the summary by process (its table was full)",
 ];

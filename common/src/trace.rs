@@ -7,22 +7,33 @@ use crate::{
     argdist::{MAX_PROBES, MAX_STRINGS, MAX_VALUES, Probe, STR_LEN},
 };
 
-/// Kernel or user frames an event carries at most (`-K`, `-U`).
+/// Kernel frames an event carries at most (`-K`).
 pub const MAX_FRAMES: usize = 64;
 
 /// `ERRORS` slot: calls whose return was not sent, as the table of calls
 /// in flight was full (slot 0 is the events lost to a full buffer).
 pub const ERR_ENTRIES_FULL: u32 = 1;
-/// `ERRORS` slot: kernel stacks the kernel could not walk.
-pub const ERR_KERNEL_STACK: u32 = 2;
-/// `ERRORS` slot: user stacks the kernel could not walk.
-pub const ERR_USER_STACK: u32 = 3;
+/// `ERRORS` slot: kernel stacks the kernel could not walk. Slots 2 to 14
+/// are the shared user-stack walk's (`crate::stacks::ERR_NAMES`).
+pub const ERR_KERNEL_STACK: u32 = 15;
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 4] = [
+pub const ERR_NAMES: [&str; 16] = [
     crate::events::LOST_NAMES[0],
     "return events lost: the table of calls in flight was full",
+    crate::stacks::ERR_NAMES[2],
+    crate::stacks::ERR_NAMES[3],
+    crate::stacks::ERR_NAMES[4],
+    crate::stacks::ERR_NAMES[5],
+    crate::stacks::ERR_NAMES[6],
+    crate::stacks::ERR_NAMES[7],
+    crate::stacks::ERR_NAMES[8],
+    crate::stacks::ERR_NAMES[9],
+    crate::stacks::ERR_NAMES[10],
+    crate::stacks::ERR_NAMES[11],
+    crate::stacks::ERR_NAMES[12],
+    "events of exiting processes whose memory was already freed, without a user stack",
+    "events of processes in execve between two programs, without a user stack",
     "kernel stacks not walked",
-    "user stacks not walked",
 ];
 
 /// Load-time configuration, passed as the global `CONFIG`.
@@ -41,8 +52,8 @@ pub struct Config {
     pub _pad: u32,
 }
 
-/// One probe's run, sent when its filter passes. The frames follow it,
-/// `n_kernel` then `n_user` of them; a record is cut after the last.
+/// One probe's run, sent when its filter passes. Its kernel frames follow
+/// it; a record is cut after the last.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Event {
@@ -58,19 +69,22 @@ pub struct Event {
     pub cpu: u32,
     /// Kernel frames following.
     pub n_kernel: u32,
-    /// User frames following.
-    pub n_user: u32,
+    /// Keeps `ustack` aligned.
+    pub _pad: u32,
+    /// With `-U`: the user stack, by its hash in the shared stack table
+    /// (`STACKS`); 0 for none.
+    pub ustack: u64,
     /// The command.
     pub comm: [u8; TASK_COMM_LEN],
     /// The format's numeric values, by position (0 where a string is).
     pub values: [u64; MAX_VALUES],
     /// The format's strings, by the value's string slot, NUL-padded.
     pub strings: [[u8; STR_LEN]; MAX_STRINGS],
-    /// Kernel frames, then user frames.
-    pub frames: [u64; 2 * MAX_FRAMES],
+    /// Kernel frames (`-K`).
+    pub frames: [u64; MAX_FRAMES],
 }
 
 /// Bytes of an [`Event`] before its frames.
-pub const HEADER_SIZE: usize = core::mem::size_of::<Event>() - 2 * MAX_FRAMES * 8;
+pub const HEADER_SIZE: usize = core::mem::size_of::<Event>() - MAX_FRAMES * 8;
 
 crate::pod!(Config, Event);

@@ -135,6 +135,20 @@ pub fn add<C: EbpfContext, S: Sink, K: Counted>(
     }
 }
 
+/// Tells user space of `tgid` the first time in a generation it has a
+/// stack walked, at once, so that it reads the process's mappings while
+/// the process lives: for tools that send a stack an event rather than
+/// count them ([`add`] tells its own). With the CFI walk only: without
+/// it, every event would tell.
+#[inline(always)]
+pub fn tell_first<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
+    #[cfg(feature = "cfi")]
+    if first_in_generation(tgid, generation()) {
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, 0));
+    }
+    let _ = (ctx, events, tgid);
+}
+
 /// Counts an entry created in slot `which` of `STACK_NEW`.
 #[inline(always)]
 fn count_new(which: u32) {

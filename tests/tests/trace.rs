@@ -483,3 +483,31 @@ fn aggregate_counts_the_distinct_events() {
     assert_eq!(counted.len(), 1, "{stdout}");
     assert!(counted[0].ends_with("alpha-->COUNT 5"), "{stdout}");
 }
+
+/// `-U`: the user stack of each event, walked in the kernel from the
+/// fixture's CFI: the probed function, then its callers up to `main`.
+#[test]
+fn user_stacks_by_the_cfi_walk() {
+    let fix = fixture();
+    let spec = format!("p:{fix}:argfix_target (arg1 == 16) \"%s\", arg2");
+    let Traced { stdout, .. } = trace_workload(
+        "argfix",
+        &["calls".to_owned()],
+        &["trace", "--json", "-U", "-M", "1", &spec],
+        Duration::from_millis(300),
+        SIGINT,
+    );
+    let lines = json_lines(&stdout);
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let frames: Vec<&str> = lines[0]["user_stack"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no user stack: {stdout}"))
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(frames[0].starts_with("argfix_target+0x0 "), "{frames:?}");
+    assert!(
+        frames.iter().any(|f| f.starts_with("argfix::main")),
+        "{frames:?}"
+    );
+}

@@ -33,6 +33,7 @@ use rtrace_common::{
 use rtrace_ebpf::{atomic_add, count_error, events::emit_bytes, global, read_kernel, targets};
 
 rtrace_ebpf::event_map!();
+rtrace_ebpf::cfi_programs!();
 
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
@@ -149,6 +150,34 @@ pub fn strace_sys_enter(ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// User stacks of calls in flight (`-k`), by thread: the hash of each in
+/// the shared stack table.
+#[map]
+static STACK_OF: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+
+/// With `-k`: walks the user stack of a shown call at its entry (the
+/// CFI walk in the `cfi` variant, else frame pointers) into the shared
+/// stack table, for its line. A program of its own, so that the walk is
+/// verified apart from the capture's programs.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn strace_stack(ctx: RawTracePointContext) -> i32 {
+    let cfg = global(&CONFIG);
+    if cfg.stacks == 0 || !targets::admits_current() {
+        return 0;
+    }
+    let nr: u64 = ctx.arg(1);
+    if nr >= u64::from(MAX_SYSCALLS) || SYSCALLS.get(nr as u32).is_none_or(|s| s.shown == 0) {
+        return 0;
+    }
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    let stack =
+        rtrace_ebpf::stacks::user_stack(&ctx, &EVENTS, tgid, core::ptr::null()).unwrap_or(0);
+    rtrace_ebpf::stacks::tell_first(&ctx, &EVENTS, tgid);
+    let _ = STACK_OF.insert(id as u32, stack, 0);
+    0
+}
+
 /// `sys_exit(regs, ret)`.
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn strace_sys_exit(ctx: RawTracePointContext) -> i32 {
@@ -226,6 +255,7 @@ fn header(e: *mut Event, kind: u32, flags: u32, f: &Inflight, now: u64, ret: i64
         (*e).exit_ns = now;
         (*e).args = f.args;
         (*e).ret = ret;
+        (*e).stack = 0;
         (*e).lens = [0; BLOBS];
         (*e).comm = bpf_get_current_comm().unwrap_or([0; 16]);
     }
@@ -293,6 +323,15 @@ fn send(
         return;
     };
     header(e, kind, flags, f, now, ret);
+    if cfg.stacks != 0 {
+        let tid = bpf_get_current_pid_tgid() as u32;
+        // SAFETY: a map value, copied.
+        if let Some(h) = unsafe { STACK_OF.get(tid) } {
+            // SAFETY: this CPU's scratch record.
+            unsafe { (*e).stack = *h };
+            let _ = STACK_OF.remove(tid);
+        }
+    }
     let mut used = 0usize;
     if s.at_entry == 0 && flags & FLAG_NO_ENTRY == 0 {
         let limit = (cfg.string_limit as usize).min(BLOB);

@@ -7,7 +7,6 @@
 
 use aya_ebpf::{
     EbpfContext, Global,
-    bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
         bpf_get_smp_processor_id, bpf_ktime_get_ns, generated::bpf_get_stack,
@@ -18,9 +17,7 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     argdist::{KIND_RETURN, MAX_VALUES, Probe, VAL_STRING},
-    trace::{
-        Config, ERR_ENTRIES_FULL, ERR_KERNEL_STACK, ERR_USER_STACK, Event, HEADER_SIZE, MAX_FRAMES,
-    },
+    trace::{Config, ERR_ENTRIES_FULL, ERR_KERNEL_STACK, Event, HEADER_SIZE, MAX_FRAMES},
 };
 use rtrace_ebpf::{
     count_error,
@@ -30,6 +27,7 @@ use rtrace_ebpf::{
 };
 
 rtrace_ebpf::event_map!();
+rtrace_ebpf::cfi_programs!();
 
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
@@ -101,22 +99,18 @@ fn send<C: EbpfContext>(ctx: &C, p: &Probe, slot: usize, s: &Sources) {
     }
     let cfg = global(&CONFIG);
     e.n_kernel = 0;
-    e.n_user = 0;
+    e.ustack = 0;
     if cfg.kernel_stack != 0 {
         e.n_kernel = walk(ctx, e.frames.as_mut_ptr(), 0, ERR_KERNEL_STACK);
     }
     if cfg.user_stack != 0 {
-        // The user frames follow the kernel's: a fixed place keeps the
-        // verifier sure of the bounds, and the record is cut after them.
-        let at = (e.n_kernel as usize).min(MAX_FRAMES);
-        e.n_user = walk(
-            ctx,
-            e.frames[at..].as_mut_ptr(),
-            u64::from(BPF_F_USER_STACK),
-            ERR_USER_STACK,
-        );
+        // The shared walk: from CFI in the `cfi` variant, else frame
+        // pointers; from a probe's registers where they are user mode (a
+        // uprobe's), else from those the task entered the kernel with.
+        e.ustack = rtrace_ebpf::stacks::user_stack(ctx, &EVENTS, e.pid, s.regs).unwrap_or(0);
+        rtrace_ebpf::stacks::tell_first(ctx, &EVENTS, e.pid);
     }
-    let len = HEADER_SIZE + 8 * (e.n_kernel + e.n_user) as usize;
+    let len = HEADER_SIZE + 8 * (e.n_kernel as usize).min(MAX_FRAMES);
     // SAFETY: `e` is a whole `Event` of a map value.
     unsafe {
         emit_bytes(

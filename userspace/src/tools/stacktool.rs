@@ -5,7 +5,8 @@
 //! together. A tool adds only its own programs and its own output.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -21,7 +22,7 @@ use aya::{
 };
 use rtrace_common::{
     profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen},
-    stacks::{Found, SEEN_FOUND},
+    stacks::{Found, SEEN_FOUND, Stack},
     unwind::CfiOffsets,
 };
 
@@ -31,7 +32,7 @@ use crate::{
     stacks::{
         sample::Sample,
         stackstore::StackStore,
-        symbolize::Symbolizer,
+        symbolize::{Frame, Symbolizer},
         unwind::{Capacity, KernelTables},
     },
 };
@@ -103,6 +104,24 @@ pub struct StackArgs {
     pub transforms: crate::output::stacks::transform::TransformArgs,
 }
 
+/// The walk's settings for a tool that walks a stack an event (strace's
+/// `-k`, trace's `-U`): the defaults of the stack tools' flags, frames
+/// named with their offsets as strace and bcc name them.
+pub fn walk_args() -> StackArgs {
+    StackArgs {
+        stack_storage_size: 16384,
+        hash_storage_size: 1,
+        unwind: Unwind::Auto,
+        cfi_budget: 32,
+        max_stack: rtrace_common::stacks::MAX_DEPTH as u32,
+        lines: false,
+        no_demangle: false,
+        offsets: true,
+        addresses: false,
+        transforms: Default::default(),
+    }
+}
+
 /// The object variant with the CFI walk.
 pub const CFI: &str = "cfi";
 /// Processes whose regions the kernel holds, and the processes whose
@@ -159,7 +178,15 @@ pub struct StackTool {
     transforms: crate::output::stacks::transform::TransformArgs,
     /// Processes that ran a new program and have not been captured since.
     execed: HashSet<u32>,
+    /// For stacks walked one event at a time ([`StackTool::take_stacks`]):
+    /// the kernel's table of them, and those read from it by hash, as a
+    /// thread's walk may name one again by its hash alone.
+    walked: Option<Walked>,
 }
+
+/// The kernel's table of stored stacks, by hash, and the stacks read
+/// from it.
+type Walked = (BpfHashMap<MapData, u64, Stack>, HashMap<u64, Arc<[u64]>>);
 
 impl StackTool {
     /// A tool whose kernel side counts by `WakeKey` (`wakers`), not `Key`.
@@ -267,10 +294,10 @@ impl StackTool {
     /// symbolized all the same; with the CFI walk, builds their tables and
     /// attaches the exec and fork programs.
     pub fn attach(&mut self, ebpf: &mut Ebpf, pids: &[u32]) -> anyhow::Result<()> {
-        let map = ebpf
-            .take_map("TIMED_JIT")
-            .context("map TIMED_JIT missing")?;
-        self.timed_map = Some(BpfHashMap::try_from(map)?);
+        // Only objects that count stacks by time slot have it.
+        if let Some(map) = ebpf.take_map("TIMED_JIT") {
+            self.timed_map = Some(BpfHashMap::try_from(map)?);
+        }
         // The walk's regions before the symbolizer's capture, as in
         // `event`.
         if self.cfi_loaded {
@@ -318,6 +345,46 @@ impl StackTool {
             self.sym.capture(pid, true);
         }
         Ok(pids.len())
+    }
+
+    /// Names the frames of stacks walked one at a time (a syscall's, a
+    /// probe's), each leaf first, `None` for a kernel stack's process.
+    pub fn symbolize(&mut self, stacks: &[(Option<u32>, &[u64])]) -> Vec<Vec<Frame>> {
+        for pid in stacks.iter().filter_map(|(p, _)| *p) {
+            self.sym.capture(pid, false);
+        }
+        self.sym.symbolize(stacks)
+    }
+
+    /// Takes the kernel's stack table, for a tool whose events name
+    /// stacks by hash one at a time (strace's `-k`, trace's `-U`) rather
+    /// than counting them: they are read with [`StackTool::walked`], and
+    /// never moved out.
+    pub fn take_stacks(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        let map = ebpf.take_map("STACKS").context("map STACKS missing")?;
+        self.walked = Some((BpfHashMap::try_from(map)?, HashMap::new()));
+        Ok(())
+    }
+
+    /// The frames of the stack stored as `hash`, its entries joined;
+    /// `None` if it is not in the table (it was full).
+    pub fn walked(&mut self, hash: u64) -> Option<Arc<[u64]>> {
+        let (map, cache) = self.walked.as_mut()?;
+        if let Some(s) = cache.get(&hash) {
+            return Some(Arc::clone(s));
+        }
+        let mut ips = Vec::new();
+        let mut next = Some(hash);
+        for _ in 0..rtrace_common::stacks::MAX_SEGMENTS {
+            let Some(h) = next else { break };
+            let entry = map.get(&h, 0).ok()?;
+            let (frames, link) = entry.frames();
+            ips.extend_from_slice(frames);
+            next = link;
+        }
+        let ips: Arc<[u64]> = ips.into();
+        cache.insert(hash, Arc::clone(&ips));
+        Some(ips)
     }
 
     /// How user stacks are walked, for `-v`.

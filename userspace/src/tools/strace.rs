@@ -27,6 +27,7 @@ use rtrace_common::strace::{
 };
 use serde::Serialize;
 
+use super::stacktool::{StackTool, Unwind};
 use crate::{
     kernel::{
         features::Mechanism,
@@ -97,6 +98,10 @@ pub struct Args {
     /// Each descriptor with its path, as 3</etc/hostname> (strace's -y).
     #[arg(short = 'y', long = "decode-fds")]
     decode_fds: bool,
+    /// The user stack of each call, walked at its entry in the kernel from
+    /// the program's call frame information (strace's -k).
+    #[arg(short = 'k', long = "stack-trace")]
+    stack_trace: bool,
     #[command(flatten)]
     scope: ScopeArgs<{ own::C | own::UPPER_C | own::T }>,
     #[command(flatten)]
@@ -140,6 +145,7 @@ impl Args {
             times: flags.times,
             spent: false,
             decode_fds: false,
+            stack_trace: false,
             scope,
             buffer,
         }
@@ -169,6 +175,11 @@ pub struct Strace {
     before_exec: Option<u32>,
     /// Descriptors' paths (`-y`).
     fds: fds::Fds,
+    /// With `-k`: the shared stack walk, its tables and symbolizer.
+    stacks: Option<StackTool>,
+    /// The processes traced from the start, whose tables the walk loads
+    /// before their first call.
+    first_pids: Vec<u32>,
 }
 
 impl Tool for Strace {
@@ -177,6 +188,7 @@ impl Tool for Strace {
     const CHAIN: &'static [Mechanism] = &[];
     const EVENT_BUFFER: u32 = 8 << 20;
     const ERRORS: &'static [&'static str] = &ERR_NAMES;
+    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
 
     fn new(args: Args) -> anyhow::Result<Self> {
         if args.string_limit as usize > BLOB {
@@ -195,6 +207,8 @@ impl Tool for Strace {
             printed: 0,
             before_exec: None,
             fds: fds::Fds::default(),
+            stacks: None,
+            first_pids: Vec::new(),
         })
     }
 
@@ -214,6 +228,16 @@ impl Tool for Strace {
                 self.fds.read_all(pid);
             }
         }
+        self.first_pids = scope
+            .command_pid
+            .iter()
+            .chain(&scope.pids)
+            .copied()
+            .collect();
+    }
+
+    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
+        StackTool::variants(Unwind::Auto, self.args.stack_trace)
     }
 
     fn events(&self) -> Option<&BufferArgs> {
@@ -235,7 +259,6 @@ impl Tool for Strace {
             lines: u32::from(!self.summary_only()),
             summary: u32::from(self.summary_only() || self.args.summary),
             by_process: u32::from(self.args.summary_by_process),
-            _pad: 0,
             // -y learns a descriptor's path from the call that opened
             // it: the whole path, however much -s shows.
             string_limit: if self.args.decode_fds {
@@ -254,8 +277,15 @@ impl Tool for Strace {
             bprm_filename: offset("linux_binprm", "filename")?,
             follow: u32::from(self.follows()),
             tgid: offset("task_struct", "tgid")?,
+            stacks: u32::from(self.args.stack_trace),
+            _pad: 0,
         };
         load.config(&cfg);
+        if self.args.stack_trace {
+            let mut stacks = StackTool::new(false);
+            stacks.configure(&super::stacktool::walk_args(), kernel, load)?;
+            self.stacks = Some(stacks);
+        }
         if self.follows() {
             // Room for the children followed beside the processes named.
             load.size(
@@ -283,6 +313,11 @@ impl Tool for Strace {
             syscalls.set(nr, plan, 0)?;
         }
         let mut raw = Hooks::new(Mechanism::RawTracepoint, kernel)?;
+        if let Some(stacks) = &mut self.stacks {
+            stacks.attach(ebpf, &self.first_pids)?;
+            stacks.take_stacks(ebpf)?;
+            raw.attach(ebpf, "strace_stack", "raw_syscalls", "sys_enter")?;
+        }
         raw.attach(ebpf, "strace_sys_enter", "raw_syscalls", "sys_enter")?;
         raw.attach(ebpf, "strace_sys_exit", "raw_syscalls", "sys_exit")?;
         if self.follows() {
@@ -318,6 +353,10 @@ impl Tool for Strace {
 
     fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
         if record.len() < HEADER_SIZE {
+            // The stack walk's news of processes (exec, fork, new code).
+            if let Some(stacks) = &mut self.stacks {
+                stacks.event(record)?;
+            }
             return Ok(());
         }
         // SAFETY: `Event` is plain data; a short record leaves zeroes.
@@ -390,7 +429,18 @@ impl Tool for Strace {
     }
 
     fn summary(&self) -> Vec<String> {
-        vec![format!("{} lines printed", self.printed)]
+        let mut out = vec![format!("{} lines printed", self.printed)];
+        if let Some(s) = &self.stacks {
+            out.push(s.describe().to_owned());
+        }
+        out
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.stacks
+            .as_ref()
+            .map(StackTool::warnings)
+            .unwrap_or_default()
     }
 }
 
@@ -607,6 +657,8 @@ impl Strace {
             ));
         }
         self.last = (e.tid, e.exit_ns);
+        let stack = self.stack_lines(e);
+        text.extend(stack.iter().map(|f| format!(" > {f}")));
         let error = (e.flags & FLAG_NO_RETURN == 0 && (-4095..0).contains(&e.ret))
             .then(|| decode::errno(-e.ret).0);
         self.line(
@@ -619,9 +671,52 @@ impl Strace {
                 ret: Some(e.ret),
                 error,
                 spent_us: Some(spent.as_secs_f64() * 1e6),
+                stack,
                 text,
             },
         )
+    }
+
+    /// `-k`: the call's user stack as strace -k shows it, a frame a line
+    /// (`/usr/lib/x86_64-linux-gnu/libc.so.6(__write+0x14) [0x7f...]`).
+    fn stack_lines(&mut self, e: &Event) -> Vec<String> {
+        let Some(stacks) = &mut self.stacks else {
+            return Vec::new();
+        };
+        if e.stack == 0 {
+            return Vec::new();
+        }
+        let Some(ips) = stacks.walked(e.stack) else {
+            return vec!["(stack lost: the stack table was full)".to_owned()];
+        };
+        let frames = stacks.symbolize(&[(Some(e.pid), &ips[..])]);
+        let Some(frames) = frames.first() else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = Vec::new();
+        let mut last_addr = None;
+        for (i, f) in frames.iter().enumerate() {
+            // Inlined functions share their caller's address: strace shows
+            // one line an address, named by the function the code is in.
+            if last_addr == Some(f.addr) {
+                out.pop();
+            }
+            last_addr = Some(f.addr);
+            // strace shows each caller's return address, and where it is
+            // in its file; frames name their call sites (one before).
+            let addr = if i == 0 || f.addr == 0 {
+                f.addr
+            } else {
+                f.addr + 1
+            };
+            let (file, at) = match &f.mapping {
+                Some(m) => (m.file.as_str(), addr - m.start + m.offset),
+                None => (f.module.as_deref().unwrap_or("?"), addr),
+            };
+            let name = if f.name.starts_with('[') { "" } else { &f.name };
+            out.push(format!("{file}({name}) [{at:#x}]"));
+        }
+        out
     }
 
     /// `-y`: the descriptors among the arguments with their paths, as
@@ -695,6 +790,7 @@ impl Strace {
                 ret: None,
                 error: None,
                 spent_us: None,
+                stack: Vec::new(),
                 text,
             },
         )
@@ -863,6 +959,9 @@ struct Line {
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     spent_us: Option<f64>,
+    /// `-k`'s frames, leaf first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    stack: Vec<String>,
     #[serde(skip)]
     text: Vec<String>,
 }

@@ -33,6 +33,8 @@ use crate::{
     tracer::{Scope, ScopeArgs, Tool, own},
 };
 
+use super::stacktool::{StackTool, Unwind};
+
 /// Attach to functions, tracepoints and USDT probes and print a line each
 /// time one fires, with a printf format of its values (bcc's trace). With
 /// no probe, trace syscalls as rtrace strace does.
@@ -113,7 +115,8 @@ pub struct Args {
     /// The kernel stack of each event.
     #[arg(short = 'K', long = "kernel-stack")]
     kernel_stack: bool,
-    /// The user stack of each event (the kernel's frame-pointer walk).
+    /// The user stack of each event, walked in the kernel from the
+    /// program's call frame information (frame pointers where none).
     #[arg(short = 'U', long = "user-stack")]
     user_stack: bool,
     /// Addresses in stacks, before the functions.
@@ -214,6 +217,8 @@ pub struct Trace {
     /// The perf events of USDT probes, attached while they are held.
     links: Vec<std::os::fd::OwnedFd>,
     sym: Symbolizer,
+    /// With `-U`: the shared user-stack walk, its tables and symbolizer.
+    stacks: Option<StackTool>,
     /// Events printed (or counted, with `-A`).
     shown: u64,
     /// `-A`'s counts, in the order first seen.
@@ -231,6 +236,7 @@ impl Tool for Trace {
     /// Each probe names its own mechanism.
     const CHAIN: &'static [Mechanism] = &[];
     const ERRORS: &'static [&'static str] = &ERR_NAMES;
+    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
 
     fn new(mut args: Args) -> anyhow::Result<Self> {
         if args.specs.len() > MAX_PROBES {
@@ -263,6 +269,7 @@ impl Tool for Trace {
             how: Vec::new(),
             links: Vec::new(),
             sym,
+            stacks: None,
             shown: 0,
             aggregate: Vec::new(),
             aggregate_at: HashMap::new(),
@@ -282,12 +289,22 @@ impl Tool for Trace {
         Some(&self.args.buffer)
     }
 
+    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
+        StackTool::variants(Unwind::Auto, self.args.user_stack)
+    }
+
     fn configure(
         &mut self,
         _m: Option<Mechanism>,
-        _kernel: &mut Kernel,
+        kernel: &mut Kernel,
         load: &mut Load,
     ) -> anyhow::Result<()> {
+        self.stacks = None;
+        if self.args.user_stack {
+            let mut stacks = StackTool::new(false);
+            stacks.configure(&super::stacktool::walk_args(), kernel, load)?;
+            self.stacks = Some(stacks);
+        }
         // SAFETY: every field is an integer or an array of them.
         let mut cfg: Config = unsafe { std::mem::zeroed() };
         for (slot, s) in cfg.probes.iter_mut().zip(&self.specs) {
@@ -308,6 +325,11 @@ impl Tool for Trace {
     ) -> anyhow::Result<()> {
         self.how.clear();
         self.links.clear();
+        if let Some(stacks) = &mut self.stacks {
+            let pids: Vec<u32> = self.args.scope.pids.clone();
+            stacks.attach(ebpf, &pids)?;
+            stacks.take_stacks(ebpf)?;
+        }
         for (i, s) in self.specs.iter().enumerate() {
             let how = attach_slot(
                 ebpf,
@@ -379,7 +401,14 @@ impl Tool for Trace {
     }
 
     fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
-        if self.done() || record.len() < HEADER_SIZE {
+        if record.len() < HEADER_SIZE {
+            // The stack walk's news of processes (exec, fork, new code).
+            if let Some(stacks) = &mut self.stacks {
+                stacks.event(record)?;
+            }
+            return Ok(());
+        }
+        if self.done() {
             return Ok(());
         }
         // SAFETY: `Event` is plain data; a record cut after its frames
@@ -483,7 +512,11 @@ impl Tool for Trace {
     }
 
     fn warnings(&self) -> Vec<String> {
-        self.sym.warnings()
+        let mut out = self.sym.warnings();
+        if let Some(s) = &self.stacks {
+            out.extend(s.warnings());
+        }
+        out
     }
 }
 
@@ -595,22 +628,28 @@ impl Trace {
 
     /// The event's kernel and user stacks as lines, leaf first.
     fn stacks(&mut self, e: &Event) -> (Vec<String>, Vec<String>) {
-        let nk = (e.n_kernel as usize).min(MAX_FRAMES);
-        let nu = (e.n_user as usize).min(2 * MAX_FRAMES - nk);
-        if nk + nu == 0 {
-            return (Vec::new(), Vec::new());
-        }
-        if nu > 0 {
-            self.sym.capture(e.pid, false);
-        }
-        let kips = &e.frames[..nk];
-        let uips = &e.frames[nk..nk + nu];
-        let frames = self.sym.symbolize(&[(None, kips), (Some(e.pid), uips)]);
         let address = self.args.address;
-        let lines = |f: &Vec<crate::stacks::symbolize::Frame>| -> Vec<String> {
+        let lines = |f: &[crate::stacks::symbolize::Frame]| -> Vec<String> {
             f.iter().map(|f| frame_text(f, address)).collect()
         };
-        (lines(&frames[0]), lines(&frames[1]))
+        let nk = (e.n_kernel as usize).min(MAX_FRAMES);
+        let kernel = if nk > 0 {
+            let frames = self.sym.symbolize(&[(None, &e.frames[..nk])]);
+            frames.first().map(|f| lines(f)).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let user = match &mut self.stacks {
+            Some(stacks) if e.ustack != 0 => match stacks.walked(e.ustack) {
+                Some(ips) => {
+                    let frames = stacks.symbolize(&[(Some(e.pid), &ips[..])]);
+                    frames.first().map(|f| lines(f)).unwrap_or_default()
+                }
+                None => vec!["[stack lost: the stack table was full]".to_owned()],
+            },
+            _ => Vec::new(),
+        };
+        (kernel, user)
     }
 }
 
