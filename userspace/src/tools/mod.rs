@@ -165,6 +165,7 @@ registry! {
     Stackcount => stackcount::Stackcount,
     Strace => strace::Strace,
     Trace => trace::Trace,
+    Top => top::Top,
 }
 
 #[cfg(test)]

@@ -934,6 +934,13 @@ impl Profile {
 
     /// The kernel's samples by time slot, up to the end of sampling, where
     /// they were counted.
+    /// The stacks counted since the last call, named: for a live view
+    /// (`rtrace top`) that reads them every refresh.
+    pub fn take_interval(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
+        self.stacks.tick(ebpf, false)?;
+        self.stacks.interval(ebpf)
+    }
+
     fn heat_counts(&self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<Option<Vec<u64>>> {
         if self.heat_slots == 0 {
             return Ok(None);

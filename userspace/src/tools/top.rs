@@ -1,0 +1,448 @@
+//! `rtrace top`: perf top's view of the hottest functions, refreshed
+//! every `-d` seconds, from profile's sampling (its programs, its stack
+//! walk and its symbolizer): each function's self and total (children)
+//! share of the samples, with its library and the process that spends
+//! most in it. Old samples decay, as perf top's do, so that the view
+//! follows the workload. `-b`/`--once` print snapshots as text (or JSON)
+//! for scripts.
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    io::IsTerminal as _,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aya::Ebpf;
+use clap::Parser as _;
+use serde::Serialize;
+
+use crate::{
+    kernel::{features::Mechanism, load::Kernel, load::Load, transport::BufferArgs},
+    output::{Record, Schedule, Sink},
+    stacks::{
+        sample::Sample,
+        symbolize::{Frame, Kind},
+    },
+    tracer::{Scope, Tool},
+};
+
+use super::profile::{self, Profile};
+
+/// Show the functions using the most CPU, live, as perf top does.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  rtrace top                      # the whole system, refreshed every second
+  rtrace top -p 185               # one process's functions
+  rtrace top -b -n 3 -d 2         # three snapshots as text, two seconds apart
+  rtrace top --once --json        # one snapshot as JSON")]
+pub struct Args {
+    /// Seconds between refreshes.
+    #[arg(short = 'd', long = "delay", value_name = "SECS", default_value_t = 1.0,
+          value_parser = positive_secs)]
+    delay: f64,
+    /// Print snapshots as text instead of the live view (top's batch
+    /// mode), until -n COUNT or Ctrl-C.
+    #[arg(short = 'b', long = "batch")]
+    batch: bool,
+    /// Snapshots to print before exiting.
+    #[arg(short = 'n', long = "iterations", value_name = "COUNT",
+          value_parser = crate::output::at_least_one::<u64>)]
+    count: Option<u64>,
+    /// One snapshot, after -d seconds, then exit (-b -n 1).
+    #[arg(long)]
+    once: bool,
+    /// Rows shown.
+    #[arg(long, value_name = "N", default_value_t = 25)]
+    rows: usize,
+    /// Sample this many times per second on each CPU.
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 99,
+          value_parser = crate::output::at_least_one::<u64>)]
+    frequency: u64,
+    /// Sample this event instead of CPU time (perf's names, as profile -e).
+    #[arg(short = 'e', long = "event", value_name = "EVENT")]
+    event: Option<String>,
+    /// Only these processes (comma-separated pids).
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pid: Option<String>,
+    /// Only these threads (comma-separated thread ids).
+    #[arg(short = 't', long = "tid", value_name = "TID", conflicts_with = "pid")]
+    tid: Option<String>,
+    /// Only tasks in this cgroup v2 directory, or below it.
+    #[arg(short = 'c', long = "cgroup", value_name = "PATH")]
+    cgroup: Option<String>,
+    /// Only these CPUs (such as 0,2-3).
+    #[arg(short = 'C', long = "cpu", value_name = "CPUS")]
+    cpu: Option<String>,
+    /// Kernel frames only.
+    #[arg(short = 'K', long = "kernel-only", conflicts_with = "user_only")]
+    kernel_only: bool,
+    /// User frames only.
+    #[arg(short = 'U', long = "user-only")]
+    user_only: bool,
+    /// Each snapshot keeps this share of the one before (perf top's 7/8):
+    /// 0 shows only the last interval.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.875,
+          value_parser = fraction)]
+    decay: f64,
+}
+
+fn positive_secs(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() => Ok(s),
+        _ => Err(format!("{text:?} is no number of seconds above 0")),
+    }
+}
+
+fn fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(f) if (0.0..1.0).contains(&f) => Ok(f),
+        _ => Err(format!(
+            "{text:?} is no fraction from 0 up to (not including) 1"
+        )),
+    }
+}
+
+/// profile's command line, parsed by its own flags.
+#[derive(clap::Parser)]
+struct ProfileLine {
+    #[command(flatten)]
+    args: profile::Args,
+}
+
+impl Args {
+    /// The profile run this view reads: the same scope and event.
+    fn profile_args(&self) -> anyhow::Result<profile::Args> {
+        let mut argv: Vec<String> = vec!["profile".into()];
+        let freq = self.frequency.to_string();
+        if self.event.is_none() {
+            argv.extend(["-F".into(), freq]);
+        }
+        let flags = [
+            ("--pid", &self.pid),
+            ("--tid", &self.tid),
+            ("--cgroup", &self.cgroup),
+            ("--cpu", &self.cpu),
+            ("-e", &self.event),
+        ];
+        for (flag, value) in flags {
+            if let Some(v) = value {
+                argv.extend([flag.to_owned(), v.clone()]);
+            }
+        }
+        if self.kernel_only {
+            argv.push("-K".into());
+        }
+        if self.user_only {
+            argv.push("-U".into());
+        }
+        let line = ProfileLine::try_parse_from(&argv).map_err(|e| {
+            anyhow::anyhow!("{}", e.to_string().lines().next().unwrap_or("bad flags"))
+        })?;
+        Ok(line.args)
+    }
+}
+
+/// A function as the view lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Func {
+    name: Arc<str>,
+    module: Option<Arc<str>>,
+}
+
+/// What the view keeps of a function: decayed sample counts.
+#[derive(Debug, Default, Clone)]
+struct Row {
+    self_count: f64,
+    total_count: f64,
+    /// Samples by process (comm, pid), for its busiest one.
+    by_process: HashMap<(String, u32), f64>,
+}
+
+/// One snapshot of the view.
+#[derive(Debug, Serialize)]
+struct Snapshot {
+    /// Samples the shares are of (decayed).
+    samples: f64,
+    /// Samples in the last interval.
+    new_samples: u64,
+    /// rtrace's own CPU use in the last interval, percent of one CPU.
+    own_cpu_percent: f64,
+    rows: Vec<SnapshotRow>,
+    #[serde(skip)]
+    text: String,
+}
+
+#[derive(Debug, Serialize)]
+struct SnapshotRow {
+    self_percent: f64,
+    total_percent: f64,
+    symbol: String,
+    module: Option<String>,
+    comm: String,
+    pid: u32,
+}
+
+impl Record for Snapshot {
+    fn text(&self, out: &mut String) {
+        out.push_str(&self.text);
+    }
+}
+
+/// rtrace's own CPU time so far (user and system), from `/proc/self/stat`.
+fn own_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command, which may hold spaces, in parentheses.
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15; `after` starts at field 3.
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Duration::from_secs_f64((ticks(11) + ticks(12)) as f64 / hz)
+}
+
+/// The tool.
+pub struct Top {
+    args: Args,
+    profile: Profile,
+    rows: HashMap<Func, Row>,
+    samples: f64,
+    live: bool,
+    last: (Instant, Duration),
+    shown: u64,
+}
+
+impl Tool for Top {
+    type Args = Args;
+    const NAME: &'static str = "top";
+    const OBJECT: &'static str = "profile";
+    const CHAIN: &'static [Mechanism] = &[];
+    const ERRORS: &'static [&'static str] = &rtrace_common::stacks::ERR_NAMES;
+    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let profile = Profile::new(args.profile_args()?)?;
+        let live = !(args.batch || args.once) && std::io::stdout().is_terminal();
+        Ok(Self {
+            args,
+            profile,
+            rows: HashMap::new(),
+            samples: 0.0,
+            live,
+            last: (Instant::now(), Duration::ZERO),
+            shown: 0,
+        })
+    }
+
+    fn scope(&self) -> Scope {
+        self.profile.scope()
+    }
+
+    fn events(&self) -> Option<&BufferArgs> {
+        self.profile.events()
+    }
+
+    fn variants(&self, m: Option<Mechanism>, kernel: &mut Kernel) -> Vec<&'static str> {
+        self.profile.variants(m, kernel)
+    }
+
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        self.profile.configure(m, kernel, load)
+    }
+
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        self.profile.attach(m, kernel, ebpf)
+    }
+
+    fn describe(&self) -> String {
+        self.profile.describe()
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.profile.notes()
+    }
+
+    fn interval(&self) -> Schedule {
+        let count = if self.args.once {
+            Some(1)
+        } else {
+            self.args.count
+        };
+        Schedule::Every {
+            period: Duration::from_secs_f64(self.args.delay),
+            count,
+        }
+    }
+
+    fn banner(&self) -> String {
+        format!(
+            "Sampling {} Hz, refreshed every {} s... Hit Ctrl-C to end.",
+            self.args.frequency, self.args.delay
+        )
+    }
+
+    fn start(&mut self) {
+        self.profile.start();
+        self.last = (Instant::now(), own_cpu());
+    }
+
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        self.profile.event(record, sink)
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
+        let samples = self.profile.take_interval(ebpf)?;
+        let new: u64 = samples.iter().map(|s| s.count).sum();
+        self.add(&samples);
+        let (then, cpu_then) = self.last;
+        let cpu_now = own_cpu();
+        let wall = then.elapsed().as_secs_f64().max(1e-3);
+        let own = (cpu_now.saturating_sub(cpu_then)).as_secs_f64() / wall * 100.0;
+        self.last = (Instant::now(), cpu_now);
+        let snap = self.snapshot(new, own);
+        self.shown += 1;
+        sink.emit(&snap)
+    }
+
+    fn finish(&mut self, _ebpf: &mut Ebpf, _sink: &mut Sink) -> anyhow::Result<()> {
+        // The view is the output: no report at the end.
+        Ok(())
+    }
+
+    fn summary(&self) -> Vec<String> {
+        vec![format!("{} snapshots shown", self.shown)]
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.profile.warnings()
+    }
+}
+
+impl Top {
+    /// Decays what the view holds and adds an interval's samples.
+    fn add(&mut self, samples: &[Sample]) {
+        let keep = self.args.decay;
+        self.samples *= keep;
+        for row in self.rows.values_mut() {
+            row.self_count *= keep;
+            row.total_count *= keep;
+            for v in row.by_process.values_mut() {
+                *v *= keep;
+            }
+        }
+        // Rows too small to show again go.
+        self.rows.retain(|_, r| r.total_count >= 0.01);
+        for s in samples {
+            let n = s.count as f64;
+            self.samples += n;
+            // Kernel frames are leaf-most: the sample's own function is
+            // the first of them, else the first user frame. Functions are
+            // symbols, as perf top lists them: what was inlined into one
+            // is its own.
+            let frames: Vec<&Frame> = s
+                .kernel
+                .iter()
+                .chain(s.user.iter())
+                .filter(|f| f.kind != Kind::Inlined)
+                .collect();
+            let mut seen: Vec<Func> = Vec::new();
+            for (i, f) in frames.iter().enumerate() {
+                let func = Func {
+                    name: Arc::clone(&f.name),
+                    module: f.module.clone(),
+                };
+                if seen.contains(&func) {
+                    continue;
+                }
+                let row = self.rows.entry(func.clone()).or_default();
+                row.total_count += n;
+                if i == 0 {
+                    row.self_count += n;
+                }
+                *row.by_process.entry((s.comm.clone(), s.pid)).or_default() += n;
+                seen.push(func);
+            }
+        }
+    }
+
+    /// The rows, by self share, and their text.
+    fn snapshot(&self, new: u64, own: f64) -> Snapshot {
+        let total = self.samples.max(1e-9);
+        let mut rows: Vec<(&Func, &Row)> = self.rows.iter().collect();
+        rows.sort_by(|a, b| {
+            b.1.self_count
+                .total_cmp(&a.1.self_count)
+                .then(b.1.total_count.total_cmp(&a.1.total_count))
+                .then(a.0.name.cmp(&b.0.name))
+        });
+        rows.truncate(self.args.rows);
+        let out: Vec<SnapshotRow> = rows
+            .iter()
+            .map(|(f, r)| {
+                let ((comm, pid), _) = r
+                    .by_process
+                    .iter()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .unwrap_or(((String::new(), 0), 0.0));
+                SnapshotRow {
+                    self_percent: r.self_count / total * 100.0,
+                    total_percent: r.total_count / total * 100.0,
+                    symbol: f.name.to_string(),
+                    module: f.module.as_deref().map(str::to_owned),
+                    comm,
+                    pid,
+                }
+            })
+            .collect();
+        let mut text = String::new();
+        if self.live {
+            // Home and clear: the view redrawn in place.
+            text.push_str("\x1b[H\x1b[2J");
+        }
+        let _ = writeln!(
+            text,
+            "rtrace top: {new} samples in {:.1} s at {} Hz, {:.0} decayed; rtrace's own CPU {own:.1}%",
+            self.args.delay, self.args.frequency, self.samples
+        );
+        let _ = writeln!(
+            text,
+            "{:>7} {:>8}  {:<16} {:>7}  {:<24} SYMBOL",
+            "SELF", "CHILDREN", "COMM", "PID", "SHARED OBJECT"
+        );
+        for r in &out {
+            let module = r
+                .module
+                .as_deref()
+                .map(|m| m.rsplit('/').next().unwrap_or(m))
+                .unwrap_or("[unknown]");
+            let _ = writeln!(
+                text,
+                "{:>6.2}% {:>7.2}%  {:<16} {:>7}  {:<24} {}",
+                r.self_percent, r.total_percent, r.comm, r.pid, module, r.symbol
+            );
+        }
+        if !self.live {
+            text.push('\n');
+        }
+        Snapshot {
+            samples: self.samples,
+            new_samples: new,
+            own_cpu_percent: own,
+            rows: out,
+            text,
+        }
+    }
+}
