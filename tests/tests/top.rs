@@ -123,3 +123,157 @@ fn bad_input_is_one_clear_line() {
     let (code, _, stderr) = rtrace_integration_tests::run(&["top", "--decay", "1.5"]);
     assert_eq!(code, 2, "{stderr}");
 }
+
+/// A tmux session running a command in a real terminal, killed on drop.
+struct Tmux {
+    name: String,
+}
+
+impl Tmux {
+    fn start(command: &str) -> Self {
+        let name = format!("rtrace-top-{}", std::process::id());
+        let status = std::process::Command::new("tmux")
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                &name,
+                "-x",
+                "200",
+                "-y",
+                "50",
+                command,
+            ])
+            .status()
+            .expect("tmux (cargo xtask installs it)");
+        assert!(status.success());
+        Self { name }
+    }
+
+    fn screen(&self) -> String {
+        let out = std::process::Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", &self.name])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        for k in keys {
+            let status = std::process::Command::new("tmux")
+                .args(["send-keys", "-t", &self.name, k])
+                .status()
+                .unwrap();
+            assert!(status.success());
+            // One key at a time: an Escape followed at once by a letter
+            // reads as Alt and the letter.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+    }
+
+    /// Waits until the screen holds `text`; the screen then.
+    fn wait_for(&self, text: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let s = self.screen();
+            if s.contains(text) {
+                return s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {text:?} on the screen:\n{s}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    fn alternate_screen(&self) -> bool {
+        let out = std::process::Command::new("tmux")
+            .args(["display", "-p", "-t", &self.name, "#{alternate_on}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim() == "1"
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tmux")
+            .args(["kill-session", "-t", &self.name])
+            .status();
+    }
+}
+
+/// The self share of each row of the view whose symbol ends as `name`.
+fn self_share(screen: &str, name: &str) -> Option<f64> {
+    screen.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.last()? == &name).then(|| f[0].trim_end_matches('%').parse().ok())?
+    })
+}
+
+/// The live view in a real terminal (tmux): a process started after the
+/// view appears with named frames, in the split its own CPU times have;
+/// the keys sort, filter, show a function's callers, and `q` gives the
+/// terminal back as it was.
+#[test]
+fn the_live_view_in_a_real_terminal() {
+    if rtrace_integration_tests::in_guest() {
+        eprintln!("no tmux in the VM guests: the host runs the terminal test");
+        return;
+    }
+    let bin = rtrace_integration_tests::rtrace_bin();
+    // After the view quits, the terminal's settings, then a pause.
+    let tmux = Tmux::start(&format!(
+        "{} top -F 299; echo QUIT; stty -a; sleep 60",
+        bin.display()
+    ));
+    tmux.wait_for("rtrace top:");
+    let (mut work, ready) = Workload::start("hotfuncs", &["cpu".into(), "3".into()]);
+    assert_eq!(ready.trim(), "ready");
+    let done = work.go();
+    work.wait();
+    let ns: Vec<f64> = done
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    // Only the fixture's functions: other work on the machine does not
+    // move them.
+    tmux.keys(&["/", "hotfuncs::hot", "Enter"]);
+    let screen = tmux.wait_for("filter: hotfuncs::hot");
+    let (a, b) = (
+        self_share(&screen, "hotfuncs::hot_alpha").unwrap_or_else(|| panic!("{screen}")),
+        self_share(&screen, "hotfuncs::hot_beta").unwrap_or_else(|| panic!("{screen}")),
+    );
+    let want = ns[0] / (ns[0] + ns[1]) * 100.0;
+    let got = a / (a + b) * 100.0;
+    assert!(
+        (got - want).abs() <= TOLERANCE,
+        "hot_alpha {got:.1}% of the two on the screen, the fixture measured {want:.1}%:\n{screen}"
+    );
+    // A filter that hides it.
+    tmux.keys(&["/", "hot_beta", "Enter"]);
+    let screen = tmux.wait_for("filter: hot_beta");
+    assert!(!screen.contains("hotfuncs::hot_alpha"), "{screen}");
+    assert!(screen.contains("hotfuncs::hot_beta"), "{screen}");
+    // Enter on it: its caller.
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("Callers:");
+    let callers = screen.split("Callers:").nth(1).unwrap();
+    let callers = callers.split("Callees:").next().unwrap();
+    assert!(callers.contains("hotfuncs::work_caller"), "{screen}");
+    tmux.keys(&["Escape", "Escape", "t"]);
+    let screen = tmux.wait_for("sort: children");
+    assert!(!screen.contains("filter:"), "{screen}");
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("QUIT");
+    assert!(!tmux.alternate_screen(), "{screen}");
+    let stty = screen.split("QUIT").nth(1).unwrap();
+    let settings: Vec<&str> = stty.split_whitespace().collect();
+    for on in ["echo", "icanon", "isig"] {
+        assert!(
+            settings.contains(&on),
+            "{on} is off after the view:\n{screen}"
+        );
+    }
+}

@@ -201,6 +201,11 @@ pub const PROGRAMS: &[Program] = &[
     // Peers the tests and benchmarks compare with.
     deb("perf", "linux-perf", "profile's peer"),
     deb("strace", "strace", "rtrace strace's peer"),
+    deb(
+        "tmux",
+        "tmux",
+        "the real terminal rtrace top's view is tested in",
+    ),
     deb("bpftrace", "bpftrace", "argdist's and ext4slower's peer"),
     deb("runqlat", "libbpf-tools", "runqlat's peer"),
     deb("biolatency", "libbpf-tools", "biolatency's peer"),

@@ -23,12 +23,14 @@ use crate::{
     output::{Record, Schedule, Sink},
     stacks::{
         sample::Sample,
-        symbolize::{Frame, Kind},
+        symbolize::Kind,
     },
     tracer::{Scope, Tool},
 };
 
 use super::profile::{self, Profile};
+
+mod live;
 
 /// Show the functions using the most CPU, live, as perf top does.
 #[derive(Debug, clap::Args)]
@@ -146,18 +148,143 @@ impl Args {
 
 /// A function as the view lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Func {
-    name: Arc<str>,
-    module: Option<Arc<str>>,
+pub(crate) struct Func {
+    pub name: Arc<str>,
+    pub module: Option<Arc<str>>,
+    /// Kernel code.
+    pub kernel: bool,
 }
 
 /// What the view keeps of a function: decayed sample counts.
 #[derive(Debug, Default, Clone)]
-struct Row {
-    self_count: f64,
-    total_count: f64,
+pub(crate) struct Row {
+    pub self_count: f64,
+    pub total_count: f64,
     /// Samples by process (comm, pid), for its busiest one.
-    by_process: HashMap<(String, u32), f64>,
+    pub by_process: HashMap<(String, u32), f64>,
+    /// Samples through it by the function that called it, and by the
+    /// one it called (its stacks' neighbours).
+    pub callers: HashMap<Func, f64>,
+    pub callees: HashMap<Func, f64>,
+}
+
+impl Row {
+    /// The process that spends most in it.
+    pub fn busiest(&self) -> (String, u32) {
+        self.by_process
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)))
+            .map(|(k, _)| k.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// How the rows are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sort {
+    /// Self share, highest first.
+    SelfShare,
+    /// Total (children) share.
+    Total,
+    /// Command, then self share.
+    Comm,
+    /// Shared object, then self share.
+    Dso,
+}
+
+/// The decayed samples of every function seen.
+#[derive(Debug, Default)]
+pub(crate) struct Model {
+    pub rows: HashMap<Func, Row>,
+    /// Samples the shares are of (decayed).
+    pub samples: f64,
+    /// Samples in the last interval.
+    pub new: u64,
+    /// rtrace's own CPU in the last interval, percent of one CPU.
+    pub own: f64,
+}
+
+impl Model {
+    /// Decays what it holds by `keep` and adds an interval's samples.
+    pub fn add(&mut self, samples: &[Sample], keep: f64) {
+        self.samples *= keep;
+        for row in self.rows.values_mut() {
+            row.self_count *= keep;
+            row.total_count *= keep;
+            for m in [&mut row.by_process] {
+                m.values_mut().for_each(|v| *v *= keep);
+            }
+            for m in [&mut row.callers, &mut row.callees] {
+                m.values_mut().for_each(|v| *v *= keep);
+                m.retain(|_, v| *v >= 0.01);
+            }
+        }
+        // Rows too small to show again go.
+        self.rows.retain(|_, r| r.total_count >= 0.01);
+        self.new = 0;
+        for s in samples {
+            let n = s.count as f64;
+            self.samples += n;
+            self.new += s.count;
+            // Kernel frames are leaf-most: the sample's own function is
+            // the first of them, else the first user frame. Functions are
+            // symbols, as perf top lists them: what was inlined into one
+            // is its own.
+            let frames: Vec<Func> = s
+                .kernel
+                .iter()
+                .chain(s.user.iter())
+                .filter(|f| f.kind != Kind::Inlined)
+                .map(|f| Func {
+                    name: Arc::clone(&f.name),
+                    module: f.module.clone(),
+                    kernel: f.kind == Kind::Kernel,
+                })
+                .collect();
+            let mut seen: Vec<&Func> = Vec::new();
+            for (i, func) in frames.iter().enumerate() {
+                let row = self.rows.entry(func.clone()).or_default();
+                if i > 0 {
+                    *row.callees.entry(frames[i - 1].clone()).or_default() += n;
+                }
+                if let Some(caller) = frames.get(i + 1) {
+                    *row.callers.entry(caller.clone()).or_default() += n;
+                }
+                // A recursive function counts once a stack in its total.
+                if seen.contains(&func) {
+                    continue;
+                }
+                row.total_count += n;
+                if i == 0 {
+                    row.self_count += n;
+                }
+                *row.by_process.entry((s.comm.clone(), s.pid)).or_default() += n;
+                seen.push(func);
+            }
+        }
+    }
+
+    /// The rows in `sort` order, those `keep` lets through.
+    pub fn sorted(&self, sort: Sort, keep: impl Fn(&Func, &Row) -> bool) -> Vec<(&Func, &Row)> {
+        let mut rows: Vec<(&Func, &Row)> = self.rows.iter().filter(|(f, r)| keep(f, r)).collect();
+        let by_self = |a: &(&Func, &Row), b: &(&Func, &Row)| {
+            b.1.self_count
+                .total_cmp(&a.1.self_count)
+                .then(b.1.total_count.total_cmp(&a.1.total_count))
+                .then(a.0.name.cmp(&b.0.name))
+        };
+        match sort {
+            Sort::SelfShare => rows.sort_by(by_self),
+            Sort::Total => rows.sort_by(|a, b| {
+                b.1.total_count
+                    .total_cmp(&a.1.total_count)
+                    .then(by_self(a, b))
+            }),
+            Sort::Comm => rows.sort_by(|a, b| a.1.busiest().0.cmp(&b.1.busiest().0).then(by_self(a, b))),
+            Sort::Dso => rows.sort_by(|a, b| a.0.module.cmp(&b.0.module).then(by_self(a, b))),
+        }
+        rows
+    }
 }
 
 /// One snapshot of the view.
@@ -207,9 +334,10 @@ fn own_cpu() -> Duration {
 pub struct Top {
     args: Args,
     profile: Profile,
-    rows: HashMap<Func, Row>,
-    samples: f64,
-    live: bool,
+    /// The samples, in batch mode; the live view keeps its own.
+    model: Model,
+    /// The interactive view, on a terminal without `-b`.
+    live: Option<live::Live>,
     last: (Instant, Duration),
     shown: u64,
 }
@@ -224,13 +352,11 @@ impl Tool for Top {
 
     fn new(args: Args) -> anyhow::Result<Self> {
         let profile = Profile::new(args.profile_args()?)?;
-        let live = !(args.batch || args.once) && std::io::stdout().is_terminal();
         Ok(Self {
             args,
             profile,
-            rows: HashMap::new(),
-            samples: 0.0,
-            live,
+            model: Model::default(),
+            live: None,
             last: (Instant::now(), Duration::ZERO),
             shown: 0,
         })
@@ -296,28 +422,45 @@ impl Tool for Top {
     fn start(&mut self) {
         self.profile.start();
         self.last = (Instant::now(), own_cpu());
+        let wanted = !(self.args.batch || self.args.once)
+            && std::io::stdout().is_terminal()
+            && std::io::stdin().is_terminal();
+        if wanted {
+            match live::Live::start(self.args.frequency, self.args.delay) {
+                Ok(l) => self.live = Some(l),
+                Err(e) => eprintln!("rtrace: warning: no interactive view ({e}): text snapshots"),
+            }
+        }
     }
 
     fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
         self.profile.event(record, sink)
     }
 
-    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
         let samples = self.profile.take_interval(ebpf)?;
-        let new: u64 = samples.iter().map(|s| s.count).sum();
-        self.add(&samples);
         let (then, cpu_then) = self.last;
         let cpu_now = own_cpu();
         let wall = then.elapsed().as_secs_f64().max(1e-3);
         let own = (cpu_now.saturating_sub(cpu_then)).as_secs_f64() / wall * 100.0;
         self.last = (Instant::now(), cpu_now);
-        let snap = self.snapshot(new, own);
         self.shown += 1;
+        if let Some(live) = &self.live {
+            if !last {
+                live.update(&samples, self.args.decay, own);
+            }
+            return Ok(());
+        }
+        self.model.add(&samples, self.args.decay);
+        self.model.own = own;
+        let snap = self.snapshot();
         sink.emit(&snap)
     }
 
     fn finish(&mut self, _ebpf: &mut Ebpf, _sink: &mut Sink) -> anyhow::Result<()> {
-        // The view is the output: no report at the end.
+        // The view is the output: no report at the end; the terminal is
+        // given back as it was.
+        self.live = None;
         Ok(())
     }
 
@@ -331,72 +474,16 @@ impl Tool for Top {
 }
 
 impl Top {
-    /// Decays what the view holds and adds an interval's samples.
-    fn add(&mut self, samples: &[Sample]) {
-        let keep = self.args.decay;
-        self.samples *= keep;
-        for row in self.rows.values_mut() {
-            row.self_count *= keep;
-            row.total_count *= keep;
-            for v in row.by_process.values_mut() {
-                *v *= keep;
-            }
-        }
-        // Rows too small to show again go.
-        self.rows.retain(|_, r| r.total_count >= 0.01);
-        for s in samples {
-            let n = s.count as f64;
-            self.samples += n;
-            // Kernel frames are leaf-most: the sample's own function is
-            // the first of them, else the first user frame. Functions are
-            // symbols, as perf top lists them: what was inlined into one
-            // is its own.
-            let frames: Vec<&Frame> = s
-                .kernel
-                .iter()
-                .chain(s.user.iter())
-                .filter(|f| f.kind != Kind::Inlined)
-                .collect();
-            let mut seen: Vec<Func> = Vec::new();
-            for (i, f) in frames.iter().enumerate() {
-                let func = Func {
-                    name: Arc::clone(&f.name),
-                    module: f.module.clone(),
-                };
-                if seen.contains(&func) {
-                    continue;
-                }
-                let row = self.rows.entry(func.clone()).or_default();
-                row.total_count += n;
-                if i == 0 {
-                    row.self_count += n;
-                }
-                *row.by_process.entry((s.comm.clone(), s.pid)).or_default() += n;
-                seen.push(func);
-            }
-        }
-    }
-
-    /// The rows, by self share, and their text.
-    fn snapshot(&self, new: u64, own: f64) -> Snapshot {
-        let total = self.samples.max(1e-9);
-        let mut rows: Vec<(&Func, &Row)> = self.rows.iter().collect();
-        rows.sort_by(|a, b| {
-            b.1.self_count
-                .total_cmp(&a.1.self_count)
-                .then(b.1.total_count.total_cmp(&a.1.total_count))
-                .then(a.0.name.cmp(&b.0.name))
-        });
+    /// The model's rows, by self share, and their text.
+    fn snapshot(&self) -> Snapshot {
+        let m = &self.model;
+        let total = m.samples.max(1e-9);
+        let mut rows = m.sorted(Sort::SelfShare, |_, _| true);
         rows.truncate(self.args.rows);
         let out: Vec<SnapshotRow> = rows
             .iter()
             .map(|(f, r)| {
-                let ((comm, pid), _) = r
-                    .by_process
-                    .iter()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .map(|(k, v)| (k.clone(), *v))
-                    .unwrap_or(((String::new(), 0), 0.0));
+                let (comm, pid) = r.busiest();
                 SnapshotRow {
                     self_percent: r.self_count / total * 100.0,
                     total_percent: r.total_count / total * 100.0,
@@ -408,14 +495,10 @@ impl Top {
             })
             .collect();
         let mut text = String::new();
-        if self.live {
-            // Home and clear: the view redrawn in place.
-            text.push_str("\x1b[H\x1b[2J");
-        }
         let _ = writeln!(
             text,
-            "rtrace top: {new} samples in {:.1} s at {} Hz, {:.0} decayed; rtrace's own CPU {own:.1}%",
-            self.args.delay, self.args.frequency, self.samples
+            "rtrace top: {} samples in {:.1} s at {} Hz, {:.0} decayed; rtrace's own CPU {:.1}%",
+            m.new, self.args.delay, self.args.frequency, m.samples, m.own
         );
         let _ = writeln!(
             text,
@@ -423,26 +506,31 @@ impl Top {
             "SELF", "CHILDREN", "COMM", "PID", "SHARED OBJECT"
         );
         for r in &out {
-            let module = r
-                .module
-                .as_deref()
-                .map(|m| m.rsplit('/').next().unwrap_or(m))
-                .unwrap_or("[unknown]");
             let _ = writeln!(
                 text,
                 "{:>6.2}% {:>7.2}%  {:<16} {:>7}  {:<24} {}",
-                r.self_percent, r.total_percent, r.comm, r.pid, module, r.symbol
+                r.self_percent,
+                r.total_percent,
+                r.comm,
+                r.pid,
+                short_module(r.module.as_deref()),
+                r.symbol
             );
         }
-        if !self.live {
-            text.push('\n');
-        }
+        text.push('\n');
         Snapshot {
-            samples: self.samples,
-            new_samples: new,
-            own_cpu_percent: own,
+            samples: m.samples,
+            new_samples: m.new,
+            own_cpu_percent: m.own,
             rows: out,
             text,
         }
     }
+}
+
+/// A shared object's file name, or `[unknown]`.
+pub(crate) fn short_module(module: Option<&str>) -> &str {
+    module
+        .map(|m| m.rsplit('/').next().unwrap_or(m))
+        .unwrap_or("[unknown]")
 }
