@@ -211,9 +211,7 @@ impl Model {
         for row in self.rows.values_mut() {
             row.self_count *= keep;
             row.total_count *= keep;
-            for m in [&mut row.by_process] {
-                m.values_mut().for_each(|v| *v *= keep);
-            }
+            row.by_process.values_mut().for_each(|v| *v *= keep);
             for m in [&mut row.callers, &mut row.callees] {
                 m.values_mut().for_each(|v| *v *= keep);
                 m.retain(|_, v| *v >= 0.01);
