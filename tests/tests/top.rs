@@ -277,3 +277,47 @@ fn the_live_view_in_a_real_terminal() {
         );
     }
 }
+
+/// A process started after the view appears with named frames, and once
+/// it exits its rows leave as their samples decay (faster here than
+/// perf top's 7/8 a refresh, so that the test is short).
+#[test]
+fn a_process_comes_and_goes() {
+    let rtrace = Rtrace::start_until(
+        &[
+            "top", "-b", "--json", "-d", "0.5", "--decay", "0.3", "-F", "199",
+        ],
+        "Sampling",
+    );
+    let (mut work, ready) = Workload::start("hotfuncs", &["cpu".into(), "1".into()]);
+    assert_eq!(ready.trim(), "ready");
+    let pid = u64::from(work.pid());
+    work.go();
+    work.wait();
+    // 0.3 a refresh: a few hundred samples are under 0.01 in a few
+    // seconds.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let snaps = json_lines(&stdout);
+    let of_fixture = |s: &serde_json::Value| -> Vec<String> {
+        s["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["pid"].as_u64() == Some(pid))
+            .map(|r| r["symbol"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(
+        snaps
+            .iter()
+            .any(|s| of_fixture(s).iter().any(|n| n == "hotfuncs::hot_alpha")),
+        "the fixture never showed with named frames: {stdout}"
+    );
+    let last = snaps.last().unwrap();
+    assert!(
+        of_fixture(last).is_empty(),
+        "still shown after it exited: {last}"
+    );
+}

@@ -19,6 +19,7 @@ mod exporter;
 mod report;
 mod startup;
 mod stat;
+mod top;
 mod trace;
 
 /// Ping-pong round trips per trial: about a second bare.
@@ -78,21 +79,24 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             let report = report::run().and_then(|t| update_doc("report", &t));
             let stat = stat::run().and_then(|t| update_doc("stat", &t));
             let trace = trace::run().and_then(|t| update_doc("trace", &t));
+            let top = top::run().and_then(|t| update_doc("top", &t));
             all.and(startup)
                 .and(command)
                 .and(report)
                 .and(stat)
                 .and(trace)
+                .and(top)
         }
         Some("startup") => update_doc("startup", &startup::run()?),
         Some("command") => update_doc("command", &command::run()?),
         Some("report") => update_doc("report", &report::run()?),
         Some("stat") => update_doc("stat", &stat::run()?),
         Some("trace") => update_doc("trace", &trace::run()?),
+        Some("top") => update_doc("top", &top::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
-                "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace",
+                "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace, top",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },
