@@ -21,10 +21,7 @@ use serde::Serialize;
 use crate::{
     kernel::{features::Mechanism, load::Kernel, load::Load, transport::BufferArgs},
     output::{Record, Schedule, Sink},
-    stacks::{
-        sample::Sample,
-        symbolize::Kind,
-    },
+    stacks::{sample::Sample, symbolize::Kind},
     tracer::{Scope, Tool},
 };
 
@@ -278,7 +275,9 @@ impl Model {
                     .total_cmp(&a.1.total_count)
                     .then(by_self(a, b))
             }),
-            Sort::Comm => rows.sort_by(|a, b| a.1.busiest().0.cmp(&b.1.busiest().0).then(by_self(a, b))),
+            Sort::Comm => {
+                rows.sort_by(|a, b| a.1.busiest().0.cmp(&b.1.busiest().0).then(by_self(a, b)))
+            }
             Sort::Dso => rows.sort_by(|a, b| a.0.module.cmp(&b.0.module).then(by_self(a, b))),
         }
         rows

@@ -251,7 +251,8 @@ impl Screen {
         if !state.user {
             flags.push_str("  user frames hidden");
         }
-        let help = "s/t/c/o sort  / filter  k/u kernel/user  Enter callers+callees  p pause  q quit";
+        let help =
+            "s/t/c/o sort  / filter  k/u kernel/user  Enter callers+callees  p pause  q quit";
         let detail = state.detail.clone();
         let selected = state.selected.min(rows.len().saturating_sub(1));
         state.selected = selected;
