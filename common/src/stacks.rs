@@ -317,8 +317,32 @@ pub const ERR_NAMES: [&str; 15] = [
     "regions not looked for, the kernel's lookup being busy",
     "regions the kernel found of files without loaded CFI",
     "user stacks deeper than --max-stack frames (127 unless raised), kept to their leaf-most ones",
-    "samples of exiting processes whose memory was already freed, without a user stack",
-    "samples of processes in execve between two programs, without a user stack",
+    "stacks of exiting processes whose memory was already freed, without their user part",
+    "stacks of processes in execve between two programs, without their user part",
 ];
+
+/// The `ERRORS` names of an event tool that walks user stacks with the
+/// shared walk (strace's `-k`, trace's `-U`): its two first slots
+/// (`first`, the events lost and its own), the walk's in the slots it
+/// counts into, then the tool's others (`after`).
+pub const fn names_with_walk<const N: usize>(
+    first: [&'static str; 2],
+    after: &[&'static str],
+) -> [&'static str; N] {
+    let mut out = [""; N];
+    out[0] = first[0];
+    out[1] = first[1];
+    let mut i = 2;
+    while i < ERR_NAMES.len() {
+        out[i] = ERR_NAMES[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < after.len() {
+        out[i + j] = after[j];
+        j += 1;
+    }
+    out
+}
 
 crate::pod!(Key, WakeKey, Stack, Seen, Found);

@@ -200,22 +200,10 @@ pub const ERR_SYSCALL_NR: u32 = 15;
 /// What each `ERRORS` slot counts.
 /// Slots 2 to 14 are the shared stack walk's (`-k`,
 /// `crate::stacks::ERR_NAMES`), which the walk counts into.
-pub const ERR_NAMES: [&str; 17] = [
-    crate::events::LOST_NAMES[0],
-    crate::events::LOST_NAMES[1],
-    crate::stacks::ERR_NAMES[2],
-    crate::stacks::ERR_NAMES[3],
-    crate::stacks::ERR_NAMES[4],
-    crate::stacks::ERR_NAMES[5],
-    crate::stacks::ERR_NAMES[6],
-    crate::stacks::ERR_NAMES[7],
-    crate::stacks::ERR_NAMES[8],
-    crate::stacks::ERR_NAMES[9],
-    crate::stacks::ERR_NAMES[10],
-    crate::stacks::ERR_NAMES[11],
-    crate::stacks::ERR_NAMES[12],
-    "calls of exiting processes whose memory was already freed, without a user stack",
-    "calls of processes in execve between two programs, without a user stack",
-    "syscalls not traced (a number beyond the table)",
-    "calls not in the summary by process (its table was full)",
-];
+pub const ERR_NAMES: [&str; 17] = crate::stacks::names_with_walk(
+    [crate::events::LOST_NAMES[0], crate::events::LOST_NAMES[1]],
+    &[
+        "syscalls not traced (a number beyond the table)",
+        "calls not in the summary by process (its table was full)",
+    ],
+);

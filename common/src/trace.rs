@@ -17,24 +17,13 @@ pub const ERR_ENTRIES_FULL: u32 = 1;
 /// are the shared user-stack walk's (`crate::stacks::ERR_NAMES`).
 pub const ERR_KERNEL_STACK: u32 = 15;
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 16] = [
-    crate::events::LOST_NAMES[0],
-    "return events lost: the table of calls in flight was full",
-    crate::stacks::ERR_NAMES[2],
-    crate::stacks::ERR_NAMES[3],
-    crate::stacks::ERR_NAMES[4],
-    crate::stacks::ERR_NAMES[5],
-    crate::stacks::ERR_NAMES[6],
-    crate::stacks::ERR_NAMES[7],
-    crate::stacks::ERR_NAMES[8],
-    crate::stacks::ERR_NAMES[9],
-    crate::stacks::ERR_NAMES[10],
-    crate::stacks::ERR_NAMES[11],
-    crate::stacks::ERR_NAMES[12],
-    "events of exiting processes whose memory was already freed, without a user stack",
-    "events of processes in execve between two programs, without a user stack",
-    "kernel stacks not walked",
-];
+pub const ERR_NAMES: [&str; 16] = crate::stacks::names_with_walk(
+    [
+        crate::events::LOST_NAMES[0],
+        "return events lost: the table of calls in flight was full",
+    ],
+    &["kernel stacks not walked"],
+);
 
 /// Load-time configuration, passed as the global `CONFIG`.
 #[repr(C)]

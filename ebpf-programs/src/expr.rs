@@ -18,10 +18,10 @@ use aya_ebpf::{
 };
 use rtrace_common::argdist::{
     ARG_REGS, CMP_NE, Entry, I_BINARY, I_CAST, I_LOAD, I_PUSH, I_UNARY, INSN_SIGNED, INSN_USER,
-    Insn, MAX_ARGS, MAX_INSNS, Probe, SRC_ARG, SRC_COMM, SRC_CONST, SRC_CPU, SRC_DATA_LOC,
-    SRC_ENTRY_ARG, SRC_FIELD, SRC_GID, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET, SRC_TASK, SRC_TID,
-    SRC_UID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, USER_TOP, VAL_SIGNED, VAL_STRING, VAL_USER,
-    Value, binary, cut,
+    Insn, MAX_ARGS, MAX_INSNS, MAX_PROBES, Probe, SRC_ARG, SRC_COMM, SRC_CONST, SRC_CPU,
+    SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_GID, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET,
+    SRC_TASK, SRC_TID, SRC_UID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, USER_TOP, VAL_SIGNED,
+    VAL_STRING, VAL_USER, Value, binary, cut,
 };
 
 use crate::{count_error, read_kernel};
@@ -33,6 +33,16 @@ static ENTRIES: HashMap<u64, Entry> = HashMap::with_max_entries(65536, 0);
 /// Where a filter's string is read.
 #[map]
 static TEXT: PerCpuArray<[u8; STR_LEN]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slot `slot`'s probe of `probes`, unless the current task is filtered
+/// out (the scope's targets).
+#[inline(always)]
+pub fn admitted(probes: &'static [Probe; MAX_PROBES], slot: usize) -> Option<&'static Probe> {
+    if !crate::targets::admits_current() {
+        return None;
+    }
+    probes.get(slot)
+}
 
 /// Where values come from in one run of a program: pointers, not
 /// copies, as the programs and the expression function share 512 bytes

@@ -22,7 +22,7 @@ use rtrace_common::{
 use rtrace_ebpf::{
     count_error, count_key, count_key_local,
     expr::{self, Sources, number, passes, string},
-    global, hist_record_local, targets,
+    global, hist_record_local,
 };
 
 #[unsafe(no_mangle)]
@@ -45,10 +45,7 @@ static KEY: PerCpuArray<Key> = PerCpuArray::with_max_entries(1, 0);
 /// The probe of `slot`, unless the current task is filtered out.
 #[inline(always)]
 fn probe(slot: usize) -> Option<&'static Probe> {
-    if !targets::admits_current() {
-        return None;
-    }
-    global(&CONFIG).probes.get(slot)
+    expr::admitted(&global(&CONFIG).probes, slot)
 }
 
 /// Computes the key of probe `slot` and counts it.

@@ -23,7 +23,7 @@ use rtrace_ebpf::{
     count_error,
     events::emit_bytes,
     expr::{self, Sources, number, passes, string},
-    global, targets,
+    global,
 };
 
 rtrace_ebpf::event_map!();
@@ -39,14 +39,12 @@ static SCRATCH: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
 /// The probe of `slot`, unless the current task is filtered out.
 #[inline(always)]
 fn probe(slot: usize) -> Option<&'static Probe> {
-    if !targets::admits_current() {
-        return None;
-    }
     let cfg = global(&CONFIG);
+    let p = expr::admitted(&cfg.probes, slot)?;
     if cfg.uid != u32::MAX && bpf_get_current_uid_gid() as u32 != cfg.uid {
         return None;
     }
-    cfg.probes.get(slot)
+    Some(p)
 }
 
 /// Walks a stack into `frames` (`MAX_FRAMES` of them); the frames walked,
