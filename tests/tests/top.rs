@@ -262,6 +262,18 @@ fn the_live_view_in_a_real_terminal() {
     let callers = screen.split("Callers:").nth(1).unwrap();
     let callers = callers.split("Callees:").next().unwrap();
     assert!(callers.contains("hotfuncs::work_caller"), "{screen}");
+    // `a` on it: its instructions, the samples' shares beside them.
+    tmux.keys(&["Escape", "a"]);
+    let screen = tmux.wait_for("Disassembly of");
+    assert!(screen.contains("hotfuncs::hot_beta():"), "{screen}");
+    let shares: f64 = screen
+        .lines()
+        .filter_map(|l| l.split(" :").next()?.trim().parse::<f64>().ok())
+        .sum();
+    assert!(
+        (99.0..=101.0).contains(&shares),
+        "shares sum to {shares}:\n{screen}"
+    );
     tmux.keys(&["Escape", "Escape", "t"]);
     let screen = tmux.wait_for("sort: children");
     assert!(!screen.contains("filter:"), "{screen}");

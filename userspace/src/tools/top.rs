@@ -136,6 +136,8 @@ impl Args {
         if self.user_only {
             argv.push("-U".into());
         }
+        // The leaves at their exact addresses, for `a` to annotate.
+        argv.extend(["--annotate-top".into(), "1".into()]);
         let line = ProfileLine::try_parse_from(&argv).map_err(|e| {
             anyhow::anyhow!("{}", e.to_string().lines().next().unwrap_or("bad flags"))
         })?;

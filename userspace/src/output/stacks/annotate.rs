@@ -136,6 +136,23 @@ pub fn annotate(
     args: &AnnotateArgs,
     event: Option<&str>,
 ) -> anyhow::Result<Annotation> {
+    let (out, skipped) = annotate_quietly(samples, args, event);
+    for s in &skipped {
+        eprintln!("rtrace: warning: cannot annotate {s}");
+    }
+    if out.functions.is_empty() {
+        anyhow::bail!("nothing to annotate");
+    }
+    Ok(out)
+}
+
+/// [`annotate`], with the functions that could not be annotated, and
+/// why, returned rather than printed (for a full-screen view).
+pub fn annotate_quietly(
+    samples: &[Sample],
+    args: &AnnotateArgs,
+    event: Option<&str>,
+) -> (Annotation, Vec<String>) {
     let mut by_name: HashMap<Arc<str>, u64> = HashMap::new();
     let mut hits: HashMap<(Arc<str>, String), Hits> = HashMap::new();
     for s in samples {
@@ -194,13 +211,7 @@ pub fn annotate(
             }
         }
     }
-    for s in &skipped {
-        eprintln!("rtrace: warning: cannot annotate {s}");
-    }
-    if out.functions.is_empty() {
-        anyhow::bail!("nothing to annotate");
-    }
-    Ok(out)
+    (out, skipped)
 }
 
 /// Disassembles the function of `hits` from its file and lays the samples

@@ -45,11 +45,20 @@ struct State {
     selected: usize,
     /// The function whose callers and callees are shown (Enter).
     detail: Option<Func>,
+    /// The selected function's instructions, annotated (`a`).
+    annotation: Option<String>,
+    /// The first line of it shown (Up, Down).
+    scroll: u16,
 }
+
+/// Refreshes whose samples `a` annotates from.
+const ANNOTATED_REFRESHES: usize = 10;
 
 /// The model, the keys' choices and the terminal, drawn together.
 struct Screen {
     model: Model,
+    /// The last refreshes' samples, whose leaves are exact addresses.
+    recent: std::collections::VecDeque<Vec<Sample>>,
     state: State,
     term: Terminal<CrosstermBackend<Stdout>>,
     freq: u64,
@@ -75,6 +84,7 @@ impl Live {
         let term = Terminal::new(CrosstermBackend::new(std::io::stdout()))?;
         let screen = Arc::new(Mutex::new(Screen {
             model: Model::default(),
+            recent: std::collections::VecDeque::new(),
             state: State {
                 sort: Sort::SelfShare,
                 filter: String::new(),
@@ -84,6 +94,8 @@ impl Live {
                 paused: false,
                 selected: 0,
                 detail: None,
+                annotation: None,
+                scroll: 0,
             },
             term,
             freq,
@@ -110,6 +122,10 @@ impl Live {
             if !s.state.paused {
                 s.model.add(samples, keep);
                 s.model.own = own;
+                s.recent.push_back(samples.to_vec());
+                if s.recent.len() > ANNOTATED_REFRESHES {
+                    s.recent.pop_front();
+                }
             }
             s.draw();
         }
@@ -180,6 +196,20 @@ impl Screen {
             st.selected = 0;
             return false;
         }
+        if st.annotation.is_some() {
+            match key.code {
+                KeyCode::Char('q') => return true,
+                KeyCode::Down | KeyCode::Char('j') => st.scroll = st.scroll.saturating_add(1),
+                KeyCode::Up => st.scroll = st.scroll.saturating_sub(1),
+                KeyCode::PageDown | KeyCode::Char(' ') => st.scroll = st.scroll.saturating_add(20),
+                KeyCode::PageUp => st.scroll = st.scroll.saturating_sub(20),
+                KeyCode::Enter | KeyCode::Esc | KeyCode::Left | KeyCode::Char('a') => {
+                    st.annotation = None;
+                }
+                _ => {}
+            }
+            return false;
+        }
         if st.detail.is_some() {
             match key.code {
                 KeyCode::Char('q') => return true,
@@ -209,9 +239,37 @@ impl Screen {
                 let at = self.state.selected.min(rows.len().saturating_sub(1));
                 self.state.detail = rows.get(at).map(|(f, _)| (*f).clone());
             }
+            KeyCode::Char('a') => {
+                let rows = visible(&self.model, &self.state);
+                let at = self.state.selected.min(rows.len().saturating_sub(1));
+                if let Some((f, _)) = rows.get(at) {
+                    let name = f.name.to_string();
+                    self.state.annotation = Some(self.annotate(&name));
+                    self.state.scroll = 0;
+                }
+            }
             _ => {}
         }
         false
+    }
+
+    /// perf annotate's view of function `name` from the last refreshes'
+    /// samples, or why there is none.
+    fn annotate(&self, name: &str) -> String {
+        let samples: Vec<Sample> = self.recent.iter().flatten().cloned().collect();
+        let args = crate::output::stacks::annotate::AnnotateArgs {
+            functions: vec![name.to_owned()],
+            annotate_top: None,
+        };
+        let (out, skipped) =
+            crate::output::stacks::annotate::annotate_quietly(&samples, &args, None);
+        let mut text = String::new();
+        crate::output::Record::text(&out, &mut text);
+        for s in skipped {
+            text.push_str(&format!("cannot annotate {s}\n"));
+        }
+        text.push_str("\nUp, Down, Space: scroll; Enter, Esc or a: back\n");
+        text
     }
 
     fn draw(&mut self) {
@@ -221,6 +279,7 @@ impl Screen {
             term,
             freq,
             delay,
+            ..
         } = self;
         let rows = visible(model, state);
         let total = model.samples.max(1e-9);
@@ -251,9 +310,11 @@ impl Screen {
         if !state.user {
             flags.push_str("  user frames hidden");
         }
-        let help =
-            "s/t/c/o sort  / filter  k/u kernel/user  Enter callers+callees  p pause  q quit";
+        let help = "s/t/c/o sort  / filter  k/u kernel/user  Enter callers+callees  a annotate  \
+                    p pause  q quit";
         let detail = state.detail.clone();
+        let annotation = state.annotation.clone();
+        let scroll = state.scroll;
         let selected = state.selected.min(rows.len().saturating_sub(1));
         state.selected = selected;
         let _ = term.draw(|f| {
@@ -268,6 +329,11 @@ impl Screen {
                 top,
             );
             f.render_widget(Paragraph::new(help), foot);
+            if let Some(text) = &annotation {
+                let lines: Vec<Line> = text.lines().map(|l| Line::from(expand_tabs(l))).collect();
+                f.render_widget(Paragraph::new(lines).scroll((scroll, 0)), body);
+                return;
+            }
             match &detail {
                 None => {
                     let table = Table::new(
@@ -361,5 +427,23 @@ fn detail_lines(model: &Model, func: &Func, total: f64) -> Vec<Line<'static>> {
     list(&row.callees, &mut out);
     out.push(Line::from(""));
     out.push(Line::from("Enter or Esc: back"));
+    out
+}
+
+/// `line` with its tabs expanded to 8-column stops, as a terminal shows
+/// them: the view draws cells, where a tab is one.
+fn expand_tabs(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut col = 0;
+    for c in line.chars() {
+        if c == '\t' {
+            let to = (col / 8 + 1) * 8;
+            out.extend(std::iter::repeat_n(' ', to - col));
+            col = to;
+        } else {
+            out.push(c);
+            col += 1;
+        }
+    }
     out
 }
