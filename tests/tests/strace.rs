@@ -642,7 +642,7 @@ fn dash_f_follows_the_children_of_dash_p() {
         assert_eq!(code, 0, "{stderr}");
         let text = std::fs::read_to_string(&out).unwrap();
         let _ = std::fs::remove_file(&out);
-        let exec = text.contains("execve(\"/bin/echo\", [\"/bin/echo\", \"followed-child\"]");
+        let exec = text.contains(r#"execve("/bin/echo", ["/bin/echo", "followed-child"]"#);
         let write = text.contains("write(1, \"followed-child\\n\", 15) = 15");
         assert_eq!((exec, write), (follow, follow), "-f {follow}: {text}");
     }

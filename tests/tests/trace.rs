@@ -378,7 +378,7 @@ fn without_a_probe_it_traces_syscalls() {
     let (code, _, stderr) = run(&["trace", "--", "/bin/echo", "hi there"]);
     assert_eq!(code, 0, "{stderr}");
     assert!(
-        stderr.contains("execve(\"/bin/echo\", [\"/bin/echo\", \"hi there\"]"),
+        stderr.contains(r#"execve("/bin/echo", ["/bin/echo", "hi there"]"#),
         "{stderr}"
     );
     assert!(
