@@ -415,6 +415,78 @@ fn parse_range(s: &str) -> Result<(Duration, Duration), String> {
     Ok((a, b))
 }
 
+/// profile's command line, parsed by its own flags: for the tools that
+/// run profile underneath (stackcount, top), which build its argv.
+#[derive(Debug, clap::Parser)]
+#[command(name = "profile")]
+struct AsProfile {
+    #[command(flatten)]
+    args: Args,
+}
+
+/// Parses `argv` (`profile` first) as profile's flags.
+pub fn parse_args(argv: &[String]) -> Result<Args, clap::Error> {
+    <AsProfile as clap::Parser>::try_parse_from(argv).map(|p| p.args)
+}
+
+/// The `Tool` methods of a tool that runs a [`Profile`] in its field
+/// `profile` and adds only its own output: scope, events, variants,
+/// configure, attach, describe, notes and events are profile's.
+macro_rules! delegate_to_profile {
+    () => {
+        fn scope(&self) -> $crate::tracer::Scope {
+            self.profile.scope()
+        }
+
+        fn scoped(&mut self, scope: &$crate::tracer::Scope) {
+            self.profile.scoped(scope);
+        }
+
+        fn events(&self) -> Option<&$crate::kernel::transport::BufferArgs> {
+            self.profile.events()
+        }
+
+        fn variants(
+            &self,
+            m: Option<$crate::kernel::features::Mechanism>,
+            kernel: &mut $crate::kernel::load::Kernel,
+        ) -> Vec<&'static str> {
+            self.profile.variants(m, kernel)
+        }
+
+        fn configure(
+            &mut self,
+            m: Option<$crate::kernel::features::Mechanism>,
+            kernel: &mut $crate::kernel::load::Kernel,
+            load: &mut $crate::kernel::load::Load,
+        ) -> anyhow::Result<()> {
+            self.profile.configure(m, kernel, load)
+        }
+
+        fn attach(
+            &mut self,
+            m: Option<$crate::kernel::features::Mechanism>,
+            kernel: &mut $crate::kernel::load::Kernel,
+            ebpf: &mut aya::Ebpf,
+        ) -> anyhow::Result<()> {
+            self.profile.attach(m, kernel, ebpf)
+        }
+
+        fn describe(&self) -> String {
+            self.profile.describe()
+        }
+
+        fn notes(&self) -> Vec<String> {
+            self.profile.notes()
+        }
+
+        fn event(&mut self, record: &[u8], sink: &mut $crate::output::Sink) -> anyhow::Result<()> {
+            self.profile.event(record, sink)
+        }
+    };
+}
+pub(crate) use delegate_to_profile;
+
 impl Tool for Profile {
     type Args = Args;
     const NAME: &'static str = "profile";

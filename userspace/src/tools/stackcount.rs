@@ -5,17 +5,12 @@
 //! store and outputs do the work.
 
 use aya::Ebpf;
-use clap::Parser as _;
 
 use super::profile::{self, Profile};
 use crate::{
-    kernel::{
-        features::Mechanism,
-        load::{Kernel, Load},
-        transport::BufferArgs,
-    },
+    kernel::features::Mechanism,
     output::{Schedule, Sink},
-    tracer::{Scope, Tool},
+    tracer::Tool,
 };
 
 #[derive(Debug, clap::Args)]
@@ -102,13 +97,6 @@ fn event_spec(pattern: &str, is_category: impl Fn(&str) -> bool) -> anyhow::Resu
 
 /// profile's arguments, parsed from the command line stackcount's flags
 /// make.
-#[derive(Debug, clap::Parser)]
-#[command(name = "profile")]
-struct AsProfile {
-    #[command(flatten)]
-    args: profile::Args,
-}
-
 /// The tool: profile, at every event of the pattern's tracepoints.
 pub struct Stackcount {
     profile: Profile,
@@ -157,63 +145,23 @@ impl Tool for Stackcount {
     const ERRORS: &'static [&'static str] = <Profile as Tool>::ERRORS;
     const EXPECTED: &'static [u32] = <Profile as Tool>::EXPECTED;
 
+    profile::delegate_to_profile!();
+
     fn new(args: Args) -> anyhow::Result<Self> {
         let argv = args.profile_argv(|category| {
             crate::kernel::tracefs::root()
                 .is_ok_and(|root| root.join("events").join(category).is_dir())
         })?;
-        let parsed = AsProfile::try_parse_from(&argv)
+        let parsed = profile::parse_args(&argv)
             .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim()))?;
         Ok(Self {
-            profile: Profile::new(parsed.args)?,
+            profile: Profile::new(parsed)?,
             pattern: args.pattern,
         })
     }
 
-    fn scope(&self) -> Scope {
-        self.profile.scope()
-    }
-
-    fn scoped(&mut self, scope: &Scope) {
-        self.profile.scoped(scope);
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        self.profile.events()
-    }
-
     fn duration(&self) -> Option<u64> {
         self.profile.duration()
-    }
-
-    fn variants(&self, m: Option<Mechanism>, kernel: &mut Kernel) -> Vec<&'static str> {
-        self.profile.variants(m, kernel)
-    }
-
-    fn configure(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        load: &mut Load,
-    ) -> anyhow::Result<()> {
-        self.profile.configure(m, kernel, load)
-    }
-
-    fn attach(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        ebpf: &mut Ebpf,
-    ) -> anyhow::Result<()> {
-        self.profile.attach(m, kernel, ebpf)
-    }
-
-    fn describe(&self) -> String {
-        self.profile.describe()
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.profile.notes()
     }
 
     fn interval(&self) -> Schedule {
@@ -231,10 +179,6 @@ impl Tool for Stackcount {
 
     fn start(&mut self) {
         self.profile.start();
-    }
-
-    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
-        self.profile.event(record, sink)
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
@@ -257,6 +201,7 @@ impl Tool for Stackcount {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser as _;
 
     fn argv(line: &[&str]) -> anyhow::Result<Vec<String>> {
         #[derive(clap::Parser)]
@@ -309,7 +254,7 @@ mod tests {
             &["u:pthread:pthread_create"],
         ] {
             let words = argv(line).unwrap();
-            assert!(AsProfile::try_parse_from(&words).is_ok(), "{words:?}");
+            assert!(profile::parse_args(&words).is_ok(), "{words:?}");
         }
     }
 }

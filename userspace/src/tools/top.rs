@@ -15,14 +15,13 @@ use std::{
 };
 
 use aya::Ebpf;
-use clap::Parser as _;
 use serde::Serialize;
 
 use crate::{
-    kernel::{features::Mechanism, load::Kernel, load::Load, transport::BufferArgs},
+    kernel::features::Mechanism,
     output::{Record, Schedule, Sink},
     stacks::{sample::Sample, symbolize::Kind},
-    tracer::{Scope, Tool},
+    tracer::Tool,
 };
 
 use super::profile::{self, Profile};
@@ -103,15 +102,16 @@ fn fraction(text: &str) -> Result<f64, String> {
     }
 }
 
-/// profile's command line, parsed by its own flags.
-#[derive(clap::Parser)]
-struct ProfileLine {
-    #[command(flatten)]
-    args: profile::Args,
-}
-
 impl Args {
     /// The profile run this view reads: the same scope and event.
+    /// Whether the view is interactive: on a terminal, without `-b` or
+    /// `--once`.
+    fn interactive(&self) -> bool {
+        !(self.batch || self.once)
+            && std::io::stdout().is_terminal()
+            && std::io::stdin().is_terminal()
+    }
+
     fn profile_args(&self) -> anyhow::Result<profile::Args> {
         let mut argv: Vec<String> = vec!["profile".into()];
         let freq = self.frequency.to_string();
@@ -136,12 +136,13 @@ impl Args {
         if self.user_only {
             argv.push("-U".into());
         }
-        // The leaves at their exact addresses, for `a` to annotate.
-        argv.extend(["--annotate-top".into(), "1".into()]);
-        let line = ProfileLine::try_parse_from(&argv).map_err(|e| {
-            anyhow::anyhow!("{}", e.to_string().lines().next().unwrap_or("bad flags"))
-        })?;
-        Ok(line.args)
+        // The leaves at their exact addresses, for the view's `a` to
+        // annotate (snapshots need them by function only).
+        if self.interactive() {
+            argv.extend(["--annotate-top".into(), "1".into()]);
+        }
+        profile::parse_args(&argv)
+            .map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().next().unwrap_or("bad flags")))
     }
 }
 
@@ -349,6 +350,8 @@ impl Tool for Top {
     const ERRORS: &'static [&'static str] = &rtrace_common::stacks::ERR_NAMES;
     const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
 
+    profile::delegate_to_profile!();
+
     fn new(args: Args) -> anyhow::Result<Self> {
         let profile = Profile::new(args.profile_args()?)?;
         Ok(Self {
@@ -359,44 +362,6 @@ impl Tool for Top {
             last: (Instant::now(), Duration::ZERO),
             shown: 0,
         })
-    }
-
-    fn scope(&self) -> Scope {
-        self.profile.scope()
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        self.profile.events()
-    }
-
-    fn variants(&self, m: Option<Mechanism>, kernel: &mut Kernel) -> Vec<&'static str> {
-        self.profile.variants(m, kernel)
-    }
-
-    fn configure(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        load: &mut Load,
-    ) -> anyhow::Result<()> {
-        self.profile.configure(m, kernel, load)
-    }
-
-    fn attach(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        ebpf: &mut Ebpf,
-    ) -> anyhow::Result<()> {
-        self.profile.attach(m, kernel, ebpf)
-    }
-
-    fn describe(&self) -> String {
-        self.profile.describe()
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.profile.notes()
     }
 
     fn interval(&self) -> Schedule {
@@ -421,19 +386,12 @@ impl Tool for Top {
     fn start(&mut self) {
         self.profile.start();
         self.last = (Instant::now(), own_cpu());
-        let wanted = !(self.args.batch || self.args.once)
-            && std::io::stdout().is_terminal()
-            && std::io::stdin().is_terminal();
-        if wanted {
+        if self.args.interactive() {
             match live::Live::start(self.args.frequency, self.args.delay) {
                 Ok(l) => self.live = Some(l),
                 Err(e) => eprintln!("rtrace: warning: no interactive view ({e}): text snapshots"),
             }
         }
-    }
-
-    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
-        self.profile.event(record, sink)
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
