@@ -18,10 +18,10 @@ use aya_ebpf::{
 };
 use rtrace_common::argdist::{
     ARG_REGS, CMP_NE, Entry, I_BINARY, I_CAST, I_LOAD, I_PUSH, I_UNARY, INSN_SIGNED, INSN_USER,
-    Insn, MAX_ARGS, MAX_INSNS, MAX_PROBES, Probe, SRC_ARG, SRC_COMM, SRC_CONST, SRC_CPU,
-    SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_GID, SRC_LATENCY, SRC_PID, SRC_REG, SRC_RET,
-    SRC_TASK, SRC_TID, SRC_UID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, USER_TOP, VAL_SIGNED,
-    VAL_STRING, VAL_USER, Value, binary, cut,
+    Insn, MAX_ARGS, MAX_INSNS, MAX_PROBES, MAX_STRINGS, MAX_VALUES, Probe, SRC_ARG, SRC_COMM,
+    SRC_CONST, SRC_CPU, SRC_DATA_LOC, SRC_ENTRY_ARG, SRC_FIELD, SRC_GID, SRC_LATENCY, SRC_PID,
+    SRC_REG, SRC_RET, SRC_TASK, SRC_TID, SRC_UID, STACK_DEPTH, STR_LEN, UN_NEG, UN_NOT, USER_TOP,
+    VAL_SIGNED, VAL_STRING, VAL_USER, Value, binary, cut,
 };
 
 use crate::{count_error, read_kernel};
@@ -223,6 +223,33 @@ pub fn string(v: &Value, s: &Sources, len: u32, buf: &mut [u8; STR_LEN]) {
     for (i, b) in buf.iter_mut().enumerate() {
         if i as u32 + 1 >= len {
             *b = 0;
+        }
+    }
+}
+
+/// The probe's values into `values` by position and its strings into
+/// `strings` by their slots (a string's position in `values` is 0).
+#[inline(always)]
+pub fn values(
+    p: &Probe,
+    s: &Sources,
+    values: &mut [u64; MAX_VALUES],
+    strings: &mut [[u8; STR_LEN]; MAX_STRINGS],
+) {
+    for (i, v) in p.values.iter().enumerate() {
+        if i >= MAX_VALUES || i as u32 >= p.n_values {
+            break;
+        }
+        if v.flags & VAL_STRING != 0 {
+            values[i] = 0;
+            let buf = if v.str_slot == 0 {
+                &mut strings[0]
+            } else {
+                &mut strings[1]
+            };
+            string(v, s, p.str_len, buf);
+        } else {
+            values[i] = number(v, s);
         }
     }
 }

@@ -15,13 +15,13 @@ use aya_ebpf::{
 use rtrace_common::{
     argdist::{
         Config, ERR_COUNTS_FULL, ERR_ENTRIES_FULL, KIND_RETURN, Key, MAX_PROBES, MAX_VALUES,
-        MODE_HIST, NumKey, Probe, STR_LEN, VAL_SIGNED, VAL_STRING,
+        MODE_HIST, NumKey, Probe, STR_LEN, VAL_SIGNED,
     },
     hist::Hist,
 };
 use rtrace_ebpf::{
     count_error, count_key, count_key_local,
-    expr::{self, Sources, number, passes, string},
+    expr::{self, Sources, number, passes},
     global, hist_record_local,
 };
 
@@ -95,21 +95,7 @@ fn record(p: &Probe, slot: usize, s: &Sources) {
     k.values = [0; MAX_VALUES];
     k.strings[0] = [0; STR_LEN];
     k.strings[1] = [0; STR_LEN];
-    for (i, v) in p.values.iter().enumerate() {
-        if i as u32 >= p.n_values {
-            break;
-        }
-        if v.flags & VAL_STRING != 0 {
-            let buf = if v.str_slot == 0 {
-                &mut k.strings[0]
-            } else {
-                &mut k.strings[1]
-            };
-            string(v, s, p.str_len, buf);
-        } else {
-            k.values[i] = number(v, s);
-        }
-    }
+    expr::values(p, s, &mut k.values, &mut k.strings);
     if count_key(&COUNTS, k).is_none() {
         count_error(ERR_COUNTS_FULL);
     }

@@ -16,13 +16,13 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use rtrace_common::{
-    argdist::{KIND_RETURN, MAX_VALUES, Probe, VAL_STRING},
+    argdist::{KIND_RETURN, Probe},
     trace::{Config, ERR_ENTRIES_FULL, ERR_KERNEL_STACK, Event, HEADER_SIZE, MAX_FRAMES},
 };
 use rtrace_ebpf::{
     count_error,
     events::emit_bytes,
-    expr::{self, Sources, number, passes, string},
+    expr::{self, Sources, passes},
     global,
 };
 
@@ -79,22 +79,7 @@ fn send<C: EbpfContext>(ctx: &C, p: &Probe, slot: usize, s: &Sources) {
     // SAFETY: as above.
     e.cpu = unsafe { bpf_get_smp_processor_id() };
     e.comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    for (i, v) in p.values.iter().enumerate() {
-        if i >= MAX_VALUES || i as u32 >= p.n_values {
-            break;
-        }
-        if v.flags & VAL_STRING != 0 {
-            e.values[i] = 0;
-            let buf = if v.str_slot == 0 {
-                &mut e.strings[0]
-            } else {
-                &mut e.strings[1]
-            };
-            string(v, s, p.str_len, buf);
-        } else {
-            e.values[i] = number(v, s);
-        }
-    }
+    expr::values(p, s, &mut e.values, &mut e.strings);
     let cfg = global(&CONFIG);
     e.n_kernel = 0;
     e.ustack = 0;

@@ -562,9 +562,9 @@ fn convert(conv: Conv, x: u64, size: u32) -> String {
 impl Trace {
     /// The event's message: its probe's format with its values.
     fn message(&mut self, probe: usize, e: &Event) -> String {
-        let spec = &self.specs[probe];
+        let Self { specs, sym, .. } = self;
+        let spec = &specs[probe];
         let mut out = String::new();
-        let mut syms: Vec<(usize, Conv)> = Vec::new();
         for piece in &spec.format {
             match piece {
                 Piece::Text(t) => out.push_str(t),
@@ -580,9 +580,18 @@ impl Trace {
                         Conv::Str => crate::kernel::c_string(
                             &e.strings[(v.str_slot as usize).min(e.strings.len() - 1)],
                         ),
+                        // The function the address is in.
                         Conv::KernelSym | Conv::UserSym => {
-                            syms.push((out.len(), conv));
-                            format!("\0{value}\0")
+                            let addr = e.values[value];
+                            let pid = (conv == Conv::UserSym).then_some(e.pid);
+                            if let Some(p) = pid {
+                                sym.capture(p, false);
+                            }
+                            sym.symbolize(&[(pid, &[addr][..])])
+                                .into_iter()
+                                .next()
+                                .and_then(|f| f.into_iter().last())
+                                .map_or_else(|| format!("{addr:#x}"), |f| frame_text(&f, false))
                         }
                         _ => convert(conv, e.values[value], v.size),
                     };
@@ -597,31 +606,6 @@ impl Trace {
                     }
                 }
             }
-        }
-        if syms.is_empty() {
-            return out;
-        }
-        // %K and %U: the functions the addresses are in, looked up
-        // together.
-        for (_, conv) in syms {
-            let Some(start) = out.find('\0') else { break };
-            let Some(len) = out[start + 1..].find('\0') else {
-                break;
-            };
-            let value: usize = out[start + 1..start + 1 + len].parse().unwrap_or(0);
-            let addr = e.values[value];
-            let pid = (conv == Conv::UserSym).then_some(e.pid);
-            if let Some(p) = pid {
-                self.sym.capture(p, false);
-            }
-            let name = self
-                .sym
-                .symbolize(&[(pid, &[addr][..])])
-                .into_iter()
-                .next()
-                .and_then(|f| f.into_iter().last())
-                .map_or_else(|| format!("{addr:#x}"), |f| frame_text(&f, false));
-            out.replace_range(start..start + len + 2, &name);
         }
         out
     }
