@@ -994,41 +994,47 @@ async fn run_loop<T: Tool>(
     let polled_stream = stream.as_deref().is_some_and(EventStream::polled);
     let mut reading = false;
     loop {
-        let polled = async {
-            if !polled_stream {
-                return std::future::pending().await;
-            }
-            let wait = if reading {
-                Duration::from_millis(rtrace_common::events::READ_EVERY_MS)
-            } else {
-                Duration::from_millis(100)
+        // A tool that has shown all it was asked for ends the run as the
+        // deadline does.
+        let wake = if tool.done() {
+            Wake::Stop(0)
+        } else {
+            let polled = async {
+                if !polled_stream {
+                    return std::future::pending().await;
+                }
+                let wait = if reading {
+                    Duration::from_millis(rtrace_common::events::READ_EVERY_MS)
+                } else {
+                    Duration::from_millis(100)
+                };
+                tokio::time::sleep(wait).await;
             };
-            tokio::time::sleep(wait).await;
-        };
-        let due = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
+            let due = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let ready = async {
+                match stream.as_deref_mut() {
+                    Some(s) => s.ready().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let exited = async {
+                match command.as_deref_mut() {
+                    Some(c) => c.exited().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = ready => { r?; Wake::Events }
+                () = polled => Wake::Events,
+                () = due => Wake::Interval,
+                sig = signals.recv() => Wake::Stop(sig),
+                () = exited => Wake::Exited,
             }
-        };
-        let ready = async {
-            match stream.as_deref_mut() {
-                Some(s) => s.ready().await,
-                None => std::future::pending().await,
-            }
-        };
-        let exited = async {
-            match command.as_deref_mut() {
-                Some(c) => c.exited().await,
-                None => std::future::pending().await,
-            }
-        };
-        let wake = tokio::select! {
-            r = ready => { r?; Wake::Events }
-            () = polled => Wake::Events,
-            () = due => Wake::Interval,
-            sig = signals.recv() => Wake::Stop(sig),
-            () = exited => Wake::Exited,
         };
         let wake = match (wake, command.as_deref()) {
             (Wake::Stop(sig), Some(c)) if !signalled && sig != 0 => {
@@ -1061,13 +1067,6 @@ async fn run_loop<T: Tool>(
                             s.drain(|record| tool.event(record, sink))?;
                         }
                     }
-                }
-                if tool.done() {
-                    if interval != Schedule::Never {
-                        tool.tick(ebpf, sink, true)?;
-                    }
-                    sink.flush()?;
-                    return Ok(0);
                 }
                 sink.flush()?;
             }
