@@ -22,6 +22,10 @@ pub const KIND_SIGNAL: u32 = 2;
 /// [`Event::kind`]: a thread exited (`args[0]` its exit code as wait
 /// gives it, `[1]` whether it was the last of its process).
 pub const KIND_EXIT: u32 = 3;
+/// [`Event::kind`]: a process forked (`args[0]` the child's process
+/// id), sent with `-y` at the fork, before the child runs: the child's
+/// descriptors are its parent's as they were then.
+pub const KIND_FORK: u32 = 4;
 
 /// [`Event::flags`]: the syscall's entry was not seen (it began before
 /// tracing did), so its arguments are unknown.
@@ -124,7 +128,8 @@ pub struct Config {
     pub tgid: u32,
     /// 1: each shown call's user stack is walked at its entry (`-k`).
     pub stacks: u32,
-    pub _pad: u32,
+    /// 1: forks are sent ([`KIND_FORK`], for `-y`).
+    pub forks: u32,
 }
 
 /// A syscall's figures for the summary (`SUMMARY`, per CPU).

@@ -26,8 +26,9 @@ use rtrace_common::{
     strace::{
         BLOB, BLOBS, CAPTURE_ARGV, CAPTURE_FIXED, CAPTURE_LEN_ARG, CAPTURE_LEN_RET, CAPTURE_STR,
         Capture, Config, ERR_BY_PID_FULL, ERR_SYSCALL_NR, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS,
-        FLAG_NO_ENTRY, FLAG_NO_RETURN, HEADER_SIZE, Inflight, KIND_EXEC, KIND_EXIT, KIND_SIGNAL,
-        KIND_SYSCALL, MAX_ARGS, MAX_PID_NRS, MAX_SYSCALLS, PidNr, ProcTotals, Syscall, Totals,
+        FLAG_NO_ENTRY, FLAG_NO_RETURN, HEADER_SIZE, Inflight, KIND_EXEC, KIND_EXIT, KIND_FORK,
+        KIND_SIGNAL, KIND_SYSCALL, MAX_ARGS, MAX_PID_NRS, MAX_SYSCALLS, PidNr, ProcTotals, Syscall,
+        Totals,
     },
 };
 use rtrace_ebpf::{atomic_add, count_error, events::emit_bytes, global, read_kernel, targets};
@@ -464,13 +465,29 @@ fn env_count(envp: *const u64) -> i64 {
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn strace_fork(ctx: RawTracePointContext) -> i32 {
     let cfg = global(&CONFIG);
-    if cfg.follow == 0 || !targets::admits_current() {
+    if (cfg.follow == 0 && cfg.forks == 0) || !targets::admits_current() {
         return 0;
     }
     // The tracepoint's second argument is the child's task.
     let child: *const u8 = ctx.arg(1);
-    if let Ok(tgid) = read_kernel::<u32>(child, cfg.tgid) {
+    let Ok(tgid) = read_kernel::<u32>(child, cfg.tgid) else {
+        return 0;
+    };
+    if cfg.follow != 0 {
         targets::adopt(tgid);
+    }
+    // A new process (not a thread), told before it runs, so that it
+    // comes before anything the child or its parent do next.
+    if cfg.forks != 0 && u64::from(tgid) != bpf_get_current_pid_tgid() >> 32 {
+        let mut args = [0; MAX_ARGS];
+        args[0] = u64::from(tgid);
+        let f = Inflight {
+            nr: 0,
+            args,
+            // SAFETY: the helper has no preconditions.
+            enter_ns: unsafe { bpf_ktime_get_ns() },
+        };
+        send_plain(&ctx, KIND_FORK, &f);
     }
     0
 }

@@ -22,8 +22,8 @@ use aya::{
 };
 use rtrace_common::strace::{
     BLOB, Config, ERR_NAMES, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY,
-    FLAG_NO_RETURN, HEADER_SIZE, KIND_EXEC, KIND_EXIT, KIND_SIGNAL, KIND_SYSCALL, MAX_SYSCALLS,
-    PidNr, ProcTotals, Syscall, Totals,
+    FLAG_NO_RETURN, HEADER_SIZE, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_SIGNAL, KIND_SYSCALL,
+    MAX_SYSCALLS, PidNr, ProcTotals, Syscall, Totals,
 };
 use serde::Serialize;
 
@@ -278,7 +278,7 @@ impl Tool for Strace {
             follow: u32::from(self.follows()),
             tgid: offset("task_struct", "tgid")?,
             stacks: u32::from(self.args.stack_trace),
-            _pad: 0,
+            forks: u32::from(self.args.decode_fds),
         };
         load.config(&cfg);
         if self.args.stack_trace {
@@ -320,7 +320,7 @@ impl Tool for Strace {
         }
         raw.attach(ebpf, "strace_sys_enter", "raw_syscalls", "sys_enter")?;
         raw.attach(ebpf, "strace_sys_exit", "raw_syscalls", "sys_exit")?;
-        if self.follows() {
+        if self.follows() || self.args.decode_fds {
             raw.attach(ebpf, "strace_fork", "sched", "sched_process_fork")?;
         }
         if !self.summary_only() {
@@ -394,6 +394,7 @@ impl Tool for Strace {
                 self.syscall(&e, exec.as_ref(), sink)?;
             }
             KIND_SIGNAL => self.signal(&e, sink)?,
+            KIND_FORK => self.fds.fork(e.pid, e.args[0] as u32),
             KIND_EXIT => self.exit(&e, sink)?,
             _ => {}
         }
@@ -725,8 +726,7 @@ impl Strace {
     fn decode_fds(&mut self, decl: &Decl, e: &Event, args: &mut [String]) {
         let mut shown = 0;
         for (i, a) in decl.args.iter().enumerate() {
-            // Arguments strace leaves out (open's mode) are not shown.
-            if a.name == "mode" && args.len() < decl.args.len() {
+            if left_out(decl, e, i) {
                 continue;
             }
             let at = shown;
@@ -821,18 +821,22 @@ fn blob(e: &Event, slot: usize) -> &[u8] {
     e.data.get(start..start + len).unwrap_or(&[])
 }
 
+/// Whether argument `i` of `e` is one strace leaves out: open's mode,
+/// where the call creates nothing.
+fn left_out(decl: &Decl, e: &Event, i: usize) -> bool {
+    decl.args[i].name == "mode"
+        && matches!(decl.name.as_str(), "open" | "openat")
+        && i.checked_sub(1)
+            .is_some_and(|f| e.args[f] & 0o20100100 == 0)
+}
+
 /// Each argument as strace shows it.
 fn args_text(decl: &Decl, e: &Event, limit: usize) -> Vec<String> {
     let name = decl.name.as_str();
     let mut out = Vec::with_capacity(decl.args.len());
     for (i, a) in decl.args.iter().enumerate() {
         let v = e.args[i];
-        // open's mode only where it creates.
-        if a.name == "mode"
-            && matches!(name, "open" | "openat")
-            && i.checked_sub(1)
-                .is_some_and(|f| e.args[f] & 0o20100100 == 0)
-        {
+        if left_out(decl, e, i) {
             continue;
         }
         let captured = decl.slot_of(i).map(|s| (s, decl.plan.captures[s]));

@@ -2,7 +2,9 @@
 //! descriptor's path is learned from the call that made it, as the
 //! process named it (resolved against its working directory and the
 //! file system, as the kernel's own name for it would be), and copied by
-//! dup and fork, dropped by close and by exec where close-on-exec: lines
+//! dup and fork (told at the fork itself, as the child may run before
+//! its parent's clone returns), dropped by close and by exec where
+//! close-on-exec: lines
 //! are printed after the calls, when the descriptor may be closed or
 //! reused, so a path read from `/proc/PID/fd` then could name another
 //! file. Only descriptors made before tracing began are read from there.
@@ -49,9 +51,7 @@ const MAKE_FD: &[&str] = &[
 /// Syscalls that change a process's descriptors or directory, beside
 /// those that make a descriptor: `-y` must see them although `-e trace=`
 /// hides them.
-const CHANGE_FDS: &[&str] = &[
-    "close", "fcntl", "execve", "execveat", "clone", "clone3", "fork", "vfork", "chdir", "fchdir",
-];
+const CHANGE_FDS: &[&str] = &["close", "fcntl", "execve", "execveat", "chdir", "fchdir"];
 
 /// Whether `-y` needs to see syscall `name`'s calls.
 pub fn affects(name: &str) -> bool {
@@ -147,8 +147,7 @@ impl Fds {
                     },
                 );
             }
-            "dup" => self.copy(pid, args[0] as i32, fd, false),
-            "dup2" => self.copy(pid, args[0] as i32, fd, false),
+            "dup" | "dup2" => self.copy(pid, args[0] as i32, fd, false),
             "dup3" => self.copy(pid, args[0] as i32, fd, args[2] & O_CLOEXEC != 0),
             "fcntl" if args[1] == F_DUPFD || args[1] == F_DUPFD_CLOEXEC => {
                 self.copy(pid, args[0] as i32, fd, args[1] == F_DUPFD_CLOEXEC);
@@ -168,24 +167,6 @@ impl Fds {
                 }
             }
             "execve" | "execveat" => self.known.retain(|&(p, _), k| p != pid || !k.cloexec),
-            "clone" | "clone3" | "fork" | "vfork" if ret > 0 => {
-                let child = ret as u32;
-                let inherited: Vec<(i32, Known)> = self
-                    .known
-                    .iter()
-                    .filter(|((p, _), _)| *p == pid)
-                    .map(|((_, f), k)| (*f, k.clone()))
-                    .collect();
-                for (f, k) in inherited {
-                    self.known.insert((child, f), k);
-                }
-                if self.whole.contains(&pid) {
-                    self.whole.insert(child);
-                }
-                if let Some(dir) = self.cwd_of(pid) {
-                    self.cwd.insert(child, dir);
-                }
-            }
             _ if makes_fd(sys) => {
                 // Sockets, pipes and the like have no path of their own:
                 // the kernel's name for them (`socket:[123]`).
@@ -241,6 +222,27 @@ impl Fds {
         }
         let _ = self.cwd_of(pid);
         self.whole.insert(pid);
+    }
+
+    /// Process `child` was forked from `pid`: its descriptors and
+    /// directory are its parent's as they are now (told at the fork,
+    /// before either runs on).
+    pub fn fork(&mut self, pid: u32, child: u32) {
+        let inherited: Vec<(i32, Known)> = self
+            .known
+            .iter()
+            .filter(|((p, _), _)| *p == pid)
+            .map(|((_, f), k)| (*f, k.clone()))
+            .collect();
+        for (f, k) in inherited {
+            self.known.insert((child, f), k);
+        }
+        if self.whole.contains(&pid) {
+            self.whole.insert(child);
+        }
+        if let Some(dir) = self.cwd_of(pid) {
+            self.cwd.insert(child, dir);
+        }
     }
 
     /// Forgets a process that exited.
