@@ -16,6 +16,7 @@ pub mod offcputime;
 pub mod offsets;
 pub mod probes;
 pub mod profile;
+pub mod python;
 pub mod runqlat;
 pub mod stacks;
 pub mod stat;

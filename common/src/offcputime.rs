@@ -78,7 +78,7 @@ pub struct Start {
 
 /// What each `ERRORS` slot counts, for the report at exit: the stack
 /// tables' (profile's), its first count in blocked periods.
-pub const ERR_NAMES: [&str; 15] = {
+pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len()] = {
     let p = crate::stacks::ERR_NAMES;
     [
         p[0],
@@ -96,6 +96,8 @@ pub const ERR_NAMES: [&str; 15] = {
         p[12],
         p[13],
         p[14],
+        p[15],
+        p[16],
     ]
 };
 

@@ -212,6 +212,9 @@ pub const SEEN_EXIT: u32 = 8;
 /// it from this record, as the process may be gone before its maps are
 /// read.
 pub const SEEN_FOUND: u32 = 16;
+/// `Seen::flags`: a [`crate::python::PyCode`] record, a code object the
+/// walk met, for user space to name while its process lives.
+pub const SEEN_PY_CODE: u32 = 32;
 
 /// A mapping of a loaded file that the kernel found for a process itself
 /// (`bpf_find_vma`), told to user space once, as it is kept: the record
@@ -301,9 +304,16 @@ pub const ERR_EXITING: u32 = 13;
 /// registers name the old program, whose stack is gone, so no user stack
 /// is taken (the CFI walk's).
 pub const ERR_EXECING: u32 = 14;
+/// `ERRORS` slot: walks of Python threads whose thread state could not be
+/// read (their stacks keep native frames only).
+pub const ERR_PY_TSTATE: u32 = 15;
+/// `ERRORS` slot: Python frames that failed their check (a code object
+/// of the wrong type, an unreadable frame: a frame half set up, or a
+/// process exiting): the walk went on with native frames.
+pub const ERR_PY_BAD: u32 = 16;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 15] = [
+pub const ERR_NAMES: [&str; 17] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -319,6 +329,8 @@ pub const ERR_NAMES: [&str; 15] = [
     "user stacks deeper than --max-stack frames (127 unless raised), kept to their leaf-most ones",
     "stacks of exiting processes whose memory was already freed, without their user part",
     "stacks of processes in execve between two programs, without their user part",
+    "walks of Python threads whose thread state could not be read (native frames only)",
+    "Python frames that failed their check (half set up, or exiting): native frames from there",
 ];
 
 /// The `ERRORS` names of an event tool that walks user stacks with the

@@ -163,7 +163,7 @@ pub const MAX_PID_NRS: u32 = 65536;
 
 /// `ERRORS` slot: a call the summary by process could not count (its
 /// table full).
-pub const ERR_BY_PID_FULL: u32 = 16;
+pub const ERR_BY_PID_FULL: u32 = ERR_SYSCALL_NR + 1;
 
 /// What is sent: a syscall at its exit, an exec's arguments, a signal or
 /// an exit. The captured bytes follow the header, [`Event::lens`] of
@@ -200,12 +200,12 @@ crate::pod!(
 
 /// `ERRORS` slots after the two every event tool has: a syscall whose
 /// number is beyond the table.
-pub const ERR_SYSCALL_NR: u32 = 15;
+pub const ERR_SYSCALL_NR: u32 = crate::stacks::ERR_NAMES.len() as u32;
 
 /// What each `ERRORS` slot counts.
-/// Slots 2 to 14 are the shared stack walk's (`-k`,
+/// The slots from 2 to `ERR_SYSCALL_NR` are the shared stack walk's (`-k`,
 /// `crate::stacks::ERR_NAMES`), which the walk counts into.
-pub const ERR_NAMES: [&str; 17] = crate::stacks::names_with_walk(
+pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 2] = crate::stacks::names_with_walk(
     [crate::events::LOST_NAMES[0], crate::events::LOST_NAMES[1]],
     &[
         "syscalls not traced (a number beyond the table)",

@@ -13,11 +13,12 @@ pub const MAX_FRAMES: usize = 64;
 /// `ERRORS` slot: calls whose return was not sent, as the table of calls
 /// in flight was full (slot 0 is the events lost to a full buffer).
 pub const ERR_ENTRIES_FULL: u32 = 1;
-/// `ERRORS` slot: kernel stacks the kernel could not walk. Slots 2 to 14
-/// are the shared user-stack walk's (`crate::stacks::ERR_NAMES`).
-pub const ERR_KERNEL_STACK: u32 = 15;
+/// `ERRORS` slot: kernel stacks the kernel could not walk. The slots
+/// from 2 to it are the shared user-stack walk's
+/// (`crate::stacks::ERR_NAMES`).
+pub const ERR_KERNEL_STACK: u32 = crate::stacks::ERR_NAMES.len() as u32;
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 16] = crate::stacks::names_with_walk(
+pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 1] = crate::stacks::names_with_walk(
     [
         crate::events::LOST_NAMES[0],
         "return events lost: the table of calls in flight was full",

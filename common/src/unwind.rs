@@ -260,6 +260,9 @@ pub struct CfiOffsets {
     pub ax: u32,
     /// `pt_regs.bx`.
     pub bx: u32,
+    /// `task_struct.thread.fsbase`: the thread pointer, where a Python
+    /// thread's state is found from.
+    pub task_fsbase: u32,
     /// Whether the walk may look up mappings itself (`bpf_find_vma`, 5.17
     /// and later): read-only, so that the verifier drops the helper's
     /// call where it is 0 and a kernel without it loads the walk.

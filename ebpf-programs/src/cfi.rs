@@ -58,6 +58,7 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     di: 0,
     ax: 0,
     bx: 0,
+    task_fsbase: 0,
     find_vma: 0,
 });
 
@@ -158,6 +159,8 @@ struct Walk {
     /// Whether `procs` are the process's own, not [`CFI_NO_PROCS`]: code in
     /// none of its own is new code, to tell user space of.
     own: u32,
+    /// The process's Python walk (`crate::python`), null for none.
+    py: *const rtrace_common::python::PyProc,
 }
 
 /// The user registers: `sampled`'s (a perf event's), if the sample hit
@@ -530,23 +533,39 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
 extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `ctx` is the caller's `Walk`, whose pointers are map
     // values that outlive the walk.
-    let (scratch, procs, tgid, own) = unsafe {
+    let (scratch, procs, tgid, own, py) = unsafe {
         let w = &*ctx.cast::<Walk>();
-        (&mut *w.scratch, &*w.procs, w.tgid, w.own)
+        (&mut *w.scratch, &*w.procs, w.tgid, w.own, w.py)
     };
+    let mut record = true;
+    if !py.is_null() {
+        // SAFETY: a map value, which outlives the walk.
+        match crate::python::at_frame(unsafe { &*py }, scratch, tgid) {
+            crate::python::Next::Done => {
+                return i64::from(scratch.walk.depth >= max_depth());
+            }
+            crate::python::Next::Native { record: r } => record = r,
+        }
+    }
     let st = &mut scratch.walk;
     let chunk = &scratch.chunk;
     let depth = st.depth as usize;
-    let Some(slot) = scratch.frames.ips.get_mut(depth) else {
-        return 1;
-    };
-    *slot = st.ip;
-    st.depth += 1;
-    if let Some(h) = scratch.chunks.get_mut(depth / SEGMENT_FRAMES) {
-        *h = crate::scratch::fnv(*h, st.ip);
+    if record {
+        let Some(slot) = scratch.frames.ips.get_mut(depth) else {
+            return 1;
+        };
+        *slot = st.ip;
+        st.depth += 1;
+        if let Some(h) = scratch.chunks.get_mut(depth / SEGMENT_FRAMES) {
+            *h = crate::scratch::fnv(*h, st.ip);
+        }
     }
+    // The sampled frame is the walk's first native one: Python frames
+    // may have been written before it.
+    let sampled_frame = st.native == 0;
+    st.native += 1;
     // A return address is looked up at its call, one byte back.
-    let back = u64::from(depth > 0);
+    let back = u64::from(!sampled_frame);
     let ip = st.ip;
     let known = region(procs, st, ip) || {
         if own != 0 {
@@ -585,7 +604,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     if r.cfa == CFA_RSP_RA_RDI {
         // rdi is known only in the sampled frame; a remembered walk is
         // recalled by ip, sp and bp, not rdi.
-        if depth != 0 {
+        if !sampled_frame {
             return 1;
         }
         st.unremembered = 1;
@@ -597,7 +616,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // start on another stack (its rax, the call's value, is 0), which
     // ends the walk. No call returns here, so only a sampled frame is.
     let r = if r.cfa == CFA_RSP_IN_PARENT {
-        if depth != 0 || task_reg(global(&CFI_OFFSETS).ax) == 0 {
+        if !sampled_frame || task_reg(global(&CFI_OFFSETS).ax) == 0 {
             return 1;
         }
         st.unremembered = 1;
@@ -692,6 +711,7 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let tgid = (id >> 32) as u32;
     let _ = CFI_PROCS.remove(tgid);
     let _ = CFI_FOUND.remove(tgid);
+    crate::python::forget(tgid);
     // Its first stacks as the new program are told, for its symbols;
     // the exec before the mappings found, which it would clear.
     let _ = SEEN.remove(tgid);
@@ -788,6 +808,7 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
         return;
     }
     let _ = CFI_FOUND.remove(tgid);
+    crate::python::forget(tgid);
     // SAFETY: only tested for presence.
     let sampled = unsafe { SEEN.get(tgid) }.is_some() || CFI_PROCS.get_ptr(tgid).is_some();
     if sampled {
@@ -1020,6 +1041,18 @@ pub(crate) fn walk(
             version: (*procs).version,
             start: [ip, sp, bp],
             found: Found::default(),
+            py_frame: 0,
+            py_mode: 0,
+            py_emitted: 0,
+            py_new: [rtrace_common::python::PyCode {
+                tgid: 0,
+                flags: 0,
+                addr: 0,
+                check: 0,
+                _pad: 0,
+            }; crate::scratch::PY_NEW],
+            py_nnew: 0,
+            native: 0,
         };
         for h in (*scratch).chunks.iter_mut() {
             *h = crate::scratch::HASH_SEED;
@@ -1045,11 +1078,17 @@ pub(crate) fn walk(
             }
         }
     }
+    let py = crate::python::of(tgid);
+    if !py.is_null() {
+        // SAFETY: a map value; the scratch value is one too.
+        unsafe { (*scratch).walk.py_frame = crate::python::first_frame(&*py, o.task_fsbase) };
+    }
     let mut w = Walk {
         scratch,
         procs,
         tgid,
         own,
+        py,
     };
     // SAFETY: `frame` is a callback of bpf_loop's signature and `w`
     // lives across the call.

@@ -9,6 +9,8 @@ pub mod cfi;
 pub mod events;
 pub mod expr;
 pub mod offcpu;
+#[cfg(feature = "cfi")]
+pub mod python;
 pub mod scratch;
 pub mod stacks;
 pub mod targets;

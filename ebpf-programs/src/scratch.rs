@@ -39,6 +39,9 @@ pub struct Scratch {
     /// A deep stack being stored, entry by entry.
     #[cfg(feature = "cfi")]
     pub(crate) storing: Storing,
+    /// A Python frame or code object being read (`crate::python`).
+    #[cfg(feature = "cfi")]
+    pub(crate) py_buf: [u64; 16],
 }
 
 /// A deep stack being stored by a `bpf_loop` callback, one entry a call
@@ -104,7 +107,25 @@ pub struct State {
     /// The mapping the walk found and kept for its process, to be told
     /// to user space (flags 0 where none).
     pub(crate) found: rtrace_common::stacks::Found,
+    /// The thread's next Python frame to write (`crate::python`), 0 for
+    /// none.
+    pub(crate) py_frame: u64,
+    /// Set while an activation of the interpreter's Python frames are
+    /// being written in its place.
+    pub(crate) py_mode: u32,
+    /// How many the activation had.
+    pub(crate) py_emitted: u32,
+    /// Code objects new to this CPU, to tell user space of after the walk.
+    pub(crate) py_new: [rtrace_common::python::PyCode; PY_NEW],
+    /// How many.
+    pub(crate) py_nnew: u32,
+    /// Native frames stepped so far: the first is the sampled one.
+    pub(crate) native: u32,
 }
+
+/// Code objects one walk tells user space of at most.
+#[cfg(feature = "cfi")]
+pub(crate) const PY_NEW: usize = 4;
 
 /// Stack words a remembered walk may have read: two a frame for 32.
 #[cfg(feature = "cfi")]

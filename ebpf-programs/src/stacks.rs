@@ -261,6 +261,8 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                 if found.flags != 0 {
                     crate::events::emit(events, ctx, found);
                 }
+                // SAFETY: a map value.
+                crate::python::send_new(ctx, events, unsafe { &*s });
                 let stack = store_walked(s, depth)?;
                 if !memo.is_null() {
                     // SAFETY: `memo` is the thread's, `s` the scratch

@@ -7,6 +7,7 @@ pub mod cfi;
 pub mod cficache;
 pub mod demangle;
 pub mod jitdump;
+pub mod python;
 pub mod sample;
 pub mod stackstore;
 pub mod symbolize;

@@ -31,6 +31,7 @@ use blazesym::{
 use crate::stacks::{
     demangle,
     jitdump::{self, JitDump},
+    python::Python,
 };
 
 /// What kind of code a frame is in; flame graphs color by it.
@@ -306,6 +307,9 @@ enum Loc {
     File(FileId, u64),
     Jit(u32, u64),
     Named(u32, usize),
+    /// A Python frame: the process, the code object's address and check,
+    /// and the instruction's code unit.
+    Python(u32, u64, u32, u32),
     /// In a mapping whose file could not be opened.
     Unopened(u32, usize),
     Unknown,
@@ -353,6 +357,8 @@ pub struct Symbolizer {
     jit_time: Option<u64>,
     /// What the dumps of processes forgotten held, and their warnings.
     gone_dumps: Vec<(String, Option<String>)>,
+    /// The Python processes and the names of their code.
+    python: Python,
 }
 
 /// What changes kallsyms between two looks: modules loaded or unloaded,
@@ -424,7 +430,19 @@ impl Symbolizer {
             dumps: HashMap::new(),
             jit_time: None,
             gone_dumps: Vec::new(),
+            python: Python::default(),
         }
+    }
+
+    /// What `-v` says of the Python processes found.
+    pub fn python_summary(&self) -> Vec<String> {
+        self.python.summary()
+    }
+
+    /// The Python processes, whose frames the kernel walks, and the names
+    /// of their code.
+    pub fn python(&mut self) -> &mut Python {
+        &mut self.python
     }
 
     /// The files whose code could not be symbolized, one line each, for
@@ -473,6 +491,7 @@ impl Symbolizer {
                 u.frames
             ));
         }
+        out.extend(self.python.warnings());
         out.extend(self.gone_dumps.iter().filter_map(|(_, w)| w.clone()));
         out.extend(self.dumps.iter().filter_map(|(&pid, d)| d.warning(pid)));
         if self.unnamed.len() > SHOWN {
@@ -881,17 +900,30 @@ impl Symbolizer {
         let places: Vec<Vec<Place>> = stacks
             .iter()
             .map(|(pid, ips)| {
-                ips.iter()
-                    .enumerate()
-                    .map(|(i, &ip)| {
-                        let ip = call_site(i, ip);
-                        let (loc, mapping) = match pid {
-                            None => (Loc::Kernel(ip), Some(kernel_mapping())),
-                            Some(pid) => self.locate(*pid, ip),
-                        };
-                        (loc, ip, mapping)
-                    })
-                    .collect()
+                let mut out = Vec::with_capacity(ips.len());
+                let mut i = 0;
+                while i < ips.len() {
+                    let ip = ips[i];
+                    // A Python frame: two slots (`rtrace_common::python`).
+                    if let Some(pid) = pid
+                        && rtrace_common::python::is_py_frame(ip)
+                        && let Some(&more) = ips.get(i + 1)
+                    {
+                        let addr = ip & 0xffff_ffff_ffff;
+                        let loc = Loc::Python(*pid, addr, (more >> 32) as u32, more as u32);
+                        out.push((loc, addr, None));
+                        i += 2;
+                        continue;
+                    }
+                    let ip = call_site(i, ip);
+                    let (loc, mapping) = match pid {
+                        None => (Loc::Kernel(ip), Some(kernel_mapping())),
+                        Some(pid) => self.locate(*pid, ip),
+                    };
+                    out.push((loc, ip, mapping));
+                    i += 1;
+                }
+                out
             })
             .collect();
 
@@ -984,6 +1016,9 @@ impl Symbolizer {
                                 .cloned()
                                 .unwrap_or_else(|| vec![Frame::unknown(Kind::User, None)]),
                             Loc::Jit(pid, a) => vec![self.jit_frame(pid, a)],
+                            Loc::Python(pid, a, check, lasti) => {
+                                vec![self.python_frame(pid, a, check, lasti)]
+                            }
                             Loc::Named(pid, i) => {
                                 let name = &self.procs[&pid].maps[i].name;
                                 vec![Frame::new(name.clone(), Kind::User, Some(name))]
@@ -1089,6 +1124,20 @@ impl Symbolizer {
             Some(s) => jit_named(&s.name),
             None => Frame::unknown(Kind::User, None),
         }
+    }
+
+    /// A Python frame: `module.qualname`, in its file, with its line
+    /// under `--lines`; `[python]` if its code object could not be read.
+    fn python_frame(&mut self, pid: u32, addr: u64, check: u32, lasti: u32) -> Frame {
+        let Some(n) = self.python.name(pid, addr, check) else {
+            return Frame::new("[python]", Kind::Interpreted, None);
+        };
+        let mut frame = Frame::new(Arc::clone(&n.name), Kind::Interpreted, None);
+        frame.module = Some(Arc::clone(&n.file));
+        if self.lines {
+            frame.line = n.line(lasti).map(|l| Arc::from(format!("{}:{l}", n.file)));
+        }
+        frame
     }
 
     /// Counts, per process, the frames in anonymous executable memory

@@ -22,7 +22,8 @@ use aya::{
 };
 use rtrace_common::{
     profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen},
-    stacks::{Found, SEEN_FOUND, Stack},
+    python::{MAX_PY_PROCS, PyCode, PyProc},
+    stacks::{Found, SEEN_FOUND, SEEN_PY_CODE, Stack},
     unwind::CfiOffsets,
 };
 
@@ -100,6 +101,12 @@ pub struct StackArgs {
     /// Show each frame's address before its name (bcc's -v).
     #[arg(long)]
     pub addresses: bool,
+    /// Do not walk CPython's frames: a Python process's stacks show the
+    /// interpreter's C functions only. By default every process running
+    /// CPython 3.10 to 3.13 has its Python functions in its stacks, in
+    /// place of the interpreter's loop that ran them (with the CFI walk).
+    #[arg(long)]
+    pub no_python: bool,
     #[command(flatten)]
     pub transforms: crate::output::stacks::transform::TransformArgs,
 }
@@ -118,6 +125,7 @@ pub fn walk_args() -> StackArgs {
         no_demangle: false,
         offsets: true,
         addresses: false,
+        no_python: false,
         transforms: Default::default(),
     }
 }
@@ -182,6 +190,10 @@ pub struct StackTool {
     /// the kernel's table of them, and those read from it by hash, as a
     /// thread's walk may name one again by its hash alone.
     walked: Option<Walked>,
+    /// The kernel's table of Python processes, with the `cfi` object.
+    py_map: Option<BpfHashMap<MapData, u32, PyProc>>,
+    /// Python processes the table had no room for.
+    py_full: u64,
 }
 
 /// The kernel's table of stored stacks, by hash, and the stacks read
@@ -238,6 +250,8 @@ impl StackTool {
                 ax: reg("ax")?,
                 bx: reg("bx")?,
                 cs: reg("cs")?,
+                task_fsbase: btf.offset("task_struct", "thread")?
+                    + btf.offset("thread_struct", "fsbase")?,
                 task_pid: btf.offset("task_struct", "pid")?,
                 task_tgid: btf.offset("task_struct", "tgid")?,
                 task_mm: btf.offset("task_struct", "mm")?,
@@ -263,8 +277,12 @@ impl StackTool {
                 .size("CFI_RULES", self.cfi_capacity.rules)
                 .size("CFI_PROCS", CFI_PROCESSES)
                 .size("CFI_FILES", CFI_FILES)
-                .size("CFI_FOUND", CFI_PROCESSES);
+                .size("CFI_FOUND", CFI_PROCESSES)
+                .size("PY_PROCS", MAX_PY_PROCS);
         }
+        self.sym
+            .python()
+            .configure(self.cfi_loaded && !args.no_python, args.lines);
         let one_entry = rtrace_common::stacks::MAX_DEPTH as u32;
         if self.cfi_loaded {
             load.global("MAX_STACK_DEPTH", &args.max_stack);
@@ -314,6 +332,12 @@ impl StackTool {
         if !self.cfi_loaded {
             return Ok(());
         }
+        self.py_map = Some(BpfHashMap::try_from(
+            ebpf.take_map("PY_PROCS").context("map PY_PROCS missing")?,
+        )?);
+        for &pid in pids {
+            self.examine_python(pid, false);
+        }
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
         self.links = Some((
@@ -343,6 +367,7 @@ impl StackTool {
         }
         for &pid in &pids {
             self.sym.capture(pid, true);
+            self.examine_python(pid, false);
         }
         Ok(pids.len())
     }
@@ -409,10 +434,17 @@ impl StackTool {
             }
             return Ok(());
         }
+        if seen.flags & SEEN_PY_CODE != 0 {
+            if let Some(c) = events::record::<PyCode>(record) {
+                self.sym.python().learn(c.tgid, c.addr, c.check);
+            }
+            return Ok(());
+        }
         if seen.flags & SEEN_EXIT != 0 {
             // What it wrote as it exited (a JIT's perf map) is read while
             // its pid is its own.
             self.sym.read_jit(seen.tgid);
+            self.sym.python().forget(seen.tgid);
             self.execed.remove(&seen.tgid);
             return Ok(());
         }
@@ -420,6 +452,9 @@ impl StackTool {
             self.sym.inherit(seen.tgid, seen.parent);
             if let Some(cfi) = &mut self.cfi {
                 cfi.adopt(seen.tgid, seen.parent);
+            }
+            if let Some(record) = self.sym.python().inherit(seen.tgid, seen.parent) {
+                self.give_python(seen.tgid, &record);
             }
             return Ok(());
         }
@@ -444,8 +479,30 @@ impl StackTool {
             let fresh = self.execed.remove(&seen.tgid);
             self.sym.capture(seen.tgid, new_code || read || fresh);
         }
+        self.examine_python(seen.tgid, exec || new_code);
         self.mark_timed();
         Ok(())
+    }
+
+    /// Looks for an interpreter in process `pid` (again if `fresh`) and
+    /// gives the kernel's walk what it needs of one found.
+    fn examine_python(&mut self, pid: u32, fresh: bool) {
+        if self.py_map.is_none() {
+            return;
+        }
+        if let Some(record) = self.sym.python().examine(pid, fresh) {
+            self.give_python(pid, &record);
+        }
+    }
+
+    /// Puts process `pid`'s Python walk in the kernel's table; one that
+    /// does not fit is counted.
+    fn give_python(&mut self, pid: u32, record: &PyProc) {
+        if let Some(map) = &mut self.py_map
+            && map.insert(pid, *record, 0).is_err()
+        {
+            self.py_full += 1;
+        }
     }
 
     /// Notes that counting has begun, of kernel stacks too if `kernel`.
@@ -588,6 +645,7 @@ impl StackTool {
             .chain(lookup)
             .chain(loader)
             .chain(self.sym.dump_summary())
+            .chain(self.sym.python_summary())
             .collect()
     }
 
@@ -596,6 +654,13 @@ impl StackTool {
     pub fn warnings(&self) -> Vec<String> {
         let mut out = self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default();
         out.extend(self.sym.warnings());
+        if self.py_full > 0 {
+            out.push(format!(
+                "{} Python processes did not fit in map PY_PROCS ({MAX_PY_PROCS} entries): \
+                 their stacks have native frames only",
+                self.py_full
+            ));
+        }
         if self.store.cut() > 0 {
             out.push(format!(
                 "{} deep stacks lost their root-ward part between two moves out of the \

@@ -1,0 +1,308 @@
+//! CPython's frames, spliced into the CFI walk: where the native walk
+//! meets `_PyEval_EvalFrameDefault`, that activation's Python frames are
+//! written in its place, read from the thread's chain of interpreter
+//! frames, one a step of the walk's loop (a nested loop would have the
+//! verifier follow every frame of it through the rest of the step).
+//!
+//! User space tells the kernel of each Python process ([`PyProc`]: the
+//! interpreter's offsets and where its thread state is); this side finds
+//! the thread's state from its thread pointer, follows the chain, checks
+//! every code object's type, and names each by its address and a check
+//! ([`code_check`]) that user space reads back while the process lives.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_task_btf, generated},
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use rtrace_common::{
+    python::{
+        CHAIN_310, CHAIN_311, CODE_BYTES, FRAME_BYTES, OWNED_BY_CSTACK, PY_FRAME, PyCode, PyProc,
+        TSTATE_KEY, TSTATE_TLS, code_check,
+    },
+    stacks::{ERR_PY_BAD, ERR_PY_TSTATE, SEEN_PY_CODE, SEGMENT_FRAMES},
+};
+
+use crate::{
+    count_error, read_kernel,
+    scratch::{PY_NEW, Scratch},
+};
+
+/// The Python processes, by process id; user space fills it.
+#[map]
+pub(crate) static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(1, 0);
+
+/// Code objects each CPU has told user space of, by a hash of process,
+/// address and check, in a table without chains: a code object whose
+/// slot another took is told again, which costs user space a lookup.
+#[map]
+static PY_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0);
+/// Slots of [`PY_TOLD`], a power of two.
+const TOLD_SLOTS: u32 = 4096;
+
+/// Reads `len` bytes of user memory at `addr` into `buf`.
+#[inline(always)]
+fn read_into(buf: &mut [u64; 16], addr: u64, len: usize) -> bool {
+    // SAFETY: `buf` has room for 128 bytes, `len` is at most that; the
+    // helper copes with any address.
+    unsafe {
+        generated::bpf_probe_read_user(
+            buf.as_mut_ptr().cast(),
+            len.min(128) as u32,
+            addr as *const core::ffi::c_void,
+        ) == 0
+    }
+}
+
+/// The word at byte `off` of `buf` (rounded down to a word).
+#[inline(always)]
+fn word(buf: &[u64; 16], off: u16) -> u64 {
+    buf.get(usize::from(off / 8) & 15).copied().unwrap_or(0)
+}
+
+/// The `u32` at byte `off` (a multiple of 4) of `buf`.
+#[inline(always)]
+fn half(buf: &[u64; 16], off: u16) -> u32 {
+    (word(buf, off) >> ((off & 4) * 8)) as u32
+}
+
+/// The byte at `off` of `buf`.
+#[inline(always)]
+fn byte(buf: &[u64; 16], off: u16) -> u8 {
+    (word(buf, off) >> ((off & 7) * 8)) as u8
+}
+
+/// The current thread's newest Python frame, or 0 where it runs no
+/// Python (no thread state); counted where the state could not be read.
+#[inline(always)]
+pub(crate) fn first_frame(py: &PyProc, fsbase_off: u32) -> u64 {
+    // SAFETY: the helper has no preconditions.
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    let Ok(fsbase) = read_kernel::<u64>(task, fsbase_off) else {
+        count_error(ERR_PY_TSTATE);
+        return 0;
+    };
+    let slot = match py.tstate_from {
+        TSTATE_TLS => fsbase.wrapping_add(py.tls_offset as u64),
+        TSTATE_KEY => {
+            // `Py_tss_t`: `int _is_initialized; pthread_key_t _key`.
+            let Some(tss) = read_user::<u64>(py.tss_addr) else {
+                count_error(ERR_PY_TSTATE);
+                return 0;
+            };
+            let key = tss >> 32;
+            // Not set up yet (a program starting), or a key glibc keeps
+            // out of the thread's own block.
+            if tss as u32 == 0 || key >= 32 {
+                return 0;
+            }
+            fsbase
+                .wrapping_add(py.tls_offset as u64)
+                .wrapping_add(key * 16 + 8)
+        }
+        _ => return 0,
+    };
+    let Some(tstate) = read_user::<u64>(slot) else {
+        count_error(ERR_PY_TSTATE);
+        return 0;
+    };
+    if tstate == 0 {
+        return 0;
+    }
+    let Some(mut frame) = read_user::<u64>(tstate.wrapping_add(u64::from(py.ts_frame))) else {
+        count_error(ERR_PY_TSTATE);
+        return 0;
+    };
+    if py.chain == CHAIN_311 || py.chain == rtrace_common::python::CHAIN_312 {
+        // `tstate->cframe->current_frame`.
+        if frame == 0 {
+            return 0;
+        }
+        frame = read_user::<u64>(frame.wrapping_add(u64::from(py.cframe_current))).unwrap_or(0);
+    }
+    frame
+}
+
+#[inline(always)]
+fn read_user<T>(addr: u64) -> Option<T> {
+    // SAFETY: the helper copes with any address.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+/// What the walk does with the native frame at hand after [`at_frame`].
+pub(crate) enum Next {
+    /// A Python frame was written (or a shim passed): the step is over.
+    Done,
+    /// Go on with the native frame: record it or not (it is an
+    /// activation of the interpreter whose Python frames were written).
+    Native { record: bool },
+}
+
+/// The Python part of one step of the walk, at native frame `ip`: at the
+/// interpreter's loop, its activation's Python frames are written, one a
+/// step, and the activation itself is not.
+#[inline(always)]
+pub(crate) fn at_frame(py: &PyProc, s: &mut Scratch, tgid: u32) -> Next {
+    let st = &mut s.walk;
+    if st.py_mode == 0 {
+        if st.py_frame == 0 || st.ip < py.eval_start || st.ip >= py.eval_end {
+            return Next::Native { record: true };
+        }
+        st.py_mode = 1;
+        st.py_emitted = 0;
+        // Python frames make a walk depend on more than the stack's words.
+        st.unremembered = 1;
+    }
+    let f = st.py_frame;
+    let buf = &mut s.py_buf;
+    if !read_into(buf, f, FRAME_BYTES) {
+        return give_up(s);
+    }
+    let code = word(buf, py.frame_code);
+    let back = word(buf, py.frame_back);
+    let instr = if py.chain == CHAIN_310 {
+        u64::from(half(buf, py.frame_instr))
+    } else {
+        word(buf, py.frame_instr)
+    };
+    let entry = byte(buf, py.frame_entry);
+    s.walk.py_frame = back;
+    // 3.12+: the shim that marks where C entered the interpreter ends
+    // the activation; it is not a Python function.
+    if py.chain > rtrace_common::python::CHAIN_311 && entry == OWNED_BY_CSTACK {
+        return end(s);
+    }
+    let last = back == 0
+        || py.chain == CHAIN_310
+        || (py.chain == CHAIN_311 && entry != 0);
+    let buf = &mut s.py_buf;
+    if code == 0 || !read_into(buf, code, CODE_BYTES) {
+        return give_up(s);
+    }
+    // ob_type, after the reference count.
+    if buf[1] != py.code_type {
+        // 3.13's `f_executable` may hold something else than code (a
+        // shim's None): skipped; in older versions, a frame half set up.
+        if py.chain < rtrace_common::python::CHAIN_313 {
+            return give_up(s);
+        }
+        return if last { end(s) } else { Next::Done };
+    }
+    let check = code_check(
+        half(buf, py.code_firstlineno),
+        word(buf, py.code_name),
+        word(buf, py.code_filename),
+    );
+    let lasti = if py.lines == 0 {
+        0
+    } else if py.chain == CHAIN_310 {
+        instr
+    } else {
+        instr.wrapping_sub(code.wrapping_add(u64::from(py.code_adaptive))) / 2
+    };
+    push(s, PY_FRAME | (code & 0xffff_ffff_ffff));
+    push(s, (u64::from(check) << 32) | (lasti & 0xffff_ffff));
+    s.walk.py_emitted += 1;
+    tell(s, tgid, code, check);
+    if last { end(s) } else { Next::Done }
+}
+
+/// Ends an activation: its native frame is recorded only if none of its
+/// Python frames were.
+#[inline(always)]
+fn end(s: &mut Scratch) -> Next {
+    s.walk.py_mode = 0;
+    Next::Native {
+        record: s.walk.py_emitted == 0,
+    }
+}
+
+/// A frame that could not be read, or failed its check: counted, and the
+/// rest of the walk is native.
+#[inline(always)]
+fn give_up(s: &mut Scratch) -> Next {
+    count_error(ERR_PY_BAD);
+    s.walk.py_frame = 0;
+    end(s)
+}
+
+/// Writes one slot of the stack, as the walk writes a frame.
+#[inline(always)]
+fn push(s: &mut Scratch, v: u64) {
+    // Read back, so that each push is bounds-checked apart: the compiler
+    // would otherwise check the first and derive the second's index.
+    // SAFETY: a plain read of a field.
+    let depth = unsafe { core::ptr::read_volatile(&s.walk.depth) } as usize;
+    let Some(slot) = s.frames.ips.get_mut(depth) else {
+        return;
+    };
+    *slot = v;
+    s.walk.depth += 1;
+    if let Some(h) = s.chunks.get_mut(depth / SEGMENT_FRAMES) {
+        *h = crate::scratch::fnv(*h, v);
+    }
+}
+
+/// Queues the code object for user space the first time this CPU meets
+/// it (see [`PY_TOLD`]); a walk queues at most `PY_NEW`, the rest are
+/// told by a later one.
+#[inline(always)]
+fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
+    let st = &mut s.walk;
+    if st.py_nnew as usize >= PY_NEW {
+        return;
+    }
+    let h = (code ^ (u64::from(check) << 17) ^ (u64::from(tgid) << 40))
+        .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let Some(told) = PY_TOLD.get_ptr_mut((h >> 40) as u32 & (TOLD_SLOTS - 1)) else {
+        return;
+    };
+    // SAFETY: a per-CPU map value.
+    unsafe {
+        if *told == h {
+            return;
+        }
+        *told = h;
+    }
+    if let Some(q) = st.py_new.get_mut(st.py_nnew as usize) {
+        *q = PyCode {
+            tgid,
+            flags: SEEN_PY_CODE,
+            addr: code,
+            check,
+            _pad: 0,
+        };
+        st.py_nnew += 1;
+    }
+}
+
+/// The code objects a walk queued, sent.
+#[inline(always)]
+pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
+    ctx: &C,
+    events: &S,
+    s: &Scratch,
+) {
+    for i in 0..PY_NEW {
+        if i as u32 >= s.walk.py_nnew {
+            break;
+        }
+        if let Some(q) = s.walk.py_new.get(i) {
+            crate::events::emit_now(events, ctx, q);
+        }
+    }
+}
+
+/// The process's Python walk, if user space gave it one.
+#[inline(always)]
+pub(crate) fn of(tgid: u32) -> *const PyProc {
+    PY_PROCS
+        .get_ptr(tgid)
+        .map_or(core::ptr::null(), |p| p as *const PyProc)
+}
+
+/// Forgets a process's interpreter: it ran a new program or exited.
+#[inline(always)]
+pub(crate) fn forget(tgid: u32) {
+    let _ = PY_PROCS.remove(tgid);
+}

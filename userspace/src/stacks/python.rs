@@ -1,0 +1,1003 @@
+//! CPython processes, for the kernel walk's Python frames
+//! (`ebpf-programs/src/python.rs`): finding the interpreter in a process
+//! (the executable or a `libpython` that defines `_PyRuntime`), its
+//! version and offsets (CPython's own `_Py_DebugOffsets` from 3.13, a
+//! table per minor version before), where a thread's state is (glibc's
+//! block of the runtime's pthread key), a check of the offsets against
+//! the live interpreter before the kernel trusts them, and the names of
+//! the code objects the walk meets, read from the process while it lives.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fs::File,
+    os::unix::fs::FileExt as _,
+    sync::Arc,
+};
+
+use rtrace_common::python::{
+    CHAIN_310, CHAIN_311, CHAIN_312, CHAIN_313, PyProc, TSTATE_KEY, code_check,
+};
+
+use crate::kernel::procmaps::Mapping;
+
+/// Where CPython keeps what the walk and the names need, in one version.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// The minor version (`3.minor`).
+    pub minor: u8,
+    /// `_PyRuntimeState`: `interpreters.head`.
+    rt_interp_head: u64,
+    /// `_PyRuntimeState`: the `_key` of `autoTSSkey` (a `Py_tss_t`, whose
+    /// `_is_initialized` is the `int` before it).
+    rt_tss: u64,
+    /// `PyInterpreterState.threads.head`.
+    is_threads_head: u64,
+    /// `PyThreadState.next`.
+    ts_next: u64,
+    /// `PyThreadState.interp`.
+    ts_interp: u64,
+    /// `PyThreadState`'s field the chain starts at ([`PyProc::ts_frame`]).
+    ts_frame: u64,
+    /// `_PyCFrame.current_frame` (3.11, 3.12).
+    cframe_current: u64,
+    /// A frame's code, caller, last instruction and entry mark.
+    fr_code: u64,
+    fr_back: u64,
+    fr_instr: u64,
+    fr_entry: u64,
+    /// `PyCodeObject` fields.
+    co_firstlineno: u64,
+    co_filename: u64,
+    co_name: u64,
+    /// `co_qualname` (3.11+; `co_name` before).
+    co_qualname: u64,
+    /// `co_linetable` (3.10's PEP 626 table, 3.11's locations).
+    co_linetable: u64,
+    /// Where bytecode starts (`co_code_adaptive`, 3.11+).
+    co_adaptive: u64,
+    /// `PyASCIIObject`'s size: where a compact ASCII string's bytes are.
+    ascii_size: u64,
+    /// `PyCompactUnicodeObject`'s size: where other compact strings' are.
+    compact_size: u64,
+}
+
+impl Layout {
+    /// The offsets of 3.`minor` (3.10 to 3.12), x86-64, a release build.
+    /// From CPython's headers at each version's tags; checked against the
+    /// live interpreter before use ([`Python::examine`]).
+    fn table(minor: u8) -> Option<Self> {
+        let common = Self {
+            minor,
+            ascii_size: 48,
+            compact_size: 72,
+            ..Self::default()
+        };
+        Some(match minor {
+            10 => Self {
+                rt_interp_head: 32,
+                rt_tss: 588,
+                is_threads_head: 8,
+                ts_next: 8,
+                ts_interp: 16,
+                ts_frame: 24,
+                fr_code: 32,
+                fr_back: 24,
+                fr_instr: 104,
+                co_firstlineno: 40,
+                co_filename: 104,
+                co_name: 112,
+                co_qualname: 112,
+                co_linetable: 120,
+                ..common
+            },
+            11 => Self {
+                rt_interp_head: 40,
+                rt_tss: 596,
+                is_threads_head: 16,
+                ts_next: 8,
+                ts_interp: 16,
+                ts_frame: 56,
+                cframe_current: 8,
+                fr_code: 32,
+                fr_back: 48,
+                fr_instr: 56,
+                fr_entry: 68,
+                co_firstlineno: 72,
+                co_filename: 112,
+                co_name: 120,
+                co_qualname: 128,
+                co_linetable: 136,
+                co_adaptive: 184,
+                ..common
+            },
+            12 => Self {
+                rt_interp_head: 40,
+                rt_tss: 1548,
+                is_threads_head: 72,
+                ts_next: 8,
+                ts_interp: 16,
+                ts_frame: 56,
+                cframe_current: 0,
+                fr_code: 0,
+                fr_back: 8,
+                fr_instr: 56,
+                fr_entry: 70,
+                co_firstlineno: 68,
+                co_filename: 112,
+                co_name: 120,
+                co_qualname: 128,
+                co_linetable: 136,
+                co_adaptive: 192,
+                ascii_size: 40,
+                compact_size: 56,
+                ..common
+            },
+            _ => return None,
+        })
+    }
+
+    /// The offsets of 3.13, from the `_Py_DebugOffsets` that begin
+    /// `_PyRuntime` (`w`, its 64-bit words as the file holds them), and
+    /// the runtime's `autoTSSkey`, which they do not give. The struct's
+    /// own layout is 3.13's (`Include/internal/pycore_runtime.h`): a cookie,
+    /// the version, the free-threaded flag, then each struct's size and
+    /// fields; 3.14 reorders it.
+    fn debug_offsets(minor: u8, w: &[u64]) -> Result<Self, String> {
+        if minor != 13 {
+            return Err(format!("Python 3.{minor} is not supported yet (3.10 to 3.13 are)"));
+        }
+        let w = |i: usize| w.get(i).copied().unwrap_or(0);
+        if w(2) != 0 {
+            return Err("free-threaded builds (3.13t) are not supported".into());
+        }
+        Ok(Self {
+            minor,
+            rt_interp_head: w(5),
+            rt_tss: 2164,
+            is_threads_head: w(9),
+            ts_next: w(21),
+            ts_interp: w(22),
+            ts_frame: w(23),
+            cframe_current: 0,
+            fr_back: w(29),
+            fr_code: w(30),
+            fr_instr: w(31),
+            fr_entry: w(33),
+            co_filename: w(35),
+            co_name: w(36),
+            co_qualname: w(37),
+            co_linetable: w(38),
+            co_firstlineno: w(39),
+            co_adaptive: w(43),
+            ascii_size: w(70),
+            compact_size: w(70) + 16,
+        })
+    }
+
+    /// The walk's record of this layout.
+    fn record(&self, eval: (u64, u64), code_type: u64, tss: u64, key_block: i64, lines: bool) -> PyProc {
+        let o = |v: u64| v as u16;
+        PyProc {
+            eval_start: eval.0,
+            eval_end: eval.1,
+            code_type,
+            tss_addr: tss,
+            tls_offset: key_block,
+            ts_frame: o(self.ts_frame),
+            cframe_current: o(self.cframe_current),
+            frame_code: o(self.fr_code),
+            frame_back: o(self.fr_back),
+            frame_instr: o(self.fr_instr),
+            frame_entry: o(self.fr_entry),
+            code_firstlineno: o(self.co_firstlineno),
+            code_name: o(self.co_name),
+            code_filename: o(self.co_filename),
+            code_adaptive: o(self.co_adaptive),
+            tstate_from: TSTATE_KEY,
+            chain: match self.minor {
+                10 => CHAIN_310,
+                11 => CHAIN_311,
+                12 => CHAIN_312,
+                _ => CHAIN_313,
+            },
+            lines: u8::from(lines),
+            _pad: [0; 5],
+        }
+    }
+}
+
+
+/// What one ELF file holding an interpreter says, by file.
+#[derive(Debug)]
+struct PyFile {
+    version: String,
+    layout: Layout,
+    /// Virtual addresses in the file of `_PyRuntime`, `PyCode_Type`,
+    /// `PyUnicode_Type`, and `_PyEval_EvalFrameDefault`'s range.
+    runtime: u64,
+    code_type: u64,
+    unicode_type: u64,
+    eval: (u64, u64),
+}
+
+/// A process found to run CPython.
+struct PyProcess {
+    file: Arc<PyFile>,
+    /// The load bias of the interpreter's file.
+    bias: u64,
+    /// Its memory, read while it lives.
+    mem: Option<File>,
+    /// Whether the offsets were checked against a live frame.
+    checked: bool,
+    /// What the kernel was given.
+    record: PyProc,
+    comm: String,
+}
+
+/// A code object, named.
+#[derive(Debug)]
+pub struct PyName {
+    /// `module.qualname`.
+    pub name: Arc<str>,
+    /// The file it was compiled from.
+    pub file: Arc<str>,
+    firstlineno: u32,
+    linetable: Vec<u8>,
+    minor: u8,
+}
+
+impl PyName {
+    /// The line of code unit `lasti`, if the table has it.
+    pub fn line(&self, lasti: u32) -> Option<u32> {
+        if self.minor == 10 {
+            line_310(&self.linetable, self.firstlineno, lasti)
+        } else {
+            line_311(&self.linetable, self.firstlineno, lasti)
+        }
+    }
+}
+
+/// The Python processes, and the names of their code.
+#[derive(Default)]
+pub struct Python {
+    /// Off with `--no-python`.
+    disabled: bool,
+    /// Frames carry their instruction (`--lines`).
+    lines: bool,
+    files: HashMap<(u64, u64), Option<Arc<PyFile>>>,
+    procs: HashMap<u32, PyProcess>,
+    /// Processes looked at and found to run no interpreter the walk can
+    /// read, and why (`None`: no Python at all).
+    not: HashMap<u32, Option<String>>,
+    codes: HashMap<(u32, u64, u32), Option<Arc<PyName>>>,
+    /// Where glibc keeps a thread's first pthread keys, by libc file.
+    key_blocks: HashMap<(u64, u64), Option<i64>>,
+    /// What `-v` says of the processes found.
+    found: BTreeMap<u32, String>,
+    /// Processes whose interpreter cannot be walked, and why.
+    failed: BTreeMap<u32, String>,
+    /// Frames of code objects that could not be read (gone, or reused).
+    unnamed: u64,
+}
+
+impl Python {
+    /// Turns the walk off (`--no-python`) and sets whether frames carry
+    /// lines.
+    pub fn configure(&mut self, enabled: bool, lines: bool) {
+        self.disabled = !enabled;
+        self.lines = lines;
+    }
+
+    /// Whether the walk is on.
+    pub fn enabled(&self) -> bool {
+        !self.disabled
+    }
+
+    /// Looks at process `pid` (again if `fresh`: it ran a new program or
+    /// mapped new code) and returns the record for the kernel if it runs
+    /// an interpreter the walk can read and the kernel has not been
+    /// given it yet (or its offsets were checked since).
+    pub fn examine(&mut self, pid: u32, fresh: bool) -> Option<PyProc> {
+        if self.disabled || pid == 0 {
+            return None;
+        }
+        if fresh {
+            self.not.remove(&pid);
+            if self.procs.remove(&pid).is_some() {
+                self.found.remove(&pid);
+            }
+        }
+        if self.not.contains_key(&pid) {
+            return None;
+        }
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if p.checked {
+                return None;
+            }
+            // Not checked when first found (its interpreter not yet
+            // running): checked now.
+            return match check(p) {
+                Ok(true) => {
+                    p.checked = true;
+                    None
+                }
+                Ok(false) => None,
+                Err(why) => {
+                    self.fail(pid, why);
+                    None
+                }
+            };
+        }
+        match self.find(pid) {
+            Ok(Some(mut p)) => {
+                let checked = match check(&p) {
+                    Ok(c) => c,
+                    Err(why) => {
+                        self.fail(pid, why);
+                        return None;
+                    }
+                };
+                p.checked = checked;
+                let record = p.record;
+                self.found.insert(
+                    pid,
+                    format!(
+                        "PID {pid} ({}): Python {} ({})",
+                        p.comm,
+                        p.file.version,
+                        if checked {
+                            "offsets checked against a live frame"
+                        } else {
+                            "not yet started: offsets checked by type in the kernel"
+                        }
+                    ),
+                );
+                self.procs.insert(pid, p);
+                Some(record)
+            }
+            Ok(None) => {
+                self.not.insert(pid, None);
+                None
+            }
+            Err(why) => {
+                self.fail(pid, why);
+                None
+            }
+        }
+    }
+
+    fn fail(&mut self, pid: u32, why: String) {
+        self.procs.remove(&pid);
+        self.found.remove(&pid);
+        let comm = comm(pid);
+        eprintln!("rtrace: PID {pid} ({comm}): no Python frames: {why}; native frames only");
+        self.failed.insert(pid, why.clone());
+        self.not.insert(pid, Some(why));
+    }
+
+    /// Whether `pid`'s interpreter is being walked.
+    pub fn walks(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    /// Forgets a process that exited.
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+        self.not.remove(&pid);
+    }
+
+    /// A child forked from `parent` runs its interpreter too, at the same
+    /// addresses.
+    pub fn inherit(&mut self, child: u32, parent: u32) -> Option<PyProc> {
+        let p = self.procs.get(&parent)?;
+        let record = p.record;
+        let file = Arc::clone(&p.file);
+        let (bias, checked) = (p.bias, p.checked);
+        let mem = File::open(format!("/proc/{child}/mem")).ok();
+        self.procs.insert(
+            child,
+            PyProcess {
+                file,
+                bias,
+                mem,
+                checked,
+                record,
+                comm: comm(child),
+            },
+        );
+        Some(record)
+    }
+
+    /// Reads the name of code object `addr` of `pid` whose check the walk
+    /// computed as `check`, while the process lives: at once, when the
+    /// walk first meets it.
+    pub fn learn(&mut self, pid: u32, addr: u64, check: u32) {
+        if self.codes.contains_key(&(pid, addr, check)) {
+            return;
+        }
+        let name = self
+            .procs
+            .get(&pid)
+            .and_then(|p| read_code(p, addr, check))
+            .map(Arc::new);
+        self.codes.insert((pid, addr, check), name);
+    }
+
+    /// The name of a code object the walk met, if it could be read.
+    pub fn name(&mut self, pid: u32, addr: u64, check: u32) -> Option<Arc<PyName>> {
+        // Met by a walk whose record was lost: read now, if it still can be.
+        if !self.codes.contains_key(&(pid, addr, check)) {
+            self.learn(pid, addr, check);
+        }
+        let name = self.codes.get(&(pid, addr, check)).cloned().flatten();
+        if name.is_none() {
+            self.unnamed += 1;
+        }
+        name
+    }
+
+    /// What `-v` says: each Python process found.
+    pub fn summary(&self) -> Vec<String> {
+        self.found.values().cloned().collect()
+    }
+
+    /// Processes that could not be walked, and frames left unnamed.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .failed
+            .iter()
+            .take(5)
+            .map(|(pid, why)| format!("PID {pid}: no Python frames: {why}"))
+            .collect();
+        if self.unnamed > 0 {
+            out.push(format!(
+                "{} Python frames are [python]: their code object was gone (the process \
+                 exited, or freed it) before it could be read",
+                self.unnamed
+            ));
+        }
+        out
+    }
+
+    /// Finds the interpreter in `pid`'s mappings.
+    fn find(&mut self, pid: u32) -> Result<Option<PyProcess>, String> {
+        let Ok(maps) = crate::kernel::procmaps::read(Some(pid)) else {
+            return Ok(None);
+        };
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let proc_dir = format!("/proc/{pid}");
+        let mut libc = None;
+        let mut found = None;
+        for m in &maps {
+            let Some(path) = m.path() else { continue };
+            let name = path.rsplit('/').next().unwrap_or(path);
+            if name.starts_with("libc.so") || name.starts_with("libc-") {
+                libc.get_or_insert(m);
+            }
+            let candidate = m.offset == 0
+                && found.is_none()
+                && (name.starts_with("libpython3")
+                    || exe.as_deref().is_some_and(|e| e.as_os_str() == path)
+                    || name.starts_with("python3"));
+            if !candidate {
+                continue;
+            }
+            let key = (u64::from(m.dev.0) << 32 | u64::from(m.dev.1), m.inode);
+            let file = match self.files.get(&key) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = m
+                        .open(&proc_dir)
+                        .ok()
+                        .and_then(|f| read_file(&f, name).transpose())
+                        .transpose()?
+                        .map(Arc::new);
+                    self.files.insert(key, f.clone());
+                    f
+                }
+            };
+            if let Some(f) = file {
+                found = Some((f, m.clone()));
+            }
+        }
+        let Some((file, m)) = found else {
+            return Ok(None);
+        };
+        let bias = load_bias(&m, &proc_dir).ok_or("cannot read its interpreter's segments")?;
+        let key_block = match libc {
+            Some(l) => self.key_block(l, &proc_dir),
+            None => None,
+        }
+        .or_else(own_key_block)
+        .ok_or("cannot tell where glibc keeps a thread's pthread keys")?;
+        let mem = File::open(format!("{proc_dir}/mem")).ok();
+        let record = file.layout.record(
+            (file.eval.0 + bias, file.eval.1 + bias),
+            file.code_type + bias,
+            file.runtime + bias + file.layout.rt_tss - 4,
+            key_block,
+            self.lines,
+        );
+        Ok(Some(PyProcess {
+            file,
+            bias,
+            mem,
+            checked: false,
+            record,
+            comm: comm(pid),
+        }))
+    }
+
+    /// Where the libc mapped at `m` keeps a thread's first pthread keys,
+    /// from its `pthread_getspecific`.
+    fn key_block(&mut self, m: &Mapping, proc_dir: &str) -> Option<i64> {
+        let key = (u64::from(m.dev.0) << 32 | u64::from(m.dev.1), m.inode);
+        if let Some(k) = self.key_blocks.get(&key) {
+            return *k;
+        }
+        let k = m.open(proc_dir).ok().and_then(|f| libc_key_block(&f));
+        self.key_blocks.insert(key, k);
+        k
+    }
+}
+
+/// The process's command name.
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end().to_owned())
+        .unwrap_or_default()
+}
+
+/// The load bias of the file mapped at `m` (its mapping of offset 0).
+fn load_bias(m: &Mapping, proc_dir: &str) -> Option<u64> {
+    let f = m.open(proc_dir).ok()?;
+    let data = crate::kernel::memory::Mapped::of(&f).ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let vaddr = crate::kernel::elf::offset_to_vaddr(&elf, m.offset)?;
+    Some(m.start.wrapping_sub(vaddr & !0xfff))
+}
+
+/// Reads an ELF file that may hold an interpreter (`name` is its file
+/// name): `None` if it defines no `_PyRuntime`; an error if it does but
+/// its version cannot be walked.
+fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
+    use object::{Object as _, ObjectSymbol as _};
+    let Ok(data) = crate::kernel::memory::Mapped::of(f) else {
+        return Ok(None);
+    };
+    let Ok(elf) = object::File::parse(&*data) else {
+        return Ok(None);
+    };
+    let mut syms: HashMap<&str, (u64, u64)> = HashMap::new();
+    for s in elf.dynamic_symbols() {
+        if s.is_undefined() {
+            continue;
+        }
+        if let Ok(n) = s.name()
+            && matches!(
+                n,
+                "_PyRuntime"
+                    | "PyCode_Type"
+                    | "PyUnicode_Type"
+                    | "_PyEval_EvalFrameDefault"
+                    | "Py_Version"
+            )
+        {
+            syms.insert(n, (s.address(), s.size()));
+        }
+    }
+    let Some(&(runtime, _)) = syms.get("_PyRuntime") else {
+        return Ok(None);
+    };
+    let read = |addr: u64, len: usize| -> Option<&[u8]> {
+        let off = crate::kernel::elf::vaddr_to_offset(&elf, addr)? as usize;
+        data.get(off..off + len)
+    };
+    // 3.11+ says its version in `Py_Version`; 3.10 only in its name.
+    let hex = syms
+        .get("Py_Version")
+        .and_then(|&(a, _)| read(a, 4))
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let (minor, version) = match hex {
+        Some(h) => (
+            ((h >> 16) & 0xff) as u8,
+            format!("3.{}.{}", (h >> 16) & 0xff, (h >> 8) & 0xff),
+        ),
+        None => {
+            let minor = name
+                .split("python3.")
+                .nth(1)
+                .and_then(|r| {
+                    r.split(|c: char| !c.is_ascii_digit())
+                        .next()?
+                        .parse::<u8>()
+                        .ok()
+                })
+                .ok_or("its version cannot be told (no Py_Version)")?;
+            (minor, format!("3.{minor}"))
+        }
+    };
+    let layout = if minor >= 13 {
+        let bytes = read(runtime, 8 * 72).ok_or("cannot read its _Py_DebugOffsets")?;
+        if &bytes[..8] != b"xdebugpy" {
+            return Err(format!("Python {version}: _PyRuntime has no _Py_DebugOffsets"));
+        }
+        let words: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .collect();
+        Layout::debug_offsets(minor, &words).map_err(|e| format!("Python {version}: {e}"))?
+    } else {
+        Layout::table(minor).ok_or_else(|| format!("Python {version} is not supported"))?
+    };
+    let need = |n: &str| {
+        syms.get(n)
+            .copied()
+            .ok_or_else(|| format!("Python {version}: {name} does not export {n}"))
+    };
+    let (eval, eval_size) = need("_PyEval_EvalFrameDefault")?;
+    let code_type = need("PyCode_Type")?.0;
+    let unicode_type = need("PyUnicode_Type")?.0;
+    Ok(Some(PyFile {
+        version,
+        layout,
+        runtime,
+        code_type,
+        unicode_type,
+        eval: (eval, eval + eval_size.max(1)),
+    }))
+}
+
+/// Where glibc keeps a thread's first 32 pthread keys, from the thread
+/// pointer, as its `pthread_getspecific` reads them: `add $N, reg; shl $4,
+/// reg` then a read at `fs:0x10 + reg + 8`, so the block is at `N * 16`.
+fn libc_key_block(f: &File) -> Option<i64> {
+    use object::{Object as _, ObjectSymbol as _};
+    let data = crate::kernel::memory::Mapped::of(f).ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let sym = elf
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("pthread_getspecific") && !s.is_undefined())?;
+    let off = crate::kernel::elf::vaddr_to_offset(&elf, sym.address())? as usize;
+    let code = data.get(off..off + 64)?;
+    let mut dec = iced_x86::Decoder::with_ip(64, code, 0, iced_x86::DecoderOptions::NONE);
+    let mut added: Option<(iced_x86::Register, i64)> = None;
+    for _ in 0..12 {
+        let ins = dec.decode();
+        if ins.is_invalid() {
+            return None;
+        }
+        use iced_x86::{Mnemonic, OpKind};
+        match ins.mnemonic() {
+            Mnemonic::Add
+                if ins.op0_kind() == OpKind::Register
+                    && matches!(
+                        ins.op1_kind(),
+                        OpKind::Immediate8to64 | OpKind::Immediate32to64 | OpKind::Immediate8
+                    ) =>
+            {
+                added = Some((ins.op0_register(), ins.immediate(1) as i64));
+            }
+            Mnemonic::Shl if ins.op0_kind() == OpKind::Register => {
+                if let Some((reg, n)) = added
+                    && reg == ins.op0_register()
+                    && ins.immediate(1) == 4
+                {
+                    return Some(n * 16);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Where this process's glibc keeps a thread's first pthread keys,
+/// measured: a thread sets a key to a mark and finds it after its thread
+/// pointer. For a libc whose code does not say ([`libc_key_block`]).
+fn own_key_block() -> Option<i64> {
+    std::thread::spawn(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: plain libc calls on this thread's own key.
+        unsafe {
+            if libc::pthread_key_create(&mut key, None) != 0 {
+                return None;
+            }
+            const MARK: usize = 0x5059_7468_6f6e_2121;
+            libc::pthread_setspecific(key, MARK as *const libc::c_void);
+            let mut fs: u64 = 0;
+            // ARCH_GET_FS
+            libc::syscall(libc::SYS_arch_prctl, 0x1003, &mut fs as *mut u64);
+            let base = fs as *const u64;
+            let found = (0..512).find(|&i| std::ptr::read_volatile(base.add(i)) as usize == MARK);
+            libc::pthread_key_delete(key);
+            let at = found? as i64 * 8;
+            (key < 32).then(|| at - 8 - 16 * i64::from(key))
+        }
+    })
+    .join()
+    .ok()
+    .flatten()
+}
+
+/// Reads `len` bytes of the process's memory at `addr`.
+fn read_mem(p: &PyProcess, addr: u64, len: usize) -> Option<Vec<u8>> {
+    let mem = p.mem.as_ref()?;
+    let mut buf = vec![0; len];
+    mem.read_exact_at(&mut buf, addr).ok()?;
+    Some(buf)
+}
+
+fn read_u64(p: &PyProcess, addr: u64) -> Option<u64> {
+    let b = read_mem(p, addr, 8)?;
+    Some(u64::from_le_bytes(b.try_into().ok()?))
+}
+
+/// Checks the offsets against the live interpreter: a thread state whose
+/// interpreter is the runtime's, and its frames' code objects of type
+/// code. `Ok(false)`: not running Python yet.
+fn check(p: &PyProcess) -> Result<bool, String> {
+    let l = &p.file.layout;
+    let runtime = p.file.runtime + p.bias;
+    let code_type = p.file.code_type + p.bias;
+    let Some(interp) = read_u64(p, runtime + l.rt_interp_head) else {
+        return Ok(false);
+    };
+    if interp == 0 {
+        return Ok(false);
+    }
+    let mut ts = read_u64(p, interp + l.is_threads_head).unwrap_or(0);
+    let mut frames = 0;
+    for _ in 0..64 {
+        if ts == 0 {
+            break;
+        }
+        if read_u64(p, ts + l.ts_interp) != Some(interp) {
+            return Err(format!(
+                "Python {}: a thread state does not point back to its interpreter (offsets \
+                 do not match this build)",
+                p.file.version
+            ));
+        }
+        let mut f = read_u64(p, ts + l.ts_frame).unwrap_or(0);
+        if l.minor == 11 || l.minor == 12 {
+            f = if f == 0 { 0 } else { read_u64(p, f + l.cframe_current).unwrap_or(0) };
+        }
+        for _ in 0..8 {
+            if f == 0 {
+                break;
+            }
+            let code = read_u64(p, f + l.fr_code).unwrap_or(0);
+            let ty = read_u64(p, code + 8).unwrap_or(0);
+            if ty == code_type {
+                frames += 1;
+            } else if l.minor < 12 {
+                return Err(format!(
+                    "Python {}: a frame's code is not a code object (offsets do not match \
+                     this build)",
+                    p.file.version
+                ));
+            }
+            f = read_u64(p, f + l.fr_back).unwrap_or(0);
+        }
+        ts = read_u64(p, ts + l.ts_next).unwrap_or(0);
+    }
+    Ok(frames > 0)
+}
+
+/// Reads code object `addr` of `p`, if it is still the one whose check
+/// the walk computed.
+fn read_code(p: &PyProcess, addr: u64, check: u32) -> Option<PyName> {
+    let l = &p.file.layout;
+    let head = read_mem(p, addr, 256)?;
+    let word = |off: u64| -> u64 {
+        let o = off as usize;
+        head.get(o..o + 8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+    };
+    if word(8) != p.file.code_type + p.bias {
+        return None;
+    }
+    let firstlineno = word(l.co_firstlineno) as u32;
+    let (name, file) = (word(l.co_name), word(l.co_filename));
+    if code_check(firstlineno, name, file) != check {
+        return None;
+    }
+    let qualname = read_str(p, word(l.co_qualname))?;
+    let filename = read_str(p, file)?;
+    let linetable = read_bytes(p, word(l.co_linetable)).unwrap_or_default();
+    let module = module_of(&filename);
+    Some(PyName {
+        name: Arc::from(format!("{module}.{qualname}")),
+        file: Arc::from(filename),
+        firstlineno,
+        linetable,
+        minor: l.minor,
+    })
+}
+
+/// A `str` object's text: compact strings only (every name and file the
+/// compiler makes is one).
+fn read_str(p: &PyProcess, addr: u64) -> Option<String> {
+    let l = &p.file.layout;
+    let head = read_mem(p, addr, 40)?;
+    let w = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().unwrap_or_default());
+    if w(8) != p.file.unicode_type + p.bias {
+        return None;
+    }
+    let len = w(16) as usize;
+    let state = w(32) as u32;
+    let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+    if compact == 0 || len > 4096 {
+        return None;
+    }
+    if ascii == 1 {
+        let b = read_mem(p, addr + l.ascii_size, len)?;
+        return String::from_utf8(b).ok();
+    }
+    let b = read_mem(p, addr + l.compact_size, len * kind as usize)?;
+    Some(match kind {
+        1 => b.iter().map(|&c| char::from(c)).collect(),
+        2 => char::decode_utf16(
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]])),
+        )
+        .map(|c| c.unwrap_or('?'))
+        .collect(),
+        _ => b
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('?'))
+            .collect(),
+    })
+}
+
+/// A `bytes` object's contents.
+fn read_bytes(p: &PyProcess, addr: u64) -> Option<Vec<u8>> {
+    let len = read_u64(p, addr + 16)? as usize;
+    if len > 1 << 20 {
+        return None;
+    }
+    read_mem(p, addr + 32, len)
+}
+
+/// The module a file is, as Python would import it: its path after the
+/// library's directory or `site-packages`, dotted, or its base name.
+fn module_of(file: &str) -> String {
+    if let Some(inner) = file.strip_prefix("<frozen ").and_then(|f| f.strip_suffix('>')) {
+        return inner.to_owned();
+    }
+    let parts: Vec<&str> = file.split('/').collect();
+    let start = parts
+        .iter()
+        .rposition(|p| {
+            *p == "site-packages"
+                || *p == "dist-packages"
+                || *p == "lib-dynload"
+                || (p.starts_with("python3") && !p.ends_with(".py"))
+        })
+        .map_or(parts.len().saturating_sub(1), |i| i + 1);
+    let mut path: Vec<&str> = parts[start.min(parts.len())..].to_vec();
+    if let Some(last) = path.last_mut() {
+        *last = last.strip_suffix(".py").unwrap_or(last);
+    }
+    if path.len() > 1 && path.last() == Some(&"__init__") {
+        path.pop();
+    }
+    path.join(".")
+}
+
+/// Reads one varint of a 3.11+ location table (six bits a byte, bit 6
+/// set in all but the last).
+fn varint(t: &[u8], i: &mut usize) -> Option<u32> {
+    let mut v = 0u32;
+    let mut shift = 0;
+    loop {
+        let b = *t.get(*i)?;
+        *i += 1;
+        v |= u32::from(b & 63) << shift;
+        if b & 64 == 0 {
+            return Some(v);
+        }
+        shift += 6;
+        if shift > 30 {
+            return None;
+        }
+    }
+}
+
+/// The line of code unit `lasti` in a 3.11+ location table
+/// (`Objects/locations.md`).
+fn line_311(t: &[u8], first: u32, lasti: u32) -> Option<u32> {
+    let mut line = i64::from(first);
+    let mut unit = 0u32;
+    let mut i = 0;
+    while i < t.len() {
+        let b = t[i];
+        i += 1;
+        let code = (b >> 3) & 15;
+        let len = u32::from(b & 7) + 1;
+        let delta: i64 = match code {
+            15 => 0,
+            14 => {
+                let v = varint(t, &mut i)?;
+                let d = if v & 1 != 0 { -i64::from(v >> 1) } else { i64::from(v >> 1) };
+                for _ in 0..3 {
+                    varint(t, &mut i)?;
+                }
+                d
+            }
+            13 => {
+                let v = varint(t, &mut i)?;
+                if v & 1 != 0 { -i64::from(v >> 1) } else { i64::from(v >> 1) }
+            }
+            10..=12 => {
+                i += 2;
+                i64::from(code - 10)
+            }
+            _ => {
+                i += 1;
+                0
+            }
+        };
+        line += delta;
+        if lasti < unit + len {
+            return (code != 15 && line > 0).then_some(line as u32);
+        }
+        unit += len;
+    }
+    None
+}
+
+/// The line of code unit `lasti` in a 3.10 line table (PEP 626: pairs of
+/// a byte-offset step and a signed line step, -128 for none).
+fn line_310(t: &[u8], first: u32, lasti: u32) -> Option<u32> {
+    let target = lasti * 2;
+    let mut line = i64::from(first);
+    let mut end = 0u32;
+    for pair in t.chunks_exact(2) {
+        let start = end;
+        end += u32::from(pair[0]);
+        let d = pair[1] as i8;
+        let this = if d == -128 {
+            None
+        } else {
+            line += i64::from(d);
+            Some(line)
+        };
+        if start <= target && target < end {
+            return this.filter(|&l| l > 0).map(|l| l as u32);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modules_are_named_as_imported() {
+        assert_eq!(module_of("/usr/lib/python3.11/json/decoder.py"), "json.decoder");
+        assert_eq!(module_of("/tmp/x/fixture.py"), "fixture");
+        assert_eq!(
+            module_of("/usr/lib/python3/dist-packages/foo/__init__.py"),
+            "foo"
+        );
+        assert_eq!(module_of("<frozen importlib._bootstrap>"), "importlib._bootstrap");
+        assert_eq!(module_of("<string>"), "<string>");
+    }
+
+    /// This process's glibc: its code says where the keys are, and a
+    /// thread setting one finds it there.
+    #[test]
+    fn glibc_key_block_is_read_from_its_code() {
+        let measured = own_key_block().expect("measured");
+        let libc = crate::kernel::procmaps::read(None)
+            .unwrap()
+            .into_iter()
+            .find(|m| m.path().is_some_and(|p| p.contains("libc.so")))
+            .expect("libc mapped");
+        let f = libc.open("/proc/self").unwrap();
+        assert_eq!(libc_key_block(&f), Some(measured));
+    }
+}
