@@ -46,7 +46,7 @@ pub const OWNED_BY_CSTACK: u8 = 3;
 
 /// Bytes of an interpreter frame the walk reads: every field it needs,
 /// in each version.
-pub const FRAME_BYTES: usize = 80;
+pub const FRAME_BYTES: usize = 104;
 /// Bytes of a code object the walk reads, from its start.
 pub const CODE_BYTES: usize = 128;
 

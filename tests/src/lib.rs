@@ -186,8 +186,15 @@ impl Workload {
     /// Starts workload `name` with `args`; returns it and the first line it
     /// printed.
     pub fn start(name: &str, args: &[String]) -> (Self, String) {
-        let mut child = Command::new(workload_bin(name))
-            .args(args)
+        let mut cmd = Command::new(workload_bin(name));
+        cmd.args(args);
+        Self::start_command(cmd)
+    }
+
+    /// Starts a workload run by `cmd` (an interpreter and its script),
+    /// which speaks as the fixtures do; returns it and its first line.
+    pub fn start_command(mut cmd: Command) -> (Self, String) {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -82,7 +82,7 @@ impl Layout {
                 ts_frame: 24,
                 fr_code: 32,
                 fr_back: 24,
-                fr_instr: 104,
+                fr_instr: 96,
                 co_firstlineno: 40,
                 co_filename: 104,
                 co_name: 112,

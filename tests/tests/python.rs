@@ -1,0 +1,556 @@
+//! Python functions in stacks: CPython's frames walked in the kernel and
+//! spliced into the native stack (`tests/fixtures/pyfix.py`, run by
+//! Debian's own interpreters: bookworm's 3.11 here, trixie's 3.13 in a
+//! chroot that `cargo xtask` makes), checked against what the fixture
+//! measured itself and against py-spy.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use rtrace_integration_tests::{
+    Rtrace, SIGINT, Workload, assert_share, in_guest, parse_folded, run,
+};
+
+/// What `rtrace profile` prints to stderr once sampling has begun.
+const READY: &str = "Sampling";
+
+/// Debian bookworm's interpreter: statically linked with libpython, no
+/// frame pointers.
+const HOST_PYTHON: &str = "/usr/bin/python3.11";
+
+/// The fixture's source.
+fn fixture_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyfix.py")
+}
+
+/// The Debian trixie root `cargo xtask` makes (`debootstrap`), with its
+/// python3 (3.13).
+fn trixie_root() -> PathBuf {
+    std::env::var_os("RTRACE_TRIXIE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/rtrace/trixie-root")
+        })
+}
+
+/// How the fixture is run.
+#[derive(Clone, Copy)]
+enum Python {
+    /// The host's python3.11.
+    Host,
+    /// Trixie's python3 in its root, through `chroot`.
+    Trixie,
+}
+
+/// Starts the fixture in `mode` for `seconds` under `python`; it waits
+/// for `go`.
+fn start(python: Python, mode: &str, seconds: &str) -> Workload {
+    let cmd = match python {
+        Python::Host => {
+            let mut c = Command::new(HOST_PYTHON);
+            c.arg(fixture_source());
+            c
+        }
+        Python::Trixie => {
+            let root = trixie_root();
+            assert!(
+                root.join("usr/bin/python3").exists(),
+                "no trixie root at {} (cargo xtask setup makes it)",
+                root.display()
+            );
+            std::fs::copy(fixture_source(), root.join("tmp/pyfix.py")).unwrap();
+            let mut c = Command::new("chroot");
+            c.arg(&root).args(["/usr/bin/python3", "/tmp/pyfix.py"]);
+            c
+        }
+    };
+    let mut cmd = cmd;
+    cmd.args([mode, seconds]);
+    let (w, line) = Workload::start_command(cmd);
+    assert!(line.starts_with("ready"), "{line:?}");
+    w
+}
+
+/// Profiles the fixture's work at 999 Hz with `extra` flags; returns the
+/// folded stacks, rtrace's stderr and the numbers of the fixture's
+/// `done` line.
+fn profile(python: Python, mode: &str, seconds: &str, extra: &[&str]) -> (Folded, String, Vec<i64>) {
+    let mut w = start(python, mode, seconds);
+    let pid = w.pid().to_string();
+    let mut args = vec!["profile", "-F", "999", "-p", &pid, "-f", "-v"];
+    args.extend_from_slice(extra);
+    let rtrace = Rtrace::start_until(&args, READY);
+    let done = w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert!(w.wait().success());
+    assert_eq!(code, 0, "{stderr}");
+    let nums = done
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (parse_folded(&stdout), stderr, nums)
+}
+
+type Folded = BTreeMap<Vec<String>, u64>;
+
+/// The Python frames of a stack, root first (names `module.function`).
+fn py_frames(stack: &[String], module: &str) -> Vec<String> {
+    stack
+        .iter()
+        .filter(|f| f.starts_with(&format!("{module}.")) || f.starts_with("threading."))
+        .cloned()
+        .collect()
+}
+
+/// Samples whose stack has Python frame `name`.
+fn with_frame(folded: &Folded, name: &str) -> u64 {
+    folded
+        .iter()
+        .filter(|(s, _)| s.iter().any(|f| f == name))
+        .map(|(_, c)| c)
+        .sum()
+}
+
+/// Checks that at least 95% of the samples have one of the whole chains
+/// `chains` (each root first, and a sample's Python frames must begin
+/// with one, with nothing of another module between) under
+/// `Py_BytesMain`.
+fn check_whole(folded: &Folded, chains: &[&[&str]], what: &str) {
+    let total: u64 = folded.values().sum();
+    let whole: u64 = folded
+        .iter()
+        .filter(|(s, _)| {
+            let py = py_frames(s, "pyfix");
+            let main = s.iter().position(|f| f == "Py_BytesMain");
+            let first = s.iter().position(|f| f.starts_with("pyfix."));
+            main.is_some()
+                && first.is_some_and(|f| f > main.unwrap())
+                && chains.iter().any(|c| {
+                    py.len() >= c.len()
+                        && py.iter().zip(c.iter()).all(|(a, b)| a == b)
+                        && py.len() <= c.len() + 1
+                })
+        })
+        .map(|(_, c)| c)
+        .sum();
+    assert!(total >= 500, "{what}: too few samples ({total})");
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{what}: {whole} of {total} samples have a whole Python chain:\n{}",
+        show(folded)
+    );
+}
+
+/// The heaviest stacks, for messages.
+fn show(folded: &Folded) -> String {
+    let mut v: Vec<(&Vec<String>, &u64)> = folded.iter().collect();
+    v.sort_by(|a, b| b.1.cmp(a.1));
+    v.iter()
+        .take(12)
+        .map(|(s, c)| format!("{} {c}", s.join(";")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The split of hot and warm, and whole chains, under `python`.
+fn split_under(python: Python, version: &str) {
+    let (folded, stderr, done) = profile(python, "split", "3", &[]);
+    assert!(
+        stderr.contains(&format!("): Python {version}")),
+        "-v names the interpreter:\n{stderr}"
+    );
+    let chain = ["pyfix.<module>", "pyfix.main", "pyfix.outer"];
+    check_whole(
+        &folded,
+        &[
+            &[chain[0], chain[1], chain[2], "pyfix.hot"],
+            &[chain[0], chain[1], chain[2], "pyfix.warm"],
+            &chain,
+        ],
+        "split",
+    );
+    let (hot, warm) = (
+        with_frame(&folded, "pyfix.hot"),
+        with_frame(&folded, "pyfix.warm"),
+    );
+    let want = done[0] as f64 / (done[0] + done[1]) as f64;
+    assert_share("pyfix.hot", hot, warm, want);
+}
+
+#[test]
+fn python_functions_split_as_measured_with_whole_chains() {
+    if skip_in_guest() {
+        return;
+    }
+    split_under(Python::Host, "3.11");
+}
+
+#[test]
+fn python_313_in_a_trixie_chroot_is_walked_and_named() {
+    if skip_in_guest() {
+        return;
+    }
+    split_under(Python::Trixie, "3.13");
+}
+
+/// The guests carry no Python, and the walk runs the same code there; the
+/// host and its chroot run these tests.
+fn skip_in_guest() -> bool {
+    if in_guest() {
+        eprintln!("skipped: the guests carry no Python (the host runs this test)");
+        return true;
+    }
+    false
+}
+
+#[test]
+fn a_recursive_tower_keeps_every_python_frame() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, _, _) = profile(Python::Host, "tower", "2", &[]);
+    let mut chain = vec!["pyfix.<module>", "pyfix.main"];
+    chain.extend(std::iter::repeat_n("pyfix.tower", 21));
+    chain.extend(["pyfix.leaf", "pyfix.spin_until"]);
+    check_whole(&folded, &[&chain], "tower");
+}
+
+#[test]
+fn a_c_extension_sits_above_the_python_function_that_called_it() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, _, done) = profile(Python::Host, "zlib", "3", &[]);
+    let zlib = |f: &String| f.starts_with("deflate") || f == "longest_match" || f == "compress";
+    let mut above = 0;
+    let mut total = 0;
+    for (s, c) in &folded {
+        let Some(z) = s.iter().position(zlib) else {
+            continue;
+        };
+        total += c;
+        let caller = s[..z].iter().rposition(|f| f.starts_with("pyfix."));
+        if caller.is_some_and(|i| s[i] == "pyfix.compressing") {
+            above += c;
+        }
+    }
+    assert!(total >= 200, "too few samples in zlib ({total}):\n{}", show(&folded));
+    assert!(
+        above as f64 >= 0.95 * total as f64,
+        "{above} of {total} samples in zlib sit above pyfix.compressing:\n{}",
+        show(&folded)
+    );
+    let (z, p) = (
+        with_frame(&folded, "pyfix.compressing"),
+        with_frame(&folded, "pyfix.pure"),
+    );
+    assert_share(
+        "pyfix.compressing",
+        z,
+        p,
+        done[0] as f64 / (done[0] + done[1]) as f64,
+    );
+}
+
+#[test]
+fn each_thread_has_its_own_python_stack() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, _, done) = profile(Python::Host, "threads", "3", &[]);
+    let mut own = 0;
+    let mut total = 0;
+    for (s, c) in &folded {
+        let py = py_frames(s, "pyfix");
+        let Some(k) = py.iter().position(|f| f == "pyfix.thread_a" || f == "pyfix.thread_b")
+        else {
+            continue;
+        };
+        total += c;
+        // threading's frames below, the spin above, nothing of another
+        // thread's function.
+        let other = if py[k] == "pyfix.thread_a" {
+            "pyfix.thread_b"
+        } else {
+            "pyfix.thread_a"
+        };
+        if py[..k].iter().all(|f| f.starts_with("threading."))
+            && !py.iter().any(|f| f == other)
+            && py.get(k + 1).is_some_and(|f| f == "pyfix.spin_until")
+        {
+            own += c;
+        }
+    }
+    assert!(total >= 500, "too few samples in the threads ({total})");
+    assert!(
+        own as f64 >= 0.95 * total as f64,
+        "{own} of {total} samples of the threads have their own whole chain:\n{}",
+        show(&folded)
+    );
+    assert_share(
+        "pyfix.thread_a",
+        with_frame(&folded, "pyfix.thread_a"),
+        with_frame(&folded, "pyfix.thread_b"),
+        done[0] as f64 / (done[0] + done[1]) as f64,
+    );
+}
+
+#[test]
+fn offcputime_names_the_python_functions_that_blocked() {
+    if skip_in_guest() {
+        return;
+    }
+    let mut w = start(Python::Host, "blocked", "3");
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start(&["offcputime", "-p", &pid, "-f", "-U"]);
+    let done = w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert!(w.wait().success());
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let done: Vec<i64> = done.split_whitespace().map(|n| n.parse().unwrap()).collect();
+    let (sleep, recv) = (
+        with_frame(&folded, "pyfix.sleeper"),
+        with_frame(&folded, "pyfix.receiver"),
+    );
+    assert!(sleep > 0 && recv > 0, "{}", show(&folded));
+    // Blocked time, not samples: the bound is the 5 points alone.
+    let got = sleep as f64 / (sleep + recv) as f64;
+    let want = done[0] as f64 / (done[0] + done[1]) as f64;
+    assert!(
+        (got - want).abs() <= 0.05,
+        "pyfix.sleeper's share of blocked time {got:.3}, the fixture measured {want:.3}:\n{}",
+        show(&folded)
+    );
+}
+
+#[test]
+fn code_objects_freed_and_replaced_at_one_address_keep_their_own_names() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, stderr, done) = profile(Python::Host, "codes", "4", &[]);
+    let (rounds, reused) = (done[0], done[1]);
+    assert!(
+        reused > 0,
+        "the fixture's code objects never took an old address ({rounds} rounds)"
+    );
+    let mut named = std::collections::BTreeSet::new();
+    let (mut right, mut wrong) = (0, 0);
+    for (s, c) in &folded {
+        let py = py_frames(s, "pyfix_codes");
+        let Some(f) = py.iter().find(|f| f.starts_with("pyfix_codes.f_")) else {
+            continue;
+        };
+        let k: i64 = f["pyfix_codes.f_".len()..].parse().unwrap();
+        assert!(k < rounds, "{f} was never made");
+        named.insert(k);
+        let leaf = if k % 2 == 0 { "pyfix.leaf_even" } else { "pyfix.leaf_odd" };
+        if s.iter().any(|x| x == leaf) {
+            right += c;
+        } else {
+            wrong += c;
+        }
+    }
+    assert_eq!(wrong, 0, "{right} samples right:\n{}", show(&folded));
+    assert!(
+        named.len() as i64 >= rounds / 2,
+        "{} of {rounds} functions named:\n{stderr}",
+        named.len()
+    );
+}
+
+#[test]
+fn a_python_process_that_exits_mid_profile_keeps_its_names() {
+    if skip_in_guest() {
+        return;
+    }
+    let mut w = start(Python::Host, "split", "1");
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-p", &pid, "-f"], READY);
+    w.go();
+    assert!(w.wait().success());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let hot = with_frame(&folded, "pyfix.hot");
+    let unnamed = with_frame(&folded, "[python]");
+    assert!(hot >= 300, "{hot} samples in pyfix.hot:\n{}", show(&folded));
+    assert!(unnamed * 20 <= hot, "{unnamed} unnamed frames:\n{stderr}");
+}
+
+#[test]
+fn no_python_and_an_unknown_version_keep_native_frames() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, _, _) = profile(Python::Host, "split", "1", &["--no-python"]);
+    assert_eq!(with_frame(&folded, "pyfix.hot"), 0, "{}", show(&folded));
+    assert!(with_frame(&folded, "_PyEval_EvalFrameDefault") > 0);
+
+    // A copy of the interpreter that says it is 3.99.
+    let dir = std::env::temp_dir().join(format!("rtrace-py399-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("python3.11");
+    let mut data = std::fs::read(HOST_PYTHON).unwrap();
+    let at = py_version_offset(&data);
+    data[at + 2] = 99;
+    std::fs::write(&copy, &data).unwrap();
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut cmd = Command::new(&copy);
+    cmd.arg(fixture_source()).args(["split", "1"]);
+    let (mut w, line) = Workload::start_command(cmd);
+    assert!(line.starts_with("ready"));
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-p", &pid, "-f"], READY);
+    w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert!(w.wait().success());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("no Python frames: Python 3.99") && stderr.contains("native frames only"),
+        "{stderr}"
+    );
+    let folded = parse_folded(&stdout);
+    assert_eq!(with_frame(&folded, "pyfix.hot"), 0);
+    assert!(with_frame(&folded, "Py_BytesMain") > 0, "{}", show(&folded));
+}
+
+/// The file offset of `Py_Version` (its hex version) in an interpreter.
+fn py_version_offset(data: &[u8]) -> usize {
+    use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+    let elf = object::File::parse(data).unwrap();
+    let sym = elf
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("Py_Version"))
+        .expect("Py_Version");
+    let a = sym.address();
+    elf.segments()
+        .find_map(|s| {
+            let (off, size) = s.file_range();
+            (s.address() <= a && a < s.address() + size).then(|| (a - s.address() + off) as usize)
+        })
+        .unwrap()
+}
+
+#[test]
+fn lines_name_the_python_source_line() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, _, _) = profile(Python::Host, "split", "2", &["--lines"]);
+    let src = std::fs::read_to_string(fixture_source()).unwrap();
+    let line_of = |text: &str| src.lines().position(|l| l.trim() == text).unwrap() + 1;
+    // hot's loop: the `for` and the `s += i * i` of its body.
+    let def = src.lines().position(|l| l == "def hot(n):").unwrap() + 1;
+    let body = [def + 2, def + 3];
+    let mut in_hot = 0;
+    let mut at_body = 0;
+    for (s, c) in &folded {
+        for f in s {
+            if let Some(rest) = f.strip_prefix("pyfix.hot (") {
+                in_hot += c;
+                let (file, n) = rest.strip_suffix(')').unwrap().rsplit_once(':').unwrap();
+                assert!(file.ends_with("pyfix.py"), "{f}");
+                let n: usize = n.parse().unwrap();
+                if body.contains(&n) {
+                    at_body += c;
+                }
+            }
+        }
+    }
+    assert!(in_hot >= 300, "{in_hot} in pyfix.hot:\n{}", show(&folded));
+    assert!(
+        at_body as f64 >= 0.9 * in_hot as f64,
+        "{at_body} of {in_hot} at lines {body:?} (s += i * i is line {}):\n{}",
+        line_of("s += i * i"),
+        show(&folded)
+    );
+}
+
+/// py-spy (from PyPI, as `cargo xtask` installs it) on the same process:
+/// the same Python leaves with shares within 5 points.
+#[test]
+fn python_leaves_match_py_spy() {
+    if skip_in_guest() {
+        return;
+    }
+    let py_spy = std::env::var_os("RTRACE_PY_SPY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/rtrace/py-spy/bin/py-spy")
+        });
+    assert!(py_spy.exists(), "no py-spy at {} (cargo xtask setup installs it)", py_spy.display());
+    let mut w = start(Python::Host, "split", "4");
+    let pid = w.pid().to_string();
+    let raw = std::env::temp_dir().join(format!("rtrace-pyspy-{}.txt", std::process::id()));
+    let rtrace = Rtrace::start_until(&["profile", "-F", "99", "-p", &pid, "-f"], READY);
+    let spy = Command::new(&py_spy)
+        .args(["record", "--native", "--format", "raw", "-r", "99", "-d", "3", "-p", &pid, "-o"])
+        .arg(&raw)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.go();
+    let out = spy.wait_with_output().unwrap();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert!(w.wait().success());
+    assert_eq!(code, 0, "{stderr}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let theirs = std::fs::read_to_string(&raw).unwrap();
+    let _ = std::fs::remove_file(&raw);
+    // py-spy's raw lines: frames `function (file.py:line)` root first.
+    let mut spy_leaves: BTreeMap<String, u64> = BTreeMap::new();
+    for line in theirs.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else { continue };
+        let leaf = stack
+            .split(';')
+            .filter(|f| f.contains(".py:"))
+            .next_back()
+            .and_then(|f| f.split(" (").next())
+            .unwrap_or("");
+        *spy_leaves.entry(leaf.to_owned()).or_default() += n.parse::<u64>().unwrap_or(0);
+    }
+    let folded = parse_folded(&stdout);
+    let mut ours: BTreeMap<String, u64> = BTreeMap::new();
+    for (s, c) in &folded {
+        let leaf = py_frames(s, "pyfix").last().cloned().unwrap_or_default();
+        let leaf = leaf.strip_prefix("pyfix.").unwrap_or(&leaf).to_owned();
+        *ours.entry(leaf).or_default() += c;
+    }
+    let share = |m: &BTreeMap<String, u64>, k: &str| {
+        let hw = m.get("hot").copied().unwrap_or(0) + m.get("warm").copied().unwrap_or(0);
+        m.get(k).copied().unwrap_or(0) as f64 / hw.max(1) as f64
+    };
+    for k in ["hot", "warm"] {
+        assert!(
+            (share(&ours, k) - share(&spy_leaves, k)).abs() <= 0.05,
+            "{k}: rtrace {:.3}, py-spy {:.3}\nrtrace {ours:?}\npy-spy {spy_leaves:?}",
+            share(&ours, k),
+            share(&spy_leaves, k)
+        );
+    }
+}
+
+#[test]
+fn annotated_python_frames_are_marked_p() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, _, _) = profile(Python::Host, "split", "1", &["-a"]);
+    assert!(
+        with_frame(&folded, "pyfix.hot_[p]") > 0,
+        "{}",
+        show(&folded)
+    );
+    let (code, _, stderr) = run(&["profile", "--no-python", "--bogus"]);
+    assert_eq!(code, 2, "{stderr}");
+}
