@@ -172,9 +172,7 @@ pub(crate) fn at_frame(py: &PyProc, s: &mut Scratch, tgid: u32) -> Next {
     if py.chain > rtrace_common::python::CHAIN_311 && entry == OWNED_BY_CSTACK {
         return end(s);
     }
-    let last = back == 0
-        || py.chain == CHAIN_310
-        || (py.chain == CHAIN_311 && entry != 0);
+    let last = back == 0 || py.chain == CHAIN_310 || (py.chain == CHAIN_311 && entry != 0);
     let buf = &mut s.py_buf;
     if code == 0 || !read_into(buf, code, CODE_BYTES) {
         return give_up(s);
@@ -298,7 +296,7 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
 pub(crate) fn of(tgid: u32) -> *const PyProc {
     PY_PROCS
         .get_ptr(tgid)
-        .map_or(core::ptr::null(), |p| p as *const PyProc)
+        .map_or(core::ptr::null(), |p| p)
 }
 
 /// Forgets a process's interpreter: it ran a new program or exited.

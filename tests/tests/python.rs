@@ -78,7 +78,12 @@ fn start(python: Python, mode: &str, seconds: &str) -> Workload {
 /// Profiles the fixture's work at 999 Hz with `extra` flags; returns the
 /// folded stacks, rtrace's stderr and the numbers of the fixture's
 /// `done` line.
-fn profile(python: Python, mode: &str, seconds: &str, extra: &[&str]) -> (Folded, String, Vec<i64>) {
+fn profile(
+    python: Python,
+    mode: &str,
+    seconds: &str,
+    extra: &[&str],
+) -> (Folded, String, Vec<i64>) {
     let mut w = start(python, mode, seconds);
     let pid = w.pid().to_string();
     let mut args = vec!["profile", "-F", "999", "-p", &pid, "-f", "-v"];
@@ -238,7 +243,11 @@ fn a_c_extension_sits_above_the_python_function_that_called_it() {
             above += c;
         }
     }
-    assert!(total >= 200, "too few samples in zlib ({total}):\n{}", show(&folded));
+    assert!(
+        total >= 200,
+        "too few samples in zlib ({total}):\n{}",
+        show(&folded)
+    );
     assert!(
         above as f64 >= 0.95 * total as f64,
         "{above} of {total} samples in zlib sit above pyfix.compressing:\n{}",
@@ -266,7 +275,9 @@ fn each_thread_has_its_own_python_stack() {
     let mut total = 0;
     for (s, c) in &folded {
         let py = py_frames(s, "pyfix");
-        let Some(k) = py.iter().position(|f| f == "pyfix.thread_a" || f == "pyfix.thread_b")
+        let Some(k) = py
+            .iter()
+            .position(|f| f == "pyfix.thread_a" || f == "pyfix.thread_b")
         else {
             continue;
         };
@@ -312,7 +323,10 @@ fn offcputime_names_the_python_functions_that_blocked() {
     assert!(w.wait().success());
     assert_eq!(code, 0, "{stderr}");
     let folded = parse_folded(&stdout);
-    let done: Vec<i64> = done.split_whitespace().map(|n| n.parse().unwrap()).collect();
+    let done: Vec<i64> = done
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
     let (sleep, recv) = (
         with_frame(&folded, "pyfix.sleeper"),
         with_frame(&folded, "pyfix.receiver"),
@@ -349,7 +363,11 @@ fn code_objects_freed_and_replaced_at_one_address_keep_their_own_names() {
         let k: i64 = f["pyfix_codes.f_".len()..].parse().unwrap();
         assert!(k < rounds, "{f} was never made");
         named.insert(k);
-        let leaf = if k % 2 == 0 { "pyfix.leaf_even" } else { "pyfix.leaf_odd" };
+        let leaf = if k % 2 == 0 {
+            "pyfix.leaf_even"
+        } else {
+            "pyfix.leaf_odd"
+        };
         if s.iter().any(|x| x == leaf) {
             right += c;
         } else {
@@ -487,13 +505,19 @@ fn python_leaves_match_py_spy() {
             PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
                 .join(".cache/rtrace/py-spy/bin/py-spy")
         });
-    assert!(py_spy.exists(), "no py-spy at {} (cargo xtask setup installs it)", py_spy.display());
+    assert!(
+        py_spy.exists(),
+        "no py-spy at {} (cargo xtask setup installs it)",
+        py_spy.display()
+    );
     let mut w = start(Python::Host, "split", "4");
     let pid = w.pid().to_string();
     let raw = std::env::temp_dir().join(format!("rtrace-pyspy-{}.txt", std::process::id()));
     let rtrace = Rtrace::start_until(&["profile", "-F", "99", "-p", &pid, "-f"], READY);
     let spy = Command::new(&py_spy)
-        .args(["record", "--native", "--format", "raw", "-r", "99", "-d", "3", "-p", &pid, "-o"])
+        .args([
+            "record", "--native", "--format", "raw", "-r", "99", "-d", "3", "-p", &pid, "-o",
+        ])
         .arg(&raw)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -504,17 +528,22 @@ fn python_leaves_match_py_spy() {
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert!(w.wait().success());
     assert_eq!(code, 0, "{stderr}");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let theirs = std::fs::read_to_string(&raw).unwrap();
     let _ = std::fs::remove_file(&raw);
     // py-spy's raw lines: frames `function (file.py:line)` root first.
     let mut spy_leaves: BTreeMap<String, u64> = BTreeMap::new();
     for line in theirs.lines() {
-        let Some((stack, n)) = line.rsplit_once(' ') else { continue };
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
         let leaf = stack
             .split(';')
-            .filter(|f| f.contains(".py:"))
-            .next_back()
+            .rfind(|f| f.contains(".py:"))
             .and_then(|f| f.split(" (").next())
             .unwrap_or("");
         *spy_leaves.entry(leaf.to_owned()).or_default() += n.parse::<u64>().unwrap_or(0);

@@ -145,6 +145,7 @@ fn test(vm: bool) -> anyhow::Result<()> {
             .args(features)
             .args(["--", "-D", "warnings"]))?;
     }
+    setup::python_peers()?;
     let bin = build()?;
     let static_bin = dist::static_binary()?;
     run(cargo().args([
@@ -170,7 +171,9 @@ fn test(vm: bool) -> anyhow::Result<()> {
             "--test-threads=1",
         ])
         .env("RTRACE_BIN", &bin)
-        .env("RTRACE_STATIC_BIN", &static_bin))?;
+        .env("RTRACE_STATIC_BIN", &static_bin)
+        .env("RTRACE_TRIXIE_ROOT", setup::trixie_root())
+        .env("RTRACE_PY_SPY", setup::py_spy()))?;
     if vm {
         vm::run_matrix(&[])?;
     }

@@ -164,7 +164,27 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "python3",
         "python3",
-        "Python stacks in profile's tests and benchmarks",
+        "Python stacks in profile's tests and benchmarks; setup installs py-spy with its pip",
+    ),
+    deb(
+        "python3.11",
+        "python3.11",
+        "the Python frame tests' interpreter, bookworm's own (no frame pointers)",
+    ),
+    deb(
+        "pip3",
+        "python3-pip",
+        "setup installs py-spy (from PyPI), the Python tests' peer, with Debian's pip",
+    ),
+    deb(
+        "debootstrap",
+        "debootstrap",
+        "setup makes the Debian trixie root whose python3 (3.13) the Python tests run",
+    ),
+    deb(
+        "chroot",
+        "coreutils",
+        "the Python tests run trixie's python3 in its root",
     ),
     deb(
         "mono",

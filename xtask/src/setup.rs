@@ -2,7 +2,7 @@
 //! skipping whatever is already there, then checks that every program in
 //! [`crate::programs::PROGRAMS`] is present before any long step runs.
 
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context as _, bail};
 
@@ -112,6 +112,73 @@ pub fn ensure() -> anyhow::Result<()> {
             "still missing after setup: {}; xtask/src/programs.rs lists what each is for",
             absent.join(", ")
         );
+    }
+    Ok(())
+}
+
+/// The py-spy release the Python tests and benchmark compare with.
+const PY_SPY_VERSION: &str = "0.4.3";
+
+/// Where the Python peers are kept between runs: outside the tree, so that
+/// a clean clone on the same machine reuses them.
+fn python_cache() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(|d| PathBuf::from(d).join("rtrace"))
+        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/rtrace")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache/rtrace"))
+}
+
+/// Debian trixie's root with its python3 (3.13), which the Python tests
+/// run through `chroot`: a second interpreter version, in another mount
+/// namespace with its own libc.
+pub fn trixie_root() -> PathBuf {
+    python_cache().join("trixie-root")
+}
+
+/// py-spy, from PyPI: the Python tests' and benchmark's peer.
+pub fn py_spy() -> PathBuf {
+    python_cache().join("py-spy/bin/py-spy")
+}
+
+/// Makes the trixie root and installs py-spy where they are missing: for
+/// the tests and the Python benchmark only, not for every command (the
+/// root takes minutes to make, once).
+pub fn python_peers() -> anyhow::Result<()> {
+    let root = trixie_root();
+    if !root.join("usr/bin/python3").exists() {
+        eprintln!(
+            "xtask: making a Debian trixie root with python3 (3.13) in {} with debootstrap; \
+             a few minutes, once",
+            root.display()
+        );
+        let partial = root.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir_all(python_cache())?;
+        run(Command::new("debootstrap").args([
+            "--variant=minbase",
+            "--include=python3",
+            "trixie",
+            partial.to_str().context("cache path is not UTF-8")?,
+            "http://deb.debian.org/debian",
+        ]))
+        .context("cannot make the trixie root")?;
+        std::fs::rename(&partial, &root)?;
+    }
+    let spy = py_spy();
+    if !output(Command::new(&spy).arg("--version")).contains(PY_SPY_VERSION) {
+        eprintln!("xtask: installing py-spy {PY_SPY_VERSION} from PyPI");
+        let target = spy
+            .parent()
+            .and_then(|p| p.parent())
+            .context("py-spy's path has no parent")?;
+        let _ = std::fs::remove_dir_all(target);
+        // Debian's interpreter, with Debian's pip: not whatever python3
+        // comes first in PATH.
+        run(Command::new("/usr/bin/python3")
+            .args(["-m", "pip", "install", "--quiet", "--target"])
+            .arg(target)
+            .arg(format!("py-spy=={PY_SPY_VERSION}")))
+        .context("cannot install py-spy")?;
     }
     Ok(())
 }

@@ -144,7 +144,9 @@ impl Layout {
     /// fields; 3.14 reorders it.
     fn debug_offsets(minor: u8, w: &[u64]) -> Result<Self, String> {
         if minor != 13 {
-            return Err(format!("Python 3.{minor} is not supported yet (3.10 to 3.13 are)"));
+            return Err(format!(
+                "Python 3.{minor} is not supported yet (3.10 to 3.13 are)"
+            ));
         }
         let w = |i: usize| w.get(i).copied().unwrap_or(0);
         if w(2) != 0 {
@@ -175,7 +177,14 @@ impl Layout {
     }
 
     /// The walk's record of this layout.
-    fn record(&self, eval: (u64, u64), code_type: u64, tss: u64, key_block: i64, lines: bool) -> PyProc {
+    fn record(
+        &self,
+        eval: (u64, u64),
+        code_type: u64,
+        tss: u64,
+        key_block: i64,
+        lines: bool,
+    ) -> PyProc {
         let o = |v: u64| v as u16;
         PyProc {
             eval_start: eval.0,
@@ -205,7 +214,6 @@ impl Layout {
         }
     }
 }
-
 
 /// What one ELF file holding an interpreter says, by file.
 #[derive(Debug)]
@@ -288,11 +296,6 @@ impl Python {
         self.lines = lines;
     }
 
-    /// Whether the walk is on.
-    pub fn enabled(&self) -> bool {
-        !self.disabled
-    }
-
     /// Looks at process `pid` (again if `fresh`: it ran a new program or
     /// mapped new code) and returns the record for the kernel if it runs
     /// an interpreter the walk can read and the kernel has not been
@@ -373,11 +376,6 @@ impl Python {
         eprintln!("rtrace: PID {pid} ({comm}): no Python frames: {why}; native frames only");
         self.failed.insert(pid, why.clone());
         self.not.insert(pid, Some(why));
-    }
-
-    /// Whether `pid`'s interpreter is being walked.
-    pub fn walks(&self, pid: u32) -> bool {
-        self.procs.contains_key(&pid)
     }
 
     /// Forgets a process that exited.
@@ -620,7 +618,9 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
     let layout = if minor >= 13 {
         let bytes = read(runtime, 8 * 72).ok_or("cannot read its _Py_DebugOffsets")?;
         if &bytes[..8] != b"xdebugpy" {
-            return Err(format!("Python {version}: _PyRuntime has no _Py_DebugOffsets"));
+            return Err(format!(
+                "Python {version}: _PyRuntime has no _Py_DebugOffsets"
+            ));
         }
         let words: Vec<u64> = bytes
             .chunks_exact(8)
@@ -761,7 +761,11 @@ fn check(p: &PyProcess) -> Result<bool, String> {
         }
         let mut f = read_u64(p, ts + l.ts_frame).unwrap_or(0);
         if l.minor == 11 || l.minor == 12 {
-            f = if f == 0 { 0 } else { read_u64(p, f + l.cframe_current).unwrap_or(0) };
+            f = if f == 0 {
+                0
+            } else {
+                read_u64(p, f + l.cframe_current).unwrap_or(0)
+            };
         }
         for _ in 0..8 {
             if f == 0 {
@@ -838,12 +842,9 @@ fn read_str(p: &PyProcess, addr: u64) -> Option<String> {
     let b = read_mem(p, addr + l.compact_size, len * kind as usize)?;
     Some(match kind {
         1 => b.iter().map(|&c| char::from(c)).collect(),
-        2 => char::decode_utf16(
-            b.chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]])),
-        )
-        .map(|c| c.unwrap_or('?'))
-        .collect(),
+        2 => char::decode_utf16(b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])))
+            .map(|c| c.unwrap_or('?'))
+            .collect(),
         _ => b
             .chunks_exact(4)
             .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('?'))
@@ -863,7 +864,10 @@ fn read_bytes(p: &PyProcess, addr: u64) -> Option<Vec<u8>> {
 /// The module a file is, as Python would import it: its path after the
 /// library's directory or `site-packages`, dotted, or its base name.
 fn module_of(file: &str) -> String {
-    if let Some(inner) = file.strip_prefix("<frozen ").and_then(|f| f.strip_suffix('>')) {
+    if let Some(inner) = file
+        .strip_prefix("<frozen ")
+        .and_then(|f| f.strip_suffix('>'))
+    {
         return inner.to_owned();
     }
     let parts: Vec<&str> = file.split('/').collect();
@@ -920,7 +924,11 @@ fn line_311(t: &[u8], first: u32, lasti: u32) -> Option<u32> {
             15 => 0,
             14 => {
                 let v = varint(t, &mut i)?;
-                let d = if v & 1 != 0 { -i64::from(v >> 1) } else { i64::from(v >> 1) };
+                let d = if v & 1 != 0 {
+                    -i64::from(v >> 1)
+                } else {
+                    i64::from(v >> 1)
+                };
                 for _ in 0..3 {
                     varint(t, &mut i)?;
                 }
@@ -928,7 +936,11 @@ fn line_311(t: &[u8], first: u32, lasti: u32) -> Option<u32> {
             }
             13 => {
                 let v = varint(t, &mut i)?;
-                if v & 1 != 0 { -i64::from(v >> 1) } else { i64::from(v >> 1) }
+                if v & 1 != 0 {
+                    -i64::from(v >> 1)
+                } else {
+                    i64::from(v >> 1)
+                }
             }
             10..=12 => {
                 i += 2;
@@ -977,13 +989,19 @@ mod tests {
 
     #[test]
     fn modules_are_named_as_imported() {
-        assert_eq!(module_of("/usr/lib/python3.11/json/decoder.py"), "json.decoder");
+        assert_eq!(
+            module_of("/usr/lib/python3.11/json/decoder.py"),
+            "json.decoder"
+        );
         assert_eq!(module_of("/tmp/x/fixture.py"), "fixture");
         assert_eq!(
             module_of("/usr/lib/python3/dist-packages/foo/__init__.py"),
             "foo"
         );
-        assert_eq!(module_of("<frozen importlib._bootstrap>"), "importlib._bootstrap");
+        assert_eq!(
+            module_of("<frozen importlib._bootstrap>"),
+            "importlib._bootstrap"
+        );
         assert_eq!(module_of("<string>"), "<string>");
     }
 
