@@ -44,6 +44,11 @@ enum Python {
     Host,
     /// Trixie's python3 in its root, through `chroot`.
     Trixie,
+    /// The `pyembed` fixture: the host's libpython3.11.so, loaded by an
+    /// application.
+    Embedded,
+    /// Another interpreter, by path (`RTRACE_EXTRA_PYTHONS`).
+    Other(&'static str),
 }
 
 /// Starts the fixture in `mode` for `seconds` under `python`; it waits
@@ -52,6 +57,16 @@ fn start(python: Python, mode: &str, seconds: &str) -> Workload {
     let cmd = match python {
         Python::Host => {
             let mut c = Command::new(HOST_PYTHON);
+            c.arg(fixture_source());
+            c
+        }
+        Python::Embedded => {
+            let mut c = Command::new(rtrace_integration_tests::workload_bin("pyembed_nofp"));
+            c.arg(fixture_source());
+            c
+        }
+        Python::Other(path) => {
+            let mut c = Command::new(path);
             c.arg(fixture_source());
             c
         }
@@ -192,6 +207,36 @@ fn python_functions_split_as_measured_with_whole_chains() {
         return;
     }
     split_under(Python::Host, "3.11");
+}
+
+#[test]
+fn python_in_a_shared_libpython_is_walked_and_named() {
+    if skip_in_guest() {
+        return;
+    }
+    split_under(Python::Embedded, "3.11");
+}
+
+/// Interpreters no reachable registry has (3.10 and 3.12 are in none of
+/// Debian's releases), given by path in `RTRACE_EXTRA_PYTHONS` (colon-
+/// separated, `VERSION=PATH`, such as `3.12=/opt/py312/bin/python3.12`).
+#[test]
+fn extra_interpreters_are_walked_and_named() {
+    if skip_in_guest() {
+        return;
+    }
+    let Ok(list) = std::env::var("RTRACE_EXTRA_PYTHONS") else {
+        eprintln!("skipped: RTRACE_EXTRA_PYTHONS names no other interpreters");
+        return;
+    };
+    for entry in list.split(':').filter(|e| !e.is_empty()) {
+        let (version, path) = entry.split_once('=').expect("VERSION=PATH");
+        eprintln!("{version}: {path}");
+        split_under(
+            Python::Other(Box::leak(path.to_owned().into_boxed_str())),
+            version,
+        );
+    }
 }
 
 #[test]

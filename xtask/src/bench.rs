@@ -16,6 +16,7 @@ use anyhow::{Context as _, bail};
 mod build;
 mod command;
 mod exporter;
+mod python;
 mod report;
 mod startup;
 mod stat;
@@ -80,12 +81,14 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             let stat = stat::run().and_then(|t| update_doc("stat", &t));
             let trace = trace::run().and_then(|t| update_doc("trace", &t));
             let top = top::run().and_then(|t| update_doc("top", &t));
+            let python = python::run().and_then(|t| update_doc("python", &t));
             all.and(startup)
                 .and(command)
                 .and(report)
                 .and(stat)
                 .and(trace)
                 .and(top)
+                .and(python)
         }
         Some("startup") => update_doc("startup", &startup::run()?),
         Some("command") => update_doc("command", &command::run()?),
@@ -93,10 +96,12 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         Some("stat") => update_doc("stat", &stat::run()?),
         Some("trace") => update_doc("trace", &trace::run()?),
         Some("top") => update_doc("top", &top::run()?),
+        Some("python") => update_doc("python", &python::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
-                "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace, top",
+                "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace, top, \
+                 python",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },

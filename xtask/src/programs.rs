@@ -247,7 +247,13 @@ pub const PROGRAMS: &[Program] = &[
 ];
 
 /// Debian packages that provide no program but a file the build needs.
-pub const FILES: &[(&str, &str)] = &[("systemtap-sdt-dev", "sys/sdt.h, for the USDT fixture")];
+pub const FILES: &[(&str, &str)] = &[
+    ("systemtap-sdt-dev", "sys/sdt.h, for the USDT fixture"),
+    (
+        "libpython3.11",
+        "libpython3.11.so.1.0, the interpreter the pyembed fixture loads",
+    ),
+];
 
 /// Every Debian package setup makes sure of, once each, in list order.
 pub fn packages() -> Vec<&'static str> {

@@ -615,7 +615,12 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
             (minor, format!("3.{minor}"))
         }
     };
-    let layout = if minor >= 13 {
+    if !(10..=13).contains(&minor) {
+        return Err(format!(
+            "Python {version} is not supported (3.10 to 3.13 are)"
+        ));
+    }
+    let layout = if minor == 13 {
         let bytes = read(runtime, 8 * 72).ok_or("cannot read its _Py_DebugOffsets")?;
         if &bytes[..8] != b"xdebugpy" {
             return Err(format!(

@@ -1,0 +1,318 @@
+//! `cargo xtask bench python`: what Python frames cost. Two CPU-bound
+//! Python processes (`tests/fixtures/pyfix.py rounds`, under Debian's
+//! python3.11) each do a fixed amount of work, bare and under each
+//! profiler at 99 and 999 Hz: rtrace profiling the whole system with
+//! Python frames, the same with `--no-python`, and `py-spy record
+//! --native` on one of them. Reported: the time added to each round of
+//! the sampled process's work, the BPF time per sample (the kernel's own
+//! statistics), samples lost, and the share of samples with the whole
+//! Python chain. Interleaved trials, medians and ranges.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+
+use super::{bpf_run_ns, measured_on, median, rtrace_lost, spread};
+
+/// Rounds of the fixture's work per process and trial: about 3 s bare.
+const ROUNDS: u64 = 1000;
+/// Interleaved trials per configuration.
+const TRIALS: usize = 3;
+/// The interpreter: Debian's, without frame pointers.
+const PYTHON: &str = "/usr/bin/python3.11";
+
+/// A profiler as one configuration runs it.
+#[derive(Clone, Copy, PartialEq)]
+enum Tool {
+    Bare,
+    NoPython,
+    Python,
+    PySpy,
+}
+
+impl Tool {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Bare => "bare",
+            Self::NoPython => "rtrace profile --no-python (system-wide)",
+            Self::Python => "rtrace profile (system-wide)",
+            Self::PySpy => "py-spy record --native (one process)",
+        }
+    }
+}
+
+/// What one trial measured.
+struct Trial {
+    /// Nanoseconds a round took in the sampled process.
+    round_ns: f64,
+    /// BPF nanoseconds per sample (rtrace only).
+    bpf_per_sample: Option<f64>,
+    /// Samples taken and lost.
+    samples: u64,
+    lost: u64,
+    /// Samples of the fixtures, and those with the whole Python chain.
+    fixture: u64,
+    whole: u64,
+}
+
+/// Starts the two fixtures, ready to work.
+fn fixtures() -> anyhow::Result<Vec<Child>> {
+    let script = crate::root().join("tests/fixtures/pyfix.py");
+    (0..2)
+        .map(|_| {
+            let mut c = Command::new(PYTHON)
+                .arg(&script)
+                .args(["rounds", &ROUNDS.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("cannot run {PYTHON}"))?;
+            let mut line = String::new();
+            BufReader::new(c.stdout.as_mut().context("stdout")?).read_line(&mut line)?;
+            if !line.starts_with("ready") {
+                bail!("the fixture said {line:?}");
+            }
+            Ok(c)
+        })
+        .collect()
+}
+
+/// Lets the fixtures work; returns each one's nanoseconds per round.
+fn work(kids: &mut [Child]) -> anyhow::Result<Vec<f64>> {
+    for c in kids.iter_mut() {
+        writeln!(c.stdin.as_mut().context("stdin")?, "go")?;
+    }
+    let mut out = Vec::new();
+    for c in kids.iter_mut() {
+        let mut line = String::new();
+        BufReader::new(c.stdout.as_mut().context("stdout")?).read_line(&mut line)?;
+        let ns: f64 = line
+            .strip_prefix("done ")
+            .and_then(|n| n.trim().parse().ok())
+            .with_context(|| format!("the fixture said {line:?}"))?;
+        out.push(ns / ROUNDS as f64);
+    }
+    for c in kids.iter_mut() {
+        drop(c.stdin.take());
+        c.wait()?;
+    }
+    Ok(out)
+}
+
+/// Starts `cmd` and waits for a stderr line containing `ready` (`None`:
+/// waits a moment), keeping the rest of stderr.
+fn start(
+    mut cmd: Command,
+    ready: Option<&str>,
+) -> anyhow::Result<(Child, std::sync::mpsc::Receiver<String>)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start the profiler")?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    match ready {
+        Some(ready) => loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(60))
+                .context("the profiler never said it was ready")?;
+            if line.contains(ready) {
+                break;
+            }
+        },
+        None => std::thread::sleep(Duration::from_millis(500)),
+    }
+    Ok((child, rx))
+}
+
+/// One trial of `tool` at `hz`.
+fn trial(tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow::Result<Trial> {
+    let mut kids = fixtures()?;
+    let sampled = kids[0].id().to_string();
+    let hz_s = hz.to_string();
+    let profiler = match tool {
+        Tool::Bare => None,
+        Tool::NoPython | Tool::Python => {
+            let mut c = Command::new(rtrace);
+            c.args(["profile", "-F", &hz_s, "-f", "-U"]);
+            if tool == Tool::NoPython {
+                c.arg("--no-python");
+            }
+            Some(start(c, Some("Sampling"))?)
+        }
+        Tool::PySpy => {
+            let mut c = Command::new(py_spy);
+            c.args([
+                "record",
+                "--native",
+                "--format",
+                "raw",
+                "-r",
+                &hz_s,
+                "-p",
+                &sampled,
+                "-o",
+                "/dev/stdout",
+            ]);
+            Some(start(c, None)?)
+        }
+    };
+    let before = bpf_run_ns();
+    let rounds = work(&mut kids)?;
+    let bpf = bpf_run_ns().saturating_sub(before) as f64;
+    let mut t = Trial {
+        round_ns: rounds[0],
+        bpf_per_sample: None,
+        samples: 0,
+        lost: 0,
+        fixture: 0,
+        whole: 0,
+    };
+    let Some((mut child, stderr)) = profiler else {
+        return Ok(t);
+    };
+    // SAFETY: signalling a child of this process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().context("stdout")?, &mut out)?;
+    child.wait()?;
+    let errors: Vec<String> = stderr.try_iter().collect();
+    let errors = errors.join("\n");
+    for line in out.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let n: u64 = n.parse().unwrap_or(0);
+        t.samples += n;
+        if tool == Tool::PySpy {
+            // py-spy's raw lines are the one process's, root first.
+            t.fixture += n;
+            if stack.contains("<module> (") && stack.contains("rounds (") {
+                t.whole += n;
+            }
+            continue;
+        }
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames.first() != Some(&"python3.11") {
+            continue;
+        }
+        t.fixture += n;
+        let py: Vec<&&str> = frames.iter().filter(|f| f.starts_with("pyfix.")).collect();
+        if frames.contains(&"Py_BytesMain")
+            && py.len() >= 3
+            && *py[0] == "pyfix.<module>"
+            && *py[1] == "pyfix.main"
+            && *py[2] == "pyfix.rounds"
+        {
+            t.whole += n;
+        }
+    }
+    if tool == Tool::PySpy {
+        // "Samples: N Errors: M" at the end.
+        t.lost = errors
+            .split("Errors: ")
+            .nth(1)
+            .and_then(|e| e.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+    } else {
+        t.lost = rtrace_lost(&errors);
+        t.bpf_per_sample = Some(bpf / t.samples.max(1) as f64);
+    }
+    Ok(t)
+}
+
+/// Runs the benchmark; the table for `docs/benchmarks.md`.
+pub fn run() -> anyhow::Result<String> {
+    crate::setup::python_peers()?;
+    let rtrace = crate::build()?.to_string_lossy().into_owned();
+    let py_spy = crate::setup::py_spy().to_string_lossy().into_owned();
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .context("cannot turn on BPF run-time statistics")?;
+    let tools = [Tool::Bare, Tool::NoPython, Tool::Python, Tool::PySpy];
+    let mut table = format!(
+        "{} (two Python processes, Debian's python3.11, each doing {ROUNDS} rounds of the \
+         fixture's work, about 3 s bare; rtrace samples the whole system, py-spy the first \
+         process; added time per round of the first process's work over bare, BPF time per \
+         sample from the kernel's statistics, samples with the whole Python chain under \
+         `Py_BytesMain`; medians of {TRIALS} interleaved trials, ranges in parentheses):\n\n",
+        measured_on("python")
+    );
+    table.push_str(
+        "| rate | profiler | added per round | BPF per sample | samples (lost) | whole Python \
+         chains |\n| --- | --- | --- | --- | --- | --- |\n",
+    );
+    let mut verdicts = Vec::new();
+    for hz in [99u64, 999] {
+        eprintln!("bench python: {hz} Hz, {TRIALS} interleaved trials");
+        let mut got: Vec<Vec<Trial>> = tools.iter().map(|_| Vec::new()).collect();
+        for n in 1..=TRIALS {
+            for (i, &tool) in tools.iter().enumerate() {
+                let t = trial(tool, hz, &rtrace, &py_spy)?;
+                eprintln!(
+                    "  trial {n}: {:<42} {:>8.0} us/round, {} samples, {} lost",
+                    tool.label(),
+                    t.round_ns / 1e3,
+                    t.samples,
+                    t.lost
+                );
+                got[i].push(t);
+            }
+        }
+        let bare = median(got[0].iter().map(|t| t.round_ns).collect());
+        let added: Vec<Vec<f64>> = got
+            .iter()
+            .map(|ts| ts.iter().map(|t| t.round_ns - bare).collect())
+            .collect();
+        let bpf: Vec<Vec<f64>> = got
+            .iter()
+            .map(|ts| ts.iter().filter_map(|t| t.bpf_per_sample).collect())
+            .collect();
+        for (i, &tool) in tools.iter().enumerate().skip(1) {
+            let (lo, hi) = spread(&added[i]);
+            let bpf_cell = if bpf[i].is_empty() {
+                "-".to_owned()
+            } else {
+                let (l, h) = spread(&bpf[i]);
+                format!("{:.1} us ({l:.0}-{h:.0} ns)", median(bpf[i].clone()) / 1e3)
+            };
+            let ts = &got[i];
+            let samples: u64 = ts.iter().map(|t| t.samples).sum::<u64>() / TRIALS as u64;
+            let lost: u64 = ts.iter().map(|t| t.lost).sum::<u64>() / TRIALS as u64;
+            let (f, w): (u64, u64) = ts
+                .iter()
+                .fold((0, 0), |(f, w), t| (f + t.fixture, w + t.whole));
+            table.push_str(&format!(
+                "| {hz} Hz | {} | {:.1} us ({:.1} to {:.1}) | {bpf_cell} | {samples} ({lost}) | {:.1}% |\n",
+                tool.label(),
+                median(added[i].clone()) / 1e3,
+                lo / 1e3,
+                hi / 1e3,
+                w as f64 * 100.0 / f.max(1) as f64,
+            ));
+        }
+        let walk = median(bpf[2].clone()) / median(bpf[1].clone()).max(1e-9);
+        let cost = median(added[2].clone()).max(0.0) / median(added[3].clone()).max(1e-9);
+        verdicts.push(format!(
+            "at {hz} Hz the Python walk takes {:.2}x the native walk's BPF time per sample \
+             (goal: at most 1.30x), and rtrace's added time per round is {:.2}x py-spy's (goal: \
+             at most 0.25x)",
+            walk, cost
+        ));
+    }
+    table.push('\n');
+    for v in &verdicts {
+        table.push_str(&format!("- {v}.\n"));
+    }
+    println!("\n{table}");
+    Ok(table)
+}
