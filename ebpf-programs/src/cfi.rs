@@ -159,8 +159,6 @@ struct Walk {
     /// Whether `procs` are the process's own, not [`CFI_NO_PROCS`]: code in
     /// none of its own is new code, to tell user space of.
     own: u32,
-    /// The process's Python walk (`crate::python`), null for none.
-    py: *const rtrace_common::python::PyProc,
 }
 
 /// The user registers: `sampled`'s (a perf event's), if the sample hit
@@ -533,14 +531,16 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
 extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `ctx` is the caller's `Walk`, whose pointers are map
     // values that outlive the walk.
-    let (scratch, procs, tgid, own, py) = unsafe {
+    let (scratch, procs, tgid, own) = unsafe {
         let w = &*ctx.cast::<Walk>();
-        (&mut *w.scratch, &*w.procs, w.tgid, w.own, w.py)
+        (&mut *w.scratch, &*w.procs, w.tgid, w.own)
     };
     let mut record = true;
-    if !py.is_null() {
-        // SAFETY: a map value, which outlives the walk.
-        match crate::python::at_frame(unsafe { &*py }, scratch, tgid) {
+    if scratch.py.mode == crate::python::NOT_STARTED {
+        crate::python::start(scratch, tgid, global(&CFI_OFFSETS).task_fsbase);
+    }
+    if scratch.py.on != 0 {
+        match crate::python::at_frame(scratch, tgid) {
             crate::python::Next::Done => {
                 return i64::from(scratch.walk.depth >= max_depth());
             }
@@ -562,10 +562,9 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     // The sampled frame is the walk's first native one: Python frames
     // may have been written before it.
-    let sampled_frame = st.native == 0;
-    st.native += 1;
+    scratch.py.native += 1;
     // A return address is looked up at its call, one byte back.
-    let back = u64::from(!sampled_frame);
+    let back = u64::from(!sampled_frame(&scratch.py));
     let ip = st.ip;
     let known = region(procs, st, ip) || {
         if own != 0 {
@@ -604,7 +603,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     if r.cfa == CFA_RSP_RA_RDI {
         // rdi is known only in the sampled frame; a remembered walk is
         // recalled by ip, sp and bp, not rdi.
-        if !sampled_frame {
+        if !sampled_frame(&scratch.py) {
             return 1;
         }
         st.unremembered = 1;
@@ -616,7 +615,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // start on another stack (its rax, the call's value, is 0), which
     // ends the walk. No call returns here, so only a sampled frame is.
     let r = if r.cfa == CFA_RSP_IN_PARENT {
-        if !sampled_frame || task_reg(global(&CFI_OFFSETS).ax) == 0 {
+        if !sampled_frame(&scratch.py) || task_reg(global(&CFI_OFFSETS).ax) == 0 {
             return 1;
         }
         st.unremembered = 1;
@@ -690,6 +689,16 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         count_error(ERR_DEEP);
     }
     i64::from(ret == 0)
+}
+
+/// Whether the step under way is of the sampled frame, the walk's first
+/// native one. Read again where needed rather than kept: a value live
+/// across the whole step takes a slot of the step's stack, which with its
+/// callers' must stay within 512 bytes on kernels before 6.13.
+#[inline(always)]
+fn sampled_frame(py: &crate::scratch::PyWalk) -> bool {
+    // SAFETY: a plain read of a field of a map value.
+    unsafe { core::ptr::read_volatile(&py.native) == 1 }
 }
 
 /// Where a rule's saved register is: `slot` words from the CFA.
@@ -1041,18 +1050,6 @@ pub(crate) fn walk(
             version: (*procs).version,
             start: [ip, sp, bp],
             found: Found::default(),
-            py_frame: 0,
-            py_mode: 0,
-            py_emitted: 0,
-            py_new: [rtrace_common::python::PyCode {
-                tgid: 0,
-                flags: 0,
-                addr: 0,
-                check: 0,
-                _pad: 0,
-            }; crate::scratch::PY_NEW],
-            py_nnew: 0,
-            native: 0,
         };
         for h in (*scratch).chunks.iter_mut() {
             *h = crate::scratch::HASH_SEED;
@@ -1078,17 +1075,20 @@ pub(crate) fn walk(
             }
         }
     }
-    let py = crate::python::of(tgid);
-    if !py.is_null() {
-        // SAFETY: a map value; the scratch value is one too.
-        unsafe { (*scratch).walk.py_frame = crate::python::first_frame(&*py, o.task_fsbase) };
+    // The Python part starts in the first step (`frame`): a call here
+    // would have its clobbered registers' values spilled, growing the
+    // frame of every program that walks past what kernels before 6.13
+    // allow with the step's (the off-CPU program's is at the bound).
+    // SAFETY: a map value.
+    unsafe {
+        (*scratch).py.native = 0;
+        (*scratch).py.mode = crate::python::NOT_STARTED;
     }
     let mut w = Walk {
         scratch,
         procs,
         tgid,
         own,
-        py,
     };
     // SAFETY: `frame` is a callback of bpf_loop's signature and `w`
     // lives across the call.

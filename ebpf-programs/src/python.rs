@@ -75,7 +75,7 @@ fn byte(buf: &[u64; 16], off: u16) -> u8 {
 /// The current thread's newest Python frame, or 0 where it runs no
 /// Python (no thread state); counted where the state could not be read.
 #[inline(always)]
-pub(crate) fn first_frame(py: &PyProc, fsbase_off: u32) -> u64 {
+fn first_frame(py: &PyProc, fsbase_off: u32) -> u64 {
     // SAFETY: the helper has no preconditions.
     let task = unsafe { bpf_get_current_task_btf() } as *const u8;
     let Ok(fsbase) = read_kernel::<u64>(task, fsbase_off) else {
@@ -142,18 +142,23 @@ pub(crate) enum Next {
 /// interpreter's loop, its activation's Python frames are written, one a
 /// step, and the activation itself is not.
 #[inline(always)]
-pub(crate) fn at_frame(py: &PyProc, s: &mut Scratch, tgid: u32) -> Next {
-    let st = &mut s.walk;
-    if st.py_mode == 0 {
-        if st.py_frame == 0 || st.ip < py.eval_start || st.ip >= py.eval_end {
+pub(crate) fn at_frame(s: &mut Scratch, tgid: u32) -> Next {
+    // The interpreter's offsets, read where they are (a map value): a copy
+    // would take room on the eBPF stack.
+    let py: *const PyProc = &raw const s.py.proc;
+    // SAFETY: `py` points into the scratch map value, which outlives the
+    // step, and nothing writes `s.py.proc` during it.
+    let py = unsafe { &*py };
+    if s.py.mode == 0 {
+        if s.py.frame == 0 || s.walk.ip < py.eval_start || s.walk.ip >= py.eval_end {
             return Next::Native { record: true };
         }
-        st.py_mode = 1;
-        st.py_emitted = 0;
+        s.py.mode = 1;
+        s.py.emitted = 0;
         // Python frames make a walk depend on more than the stack's words.
-        st.unremembered = 1;
+        s.walk.unremembered = 1;
     }
-    let f = st.py_frame;
+    let f = s.py.frame;
     let buf = &mut s.py_buf;
     if !read_into(buf, f, FRAME_BYTES) {
         return give_up(s);
@@ -166,7 +171,7 @@ pub(crate) fn at_frame(py: &PyProc, s: &mut Scratch, tgid: u32) -> Next {
         word(buf, py.frame_instr)
     };
     let entry = byte(buf, py.frame_entry);
-    s.walk.py_frame = back;
+    s.py.frame = back;
     // 3.12+: the shim that marks where C entered the interpreter ends
     // the activation; it is not a Python function.
     if py.chain > rtrace_common::python::CHAIN_311 && entry == OWNED_BY_CSTACK {
@@ -200,7 +205,7 @@ pub(crate) fn at_frame(py: &PyProc, s: &mut Scratch, tgid: u32) -> Next {
     };
     push(s, PY_FRAME | (code & 0xffff_ffff_ffff));
     push(s, (u64::from(check) << 32) | (lasti & 0xffff_ffff));
-    s.walk.py_emitted += 1;
+    s.py.emitted += 1;
     tell(s, tgid, code, check);
     if last { end(s) } else { Next::Done }
 }
@@ -209,9 +214,9 @@ pub(crate) fn at_frame(py: &PyProc, s: &mut Scratch, tgid: u32) -> Next {
 /// Python frames were.
 #[inline(always)]
 fn end(s: &mut Scratch) -> Next {
-    s.walk.py_mode = 0;
+    s.py.mode = 0;
     Next::Native {
-        record: s.walk.py_emitted == 0,
+        record: s.py.emitted == 0,
     }
 }
 
@@ -220,7 +225,7 @@ fn end(s: &mut Scratch) -> Next {
 #[inline(always)]
 fn give_up(s: &mut Scratch) -> Next {
     count_error(ERR_PY_BAD);
-    s.walk.py_frame = 0;
+    s.py.frame = 0;
     end(s)
 }
 
@@ -246,8 +251,7 @@ fn push(s: &mut Scratch, v: u64) {
 /// told by a later one.
 #[inline(always)]
 fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
-    let st = &mut s.walk;
-    if st.py_nnew as usize >= PY_NEW {
+    if s.py.nnew as usize >= PY_NEW {
         return;
     }
     let h = (code ^ (u64::from(check) << 17) ^ (u64::from(tgid) << 40))
@@ -262,7 +266,7 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
         }
         *told = h;
     }
-    if let Some(q) = st.py_new.get_mut(st.py_nnew as usize) {
+    if let Some(q) = s.py_new.get_mut(s.py.nnew as usize) {
         *q = PyCode {
             tgid,
             flags: SEEN_PY_CODE,
@@ -270,33 +274,53 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
             check,
             _pad: 0,
         };
-        st.py_nnew += 1;
+        s.py.nnew += 1;
     }
 }
 
-/// The code objects a walk queued, sent.
-#[inline(always)]
+/// The code objects a walk queued, sent. A function of its own: inlined,
+/// its locals would grow the frame of every program that walks.
+#[inline(never)]
 pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     ctx: &C,
     events: &S,
     s: &Scratch,
 ) {
     for i in 0..PY_NEW {
-        if i as u32 >= s.walk.py_nnew {
+        if i as u32 >= s.py.nnew {
             break;
         }
-        if let Some(q) = s.walk.py_new.get(i) {
+        if let Some(q) = s.py_new.get(i) {
             crate::events::emit_now(events, ctx, q);
         }
     }
 }
 
-/// The process's Python walk, if user space gave it one.
+/// `PyWalk::mode` of a walk whose Python part is not set up yet: the
+/// program that walks sets it, the first step sets the part up.
+pub(crate) const NOT_STARTED: u32 = 2;
+
+/// Sets up the Python part of a walk of process `tgid`, at its first
+/// step (in the step, not in the program that walks: there its call
+/// would grow a frame that with the step's must stay within 512 bytes on
+/// kernels before 6.13): field by field (see `PyWalk`), with the
+/// process's interpreter copied in if user space gave it one, and the
+/// thread's newest frame. Inlined: kernels before 6.7 (6.1 here) do not
+/// load a walk whose `bpf_loop` callback calls a function.
 #[inline(always)]
-pub(crate) fn of(tgid: u32) -> *const PyProc {
-    PY_PROCS
-        .get_ptr(tgid)
-        .map_or(core::ptr::null(), |p| p)
+pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32) {
+    s.py.frame = 0;
+    s.py.on = 0;
+    s.py.mode = 0;
+    s.py.emitted = 0;
+    s.py.nnew = 0;
+    let Some(p) = PY_PROCS.get_ptr(tgid) else {
+        return;
+    };
+    // SAFETY: a map value, copied into another.
+    s.py.proc = unsafe { *p };
+    s.py.on = 1;
+    s.py.frame = first_frame(&s.py.proc, fsbase_off);
 }
 
 /// Forgets a process's interpreter: it ran a new program or exited.

@@ -39,9 +39,18 @@ pub struct Scratch {
     /// A deep stack being stored, entry by entry.
     #[cfg(feature = "cfi")]
     pub(crate) storing: Storing,
+    /// The walk's Python part.
+    #[cfg(feature = "cfi")]
+    pub(crate) py: PyWalk,
     /// A Python frame or code object being read (`crate::python`).
     #[cfg(feature = "cfi")]
     pub(crate) py_buf: [u64; 16],
+    /// Code objects new to this CPU, to tell user space of after the walk
+    /// (`PyWalk::nnew` of them). Out of `State`, which each walk writes
+    /// whole: through the eBPF stack, where they would not fit beside the
+    /// rest on kernels that count the walk's callers' frames too.
+    #[cfg(feature = "cfi")]
+    pub(crate) py_new: [rtrace_common::python::PyCode; PY_NEW],
 }
 
 /// A deep stack being stored by a `bpf_loop` callback, one entry a call
@@ -107,20 +116,32 @@ pub struct State {
     /// The mapping the walk found and kept for its process, to be told
     /// to user space (flags 0 where none).
     pub(crate) found: rtrace_common::stacks::Found,
-    /// The thread's next Python frame to write (`crate::python`), 0 for
-    /// none.
-    pub(crate) py_frame: u64,
+}
+
+/// The Python part of a walk (`crate::python`). Apart from [`State`],
+/// which each walk writes whole, through the eBPF stack: these are
+/// written field by field, so that they take no room there (the off-CPU
+/// program's stack, with its calls', would pass 512 bytes on 6.1).
+#[cfg(feature = "cfi")]
+#[repr(C)]
+pub struct PyWalk {
+    /// The thread's next Python frame to write, 0 for none.
+    pub(crate) frame: u64,
+    /// Set where the process runs an interpreter the walk reads (`proc`).
+    pub(crate) on: u32,
     /// Set while an activation of the interpreter's Python frames are
     /// being written in its place.
-    pub(crate) py_mode: u32,
+    pub(crate) mode: u32,
     /// How many the activation had.
-    pub(crate) py_emitted: u32,
-    /// Code objects new to this CPU, to tell user space of after the walk.
-    pub(crate) py_new: [rtrace_common::python::PyCode; PY_NEW],
-    /// How many.
-    pub(crate) py_nnew: u32,
+    pub(crate) emitted: u32,
+    /// How many code objects new to this CPU the walk queued
+    /// (`Scratch::py_new`).
+    pub(crate) nnew: u32,
     /// Native frames stepped so far: the first is the sampled one.
     pub(crate) native: u32,
+    pub(crate) _pad: u32,
+    /// The process's interpreter, copied from `PY_PROCS`.
+    pub(crate) proc: rtrace_common::python::PyProc,
 }
 
 /// Code objects one walk tells user space of at most.

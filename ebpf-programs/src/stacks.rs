@@ -261,14 +261,15 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                 if found.flags != 0 {
                     crate::events::emit(events, ctx, found);
                 }
-                // SAFETY: a map value.
-                crate::python::send_new(ctx, events, unsafe { &*s });
                 let stack = store_walked(s, depth)?;
                 if !memo.is_null() {
                     // SAFETY: `memo` is the thread's, `s` the scratch
                     // value just walked.
                     unsafe { crate::cfi::remember(memo, s, tgid, stack, generation) };
                 }
+                // Last, where little else is live across the call.
+                // SAFETY: a map value.
+                crate::python::send_new(ctx, events, unsafe { &*s });
                 return Some(stack);
             }
             // A map missing: the kernel's frame-pointer walk.
