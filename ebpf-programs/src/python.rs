@@ -305,8 +305,8 @@ pub(crate) const NOT_STARTED: u32 = 2;
 /// would grow a frame that with the step's must stay within 512 bytes on
 /// kernels before 6.13): field by field (see `PyWalk`), with the
 /// process's interpreter copied in if user space gave it one, and the
-/// thread's newest frame. Inlined: kernels before 6.7 (6.1 here) do not
-/// load a walk whose `bpf_loop` callback calls a function.
+/// thread's newest frame. Inlined: a function called from the step would
+/// add its own frame to that chain (on 6.1 the walk then did not load).
 #[inline(always)]
 pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32) {
     s.py.frame = 0;
