@@ -21,12 +21,9 @@ pub const fn is_py_frame(ip: u64) -> bool {
     ip & PY_FRAME_MASK == PY_FRAME
 }
 
-/// [`PyProc::tstate_from`]: the thread state is a static thread-local
-/// (`_Py_tss_tstate`, 3.12+) at `tls_offset` from the thread pointer.
-pub const TSTATE_TLS: u8 = 1;
-/// [`PyProc::tstate_from`]: the thread state is the value of the runtime's
-/// pthread key (`autoTSSkey`), read from glibc's `struct pthread`.
-pub const TSTATE_KEY: u8 = 2;
+/// The bits of a Python frame's first slot that hold its code object's
+/// address.
+pub const PY_ADDR_MASK: u64 = !PY_FRAME_MASK;
 
 /// [`PyProc::chain`]: 3.10: `tstate->frame` is a `PyFrameObject`, one to
 /// each `_PyEval_EvalFrameDefault`.
@@ -63,13 +60,13 @@ pub struct PyProc {
     /// The address of `PyCode_Type`: a frame's code object must have it as
     /// its type.
     pub code_type: u64,
-    /// The address of the runtime's `Py_tss_t` (`autoTSSkey`), with
-    /// [`TSTATE_KEY`].
+    /// The address of the runtime's `Py_tss_t` (`autoTSSkey`), whose key's
+    /// value in each thread is that thread's state.
     pub tss_addr: u64,
-    /// With [`TSTATE_TLS`], the thread state's offset from the thread
-    /// pointer; with [`TSTATE_KEY`], glibc's `specific_1stblock` offset
-    /// from it (the value of key `k` is at `+ 16 * k + 8`).
-    pub tls_offset: i64,
+    /// Where glibc keeps a thread's first pthread keys
+    /// (`specific_1stblock`), from the thread pointer: the value of key `k`
+    /// is at `+ 16 * k + 8`.
+    pub key_block: i64,
     /// `PyThreadState`'s field the chain starts at: `frame` (3.10),
     /// `cframe` (3.11, 3.12) or `current_frame` (3.13+).
     pub ts_frame: u16,
@@ -93,14 +90,12 @@ pub struct PyProc {
     /// Where the bytecode starts in a code object (`co_code_adaptive`,
     /// 3.11+).
     pub code_adaptive: u16,
-    /// How the thread state is found (`TSTATE_*`).
-    pub tstate_from: u8,
     /// How frames chain (`CHAIN_*`).
     pub chain: u8,
     /// Whether frames carry their instruction's offset (`--lines`).
     pub lines: u8,
     /// Keeps the size a multiple of 8.
-    pub _pad: [u8; 5],
+    pub _pad: [u8; 6],
 }
 
 /// Sent the first time a CPU's walk meets a code object of a process

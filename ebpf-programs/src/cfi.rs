@@ -19,7 +19,7 @@ use rtrace_common::{
     stacks::{
         ERR_CUT_SHORT, ERR_DEEP, ERR_EXECING, ERR_EXITING, ERR_FIND_BUSY, ERR_FIND_NO_FILE,
         ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, Found, MAX_DEPTH, MAX_STACK, SEEN_EXEC, SEEN_EXIT,
-        SEEN_FORK, SEEN_FOUND, SEEN_NEW_CODE, SEGMENT_FRAMES, Seen,
+        SEEN_FORK, SEEN_FOUND, SEEN_NEW_CODE, Seen,
     },
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RBX, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI,
@@ -218,7 +218,7 @@ fn row(index: u32) -> Option<CfiRow> {
 }
 
 #[inline(always)]
-fn read_user<T>(addr: u64) -> Option<T> {
+pub(crate) fn read_user<T>(addr: u64) -> Option<T> {
     // SAFETY: the helper copes with any address.
     unsafe { bpf_probe_read_user(addr as *const T) }.ok()
 }
@@ -547,19 +547,11 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
             crate::python::Next::Native { record: r } => record = r,
         }
     }
+    if record && !crate::scratch::push(scratch, scratch.walk.ip) {
+        return 1;
+    }
     let st = &mut scratch.walk;
     let chunk = &scratch.chunk;
-    let depth = st.depth as usize;
-    if record {
-        let Some(slot) = scratch.frames.ips.get_mut(depth) else {
-            return 1;
-        };
-        *slot = st.ip;
-        st.depth += 1;
-        if let Some(h) = scratch.chunks.get_mut(depth / SEGMENT_FRAMES) {
-            *h = crate::scratch::fnv(*h, st.ip);
-        }
-    }
     // The sampled frame is the walk's first native one: Python frames
     // may have been written before it.
     scratch.py.native += 1;

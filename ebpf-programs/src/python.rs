@@ -17,15 +17,16 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     python::{
-        CHAIN_310, CHAIN_311, CODE_BYTES, FRAME_BYTES, OWNED_BY_CSTACK, PY_FRAME, PyCode, PyProc,
-        TSTATE_KEY, TSTATE_TLS, code_check,
+        CHAIN_310, CHAIN_311, CODE_BYTES, FRAME_BYTES, OWNED_BY_CSTACK, PY_ADDR_MASK, PY_FRAME,
+        PyCode, PyProc, code_check,
     },
-    stacks::{ERR_PY_BAD, ERR_PY_TSTATE, SEEN_PY_CODE, SEGMENT_FRAMES},
+    stacks::{ERR_PY_BAD, ERR_PY_TSTATE, SEEN_PY_CODE},
 };
 
 use crate::{
+    cfi::read_user,
     count_error, read_kernel,
-    scratch::{PY_NEW, Scratch},
+    scratch::{PY_NEW, Scratch, push},
 };
 
 /// The Python processes, by process id; user space fills it.
@@ -82,26 +83,20 @@ fn first_frame(py: &PyProc, fsbase_off: u32) -> u64 {
         count_error(ERR_PY_TSTATE);
         return 0;
     };
-    let slot = match py.tstate_from {
-        TSTATE_TLS => fsbase.wrapping_add(py.tls_offset as u64),
-        TSTATE_KEY => {
-            // `Py_tss_t`: `int _is_initialized; pthread_key_t _key`.
-            let Some(tss) = read_user::<u64>(py.tss_addr) else {
-                count_error(ERR_PY_TSTATE);
-                return 0;
-            };
-            let key = tss >> 32;
-            // Not set up yet (a program starting), or a key glibc keeps
-            // out of the thread's own block.
-            if tss as u32 == 0 || key >= 32 {
-                return 0;
-            }
-            fsbase
-                .wrapping_add(py.tls_offset as u64)
-                .wrapping_add(key * 16 + 8)
-        }
-        _ => return 0,
+    // `Py_tss_t`: `int _is_initialized; pthread_key_t _key`.
+    let Some(tss) = read_user::<u64>(py.tss_addr) else {
+        count_error(ERR_PY_TSTATE);
+        return 0;
     };
+    let key = tss >> 32;
+    // Not set up yet (a program starting), or a key glibc keeps out of
+    // the thread's own block.
+    if tss as u32 == 0 || key >= 32 {
+        return 0;
+    }
+    let slot = fsbase
+        .wrapping_add(py.key_block as u64)
+        .wrapping_add(key * 16 + 8);
     let Some(tstate) = read_user::<u64>(slot) else {
         count_error(ERR_PY_TSTATE);
         return 0;
@@ -121,12 +116,6 @@ fn first_frame(py: &PyProc, fsbase_off: u32) -> u64 {
         frame = read_user::<u64>(frame.wrapping_add(u64::from(py.cframe_current))).unwrap_or(0);
     }
     frame
-}
-
-#[inline(always)]
-fn read_user<T>(addr: u64) -> Option<T> {
-    // SAFETY: the helper copes with any address.
-    unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const T) }.ok()
 }
 
 /// What the walk does with the native frame at hand after [`at_frame`].
@@ -203,7 +192,7 @@ pub(crate) fn at_frame(s: &mut Scratch, tgid: u32) -> Next {
     } else {
         instr.wrapping_sub(code.wrapping_add(u64::from(py.code_adaptive))) / 2
     };
-    push(s, PY_FRAME | (code & 0xffff_ffff_ffff));
+    push(s, PY_FRAME | (code & PY_ADDR_MASK));
     push(s, (u64::from(check) << 32) | (lasti & 0xffff_ffff));
     s.py.emitted += 1;
     tell(s, tgid, code, check);
@@ -227,23 +216,6 @@ fn give_up(s: &mut Scratch) -> Next {
     count_error(ERR_PY_BAD);
     s.py.frame = 0;
     end(s)
-}
-
-/// Writes one slot of the stack, as the walk writes a frame.
-#[inline(always)]
-fn push(s: &mut Scratch, v: u64) {
-    // Read back, so that each push is bounds-checked apart: the compiler
-    // would otherwise check the first and derive the second's index.
-    // SAFETY: a plain read of a field.
-    let depth = unsafe { core::ptr::read_volatile(&s.walk.depth) } as usize;
-    let Some(slot) = s.frames.ips.get_mut(depth) else {
-        return;
-    };
-    *slot = v;
-    s.walk.depth += 1;
-    if let Some(h) = s.chunks.get_mut(depth / SEGMENT_FRAMES) {
-        *h = crate::scratch::fnv(*h, v);
-    }
 }
 
 /// Queues the code object for user space the first time this CPU meets

@@ -18,6 +18,30 @@ pub(crate) fn fnv(h: u64, ip: u64) -> u64 {
     (h ^ ip).wrapping_mul(0x0000_0100_0000_01b3)
 }
 
+/// Writes one slot of the stack and adds it to its segment's hash, as
+/// every frame of the walk is written; `false` if the stack is full.
+#[cfg(feature = "cfi")]
+#[inline(always)]
+pub(crate) fn push(s: &mut Scratch, v: u64) -> bool {
+    // Read back, so that each push is bounds-checked apart: the compiler
+    // would otherwise check a Python frame's first slot and derive the
+    // second's index.
+    // SAFETY: a plain read of a field.
+    let depth = unsafe { core::ptr::read_volatile(&s.walk.depth) } as usize;
+    let Some(slot) = s.frames.ips.get_mut(depth) else {
+        return false;
+    };
+    *slot = v;
+    s.walk.depth += 1;
+    if let Some(h) = s
+        .chunks
+        .get_mut(depth / rtrace_common::stacks::SEGMENT_FRAMES)
+    {
+        *h = fnv(*h, v);
+    }
+    true
+}
+
 /// One CPU's room for the stack being walked, and the CFI walk's state.
 #[repr(C)]
 pub struct Scratch {

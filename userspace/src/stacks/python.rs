@@ -14,9 +14,7 @@ use std::{
     sync::Arc,
 };
 
-use rtrace_common::python::{
-    CHAIN_310, CHAIN_311, CHAIN_312, CHAIN_313, PyProc, TSTATE_KEY, code_check,
-};
+use rtrace_common::python::{CHAIN_310, CHAIN_311, CHAIN_312, CHAIN_313, PyProc, code_check};
 
 use crate::kernel::procmaps::Mapping;
 
@@ -191,7 +189,7 @@ impl Layout {
             eval_end: eval.1,
             code_type,
             tss_addr: tss,
-            tls_offset: key_block,
+            key_block,
             ts_frame: o(self.ts_frame),
             cframe_current: o(self.cframe_current),
             frame_code: o(self.fr_code),
@@ -202,7 +200,6 @@ impl Layout {
             code_name: o(self.co_name),
             code_filename: o(self.co_filename),
             code_adaptive: o(self.co_adaptive),
-            tstate_from: TSTATE_KEY,
             chain: match self.minor {
                 10 => CHAIN_310,
                 11 => CHAIN_311,
@@ -210,7 +207,7 @@ impl Layout {
                 _ => CHAIN_313,
             },
             lines: u8::from(lines),
-            _pad: [0; 5],
+            _pad: [0; 6],
         }
     }
 }
@@ -226,6 +223,9 @@ struct PyFile {
     code_type: u64,
     unicode_type: u64,
     eval: (u64, u64),
+    /// The page of the virtual address its file offset 0 is loaded at:
+    /// a mapping of offset 0 at `start` has the load bias `start - this`.
+    base: u64,
 }
 
 /// A process found to run CPython.
@@ -501,7 +501,8 @@ impl Python {
         let Some((file, m)) = found else {
             return Ok(None);
         };
-        let bias = load_bias(&m, &proc_dir).ok_or("cannot read its interpreter's segments")?;
+        // The candidates are mappings of offset 0.
+        let bias = m.start.wrapping_sub(file.base);
         let key_block = match libc {
             Some(l) => self.key_block(l, &proc_dir),
             None => None,
@@ -544,15 +545,6 @@ fn comm(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|c| c.trim_end().to_owned())
         .unwrap_or_default()
-}
-
-/// The load bias of the file mapped at `m` (its mapping of offset 0).
-fn load_bias(m: &Mapping, proc_dir: &str) -> Option<u64> {
-    let f = m.open(proc_dir).ok()?;
-    let data = crate::kernel::memory::Mapped::of(&f).ok()?;
-    let elf = object::File::parse(&*data).ok()?;
-    let vaddr = crate::kernel::elf::offset_to_vaddr(&elf, m.offset)?;
-    Some(m.start.wrapping_sub(vaddr & !0xfff))
 }
 
 /// Reads an ELF file that may hold an interpreter (`name` is its file
@@ -643,6 +635,9 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
     let (eval, eval_size) = need("_PyEval_EvalFrameDefault")?;
     let code_type = need("PyCode_Type")?.0;
     let unicode_type = need("PyUnicode_Type")?.0;
+    let base = crate::kernel::elf::offset_to_vaddr(&elf, 0)
+        .ok_or_else(|| format!("Python {version}: {name} has no segment at offset 0"))?
+        & !0xfff;
     Ok(Some(PyFile {
         version,
         layout,
@@ -650,6 +645,7 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
         code_type,
         unicode_type,
         eval: (eval, eval + eval_size.max(1)),
+        base,
     }))
 }
 
@@ -698,9 +694,15 @@ fn libc_key_block(f: &File) -> Option<i64> {
 }
 
 /// Where this process's glibc keeps a thread's first pthread keys,
-/// measured: a thread sets a key to a mark and finds it after its thread
-/// pointer. For a libc whose code does not say ([`libc_key_block`]).
+/// measured once: a thread sets a key to a mark and finds it after its
+/// thread pointer. For a libc whose code does not say ([`libc_key_block`]).
 fn own_key_block() -> Option<i64> {
+    static MEASURED: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    *MEASURED.get_or_init(measure_key_block)
+}
+
+/// See [`own_key_block`].
+fn measure_key_block() -> Option<i64> {
     std::thread::spawn(|| {
         let mut key: libc::pthread_key_t = 0;
         // SAFETY: plain libc calls on this thread's own key.

@@ -909,7 +909,7 @@ impl Symbolizer {
                         && rtrace_common::python::is_py_frame(ip)
                         && let Some(&more) = ips.get(i + 1)
                     {
-                        let addr = ip & 0xffff_ffff_ffff;
+                        let addr = ip & rtrace_common::python::PY_ADDR_MASK;
                         let loc = Loc::Python(*pid, addr, (more >> 32) as u32, more as u32);
                         out.push((loc, addr, None));
                         i += 2;
