@@ -8,7 +8,7 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::BPF_F_MMAPABLE,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{self, bpf_find_vma, bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::map,
@@ -31,7 +31,7 @@ use rtrace_common::{
 use crate::{
     count_error,
     events::Sink,
-    global, read_kernel,
+    global, read_kernel, read_user,
     scratch::{CHUNK_SLOTS, CHUNK_WORDS, MAX_READS, Scratch, State},
 };
 
@@ -215,12 +215,6 @@ fn row(index: u32) -> Option<CfiRow> {
         pc: half as u16,
         rule: (half >> 16) as u16,
     })
-}
-
-#[inline(always)]
-pub(crate) fn read_user<T>(addr: u64) -> Option<T> {
-    // SAFETY: the helper copes with any address.
-    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
 }
 
 /// Copies the top of the user stack, from `sp`, into `chunk`, and

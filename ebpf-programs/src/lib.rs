@@ -126,6 +126,14 @@ pub fn read_ptr(base: *const u8, offset: u32) -> *const u8 {
     read_kernel::<*const u8>(base, offset).unwrap_or(core::ptr::null())
 }
 
+/// Reads a `T` from the current task's user memory at `addr`, `None` if
+/// it cannot be read (unmapped, or paged out where faults are not allowed).
+#[inline(always)]
+pub fn read_user<T>(addr: u64) -> Option<T> {
+    // SAFETY: the helper copes with any address.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const T) }.ok()
+}
+
 /// The `struct file` behind descriptor `fd` of the current task, or null.
 #[inline(always)]
 pub fn file_of_fd(o: &FdOffsets, fd: i64) -> *const u8 {

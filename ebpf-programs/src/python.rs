@@ -24,8 +24,7 @@ use rtrace_common::{
 };
 
 use crate::{
-    cfi::read_user,
-    count_error, read_kernel,
+    count_error, read_kernel, read_user,
     scratch::{PY_NEW, Scratch, push},
 };
 
