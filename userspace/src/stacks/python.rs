@@ -744,6 +744,22 @@ fn read_u64(p: &PyProcess, addr: u64) -> Option<u64> {
 /// interpreter is the runtime's, and its frames' code objects of type
 /// code. `Ok(false)`: not running Python yet.
 fn check(p: &PyProcess) -> Result<bool, String> {
+    // The process runs on while it is read: a frame pushed or popped
+    // meanwhile can show a code pointer not yet (or no longer) written.
+    // Offsets that do not match fail every time; a race, rarely twice.
+    let mut last = Ok(false);
+    for _ in 0..5 {
+        last = check_once(p);
+        if last.is_ok() {
+            return last;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    last
+}
+
+/// One read of the chains [`check`] checks.
+fn check_once(p: &PyProcess) -> Result<bool, String> {
     let l = &p.file.layout;
     let runtime = p.file.runtime + p.bias;
     let code_type = p.file.code_type + p.bias;
