@@ -856,6 +856,27 @@ impl Symbolizer {
         })
     }
 
+    /// Opens the file at `path` ahead of any process that maps it, so that
+    /// the regions the kernel finds of it ([`Symbolizer::found`]) are
+    /// named even when their process is gone before its maps are read.
+    pub fn know_file(&mut self, path: &std::path::Path) {
+        let Ok(file) = std::fs::File::open(path) else {
+            return;
+        };
+        let Ok(meta) = file.metadata() else {
+            return;
+        };
+        let path = path.to_string_lossy().into_owned();
+        self.files
+            .entry((meta.dev(), meta.ino()))
+            .or_insert_with(|| OpenFile {
+                build_id: build_id(&file),
+                file,
+                module: path.rsplit('/').next().unwrap_or(&path).to_owned(),
+                path,
+            });
+    }
+
     /// Opens a mapped file through the process's own view of it, or by
     /// its path where that is the same file
     /// ([`crate::kernel::procmaps::Mapping::open`]),

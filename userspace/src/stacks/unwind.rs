@@ -8,7 +8,7 @@
 //! same rows, which the kernel's walk must agree with, is checked in the
 //! tests.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, path::Path, sync::Arc};
 
 use rtrace_common::unwind::{
     Bucket, CfiRow, CfiRule, FileKey, FileRegion, FileRows, MAX_REGIONS, ProcRegions,
@@ -113,7 +113,6 @@ impl Tables {
     /// compiling the tables of files not seen before. Files are opened as
     /// [`procmaps::Mapping::open`] does.
     pub fn process(&mut self, pid: Option<u32>) -> std::io::Result<Vec<Region>> {
-        use std::os::unix::fs::MetadataExt as _;
         let proc_dir = match pid {
             Some(p) => format!("/proc/{p}"),
             None => "/proc/self".to_owned(),
@@ -129,35 +128,7 @@ impl Tables {
             let table = if m.name == "[vdso]" {
                 self.vdso()
             } else {
-                file.and_then(|f| {
-                    let meta = f.metadata().ok()?;
-                    self.files
-                        .entry((meta.dev(), meta.ino()))
-                        .or_insert_with(|| {
-                            // Mapped, only the headers and the CFI are read of
-                            // a file that may be mostly debug information.
-                            let data = crate::kernel::memory::Mapped::of(&f).ok()?;
-                            let compiled = match self.cache.as_mut() {
-                                Some(cache) => cache.get_or_compile(&data, compile),
-                                None => compile(&data),
-                            };
-                            let table = compiled.unwrap_or_else(|e| {
-                                self.unreadable.push((m.name.clone(), e));
-                                Table::default()
-                            });
-                            let segments = segments(&data);
-                            let kernel = segments
-                                .exec_delta
-                                .map(|d| (file_key(meta.dev(), meta.ino()), d));
-                            Some(Arc::new(FileTable {
-                                table,
-                                segments: segments.ranges,
-                                kernel,
-                                stat: Some((meta.dev(), meta.ino())),
-                            }))
-                        })
-                        .clone()
-                })
+                file.and_then(|f| self.of_file(&f, &m.name))
             };
             let bias = table
                 .as_ref()
@@ -172,6 +143,50 @@ impl Tables {
             });
         }
         Ok(regions)
+    }
+
+    /// The table of the file at `path`, compiled (or read from the cache)
+    /// if it was not before: for files known to be needed before any
+    /// process maps them.
+    pub fn file(&mut self, path: &Path) -> Option<Arc<FileTable>> {
+        let f = std::fs::File::open(path).ok()?;
+        self.of_file(&f, &path.to_string_lossy())
+    }
+
+    /// The table of open file `f`, named `name` in warnings, by its device
+    /// and inode: compiled once.
+    fn of_file(&mut self, f: &std::fs::File, name: &str) -> Option<Arc<FileTable>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = f.metadata().ok()?;
+        let key = (meta.dev(), meta.ino());
+        if let Some(t) = self.files.get(&key) {
+            return t.clone();
+        }
+        let made = (|| {
+            // Mapped, only the headers and the CFI are read of a file that
+            // may be mostly debug information.
+            let data = crate::kernel::memory::Mapped::of(f).ok()?;
+            let compiled = match self.cache.as_mut() {
+                Some(cache) => cache.get_or_compile(&data, compile),
+                None => compile(&data),
+            };
+            let table = compiled.unwrap_or_else(|e| {
+                self.unreadable.push((name.to_owned(), e));
+                Table::default()
+            });
+            let segments = segments(&data);
+            let kernel = segments
+                .exec_delta
+                .map(|d| (file_key(meta.dev(), meta.ino()), d));
+            Some(Arc::new(FileTable {
+                table,
+                segments: segments.ranges,
+                kernel,
+                stat: Some(key),
+            }))
+        })();
+        self.files.insert(key, made.clone());
+        made
     }
 
     /// The vDSO's table. The kernel maps one image into every process, so
@@ -511,6 +526,18 @@ impl KernelTables {
             }
         }
         Ok(true)
+    }
+
+    /// Loads the rows of the file at `path` before any process maps it,
+    /// so that the walk's own look-up of a new process's mappings finds
+    /// them at its first stack (a command's allocations in its first
+    /// milliseconds, before user space has read its maps). Returns
+    /// whether they are loaded.
+    pub fn preload(&mut self, path: &Path) -> bool {
+        match self.tables.file(path) {
+            Some(t) if !t.table.rows.is_empty() => self.load_file(&t, &[]).is_some(),
+            _ => false,
+        }
     }
 
     /// Notes a process the kernel gave its parent's regions at fork, so

@@ -131,7 +131,7 @@ pub fn walk_args() -> StackArgs {
 }
 
 /// The object variant with the CFI walk.
-pub const CFI: &str = "cfi";
+pub use crate::kernel::load::CFI;
 /// Processes whose regions the kernel holds, and the processes whose
 /// regions it found itself.
 const CFI_PROCESSES: u32 = 4096;
@@ -347,6 +347,20 @@ impl StackTool {
         ));
         self.loader = Some(attach_loader(ebpf).map_err(|e| format!("{e:#}")));
         Ok(())
+    }
+
+    /// Loads the CFI of `files` into the walk's tables before any process
+    /// maps them (a command's program and its allocator, say), so that a
+    /// process's first stacks, walked before user space has read its
+    /// maps, are whole. Returns how many were loaded.
+    pub fn preload(&mut self, files: &[&std::path::Path]) -> usize {
+        for f in files {
+            self.sym.know_file(f);
+        }
+        let Some(cfi) = &mut self.cfi else {
+            return 0;
+        };
+        files.iter().filter(|f| cfi.preload(f)).count()
     }
 
     /// Loads the walk's tables and captures the symbols of every process
