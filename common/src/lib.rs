@@ -12,6 +12,7 @@ pub mod execsnoop;
 pub mod ext4slower;
 pub mod gethostlatency;
 pub mod hist;
+pub mod memleak;
 pub mod offcputime;
 pub mod offsets;
 pub mod probes;

@@ -77,7 +77,8 @@ impl<T> Default for TaskStorage<T> {
 /// there was no room); and `start_take()`, the current thread's operation,
 /// taken out.
 ///
-/// Built with the `task_storage` feature, the value lives in the thread
+/// Built with the `task_storage` feature, or with `cfi` (whose walk needs
+/// 5.15, where task storage is always there), the value lives in the thread
 /// itself (5.11+), written in place and cleared rather than deleted at
 /// return: no hash, no bucket lock, no allocation. Otherwise it is
 /// written to a per-CPU scratch value and inserted into `STARTS`, a hash
@@ -86,19 +87,19 @@ impl<T> Default for TaskStorage<T> {
 macro_rules! in_flight {
     ($v:ty, $started:ident) => {
         /// Operations in flight, by thread id; user space sizes it.
-        #[cfg(not(feature = "task_storage"))]
+        #[cfg(not(any(feature = "task_storage", feature = "cfi")))]
         #[aya_ebpf::macros::map]
         static STARTS: aya_ebpf::maps::HashMap<u32, $v> =
             aya_ebpf::maps::HashMap::with_max_entries(1, 0);
 
         /// Where an entry is put together before it is inserted.
-        #[cfg(not(feature = "task_storage"))]
+        #[cfg(not(any(feature = "task_storage", feature = "cfi")))]
         #[aya_ebpf::macros::map]
         static START_SCRATCH: aya_ebpf::maps::PerCpuArray<$v> =
             aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
 
         /// Each thread's operation in flight.
-        #[cfg(feature = "task_storage")]
+        #[cfg(any(feature = "task_storage", feature = "cfi"))]
         #[unsafe(link_section = ".maps")]
         #[unsafe(no_mangle)]
         static TASK_STARTS: $crate::task_storage::TaskStorage<$v> =
@@ -107,12 +108,12 @@ macro_rules! in_flight {
         /// Room for the current thread's operation starting now.
         #[inline(always)]
         fn start_slot() -> Option<*mut $v> {
-            #[cfg(feature = "task_storage")]
+            #[cfg(any(feature = "task_storage", feature = "cfi"))]
             {
                 let p = TASK_STARTS.get($crate::task_storage::current_task(), true);
                 (!p.is_null()).then_some(p)
             }
-            #[cfg(not(feature = "task_storage"))]
+            #[cfg(not(any(feature = "task_storage", feature = "cfi")))]
             START_SCRATCH.get_ptr_mut(0)
         }
 
@@ -120,12 +121,12 @@ macro_rules! in_flight {
         /// room.
         #[inline(always)]
         fn start_commit(slot: *mut $v) -> bool {
-            #[cfg(feature = "task_storage")]
+            #[cfg(any(feature = "task_storage", feature = "cfi"))]
             {
                 let _ = slot;
                 true
             }
-            #[cfg(not(feature = "task_storage"))]
+            #[cfg(not(any(feature = "task_storage", feature = "cfi")))]
             {
                 // SAFETY: `slot` is this CPU's scratch value.
                 let value = unsafe { &*slot };
@@ -140,13 +141,13 @@ macro_rules! in_flight {
         #[allow(dead_code)]
         #[inline(always)]
         fn start_peek() -> Option<*mut $v> {
-            #[cfg(feature = "task_storage")]
+            #[cfg(any(feature = "task_storage", feature = "cfi"))]
             {
                 let p = TASK_STARTS.get($crate::task_storage::current_task(), false);
                 // SAFETY: `p` is this thread's storage, if not null.
                 (!p.is_null() && unsafe { (*p).$started } != 0).then_some(p)
             }
-            #[cfg(not(feature = "task_storage"))]
+            #[cfg(not(any(feature = "task_storage", feature = "cfi")))]
             {
                 let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
                 STARTS.get_ptr_mut(tid)
@@ -156,7 +157,7 @@ macro_rules! in_flight {
         /// The current thread's operation in flight, if any, taken out.
         #[inline(always)]
         fn start_take() -> Option<$v> {
-            #[cfg(feature = "task_storage")]
+            #[cfg(any(feature = "task_storage", feature = "cfi"))]
             {
                 let p = TASK_STARTS.get($crate::task_storage::current_task(), false);
                 if p.is_null() {
@@ -172,7 +173,7 @@ macro_rules! in_flight {
                     Some(v)
                 }
             }
-            #[cfg(not(feature = "task_storage"))]
+            #[cfg(not(any(feature = "task_storage", feature = "cfi")))]
             $crate::take_current(&STARTS)
         }
     };

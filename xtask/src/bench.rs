@@ -16,6 +16,7 @@ use anyhow::{Context as _, bail};
 mod build;
 mod command;
 mod exporter;
+mod memleak;
 mod python;
 mod report;
 mod startup;
@@ -82,6 +83,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             let trace = trace::run().and_then(|t| update_doc("trace", &t));
             let top = top::run().and_then(|t| update_doc("top", &t));
             let python = python::run().and_then(|t| update_doc("python", &t));
+            let memleak = memleak::run().and_then(|t| update_doc("memleak", &t));
             all.and(startup)
                 .and(command)
                 .and(report)
@@ -89,6 +91,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
                 .and(trace)
                 .and(top)
                 .and(python)
+                .and(memleak)
         }
         Some("startup") => update_doc("startup", &startup::run()?),
         Some("command") => update_doc("command", &command::run()?),
@@ -97,11 +100,12 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         Some("trace") => update_doc("trace", &trace::run()?),
         Some("top") => update_doc("top", &top::run()?),
         Some("python") => update_doc("python", &python::run()?),
+        Some("memleak") => update_doc("memleak", &memleak::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
                 "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace, top, \
-                 python",
+                 python, memleak",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },

@@ -226,7 +226,17 @@ pub const PROGRAMS: &[Program] = &[
         "tmux",
         "the real terminal rtrace top's view is tested in",
     ),
-    deb("bpftrace", "bpftrace", "argdist's and ext4slower's peer"),
+    deb(
+        "bpftrace",
+        "bpftrace",
+        "argdist's, ext4slower's and memleak's peer",
+    ),
+    deb("heaptrack", "heaptrack", "memleak's peer"),
+    deb(
+        "heaptrack_print",
+        "heaptrack",
+        "reads heaptrack's files in memleak's tests",
+    ),
     deb("runqlat", "libbpf-tools", "runqlat's peer"),
     deb("biolatency", "libbpf-tools", "biolatency's peer"),
     deb("execsnoop", "libbpf-tools", "execsnoop's peer"),

@@ -401,10 +401,14 @@ pub fn per_cpu_sums(ebpf: &Ebpf, map: &str, slots: usize) -> anyhow::Result<Vec<
 /// in the tasks themselves (5.11+).
 pub const TASK_STORAGE: &str = "task_storage";
 
+/// The object variant with the CFI walk (5.15+), which keeps operations
+/// in flight in task storage too.
+pub const CFI: &str = "cfi";
+
 /// Sets up where an object's `in_flight!` operations are kept, for the
 /// variant being loaded, and says where, for `-v`.
 pub fn in_flight(load: &mut Load) -> &'static str {
-    if load.variant() == TASK_STORAGE {
+    if load.variant() == TASK_STORAGE || load.variant() == CFI {
         // aya has no user-space type for task storage, which only the
         // programs use.
         load.allow_unsupported_maps();

@@ -144,6 +144,31 @@ pub fn loaded<'a>(ebpf: &'a mut Ebpf, prog: &str) -> anyhow::Result<&'a mut UPro
     Ok(p)
 }
 
+/// Loads uprobe program `prog` (once) and attaches it at file offset
+/// `offset` of `file` (in function `func`, for errors), for process `pid`
+/// only or for every process.
+pub fn attach_at(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    func: &str,
+    offset: u64,
+    file: &Path,
+    pid: Option<u32>,
+) -> anyhow::Result<()> {
+    let p = loaded(ebpf, prog)?;
+    let scope = match pid.and_then(NonZeroU32::new) {
+        Some(p) => UProbeScope::OneProcess(p),
+        None => UProbeScope::AllProcesses,
+    };
+    p.attach(offset, file, scope).map(drop).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot attach to {func} in {}: {}",
+            file.display(),
+            crate::kernel::features::chain(&e)
+        )
+    })
+}
+
 /// Loads uprobe program `prog` (once) and attaches it to `func` in
 /// `file`, for process `pid` only or for every process. The function is
 /// found in `symbols` (from [`symbol_offsets`]); one missing there is left
@@ -177,4 +202,59 @@ pub fn attach(
             crate::kernel::features::chain(&e)
         ),
     })
+}
+
+/// Where an entry-only uprobe on the function at file offset `entry` of
+/// `file` traps cheaply: the kernel emulates a `push` of a register in
+/// the trap (6.11 and later), but must step most other instructions
+/// out of line, which costs a second trap (glibc's `free` begins with
+/// `test %rdi,%rdi`, and a uprobe there costs some five times one on
+/// `malloc`'s `push %r12`). The probe moves to the function's first
+/// `push` when nothing before it can change what an entry probe reads
+/// (instructions that write only the flags, `endbr64`, and conditional
+/// branches whose target is a `ret`: calls that do nothing, such as
+/// `free(NULL)`, may then go unseen). Otherwise, `entry` itself. Not for
+/// return probes, which must trap before the stack moves.
+pub fn cheap_entry(file: &Path, entry: u64) -> u64 {
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    let Ok(data) = crate::kernel::memory::Mapped::open(file) else {
+        return entry;
+    };
+    let Some(code) = usize::try_from(entry)
+        .ok()
+        .and_then(|e| data.get(e..(e + 64).min(data.len())))
+    else {
+        return entry;
+    };
+    let is_ret = |target: u64| {
+        usize::try_from(target)
+            .ok()
+            .and_then(|t| data.get(t..(t + 16).min(data.len())))
+            .is_some_and(|b| {
+                Decoder::with_ip(64, b, target, DecoderOptions::NONE)
+                    .decode()
+                    .mnemonic()
+                    == Mnemonic::Ret
+            })
+    };
+    let mut dec = Decoder::with_ip(64, code, entry, DecoderOptions::NONE);
+    for _ in 0..4 {
+        if !dec.can_decode() {
+            break;
+        }
+        let ins = dec.decode();
+        match ins.mnemonic() {
+            Mnemonic::Push if ins.op0_kind() == iced_x86::OpKind::Register => {
+                return ins.ip();
+            }
+            Mnemonic::Test | Mnemonic::Cmp | Mnemonic::Endbr64 => {}
+            // A conditional jump (Jcc: J-anything but Jmp) to a `ret`.
+            m if ins.op0_kind() == iced_x86::OpKind::NearBranch64
+                && m != Mnemonic::Jmp
+                && format!("{m:?}").starts_with('J')
+                && is_ret(ins.near_branch_target()) => {}
+            _ => break,
+        }
+    }
+    entry
 }

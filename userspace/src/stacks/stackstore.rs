@@ -52,8 +52,8 @@ struct Held {
 
 /// Every entry of a map, in batches where the kernel has them, and whether
 /// it did.
-fn read_all<K: aya::Pod, V: aya::Pod>(
-    map: &BpfHashMap<&mut aya::maps::MapData, K, V>,
+pub fn read_all<T: std::borrow::Borrow<aya::maps::MapData>, K: aya::Pod, V: aya::Pod>(
+    map: &BpfHashMap<T, K, V>,
 ) -> (Vec<(K, V)>, bool) {
     match batch::lookup_all::<K, V>(map.map().fd().as_fd()) {
         Some(all) => (all, true),

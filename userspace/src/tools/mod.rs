@@ -166,6 +166,7 @@ registry! {
     Strace => strace::Strace,
     Trace => trace::Trace,
     Top => top::Top,
+    Memleak => memleak::Memleak,
 }
 
 #[cfg(test)]

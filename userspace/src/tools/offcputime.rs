@@ -415,7 +415,7 @@ impl Offcputime {
         if let Some(file) = self.reports.pprof.take() {
             let meta = stacks::pprof::Meta {
                 types: &[("off_cpu", "microseconds"), ("off_cpu_time", "nanoseconds")],
-                values: &|s: &Sample| vec![s.count, s.count * 1000],
+                values: &|_, s: &Sample| vec![s.count, s.count * 1000],
                 period_type: ("off_cpu_time", "nanoseconds"),
                 period: 1000,
                 time_nanos: self.stacks.started_nanos(),

@@ -1132,7 +1132,7 @@ impl Profile {
         {
             let meta = stacks::pprof::Meta {
                 types: &[("on_cpu", "microseconds"), ("off_cpu", "microseconds")],
-                values: &|s: &Sample| {
+                values: &|_, s: &Sample| {
                     if s.off_cpu {
                         vec![0, s.count]
                     } else {
@@ -1159,7 +1159,7 @@ impl Profile {
             let event = if event.is_cpu_clock() { "cpu" } else { &name };
             let meta = stacks::pprof::Meta {
                 types: &[("samples", "count"), (event, unit)],
-                values: &|s: &Sample| vec![s.count, s.count.saturating_mul(period)],
+                values: &|_, s: &Sample| vec![s.count, s.count.saturating_mul(period)],
                 period_type: (event, unit),
                 period,
                 time_nanos: self.stacks.started_nanos(),

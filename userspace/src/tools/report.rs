@@ -190,7 +190,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let unit: &str = &loaded.unit;
         let meta = pprof::Meta {
             types: &[("samples", if unit == "samples" { "count" } else { unit })],
-            values: &|s: &Sample| vec![s.count],
+            values: &|_, s: &Sample| vec![s.count],
             period_type: (
                 &loaded.event,
                 if unit == "samples" { "count" } else { unit },

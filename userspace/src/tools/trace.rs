@@ -639,7 +639,7 @@ impl Trace {
 
 /// A frame as bcc prints it: `func+0x1a [module]`, after its address with
 /// `-a`.
-fn frame_text(f: &crate::stacks::symbolize::Frame, address: bool) -> String {
+pub(crate) fn frame_text(f: &crate::stacks::symbolize::Frame, address: bool) -> String {
     let module = f
         .module
         .as_deref()

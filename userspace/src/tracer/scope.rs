@@ -29,6 +29,8 @@ pub mod own {
     pub const A: u32 = 32;
     /// `-u`.
     pub const U: u32 = 64;
+    /// `-o`.
+    pub const O: u32 = 128;
 }
 
 /// What every tracing tool traces and where its output goes; `OWN` holds
@@ -227,15 +229,15 @@ impl<const OWN: u32> clap::Args for ScopeArgs<OWN> {
             .requires("command"),
         )
         .arg(
-            Arg::new("output")
-                .long("output")
-                .short('o')
-                .value_name("FILE")
-                .value_parser(value_parser!(PathBuf))
-                .help(
-                    "Write the output to FILE instead of stdout (with -- CMD, \
-                     output goes to stderr without it, as perf stat's does).",
-                ),
+            Self::flag(
+                "output",
+                'o',
+                own::O,
+                "Write the output to FILE instead of stdout (with -- CMD, \
+                 output goes to stderr without it, as perf stat's does).",
+            )
+            .value_name("FILE")
+            .value_parser(value_parser!(PathBuf)),
         )
         .arg(
             Arg::new("command")

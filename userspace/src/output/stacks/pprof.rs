@@ -30,8 +30,9 @@ pub struct Meta<'a> {
     /// The sample types, each a type and a unit: `("samples", "count")`
     /// then `("cpu", "nanoseconds")` for a CPU profile.
     pub types: &'a [(&'a str, &'a str)],
-    /// A sample's values, one for each of `types`.
-    pub values: &'a dyn Fn(&Sample) -> Vec<u64>,
+    /// A sample's values, one for each of `types`, given its index in
+    /// the samples written.
+    pub values: &'a dyn Fn(usize, &Sample) -> Vec<u64>,
     /// The sampled event and the unit of `period`, e.g. `("cpu",
     /// "nanoseconds")`.
     pub period_type: (&'a str, &'a str),
@@ -261,7 +262,7 @@ pub fn write(
     }
     // perf_data_converter's label names, where it has them.
     let keys = ["comm", "pid", "waker_comm", "waker_pid", "tid"].map(|k| b.strings.get(k));
-    for s in samples {
+    for (index, s) in samples.iter().enumerate() {
         let stack: Vec<Frame> = s.root_first(false).into_iter().rev().collect();
         let location_id = by_location(&stack)
             .into_iter()
@@ -287,7 +288,10 @@ pub fn write(
         }
         b.profile.sample.push(proto::Sample {
             location_id,
-            value: (meta.values)(s).into_iter().map(|v| v as i64).collect(),
+            value: (meta.values)(index, s)
+                .into_iter()
+                .map(|v| v as i64)
+                .collect(),
             label,
         });
     }
