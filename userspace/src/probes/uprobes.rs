@@ -156,17 +156,26 @@ pub fn attach_at(
     pid: Option<u32>,
 ) -> anyhow::Result<()> {
     let p = loaded(ebpf, prog)?;
-    let scope = match pid.and_then(NonZeroU32::new) {
+    p.attach(offset, file, scope_of(pid))
+        .map(drop)
+        .map_err(|e| cannot_attach(func, file, &e))
+}
+
+/// The processes a uprobe fires in: `pid` only, or all.
+fn scope_of(pid: Option<u32>) -> UProbeScope {
+    match pid.and_then(NonZeroU32::new) {
         Some(p) => UProbeScope::OneProcess(p),
         None => UProbeScope::AllProcesses,
-    };
-    p.attach(offset, file, scope).map(drop).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot attach to {func} in {}: {}",
-            file.display(),
-            crate::kernel::features::chain(&e)
-        )
-    })
+    }
+}
+
+/// The error of a uprobe on `func` in `file` that would not attach.
+fn cannot_attach(func: &str, file: &Path, e: &aya::programs::ProgramError) -> anyhow::Error {
+    anyhow::anyhow!(
+        "cannot attach to {func} in {}: {}",
+        file.display(),
+        crate::kernel::features::chain(e)
+    )
 }
 
 /// Loads uprobe program `prog` (once) and attaches it to `func` in
@@ -182,10 +191,7 @@ pub fn attach(
     pid: Option<u32>,
 ) -> anyhow::Result<()> {
     let p = loaded(ebpf, prog)?;
-    let scope = match pid.and_then(NonZeroU32::new) {
-        Some(p) => UProbeScope::OneProcess(p),
-        None => UProbeScope::AllProcesses,
-    };
+    let scope = scope_of(pid);
     let attached = match symbols.and_then(|s| s.get(func)) {
         Some(&offset) => p.attach(offset, file, scope),
         None => p.attach(func, file, scope),
@@ -196,11 +202,7 @@ pub fn attach(
         Some(s) if !s.contains_key(func) => {
             anyhow::anyhow!("no function '{func}' in {}", file.display())
         }
-        _ => anyhow::anyhow!(
-            "cannot attach to {func} in {}: {}",
-            file.display(),
-            crate::kernel::features::chain(&e)
-        ),
+        _ => cannot_attach(func, file, &e),
     })
 }
 
