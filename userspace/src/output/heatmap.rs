@@ -11,6 +11,18 @@ const CELL_H: u64 = 9;
 /// Room for the axes' labels.
 const LEFT: u64 = 60;
 const TOP: u64 = 50;
+/// Font sizes of the title and of the rest, in pixels.
+const TITLE_PX: u64 = 15;
+const LEGEND_PX: u64 = 11;
+/// Room kept each side of the title and legend.
+const MARGIN: u64 = 10;
+
+/// The width `text` takes at `px` pixels in Verdana, the widest of the
+/// usual sans-serif faces (about 0.62 of its size a character; a little
+/// more is allowed), so that it fits whichever face the viewer has.
+fn text_width(text: &str, px: u64) -> u64 {
+    (text.chars().count() as u64 * px * 2).div_ceil(3)
+}
 
 /// Writes the heat map of `counts` (samples per slot of `slot_ns`, from
 /// `start_ns` on `CLOCK_MONOTONIC`) as SVG to `out`. Each cell carries its
@@ -25,20 +37,29 @@ pub fn write_svg(
     let rows = (1_000_000_000 / slot_ns).max(1);
     let columns = (counts.len() as u64).div_ceil(rows).max(1);
     let max = counts.iter().copied().max().unwrap_or(0).max(1);
-    let width = LEFT + columns * CELL_W + 20;
+    let legend = format!(
+        "a column per second, a row per {} ms; darker is more samples (at most {max})",
+        slot_ns / 1_000_000
+    );
+    // As wide as the grid, or as the title and legend where a short run's
+    // grid is narrower than they are: centred on a narrower picture, both
+    // their ends would fall outside it.
+    let width = (LEFT + columns * CELL_W + 20)
+        .max(text_width(title, TITLE_PX) + 2 * MARGIN)
+        .max(text_width(&legend, LEGEND_PX) + 2 * MARGIN);
     let height = TOP + rows * CELL_H + 40;
     let mut svg = String::with_capacity(counts.len() * 120 + 1024);
     let _ = writeln!(
         svg,
         r##"<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" data-start-ns="{start_ns}" data-slot-ns="{slot_ns}" font-family="Verdana, sans-serif" font-size="11">
+<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" data-start-ns="{start_ns}" data-slot-ns="{slot_ns}" font-family="Verdana, sans-serif" font-size="{LEGEND_PX}">
 <rect width="100%" height="100%" fill="#ffffff"/>
-<text x="{}" y="20" text-anchor="middle" font-size="15">{}</text>
-<text x="{}" y="38" text-anchor="middle" fill="#555555">a column per second, a row per {} ms; darker is more samples (at most {max})</text>"##,
+<text x="{}" y="20" text-anchor="middle" font-size="{TITLE_PX}">{}</text>
+<text x="{}" y="38" text-anchor="middle" fill="#555555">{}</text>"##,
         width / 2,
         escape(title),
         width / 2,
-        slot_ns / 1_000_000,
+        escape(&legend),
     );
     for (i, &n) in counts.iter().enumerate() {
         let i = i as u64;
@@ -55,7 +76,8 @@ pub fn write_svg(
         );
     }
     // Axes: seconds along the top, milliseconds down the left.
-    for second in (0..columns).step_by(5.max(columns as usize / 20)) {
+    // Every second, or every n-th on long runs: some 20 labels at most.
+    for second in (0..columns).step_by(columns.div_ceil(20).max(1) as usize) {
         let _ = writeln!(
             svg,
             r#"<text x="{}" y="{}" text-anchor="middle">{second}</text>"#,
@@ -110,5 +132,40 @@ mod tests {
         ));
         assert!(svg.contains(r#"data-second="1" data-row="1" data-samples="2""#));
         assert_eq!(svg.matches("<rect x=").count(), 120);
+    }
+
+    /// A short run's picture is as wide as its title and legend, and its
+    /// seconds are all labelled.
+    #[test]
+    fn a_short_runs_title_and_seconds_fit() {
+        let title = "rtrace profile: samples over time of a two-second run, system-wide";
+        let mut out = Vec::new();
+        write_svg(&vec![1u64; 200], 20_000_000, 0, title, &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        let width: u64 = svg
+            .split("width=\"")
+            .nth(1)
+            .and_then(|w| w.split('"').next()?.parse().ok())
+            .unwrap();
+        // Each centred text's half width, at 0.62 em a character.
+        for (text, px) in [
+            (title, 15.0),
+            (
+                "a column per second, a row per 20 ms; darker is more samples (at most 1)",
+                11.0,
+            ),
+        ] {
+            let half = text.chars().count() as f64 * px * 0.62 / 2.0;
+            assert!(
+                width as f64 / 2.0 - half >= 0.0,
+                "{text:?} is wider than {width}"
+            );
+        }
+        for second in ["0", "1"] {
+            assert!(
+                svg.contains(&format!("text-anchor=\"middle\">{second}</text>")),
+                "{second}"
+            );
+        }
     }
 }
