@@ -182,7 +182,7 @@ fn sampling_by_bytes_estimates_what_is_held_within_its_error() {
     let sd = SIZE as f64 * (blocks as f64 * (1.0 - p) / p).sqrt();
     assert!(
         (bytes as f64 - want).abs() <= 4.0 * sd,
-        "estimated {bytes} bytes held, want {want} +- {:.0} (4 sd): {last:#}",
+        "estimated {bytes} bytes held, want {want} +- {:.0} (4 sd): {last:#}\n{stderr}",
         4.0 * sd
     );
     let sd_n = (blocks as f64 * (1.0 - p) / p).sqrt();

@@ -568,10 +568,17 @@ impl Memleak {
                 if age < older_ns {
                     continue;
                 }
+                // The kernel's weight is its table's, for the middle of a
+                // slot of sizes; the exact one, from the size itself, keeps
+                // sizes at a slot's edge (4096) from a bias of their own.
+                let weight = match self.args.sample_bytes {
+                    Some(b) => bytes_weight(a.size.max(1) as f64, b as f64),
+                    None => a.weight,
+                };
                 by.entry((k.tgid, a.stack))
                     .or_default()
                     .0
-                    .add(a.size, a.weight);
+                    .add(a.size, weight);
                 if self.args.show_allocs {
                     listed.push(Listed {
                         pid: k.tgid,
