@@ -394,27 +394,27 @@ fn without_a_probe_it_traces_syscalls() {
         .split_once(" sysloop (")
         .and_then(|(_, t)| t.split("\n\n").nth(1))
         .unwrap_or_else(|| panic!("no table of sysloop: {stderr}"));
-    let calls = |name: &str| -> u64 {
+    // `% time seconds usecs/call calls [errors] syscall`.
+    let calls = |name: &str| -> (u64, u64) {
         table
             .lines()
             .find(|l| l.split_whitespace().last() == Some(name))
             .and_then(|l| {
-                // `% time seconds usecs/call calls [errors] syscall`: the
-                // calls that succeeded.
                 let f: Vec<&str> = l.split_whitespace().collect();
                 let calls: u64 = f.get(3)?.parse().ok()?;
                 let errors: u64 = if f.len() == 6 { f[4].parse().ok()? } else { 0 };
-                Some(calls - errors)
+                Some((calls, errors))
             })
             .unwrap_or_else(|| panic!("no {name} row: {table}"))
     };
     // The loop's calls, and the loader's, locale's and stdio's few beside
-    // them that succeed (the loader's failing look-ups along the library
-    // path depend on the environment: cargo's LD_LIBRARY_PATH, say).
+    // them; the loader's failing look-ups along the library path follow
+    // the environment (cargo's LD_LIBRARY_PATH, say), so failed calls are
+    // allowed beyond the few.
     for (name, extra) in [("read", 8), ("write", 4), ("newfstatat", 64)] {
-        let got = calls(name);
+        let (got, errors) = calls(name);
         assert!(
-            (n..=n + extra).contains(&got),
+            (n..=n + extra + errors).contains(&got),
             "{name}: {got} of {n}: {table}"
         );
     }
