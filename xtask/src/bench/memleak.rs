@@ -10,13 +10,13 @@
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use anyhow::{Context as _, bail};
 
-use super::{bpf_run_ns, measured_on, median, spread};
+use super::{Ready, Tracer, bpf_run_ns, measured_on, median, spread};
 
 /// Allocations (each freed) per trial.
 const LOOPS: u64 = 200_000;
@@ -43,38 +43,6 @@ impl Tool {
             Self::Sampled => "rtrace memleak -p --sample-bytes 65536",
             Self::Bpftrace => "bpftrace uprobe:libc:malloc @[ustack]",
             Self::Heaptrack => "heaptrack (preloaded)",
-        }
-    }
-}
-
-/// Starts `cmd` and waits until a line of its stdout or stderr contains
-/// `ready`.
-fn start(mut cmd: Command, ready: &str) -> anyhow::Result<Child> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    for stream in [
-        Box::new(child.stdout.take().context("stdout")?) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stderr.take().context("stderr")?),
-    ] {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-    }
-    let needle = ready.to_owned();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .with_context(|| format!("{cmd:?} never said {needle:?}"))?;
-        if line.contains(&needle) {
-            return Ok(child);
         }
     }
 }
@@ -132,20 +100,16 @@ fn trial(tool: Tool, rtrace: &str, fixture: &str) -> anyhow::Result<(f64, f64)> 
             if tool == Tool::Sampled {
                 c.args(["--sample-bytes", "65536"]);
             }
-            Some(start(c, "Attaching")?)
+            Some(Tracer::start(c, Ready::Stderr("Attaching"), None)?)
         }
         Tool::Bpftrace => {
-            let child = Command::new("bpftrace")
-                .args(["-p", &pid, "-e", BPFTRACE])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("cannot start bpftrace")?;
+            let mut c = Command::new("bpftrace");
+            c.args(["-p", &pid, "-e", BPFTRACE]);
             // Its "Attaching" line does not come through a pipe before it
             // exits: attached is when it holds its uprobe's perf event.
-            attached(child.id())?;
-            Some(child)
+            let t = Tracer::start(c, Ready::After(Duration::ZERO), None)?;
+            attached(t.child.id())?;
+            Some(t)
         }
         Tool::Bare | Tool::Heaptrack => None,
     };
@@ -159,10 +123,8 @@ fn trial(tool: Tool, rtrace: &str, fixture: &str) -> anyhow::Result<(f64, f64)> 
         .nth(3)
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("the fixture said {line:?}"))?;
-    if let Some(mut t) = tracer {
-        // SAFETY: signalling a child of this process.
-        unsafe { libc::kill(t.id() as i32, libc::SIGINT) };
-        t.wait()?;
+    if let Some(t) = tracer {
+        t.stop()?;
     }
     drop(kid.stdin.take());
     kid.wait()?;
