@@ -9,6 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod browser;
+
 /// The rtrace binary under test: `RTRACE_BIN`, or the workspace's release build.
 pub fn rtrace_bin() -> PathBuf {
     std::env::var_os("RTRACE_BIN").map_or_else(

@@ -254,6 +254,18 @@ pub const PROGRAMS: &[Program] = &[
         "prometheus-node-exporter",
         "the exporter benchmark's peer",
     ),
+    // The browser tests, on the host alone: the guests carry no browser,
+    // and the tests skip there.
+    deb(
+        "chromium",
+        "chromium",
+        "opens rtrace's HTML pages in the browser tests",
+    ),
+    deb(
+        "chromedriver",
+        "chromium-driver",
+        "drives Chromium in the browser tests",
+    ),
 ];
 
 /// Debian packages that provide no program but a file the build needs.
