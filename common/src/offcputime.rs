@@ -62,6 +62,9 @@ pub struct Config {
     /// Whether blocked time is counted by thread, not only by process
     /// ([`crate::stacks::Key::tid`]).
     pub per_thread: u32,
+    /// Whether each count's key carries the heat map slot its wait ended
+    /// in ([`crate::stacks::Key::slot`], as profile's `time_keys`).
+    pub time_keys: u32,
 }
 
 /// What a thread left the CPU with: when, and the key its blocked time

@@ -41,7 +41,10 @@ pub struct Config {
     /// scope's events on a CPU (`-c N`, as perf's period); 0 or 1 for
     /// every event.
     pub every: u32,
-    pub _pad: u32,
+    /// Whether each count's key carries its heat map slot
+    /// ([`crate::stacks::Key::slot`], 1-based from the start in `WINDOW`),
+    /// so that a range of time has its own stacks (`--html`, pprof).
+    pub time_keys: u32,
     /// The sampling period in nanoseconds: what a timed sample counts
     /// when there is nothing to measure from, and `MAX_PERIODS` of them
     /// the most.

@@ -386,6 +386,10 @@ fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
             && off <= cfg.max_ns
         {
             (*start).key.key.generation = stacks::generation() as u16;
+            if cfg.time_keys != 0 {
+                // Time off the CPU counts in the slot its wait ended in.
+                (*start).key.key.slot = stacks::time_slot(now);
+            }
             if cfg.kernel != 0 && kernel_at_switch_in::<DIRECT>(cfg) {
                 (*start).key.key.set_kernel(stacks::task_kernel_stack(next));
             }

@@ -19,6 +19,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
+use rtrace_common::profile::HEAT_SLOT_NS;
 use rtrace_common::stacks::{
     CONTINUED, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH,
     MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
@@ -92,6 +93,24 @@ static TIMED_JIT: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TIMED, 0);
 /// Where a stack is walked: it is larger than the eBPF stack.
 #[map]
 static STACK_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slot 0: when counting began (`CLOCK_MONOTONIC` nanoseconds), written by
+/// user space just before the programs are attached: the time zero of
+/// profile's heat map and `--range`, and of counts by time slot.
+#[map]
+pub static WINDOW: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The heat map slot of `now`, 1-based from the start in `WINDOW` (0
+/// while it is not set): a key's [`Key::slot`] where counts are kept by
+/// time, in place of the jitdump's coarser slot, which user space then
+/// derives from it.
+#[inline(always)]
+pub fn time_slot(now: u64) -> u32 {
+    match WINDOW.get(0) {
+        Some(&start) if start != 0 => (now.saturating_sub(start) / HEAT_SLOT_NS + 1) as u32,
+        _ => 0,
+    }
+}
 
 /// The generation to count in now.
 #[inline(always)]

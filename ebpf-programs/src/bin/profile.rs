@@ -11,14 +11,18 @@ use aya_ebpf::{
     EbpfContext, Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{kprobe, kretprobe, map, perf_event, tracepoint, uprobe, uretprobe},
-    maps::{Array, PerCpuArray},
+    maps::PerCpuArray,
     programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use rtrace_common::{
     profile::{Config, HEAT_SLOT_NS, MAX_PERIODS},
     stacks::Key,
 };
-use rtrace_ebpf::{global, stacks, targets};
+use rtrace_ebpf::{
+    global,
+    stacks::{self, WINDOW},
+    targets,
+};
 
 rtrace_ebpf::event_map!();
 rtrace_ebpf::cfi_programs!();
@@ -33,12 +37,6 @@ static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
 /// with `Config::timed`.
 #[map]
 static LAST_BUSY: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-
-/// Slot 0: when sampling began (`CLOCK_MONOTONIC` nanoseconds), written by
-/// user space just before the events are attached; the heat map's and
-/// `--range`'s time zero.
-#[map]
-static WINDOW: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Samples per `HEAT_SLOT_NS` slot since the start, per CPU
 /// (`--heatmap`): counted here, so that the heat map needs no event per
@@ -158,6 +156,11 @@ fn sample<C: Sampled>(ctx: &C) {
         // Asked again rather than kept across the walk, which would hold a
         // register or a stack slot the walk's verification has no room for.
         key.tid = bpf_get_current_pid_tgid() as u32;
+    }
+    if cfg.time_keys != 0 {
+        // After the walk, as the thread above: the time is read again.
+        // SAFETY: the helper has no preconditions.
+        key.slot = stacks::time_slot(unsafe { bpf_ktime_get_ns() });
     }
     key.generation = stacks::generation() as u16;
     stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, value);

@@ -1,4 +1,5 @@
-//! Report files (`--svg`, `--pprof`, `--speedscope`, `flamegraph --svg`):
+//! Report files (`--svg`, `--pprof`, `--speedscope`, `--html`,
+//! `flamegraph --svg`):
 //! each is created when the command starts, before anything is attached
 //! or read, so that a path that cannot be written fails at once rather
 //! than after the whole run; it is a temporary file in the folder it will
@@ -93,17 +94,21 @@ pub struct StackReports {
     pub speedscope: Option<ReportFile>,
     /// `--heatmap`.
     pub heatmap: Option<ReportFile>,
+    /// `--html`.
+    pub html: Option<ReportFile>,
 }
 
 impl StackReports {
-    /// Creates each file asked for: svg, pprof, speedscope, heat map.
-    pub fn create(paths: [Option<&Path>; 4]) -> anyhow::Result<Self> {
-        let [svg, pprof, speedscope, heatmap] = paths.map(|p| p.map(ReportFile::create));
+    /// Creates each file asked for: svg, pprof, speedscope, heat map,
+    /// page.
+    pub fn create(paths: [Option<&Path>; 5]) -> anyhow::Result<Self> {
+        let [svg, pprof, speedscope, heatmap, html] = paths.map(|p| p.map(ReportFile::create));
         Ok(Self {
             svg: svg.transpose()?,
             pprof: pprof.transpose()?,
             speedscope: speedscope.transpose()?,
             heatmap: heatmap.transpose()?,
+            html: html.transpose()?,
         })
     }
 }

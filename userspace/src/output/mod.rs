@@ -12,6 +12,7 @@ pub mod events;
 pub mod files;
 pub mod heatmap;
 pub mod hist;
+pub mod html;
 pub mod manpages;
 pub mod metrics;
 pub mod stacks;

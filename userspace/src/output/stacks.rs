@@ -151,6 +151,7 @@ pub fn samples_of_folded(text: &str) -> anyhow::Result<Vec<Sample>> {
             count,
             waker: None,
             off_cpu: false,
+            slot: 0,
         });
     }
     Ok(out)
@@ -160,10 +161,20 @@ pub fn samples_of_folded(text: &str) -> anyhow::Result<Vec<Sample>> {
 /// pprof files may hold a stack many times (Go's do), and stacks kept
 /// apart by their leaves' exact addresses are one stack to every output
 /// but pprof and annotate; so are a process's threads, where they were
-/// counted apart (for pprof and a report by thread). `exact`: leaf frames
-/// at other addresses, and other threads, stay apart.
+/// counted apart (for pprof and a report by thread), and the time slots
+/// they were counted in. `exact`: leaf frames at other addresses, other
+/// threads and other time slots stay apart.
 pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
-    type Key = (String, u32, u32, Arc<[Frame]>, Arc<[Frame]>, bool, [u64; 2]);
+    type Key = (
+        String,
+        u32,
+        u32,
+        Arc<[Frame]>,
+        Arc<[Frame]>,
+        bool,
+        [u64; 2],
+        u32,
+    );
     let leaf = |f: &[Frame]| {
         if exact {
             f.first().map_or(0, |f| f.addr)
@@ -174,6 +185,9 @@ pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
     let mut index: foldhash::HashMap<Key, usize> = foldhash::HashMap::default();
     let mut out: Vec<Sample> = Vec::with_capacity(samples.len());
     for mut s in samples {
+        if !exact {
+            s.slot = 0;
+        }
         if s.waker.is_some() {
             out.push(s);
             continue;
@@ -189,6 +203,7 @@ pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
             s.kernel.clone(),
             s.off_cpu,
             [leaf(&s.user), leaf(&s.kernel)],
+            s.slot,
         );
         match index.get(&key) {
             Some(&i) => out[i].count += s.count,

@@ -26,6 +26,10 @@ pub struct Sample {
     pub waker: Option<Arc<Thread>>,
     /// Time off the CPU among on-CPU samples (`profile --off-cpu`).
     pub off_cpu: bool,
+    /// The heat map slot the samples were counted in, 1-based from the
+    /// start of the run (`HEAT_SLOT_NS` long), where stacks are counted
+    /// by time (`--html`, pprof); 0 where they are not.
+    pub slot: u32,
 }
 
 /// A thread named in a sample besides the sampled one: the waker.

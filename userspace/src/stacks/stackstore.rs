@@ -30,6 +30,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, IterableMap as _},
 };
 use rtrace_common::{
+    profile::HEAT_SLOT_NS,
     profile::{Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey},
     stacks::{MAX_SEGMENTS, SLOT_SHIFT},
 };
@@ -164,8 +165,12 @@ pub struct StackStore {
     /// Processes found gone at the last tick; their last samples were
     /// counted in the generation moved out at the next.
     gone: HashSet<u32>,
-    /// Settled samples by name: the thread, and its waker.
-    settled: HashMap<(Named, Option<Named>), u64>,
+    /// Settled samples by name: the thread, its waker, and the heat map
+    /// slot counted in (0 without `time_zero`).
+    settled: HashMap<(Named, Option<Named>, u32), u64>,
+    /// Where every key carries its heat map slot ([`Key::slot`], 1-based,
+    /// `HEAT_SLOT_NS` long): the slots' time zero, CLOCK_MONOTONIC.
+    time_zero: Option<u64>,
     /// Distinct symbolized stacks, as frame ids, and their ids.
     named: HashMap<Box<[u32]>, u32>,
     /// Distinct frames, by id.
@@ -192,6 +197,25 @@ impl StackStore {
     /// Otherwise frames alike share one of their addresses.
     pub fn exact_leaves(&mut self) {
         self.exact = true;
+    }
+
+    /// Keeps counts apart by the heat map slot the kernel counted them in
+    /// (its keys' [`Key::slot`] from `zero` on): a range of time then has
+    /// its own samples ([`Sample::slot`]). JIT code is named by the code
+    /// at its addresses in that slot, as the jitdumps' slots would.
+    pub fn count_by_time(&mut self, zero: u64) {
+        self.time_zero = Some(zero);
+    }
+
+    /// The CLOCK_MONOTONIC middle of a key's time slot, taken as the
+    /// latest such slot at or before `now`.
+    fn slot_middle(&self, slot: u32, now: u64) -> u64 {
+        match self.time_zero {
+            Some(zero) => {
+                zero + u64::from(slot.saturating_sub(1)) * HEAT_SLOT_NS + HEAT_SLOT_NS / 2
+            }
+            None => slot_middle(slot, now),
+        }
     }
 
     /// Notes how many entries `STACKS` and `STACK_COUNTS` hold, as they
@@ -318,7 +342,8 @@ impl StackStore {
             let ips = self.stacks.get(&k.key.user).map_or(&[][..], |h| &h.ips);
             if sym.names_all_jit(k.key.tgid, ips) {
                 ready.insert(k);
-            } else if slot_middle(k.key.slot, now) < oldest
+            } else if self.time_zero.is_none()
+                && slot_middle(k.key.slot, now) < oldest
                 && let Some(n) = self.counts.remove(&k)
             {
                 let mut untimed = k;
@@ -412,7 +437,7 @@ impl StackStore {
         let now = crate::kernel::monotonic_ns();
         for group in entries.chunk_by(|a, b| a.0.key.slot == b.0.key.slot) {
             let slot = group[0].0.key.slot;
-            sym.jit_time((slot != 0).then(|| slot_middle(slot, now)));
+            sym.jit_time((slot != 0).then(|| self.slot_middle(slot, now)));
             self.name(sym, group);
         }
         sym.jit_time(None);
@@ -434,6 +459,7 @@ impl StackStore {
             key.flags & flag != 0 || (hash != 0 && !stacks.contains_key(&hash))
         };
         let mut named = Vec::with_capacity(entries.len());
+        let timed = self.time_zero.is_some();
         for (k, count) in entries {
             let [thread, waker] = threads(k).map(|key| {
                 let key = key?;
@@ -454,9 +480,10 @@ impl StackStore {
                     key.flags & OFF_CPU != 0,
                 ))
             });
-            named.push((thread, waker, *count));
+            let slot = if timed { k.key.slot } else { 0 };
+            named.push((thread, waker, slot, *count));
         }
-        for (thread, waker, count) in named {
+        for (thread, waker, slot, count) in named {
             let mut name = |t: Option<Symbolized>| {
                 t.map(|(comm, pid, tid, kernel, user, off_cpu)| Named {
                     comm,
@@ -471,7 +498,7 @@ impl StackStore {
                 continue;
             };
             let waker = name(waker);
-            *self.settled.entry((thread, waker)).or_default() += count;
+            *self.settled.entry((thread, waker, slot)).or_default() += count;
         }
     }
 
@@ -553,7 +580,7 @@ impl StackStore {
         let mut out: Vec<Sample> = self
             .settled
             .iter()
-            .map(|((t, w), &count)| {
+            .map(|((t, w, slot), &count)| {
                 let Thread {
                     comm,
                     pid,
@@ -569,6 +596,7 @@ impl StackStore {
                     count,
                     waker: w.as_ref().map(|w| Arc::new(thread(w))),
                     off_cpu: t.off_cpu,
+                    slot: *slot,
                 }
             })
             .collect();

@@ -23,6 +23,7 @@ use rtrace_common::memleak::{
     Alloc, AllocKey, Call, Config, DIRECT_SIZES, ERR_FREE_UNSEEN, ERR_NAMES, GAPS, KmemOffsets,
     ONE, SAMPLE_ALL, SAMPLE_BYTES, SAMPLE_EVERY, TotalKey, Totals, WEIGHT_SLOTS, slot_sizes,
 };
+use rtrace_common::profile::HEAT_SLOT_NS;
 use serde::Serialize;
 
 use super::stacktool::{StackArgs, StackTool, Unwind};
@@ -152,6 +153,13 @@ pub struct Args {
     /// writes them.
     #[arg(long, value_name = "FILE")]
     pprof: Option<PathBuf>,
+    /// Write one self-contained page (HTML) of the bytes held at the end
+    /// to FILE: its heat map counts them by when they were allocated
+    /// (drag over cells for the stacks of what a burst allocated and
+    /// never freed), its flame graph and table by the stack that
+    /// allocated them.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
     #[command(flatten)]
     stacks: StackArgs,
     #[command(flatten)]
@@ -443,8 +451,12 @@ pub struct Memleak {
     /// The files asked for, created at the start.
     svg: Option<ReportFile>,
     pprof: Option<ReportFile>,
+    html: Option<ReportFile>,
     /// The last report's holdings, for the files at the end.
     last: Vec<Row>,
+    /// The bytes held at the last report by process, stack and the heat
+    /// map slot they were allocated in, for the page.
+    last_timed: Vec<(u32, u64, u32, u64)>,
     /// Frees of addresses never seen allocated, read at the end.
     unseen_frees: u64,
     started_ns: u64,
@@ -539,6 +551,8 @@ impl Memleak {
     /// `(key, held, allocated)`; and each allocation for `-a`.
     fn snapshot(&mut self, older_ns: u64) -> anyhow::Result<(Vec<Row>, Vec<Listed>)> {
         let mut by: HashMap<(u32, u64), (Amount, Amount)> = HashMap::new();
+        let mut timed: HashMap<(u32, u64, u32), Amount> = HashMap::new();
+        let (by_time, zero) = (self.html.is_some(), self.started_ns);
         let mut listed = Vec::new();
         let totals = match &mut self.totals {
             Some(t) => read_all(t).0,
@@ -579,6 +593,13 @@ impl Memleak {
                     .or_default()
                     .0
                     .add(a.size, weight);
+                if by_time {
+                    let slot = a.ts.saturating_sub(zero) / HEAT_SLOT_NS + 1;
+                    timed
+                        .entry((k.tgid, a.stack, slot as u32))
+                        .or_default()
+                        .add(a.size, weight);
+                }
                 if self.args.show_allocs {
                     listed.push(Listed {
                         pid: k.tgid,
@@ -590,6 +611,10 @@ impl Memleak {
             }
         }
         listed.sort_by_key(|l| (l.pid, std::cmp::Reverse(l.size)));
+        self.last_timed = timed
+            .into_iter()
+            .map(|((tgid, stack, slot), a)| (tgid, stack, slot, a.bytes))
+            .collect();
         let out = by
             .into_iter()
             .map(|((tgid, stack), (h, a))| {
@@ -610,9 +635,18 @@ impl Memleak {
     /// The stacks as samples of `value` (by key, held, allocated), for
     /// folded lines and the files.
     fn samples(&mut self, rows: &[Row], value: impl Fn(&Amount, &Amount) -> u64) -> Vec<Sample> {
+        let entries: Vec<_> = rows
+            .iter()
+            .map(|(k, h, a)| (k.tgid, k.stack, 0, value(h, a)))
+            .collect();
+        self.samples_of(&entries)
+    }
+
+    /// Samples of (process, stack, heat map slot, count).
+    fn samples_of(&mut self, entries: &[(u32, u64, u32, u64)]) -> Vec<Sample> {
         let mut out = Vec::new();
-        for (k, h, a) in rows {
-            let (frames, _) = self.name(k.tgid, k.stack);
+        for &(tgid, stack, slot, count) in entries {
+            let (frames, _) = self.name(tgid, stack);
             let empty: Arc<[Frame]> = Vec::new().into();
             let (user, kernel) = if self.user {
                 (frames, empty)
@@ -620,19 +654,20 @@ impl Memleak {
                 (empty, frames)
             };
             let comm = if self.user {
-                self.comm(k.tgid)
+                self.comm(tgid)
             } else {
                 "kernel".to_owned()
             };
             out.push(Sample {
                 comm,
-                pid: k.tgid,
+                pid: tgid,
                 tid: 0,
                 user,
                 kernel,
-                count: value(h, a),
+                count,
                 waker: None,
                 off_cpu: false,
+                slot,
             });
         }
         out
@@ -706,6 +741,55 @@ impl Memleak {
     /// Writes `--svg` and `--pprof` from the last report.
     fn write_files(&mut self) -> anyhow::Result<()> {
         let rows = std::mem::take(&mut self.last);
+        if let Some(file) = self.html.take() {
+            // Where allocations are not kept one by one, the totals by
+            // stack, without times.
+            let entries = if self.args.combined_only {
+                rows.iter()
+                    .map(|(k, h, _)| (k.tgid, k.stack, 0, h.bytes))
+                    .collect()
+            } else {
+                std::mem::take(&mut self.last_timed)
+            };
+            let samples: Vec<Sample> = self
+                .samples_of(&entries)
+                .into_iter()
+                .filter(|s| s.count > 0)
+                .collect();
+            let elapsed = crate::kernel::monotonic_ns().saturating_sub(self.started_ns);
+            let mut facts = crate::output::html::run_facts();
+            let (_, period) = self.sampling();
+            let sampling = match self.args.sample_bytes {
+                Some(_) => format!("one byte in {period} on average"),
+                None => "every allocation".to_owned(),
+            };
+            let held_bytes: u64 = samples.iter().map(|s| s.count).sum();
+            facts.splice(
+                1..1,
+                [
+                    ("Events".to_owned(), "allocations and frees".to_owned()),
+                    ("Sampled".to_owned(), sampling),
+                    (
+                        "Duration".to_owned(),
+                        format!("{:.1} s", elapsed as f64 / 1e9),
+                    ),
+                    ("Bytes held".to_owned(), thousands(held_bytes)),
+                ],
+            );
+            let started_secs =
+                crate::output::epoch_secs() as i64 - (elapsed / 1_000_000_000) as i64;
+            let page = crate::output::html::Page {
+                title: "rtrace memleak: bytes held, by when and where they were allocated"
+                    .to_owned(),
+                facts,
+                unit: "bytes",
+                profiles: vec![("memleak".to_owned(), &samples)],
+                heat: Some(crate::output::local_time_of(started_secs)),
+            };
+            file.write(&held(&samples, "bytes"), |out| {
+                crate::output::html::write(&page, out)
+            })?;
+        }
         if let Some(file) = self.svg.take() {
             let samples: Vec<Sample> = self
                 .samples(&rows, |h, _| h.bytes)
@@ -849,6 +933,7 @@ impl Tool for Memleak {
         };
         let svg = args.svg.as_deref().map(ReportFile::create).transpose()?;
         let pprof = args.pprof.as_deref().map(ReportFile::create).transpose()?;
+        let html = args.html.as_deref().map(ReportFile::create).transpose()?;
         Ok(Self {
             user,
             object,
@@ -862,7 +947,9 @@ impl Tool for Memleak {
             recorded: HashMap::new(),
             svg,
             pprof,
+            html,
             last: Vec::new(),
+            last_timed: Vec::new(),
             unseen_frees: 0,
             started_ns: 0,
             args,

@@ -37,6 +37,9 @@ pub struct Filter {
     /// Whether blocked time is counted by thread (a report by tid, a
     /// pprof), not only by process.
     pub per_thread: bool,
+    /// Whether blocked time is counted by the heat map slot its wait
+    /// ended in (`--html`, pprof).
+    pub time_keys: bool,
 }
 
 /// The context-switch programs of one object.
@@ -86,6 +89,7 @@ impl OffCpu {
             mark_switches: 0,
             sched_frames: u32::from(filter.sched_frames),
             per_thread: u32::from(filter.per_thread),
+            time_keys: u32::from(filter.time_keys),
         })
     }
 

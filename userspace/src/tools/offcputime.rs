@@ -120,6 +120,12 @@ pub struct Args {
     /// Write a gzipped pprof profile (profile.proto) to FILE.
     #[arg(long, value_name = "FILE")]
     pprof: Option<PathBuf>,
+    /// Write one self-contained page (HTML) to FILE: the heat map of
+    /// blocked time by when each wait ended (drag over cells for the
+    /// graph of that range), the flame graph with zoom, search and an
+    /// icicle view, perf report's table and the run's facts.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
     /// The tracepoint mechanism to attach with, instead of the best that
     /// works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&offcpu::CHAIN))]
@@ -209,8 +215,13 @@ impl Tool for Offcputime {
         {
             anyhow::bail!("{flag} shapes perf report's table: add --report");
         }
-        let reports =
-            StackReports::create([args.svg.as_deref(), args.pprof.as_deref(), None, None])?;
+        let reports = StackReports::create([
+            args.svg.as_deref(),
+            args.pprof.as_deref(),
+            None,
+            None,
+            args.html.as_deref(),
+        ])?;
         Ok(Self {
             reports,
             args,
@@ -271,6 +282,7 @@ impl Tool for Offcputime {
             waker: args.waker,
             sched_frames: args.sched_frames,
             per_thread: self.per_thread(),
+            time_keys: self.time_keys(),
         };
         let cfg = self.off_cpu.configure(filter, m, kernel, load)?;
         self.stacks.configure(&self.args.stacks, kernel, load)?;
@@ -286,6 +298,7 @@ impl Tool for Offcputime {
     ) -> anyhow::Result<()> {
         let m = m.context("offcputime attaches through its chain")?;
         self.stacks.attach(ebpf, &self.args.scope.pids)?;
+        self.stacks.set_time_zero(ebpf, self.time_keys())?;
         self.off_cpu.attach(m, kernel, ebpf)
     }
 
@@ -352,13 +365,44 @@ impl Tool for Offcputime {
         // Counted by thread (for pprof, or a table by thread), the other
         // outputs still print each stack once.
         let merged;
-        let samples: &[Sample] = if self.per_thread() {
+        let samples: &[Sample] = if self.per_thread() || self.time_keys() {
             merged = stacks::merge(counted.clone(), false);
             &merged
         } else {
             &counted
         };
         self.write_files(samples, &counted, elapsed)?;
+        if let Some(file) = self.reports.html.take() {
+            let lost: u64 = crate::kernel::load::per_cpu_sums(ebpf, "ERRORS", 2)?
+                .iter()
+                .sum();
+            let mut facts = crate::output::html::run_facts();
+            let total: u64 = counted.iter().map(|s| s.count).sum();
+            facts.splice(
+                1..1,
+                [
+                    ("Events".to_owned(), "sched:sched_switch".to_owned()),
+                    (
+                        "Duration".to_owned(),
+                        format!("{:.1} s", elapsed.as_secs_f64()),
+                    ),
+                    ("Off-CPU time (us)".to_owned(), files::thousands(total)),
+                    ("Lost waits".to_owned(), files::thousands(lost)),
+                ],
+            );
+            let page = crate::output::html::Page {
+                title: "rtrace offcputime: time off the CPU".to_owned(),
+                facts,
+                unit: "us",
+                profiles: vec![("offcputime".to_owned(), &counted)],
+                heat: Some(crate::output::local_time_of(
+                    (self.stacks.started_nanos() / 1_000_000_000) as i64,
+                )),
+            };
+            file.write(&files::held(samples, "us"), |out| {
+                crate::output::html::write(&page, out)
+            })?;
+        }
         if self.args.report {
             let report = Report::new(&counted, &self.args.report_opts, "offcpu-time", "us");
             sink.emit(&report)?;
@@ -369,7 +413,8 @@ impl Tool for Offcputime {
             delimiter: self.args.delimited,
             annotate: false,
         };
-        let files = self.args.svg.is_some() || self.args.pprof.is_some();
+        let files =
+            self.args.svg.is_some() || self.args.pprof.is_some() || self.args.html.is_some();
         Stacks::print(sink, samples, text, self.args.folded, files, "us")?;
         self.stacks.reported(samples, "us off CPU");
         Ok(())
@@ -389,6 +434,12 @@ impl Offcputime {
     /// and for a pprof, which keeps each sample's thread.
     fn per_thread(&self) -> bool {
         self.args.report_opts.by_thread() || self.args.pprof.is_some()
+    }
+
+    /// Whether blocked time is counted by time slot: for the page's
+    /// ranges, and a pprof's time labels.
+    fn time_keys(&self) -> bool {
+        self.args.html.is_some() || self.args.pprof.is_some()
     }
 
     /// Writes the files asked for: the flame graph from `samples`, the

@@ -232,6 +232,13 @@ pub struct Args {
     /// sample; at most the first 10 minutes without a duration.
     #[arg(long, value_name = "FILE")]
     heatmap: Option<PathBuf>,
+    /// Write one self-contained page (HTML) to FILE: the heat map, where
+    /// dragging over cells selects a range of time; the flame graph of
+    /// the run or of that range, with zoom, search and an icicle view;
+    /// perf report's table; and the run's facts. It loads nothing from
+    /// the network. Stacks are counted by 20 ms slot for it.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
     /// Count only the samples from START to END seconds after sampling
     /// began (`2.5-3.1`, as the heat map's cells name them): every output
     /// is then the profile of that range alone.
@@ -545,6 +552,7 @@ impl Tool for Profile {
                 || args.pprof.is_some()
                 || args.speedscope.is_some()
                 || args.heatmap.is_some()
+                || args.html.is_some()
                 || args.off_cpu)
         {
             anyhow::bail!(
@@ -562,8 +570,9 @@ impl Tool for Profile {
             args.pprof.as_deref(),
             args.speedscope.as_deref(),
             args.heatmap.as_deref(),
+            args.html.as_deref(),
         ])?;
-        let heat_slots = if args.heatmap.is_some() || args.pprof.is_some() {
+        let heat_slots = if args.heatmap.is_some() || args.pprof.is_some() || args.html.is_some() {
             args.duration.map_or(MAX_HEAT_SLOTS, |d| {
                 u32::try_from(d.saturating_mul(1_000_000_000 / HEAT_SLOT_NS))
                     .unwrap_or(u32::MAX)
@@ -643,11 +652,12 @@ impl Tool for Profile {
             },
             range_start_ns: range_start.as_nanos() as u64,
             range_end_ns: range_end.as_nanos() as u64,
+            time_keys: u32::from(self.time_keys()),
             ..Config::default()
         };
         load.size("HEAT", heat_slots.max(1));
         let period_ns = self.period_ns();
-        let per_thread = self.per_thread();
+        let (per_thread, time_keys) = (self.per_thread(), self.time_keys());
         if let Some(off) = &mut self.off_cpu {
             cfg.timed = 1;
             cfg.period_ns = period_ns;
@@ -664,6 +674,7 @@ impl Tool for Profile {
                 waker: false,
                 sched_frames: false,
                 per_thread,
+                time_keys,
             };
             let m = OffCpu::mechanism(kernel)?;
             cfg.off_cpu = off.configure(filter, m, kernel, load)?;
@@ -749,6 +760,12 @@ impl Tool for Profile {
             }
             return Ok(());
         }
+        // Before time zero: the context-switch programs take the verifier
+        // a while to load, which the heat map would show as empty time.
+        if let Some(off) = &mut self.off_cpu {
+            let m = OffCpu::mechanism(kernel)?;
+            off.attach(m, kernel, ebpf)?;
+        }
         let prog: &mut PerfEvent = ebpf
             .program_mut("profile")
             .context("program profile missing")?
@@ -781,10 +798,6 @@ impl Tool for Profile {
             self.fallback = Some(format!("{e:#}"));
             self.event = Event::cpu_clock();
             attach(prog, &self.event, &self.cpus, period, freq)?;
-        }
-        if let Some(off) = &mut self.off_cpu {
-            let m = OffCpu::mechanism(kernel)?;
-            off.attach(m, kernel, ebpf)?;
         }
         Ok(())
     }
@@ -821,7 +834,7 @@ impl Tool for Profile {
                 took.as_secs_f64()
             ));
         }
-        if self.args.heatmap.is_some() || self.args.range.is_some() {
+        if self.args.heatmap.is_some() || self.args.range.is_some() || self.time_keys() {
             notes.push(format!(
                 "time zero of the heat map and --range: CLOCK_MONOTONIC {} ns",
                 self.window_start
@@ -905,12 +918,20 @@ impl Tool for Profile {
         }
         // `exact` keeps what pprof, annotate and a table by thread need;
         // the other outputs print each stack once.
-        let samples = if self.exact_leaves() || self.per_thread() {
+        let samples = if self.exact_leaves() || self.per_thread() || self.time_keys() {
             stacks::merge(exact.clone(), false)
         } else {
             std::mem::take(&mut exact)
         };
         self.write_files(&samples, &exact, heat.as_deref(), elapsed)?;
+        if let Some(file) = self.reports.html.take() {
+            // Samples lost to a full buffer or count table, which the
+            // page's facts name.
+            let lost: u64 = crate::kernel::load::per_cpu_sums(ebpf, "ERRORS", 2)?
+                .iter()
+                .sum();
+            self.write_page(file, &exact, elapsed, lost)?;
+        }
         let unit = if self.off_cpu.is_some() {
             "us on and off CPU"
         } else {
@@ -994,8 +1015,10 @@ impl Profile {
             delimiter: self.args.delimited,
             annotate: self.args.annotate,
         };
-        let files =
-            self.args.svg.is_some() || self.args.pprof.is_some() || self.args.speedscope.is_some();
+        let files = self.args.svg.is_some()
+            || self.args.pprof.is_some()
+            || self.args.speedscope.is_some()
+            || self.args.html.is_some();
         let value = if self.off_cpu.is_some() {
             "us"
         } else {
@@ -1062,12 +1085,15 @@ impl Profile {
 
     /// Sets time zero, just before the first sample can come.
     fn set_window(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
-        self.window_start = crate::kernel::monotonic_ns();
-        let mut window: aya::maps::Array<_, u64> =
-            aya::maps::Array::try_from(ebpf.map_mut("WINDOW").context("map WINDOW missing")?)?;
-        window
-            .set(0, self.window_start, 0)
-            .context("cannot set the start of sampling")
+        self.window_start = self.stacks.set_time_zero(ebpf, self.time_keys())?;
+        Ok(())
+    }
+
+    /// Whether stacks are counted by time slot: for the page's ranges of
+    /// time, and for a pprof's time labels, which `rtrace report --html`
+    /// draws its heat map from.
+    fn time_keys(&self) -> bool {
+        self.args.html.is_some() || self.args.pprof.is_some()
     }
 
     /// Whether samples are counted by thread: for a report that sorts or
@@ -1083,6 +1109,68 @@ impl Profile {
         self.args.period().unwrap_or(1_000_000_000 / self.freq)
     }
 
+    /// Writes the page (`--html`) of `samples`, counted by time slot.
+    fn write_page(
+        &self,
+        file: crate::output::files::ReportFile,
+        samples: &[Sample],
+        elapsed: Duration,
+        lost: u64,
+    ) -> anyhow::Result<()> {
+        let unit = if self.off_cpu.is_some() {
+            "us"
+        } else {
+            "samples"
+        };
+        let what = files::held(&stacks::merge(samples.to_vec(), false), unit);
+        let total: u64 = samples.iter().map(|s| s.count).sum();
+        let mut facts = crate::output::html::run_facts();
+        let title = if self.off_cpu.is_some() {
+            "rtrace profile: on- and off-CPU time".to_owned()
+        } else {
+            format!("rtrace profile: {}", self.event.name())
+        };
+        facts.splice(
+            1..1,
+            [
+                ("Events".to_owned(), self.event.name()),
+                ("Rate".to_owned(), self.rate()),
+                (
+                    "Duration".to_owned(),
+                    format!("{:.1} s", elapsed.as_secs_f64()),
+                ),
+                (
+                    if self.off_cpu.is_some() {
+                        "Time (us)".to_owned()
+                    } else {
+                        "Samples".to_owned()
+                    },
+                    files::thousands(total),
+                ),
+                ("Lost samples".to_owned(), files::thousands(lost)),
+            ],
+        );
+        let page = crate::output::html::Page {
+            title,
+            facts,
+            unit,
+            profiles: vec![("profile".to_owned(), samples)],
+            heat: Some(crate::output::local_time_of(
+                (self.stacks.started_nanos() / 1_000_000_000) as i64,
+            )),
+        };
+        file.write(&what, |out| crate::output::html::write(&page, out))
+    }
+
+    /// The sampling rate as the outputs name it.
+    fn rate(&self) -> String {
+        match (&self.event, self.args.period()) {
+            (e, None) if e.at_events() => "every event".to_owned(),
+            (_, Some(p)) => format!("every {p} events"),
+            (_, None) => format!("{} Hz", self.freq),
+        }
+    }
+
     /// Writes the files asked for.
     /// `exact`: the samples with their leaves at their exact addresses,
     /// for pprof's locations.
@@ -1093,18 +1181,18 @@ impl Profile {
         heat: Option<&[u64]>,
         elapsed: Duration,
     ) -> anyhow::Result<()> {
-        let comments: Vec<String> = heat
-            .map(|h| stacks::pprof::heat_comment(h, HEAT_SLOT_NS, self.window_start))
-            .into_iter()
+        // The run's facts for a later page, and its samples by time.
+        let mut comments: Vec<String> = crate::output::html::run_facts()
+            .iter()
+            .chain([&("Rate".to_owned(), self.rate())])
+            .map(|(k, v)| stacks::pprof::fact_comment(k, v))
             .collect();
+        comments
+            .extend(heat.map(|h| stacks::pprof::heat_comment(h, HEAT_SLOT_NS, self.window_start)));
         let args = &self.args;
         let lines = args.stacks.lines;
         let (event, freq) = (&self.event, self.freq);
-        let rate = match (event, args.period()) {
-            (e, None) if e.at_events() => "every event".to_owned(),
-            (_, Some(p)) => format!("every {p} events"),
-            (_, None) => format!("{freq} Hz"),
-        };
+        let rate = self.rate();
         let unit = if args.off_cpu { "us" } else { "samples" };
         let what = files::held(samples, unit);
         if let Some(file) = self.reports.svg.take() {

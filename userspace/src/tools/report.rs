@@ -24,11 +24,17 @@ use crate::{
   rtrace report cpu.pb.gz --hierarchy --percent-limit 1
   rtrace report cpu.pb.gz -g=folded,1,caller --comms python3
   rtrace report cpu.folded --svg cpu.svg
-  rtrace report cpu.pb.gz --annotate hot_loop")]
+  rtrace report cpu.pb.gz --annotate hot_loop
+  rtrace report cpu.pb.gz --html cpu.html          # heat map, flame graph, table
+  rtrace report --html diff.html before.pb.gz after.pb.gz   # what changed")]
 pub struct Args {
     /// The profile: a pprof file (gzipped or not) or folded stacks
     /// (`comm;frame;... count`); `-` reads stdin.
     input: PathBuf,
+    /// A second profile, to compare with the first in the page
+    /// (`--html`): the first is before, this one after.
+    #[arg(value_name = "AFTER", requires = "html")]
+    after: Option<PathBuf>,
     #[command(flatten)]
     report: report::ReportArgs,
     /// The pprof sample type to count, by name or number (default: the
@@ -60,6 +66,14 @@ pub struct Args {
     /// times an rtrace profile keeps in its pprof files.
     #[arg(long, value_name = "FILE")]
     heatmap: Option<PathBuf>,
+    /// Also write one self-contained page (HTML) to FILE: the flame graph
+    /// (zoom, search, icicle), the table and, where the profile keeps its
+    /// samples' times (rtrace's pprof files do), the heat map to select a
+    /// range of time with. Given AFTER too: the differential page, the
+    /// flame graph of AFTER coloured by what grew (red) and shrank
+    /// (blue).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
     #[command(flatten)]
     annotate: crate::output::stacks::annotate::AnnotateArgs,
     /// Print the table as JSON lines, one row each.
@@ -73,12 +87,17 @@ struct Loaded {
     unit: String,
     event: String,
     heat: Option<pprof::Heat>,
+    /// The facts its run kept (pprof).
+    facts: Vec<(String, String)>,
+    /// How long it ran, where known.
+    duration_ns: u64,
+    /// When it began, in nanoseconds since the epoch (0: unknown).
+    time_nanos: u64,
 }
 
-/// Reads `input`: pprof if it is one, else folded stacks; anything else
+/// Reads `path`: pprof if it is one, else folded stacks; anything else
 /// is one clear error.
-fn load(args: &Args) -> anyhow::Result<Loaded> {
-    let path = &args.input;
+fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
     let bytes = if path.as_os_str() == "-" {
         let mut v = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut v).context("cannot read stdin")?;
@@ -100,6 +119,9 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
             unit,
             event: r.event,
             heat: r.heat,
+            facts: r.facts,
+            duration_ns: r.duration_ns,
+            time_nanos: r.time_nanos,
         });
     }
     let text = std::str::from_utf8(&bytes)
@@ -116,7 +138,90 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         unit: "samples".to_owned(),
         event: "folded".to_owned(),
         heat: None,
+        facts: Vec::new(),
+        duration_ns: 0,
+        time_nanos: 0,
     })
+}
+
+/// Writes the page of `loaded` (`--html`), or the differential page of
+/// it and `args.after`.
+fn write_page(
+    file: crate::output::files::ReportFile,
+    args: &Args,
+    loaded: &Loaded,
+) -> anyhow::Result<()> {
+    let after = match &args.after {
+        Some(path) => {
+            let a = load(path, args)?;
+            if a.unit != loaded.unit {
+                anyhow::bail!(
+                    "{} counts {} and {} counts {}: the page compares profiles of one unit",
+                    args.input.display(),
+                    loaded.unit,
+                    path.display(),
+                    a.unit
+                );
+            }
+            Some((path, a))
+        }
+        None => None,
+    };
+    let shown = after.as_ref().map_or(loaded, |(_, a)| a);
+    let samples = &shown.samples;
+    let mut facts = crate::output::html::run_facts();
+    facts.truncate(1);
+    let name = |p: &std::path::Path| p.display().to_string();
+    facts.push(("Profile".to_owned(), name(&args.input)));
+    if let Some(path) = &args.after {
+        facts.push(("Compared with".to_owned(), name(path)));
+    }
+    facts.push(("Events".to_owned(), shown.event.clone()));
+    if shown.duration_ns > 0 {
+        facts.push((
+            "Duration".to_owned(),
+            format!("{:.1} s", shown.duration_ns as f64 / 1e9),
+        ));
+    }
+    let total: u64 = samples.iter().map(|s| s.count).sum();
+    facts.push((
+        format!("Total ({})", shown.unit),
+        crate::output::files::thousands(total),
+    ));
+    let recorded = |(k, v): &(String, String)| (format!("{k} (recorded)"), v.clone());
+    facts.extend(shown.facts.iter().map(recorded));
+    let (title, profiles) = match &after {
+        Some((path, _)) => (
+            format!(
+                "rtrace report: {} against {}",
+                name(path),
+                name(&args.input)
+            ),
+            vec![
+                ("before".to_owned(), &loaded.samples[..]),
+                ("after".to_owned(), &samples[..]),
+            ],
+        ),
+        None => (
+            format!("rtrace report: {}", name(&args.input)),
+            vec![("profile".to_owned(), &samples[..])],
+        ),
+    };
+    let unit = match shown.unit.as_str() {
+        "nanoseconds" => "ns",
+        "microseconds" => "us",
+        u => u,
+    };
+    let page = crate::output::html::Page {
+        title,
+        facts,
+        unit,
+        profiles,
+        heat: (shown.time_nanos > 0)
+            .then(|| crate::output::local_time_of((shown.time_nanos / 1_000_000_000) as i64)),
+    };
+    let what = crate::output::files::held(samples, &shown.unit);
+    file.write(&what, |out| crate::output::html::write(&page, out))
 }
 
 /// Runs the command.
@@ -128,8 +233,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.pprof.as_deref(),
         args.speedscope.as_deref(),
         args.heatmap.as_deref(),
+        args.html.as_deref(),
     ])?;
-    let loaded = load(&args)?;
+    let loaded = load(&args.input, &args)?;
+    if let Some(file) = files.html {
+        write_page(file, &args, &loaded)?;
+        if args.after.is_some() {
+            // Two profiles are compared in the page alone.
+            return Ok(());
+        }
+    }
     if let Some(file) = files.heatmap {
         let heat = loaded.heat.as_ref().with_context(|| {
             format!(

@@ -584,6 +584,23 @@ impl StackTool {
         self.marked.retain(|p| !self.unmarked.contains(p));
     }
 
+    /// Sets time zero (the kernel's `WINDOW`) to now, just before the
+    /// first count can come, and returns it; with `by_time`, counts are
+    /// kept apart by the heat map slot they came in (see
+    /// [`StackStore::count_by_time`]).
+    pub fn set_time_zero(&mut self, ebpf: &mut Ebpf, by_time: bool) -> anyhow::Result<u64> {
+        let zero = crate::kernel::monotonic_ns();
+        let mut window: aya::maps::Array<_, u64> =
+            aya::maps::Array::try_from(ebpf.map_mut("WINDOW").context("map WINDOW missing")?)?;
+        window
+            .set(0, zero, 0)
+            .context("cannot set the start of counting")?;
+        if by_time {
+            self.store.count_by_time(zero);
+        }
+        Ok(zero)
+    }
+
     /// Keeps stacks' leaves at their exact addresses (see
     /// [`StackStore::exact_leaves`]).
     pub fn exact_leaves(&mut self) {

@@ -9,6 +9,8 @@ use std::{collections::HashMap, io::Write as _, sync::Arc};
 use anyhow::Context as _;
 use prost::Message as _;
 
+use rtrace_common::profile::HEAT_SLOT_NS;
+
 use crate::stacks::sample::Sample;
 use crate::stacks::symbolize::{CodeMapping, Frame, Kind};
 
@@ -45,6 +47,21 @@ pub struct Meta<'a> {
     /// The profile's comments (`go tool pprof -comments`): rtrace keeps
     /// its samples' times there ([`heat_comment`]).
     pub comments: &'a [String],
+}
+
+/// The numeric label of a sample counted by time: nanoseconds from the
+/// start of sampling to the start of the `HEAT_SLOT_NS` slot it was
+/// counted in. pprof's samples have no time of their own; a label is
+/// what every reader keeps (`go tool pprof -tagfocus`, `-tags`).
+pub const TIME_LABEL: &str = "time_offset";
+
+/// What a comment holding one of the run's facts starts with.
+const FACT_MARK: &str = "rtrace-fact ";
+
+/// A comment keeping one of the run's facts (the kernel, the host, the
+/// command line), for the page a later `rtrace report --html` makes.
+pub fn fact_comment(name: &str, value: &str) -> String {
+    format!("{FACT_MARK}{name}: {value}")
 }
 
 /// What a comment holding samples by time slot starts with.
@@ -261,7 +278,9 @@ pub fn write(
         b.profile.sample_type.push(vt);
     }
     // perf_data_converter's label names, where it has them.
-    let keys = ["comm", "pid", "waker_comm", "waker_pid", "tid"].map(|k| b.strings.get(k));
+    let keys =
+        ["comm", "pid", "waker_comm", "waker_pid", "tid", TIME_LABEL].map(|k| b.strings.get(k));
+    let nanoseconds = b.strings.get("nanoseconds");
     for (index, s) in samples.iter().enumerate() {
         let stack: Vec<Frame> = s.root_first(false).into_iter().rev().collect();
         let location_id = by_location(&stack)
@@ -285,6 +304,14 @@ pub fn write(
         if let Some(w) = &s.waker {
             label.push(text(&mut b, keys[2], &w.comm));
             label.push(num(keys[3], w.pid));
+        }
+        if s.slot != 0 {
+            label.push(Label {
+                key: keys[5],
+                num: i64::from(s.slot - 1) * HEAT_SLOT_NS as i64,
+                num_unit: nanoseconds,
+                ..Label::default()
+            });
         }
         b.profile.sample.push(proto::Sample {
             location_id,
@@ -323,6 +350,12 @@ pub struct Read {
     pub event: String,
     /// Samples by time, where rtrace kept them.
     pub heat: Option<Heat>,
+    /// The facts of the run rtrace kept ([`fact_comment`]).
+    pub facts: Vec<(String, String)>,
+    /// When it began, in nanoseconds since the epoch (0: unknown).
+    pub time_nanos: u64,
+    /// How long it ran (0: unknown).
+    pub duration_ns: u64,
 }
 
 /// `bytes` decoded as a pprof profile, if they are one: gzipped, as pprof
@@ -474,6 +507,10 @@ pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
             .unwrap_or_else(|| main_file.clone());
         let id = |key: &str| label(key).map_or(0, |l| u32::try_from(l.num).unwrap_or(0));
         let (pid, tid) = (id("pid"), id("tid"));
+        // The slot a time label falls in; 1-based, as rtrace counts them.
+        let slot = label(TIME_LABEL)
+            .and_then(|l| u64::try_from(l.num).ok())
+            .map_or(0, |ns| (ns / HEAT_SLOT_NS + 1) as u32);
         let frames: Vec<Frame> = x
             .location_id
             .iter()
@@ -503,6 +540,7 @@ pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
             count: count as u64,
             waker: None,
             off_cpu: false,
+            slot,
         });
     }
     let period = p
@@ -511,8 +549,17 @@ pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
         .map(|t| s(t.r#type).to_owned())
         .unwrap_or_default();
     let heat = p.comment.iter().find_map(|&c| parse_heat(s(c)));
+    let facts = p
+        .comment
+        .iter()
+        .filter_map(|&c| s(c).strip_prefix(FACT_MARK)?.split_once(": "))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
     Ok(Read {
         heat,
+        facts,
+        time_nanos: u64::try_from(p.time_nanos).unwrap_or(0),
+        duration_ns: u64::try_from(p.duration_nanos).unwrap_or(0),
         samples,
         value: types[pick].clone(),
         event: if period.is_empty() {
