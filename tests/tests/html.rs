@@ -517,3 +517,111 @@ fn the_differential_page_colours_what_grew_and_shrank() {
     assert!(g[0] > g[2] + 30.0, "burn_second grew but is {g:?}");
     assert!(s[2] > s[0] + 30.0, "burn_first shrank but is {s:?}");
 }
+
+/// The totals the page's data holds and its heat map's cells sum to,
+/// and the count drawn under frames named `name`, from the page open.
+fn page_counts(browser: &Browser, name: &str) -> (u64, u64, f64) {
+    let total = total_of_page(browser);
+    let cells: u64 = cells(browser).iter().map(|c| c.3).sum();
+    let g = drawn(browser);
+    (total, cells, g.share(name) * g.root)
+}
+
+/// memleak's page: the bytes a command kept and never freed, under the
+/// function that kept them, in the heat map's cells by when they were
+/// allocated; the blocks it freed are nowhere.
+#[test]
+fn memleaks_page_holds_the_bytes_kept_by_when_and_where() {
+    if !browser_available() {
+        eprintln!("skipped: no chromium and chromedriver here (the VM guests have no browser)");
+        return;
+    }
+    let dir = dir("memleak");
+    let page = dir.join("memleak.html");
+    let fixture = workload_bin("memfix_nofp");
+    let (code, stdout, stderr) = run(&[
+        "memleak",
+        "--html",
+        page.to_str().unwrap(),
+        "--",
+        fixture.to_str().unwrap(),
+        "run",
+        "100",
+        "4096",
+        "1000",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let kept: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("done ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no done line: {stdout}"));
+    let browser = Browser::start();
+    open(&browser, &page);
+    browser.screenshot(&dir.join("memleak.png"));
+    let (total, cells, keep) = page_counts(&browser, "keep_blocks");
+    assert_eq!(keep as u64, kept, "keep_blocks' bytes");
+    assert_eq!(cells, total, "the heat map holds every byte held");
+    assert!(total >= kept, "{total} held in all, {kept} by keep_blocks");
+    assert!(
+        drawn(&browser).share("churn") == 0.0,
+        "churn freed all it took"
+    );
+}
+
+/// offcputime's page: the half second the fixture slept between its
+/// bursts, in microseconds, in the slot its sleep ended in.
+#[test]
+fn offcputimes_page_holds_a_sleep_where_it_ended() {
+    if !browser_available() {
+        eprintln!("skipped: no chromium and chromedriver here (the VM guests have no browser)");
+        return;
+    }
+    let dir = dir("offcputime");
+    let page = dir.join("offcputime.html");
+    let fixture = workload_bin("bursts_nofp");
+    let (code, stdout, stderr) = run(&[
+        "offcputime",
+        "-v",
+        "--html",
+        page.to_str().unwrap(),
+        "--",
+        fixture.to_str().unwrap(),
+        "100",
+        "500",
+        "100",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let bursts: Vec<Vec<u64>> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("burst "))
+        .map(|l| l.split(' ').skip(1).map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(bursts.len(), 2, "{stdout}");
+    // The sleep: from the first burst's end to the second's start.
+    let slept_us = (bursts[1][0] - bursts[0][1]) as f64 / 1000.0;
+    let browser = Browser::start();
+    open(&browser, &page);
+    let (total, cells, sleep) = page_counts(&browser, "usleep");
+    assert_eq!(cells, total);
+    // The sleep asked for, and the time it took to be woken and run.
+    assert!(
+        sleep >= 500_000.0 && sleep <= slept_us + 1000.0,
+        "usleep: {sleep} us off the CPU, the fixture slept {slept_us} us"
+    );
+    let zero: u64 = stderr
+        .lines()
+        .find_map(|l| l.split("CLOCK_MONOTONIC ").nth(1))
+        .and_then(|v| v.trim_end_matches(" ns").parse().ok())
+        .unwrap_or_else(|| panic!("no time zero in {stderr}"));
+    let woke = slot_of(zero, bursts[1][0]);
+    let at_wake: u64 = self::cells(&browser)
+        .iter()
+        .filter(|c| c.0 + 1 >= woke && c.0 <= woke)
+        .map(|c| c.3)
+        .sum();
+    assert!(
+        at_wake as f64 >= sleep,
+        "{at_wake} us in slots {}..={woke}, where the {sleep} us sleep ended",
+        woke - 1
+    );
+}

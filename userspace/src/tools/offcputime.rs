@@ -193,6 +193,8 @@ pub struct Offcputime {
     stacks: StackTool,
     /// The files asked for, created before anything is attached.
     reports: StackReports,
+    /// Time zero of the counts by time slot, CLOCK_MONOTONIC.
+    time_zero: u64,
 }
 
 impl Tool for Offcputime {
@@ -224,6 +226,7 @@ impl Tool for Offcputime {
         ])?;
         Ok(Self {
             reports,
+            time_zero: 0,
             args,
             off_cpu: OffCpu::default(),
             // The kernel side counts by WakeKey, with or without wakers.
@@ -298,7 +301,7 @@ impl Tool for Offcputime {
     ) -> anyhow::Result<()> {
         let m = m.context("offcputime attaches through its chain")?;
         self.stacks.attach(ebpf, &self.args.scope.pids)?;
-        self.stacks.set_time_zero(ebpf, self.time_keys())?;
+        self.time_zero = self.stacks.set_time_zero(ebpf, self.time_keys())?;
         self.off_cpu.attach(m, kernel, ebpf)
     }
 
@@ -308,6 +311,17 @@ impl Tool for Offcputime {
             self.off_cpu.describe(),
             self.stacks.describe()
         )
+    }
+
+    fn notes(&self) -> Vec<String> {
+        if self.time_keys() {
+            vec![format!(
+                "time zero of the page's heat map: CLOCK_MONOTONIC {} ns",
+                self.time_zero
+            )]
+        } else {
+            Vec::new()
+        }
     }
 
     fn banner(&self) -> String {
