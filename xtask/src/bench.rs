@@ -16,6 +16,7 @@ use anyhow::{Context as _, bail};
 mod build;
 mod command;
 mod exporter;
+mod html;
 mod memleak;
 mod python;
 mod report;
@@ -84,6 +85,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             let top = top::run().and_then(|t| update_doc("top", &t));
             let python = python::run().and_then(|t| update_doc("python", &t));
             let memleak = memleak::run().and_then(|t| update_doc("memleak", &t));
+            let html = html::run().and_then(|t| update_doc("html", &t));
             all.and(startup)
                 .and(command)
                 .and(report)
@@ -92,6 +94,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
                 .and(top)
                 .and(python)
                 .and(memleak)
+                .and(html)
         }
         Some("startup") => update_doc("startup", &startup::run()?),
         Some("command") => update_doc("command", &command::run()?),
@@ -101,11 +104,12 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         Some("top") => update_doc("top", &top::run()?),
         Some("python") => update_doc("python", &python::run()?),
         Some("memleak") => update_doc("memleak", &memleak::run()?),
+        Some("html") => update_doc("html", &html::run()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
                 "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace, top, \
-                 python, memleak",
+                 python, memleak, html",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },
