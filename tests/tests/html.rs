@@ -71,11 +71,25 @@ fn record(dir: &Path, name: &str, first: u64, gap: u64, second: u64) -> Recorded
         &second,
     ]);
     assert_eq!(code, 0, "{stderr}");
-    let zero = stderr
+    Recorded {
+        page,
+        pprof,
+        zero: time_zero(&stderr),
+        bursts: bursts_of(&stdout),
+    }
+}
+
+/// The time zero `-v` names, CLOCK_MONOTONIC.
+fn time_zero(stderr: &str) -> u64 {
+    stderr
         .lines()
         .find_map(|l| l.split("CLOCK_MONOTONIC ").nth(1))
         .and_then(|v| v.trim_end_matches(" ns").parse().ok())
-        .unwrap_or_else(|| panic!("no time zero in {stderr}"));
+        .unwrap_or_else(|| panic!("no time zero in {stderr}"))
+}
+
+/// The fixture's two bursts, as it printed them.
+fn bursts_of(stdout: &str) -> Vec<Burst> {
     let bursts: Vec<Burst> = stdout
         .lines()
         .filter_map(|l| {
@@ -89,12 +103,7 @@ fn record(dir: &Path, name: &str, first: u64, gap: u64, second: u64) -> Recorded
         })
         .collect();
     assert_eq!(bursts.len(), 2, "{stdout}");
-    Recorded {
-        page,
-        pprof,
-        zero,
-        bursts,
-    }
+    bursts
 }
 
 /// The heat map slot (1-based) of a CLOCK_MONOTONIC time.
@@ -591,14 +600,9 @@ fn offcputimes_page_holds_a_sleep_where_it_ended() {
         "100",
     ]);
     assert_eq!(code, 0, "{stderr}");
-    let bursts: Vec<Vec<u64>> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("burst "))
-        .map(|l| l.split(' ').skip(1).map(|v| v.parse().unwrap()).collect())
-        .collect();
-    assert_eq!(bursts.len(), 2, "{stdout}");
+    let bursts = bursts_of(&stdout);
     // The sleep: from the first burst's end to the second's start.
-    let slept_us = (bursts[1][0] - bursts[0][1]) as f64 / 1000.0;
+    let slept_us = (bursts[1].start - bursts[0].end) as f64 / 1000.0;
     let browser = Browser::start();
     open(&browser, &page);
     let (total, cells, sleep) = page_counts(&browser, "usleep");
@@ -608,12 +612,7 @@ fn offcputimes_page_holds_a_sleep_where_it_ended() {
         sleep >= 500_000.0 && sleep <= slept_us + 1000.0,
         "usleep: {sleep} us off the CPU, the fixture slept {slept_us} us"
     );
-    let zero: u64 = stderr
-        .lines()
-        .find_map(|l| l.split("CLOCK_MONOTONIC ").nth(1))
-        .and_then(|v| v.trim_end_matches(" ns").parse().ok())
-        .unwrap_or_else(|| panic!("no time zero in {stderr}"));
-    let woke = slot_of(zero, bursts[1][0]);
+    let woke = slot_of(time_zero(&stderr), bursts[1].start);
     let at_wake: u64 = self::cells(&browser)
         .iter()
         .filter(|c| c.0 + 1 >= woke && c.0 <= woke)
