@@ -195,9 +195,19 @@ fn stackcount_gives_kernel_stacks_through_schedule() {
     assert!(w.wait().success());
     let stacks = parse_folded(&stdout);
     let total: u64 = stacks.values().sum();
+    // Beyond the kernel's account: the block on its last line, and the
+    // preemptions on the way back to user space before its first count
+    // and after its last (the stacks through `exit_to_user_mode`), which
+    // a starved guest makes more of.
+    let preempted: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| x.contains("exit_to_user_mode")))
+        .map(|(_, n)| n)
+        .sum();
     assert!(
-        (switches..=switches + 2).contains(&total),
-        "{total} switches counted, {switches} by the kernel's account: {stdout}"
+        (switches..=switches + 1 + preempted).contains(&total),
+        "{total} switches counted, {switches} by the kernel's account and {preempted} \
+         preemptions: {stdout}"
     );
     assert!(!stacks.is_empty(), "{stderr}");
     for frames in stacks.keys() {
