@@ -5,6 +5,8 @@
 
 use std::fmt::Write as _;
 
+use super::html::escape;
+
 /// Cell size in pixels.
 const CELL_W: u64 = 14;
 const CELL_H: u64 = 9;
@@ -106,12 +108,6 @@ fn color(n: u64, max: u64) -> String {
     let f = n as f64 / max as f64;
     let g = (230.0 * (1.0 - f)) as u8;
     format!("#{:02x}{:02x}{:02x}", 255 - (55.0 * f) as u8, g, g / 2)
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 #[cfg(test)]

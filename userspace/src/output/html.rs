@@ -131,7 +131,10 @@ impl Tables {
         ids.push(self.frame(s.comm.clone(), COMM, None));
         for f in s.root_first(false) {
             let kind = kind_of(&f);
-            ids.push(self.frame(label(&f), kind, f.module.as_deref()));
+            // With its source line, where there is one, as every output
+            // names it.
+            let name = super::stacks::name(&f, false);
+            ids.push(self.frame(name, kind, f.module.as_deref()));
         }
         if let Some(w) = &s.waker {
             ids.push(self.frame(w.comm.clone(), COMM, None));
@@ -145,15 +148,6 @@ impl Tables {
                 next
             }
         }
-    }
-}
-
-/// A frame's name as the page shows it: with its source line, where
-/// there is one.
-fn label(f: &Frame) -> String {
-    match &f.line {
-        Some(line) => format!("{} ({line})", f.name),
-        None => f.name.to_string(),
     }
 }
 
@@ -178,20 +172,31 @@ fn kind_of(f: &Frame) -> u8 {
     }
 }
 
+/// The command line rtrace runs with, as a fact.
+pub fn command_line() -> (String, String) {
+    let args: Vec<String> = std::env::args().collect();
+    ("Command line".to_owned(), shell_words(&args))
+}
+
 /// The facts of every run: its command line, the kernel and the host.
 pub fn run_facts() -> Vec<(String, String)> {
-    let args: Vec<String> = std::env::args().collect();
+    with_run_facts(Vec::new())
+}
+
+/// A tool's own `facts` among those of every run: after the command
+/// line, before the kernel and the host.
+pub fn with_run_facts(facts: Vec<(String, String)>) -> Vec<(String, String)> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "unknown".to_owned());
-    vec![
-        ("Command line".to_owned(), shell_words(&args)),
-        (
-            "Kernel".to_owned(),
-            crate::kernel::features::kernel_release(),
-        ),
-        ("Host".to_owned(), host),
-    ]
+    let mut out = vec![command_line()];
+    out.extend(facts);
+    out.push((
+        "Kernel".to_owned(),
+        crate::kernel::features::kernel_release(),
+    ));
+    out.push(("Host".to_owned(), host));
+    out
 }
 
 /// The command line as a shell would take it back.
@@ -280,7 +285,8 @@ pub fn write(page: &Page<'_>, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn escape(s: &str) -> String {
+/// `s` as text of an HTML or SVG document, or of a quoted attribute.
+pub fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

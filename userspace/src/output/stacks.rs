@@ -230,7 +230,7 @@ pub struct TextOptions {
 /// A frame's name as text shows it: with its line where it has one
 /// (`main (main.c:12)`), and the annotation last, where flame graphs look
 /// for it.
-fn name(f: &Frame, annotate: bool) -> String {
+pub(crate) fn name(f: &Frame, annotate: bool) -> String {
     let mut n = f.name.to_string();
     if let Some(line) = &f.line {
         let _ = write!(n, " ({line})");

@@ -757,25 +757,21 @@ impl Memleak {
                 .filter(|s| s.count > 0)
                 .collect();
             let elapsed = crate::kernel::monotonic_ns().saturating_sub(self.started_ns);
-            let mut facts = crate::output::html::run_facts();
             let (_, period) = self.sampling();
             let sampling = match self.args.sample_bytes {
                 Some(_) => format!("one byte in {period} on average"),
                 None => "every allocation".to_owned(),
             };
             let held_bytes: u64 = samples.iter().map(|s| s.count).sum();
-            facts.splice(
-                1..1,
-                [
-                    ("Events".to_owned(), "allocations and frees".to_owned()),
-                    ("Sampled".to_owned(), sampling),
-                    (
-                        "Duration".to_owned(),
-                        format!("{:.1} s", elapsed as f64 / 1e9),
-                    ),
-                    ("Bytes held".to_owned(), thousands(held_bytes)),
-                ],
-            );
+            let facts = crate::output::html::with_run_facts(vec![
+                ("Events".to_owned(), "allocations and frees".to_owned()),
+                ("Sampled".to_owned(), sampling),
+                (
+                    "Duration".to_owned(),
+                    format!("{:.1} s", elapsed as f64 / 1e9),
+                ),
+                ("Bytes held".to_owned(), thousands(held_bytes)),
+            ]);
             let started_secs =
                 crate::output::epoch_secs() as i64 - (elapsed / 1_000_000_000) as i64;
             let page = crate::output::html::Page {

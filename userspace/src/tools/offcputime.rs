@@ -387,32 +387,14 @@ impl Tool for Offcputime {
         };
         self.write_files(samples, &counted, elapsed)?;
         if let Some(file) = self.reports.html.take() {
-            let lost: u64 = crate::kernel::load::per_cpu_sums(ebpf, "ERRORS", 2)?
-                .iter()
-                .sum();
-            let mut facts = crate::output::html::run_facts();
-            let total: u64 = counted.iter().map(|s| s.count).sum();
-            facts.splice(
-                1..1,
-                [
-                    ("Events".to_owned(), "sched:sched_switch".to_owned()),
-                    (
-                        "Duration".to_owned(),
-                        format!("{:.1} s", elapsed.as_secs_f64()),
-                    ),
-                    ("Off-CPU time (us)".to_owned(), files::thousands(total)),
-                    ("Lost waits".to_owned(), files::thousands(lost)),
-                ],
-            );
-            let page = crate::output::html::Page {
-                title: "rtrace offcputime: time off the CPU".to_owned(),
-                facts,
-                unit: "us",
-                profiles: vec![("offcputime".to_owned(), &counted)],
-                heat: Some(crate::output::local_time_of(
-                    (self.stacks.started_nanos() / 1_000_000_000) as i64,
-                )),
-            };
+            let page = self.stacks.page(
+                ebpf,
+                "rtrace offcputime: time off the CPU".to_owned(),
+                "us",
+                &counted,
+                ["Off-CPU time (us)", "Lost waits"],
+                vec![("Events".to_owned(), "sched:sched_switch".to_owned())],
+            )?;
             file.write(&files::held(samples, "us"), |out| {
                 crate::output::html::write(&page, out)
             })?;

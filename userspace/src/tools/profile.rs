@@ -925,12 +925,7 @@ impl Tool for Profile {
         };
         self.write_files(&samples, &exact, heat.as_deref(), elapsed)?;
         if let Some(file) = self.reports.html.take() {
-            // Samples lost to a full buffer or count table, which the
-            // page's facts name.
-            let lost: u64 = crate::kernel::load::per_cpu_sums(ebpf, "ERRORS", 2)?
-                .iter()
-                .sum();
-            self.write_page(file, &exact, elapsed, lost)?;
+            self.write_page(ebpf, file, &exact, &samples)?;
         }
         let unit = if self.off_cpu.is_some() {
             "us on and off CPU"
@@ -1109,57 +1104,38 @@ impl Profile {
         self.args.period().unwrap_or(1_000_000_000 / self.freq)
     }
 
-    /// Writes the page (`--html`) of `samples`, counted by time slot.
+    /// Writes the page (`--html`) of `exact`, counted by time slot;
+    /// `merged` is each stack once, as the line announcing it counts them.
     fn write_page(
         &self,
+        ebpf: &Ebpf,
         file: crate::output::files::ReportFile,
-        samples: &[Sample],
-        elapsed: Duration,
-        lost: u64,
+        exact: &[Sample],
+        merged: &[Sample],
     ) -> anyhow::Result<()> {
-        let unit = if self.off_cpu.is_some() {
-            "us"
+        let (title, unit, total) = if self.off_cpu.is_some() {
+            (
+                "rtrace profile: on- and off-CPU time".to_owned(),
+                "us",
+                "Time (us)",
+            )
         } else {
-            "samples"
+            (
+                format!("rtrace profile: {}", self.event.name()),
+                "samples",
+                "Samples",
+            )
         };
-        let what = files::held(&stacks::merge(samples.to_vec(), false), unit);
-        let total: u64 = samples.iter().map(|s| s.count).sum();
-        let mut facts = crate::output::html::run_facts();
-        let title = if self.off_cpu.is_some() {
-            "rtrace profile: on- and off-CPU time".to_owned()
-        } else {
-            format!("rtrace profile: {}", self.event.name())
-        };
-        facts.splice(
-            1..1,
-            [
-                ("Events".to_owned(), self.event.name()),
-                ("Rate".to_owned(), self.rate()),
-                (
-                    "Duration".to_owned(),
-                    format!("{:.1} s", elapsed.as_secs_f64()),
-                ),
-                (
-                    if self.off_cpu.is_some() {
-                        "Time (us)".to_owned()
-                    } else {
-                        "Samples".to_owned()
-                    },
-                    files::thousands(total),
-                ),
-                ("Lost samples".to_owned(), files::thousands(lost)),
-            ],
-        );
-        let page = crate::output::html::Page {
-            title,
-            facts,
-            unit,
-            profiles: vec![("profile".to_owned(), samples)],
-            heat: Some(crate::output::local_time_of(
-                (self.stacks.started_nanos() / 1_000_000_000) as i64,
-            )),
-        };
-        file.write(&what, |out| crate::output::html::write(&page, out))
+        let facts = vec![
+            ("Events".to_owned(), self.event.name()),
+            ("Rate".to_owned(), self.rate()),
+        ];
+        let page = self
+            .stacks
+            .page(ebpf, title, unit, exact, [total, "Lost samples"], facts)?;
+        file.write(&files::held(merged, unit), |out| {
+            crate::output::html::write(&page, out)
+        })
     }
 
     /// The sampling rate as the outputs name it.

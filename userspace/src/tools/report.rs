@@ -169,8 +169,9 @@ fn write_page(
     };
     let shown = after.as_ref().map_or(loaded, |(_, a)| a);
     let samples = &shown.samples;
-    let mut facts = crate::output::html::run_facts();
-    facts.truncate(1);
+    // The command line; the kernel and host the profile was recorded on
+    // come from the file, where it kept them.
+    let mut facts = vec![crate::output::html::command_line()];
     let name = |p: &std::path::Path| p.display().to_string();
     facts.push(("Profile".to_owned(), name(&args.input)));
     if let Some(path) = &args.after {

@@ -601,6 +601,49 @@ impl StackTool {
         Ok(zero)
     }
 
+    /// Samples the kernel could not count: events lost to a full buffer,
+    /// and counts to a full count table.
+    pub fn samples_lost(ebpf: &Ebpf) -> anyhow::Result<u64> {
+        const { assert!(rtrace_common::events::LOST_EVENT == 0) };
+        const { assert!(rtrace_common::stacks::ERR_COUNTS_FULL == 1) };
+        Ok(crate::kernel::load::per_cpu_sums(ebpf, "ERRORS", 2)?
+            .iter()
+            .sum())
+    }
+
+    /// The page (`--html`) of `samples`, counted by time slot, with the
+    /// tool's `facts` among every run's, what it counted (`total`, a
+    /// fact of that name) and what was lost (`lost`, likewise).
+    pub fn page<'a>(
+        &self,
+        ebpf: &Ebpf,
+        title: String,
+        unit: &'a str,
+        samples: &'a [Sample],
+        [total, lost]: [&str; 2],
+        mut facts: Vec<(String, String)>,
+    ) -> anyhow::Result<crate::output::html::Page<'a>> {
+        let counted: u64 = samples.iter().map(|s| s.count).sum();
+        facts.push((
+            "Duration".to_owned(),
+            format!("{:.1} s", self.elapsed().as_secs_f64()),
+        ));
+        facts.push((total.to_owned(), crate::output::files::thousands(counted)));
+        facts.push((
+            lost.to_owned(),
+            crate::output::files::thousands(Self::samples_lost(ebpf)?),
+        ));
+        Ok(crate::output::html::Page {
+            title,
+            facts: crate::output::html::with_run_facts(facts),
+            unit,
+            profiles: vec![("profile".to_owned(), samples)],
+            heat: Some(crate::output::local_time_of(
+                (self.started_nanos() / 1_000_000_000) as i64,
+            )),
+        })
+    }
+
     /// Keeps stacks' leaves at their exact addresses (see
     /// [`StackStore::exact_leaves`]).
     pub fn exact_leaves(&mut self) {
