@@ -251,7 +251,7 @@ fn a_signal_reaches_the_command_and_the_report_is_printed() {
 #[test]
 fn mono_jit_frames_written_at_exit_are_named() {
     if in_guest() {
-        eprintln!("skipped in the VM guests, which have no Mono; the host runs it");
+        eprintln!("skipped: the VM guests have no Mono; the host runs it");
         return;
     }
     let exe = workload_bin("Hot.exe");
@@ -320,7 +320,7 @@ fn mono_jit_frames_written_at_exit_are_named() {
 #[test]
 fn an_empty_perf_map_is_warned_of_with_the_cure() {
     if in_guest() {
-        eprintln!("skipped in the VM guests, which have no Mono; the host runs it");
+        eprintln!("skipped: the VM guests have no Mono; the host runs it");
         return;
     }
     let exe = workload_bin("Hot.exe");
@@ -565,9 +565,7 @@ fn tcplife_sees_every_session_of_the_command_and_none_beside() {
 #[test]
 fn gethostlatency_sees_every_lookup_of_the_command_and_none_beside() {
     if in_guest() {
-        eprintln!(
-            "skipped in the VM guests, which have no resolver configuration; the host runs it"
-        );
+        eprintln!("skipped: the VM guests have no resolver configuration; the host runs it");
         return;
     }
     const K: usize = 7;

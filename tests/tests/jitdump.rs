@@ -122,7 +122,7 @@ fn code_at_one_address_is_named_by_what_was_there_when_sampled() {
 #[test]
 fn node_perf_prof_names_its_functions_from_its_jitdump_alone() {
     if in_guest() {
-        eprintln!("skipped in the VM guests, which have no Node.js; the host runs it");
+        eprintln!("skipped: the VM guests have no Node.js; the host runs it");
         return;
     }
     // V8 writes its dump and a log into the working directory.

@@ -146,7 +146,7 @@ fn the_live_report_agrees_with_its_stacks_and_the_saved_profile() {
 #[test]
 fn the_table_agrees_with_perf_report() {
     if in_guest() {
-        eprintln!("skipped in the VM guests: they have no perf to compare with");
+        eprintln!("skipped: the VM guests have no perf to compare with");
         return;
     }
     let data = temp("perf.data");

@@ -11,11 +11,13 @@ mod dist;
 mod house;
 mod programs;
 mod setup;
+mod suite;
 mod vm;
 
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    time::Instant,
 };
 
 use anyhow::{Context as _, bail};
@@ -40,12 +42,21 @@ enum Cli {
         /// Skip the kernels under qemu (for quick iterations).
         #[arg(long)]
         no_vm: bool,
+        /// Run the integration tests matching FILTER this many times each
+        /// on the host, and report their passes, failures and times:
+        /// for finding flaky tests.
+        #[arg(long, value_name = "N", requires = "filter")]
+        repeat: Option<u32>,
+        /// With --repeat: the tests whose `suite::name` contains this.
+        filter: Option<String>,
     },
-    /// The integration tests on Debian's kernels under qemu.
+    /// The integration tests on Debian's kernels under qemu: those the
+    /// guests run in `cargo xtask test`, or those whose `suite::name`
+    /// contains FILTER.
     VmTest {
-        /// Passed to every test executable, e.g. a test name filter.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// Which tests (a part of `suite::name`); all the guests' tests
+        /// when absent.
+        filter: Option<String>,
     },
     /// The static, stripped binary (musl) and a Debian package with the
     /// exporter's systemd unit, in `target/dist/`.
@@ -116,8 +127,35 @@ pub fn build() -> anyhow::Result<PathBuf> {
     Ok(root().join("target/release/rtrace"))
 }
 
+/// Runs `cmd` as a step of the test run: a failure is kept for the report
+/// at the end rather than stopping the run, so that every check reports.
+fn step(failures: &mut Vec<String>, what: &str, cmd: &mut Command) {
+    if let Err(e) = run(cmd) {
+        eprintln!("xtask: {what} failed: {e:#}");
+        failures.push(what.to_owned());
+    }
+}
+
+/// The environment of the integration tests on the host.
+fn test_env(bin: PathBuf, static_bin: PathBuf) -> Vec<(&'static str, PathBuf)> {
+    vec![
+        ("RTRACE_BIN", bin),
+        ("RTRACE_STATIC_BIN", static_bin),
+        ("RTRACE_TRIXIE_ROOT", setup::trixie_root()),
+        ("RTRACE_PY_SPY", setup::py_spy()),
+    ]
+}
+
 fn test(vm: bool) -> anyhow::Result<()> {
-    run(cargo().args(["fmt", "--all", "--check"]))?;
+    let start = Instant::now();
+    let mut phases = suite::Phases::default();
+    let mut failures = Vec::new();
+    let phase = Instant::now();
+    step(
+        &mut failures,
+        "cargo fmt",
+        cargo().args(["fmt", "--all", "--check"]),
+    );
     // The tools' modules are declared by the registry's macro, where
     // `cargo fmt` does not follow: they are checked by name.
     let mut tools: Vec<PathBuf> = std::fs::read_dir(root().join("userspace/src/tools"))?
@@ -125,59 +163,81 @@ fn test(vm: bool) -> anyhow::Result<()> {
         .filter(|p| p.extension().is_some_and(|e| e == "rs"))
         .collect();
     tools.sort();
-    run(Command::new("rustfmt")
-        .args(["--edition", "2024", "--check"])
-        .args(&tools))?;
-    run(nightly_cargo()?.args(["fmt", "--check"]))?;
-    run(cargo().args([
+    step(
+        &mut failures,
+        "rustfmt of the tools",
+        Command::new("rustfmt")
+            .args(["--edition", "2024", "--check"])
+            .args(&tools),
+    );
+    step(
+        &mut failures,
+        "cargo fmt of the eBPF programs",
+        nightly_cargo()?.args(["fmt", "--check"]),
+    );
+    step(
+        &mut failures,
         "clippy",
-        "--release",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+        cargo().args([
+            "clippy",
+            "--release",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    );
     // Default features and all of them: each cfg branch is linted once.
     for features in [None, Some("--all-features")] {
-        run(nightly_cargo()?
-            .args(["clippy", "--release"])
-            .args(features)
-            .args(["--", "-D", "warnings"]))?;
+        step(
+            &mut failures,
+            "clippy of the eBPF programs",
+            nightly_cargo()?
+                .args(["clippy", "--release"])
+                .args(features)
+                .args(["--", "-D", "warnings"]),
+        );
     }
+    phases.add("lints", phase.elapsed().as_secs_f64());
+    let phase = Instant::now();
     setup::python_peers()?;
     let bin = build()?;
     let static_bin = dist::static_binary()?;
-    run(cargo().args([
-        "test",
-        "--release",
-        "-p",
-        "rtrace-common",
-        "-p",
-        "rtrace",
-        "-p",
-        "ebpf-build",
-        "-p",
-        "xtask",
-    ]))?;
-    // Root tests: one at a time, since they trace the whole machine.
-    run(cargo()
-        .args([
+    step(
+        &mut failures,
+        "unit tests",
+        cargo().args([
             "test",
             "--release",
+            "--no-fail-fast",
             "-p",
-            "rtrace-integration-tests",
-            "--",
-            "--test-threads=1",
-        ])
-        .env("RTRACE_BIN", &bin)
-        .env("RTRACE_STATIC_BIN", &static_bin)
-        .env("RTRACE_TRIXIE_ROOT", setup::trixie_root())
-        .env("RTRACE_PY_SPY", setup::py_spy()))?;
+            "rtrace-common",
+            "-p",
+            "rtrace",
+            "-p",
+            "ebpf-build",
+            "-p",
+            "xtask",
+        ]),
+    );
+    let cases = suite::cases("")?;
+    phases.add("build and unit tests", phase.elapsed().as_secs_f64());
+    // Root tests: one at a time, since they trace the whole machine.
+    let phase = Instant::now();
+    let mut records = suite::run_all_host(&cases, &test_env(bin, static_bin))?;
+    phases.add("host", phase.elapsed().as_secs_f64());
     if vm {
-        vm::run_matrix(&[])?;
+        let phase = Instant::now();
+        let guest = suite::guest_cases(&cases);
+        let (guest_records, times) = vm::run_matrix(&guest)?;
+        records.extend(guest_records);
+        phases.add("guests", phase.elapsed().as_secs_f64());
+        for (place, secs) in times {
+            phases.add(&format!("guest {place}"), secs);
+        }
     }
-    Ok(())
+    suite::report(&records, &phases, start.elapsed().as_secs_f64(), &failures)
 }
 
 fn main() {
@@ -198,8 +258,36 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             let status = Command::new(&bin).args(&args).status()?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Cli::Test { no_vm } => test(!no_vm),
-        Cli::VmTest { args } => vm::run_matrix(&args),
+        Cli::Test {
+            repeat: Some(times),
+            filter,
+            ..
+        } => {
+            let bin = build()?;
+            let static_bin = dist::static_binary()?;
+            suite::repeat(
+                times,
+                filter.as_deref().unwrap_or(""),
+                &test_env(bin, static_bin),
+            )
+        }
+        Cli::Test { no_vm, .. } => test(!no_vm),
+        Cli::VmTest { filter } => {
+            let start = Instant::now();
+            let filter = filter.unwrap_or_default();
+            let cases = suite::cases(&filter)?;
+            let guest = if filter.is_empty() {
+                suite::guest_cases(&cases)
+            } else {
+                cases
+            };
+            let (records, times) = vm::run_matrix(&guest)?;
+            let mut phases = suite::Phases::default();
+            for (place, secs) in times {
+                phases.add(&place, secs);
+            }
+            suite::report(&records, &phases, start.elapsed().as_secs_f64(), &[])
+        }
         Cli::Dist => dist::run_dist(),
         Cli::Bench { name } => bench::run(name.as_deref()),
     }

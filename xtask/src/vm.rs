@@ -19,7 +19,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, root, run};
+use crate::{
+    root, run,
+    suite::{Case, Record, Verdict, suite_of},
+};
 
 /// The kernels of the matrix: a name pattern for `apt-cache search` (the
 /// newest match is taken) and the mechanisms its config guarantees, which
@@ -114,33 +117,6 @@ fn kernel_image(package: &str) -> anyhow::Result<PathBuf> {
     find().with_context(|| format!("{package} holds no /boot/vmlinuz-*"))
 }
 
-/// Test executables of the integration crate, built by cargo.
-fn test_executables() -> anyhow::Result<Vec<PathBuf>> {
-    let out = crate::stdout_of(cargo().args([
-        "test",
-        "--release",
-        "-p",
-        "rtrace-integration-tests",
-        "--no-run",
-        "--message-format=json",
-    ]))?;
-    let mut exes = Vec::new();
-    for line in out.lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if msg["profile"]["test"] == true
-            && let Some(exe) = msg["executable"].as_str()
-        {
-            exes.push(PathBuf::from(exe));
-        }
-    }
-    if exes.is_empty() {
-        bail!("cargo built no integration test executables");
-    }
-    Ok(exes)
-}
-
 /// The shared libraries `elf` loads, by absolute path.
 fn libraries(elf: &Path, into: &mut BTreeSet<PathBuf>) -> anyhow::Result<()> {
     let out = Command::new("ldd").arg(elf).output()?;
@@ -195,19 +171,21 @@ poweroff -f
     )
 }
 
-/// The test run's part of `/init`: the doctor, then every test executable.
-fn test_body(filter: &[String]) -> String {
-    let filter = filter.join(" ");
+/// The test run's part of `/init`: the doctor, then every test listed in
+/// `/t/tests.txt` (`EXECUTABLE NAME` a line) in a process of its own,
+/// between marks that carry the guest's uptime, for its time.
+fn test_body() -> String {
     format!(
         r#"expect=$(sed -n 's/.*rtrace\.expect=\([^ ]*\).*/\1/p' /proc/cmdline)
 echo "{MARK} doctor"
 /t/rtrace doctor
-for t in /t/deps/*; do
-    name=$(basename "$t")
-    echo "{MARK} run $name"
-    RTRACE_BIN=/t/rtrace RTRACE_STATIC_BIN=/t/rtrace-static RTRACE_EXPECT_MECHANISMS="$expect" "$t" --test-threads=1 {filter} 2>&1
-    echo "{MARK} exit $name $?"
-done"#
+while read exe name; do
+    echo "{MARK} start $exe $name $(cut -d' ' -f1 /proc/uptime)"
+    RTRACE_BIN=/t/rtrace RTRACE_STATIC_BIN=/t/rtrace-static RTRACE_EXPECT_MECHANISMS="$expect" \
+        "/t/deps/$exe" --exact "$name" --test-threads=1 --nocapture </dev/null 2>&1
+    rc=$?
+    echo "{MARK} end $exe $name $rc $(cut -d' ' -f1 /proc/uptime)"
+done < /t/tests.txt"#
     )
 }
 
@@ -315,6 +293,7 @@ fn initramfs(
     rtrace: &Path,
     init: &str,
     extra: &[&str],
+    tests: &[Case],
     kernels: &[&Path],
     dir: &Path,
 ) -> anyhow::Result<PathBuf> {
@@ -355,16 +334,25 @@ fn initramfs(
     for name in fixtures.lines().filter(|l| !l.is_empty()) {
         elves.push((release.join(name), format!("/t/{name}")));
     }
-    // gethostlatency's tests need a resolver configuration, NSS modules
-    // and Python, which the guests lack; uprobes work on the host, which
-    // runs them.
-    for exe in test_executables()?
-        .into_iter()
-        .filter(|e| !suite(&e.file_name().unwrap().to_string_lossy()).eq("gethostlatency"))
-    {
+    // The test executables of the tests the guests run (the host decides
+    // which: see `crate::suite::guest_cases`).
+    let mut exes: Vec<&Path> = tests.iter().map(|c| c.exe.as_path()).collect();
+    exes.dedup();
+    for exe in exes {
         let name = exe.file_name().unwrap().to_string_lossy().into_owned();
-        elves.push((exe, format!("/t/deps/{name}")));
+        elves.push((exe.to_path_buf(), format!("/t/deps/{name}")));
     }
+    let list: String = tests
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}\n",
+                c.exe.file_name().unwrap().to_string_lossy(),
+                c.name
+            )
+        })
+        .collect();
+    fs::write(tree.join("t/tests.txt"), list)?;
     // The capability test drops privileges with setpriv; execsnoop's tests
     // copy a real `true` (busybox's applets only answer to their names);
     // ext4slower's and fsslower's make file systems.
@@ -489,46 +477,67 @@ fn boot(kernel: &Path, initrd: &Path, expect: &str, tag: &str) -> anyhow::Result
 
 /// What one guest run showed.
 struct Outcome {
+    /// The guest's `uname -r`.
     kernel: String,
-    /// (test executable, test name, passed)
-    tests: Vec<(String, String, bool)>,
-    /// Test executables that exited non-zero.
-    failed_exes: Vec<String>,
+    /// Each test's record, and its output.
+    tests: Vec<(Record, String)>,
     /// The doctor's table.
     doctor: String,
     /// The guest reached the end of `/init`.
     finished: bool,
 }
 
-fn parse(log: &str) -> Outcome {
+/// Reads a guest's console: the doctor's table, and each test between its
+/// start and end marks, timed by the guest's uptime. `place` names the
+/// guest in the records. A test that started and never ended (the guest
+/// died or hung) failed.
+fn parse(log: &str, place: &str) -> Outcome {
     let mut out = Outcome {
         kernel: String::new(),
         tests: Vec::new(),
-        failed_exes: Vec::new(),
         doctor: String::new(),
         finished: false,
     };
-    let mut current = String::new();
     let mut in_doctor = false;
-    let mut pending: Option<String> = None;
+    // The test running: its id, start time and output so far.
+    let mut running: Option<(String, f64, String)> = None;
+    let mut last_time = 0.0;
     for line in log.lines() {
-        // The console may prefix the first line with terminal escapes.
+        // The console may prefix a mark with terminal escapes, or kernel
+        // messages may come before it on its line.
         if let Some(at) = line.find(MARK) {
-            let rest = &line[at + MARK.len()..];
-            let rest = rest.trim();
+            let rest = line[at + MARK.len()..].trim();
             in_doctor = rest == "doctor";
-            if let Some(k) = rest.strip_prefix("kernel ") {
-                out.kernel = k.to_owned();
-            } else if let Some(exe) = rest.strip_prefix("run ") {
-                current = exe.to_owned();
-            } else if let Some(exit) = rest.strip_prefix("exit ") {
-                let mut it = exit.split_whitespace();
-                let (exe, code) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-                if code != "0" {
-                    out.failed_exes.push(exe.to_owned());
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            match words.as_slice() {
+                ["kernel", k] => out.kernel = (*k).to_owned(),
+                ["start", exe, name, t] => {
+                    let t = t.parse().unwrap_or(last_time);
+                    last_time = t;
+                    running = Some((
+                        format!("{}::{name}", suite_of(Path::new(exe))),
+                        t,
+                        String::new(),
+                    ));
                 }
-            } else if rest == "done" {
-                out.finished = true;
+                ["end", _, _, rc, t] => {
+                    let t: f64 = t.parse().unwrap_or(last_time);
+                    last_time = t;
+                    if let Some((test, start, output)) = running.take() {
+                        let verdict = Verdict::of(*rc == "0", &output);
+                        out.tests.push((
+                            Record {
+                                test,
+                                place: place.to_owned(),
+                                secs: t - start,
+                                verdict,
+                            },
+                            output,
+                        ));
+                    }
+                }
+                ["done"] => out.finished = true,
+                _ => {}
             }
             continue;
         }
@@ -536,34 +545,31 @@ fn parse(log: &str) -> Outcome {
             out.doctor.push_str(line);
             out.doctor.push('\n');
         }
-        // libtest: "test name ... ok" / "test name ... FAILED". Kernel
-        // messages on the console may split the line; the verdict then
-        // stands alone on a later line.
-        let verdict = |r: &str| match r.trim() {
-            "ok" => Some(true),
-            "FAILED" => Some(false),
-            _ => None,
-        };
-        if let Some(t) = line.strip_prefix("test ")
-            && let Some((name, result)) = t.split_once(" ... ")
-        {
-            let tail = result.rsplit(']').next().unwrap_or(result);
-            match verdict(result).or_else(|| verdict(tail)) {
-                Some(ok) => out.tests.push((current.clone(), name.to_owned(), ok)),
-                None => pending = Some(name.to_owned()),
-            }
-        } else if let Some(ok) = verdict(line)
-            && let Some(name) = pending.take()
-        {
-            out.tests.push((current.clone(), name, ok));
+        if let Some((_, _, output)) = &mut running {
+            output.push_str(line);
+            output.push('\n');
         }
+    }
+    if let Some((test, start, mut output)) = running {
+        output.push_str("xtask: the guest stopped while this test ran\n");
+        out.tests.push((
+            Record {
+                test,
+                place: place.to_owned(),
+                secs: last_time.max(start) - start,
+                verdict: Verdict::Failed,
+            },
+            output,
+        ));
     }
     out
 }
 
-/// Short name of a test executable (`runqlat-0123abcd` → `runqlat`).
-fn suite(exe: &str) -> &str {
-    exe.rsplit_once('-').map_or(exe, |(s, _)| s)
+/// The short name of a guest by its kernel package, as the test records
+/// name where they ran: `linux-image-6.1.0-40-cloud-amd64` → `6.1`.
+pub fn place_of(package: &str) -> String {
+    let version = package.strip_prefix("linux-image-").unwrap_or(package);
+    version.split('.').take(2).collect::<Vec<_>>().join(".")
 }
 
 /// One guest's run: its package, its console and whether it hung.
@@ -580,8 +586,9 @@ pub struct GuestRun {
 
 /// Boots every kernel of the matrix with an initramfs whose `/init` runs
 /// `body` (busybox sh; `{MARK}` lines go to the host's stderr as progress),
-/// with the host files `extra` and their libraries copied in.
-pub fn boot_all(body: &str, extra: &[&str]) -> anyhow::Result<Vec<GuestRun>> {
+/// with the host files `extra` and their libraries copied in, and the
+/// executables of `tests` listed in `/t/tests.txt`.
+pub fn boot_all(body: &str, extra: &[&str], tests: &[Case]) -> anyhow::Result<Vec<GuestRun>> {
     let rtrace = crate::build()?;
     // The static build runs in the guests too, with none of the host's
     // libraries beside it.
@@ -598,7 +605,7 @@ pub fn boot_all(body: &str, extra: &[&str]) -> anyhow::Result<Vec<GuestRun>> {
         .iter()
         .map(|(_, image, _)| image.as_path())
         .collect();
-    let initrd = initramfs(&rtrace, &init_script(body), extra, &images, &work)?;
+    let initrd = initramfs(&rtrace, &init_script(body), extra, tests, &images, &work)?;
     // The guests at once: each emulates on one host thread, so two take
     // the two CPUs of the machines here, and the matrix takes as long as
     // its slowest kernel rather than the sum.
@@ -636,12 +643,13 @@ pub fn boot_all(body: &str, extra: &[&str]) -> anyhow::Result<Vec<GuestRun>> {
     Ok(runs)
 }
 
-/// Runs the matrix; `filter` goes to every test executable.
-pub fn run_matrix(filter: &[String]) -> anyhow::Result<()> {
+/// Runs `tests` in every guest of the matrix; their records, and how long
+/// each guest ran (by its place).
+pub fn run_matrix(tests: &[Case]) -> anyhow::Result<(Vec<Record>, Vec<(String, f64)>)> {
     let work = root().join("target/vm");
-    let runs = boot_all(&test_body(filter), &[])?;
-    let mut outcomes = Vec::new();
-    let mut failed = false;
+    let runs = boot_all(&test_body(), &[], tests)?;
+    let mut records = Vec::new();
+    let mut times = Vec::new();
     for GuestRun {
         package,
         log,
@@ -649,50 +657,118 @@ pub fn run_matrix(filter: &[String]) -> anyhow::Result<()> {
         elapsed,
     } in runs
     {
-        let outcome = parse(&log);
-        let ok = !timed_out
-            && outcome.finished
-            && outcome.failed_exes.is_empty()
-            && outcome.tests.iter().all(|t| t.2)
-            && !outcome.tests.is_empty();
-        eprintln!(
-            "xtask: vm-test: {package}: {} in {:.0} s",
-            if ok { "passed" } else { "FAILED" },
-            elapsed.as_secs_f64()
-        );
-        if !ok {
-            failed = true;
-            eprintln!("---- guest console of {package} ----\n{log}---- end of guest console ----");
-            if timed_out {
+        let place = place_of(&package);
+        let mut outcome = parse(&log, &place);
+        times.push((place.clone(), elapsed.as_secs_f64()));
+        println!("\n== {package} (guest kernel {})", outcome.kernel);
+        print!("{}", outcome.doctor);
+        for (record, output) in &outcome.tests {
+            if record.verdict == Verdict::Failed {
                 eprintln!(
-                    "xtask: vm-test: {package}: the guest ran over {GUEST_TIMEOUT:?} and was killed"
+                    "---- output of {} in {place} ----\n{output}---- end of {} ----",
+                    record.test, record.test
                 );
-            } else if !outcome.finished {
-                eprintln!("xtask: vm-test: {package}: the guest stopped before the end of /init");
             }
         }
-        outcomes.push((package, outcome));
-    }
-
-    println!();
-    for (package, o) in &outcomes {
-        println!("== {package} (guest kernel {})", o.kernel);
-        print!("{}", o.doctor);
-        for (exe, name, passed) in &o.tests {
-            println!(
-                "  {:<6} {}::{name}",
-                if *passed { "ok" } else { "FAILED" },
-                suite(exe)
+        // Tests the guest never reached count as failed, so that a guest
+        // that died early cannot pass.
+        let ran: BTreeSet<String> = outcome.tests.iter().map(|(r, _)| r.test.clone()).collect();
+        for case in tests.iter().filter(|c| !ran.contains(&c.id())) {
+            outcome.tests.push((
+                Record {
+                    test: case.id(),
+                    place: place.clone(),
+                    secs: 0.0,
+                    verdict: Verdict::Failed,
+                },
+                String::new(),
+            ));
+        }
+        let failed = outcome
+            .tests
+            .iter()
+            .filter(|(r, _)| r.verdict == Verdict::Failed)
+            .count();
+        println!(
+            "{place}: {} tests run in the guest, {failed} failed, in {:.0} s",
+            outcome.tests.len(),
+            elapsed.as_secs_f64()
+        );
+        if timed_out {
+            eprintln!(
+                "xtask: vm-test: {package}: the guest ran over {GUEST_TIMEOUT:?} and was killed"
+            );
+        } else if !outcome.finished {
+            eprintln!(
+                "xtask: vm-test: {package}: the guest stopped before the end of /init; its \
+                 console is in {}",
+                work.join(format!("{package}.log")).display()
             );
         }
-        for exe in &o.failed_exes {
-            println!("  FAILED {} (exited non-zero)", suite(exe));
+        if timed_out || !outcome.finished {
+            // The console's tail says why (an oops, a panic).
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("---- the console's last lines ----");
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+            records.push(Record {
+                test: format!("guest {package} reached the end of /init"),
+                place: place.clone(),
+                secs: elapsed.as_secs_f64(),
+                verdict: Verdict::Failed,
+            });
         }
-        println!();
+        records.extend(outcome.tests.into_iter().map(|(r, _)| r));
     }
-    if failed {
-        bail!("vm-test failed; guest logs are in {}", work.display());
+    Ok((records, times))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_console_gives_each_test_its_time_and_verdict() {
+        let log = format!(
+            "\x1b[0m{MARK} kernel 6.1.0-40-cloud-amd64\n\
+             {MARK} doctor\nmechanism  works\n\
+             {MARK} start runqlat-0a1b c_one 10.50\n\
+             test c_one ... ok\n\
+             {MARK} end runqlat-0a1b c_one 0 12.75\n\
+             {MARK} start runqlat-0a1b c_two 12.80\n\
+             skipped: nothing here\n\
+             {MARK} end runqlat-0a1b c_two 0 13.00\n\
+             {MARK} start profile-ff c_three 13.00\n\
+             [  14.1] some kernel line {MARK} end profile-ff c_three 101 20.00\n\
+             {MARK} start profile-ff c_four 20.00\n\
+             [  21.0] Kernel panic\n"
+        );
+        let o = parse(&log, "6.1");
+        assert_eq!(o.kernel, "6.1.0-40-cloud-amd64");
+        assert_eq!(o.doctor, "mechanism  works\n");
+        assert!(!o.finished);
+        let got: Vec<(&str, f64, Verdict)> = o
+            .tests
+            .iter()
+            .map(|(r, _)| (r.test.as_str(), (r.secs * 100.0).round() / 100.0, r.verdict))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("runqlat::c_one", 2.25, Verdict::Passed),
+                ("runqlat::c_two", 0.2, Verdict::Skipped),
+                ("profile::c_three", 7.0, Verdict::Failed),
+                ("profile::c_four", 0.0, Verdict::Failed),
+            ]
+        );
+        assert!(o.tests[0].1.contains("test c_one ... ok"));
+        assert!(o.tests.iter().all(|(r, _)| r.place == "6.1"));
     }
-    println!("vm-test: all tests passed on {} kernels", outcomes.len());
-    Ok(())
+
+    #[test]
+    fn guests_are_named_by_their_kernel() {
+        assert_eq!(place_of("linux-image-6.1.0-40-cloud-amd64"), "6.1");
+        assert_eq!(place_of("linux-image-6.12.57+deb13-cloud-amd64"), "6.12");
+    }
 }
