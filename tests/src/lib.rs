@@ -432,6 +432,16 @@ pub fn parse_folded(text: &str) -> std::collections::BTreeMap<Vec<String>, u64> 
     out
 }
 
+/// rtrace's warnings in `stderr`: the kind and text of each line
+/// `rtrace: warning[KIND]: TEXT` (lost, unwalked, unnamed, unsupported).
+pub fn warnings(stderr: &str) -> Vec<(&str, &str)> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("rtrace: warning["))
+        .filter_map(|l| l.split_once("]: "))
+        .collect()
+}
+
 /// Asserts that `rtrace ARGS` fails with one line on stderr containing
 /// `want`.
 pub fn assert_one_line_error(args: &[&str], want: &str) {

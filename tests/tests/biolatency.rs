@@ -3,6 +3,7 @@
 
 use rtrace_integration_tests::{
     LoopDevice, Rtrace, SIGINT, json_lines, run, run_workload, text_hist_total, text_layout,
+    warnings,
 };
 
 const READS: u64 = 120;
@@ -59,10 +60,10 @@ fn traced(tag: &str, extra: &[&str]) -> Traced {
     // programs, so a warning may concern other devices; the callers judge
     // this device's histogram against its completions.
     assert_eq!(code, 0, "stderr: {stderr}");
-    let skipped = stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("rtrace: warning: "))
-        .filter(|l| l.contains(" events not counted: program "))
+    let skipped = warnings(&stderr)
+        .into_iter()
+        .filter(|(kind, l)| *kind == "lost" && l.contains(" events not counted: program "))
+        .map(|(_, l)| l)
         .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
         .sum();
     Traced {

@@ -445,7 +445,7 @@ fn nothing_is_lost_silently_under_overload() {
         .lines()
         .find(|l| l.contains("events lost (event buffer full"))
         .and_then(|l| {
-            l.strip_prefix("rtrace: warning: ")?
+            l.strip_prefix("rtrace: warning[lost]: ")?
                 .split_whitespace()
                 .next()?
                 .parse()

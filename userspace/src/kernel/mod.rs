@@ -15,6 +15,7 @@ pub mod privs;
 pub mod procmaps;
 pub mod tracefs;
 pub mod transport;
+pub mod warning;
 
 /// A NUL-terminated kernel string (`comm`, a file name) as text.
 pub fn c_string(bytes: &[u8]) -> String {

@@ -17,6 +17,7 @@ use std::{
 use rtrace_common::python::{CHAIN_310, CHAIN_311, CHAIN_312, CHAIN_313, PyProc, code_check};
 
 use crate::kernel::procmaps::Mapping;
+use crate::kernel::warning::Warning;
 
 /// Where CPython keeps what the walk and the names need, in one version.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -440,19 +441,19 @@ impl Python {
     }
 
     /// Processes that could not be walked, and frames left unnamed.
-    pub fn warnings(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut out: Vec<Warning> = self
             .failed
             .iter()
             .take(5)
-            .map(|(pid, why)| format!("PID {pid}: no Python frames: {why}"))
+            .map(|(pid, why)| Warning::unwalked(format!("PID {pid}: no Python frames: {why}")))
             .collect();
         if self.unnamed > 0 {
-            out.push(format!(
+            out.push(Warning::unnamed(format!(
                 "{} Python frames are [python]: their code object was gone (the process \
                  exited, or freed it) before it could be read",
                 self.unnamed
-            ));
+            )));
         }
         out
     }

@@ -28,6 +28,7 @@ use blazesym::{
     },
 };
 
+use crate::kernel::warning::Warning;
 use crate::stacks::{
     demangle,
     jitdump::{self, JitDump},
@@ -253,20 +254,20 @@ impl Dump {
     }
 
     /// Why names from it may be wrong or missing, if they may.
-    fn warning(&self, pid: u32) -> Option<String> {
+    fn warning(&self, pid: u32) -> Option<Warning> {
         if let Some(e) = &self.error {
-            return Some(format!(
+            return Some(Warning::unnamed(format!(
                 "PID {pid}: {} was read only up to byte {}: {e}",
                 self.shown,
                 self.dump.offset()
-            ));
+            )));
         }
         (self.dump.header().is_some() && !self.dump.timed()).then(|| {
-            format!(
+            Warning::unnamed(format!(
                 "PID {pid}: {} has the CPU's own timestamps, not CLOCK_MONOTONIC: \
                  code the JIT replaced at one address takes the newest name",
                 self.shown
-            )
+            ))
         })
     }
 
@@ -356,7 +357,7 @@ pub struct Symbolizer {
     /// [`Symbolizer::jit_time`]); `None` takes the newest code.
     jit_time: Option<u64>,
     /// What the dumps of processes forgotten held, and their warnings.
-    gone_dumps: Vec<(String, Option<String>)>,
+    gone_dumps: Vec<(String, Option<Warning>)>,
     /// The Python processes and the names of their code.
     python: Python,
 }
@@ -447,19 +448,19 @@ impl Symbolizer {
 
     /// The files whose code could not be symbolized, one line each, for
     /// the report's warnings.
-    pub fn warnings(&self) -> Vec<String> {
+    pub fn warnings(&self) -> Vec<Warning> {
         const SHOWN: usize = 5;
-        let mut out: Vec<String> = self
+        let mut out: Vec<Warning> = self
             .failures
             .iter()
             .take(SHOWN)
-            .map(|(file, why)| format!("frames in {file} are [unknown]: {why}"))
+            .map(|(file, why)| Warning::unnamed(format!("frames in {file} are [unknown]: {why}")))
             .collect();
         if self.failures.len() > SHOWN {
-            out.push(format!(
+            out.push(Warning::unnamed(format!(
                 "and frames in {} other files are [unknown]",
                 self.failures.len() - SHOWN
-            ));
+            )));
         }
         for (pid, u) in self.unnamed.iter().take(SHOWN) {
             let comm = u
@@ -486,19 +487,19 @@ impl Symbolizer {
                     u.shown
                 ),
             };
-            out.push(format!(
+            out.push(Warning::unnamed(format!(
                 "PID {pid}{comm}: {} JIT frames unnamed: {why}",
                 u.frames
-            ));
+            )));
         }
         out.extend(self.python.warnings());
         out.extend(self.gone_dumps.iter().filter_map(|(_, w)| w.clone()));
         out.extend(self.dumps.iter().filter_map(|(&pid, d)| d.warning(pid)));
         if self.unnamed.len() > SHOWN {
-            out.push(format!(
+            out.push(Warning::unnamed(format!(
                 "and JIT frames of {} other processes are unnamed",
                 self.unnamed.len() - SHOWN
-            ));
+            )));
         }
         out
     }

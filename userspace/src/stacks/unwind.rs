@@ -16,6 +16,7 @@ use rtrace_common::unwind::{
 };
 
 use crate::kernel::procmaps;
+use crate::kernel::warning::Warning;
 
 #[cfg(test)]
 use crate::stacks::cfi::{
@@ -751,7 +752,7 @@ impl KernelTables {
     /// What could not be unwound from CFI and why, one line each: files
     /// without readable CFI (not those with none at all, such as JIT
     /// code, which the frame counts report) and tables that were full.
-    pub fn warnings(&self) -> Vec<String> {
+    pub fn warnings(&self) -> Vec<Warning> {
         let mut out = Vec::new();
         let broken: Vec<_> = self
             .tables
@@ -760,17 +761,17 @@ impl KernelTables {
             .filter(|(_, e)| !matches!(e, CfiError::NoCfi))
             .collect();
         if let Some((name, why)) = broken.first() {
-            out.push(format!(
+            out.push(Warning::unwalked(format!(
                 "{} file(s) with unreadable CFI were walked by frame pointer, first {name}: {why}",
                 broken.len()
-            ));
+            )));
         }
         if self.files_unnamed > 0 {
-            out.push(format!(
+            out.push(Warning::unwalked(format!(
                 "{} file(s) did not fit in map CFI_FILES: their mappings in processes that \
                  user space had not read yet were walked by frame pointer",
                 self.files_unnamed
-            ));
+            )));
         }
         if !self.files_not_loaded.is_empty() {
             let need = self
@@ -782,7 +783,7 @@ impl KernelTables {
                     rules: a.rules + n.rules,
                 });
             let taken = self.taken();
-            out.push(format!(
+            out.push(Warning::unwalked(format!(
                 "{} file(s) with {} rows of CFI did not fit in the CFI tables' budget of {} MiB \
                  ({} rows, {} taken by files live processes map) and were walked by frame \
                  pointer; --cfi-budget {} would have held them",
@@ -792,13 +793,13 @@ impl KernelTables {
                 self.capacity.rows,
                 taken.rows,
                 taken.budget_for(&need, &self.capacity),
-            ));
+            )));
         }
         if self.processes_not_loaded > 0 {
-            out.push(format!(
+            out.push(Warning::unwalked(format!(
                 "{} process(es) did not fit in map CFI_PROCS and were walked by frame pointer",
                 self.processes_not_loaded
-            ));
+            )));
         }
         out
     }

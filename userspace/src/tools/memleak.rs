@@ -27,6 +27,7 @@ use rtrace_common::profile::HEAT_SLOT_NS;
 use serde::Serialize;
 
 use super::stacktool::{StackArgs, StackTool, Unwind};
+use crate::kernel::warning::Warning;
 use crate::{
     kernel::{
         features::Mechanism,
@@ -1149,15 +1150,15 @@ impl Tool for Memleak {
         self.stacks.summary()
     }
 
-    fn warnings(&self) -> Vec<String> {
+    fn warnings(&self) -> Vec<Warning> {
         let mut out = self.stacks.warnings();
         // The kernel frees what it allocated before tracing all the time.
         if self.user && self.unseen_frees > 0 && self.args.scope.commanded() {
-            out.push(format!(
+            out.push(Warning::lost(format!(
                 "{} frees of addresses not seen allocated (allocated before tracing began, \
                  or not recorded)",
                 self.unseen_frees
-            ));
+            )));
         }
         out
     }

@@ -4,6 +4,7 @@
 //! does; user stacks come from the same CFI walk as profile's, so they
 //! reach through libc's blocking wrappers in code without frame pointers.
 
+use crate::kernel::warning::Warning;
 use crate::tracer::{ScopeArgs, own};
 use std::path::PathBuf;
 
@@ -420,7 +421,7 @@ impl Tool for Offcputime {
         self.stacks.summary()
     }
 
-    fn warnings(&self) -> Vec<String> {
+    fn warnings(&self) -> Vec<Warning> {
         self.stacks.warnings()
     }
 }

@@ -2,6 +2,7 @@
 //! profile does it, with symbolized kernel, user and JIT frames, and flame
 //! graph, pprof and speedscope files.
 
+use crate::kernel::warning::Warning;
 use crate::tracer::{ScopeArgs, own};
 use std::{path::PathBuf, time::Duration};
 
@@ -966,7 +967,7 @@ impl Tool for Profile {
         self.stacks.summary()
     }
 
-    fn warnings(&self) -> Vec<String> {
+    fn warnings(&self) -> Vec<Warning> {
         self.stacks.warnings()
     }
 }

@@ -7,6 +7,7 @@
 use aya::Ebpf;
 
 use super::profile::{self, Profile};
+use crate::kernel::warning::Warning;
 use crate::{
     kernel::features::Mechanism,
     output::{Schedule, Sink},
@@ -193,7 +194,7 @@ impl Tool for Stackcount {
         self.profile.summary()
     }
 
-    fn warnings(&self) -> Vec<String> {
+    fn warnings(&self) -> Vec<Warning> {
         self.profile.warnings()
     }
 }

@@ -27,6 +27,7 @@ use rtrace_common::{
     unwind::CfiOffsets,
 };
 
+use crate::kernel::warning::Warning;
 use crate::{
     kernel::load::{Detaching, Kernel, Load},
     output::events,
@@ -287,11 +288,12 @@ impl StackTool {
         if self.cfi_loaded {
             load.global("MAX_STACK_DEPTH", &args.max_stack);
         } else if args.max_stack > one_entry {
-            eprintln!(
-                "rtrace: warning: --max-stack {} needs the CFI walk (kernel 5.17+, not \
-                 --unwind fp): the kernel's frame-pointer walk keeps {one_entry} frames",
+            Warning::unsupported(format!(
+                "--max-stack {} needs the CFI walk (kernel 5.17+, not --unwind fp): the \
+                     kernel's frame-pointer walk keeps {one_entry} frames",
                 args.max_stack
-            );
+            ))
+            .print();
         }
         self.transforms = args.transforms.clone();
         self.sym.with_lines(args.lines);
@@ -725,31 +727,31 @@ impl StackTool {
 
     /// Processes whose tables could not be built, files whose frames
     /// could not be named, and the like.
-    pub fn warnings(&self) -> Vec<String> {
+    pub fn warnings(&self) -> Vec<Warning> {
         let mut out = self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default();
         out.extend(self.sym.warnings());
         if self.py_full > 0 {
-            out.push(format!(
+            out.push(Warning::unwalked(format!(
                 "{} Python processes did not fit in map PY_PROCS ({MAX_PY_PROCS} entries): \
                  their stacks have native frames only",
                 self.py_full
-            ));
+            )));
         }
         if self.store.cut() > 0 {
-            out.push(format!(
+            out.push(Warning::unwalked(format!(
                 "{} deep stacks lost their root-ward part between two moves out of the \
                  kernel, and are kept to their leaf-most frames",
                 self.store.cut()
-            ));
+            )));
         }
         if !self.unmarked.is_empty() {
-            out.push(format!(
+            out.push(Warning::unnamed(format!(
                 "{} processes with jitdumps did not fit in map TIMED_JIT ({} entries): \
                  their JIT frames are named by the newest code at each address, \
                  not by the code there within 67 ms of the sample",
                 self.unmarked.len(),
                 rtrace_common::stacks::MAX_TIMED
-            ));
+            )));
         }
         out
     }

@@ -28,6 +28,7 @@ use rtrace_common::strace::{
 use serde::Serialize;
 
 use super::stacktool::{StackTool, Unwind};
+use crate::kernel::warning::Warning;
 use crate::{
     kernel::{
         features::Mechanism,
@@ -437,7 +438,7 @@ impl Tool for Strace {
         out
     }
 
-    fn warnings(&self) -> Vec<String> {
+    fn warnings(&self) -> Vec<Warning> {
         self.stacks
             .as_ref()
             .map(StackTool::warnings)

@@ -17,6 +17,7 @@ use std::{
 use aya::Ebpf;
 use serde::Serialize;
 
+use crate::kernel::warning::Warning;
 use crate::{
     kernel::features::Mechanism,
     output::{Record, Schedule, Sink},
@@ -389,7 +390,10 @@ impl Tool for Top {
         if self.args.interactive() {
             match live::Live::start(self.args.frequency, self.args.delay) {
                 Ok(l) => self.live = Some(l),
-                Err(e) => eprintln!("rtrace: warning: no interactive view ({e}): text snapshots"),
+                Err(e) => {
+                    Warning::unsupported(format!("no interactive view ({e}): text snapshots"))
+                        .print()
+                }
             }
         }
     }
@@ -425,7 +429,7 @@ impl Tool for Top {
         vec![format!("{} snapshots shown", self.shown)]
     }
 
-    fn warnings(&self) -> Vec<String> {
+    fn warnings(&self) -> Vec<Warning> {
         self.profile.warnings()
     }
 }

@@ -15,6 +15,7 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
+use crate::kernel::warning::Warning;
 use crate::{
     kernel::{
         features::Mechanism,
@@ -511,7 +512,7 @@ impl Tool for Trace {
         vec![format!("{} events shown", self.shown)]
     }
 
-    fn warnings(&self) -> Vec<String> {
+    fn warnings(&self) -> Vec<Warning> {
         let mut out = self.sym.warnings();
         if let Some(s) = &self.stacks {
             out.extend(s.warnings());

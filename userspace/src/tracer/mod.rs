@@ -46,6 +46,7 @@ use rtrace_common::{
     targets,
 };
 
+use crate::kernel::warning::Warning;
 use crate::{
     kernel::{
         features::{Mechanism, trim_verifier_log},
@@ -238,7 +239,7 @@ pub trait Tool: Sized {
 
     /// What the run could not do as asked, said at exit with or without
     /// `-v`, beside the counted losses.
-    fn warnings(&self) -> Vec<String> {
+    fn warnings(&self) -> Vec<Warning> {
         Vec::new()
     }
 
@@ -929,8 +930,8 @@ async fn run_once<T: Tool>(
             eprintln!("rtrace: {}: {line}", T::NAME);
         }
     }
-    for line in tool.warnings() {
-        eprintln!("rtrace: warning: {line}");
+    for warning in tool.warnings() {
+        warning.print();
     }
     report_errors::<T>(
         &ebpf,
@@ -1125,16 +1126,17 @@ fn report_errors<T: Tool>(ebpf: &Ebpf, perf_lost: u64, verbose: bool) -> anyhow:
             continue;
         }
         if !T::EXPECTED.contains(&(i as u32)) {
-            eprintln!("rtrace: warning: {n} {name}");
+            Warning::lost(format!("{n} {name}")).print();
         } else if verbose {
             eprintln!("rtrace: {}: {n} {name}", T::NAME);
         }
     }
     for (program, n) in crate::kernel::load::skipped_runs(ebpf) {
-        eprintln!(
-            "rtrace: warning: {n} events not counted: program {program} was already running on \
+        Warning::lost(format!(
+            "{n} events not counted: program {program} was already running on \
              their CPU, and the kernel skips a program that would nest in itself"
-        );
+        ))
+        .print();
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 use anyhow::Context as _;
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
+use crate::kernel::warning::Warning;
 use crate::stacks::{
     sample::Sample,
     symbolize::{CodeMapping, Kind},
@@ -138,7 +139,7 @@ pub fn annotate(
 ) -> anyhow::Result<Annotation> {
     let (out, skipped) = annotate_quietly(samples, args, event);
     for s in &skipped {
-        eprintln!("rtrace: warning: cannot annotate {s}");
+        Warning::unsupported(format!("cannot annotate {s}")).print();
     }
     if out.functions.is_empty() {
         anyhow::bail!("nothing to annotate");
