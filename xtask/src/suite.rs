@@ -106,31 +106,283 @@ pub fn limit(place: &str) -> f64 {
 /// fail the suite.
 pub const ALLOWED: &[(&str, &str, &str)] = &[];
 
-/// Tests the VM guests do not run, by `suite::` (a whole file) or
-/// `suite::name`, each with why. The guests are there for what differs
-/// between kernels: attach mechanisms and their fallbacks (kprobes,
-/// fentry), the verifier's limits, BTF. What is the same on every kernel
-/// (user space's pace, a workload's statistics, output formats, peers the
-/// guests lack) the host checks alone.
-pub const HOST_ONLY: &[(&str, &str)] = &[(
-    "gethostlatency::",
-    "needs a resolver configuration, NSS modules and Python, which the guests lack; uprobes \
-     work on the host",
-)];
+/// The tests the VM guests run, as `suite::name`, each with the
+/// kernel-facing path it is there for. The guests are there for what
+/// differs between kernels: attach mechanisms and their fallback chains
+/// (kprobes, fentry, tracepoints of each kind, uprobes), each variant of a
+/// program the verifier sees (the CFI walk, without `bpf_find_vma`,
+/// deeper stacks), offsets read from the kernel's BTF, tracefs and its
+/// formats, the transports, capabilities. What is the same on every kernel
+/// (user space's pace, a workload's statistics, output formats and
+/// layouts, the command line, peers the guests lack) the host checks
+/// alone: every other test runs on the host only. A new test of a
+/// kernel-facing path belongs here.
+pub const GUESTS: &[(&str, &str)] = &[
+    (
+        "argdist::uprobe_counts_of_two_values_are_exact",
+        "argdist uprobe entry path (user string reads) loads/attaches on each kernel",
+    ),
+    (
+        "argdist::return_values_entry_arguments_and_filters",
+        "uretprobe path with $entry map (ENTRIES) on each kernel",
+    ),
+    (
+        "argdist::struct_member_of_a_uprobe_argument",
+        "struct timespec layout read from the kernel's BTF",
+    ),
+    (
+        "argdist::usdt_probe_arguments_and_semaphore",
+        "USDT uprobes with ref_ctr_offset semaphores (kernel uprobe PMU feature)",
+    ),
+    (
+        "argdist::tracepoint_write_sizes_are_exact",
+        "classic syscall tracepoint: tracefs mount and format file on each kernel",
+    ),
+    (
+        "argdist::kprobe_and_kretprobe_on_vfs_write",
+        "kprobe/kretprobe with BTF struct path (file->f_path.dentry...); mechanism_works(kprobe)",
+    ),
+    (
+        "bcc_commands::bccs_documented_command_lines_run_or_name_what_they_need",
+        "in guests runs only the lines needing kprobes (kprobe attach across tools)",
+    ),
+    (
+        "biolatency::histogram_total_matches_diskstats",
+        "default chain (raw_tracepoint + atomics variant) with BTF request offsets",
+    ),
+    (
+        "biolatency::attach_tracepoint_total_matches_diskstats",
+        "classic tracepoint fallback (tracefs, record offsets by device/sector)",
+    ),
+    (
+        "biolatency::queued_time_counts_every_request_once",
+        "-Q: block_rq_insert hook and the plain (non-atomics) variant",
+    ),
+    (
+        "biolatency::per_flag_histograms_split_reads_from_writes",
+        "forced tp_btf (only tp_btf test) with cmd_flags decoded via kernel BTF enums, plus tracepoint rwbs",
+    ),
+    (
+        "biolatency::per_disk_histogram_is_named_after_the_disk",
+        "-D reads the disk via BTF offsets (q->disk vs rq->rq_disk differ by kernel)",
+    ),
+    (
+        "command::biolatency_counts_exactly_the_commands_requests",
+        "only test of biolatency's by-submitter path: extra block_bio_queue hook, _q form chosen from kernel BTF, kernel-dependent submitter/issuer",
+    ),
+    (
+        "doctor::doctor_reports_every_mechanism",
+        "probes every attach mechanism on the running kernel",
+    ),
+    (
+        "doctor::the_static_build_runs_doctor_and_agrees_with_the_dynamic_one",
+        "static build must probe kprobe/fentry etc. like the dynamic one; only the guests have those mechanisms",
+    ),
+    (
+        "execsnoop::every_exec_is_reported_once_with_args_pid_ppid_and_ret",
+        "default tp_btf sched_process_exec path, argv via BTF offsets (mm, linux_binprm), ring buffer",
+    ),
+    (
+        "execsnoop::perf_buffer_transport_reports_every_exec",
+        "perf buffer transport (ring buffer vs perf buffer)",
+    ),
+    (
+        "execsnoop::failed_exec_shows_only_with_x",
+        "-x forces the classic tracepoint fallback (syscall tracepoints, tracefs)",
+    ),
+    (
+        "execsnoop::execveat_through_a_descriptor_is_reported",
+        "execveat detection via linux_binprm fdpath from kernel BTF",
+    ),
+    (
+        "execsnoop::a_script_shows_as_it_was_run_not_as_its_interpreter",
+        "script detection via linux_binprm interp/filename BTF offsets",
+    ),
+    (
+        "execsnoop::pinned_cgroup_and_mount_namespace_maps_keep_only_their_members",
+        "pinned bpffs maps reused and mount-ns id read via BTF offsets (nsproxy->mnt_ns->ns.inum)",
+    ),
+    (
+        "exporter::scrapes_count_what_the_workload_did",
+        "collector (tally-only) loads of execsnoop+runqlat and kernel bpf_stats run-time counters",
+    ),
+    (
+        "exporter::runs_with_only_cap_bpf_and_cap_perfmon",
+        "capabilities: CAP_BPF+CAP_PERFMON loads, Debian perf_event_paranoid=3",
+    ),
+    (
+        "ext4slower::every_operation_is_reported_with_exact_bytes_on_every_path",
+        "fentry/kprobe/tracepoint each, with task storage and hash; mechanism_works()",
+    ),
+    (
+        "ext4slower::fsslower_on_xfs_and_btrfs_reports_every_operation",
+        "module functions: fentry refused, chain falls back to kprobe; xfs/btrfs only in guests",
+    ),
+    (
+        "list::a_glob_lists_the_kernels_tracepoints",
+        "the kernel's tracepoint set and tracefs mounting by rtrace",
+    ),
+    (
+        "list::verbose_gives_a_tracepoints_fields_as_its_format_file",
+        "tracepoint format files differ by kernel",
+    ),
+    (
+        "list::kernel_functions_are_listed_or_the_refusal_is_named",
+        "available_filter_functions exists only where kprobes/ftrace are (guests list, host refuses)",
+    ),
+    (
+        "memleak::blocks_held_by_a_process_are_reported_by_the_stack_that_kept_them",
+        "libc uprobes/uretprobes with the CFI walk variant on each verifier",
+    ),
+    (
+        "memleak::the_kernels_pipes_are_held_by_the_stack_that_made_them",
+        "kernel mode: kmem tracepoints (formats changed across 6.x) and kernel allocation stacks",
+    ),
+    (
+        "offcputime::blocked_time_splits_as_measured_through_libc_wrappers",
+        "default tp_btf sched_switch + CFI walk variant through libc; also checks statistics (kept in guests for the path)",
+    ),
+    (
+        "offcputime::state_filter_selects_interruptible_sleeps",
+        "--state reads the task state via BTF offset (task_struct.__state)",
+    ),
+    (
+        "offcputime::thread_filters_keep_to_their_threads",
+        "-k loads the plain (non-CFI) variant and PF_KTHREAD check via BTF; -t",
+    ),
+    (
+        "offcputime::waker_names_the_waking_threads_stack",
+        "--waker adds the sched_waking program; also checks statistics (kept for the path)",
+    ),
+    (
+        "profile::c_without_frame_pointers_keeps_its_whole_chain",
+        "perf_event + CFI walk (bpf_loop/find_vma, Python walk in object) on each verifier; also statistics",
+    ),
+    (
+        "profile::the_walk_without_the_kernels_own_lookup_still_unwinds",
+        "RTRACE_NO_FIND_VMA: walk variant without bpf_find_vma, a different program for the verifier",
+    ),
+    (
+        "profile::kernel_frames_resolve_to_kallsyms_names",
+        "-K loads the plain variant; kernel stacks named from this kernel's kallsyms (ksys_read/vfs_read)",
+    ),
+    (
+        "profile::off_cpu_and_on_cpu_time_split_as_measured",
+        "--off-cpu adds sched_switch programs beside perf_event; also statistics (kept for the path)",
+    ),
+    (
+        "profile::stacks_deeper_than_the_walk_keep_their_leaf_and_are_counted",
+        "--max-stack 300: MAX_STACK_DEPTH rodata changes the walk the verifier sees; linked stack entries",
+    ),
+    (
+        "profile_events::block_rq_insert_stacks_count_every_request_of_the_writer",
+        "profile -e classic tracepoint program (tracefs) and stat tracepoint counting; kernel block-layer frames differ by kernel",
+    ),
+    (
+        "profile_events::uprobe_stacks_count_every_call_or_every_nth",
+        "profile -e u: uprobe program, walk from uprobe registers",
+    ),
+    (
+        "profile_events::stackcount_counts_kernel_functions_by_glob_and_regex",
+        "kprobes on kernel functions; mechanism_works(kprobe)",
+    ),
+    (
+        "runqlat::attach_raw_tracepoint_counts_every_context_switch",
+        "raw_tracepoint fallback",
+    ),
+    (
+        "runqlat::attach_tracepoint_counts_every_context_switch",
+        "classic tracepoint fallback (tracefs mount, formats)",
+    ),
+    (
+        "runqlat::tp_btf_counts_agree_with_task_storage_and_with_the_hash_map",
+        "tp_btf with task storage and with the hash variant",
+    ),
+    (
+        "runqlat::per_pidns_keys_by_namespace_inode",
+        "pid namespace inode read via BTF offsets",
+    ),
+    (
+        "stat::a_processs_counts_are_the_fixtures_and_perf_stats",
+        "stat's programs: raw_syscalls counting by number, tracepoint glob from tracefs, software counters (perf compare host-only)",
+    ),
+    (
+        "stat::threads_and_processes_are_counted_apart",
+        "stat's uprobe counting path (u:) with per-thread keys",
+    ),
+    (
+        "stat::kernel_functions_are_counted_with_kprobes",
+        "kprobe/kretprobe counting; mechanism_works(kprobe)",
+    ),
+    (
+        "strace::the_summary_counts_each_call",
+        "-c summary counted in the kernel (no event transport), --summary-by-process",
+    ),
+    (
+        "strace::descriptors_with_their_paths",
+        "strace event program (raw_syscalls, in-kernel string reads) loads/attaches; guest-aware",
+    ),
+    (
+        "strace::dash_f_follows_the_children_of_dash_p",
+        "sched_process_fork raw tracepoint following children (task fields via BTF)",
+    ),
+    (
+        "strace::stack_traces_are_straces",
+        "-k loads strace's CFI walk variant on each verifier",
+    ),
+    (
+        "tcplife::ipv4_sessions_have_exact_bytes_and_owners_on_both_ends",
+        "default tp_btf inet_sock_set_state, tcp_sock byte counters via BTF offsets",
+    ),
+    (
+        "tcplife::ipv6_sessions_have_exact_bytes_and_owners_on_both_ends",
+        "tp_btf IPv6 address reads via BTF offsets",
+    ),
+    (
+        "tcplife::attach_raw_tracepoint_reports_both_ends",
+        "raw_tracepoint fallback",
+    ),
+    (
+        "tcplife::attach_tracepoint_reports_both_ends",
+        "classic tracepoint fallback (tracefs, record format)",
+    ),
+    (
+        "tcplife::perf_buffer_transport_reports_both_ends",
+        "perf buffer transport",
+    ),
+    (
+        "top::once_prints_one_snapshot_and_exits",
+        "cheap load/attach of top's profile object on each kernel",
+    ),
+    (
+        "trace::uprobe_and_return_lines_carry_the_values",
+        "trace object's uprobe/uretprobe path",
+    ),
+    (
+        "trace::tracepoint_prints_the_files_a_command_opens",
+        "classic syscall tracepoint string field (tracefs format)",
+    ),
+    (
+        "trace::kprobe_and_kretprobe_lines",
+        "kprobe/kretprobe with @user strings; mechanism_works(kprobe)",
+    ),
+    (
+        "trace::bcc_documented_lines_are_accepted",
+        "kprobes on many kernel functions with BTF struct members (inode->i_mapping, cfs_rq, sk, $task->fs) and renamed symbols",
+    ),
+    (
+        "trace::user_stacks_by_the_cfi_walk",
+        "-U loads trace's CFI walk variant on each verifier",
+    ),
+];
 
-/// The tests of `cases` that the guests run: all but [`HOST_ONLY`].
+/// The tests of `cases` that the guests run: those in [`GUESTS`].
 pub fn guest_cases(cases: &[Case]) -> Vec<Case> {
     cases
         .iter()
         .filter(|c| {
             let id = c.id();
-            !HOST_ONLY.iter().any(|(p, _)| {
-                if p.ends_with("::") {
-                    id.starts_with(p)
-                } else {
-                    id == *p
-                }
-            })
+            GUESTS.iter().any(|(t, _)| *t == id)
         })
         .cloned()
         .collect()
@@ -478,6 +730,46 @@ mod tests {
         assert_eq!(Verdict::of(true, "skipped loading: x\n"), Verdict::Passed);
         assert_eq!(Verdict::of(false, "skipped: x\n"), Verdict::Failed);
         assert_eq!(Verdict::of(true, "test x ... ok\n"), Verdict::Passed);
+    }
+
+    /// The tests of the integration crate, read from its sources.
+    fn declared_tests() -> Vec<String> {
+        let dir = root().join("tests/tests");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let suite = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let text = fs::read_to_string(&path).unwrap();
+            let mut lines = text.lines();
+            while let Some(line) = lines.next() {
+                if line.trim() != "#[test]" {
+                    continue;
+                }
+                // Past doc comments and attributes to the function.
+                for next in lines.by_ref() {
+                    if let Some(rest) = next.trim().strip_prefix("fn ") {
+                        let name = rest.split('(').next().unwrap();
+                        out.push(format!("{suite}::{name}"));
+                        break;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_guest_test_exists_once_and_says_why() {
+        let declared = declared_tests();
+        assert!(declared.len() > 100, "{declared:?}");
+        for (i, (test, why)) in GUESTS.iter().enumerate() {
+            assert!(declared.contains(&test.to_string()), "no test {test}");
+            assert!(!why.is_empty(), "{test}: why in the guests?");
+            assert!(
+                !GUESTS[..i].iter().any(|(t, _)| t == test),
+                "{test} is listed twice"
+            );
+        }
     }
 
     #[test]

@@ -643,9 +643,12 @@ pub fn boot_all(body: &str, extra: &[&str], tests: &[Case]) -> anyhow::Result<Ve
     Ok(runs)
 }
 
+/// How long each guest ran, in seconds, by its place (`6.1`).
+pub type GuestTimes = Vec<(String, f64)>;
+
 /// Runs `tests` in every guest of the matrix; their records, and how long
-/// each guest ran (by its place).
-pub fn run_matrix(tests: &[Case]) -> anyhow::Result<(Vec<Record>, Vec<(String, f64)>)> {
+/// each guest ran.
+pub fn run_matrix(tests: &[Case]) -> anyhow::Result<(Vec<Record>, GuestTimes)> {
     let work = root().join("target/vm");
     let runs = boot_all(&test_body(), &[], tests)?;
     let mut records = Vec::new();
