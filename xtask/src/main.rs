@@ -57,6 +57,10 @@ enum Cli {
         /// Which tests (a part of `suite::name`); all the guests' tests
         /// when absent.
         filter: Option<String>,
+        /// Run each chosen test this many times in every guest: for
+        /// finding tests that fail only now and then under emulation.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        repeat: u32,
     },
     /// The static, stripped binary (musl) and a Debian package with the
     /// exporter's systemd unit, in `target/dist/`.
@@ -272,15 +276,19 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             )
         }
         Cli::Test { no_vm, .. } => test(!no_vm),
-        Cli::VmTest { filter } => {
+        Cli::VmTest { filter, repeat } => {
             let start = Instant::now();
             let filter = filter.unwrap_or_default();
             let cases = suite::cases(&filter)?;
-            let guest = if filter.is_empty() {
+            let chosen = if filter.is_empty() {
                 suite::guest_cases(&cases)
             } else {
                 cases
             };
+            let guest: Vec<suite::Case> = chosen
+                .iter()
+                .flat_map(|c| std::iter::repeat_n(c.clone(), repeat as usize))
+                .collect();
             let (records, times) = vm::run_matrix(&guest)?;
             let mut phases = suite::Phases::default();
             for (place, secs) in times {

@@ -583,9 +583,7 @@ pub fn report(
     );
 
     let over = budget(records);
-    for o in &over.named {
-        println!("over its limit: {o}");
-    }
+    over.print();
     for f in other_failures {
         println!("FAILED: {f}");
     }
@@ -599,13 +597,7 @@ pub fn report(
         count(Verdict::Failed) + other_failures.len(),
         count(Verdict::Skipped)
     );
-    if !over.failing.is_empty() {
-        bail!(
-            "over half again their limits (60 s on the host, 120 s in a guest), and not in \
-             suite::ALLOWED: {}",
-            over.failing.join(", ")
-        );
-    }
+    over.check()?;
     if failed {
         bail!("the test run failed");
     }
@@ -619,6 +611,27 @@ pub struct Over {
     pub named: Vec<String>,
     /// Those over half again their limit and not allowed.
     pub failing: Vec<String>,
+}
+
+impl Over {
+    /// Names every test over its limit.
+    fn print(&self) {
+        for o in &self.named {
+            println!("over its limit: {o}");
+        }
+    }
+
+    /// Fails when a test took more than half again its limit.
+    fn check(&self) -> anyhow::Result<()> {
+        if !self.failing.is_empty() {
+            bail!(
+                "over half again their limits (60 s on the host, 120 s in a guest), and not \
+                 in suite::ALLOWED: {}",
+                self.failing.join(", ")
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The tests over their limits, and those that fail the run.
@@ -650,6 +663,7 @@ pub fn repeat(times: u32, filter: &str, env: &[(&str, PathBuf)]) -> anyhow::Resu
         bail!("no test matches {filter:?}");
     }
     let mut failures = 0;
+    let mut records = Vec::new();
     for case in &cases {
         let mut secs = Vec::new();
         let mut counts = BTreeMap::new();
@@ -667,6 +681,7 @@ pub fn repeat(times: u32, filter: &str, env: &[(&str, PathBuf)]) -> anyhow::Resu
             }
             *counts.entry(record.verdict.word()).or_insert(0) += 1;
             secs.push(format!("{:.1}", record.secs));
+            records.push(record);
         }
         let failed = counts.get("failed").copied().unwrap_or(0);
         failures += failed;
@@ -678,10 +693,12 @@ pub fn repeat(times: u32, filter: &str, env: &[(&str, PathBuf)]) -> anyhow::Resu
             secs.join(" ")
         );
     }
+    let over = budget(&records);
+    over.print();
     if failures > 0 {
         bail!("{failures} of the repeated runs failed");
     }
-    Ok(())
+    over.check()
 }
 
 #[cfg(test)]
