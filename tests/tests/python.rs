@@ -27,13 +27,13 @@ fn fixture_source() -> PathBuf {
 }
 
 /// The Debian trixie root `cargo xtask` makes (`debootstrap`), with its
-/// python3 (3.13).
+/// python3 (3.13); xtask passes its path, versioned.
 fn trixie_root() -> PathBuf {
     std::env::var_os("RTRACE_TRIXIE_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-                .join(".cache/rtrace/trixie-root")
+                .join(".cache/rtrace/trixie-root-1")
         })
 }
 

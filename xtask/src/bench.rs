@@ -2122,7 +2122,13 @@ for round in 1 2 3 4 5; do
     one tracepoint /t/rtrace ext4slower --attach tracepoint
 done"#
     );
-    let runs = crate::vm::boot_all(&body, &["/usr/sbin/ext4slower"], &[])?;
+    let runs = crate::vm::boot_all(
+        &body,
+        &["/usr/sbin/ext4slower"],
+        &[],
+        // The whole benchmark in each guest; a guest past this is hung.
+        std::time::Duration::from_secs(2100),
+    )?;
     const LABELS: [&str; 5] = ["bare", "libbpf-tools", "fentry", "kprobe", "tracepoint"];
     for run in runs {
         // Per label: wall ns per read, BPF ns per read.

@@ -128,11 +128,16 @@ fn python_cache() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/rtrace"))
 }
 
+/// The trixie root's version key: raised when what [`python_peers`] puts
+/// in it changes, so that a machine's cached root is made again rather
+/// than used as it was.
+const TRIXIE_ROOT: &str = "trixie-root-1";
+
 /// Debian trixie's root with its python3 (3.13), which the Python tests
 /// run through `chroot`: a second interpreter version, in another mount
 /// namespace with its own libc.
 pub fn trixie_root() -> PathBuf {
-    python_cache().join("trixie-root")
+    python_cache().join(TRIXIE_ROOT)
 }
 
 /// py-spy, from PyPI: the Python tests' and benchmark's peer.

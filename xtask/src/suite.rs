@@ -18,6 +18,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::os::unix::process::CommandExt as _;
+
 use anyhow::{Context as _, bail};
 
 use crate::{cargo, root};
@@ -452,6 +454,9 @@ pub fn run_host(case: &Case, env: &[(&str, PathBuf)]) -> anyhow::Result<(Record,
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file)
+        // A group of its own, so that a hung test is killed with what it
+        // started (a tracer left running would trace the tests after it).
+        .process_group(0)
         .spawn()
         .with_context(|| format!("cannot start {}", case.exe.display()))?;
     let mut hung = false;
@@ -460,7 +465,8 @@ pub fn run_host(case: &Case, env: &[(&str, PathBuf)]) -> anyhow::Result<(Record,
             break Some(status);
         }
         if start.elapsed() > HUNG {
-            let _ = child.kill();
+            // SAFETY: kill(2) of the test's own process group.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.wait();
             hung = true;
             break None;
@@ -468,8 +474,10 @@ pub fn run_host(case: &Case, env: &[(&str, PathBuf)]) -> anyhow::Result<(Record,
         std::thread::sleep(Duration::from_millis(20));
     };
     let secs = start.elapsed().as_secs_f64();
-    let mut output = String::new();
-    fs::File::open(&log)?.read_to_string(&mut output)?;
+    // A test's output need not be UTF-8 (a tracer's raw bytes).
+    let mut bytes = Vec::new();
+    fs::File::open(&log)?.read_to_end(&mut bytes)?;
+    let mut output = String::from_utf8_lossy(&bytes).into_owned();
     if hung {
         let _ = writeln!(output, "xtask: the test ran over {HUNG:?} and was killed");
     }
@@ -530,7 +538,10 @@ pub fn report(
     total: f64,
     other_failures: &[String],
 ) -> anyhow::Result<()> {
-    let failed = records.iter().any(|r| r.verdict == Verdict::Failed) || !other_failures.is_empty();
+    let over = budget(records);
+    let failed = records.iter().any(|r| r.verdict == Verdict::Failed)
+        || !other_failures.is_empty()
+        || !over.failing.is_empty();
     let mut tsv = String::from("test\twhere\tsecs\tresult\n");
     for r in records {
         let _ = writeln!(
@@ -584,7 +595,6 @@ pub fn report(
         total / 60.0
     );
 
-    let over = budget(records);
     over.print();
     for f in other_failures {
         println!("FAILED: {f}");
