@@ -201,8 +201,11 @@ done < /t/tests.txt"#
 
 /// The modules the guests load, with what they depend on: loop for
 /// biolatency's and ext4slower's block devices, xfs and btrfs for
-/// fsslower's. Debian builds them as modules.
-const MODULES: [&str; 3] = ["loop", "xfs", "btrfs"];
+/// fsslower's, and an I/O scheduler so that requests are inserted
+/// (`block_rq_insert`: profile -e's and biolatency -Q's tests), which 6.1
+/// builds in and 6.12 builds as a module. Debian builds the rest as
+/// modules; one built in is passed over.
+const MODULES: [&str; 4] = ["loop", "xfs", "btrfs", "mq-deadline"];
 
 /// Puts [`MODULES`] of the kernel at `image` (`…/boot/vmlinuz-REL`) and
 /// their dependencies (from `modinfo`) into the tree as
