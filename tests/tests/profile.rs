@@ -1649,14 +1649,18 @@ fn thread_filter_and_idle_stacks() {
 
     // Idle CPUs show up as pid 0 only with -I; with it, about as often
     // as the kernel counted the CPUs idle meanwhile (a busy machine may
-    // not idle at all).
+    // not idle at all). The idle time is counted within the second that
+    // rtrace samples, not around its whole run: beside a busy loop and
+    // `perf record -a`, a machine idled 0.93 s during rtrace's start and
+    // end and not at all while it sampled.
     let idle = |args: &[&str]| {
         let mut all = vec!["profile", "-F", "199", "-K", "--json"];
         all.extend_from_slice(args);
-        all.push("1");
+        let rtrace = Rtrace::start_until(&all, READY);
         let before = idle_seconds();
-        let (code, stdout, stderr) = run(&all);
+        std::thread::sleep(std::time::Duration::from_secs(1));
         let idled = idle_seconds() - before;
+        let (code, stdout, stderr) = rtrace.stop(SIGINT);
         assert_eq!(code, 0, "{stderr}");
         let samples = json_lines(&stdout)
             .iter()
@@ -1667,8 +1671,9 @@ fn thread_filter_and_idle_stacks() {
     };
     assert_eq!(idle(&[]).0, 0, "idle samples without -I");
     let (samples, idled) = idle(&["-I"]);
-    // The run's one second and its start and end both fall within the
-    // kernel's count, so a quarter of its idle time is a floor.
+    // The second counted falls within the sampling, so the samples are
+    // its idle time at 199 Hz less chance and the timers' slack: a
+    // quarter of it is a floor.
     let floor = (idled * 199.0 / 4.0).floor() as u64;
     assert!(
         samples >= floor,
