@@ -539,15 +539,9 @@ fn parse(log: &str, place: &str) -> Outcome {
                     if let Some((test, start, mut output)) = running.take() {
                         let ok = output.contains("test result: ok. 1 passed");
                         output.push_str("xtask: this test's end mark was not read\n");
-                        out.tests.push((
-                            Record {
-                                test,
-                                place: place.to_owned(),
-                                secs: t - start,
-                                verdict: Verdict::of(ok, &output),
-                            },
-                            output,
-                        ));
+                        let verdict = Verdict::of(ok, &output);
+                        out.tests
+                            .push((guest_record(test, place, t - start, verdict), output));
                     }
                     running = Some((
                         format!("{}::{name}", suite_of(Path::new(exe))),
@@ -560,15 +554,8 @@ fn parse(log: &str, place: &str) -> Outcome {
                     last_time = t;
                     if let Some((test, start, output)) = running.take() {
                         let verdict = Verdict::of(*rc == "0", &output);
-                        out.tests.push((
-                            Record {
-                                test,
-                                place: place.to_owned(),
-                                secs: t - start,
-                                verdict,
-                            },
-                            output,
-                        ));
+                        out.tests
+                            .push((guest_record(test, place, t - start, verdict), output));
                     }
                 }
                 ["done"] => out.finished = true,
@@ -587,17 +574,21 @@ fn parse(log: &str, place: &str) -> Outcome {
     }
     if let Some((test, start, mut output)) = running {
         output.push_str("xtask: the guest stopped while this test ran\n");
-        out.tests.push((
-            Record {
-                test,
-                place: place.to_owned(),
-                secs: last_time.max(start) - start,
-                verdict: Verdict::Failed,
-            },
-            output,
-        ));
+        let secs = last_time.max(start) - start;
+        out.tests
+            .push((guest_record(test, place, secs, Verdict::Failed), output));
     }
     out
+}
+
+/// The record of `test`'s run in the guest `place`.
+fn guest_record(test: String, place: &str, secs: f64, verdict: Verdict) -> Record {
+    Record {
+        test,
+        place: place.to_owned(),
+        secs,
+        verdict,
+    }
 }
 
 /// The short name of a guest by its kernel package, as the test records
@@ -728,15 +719,8 @@ pub fn run_matrix(tests: &[Case]) -> anyhow::Result<(Vec<Record>, GuestTimes)> {
                 *seen -= 1;
                 continue;
             }
-            outcome.tests.push((
-                Record {
-                    test: case.id(),
-                    place: place.clone(),
-                    secs: 0.0,
-                    verdict: Verdict::Failed,
-                },
-                String::new(),
-            ));
+            let never = guest_record(case.id(), &place, 0.0, Verdict::Failed);
+            outcome.tests.push((never, String::new()));
         }
         let failed = outcome
             .tests
@@ -764,12 +748,13 @@ pub fn run_matrix(tests: &[Case]) -> anyhow::Result<(Vec<Record>, GuestTimes)> {
             for line in tail.iter().rev() {
                 eprintln!("{line}");
             }
-            records.push(Record {
-                test: format!("guest {package} reached the end of /init"),
-                place: place.clone(),
-                secs: elapsed.as_secs_f64(),
-                verdict: Verdict::Failed,
-            });
+            let test = format!("guest {package} reached the end of /init");
+            records.push(guest_record(
+                test,
+                &place,
+                elapsed.as_secs_f64(),
+                Verdict::Failed,
+            ));
         }
         records.extend(outcome.tests.into_iter().map(|(r, _)| r));
     }
