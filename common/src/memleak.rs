@@ -118,22 +118,29 @@ pub struct Config {
     pub user_stack: u32,
     /// Record offsets in the kmem tracepoints' records, from tracefs.
     pub kmem: KmemOffsets,
+    /// `[start, end)` of the kernel's BPF allocator's text
+    /// (`kernel/bpf/memalloc.c`), `[0, 0]` if unknown: kernel allocations
+    /// made there are left out. It refills, from irq_work, the caches
+    /// that the table of allocations takes its elements from, so each
+    /// allocation it made and that was recorded would take another
+    /// element and bring another refill, until the table was full.
+    pub bpf_alloc: [u64; 2],
 }
 
 /// Where the kmem tracepoints keep their fields (from their format files,
-/// which change between kernels): `[ptr, bytes_alloc]` of each
-/// allocating one, `ptr` of each freeing one.
+/// which change between kernels): `[ptr, bytes_alloc, call_site]` of
+/// each allocating one, `ptr` of each freeing one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KmemOffsets {
     /// `kmem:kmalloc`.
-    pub kmalloc: [u32; 2],
+    pub kmalloc: [u32; 3],
     /// `kmem:kmalloc_node` (before 6.1).
-    pub kmalloc_node: [u32; 2],
+    pub kmalloc_node: [u32; 3],
     /// `kmem:kmem_cache_alloc`.
-    pub cache_alloc: [u32; 2],
+    pub cache_alloc: [u32; 3],
     /// `kmem:kmem_cache_alloc_node` (before 6.1).
-    pub cache_alloc_node: [u32; 2],
+    pub cache_alloc_node: [u32; 3],
     /// `kmem:kfree`'s `ptr`.
     pub kfree: u32,
     /// `kmem:kmem_cache_free`'s `ptr`.
@@ -148,6 +155,8 @@ pub struct KmemOffsets {
     pub percpu_ptr: u32,
     /// Its `bytes_alloc` (`size` before 5.19).
     pub percpu_bytes: u32,
+    /// Its `call_site` (5.19+; 0 before, and then not read).
+    pub percpu_call_site: u32,
     /// `percpu:percpu_free_percpu`'s `ptr`.
     pub percpu_free_ptr: u32,
 }

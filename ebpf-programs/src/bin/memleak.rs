@@ -422,11 +422,15 @@ pub fn munmap_enter(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// A kernel allocation of `size` bytes at `addr` in `space`.
+/// A kernel allocation of `size` bytes at `addr` in `space`, made by
+/// the code at `call_site`.
 #[inline(always)]
-fn kernel_alloc(ctx: &TracePointContext, space: u32, addr: u64, size: u64) {
-    // rtrace's own (its map reads allocate) stay out.
-    if addr == 0 || !targets::admits_current() {
+fn kernel_alloc(ctx: &TracePointContext, space: u32, addr: u64, size: u64, call_site: u64) {
+    // rtrace's own (its map reads allocate) stay out, and so do the BPF
+    // allocator's refills of the table's element caches (see
+    // `Config::bpf_alloc`), which run in whatever task irq_work finds.
+    let [start, end] = global(&CONFIG).bpf_alloc;
+    if addr == 0 || (call_site >= start && call_site < end) || !targets::admits_current() {
         return;
     }
     let Some(weight) = chosen(size) else {
@@ -454,13 +458,14 @@ fn kernel_free(ctx: &TracePointContext, space: u32, addr: u64) {
     free(ctx, &key, true);
 }
 
-/// An allocating kmem tracepoint whose `ptr` and `bytes_alloc` are at
-/// `at`.
+/// An allocating kmem tracepoint whose `ptr`, `bytes_alloc` and
+/// `call_site` are at `at`.
 #[inline(always)]
-fn kmem_alloc(ctx: &TracePointContext, at: [u32; 2]) {
+fn kmem_alloc(ctx: &TracePointContext, at: [u32; 3]) {
     let addr = record_field::<u64>(ctx, at[0]).unwrap_or(0);
     let size = record_field::<u64>(ctx, at[1]).unwrap_or(0);
-    kernel_alloc(ctx, SPACE_ADDR, addr, size);
+    let site = record_field::<u64>(ctx, at[2]).unwrap_or(0);
+    kernel_alloc(ctx, SPACE_ADDR, addr, size, site);
 }
 
 #[tracepoint]
@@ -506,7 +511,7 @@ pub fn mm_page_alloc(ctx: TracePointContext) -> u32 {
     let o = &global(&CONFIG).kmem;
     let pfn = record_field::<u64>(&ctx, o.page_pfn).unwrap_or(0);
     let order = record_field::<u32>(&ctx, o.page_order).unwrap_or(0) & 31;
-    kernel_alloc(&ctx, SPACE_PAGE, pfn, 4096u64 << order);
+    kernel_alloc(&ctx, SPACE_PAGE, pfn, 4096u64 << order, 0);
     0
 }
 
@@ -522,7 +527,11 @@ pub fn percpu_alloc_percpu(ctx: TracePointContext) -> u32 {
     let o = &global(&CONFIG).kmem;
     let addr = record_field::<u64>(&ctx, o.percpu_ptr).unwrap_or(0);
     let size = record_field::<u64>(&ctx, o.percpu_bytes).unwrap_or(0);
-    kernel_alloc(&ctx, SPACE_PERCPU, addr, size);
+    let site = match o.percpu_call_site {
+        0 => 0,
+        at => record_field::<u64>(&ctx, at).unwrap_or(0),
+    };
+    kernel_alloc(&ctx, SPACE_PERCPU, addr, size, site);
     0
 }
 

@@ -167,6 +167,42 @@ impl Kernel {
         out
     }
 
+    /// The span of the core kernel's text from the first of the functions
+    /// `names` to the end of the last (where the next symbol begins), or
+    /// `None` if kallsyms names none of them (or hides addresses). A name
+    /// the kernel gives to more than one function is passed over: it
+    /// could widen the span to code that is not meant.
+    pub fn text_span(&mut self, names: &[&str]) -> Option<(u64, u64)> {
+        let syms = self
+            .kallsyms
+            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default());
+        let mut text: Vec<(u64, &str)> = syms
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let (addr, kind, name) = (f.next()?, f.next()?, f.next()?);
+                // Module symbols carry their module after the name.
+                (matches!(kind, "t" | "T") && f.next().is_none())
+                    .then(|| Some((u64::from_str_radix(addr, 16).ok()?, name)))?
+            })
+            .collect();
+        text.sort_unstable();
+        let mut at: Vec<usize> = Vec::new();
+        for name in names {
+            let found: Vec<usize> = (0..text.len()).filter(|&i| text[i].1 == *name).collect();
+            if let [i] = found[..] {
+                at.push(i);
+            }
+        }
+        let (first, last) = (*at.iter().min()?, *at.iter().max()?);
+        let start = text[first].0;
+        let end = text[last + 1..]
+            .iter()
+            .map(|s| s.0)
+            .find(|&a| a > text[last].0)?;
+        (start != 0).then_some((start, end))
+    }
+
     /// Whether mechanism `m` works here; the error says why not.
     pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
         // The probes of BTF-attached mechanisms attach to these.

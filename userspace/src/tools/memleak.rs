@@ -276,6 +276,20 @@ const EXPECTED: [u32; rtrace_common::stacks::ERR_EXPECTED.len() + 1] = {
     out
 };
 
+/// Functions of the kernel's BPF allocator (`kernel/bpf/memalloc.c`,
+/// 6.1+): the text from the first to the end of the last holds the code
+/// whose allocations refill BPF maps' element caches, left out in kernel
+/// mode (see `Config::bpf_alloc`).
+const BPF_ALLOCATOR: &[&str] = &[
+    "__alloc",
+    "alloc_bulk",
+    "unit_alloc",
+    "bpf_mem_refill",
+    "bpf_mem_alloc_init",
+    "bpf_mem_alloc",
+    "bpf_mem_cache_alloc",
+];
+
 /// The kmem tracepoints of kernel mode: program, category, event.
 const KMEM: &[(&str, &str)] = &[
     ("kmalloc", "kmem"),
@@ -856,15 +870,19 @@ fn bytes_weight(size: f64, mean: f64) -> u64 {
 /// a tracepoint it does not have stay 0 (it is not attached).
 fn kmem_offsets() -> anyhow::Result<KmemOffsets> {
     let mut o = KmemOffsets::default();
-    let pair = |event: &str| -> Option<[u32; 2]> {
+    let pair = |event: &str| -> Option<[u32; 3]> {
         let f = Format::read("kmem", event).ok()?;
-        Some([f.offset("ptr").ok()?, f.offset("bytes_alloc").ok()?])
+        Some([
+            f.offset("ptr").ok()?,
+            f.offset("bytes_alloc").ok()?,
+            f.offset("call_site").ok()?,
+        ])
     };
     let one = |category: &str, event: &str, field: &str| -> Option<u32> {
         Format::read(category, event).ok()?.offset(field).ok()
     };
     o.kmalloc = pair("kmalloc").context(
-        "the kernel has no kmem:kmalloc tracepoint with ptr and bytes_alloc (tried tracefs)",
+        "the kernel has no kmem:kmalloc tracepoint with ptr, bytes_alloc and call_site (tried tracefs)",
     )?;
     o.kmalloc_node = pair("kmalloc_node").unwrap_or_default();
     o.cache_alloc = pair("kmem_cache_alloc").unwrap_or_default();
@@ -878,6 +896,7 @@ fn kmem_offsets() -> anyhow::Result<KmemOffsets> {
     o.percpu_bytes = one("percpu", "percpu_alloc_percpu", "bytes_alloc")
         .or_else(|| one("percpu", "percpu_alloc_percpu", "size"))
         .unwrap_or_default();
+    o.percpu_call_site = one("percpu", "percpu_alloc_percpu", "call_site").unwrap_or_default();
     o.percpu_free_ptr = one("percpu", "percpu_free_percpu", "ptr").unwrap_or_default();
     Ok(o)
 }
@@ -999,6 +1018,10 @@ impl Tool for Memleak {
                 KmemOffsets::default()
             } else {
                 kmem_offsets()?
+            },
+            bpf_alloc: match self.user {
+                true => [0, 0],
+                false => kernel.text_span(BPF_ALLOCATOR).map_or([0, 0], |(a, b)| [a, b]),
             },
         };
         load.config(&cfg)
