@@ -1021,7 +1021,9 @@ impl Tool for Memleak {
             },
             bpf_alloc: match self.user {
                 true => [0, 0],
-                false => kernel.text_span(BPF_ALLOCATOR).map_or([0, 0], |(a, b)| [a, b]),
+                false => kernel
+                    .text_span(BPF_ALLOCATOR)
+                    .map_or([0, 0], |(a, b)| [a, b]),
             },
         };
         load.config(&cfg)
