@@ -1632,6 +1632,9 @@ fn cgroup_and_pinned_cgroup_map_filters() {
     assert!(stderr.contains("-F and -c N"), "{stderr}");
 }
 
+/// `-L` samples only the named thread; `-I` adds the idle CPUs' samples
+/// (pid 0), about as many as perf's own cpu-clock takes of the idle task
+/// in the same window, and none without it.
 #[test]
 fn thread_filter_and_idle_stacks() {
     // -L: only the named thread (the fixture's main thread) is sampled.
@@ -1648,46 +1651,53 @@ fn thread_filter_and_idle_stacks() {
     }
 
     // Idle CPUs show up as pid 0 only with -I; with it, about as often
-    // as the kernel counted the CPUs idle meanwhile (a busy machine may
-    // not idle at all). The idle time is counted within the second that
-    // rtrace samples, not around its whole run: beside a busy loop and
-    // `perf record -a`, a machine idled 0.93 s during rtrace's start and
-    // end and not at all while it sampled.
+    // as perf's own cpu-clock samples the idle task meanwhile. Not as
+    // often as the kernel counts the CPUs idle: on this VM cpu-clock does
+    // not fire on an idle CPU that has given up its tick (perf's neither),
+    // so beside a busy loop on the CPU that keeps it, no CPU is sampled
+    // idle at all though one idles the whole second.
     let idle = |args: &[&str]| {
         let mut all = vec!["profile", "-F", "199", "-K", "--json"];
         all.extend_from_slice(args);
         let rtrace = Rtrace::start_until(&all, READY);
-        let before = idle_seconds();
-        std::thread::sleep(std::time::Duration::from_secs(1));
-        let idled = idle_seconds() - before;
+        let data = temp("idle-perf.data");
+        let perf = Command::new("perf")
+            .args(["record", "-q", "-a", "-e", "cpu-clock", "-F", "199", "-o"])
+            .arg(&data)
+            .args(["--", "sleep", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("perf (Debian package linux-perf; cargo xtask installs it)");
+        assert!(perf.success(), "perf record: {perf}");
         let (code, stdout, stderr) = rtrace.stop(SIGINT);
         assert_eq!(code, 0, "{stderr}");
+        let script = Command::new("perf")
+            .args(["script", "-F", "pid", "-i"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&data);
+        let perfs = String::from_utf8_lossy(&script.stdout)
+            .lines()
+            .filter(|l| l.trim() == "0")
+            .count() as u64;
         let samples = json_lines(&stdout)
             .iter()
             .filter(|s| s["pid"] == 0)
             .map(|s| s["count"].as_u64().unwrap())
             .sum::<u64>();
-        (samples, idled)
+        (samples, perfs)
     };
     assert_eq!(idle(&[]).0, 0, "idle samples without -I");
-    let (samples, idled) = idle(&["-I"]);
-    // The second counted falls within the sampling, so the samples are
-    // its idle time at 199 Hz less chance and the timers' slack: a
-    // quarter of it is a floor.
-    let floor = (idled * 199.0 / 4.0).floor() as u64;
+    let (samples, perfs) = idle(&["-I"]);
+    // rtrace samples from before perf starts to after it ends, at the
+    // same rate: half perf's count is a floor with room for chance and
+    // the timers' slack.
     assert!(
-        samples >= floor,
-        "{samples} idle samples with -I where the CPUs idled {idled:.2} s"
+        samples >= perfs / 2,
+        "{samples} idle samples with -I where perf sampled the idle task {perfs} times"
     );
-}
-
-/// Seconds the CPUs have been idle since boot, summed (`/proc/stat`).
-fn idle_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap();
-    let cpu = stat.lines().next().unwrap();
-    // user nice system idle iowait ..., in clock ticks of 1/100 s.
-    let ticks: u64 = cpu.split_whitespace().nth(4).unwrap().parse().unwrap();
-    ticks as f64 / 100.0
 }
 
 /// `--off-cpu`: the fixture computes and sleeps by turns in `mid_mixed`;
