@@ -531,6 +531,7 @@ pub fn folded(g: &Graph) -> Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn crate_graph(src: &str) -> Graph {
         graph(&crate::root().join(src)).unwrap()
@@ -606,5 +607,116 @@ mod tests {
         assert!(g["kernel::btf"].is_empty(), "{g:?}");
         assert_eq!(upward(&g), ["kernel -> tools: run, tools"]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The files under `dir`, each as its path.
+    fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files_under(&p, out);
+            }
+            out.push(p);
+        }
+    }
+
+    /// The `backticked` words of `text` that name a file or folder: no
+    /// spaces, no `::`, no placeholders, ending in `.rs`, `.md` or `/`.
+    fn named_paths(text: &str) -> Vec<String> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| !w.contains([' ', '<', '*', '{']) && !w.contains("::"))
+            .filter(|w| w.ends_with(".rs") || w.ends_with(".md") || w.ends_with('/'))
+            .map(|w| w.trim_end_matches('/').to_owned())
+            .collect()
+    }
+
+    /// Whether `name` is a path from the root or `within`, or a path's
+    /// end somewhere under `within`.
+    fn found(root: &Path, within: &Path, name: &str) -> bool {
+        if root.join(name).exists() || within.join(name).exists() {
+            return true;
+        }
+        let mut all = Vec::new();
+        files_under(within, &mut all);
+        all.iter().any(|p| p.ends_with(name))
+    }
+
+    /// Every path the README's layout table and docs/architecture.md name
+    /// exists: each row's path, each file its row names, and each path
+    /// from the root the architecture page names in its text.
+    #[test]
+    fn paths_the_docs_name_exist() {
+        let root = crate::root();
+        let mut missing = Vec::new();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let layout = readme.split("## Layout").nth(1).expect("README's Layout");
+        let layout = layout.split("\n## ").next().unwrap();
+        let mut rows = 0;
+        for row in layout.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let path = cells[1].trim_matches('`');
+            rows += 1;
+            if !root.join(path).exists() {
+                missing.push(format!("README: {path}"));
+                continue;
+            }
+            for name in named_paths(cells[2]) {
+                if !found(&root, &root.join(path), &name) {
+                    missing.push(format!("README, row {path}: {name}"));
+                }
+            }
+        }
+        assert!(rows >= 10, "{rows} rows in the README's layout table");
+        let arch = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+        let src = root.join("userspace/src");
+        let mut layers = 0;
+        for row in arch.lines().filter(|l| l.starts_with("| ")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            if cells.len() < 4 || cells[1].parse::<u32>().is_err() {
+                continue;
+            }
+            layers += 1;
+            let folder = cells[2].split('`').nth(1).unwrap_or_default();
+            let dir = if folder == "common/" {
+                root.join("common")
+            } else {
+                src.join(folder)
+            };
+            if !dir.exists() {
+                missing.push(format!("architecture, layer {}: {folder}", cells[1]));
+                continue;
+            }
+            for name in named_paths(cells[3]) {
+                if !found(&root, &dir, &name) {
+                    missing.push(format!("architecture, layer {folder}: {name}"));
+                }
+            }
+        }
+        assert!(
+            layers >= 5,
+            "{layers} rows in architecture.md's layer table"
+        );
+        let tops = [
+            "userspace/",
+            "xtask/",
+            "tests/",
+            "common/",
+            "ebpf-",
+            "docs/",
+        ];
+        for name in named_paths(&arch) {
+            if tops.iter().any(|t| name.starts_with(t)) && !root.join(&name).exists() {
+                missing.push(format!("architecture: {name}"));
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "named in the docs, not in the tree: {missing:#?}"
+        );
     }
 }
