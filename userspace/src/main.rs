@@ -5,6 +5,7 @@
 //! import downwards only: `tools` use the `tracer`, which uses `stacks`,
 //! `probes` and `output`, which use `kernel`, which uses `rtrace_common`.
 
+mod engine;
 mod kernel;
 mod output;
 mod probes;

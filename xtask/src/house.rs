@@ -479,9 +479,10 @@ fn shown(module: &str) -> &str {
 /// User space's layers, lowest first: a module may import its own layer's
 /// modules (the circle check keeps those apart) and those below, never
 /// those above. The crate root (`main.rs`) is above them all.
-pub const LAYERS: [&[&str]; 4] = [
+pub const LAYERS: [&[&str]; 5] = [
     &["kernel"],
     &["stacks", "probes", "output"],
+    &["engine"],
     &["tracer"],
     &["tools"],
 ];

@@ -629,3 +629,18 @@ pub fn write_speedscope(
     });
     serde_json::to_writer(out, &doc).context("cannot write the speedscope profile")
 }
+
+/// A frame as bcc prints it: `func+0x1a [module]`, after its address with
+/// `-a`.
+pub fn frame_text(f: &crate::stacks::symbolize::Frame, address: bool) -> String {
+    let module = f
+        .module
+        .as_deref()
+        .map(|m| m.rsplit('/').next().unwrap_or(m).trim_matches(['[', ']']))
+        .unwrap_or("unknown");
+    if address {
+        format!("{:16x} {} [{module}]", f.addr, f.name)
+    } else {
+        format!("{} [{module}]", f.name)
+    }
+}

@@ -26,7 +26,7 @@ use rtrace_common::memleak::{
 use rtrace_common::profile::HEAT_SLOT_NS;
 use serde::Serialize;
 
-use super::stacktool::{StackArgs, StackTool, Unwind};
+use crate::engine::stacktool::{StackArgs, StackTool, Unwind};
 use crate::kernel::warning::Warning;
 use crate::{
     kernel::{
@@ -555,7 +555,7 @@ impl Memleak {
         let address = self.args.stacks.addresses;
         let lines: Vec<String> = frames
             .iter()
-            .map(|f| super::trace::frame_text(f, address))
+            .map(|f| crate::output::stacks::frame_text(f, address))
             .collect();
         let n = (frames, lines);
         self.named.insert((pid, hash), n.clone());

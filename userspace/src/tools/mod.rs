@@ -7,9 +7,7 @@ pub mod doctor;
 pub mod exporter;
 pub mod flamegraph;
 pub mod list;
-pub mod offcpu;
 pub mod report;
-pub mod stacktool;
 
 use crate::tracer::{self, GlobalArgs};
 

@@ -14,6 +14,10 @@ use inferno::flamegraph::color::{BasicPalette, Palette};
 use rtrace_common::offcputime::{ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER};
 
 use crate::{
+    engine::{
+        offcpu::{self, Filter, OffCpu},
+        stacktool::{StackArgs, StackTool},
+    },
     kernel::{
         features::Mechanism,
         load::{Kernel, Load},
@@ -28,10 +32,6 @@ use crate::{
         },
     },
     stacks::sample::Sample,
-    tools::{
-        offcpu::{self, Filter, OffCpu},
-        stacktool::{StackArgs, StackTool},
-    },
     tracer::{Scope, Tool},
 };
 

@@ -21,6 +21,10 @@ use rtrace_common::{
 };
 
 use crate::{
+    engine::{
+        offcpu::{Filter, OffCpu},
+        stacktool::{StackArgs, StackTool},
+    },
     kernel::{
         features::Mechanism,
         load::{Hooks, Kernel, Load},
@@ -40,10 +44,6 @@ use crate::{
         event,
     },
     stacks::sample::Sample,
-    tools::{
-        offcpu::{Filter, OffCpu},
-        stacktool::{StackArgs, StackTool},
-    },
     tracer::{Scope, Tool},
 };
 

@@ -27,7 +27,7 @@ use rtrace_common::strace::{
 };
 use serde::Serialize;
 
-use super::stacktool::{StackTool, Unwind};
+use crate::engine::stacktool::{StackTool, Unwind};
 use crate::kernel::warning::Warning;
 use crate::{
     kernel::{
@@ -284,7 +284,7 @@ impl Tool for Strace {
         load.config(&cfg);
         if self.args.stack_trace {
             let mut stacks = StackTool::new(false);
-            stacks.configure(&super::stacktool::walk_args(), kernel, load)?;
+            stacks.configure(&crate::engine::stacktool::walk_args(), kernel, load)?;
             self.stacks = Some(stacks);
         }
         if self.follows() {

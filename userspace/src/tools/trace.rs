@@ -22,7 +22,7 @@ use crate::{
         load::{Kernel, Load, thread_entries},
         transport::{BufferArgs, BufferSize},
     },
-    output::{Record, Sink},
+    output::{Record, Sink, stacks::frame_text},
     probes::{
         attach::{Slot, attach_slot},
         spec::{
@@ -34,7 +34,7 @@ use crate::{
     tracer::{Scope, ScopeArgs, Tool, own},
 };
 
-use super::stacktool::{StackTool, Unwind};
+use crate::engine::stacktool::{StackTool, Unwind};
 
 /// Attach to functions, tracepoints and USDT probes and print a line each
 /// time one fires, with a printf format of its values (bcc's trace). With
@@ -303,7 +303,7 @@ impl Tool for Trace {
         self.stacks = None;
         if self.args.user_stack {
             let mut stacks = StackTool::new(false);
-            stacks.configure(&super::stacktool::walk_args(), kernel, load)?;
+            stacks.configure(&crate::engine::stacktool::walk_args(), kernel, load)?;
             self.stacks = Some(stacks);
         }
         // SAFETY: every field is an integer or an array of them.
@@ -635,20 +635,5 @@ impl Trace {
             _ => Vec::new(),
         };
         (kernel, user)
-    }
-}
-
-/// A frame as bcc prints it: `func+0x1a [module]`, after its address with
-/// `-a`.
-pub(crate) fn frame_text(f: &crate::stacks::symbolize::Frame, address: bool) -> String {
-    let module = f
-        .module
-        .as_deref()
-        .map(|m| m.rsplit('/').next().unwrap_or(m).trim_matches(['[', ']']))
-        .unwrap_or("unknown");
-    if address {
-        format!("{:16x} {} [{module}]", f.addr, f.name)
-    } else {
-        format!("{} [{module}]", f.name)
     }
 }
