@@ -1,12 +1,16 @@
 //! `rtrace fsslower -t TYPE`: ext4slower's tool on ext4, xfs, btrfs or
-//! nfs, as libbpf-tools' fsslower. The programs are ext4slower's: the
+//! nfs, as libbpf-tools' fsslower; the shared [`Slower`] on the file
+//! system `-t` names. The programs are ext4slower's: the
 //! file system's own read, write, open and sync functions for fentry and
 //! kprobes, its superblock magic for the syscall tracepoint path.
 
-use super::ext4slower::{self, FILE_SYSTEMS, Fs, FsChoice, Slower};
+use super::slower::{self, FILE_SYSTEMS, Fs, FsChoice, Slower};
 
 /// Trace common file system operations slower than a threshold.
 #[derive(Debug, clap::Args)]
+// Its own group name: the flattened `slower::Args` is named `Args` too,
+// and clap's debug checks refuse two groups of one name.
+#[group(id = "fsslower")]
 #[command(after_help = "Examples:
   rtrace fsslower -t xfs        # xfs operations slower than 10 ms (default)
   rtrace fsslower -t btrfs 1    # btrfs operations slower than 1 ms
@@ -19,7 +23,7 @@ pub struct Args {
     #[arg(short = 't', long = "type", value_name = "TYPE", value_parser = fs_type)]
     fs: &'static Fs,
     #[command(flatten)]
-    slower: ext4slower::Args,
+    slower: slower::Args,
 }
 
 fn fs_type(name: &str) -> Result<&'static Fs, String> {
@@ -35,7 +39,7 @@ pub struct Any;
 impl FsChoice for Any {
     type Args = Args;
     const NAME: &'static str = "fsslower";
-    fn split(args: Args) -> (ext4slower::Args, &'static Fs) {
+    fn split(args: Args) -> (slower::Args, &'static Fs) {
         (args.slower, args.fs)
     }
 }

@@ -8,6 +8,7 @@ pub mod exporter;
 pub mod flamegraph;
 pub mod list;
 pub mod report;
+pub mod slower;
 
 use crate::tracer::{self, GlobalArgs};
 
@@ -171,10 +172,42 @@ registry! {
 mod tests {
 
     /// clap's own checks of the whole command line: no two arguments of
-    /// a subcommand share a letter or a name.
+    /// a subcommand share a letter or a name. clap makes them only where
+    /// its crate keeps debug assertions, which `cargo test --release`
+    /// does not: the duplicates that matter most are also looked for here,
+    /// in every subcommand (a debug build of `rtrace fsslower --help`
+    /// once panicked on two groups named `Args`, while this test passed).
     #[test]
     fn the_command_line_is_consistent() {
         super::Cli::command_line().debug_assert();
+        fn check(cmd: &clap::Command, path: &str, bad: &mut Vec<String>) {
+            let mut seen = std::collections::HashSet::new();
+            let mut twice = |kind: &str, what: String| {
+                if !seen.insert(format!("{kind} {what}")) {
+                    bad.push(format!("{path}: {kind} {what} twice"));
+                }
+            };
+            for g in cmd.get_groups() {
+                twice("group", g.get_id().to_string());
+            }
+            for a in cmd.get_arguments() {
+                twice("argument", a.get_id().to_string());
+                if let Some(c) = a.get_short() {
+                    twice("short", c.to_string());
+                }
+                if let Some(l) = a.get_long() {
+                    twice("long", l.to_owned());
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), bad);
+            }
+        }
+        let mut bad = Vec::new();
+        let mut cli = super::Cli::command_line();
+        cli.build();
+        check(&cli, "rtrace", &mut bad);
+        assert!(bad.is_empty(), "{bad:#?}");
     }
 
     #[test]
