@@ -114,7 +114,14 @@ macro_rules! registry {
                 // trace's name, as perf trace traces syscalls with no events.
                 Command::Trace(a) if a.args.syscalls() => {
                     let a = *a;
-                    tracer::run::<strace::Strace>(a.args.into_strace()?, &a.global).await
+                    let run = a.args.into_syscalls()?;
+                    let flags = strace::TraceFlags {
+                        times: run.times,
+                        summary: run.summary,
+                        duration: run.duration,
+                    };
+                    let args = strace::Args::for_trace(run.scope, run.buffer, flags);
+                    tracer::run::<strace::Strace>(args, &a.global).await
                 }
                 $(Command::$variant(a) => {
                     let a = *a;

@@ -146,10 +146,11 @@ impl Args {
         self.specs.is_empty()
     }
 
-    /// The `rtrace strace` arguments of a run with no probe: the same
-    /// scope, output and buffer; `-T` shows the time of day as strace's
-    /// `-t`, `-t` the time since the epoch as `-ttt`.
-    pub fn into_strace(self) -> anyhow::Result<super::strace::Args> {
+    /// What a run with no probe traces, for strace's engine to run (the
+    /// registry hands it over): the same scope, output and buffer; `-T`
+    /// shows the time of day as strace's `-t`, `-t` the time since the
+    /// epoch as `-ttt`.
+    pub fn into_syscalls(self) -> anyhow::Result<SyscallRun> {
         if self.kernel_stack || self.user_stack {
             anyhow::bail!("-K and -U take a probe: syscall lines carry no stacks yet");
         }
@@ -158,16 +159,29 @@ impl Args {
         } else {
             u8::from(self.time)
         };
-        Ok(super::strace::Args::for_trace(
-            self.scope.into_letters(),
-            self.buffer,
-            super::strace::TraceFlags {
-                times,
-                summary: self.summary,
-                duration: self.duration,
-            },
-        ))
+        Ok(SyscallRun {
+            scope: self.scope.into_letters(),
+            buffer: self.buffer,
+            times,
+            summary: self.summary,
+            duration: self.duration,
+        })
     }
+}
+
+/// A run of `rtrace trace` with no probe, as perf trace's view of the
+/// syscalls: what strace's engine needs of it.
+pub struct SyscallRun {
+    /// The scope, in the letters strace takes.
+    pub scope: ScopeArgs<{ own::C | own::UPPER_C | own::T }>,
+    /// The event buffer.
+    pub buffer: BufferArgs,
+    /// strace's `-t` count.
+    pub times: u8,
+    /// perf trace's `-s`: the summary by process, instead of lines.
+    pub summary: bool,
+    /// Only calls that took at least this many milliseconds.
+    pub duration: Option<f64>,
 }
 
 /// One event's line, and its stack lines.
