@@ -400,6 +400,7 @@ fn code_objects_freed_and_replaced_at_one_address_keep_their_own_names() {
     );
     let mut named = std::collections::BTreeSet::new();
     let (mut right, mut wrong) = (0, 0);
+    let mut wrong_stacks = Vec::new();
     for (s, c) in &folded {
         let py = py_frames(s, "pyfix_codes");
         let Some(f) = py.iter().find(|f| f.starts_with("pyfix_codes.f_")) else {
@@ -417,9 +418,15 @@ fn code_objects_freed_and_replaced_at_one_address_keep_their_own_names() {
             right += c;
         } else {
             wrong += c;
+            wrong_stacks.push(format!("{} {c}", s.join(";")));
         }
     }
-    assert_eq!(wrong, 0, "{right} samples right:\n{}", show(&folded));
+    assert_eq!(
+        wrong,
+        0,
+        "{right} samples right; named with another function's leaf:\n{}",
+        wrong_stacks.join("\n")
+    );
     assert!(
         named.len() as i64 >= rounds / 2,
         "{} of {rounds} functions named:\n{stderr}",
