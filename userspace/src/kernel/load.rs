@@ -118,16 +118,43 @@ pub struct Kernel {
     kallsyms: Option<String>,
 }
 
+/// A text symbol of `/proc/kallsyms` (kind t or T): its address as
+/// written (all zeros where kptr_restrict hides it), its name, and whether
+/// a module holds it (listed with the module after the name).
+struct TextSymbol<'a> {
+    addr: &'a str,
+    name: &'a str,
+    in_module: bool,
+}
+
+/// The text symbols of `kallsyms`, in its order.
+fn text_symbols(kallsyms: &str) -> impl Iterator<Item = TextSymbol<'_>> {
+    kallsyms.lines().filter_map(|l| {
+        let mut f = l.split_whitespace();
+        let (addr, kind, name) = (f.next()?, f.next()?, f.next()?);
+        matches!(kind, "t" | "T").then(|| TextSymbol {
+            addr,
+            name,
+            in_module: f.next().is_some(),
+        })
+    })
+}
+
 impl Kernel {
+    /// `/proc/kallsyms`, read the first time it is asked for (empty if it
+    /// cannot be read).
+    fn kallsyms(&mut self) -> &str {
+        self.kallsyms
+            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default())
+    }
+
     /// The kernel function a probe on `func` goes to: `func` itself, or,
     /// where the kernel renamed it for allocation profiling (6.10+:
     /// `__kmalloc` became `__kmalloc_noprof`), its `_noprof` twin, so that
     /// the command lines written for older kernels keep working. Fails
     /// with a clear line when neither is in `/proc/kallsyms`.
     pub fn function(&mut self, func: &str) -> anyhow::Result<String> {
-        let syms = self
-            .kallsyms
-            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default());
+        let syms = self.kallsyms();
         let twin = format!("{func}_noprof");
         let (mut own, mut renamed) = (false, false);
         for line in syms.lines() {
@@ -150,17 +177,10 @@ impl Kernel {
     /// `keep` admits, sorted and each once: the functions kprobes can be
     /// asked for (the kernel refuses its blacklisted ones at attach).
     pub fn functions_where(&mut self, keep: impl Fn(&str) -> bool) -> Vec<String> {
-        let syms = self
-            .kallsyms
-            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default());
-        let mut out: Vec<String> = syms
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                let (_, kind, name) = (f.next()?, f.next()?, f.next()?);
-                // Module symbols are listed with their module after.
-                (matches!(kind, "t" | "T") && keep(name)).then(|| name.to_owned())
-            })
+        let syms = self.kallsyms();
+        let mut out: Vec<String> = text_symbols(syms)
+            .filter(|s| keep(s.name))
+            .map(|s| s.name.to_owned())
             .collect();
         out.sort();
         out.dedup();
@@ -173,27 +193,23 @@ impl Kernel {
     /// the kernel gives to more than one function is passed over: it
     /// could widen the span to code that is not meant.
     pub fn text_span(&mut self, names: &[&str]) -> Option<(u64, u64)> {
-        let syms = self
-            .kallsyms
-            .get_or_insert_with(|| std::fs::read_to_string("/proc/kallsyms").unwrap_or_default());
-        let mut text: Vec<(u64, &str)> = syms
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                let (addr, kind, name) = (f.next()?, f.next()?, f.next()?);
-                // Module symbols carry their module after the name.
-                (matches!(kind, "t" | "T") && f.next().is_none())
-                    .then(|| Some((u64::from_str_radix(addr, 16).ok()?, name)))?
-            })
+        let syms = self.kallsyms();
+        let mut text: Vec<(u64, &str)> = text_symbols(syms)
+            .filter(|s| !s.in_module)
+            .filter_map(|s| Some((u64::from_str_radix(s.addr, 16).ok()?, s.name)))
             .collect();
         text.sort_unstable();
-        let mut at: Vec<usize> = Vec::new();
-        for name in names {
-            let found: Vec<usize> = (0..text.len()).filter(|&i| text[i].1 == *name).collect();
-            if let [i] = found[..] {
-                at.push(i);
-            }
-        }
+        // Each name's place in `text`, if it names one function only.
+        let at: Vec<usize> = names
+            .iter()
+            .filter_map(|name| {
+                let mut hits = (0..text.len()).filter(|&i| text[i].1 == *name);
+                match (hits.next(), hits.next()) {
+                    (Some(i), None) => Some(i),
+                    _ => None,
+                }
+            })
+            .collect();
         let (first, last) = (*at.iter().min()?, *at.iter().max()?);
         let start = text[first].0;
         let end = text[last + 1..]
