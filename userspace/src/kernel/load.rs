@@ -194,28 +194,21 @@ impl Kernel {
     /// could widen the span to code that is not meant.
     pub fn text_span(&mut self, names: &[&str]) -> Option<(u64, u64)> {
         let syms = self.kallsyms();
-        let mut text: Vec<(u64, &str)> = text_symbols(syms)
-            .filter(|s| !s.in_module)
-            .filter_map(|s| Some((u64::from_str_radix(s.addr, 16).ok()?, s.name)))
-            .collect();
-        text.sort_unstable();
-        // Each name's place in `text`, if it names one function only.
-        let at: Vec<usize> = names
-            .iter()
-            .filter_map(|name| {
-                let mut hits = (0..text.len()).filter(|&i| text[i].1 == *name);
-                match (hits.next(), hits.next()) {
-                    (Some(i), None) => Some(i),
-                    _ => None,
-                }
-            })
-            .collect();
-        let (first, last) = (*at.iter().min()?, *at.iter().max()?);
-        let start = text[first].0;
-        let end = text[last + 1..]
-            .iter()
-            .map(|s| s.0)
-            .find(|&a| a > text[last].0)?;
+        let core = || {
+            text_symbols(syms)
+                .filter(|s| !s.in_module)
+                .filter_map(|s| Some((u64::from_str_radix(s.addr, 16).ok()?, s.name)))
+        };
+        // Each name's address and how many functions bear it.
+        let mut found = vec![(0u64, 0u32); names.len()];
+        for (addr, name) in core() {
+            if let Some(i) = names.iter().position(|n| *n == name) {
+                found[i] = (addr, found[i].1 + 1);
+            }
+        }
+        let unique = || found.iter().filter(|f| f.1 == 1).map(|f| f.0);
+        let (start, last) = (unique().min()?, unique().max()?);
+        let end = core().map(|s| s.0).filter(|&a| a > last).min()?;
         (start != 0).then_some((start, end))
     }
 
@@ -514,5 +507,45 @@ impl Drop for Detaching {
         if let Some(t) = self.0.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kernel;
+
+    /// The span runs from the first named function to where the symbol
+    /// after the last begins; a name two functions bear, and modules'
+    /// symbols, are passed over.
+    #[test]
+    fn text_span_covers_the_named_functions_and_no_more() {
+        let mut k = Kernel {
+            kallsyms: Some(
+                "ffffffff81000000 T before\n\
+                 ffffffff81000100 t alloc_bulk\n\
+                 ffffffff81000180 t helper\n\
+                 ffffffff81000200 T bpf_mem_alloc\n\
+                 ffffffff81000200 T bpf_mem_alloc_alias\n\
+                 ffffffff81000280 d data_after\n\
+                 ffffffff81000300 T after\n\
+                 ffffffff80000000 t __alloc\n\
+                 ffffffff90000000 t __alloc\n\
+                 ffffffffc0000000 t unit_alloc\t[some_module]\n"
+                    .into(),
+            ),
+            ..Kernel::default()
+        };
+        let names = ["__alloc", "alloc_bulk", "unit_alloc", "bpf_mem_alloc"];
+        assert_eq!(
+            k.text_span(&names),
+            Some((0xffff_ffff_8100_0100, 0xffff_ffff_8100_0300))
+        );
+        assert_eq!(k.text_span(&["__alloc", "missing"]), None);
+        // kptr_restrict: every address reads 0.
+        let mut hidden = Kernel {
+            kallsyms: Some("0000000000000000 t alloc_bulk\n0000000000000000 T after\n".into()),
+            ..Kernel::default()
+        };
+        assert_eq!(hidden.text_span(&["alloc_bulk"]), None);
     }
 }
