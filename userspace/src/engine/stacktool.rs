@@ -112,6 +112,17 @@ pub struct StackArgs {
     pub transforms: crate::output::stacks::transform::TransformArgs,
 }
 
+impl Default for StackArgs {
+    /// The flags' defaults, as the stack tools take them.
+    fn default() -> Self {
+        Self {
+            hash_storage_size: 40960,
+            offsets: false,
+            ..walk_args()
+        }
+    }
+}
+
 /// The walk's settings for a tool that walks a stack an event (strace's
 /// `-k`, trace's `-U`): the defaults of the stack tools' flags, frames
 /// named with their offsets as strace and bcc name them.

@@ -14,6 +14,8 @@ use std::{
 
 use anyhow::Context as _;
 
+use crate::output::stacks::report::ReportArgs;
+
 /// A report file, created and waiting for its contents.
 #[derive(Debug)]
 pub struct ReportFile {
@@ -80,6 +82,89 @@ impl ReportFile {
             .persist(&path)
             .map_err(|e| anyhow::anyhow!("cannot write {}: {}", path.display(), e.error))?;
         Ok(path)
+    }
+}
+
+/// The outputs of a stack tool's whole run, declared once for every
+/// tool that takes them: the files, and perf report's table.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct StackOutputs {
+    /// Write a flame graph (SVG) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Draw the flame graph upside down, as an icicle graph.
+    #[arg(long, requires = "svg")]
+    pub icicle: bool,
+    /// Write a gzipped pprof profile (profile.proto) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
+    /// Write a speedscope profile (JSON) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub speedscope: Option<PathBuf>,
+    /// Write a sub-second heat map (SVG) to FILE, as FlameScope draws it:
+    /// a column per second, a row per 20 ms, each cell coloured by its
+    /// samples. Counted in the kernel, slot by slot, with no event per
+    /// sample; at most the first 10 minutes without a duration.
+    #[arg(long, value_name = "FILE")]
+    pub heatmap: Option<PathBuf>,
+    /// Write one self-contained page (HTML) to FILE: the heat map, where
+    /// dragging over cells selects a range of time; the flame graph of
+    /// the run or of that range, with zoom, search and an icicle view;
+    /// perf report's table; and the run's facts. It loads nothing from
+    /// the network. Stacks are counted by 20 ms slot for it.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Print perf report's table instead of stacks: overhead with
+    /// children and self by --sort keys (comm, dso, sym), shaped by the
+    /// report options (--hierarchy, -g, --percent-limit and the rest).
+    #[arg(long)]
+    pub report: bool,
+    #[command(flatten)]
+    pub report_opts: Box<ReportArgs>,
+}
+
+impl StackOutputs {
+    /// Creates each file asked for, before anything is attached; a table
+    /// option without `--report` is an error.
+    pub fn create(&self) -> anyhow::Result<StackReports> {
+        if !self.report
+            && let Some(flag) = self.report_opts.changed()
+        {
+            anyhow::bail!("{flag} shapes perf report's table: add --report");
+        }
+        StackReports::create([
+            self.svg.as_deref(),
+            self.pprof.as_deref(),
+            self.speedscope.as_deref(),
+            self.heatmap.as_deref(),
+            self.html.as_deref(),
+        ])
+    }
+
+    /// Whether a file of stacks is asked for, which the text output then
+    /// leaves the stacks to (a heat map holds none).
+    pub fn files(&self) -> bool {
+        self.svg.is_some()
+            || self.pprof.is_some()
+            || self.speedscope.is_some()
+            || self.html.is_some()
+    }
+
+    /// The first output asked for of those a tool cannot write
+    /// (`unsupported`, by flag: `"--heatmap"`), if any.
+    pub fn unsupported(&self, unsupported: &[&'static str]) -> Option<&'static str> {
+        let asked = [
+            ("--svg", self.svg.is_some()),
+            ("--pprof", self.pprof.is_some()),
+            ("--speedscope", self.speedscope.is_some()),
+            ("--heatmap", self.heatmap.is_some()),
+            ("--html", self.html.is_some()),
+            ("--report", self.report),
+        ];
+        asked
+            .into_iter()
+            .find(|(flag, set)| *set && unsupported.contains(flag))
+            .map(|(flag, _)| flag)
     }
 }
 

@@ -12,6 +12,66 @@ pub mod slower;
 
 use crate::tracer::{self, GlobalArgs};
 
+/// The `Tool` methods of a front-end of the engine's sampling, which
+/// keeps its [`Sampler`](crate::engine::sampling::Sampler) in the field
+/// `sampler`: what to attach and how, and the stacks written at the end,
+/// are the sampler's. The front-end keeps its flags, its scope, its
+/// banner, what it prints and what it reports at the end.
+macro_rules! sampling_tool {
+    () => {
+        fn scoped(&mut self, scope: &$crate::tracer::Scope) {
+            self.sampler.scoped(scope);
+        }
+
+        fn events(&self) -> Option<&$crate::kernel::transport::BufferArgs> {
+            Some(self.sampler.events())
+        }
+
+        fn duration(&self) -> Option<u64> {
+            self.sampler.duration()
+        }
+
+        fn variants(
+            &self,
+            _m: Option<$crate::kernel::features::Mechanism>,
+            _kernel: &mut $crate::kernel::load::Kernel,
+        ) -> Vec<&'static str> {
+            self.sampler.variants()
+        }
+
+        fn configure(
+            &mut self,
+            _m: Option<$crate::kernel::features::Mechanism>,
+            kernel: &mut $crate::kernel::load::Kernel,
+            load: &mut $crate::kernel::load::Load,
+        ) -> anyhow::Result<()> {
+            self.sampler.configure(kernel, load)
+        }
+
+        fn attach(
+            &mut self,
+            _m: Option<$crate::kernel::features::Mechanism>,
+            kernel: &mut $crate::kernel::load::Kernel,
+            ebpf: &mut aya::Ebpf,
+        ) -> anyhow::Result<()> {
+            self.sampler.attach(kernel, ebpf)
+        }
+
+        fn describe(&self) -> String {
+            self.sampler.describe()
+        }
+
+        fn notes(&self) -> Vec<String> {
+            self.sampler.notes()
+        }
+
+        fn event(&mut self, record: &[u8], _sink: &mut $crate::output::Sink) -> anyhow::Result<()> {
+            self.sampler.event(record)
+        }
+    };
+}
+use sampling_tool;
+
 /// What `--version` says: the release, the commit, and the aya crates of
 /// both sides.
 const LONG_VERSION: &str = concat!(

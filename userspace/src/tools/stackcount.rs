@@ -1,17 +1,21 @@
 //! `rtrace stackcount`: bcc's stackcount, the stacks that lead to each
 //! event of tracepoints, kernel and user functions and USDT probes, with
-//! bcc's flags and patterns. It is `rtrace profile -e` under bcc's
-//! spelling: its flags become profile's, and profile's object, walk,
-//! store and outputs do the work.
+//! bcc's flags and patterns. It is the engine's sampling at events
+//! (`rtrace profile -e`) under bcc's spelling: its flags become a
+//! [`Sampling`], and the sampler's object, walk, store and outputs do the
+//! work.
 
 use aya::Ebpf;
 
-use super::profile::{self, Profile};
 use crate::kernel::warning::Warning;
 use crate::{
+    engine::{
+        sampling::{self, Sampler, Sampling},
+        stacktool::StackArgs,
+    },
     kernel::features::Mechanism,
-    output::{Schedule, Sink},
-    tracer::Tool,
+    output::{Schedule, Sink, stacks::TextOptions},
+    tracer::{Scope, Tool},
 };
 
 #[derive(Debug, clap::Args)]
@@ -96,106 +100,109 @@ fn event_spec(pattern: &str, is_category: impl Fn(&str) -> bool) -> anyhow::Resu
     })
 }
 
-/// profile's arguments, parsed from the command line stackcount's flags
-/// make.
-/// The tool: profile, at every event of the pattern's tracepoints.
+/// The tool: the engine's sampler, at every event of the pattern's
+/// tracepoints, functions or probes.
 pub struct Stackcount {
-    profile: Profile,
+    sampler: Sampler,
+    scope: Scope,
     pattern: String,
 }
 
 impl Args {
-    /// profile's command line for these flags, given which tracepoint
+    /// The engine's sampling for these flags, given which tracepoint
     /// categories exist.
-    fn profile_argv(&self, is_category: impl Fn(&str) -> bool) -> anyhow::Result<Vec<String>> {
+    fn sampling(&self, is_category: impl Fn(&str) -> bool) -> anyhow::Result<Sampling> {
         let spec = event_spec(&self.pattern, is_category)?;
-        let mut argv: Vec<String> = vec!["profile".into(), "-e".into(), spec];
-        let mut add = |set: bool, flag: &str| {
-            if set {
-                argv.push(flag.to_owned());
-            }
-        };
-        add(self.kernel_only, "-K");
-        add(self.user_only, "-U");
-        add(self.delimited, "-d");
-        add(self.folded, "-f");
-        add(self.regexp, "--regexp");
-        add(self.offset, "--offsets");
-        add(self.addresses, "--addresses");
-        if let Some(i) = self.interval {
-            argv.extend(["--interval".to_owned(), i.to_string()]);
+        let event = sampling::parse_event(&spec).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(Sampling {
+            event,
+            duration: self.duration,
+            interval: self.interval,
+            regexp: self.regexp,
+            cpus: self.cpu.into_iter().collect(),
+            user_only: self.user_only,
+            kernel_only: self.kernel_only,
+            text: TextOptions {
+                delimiter: self.delimited,
+                annotate: false,
+            },
+            folded: self.folded,
+            stacks: StackArgs {
+                offsets: self.offset,
+                addresses: self.addresses,
+                ..StackArgs::default()
+            },
+            ..Sampling::default()
+        })
+    }
+
+    /// What is traced: `-p`'s process, `-c`'s CPU.
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.pid.into_iter().collect(),
+            cpus: self.cpu.into_iter().collect(),
+            ..Scope::default()
         }
-        if let Some(pid) = self.pid {
-            argv.extend(["-p".to_owned(), pid.to_string()]);
-        }
-        if let Some(cpu) = self.cpu {
-            argv.extend(["-C".to_owned(), cpu.to_string()]);
-        }
-        if let Some(d) = self.duration {
-            argv.push(d.to_string());
-        }
-        Ok(argv)
     }
 }
 
 impl Tool for Stackcount {
     type Args = Args;
     const NAME: &'static str = "stackcount";
-    const OBJECT: &'static str = <Profile as Tool>::OBJECT;
-    const CHAIN: &'static [Mechanism] = <Profile as Tool>::CHAIN;
-    const ERRORS: &'static [&'static str] = <Profile as Tool>::ERRORS;
-    const EXPECTED: &'static [u32] = <Profile as Tool>::EXPECTED;
+    const OBJECT: &'static str = "profile";
+    const CHAIN: &'static [Mechanism] = &[];
+    const ERRORS: &'static [&'static str] = sampling::ERRORS;
+    const EXPECTED: &'static [u32] = sampling::EXPECTED;
 
-    profile::delegate_to_profile!();
+    super::sampling_tool!();
 
     fn new(args: Args) -> anyhow::Result<Self> {
-        let argv = args.profile_argv(|category| {
+        let cfg = args.sampling(|category| {
             crate::kernel::tracefs::root()
                 .is_ok_and(|root| root.join("events").join(category).is_dir())
         })?;
-        let parsed = profile::parse_args(&argv)
-            .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim()))?;
         Ok(Self {
-            profile: Profile::new(parsed)?,
+            sampler: Sampler::new(cfg)?,
+            scope: args.scope(),
             pattern: args.pattern,
         })
     }
 
-    fn duration(&self) -> Option<u64> {
-        self.profile.duration()
+    fn scope(&self) -> Scope {
+        self.scope.clone()
     }
 
     fn interval(&self) -> Schedule {
-        self.profile.interval()
+        self.sampler.interval()
     }
 
     fn banner(&self) -> String {
         // bcc's own line, so that scripts waiting for it find it.
         format!(
             "Tracing {} functions for \"{}\"... Hit Ctrl-C to end.",
-            self.profile.sites(),
+            self.sampler.sites(),
             self.pattern
         )
     }
 
     fn start(&mut self) {
-        self.profile.start();
+        self.sampler.start();
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
-        self.profile.tick(ebpf, sink, last)
+        self.sampler.tick(ebpf, sink, last)
     }
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        self.profile.finish(ebpf, sink)
+        self.sampler.finish(ebpf, sink)
     }
 
     fn summary(&self) -> Vec<String> {
-        self.profile.summary()
+        self.sampler.summary()
     }
 
     fn warnings(&self) -> Vec<Warning> {
-        self.profile.warnings()
+        self.sampler.warnings()
     }
 }
 
@@ -204,7 +211,7 @@ mod tests {
     use super::*;
     use clap::Parser as _;
 
-    fn argv(line: &[&str]) -> anyhow::Result<Vec<String>> {
+    fn args(line: &[&str]) -> Args {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
@@ -212,50 +219,45 @@ mod tests {
         }
         let mut words = vec!["stackcount"];
         words.extend_from_slice(line);
-        Cli::try_parse_from(words)?
-            .args
-            .profile_argv(|c| ["sched", "block"].contains(&c))
+        Cli::try_parse_from(words).unwrap().args
+    }
+
+    fn sampling(line: &[&str]) -> anyhow::Result<Sampling> {
+        args(line).sampling(|c| ["sched", "block"].contains(&c))
     }
 
     #[test]
-    fn bccs_flags_become_profiles() {
-        let got = argv(&["-p", "185", "-K", "-f", "-D", "5", "t:sched:sched_switch"]).unwrap();
+    fn bccs_flags_become_the_engines_sampling() {
+        let line = ["-p", "185", "-K", "-f", "-D", "5", "t:sched:sched_switch"];
+        let got = sampling(&line).unwrap();
+        assert_eq!(got.event.name(), "sched:sched_switch");
+        assert!(got.event.at_events());
+        assert!(got.kernel_only && !got.user_only && got.folded);
+        assert_eq!(got.duration, Some(5));
+        assert_eq!(args(&line).scope().pids, [185]);
+        let spec = |p: &str| event_spec(p, |c| ["sched", "block"].contains(&c)).unwrap();
+        assert_eq!(spec("vfs_read"), "p:vfs_read");
+        assert_eq!(spec("c:malloc"), "p:c:malloc");
+        assert_eq!(spec("sched:sched_switch"), "sched:sched_switch");
         assert_eq!(
-            got,
-            [
-                "profile",
-                "-e",
-                "sched:sched_switch",
-                "-K",
-                "-f",
-                "-p",
-                "185",
-                "5"
-            ]
-        );
-        let spec = |line: &[&str]| argv(line).unwrap()[2].clone();
-        assert_eq!(spec(&["vfs_read"]), "p:vfs_read");
-        assert_eq!(spec(&["c:malloc"]), "p:c:malloc");
-        assert_eq!(spec(&["sched:sched_switch"]), "sched:sched_switch");
-        assert_eq!(
-            spec(&["u:pthread:pthread_create"]),
+            spec("u:pthread:pthread_create"),
             "u:pthread::pthread_create"
         );
-        assert_eq!(spec(&["p::vfs_read"]), "p::vfs_read");
-        assert!(argv(&["a:b:c:d"]).is_err());
-        let words = argv(&["-i", "2", "-r", "-s", "-v", "^vfs_.*"]).unwrap();
-        assert_eq!(
-            words[3..],
-            ["--regexp", "--offsets", "--addresses", "--interval", "2"]
-        );
-        // The flags it builds parse as profile's.
+        assert_eq!(spec("p::vfs_read"), "p::vfs_read");
+        assert!(sampling(&["a:b:c:d"]).is_err());
+        let got = sampling(&["-i", "2", "-r", "-s", "-v", "^vfs_.*"]).unwrap();
+        assert!(got.regexp && got.stacks.offsets && got.stacks.addresses);
+        assert_eq!(got.interval, Some(2));
+        let got = sampling(&["-c", "0", "-U", "-d", "t:block:*"]).unwrap();
+        assert_eq!(got.cpus, [0]);
+        assert!(got.user_only && got.text.delimiter);
+        // Every pattern bcc takes is an event the engine samples at.
         for line in [
-            &["-c", "0", "-U", "-d", "t:block:*"][..],
-            &["-i", "2", "-r", "-s", "-v", "^vfs_.*"],
-            &["u:pthread:pthread_create"],
+            &["u:pthread:pthread_create"][..],
+            &["c:malloc"],
+            &["vfs_read"],
         ] {
-            let words = argv(line).unwrap();
-            assert!(profile::parse_args(&words).is_ok(), "{words:?}");
+            assert!(sampling(line).unwrap().event.at_events(), "{line:?}");
         }
     }
 }

@@ -10,6 +10,7 @@ use std::{
     collections::HashMap,
     fmt::Write as _,
     io::IsTerminal as _,
+    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -19,13 +20,15 @@ use serde::Serialize;
 
 use crate::kernel::warning::Warning;
 use crate::{
+    engine::sampling::{self, Event, Sampler, Sampling},
     kernel::features::Mechanism,
-    output::{Record, Schedule, Sink},
+    output::{Record, Schedule, Sink, stacks::annotate::AnnotateArgs},
     stacks::{sample::Sample, symbolize::Kind},
-    tracer::Tool,
+    tracer::{
+        Scope, Tool,
+        scope::{parse_cpus, parse_id},
+    },
 };
-
-use super::profile::{self, Profile};
 
 mod live;
 
@@ -60,20 +63,22 @@ pub struct Args {
           value_parser = crate::output::at_least_one::<u64>)]
     frequency: u64,
     /// Sample this event instead of CPU time (perf's names, as profile -e).
-    #[arg(short = 'e', long = "event", value_name = "EVENT")]
-    event: Option<String>,
+    #[arg(short = 'e', long = "event", value_name = "EVENT", value_parser = parse_event)]
+    event: Option<Box<Event>>,
     /// Only these processes (comma-separated pids).
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
-    pid: Option<String>,
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',',
+          value_parser = parse_id)]
+    pid: Vec<u32>,
     /// Only these threads (comma-separated thread ids).
-    #[arg(short = 't', long = "tid", value_name = "TID", conflicts_with = "pid")]
-    tid: Option<String>,
+    #[arg(short = 't', long = "tid", value_name = "TID", conflicts_with = "pid",
+          value_delimiter = ',', value_parser = parse_id)]
+    tid: Vec<u32>,
     /// Only tasks in this cgroup v2 directory, or below it.
     #[arg(short = 'c', long = "cgroup", value_name = "PATH")]
-    cgroup: Option<String>,
+    cgroup: Option<PathBuf>,
     /// Only these CPUs (such as 0,2-3).
-    #[arg(short = 'C', long = "cpu", value_name = "CPUS")]
-    cpu: Option<String>,
+    #[arg(short = 'C', long = "cpu", value_name = "CPUS", value_parser = parse_cpus)]
+    cpu: Option<Vec<u32>>,
     /// Kernel frames only.
     #[arg(short = 'K', long = "kernel-only", conflicts_with = "user_only")]
     kernel_only: bool,
@@ -113,38 +118,41 @@ impl Args {
             && std::io::stdin().is_terminal()
     }
 
-    fn profile_args(&self) -> anyhow::Result<profile::Args> {
-        let mut argv: Vec<String> = vec!["profile".into()];
-        let freq = self.frequency.to_string();
-        if self.event.is_none() {
-            argv.extend(["-F".into(), freq]);
+    /// The engine's sampling this view reads.
+    fn sampling(&self) -> Sampling {
+        Sampling {
+            // A frequency paces counters only: not with events that take
+            // a stack each.
+            frequency: self.event.is_none().then_some(self.frequency),
+            event: self.event.as_deref().cloned().unwrap_or_default(),
+            cpus: self.cpu.clone().unwrap_or_default(),
+            kernel_only: self.kernel_only,
+            user_only: self.user_only,
+            // The leaves at their exact addresses, for the view's `a` to
+            // annotate (snapshots need them by function only).
+            annotate: AnnotateArgs {
+                annotate_top: self.interactive().then_some(1),
+                ..AnnotateArgs::default()
+            },
+            ..Sampling::default()
         }
-        let flags = [
-            ("--pid", &self.pid),
-            ("--tid", &self.tid),
-            ("--cgroup", &self.cgroup),
-            ("--cpu", &self.cpu),
-            ("-e", &self.event),
-        ];
-        for (flag, value) in flags {
-            if let Some(v) = value {
-                argv.extend([flag.to_owned(), v.clone()]);
-            }
-        }
-        if self.kernel_only {
-            argv.push("-K".into());
-        }
-        if self.user_only {
-            argv.push("-U".into());
-        }
-        // The leaves at their exact addresses, for the view's `a` to
-        // annotate (snapshots need them by function only).
-        if self.interactive() {
-            argv.extend(["--annotate-top".into(), "1".into()]);
-        }
-        profile::parse_args(&argv)
-            .map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().next().unwrap_or("bad flags")))
     }
+
+    /// What is traced.
+    fn scope(&self) -> Scope {
+        Scope {
+            pids: self.pid.clone(),
+            tids: self.tid.clone(),
+            cgroup: self.cgroup.clone(),
+            cpus: self.cpu.clone().unwrap_or_default(),
+            ..Scope::default()
+        }
+    }
+}
+
+/// `-e`'s value, boxed, as profile's.
+fn parse_event(text: &str) -> Result<Box<Event>, String> {
+    sampling::parse_event(text).map(Box::new)
 }
 
 /// A function as the view lists it.
@@ -334,7 +342,8 @@ fn own_cpu() -> Duration {
 /// The tool.
 pub struct Top {
     args: Args,
-    profile: Profile,
+    sampler: Sampler,
+    scope: Scope,
     /// The samples, in batch mode; the live view keeps its own.
     model: Model,
     /// The interactive view, on a terminal without `-b`.
@@ -348,21 +357,25 @@ impl Tool for Top {
     const NAME: &'static str = "top";
     const OBJECT: &'static str = "profile";
     const CHAIN: &'static [Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = &rtrace_common::stacks::ERR_NAMES;
-    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
+    const ERRORS: &'static [&'static str] = sampling::ERRORS;
+    const EXPECTED: &'static [u32] = sampling::EXPECTED;
 
-    profile::delegate_to_profile!();
+    super::sampling_tool!();
 
     fn new(args: Args) -> anyhow::Result<Self> {
-        let profile = Profile::new(args.profile_args()?)?;
         Ok(Self {
+            sampler: Sampler::new(args.sampling())?,
+            scope: args.scope(),
             args,
-            profile,
             model: Model::default(),
             live: None,
             last: (Instant::now(), Duration::ZERO),
             shown: 0,
         })
+    }
+
+    fn scope(&self) -> Scope {
+        self.scope.clone()
     }
 
     fn interval(&self) -> Schedule {
@@ -385,7 +398,7 @@ impl Tool for Top {
     }
 
     fn start(&mut self) {
-        self.profile.start();
+        self.sampler.start();
         self.last = (Instant::now(), own_cpu());
         if self.args.interactive() {
             match live::Live::start(self.args.frequency, self.args.delay) {
@@ -399,7 +412,7 @@ impl Tool for Top {
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
-        let samples = self.profile.take_interval(ebpf)?;
+        let samples = self.sampler.take_interval(ebpf)?;
         let (then, cpu_then) = self.last;
         let cpu_now = own_cpu();
         let wall = then.elapsed().as_secs_f64().max(1e-3);
@@ -430,7 +443,7 @@ impl Tool for Top {
     }
 
     fn warnings(&self) -> Vec<Warning> {
-        self.profile.warnings()
+        self.sampler.warnings()
     }
 }
 

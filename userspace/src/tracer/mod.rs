@@ -26,10 +26,10 @@
 pub mod command;
 pub mod scope;
 
+pub use crate::kernel::scope::Scope;
 pub use scope::{ScopeArgs, own};
 
 use std::{
-    ffi::OsString,
     fs::File,
     os::fd::AsRawFd as _,
     path::PathBuf,
@@ -276,94 +276,20 @@ pub struct Collector {
     pub tallies: u32,
 }
 
-/// What a tool traces, checked and applied by the tracer through the one
-/// kernel-side filter (`rtrace_ebpf::targets`), and the command it runs.
-#[derive(Debug, Clone, Default)]
-pub struct Scope {
-    /// Processes (thread group ids); empty for all.
-    pub pids: Vec<u32>,
-    /// Threads; empty for all. Not with `pids`.
-    pub tids: Vec<u32>,
-    /// A cgroup v2 directory the traced tasks must be in or below.
-    pub cgroup: Option<PathBuf>,
-    /// CPUs whose events are traced; empty for all.
-    pub cpus: Vec<u32>,
-    /// `-- CMD`: the command rtrace runs and traces until it exits.
-    pub command: Vec<OsString>,
-    /// Whom the command runs as (`-u`).
-    pub user: Option<String>,
-    /// Trace the whole system while the command runs (`--all-cpus`).
-    pub all_cpus: bool,
-    /// The command's process id, once started (corked, before its exec).
-    pub command_pid: Option<u32>,
-    /// Where the output goes (`-o`).
-    pub output: Option<PathBuf>,
-    /// Never trace rtrace itself, whose output could feed back.
-    pub exclude_self: bool,
-    /// bcc's `--cgroupmap`: a hash map pinned in bpffs whose keys are the
-    /// cgroup ids to trace.
-    pub cgroup_map: Option<PathBuf>,
-    /// bcc's `--mntnsmap`: a hash map pinned in bpffs whose keys are the
-    /// mount namespace ids to trace.
-    pub mntns_map: Option<PathBuf>,
-}
-
-impl Scope {
-    /// Whether the command runs in a cgroup of its own, which is then
-    /// what is traced: with `-- CMD` and no `-p`, `-t`, `-c` or
-    /// `--all-cpus`.
-    pub fn command_cgroup(&self) -> bool {
-        !self.command.is_empty()
-            && self.pids.is_empty()
-            && self.tids.is_empty()
-            && self.cgroup.is_none()
-            && !self.all_cpus
-    }
-
-    /// Whether tasks are chosen by cgroup: `-c`, or the command's own.
-    pub fn by_cgroup(&self) -> bool {
-        self.cgroup.is_some() || self.command_cgroup()
-    }
-}
-
 impl<const OWN: u32> ScopeArgs<OWN> {
     /// Whether tasks are chosen by cgroup ([`Scope::by_cgroup`]).
     pub fn by_cgroup(&self) -> bool {
         self.scope().by_cgroup()
     }
 
-    /// The one process the flags name, for probes that attach to a
-    /// process (uprobes); `None` for all, and in command mode, where the
-    /// command's children are traced too.
+    /// The one process the flags name ([`Scope::one_pid`]).
     pub fn one_pid(&self) -> Option<u32> {
-        match (self.pids.as_slice(), self.commanded()) {
-            ([pid], false) => Some(*pid),
-            _ => None,
-        }
+        self.scope().one_pid()
     }
 
-    /// What the flags choose, for a banner ("PID [185]", "`make -j2`
-    /// and what it starts"); `None` for the whole system.
+    /// What the flags choose, for a banner ([`Scope::whom`]).
     pub fn whom(&self) -> Option<String> {
-        let cmd = || {
-            let words: Vec<String> = self
-                .command
-                .iter()
-                .map(|w| w.to_string_lossy().into_owned())
-                .collect();
-            words.join(" ")
-        };
-        if !self.pids.is_empty() {
-            Some(format!("PID {:?}", self.pids))
-        } else if !self.tids.is_empty() {
-            Some(format!("TID {:?}", self.tids))
-        } else if let Some(cg) = &self.cgroup {
-            Some(format!("cgroup {}", cg.display()))
-        } else if self.commanded() && !self.all_cpus {
-            Some(format!("`{}` and what it starts", cmd()))
-        } else {
-            None
-        }
+        self.scope().whom()
     }
 
     /// The scope these flags ask for.
@@ -801,6 +727,7 @@ fn start_command(
     let corked = Corked::start(&line)?;
     if let Some(cg) = corked.cgroup() {
         scope.cgroup = Some(cg.to_owned());
+        scope.own_cgroup = true;
     }
     scope.command_pid = Some(corked.pid());
     Ok(Some(corked))

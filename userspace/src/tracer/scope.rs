@@ -79,7 +79,7 @@ pub fn parse_cpus(text: &str) -> Result<Vec<u32>, String> {
 }
 
 /// A whole number of 1 or more, for a process or thread id.
-fn parse_id(text: &str) -> Result<u32, String> {
+pub fn parse_id(text: &str) -> Result<u32, String> {
     match text.trim().parse::<u32>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!("{text:?} is not a process or thread id")),

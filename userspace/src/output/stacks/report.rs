@@ -63,6 +63,25 @@ pub struct ReportArgs {
     pub symbols: Vec<String>,
 }
 
+impl Default for ReportArgs {
+    /// The flags' defaults.
+    fn default() -> Self {
+        Self {
+            sort: Keys(vec![Key::Comm, Key::Dso, Key::Sym]),
+            no_children: false,
+            hierarchy: false,
+            percent_limit: 0.0,
+            show_nr_samples: false,
+            call_graph: None,
+            comms: Vec::new(),
+            pids: Vec::new(),
+            tids: Vec::new(),
+            dsos: Vec::new(),
+            symbols: Vec::new(),
+        }
+    }
+}
+
 impl ReportArgs {
     /// The first option set to other than its default, by its flag, if
     /// any: live tools take them only with `--report`.

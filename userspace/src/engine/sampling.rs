@@ -1,0 +1,1022 @@
+//! Sampling stacks: at a perf event's period or frequency (CPU time,
+//! any counter), or at every event of tracepoints and probes, with
+//! off-CPU time beside it if asked. The engine of `rtrace profile` and of
+//! the tools built on it (`stackcount`, `top`), which describe the run
+//! they want as a [`Sampling`] and delegate the lifecycle to a
+//! [`Sampler`].
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use aya::{
+    Ebpf,
+    programs::{
+        PerfEvent,
+        perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy},
+    },
+    util::online_cpus,
+};
+use rtrace_common::{
+    offcputime::{STATE_ANY, THREADS_USER},
+    profile::{Config, ERR_NAMES, HEAT_SLOT_NS},
+};
+
+use crate::{
+    engine::{
+        offcpu::{Filter, OffCpu},
+        stacktool::{StackArgs, StackTool},
+    },
+    kernel::{
+        features::Mechanism,
+        load::{Hooks, Kernel, Load},
+        scope::Scope,
+        transport::BufferArgs,
+        warning::Warning,
+    },
+    output::{
+        Schedule, Sink,
+        files::{self, StackOutputs, StackReports},
+        stacks::{
+            self, FlameOptions, Stacks, TextOptions,
+            annotate::{self, AnnotateArgs},
+            report::Report,
+        },
+    },
+    probes::{
+        attach::{self, Programs},
+        event,
+    },
+    stacks::sample::Sample,
+};
+
+/// What each slot of the sampling object's `ERRORS` counters counts.
+pub const ERRORS: &[&str] = &ERR_NAMES;
+/// The slots that count expected, harmless fallbacks.
+pub const EXPECTED: &[u32] = &rtrace_common::stacks::ERR_EXPECTED;
+
+/// What `-e` samples on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Event {
+    /// CPU time: hardware cycles where there is a PMU, else cpu-clock.
+    #[default]
+    Cpu,
+    /// A perf counter, by perf's name: a sample every so many events.
+    Counter(event::Counter),
+    /// Every event of the tracepoints a spec names (globs allowed).
+    Tracepoint {
+        /// The category, or a glob.
+        category: String,
+        /// The event, or a glob.
+        event: String,
+    },
+    /// Every call (or return) of the functions, or every hit of the USDT
+    /// probe, a probe spec names (`p:`, `r:`, `u:`).
+    Probe(event::Event),
+}
+
+/// `-e`'s value: `cpu`, or an event spec (`probes::event`).
+pub fn parse_event(text: &str) -> Result<Event, String> {
+    match text {
+        "cpu" => return Ok(Event::Cpu),
+        // rtrace's name before the event specs.
+        "llc-misses" => {
+            let mut c = event::Counter::named("cache-misses").ok_or("cache-misses")?;
+            c.name = text.to_owned();
+            return Ok(Event::Counter(c));
+        }
+        _ => {}
+    }
+    match event::parse(text).map_err(|e| e.to_string())? {
+        event::Event::Counter(c) if c.user_only || c.kernel_only => Err(format!(
+            "{text}: profile takes no :u or :k; -U or -K keeps one mode's stacks"
+        )),
+        event::Event::Counter(c) => Ok(Event::Counter(c)),
+        event::Event::Tracepoint { category, event } => Ok(Event::Tracepoint { category, event }),
+        probe => Ok(Event::Probe(probe)),
+    }
+}
+
+impl Event {
+    /// The software CPU clock, a timer that works everywhere.
+    pub fn cpu_clock() -> Self {
+        event::Counter::named("cpu-clock").map_or(Self::Cpu, Self::Counter)
+    }
+
+    pub fn is_cpu_clock(&self) -> bool {
+        matches!(self, Self::Counter(c) if c.kind == event::TYPE_SOFTWARE && c.config == 0)
+    }
+
+    pub fn config(&self) -> PerfEventConfig {
+        match self {
+            Self::Counter(c) => PerfEventConfig::Pmu {
+                pmu_type: c.kind,
+                config: c.config,
+            },
+            // Tracepoints and probes are not sampled by a perf event's
+            // period.
+            Self::Cpu | Self::Tracepoint { .. } | Self::Probe(_) => {
+                PerfEventConfig::Hardware(HardwareEvent::CpuCycles)
+            }
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Self::Cpu => "cycles".to_owned(),
+            Self::Counter(c) => c.display(),
+            Self::Tracepoint { category, event } => format!("{category}:{event}"),
+            Self::Probe(p) => p.to_string(),
+        }
+    }
+
+    /// Whether stacks are taken at events (tracepoints, probes), every
+    /// one or every `-c N`-th, rather than by a counter's period.
+    pub fn at_events(&self) -> bool {
+        matches!(self, Self::Tracepoint { .. } | Self::Probe(_))
+    }
+
+    pub fn is_hardware(&self) -> bool {
+        match self {
+            Self::Cpu => true,
+            Self::Counter(c) => c.hardware(),
+            Self::Tracepoint { .. } | Self::Probe(_) => false,
+        }
+    }
+}
+
+/// Where there is no PMU, as in most VMs, the hardware events fail; this
+/// says why in words.
+fn pmu_hint() -> &'static str {
+    if crate::kernel::features::has_pmu() {
+        ""
+    } else {
+        " (this machine has no hardware PMU: /sys/bus/event_source/devices has no cpu)"
+    }
+}
+
+/// Reads `kernel.perf_event_max_sample_rate`, which frequencies may not exceed.
+fn max_sample_rate() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The program that counts stacks at tracepoints (`-e CATEGORY:EVENT`).
+const TRACEPOINT_PROGRAM: &str = "profile_tracepoint";
+
+/// Where `-e` takes stacks at events, found before anything is attached.
+enum Found {
+    Tracepoints(Vec<(String, String)>),
+    Probe(attach::Resolved),
+}
+
+/// The programs that count stacks at probes (`-e p:`, `r:`, `u:`).
+const PROBE_PROGRAMS: Programs<'static> = Programs {
+    kprobe: "profile_kprobe",
+    kretprobe: "profile_kretprobe",
+    uprobe: "profile_uprobe",
+    uretprobe: "profile_uretprobe",
+};
+
+/// Attaches the program to `event` on every CPU in `cpus`.
+fn attach(
+    prog: &mut PerfEvent,
+    event: &Event,
+    cpus: &[u32],
+    period: Option<u64>,
+    freq: u64,
+) -> anyhow::Result<()> {
+    for &cpu in cpus {
+        let policy = match period {
+            Some(p) => SamplePolicy::Period(p),
+            None => SamplePolicy::Frequency(freq),
+        };
+        prog.attach(
+            event.config(),
+            PerfEventScope::AllProcessesOneCpu { cpu },
+            policy,
+            false,
+        )
+        .with_context(|| format!("cannot sample {} on CPU {cpu}", event.name()))?;
+    }
+    Ok(())
+}
+
+/// A sampling run: the programs attached, the stacks counted and named,
+/// and the outputs written at the end. Its front-ends (profile,
+/// stackcount, top) implement the tool and delegate to it.
+pub struct Sampler {
+    cfg: Sampling,
+    /// The scope as the tracer settled it.
+    scope: Scope,
+    cpus: Vec<u32>,
+    freq: u64,
+    /// The event sampled: `-e`, or cpu-clock where cycles failed.
+    event: Event,
+    /// Why hardware cycles were passed over, if they were.
+    fallback: Option<String>,
+    /// The places `-e` attached to at events (tracepoints, functions,
+    /// USDT sites), and what they are; 0 where it samples a counter.
+    sites: (usize, &'static str),
+    /// USDT probes' perf events, which keep them attached.
+    links: Vec<std::os::fd::OwnedFd>,
+    /// How a probe spec was attached, for `-v`.
+    probe_how: Option<String>,
+    /// Ticks so far, for `--interval`.
+    ticks: u64,
+    /// The program counting at events, to stop before the report.
+    event_program: Option<&'static str>,
+    /// Processes whose tables were loaded before tracing, and how long
+    /// that took (tracepoint mode, system-wide).
+    preloaded: Option<(usize, Duration)>,
+    /// Stacks counted in the kernel, their walk and their names.
+    stacks: StackTool,
+    /// The context-switch programs, with `--off-cpu`.
+    off_cpu: Option<OffCpu>,
+    /// The files asked for, created before anything is attached.
+    reports: StackReports,
+    /// Time slots the kernel counts samples in: for the heat map, and
+    /// kept in a pprof file for `rtrace report --heatmap`; 0 for neither.
+    heat_slots: u32,
+    /// When sampling began, on `CLOCK_MONOTONIC`: the heat map's and
+    /// `--range`'s time zero.
+    window_start: u64,
+}
+
+/// Most heat map slots without a duration: ten minutes.
+const MAX_HEAT_SLOTS: u32 = 30_000;
+
+/// What a sampling run does: profile's flags, typed. A front-end builds
+/// it from its own flags; its defaults are profile's.
+#[derive(Debug, Default)]
+pub struct Sampling {
+    /// What stacks are taken at.
+    pub event: Event,
+    /// Samples a second on each CPU (default 49), for counters.
+    pub frequency: Option<u64>,
+    /// A sample every this many events (for cpu-clock: nanoseconds);
+    /// at events, every this many-th.
+    pub period: Option<u64>,
+    /// Seconds to sample for; `None` until the end of the run.
+    pub duration: Option<u64>,
+    /// Print the stacks counted every this many seconds and count again.
+    pub interval: Option<u64>,
+    /// Function names in a probe event are regular expressions.
+    pub regexp: bool,
+    /// CPUs to sample on; empty for every online CPU.
+    pub cpus: Vec<u32>,
+    /// User stacks only.
+    pub user_only: bool,
+    /// Kernel stacks only.
+    pub kernel_only: bool,
+    /// Count the idle task's stacks too.
+    pub include_idle: bool,
+    /// How text stacks are written.
+    pub text: TextOptions,
+    /// Folded stacks on the text output.
+    pub folded: bool,
+    /// The files and the table asked for.
+    pub outputs: StackOutputs,
+    /// Count only samples in this range of time after sampling began.
+    pub range: Option<(Duration, Duration)>,
+    /// Count time off the CPU too, by stack.
+    pub off_cpu: bool,
+    /// perf annotate's output.
+    pub annotate: AnnotateArgs,
+    /// The walk, the store and the names.
+    pub stacks: StackArgs,
+    /// The event buffer.
+    pub buffer: BufferArgs,
+}
+
+impl Sampler {
+    /// bcc's start-up line, on stderr so that stdout holds only stacks.
+    pub fn banner(&self) -> String {
+        let (cfg, event, freq) = (&self.cfg, &self.event, self.freq);
+        let rate = match (event, cfg.period) {
+            (e, None) if e.at_events() => format!("Sampling {} at every event", event.name()),
+            (_, Some(p)) => format!("Sampling {} every {p} events", event.name()),
+            (_, None) => format!("Sampling {} at {freq} Hertz", event.name()),
+        };
+        let whom = match self.scope.whom() {
+            Some(whom) => format!("of {whom}"),
+            None => "of all threads".to_owned(),
+        };
+        let which = if cfg.user_only {
+            "user"
+        } else if cfg.kernel_only {
+            "kernel"
+        } else {
+            "user + kernel"
+        };
+        let cpu = match cfg.cpus.as_slice() {
+            [] => String::new(),
+            [c] => format!(" on CPU#{c}"),
+            cs => format!(" on CPUs {cs:?}"),
+        };
+        let until = match cfg.duration {
+            Some(s) => format!(" for {s} secs."),
+            None if !self.scope.command.is_empty() => " until it exits.".to_owned(),
+            None => "... Hit Ctrl-C to end.".to_owned(),
+        };
+        format!("{rate} {whom} by {which} stack{cpu}{until}")
+    }
+}
+
+impl Sampler {
+    /// Checks the configuration against the machine (CPUs online, the
+    /// sampling rate's limit) and creates the files asked for.
+    pub fn new(cfg: Sampling) -> anyhow::Result<Self> {
+        let args = &cfg;
+        let online =
+            online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?;
+        if let Some(c) = args.cpus.iter().find(|c| !online.contains(c)) {
+            anyhow::bail!("CPU {c} is not online (online: {online:?})")
+        }
+        // Sampling only the CPUs asked for costs the others nothing.
+        let cpus = if args.cpus.is_empty() {
+            online
+        } else {
+            args.cpus.clone()
+        };
+        // Off-CPU time is weighed against on-CPU samples in time, which a
+        // timer's samples measure exactly.
+        if args.off_cpu && !(args.event == Event::Cpu || args.event.is_cpu_clock()) {
+            anyhow::bail!(
+                "--off-cpu weighs samples by time: it samples cpu-clock, not {}",
+                args.event.name()
+            );
+        }
+        if args.event.at_events() && args.frequency.is_some() {
+            anyhow::bail!(
+                "stacks of {} are taken at every event (or every -c N-th): -F paces counters \
+                 only",
+                args.event.name()
+            );
+        }
+        if args.event.at_events() && args.period.is_some_and(|n| n > u64::from(u32::MAX)) {
+            anyhow::bail!("-c N on events counts at most every {}th", u32::MAX);
+        }
+        if args.frequency.is_some() && args.period.is_some() {
+            anyhow::bail!("a frequency and a period both set the sampling rate: give one");
+        }
+        let freq = args.frequency.unwrap_or(49);
+        if args.period.is_none()
+            && let Some(max) = max_sample_rate()
+            && freq > max
+        {
+            anyhow::bail!("-F {freq} is above kernel.perf_event_max_sample_rate ({max})");
+        }
+        if args.interval.is_some()
+            && (args.outputs.report
+                || args.outputs.svg.is_some()
+                || args.outputs.pprof.is_some()
+                || args.outputs.speedscope.is_some()
+                || args.outputs.heatmap.is_some()
+                || args.outputs.html.is_some()
+                || args.off_cpu)
+        {
+            anyhow::bail!(
+                "--interval prints stacks as it goes; --report, --off-cpu and files take them \
+                 all at the end"
+            );
+        }
+        if !args.outputs.report
+            && let Some(flag) = args.outputs.report_opts.changed()
+        {
+            anyhow::bail!("{flag} shapes perf report's table: add --report");
+        }
+        let reports = args.outputs.create()?;
+        let heat_slots = if args.outputs.heatmap.is_some()
+            || args.outputs.pprof.is_some()
+            || args.outputs.html.is_some()
+        {
+            args.duration.map_or(MAX_HEAT_SLOTS, |d| {
+                u32::try_from(d.saturating_mul(1_000_000_000 / HEAT_SLOT_NS))
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(1)
+            })
+        } else {
+            0
+        };
+        Ok(Self {
+            reports,
+            heat_slots,
+            window_start: 0,
+            event: if args.off_cpu {
+                Event::cpu_clock()
+            } else {
+                (args.event).clone()
+            },
+            off_cpu: args.off_cpu.then(OffCpu::default),
+            scope: Scope::default(),
+            cfg,
+            cpus,
+            freq,
+            fallback: None,
+            sites: (0, ""),
+            links: Vec::new(),
+            probe_how: None,
+            ticks: 0,
+            event_program: None,
+            preloaded: None,
+            stacks: StackTool::default(),
+        })
+    }
+
+    /// The object's variants, best first. The CFI walk needs helpers of
+    /// 5.15; where it cannot load, `auto` keeps the kernel's
+    /// frame-pointer walk, and `-v` says why.
+    pub fn variants(&self) -> Vec<&'static str> {
+        StackTool::variants(self.cfg.stacks.unwind, !self.cfg.kernel_only)
+    }
+
+    /// Sets the object's configuration and map sizes.
+    pub fn configure(&mut self, kernel: &mut Kernel, load: &mut Load) -> anyhow::Result<()> {
+        let heat_slots = self.heat_slots;
+        let (range_start, range_end) = self.cfg.range.unwrap_or_default();
+        let mut cfg = Config {
+            include_idle: u32::from(self.cfg.include_idle),
+            user: u32::from(!self.cfg.kernel_only),
+            kernel: u32::from(!self.cfg.user_only),
+            heat_slots,
+            per_thread: u32::from(self.per_thread()),
+            every: if self.event.at_events() {
+                self.cfg.period.map_or(1, |n| n as u32)
+            } else {
+                1
+            },
+            range_start_ns: range_start.as_nanos() as u64,
+            range_end_ns: range_end.as_nanos() as u64,
+            time_keys: u32::from(self.time_keys()),
+            ..Config::default()
+        };
+        load.size("HEAT", heat_slots.max(1));
+        let period_ns = self.period_ns();
+        let (per_thread, time_keys) = (self.per_thread(), self.time_keys());
+        if let Some(off) = &mut self.off_cpu {
+            cfg.timed = 1;
+            cfg.period_ns = period_ns;
+            // Every wait of user threads, whatever its state (waiting to
+            // run too): with the samples, their wall time. Kernel threads,
+            // which sleep most of the time, would drown the rest.
+            let filter = Filter {
+                min_ns: 0,
+                max_ns: u64::MAX,
+                user: !self.cfg.kernel_only,
+                kernel: !self.cfg.user_only,
+                threads: THREADS_USER,
+                state: STATE_ANY,
+                waker: false,
+                sched_frames: false,
+                per_thread,
+                time_keys,
+            };
+            let m = OffCpu::mechanism(kernel)?;
+            cfg.off_cpu = off.configure(filter, m, kernel, load)?;
+            cfg.off_cpu.mark_switches = 1;
+        }
+        self.stacks.configure(&self.cfg.stacks, kernel, load)?;
+        if self.exact_leaves() {
+            self.stacks.exact_leaves();
+        }
+        load.config(&cfg);
+        Ok(())
+    }
+
+    /// Attaches the sampling or counting programs (and off-CPU's).
+    pub fn attach(&mut self, kernel: &mut Kernel, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        self.stacks.attach(ebpf, &self.scope.pids)?;
+        if self.event.at_events() {
+            // Found first: a bad spec fails before the tables are loaded.
+            let pid = self.scope.one_pid();
+            let found = match &self.event {
+                Event::Tracepoint { category, event } => {
+                    let root = crate::kernel::tracefs::root()?;
+                    Found::Tracepoints(event::tracepoints(&root, category, event)?)
+                }
+                Event::Probe(spec) => {
+                    let names = if self.cfg.regexp {
+                        attach::Names::Regex
+                    } else {
+                        attach::Names::Glob
+                    };
+                    Found::Probe(attach::resolve(kernel, spec, names, pid)?)
+                }
+                _ => unreachable!("at_events"),
+            };
+            // A rare event's first in a process must not wait for the
+            // process's tables: load every running process's now.
+            // (A command of its own starts after this: it gets its tables
+            // at its exec.)
+            if !self.scope.tasks_named() {
+                let started = std::time::Instant::now();
+                eprintln!("rtrace: loading the unwind tables of every running process...");
+                let n = self.stacks.preload_all()?;
+                self.preloaded = Some((n, started.elapsed()));
+            }
+            self.set_window(ebpf)?;
+            match found {
+                Found::Tracepoints(tracepoints) => {
+                    // One program, loaded once by the hooks, for them all.
+                    let mut hooks = Hooks::new(Mechanism::Tracepoint, kernel)?;
+                    for (c, e) in &tracepoints {
+                        hooks.attach(ebpf, TRACEPOINT_PROGRAM, c, e)?;
+                    }
+                    self.sites = (tracepoints.len(), "tracepoint(s)");
+                    self.event_program = Some(TRACEPOINT_PROGRAM);
+                }
+                Found::Probe(resolved) => {
+                    let attached = resolved.attach(ebpf, kernel, &PROBE_PROGRAMS, pid)?;
+                    self.links = attached.links;
+                    self.probe_how = Some(attached.how);
+                    let (kind, program) = match &resolved {
+                        attach::Resolved::Kernel { ret: false, .. } => {
+                            ("function(s)", PROBE_PROGRAMS.kprobe)
+                        }
+                        attach::Resolved::Kernel { ret: true, .. } => {
+                            ("function(s)", PROBE_PROGRAMS.kretprobe)
+                        }
+                        attach::Resolved::User { ret: false, .. } => {
+                            ("function(s)", PROBE_PROGRAMS.uprobe)
+                        }
+                        attach::Resolved::User { ret: true, .. } => {
+                            ("function(s)", PROBE_PROGRAMS.uretprobe)
+                        }
+                        attach::Resolved::Usdt(..) => ("USDT site(s)", PROBE_PROGRAMS.uprobe),
+                    };
+                    self.sites = (attached.sites, kind);
+                    self.event_program = Some(program);
+                }
+            }
+            return Ok(());
+        }
+        // Before time zero: the context-switch programs take the verifier
+        // a while to load, which the heat map would show as empty time.
+        if let Some(off) = &mut self.off_cpu {
+            let m = OffCpu::mechanism(kernel)?;
+            off.attach(m, kernel, ebpf)?;
+        }
+        let prog: &mut PerfEvent = ebpf
+            .program_mut("profile")
+            .context("program profile missing")?
+            .try_into()?;
+        prog.load().context("cannot load the profile program")?;
+        self.set_window(ebpf)?;
+        let prog: &mut PerfEvent = ebpf
+            .program_mut("profile")
+            .context("program profile missing")?
+            .try_into()?;
+        let (period, freq) = (self.cfg.period, self.freq);
+        if let Err(e) = attach(prog, &self.event, &self.cpus, period, freq) {
+            if self.event != Event::Cpu {
+                let hint = if self.event.is_hardware() {
+                    pmu_hint()
+                } else {
+                    ""
+                };
+                return Err(e.context(format!(
+                    "event {} is not available{hint}",
+                    self.event.name()
+                )));
+            }
+            if let Err(why) = kernel.check(Mechanism::PerfEventSoftware) {
+                if let Some(refused) = crate::kernel::privs::perf_events_refused() {
+                    return Err(e.context(refused));
+                }
+                return Err(e.context(format!("and software perf events fail too: {why}")));
+            }
+            self.fallback = Some(format!("{e:#}"));
+            self.event = Event::cpu_clock();
+            attach(prog, &self.event, &self.cpus, period, freq)?;
+        }
+        Ok(())
+    }
+
+    /// What was attached, for `-v`.
+    pub fn describe(&self) -> String {
+        let off = self
+            .off_cpu
+            .as_ref()
+            .map(|o| format!(", off-CPU time at {}", o.describe()))
+            .unwrap_or_default();
+        let on = if self.sites.0 > 0 {
+            format!("{} {}", self.sites.0, self.sites.1)
+        } else {
+            format!("perf events on {} CPU(s)", self.cpus.len())
+        };
+        format!(
+            "{on}{off}; {}; stacks named by their own 64-bit hash",
+            self.stacks.describe()
+        )
+    }
+
+    /// More `-v` lines: the event sampled, how probes attached.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = vec![match &self.fallback {
+            Some(why) => format!(
+                "sampling cpu-clock, a software timer: hardware cycles failed ({why}){}",
+                pmu_hint()
+            ),
+            None => format!("sampling {}", self.event.name()),
+        }];
+        notes.extend(self.probe_how.iter().map(|how| format!("attached {how}")));
+        if let Some((n, took)) = self.preloaded {
+            notes.push(format!(
+                "the tables of {n} running processes loaded before tracing, in {:.2} s",
+                took.as_secs_f64()
+            ));
+        }
+        if self.cfg.outputs.heatmap.is_some() || self.cfg.range.is_some() || self.time_keys() {
+            notes.push(format!(
+                "time zero of the heat map and --range: CLOCK_MONOTONIC {} ns",
+                self.window_start
+            ));
+        }
+        notes
+    }
+
+    /// Every second the kernel's tables are moved out, so that they never
+    /// fill; nothing is printed until the end.
+    pub fn interval(&self) -> Schedule {
+        Schedule::Every {
+            period: Duration::from_secs(1),
+            count: None,
+        }
+    }
+
+    /// Moves the kernel's tables out; prints an `--interval`'s stacks.
+    pub fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        self.stacks.tick(ebpf, last)?;
+        if let Some(every) = self.cfg.interval
+            && !last
+        {
+            self.ticks += 1;
+            if self.ticks.is_multiple_of(every) {
+                // The last interval is the report at the end.
+                let samples = self.stacks.interval(ebpf)?;
+                self.print_stacks(sink, &samples)?;
+                sink.separate()?;
+                sink.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs as tracing starts.
+    pub fn start(&mut self) {
+        self.stacks.start(!self.cfg.user_only);
+    }
+
+    /// Handles one record of the walk's process events.
+    pub fn event(&mut self, record: &[u8]) -> anyhow::Result<()> {
+        self.stacks.event(record)
+    }
+
+    /// Stops sampling and writes every output.
+    pub fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        let elapsed = self.stacks.elapsed();
+        // Stop sampling before reading, so the report is one consistent cut.
+        if let Some(name) = self.event_program {
+            // Every kind of program unloads alike: by its links.
+            let prog = ebpf
+                .program_mut(name)
+                .with_context(|| format!("program {name} missing"))?;
+            match prog {
+                aya::programs::Program::TracePoint(p) => p.unload(),
+                aya::programs::Program::KProbe(p) => p.unload(),
+                aya::programs::Program::UProbe(p) => p.unload(),
+                _ => Ok(()),
+            }
+            .context("cannot stop counting")?;
+            self.links.clear();
+        } else {
+            let prog: &mut PerfEvent = ebpf
+                .program_mut("profile")
+                .context("program profile missing")?
+                .try_into()?;
+            prog.unload().context("cannot stop sampling")?;
+        }
+        if let Some(off) = &self.off_cpu {
+            off.stop(ebpf)?;
+        }
+        let heat = self.heat_counts(ebpf, elapsed)?;
+        self.write_heatmap(heat.as_deref())?;
+        let mut exact = self.stacks.finish(ebpf)?;
+        if self.off_cpu.is_some() {
+            // One measure for both: samples count the nanoseconds of CPU
+            // time they stand for (`Config::timed`), and time off the CPU
+            // is counted in nanoseconds.
+            exact = stacks::in_micros(exact);
+        }
+        // `exact` keeps what pprof, annotate and a table by thread need;
+        // the other outputs print each stack once.
+        let samples = if self.exact_leaves() || self.per_thread() || self.time_keys() {
+            stacks::merge(exact.clone(), false)
+        } else {
+            std::mem::take(&mut exact)
+        };
+        self.write_files(&samples, &exact, heat.as_deref(), elapsed)?;
+        if let Some(file) = self.reports.html.take() {
+            self.write_page(ebpf, file, &exact, &samples)?;
+        }
+        let unit = if self.off_cpu.is_some() {
+            "us on and off CPU"
+        } else {
+            "samples"
+        };
+        if self.cfg.outputs.report || self.cfg.annotate.wanted() {
+            if self.cfg.outputs.report {
+                let u = if self.off_cpu.is_some() {
+                    "us"
+                } else {
+                    "samples"
+                };
+                let counted = if self.per_thread() { &exact } else { &samples };
+                sink.emit(&Report::new(
+                    counted,
+                    &self.cfg.outputs.report_opts,
+                    &self.event.name(),
+                    u,
+                ))?;
+            }
+            if self.cfg.annotate.wanted() {
+                sink.emit(&annotate::annotate(
+                    &exact,
+                    &self.cfg.annotate,
+                    Some(&self.event.name()),
+                )?)?;
+            }
+            self.stacks.reported(&samples, unit);
+            return Ok(());
+        }
+        self.print_stacks(sink, &samples)?;
+        self.stacks.reported(&samples, unit);
+        Ok(())
+    }
+
+    /// `-v` lines about the run.
+    pub fn summary(&self) -> Vec<String> {
+        self.stacks.summary()
+    }
+
+    /// What the run could not do as asked.
+    pub fn warnings(&self) -> Vec<Warning> {
+        self.stacks.warnings()
+    }
+
+    /// The event buffer's flags.
+    pub fn events(&self) -> &BufferArgs {
+        &self.cfg.buffer
+    }
+
+    /// Seconds to sample for, if given.
+    pub fn duration(&self) -> Option<u64> {
+        self.cfg.duration
+    }
+
+    /// Takes the scope as the tracer settled it: the processes to walk,
+    /// the one process probes attach to, whether running processes'
+    /// tables are loaded before tracing.
+    pub fn scoped(&mut self, scope: &Scope) {
+        self.scope = scope.clone();
+    }
+
+    /// Prints stacks as text or folded lines (or nothing, where files are
+    /// the output).
+    fn print_stacks(&self, sink: &mut Sink, samples: &[Sample]) -> anyhow::Result<()> {
+        let text = TextOptions {
+            delimiter: self.cfg.text.delimiter,
+            annotate: self.cfg.text.annotate,
+        };
+        let files = self.cfg.outputs.files();
+        let value = if self.off_cpu.is_some() {
+            "us"
+        } else {
+            "count"
+        };
+        Stacks::print(sink, samples, text, self.cfg.folded, files, value)
+    }
+
+    /// The kernel's samples by time slot, up to the end of sampling, where
+    /// they were counted.
+    /// The stacks counted since the last call, named: for a live view
+    /// (`rtrace top`) that reads them every refresh.
+    pub fn take_interval(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
+        self.stacks.tick(ebpf, false)?;
+        self.stacks.interval(ebpf)
+    }
+
+    fn heat_counts(&self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<Option<Vec<u64>>> {
+        if self.heat_slots == 0 {
+            return Ok(None);
+        }
+        let used = (elapsed.as_nanos() as u64)
+            .div_ceil(HEAT_SLOT_NS)
+            .min(u64::from(self.heat_slots)) as u32;
+        let heat: aya::maps::PerCpuArray<_, u32> =
+            aya::maps::PerCpuArray::try_from(ebpf.map("HEAT").context("map HEAT missing")?)?;
+        let counts: Vec<u64> = (0..used)
+            .map(|i| Ok(heat.get(&i, 0)?.iter().map(|&n| u64::from(n)).sum()))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Some(counts))
+    }
+
+    /// Writes the heat map, if asked for, from the kernel's slot counts.
+    fn write_heatmap(&mut self, counts: Option<&[u64]>) -> anyhow::Result<()> {
+        let (Some(file), Some(counts)) = (self.reports.heatmap.take(), counts) else {
+            return Ok(());
+        };
+        let used = counts.len() as u32;
+        let total: u64 = counts.iter().sum();
+        let title = format!("rtrace profile: samples over time ({})", self.event.name());
+        let what = format!(
+            "{} samples in {} s",
+            files::thousands(total),
+            used.div_ceil(50)
+        );
+        let start = self.window_start;
+        file.write(&what, |out| {
+            crate::output::heatmap::write_svg(counts, HEAT_SLOT_NS, start, &title, out)
+                .map_err(Into::into)
+        })
+    }
+
+    /// Whether stacks keep their leaves at their exact sampled addresses:
+    /// annotate and pprof's locations need them.
+    fn exact_leaves(&self) -> bool {
+        self.cfg.annotate.wanted() || self.cfg.outputs.pprof.is_some()
+    }
+
+    /// The places `-e` attached to at events (0 where it samples a
+    /// counter).
+    pub fn sites(&self) -> usize {
+        self.sites.0
+    }
+
+    /// Sets time zero, just before the first sample can come.
+    fn set_window(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        self.window_start = self.stacks.set_time_zero(ebpf, self.time_keys())?;
+        Ok(())
+    }
+
+    /// Whether stacks are counted by time slot: for the page's ranges of
+    /// time, and for a pprof's time labels, which `rtrace report --html`
+    /// draws its heat map from.
+    fn time_keys(&self) -> bool {
+        self.cfg.outputs.html.is_some() || self.cfg.outputs.pprof.is_some()
+    }
+
+    /// Whether samples are counted by thread: for a report that sorts or
+    /// filters by thread, and for a pprof, which keeps each sample's
+    /// thread for a later one. Otherwise a process's threads share their
+    /// counts, as the kernel keeps fewer of them.
+    fn per_thread(&self) -> bool {
+        self.cfg.outputs.report_opts.by_thread() || self.cfg.outputs.pprof.is_some()
+    }
+
+    /// The CPU time one cpu-clock sample stands for.
+    fn period_ns(&self) -> u64 {
+        self.cfg.period.unwrap_or(1_000_000_000 / self.freq)
+    }
+
+    /// Writes the page (`--html`) of `exact`, counted by time slot;
+    /// `merged` is each stack once, as the line announcing it counts them.
+    fn write_page(
+        &self,
+        ebpf: &Ebpf,
+        file: crate::output::files::ReportFile,
+        exact: &[Sample],
+        merged: &[Sample],
+    ) -> anyhow::Result<()> {
+        let (title, unit, total) = if self.off_cpu.is_some() {
+            (
+                "rtrace profile: on- and off-CPU time".to_owned(),
+                "us",
+                "Time (us)",
+            )
+        } else {
+            (
+                format!("rtrace profile: {}", self.event.name()),
+                "samples",
+                "Samples",
+            )
+        };
+        let facts = vec![
+            ("Events".to_owned(), self.event.name()),
+            ("Rate".to_owned(), self.rate()),
+        ];
+        let page = self
+            .stacks
+            .page(ebpf, title, unit, exact, [total, "Lost samples"], facts)?;
+        file.write(&files::held(merged, unit), |out| {
+            crate::output::html::write(&page, out)
+        })
+    }
+
+    /// The sampling rate as the outputs name it.
+    fn rate(&self) -> String {
+        match (&self.event, self.cfg.period) {
+            (e, None) if e.at_events() => "every event".to_owned(),
+            (_, Some(p)) => format!("every {p} events"),
+            (_, None) => format!("{} Hz", self.freq),
+        }
+    }
+
+    /// Writes the files asked for.
+    /// `exact`: the samples with their leaves at their exact addresses,
+    /// for pprof's locations.
+    fn write_files(
+        &mut self,
+        samples: &[Sample],
+        exact: &[Sample],
+        heat: Option<&[u64]>,
+        elapsed: Duration,
+    ) -> anyhow::Result<()> {
+        // The run's facts for a later page, and its samples by time.
+        let mut comments: Vec<String> = crate::output::html::run_facts()
+            .iter()
+            .chain([&("Rate".to_owned(), self.rate())])
+            .map(|(k, v)| stacks::pprof::fact_comment(k, v))
+            .collect();
+        comments
+            .extend(heat.map(|h| stacks::pprof::heat_comment(h, HEAT_SLOT_NS, self.window_start)));
+        let args = &self.cfg;
+        let lines = args.stacks.lines;
+        let (event, freq) = (&self.event, self.freq);
+        let rate = self.rate();
+        let unit = if args.off_cpu { "us" } else { "samples" };
+        let what = files::held(samples, unit);
+        if let Some(file) = self.reports.svg.take() {
+            let (title, count_name) = if args.off_cpu {
+                (
+                    format!("rtrace profile: on- and off-CPU time ({rate})"),
+                    "us",
+                )
+            } else {
+                (
+                    format!("rtrace profile: {} at {rate}", event.name()),
+                    "samples",
+                )
+            };
+            let opts = FlameOptions {
+                title,
+                icicle: args.outputs.icicle,
+                count_name: count_name.to_owned(),
+                palette: FlameOptions::by_kind(),
+            };
+            file.write(&what, |out| stacks::write_svg(samples, out, &opts))?;
+        }
+        if args.off_cpu
+            && let Some(file) = self.reports.pprof.take()
+        {
+            let meta = stacks::pprof::Meta {
+                types: &[("on_cpu", "microseconds"), ("off_cpu", "microseconds")],
+                values: &|_, s: &Sample| {
+                    if s.off_cpu {
+                        vec![0, s.count]
+                    } else {
+                        vec![s.count, 0]
+                    }
+                },
+                period_type: ("cpu", "nanoseconds"),
+                period: self.period_ns(),
+                time_nanos: self.stacks.started_nanos(),
+                duration_nanos: elapsed.as_nanos() as u64,
+                comments: &comments,
+            };
+            file.write(&what, |out| stacks::pprof::write(exact, out, &meta, lines))?;
+        } else if let Some(file) = self.reports.pprof.take() {
+            // A cpu-clock sample at F Hz stands for 1/F s of CPU time; other
+            // events are counted in events.
+            let (unit, period) = match (event.is_cpu_clock(), args.period) {
+                (true, Some(p)) => ("nanoseconds", p),
+                (true, None) => ("nanoseconds", 1_000_000_000 / freq),
+                (false, Some(p)) => ("count", p),
+                (false, _) => ("count", 1),
+            };
+            let name = event.name();
+            let event = if event.is_cpu_clock() { "cpu" } else { &name };
+            let meta = stacks::pprof::Meta {
+                types: &[("samples", "count"), (event, unit)],
+                values: &|_, s: &Sample| vec![s.count, s.count.saturating_mul(period)],
+                period_type: (event, unit),
+                period,
+                time_nanos: self.stacks.started_nanos(),
+                duration_nanos: elapsed.as_nanos() as u64,
+                comments: &comments,
+            };
+            file.write(&what, |out| stacks::pprof::write(exact, out, &meta, lines))?;
+        }
+        if let Some(file) = self.reports.speedscope.take() {
+            let unit = if args.off_cpu { "microseconds" } else { "none" };
+            let name = format!("rtrace profile ({rate})");
+            file.write(&what, |out| {
+                stacks::write_speedscope(samples, out, &name, unit)
+            })?;
+        }
+        Ok(())
+    }
+}
