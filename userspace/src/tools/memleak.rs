@@ -6,6 +6,7 @@
 //! profiles: folded stacks, a flame graph of bytes held, and pprof's
 //! heap profile with Go's four sample types.
 
+use crate::tracer::{Outcome, Plan, Spec};
 use std::{
     collections::HashMap,
     ffi::OsString,
@@ -903,14 +904,12 @@ fn kmem_offsets() -> anyhow::Result<KmemOffsets> {
 
 impl Tool for Memleak {
     type Args = Args;
-    const NAME: &'static str = "memleak";
-    /// User mode attaches uprobes, kernel mode tracepoints.
-    const CHAIN: &'static [Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
-    /// Besides the walk's: frees of what was allocated before tracing
-    /// began, which the kernel makes all the time (this tool's own
-    /// warning names them for a command, which is traced from its start).
-    const EXPECTED: &'static [u32] = &EXPECTED;
+
+    // User mode attaches uprobes, kernel mode tracepoints: no chain.
+    // Expected besides the walk's: frees of what was allocated before
+    // tracing began, which the kernel makes all the time (this tool's own
+    // warning names them for a command, which is traced from its start).
+    const SPEC: Spec = Spec::new("memleak", &[], &ERR_NAMES).expected(&EXPECTED);
 
     fn new(mut args: Args) -> anyhow::Result<Self> {
         if let Some(c) = &args.command {
@@ -970,17 +969,6 @@ impl Tool for Memleak {
             started_ns: 0,
             args,
         })
-    }
-
-    fn scope(&self) -> Scope {
-        Scope {
-            exclude_self: true,
-            ..self.args.scope.scope()
-        }
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
     }
 
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
@@ -1092,30 +1080,20 @@ impl Tool for Memleak {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        match &self.object {
-            Some(f) => format!(
-                "uprobes on {} in {}; {}",
-                self.attached.join(", "),
-                f.display(),
-                self.stacks.describe()
-            ),
-            None => format!("tracepoints {}", self.attached.join(", ")),
-        }
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.skipped
-            .iter()
-            .map(|s| format!("skipped: {s}"))
-            .collect()
-    }
-
-    fn interval(&self) -> Schedule {
-        Schedule::Every {
-            period: std::time::Duration::from_secs(self.args.interval),
-            count: self.args.count,
-        }
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![{
+            match &self.object {
+                Some(f) => format!(
+                    "uprobes on {} in {}; {}",
+                    self.attached.join(", "),
+                    f.display(),
+                    self.stacks.describe()
+                ),
+                None => format!("tracepoints {}", self.attached.join(", ")),
+            }
+        }];
+        lines.extend(self.skipped.iter().map(|s| format!("skipped: {s}")));
+        lines
     }
 
     fn banner(&self) -> String {
@@ -1171,21 +1149,37 @@ impl Tool for Memleak {
         self.write_files()
     }
 
-    fn summary(&self) -> Vec<String> {
-        self.stacks.summary()
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+                exclude_self: true,
+                ..self.args.scope.scope()
+            },
+            events: Some(self.args.buffer.clone()),
+            interval: Schedule::Every {
+                period: std::time::Duration::from_secs(self.args.interval),
+                count: self.args.count,
+            },
+            ..Plan::default()
+        }
     }
 
-    fn warnings(&self) -> Vec<Warning> {
-        let mut out = self.stacks.warnings();
-        // The kernel frees what it allocated before tracing all the time.
-        if self.user && self.unseen_frees > 0 && self.args.scope.commanded() {
-            out.push(Warning::lost(format!(
-                "{} frees of addresses not seen allocated (allocated before tracing began, \
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: self.stacks.summary(),
+            warnings: {
+                let mut out = self.stacks.warnings();
+                // The kernel frees what it allocated before tracing all the time.
+                if self.user && self.unseen_frees > 0 && self.args.scope.commanded() {
+                    out.push(Warning::lost(format!(
+                        "{} frees of addresses not seen allocated (allocated before tracing began, \
                  or not recorded)",
-                self.unseen_frees
-            )));
+                        self.unseen_frees
+                    )));
+                }
+                out
+            },
         }
-        out
     }
 }
 

@@ -4,7 +4,7 @@
 //! does; user stacks come from the same CFI walk as profile's, so they
 //! reach through libc's blocking wrappers in code without frame pointers.
 
-use crate::kernel::warning::Warning;
+use crate::tracer::{Outcome, Plan, Spec};
 use crate::tracer::{ScopeArgs, own};
 use std::path::PathBuf;
 
@@ -200,10 +200,9 @@ pub struct Offcputime {
 
 impl Tool for Offcputime {
     type Args = Args;
-    const NAME: &'static str = "offcputime";
-    const CHAIN: &'static [Mechanism] = &offcpu::CHAIN;
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
-    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
+
+    const SPEC: Spec = Spec::new("offcputime", &offcpu::CHAIN, &ERR_NAMES)
+        .expected(&rtrace_common::stacks::ERR_EXPECTED);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         if let Some(max) = args.max_block_time {
@@ -233,27 +232,6 @@ impl Tool for Offcputime {
             // The kernel side counts by WakeKey, with or without wakers.
             stacks: StackTool::new(true),
         })
-    }
-
-    fn scope(&self) -> Scope {
-        Scope {
-            // rtrace's own threads wait for the kernel all the time, and
-            // would be most of what a whole-system trace shows.
-            exclude_self: true,
-            ..self.args.scope.scope()
-        }
-    }
-
-    fn forced(&self) -> Option<Mechanism> {
-        self.args.attach
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
-    }
-
-    fn duration(&self) -> Option<u64> {
-        self.args.duration
     }
 
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
@@ -306,23 +284,23 @@ impl Tool for Offcputime {
         self.off_cpu.attach(m, kernel, ebpf)
     }
 
-    fn describe(&self) -> String {
-        format!(
-            "{}; {}; stacks named by their own 64-bit hash",
-            self.off_cpu.describe(),
-            self.stacks.describe()
-        )
-    }
-
-    fn notes(&self) -> Vec<String> {
-        if self.time_keys() {
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![{
+            format!(
+                "{}; {}; stacks named by their own 64-bit hash",
+                self.off_cpu.describe(),
+                self.stacks.describe()
+            )
+        }];
+        lines.extend(if self.time_keys() {
             vec![format!(
                 "time zero of the page's heat map: CLOCK_MONOTONIC {} ns",
                 self.time_zero
             )]
         } else {
             Vec::new()
-        }
+        });
+        lines
     }
 
     fn banner(&self) -> String {
@@ -348,15 +326,6 @@ impl Tool for Offcputime {
             None => "... Hit Ctrl-C to end.".to_owned(),
         };
         format!("Tracing off-CPU time (us) of {whom} by {which} stack{until}")
-    }
-
-    /// Every second the kernel's tables are moved out, so that they never
-    /// fill; nothing is printed until the end.
-    fn interval(&self) -> Schedule {
-        Schedule::Every {
-            period: std::time::Duration::from_secs(1),
-            count: None,
-        }
     }
 
     fn start(&mut self) {
@@ -417,12 +386,30 @@ impl Tool for Offcputime {
         Ok(())
     }
 
-    fn summary(&self) -> Vec<String> {
-        self.stacks.summary()
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+                // rtrace's own threads wait for the kernel all the time, and
+                // would be most of what a whole-system trace shows.
+                exclude_self: true,
+                ..self.args.scope.scope()
+            },
+            forced: self.args.attach,
+            events: Some(self.args.buffer.clone()),
+            interval: Schedule::Every {
+                period: std::time::Duration::from_secs(1),
+                count: None,
+            },
+            duration: self.args.duration,
+            ..Plan::default()
+        }
     }
 
-    fn warnings(&self) -> Vec<Warning> {
-        self.stacks.warnings()
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: self.stacks.summary(),
+            warnings: self.stacks.warnings(),
+        }
     }
 }
 
