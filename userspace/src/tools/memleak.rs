@@ -38,7 +38,7 @@ use crate::{
     },
     output::{
         Record, Schedule, Sink, events,
-        files::{ReportFile, held, thousands},
+        files::{StackReports, held, thousands},
         stacks::{self, FlameOptions, TextOptions},
     },
     probes::uprobes,
@@ -465,9 +465,8 @@ pub struct Memleak {
     /// those gone before they were read.
     recorded: HashMap<u32, [u8; 16]>,
     /// The files asked for, created at the start.
-    svg: Option<ReportFile>,
-    pprof: Option<ReportFile>,
-    html: Option<ReportFile>,
+    /// The files asked for, created before anything is attached.
+    reports: StackReports,
     /// The last report's holdings, for the files at the end.
     last: Vec<Row>,
     /// The bytes held at the last report by process, stack and the heat
@@ -568,7 +567,7 @@ impl Memleak {
     fn snapshot(&mut self, older_ns: u64) -> anyhow::Result<(Vec<Row>, Vec<Listed>)> {
         let mut by: HashMap<(u32, u64), (Amount, Amount)> = HashMap::new();
         let mut timed: HashMap<(u32, u64, u32), Amount> = HashMap::new();
-        let (by_time, zero) = (self.html.is_some(), self.started_ns);
+        let (by_time, zero) = (self.reports.html.is_some(), self.started_ns);
         let mut listed = Vec::new();
         let totals = match &mut self.totals {
             Some(t) => read_all(t).0,
@@ -754,19 +753,19 @@ impl Memleak {
         Ok(())
     }
 
-    /// Writes `--svg` and `--pprof` from the last report.
+    /// Writes the files asked for from the last report.
     fn write_files(&mut self) -> anyhow::Result<()> {
         let rows = std::mem::take(&mut self.last);
-        if let Some(file) = self.html.take() {
-            // Where allocations are not kept one by one, the totals by
-            // stack, without times.
-            let entries = if self.args.combined_only {
-                rows.iter()
-                    .map(|(k, h, _)| (k.tgid, k.stack, 0, h.bytes))
-                    .collect()
-            } else {
-                std::mem::take(&mut self.last_timed)
-            };
+        // Where allocations are not kept one by one, the totals by stack,
+        // without times.
+        let entries = if self.args.combined_only {
+            rows.iter()
+                .map(|(k, h, _)| (k.tgid, k.stack, 0, h.bytes))
+                .collect()
+        } else {
+            std::mem::take(&mut self.last_timed)
+        };
+        if let Some(file) = self.reports.html.take() {
             let samples: Vec<Sample> = self
                 .samples_of(&entries)
                 .into_iter()
@@ -802,12 +801,13 @@ impl Memleak {
                 crate::output::html::write(&page, out)
             })?;
         }
-        if let Some(file) = self.svg.take() {
-            let samples: Vec<Sample> = self
-                .samples(&rows, |h, _| h.bytes)
-                .into_iter()
-                .filter(|s| s.count > 0)
-                .collect();
+        let held_samples: Vec<Sample> = self
+            .samples(&rows, |h, _| h.bytes)
+            .into_iter()
+            .filter(|s| s.count > 0)
+            .collect();
+        if let Some(file) = self.reports.svg.take() {
+            let samples = &held_samples;
             let opts = FlameOptions {
                 title: "rtrace memleak: bytes held, by the stack that allocated them".to_owned(),
                 icicle: false,
@@ -817,9 +817,9 @@ impl Memleak {
                 ),
             };
             let what = held(&samples, "bytes");
-            file.write(&what, |out| stacks::write_svg(&samples, out, &opts))?;
+            file.write(&what, |out| stacks::write_svg(samples, out, &opts))?;
         }
-        if let Some(file) = self.pprof.take() {
+        if let Some(file) = self.reports.pprof.take() {
             let samples = self.samples(&rows, |h, _| h.bytes);
             let values: Vec<[u64; 4]> = rows
                 .iter()
@@ -946,9 +946,16 @@ impl Tool for Memleak {
         } else {
             None
         };
-        let svg = args.svg.as_deref().map(ReportFile::create).transpose()?;
-        let pprof = args.pprof.as_deref().map(ReportFile::create).transpose()?;
-        let html = args.html.as_deref().map(ReportFile::create).transpose()?;
+        // memleak's own `--sort` (bytes or allocations) and `-s` (bcc's
+        // sample rate) keep the stack tools' report table out: its files
+        // are declared here, and written as the others' are.
+        let reports = StackReports::create([
+            args.svg.as_deref(),
+            args.pprof.as_deref(),
+            None,
+            None,
+            args.html.as_deref(),
+        ])?;
         Ok(Self {
             user,
             object,
@@ -960,9 +967,7 @@ impl Tool for Memleak {
             named: HashMap::new(),
             comms: HashMap::new(),
             recorded: HashMap::new(),
-            svg,
-            pprof,
-            html,
+            reports,
             last: Vec::new(),
             last_timed: Vec::new(),
             unseen_frees: 0,

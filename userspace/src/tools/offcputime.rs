@@ -28,10 +28,7 @@ use crate::{
     output::{
         Schedule, Sink,
         files::{self, StackOutputs, StackReports},
-        stacks::{
-            self, FlameOptions, Stacks, TextOptions,
-            report::Report,
-        },
+        stacks::{self, FlameOptions, Stacks, TextOptions, report::Report},
     },
     stacks::sample::Sample,
     tracer::{Scope, Tool},
