@@ -816,7 +816,7 @@ impl Memleak {
                     inferno::flamegraph::color::BasicPalette::Mem,
                 ),
             };
-            let what = held(&samples, "bytes");
+            let what = held(samples, "bytes");
             file.write(&what, |out| stacks::write_svg(samples, out, &opts))?;
         }
         if let Some(file) = self.reports.pprof.take() {
