@@ -63,7 +63,7 @@ impl FromStr for BufferSize {
 pub const DEFAULT_BUFFER: u32 = 1 << 20;
 
 /// The transport flags every event tool takes.
-#[derive(Debug, Default, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct BufferArgs {
     /// Event buffer size (bytes, or with K/M/G; rounded up to a power of
     /// two): the ring buffer's, or shared among the CPUs' perf buffers (at

@@ -149,23 +149,6 @@ impl StackOutputs {
             || self.speedscope.is_some()
             || self.html.is_some()
     }
-
-    /// The first output asked for of those a tool cannot write
-    /// (`unsupported`, by flag: `"--heatmap"`), if any.
-    pub fn unsupported(&self, unsupported: &[&'static str]) -> Option<&'static str> {
-        let asked = [
-            ("--svg", self.svg.is_some()),
-            ("--pprof", self.pprof.is_some()),
-            ("--speedscope", self.speedscope.is_some()),
-            ("--heatmap", self.heatmap.is_some()),
-            ("--html", self.html.is_some()),
-            ("--report", self.report),
-        ];
-        asked
-            .into_iter()
-            .find(|(flag, set)| *set && unsupported.contains(flag))
-            .map(|(flag, _)| flag)
-    }
 }
 
 /// The report files a stack tool was asked for, created at its start.

@@ -100,6 +100,21 @@ pub fn write_svg(
     out.write_all(svg.as_bytes())
 }
 
+/// The counts of time-keyed samples by heat map slot ([`Sample::slot`],
+/// 1-based), for a heat map of what a tool counted by stack: the
+/// samples' own slots, not the kernel's per-slot totals of profile's.
+pub fn by_slot(samples: &[crate::stacks::sample::Sample]) -> Vec<u64> {
+    let mut counts = Vec::new();
+    for s in samples.iter().filter(|s| s.slot > 0) {
+        let i = s.slot as usize - 1;
+        if counts.len() <= i {
+            counts.resize(i + 1, 0);
+        }
+        counts[i] += s.count;
+    }
+    counts
+}
+
 /// White for nothing, then from pale to deep red as `n` nears `max`.
 fn color(n: u64, max: u64) -> String {
     if n == 0 {

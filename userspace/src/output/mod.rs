@@ -28,9 +28,10 @@ use tokio::signal::unix::{SignalKind, signal};
 
 /// When a tool prints (the tracer runs it; `hist::Interval` is a
 /// histogram interval's output).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Schedule {
     /// Only from events, or in `Tool::finish`.
+    #[default]
     Never,
     /// Once, when the run ends.
     AtEnd,
@@ -88,7 +89,7 @@ pub fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Re
 }
 
 /// `[interval] [count]` and `-T`, as bcc's histogram tools take them.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, clap::Args, Default)]
 pub struct IntervalArgs {
     /// Seconds between outputs; without it, print once at Ctrl-C.
     #[arg(value_parser = at_least_one::<u64>)]

@@ -3,6 +3,7 @@
 //! probe specs, with no compiler at run time: one generic program
 //! (`ebpf-programs/src/bin/argdist.rs`) reads the parsed specs.
 
+use crate::tracer::{Plan, Spec as ToolSpec};
 use crate::tracer::{ScopeArgs, own};
 use std::{collections::HashMap, fmt::Write as _};
 
@@ -29,7 +30,7 @@ use crate::{
         attach::{Slot, attach_slot},
         spec::{self, Spec},
     },
-    tracer::{Scope, Tool},
+    tracer::Tool,
 };
 
 /// Trace a function and display a summary of its parameter values.
@@ -261,10 +262,9 @@ pub struct Argdist {
 
 impl Tool for Argdist {
     type Args = Args;
-    const NAME: &'static str = "argdist";
-    /// Each probe names its own mechanism.
-    const CHAIN: &'static [Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
+
+    // Each probe names its own mechanism: no chain.
+    const SPEC: ToolSpec = ToolSpec::new("argdist", &[], &ERR_NAMES);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         let parsed = parse_all(&args)?;
@@ -280,21 +280,6 @@ impl Tool for Argdist {
             links: Vec::new(),
             prev_hists: vec![Snapshot::default(); n],
         })
-    }
-
-    fn scope(&self) -> Scope {
-        self.args.scope.scope()
-    }
-
-    fn interval(&self) -> Schedule {
-        Schedule::Every {
-            period: std::time::Duration::from_secs(self.args.interval),
-            count: self.args.count,
-        }
-    }
-
-    fn duration(&self) -> Option<u64> {
-        self.args.duration
     }
 
     fn configure(
@@ -367,12 +352,10 @@ impl Tool for Argdist {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        format!("{} probe(s)", self.parsed.len())
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.how.clone()
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![format!("{} probe(s)", self.parsed.len())];
+        lines.extend(self.how.clone());
+        lines
     }
 
     fn banner(&self) -> String {
@@ -385,6 +368,18 @@ impl Tool for Argdist {
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
         let report = self.read(ebpf)?;
         sink.emit(&report)
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: self.args.scope.scope(),
+            interval: Schedule::Every {
+                period: std::time::Duration::from_secs(self.args.interval),
+                count: self.args.count,
+            },
+            duration: self.args.duration,
+            ..Plan::default()
+        }
     }
 }
 

@@ -2,7 +2,9 @@
 //! biolatency prints them, with percentiles and JSON besides.
 
 use crate::tracer::ScopeArgs;
+use crate::tracer::{Plan, Spec};
 use std::collections::HashMap;
+use std::path::Path;
 
 use anyhow::Context as _;
 use aya::{Ebpf, maps::HashMap as BpfHashMap};
@@ -21,11 +23,11 @@ use crate::{
         tracefs,
     },
     output::{
-        self, IntervalArgs, Schedule, Sink,
+        self, IntervalArgs, Sink,
         hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
         metrics::{Exposition, Kind, Running},
     },
-    tracer::{self, Scope, Tool},
+    tracer::{self, Tool},
 };
 
 /// Typed and raw arguments give the request itself; classic tracepoints
@@ -41,7 +43,7 @@ const CHAIN: [Mechanism; 3] = [
 ];
 
 /// Summarize block device I/O latency as a histogram.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, clap::Args, Default)]
 #[command(after_help = "Examples:
   rtrace biolatency             # summarize block I/O latency as a histogram
   rtrace biolatency 1 10        # print 1 second summaries, 10 times
@@ -321,9 +323,8 @@ pub struct Biolatency {
 
 impl Tool for Biolatency {
     type Args = Args;
-    const NAME: &'static str = "biolatency";
-    const CHAIN: &'static [Mechanism] = &CHAIN;
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
+
+    const SPEC: Spec = Spec::new("biolatency", &CHAIN, &ERR_NAMES);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         let dev = args.disk_name.as_deref().map(disk_by_name).transpose()?;
@@ -347,65 +348,6 @@ impl Tool for Biolatency {
             total: PerCpuTotal::default(),
             running: HashMap::new(),
         })
-    }
-
-    const COLLECTOR: Option<tracer::Collector> = Some(tracer::Collector {
-        args: &["-D", "-F"],
-        default: true,
-        scoped: true,
-        tallies: 0,
-    });
-
-    fn collect(&mut self) {
-        self.unit_ns = 1;
-    }
-
-    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
-        let map: BpfHashMap<_, HistKey, Entry> =
-            BpfHashMap::try_from(ebpf.map("HISTS").context("map HISTS missing")?)?;
-        for (key, hist) in map.iter().filter_map(Result::ok) {
-            if !self.running.contains_key(&key) {
-                let disk = self.disk_name(key.dev);
-                let op = self
-                    .flag_names
-                    .as_ref()
-                    .map_or_else(|| "unknown".to_owned(), |n| op_label(&n.label(key.flags)));
-                self.running.insert(key, (Running::default(), disk, op));
-            }
-            if let Some((r, _, _)) = self.running.get_mut(&key) {
-                r.update([&hist]);
-            }
-        }
-        Ok(())
-    }
-
-    fn metrics(&self, out: &mut Exposition) {
-        // Keys differ in flags beyond the operation: each disk and
-        // operation is the sum of its keys.
-        let mut by: std::collections::BTreeMap<(&str, &str), Running> = Default::default();
-        for (r, disk, op) in self.running.values() {
-            by.entry((disk.as_str(), op.as_str())).or_default().add(r);
-        }
-        let mut family = out.family(
-            "rtrace_block_io_latency_seconds",
-            Kind::Histogram,
-            "Block I/O latency, from issue to completion, by disk and operation.",
-        );
-        for ((disk, op), r) in &by {
-            family.histogram(&[("disk", disk), ("op", op)], &r.seconds());
-        }
-    }
-
-    fn scope(&self) -> Scope {
-        self.args.scope.scope()
-    }
-
-    fn forced(&self) -> Option<Mechanism> {
-        self.args.attach
-    }
-
-    fn interval(&self) -> Schedule {
-        self.args.interval.schedule()
     }
 
     /// The programs that see request addresses keep them in a table of
@@ -501,24 +443,22 @@ impl Tool for Biolatency {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        let args_form = if self.queue_first {
-            "queue, request"
-        } else {
-            "request"
-        };
-        format!(
-            "block_rq_issue({args_form}); requests in flight in {}",
-            self.store
-        )
+    fn describe(&self) -> Vec<String> {
+        vec![{
+            let args_form = if self.queue_first {
+                "queue, request"
+            } else {
+                "request"
+            };
+            format!(
+                "block_rq_issue({args_form}); requests in flight in {}",
+                self.store
+            )
+        }]
     }
 
     fn banner(&self) -> String {
         "Tracing block device I/O... Hit Ctrl-C to end.".to_owned()
-    }
-
-    fn json(&self) -> bool {
-        self.args.bcc_json
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
@@ -580,6 +520,75 @@ impl Tool for Biolatency {
             return Ok(());
         }
         sink.emit(&interval)
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: self.args.scope.scope(),
+            forced: self.args.attach,
+            interval: self.args.interval.schedule(),
+            json: self.args.bcc_json,
+            ..Plan::default()
+        }
+    }
+}
+
+impl tracer::Collect for Biolatency {
+    const COLLECTOR: tracer::Collector = tracer::Collector {
+        default: true,
+        scoped: true,
+        tallies: 0,
+    };
+
+    fn collector(cgroup: Option<&Path>) -> anyhow::Result<Self> {
+        let mut tool = Self::new(Args {
+            // By disk and by flags, as the metrics' labels.
+            disk: true,
+            flag: true,
+            scope: ScopeArgs {
+                cgroup: cgroup.map(Path::to_owned),
+                ..ScopeArgs::default()
+            },
+            ..Args::default()
+        })?;
+        tool.unit_ns = 1;
+        Ok(tool)
+    }
+
+    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
+        let map: BpfHashMap<_, HistKey, Entry> =
+            BpfHashMap::try_from(ebpf.map("HISTS").context("map HISTS missing")?)?;
+        for (key, hist) in map.iter().filter_map(Result::ok) {
+            if !self.running.contains_key(&key) {
+                let disk = self.disk_name(key.dev);
+                let op = self
+                    .flag_names
+                    .as_ref()
+                    .map_or_else(|| "unknown".to_owned(), |n| op_label(&n.label(key.flags)));
+                self.running.insert(key, (Running::default(), disk, op));
+            }
+            if let Some((r, _, _)) = self.running.get_mut(&key) {
+                r.update([&hist]);
+            }
+        }
+        Ok(())
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        // Keys differ in flags beyond the operation: each disk and
+        // operation is the sum of its keys.
+        let mut by: std::collections::BTreeMap<(&str, &str), Running> = Default::default();
+        for (r, disk, op) in self.running.values() {
+            by.entry((disk.as_str(), op.as_str())).or_default().add(r);
+        }
+        let mut family = out.family(
+            "rtrace_block_io_latency_seconds",
+            Kind::Histogram,
+            "Block I/O latency, from issue to completion, by disk and operation.",
+        );
+        for ((disk, op), r) in &by {
+            family.histogram(&[("disk", disk), ("op", op)], &r.seconds());
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! `rtrace execsnoop`: one line per exec, as libbpf-tools' execsnoop prints
 //! it, plus a PPID column, execveat, full argv and JSON.
 
+use crate::tracer::{Plan, Spec};
 use crate::tracer::{ScopeArgs, own};
 use std::fmt::Write as _;
+use std::path::Path;
 
 use anyhow::Context as _;
 use aya::Ebpf;
@@ -30,6 +32,9 @@ use crate::{
     tracer::{self, Scope, Tool},
 };
 
+/// Arguments captured without `--max-args`, as bcc.
+const DEFAULT_MAX_ARGS: u32 = 20;
+
 /// tp_btf: one program at `sched_process_exec` reads the new program's
 /// argv. Else the syscall tracepoints, which exist wherever ftrace
 /// syscalls do, gather the arguments at the syscalls' entries, as `-x`
@@ -47,7 +52,7 @@ const HOOKS: [(&str, &str); 5] = [
 ];
 
 /// Trace exec() syscalls (execve and execveat).
-#[derive(Debug, clap::Args)]
+#[derive(Debug, clap::Args, Default)]
 #[command(after_help = "Examples:
   rtrace execsnoop             # trace all exec() syscalls
   rtrace execsnoop -x          # include failed exec()s
@@ -91,7 +96,7 @@ pub struct Args {
     #[arg(short = 'l', long, value_name = "LINE")]
     line: Option<String>,
     /// Most arguments to capture (1 to 60).
-    #[arg(long, value_name = "N", default_value_t = 20,
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ARGS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ARGS)))]
     max_args: u32,
     #[command(flatten)]
@@ -306,11 +311,8 @@ pub struct Execsnoop {
 
 impl Tool for Execsnoop {
     type Args = Args;
-    const NAME: &'static str = "execsnoop";
-    const CHAIN: &'static [Mechanism] = &CHAIN;
-    // An exec's argv may fill most of an 8 KiB record.
-    const EVENT_BUFFER: u32 = 2 << 20;
-    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    const SPEC: Spec = Spec::new("execsnoop", &CHAIN, &LOST_NAMES).event_buffer(2 << 20);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         if let Some(ppid) = args.ppid {
@@ -327,44 +329,6 @@ impl Tool for Execsnoop {
             mech: Mechanism::Tracepoint,
             execs: 0,
         })
-    }
-
-    const COLLECTOR: Option<tracer::Collector> = Some(tracer::Collector {
-        args: &[],
-        default: true,
-        scoped: true,
-        tallies: TALLY_SLOTS,
-    });
-
-    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
-        self.execs = read_tallies(ebpf, TALLY_SLOTS)?[TALLY_EXECS as usize];
-        Ok(())
-    }
-
-    fn metrics(&self, out: &mut Exposition) {
-        out.family(
-            "rtrace_execs_total",
-            Kind::Counter,
-            "Programs started by exec(2) (execve and execveat that succeeded).",
-        )
-        .value(&[], self.execs as f64);
-    }
-
-    fn scope(&self) -> Scope {
-        Scope {
-            cgroup_map: self.args.sets.cgroup_map.clone(),
-            mntns_map: self.args.sets.mntns_map.clone(),
-            ..self.args.scope.scope()
-        }
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
-    }
-
-    fn forced(&self) -> Option<Mechanism> {
-        // An exec that fails leaves no new program to read argv from.
-        self.args.fails.then_some(Mechanism::Tracepoint)
     }
 
     fn configure(
@@ -395,27 +359,16 @@ impl Tool for Execsnoop {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        if self.mech == Mechanism::TpBtf {
+    fn describe(&self) -> Vec<String> {
+        vec![if self.mech == Mechanism::TpBtf {
             "sched_process_exec, argv read from the new program's memory".to_owned()
         } else {
             "execve, execveat, sched_process_exec".to_owned()
-        }
+        }]
     }
 
     fn banner(&self) -> String {
         "Tracing exec()s... Hit Ctrl-C to end.".to_owned()
-    }
-
-    fn header(&self) -> Option<String> {
-        let mut head = self.text.times.header();
-        if self.args.print_uid {
-            head.push_str(&format!("{:<6} ", "UID"));
-        }
-        Some(format!(
-            "{head}{:<16} {:<6} {:<6} {:>3} ARGS",
-            "PCOMM", "PID", "PPID", "RET"
-        ))
     }
 
     fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
@@ -437,6 +390,64 @@ impl Tool for Execsnoop {
         }
         e.text = Some(&self.text);
         sink.emit(&e)
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+            cgroup_map: self.args.sets.cgroup_map.clone(),
+            mntns_map: self.args.sets.mntns_map.clone(),
+            ..self.args.scope.scope()
+        },
+            forced: // An exec that fails leaves no new program to read argv from.
+        self.args.fails.then_some(Mechanism::Tracepoint),
+            events: Some(self.args.buffer.clone()),
+            header: {
+        let mut head = self.text.times.header();
+        if self.args.print_uid {
+            head.push_str(&format!("{:<6} ", "UID"));
+        }
+        Some(format!(
+            "{head}{:<16} {:<6} {:<6} {:>3} ARGS",
+            "PCOMM", "PID", "PPID", "RET"
+        ))
+    },
+            ..Plan::default()
+        }
+    }
+}
+
+impl tracer::Collect for Execsnoop {
+    const COLLECTOR: tracer::Collector = tracer::Collector {
+        default: true,
+        scoped: true,
+        tallies: TALLY_SLOTS,
+    };
+
+    fn collector(cgroup: Option<&Path>) -> anyhow::Result<Self> {
+        let tool = Self::new(Args {
+            max_args: DEFAULT_MAX_ARGS,
+            scope: ScopeArgs {
+                cgroup: cgroup.map(Path::to_owned),
+                ..ScopeArgs::default()
+            },
+            ..Args::default()
+        })?;
+        Ok(tool)
+    }
+
+    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
+        self.execs = read_tallies(ebpf, TALLY_SLOTS)?[TALLY_EXECS as usize];
+        Ok(())
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        out.family(
+            "rtrace_execs_total",
+            Kind::Counter,
+            "Programs started by exec(2) (execve and execveat that succeeded).",
+        )
+        .value(&[], self.execs as f64);
     }
 }
 

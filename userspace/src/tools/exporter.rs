@@ -20,7 +20,6 @@ use std::{
 };
 
 use anyhow::Context as _;
-use clap::FromArgMatches as _;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, header};
 
@@ -30,7 +29,7 @@ use crate::{
         Signals,
         metrics::{Exposition, Format, Kind},
     },
-    tracer::{Collector, GlobalArgs, Session, Tool},
+    tracer::{Collect, Collector, GlobalArgs, Session},
 };
 
 /// Serve the tools' histograms and counters as Prometheus metrics.
@@ -74,7 +73,7 @@ pub struct Args {
 }
 
 /// How the exporter attaches one collector.
-type Open = fn(&Collector, Option<&Path>, &GlobalArgs) -> anyhow::Result<Box<dyn Running>>;
+type Open = fn(Option<&Path>, &GlobalArgs) -> anyhow::Result<Box<dyn Running>>;
 
 /// A collector the exporter can run: a tool and how to open it.
 pub struct Entry {
@@ -87,36 +86,25 @@ pub struct Entry {
 
 impl Entry {
     /// The entry of tool `T`.
-    pub fn of<T: Tool + 'static>(collector: Collector) -> Self {
+    pub fn of<T: Collect + 'static>() -> Self {
         Self {
-            name: T::NAME,
-            collector,
+            name: T::SPEC.name,
+            collector: T::COLLECTOR,
             open: open::<T>,
         }
     }
 }
 
-/// Attaches tool `T` as a collector, its arguments parsed as its own
-/// command line would be.
-fn open<T: Tool + 'static>(
-    c: &Collector,
+/// Attaches tool `T` as a collector, built as one (its typed arguments,
+/// the exporter's cgroup where it can count by it).
+fn open<T: Collect + 'static>(
     cgroup: Option<&Path>,
     global: &GlobalArgs,
 ) -> anyhow::Result<Box<dyn Running>> {
-    let mut argv: Vec<std::ffi::OsString> = vec![T::NAME.into()];
-    argv.extend(c.args.iter().map(Into::into));
-    if let (true, Some(cg)) = (c.scoped, cgroup) {
-        argv.push("-c".into());
-        argv.push(cg.into());
-    }
-    let command = <T::Args as clap::Args>::augment_args(clap::Command::new(T::NAME));
-    let matches = command
-        .try_get_matches_from(argv)
-        .map_err(|e| anyhow::anyhow!("{}", e.kind()))?;
-    let args = T::Args::from_arg_matches(&matches).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let tool = T::new(args)?;
-    let scope = tool.scope();
-    let session = Session::open(tool, &scope, global, true)?;
+    let tool = T::collector(cgroup.filter(|_| T::COLLECTOR.scoped))?;
+    let plan = tool.plan();
+    let scope = plan.scope.clone();
+    let session = Session::open(tool, plan, &scope, global, Some(T::COLLECTOR.tallies))?;
     Ok(Box::new(session))
 }
 
@@ -134,7 +122,7 @@ pub trait Running {
     fn report(&self);
 }
 
-impl<T: Tool> Running for Session<T> {
+impl<T: Collect> Running for Session<T> {
     fn refresh(&mut self) -> anyhow::Result<()> {
         self.tool.refresh(&self.ebpf)
     }
@@ -144,10 +132,10 @@ impl<T: Tool> Running for Session<T> {
     }
 
     fn losses(&self) -> anyhow::Result<(u64, u64)> {
-        let counts = read_errors(&self.ebpf, T::ERRORS.len())?;
+        let counts = read_errors(&self.ebpf, T::SPEC.errors.len())?;
         // An event tool's first slot is events lost to a full buffer;
         // every other slot of every tool is a table that was full.
-        let events = self.tool.events().is_some();
+        let events = self.events.is_some();
         let lost = if events {
             counts.first().copied().unwrap_or(0)
         } else {
@@ -335,7 +323,7 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
         trimmed: std::time::Instant::now(),
     };
     for entry in chosen {
-        match (entry.open)(&entry.collector, args.cgroup.as_deref(), global) {
+        match (entry.open)(args.cgroup.as_deref(), global) {
             Ok(c) => {
                 if global.verbose {
                     c.report();

@@ -2,6 +2,7 @@
 //! each took, as bcc's gethostlatency prints them.
 
 use crate::tracer::ScopeArgs;
+use crate::tracer::{Plan, Spec};
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -20,7 +21,7 @@ use crate::{
     },
     output::{self, Record, Sink, events},
     probes::uprobes,
-    tracer::{self, Scope, Tool},
+    tracer::{self, Tool},
 };
 
 /// Show latency for getaddrinfo/gethostbyname[2][_r]/gethostbyaddr calls.
@@ -81,9 +82,8 @@ pub struct Gethostlatency {
 
 impl Tool for Gethostlatency {
     type Args = Args;
-    const NAME: &'static str = "gethostlatency";
-    const CHAIN: &'static [Mechanism] = &[Mechanism::Uprobe];
-    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    const SPEC: Spec = Spec::new("gethostlatency", &[Mechanism::Uprobe], &LOST_NAMES);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         // The process's own libc is looked up, so it must exist first.
@@ -105,14 +105,6 @@ impl Tool for Gethostlatency {
             missing: Vec::new(),
             store: "",
         })
-    }
-
-    fn scope(&self) -> Scope {
-        self.args.scope.scope()
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
     }
 
     /// Task storage saves a hash insert and delete per lookup; the hash
@@ -162,31 +154,21 @@ impl Tool for Gethostlatency {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        format!(
-            "{} in {}; lookups in flight in {}",
-            self.attached.join(", "),
-            self.libc.display(),
-            self.store
-        )
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.missing
-            .iter()
-            .map(|m| format!("skipped: {m}"))
-            .collect()
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![{
+            format!(
+                "{} in {}; lookups in flight in {}",
+                self.attached.join(", "),
+                self.libc.display(),
+                self.store
+            )
+        }];
+        lines.extend(self.missing.iter().map(|m| format!("skipped: {m}")));
+        lines
     }
 
     fn banner(&self) -> String {
         "Tracing getaddrinfo/gethostbyname/gethostbyaddr calls... Hit Ctrl-C to end.".to_owned()
-    }
-
-    fn header(&self) -> Option<String> {
-        Some(format!(
-            "{:<8} {:<7} {:<16} {:>10} HOST",
-            "TIME", "PID", "COMM", "LATms"
-        ))
     }
 
     fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
@@ -205,6 +187,18 @@ impl Tool for Gethostlatency {
                 crate::kernel::c_string(&e.host)
             },
         })
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: self.args.scope.scope(),
+            events: Some(self.args.buffer.clone()),
+            header: Some(format!(
+                "{:<8} {:<7} {:<16} {:>10} HOST",
+                "TIME", "PID", "COMM", "LATms"
+            )),
+            ..Plan::default()
+        }
     }
 }
 

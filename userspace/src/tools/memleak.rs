@@ -6,6 +6,7 @@
 //! profiles: folded stacks, a flame graph of bytes held, and pprof's
 //! heap profile with Go's four sample types.
 
+use crate::tracer::{Outcome, Plan, Spec};
 use std::{
     collections::HashMap,
     ffi::OsString,
@@ -37,7 +38,7 @@ use crate::{
     },
     output::{
         Record, Schedule, Sink, events,
-        files::{ReportFile, held, thousands},
+        files::{StackReports, held, thousands},
         stacks::{self, FlameOptions, TextOptions},
     },
     probes::uprobes,
@@ -464,9 +465,8 @@ pub struct Memleak {
     /// those gone before they were read.
     recorded: HashMap<u32, [u8; 16]>,
     /// The files asked for, created at the start.
-    svg: Option<ReportFile>,
-    pprof: Option<ReportFile>,
-    html: Option<ReportFile>,
+    /// The files asked for, created before anything is attached.
+    reports: StackReports,
     /// The last report's holdings, for the files at the end.
     last: Vec<Row>,
     /// The bytes held at the last report by process, stack and the heat
@@ -567,7 +567,7 @@ impl Memleak {
     fn snapshot(&mut self, older_ns: u64) -> anyhow::Result<(Vec<Row>, Vec<Listed>)> {
         let mut by: HashMap<(u32, u64), (Amount, Amount)> = HashMap::new();
         let mut timed: HashMap<(u32, u64, u32), Amount> = HashMap::new();
-        let (by_time, zero) = (self.html.is_some(), self.started_ns);
+        let (by_time, zero) = (self.reports.html.is_some(), self.started_ns);
         let mut listed = Vec::new();
         let totals = match &mut self.totals {
             Some(t) => read_all(t).0,
@@ -753,19 +753,19 @@ impl Memleak {
         Ok(())
     }
 
-    /// Writes `--svg` and `--pprof` from the last report.
+    /// Writes the files asked for from the last report.
     fn write_files(&mut self) -> anyhow::Result<()> {
         let rows = std::mem::take(&mut self.last);
-        if let Some(file) = self.html.take() {
-            // Where allocations are not kept one by one, the totals by
-            // stack, without times.
-            let entries = if self.args.combined_only {
-                rows.iter()
-                    .map(|(k, h, _)| (k.tgid, k.stack, 0, h.bytes))
-                    .collect()
-            } else {
-                std::mem::take(&mut self.last_timed)
-            };
+        // Where allocations are not kept one by one, the totals by stack,
+        // without times.
+        let entries = if self.args.combined_only {
+            rows.iter()
+                .map(|(k, h, _)| (k.tgid, k.stack, 0, h.bytes))
+                .collect()
+        } else {
+            std::mem::take(&mut self.last_timed)
+        };
+        if let Some(file) = self.reports.html.take() {
             let samples: Vec<Sample> = self
                 .samples_of(&entries)
                 .into_iter()
@@ -801,12 +801,13 @@ impl Memleak {
                 crate::output::html::write(&page, out)
             })?;
         }
-        if let Some(file) = self.svg.take() {
-            let samples: Vec<Sample> = self
-                .samples(&rows, |h, _| h.bytes)
-                .into_iter()
-                .filter(|s| s.count > 0)
-                .collect();
+        let held_samples: Vec<Sample> = self
+            .samples(&rows, |h, _| h.bytes)
+            .into_iter()
+            .filter(|s| s.count > 0)
+            .collect();
+        if let Some(file) = self.reports.svg.take() {
+            let samples = &held_samples;
             let opts = FlameOptions {
                 title: "rtrace memleak: bytes held, by the stack that allocated them".to_owned(),
                 icicle: false,
@@ -815,10 +816,10 @@ impl Memleak {
                     inferno::flamegraph::color::BasicPalette::Mem,
                 ),
             };
-            let what = held(&samples, "bytes");
-            file.write(&what, |out| stacks::write_svg(&samples, out, &opts))?;
+            let what = held(samples, "bytes");
+            file.write(&what, |out| stacks::write_svg(samples, out, &opts))?;
         }
-        if let Some(file) = self.pprof.take() {
+        if let Some(file) = self.reports.pprof.take() {
             let samples = self.samples(&rows, |h, _| h.bytes);
             let values: Vec<[u64; 4]> = rows
                 .iter()
@@ -903,14 +904,12 @@ fn kmem_offsets() -> anyhow::Result<KmemOffsets> {
 
 impl Tool for Memleak {
     type Args = Args;
-    const NAME: &'static str = "memleak";
-    /// User mode attaches uprobes, kernel mode tracepoints.
-    const CHAIN: &'static [Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
-    /// Besides the walk's: frees of what was allocated before tracing
-    /// began, which the kernel makes all the time (this tool's own
-    /// warning names them for a command, which is traced from its start).
-    const EXPECTED: &'static [u32] = &EXPECTED;
+
+    // User mode attaches uprobes, kernel mode tracepoints: no chain.
+    // Expected besides the walk's: frees of what was allocated before
+    // tracing began, which the kernel makes all the time (this tool's own
+    // warning names them for a command, which is traced from its start).
+    const SPEC: Spec = Spec::new("memleak", &[], &ERR_NAMES).expected(&EXPECTED);
 
     fn new(mut args: Args) -> anyhow::Result<Self> {
         if let Some(c) = &args.command {
@@ -947,9 +946,16 @@ impl Tool for Memleak {
         } else {
             None
         };
-        let svg = args.svg.as_deref().map(ReportFile::create).transpose()?;
-        let pprof = args.pprof.as_deref().map(ReportFile::create).transpose()?;
-        let html = args.html.as_deref().map(ReportFile::create).transpose()?;
+        // memleak's own `--sort` (bytes or allocations) and `-s` (bcc's
+        // sample rate) keep the stack tools' report table out: its files
+        // are declared here, and written as the others' are.
+        let reports = StackReports::create([
+            args.svg.as_deref(),
+            args.pprof.as_deref(),
+            None,
+            None,
+            args.html.as_deref(),
+        ])?;
         Ok(Self {
             user,
             object,
@@ -961,26 +967,13 @@ impl Tool for Memleak {
             named: HashMap::new(),
             comms: HashMap::new(),
             recorded: HashMap::new(),
-            svg,
-            pprof,
-            html,
+            reports,
             last: Vec::new(),
             last_timed: Vec::new(),
             unseen_frees: 0,
             started_ns: 0,
             args,
         })
-    }
-
-    fn scope(&self) -> Scope {
-        Scope {
-            exclude_self: true,
-            ..self.args.scope.scope()
-        }
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
     }
 
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
@@ -1092,30 +1085,20 @@ impl Tool for Memleak {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        match &self.object {
-            Some(f) => format!(
-                "uprobes on {} in {}; {}",
-                self.attached.join(", "),
-                f.display(),
-                self.stacks.describe()
-            ),
-            None => format!("tracepoints {}", self.attached.join(", ")),
-        }
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.skipped
-            .iter()
-            .map(|s| format!("skipped: {s}"))
-            .collect()
-    }
-
-    fn interval(&self) -> Schedule {
-        Schedule::Every {
-            period: std::time::Duration::from_secs(self.args.interval),
-            count: self.args.count,
-        }
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![{
+            match &self.object {
+                Some(f) => format!(
+                    "uprobes on {} in {}; {}",
+                    self.attached.join(", "),
+                    f.display(),
+                    self.stacks.describe()
+                ),
+                None => format!("tracepoints {}", self.attached.join(", ")),
+            }
+        }];
+        lines.extend(self.skipped.iter().map(|s| format!("skipped: {s}")));
+        lines
     }
 
     fn banner(&self) -> String {
@@ -1171,21 +1154,37 @@ impl Tool for Memleak {
         self.write_files()
     }
 
-    fn summary(&self) -> Vec<String> {
-        self.stacks.summary()
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+                exclude_self: true,
+                ..self.args.scope.scope()
+            },
+            events: Some(self.args.buffer.clone()),
+            interval: Schedule::Every {
+                period: std::time::Duration::from_secs(self.args.interval),
+                count: self.args.count,
+            },
+            ..Plan::default()
+        }
     }
 
-    fn warnings(&self) -> Vec<Warning> {
-        let mut out = self.stacks.warnings();
-        // The kernel frees what it allocated before tracing all the time.
-        if self.user && self.unseen_frees > 0 && self.args.scope.commanded() {
-            out.push(Warning::lost(format!(
-                "{} frees of addresses not seen allocated (allocated before tracing began, \
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: self.stacks.summary(),
+            warnings: {
+                let mut out = self.stacks.warnings();
+                // The kernel frees what it allocated before tracing all the time.
+                if self.user && self.unseen_frees > 0 && self.args.scope.commanded() {
+                    out.push(Warning::lost(format!(
+                        "{} frees of addresses not seen allocated (allocated before tracing began, \
                  or not recorded)",
-                self.unseen_frees
-            )));
+                        self.unseen_frees
+                    )));
+                }
+                out
+            },
         }
-        out
     }
 }
 

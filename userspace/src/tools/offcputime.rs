@@ -4,14 +4,16 @@
 //! does; user stacks come from the same CFI walk as profile's, so they
 //! reach through libc's blocking wrappers in code without frame pointers.
 
-use crate::kernel::warning::Warning;
+use crate::tracer::{Outcome, Plan, Spec};
 use crate::tracer::{ScopeArgs, own};
-use std::path::PathBuf;
 
 use anyhow::Context as _;
 use aya::Ebpf;
 use inferno::flamegraph::color::{BasicPalette, Palette};
-use rtrace_common::offcputime::{ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER};
+use rtrace_common::{
+    offcputime::{ERR_NAMES, STATE_ANY, THREADS_ALL, THREADS_KERNEL, THREADS_USER},
+    profile::HEAT_SLOT_NS,
+};
 
 use crate::{
     engine::{
@@ -25,11 +27,8 @@ use crate::{
     },
     output::{
         Schedule, Sink,
-        files::{self, StackReports},
-        stacks::{
-            self, FlameOptions, Stacks, TextOptions,
-            report::{Report, ReportArgs},
-        },
+        files::{self, StackOutputs, StackReports},
+        stacks::{self, FlameOptions, Stacks, TextOptions, report::Report},
     },
     stacks::sample::Sample,
     tracer::{Scope, Tool},
@@ -115,29 +114,12 @@ pub struct Args {
     /// the thread stopped, as /proc/PID/stack shows it.
     #[arg(long)]
     sched_frames: bool,
-    /// Write an off-CPU flame graph (SVG) to FILE.
-    #[arg(long, value_name = "FILE")]
-    svg: Option<PathBuf>,
-    /// Write a gzipped pprof profile (profile.proto) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pprof: Option<PathBuf>,
-    /// Write one self-contained page (HTML) to FILE: the heat map of
-    /// blocked time by when each wait ended (drag over cells for the
-    /// graph of that range), the flame graph with zoom, search and an
-    /// icicle view, perf report's table and the run's facts.
-    #[arg(long, value_name = "FILE")]
-    html: Option<PathBuf>,
+    #[command(flatten)]
+    outputs: StackOutputs,
     /// The tracepoint mechanism to attach with, instead of the best that
     /// works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&offcpu::CHAIN))]
     attach: Option<Mechanism>,
-    /// Print perf report's table instead of stacks: off-CPU time with
-    /// children and self by --sort keys (comm, dso, sym), shaped by the
-    /// report options (--hierarchy, -g, --percent-limit and the rest).
-    #[arg(long)]
-    report: bool,
-    #[command(flatten)]
-    report_opts: Box<ReportArgs>,
     #[command(flatten)]
     stacks: StackArgs,
     #[command(flatten)]
@@ -200,10 +182,9 @@ pub struct Offcputime {
 
 impl Tool for Offcputime {
     type Args = Args;
-    const NAME: &'static str = "offcputime";
-    const CHAIN: &'static [Mechanism] = &offcpu::CHAIN;
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
-    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
+
+    const SPEC: Spec = Spec::new("offcputime", &offcpu::CHAIN, &ERR_NAMES)
+        .expected(&rtrace_common::stacks::ERR_EXPECTED);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         if let Some(max) = args.max_block_time {
@@ -213,18 +194,7 @@ impl Tool for Offcputime {
                 args.min_block_time
             );
         }
-        if !args.report
-            && let Some(flag) = args.report_opts.changed()
-        {
-            anyhow::bail!("{flag} shapes perf report's table: add --report");
-        }
-        let reports = StackReports::create([
-            args.svg.as_deref(),
-            args.pprof.as_deref(),
-            None,
-            None,
-            args.html.as_deref(),
-        ])?;
+        let reports = args.outputs.create()?;
         Ok(Self {
             reports,
             time_zero: 0,
@@ -233,27 +203,6 @@ impl Tool for Offcputime {
             // The kernel side counts by WakeKey, with or without wakers.
             stacks: StackTool::new(true),
         })
-    }
-
-    fn scope(&self) -> Scope {
-        Scope {
-            // rtrace's own threads wait for the kernel all the time, and
-            // would be most of what a whole-system trace shows.
-            exclude_self: true,
-            ..self.args.scope.scope()
-        }
-    }
-
-    fn forced(&self) -> Option<Mechanism> {
-        self.args.attach
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
-    }
-
-    fn duration(&self) -> Option<u64> {
-        self.args.duration
     }
 
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
@@ -306,23 +255,23 @@ impl Tool for Offcputime {
         self.off_cpu.attach(m, kernel, ebpf)
     }
 
-    fn describe(&self) -> String {
-        format!(
-            "{}; {}; stacks named by their own 64-bit hash",
-            self.off_cpu.describe(),
-            self.stacks.describe()
-        )
-    }
-
-    fn notes(&self) -> Vec<String> {
-        if self.time_keys() {
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![{
+            format!(
+                "{}; {}; stacks named by their own 64-bit hash",
+                self.off_cpu.describe(),
+                self.stacks.describe()
+            )
+        }];
+        lines.extend(if self.time_keys() {
             vec![format!(
                 "time zero of the page's heat map: CLOCK_MONOTONIC {} ns",
                 self.time_zero
             )]
         } else {
             Vec::new()
-        }
+        });
+        lines
     }
 
     fn banner(&self) -> String {
@@ -348,15 +297,6 @@ impl Tool for Offcputime {
             None => "... Hit Ctrl-C to end.".to_owned(),
         };
         format!("Tracing off-CPU time (us) of {whom} by {which} stack{until}")
-    }
-
-    /// Every second the kernel's tables are moved out, so that they never
-    /// fill; nothing is printed until the end.
-    fn interval(&self) -> Schedule {
-        Schedule::Every {
-            period: std::time::Duration::from_secs(1),
-            count: None,
-        }
     }
 
     fn start(&mut self) {
@@ -387,6 +327,16 @@ impl Tool for Offcputime {
             &counted
         };
         self.write_files(samples, &counted, elapsed)?;
+        if let Some(file) = self.reports.heatmap.take() {
+            let counts = crate::output::heatmap::by_slot(&counted);
+            let title = "rtrace offcputime: time off the CPU by when each wait ended";
+            let what = format!("{} us", files::thousands(counts.iter().sum()));
+            let zero = self.time_zero;
+            file.write(&what, |out| {
+                crate::output::heatmap::write_svg(&counts, HEAT_SLOT_NS, zero, title, out)
+                    .map_err(Into::into)
+            })?;
+        }
         if let Some(file) = self.reports.html.take() {
             let page = self.stacks.page(
                 ebpf,
@@ -400,8 +350,13 @@ impl Tool for Offcputime {
                 crate::output::html::write(&page, out)
             })?;
         }
-        if self.args.report {
-            let report = Report::new(&counted, &self.args.report_opts, "offcpu-time", "us");
+        if self.args.outputs.report {
+            let report = Report::new(
+                &counted,
+                &self.args.outputs.report_opts,
+                "offcpu-time",
+                "us",
+            );
             sink.emit(&report)?;
             self.stacks.reported(samples, "us off CPU");
             return Ok(());
@@ -410,19 +365,36 @@ impl Tool for Offcputime {
             delimiter: self.args.delimited,
             annotate: false,
         };
-        let files =
-            self.args.svg.is_some() || self.args.pprof.is_some() || self.args.html.is_some();
+        let files = self.args.outputs.files();
         Stacks::print(sink, samples, text, self.args.folded, files, "us")?;
         self.stacks.reported(samples, "us off CPU");
         Ok(())
     }
 
-    fn summary(&self) -> Vec<String> {
-        self.stacks.summary()
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+                // rtrace's own threads wait for the kernel all the time, and
+                // would be most of what a whole-system trace shows.
+                exclude_self: true,
+                ..self.args.scope.scope()
+            },
+            forced: self.args.attach,
+            events: Some(self.args.buffer.clone()),
+            interval: Schedule::Every {
+                period: std::time::Duration::from_secs(1),
+                count: None,
+            },
+            duration: self.args.duration,
+            ..Plan::default()
+        }
     }
 
-    fn warnings(&self) -> Vec<Warning> {
-        self.stacks.warnings()
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: self.stacks.summary(),
+            warnings: self.stacks.warnings(),
+        }
     }
 }
 
@@ -430,13 +402,14 @@ impl Offcputime {
     /// Whether blocked time is counted by thread: for a table by thread,
     /// and for a pprof, which keeps each sample's thread.
     fn per_thread(&self) -> bool {
-        self.args.report_opts.by_thread() || self.args.pprof.is_some()
+        self.args.outputs.report_opts.by_thread() || self.args.outputs.pprof.is_some()
     }
 
     /// Whether blocked time is counted by time slot: for the page's
-    /// ranges, and a pprof's time labels.
+    /// ranges, a pprof's time labels and the heat map.
     fn time_keys(&self) -> bool {
-        self.args.html.is_some() || self.args.pprof.is_some()
+        let o = &self.args.outputs;
+        o.html.is_some() || o.pprof.is_some() || o.heatmap.is_some()
     }
 
     /// Writes the files asked for: the flame graph from `samples`, the
@@ -452,7 +425,7 @@ impl Offcputime {
         if let Some(file) = self.reports.svg.take() {
             let opts = FlameOptions {
                 title: "Off-CPU Time Flame Graph".to_owned(),
-                icicle: false,
+                icicle: self.args.outputs.icicle,
                 count_name: "us".to_owned(),
                 // Blues, as off-CPU and I/O graphs are drawn since
                 // FlameGraph's `--color=io`.
@@ -472,6 +445,11 @@ impl Offcputime {
             };
             file.write(&what, |out| {
                 stacks::pprof::write(counted, out, &meta, lines)
+            })?;
+        }
+        if let Some(file) = self.reports.speedscope.take() {
+            file.write(&what, |out| {
+                stacks::write_speedscope(samples, out, "rtrace offcputime", "microseconds")
             })?;
         }
         Ok(())

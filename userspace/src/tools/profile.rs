@@ -3,6 +3,7 @@
 //! graph, pprof and speedscope files. A front-end of the engine's
 //! sampling ([`Sampler`]): its flags become a [`Sampling`].
 
+use crate::tracer::{Outcome, Plan, Spec};
 use std::time::Duration;
 
 use crate::{
@@ -190,10 +191,8 @@ pub struct Profile {
 
 impl Tool for Profile {
     type Args = Args;
-    const NAME: &'static str = "profile";
-    const CHAIN: &'static [crate::kernel::features::Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = sampling::ERRORS;
-    const EXPECTED: &'static [u32] = sampling::EXPECTED;
+
+    const SPEC: Spec = Spec::new("profile", &[], sampling::ERRORS).expected(sampling::EXPECTED);
 
     super::sampling_tool!();
 
@@ -221,20 +220,12 @@ impl Tool for Profile {
         })
     }
 
-    fn scope(&self) -> Scope {
-        self.scope.clone()
-    }
-
     fn banner(&self) -> String {
         self.sampler.banner()
     }
 
     fn start(&mut self) {
         self.sampler.start();
-    }
-
-    fn interval(&self) -> crate::output::Schedule {
-        self.sampler.interval()
     }
 
     fn tick(
@@ -254,13 +245,42 @@ impl Tool for Profile {
         self.sampler.finish(ebpf, sink)
     }
 
-    fn summary(&self) -> Vec<String> {
-        self.sampler.summary()
+    fn plan(&self) -> Plan {
+        Plan {
+            events: Some(self.sampler.events().clone()),
+            duration: self.sampler.duration(),
+            scope: self.scope.clone(),
+            interval: self.sampler.interval(),
+            ..Plan::default()
+        }
     }
 
-    fn warnings(&self) -> Vec<crate::kernel::warning::Warning> {
-        self.sampler.warnings()
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: self.sampler.summary(),
+            warnings: self.sampler.warnings(),
+        }
     }
+}
+
+/// `START-END` in seconds, as `--range` takes it.
+fn parse_range(s: &str) -> Result<(Duration, Duration), String> {
+    let secs = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| format!("expected START-END in seconds, such as 2.5-3.1; got {s:?}"))
+    };
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("expected START-END in seconds, such as 2.5-3.1; got {s:?}"))?;
+    let (a, b) = (secs(a)?, secs(b)?);
+    if b <= a {
+        return Err(format!("the range ends before it starts: {s}"));
+    }
+    Ok((a, b))
 }
 
 #[cfg(test)]
@@ -289,24 +309,4 @@ mod tests {
         assert_eq!(flags.period, Some(1000));
         assert_eq!(flags.event.name(), "cs");
     }
-}
-
-/// `START-END` in seconds, as `--range` takes it.
-fn parse_range(s: &str) -> Result<(Duration, Duration), String> {
-    let secs = |v: &str| {
-        v.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite() && *v >= 0.0)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| format!("expected START-END in seconds, such as 2.5-3.1; got {s:?}"))
-    };
-    let (a, b) = s
-        .split_once('-')
-        .ok_or_else(|| format!("expected START-END in seconds, such as 2.5-3.1; got {s:?}"))?;
-    let (a, b) = (secs(a)?, secs(b)?);
-    if b <= a {
-        return Err(format!("the range ends before it starts: {s}"));
-    }
-    Ok((a, b))
 }

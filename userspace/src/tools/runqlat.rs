@@ -1,7 +1,9 @@
 //! `rtrace runqlat`: run-queue latency histograms, as libbpf-tools' runqlat
 //! prints them, with percentiles and JSON besides.
 
+use crate::tracer::{Plan, Spec};
 use crate::tracer::{ScopeArgs, own};
+use std::path::Path;
 
 use anyhow::Context as _;
 use aya::{
@@ -21,11 +23,11 @@ use crate::{
         tracefs,
     },
     output::{
-        self, IntervalArgs, Schedule, Sink,
+        self, IntervalArgs, Sink,
         hist::{Group, Interval, KeyedDeltas, PerCpuTotal},
         metrics::{Exposition, Kind, Running},
     },
-    tracer::{self, Scope, Tool},
+    tracer::{self, Tool},
 };
 
 const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
@@ -34,7 +36,7 @@ const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 const HOOKS: [&str; 3] = ["sched_wakeup", "sched_wakeup_new", "sched_switch"];
 
 /// Summarize run queue (scheduler) latency as a histogram.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, clap::Args, Default)]
 #[command(after_help = "Examples:
   rtrace runqlat              # summarize until Ctrl-C
   rtrace runqlat 1 10         # print 1 second summaries, 10 times
@@ -122,9 +124,8 @@ pub struct Runqlat {
 
 impl Tool for Runqlat {
     type Args = Args;
-    const NAME: &'static str = "runqlat";
-    const CHAIN: &'static [Mechanism] = &CHAIN;
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
+
+    const SPEC: Spec = Spec::new("runqlat", &CHAIN, &ERR_NAMES);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         let (unit, unit_ns) = if args.milliseconds {
@@ -153,18 +154,6 @@ impl Tool for Runqlat {
             groups: KeyedDeltas::default(),
             running: Running::default(),
         })
-    }
-
-    fn scope(&self) -> Scope {
-        self.args.scope.scope()
-    }
-
-    fn forced(&self) -> Option<Mechanism> {
-        self.args.attach
-    }
-
-    fn interval(&self) -> Schedule {
-        self.args.interval.schedule()
     }
 
     /// Task storage saves a hash update and delete per context switch; the
@@ -261,40 +250,12 @@ impl Tool for Runqlat {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        format!("{}; enqueue times in {}", HOOKS.join(", "), self.store)
+    fn describe(&self) -> Vec<String> {
+        vec![{ format!("{}; enqueue times in {}", HOOKS.join(", "), self.store) }]
     }
 
     fn banner(&self) -> String {
         "Tracing run queue latency... Hit Ctrl-C to end.".to_owned()
-    }
-
-    const COLLECTOR: Option<tracer::Collector> = Some(tracer::Collector {
-        args: &[],
-        default: true,
-        scoped: true,
-        tallies: 0,
-    });
-
-    fn collect(&mut self) {
-        self.unit_ns = 1;
-    }
-
-    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
-        let array: PerCpuArray<_, Entry> =
-            PerCpuArray::try_from(ebpf.map("TOTAL").context("map TOTAL missing")?)?;
-        self.running
-            .update(array.get(&0, 0)?.iter().map(|e| &e.hist));
-        Ok(())
-    }
-
-    fn metrics(&self, out: &mut Exposition) {
-        out.family(
-            "rtrace_runqueue_latency_seconds",
-            Kind::Histogram,
-            "Time tasks waited on a run queue, from wakeup to running.",
-        )
-        .histogram(&[], &self.running.seconds());
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
@@ -321,6 +282,52 @@ impl Tool for Runqlat {
             empty_table: false,
             break_before_table: false,
         })
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: self.args.scope.scope(),
+            forced: self.args.attach,
+            interval: self.args.interval.schedule(),
+            ..Plan::default()
+        }
+    }
+}
+
+impl tracer::Collect for Runqlat {
+    const COLLECTOR: tracer::Collector = tracer::Collector {
+        default: true,
+        scoped: true,
+        tallies: 0,
+    };
+
+    fn collector(cgroup: Option<&Path>) -> anyhow::Result<Self> {
+        let mut tool = Self::new(Args {
+            scope: ScopeArgs {
+                cgroup: cgroup.map(Path::to_owned),
+                ..ScopeArgs::default()
+            },
+            ..Args::default()
+        })?;
+        tool.unit_ns = 1;
+        Ok(tool)
+    }
+
+    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
+        let array: PerCpuArray<_, Entry> =
+            PerCpuArray::try_from(ebpf.map("TOTAL").context("map TOTAL missing")?)?;
+        self.running
+            .update(array.get(&0, 0)?.iter().map(|e| &e.hist));
+        Ok(())
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        out.family(
+            "rtrace_runqueue_latency_seconds",
+            Kind::Histogram,
+            "Time tasks waited on a run queue, from wakeup to running.",
+        )
+        .histogram(&[], &self.running.seconds());
     }
 }
 

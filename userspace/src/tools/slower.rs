@@ -3,6 +3,7 @@
 //! `fsslower` (`-t TYPE`) are front-ends of, each choosing the file
 //! system ([`FsChoice`]). Its programs are the `ext4slower` object's.
 
+use crate::tracer::{Plan, Spec};
 use crate::tracer::{ScopeArgs, own};
 use anyhow::Context as _;
 use aya::Ebpf;
@@ -308,11 +309,9 @@ pub struct Slower<F> {
 
 impl<F: FsChoice> Tool for Slower<F> {
     type Args = F::Args;
-    const NAME: &'static str = F::NAME;
-    /// Every file system's programs are ext4slower's.
-    const OBJECT: &'static str = "ext4slower";
-    const CHAIN: &'static [Mechanism] = &CHAIN;
-    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    // Every file system's programs are ext4slower's.
+    const SPEC: Spec = Spec::new(F::NAME, &CHAIN, &LOST_NAMES).object("ext4slower");
 
     fn new(args: F::Args) -> anyhow::Result<Self> {
         let (args, fs) = F::split(args);
@@ -328,27 +327,6 @@ impl<F: FsChoice> Tool for Slower<F> {
             store: "",
             choice: std::marker::PhantomData,
         })
-    }
-
-    /// rtrace's own output written to a file on ext4 would otherwise feed
-    /// back into what it traces.
-    fn scope(&self) -> Scope {
-        Scope {
-            exclude_self: true,
-            ..self.args.scope.scope()
-        }
-    }
-
-    fn forced(&self) -> Option<Mechanism> {
-        self.args.attach
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
-    }
-
-    fn duration(&self) -> Option<u64> {
-        self.args.duration
     }
 
     fn configure(
@@ -389,13 +367,15 @@ impl<F: FsChoice> Tool for Slower<F> {
         )
     }
 
-    fn describe(&self) -> String {
-        let hooks = if self.mech == Some(Mechanism::Tracepoint) {
-            format!("syscall tracepoints, keeping files on {}", self.fs.name)
-        } else {
-            self.fs.functions.join(", ")
-        };
-        format!("{hooks}; operations in flight in {}", self.store)
+    fn describe(&self) -> Vec<String> {
+        vec![{
+            let hooks = if self.mech == Some(Mechanism::Tracepoint) {
+                format!("syscall tracepoints, keeping files on {}", self.fs.name)
+            } else {
+                self.fs.functions.join(", ")
+            };
+            format!("{hooks}; operations in flight in {}", self.store)
+        }]
     }
 
     /// Task storage saves a hash insert and delete per operation; the
@@ -419,17 +399,6 @@ impl<F: FsChoice> Tool for Slower<F> {
         }
     }
 
-    fn header(&self) -> Option<String> {
-        Some(if self.args.csv {
-            "ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE".to_owned()
-        } else {
-            format!(
-                "{:<8} {:<16} {:<7} T {:<7} {:<8} {:>7} FILENAME",
-                "TIME", "COMM", "PID", "BYTES", "OFF_KB", "LAT(ms)"
-            )
-        })
-    }
-
     fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
         let Some(event) = events::record::<Event>(record) else {
             return Ok(());
@@ -440,5 +409,28 @@ impl<F: FsChoice> Tool for Slower<F> {
             event,
             csv: self.args.csv,
         })
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+                // rtrace's own output written to a file on ext4 would
+                // otherwise feed back into what it traces.
+                exclude_self: true,
+                ..self.args.scope.scope()
+            },
+            forced: self.args.attach,
+            events: Some(self.args.buffer.clone()),
+            duration: self.args.duration,
+            header: Some(if self.args.csv {
+                "ENDTIME_ns,TASK,PID,TYPE,BYTES,OFFSET_b,LATENCY_us,FILE".to_owned()
+            } else {
+                format!(
+                    "{:<8} {:<16} {:<7} T {:<7} {:<8} {:>7} FILENAME",
+                    "TIME", "COMM", "PID", "BYTES", "OFF_KB", "LAT(ms)"
+                )
+            }),
+            ..Plan::default()
+        }
     }
 }

@@ -5,16 +5,15 @@
 //! [`Sampling`], and the sampler's object, walk, store and outputs do the
 //! work.
 
+use crate::tracer::{Outcome, Plan, Spec};
 use aya::Ebpf;
 
-use crate::kernel::warning::Warning;
 use crate::{
     engine::{
         sampling::{self, Sampler, Sampling},
         stacktool::StackArgs,
     },
-    kernel::features::Mechanism,
-    output::{Schedule, Sink, stacks::TextOptions},
+    output::{Sink, stacks::TextOptions},
     tracer::{Scope, Tool},
 };
 
@@ -148,11 +147,10 @@ impl Args {
 
 impl Tool for Stackcount {
     type Args = Args;
-    const NAME: &'static str = "stackcount";
-    const OBJECT: &'static str = "profile";
-    const CHAIN: &'static [Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = sampling::ERRORS;
-    const EXPECTED: &'static [u32] = sampling::EXPECTED;
+
+    const SPEC: Spec = Spec::new("stackcount", &[], sampling::ERRORS)
+        .object("profile")
+        .expected(sampling::EXPECTED);
 
     super::sampling_tool!();
 
@@ -166,14 +164,6 @@ impl Tool for Stackcount {
             scope: args.scope(),
             pattern: args.pattern,
         })
-    }
-
-    fn scope(&self) -> Scope {
-        self.scope.clone()
-    }
-
-    fn interval(&self) -> Schedule {
-        self.sampler.interval()
     }
 
     fn banner(&self) -> String {
@@ -197,12 +187,21 @@ impl Tool for Stackcount {
         self.sampler.finish(ebpf, sink)
     }
 
-    fn summary(&self) -> Vec<String> {
-        self.sampler.summary()
+    fn plan(&self) -> Plan {
+        Plan {
+            events: Some(self.sampler.events().clone()),
+            duration: self.sampler.duration(),
+            scope: self.scope.clone(),
+            interval: self.sampler.interval(),
+            ..Plan::default()
+        }
     }
 
-    fn warnings(&self) -> Vec<Warning> {
-        self.sampler.warnings()
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: self.sampler.summary(),
+            warnings: self.sampler.warnings(),
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! syscall number from `raw_syscalls`, two attaches for hundreds of
 //! tracepoints where perf opens one counter a tracepoint and CPU.
 
+use crate::tracer::{Plan, Spec};
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Write as _,
@@ -200,9 +201,8 @@ fn syscall_slot(event: &str) -> Option<u32> {
 
 impl Tool for Stat {
     type Args = Args;
-    const NAME: &'static str = "stat";
-    const CHAIN: &'static [Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = &rtrace_common::stat::ERR_NAMES;
+
+    const SPEC: Spec = Spec::new("stat", &[], &rtrace_common::stat::ERR_NAMES);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         let mut lists = if args.events.is_empty() {
@@ -278,30 +278,8 @@ impl Tool for Stat {
         })
     }
 
-    fn scope(&self) -> Scope {
-        Scope {
-            // What rtrace does reading its counts is not the workload's.
-            exclude_self: true,
-            ..self.args.scope.scope()
-        }
-    }
-
     fn scoped(&mut self, scope: &Scope) {
         self.scope = scope.clone();
-    }
-
-    fn duration(&self) -> Option<u64> {
-        self.args.duration
-    }
-
-    fn interval(&self) -> Schedule {
-        match self.args.interval_ms {
-            Some(ms) => Schedule::Every {
-                period: Duration::from_millis(ms),
-                count: None,
-            },
-            None => Schedule::AtEnd,
-        }
     }
 
     fn configure(
@@ -438,12 +416,10 @@ impl Tool for Stat {
         self.open_counters()
     }
 
-    fn describe(&self) -> String {
-        format!("{} events", self.lines.len())
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.notes.clone()
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![format!("{} events", self.lines.len())];
+        lines.extend(self.notes.clone());
+        lines
     }
 
     fn banner(&self) -> String {
@@ -532,10 +508,6 @@ impl Tool for Stat {
         sink.emit(&report)
     }
 
-    fn repeats(&self) -> u32 {
-        self.args.repeat.unwrap_or(1)
-    }
-
     /// With `-r`: each count's mean over the runs, with perf's spread
     /// (the standard error of the mean, in percent of it).
     fn finish_rounds(&mut self, sink: &mut Sink) -> anyhow::Result<()> {
@@ -579,6 +551,26 @@ impl Tool for Stat {
             separator: self.args.separator.clone(),
         };
         sink.emit(&report)
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+                // What rtrace does reading its counts is not the workload's.
+                exclude_self: true,
+                ..self.args.scope.scope()
+            },
+            interval: match self.args.interval_ms {
+                Some(ms) => Schedule::Every {
+                    period: Duration::from_millis(ms),
+                    count: None,
+                },
+                None => Schedule::AtEnd,
+            },
+            duration: self.args.duration,
+            repeats: self.args.repeat.unwrap_or(1),
+            ..Plan::default()
+        }
     }
 }
 

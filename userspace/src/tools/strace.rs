@@ -8,6 +8,7 @@
 mod decode;
 mod fds;
 
+use crate::tracer::{Outcome, Plan, Spec};
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Write as _,
@@ -28,7 +29,6 @@ use rtrace_common::strace::{
 use serde::Serialize;
 
 use crate::engine::stacktool::{StackTool, Unwind};
-use crate::kernel::warning::Warning;
 use crate::{
     kernel::{
         features::Mechanism,
@@ -185,11 +185,10 @@ pub struct Strace {
 
 impl Tool for Strace {
     type Args = Args;
-    const NAME: &'static str = "strace";
-    const CHAIN: &'static [Mechanism] = &[];
-    const EVENT_BUFFER: u32 = 8 << 20;
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
-    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
+
+    const SPEC: Spec = Spec::new("strace", &[], &ERR_NAMES)
+        .expected(&rtrace_common::stacks::ERR_EXPECTED)
+        .event_buffer(8 << 20);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         if args.string_limit as usize > BLOB {
@@ -213,14 +212,6 @@ impl Tool for Strace {
         })
     }
 
-    fn scope(&self) -> Scope {
-        Scope {
-            // rtrace's own writes would feed back.
-            exclude_self: true,
-            ..self.args.scope.scope()
-        }
-    }
-
     fn scoped(&mut self, scope: &Scope) {
         self.first = scope.command_pid.or(scope.pids.first().copied());
         self.before_exec = scope.command_pid;
@@ -239,10 +230,6 @@ impl Tool for Strace {
 
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
         StackTool::variants(Unwind::Auto, self.args.stack_trace)
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        (!self.summary_only()).then_some(&self.args.buffer)
     }
 
     fn configure(
@@ -332,8 +319,8 @@ impl Tool for Strace {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        "raw_syscalls:sys_enter and sys_exit, signal_deliver, sched_process_exit".to_owned()
+    fn describe(&self) -> Vec<String> {
+        vec!["raw_syscalls:sys_enter and sys_exit, signal_deliver, sched_process_exit".to_owned()]
     }
 
     fn banner(&self) -> String {
@@ -430,19 +417,33 @@ impl Tool for Strace {
         sink.emit(&Summary::sorted(None, rows))
     }
 
-    fn summary(&self) -> Vec<String> {
-        let mut out = vec![format!("{} lines printed", self.printed)];
-        if let Some(s) = &self.stacks {
-            out.push(s.describe().to_owned());
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+                // rtrace's own writes would feed back.
+                exclude_self: true,
+                ..self.args.scope.scope()
+            },
+            events: (!self.summary_only()).then_some(&self.args.buffer).cloned(),
+            ..Plan::default()
         }
-        out
     }
 
-    fn warnings(&self) -> Vec<Warning> {
-        self.stacks
-            .as_ref()
-            .map(StackTool::warnings)
-            .unwrap_or_default()
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: {
+                let mut out = vec![format!("{} lines printed", self.printed)];
+                if let Some(s) = &self.stacks {
+                    out.push(s.describe().to_owned());
+                }
+                out
+            },
+            warnings: self
+                .stacks
+                .as_ref()
+                .map(StackTool::warnings)
+                .unwrap_or_default(),
+        }
     }
 }
 

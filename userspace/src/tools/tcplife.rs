@@ -1,7 +1,9 @@
 //! `rtrace tcplife`: one line per closed TCP session, with its owner,
 //! addresses, bytes each way and lifetime, as bcc's tcplife prints it.
 
+use crate::tracer::{Plan, Spec};
 use crate::tracer::{ScopeArgs, own};
+use std::path::Path;
 use std::{fmt::Write as _, net::IpAddr};
 
 use anyhow::Context as _;
@@ -27,14 +29,14 @@ use crate::{
         self, Record, Sink, TimeColumns, events,
         metrics::{Exposition, Kind},
     },
-    tracer::{self, Scope, Tool},
+    tracer::{self, Tool},
 };
 
 /// `sock:inet_sock_set_state` is there since 4.16.
 const CHAIN: [Mechanism; 3] = TRACEPOINT_CHAIN;
 
 /// Trace the lifespan of TCP sessions and summarize.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, clap::Args, Default)]
 #[command(after_help = "Examples:
   rtrace tcplife              # trace all TCP connect()s
   rtrace tcplife -T           # include time column (HH:MM:SS)
@@ -289,9 +291,8 @@ pub struct Tcplife {
 
 impl Tool for Tcplife {
     type Args = Args;
-    const NAME: &'static str = "tcplife";
-    const CHAIN: &'static [Mechanism] = &CHAIN;
-    const ERRORS: &'static [&'static str] = &LOST_NAMES;
+
+    const SPEC: Spec = Spec::new("tcplife", &CHAIN, &LOST_NAMES);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         let text = TextOptions {
@@ -306,52 +307,6 @@ impl Tool for Tcplife {
             tallies: vec![0; TALLY_SLOTS as usize],
             collecting: false,
         })
-    }
-
-    const COLLECTOR: Option<tracer::Collector> = Some(tracer::Collector {
-        args: &[],
-        default: true,
-        // Sessions close in whatever task the kernel is running then.
-        scoped: false,
-        tallies: TALLY_SLOTS,
-    });
-
-    fn collect(&mut self) {
-        self.collecting = true;
-    }
-
-    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
-        self.tallies = read_tallies(ebpf, TALLY_SLOTS)?;
-        Ok(())
-    }
-
-    fn metrics(&self, out: &mut Exposition) {
-        let t = |i: u32| self.tallies[i as usize] as f64;
-        out.family(
-            "rtrace_tcp_sessions_closed_total",
-            Kind::Counter,
-            "TCP sessions closed (that began while the exporter ran).",
-        )
-        .value(&[], t(TALLY_SESSIONS));
-        out.family(
-            "rtrace_tcp_bytes_total",
-            Kind::Counter,
-            "Bytes TCP sessions moved, counted when they closed.",
-        )
-        .value(&[("direction", "received")], t(TALLY_RX))
-        .value(&[("direction", "sent")], t(TALLY_TX));
-    }
-
-    fn scope(&self) -> Scope {
-        self.args.scope.scope()
-    }
-
-    fn forced(&self) -> Option<Mechanism> {
-        self.args.attach
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
     }
 
     fn configure(
@@ -427,31 +382,51 @@ impl Tool for Tcplife {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        "sock:inet_sock_set_state".to_owned()
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.accept_skipped
-            .iter()
-            .map(|why| format!("owners not taken at accept: {why}"))
-            .collect()
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec!["sock:inet_sock_set_state".to_owned()];
+        lines.extend(
+            self.accept_skipped
+                .iter()
+                .map(|why| format!("owners not taken at accept: {why}")),
+        );
+        lines
     }
 
     fn banner(&self) -> String {
         "Tracing TCP sessions... Hit Ctrl-C to end.".to_owned()
     }
 
-    fn header(&self) -> Option<String> {
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        let Some(mut s) = decode(record) else {
+            return Ok(());
+        };
+        s.text = Some(&self.text);
+        sink.emit(&s)
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: self.args.scope.scope(),
+            forced: self.args.attach,
+            events: Some(self.args.buffer.clone()),
+            header: Some(self.header()),
+            ..Plan::default()
+        }
+    }
+}
+
+impl Tcplife {
+    /// The column header, bcc's or its CSV one.
+    fn header(&self) -> String {
         if self.text.csv {
-            return Some(format!(
+            return format!(
                 "{}PID,COMM,IP,LADDR,LPORT,RADDR,RPORT,TX_KB,RX_KB,MS",
                 self.text.times.csv_header()
-            ));
+            );
         }
         let (addr_w, comm_w) = self.text.widths();
         let ip = if self.args.wide { "IP " } else { "" };
-        Some(format!(
+        format!(
             "{}{:<7} {:<comm_w$} {ip}{:<addr_w$} {:<5} {:<addr_w$} {:<5} {:<6} {:<6} MS",
             self.text.times.header(),
             "PID",
@@ -462,14 +437,43 @@ impl Tool for Tcplife {
             "RPORT",
             "TX_KB",
             "RX_KB",
-        ))
+        )
+    }
+}
+
+impl tracer::Collect for Tcplife {
+    const COLLECTOR: tracer::Collector = tracer::Collector {
+        default: true,
+        // Sessions close in whatever task the kernel is running then.
+        scoped: false,
+        tallies: TALLY_SLOTS,
+    };
+
+    fn collector(_cgroup: Option<&Path>) -> anyhow::Result<Self> {
+        let mut tool = Self::new(Args::default())?;
+        tool.collecting = true;
+        Ok(tool)
     }
 
-    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
-        let Some(mut s) = decode(record) else {
-            return Ok(());
-        };
-        s.text = Some(&self.text);
-        sink.emit(&s)
+    fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
+        self.tallies = read_tallies(ebpf, TALLY_SLOTS)?;
+        Ok(())
+    }
+
+    fn metrics(&self, out: &mut Exposition) {
+        let t = |i: u32| self.tallies[i as usize] as f64;
+        out.family(
+            "rtrace_tcp_sessions_closed_total",
+            Kind::Counter,
+            "TCP sessions closed (that began while the exporter ran).",
+        )
+        .value(&[], t(TALLY_SESSIONS));
+        out.family(
+            "rtrace_tcp_bytes_total",
+            Kind::Counter,
+            "Bytes TCP sessions moved, counted when they closed.",
+        )
+        .value(&[("direction", "received")], t(TALLY_RX))
+        .value(&[("direction", "sent")], t(TALLY_TX));
     }
 }

@@ -6,6 +6,7 @@
 //! follows the workload. `-b`/`--once` print snapshots as text (or JSON)
 //! for scripts.
 
+use crate::tracer::{Outcome, Plan, Spec};
 use std::{
     collections::HashMap,
     fmt::Write as _,
@@ -21,7 +22,6 @@ use serde::Serialize;
 use crate::kernel::warning::Warning;
 use crate::{
     engine::sampling::{self, Event, Sampler, Sampling},
-    kernel::features::Mechanism,
     output::{Record, Schedule, Sink, stacks::annotate::AnnotateArgs},
     stacks::{sample::Sample, symbolize::Kind},
     tracer::{
@@ -354,11 +354,10 @@ pub struct Top {
 
 impl Tool for Top {
     type Args = Args;
-    const NAME: &'static str = "top";
-    const OBJECT: &'static str = "profile";
-    const CHAIN: &'static [Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = sampling::ERRORS;
-    const EXPECTED: &'static [u32] = sampling::EXPECTED;
+
+    const SPEC: Spec = Spec::new("top", &[], sampling::ERRORS)
+        .object("profile")
+        .expected(sampling::EXPECTED);
 
     super::sampling_tool!();
 
@@ -372,22 +371,6 @@ impl Tool for Top {
             last: (Instant::now(), Duration::ZERO),
             shown: 0,
         })
-    }
-
-    fn scope(&self) -> Scope {
-        self.scope.clone()
-    }
-
-    fn interval(&self) -> Schedule {
-        let count = if self.args.once {
-            Some(1)
-        } else {
-            self.args.count
-        };
-        Schedule::Every {
-            period: Duration::from_secs_f64(self.args.delay),
-            count,
-        }
     }
 
     fn banner(&self) -> String {
@@ -438,12 +421,31 @@ impl Tool for Top {
         Ok(())
     }
 
-    fn summary(&self) -> Vec<String> {
-        vec![format!("{} snapshots shown", self.shown)]
+    fn plan(&self) -> Plan {
+        Plan {
+            events: Some(self.sampler.events().clone()),
+            duration: self.sampler.duration(),
+            scope: self.scope.clone(),
+            interval: {
+                let count = if self.args.once {
+                    Some(1)
+                } else {
+                    self.args.count
+                };
+                Schedule::Every {
+                    period: Duration::from_secs_f64(self.args.delay),
+                    count,
+                }
+            },
+            ..Plan::default()
+        }
     }
 
-    fn warnings(&self) -> Vec<Warning> {
-        self.sampler.warnings()
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: vec![format!("{} snapshots shown", self.shown)],
+            warnings: self.sampler.warnings(),
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! at run time. With no spec it traces syscalls as `rtrace strace` does,
 //! as `perf trace` does with no events.
 
+use crate::tracer::{Outcome, Plan, Spec};
 use std::{collections::HashMap, fmt::Write as _};
 
 use anyhow::Context as _;
@@ -15,7 +16,6 @@ use rtrace_common::{
 };
 use serde::Serialize;
 
-use crate::kernel::warning::Warning;
 use crate::{
     kernel::{
         features::Mechanism,
@@ -247,11 +247,10 @@ pub struct Trace {
 
 impl Tool for Trace {
     type Args = Args;
-    const NAME: &'static str = "trace";
-    /// Each probe names its own mechanism.
-    const CHAIN: &'static [Mechanism] = &[];
-    const ERRORS: &'static [&'static str] = &ERR_NAMES;
-    const EXPECTED: &'static [u32] = &rtrace_common::stacks::ERR_EXPECTED;
+
+    // Each probe names its own mechanism: no chain.
+    const SPEC: Spec =
+        Spec::new("trace", &[], &ERR_NAMES).expected(&rtrace_common::stacks::ERR_EXPECTED);
 
     fn new(mut args: Args) -> anyhow::Result<Self> {
         if args.specs.len() > MAX_PROBES {
@@ -291,17 +290,6 @@ impl Tool for Trace {
             started_ns: 0,
             realtime_offset: 0,
         })
-    }
-
-    fn scope(&self) -> Scope {
-        Scope {
-            exclude_self: !self.args.include_self,
-            ..self.args.scope.scope()
-        }
-    }
-
-    fn events(&self) -> Option<&BufferArgs> {
-        Some(&self.args.buffer)
     }
 
     fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
@@ -369,12 +357,10 @@ impl Tool for Trace {
         Ok(())
     }
 
-    fn describe(&self) -> String {
-        format!("{} probe(s)", self.specs.len())
-    }
-
-    fn notes(&self) -> Vec<String> {
-        self.how.clone()
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![format!("{} probe(s)", self.specs.len())];
+        lines.extend(self.how.clone());
+        lines
     }
 
     fn banner(&self) -> String {
@@ -382,28 +368,6 @@ impl Tool for Trace {
             "Tracing {} probe(s)... Hit Ctrl-C to end.",
             self.specs.len()
         )
-    }
-
-    fn header(&self) -> Option<String> {
-        let mut h = String::new();
-        if self.args.timestamp || self.args.time {
-            let width = if self.args.unix_timestamp { 17 } else { 8 };
-            let _ = write!(h, "{:<width$} ", "TIME");
-        }
-        if self.args.print_cpu {
-            let _ = write!(h, "{:<3} ", "CPU");
-        }
-        let trivial = self.specs.iter().all(|s| s.format.is_empty());
-        let _ = write!(
-            h,
-            "{:<7} {:<7} {:<15} {:<16} {}",
-            "PID",
-            "TID",
-            "COMM",
-            "FUNC",
-            if trivial { "" } else { "-" }
-        );
-        Some(h)
     }
 
     fn start(&mut self) {
@@ -522,16 +486,49 @@ impl Tool for Trace {
         sink.emit(&Aggregate { events })
     }
 
-    fn summary(&self) -> Vec<String> {
-        vec![format!("{} events shown", self.shown)]
+    fn plan(&self) -> Plan {
+        Plan {
+            scope: Scope {
+                exclude_self: !self.args.include_self,
+                ..self.args.scope.scope()
+            },
+            events: Some(self.args.buffer.clone()),
+            header: {
+                let mut h = String::new();
+                if self.args.timestamp || self.args.time {
+                    let width = if self.args.unix_timestamp { 17 } else { 8 };
+                    let _ = write!(h, "{:<width$} ", "TIME");
+                }
+                if self.args.print_cpu {
+                    let _ = write!(h, "{:<3} ", "CPU");
+                }
+                let trivial = self.specs.iter().all(|s| s.format.is_empty());
+                let _ = write!(
+                    h,
+                    "{:<7} {:<7} {:<15} {:<16} {}",
+                    "PID",
+                    "TID",
+                    "COMM",
+                    "FUNC",
+                    if trivial { "" } else { "-" }
+                );
+                Some(h)
+            },
+            ..Plan::default()
+        }
     }
 
-    fn warnings(&self) -> Vec<Warning> {
-        let mut out = self.sym.warnings();
-        if let Some(s) = &self.stacks {
-            out.extend(s.warnings());
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: vec![format!("{} events shown", self.shown)],
+            warnings: {
+                let mut out = self.sym.warnings();
+                if let Some(s) = &self.stacks {
+                    out.extend(s.warnings());
+                }
+                out
+            },
         }
-        out
     }
 }
 

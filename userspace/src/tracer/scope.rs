@@ -13,6 +13,8 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::{Arg, ArgAction, ArgMatches, value_parser};
 
+use crate::kernel::scope::Scope;
+
 /// The letters a tool keeps for its own flags, as bits of `OWN`.
 pub mod own {
     /// `-p`.
@@ -272,4 +274,50 @@ mod tests {
         assert!(parse_cpus("x").is_err());
         assert!(parse_cpus("").is_err());
     }
+}
+
+impl<const OWN: u32> ScopeArgs<OWN> {
+    /// Whether tasks are chosen by cgroup ([`Scope::by_cgroup`]).
+    pub fn by_cgroup(&self) -> bool {
+        self.scope().by_cgroup()
+    }
+
+    /// The one process the flags name ([`Scope::one_pid`]).
+    pub fn one_pid(&self) -> Option<u32> {
+        self.scope().one_pid()
+    }
+
+    /// What the flags choose, for a banner ([`Scope::whom`]).
+    pub fn whom(&self) -> Option<String> {
+        self.scope().whom()
+    }
+
+    /// The scope these flags ask for.
+    pub fn scope(&self) -> Scope {
+        Scope {
+            pids: self.pids.clone(),
+            tids: self.tids.clone(),
+            cgroup: self.cgroup.clone(),
+            cpus: self.cpus.clone(),
+            command: self.command.clone(),
+            user: self.user.clone(),
+            all_cpus: self.all_cpus,
+            output: self.output.clone(),
+            ..Scope::default()
+        }
+    }
+}
+
+/// bcc's filters by maps the user pinned in bpffs, for the tools bcc has
+/// them in.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PinnedSets {
+    /// Trace only tasks whose cgroup id is a key of this hash map pinned in
+    /// bpffs (bcc's --cgroupmap; keys are 8-byte cgroup ids).
+    #[arg(long = "cgroupmap", value_name = "PATH")]
+    pub cgroup_map: Option<PathBuf>,
+    /// Trace only tasks whose mount namespace id is a key of this hash map
+    /// pinned in bpffs (bcc's --mntnsmap; keys are 8-byte namespace ids).
+    #[arg(long = "mntnsmap", value_name = "PATH")]
+    pub mntns_map: Option<PathBuf>,
 }
