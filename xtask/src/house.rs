@@ -1,7 +1,9 @@
 //! The shape of the code, checked: no import circles between modules of
-//! user space, `common` or the kernel crate, and user space's layers
-//! importing only downwards (tools, then the tracer, then stacks, probes
-//! and output, then the kernel layer).
+//! user space, `common`, the kernel crate, xtask or the integration tests'
+//! crates; user space's layers importing only downwards (tools, then the
+//! tracer, then stacks, probes and output, then the kernel layer); and
+//! xtask's benchmark cases importing the harness and what the cases share,
+//! not one another.
 //!
 //! Imports are read as text, with comments and literals blanked: `use
 //! crate::…`, `use super::…` and `use self::…` trees (braces included) and
@@ -10,7 +12,10 @@
 //! reach anywhere. Not read: paths relative to a module's own children
 //! written without `self::` (`use child::x`), which this code base does
 //! not use for imports across modules, and a module's `mod` declarations,
-//! which are no arrow.
+//! which are no arrow. Nor are imports of the crate root's own items
+//! (`crate::root()`, an arrow to the module named ""): the root declares
+//! every module and reaches into them unread, so a circle through it
+//! could not be seen either; it counts as above them all.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -22,14 +27,47 @@ use std::{
 pub type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
 /// The import graph of the crate whose source root is `src` (`main.rs`
-/// or `lib.rs` is the root module, named ""); `bin/` is left out, as its
-/// files are crates of their own.
+/// or `lib.rs` is the root module, named ""; `a/mod.rs` and `a.rs` are
+/// both module `a`); `bin/` is left out, as its files are crates of their
+/// own ([`crates_in`]).
 pub fn graph(src: &Path) -> std::io::Result<Graph> {
     let mut files = Vec::new();
     collect(src, src, &mut files)?;
+    Ok(graph_of(&files))
+}
+
+/// The crates Cargo finds in `dir` (a `src/bin/` or an integration tests'
+/// `tests/`), each named by its file or folder: `NAME.rs` is a crate of
+/// one file, `NAME/main.rs` the root of a crate of that folder's files.
+/// A folder without `main.rs` holds modules that crates declare with
+/// `#[path]` or `mod`, not a crate; it is left out.
+pub fn crates_in(dir: &Path) -> std::io::Result<Vec<(String, Graph)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if path.is_dir() {
+            if path.join("main.rs").is_file() {
+                out.push((name, graph(&path)?));
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path)?;
+            out.push((name, graph_of(&[(String::new(), text)])));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// The import graph of a crate's files, each given as its module's name
+/// and its text.
+fn graph_of(files: &[(String, String)]) -> Graph {
     let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
     let mut out = Graph::new();
-    for (module, text) in &files {
+    for (module, text) in files {
         let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for path in paths(&without_tests(&code_only(text))) {
             let Some(absolute) = resolve(module, &path) else {
@@ -50,7 +88,7 @@ pub fn graph(src: &Path) -> std::io::Result<Graph> {
         }
         out.insert(module.clone(), edges);
     }
-    Ok(out)
+    out
 }
 
 fn collect(src: &Path, dir: &Path, out: &mut Vec<(String, String)>) -> std::io::Result<()> {
@@ -71,10 +109,11 @@ fn collect(src: &Path, dir: &Path, out: &mut Vec<(String, String)>) -> std::io::
             .iter()
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
-        if matches!(
-            parts.last().map(String::as_str),
-            Some("mod" | "lib" | "main")
-        ) {
+        // `a/mod.rs` is module `a` at any depth; `main.rs` and `lib.rs`
+        // are the crate root only at the top (`a/main.rs` is module
+        // `a::main`).
+        let root = parts.len() == 1 && matches!(parts[0].as_str(), "lib" | "main");
+        if root || parts.last().is_some_and(|p| p == "mod") {
             parts.pop();
         }
         out.push((parts.join("::"), std::fs::read_to_string(&path)?));
@@ -529,6 +568,41 @@ pub fn folded(g: &Graph) -> Graph {
     out
 }
 
+/// What xtask's benchmark cases may import besides the harness (`bench`)
+/// and modules outside `bench`: the modules that hold what several cases
+/// share.
+pub const BENCH_SHARED: [&str; 2] = ["bench::helpers", "bench::c_project"];
+
+/// Benchmark cases' parts that live in files of their own, as (case,
+/// part): profile runs its C build from `bench/build.rs`.
+pub const BENCH_PARTS: [(&str, &str); 1] = [("bench::profile", "bench::build")];
+
+/// The imports of xtask's graph `g` that cross between benchmark cases: a
+/// case importing another case that is not its part, or a shared module
+/// importing a case. The harness is below them all; what two cases both
+/// need belongs in it or in a shared module, where neither case owns it.
+pub fn bench_crossings(g: &Graph) -> Vec<String> {
+    // A case is `bench::NAME`, with whatever modules it has of its own.
+    let case = |m: &str| {
+        let rest = m.strip_prefix("bench::")?;
+        Some(format!("bench::{}", rest.split("::").next()?))
+    };
+    let shared = |c: &str| BENCH_SHARED.contains(&c);
+    let mut out = Vec::new();
+    for (from, edges) in g {
+        let Some(cf) = case(from) else { continue };
+        for (to, names) in edges {
+            let Some(ct) = case(to) else { continue };
+            let part = !shared(&cf) && BENCH_PARTS.contains(&(cf.as_str(), ct.as_str()));
+            if ct != cf && !shared(&ct) && !part {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                out.push(format!("{from} -> {to}: {}", names.join(", ")));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,17 +612,64 @@ mod tests {
         graph(&crate::root().join(src)).unwrap()
     }
 
+    /// Each crate's source root, and how many modules it has at least (a
+    /// reader that reads too few would find no circle).
+    const CRATES: [(&str, usize); 5] = [
+        ("userspace/src", 4),
+        ("common/src", 4),
+        ("ebpf-programs/src", 4),
+        ("xtask/src", 20),
+        // The integration tests' library; each of `tests/tests/*.rs` and
+        // `tests/src/bin/*.rs` is a crate of its own.
+        ("tests/src", 2),
+    ];
+
     #[test]
     fn no_import_circles_in_any_crate() {
-        for src in ["userspace/src", "common/src", "ebpf-programs/src"] {
+        let root = crate::root();
+        let mut crates = Vec::new();
+        for (src, least) in CRATES {
             let g = crate_graph(src);
-            assert!(g.len() > 3, "{src}: too few modules read: {g:?}");
-            let sets = circles(&g);
+            assert!(g.len() >= least, "{src}: too few modules read: {g:?}");
+            crates.push((src.to_owned(), g));
+            if root.join(src).join("bin").is_dir() {
+                for (name, g) in crates_in(&root.join(src).join("bin")).unwrap() {
+                    crates.push((format!("{src}/bin/{name}"), g));
+                }
+            }
+        }
+        let tests = crates_in(&root.join("tests/tests")).unwrap();
+        assert!(tests.len() > 10, "{} crates in tests/tests", tests.len());
+        crates.extend(
+            tests
+                .into_iter()
+                .map(|(n, g)| (format!("tests/tests/{n}"), g)),
+        );
+        for (name, g) in &crates {
+            let sets = circles(g);
             assert!(
                 sets.is_empty(),
-                "{src} has import circles:\n{}",
-                describe(&g, &sets)
+                "{name} has import circles:\n{}",
+                describe(g, &sets)
             );
+        }
+    }
+
+    #[test]
+    fn xtask_bench_cases_import_no_other_case() {
+        let g = crate_graph("xtask/src");
+        let crossings = bench_crossings(&g);
+        assert!(
+            crossings.is_empty(),
+            "benchmark cases that import other cases (move what they share to the harness or \
+             to a module of house::BENCH_SHARED):\n{}",
+            crossings.join("\n")
+        );
+        for m in BENCH_SHARED
+            .iter()
+            .chain(BENCH_PARTS.iter().flat_map(|(c, p)| [c, p]))
+        {
+            assert!(g.contains_key(*m), "house names {m}, which xtask lacks");
         }
     }
 
@@ -608,6 +729,70 @@ mod tests {
         assert!(g["kernel::btf"].is_empty(), "{g:?}");
         assert_eq!(upward(&g), ["kernel -> tools: run, tools"]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Module names from `mod.rs` at any depth and `main.rs` only at the
+    /// top; the crates of a `bin/` folder, one a file or a folder.
+    #[test]
+    fn nested_modules_and_bin_crates_are_read() {
+        let dir = std::env::temp_dir().join(format!("rtrace-house-bins-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["a/b", "bin/two", "bin/helpers"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let files = [
+            ("lib.rs", "pub mod a;\n"),
+            ("a.rs", "mod b;\nmod main;\n"),
+            ("a/b/mod.rs", "use super::main::x;\n"),
+            ("a/main.rs", "pub fn x() {}\n"),
+            ("bin/one.rs", "fn main() { crate::f(); }\nfn f() {}\n"),
+            ("bin/two/main.rs", "mod x;\nmod y;\nfn main() {}\n"),
+            ("bin/two/x.rs", "use crate::y::g;\npub fn f() {}\n"),
+            ("bin/two/y.rs", "pub fn g() { crate::x::f(); }\n"),
+            ("bin/helpers/z.rs", "pub fn z() {}\n"),
+        ];
+        for (path, text) in files {
+            std::fs::write(dir.join(path), text).unwrap();
+        }
+        let g = graph(&dir).unwrap();
+        let modules: Vec<&str> = g.keys().map(String::as_str).collect();
+        assert_eq!(modules, ["", "a", "a::b", "a::main"]);
+        assert!(g["a::b"].contains_key("a::main"), "{g:?}");
+        let bins = crates_in(&dir.join("bin")).unwrap();
+        let names: Vec<&str> = bins.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["one", "two"]);
+        assert!(circles(&bins[0].1).is_empty());
+        assert_eq!(circles(&bins[1].1), [vec!["x".to_owned(), "y".to_owned()]]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A case importing another case, or a shared module importing a
+    /// case, crosses; a case's own part and the shared modules do not.
+    #[test]
+    fn crossings_between_bench_cases_are_found() {
+        let mut g = Graph::new();
+        let mut arrow = |from: &str, to: &str| {
+            g.entry(from.to_owned())
+                .or_default()
+                .entry(to.to_owned())
+                .or_default()
+                .insert("x".to_owned());
+        };
+        arrow("bench::runqlat", "bench");
+        arrow("bench::runqlat", "bench::helpers");
+        arrow("bench::runqlat", "vm");
+        arrow("bench::profile", "bench::build");
+        arrow("bench::profile::inner", "bench::profile");
+        arrow("bench::report", "bench::build");
+        arrow("bench::helpers", "bench::runqlat");
+        arrow("bench::helpers", "bench::c_project");
+        assert_eq!(
+            bench_crossings(&g),
+            [
+                "bench::helpers -> bench::runqlat: x",
+                "bench::report -> bench::build: x"
+            ]
+        );
     }
 
     /// The files under `dir`, each as its path.

@@ -142,7 +142,7 @@ fn report_ms(stderr: &str) -> Option<f64> {
 
 /// The sum of a histogram's counts (`lo -> hi : count |***|`).
 fn histogram_count(stderr: &str) -> Option<u64> {
-    Some(super::sum_after_colon(stderr, "->"))
+    Some(super::helpers::sum_after_colon(stderr, "->"))
 }
 
 /// The command's `FIRST LAST` line.

@@ -12,8 +12,9 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    IO_READS, IO_WRITES, Loop, ROUNDS, Ready, Row, Setup, TRIALS, cpu_ns, direct_io, pingpong,
-    report, trials,
+    Ready, Row, Setup, TRIALS, cpu_ns,
+    helpers::{IO_READS, IO_WRITES, Loop, ROUNDS, direct_io, pingpong},
+    print_costs, trials,
 };
 
 /// Scrapes timed one after another, for the CPU time per scrape.
@@ -61,7 +62,7 @@ pub fn run() -> anyhow::Result<Row> {
     );
     let workload = root.join("target/release/pingpong");
     let results = trials(&setups, "ns/round trip", || pingpong(&workload))?;
-    let (_, bpf_ratio) = report(&setups, &results, "ns/round trip");
+    let (_, bpf_ratio) = print_costs(&setups, &results, "ns/round trip");
     println!();
     println!(
         "the runqlat collector's BPF programs run {bpf_ratio:.2}x as long per round trip as \
@@ -104,7 +105,7 @@ pub fn run() -> anyhow::Result<Row> {
     );
     let directio = root.join("target/release/directio");
     let results = trials(&io, "ns/io", || direct_io(&directio, &dev.0))?;
-    let (_, bpf_ratio) = report(&io, &results, "ns/io");
+    let (_, bpf_ratio) = print_costs(&io, &results, "ns/io");
     println!();
     // Direct I/O switches context at every request, so runqlat's programs
     // run too: the default set is judged against both tools.

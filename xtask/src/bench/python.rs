@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{bpf_run_ns, measured_on, median, rtrace_lost, spread};
+use super::{bpf_run_ns, helpers::rtrace_lost, measured_on, median, spread};
 
 /// Rounds of the fixture's work per process and trial: about 3 s bare.
 const ROUNDS: u64 = 1000;

@@ -64,7 +64,7 @@ pub fn run() -> anyhow::Result<String> {
     let mut cmd = Command::new("perf");
     cmd.args(["record", "-q", "-g", "-a", "-F", "999", "-o", &data_s]);
     let perf = Tracer::start(cmd, Ready::After(Duration::from_secs(1)), None)?;
-    super::build::builds_for(SECONDS)?;
+    super::c_project::builds_for(SECONDS)?;
     let live = live.stop()?;
     let recorded = recorder.stop()?;
     perf.stop()?;

@@ -1,0 +1,175 @@
+//! What several benchmark cases share: the workloads (a ping-pong of two
+//! threads, direct I/O on a loop device, any program that reports its own
+//! time), and reading what perf and rtrace say they lost.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+
+/// Ping-pong round trips per trial: about a second bare.
+pub(super) const ROUNDS: u64 = 200_000;
+
+/// Plays one ping-pong game; returns nanoseconds per round trip.
+pub(super) fn pingpong(workload: &Path) -> anyhow::Result<(f64, u64)> {
+    let mut child = Command::new(workload)
+        .args([ROUNDS.to_string(), "0".into()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start pingpong")?;
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    writeln!(stdin, "go")?;
+    line.clear();
+    out.read_line(&mut line)?;
+    drop(stdin);
+    child.wait()?;
+    let ns = done_ns(&line).with_context(|| format!("pingpong said {line:?}"))?;
+    Ok((ns / ROUNDS as f64, ROUNDS))
+}
+
+/// Direct reads per trial of the block I/O cases.
+pub(super) const IO_READS: u64 = 15_000;
+/// Direct writes per trial of the block I/O cases.
+pub(super) const IO_WRITES: u64 = 5_000;
+
+/// One trial of the `directio` workload on `dev`: its cost per I/O, and
+/// the I/Os it did.
+pub(super) fn direct_io(workload: &Path, dev: &str) -> anyhow::Result<(f64, u64)> {
+    let total = IO_READS + IO_WRITES;
+    let ns =
+        timed(Command::new(workload).args([dev, &IO_READS.to_string(), &IO_WRITES.to_string()]))?;
+    Ok((ns / total as f64, total))
+}
+
+/// Runs a workload that prints `done NANOSECONDS` last; returns the
+/// nanoseconds.
+pub(super) fn timed(cmd: &mut Command) -> anyhow::Result<f64> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    done_ns(&text).with_context(|| format!("{cmd:?} said {text:?}"))
+}
+
+/// The time a workload reports in its last line, `done [...] NS`.
+pub(super) fn done_ns(text: &str) -> Option<f64> {
+    text.lines()
+        .last()?
+        .strip_prefix("done ")?
+        .split(' ')
+        .next_back()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A loop device over a file in `target/bench`, detached on drop.
+pub(super) struct Loop(pub(super) String);
+
+impl Loop {
+    pub(super) fn new() -> anyhow::Result<Self> {
+        let dir = crate::root().join("target/bench");
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("loop.img");
+        std::fs::File::create(&file)?.set_len(64 << 20)?;
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&file)
+            .output()
+            .context("cannot run losetup (Debian package util-linux)")?;
+        if !out.status.success() {
+            bail!(
+                "losetup failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(Self(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// Seconds `f` took.
+pub(super) fn seconds(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let t = std::time::Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// `perf record`'s arguments for DWARF call graphs of the whole machine
+/// at `hz`, into `data`.
+pub(super) fn perf_dwarf<'a>(hz: &'a str, data: &'a str) -> [&'a str; 9] {
+    [
+        "record",
+        "-q",
+        "--call-graph",
+        "dwarf",
+        "-a",
+        "-F",
+        hz,
+        "-o",
+        data,
+    ]
+}
+
+/// Samples perf lost, from its own statistics of `data`.
+pub(super) fn perf_lost(data: &str) -> u64 {
+    let Ok(out) = Command::new("perf")
+        .args(["report", "--stats", "-i", data])
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return 0;
+    };
+    sum_after_colon(&String::from_utf8_lossy(&out.stdout), "LOST")
+}
+
+/// The sum of the numbers that follow the first `:` of each line of
+/// `text` containing `marker` (perf's `LOST_SAMPLES events: 3`, a
+/// histogram's `lo -> hi : count`).
+pub(super) fn sum_after_colon(text: &str, marker: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.contains(marker))
+        .filter_map(|l| {
+            l.split(':')
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Samples rtrace lost or could not give a stack: its warnings' counts of
+/// stacks lost or walked by frame pointer for want of tables.
+pub(super) fn rtrace_lost(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("rtrace: warning:") && l.contains("lost"))
+        .filter_map(|l| {
+            l.trim_start_matches("rtrace: warning:")
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
