@@ -14,6 +14,15 @@ use crate::kernel::{
 /// tp_btf, else the raw tracepoint: both hand over the tasks themselves.
 pub const CHAIN: [Mechanism; 2] = [Mechanism::TpBtf, Mechanism::RawTracepoint];
 
+/// The object whose programs count by `WakeKey` (the blocked thread's
+/// stacks and its waker's), for a tool that has no object of its own.
+pub const OBJECT: &str = "offcputime";
+
+/// [`Filter::state`] of threads that went to sleep, whatever the sleep
+/// (every task state bit up to TASK_RTLOCK_WAIT and TASK_FREEZABLE), not
+/// those preempted while runnable, whom nobody wakes.
+pub const ASLEEP: u32 = 0xffff;
+
 /// What to count, beside the task offsets read from BTF.
 #[derive(Clone, Copy, Debug)]
 pub struct Filter {

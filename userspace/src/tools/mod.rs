@@ -86,11 +86,15 @@ pub struct Cli {
 
 impl Cli {
     /// The command line as clap builds it, with bcc's letters where they
-    /// differ from rtrace's own: stackcount's `-v` is bcc's (addresses),
-    /// so rtrace's verbose output is `--verbose` there.
+    /// differ from rtrace's own: stackcount's and wakeuptime's `-v` is
+    /// bcc's (addresses), so rtrace's verbose output is `--verbose` there.
     pub fn command_line() -> clap::Command {
         <Self as clap::CommandFactory>::command()
             .mut_subcommand("stackcount", |s| s.mut_arg("verbose", |a| a.short(None)))
+            .mut_subcommand("wakeuptime", |s| {
+                s.mut_arg("verbose", |a| a.short(None))
+                    .mut_arg("addresses", |a| a.short('v'))
+            })
     }
 
     /// Parses the process's arguments; a usage error exits with 2.
@@ -223,6 +227,7 @@ registry! {
     Trace => trace::Trace,
     Top => top::Top,
     Memleak => memleak::Memleak,
+    Wakeuptime => wakeuptime::Wakeuptime,
 }
 
 #[cfg(test)]

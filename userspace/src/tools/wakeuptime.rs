@@ -1,0 +1,352 @@
+//! `rtrace wakeuptime`: who wakes blocked threads, and how long they were
+//! blocked, by the waker's stack, as bcc's wakeuptime. The stack engine's
+//! context-switch programs already count each block by the blocked
+//! thread's stacks and its waker's (offcputime's `--waker`); this tool
+//! keeps the waker's side of those counts and prints it in bcc's layout.
+
+use crate::tracer::{Outcome, Plan, Spec};
+use std::{collections::HashMap, sync::Arc};
+
+use anyhow::Context as _;
+use aya::Ebpf;
+use rtrace_common::offcputime::{ERR_NAMES, THREADS_ALL, THREADS_USER};
+
+use crate::{
+    engine::{
+        offcpu::{self, Filter, OffCpu},
+        stacktool::{StackArgs, StackTool},
+    },
+    kernel::{
+        features::Mechanism,
+        load::{Kernel, Load},
+        transport::BufferArgs,
+    },
+    output::{
+        Record, Sink,
+        stacks::{self, Stacks, Style, TextOptions, name, transform::TransformArgs},
+    },
+    stacks::{
+        sample::{Sample, Thread},
+        symbolize::Frame,
+    },
+    tracer::{Scope, ScopeArgs, Tool, own},
+};
+
+/// Summarize blocked time by the stack of the thread that ended it: who
+/// wakes whom, and how long the woken thread was blocked.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:
+  rtrace wakeuptime             # trace blocked time with waker stacks until Ctrl-C
+  rtrace wakeuptime 5           # trace for 5 seconds only
+  rtrace wakeuptime -f 5        # 5 seconds, and output in folded format
+  rtrace wakeuptime -u          # don't include kernel threads (user only)
+  rtrace wakeuptime -p 185      # only threads of PID 185 blocked (any waker)
+  rtrace wakeuptime -K -v       # wakers' kernel stacks only, with addresses, as bcc
+  rtrace wakeuptime -m 1000     # only blocks of 1 ms or more")]
+pub struct Args {
+    /// Trace for this many seconds; without it, until Ctrl-C (not with
+    /// -- CMD, which says when to stop).
+    #[arg(value_parser = crate::output::at_least_one::<u64>)]
+    duration: Option<u64>,
+    #[command(flatten)]
+    scope: ScopeArgs<{ own::U }>,
+    /// Blocked user threads only (no kernel threads).
+    #[arg(short = 'u', long = "useronly", visible_alias = "user-threads-only")]
+    user_threads: bool,
+    /// Show the wakers' user space stacks only (no kernel stacks).
+    #[arg(short = 'U', long = "user-stacks-only", conflicts_with = "kernel_only")]
+    user_only: bool,
+    /// Show the wakers' kernel stacks only (no user stacks), as bcc does.
+    #[arg(short = 'K', long = "kernel-stacks-only")]
+    kernel_only: bool,
+    /// Print folded stacks (`waker;frames..;target microseconds`), as
+    /// flame graph tools read them.
+    #[arg(short = 'f', long)]
+    folded: bool,
+    /// Count only blocks of at least this many microseconds.
+    #[arg(
+        short = 'm',
+        long = "min-block-time",
+        value_name = "MIN_US",
+        default_value_t = 1
+    )]
+    min_block_time: u64,
+    /// Count only blocks of at most this many microseconds.
+    #[arg(short = 'M', long = "max-block-time", value_name = "MAX_US")]
+    max_block_time: Option<u64>,
+    /// The tracepoint mechanism to attach with, instead of the best that
+    /// works.
+    #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&offcpu::CHAIN))]
+    attach: Option<Mechanism>,
+    #[command(flatten)]
+    stacks: StackArgs,
+    #[command(flatten)]
+    buffer: BufferArgs,
+}
+
+/// The tool.
+pub struct Wakeuptime {
+    args: Args,
+    /// The context-switch programs, with the wakers' stacks.
+    off_cpu: OffCpu,
+    /// Stacks counted in the kernel, their walk and their names.
+    stacks: StackTool,
+    /// Microseconds blocked with no waker seen (woken before tracing
+    /// began), for `-v`.
+    unwoken: u64,
+}
+
+impl Tool for Wakeuptime {
+    type Args = Args;
+
+    const SPEC: Spec = Spec::new("wakeuptime", &offcpu::CHAIN, &ERR_NAMES)
+        .object(offcpu::OBJECT)
+        .expected(&rtrace_common::stacks::ERR_EXPECTED);
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        if let Some(max) = args.max_block_time {
+            anyhow::ensure!(
+                args.min_block_time <= max,
+                "-m {} is above -M {max}: no block could be counted",
+                args.min_block_time
+            );
+        }
+        Ok(Self {
+            args,
+            off_cpu: OffCpu::default(),
+            stacks: StackTool::new(true),
+            unwoken: 0,
+        })
+    }
+
+    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
+        StackTool::variants(self.args.stacks.unwind, !self.args.kernel_only)
+    }
+
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let m = m.context("wakeuptime attaches through its chain")?;
+        let a = &self.args;
+        let filter = Filter {
+            min_ns: a.min_block_time.saturating_mul(1000),
+            max_ns: a
+                .max_block_time
+                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
+            user: !a.kernel_only,
+            kernel: !a.user_only,
+            threads: if a.user_threads {
+                THREADS_USER
+            } else {
+                THREADS_ALL
+            },
+            // A preempted thread is not woken: leaving it out spares its
+            // walk, and nothing is lost.
+            state: offcpu::ASLEEP,
+            waker: true,
+            sched_frames: false,
+            per_thread: false,
+            time_keys: false,
+        };
+        let cfg = self.off_cpu.configure(filter, m, kernel, load)?;
+        self.stacks.configure(&a.stacks, kernel, load)?;
+        load.config(&cfg);
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        let m = m.context("wakeuptime attaches through its chain")?;
+        self.stacks.attach(ebpf, &self.args.scope.pids)?;
+        self.off_cpu.attach(m, kernel, ebpf)
+    }
+
+    fn describe(&self) -> Vec<String> {
+        vec![format!(
+            "{}; {}",
+            self.off_cpu.describe(),
+            self.stacks.describe()
+        )]
+    }
+
+    fn banner(&self) -> String {
+        let a = &self.args;
+        let whom = match a.scope.whom() {
+            Some(whom) => whom,
+            None if a.user_threads => "user threads".to_owned(),
+            None => "all threads".to_owned(),
+        };
+        let which = match (a.user_only, a.kernel_only) {
+            (true, _) => "user",
+            (_, true) => "kernel",
+            _ => "user + kernel",
+        };
+        let until = match a.duration {
+            Some(s) => format!(" for {s} secs."),
+            None => "... Hit Ctrl-C to end.".to_owned(),
+        };
+        format!("Tracing blocked time (us) of {whom} by waker {which} stack{until}")
+    }
+
+    fn start(&mut self) {
+        self.stacks.start(!self.args.user_only);
+    }
+
+    fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
+        self.stacks.event(record)
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, _sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        self.stacks.tick(ebpf, last)
+    }
+
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        self.off_cpu.stop(ebpf)?;
+        let counted = self.stacks.finish(ebpf)?;
+        let (samples, unwoken) = by_waker(counted, &self.args.stacks.transforms);
+        self.unwoken = unwoken.saturating_add(500) / 1000;
+        sink.emit(&Wakeups(Stacks {
+            samples: &samples,
+            style: if self.args.folded {
+                Style::Folded(TextOptions::default())
+            } else {
+                Style::Multiline(TextOptions::default())
+            },
+            value: "us",
+        }))?;
+        self.stacks.reported(&samples, "us blocked");
+        Ok(())
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            // rtrace's own threads wait for the kernel all the time.
+            scope: Scope {
+                exclude_self: true,
+                ..self.args.scope.scope()
+            },
+            forced: self.args.attach,
+            events: Some(self.args.buffer.clone()),
+            interval: crate::output::Schedule::Every {
+                period: std::time::Duration::from_secs(1),
+                count: None,
+            },
+            duration: self.args.duration,
+            ..Plan::default()
+        }
+    }
+
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: {
+                let mut out = self.stacks.summary();
+                out.push(format!(
+                    "{} us blocked with no waker seen (woken before tracing began), not shown",
+                    self.unwoken
+                ));
+                out
+            },
+            warnings: self.stacks.warnings(),
+        }
+    }
+}
+
+/// Blocked time by the woken thread and its waker's stacks, hottest
+/// first, in microseconds: the woken thread's own stacks, which the
+/// engine counts by too, are let go, and `transforms` (`--hide` and the
+/// like) apply to the waker's. Also the nanoseconds with no waker.
+fn by_waker(counted: Vec<Sample>, transforms: &TransformArgs) -> (Vec<Sample>, u64) {
+    type Key = (String, u32, String, u32, Arc<[Frame]>, Arc<[Frame]>);
+    let mut sums: HashMap<Key, u64> = HashMap::new();
+    let mut unwoken = 0u64;
+    for s in counted {
+        let Some(w) = s.waker else {
+            unwoken += s.count;
+            continue;
+        };
+        let root_first = w.user.iter().rev().map(|f| (false, f));
+        let root_first = root_first.chain(w.kernel.iter().rev().map(|f| (true, f)));
+        let kept = transforms.apply(root_first.collect(), |(_, f)| &f.name);
+        let leaf_first = |kernel: bool| -> Arc<[Frame]> {
+            let side = kept.iter().rev().filter(|(k, _)| *k == kernel);
+            side.map(|(_, f)| (*f).clone()).collect()
+        };
+        let key = (
+            s.comm,
+            s.pid,
+            w.comm.clone(),
+            w.pid,
+            leaf_first(false),
+            leaf_first(true),
+        );
+        *sums.entry(key).or_default() += s.count;
+    }
+    let samples = sums
+        .into_iter()
+        .map(|((comm, pid, wcomm, wpid, user, kernel), count)| {
+            let waker = Thread {
+                comm: wcomm,
+                pid: wpid,
+                user,
+                kernel,
+            };
+            Sample {
+                comm,
+                pid,
+                tid: 0,
+                user: Arc::new([]),
+                kernel: Arc::new([]),
+                count,
+                waker: Some(Arc::new(waker)),
+                off_cpu: false,
+                slot: 0,
+            }
+        });
+    (stacks::in_micros(samples.collect()), unwoken)
+}
+
+/// The report: JSON as every stack tool's (the woken thread's `comm`,
+/// `pid` and `us`, no frames of its own, and its `waker` with them), text
+/// in bcc wakeuptime's layout.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct Wakeups<'a>(Stacks<'a>);
+
+impl Record for Wakeups<'_> {
+    fn text(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let samples = self.0.samples;
+        let frames = |w: &Thread| -> Vec<String> {
+            let leaf_first = w.kernel.iter().chain(w.user.iter());
+            leaf_first.map(|f| name(f, false)).collect()
+        };
+        if let Style::Folded(_) = self.0.style {
+            // The waker's command, its frames root first, the woken's.
+            for s in samples {
+                let Some(w) = &s.waker else { continue };
+                let mut line = vec![w.comm.replace(' ', "_")];
+                line.extend(frames(w).iter().rev().map(|n| n.replace(';', ":")));
+                line.push(s.comm.replace(' ', "_"));
+                let _ = writeln!(out, "{} {}", line.join(";"), s.count);
+            }
+            return;
+        }
+        // The hottest last, nearest the prompt, as bcc prints it.
+        for s in samples.iter().rev() {
+            let Some(w) = &s.waker else { continue };
+            let _ = writeln!(out, "    {:<16} {} {}", "target:", s.comm, s.pid);
+            for f in frames(w) {
+                let _ = writeln!(out, "    {f}");
+            }
+            let _ = writeln!(out, "    {:<16} {} {}", "waker:", w.comm, w.pid);
+            let _ = writeln!(out, "        {}\n", s.count);
+        }
+    }
+}
