@@ -17,14 +17,9 @@ pub mod manpages;
 pub mod metrics;
 pub mod stacks;
 
-use std::{
-    io::{LineWriter, Write},
-    sync::Mutex,
-    time::Duration,
-};
+use std::io::{LineWriter, Write};
 
 use anyhow::Context as _;
-use tokio::signal::unix::{SignalKind, signal};
 
 /// When a tool prints (the tracer runs it; `hist::Interval` is a
 /// histogram interval's output).
@@ -57,26 +52,19 @@ pub enum Destination {
     File(LineWriter<std::fs::File>),
 }
 
-static DESTINATION: Mutex<Destination> = Mutex::new(Destination::Stdout);
-
-/// Sends all output from now on to `to`.
-pub fn direct_to(to: Destination) {
-    *DESTINATION
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = to;
-}
-
-/// Runs `f` on the output's writer, a line-buffered one whatever it is.
-pub fn with_out<R>(f: impl FnOnce(&mut dyn Write) -> std::io::Result<R>) -> anyhow::Result<R> {
-    let mut to = DESTINATION
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let (r, what) = match &mut *to {
-        Destination::Stdout => (f(&mut std::io::stdout().lock()), "stdout"),
-        Destination::Stderr => (f(&mut std::io::stderr().lock()), "stderr"),
-        Destination::File(w) => (f(w), "the output file"),
-    };
-    r.with_context(|| format!("cannot write to {what}"))
+impl Destination {
+    /// Runs `f` on this writer, a line-buffered one whatever it is.
+    fn with<R>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Write) -> std::io::Result<R>,
+    ) -> anyhow::Result<R> {
+        let (r, what) = match self {
+            Self::Stdout => (f(&mut std::io::stdout().lock()), "stdout"),
+            Self::Stderr => (f(&mut std::io::stderr().lock()), "stderr"),
+            Self::File(w) => (f(w), "the output file"),
+        };
+        r.with_context(|| format!("cannot write to {what}"))
+    }
 }
 
 /// Parses a whole number of 1 or more, for intervals, counts and sizes;
@@ -111,51 +99,6 @@ impl IntervalArgs {
                 count: self.count,
             },
             None => Schedule::AtEnd,
-        }
-    }
-}
-
-/// Waits for SIGINT, SIGTERM and SIGHUP. Create it before announcing that
-/// tracing has started, so that no signal can arrive unhandled.
-pub struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-    deadline: Option<tokio::time::Instant>,
-}
-
-impl Signals {
-    /// Installs the handlers.
-    pub fn new() -> anyhow::Result<Self> {
-        let mk = |k| signal(k).context("cannot install signal handlers");
-        Ok(Self {
-            int: mk(SignalKind::interrupt())?,
-            term: mk(SignalKind::terminate())?,
-            hup: mk(SignalKind::hangup())?,
-            deadline: None,
-        })
-    }
-
-    /// Ends the run after `secs` seconds (`-d`), as a signal would.
-    pub fn stop_after(&mut self, secs: Option<u64>) {
-        self.deadline = secs.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
-    }
-
-    /// Resolves when any of the three signals arrives, with its number,
-    /// or the deadline passes, with 0.
-    pub async fn recv(&mut self) -> i32 {
-        let until = self.deadline;
-        let deadline = async {
-            match until {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = self.int.recv() => libc::SIGINT,
-            _ = self.term.recv() => libc::SIGTERM,
-            _ = self.hup.recv() => libc::SIGHUP,
-            () = deadline => 0,
         }
     }
 }
@@ -290,12 +233,6 @@ impl TimeColumns {
     }
 }
 
-/// Prints one JSON object as one line.
-pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    let line = serde_json::to_string(value).context("cannot encode JSON")?;
-    with_out(|out| writeln!(out, "{line}"))
-}
-
 /// Loss counters (`crate::kernel::load::read_errors`) as a JSON object keyed by their names.
 pub fn errors_json(names: &[&str], counts: &[u64]) -> serde_json::Value {
     names
@@ -315,24 +252,37 @@ pub trait Record: serde::Serialize {
     fn text(&self, out: &mut String);
 }
 
-/// Where every record goes: text or JSON lines on the output
-/// ([`direct_to`]).
+/// Where every record goes: text or JSON lines on the output, which the
+/// sink owns (stdout unless [`to`](Self::to) says otherwise).
 pub struct Sink {
     tool: &'static str,
     json: bool,
     text: bool,
     line: String,
+    out: Destination,
 }
 
 impl Sink {
-    /// A sink for `tool`'s records, as JSON lines if `json`.
+    /// A sink for `tool`'s records on stdout, as JSON lines if `json`.
     pub fn new(tool: &'static str, json: bool) -> Self {
         Self {
             tool,
             json,
             text: true,
             line: String::new(),
+            out: Destination::Stdout,
         }
+    }
+
+    /// The same sink writing to `out` instead.
+    pub fn to(self, out: Destination) -> Self {
+        Self { out, ..self }
+    }
+
+    /// Prints one JSON value as one line.
+    pub fn json_line(&mut self, value: &impl serde::Serialize) -> anyhow::Result<()> {
+        let line = serde_json::to_string(value).context("cannot encode JSON")?;
+        self.out.with(|out| writeln!(out, "{line}"))
     }
 
     /// Prints nothing in text mode from now on, as when a tool writes its
@@ -346,14 +296,14 @@ impl Sink {
         if self.json || !self.text {
             return Ok(());
         }
-        with_out(|out| writeln!(out, "{header}"))
+        self.out.with(|out| writeln!(out, "{header}"))
     }
 
     /// Prints one record.
     /// Prints `line` as it is, with none of rtrace's own fields: a peer's
     /// layout (bcc's `biolatency -j`).
     pub fn emit_raw(&mut self, line: &str) -> anyhow::Result<()> {
-        with_out(|out| {
+        self.out.with(|out| {
             writeln!(out, "{line}")?;
             out.flush()
         })
@@ -374,7 +324,7 @@ impl Sink {
                     map.entry("timestamp")
                         .or_insert_with(|| epoch_secs().into());
                 }
-                json_line(&value)?;
+                self.json_line(&value)?;
             }
             return Ok(());
         }
@@ -384,7 +334,7 @@ impl Sink {
         self.line.clear();
         record.text(&mut self.line);
         let line = &self.line;
-        with_out(|out| out.write_all(line.as_bytes()))
+        self.out.with(|out| out.write_all(line.as_bytes()))
     }
 
     /// Ends a block of text with an empty line (an interval's stacks);
@@ -398,6 +348,6 @@ impl Sink {
 
     /// Pushes what was printed out to a pipe or file.
     pub fn flush(&mut self) -> anyhow::Result<()> {
-        with_out(|out| out.flush())
+        self.out.with(|out| out.flush())
     }
 }

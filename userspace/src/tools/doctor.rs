@@ -30,7 +30,7 @@ pub fn run(global: &GlobalArgs) -> anyhow::Result<()> {
                 (m.name().to_owned(), v)
             })
             .collect();
-        return output::json_line(&serde_json::json!({
+        return output::Sink::new("doctor", true).json_line(&serde_json::json!({
             "kernel": release, "btf": btf, "lockdown": lockdown, "mechanisms": mechanisms,
         }));
     }

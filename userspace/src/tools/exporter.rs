@@ -25,11 +25,8 @@ use hyper::{Request, Response, StatusCode, body::Bytes, header};
 
 use crate::{
     kernel::load::read_errors,
-    output::{
-        Signals,
-        metrics::{Exposition, Format, Kind},
-    },
-    tracer::{Collect, Collector, GlobalArgs, Session},
+    output::metrics::{Exposition, Format, Kind},
+    tracer::{Collect, Collector, GlobalArgs, Session, Signals},
 };
 
 /// Serve the tools' histograms and counters as Prometheus metrics.

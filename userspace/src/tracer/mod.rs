@@ -26,12 +26,14 @@
 pub mod command;
 pub mod scope;
 mod session;
+pub mod signals;
 mod targets;
 pub mod tool;
 
 pub use crate::kernel::scope::Scope;
 pub use scope::{PinnedSets, ScopeArgs, own};
 pub use session::Session;
+pub use signals::Signals;
 pub use targets::check_task;
 pub(crate) use tool::WithGlobal;
 pub use tool::{Collect, Collector, GlobalArgs, Outcome, Plan, Spec, Tool};
@@ -48,7 +50,7 @@ use rtrace_common::events::LOST_EVENT;
 use crate::kernel::warning::Warning;
 use crate::{
     kernel::{load::read_errors, transport::Transport},
-    output::{Schedule, Signals, Sink, events::EventStream},
+    output::{Destination, Schedule, Sink, events::EventStream},
     tracer::command::{CommandLine, Corked},
 };
 
@@ -83,20 +85,18 @@ fn start_command(
     Ok(Some(corked))
 }
 
-/// Sends the output where the scope says: `-o FILE`, else stderr in
+/// Where the output goes, as the scope says: `-o FILE`, else stderr in
 /// command mode (the command's stdout is its own), else stdout.
-fn direct_output(scope: &Scope) -> anyhow::Result<()> {
-    use crate::output::{Destination, direct_to};
-    match &scope.output {
+fn destination(scope: &Scope) -> anyhow::Result<Destination> {
+    Ok(match &scope.output {
         Some(path) => {
             let file =
                 File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-            direct_to(Destination::File(std::io::LineWriter::new(file)));
+            Destination::File(std::io::LineWriter::new(file))
         }
-        None if !scope.command.is_empty() => direct_to(Destination::Stderr),
-        None => {}
-    }
-    Ok(())
+        None if !scope.command.is_empty() => Destination::Stderr,
+        None => Destination::Stdout,
+    })
 }
 
 /// Runs tool `T` from its arguments to the report at exit; the exit
@@ -143,9 +143,12 @@ async fn run_once<T: Tool>(
     let mut scope = plan.scope.clone();
     let mut command = start_command(&mut scope, duration, interval)?;
     tool.scoped(&scope);
-    if round == 0 {
-        direct_output(&scope)?;
-    }
+    // Made (a file created) on the first round only; the sink keeps it.
+    let destination = if sink_slot.is_none() {
+        Some(destination(&scope)?)
+    } else {
+        None
+    };
     let session = Session::open(tool, plan, &scope, global, None)?;
     if global.verbose {
         session.report();
@@ -183,7 +186,8 @@ async fn run_once<T: Tool>(
         stream = open_stream(&mut ebpf)?;
     }
     if sink_slot.is_none() {
-        let mut sink = Sink::new(T::SPEC.name, global.json || json);
+        let mut sink = Sink::new(T::SPEC.name, global.json || json)
+            .to(destination.unwrap_or(Destination::Stdout));
         if let Some(header) = header {
             sink.header(&header)?;
         }
