@@ -10,6 +10,7 @@ use std::{
 };
 
 pub mod browser;
+pub mod profile;
 
 /// The rtrace binary under test: `RTRACE_BIN`, or the workspace's release build.
 pub fn rtrace_bin() -> PathBuf {

@@ -1,10 +1,13 @@
 //! `rtrace profile -e` on tracepoints and probes: stacks taken at every
 //! event (or every N-th), counted against what the workload did (a loop
 //! device's own completed writes, a client's connects, a fixture's calls),
-//! and on counters by perf's names; and bcc's stackcount over the same.
+//! and on counters by perf's names (every page fault, every context
+//! switch); and bcc's stackcount over the same.
 
 use rtrace_integration_tests::{
-    LoopDevice, Rtrace, SIGINT, Workload, assert_one_line_error, mechanism_works, parse_folded,
+    LoopDevice, PingPong, Rtrace, SIGHUP, SIGINT, Workload, assert_one_line_error, mechanism_works,
+    parse_folded,
+    profile::{READY, count_with, run_fixture, start_fixture},
     run, workload_bin,
 };
 
@@ -373,4 +376,62 @@ fn stackcount_counts_kernel_functions_by_glob_and_regex() {
         assert_eq!(through, CALLS, "{stdout}");
     }
     assert!(w.wait().success());
+}
+
+#[test]
+fn page_faults_event_counts_every_fault() {
+    let pages = 3000;
+    let fixture = start_fixture("hotfuncs", &["faults", &pages.to_string()]);
+    let pid = fixture.pid().to_string();
+    let rtrace = Rtrace::start_until(
+        &[
+            "profile",
+            "-e",
+            "page-faults",
+            "-c",
+            "1",
+            "-U",
+            "-f",
+            "-p",
+            &pid,
+        ],
+        READY,
+    );
+    run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let faults = count_with(&parse_folded(&stdout), "hotfuncs::touch_pages");
+    assert!(
+        faults.abs_diff(pages) <= pages / 20,
+        "{faults} page faults in touch_pages; it touched {pages} fresh pages"
+    );
+}
+
+#[test]
+fn context_switches_event_counts_every_switch() {
+    let mut pp = PingPong::start(2000);
+    let pid = pp.pid().to_string();
+    let rtrace = Rtrace::start_until(
+        &[
+            "profile",
+            "-e",
+            "context-switches",
+            "-c",
+            "1",
+            "-f",
+            "-p",
+            &pid,
+        ],
+        READY,
+    );
+    let before = pp.context_switches();
+    pp.play();
+    let switches = pp.context_switches() - before;
+    let (code, stdout, stderr) = rtrace.stop(SIGHUP);
+    assert_eq!(code, 0, "{stderr}");
+    let samples: u64 = parse_folded(&stdout).values().sum();
+    assert!(
+        samples.abs_diff(switches) <= switches / 10 + 5,
+        "{samples} context-switch samples; the threads switched {switches} times"
+    );
 }

@@ -2,20 +2,21 @@
 //! spliced into the native stack (`tests/fixtures/pyfix.py`, run by
 //! Debian's own interpreters: bookworm's 3.11 here, trixie's 3.13 in a
 //! chroot that `cargo xtask` makes), checked against what the fixture
-//! measured itself and against py-spy.
+//! measured itself and against py-spy; and the interpreter's own native
+//! frames, without frame pointers, walked from CFI to its main.
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::Command,
+    time::Duration,
 };
 
 use rtrace_integration_tests::{
-    Rtrace, SIGINT, Workload, assert_share, in_guest, parse_folded, run,
+    Rtrace, SIGINT, Workload, assert_share, in_guest, parse_folded,
+    profile::{READY, count_with},
+    run,
 };
-
-/// What `rtrace profile` prints to stderr once sampling has begun.
-const READY: &str = "Sampling";
 
 /// Debian bookworm's interpreter: statically linked with libpython, no
 /// frame pointers.
@@ -642,4 +643,34 @@ fn annotated_python_frames_are_marked_p() {
     );
     let (code, _, stderr) = run(&["profile", "--no-python", "--bogus"]);
     assert_eq!(code, 2, "{stderr}");
+}
+
+/// Debian's python3 has no frame pointers: its samples reach
+/// `Py_BytesMain` (and `_start` above it) only through CFI.
+#[test]
+fn python_without_frame_pointers_reaches_its_main() {
+    let python = "/usr/bin/python3";
+    if !std::path::Path::new(python).exists() {
+        // The VM guests carry no Python; the host runs this test.
+        eprintln!("skipped: no {python} here (the host runs this test)");
+        return;
+    }
+    let mut busy = Command::new(python)
+        .args(["-c", "while True: pass"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = busy.id().to_string();
+    let (code, stdout, stderr) = run(&["profile", "-F", "199", "-U", "-p", &pid, "-f", "2"]);
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let total: u64 = folded.values().sum();
+    let whole = count_with(&folded, "Py_BytesMain");
+    assert!(total >= 200, "too few samples ({total}):\n{stdout}");
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{whole} of {total} samples reach Py_BytesMain:\n{stdout}"
+    );
 }

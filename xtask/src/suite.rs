@@ -223,6 +223,10 @@ pub const GUESTS: &[(&str, &str)] = &[
         "module functions: fentry refused, chain falls back to kprobe; xfs/btrfs only in guests",
     ),
     (
+        "filters::off_cpu_and_on_cpu_time_split_as_measured",
+        "--off-cpu adds sched_switch programs beside perf_event; also statistics (kept for the path)",
+    ),
+    (
         "list::a_glob_lists_the_kernels_tracepoints",
         "the kernel's tracepoint set and tracefs mounting by rtrace",
     ),
@@ -257,26 +261,6 @@ pub const GUESTS: &[(&str, &str)] = &[
     (
         "offcputime::waker_names_the_waking_threads_stack",
         "--waker adds the sched_waking program; also checks statistics (kept for the path)",
-    ),
-    (
-        "profile::c_without_frame_pointers_keeps_its_whole_chain",
-        "perf_event + CFI walk (bpf_loop/find_vma, Python walk in object) on each verifier; also statistics",
-    ),
-    (
-        "profile::the_walk_without_the_kernels_own_lookup_still_unwinds",
-        "RTRACE_NO_FIND_VMA: walk variant without bpf_find_vma, a different program for the verifier",
-    ),
-    (
-        "profile::kernel_frames_resolve_to_kallsyms_names",
-        "-K loads the plain variant; kernel stacks named from this kernel's kallsyms (ksys_read/vfs_read)",
-    ),
-    (
-        "profile::off_cpu_and_on_cpu_time_split_as_measured",
-        "--off-cpu adds sched_switch programs beside perf_event; also statistics (kept for the path)",
-    ),
-    (
-        "profile::stacks_deeper_than_the_walk_keep_their_leaf_and_are_counted",
-        "--max-stack 300: MAX_STACK_DEPTH rodata changes the walk the verifier sees; linked stack entries",
     ),
     (
         "profile_events::block_rq_insert_stacks_count_every_request_of_the_writer",
@@ -335,6 +319,10 @@ pub const GUESTS: &[(&str, &str)] = &[
         "-k loads strace's CFI walk variant on each verifier",
     ),
     (
+        "symbols::kernel_frames_resolve_to_kallsyms_names",
+        "-K loads the plain variant; kernel stacks named from this kernel's kallsyms (ksys_read/vfs_read)",
+    ),
+    (
         "tcplife::ipv4_sessions_have_exact_bytes_and_owners_on_both_ends",
         "default tp_btf inet_sock_set_state, tcp_sock byte counters via BTF offsets",
     ),
@@ -377,6 +365,18 @@ pub const GUESTS: &[(&str, &str)] = &[
     (
         "trace::user_stacks_by_the_cfi_walk",
         "-U loads trace's CFI walk variant on each verifier",
+    ),
+    (
+        "unwind::c_without_frame_pointers_keeps_its_whole_chain",
+        "perf_event + CFI walk (bpf_loop/find_vma, Python walk in object) on each verifier; also statistics",
+    ),
+    (
+        "unwind::the_walk_without_the_kernels_own_lookup_still_unwinds",
+        "RTRACE_NO_FIND_VMA: walk variant without bpf_find_vma, a different program for the verifier",
+    ),
+    (
+        "unwind::stacks_deeper_than_the_walk_keep_their_leaf_and_are_counted",
+        "--max-stack 300: MAX_STACK_DEPTH rodata changes the walk the verifier sees; linked stack entries",
     ),
 ];
 
