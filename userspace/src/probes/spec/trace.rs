@@ -14,7 +14,10 @@ use rtrace_common::argdist::{
 };
 
 use super::{
-    CType, Env, ExprParser, Scope, SpecError, Target, err, locate, reads_user, split_list,
+    Env, Target,
+    ctype::CType,
+    expr::{ExprParser, Scope, SpecError, compile_value, err},
+    locate, reads_user, signature_params, split_list,
 };
 
 /// How one conversion of the format shows its value.
@@ -288,7 +291,7 @@ pub fn parse(spec: &str, env: &Env<'_>) -> Result<TraceSpec, SpecError> {
     };
     let scope = Scope {
         kind,
-        params: super::signature_params(signature.1, signature.0, env.btf)?,
+        params: signature_params(signature.1, signature.0, env.btf)?,
         format: format.as_ref(),
         user: reads_user(&target),
         btf: env.btf,
@@ -358,7 +361,7 @@ pub fn parse(spec: &str, env: &Env<'_>) -> Result<TraceSpec, SpecError> {
             if ty.string && strings as usize >= MAX_STRINGS {
                 return err(e_at, format!("at most {MAX_STRINGS} %s values a probe"));
             }
-            let mut value = super::compile_value(&expr, ty, &scope, (e_at, e_at), &mut strings)?;
+            let mut value = compile_value(&expr, ty, &scope, (e_at, e_at), &mut strings)?;
             value.size = ty.size;
             values.push(value);
         }

@@ -1,0 +1,341 @@
+//! Names of JIT code: from the runtime's jitdump (`jit-PID.dump`, read
+//! by [`jitdump`](crate::stacks::jitdump)) and from its perf map
+//! (`/tmp/perf-PID.map`), which also names interpreted functions; and why
+//! JIT frames were left unnamed.
+
+use std::{
+    fs::File,
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    sync::Arc,
+};
+
+use super::frame::{Frame, Kind};
+use crate::{kernel::warning::Warning, stacks::jitdump::JitDump};
+
+/// A symbol of a perf map.
+#[derive(Clone)]
+pub(super) struct JitSymbol {
+    start: u64,
+    end: u64,
+    pub(super) name: String,
+}
+
+/// What was read of a process's perf map.
+#[derive(Default, Clone)]
+pub(super) struct PerfMap {
+    /// Its symbols, sorted by start; later lines win, as perf has it, so
+    /// a range rewritten by the JIT gets its newest name.
+    syms: Vec<JitSymbol>,
+    /// Its size when last read.
+    len: u64,
+    /// Where it is, found once while the process lives: it is looked at
+    /// on every new stack of the process, and read once more when the
+    /// process exits or the run ends.
+    path: Option<JitPath>,
+    /// The process's command, for warnings.
+    pub(super) comm: Option<Arc<str>>,
+}
+
+impl PerfMap {
+    /// Reads process `pid`'s perf map if it changed since last read. A map
+    /// that is gone leaves the symbols read before.
+    pub(super) fn read(&mut self, pid: u32) {
+        if self.path.is_none() {
+            self.path = perf_map_path(pid);
+            self.comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .map(|c| Arc::from(c.trim_end()));
+        }
+        let Some(jit) = &self.path else {
+            return;
+        };
+        let Ok(meta) = std::fs::metadata(&jit.path) else {
+            return;
+        };
+        if meta.len() == self.len {
+            return;
+        }
+        let Ok(text) = std::fs::read_to_string(&jit.path) else {
+            return;
+        };
+        self.len = meta.len();
+        let mut syms: Vec<JitSymbol> = Vec::new();
+        for line in text.lines() {
+            let mut f = line.splitn(3, ' ');
+            let hex = |s: Option<&str>| {
+                let s = s?.trim();
+                u64::from_str_radix(s.strip_prefix("0x").unwrap_or(s), 16).ok()
+            };
+            let (Some(start), Some(size), Some(name)) = (hex(f.next()), hex(f.next()), f.next())
+            else {
+                continue;
+            };
+            syms.push(JitSymbol {
+                start,
+                end: start.saturating_add(size),
+                name: name.trim_end().to_owned(),
+            });
+        }
+        // A stable sort keeps later lines after earlier ones at the same
+        // start; dedup then keeps the later.
+        syms.sort_by_key(|s| s.start);
+        let mut kept: Vec<JitSymbol> = Vec::with_capacity(syms.len());
+        for s in syms {
+            match kept.last_mut() {
+                Some(last) if last.start == s.start => *last = s,
+                _ => kept.push(s),
+            }
+        }
+        self.syms = kept;
+    }
+
+    /// The symbol at `ip`.
+    pub(super) fn symbol(&self, ip: u64) -> Option<&JitSymbol> {
+        let i = self.syms.partition_point(|s| s.start <= ip);
+        i.checked_sub(1)
+            .map(|i| &self.syms[i])
+            .filter(|s| ip < s.end)
+    }
+
+    /// What a child just forked from this process starts with: its own
+    /// map's path, nothing read of it yet.
+    pub(super) fn for_child(&self, child: u32) -> Self {
+        Self {
+            syms: Vec::new(),
+            len: 0,
+            path: perf_map_path(child),
+            comm: self.comm.clone(),
+        }
+    }
+
+    /// Forgets the map of a program the process no longer runs: the next
+    /// read looks for it afresh.
+    pub(super) fn clear(&mut self) {
+        self.syms.clear();
+        self.len = 0;
+        self.path = None;
+    }
+
+    /// Why JIT frames of process `pid` that it did not name are unnamed
+    /// (`missing`, `empty` or `partial`), and the
+    /// map's path as the process names it.
+    pub(super) fn why_unnamed(&self, pid: u32) -> (&'static str, String) {
+        match &self.path {
+            None => ("missing", format!("/tmp/perf-{pid}.map")),
+            Some(j) if std::fs::metadata(&j.path).is_err() => ("missing", j.shown.clone()),
+            Some(j) if self.len == 0 => ("empty", j.shown.clone()),
+            Some(j) => ("partial", j.shown.clone()),
+        }
+    }
+}
+
+/// Where a process's perf map is: `/tmp/perf-PID.map` as the process
+/// sees it, by its pid in its own namespace. A process with a root of its
+/// own (a container) has it reached through that root, held open, so
+/// that it is still found after the process has exited.
+#[derive(Clone)]
+struct JitPath {
+    /// The path to read.
+    path: String,
+    /// The path as the process names it, for warnings.
+    shown: String,
+    /// The process's root directory, when it is not rtrace's.
+    _root: Option<Arc<File>>,
+}
+
+/// Where process `pid`'s perf map is: a process in a container names its
+/// map by its own pid, in its own /tmp. A process gone before it could be
+/// looked at is taken to be in rtrace's /tmp, as perf takes every
+/// process; `None` if its root cannot be opened.
+fn perf_map_path(pid: u32) -> Option<JitPath> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        let shown = format!("/tmp/perf-{pid}.map");
+        return Some(JitPath {
+            path: shown.clone(),
+            shown,
+            _root: None,
+        });
+    };
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last()?.parse::<u32>().ok())
+        .unwrap_or(pid);
+    let shown = format!("/tmp/perf-{nspid}.map");
+    let root = File::open(format!("/proc/{pid}/root")).ok()?;
+    let ours = std::fs::metadata("/").ok()?;
+    let theirs = root.metadata().ok()?;
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return Some(JitPath {
+            path: shown.clone(),
+            shown,
+            _root: None,
+        });
+    }
+    Some(JitPath {
+        path: format!("/proc/self/fd/{}/tmp/perf-{nspid}.map", root.as_raw_fd()),
+        shown,
+        _root: Some(Arc::new(root)),
+    })
+}
+
+/// A process's jitdump file ([`jitdump`](crate::stacks::jitdump)), held open from
+/// when its mapping is first seen: it is read again as the runtime appends
+/// to it, after the process has exited and after the runtime deleted it.
+pub(super) struct Dump {
+    file: File,
+    /// Its path in the process, for warnings.
+    pub(super) shown: String,
+    pub(super) dump: JitDump,
+    /// Why reading stopped, if it did.
+    error: Option<String>,
+}
+
+impl Dump {
+    /// The jitdump `file`, which the process maps at `shown`, read as far
+    /// as it is written.
+    pub(super) fn open(file: File, shown: &str) -> Self {
+        let mut dump = Self {
+            file,
+            shown: shown.to_owned(),
+            dump: JitDump::new(),
+            error: None,
+        };
+        dump.read_more();
+        dump
+    }
+
+    /// What was read, for `-v`.
+    pub(super) fn summary(&self, pid: u32) -> String {
+        let held = if self.dump.is_empty() {
+            "no code".to_owned()
+        } else {
+            format!("{} code placements", self.dump.len())
+        };
+        format!(
+            "jitdump of PID {pid} ({}): {held}, {} malformed records skipped{}",
+            self.shown,
+            self.dump.malformed(),
+            if self.dump.closed() { ", closed" } else { "" }
+        )
+    }
+
+    /// Why names from it may be wrong or missing, if they may.
+    pub(super) fn warning(&self, pid: u32) -> Option<Warning> {
+        if let Some(e) = &self.error {
+            return Some(Warning::unnamed(format!(
+                "PID {pid}: {} was read only up to byte {}: {e}",
+                self.shown,
+                self.dump.offset()
+            )));
+        }
+        (self.dump.header().is_some() && !self.dump.timed()).then(|| {
+            Warning::unnamed(format!(
+                "PID {pid}: {} has the CPU's own timestamps, not CLOCK_MONOTONIC: \
+                 code the JIT replaced at one address takes the newest name",
+                self.shown
+            ))
+        })
+    }
+
+    /// Reads what the runtime appended since the last read.
+    pub(super) fn read_more(&mut self) {
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = self.dump.read_more(&mut self.file) {
+            self.error = Some(e.to_string());
+        }
+    }
+}
+
+/// JIT frames left unnamed in one process, for the warning that says why.
+pub(super) struct Unnamed {
+    pub(super) comm: Option<Arc<str>>,
+    pub(super) frames: u64,
+    /// Why: the perf map was missing, empty, or did not name them, or
+    /// the jitdump did not (`dump`).
+    pub(super) map: &'static str,
+    /// The perf map's or jitdump's path, as the process names it.
+    pub(super) shown: String,
+}
+
+impl Unnamed {
+    /// The warning that says how many of process `pid`'s JIT frames are
+    /// unnamed, and why.
+    pub(super) fn warning(&self, pid: u32) -> Warning {
+        let comm = self
+            .comm
+            .as_deref()
+            .map(|c| format!(" ({c})"))
+            .unwrap_or_default();
+        let why = match self.map {
+            "missing" => format!(
+                "it wrote no {} and mapped no jit-PID.dump; a JIT runtime writes one \
+                 when asked (node --perf-basic-prof or --perf-prof, mono --jitmap, \
+                 the JVM's perf-map-agent)",
+                self.shown
+            ),
+            "dump" => format!("its {} did not name them", self.shown),
+            "empty" => format!(
+                "its {} was empty; Mono and the JVM write it at exit: \
+                 run the program under `rtrace profile -- CMD`",
+                self.shown
+            ),
+            _ => format!(
+                "its {} did not name them (it may be written at exit: \
+                 run the program under `rtrace profile -- CMD`)",
+                self.shown
+            ),
+        };
+        Warning::unnamed(format!(
+            "PID {pid}{comm}: {} JIT frames unnamed: {why}",
+            self.frames
+        ))
+    }
+}
+
+/// A frame of JIT code named `name` by a jitdump or a perf map.
+pub(super) fn jit_named(name: &str) -> Frame {
+    let kind = if interpreted(name) {
+        Kind::Interpreted
+    } else {
+        Kind::Jit
+    };
+    Frame::new(name.to_owned(), kind, Some("[jit]"))
+}
+
+/// Whether a perf map's name is an interpreted function's: Python's
+/// trampolines (`py::f:file.py`), V8's functions not yet optimized
+/// (`JS:~f`, `LazyCompile:~f`) and the JVM's interpreter.
+fn interpreted(name: &str) -> bool {
+    name.starts_with("py::")
+        || name
+            .split_once(':')
+            .is_some_and(|(_, f)| f.starts_with('~'))
+        || name.starts_with("Interpreter")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perf_map_later_lines_win() {
+        let mut p = PerfMap::default();
+        let pid = std::process::id();
+        let path = format!("/tmp/perf-{pid}.map");
+        std::fs::write(&path, "1000 10 old\n0x2000 0x20 other\n1000 10 new name\n").unwrap();
+        p.read(pid);
+        std::fs::remove_file(&path).unwrap();
+        let names: Vec<_> = p
+            .syms
+            .iter()
+            .map(|s| (s.start, s.end, s.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [(0x1000, 0x1010, "new name"), (0x2000, 0x2020, "other")]
+        );
+    }
+}
