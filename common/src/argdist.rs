@@ -413,3 +413,27 @@ pub fn binary(op: u8, signed: bool, x: u64, y: u64) -> u64 {
 }
 
 crate::pod!(Insn, Value, Cond, Probe, Config, Key, NumKey, Entry);
+
+/// Frequency counts by [`Key`]; user space sizes it.
+pub const COUNTS: &str = "COUNTS";
+/// Frequency counts of probes with no string values, per CPU by their
+/// smaller [`NumKey`]; user space sizes it.
+pub const COUNTS_NUM: &str = "COUNTS_NUM";
+/// Histograms by probe slot, per CPU.
+pub const HISTS: &str = "HISTS";
+/// Entry times and arguments ([`Entry`]) of calls in flight, by
+/// `slot << 32 | tid`, in argdist's object and trace's; user space sizes
+/// it.
+pub const ENTRIES: &str = "ENTRIES";
+
+/// Probe slot `N`'s kprobe is the program `kprobe_N`, in argdist's object
+/// and trace's (`spec_programs!`), for slots below [`MAX_PROBES`].
+pub const KPROBE_PROGRAMS: &str = "kprobe";
+/// Probe slot `N`'s kretprobe: `kretprobe_N`.
+pub const KRETPROBE_PROGRAMS: &str = "kretprobe";
+/// Probe slot `N`'s uprobe (also its USDT probe): `uprobe_N`.
+pub const UPROBE_PROGRAMS: &str = "uprobe";
+/// Probe slot `N`'s uretprobe: `uretprobe_N`.
+pub const URETPROBE_PROGRAMS: &str = "uretprobe";
+/// Probe slot `N`'s tracepoint program: `tracepoint_N`.
+pub const TRACEPOINT_PROGRAMS: &str = "tracepoint";

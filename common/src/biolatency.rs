@@ -121,3 +121,10 @@ pub const ERR_NAMES: [&str; 2] = [
 ];
 
 crate::pod!(RequestOffsets, TracepointOffsets, Config, StartKey, HistKey);
+
+/// The histograms ([`Entry`]) by [`HistKey`], when split by disk or
+/// flags; user space sizes it (1 when not).
+pub const HISTS: &str = "HISTS";
+/// The one histogram when not split by disk or flags: a per-CPU
+/// [`Entry`].
+pub const TOTAL: &str = "TOTAL";

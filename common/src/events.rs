@@ -1,5 +1,6 @@
-//! What every event tool shares: when its ring buffer wakes user space,
-//! and the first two slots of its `ERRORS` counters.
+//! What every event tool shares: its event map and the names of its
+//! other shared maps, when its ring buffer wakes user space, and the first
+//! two slots of its `ERRORS` counters.
 //!
 //! Slot [`LOST_EVENT`] is the one the `Tracer` also adds perf buffers'
 //! own loss records to, so it must be first.
@@ -22,6 +23,14 @@ pub const LOST_NAMES: [&str; 2] = [
     "events lost (event buffer full; raise --buffer-size)",
     "events lost (in-flight table full)",
 ];
+
+/// The event map of every event object (`event_map!`): a ring buffer, or
+/// in the `perf` variant a perf event array, of the tool's records.
+pub const EVENTS: &str = "EVENTS";
+
+/// The one-slot array that says whether user space waits for a wakeup
+/// (1) or reads the ring buffer on its own timer (0); every object has it.
+pub const EVENTS_READER: &str = "EVENTS_READER";
 
 /// The global that makes an event tool tally instead of send (set by the
 /// exporter), and the per-CPU array of its totals.

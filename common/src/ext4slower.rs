@@ -106,3 +106,9 @@ pub struct Event {
 }
 
 crate::pod!(FileOffsets, Config, Entry, Event);
+
+/// The kretprobe every kprobe-attached operation returns through.
+pub const PROG_KRETPROBE: &str = "kretprobe_ext4";
+/// The classic tracepoint program of every `syscalls:sys_exit_*` the
+/// syscall path attaches to.
+pub const PROG_TP_SYS_EXIT: &str = "tp_sys_exit";

@@ -50,3 +50,6 @@ pub struct Event {
 }
 
 crate::pod!(Start, Event);
+
+/// The uretprobe every lookup function returns through.
+pub const PROG_LOOKUP_RETURN: &str = "lookup_return";

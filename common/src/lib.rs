@@ -3,6 +3,11 @@
 //! Everything here is `#[repr(C)]`, `Copy` and free of padding surprises, so
 //! one definition serves both sides. The `user` feature adds `aya::Pod`
 //! implementations for user space; the eBPF crate never links aya.
+//!
+//! The names user space looks the objects' maps, programs and globals up
+//! by are here too, as `&str` constants in the module of the tool that
+//! owns them, or in [`names`] and the shared modules; and the objects'
+//! variants are in [`variants`].
 #![no_std]
 
 pub mod argdist;
@@ -13,6 +18,7 @@ pub mod ext4slower;
 pub mod gethostlatency;
 pub mod hist;
 pub mod memleak;
+pub mod names;
 pub mod offcputime;
 pub mod offsets;
 pub mod probes;
@@ -26,6 +32,7 @@ pub mod targets;
 pub mod tcplife;
 pub mod trace;
 pub mod unwind;
+pub mod variants;
 
 /// Length of `task_struct.comm`, including the terminating NUL.
 pub const TASK_COMM_LEN: usize = 16;

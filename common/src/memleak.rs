@@ -262,3 +262,57 @@ crate::pod!(
     Totals,
     Call
 );
+
+/// Allocations held ([`Alloc`] by [`AllocKey`]); user space sizes it
+/// (`--max-allocs`).
+pub const ALLOCS: &str = "ALLOCS";
+/// [`Totals`] by (process, stack) ([`TotalKey`]); user space sizes it.
+pub const TOTALS: &str = "TOTALS";
+/// With `--sample-bytes`: each size's weight; user space fills it.
+pub const WEIGHTS: &str = "WEIGHTS";
+/// With `--sample-bytes`: gaps between sampled bytes to draw from; user
+/// space fills it.
+pub const SAMPLE_GAPS: &str = "SAMPLE_GAPS";
+
+/// The uprobe on `malloc`.
+pub const PROG_MALLOC: &str = "malloc_enter";
+/// The uprobe on `calloc`.
+pub const PROG_CALLOC: &str = "calloc_enter";
+/// The uprobe on `realloc`.
+pub const PROG_REALLOC: &str = "realloc_enter";
+/// The uprobe on `reallocarray`.
+pub const PROG_REALLOCARRAY: &str = "reallocarray_enter";
+/// The uprobe on `memalign` and `aligned_alloc`, under their own names
+/// and allocators' prefixed ones.
+pub const PROG_MEMALIGN: &str = "memalign_enter";
+/// The uprobe on `posix_memalign`.
+pub const PROG_POSIX_MEMALIGN: &str = "posix_memalign_enter";
+/// The uprobe on `mmap`.
+pub const PROG_MMAP: &str = "mmap_enter";
+/// The uprobe on `free`.
+pub const PROG_FREE: &str = "free_enter";
+/// The uprobe on `munmap`.
+pub const PROG_MUNMAP: &str = "munmap_enter";
+/// The uretprobe on every allocator that returns its allocation.
+pub const PROG_ALLOC_RETURN: &str = "alloc_return";
+/// The program on the tracepoint `kmem:kmalloc`; the kernel-mode
+/// programs are named after their tracepoint's event.
+pub const PROG_KMALLOC: &str = "kmalloc";
+/// The program on `kmem:kmalloc_node`.
+pub const PROG_KMALLOC_NODE: &str = "kmalloc_node";
+/// The program on `kmem:kmem_cache_alloc`.
+pub const PROG_KMEM_CACHE_ALLOC: &str = "kmem_cache_alloc";
+/// The program on `kmem:kmem_cache_alloc_node`.
+pub const PROG_KMEM_CACHE_ALLOC_NODE: &str = "kmem_cache_alloc_node";
+/// The program on `kmem:kfree`.
+pub const PROG_KFREE: &str = "kfree";
+/// The program on `kmem:kmem_cache_free`.
+pub const PROG_KMEM_CACHE_FREE: &str = "kmem_cache_free";
+/// The program on `kmem:mm_page_alloc`.
+pub const PROG_MM_PAGE_ALLOC: &str = "mm_page_alloc";
+/// The program on `kmem:mm_page_free`.
+pub const PROG_MM_PAGE_FREE: &str = "mm_page_free";
+/// The program on `percpu:percpu_alloc_percpu` (`--percpu`).
+pub const PROG_PERCPU_ALLOC: &str = "percpu_alloc_percpu";
+/// The program on `percpu:percpu_free_percpu` (`--percpu`).
+pub const PROG_PERCPU_FREE: &str = "percpu_free_percpu";

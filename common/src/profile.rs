@@ -60,3 +60,20 @@ pub struct Config {
 }
 
 crate::pod!(Config);
+
+/// Samples per [`HEAT_SLOT_NS`] slot since the start, per CPU
+/// (`--heatmap`); user space sizes it.
+pub const HEAT: &str = "HEAT";
+
+/// The program perf events (timers and counters) run.
+pub const PROG_PROFILE: &str = "profile";
+/// The program of a tracepoint event (`-e t:...`).
+pub const PROG_TRACEPOINT: &str = "profile_tracepoint";
+/// The program of a kprobe event.
+pub const PROG_KPROBE: &str = "profile_kprobe";
+/// The program of a kretprobe event.
+pub const PROG_KRETPROBE: &str = "profile_kretprobe";
+/// The program of a uprobe event.
+pub const PROG_UPROBE: &str = "profile_uprobe";
+/// The program of a uretprobe event.
+pub const PROG_URETPROBE: &str = "profile_uretprobe";

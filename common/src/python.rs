@@ -129,3 +129,7 @@ pub const fn code_check(firstlineno: u32, name: u64, file: u64) -> u32 {
 }
 
 crate::pod!(PyProc, PyCode);
+
+/// The Python processes ([`PyProc`]), by process id; user space sizes and
+/// fills it.
+pub const PY_PROCS: &str = "PY_PROCS";

@@ -73,3 +73,15 @@ pub const ERR_NAMES: [&str; 3] = [
 ];
 
 crate::pod!(Config, TracepointOffsets, Entry);
+
+/// The hash of enqueue times by thread id, where task storage does not
+/// hold them; user space sizes it (1 where it does).
+pub const START: &str = "START";
+/// The histograms ([`Entry`]) by group key, for `-P`, `-L` and
+/// `--pidnss`; user space sizes it (1 when nothing is grouped).
+pub const HISTS: &str = "HISTS";
+/// The single histogram when nothing is grouped: a per-CPU [`Entry`].
+pub const TOTAL: &str = "TOTAL";
+/// The hash of thread id to process id that the classic tracepoint path
+/// learns at switch-out; user space sizes it (1 where it is not needed).
+pub const TGIDS: &str = "TGIDS";

@@ -358,3 +358,23 @@ pub const fn names_with_walk<const N: usize>(
 }
 
 crate::pod!(Key, WakeKey, Stack, Seen, Found);
+
+/// The stacks by hash ([`Stack`]); user space sizes it
+/// (`--stack-storage-size`) and moves them out as the tool runs.
+pub const STACKS: &str = "STACKS";
+/// The counts by key ([`Key`] or [`WakeKey`]: samples, or nanoseconds
+/// off the CPU) of the stack tools' objects (`stack_counts!`); user space
+/// sizes it (`--hash-storage-size`).
+pub const STACK_COUNTS: &str = "STACK_COUNTS";
+/// The one-slot array of the generation counts go to, counted up by user
+/// space when it moves the last one's counts out.
+pub const STACK_GEN: &str = "STACK_GEN";
+/// The per-CPU counts of entries created in [`STACKS`] and
+/// [`STACK_COUNTS`] (slots [`NEW_STACKS`], [`NEW_COUNTS`]).
+pub const STACK_NEW: &str = "STACK_NEW";
+/// The processes whose stacks are counted by time slot ([`Key::slot`]),
+/// whose jitdumps name code by time; user space fills it.
+pub const TIMED_JIT: &str = "TIMED_JIT";
+/// The one-slot array of when counting began (`CLOCK_MONOTONIC`
+/// nanoseconds), written by user space just before attaching.
+pub const WINDOW: &str = "WINDOW";

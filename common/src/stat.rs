@@ -64,3 +64,35 @@ pub const ERR_NAMES: [&str; 3] = [
     "tracepoint events not counted (an id beyond the table)",
     "events not counted by task (the table of tasks was full)",
 ];
+
+/// The global that says where counts go: 0 for the per-CPU arrays,
+/// [`BY_THREAD`] or [`BY_PROCESS`] for [`TASK_COUNTS`] by that id.
+pub const BY_TASK: &str = "BY_TASK";
+/// Counts ([`TaskCount`]) by task and event ([`TaskKey`]), with
+/// [`BY_TASK`].
+pub const TASK_COUNTS: &str = "TASK_COUNTS";
+/// Counts by probe slot, per CPU.
+pub const PROBES: &str = "PROBES";
+/// Counts by tracepoint id, per CPU; user space sizes it past the largest
+/// id.
+pub const TRACEPOINTS: &str = "TRACEPOINTS";
+/// Counts by syscall number, per CPU: entries, then exits from
+/// [`MAX_SYSCALLS`].
+pub const SYSCALLS: &str = "SYSCALLS";
+
+/// The program on the raw tracepoint `sys_enter`.
+pub const PROG_SYS_ENTER: &str = "stat_sys_enter";
+/// The program on the raw tracepoint `sys_exit`.
+pub const PROG_SYS_EXIT: &str = "stat_sys_exit";
+/// The one program of every tracepoint counted, which counts by its
+/// link's cookie.
+pub const PROG_TRACEPOINT: &str = "stat_tracepoint";
+/// Probe slot `N`'s kprobe is the program `stat_kprobe_N`, for slots
+/// below [`MAX_PROBES`].
+pub const KPROBE_PROGRAMS: &str = "stat_kprobe";
+/// Probe slot `N`'s kretprobe: `stat_kretprobe_N`.
+pub const KRETPROBE_PROGRAMS: &str = "stat_kretprobe";
+/// Probe slot `N`'s uprobe: `stat_uprobe_N`.
+pub const UPROBE_PROGRAMS: &str = "stat_uprobe";
+/// Probe slot `N`'s uretprobe: `stat_uretprobe_N`.
+pub const URETPROBE_PROGRAMS: &str = "stat_uretprobe";

@@ -212,3 +212,28 @@ pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 2] = crate::stacks:
         "calls not in the summary by process (its table was full)",
     ],
 );
+
+/// What to do for each syscall number ([`Syscall`]); user space fills it.
+pub const SYSCALLS: &str = "SYSCALLS";
+/// The summary: each syscall's calls, errors and time ([`Totals`]), per
+/// CPU by syscall number.
+pub const SUMMARY: &str = "SUMMARY";
+/// The summary by process ([`ProcTotals`] by [`PidNr`],
+/// `--summary-by-process`).
+pub const SUMMARY_BY_PID: &str = "SUMMARY_BY_PID";
+
+/// The program on the raw tracepoint `sys_enter`.
+pub const PROG_SYS_ENTER: &str = "strace_sys_enter";
+/// The program on the raw tracepoint `sys_exit`.
+pub const PROG_SYS_EXIT: &str = "strace_sys_exit";
+/// The program on `sys_enter` that takes the user stack of a call
+/// (`-k`).
+pub const PROG_STACK: &str = "strace_stack";
+/// The program on `sched_process_fork`.
+pub const PROG_FORK: &str = "strace_fork";
+/// The program on `sched_process_exec`.
+pub const PROG_EXEC: &str = "strace_exec";
+/// The program on `signal_deliver`.
+pub const PROG_SIGNAL: &str = "strace_signal";
+/// The program on `sched_process_exit`.
+pub const PROG_EXIT: &str = "strace_exit";

@@ -158,3 +158,7 @@ pub const TALLY_RX: u32 = 1;
 pub const TALLY_TX: u32 = 2;
 /// Slots the collector tallies.
 pub const TALLY_SLOTS: u32 = 3;
+
+/// Live sockets' [`Owner`]s, by the socket's address; user space sizes
+/// it.
+pub const SOCKS: &str = "SOCKS";

@@ -280,3 +280,40 @@ crate::pod!(
     FileRegion,
     FoundRegions
 );
+
+/// The array of every loaded file's compiled rows, written by user space
+/// through a shared mapping; it sizes it.
+pub const CFI_ROWS: &str = "CFI_ROWS";
+/// The array of every loaded file's distinct rules ([`CfiRule`]), which
+/// its rows number; shared and sized as [`CFI_ROWS`].
+pub const CFI_RULES: &str = "CFI_RULES";
+/// The array of every loaded file's index into its rows ([`Bucket`]);
+/// shared and sized as [`CFI_ROWS`].
+pub const CFI_INDEX: &str = "CFI_INDEX";
+/// Each process's executable regions ([`ProcRegions`]), by process id;
+/// user space sizes and fills it.
+pub const CFI_PROCS: &str = "CFI_PROCS";
+/// Each loaded file's rows ([`FileRegion`]), by the file as the kernel
+/// names it ([`FileKey`]), for mappings the walk finds itself; user space
+/// sizes and fills it.
+pub const CFI_FILES: &str = "CFI_FILES";
+/// The regions the walk found itself ([`FoundRegions`]), by process id;
+/// user space sizes it.
+pub const CFI_FOUND: &str = "CFI_FOUND";
+/// The global of `struct pt_regs` and `struct task_struct` offsets
+/// ([`CfiOffsets`]), from the kernel's BTF.
+pub const CFI_OFFSETS: &str = "CFI_OFFSETS";
+/// The global of the most frames the walk keeps of a stack
+/// (`--max-stack`).
+pub const MAX_STACK_DEPTH: &str = "MAX_STACK_DEPTH";
+
+/// The program on the raw tracepoint `sched_process_exec`: the walk's
+/// bookkeeping of a process that runs a new program.
+pub const PROG_EXEC: &str = "cfi_exec";
+/// The program on the raw tracepoint `sched_process_exit`.
+pub const PROG_EXIT: &str = "cfi_exit";
+/// The program on the raw tracepoint `sched_process_fork`.
+pub const PROG_FORK: &str = "cfi_fork";
+/// The uprobe on the dynamic loader's `_dl_debug_state`, which a process
+/// calls when it has loaded or unloaded a library.
+pub const PROG_LOADED: &str = "cfi_loaded";

@@ -12,13 +12,9 @@
 //! - **The environment**: the variables a running cargo sets would pin the
 //!   nested one to stable and the host target ([`cargo`]).
 //! - **The variants**: every object is built once with default features,
-//!   and once more for each feature its source tests, `cfg(feature = "F")`
-//!   giving an object named `<bin>_F`. An event tool's `event_map!()`
-//!   stands for `cfg(feature = "perf")`, `cfi_programs!()` for
-//!   `cfg(feature = "cfi")`, and `in_flight!()` for
-//!   `cfg(feature = "task_storage")`. So a tool's ring-buffer and
-//!   perf-buffer objects come from one source with nothing to register
-//!   ([`variants`], [`build`]).
+//!   and once more for each feature `rtrace_common::variants::VARIANTS`
+//!   lists for its bin, `cfg(feature = "F")` giving an object named
+//!   `<bin>_F`. User space's loader reads the same table ([`build`]).
 //!
 //! The objects are embedded without their DWARF ([`strip_debug`]).
 
@@ -111,37 +107,6 @@ pub fn cargo(root: &Path) -> Result<Command, String> {
         }
     }
     Ok(cmd)
-}
-
-/// The features a bin's source asks to be built with besides the default
-/// build, in order of first mention.
-pub fn variants(source: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut push = |f: &str| {
-        if !out.iter().any(|o| o == f) {
-            out.push(f.to_owned());
-        }
-    };
-    let mut rest = source;
-    while let Some(at) = rest.find("feature = \"") {
-        rest = &rest[at + "feature = \"".len()..];
-        if let Some(end) = rest.find('"') {
-            push(&rest[..end]);
-        }
-    }
-    if source.contains("event_map!(") {
-        push("perf");
-    }
-    // The shared CFI walk and its programs are the library's, behind the
-    // feature; an object that takes them in is built with it too.
-    if source.contains("cfi_programs!(") {
-        push("cfi");
-    }
-    // Operations in flight are kept in task storage where the kernel has it.
-    if source.contains("in_flight!(") {
-        push("task_storage");
-    }
-    out
 }
 
 /// One built object: its name (`<bin>` or `<bin>_<feature>`) and where it
@@ -256,10 +221,22 @@ pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Objec
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let source = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        bins.push((name, variants(&source)));
+        let features = rtrace_common::variants::of(&name)
+            .iter()
+            .map(|f| (*f).to_owned())
+            .collect();
+        bins.push((name, features));
     }
     bins.sort();
+    if let Some((bin, _)) = rtrace_common::variants::VARIANTS
+        .iter()
+        .find(|(b, _)| !bins.iter().any(|(n, _)| n == b))
+    {
+        return Err(format!(
+            "rtrace_common::variants::VARIANTS lists {bin}, which is not in {}",
+            bins_dir.display()
+        ));
+    }
 
     // One target directory for every pass: the core library is built once,
     // and each pass only relinks the objects its feature changes.
@@ -338,23 +315,55 @@ pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Objec
 mod tests {
     use super::*;
 
+    /// The features whose code a bin's source takes in, as far as its text
+    /// tells: `cfg(feature = "F")` in the bin itself, and the library's
+    /// macros that hold a feature's code.
+    fn features_in(source: &str) -> Vec<&str> {
+        let mut out: Vec<&str> = source
+            .split("feature = \"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .collect();
+        for (call, feature) in [
+            ("event_map!(", rtrace_common::variants::PERF),
+            ("cfi_programs!(", rtrace_common::variants::CFI),
+            ("in_flight!(", rtrace_common::variants::TASK_STORAGE),
+        ] {
+            if source.contains(call) {
+                out.push(feature);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The table, not the sources, decides what is built; this catches a
+    /// bin that took in a feature's code without its row being updated
+    /// (its variant would never be built, and the loader would find no
+    /// object), or a row left behind.
     #[test]
-    fn variants_come_from_features_the_source_tests() {
-        let src = "#[cfg(feature = \"task_storage\")]\nfn a() {}\n#[cfg(not(feature = \"task_storage\"))]\nfn b() {}";
-        assert_eq!(variants(src), vec!["task_storage"]);
-        assert_eq!(
-            variants("rtrace_ebpf::event_map!();\n#[cfg(feature = \"x\")] fn c() {}"),
-            vec!["x", "perf"]
-        );
-        assert!(variants("fn main() {}").is_empty());
-        assert_eq!(
-            variants("rtrace_ebpf::event_map!();\nrtrace_ebpf::cfi_programs!();"),
-            vec!["perf", "cfi"]
-        );
-        assert_eq!(
-            variants("rtrace_ebpf::in_flight!(Entry, start_ns);"),
-            vec!["task_storage"]
-        );
+    fn the_variants_table_matches_the_features_the_sources_test() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let bins = root.join(CRATE_DIR).join("src").join("bin");
+        let manifest = fs::read_to_string(root.join(CRATE_DIR).join("Cargo.toml")).unwrap();
+        let mut seen = 0;
+        for entry in fs::read_dir(&bins).unwrap() {
+            let path = entry.unwrap().path();
+            let bin = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let source = fs::read_to_string(&path).unwrap();
+            let mut listed = rtrace_common::variants::of(&bin).to_vec();
+            listed.sort_unstable();
+            assert_eq!(listed, features_in(&source), "{bin}");
+            seen += usize::from(!listed.is_empty());
+        }
+        assert_eq!(seen, rtrace_common::variants::VARIANTS.len());
+        for (_, features) in rtrace_common::variants::VARIANTS {
+            for f in *features {
+                assert!(manifest.contains(&format!("\n{f} = [")), "feature {f}");
+            }
+        }
+        assert!(features_in("fn main() {}").is_empty());
     }
 
     #[test]

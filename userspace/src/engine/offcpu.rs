@@ -80,7 +80,7 @@ impl OffCpu {
         // moment it leaves the CPU until it is back.
         self.in_task = m == Mechanism::TpBtf && load.variant() == super::stacktool::CFI;
         let starts = if self.in_task { 1 } else { thread_entries() };
-        load.size("STARTS", starts);
+        load.size(rtrace_common::names::STARTS, starts);
         let btf = kernel.btf()?;
         let task = |m: &[&str]| btf.member_any("task_struct", m).map(|i| i.offset);
         Ok(Config {

@@ -49,6 +49,10 @@ use crate::{
     stacks::sample::Sample,
 };
 
+/// The object the sampling programs are in: profile's, which its
+/// front-ends load.
+pub const OBJECT: &str = "profile";
+
 /// What each slot of the sampling object's `ERRORS` counters counts.
 pub const ERRORS: &[&str] = &ERR_NAMES;
 /// The slots that count expected, harmless fallbacks.
@@ -453,7 +457,7 @@ impl Sampler {
             time_keys: u32::from(self.time_keys()),
             ..Config::default()
         };
-        load.size("HEAT", heat_slots.max(1));
+        load.size(rtrace_common::profile::HEAT, heat_slots.max(1));
         let period_ns = self.period_ns();
         let (per_thread, time_keys) = (self.per_thread(), self.time_keys());
         if let Some(off) = &mut self.off_cpu {
@@ -560,13 +564,13 @@ impl Sampler {
             off.attach(m, kernel, ebpf)?;
         }
         let prog: &mut PerfEvent = ebpf
-            .program_mut("profile")
+            .program_mut(rtrace_common::profile::PROG_PROFILE)
             .context("program profile missing")?
             .try_into()?;
         prog.load().context("cannot load the profile program")?;
         self.set_window(ebpf)?;
         let prog: &mut PerfEvent = ebpf
-            .program_mut("profile")
+            .program_mut(rtrace_common::profile::PROG_PROFILE)
             .context("program profile missing")?
             .try_into()?;
         let (period, freq) = (self.cfg.period, self.freq);
@@ -694,7 +698,7 @@ impl Sampler {
             self.links.clear();
         } else {
             let prog: &mut PerfEvent = ebpf
-                .program_mut("profile")
+                .program_mut(rtrace_common::profile::PROG_PROFILE)
                 .context("program profile missing")?
                 .try_into()?;
             prog.unload().context("cannot stop sampling")?;
@@ -816,8 +820,9 @@ impl Sampler {
         let used = (elapsed.as_nanos() as u64)
             .div_ceil(HEAT_SLOT_NS)
             .min(u64::from(self.heat_slots)) as u32;
-        let heat: aya::maps::PerCpuArray<_, u32> =
-            aya::maps::PerCpuArray::try_from(ebpf.map("HEAT").context("map HEAT missing")?)?;
+        let heat: aya::maps::PerCpuArray<_, u32> = aya::maps::PerCpuArray::try_from(
+            crate::kernel::load::map(ebpf, rtrace_common::profile::HEAT)?,
+        )?;
         let counts: Vec<u64> = (0..used)
             .map(|i| Ok(heat.get(&i, 0)?.iter().map(|&n| u64::from(n)).sum()))
             .collect::<anyhow::Result<_>>()?;

@@ -283,21 +283,21 @@ impl StackTool {
             // The walks remembered per thread are in task storage, for
             // which aya has no user-space type: only the programs use it.
             load.allow_unsupported_maps();
-            load.global("CFI_OFFSETS", &offsets)
-                .size("CFI_ROWS", self.cfi_capacity.rows / 2)
-                .size("CFI_INDEX", self.cfi_capacity.buckets)
-                .size("CFI_RULES", self.cfi_capacity.rules)
-                .size("CFI_PROCS", CFI_PROCESSES)
-                .size("CFI_FILES", CFI_FILES)
-                .size("CFI_FOUND", CFI_PROCESSES)
-                .size("PY_PROCS", MAX_PY_PROCS);
+            load.global(rtrace_common::unwind::CFI_OFFSETS, &offsets)
+                .size(rtrace_common::unwind::CFI_ROWS, self.cfi_capacity.rows / 2)
+                .size(rtrace_common::unwind::CFI_INDEX, self.cfi_capacity.buckets)
+                .size(rtrace_common::unwind::CFI_RULES, self.cfi_capacity.rules)
+                .size(rtrace_common::unwind::CFI_PROCS, CFI_PROCESSES)
+                .size(rtrace_common::unwind::CFI_FILES, CFI_FILES)
+                .size(rtrace_common::unwind::CFI_FOUND, CFI_PROCESSES)
+                .size(rtrace_common::python::PY_PROCS, MAX_PY_PROCS);
         }
         self.sym
             .python()
             .configure(self.cfi_loaded && !args.no_python, args.lines);
         let one_entry = rtrace_common::stacks::MAX_DEPTH as u32;
         if self.cfi_loaded {
-            load.global("MAX_STACK_DEPTH", &args.max_stack);
+            load.global(rtrace_common::unwind::MAX_STACK_DEPTH, &args.max_stack);
         } else if args.max_stack > one_entry {
             Warning::unsupported(format!(
                 "--max-stack {} needs the CFI walk (kernel 5.17+, not --unwind fp): the \
@@ -313,8 +313,8 @@ impl StackTool {
             offsets: args.offsets,
             addresses: args.addresses,
         });
-        load.size("STACKS", args.stack_storage_size)
-            .size("STACK_COUNTS", args.hash_storage_size);
+        load.size(rtrace_common::stacks::STACKS, args.stack_storage_size)
+            .size(rtrace_common::stacks::STACK_COUNTS, args.hash_storage_size);
         self.store
             .size(args.stack_storage_size, args.hash_storage_size);
         Ok(())
@@ -326,7 +326,7 @@ impl StackTool {
     /// attaches the exec and fork programs.
     pub fn attach(&mut self, ebpf: &mut Ebpf, pids: &[u32]) -> anyhow::Result<()> {
         // Only objects that count stacks by time slot have it.
-        if let Some(map) = ebpf.take_map("TIMED_JIT") {
+        if let Some(map) = ebpf.take_map(rtrace_common::stacks::TIMED_JIT) {
             self.timed_map = Some(BpfHashMap::try_from(map)?);
         }
         // The walk's regions before the symbolizer's capture, as in
@@ -345,9 +345,10 @@ impl StackTool {
         if !self.cfi_loaded {
             return Ok(());
         }
-        self.py_map = Some(BpfHashMap::try_from(
-            ebpf.take_map("PY_PROCS").context("map PY_PROCS missing")?,
-        )?);
+        self.py_map = Some(BpfHashMap::try_from(crate::kernel::load::take_map(
+            ebpf,
+            rtrace_common::python::PY_PROCS,
+        )?)?);
         for &pid in pids {
             self.examine_python(pid, false);
         }
@@ -413,7 +414,7 @@ impl StackTool {
     /// than counting them: they are read with [`StackTool::walked`], and
     /// never moved out.
     pub fn take_stacks(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
-        let map = ebpf.take_map("STACKS").context("map STACKS missing")?;
+        let map = crate::kernel::load::take_map(ebpf, rtrace_common::stacks::STACKS)?;
         self.walked = Some((BpfHashMap::try_from(map)?, HashMap::new()));
         Ok(())
     }
@@ -603,8 +604,9 @@ impl StackTool {
     /// [`StackStore::count_by_time`]).
     pub fn set_time_zero(&mut self, ebpf: &mut Ebpf, by_time: bool) -> anyhow::Result<u64> {
         let zero = crate::kernel::monotonic_ns();
-        let mut window: aya::maps::Array<_, u64> =
-            aya::maps::Array::try_from(ebpf.map_mut("WINDOW").context("map WINDOW missing")?)?;
+        let mut window: aya::maps::Array<_, u64> = aya::maps::Array::try_from(
+            crate::kernel::load::map_mut(ebpf, rtrace_common::stacks::WINDOW)?,
+        )?;
         window
             .set(0, zero, 0)
             .context("cannot set the start of counting")?;
@@ -619,9 +621,11 @@ impl StackTool {
     pub fn samples_lost(ebpf: &Ebpf) -> anyhow::Result<u64> {
         const { assert!(rtrace_common::events::LOST_EVENT == 0) };
         const { assert!(rtrace_common::stacks::ERR_COUNTS_FULL == 1) };
-        Ok(crate::kernel::load::per_cpu_sums(ebpf, "ERRORS", 2)?
-            .iter()
-            .sum())
+        Ok(
+            crate::kernel::load::per_cpu_sums(ebpf, rtrace_common::names::ERRORS, 2)?
+                .iter()
+                .sum(),
+        )
     }
 
     /// The page (`--html`) of `samples`, counted by time slot, with the

@@ -260,7 +260,7 @@ impl Features {
         // Attaches, makes the event happen, and checks that the program ran:
         // some kernels accept an attach that never delivers.
         macro_rules! try_attach {
-            ($ty:ty, $name:literal, $slot:expr, $trigger:expr, |$p:ident| $body:expr) => {{
+            ($ty:ty, $name:expr, $slot:expr, $trigger:expr, |$p:ident| $body:expr) => {{
                 let result = {
                     let $p: &mut $ty = ebpf
                         .program_mut($name)
@@ -295,7 +295,7 @@ impl Features {
                 crate::kernel::tracefs::root().map_err(|e| e.to_string())?;
                 try_attach!(
                     TracePoint,
-                    "probe_tracepoint",
+                    probes::PROG_TRACEPOINT,
                     probes::TRACEPOINT,
                     switch,
                     |p| p.load().and_then(|()| p.attach("sched", "sched_switch"))
@@ -303,43 +303,53 @@ impl Features {
             }
             Mechanism::RawTracepoint => try_attach!(
                 RawTracePoint,
-                "probe_raw_tracepoint",
+                probes::PROG_RAW_TRACEPOINT,
                 probes::RAW_TRACEPOINT,
                 switch,
                 |p| p.load().and_then(|()| p.attach("sched_switch"))
             ),
             Mechanism::TpBtf => {
                 let btf = need_btf()?;
-                try_attach!(BtfTracePoint, "probe_tp_btf", probes::TP_BTF, switch, |p| p
-                    .load("sched_switch", btf)
-                    .and_then(|()| p.attach()))
+                try_attach!(
+                    BtfTracePoint,
+                    probes::PROG_TP_BTF,
+                    probes::TP_BTF,
+                    switch,
+                    |p| p.load("sched_switch", btf).and_then(|()| p.attach())
+                )
             }
             Mechanism::Fentry => {
                 let btf = need_btf()?;
-                try_attach!(FEntry, "probe_fentry", probes::FENTRY, read, |p| p
+                try_attach!(FEntry, probes::PROG_FENTRY, probes::FENTRY, read, |p| p
                     .load("vfs_read", btf)
                     .and_then(|()| p.attach()))
             }
             Mechanism::Fexit => {
                 let btf = need_btf()?;
-                try_attach!(FExit, "probe_fexit", probes::FEXIT, read, |p| p
+                try_attach!(FExit, probes::PROG_FEXIT, probes::FEXIT, read, |p| p
                     .load("vfs_read", btf)
                     .and_then(|()| p.attach()))
             }
-            Mechanism::Kprobe => try_attach!(KProbe, "probe_kprobe", probes::KPROBE, read, |p| p
-                .load()
-                .and_then(|()| p.attach("vfs_read", 0))),
-            Mechanism::Kretprobe => {
-                try_attach!(KProbe, "probe_kretprobe", probes::KRETPROBE, read, |p| p
+            Mechanism::Kprobe => {
+                try_attach!(KProbe, probes::PROG_KPROBE, probes::KPROBE, read, |p| p
                     .load()
                     .and_then(|()| p.attach("vfs_read", 0)))
+            }
+            Mechanism::Kretprobe => {
+                try_attach!(
+                    KProbe,
+                    probes::PROG_KRETPROBE,
+                    probes::KRETPROBE,
+                    read,
+                    |p| p.load().and_then(|()| p.attach("vfs_read", 0))
+                )
             }
             Mechanism::Uprobe => {
                 let exe = std::fs::read_link("/proc/self/exe").map_err(|e| e.to_string())?;
                 let pid = NonZeroU32::new(std::process::id()).expect("pid is nonzero");
                 let offset = own_offset(rtrace_uprobe_probe_target as *const () as usize)
                     .ok_or("the probe function is in no mapping of this executable")?;
-                try_attach!(UProbe, "probe_uprobe", probes::UPROBE, call, |p| p
+                try_attach!(UProbe, probes::PROG_UPROBE, probes::UPROBE, call, |p| p
                     .load()
                     .and_then(|()| p.attach(offset, &exe, UProbeScope::OneProcess(pid))))
             }
@@ -352,7 +362,7 @@ impl Features {
                 };
                 try_attach!(
                     PerfEvent,
-                    "probe_perf_event",
+                    probes::PROG_PERF_EVENT,
                     probes::PERF_EVENT,
                     spin,
                     // Software and hardware events share the program;
@@ -389,8 +399,8 @@ impl Drop for Features {
 /// not to deliver.
 fn fired_after(ebpf: &Ebpf, slot: u32, trigger: impl Fn()) -> Result<(), String> {
     let hits: aya::maps::Array<_, u64> = ebpf
-        .map("HITS")
-        .ok_or("probe map HITS missing")?
+        .map(probes::HITS)
+        .ok_or_else(|| format!("probe map {} missing", probes::HITS))?
         .try_into()
         .map_err(|e| chain(&e))?;
     let start = std::time::Instant::now();

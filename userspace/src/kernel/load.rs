@@ -11,7 +11,10 @@ use aya::{
     maps::PerCpuArray,
     programs::{BtfTracePoint, FEntry, FExit, KProbe, RawTracePoint, TracePoint},
 };
-use rtrace_common::events::TALLIES;
+use rtrace_common::{
+    events::TALLIES,
+    names::{CONFIG, ERRORS, STARTS},
+};
 
 use crate::kernel::{
     btf::{AttachTarget, Btf},
@@ -54,9 +57,9 @@ impl Load {
         self
     }
 
-    /// Sets the global `CONFIG`, which every configurable object has.
+    /// Sets the global [`CONFIG`], which every configurable object has.
     pub fn config<T: aya::Pod>(&mut self, value: &T) -> &mut Self {
-        self.global("CONFIG", value)
+        self.global(CONFIG, value)
     }
 
     /// Sizes map `name` to `entries`.
@@ -397,9 +400,9 @@ pub fn attach_kernel_fn(
     attached.with_context(|| format!("cannot attach {name} to {func} with {mech}"))
 }
 
-/// The object's `ERRORS` per-CPU counters, summed over CPUs.
+/// The object's [`ERRORS`] per-CPU counters, summed over CPUs.
 pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
-    per_cpu_sums(ebpf, "ERRORS", slots)
+    per_cpu_sums(ebpf, ERRORS, slots)
 }
 
 /// Runs of each loaded program that the kernel skipped, by program: a
@@ -430,25 +433,39 @@ pub fn read_tallies(ebpf: &Ebpf, slots: u32) -> anyhow::Result<Vec<u64>> {
     per_cpu_sums(ebpf, TALLIES, slots as usize)
 }
 
+/// Map `name` of `ebpf` (a constant of `rtrace_common`), or an error that
+/// names it.
+pub fn map<'a>(ebpf: &'a Ebpf, name: &str) -> anyhow::Result<&'a aya::maps::Map> {
+    ebpf.map(name)
+        .with_context(|| format!("map {name} missing"))
+}
+
+/// Map `name` of `ebpf`, to write, or an error that names it.
+pub fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::maps::Map> {
+    ebpf.map_mut(name)
+        .with_context(|| format!("map {name} missing"))
+}
+
+/// Map `name` taken out of `ebpf`, to keep, or an error that names it.
+pub fn take_map(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<aya::maps::Map> {
+    ebpf.take_map(name)
+        .with_context(|| format!("map {name} missing"))
+}
+
 /// The first `slots` counters of the per-CPU array `map`, each summed
 /// over the CPUs.
 pub fn per_cpu_sums(ebpf: &Ebpf, map: &str, slots: usize) -> anyhow::Result<Vec<u64>> {
-    let array: PerCpuArray<_, u64> = PerCpuArray::try_from(
-        ebpf.map(map)
-            .with_context(|| format!("map {map} missing"))?,
-    )?;
+    let array: PerCpuArray<_, u64> = PerCpuArray::try_from(self::map(ebpf, map)?)?;
     (0..slots as u32)
         .map(|i| Ok(array.get(&i, 0)?.iter().sum()))
         .collect()
 }
 
-/// The object variant built with the `task_storage` feature: state kept
-/// in the tasks themselves (5.11+).
-pub const TASK_STORAGE: &str = "task_storage";
-
-/// The object variant with the CFI walk (5.15+), which keeps operations
-/// in flight in task storage too.
-pub const CFI: &str = "cfi";
+/// The object variants the loader itself tells apart: state kept in the
+/// tasks themselves (5.11+), and the CFI walk (5.15+), which keeps
+/// operations in flight in task storage too. Every variant is listed in
+/// `rtrace_common::variants`, which the build reads as well.
+pub use rtrace_common::variants::{CFI, TASK_STORAGE};
 
 /// Sets up where an object's `in_flight!` operations are kept, for the
 /// variant being loaded, and says where, for `-v`.
@@ -459,7 +476,7 @@ pub fn in_flight(load: &mut Load) -> &'static str {
         load.allow_unsupported_maps();
         "task storage"
     } else {
-        load.size("STARTS", thread_entries());
+        load.size(STARTS, thread_entries());
         "a hash by thread id"
     }
 }

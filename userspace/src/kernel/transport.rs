@@ -12,7 +12,7 @@ use crate::kernel::{
 
 /// The event map's name in every event object: a ring buffer or a perf
 /// event array (`rtrace_ebpf::event_map!`).
-pub const RING: &str = "EVENTS";
+pub const RING: &str = rtrace_common::events::EVENTS;
 
 /// A ring buffer size: bytes, or with a K, M or G suffix. The kernel needs
 /// a power of two of at least a page, so it is rounded up to one.

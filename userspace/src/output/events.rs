@@ -13,6 +13,7 @@ use aya::{
     },
     util::online_cpus,
 };
+use rtrace_common::events::EVENTS_READER;
 use tokio::io::unix::AsyncFd;
 
 use crate::kernel::transport::{RING, Transport};
@@ -47,7 +48,7 @@ impl EventStream {
         let map = ebpf
             .take_map(RING)
             .with_context(|| format!("map {RING} missing"))?;
-        let reader = match (transport, ebpf.take_map("EVENTS_READER")) {
+        let reader = match (transport, ebpf.take_map(EVENTS_READER)) {
             (Transport::Ring, Some(m)) => Some(Array::try_from(m)?),
             _ => None,
         };

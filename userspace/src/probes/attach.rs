@@ -7,6 +7,9 @@ use std::os::fd::OwnedFd;
 
 use anyhow::Context as _;
 use aya::Ebpf;
+use rtrace_common::argdist::{
+    KPROBE_PROGRAMS, KRETPROBE_PROGRAMS, TRACEPOINT_PROGRAMS, UPROBE_PROGRAMS, URETPROBE_PROGRAMS,
+};
 
 use crate::{
     kernel::{
@@ -333,7 +336,7 @@ pub fn attach_slot(
             for site in &found.sites {
                 links.push(crate::probes::usdt::attach(
                     ebpf,
-                    &format!("uprobe_{i}"),
+                    &format!("{UPROBE_PROGRAMS}_{i}"),
                     &found.file,
                     site,
                     pid,
@@ -349,7 +352,7 @@ pub fn attach_slot(
         Target::Tracepoint { category, event } => {
             Hooks::new(Mechanism::Tracepoint, kernel)?.attach(
                 ebpf,
-                &format!("tracepoint_{i}"),
+                &format!("{TRACEPOINT_PROGRAMS}_{i}"),
                 category,
                 event,
             )?;
@@ -368,7 +371,7 @@ pub fn attach_slot(
                 attach_kernel_fn(
                     ebpf,
                     kernel,
-                    &format!("kretprobe_{i}"),
+                    &format!("{KRETPROBE_PROGRAMS}_{i}"),
                     Mechanism::Kretprobe,
                     function,
                 )?;
@@ -377,7 +380,7 @@ pub fn attach_slot(
                 attach_kernel_fn(
                     ebpf,
                     kernel,
-                    &format!("kprobe_{i}"),
+                    &format!("{KPROBE_PROGRAMS}_{i}"),
                     Mechanism::Kprobe,
                     function,
                 )?;
@@ -392,11 +395,11 @@ pub fn attach_slot(
             let file = uprobes::resolve(library, pid)?;
             let symbols = kernel.symbols(&file);
             if ret {
-                let prog = format!("uretprobe_{i}");
+                let prog = format!("{URETPROBE_PROGRAMS}_{i}");
                 uprobes::attach(ebpf, &prog, function, &file, symbols, pid)?;
             }
             if !ret || slot.need_entry {
-                let prog = format!("uprobe_{i}");
+                let prog = format!("{UPROBE_PROGRAMS}_{i}");
                 uprobes::attach(ebpf, &prog, function, &file, symbols, pid)?;
             }
             Ok(format!(

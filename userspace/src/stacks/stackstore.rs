@@ -32,10 +32,10 @@ use aya::{
 use rtrace_common::{
     profile::HEAT_SLOT_NS,
     profile::{Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey},
-    stacks::{MAX_SEGMENTS, SLOT_SHIFT},
+    stacks::{MAX_SEGMENTS, SLOT_SHIFT, STACK_COUNTS, STACK_GEN, STACK_NEW, STACKS},
 };
 
-use crate::kernel::load::per_cpu_sums;
+use crate::kernel::load::{map_mut, per_cpu_sums};
 use crate::{
     kernel::{batch, procmaps},
     stacks::{
@@ -82,7 +82,7 @@ fn remove<K: aya::Pod, V: aya::Pod>(
 /// (`STACK_NEW`'s slots `NEW_STACKS` and `NEW_COUNTS`).
 fn created(ebpf: &Ebpf) -> anyhow::Result<[u64; 2]> {
     const { assert!(NEW_STACKS == 0 && NEW_COUNTS == 1) };
-    let sums = per_cpu_sums(ebpf, "STACK_NEW", 2)?;
+    let sums = per_cpu_sums(ebpf, STACK_NEW, 2)?;
     Ok([sums[0], sums[1]])
 }
 
@@ -128,7 +128,7 @@ fn move_counts<K: aya::Pod>(
             *into.entry(w).or_default() += n;
         }
     }
-    remove(&mut counts, &moved, batched).context("cannot clear map STACK_COUNTS")
+    remove(&mut counts, &moved, batched).with_context(|| format!("cannot clear map {STACK_COUNTS}"))
 }
 
 /// How long counts by time slot wait for a jitdump to name their JIT code
@@ -249,17 +249,14 @@ impl StackStore {
             // Counted up, not flipped: the kernel also marks which
             // processes it told of in which generation.
             self.generation = self.generation.wrapping_add(1);
-            let mut generation: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
-                ebpf.map_mut("STACK_GEN").context("map STACK_GEN missing")?,
-            )?;
+            let mut generation: aya::maps::Array<_, u32> =
+                aya::maps::Array::try_from(map_mut(ebpf, STACK_GEN)?)?;
             generation.set(0, self.generation, 0)?;
             // A sample that read the old generation on another CPU is done
             // within microseconds.
             std::thread::sleep(Duration::from_millis(1));
         }
-        let map = ebpf
-            .map_mut("STACK_COUNTS")
-            .context("map STACK_COUNTS missing")?;
+        let map = map_mut(ebpf, STACK_COUNTS)?;
         if self.wakers {
             move_counts(map, all, old, |k: WakeKey| k, &mut self.counts)?;
         } else {
@@ -268,8 +265,7 @@ impl StackStore {
             move_counts(map, all, old, wide, &mut self.counts)?;
         }
 
-        let mut stacks: BpfHashMap<_, u64, Stack> =
-            BpfHashMap::try_from(ebpf.map_mut("STACKS").context("map STACKS missing")?)?;
+        let mut stacks: BpfHashMap<_, u64, Stack> = BpfHashMap::try_from(map_mut(ebpf, STACKS)?)?;
         let (entries, batched) = read_all(&stacks);
         let tick = self.tick;
         let hashes: Vec<u64> = entries.iter().map(|(h, _)| *h).collect();
@@ -282,7 +278,8 @@ impl StackStore {
             let ips = self.join(s, &read);
             self.stacks.insert(hash, Held { ips, tick });
         }
-        remove(&mut stacks, &hashes, batched).context("cannot clear map STACKS")?;
+        remove(&mut stacks, &hashes, batched)
+            .with_context(|| format!("cannot clear map {STACKS}"))?;
         Ok(())
     }
 

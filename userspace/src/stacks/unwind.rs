@@ -11,10 +11,11 @@
 use std::{collections::HashMap, path::Path, sync::Arc};
 
 use rtrace_common::unwind::{
-    Bucket, CfiRow, CfiRule, FileKey, FileRegion, FileRows, MAX_REGIONS, ProcRegions,
-    Region as KRegion,
+    Bucket, CFI_FILES, CFI_INDEX, CFI_PROCS, CFI_ROWS, CFI_RULES, CfiRow, CfiRule, FileKey,
+    FileRegion, FileRows, MAX_REGIONS, ProcRegions, Region as KRegion,
 };
 
+use crate::kernel::load::take_map;
 use crate::kernel::procmaps;
 use crate::kernel::warning::Warning;
 
@@ -414,10 +415,7 @@ fn shared_array<M: aya::Pod, T: aya::Pod>(
     use anyhow::Context as _;
     use aya::maps::IterableMap as _;
     use std::os::fd::AsFd as _;
-    let map: aya::maps::Array<_, M> = ebpf
-        .take_map(name)
-        .with_context(|| format!("map {name} missing"))?
-        .try_into()?;
+    let map: aya::maps::Array<_, M> = take_map(ebpf, name)?.try_into()?;
     let shared = crate::kernel::memory::SharedArray::of(
         map.map().fd().as_fd(),
         len as usize * size_of::<M>() / size_of::<T>(),
@@ -429,16 +427,11 @@ fn shared_array<M: aya::Pod, T: aya::Pod>(
 impl KernelTables {
     /// Takes the `cfi` object's maps, whose arrays hold `capacity`.
     pub fn new(ebpf: &mut aya::Ebpf, capacity: Capacity) -> anyhow::Result<Self> {
-        use anyhow::Context as _;
-        let (rows_map, rows) = shared_array::<u64, _>(ebpf, "CFI_ROWS", capacity.rows / 2)?;
-        let (index_map, index) = shared_array::<Bucket, _>(ebpf, "CFI_INDEX", capacity.buckets)?;
-        let (rules_map, rules) = shared_array::<CfiRule, _>(ebpf, "CFI_RULES", capacity.rules)?;
-        let procs = ebpf
-            .take_map("CFI_PROCS")
-            .context("map CFI_PROCS missing")?;
-        let files = ebpf
-            .take_map("CFI_FILES")
-            .context("map CFI_FILES missing")?;
+        let (rows_map, rows) = shared_array::<u64, _>(ebpf, CFI_ROWS, capacity.rows / 2)?;
+        let (index_map, index) = shared_array::<Bucket, _>(ebpf, CFI_INDEX, capacity.buckets)?;
+        let (rules_map, rules) = shared_array::<CfiRule, _>(ebpf, CFI_RULES, capacity.rules)?;
+        let procs = take_map(ebpf, CFI_PROCS)?;
+        let files = take_map(ebpf, CFI_FILES)?;
         Ok(Self {
             _rows_map: rows_map,
             rows,

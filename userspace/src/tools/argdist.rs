@@ -14,8 +14,8 @@ use aya::{
 };
 use rtrace_common::{
     argdist::{
-        Config, ERR_NAMES, KIND_RETURN, Key, MAX_PROBES, MAX_STRINGS, MODE_COUNT, MODE_HIST,
-        NumKey, Probe, STR_LEN, VAL_STRING,
+        COUNTS, COUNTS_NUM, Config, ENTRIES, ERR_NAMES, HISTS, KIND_RETURN, Key, MAX_PROBES,
+        MAX_STRINGS, MODE_COUNT, MODE_HIST, NumKey, Probe, STR_LEN, VAL_STRING,
     },
     hist::Hist,
 };
@@ -23,7 +23,7 @@ use rtrace_common::{
 use crate::{
     kernel::{
         features::Mechanism,
-        load::{Kernel, Load, thread_entries},
+        load::{Kernel, Load, map, map_mut, thread_entries},
     },
     output::{self, Record, Schedule, Sink, hist::Snapshot},
     probes::{
@@ -303,9 +303,9 @@ impl Tool for Argdist {
             if used { self.args.table_size.max(1) } else { 1 }
         };
         load.config(&cfg)
-            .size("COUNTS", counts(true))
-            .size("COUNTS_NUM", counts(false))
-            .size("ENTRIES", thread_entries());
+            .size(COUNTS, counts(true))
+            .size(COUNTS_NUM, counts(false))
+            .size(ENTRIES, thread_entries());
         Ok(())
     }
 
@@ -389,8 +389,7 @@ impl Argdist {
         let parsed = &self.parsed;
         let mut by_probe: Vec<Vec<(Key, u64)>> = vec![Vec::new(); parsed.len()];
         if parsed.iter().any(|p| !p.hist) {
-            let mut map: BpfHashMap<_, Key, u64> =
-                BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS missing")?)?;
+            let mut map: BpfHashMap<_, Key, u64> = BpfHashMap::try_from(map_mut(ebpf, COUNTS)?)?;
             let now = map
                 .iter()
                 .filter_map(Result::ok)
@@ -400,10 +399,8 @@ impl Argdist {
             for k in idle {
                 let _ = map.remove(&k);
             }
-            let mut map: PerCpuHashMap<_, NumKey, u64> = PerCpuHashMap::try_from(
-                ebpf.map_mut("COUNTS_NUM")
-                    .context("map COUNTS_NUM missing")?,
-            )?;
+            let mut map: PerCpuHashMap<_, NumKey, u64> =
+                PerCpuHashMap::try_from(map_mut(ebpf, COUNTS_NUM)?)?;
             let now = map
                 .iter()
                 .filter_map(Result::ok)
@@ -428,8 +425,7 @@ impl Argdist {
                 }
             }
         }
-        let hists: PerCpuArray<_, Hist> =
-            PerCpuArray::try_from(ebpf.map("HISTS").context("map HISTS missing")?)?;
+        let hists: PerCpuArray<_, Hist> = PerCpuArray::try_from(map(ebpf, HISTS)?)?;
         let mut text = format!("[{}]\n", output::hms());
         let mut json = Vec::new();
         for (i, p) in parsed.iter().enumerate() {

@@ -10,16 +10,19 @@ use anyhow::Context as _;
 use aya::{Ebpf, maps::HashMap as BpfHashMap};
 use rtrace_common::{
     biolatency::{
-        Config, ERR_NAMES, Entry, FLAGS_RWBS, HistKey, RequestOffsets, TracepointOffsets,
+        Config, ERR_NAMES, Entry, FLAGS_RWBS, HISTS, HistKey, RequestOffsets, TOTAL,
+        TracepointOffsets,
     },
     offsets::MISSING,
+    // The object variant that claims slots with a compare-and-exchange.
+    variants::ATOMICS,
 };
 
 use crate::{
     kernel::{
         btf::Btf,
         features::Mechanism,
-        load::{Hooks, Kernel, Load, read_errors},
+        load::{Hooks, Kernel, Load, map, map_mut, read_errors},
         tracefs,
     },
     output::{
@@ -295,9 +298,6 @@ fn op_label(label: &str) -> String {
     out
 }
 
-/// The object variant that claims slots with a compare-and-exchange.
-const ATOMICS: &str = "atomics";
-
 /// The tool.
 pub struct Biolatency {
     args: Args,
@@ -402,7 +402,7 @@ impl Tool for Biolatency {
         load.config(&cfg);
         if !self.grouped() {
             // The one histogram is the per-CPU TOTAL.
-            load.size("HISTS", 1);
+            load.size(HISTS, 1);
         }
         self.mech = m;
         Ok(())
@@ -464,14 +464,14 @@ impl Tool for Biolatency {
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, _last: bool) -> anyhow::Result<()> {
         let hists = if self.grouped() {
             let mut map: BpfHashMap<_, HistKey, Entry> =
-                BpfHashMap::try_from(ebpf.map_mut("HISTS").context("map HISTS missing")?)?;
+                BpfHashMap::try_from(map_mut(ebpf, HISTS)?)?;
             self.deltas
                 .read(&mut map, |h| h)
                 .into_iter()
                 .map(|(k, _, snapshot)| (k, snapshot))
                 .collect()
         } else {
-            let total = self.total.read(ebpf, "TOTAL", |h: &Entry| h)?;
+            let total = self.total.read(ebpf, TOTAL, |h: &Entry| h)?;
             // As the grouped tables drop idle keys, an idle interval has
             // no histogram (and prints libbpf-tools' empty table).
             (total.count() > 0)
@@ -557,7 +557,7 @@ impl tracer::Collect for Biolatency {
 
     fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
         let map: BpfHashMap<_, HistKey, Entry> =
-            BpfHashMap::try_from(ebpf.map("HISTS").context("map HISTS missing")?)?;
+            BpfHashMap::try_from(map(ebpf, rtrace_common::biolatency::HISTS)?)?;
         for (key, hist) in map.iter().filter_map(Result::ok) {
             if !self.running.contains_key(&key) {
                 let disk = self.disk_name(key.dev);

@@ -491,8 +491,10 @@ impl Memleak {
     /// Fills `WEIGHTS` and `SAMPLE_GAPS` for `--sample-bytes b`.
     fn fill_sampling(ebpf: &mut Ebpf, b: u64) -> anyhow::Result<()> {
         let mean = b as f64;
-        let mut weights: Array<_, u64> =
-            Array::try_from(ebpf.map_mut("WEIGHTS").context("map WEIGHTS missing")?)?;
+        let mut weights: Array<_, u64> = Array::try_from(crate::kernel::load::map_mut(
+            ebpf,
+            rtrace_common::memleak::WEIGHTS,
+        )?)?;
         for slot in 0..WEIGHT_SLOTS {
             let (from, to) = slot_sizes(slot);
             // The middle of the slot's sizes; a size of 0 as 1.
@@ -503,10 +505,10 @@ impl Memleak {
             };
             weights.set(slot as u32, bytes_weight(size, mean), 0)?;
         }
-        let mut gaps: Array<_, u64> = Array::try_from(
-            ebpf.map_mut("SAMPLE_GAPS")
-                .context("map SAMPLE_GAPS missing")?,
-        )?;
+        let mut gaps: Array<_, u64> = Array::try_from(crate::kernel::load::map_mut(
+            ebpf,
+            rtrace_common::memleak::SAMPLE_GAPS,
+        )?)?;
         for i in 0..GAPS {
             // The exponential distribution's quantile at the middle of
             // slice i.
@@ -1020,8 +1022,11 @@ impl Tool for Memleak {
             },
         };
         load.config(&cfg)
-            .size("ALLOCS", self.args.max_allocs)
-            .size("TOTALS", self.args.stacks.hash_storage_size);
+            .size(rtrace_common::memleak::ALLOCS, self.args.max_allocs)
+            .size(
+                rtrace_common::memleak::TOTALS,
+                self.args.stacks.hash_storage_size,
+            );
         Ok(())
     }
 
@@ -1056,12 +1061,14 @@ impl Tool for Memleak {
                 .collect();
             self.stacks.preload(&files);
         }
-        self.allocs = Some(BpfHashMap::try_from(
-            ebpf.take_map("ALLOCS").context("map ALLOCS missing")?,
-        )?);
-        self.totals = Some(BpfHashMap::try_from(
-            ebpf.take_map("TOTALS").context("map TOTALS missing")?,
-        )?);
+        self.allocs = Some(BpfHashMap::try_from(crate::kernel::load::take_map(
+            ebpf,
+            rtrace_common::memleak::ALLOCS,
+        )?)?);
+        self.totals = Some(BpfHashMap::try_from(crate::kernel::load::take_map(
+            ebpf,
+            rtrace_common::memleak::TOTALS,
+        )?)?);
         if let Some(file) = self.object.clone() {
             self.attach_allocator(kernel, ebpf, &file)?;
         } else {

@@ -12,14 +12,16 @@ use aya::{
 };
 use rtrace_common::{
     offsets::{MISSING, TaskOffsets},
-    runqlat::{Config, ERR_NAMES, Entry, TracepointOffsets, group},
+    runqlat::{Config, ERR_NAMES, Entry, HISTS, START, TGIDS, TOTAL, TracepointOffsets, group},
 };
 
 use crate::{
     kernel::{
         btf::Btf,
         features::{Mechanism, TRACEPOINT_CHAIN},
-        load::{Hooks, Kernel, Load, TASK_STORAGE, pid_max, read_errors, thread_entries},
+        load::{
+            Hooks, Kernel, Load, TASK_STORAGE, map, map_mut, pid_max, read_errors, thread_entries,
+        },
         tracefs,
     },
     output::{
@@ -223,9 +225,9 @@ impl Tool for Runqlat {
             // aya has no user-space type for task storage, which only the
             // programs use.
             .allow_unsupported_maps()
-            .size("START", if in_task { 1 } else { thread_entries() })
-            .size("HISTS", if grouped { pid_max() } else { 1 })
-            .size("TGIDS", if tgids { pid_max() } else { 1 });
+            .size(START, if in_task { 1 } else { thread_entries() })
+            .size(HISTS, if grouped { pid_max() } else { 1 })
+            .size(TGIDS, if tgids { pid_max() } else { 1 });
         self.mech = m;
         self.store = if in_task { TASK_STORAGE } else { "hash" };
         Ok(())
@@ -262,7 +264,7 @@ impl Tool for Runqlat {
         let histograms = if self.grouping == group::NONE {
             vec![Group::total(self.total.read(
                 ebpf,
-                "TOTAL",
+                TOTAL,
                 |e: &Entry| &e.hist,
             )?)]
         } else {
@@ -315,7 +317,7 @@ impl tracer::Collect for Runqlat {
 
     fn refresh(&mut self, ebpf: &Ebpf) -> anyhow::Result<()> {
         let array: PerCpuArray<_, Entry> =
-            PerCpuArray::try_from(ebpf.map("TOTAL").context("map TOTAL missing")?)?;
+            PerCpuArray::try_from(map(ebpf, rtrace_common::runqlat::TOTAL)?)?;
         self.running
             .update(array.get(&0, 0)?.iter().map(|e| &e.hist));
         Ok(())
@@ -334,8 +336,7 @@ impl tracer::Collect for Runqlat {
 impl Runqlat {
     /// Per-group counts since the last call, headed by each group's command.
     fn read_groups(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Group>> {
-        let mut map: BpfHashMap<_, u32, Entry> =
-            BpfHashMap::try_from(ebpf.map_mut("HISTS").context("map HISTS missing")?)?;
+        let mut map: BpfHashMap<_, u32, Entry> = BpfHashMap::try_from(map_mut(ebpf, HISTS)?)?;
         Ok(self
             .groups
             .read(&mut map, |e| &e.hist)

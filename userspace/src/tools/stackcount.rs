@@ -149,7 +149,7 @@ impl Tool for Stackcount {
     type Args = Args;
 
     const SPEC: Spec = Spec::new("stackcount", &[], sampling::ERRORS)
-        .object("profile")
+        .object(sampling::OBJECT)
         .expected(sampling::EXPECTED);
 
     super::sampling_tool!();

@@ -18,8 +18,10 @@ use std::{
 use anyhow::Context as _;
 use aya::{Ebpf, maps::PerCpuArray, util::online_cpus};
 use rtrace_common::stat::{
-    BY_PROCESS, BY_THREAD, KIND_PROBE, KIND_SYSCALL, KIND_TRACEPOINT, MAX_PROBES, MAX_SYSCALLS,
-    SLOT_KIND_SHIFT, TaskCount, TaskKey,
+    BY_PROCESS, BY_TASK, BY_THREAD, KIND_PROBE, KIND_SYSCALL, KIND_TRACEPOINT, KPROBE_PROGRAMS,
+    KRETPROBE_PROGRAMS, MAX_PROBES, MAX_SYSCALLS, PROBES, PROG_SYS_ENTER, PROG_SYS_EXIT,
+    PROG_TRACEPOINT, SLOT_KIND_SHIFT, SYSCALLS, TASK_COUNTS, TRACEPOINTS, TaskCount, TaskKey,
+    UPROBE_PROGRAMS, URETPROBE_PROGRAMS,
 };
 
 use crate::{
@@ -337,13 +339,13 @@ impl Tool for Stat {
                 }
             }
         }
-        load.size("TRACEPOINTS", most_id + 1);
+        load.size(TRACEPOINTS, most_id + 1);
         let by_task = match self.split {
             Split::Thread => BY_THREAD,
             Split::Process => BY_PROCESS,
             _ => 0,
         };
-        load.global("BY_TASK", &by_task);
+        load.global(BY_TASK, &by_task);
         self.lines = lines;
         Ok(())
     }
@@ -362,8 +364,8 @@ impl Tool for Stat {
         };
         let mut raw = Hooks::new(Mechanism::RawTracepoint, kernel)?;
         for (exit, prog, hook) in [
-            (false, "stat_sys_enter", "sys_enter"),
-            (true, "stat_sys_exit", "sys_exit"),
+            (false, PROG_SYS_ENTER, "sys_enter"),
+            (true, PROG_SYS_EXIT, "sys_exit"),
         ] {
             if syscalls(exit) {
                 raw.attach(ebpf, prog, "raw_syscalls", hook)?;
@@ -380,8 +382,8 @@ impl Tool for Stat {
             .any(|l| matches!(l.source, Source::Tracepoint(_)))
         {
             let prog: &mut aya::programs::TracePoint = ebpf
-                .program_mut("stat_tracepoint")
-                .context("program stat_tracepoint missing")?
+                .program_mut(PROG_TRACEPOINT)
+                .with_context(|| format!("program {PROG_TRACEPOINT} missing"))?
                 .try_into()?;
             prog.load().context("cannot load the tracepoint program")?;
             let fd = prog.fd()?.as_fd();
@@ -400,8 +402,13 @@ impl Tool for Stat {
         }
         let probes = self.specs.iter().filter(|s| s.is_probe());
         for (slot, spec) in probes.enumerate() {
-            let names =
-                ["kprobe", "kretprobe", "uprobe", "uretprobe"].map(|k| format!("stat_{k}_{slot}"));
+            let names = [
+                KPROBE_PROGRAMS,
+                KRETPROBE_PROGRAMS,
+                UPROBE_PROGRAMS,
+                URETPROBE_PROGRAMS,
+            ]
+            .map(|k| format!("{k}_{slot}"));
             let progs = Programs {
                 kprobe: &names[0],
                 kretprobe: &names[1],
@@ -613,9 +620,9 @@ impl Stat {
                 None => None,
             })
         };
-        let tps = per_cpu("TRACEPOINTS")?;
-        let sys = per_cpu("SYSCALLS")?;
-        let probes = per_cpu("PROBES")?;
+        let tps = per_cpu(TRACEPOINTS)?;
+        let sys = per_cpu(SYSCALLS)?;
+        let probes = per_cpu(PROBES)?;
         let whole = |value| Reading {
             value,
             enabled: elapsed.as_nanos() as u64,
@@ -645,7 +652,7 @@ impl Stat {
         // Counts by task, by the slot they were counted in.
         let mut by_task: HashMap<u32, BTreeMap<Part, Reading>> = HashMap::new();
         if matches!(split, Split::Thread | Split::Process)
-            && let Some(m) = ebpf.map("TASK_COUNTS")
+            && let Some(m) = ebpf.map(TASK_COUNTS)
         {
             let map = aya::maps::HashMap::<_, TaskKey, TaskCount>::try_from(m)?;
             for entry in map.iter() {

@@ -24,7 +24,8 @@ use aya::{
 use rtrace_common::strace::{
     BLOB, Config, ERR_NAMES, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY,
     FLAG_NO_RETURN, HEADER_SIZE, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_SIGNAL, KIND_SYSCALL,
-    MAX_SYSCALLS, PidNr, ProcTotals, Syscall, Totals,
+    MAX_SYSCALLS, PROG_EXEC, PROG_EXIT, PROG_FORK, PROG_SIGNAL, PROG_STACK, PROG_SYS_ENTER,
+    PROG_SYS_EXIT, PidNr, ProcTotals, SUMMARY, SUMMARY_BY_PID, SYSCALLS, Syscall, Totals,
 };
 use serde::Serialize;
 
@@ -32,7 +33,7 @@ use crate::engine::stacktool::{StackTool, Unwind};
 use crate::{
     kernel::{
         features::Mechanism,
-        load::{Hooks, Kernel, Load},
+        load::{Hooks, Kernel, Load, map, map_mut},
         transport::BufferArgs,
     },
     output::{Record, Sink},
@@ -290,8 +291,7 @@ impl Tool for Strace {
         kernel: &mut Kernel,
         ebpf: &mut Ebpf,
     ) -> anyhow::Result<()> {
-        let mut syscalls: Array<_, Syscall> =
-            Array::try_from(ebpf.map_mut("SYSCALLS").context("map SYSCALLS missing")?)?;
+        let mut syscalls: Array<_, Syscall> = Array::try_from(map_mut(ebpf, SYSCALLS)?)?;
         for (nr, decl) in self.table.iter() {
             let mut plan = decl.plan;
             // -y learns from calls it does not show.
@@ -304,17 +304,17 @@ impl Tool for Strace {
         if let Some(stacks) = &mut self.stacks {
             stacks.attach(ebpf, &self.first_pids)?;
             stacks.take_stacks(ebpf)?;
-            raw.attach(ebpf, "strace_stack", "raw_syscalls", "sys_enter")?;
+            raw.attach(ebpf, PROG_STACK, "raw_syscalls", "sys_enter")?;
         }
-        raw.attach(ebpf, "strace_sys_enter", "raw_syscalls", "sys_enter")?;
-        raw.attach(ebpf, "strace_sys_exit", "raw_syscalls", "sys_exit")?;
+        raw.attach(ebpf, PROG_SYS_ENTER, "raw_syscalls", "sys_enter")?;
+        raw.attach(ebpf, PROG_SYS_EXIT, "raw_syscalls", "sys_exit")?;
         if self.follows() || self.args.decode_fds {
-            raw.attach(ebpf, "strace_fork", "sched", "sched_process_fork")?;
+            raw.attach(ebpf, PROG_FORK, "sched", "sched_process_fork")?;
         }
         if !self.summary_only() {
-            raw.attach(ebpf, "strace_signal", "signal", "signal_deliver")?;
-            raw.attach(ebpf, "strace_exit", "sched", "sched_process_exit")?;
-            raw.attach(ebpf, "strace_exec", "sched", "sched_process_exec")?;
+            raw.attach(ebpf, PROG_SIGNAL, "signal", "signal_deliver")?;
+            raw.attach(ebpf, PROG_EXIT, "sched", "sched_process_exit")?;
+            raw.attach(ebpf, PROG_EXEC, "sched", "sched_process_exec")?;
         }
         Ok(())
     }
@@ -396,8 +396,7 @@ impl Tool for Strace {
         if self.args.summary_by_process {
             return self.summary_by_process(ebpf, sink);
         }
-        let map: PerCpuArray<_, Totals> =
-            PerCpuArray::try_from(ebpf.map("SUMMARY").context("map SUMMARY missing")?)?;
+        let map: PerCpuArray<_, Totals> = PerCpuArray::try_from(map(ebpf, SUMMARY)?)?;
         let mut rows = Vec::new();
         for (nr, decl) in self.table.iter() {
             if !self.shown[nr as usize] {
@@ -512,10 +511,8 @@ impl Strace {
     /// A table for each process, from the kernel's counts by process and
     /// syscall, the busiest process first.
     fn summary_by_process(&mut self, ebpf: &Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        let map: aya::maps::HashMap<_, PidNr, ProcTotals> = aya::maps::HashMap::try_from(
-            ebpf.map("SUMMARY_BY_PID")
-                .context("map SUMMARY_BY_PID missing")?,
-        )?;
+        let map: aya::maps::HashMap<_, PidNr, ProcTotals> =
+            aya::maps::HashMap::try_from(map(ebpf, SUMMARY_BY_PID)?)?;
         // Each (process, syscall) entry keeps the name the process had at
         // its first such call; one that execs has two, and is named by
         // the one most of its calls were made under (its new program's).

@@ -11,7 +11,7 @@ use aya::Ebpf;
 use rtrace_common::{
     events::LOST_NAMES,
     tcplife::{
-        AF_INET, AF_INET6, Config, Event, MAX_PORTS, SockOffsets, TALLY_RX, TALLY_SESSIONS,
+        AF_INET, AF_INET6, Config, Event, MAX_PORTS, SOCKS, SockOffsets, TALLY_RX, TALLY_SESSIONS,
         TALLY_SLOTS, TALLY_TX, TracepointOffsets,
     },
 };
@@ -352,7 +352,7 @@ impl Tool for Tcplife {
         if m != Mechanism::Tracepoint && cfg.sock.protocol == u32::MAX {
             anyhow::bail!("sock.sk_protocol is a bitfield on this kernel");
         }
-        load.config(&cfg).size("SOCKS", socket_entries());
+        load.config(&cfg).size(SOCKS, socket_entries());
         Ok(())
     }
 

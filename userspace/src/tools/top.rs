@@ -356,7 +356,7 @@ impl Tool for Top {
     type Args = Args;
 
     const SPEC: Spec = Spec::new("top", &[], sampling::ERRORS)
-        .object("profile")
+        .object(sampling::OBJECT)
         .expected(sampling::EXPECTED);
 
     super::sampling_tool!();

@@ -316,7 +316,8 @@ impl Tool for Trace {
         cfg.kernel_stack = u32::from(self.args.kernel_stack);
         cfg.user_stack = u32::from(self.args.user_stack);
         cfg.uid = self.args.uid.unwrap_or(u32::MAX);
-        load.config(&cfg).size("ENTRIES", thread_entries());
+        load.config(&cfg)
+            .size(rtrace_common::argdist::ENTRIES, thread_entries());
         Ok(())
     }
 

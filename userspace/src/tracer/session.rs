@@ -101,7 +101,10 @@ fn attach_chain<T: Tool>(
                 for (name, path) in &targets.pins {
                     load.pinned(name, path.clone());
                 }
-                load.size("ERRORS", spec.errors.len().max(1) as u32);
+                load.size(
+                    rtrace_common::names::ERRORS,
+                    spec.errors.len().max(1) as u32,
+                );
                 match (tallies, transport, &plan.events) {
                     // A tallying collector sends nothing: the object's
                     // smallest buffer will do.
