@@ -168,7 +168,7 @@ fn max_sample_rate() -> Option<u64> {
 }
 
 /// The program that counts stacks at tracepoints (`-e CATEGORY:EVENT`).
-const TRACEPOINT_PROGRAM: &str = "profile_tracepoint";
+const TRACEPOINT_PROGRAM: &str = rtrace_common::profile::PROG_TRACEPOINT;
 
 /// Where `-e` takes stacks at events, found before anything is attached.
 enum Found {
@@ -178,10 +178,10 @@ enum Found {
 
 /// The programs that count stacks at probes (`-e p:`, `r:`, `u:`).
 const PROBE_PROGRAMS: Programs<'static> = Programs {
-    kprobe: "profile_kprobe",
-    kretprobe: "profile_kretprobe",
-    uprobe: "profile_uprobe",
-    uretprobe: "profile_uretprobe",
+    kprobe: rtrace_common::profile::PROG_KPROBE,
+    kretprobe: rtrace_common::profile::PROG_KRETPROBE,
+    uprobe: rtrace_common::profile::PROG_UPROBE,
+    uretprobe: rtrace_common::profile::PROG_URETPROBE,
 };
 
 /// Attaches the program to `event` on every CPU in `cpus`.

@@ -355,9 +355,9 @@ impl StackTool {
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
         self.links = Some((
-            attach_raw(ebpf, "cfi_exec", "sched_process_exec")?,
-            attach_raw(ebpf, "cfi_fork", "sched_process_fork")?,
-            attach_raw(ebpf, "cfi_exit", "sched_process_exit")?,
+            attach_raw(ebpf, rtrace_common::unwind::PROG_EXEC, "sched_process_exec")?,
+            attach_raw(ebpf, rtrace_common::unwind::PROG_FORK, "sched_process_fork")?,
+            attach_raw(ebpf, rtrace_common::unwind::PROG_EXIT, "sched_process_exit")?,
         ));
         self.loader = Some(attach_loader(ebpf).map_err(|e| format!("{e:#}")));
         Ok(())
@@ -787,7 +787,7 @@ fn attach_loader(ebpf: &mut Ebpf) -> anyhow::Result<UProbeLink> {
     if std::env::var_os("RTRACE_NO_LOADER_HOOK").is_some_and(|v| !v.is_empty()) {
         anyhow::bail!("RTRACE_NO_LOADER_HOOK is set");
     }
-    let prog = crate::probes::uprobes::loaded(ebpf, "cfi_loaded")?;
+    let prog = crate::probes::uprobes::loaded(ebpf, rtrace_common::unwind::PROG_LOADED)?;
     let id = prog
         .attach("_dl_debug_state", LOADER, UProbeScope::AllProcesses)
         .map_err(|e| {

@@ -137,8 +137,16 @@ impl Tool for Gethostlatency {
             let (libc, pid) = (&self.libc, self.args.scope.one_pid());
             let entry = uprobes::attach(ebpf, &format!("enter_{func}"), func, libc, symbols, pid);
             // Without its return probe, an entry would only fill the table.
-            let both = entry
-                .and_then(|()| uprobes::attach(ebpf, "lookup_return", func, libc, symbols, pid));
+            let both = entry.and_then(|()| {
+                uprobes::attach(
+                    ebpf,
+                    rtrace_common::gethostlatency::PROG_LOOKUP_RETURN,
+                    func,
+                    libc,
+                    symbols,
+                    pid,
+                )
+            });
             match both {
                 Ok(()) => self.attached.push(func),
                 Err(e) => self.missing.push(format!("{e:#}")),

@@ -180,39 +180,39 @@ struct Role {
 }
 
 const MALLOC: Role = Role {
-    prog: "malloc_enter",
+    prog: rtrace_common::memleak::PROG_MALLOC,
     returns: true,
 };
 const CALLOC: Role = Role {
-    prog: "calloc_enter",
+    prog: rtrace_common::memleak::PROG_CALLOC,
     returns: true,
 };
 const REALLOC: Role = Role {
-    prog: "realloc_enter",
+    prog: rtrace_common::memleak::PROG_REALLOC,
     returns: true,
 };
 const REALLOCARRAY: Role = Role {
-    prog: "reallocarray_enter",
+    prog: rtrace_common::memleak::PROG_REALLOCARRAY,
     returns: true,
 };
 const MEMALIGN: Role = Role {
-    prog: "memalign_enter",
+    prog: rtrace_common::memleak::PROG_MEMALIGN,
     returns: true,
 };
 const POSIX_MEMALIGN: Role = Role {
-    prog: "posix_memalign_enter",
+    prog: rtrace_common::memleak::PROG_POSIX_MEMALIGN,
     returns: true,
 };
 const MMAP: Role = Role {
-    prog: "mmap_enter",
+    prog: rtrace_common::memleak::PROG_MMAP,
     returns: true,
 };
 const FREE: Role = Role {
-    prog: "free_enter",
+    prog: rtrace_common::memleak::PROG_FREE,
     returns: false,
 };
 const MUNMAP: Role = Role {
-    prog: "munmap_enter",
+    prog: rtrace_common::memleak::PROG_MUNMAP,
     returns: false,
 };
 
@@ -291,21 +291,22 @@ const BPF_ALLOCATOR: &[&str] = &[
     "bpf_mem_cache_alloc",
 ];
 
-/// The kmem tracepoints of kernel mode: program, category, event.
+/// The kmem tracepoints of kernel mode: the program (named as its
+/// event) and the category.
 const KMEM: &[(&str, &str)] = &[
-    ("kmalloc", "kmem"),
-    ("kmalloc_node", "kmem"),
-    ("kmem_cache_alloc", "kmem"),
-    ("kmem_cache_alloc_node", "kmem"),
-    ("kfree", "kmem"),
-    ("kmem_cache_free", "kmem"),
-    ("mm_page_alloc", "kmem"),
-    ("mm_page_free", "kmem"),
+    (rtrace_common::memleak::PROG_KMALLOC, "kmem"),
+    (rtrace_common::memleak::PROG_KMALLOC_NODE, "kmem"),
+    (rtrace_common::memleak::PROG_KMEM_CACHE_ALLOC, "kmem"),
+    (rtrace_common::memleak::PROG_KMEM_CACHE_ALLOC_NODE, "kmem"),
+    (rtrace_common::memleak::PROG_KFREE, "kmem"),
+    (rtrace_common::memleak::PROG_KMEM_CACHE_FREE, "kmem"),
+    (rtrace_common::memleak::PROG_MM_PAGE_ALLOC, "kmem"),
+    (rtrace_common::memleak::PROG_MM_PAGE_FREE, "kmem"),
 ];
 /// With `--percpu`.
 const PERCPU: &[(&str, &str)] = &[
-    ("percpu_alloc_percpu", "percpu"),
-    ("percpu_free_percpu", "percpu"),
+    (rtrace_common::memleak::PROG_PERCPU_ALLOC, "percpu"),
+    (rtrace_common::memleak::PROG_PERCPU_FREE, "percpu"),
 ];
 
 /// Bytes and allocations held (or allocated) by one (process, stack).
@@ -1228,7 +1229,14 @@ impl Memleak {
             };
             let both = entry.and_then(|()| {
                 if role.returns {
-                    uprobes::attach(ebpf, "alloc_return", func, file, symbols.as_ref(), pid)
+                    uprobes::attach(
+                        ebpf,
+                        rtrace_common::memleak::PROG_ALLOC_RETURN,
+                        func,
+                        file,
+                        symbols.as_ref(),
+                        pid,
+                    )
                 } else {
                     Ok(())
                 }

@@ -16,8 +16,39 @@ use crate::tracer::{self, GlobalArgs};
 /// keeps its [`Sampler`](crate::engine::sampling::Sampler) in the field
 /// `sampler`: what to attach and how, and the stacks written at the end,
 /// are the sampler's. The front-end keeps its flags, its scope, its
-/// banner, what it prints and what it reports at the end.
+/// banner and what it prints; with `report`, the sampler's plan, files
+/// and outcome are its too.
 macro_rules! sampling_tool {
+    // Also the run's plan (the front-end's scope in `self.scope`), the
+    // stacks written at the end and the outcome: the sampler's report.
+    (report) => {
+        $crate::tools::sampling_tool!();
+
+        fn plan(&self) -> $crate::tracer::Plan {
+            $crate::tracer::Plan {
+                events: Some(self.sampler.events().clone()),
+                duration: self.sampler.duration(),
+                scope: self.scope.clone(),
+                interval: self.sampler.interval(),
+                ..$crate::tracer::Plan::default()
+            }
+        }
+
+        fn finish(
+            &mut self,
+            ebpf: &mut aya::Ebpf,
+            sink: &mut $crate::output::Sink,
+        ) -> anyhow::Result<()> {
+            self.sampler.finish(ebpf, sink)
+        }
+
+        fn outcome(&self) -> $crate::tracer::Outcome {
+            $crate::tracer::Outcome {
+                summary: self.sampler.summary(),
+                warnings: self.sampler.warnings(),
+            }
+        }
+    };
     () => {
         fn scoped(&mut self, scope: &$crate::tracer::Scope) {
             self.sampler.scoped(scope);

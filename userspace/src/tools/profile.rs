@@ -3,7 +3,7 @@
 //! graph, pprof and speedscope files. A front-end of the engine's
 //! sampling ([`Sampler`]): its flags become a [`Sampling`].
 
-use crate::tracer::{Outcome, Plan, Spec};
+use crate::tracer::Spec;
 use std::time::Duration;
 
 use crate::{
@@ -194,7 +194,7 @@ impl Tool for Profile {
 
     const SPEC: Spec = Spec::new("profile", &[], sampling::ERRORS).expected(sampling::EXPECTED);
 
-    super::sampling_tool!();
+    super::sampling_tool!(report);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         if args.frequency.is_some() && args.period().is_some() {
@@ -235,31 +235,6 @@ impl Tool for Profile {
         last: bool,
     ) -> anyhow::Result<()> {
         self.sampler.tick(ebpf, sink, last)
-    }
-
-    fn finish(
-        &mut self,
-        ebpf: &mut aya::Ebpf,
-        sink: &mut crate::output::Sink,
-    ) -> anyhow::Result<()> {
-        self.sampler.finish(ebpf, sink)
-    }
-
-    fn plan(&self) -> Plan {
-        Plan {
-            events: Some(self.sampler.events().clone()),
-            duration: self.sampler.duration(),
-            scope: self.scope.clone(),
-            interval: self.sampler.interval(),
-            ..Plan::default()
-        }
-    }
-
-    fn outcome(&self) -> Outcome {
-        Outcome {
-            summary: self.sampler.summary(),
-            warnings: self.sampler.warnings(),
-        }
     }
 }
 

@@ -194,7 +194,12 @@ fn attach(ebpf: &mut Ebpf, kernel: &mut Kernel, m: Mechanism, fs: &Fs) -> anyhow
             for sc in SYSCALLS {
                 let enter = format!("sys_enter_{sc}");
                 hooks.attach(ebpf, &format!("tp_{enter}"), "syscalls", &enter)?;
-                hooks.attach(ebpf, "tp_sys_exit", "syscalls", &format!("sys_exit_{sc}"))?;
+                hooks.attach(
+                    ebpf,
+                    rtrace_common::ext4slower::PROG_TP_SYS_EXIT,
+                    "syscalls",
+                    &format!("sys_exit_{sc}"),
+                )?;
             }
         }
     }

@@ -5,7 +5,7 @@
 //! [`Sampling`], and the sampler's object, walk, store and outputs do the
 //! work.
 
-use crate::tracer::{Outcome, Plan, Spec};
+use crate::tracer::Spec;
 use aya::Ebpf;
 
 use crate::{
@@ -152,7 +152,7 @@ impl Tool for Stackcount {
         .object(sampling::OBJECT)
         .expected(sampling::EXPECTED);
 
-    super::sampling_tool!();
+    super::sampling_tool!(report);
 
     fn new(args: Args) -> anyhow::Result<Self> {
         let cfg = args.sampling(|category| {
@@ -181,27 +181,6 @@ impl Tool for Stackcount {
 
     fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
         self.sampler.tick(ebpf, sink, last)
-    }
-
-    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        self.sampler.finish(ebpf, sink)
-    }
-
-    fn plan(&self) -> Plan {
-        Plan {
-            events: Some(self.sampler.events().clone()),
-            duration: self.sampler.duration(),
-            scope: self.scope.clone(),
-            interval: self.sampler.interval(),
-            ..Plan::default()
-        }
-    }
-
-    fn outcome(&self) -> Outcome {
-        Outcome {
-            summary: self.sampler.summary(),
-            warnings: self.sampler.warnings(),
-        }
     }
 }
 
