@@ -1,14 +1,20 @@
-//! Time off the CPU counted by stack, as offcputime and `profile --off-cpu`
-//! share it: the context-switch programs of `rtrace_ebpf::offcpu`, their
-//! configuration from the kernel's BTF, and their start and stop.
+//! Time off the CPU counted by stack, as offcputime, wakeuptime and
+//! `profile --off-cpu` share it: the context-switch programs of
+//! `rtrace_ebpf::offcpu`, their configuration from the kernel's BTF, and
+//! their start and stop; [`OffCpuStacks`] joins them to the stack engine
+//! for a tool that counts nothing else.
 
 use anyhow::Context as _;
 use aya::Ebpf;
 use rtrace_common::offcputime::Config;
 
-use crate::kernel::{
-    features::Mechanism,
-    load::{Hooks, Kernel, Load, thread_entries},
+use crate::{
+    engine::stacktool::{StackArgs, StackTool},
+    kernel::{
+        features::Mechanism,
+        load::{Hooks, Kernel, Load, thread_entries},
+    },
+    stacks::sample::Sample,
 };
 
 /// tp_btf, else the raw tracepoint: both hand over the tasks themselves.
@@ -181,4 +187,124 @@ impl OffCpu {
         }
         Ok(())
     }
+}
+
+/// Time off the CPU counted by stack and named: the context-switch
+/// programs with the stack engine, as offcputime and wakeuptime run them.
+/// The tool says what to count ([`Filter`]) and prints the samples.
+pub struct OffCpuStacks {
+    off_cpu: OffCpu,
+    /// The stacks counted in the kernel, their walk and their names.
+    pub stacks: StackTool,
+    filter: Option<Filter>,
+    time_zero: u64,
+}
+
+impl Default for OffCpuStacks {
+    fn default() -> Self {
+        Self {
+            off_cpu: OffCpu::default(),
+            // The kernel side counts by WakeKey, with or without wakers.
+            stacks: StackTool::new(true),
+            filter: None,
+            time_zero: 0,
+        }
+    }
+}
+
+impl OffCpuStacks {
+    /// The object variants to try, best first (the CFI walk where user
+    /// stacks are taken).
+    pub fn variants(args: &StackArgs, user: bool) -> Vec<&'static str> {
+        StackTool::variants(args.unwind, user)
+    }
+
+    /// Sets the object's configuration and the stack tables' sizes for
+    /// mechanism `m` of [`CHAIN`].
+    pub fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        filter: Filter,
+        args: &StackArgs,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        let m = m.context("time off the CPU is counted through the chain's mechanisms")?;
+        let cfg = self.off_cpu.configure(filter, m, kernel, load)?;
+        self.stacks.configure(args, kernel, load)?;
+        load.config(&cfg);
+        self.filter = Some(filter);
+        Ok(())
+    }
+
+    /// Attaches the walk (its process events, for `pids` or all) and the
+    /// context-switch programs, setting time zero between them.
+    pub fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+        pids: &[u32],
+    ) -> anyhow::Result<()> {
+        let m = m.context("time off the CPU is counted through the chain's mechanisms")?;
+        self.stacks.attach(ebpf, pids)?;
+        let by_time = self.filter.is_some_and(|f| f.time_keys);
+        self.time_zero = self.stacks.set_time_zero(ebpf, by_time)?;
+        self.off_cpu.attach(m, kernel, ebpf)
+    }
+
+    /// What was attached, and the heat map's time zero where waits are
+    /// counted by time, for `-v`.
+    pub fn describe(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "{}; {}; stacks named by their own 64-bit hash",
+            self.off_cpu.describe(),
+            self.stacks.describe()
+        )];
+        if self.filter.is_some_and(|f| f.time_keys) {
+            lines.push(format!(
+                "time zero of the page's heat map: CLOCK_MONOTONIC {} ns",
+                self.time_zero
+            ));
+        }
+        lines
+    }
+
+    /// Time zero of the waits counted by time, on `CLOCK_MONOTONIC`.
+    pub fn time_zero(&self) -> u64 {
+        self.time_zero
+    }
+
+    /// Runs as tracing starts.
+    pub fn start(&mut self) {
+        self.stacks.start(self.filter.is_none_or(|f| f.kernel));
+    }
+
+    /// Stops counting, so that what is read is one consistent cut, and
+    /// returns the blocked time by stack, in nanoseconds, named.
+    pub fn finish(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
+        self.off_cpu.stop(ebpf)?;
+        self.stacks.finish(ebpf)
+    }
+}
+
+/// bcc's start-up line of an off-CPU tool: "Tracing `what` of `whom`
+/// by `whose`user + kernel stack for 5 secs." (`whose`: "" or "waker ").
+pub fn banner(
+    what: &str,
+    whom: &str,
+    whose: &str,
+    filter: &Filter,
+    duration: Option<u64>,
+) -> String {
+    let which = match (filter.user, filter.kernel) {
+        (true, false) => "user",
+        (false, true) => "kernel",
+        _ => "user + kernel",
+    };
+    let until = match duration {
+        Some(s) => format!(" for {s} secs."),
+        None => "... Hit Ctrl-C to end.".to_owned(),
+    };
+    format!("Tracing {what} of {whom} by {whose}{which} stack{until}")
 }

@@ -93,6 +93,68 @@ macro_rules! sampling_tool {
 }
 use sampling_tool;
 
+/// The `Tool` methods of a tool that counts time off the CPU by stack
+/// through the engine's [`OffCpuStacks`](crate::engine::offcpu::OffCpuStacks),
+/// kept in its field `run`: the tool has `fn filter(&self) -> Filter`,
+/// and its `args` carry `stacks` (the walk's flags), `kernel_only` and
+/// `scope`. It keeps its banner, its plan and what it prints.
+macro_rules! off_cpu_tool {
+    () => {
+        fn variants(
+            &self,
+            _m: Option<$crate::kernel::features::Mechanism>,
+            _kernel: &mut $crate::kernel::load::Kernel,
+        ) -> Vec<&'static str> {
+            $crate::engine::offcpu::OffCpuStacks::variants(
+                &self.args.stacks,
+                !self.args.kernel_only,
+            )
+        }
+
+        fn configure(
+            &mut self,
+            m: Option<$crate::kernel::features::Mechanism>,
+            kernel: &mut $crate::kernel::load::Kernel,
+            load: &mut $crate::kernel::load::Load,
+        ) -> anyhow::Result<()> {
+            let filter = self.filter();
+            self.run
+                .configure(m, filter, &self.args.stacks, kernel, load)
+        }
+
+        fn attach(
+            &mut self,
+            m: Option<$crate::kernel::features::Mechanism>,
+            kernel: &mut $crate::kernel::load::Kernel,
+            ebpf: &mut aya::Ebpf,
+        ) -> anyhow::Result<()> {
+            self.run.attach(m, kernel, ebpf, &self.args.scope.pids)
+        }
+
+        fn describe(&self) -> Vec<String> {
+            self.run.describe()
+        }
+
+        fn start(&mut self) {
+            self.run.start();
+        }
+
+        fn event(&mut self, record: &[u8], _sink: &mut $crate::output::Sink) -> anyhow::Result<()> {
+            self.run.stacks.event(record)
+        }
+
+        fn tick(
+            &mut self,
+            ebpf: &mut aya::Ebpf,
+            _sink: &mut $crate::output::Sink,
+            last: bool,
+        ) -> anyhow::Result<()> {
+            self.run.stacks.tick(ebpf, last)
+        }
+    };
+}
+use off_cpu_tool;
+
 /// What `--version` says: the release, the commit, and the aya crates of
 /// both sides.
 const LONG_VERSION: &str = concat!(

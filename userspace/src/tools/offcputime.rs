@@ -7,7 +7,6 @@
 use crate::tracer::{Outcome, Plan, Spec};
 use crate::tracer::{ScopeArgs, own};
 
-use anyhow::Context as _;
 use aya::Ebpf;
 use inferno::flamegraph::color::{BasicPalette, Palette};
 use rtrace_common::{
@@ -17,14 +16,10 @@ use rtrace_common::{
 
 use crate::{
     engine::{
-        offcpu::{self, Filter, OffCpu},
-        stacktool::{StackArgs, StackTool},
+        offcpu::{self, Filter, OffCpuStacks},
+        stacktool::StackArgs,
     },
-    kernel::{
-        features::Mechanism,
-        load::{Kernel, Load},
-        transport::BufferArgs,
-    },
+    kernel::{features::Mechanism, transport::BufferArgs},
     output::{
         Schedule, Sink,
         files::{self, StackOutputs, StackReports},
@@ -170,14 +165,10 @@ fn parse_state(s: &str) -> Result<u32, String> {
 /// The tool.
 pub struct Offcputime {
     args: Args,
-    /// The context-switch programs.
-    off_cpu: OffCpu,
-    /// Stacks counted in the kernel, their walk and their names.
-    stacks: StackTool,
+    /// The context-switch programs and the stacks they count.
+    run: OffCpuStacks,
     /// The files asked for, created before anything is attached.
     reports: StackReports,
-    /// Time zero of the counts by time slot, CLOCK_MONOTONIC.
-    time_zero: u64,
 }
 
 impl Tool for Offcputime {
@@ -185,6 +176,8 @@ impl Tool for Offcputime {
 
     const SPEC: Spec = Spec::new("offcputime", &offcpu::CHAIN, &ERR_NAMES)
         .expected(&rtrace_common::stacks::ERR_EXPECTED);
+
+    super::off_cpu_tool!();
 
     fn new(args: Args) -> anyhow::Result<Self> {
         if let Some(max) = args.max_block_time {
@@ -197,81 +190,9 @@ impl Tool for Offcputime {
         let reports = args.outputs.create()?;
         Ok(Self {
             reports,
-            time_zero: 0,
             args,
-            off_cpu: OffCpu::default(),
-            // The kernel side counts by WakeKey, with or without wakers.
-            stacks: StackTool::new(true),
+            run: OffCpuStacks::default(),
         })
-    }
-
-    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
-        StackTool::variants(self.args.stacks.unwind, !self.args.kernel_only)
-    }
-
-    fn configure(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        load: &mut Load,
-    ) -> anyhow::Result<()> {
-        let m = m.context("offcputime attaches through its chain")?;
-        let args = &self.args;
-        let filter = Filter {
-            min_ns: args.min_block_time.saturating_mul(1000),
-            max_ns: args
-                .max_block_time
-                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
-            user: !args.kernel_only,
-            kernel: !args.user_only,
-            threads: if args.user_threads {
-                THREADS_USER
-            } else if args.kernel_threads {
-                THREADS_KERNEL
-            } else {
-                THREADS_ALL
-            },
-            state: args.state.unwrap_or(STATE_ANY),
-            waker: args.waker,
-            sched_frames: args.sched_frames,
-            per_thread: self.per_thread(),
-            time_keys: self.time_keys(),
-        };
-        let cfg = self.off_cpu.configure(filter, m, kernel, load)?;
-        self.stacks.configure(&self.args.stacks, kernel, load)?;
-        load.config(&cfg);
-        Ok(())
-    }
-
-    fn attach(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        ebpf: &mut Ebpf,
-    ) -> anyhow::Result<()> {
-        let m = m.context("offcputime attaches through its chain")?;
-        self.stacks.attach(ebpf, &self.args.scope.pids)?;
-        self.time_zero = self.stacks.set_time_zero(ebpf, self.time_keys())?;
-        self.off_cpu.attach(m, kernel, ebpf)
-    }
-
-    fn describe(&self) -> Vec<String> {
-        let mut lines = vec![{
-            format!(
-                "{}; {}; stacks named by their own 64-bit hash",
-                self.off_cpu.describe(),
-                self.stacks.describe()
-            )
-        }];
-        lines.extend(if self.time_keys() {
-            vec![format!(
-                "time zero of the page's heat map: CLOCK_MONOTONIC {} ns",
-                self.time_zero
-            )]
-        } else {
-            Vec::new()
-        });
-        lines
     }
 
     fn banner(&self) -> String {
@@ -285,38 +206,13 @@ impl Tool for Offcputime {
         } else {
             "all threads".to_owned()
         };
-        let which = if a.user_only {
-            "user"
-        } else if a.kernel_only {
-            "kernel"
-        } else {
-            "user + kernel"
-        };
-        let until = match a.duration {
-            Some(s) => format!(" for {s} secs."),
-            None => "... Hit Ctrl-C to end.".to_owned(),
-        };
-        format!("Tracing off-CPU time (us) of {whom} by {which} stack{until}")
-    }
-
-    fn start(&mut self) {
-        self.stacks.start(!self.args.user_only);
-    }
-
-    fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
-        self.stacks.event(record)
-    }
-
-    fn tick(&mut self, ebpf: &mut Ebpf, _sink: &mut Sink, last: bool) -> anyhow::Result<()> {
-        self.stacks.tick(ebpf, last)
+        offcpu::banner("off-CPU time (us)", &whom, "", &self.filter(), a.duration)
     }
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        let elapsed = self.stacks.elapsed();
-        // Stop counting before reading, so the report is one consistent cut.
-        self.off_cpu.stop(ebpf)?;
+        let elapsed = self.run.stacks.elapsed();
         // Counted in nanoseconds; bcc shows microseconds.
-        let counted = stacks::in_micros(self.stacks.finish(ebpf)?);
+        let counted = stacks::in_micros(self.run.finish(ebpf)?);
         // Counted by thread (for pprof, or a table by thread), the other
         // outputs still print each stack once.
         let merged;
@@ -331,14 +227,14 @@ impl Tool for Offcputime {
             let counts = crate::output::heatmap::by_slot(&counted);
             let title = "rtrace offcputime: time off the CPU by when each wait ended";
             let what = format!("{} us", files::thousands(counts.iter().sum()));
-            let zero = self.time_zero;
+            let zero = self.run.time_zero();
             file.write(&what, |out| {
                 crate::output::heatmap::write_svg(&counts, HEAT_SLOT_NS, zero, title, out)
                     .map_err(Into::into)
             })?;
         }
         if let Some(file) = self.reports.html.take() {
-            let page = self.stacks.page(
+            let page = self.run.stacks.page(
                 ebpf,
                 "rtrace offcputime: time off the CPU".to_owned(),
                 "us",
@@ -358,7 +254,7 @@ impl Tool for Offcputime {
                 "us",
             );
             sink.emit(&report)?;
-            self.stacks.reported(samples, "us off CPU");
+            self.run.stacks.reported(samples, "us off CPU");
             return Ok(());
         }
         let text = TextOptions {
@@ -367,7 +263,7 @@ impl Tool for Offcputime {
         };
         let files = self.args.outputs.files();
         Stacks::print(sink, samples, text, self.args.folded, files, "us")?;
-        self.stacks.reported(samples, "us off CPU");
+        self.run.stacks.reported(samples, "us off CPU");
         Ok(())
     }
 
@@ -392,13 +288,38 @@ impl Tool for Offcputime {
 
     fn outcome(&self) -> Outcome {
         Outcome {
-            summary: self.stacks.summary(),
-            warnings: self.stacks.warnings(),
+            summary: self.run.stacks.summary(),
+            warnings: self.run.stacks.warnings(),
         }
     }
 }
 
 impl Offcputime {
+    /// What the kernel counts, from the flags.
+    fn filter(&self) -> Filter {
+        Filter {
+            min_ns: self.args.min_block_time.saturating_mul(1000),
+            max_ns: self
+                .args
+                .max_block_time
+                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
+            user: !self.args.kernel_only,
+            kernel: !self.args.user_only,
+            threads: if self.args.user_threads {
+                THREADS_USER
+            } else if self.args.kernel_threads {
+                THREADS_KERNEL
+            } else {
+                THREADS_ALL
+            },
+            state: self.args.state.unwrap_or(STATE_ANY),
+            waker: self.args.waker,
+            sched_frames: self.args.sched_frames,
+            per_thread: self.per_thread(),
+            time_keys: self.time_keys(),
+        }
+    }
+
     /// Whether blocked time is counted by thread: for a table by thread,
     /// and for a pprof, which keeps each sample's thread.
     fn per_thread(&self) -> bool {
@@ -439,7 +360,7 @@ impl Offcputime {
                 values: &|_, s: &Sample| vec![s.count, s.count * 1000],
                 period_type: ("off_cpu_time", "nanoseconds"),
                 period: 1000,
-                time_nanos: self.stacks.started_nanos(),
+                time_nanos: self.run.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
                 comments: &[],
             };

@@ -7,20 +7,15 @@
 use crate::tracer::{Outcome, Plan, Spec};
 use std::{collections::HashMap, sync::Arc};
 
-use anyhow::Context as _;
 use aya::Ebpf;
 use rtrace_common::offcputime::{ERR_NAMES, THREADS_ALL, THREADS_USER};
 
 use crate::{
     engine::{
-        offcpu::{self, Filter, OffCpu},
-        stacktool::{StackArgs, StackTool},
+        offcpu::{self, Filter, OffCpuStacks},
+        stacktool::StackArgs,
     },
-    kernel::{
-        features::Mechanism,
-        load::{Kernel, Load},
-        transport::BufferArgs,
-    },
+    kernel::{features::Mechanism, transport::BufferArgs},
     output::{
         Record, Sink,
         stacks::{self, Stacks, Style, TextOptions, name, transform::TransformArgs},
@@ -87,10 +82,9 @@ pub struct Args {
 /// The tool.
 pub struct Wakeuptime {
     args: Args,
-    /// The context-switch programs, with the wakers' stacks.
-    off_cpu: OffCpu,
-    /// Stacks counted in the kernel, their walk and their names.
-    stacks: StackTool,
+    /// The context-switch programs, with the wakers' stacks, and the
+    /// stacks they count.
+    run: OffCpuStacks,
     /// Microseconds blocked with no waker seen (woken before tracing
     /// began), for `-v`.
     unwoken: u64,
@@ -103,6 +97,8 @@ impl Tool for Wakeuptime {
         .object(offcpu::OBJECT)
         .expected(&rtrace_common::stacks::ERR_EXPECTED);
 
+    super::off_cpu_tool!();
+
     fn new(args: Args) -> anyhow::Result<Self> {
         if let Some(max) = args.max_block_time {
             anyhow::ensure!(
@@ -113,67 +109,9 @@ impl Tool for Wakeuptime {
         }
         Ok(Self {
             args,
-            off_cpu: OffCpu::default(),
-            stacks: StackTool::new(true),
+            run: OffCpuStacks::default(),
             unwoken: 0,
         })
-    }
-
-    fn variants(&self, _m: Option<Mechanism>, _kernel: &mut Kernel) -> Vec<&'static str> {
-        StackTool::variants(self.args.stacks.unwind, !self.args.kernel_only)
-    }
-
-    fn configure(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        load: &mut Load,
-    ) -> anyhow::Result<()> {
-        let m = m.context("wakeuptime attaches through its chain")?;
-        let a = &self.args;
-        let filter = Filter {
-            min_ns: a.min_block_time.saturating_mul(1000),
-            max_ns: a
-                .max_block_time
-                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
-            user: !a.kernel_only,
-            kernel: !a.user_only,
-            threads: if a.user_threads {
-                THREADS_USER
-            } else {
-                THREADS_ALL
-            },
-            // A preempted thread is not woken: leaving it out spares its
-            // walk, and nothing is lost.
-            state: offcpu::ASLEEP,
-            waker: true,
-            sched_frames: false,
-            per_thread: false,
-            time_keys: false,
-        };
-        let cfg = self.off_cpu.configure(filter, m, kernel, load)?;
-        self.stacks.configure(&a.stacks, kernel, load)?;
-        load.config(&cfg);
-        Ok(())
-    }
-
-    fn attach(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        ebpf: &mut Ebpf,
-    ) -> anyhow::Result<()> {
-        let m = m.context("wakeuptime attaches through its chain")?;
-        self.stacks.attach(ebpf, &self.args.scope.pids)?;
-        self.off_cpu.attach(m, kernel, ebpf)
-    }
-
-    fn describe(&self) -> Vec<String> {
-        vec![format!(
-            "{}; {}",
-            self.off_cpu.describe(),
-            self.stacks.describe()
-        )]
     }
 
     fn banner(&self) -> String {
@@ -183,33 +121,17 @@ impl Tool for Wakeuptime {
             None if a.user_threads => "user threads".to_owned(),
             None => "all threads".to_owned(),
         };
-        let which = match (a.user_only, a.kernel_only) {
-            (true, _) => "user",
-            (_, true) => "kernel",
-            _ => "user + kernel",
-        };
-        let until = match a.duration {
-            Some(s) => format!(" for {s} secs."),
-            None => "... Hit Ctrl-C to end.".to_owned(),
-        };
-        format!("Tracing blocked time (us) of {whom} by waker {which} stack{until}")
-    }
-
-    fn start(&mut self) {
-        self.stacks.start(!self.args.user_only);
-    }
-
-    fn event(&mut self, record: &[u8], _sink: &mut Sink) -> anyhow::Result<()> {
-        self.stacks.event(record)
-    }
-
-    fn tick(&mut self, ebpf: &mut Ebpf, _sink: &mut Sink, last: bool) -> anyhow::Result<()> {
-        self.stacks.tick(ebpf, last)
+        offcpu::banner(
+            "blocked time (us)",
+            &whom,
+            "waker ",
+            &self.filter(),
+            a.duration,
+        )
     }
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        self.off_cpu.stop(ebpf)?;
-        let counted = self.stacks.finish(ebpf)?;
+        let counted = self.run.finish(ebpf)?;
         let (samples, unwoken) = by_waker(counted, &self.args.stacks.transforms);
         self.unwoken = unwoken.saturating_add(500) / 1000;
         sink.emit(&Wakeups(Stacks {
@@ -221,7 +143,7 @@ impl Tool for Wakeuptime {
             },
             value: "us",
         }))?;
-        self.stacks.reported(&samples, "us blocked");
+        self.run.stacks.reported(&samples, "us blocked");
         Ok(())
     }
 
@@ -246,14 +168,41 @@ impl Tool for Wakeuptime {
     fn outcome(&self) -> Outcome {
         Outcome {
             summary: {
-                let mut out = self.stacks.summary();
+                let mut out = self.run.stacks.summary();
                 out.push(format!(
                     "{} us blocked with no waker seen (woken before tracing began), not shown",
                     self.unwoken
                 ));
                 out
             },
-            warnings: self.stacks.warnings(),
+            warnings: self.run.stacks.warnings(),
+        }
+    }
+}
+
+impl Wakeuptime {
+    /// What the kernel counts, from the flags.
+    fn filter(&self) -> Filter {
+        Filter {
+            min_ns: self.args.min_block_time.saturating_mul(1000),
+            max_ns: self
+                .args
+                .max_block_time
+                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
+            user: !self.args.kernel_only,
+            kernel: !self.args.user_only,
+            threads: if self.args.user_threads {
+                THREADS_USER
+            } else {
+                THREADS_ALL
+            },
+            // A preempted thread is not woken: leaving it out spares its
+            // walk, and nothing is lost.
+            state: offcpu::ASLEEP,
+            waker: true,
+            sched_frames: false,
+            per_thread: false,
+            time_keys: false,
         }
     }
 }
