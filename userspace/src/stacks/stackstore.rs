@@ -622,9 +622,14 @@ fn slot_middle(slot: u32, now: u64) -> u64 {
 /// the wakeup. Trimmed, stacks that differ only there are counted as one.
 fn own_frames(mut kernel: Vec<Frame>) -> Vec<Frame> {
     let machinery = |f: &Frame| {
+        // With `--addresses` a name starts with its address.
+        let name = match f.name.split_once(' ') {
+            Some((addr, rest)) if addr.starts_with("0x") => rest,
+            _ => &f.name,
+        };
         ["bpf_trace_run", "__traceiter_", "__bpf_trace_"]
             .iter()
-            .any(|p| f.name.starts_with(p))
+            .any(|p| name.starts_with(p))
     };
     if let Some(i) = kernel.iter().rposition(machinery) {
         kernel.drain(..=i);
@@ -650,6 +655,32 @@ fn tgids(k: &WakeKey) -> impl Iterator<Item = u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tracing_machinery_is_trimmed_with_or_without_addresses() {
+        for prefix in ["", "0xffffffff81234567 "] {
+            let kernel = [
+                "bpf_prog_6deef7357e7b4530_btf_sched_waking",
+                "bpf_trace_run1",
+                "__traceiter_sched_waking",
+                "try_to_wake_up",
+                "pipe_write",
+            ]
+            .map(|n| Frame::new(format!("{prefix}{n}"), Kind::Kernel, None))
+            .to_vec();
+            let names: Vec<String> = own_frames(kernel)
+                .iter()
+                .map(|f| f.name.to_string())
+                .collect();
+            assert_eq!(
+                names,
+                [
+                    format!("{prefix}try_to_wake_up"),
+                    format!("{prefix}pipe_write")
+                ]
+            );
+        }
+    }
 
     #[test]
     fn a_slot_is_placed_at_or_before_now_across_the_truncation() {
