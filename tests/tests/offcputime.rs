@@ -443,3 +443,50 @@ fn the_report_splits_blocked_time_as_measured() {
         "sleep_alpha has {share:.3} of the blocked time; the fixture measured {expected:.3}"
     );
 }
+
+/// The stack tools' shared outputs, which offcputime takes since it has
+/// the `StackOutputs` group: `--speedscope` holds the microseconds the
+/// folded text holds, and `--heatmap` spreads that same time over the
+/// 20 ms slots the waits ended in, no cell before tracing began; both
+/// beside the text, as profile's files are.
+#[test]
+fn speedscope_and_heat_map_hold_the_folded_blocked_time() {
+    let dir = std::env::temp_dir().join(format!("rtrace-offcpu-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ss, heat) = (dir.join("off.speedscope.json"), dir.join("off.svg"));
+    let (ss_arg, heat_arg) = (ss.to_str().unwrap(), heat.to_str().unwrap());
+    let (stdout, done, _) = trace_blocking(
+        "cfuncs_nofp",
+        &["block", "2"],
+        "-p",
+        &["-f", "--speedscope", ss_arg, "--heatmap", heat_arg],
+    );
+    let folded: u64 = parse_folded(&stdout).values().sum();
+    let measured_us = ((done[0] + done[1]) / 1000) as u64;
+    assert!(
+        folded as f64 >= 0.5 * measured_us as f64,
+        "{folded} us folded of the {measured_us} us the fixture blocked:\n{stdout}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ss).unwrap()).unwrap();
+    let weights: u64 = doc["profiles"][0]["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_u64().unwrap())
+        .sum();
+    assert_eq!(weights, folded, "speedscope against the folded text");
+    let svg = std::fs::read_to_string(&heat).unwrap();
+    let cells: Vec<u64> = svg
+        .split("data-samples=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().parse().unwrap())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!cells.is_empty(), "no cells:\n{svg}");
+    assert_eq!(
+        cells.iter().sum::<u64>(),
+        folded,
+        "heat map against the folded text"
+    );
+}
