@@ -29,6 +29,46 @@ pub const OBJECT: &str = "offcputime";
 /// those preempted while runnable, whom nobody wakes.
 pub const ASLEEP: u32 = 0xffff;
 
+/// bcc's bounds on the blocked time counted (`-m`, `-M`), as every
+/// off-CPU tool takes them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BlockTimeArgs {
+    /// Count only blocks of at least this many microseconds.
+    #[arg(
+        short = 'm',
+        long = "min-block-time",
+        value_name = "MIN_US",
+        default_value_t = 1
+    )]
+    pub min_block_time: u64,
+    /// Count only blocks of at most this many microseconds.
+    #[arg(short = 'M', long = "max-block-time", value_name = "MAX_US")]
+    pub max_block_time: Option<u64>,
+}
+
+impl BlockTimeArgs {
+    /// Checks that some block could be counted.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(max) = self.max_block_time {
+            anyhow::ensure!(
+                self.min_block_time <= max,
+                "-m {} is above -M {max}: no block could be counted",
+                self.min_block_time
+            );
+        }
+        Ok(())
+    }
+
+    /// The bounds in nanoseconds, as [`Filter`] takes them.
+    pub fn bounds_ns(&self) -> (u64, u64) {
+        (
+            self.min_block_time.saturating_mul(1000),
+            self.max_block_time
+                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
+        )
+    }
+}
+
 /// What to count, beside the task offsets read from BTF.
 #[derive(Clone, Copy, Debug)]
 pub struct Filter {

@@ -16,7 +16,7 @@ use rtrace_common::{
 
 use crate::{
     engine::{
-        offcpu::{self, Filter, OffCpuStacks},
+        offcpu::{self, BlockTimeArgs, Filter, OffCpuStacks},
         stacktool::StackArgs,
     },
     kernel::{features::Mechanism, transport::BufferArgs},
@@ -79,17 +79,8 @@ pub struct Args {
     /// tools read them.
     #[arg(short = 'f', long)]
     folded: bool,
-    /// Count only blocks of at least this many microseconds.
-    #[arg(
-        short = 'm',
-        long = "min-block-time",
-        value_name = "MIN_US",
-        default_value_t = 1
-    )]
-    min_block_time: u64,
-    /// Count only blocks of at most this many microseconds.
-    #[arg(short = 'M', long = "max-block-time", value_name = "MAX_US")]
-    max_block_time: Option<u64>,
+    #[command(flatten)]
+    block_time: BlockTimeArgs,
     /// Count only threads leaving the CPU in this state: a number as in
     /// include/linux/sched.h (0 = runnable, that is preempted; otherwise a
     /// mask, e.g. 2 = TASK_UNINTERRUPTIBLE) or letters as ps shows them:
@@ -180,13 +171,7 @@ impl Tool for Offcputime {
     super::off_cpu_tool!();
 
     fn new(args: Args) -> anyhow::Result<Self> {
-        if let Some(max) = args.max_block_time {
-            anyhow::ensure!(
-                args.min_block_time <= max,
-                "-m {} is above -M {max}: no block could be counted",
-                args.min_block_time
-            );
-        }
+        args.block_time.check()?;
         let reports = args.outputs.create()?;
         Ok(Self {
             reports,
@@ -297,12 +282,10 @@ impl Tool for Offcputime {
 impl Offcputime {
     /// What the kernel counts, from the flags.
     fn filter(&self) -> Filter {
+        let (min_ns, max_ns) = self.args.block_time.bounds_ns();
         Filter {
-            min_ns: self.args.min_block_time.saturating_mul(1000),
-            max_ns: self
-                .args
-                .max_block_time
-                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
+            min_ns,
+            max_ns,
             user: !self.args.kernel_only,
             kernel: !self.args.user_only,
             threads: if self.args.user_threads {

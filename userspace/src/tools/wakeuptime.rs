@@ -12,7 +12,7 @@ use rtrace_common::offcputime::{ERR_NAMES, THREADS_ALL, THREADS_USER};
 
 use crate::{
     engine::{
-        offcpu::{self, Filter, OffCpuStacks},
+        offcpu::{self, BlockTimeArgs, Filter, OffCpuStacks},
         stacktool::StackArgs,
     },
     kernel::{features::Mechanism, transport::BufferArgs},
@@ -58,17 +58,8 @@ pub struct Args {
     /// flame graph tools read them.
     #[arg(short = 'f', long)]
     folded: bool,
-    /// Count only blocks of at least this many microseconds.
-    #[arg(
-        short = 'm',
-        long = "min-block-time",
-        value_name = "MIN_US",
-        default_value_t = 1
-    )]
-    min_block_time: u64,
-    /// Count only blocks of at most this many microseconds.
-    #[arg(short = 'M', long = "max-block-time", value_name = "MAX_US")]
-    max_block_time: Option<u64>,
+    #[command(flatten)]
+    block_time: BlockTimeArgs,
     /// The tracepoint mechanism to attach with, instead of the best that
     /// works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&offcpu::CHAIN))]
@@ -100,13 +91,7 @@ impl Tool for Wakeuptime {
     super::off_cpu_tool!();
 
     fn new(args: Args) -> anyhow::Result<Self> {
-        if let Some(max) = args.max_block_time {
-            anyhow::ensure!(
-                args.min_block_time <= max,
-                "-m {} is above -M {max}: no block could be counted",
-                args.min_block_time
-            );
-        }
+        args.block_time.check()?;
         Ok(Self {
             args,
             run: OffCpuStacks::default(),
@@ -183,12 +168,10 @@ impl Tool for Wakeuptime {
 impl Wakeuptime {
     /// What the kernel counts, from the flags.
     fn filter(&self) -> Filter {
+        let (min_ns, max_ns) = self.args.block_time.bounds_ns();
         Filter {
-            min_ns: self.args.min_block_time.saturating_mul(1000),
-            max_ns: self
-                .args
-                .max_block_time
-                .map_or(u64::MAX, |m| m.saturating_mul(1000)),
+            min_ns,
+            max_ns,
             user: !self.args.kernel_only,
             kernel: !self.args.user_only,
             threads: if self.args.user_threads {
