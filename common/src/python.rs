@@ -116,6 +116,8 @@ pub struct PyCode {
     pub check: u32,
     /// Keeps the size a multiple of 8.
     pub _pad: u32,
+    /// When the process started ([`crate::stacks::Key::born`]).
+    pub born: u64,
 }
 
 /// The check of a code object whose first line, name and file are

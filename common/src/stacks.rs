@@ -69,8 +69,6 @@ pub struct Key {
     pub slot: u32,
     /// The sampled thread's id where samples are counted by thread
     /// (`--sort tid`, pprof); else 0, so a process's threads share keys.
-    /// (The key stays 48 bytes, as the 6.1 verifier's stack budget for
-    /// the CFI walk needs.)
     pub tid: u32,
     /// Hash of the user stack in `STACKS`, or 0 for none.
     pub user: u64,
@@ -78,6 +76,10 @@ pub struct Key {
     pub kernel: u64,
     /// Command of the sampled thread.
     pub comm: [u8; TASK_COMM_LEN],
+    /// When the process started (`task->start_boottime`, nanoseconds
+    /// since boot; 0 where unknown): with the id, who the process is, as
+    /// a pid is reused once its process has exited.
+    pub born: u64,
 }
 
 impl Key {
@@ -93,6 +95,7 @@ impl Key {
             user: 0,
             kernel: 0,
             comm,
+            born: 0,
         }
     }
 
@@ -180,18 +183,36 @@ pub struct Seen {
     pub parent: u32,
     /// Keeps the struct free of padding.
     pub _pad: u32,
+    /// When the process started ([`Key::born`]).
+    pub born: u64,
+    /// With [`SEEN_FORK`], when the parent started.
+    pub parent_born: u64,
 }
 
 impl Seen {
-    /// A record of `tgid` with `flags` and no parent.
-    pub const fn new(tgid: u32, flags: u32) -> Self {
+    /// A record of `tgid`, started at `born`, with `flags` and no parent.
+    pub const fn new(tgid: u32, born: u64, flags: u32) -> Self {
         Self {
             tgid,
             flags,
             parent: 0,
             _pad: 0,
+            born,
+            parent_born: 0,
         }
     }
+}
+
+/// The first two fields of every record a stack tool's programs send
+/// ([`Seen`], [`Found`], [`crate::python::PyCode`]): which record it is
+/// is in its flags.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SeenHeader {
+    /// Process (thread group) id.
+    pub tgid: u32,
+    /// `SEEN_*` bits.
+    pub flags: u32,
 }
 
 /// `Seen::flags`: the CFI walk met code in no region user space gave the
@@ -239,6 +260,25 @@ pub struct Found {
     pub end: u64,
     /// The file offset of `start`, in pages.
     pub pgoff: u64,
+    /// When the process started ([`Key::born`]).
+    pub born: u64,
+}
+
+/// The global of the `task_struct` offsets [`Key::born`] is read
+/// through ([`BornOffsets`]), from the kernel's BTF.
+pub const BORN_OFFSETS: &str = "BORN_OFFSETS";
+
+/// Where a process's start time is: `task_struct.group_leader` (a
+/// thread's own start time is when the thread started) and
+/// `task_struct.start_boottime` (5.5+), the clock of `/proc/PID/stat`'s
+/// field 22. All zeros: not set, and every `born` is 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BornOffsets {
+    /// `task_struct.group_leader`.
+    pub group_leader: u32,
+    /// `task_struct.start_boottime`.
+    pub start_boottime: u32,
 }
 
 /// `STACK_NEW` slot: entries created in `STACKS`.
@@ -357,7 +397,7 @@ pub const fn names_with_walk<const N: usize>(
     out
 }
 
-crate::pod!(Key, WakeKey, Stack, Seen, Found);
+crate::pod!(Key, WakeKey, Stack, Seen, SeenHeader, Found, BornOffsets);
 
 /// The stacks by hash ([`Stack`]); user space sizes it
 /// (`--stack-storage-size`) and moves them out as the tool runs.

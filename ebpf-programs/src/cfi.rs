@@ -33,6 +33,7 @@ use crate::{
     events::Sink,
     global, read_kernel, read_user,
     scratch::{CHUNK_SLOTS, CHUNK_WORDS, MAX_READS, Scratch, State},
+    stacks::{born, born_of},
 };
 
 /// Offsets into `struct pt_regs` and `struct task_struct`, from BTF.
@@ -459,6 +460,7 @@ fn find_region(tgid: u32, addr: u64) -> Result<(Region, Found), ()> {
         start: vma.start,
         end: vma.end,
         pgoff: vma.pgoff,
+        born: 0,
     };
     Ok((region, found))
 }
@@ -714,7 +716,7 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     // host would otherwise have user space read its maps and load its
     // files' tables.
     if crate::targets::admits_current_anywhere() {
-        crate::events::emit_now(events, ctx, &Seen::new(tgid, SEEN_EXEC));
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, born(), SEEN_EXEC));
     }
     // Only where its stacks are taken: every exec on the host would
     // otherwise cost two lookups and an entry.
@@ -737,18 +739,20 @@ fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
     let code = read_kernel::<u64>(mm, o.mm_start_code).unwrap_or(0);
     let mut first = Region::default();
     if code != 0
-        && let Ok((r, found)) = find_region(tgid, code)
+        && let Ok((r, mut found)) = find_region(tgid, code)
     {
         keep_found(tgid, &r);
+        found.born = born();
         crate::events::emit(events, ctx, &found);
         first = r;
     }
     if let Some((ip, _, _, _)) = user_regs(core::ptr::null())
         && ip != 0
         && !(first.start <= ip && ip < first.end)
-        && let Ok((r, found)) = find_region(tgid, ip)
+        && let Ok((r, mut found)) = find_region(tgid, ip)
     {
         keep_found(tgid, &r);
+        found.born = born();
         crate::events::emit(events, ctx, &found);
     }
 }
@@ -786,6 +790,8 @@ pub fn on_fork<S: Sink>(ctx: &RawTracePointContext, events: &S) {
             flags: SEEN_FORK,
             parent,
             _pad: 0,
+            born: born_of(child),
+            parent_born: born(),
         };
         crate::events::emit(events, ctx, &seen);
     }
@@ -807,7 +813,7 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     // SAFETY: only tested for presence.
     let sampled = unsafe { SEEN.get(tgid) }.is_some() || CFI_PROCS.get_ptr(tgid).is_some();
     if sampled {
-        crate::events::emit(events, ctx, &Seen::new(tgid, SEEN_EXIT));
+        crate::events::emit(events, ctx, &Seen::new(tgid, born(), SEEN_EXIT));
     }
 }
 
@@ -823,7 +829,7 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
 pub fn on_loaded<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     if crate::targets::admits_current_anywhere() {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        crate::events::emit_now(events, ctx, &Seen::new(tgid, SEEN_NEW_CODE));
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, born(), SEEN_NEW_CODE));
     }
 }
 

@@ -244,6 +244,7 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
             addr: code,
             check,
             _pad: 0,
+            born: 0,
         };
         s.py.nnew += 1;
     }
@@ -255,13 +256,15 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
 pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     ctx: &C,
     events: &S,
-    s: &Scratch,
+    s: &mut Scratch,
 ) {
+    let born = crate::stacks::born();
     for i in 0..PY_NEW {
         if i as u32 >= s.py.nnew {
             break;
         }
-        if let Some(q) = s.py_new.get(i) {
+        if let Some(q) = s.py_new.get_mut(i) {
+            q.born = born;
             crate::events::emit_now(events, ctx, q);
         }
     }

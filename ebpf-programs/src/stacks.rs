@@ -21,8 +21,9 @@ use aya_ebpf::{
 };
 use rtrace_common::profile::HEAT_SLOT_NS;
 use rtrace_common::stacks::{
-    CONTINUED, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH,
-    MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
+    BornOffsets, CONTINUED, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK,
+    Key, MAX_DEPTH, MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack,
+    WakeKey,
 };
 
 #[cfg(feature = "cfi")]
@@ -72,6 +73,34 @@ impl Counted for WakeKey {
         self.has_waker().then_some(&self.waker)
     }
 }
+/// Where the current process's start time is read ([`born`]); user
+/// space sets it from BTF in every object that counts stacks.
+#[unsafe(no_mangle)]
+static BORN_OFFSETS: aya_ebpf::Global<BornOffsets> = aya_ebpf::Global::new(BornOffsets {
+    group_leader: 0,
+    start_boottime: 0,
+});
+
+/// When the process of `task` started (its thread group leader's
+/// `start_boottime`): with its id, who it is, as its pid is reused once
+/// it has exited. 0 where the offsets were not set or the read failed.
+#[inline(always)]
+pub fn born_of(task: *const u8) -> u64 {
+    let o = crate::global(&BORN_OFFSETS);
+    if o.start_boottime == 0 {
+        return 0;
+    }
+    let leader = crate::read_ptr(task, o.group_leader);
+    crate::read_kernel::<u64>(leader, o.start_boottime).unwrap_or(0)
+}
+
+/// When the current process started ([`born_of`]).
+#[inline(always)]
+pub fn born() -> u64 {
+    // SAFETY: the helper has no preconditions.
+    born_of(unsafe { aya_ebpf::helpers::bpf_get_current_task() } as *const u8)
+}
+
 /// The generation counts go to, counted up by user space when it moves the
 /// last one's counts out.
 #[map]
@@ -140,7 +169,7 @@ pub fn add<C: EbpfContext, S: Sink, K: Counted>(
             let generation = u32::from(key.counted().generation);
             for k in [Some(key.counted()), key.other()].into_iter().flatten() {
                 if k.tgid != 0 && first_in_generation(k.tgid, generation) {
-                    crate::events::emit(events, ctx, &Seen::new(k.tgid, 0));
+                    crate::events::emit(events, ctx, &Seen::new(k.tgid, k.born, 0));
                 }
             }
         }
@@ -163,7 +192,7 @@ pub fn add<C: EbpfContext, S: Sink, K: Counted>(
 pub fn tell_first<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
     #[cfg(feature = "cfi")]
     if first_in_generation(tgid, generation()) {
-        crate::events::emit_now(events, ctx, &Seen::new(tgid, 0));
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, born(), 0));
     }
     let _ = (ctx, events, tgid);
 }
@@ -226,6 +255,7 @@ pub fn describe_current<C: EbpfContext, S: Sink>(
     if kernel {
         key.set_kernel(kernel_stack(ctx));
     }
+    key.born = born();
 }
 
 /// The kernel stack of the current task, stored: its hash (0 for none),
@@ -272,12 +302,13 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                     crate::events::emit_now(
                         events,
                         ctx,
-                        &Seen::new(tgid, rtrace_common::stacks::SEEN_NEW_CODE),
+                        &Seen::new(tgid, born(), rtrace_common::stacks::SEEN_NEW_CODE),
                     );
                 }
                 // SAFETY: a map value.
-                let found = unsafe { &(*s).walk.found };
+                let found = unsafe { &mut (*s).walk.found };
                 if found.flags != 0 {
+                    found.born = born();
                     crate::events::emit(events, ctx, found);
                 }
                 let stack = store_walked(s, depth)?;
@@ -288,7 +319,7 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                 }
                 // Last, where little else is live across the call.
                 // SAFETY: a map value.
-                crate::python::send_new(ctx, events, unsafe { &*s });
+                crate::python::send_new(ctx, events, unsafe { &mut *s });
                 return Some(stack);
             }
             // A map missing: the kernel's frame-pointer walk.

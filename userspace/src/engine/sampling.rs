@@ -483,6 +483,8 @@ impl Sampler {
             cfg.off_cpu.mark_switches = 1;
         }
         self.stacks.configure(&self.cfg.stacks, kernel, load)?;
+        self.stacks
+            .names_later_in(self.cfg.outputs.pprof.as_deref());
         if self.exact_leaves() {
             self.stacks.exact_leaves();
         }

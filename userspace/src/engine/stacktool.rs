@@ -23,11 +23,11 @@ use aya::{
 use rtrace_common::{
     profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen},
     python::{MAX_PY_PROCS, PyCode, PyProc},
-    stacks::{Found, SEEN_FOUND, SEEN_PY_CODE, Stack},
+    stacks::{BORN_OFFSETS, BornOffsets, Found, SEEN_FOUND, SEEN_PY_CODE, SeenHeader, Stack},
     unwind::CfiOffsets,
 };
 
-use crate::kernel::warning::Warning;
+use crate::kernel::{procmaps::Proc, warning::Warning};
 use crate::{
     kernel::load::{Detaching, Kernel, Load},
     output::events,
@@ -108,6 +108,13 @@ pub struct StackArgs {
     /// place of the interpreter's loop that ran them (with the CFI walk).
     #[arg(long)]
     pub no_python: bool,
+    /// After the run, wait up to SECONDS for the processes whose JIT
+    /// frames are still unnamed to exit, and name those frames from the
+    /// perf maps they write as they exit (Mono's `--jitmap`, the JVM's
+    /// agents): for `-p` on a program that outlives the run, as `perf
+    /// record -p` and a later `perf report` have it. Ctrl-C stops the wait.
+    #[arg(long, value_name = "SECONDS")]
+    pub wait_exit: Option<u64>,
     #[command(flatten)]
     pub transforms: crate::output::stacks::transform::TransformArgs,
 }
@@ -138,6 +145,7 @@ pub fn walk_args() -> StackArgs {
         offsets: true,
         addresses: false,
         no_python: false,
+        wait_exit: None,
         transforms: Default::default(),
     }
 }
@@ -190,14 +198,19 @@ pub struct StackTool {
     /// put there as soon as its jitdump is found.
     timed_map: Option<BpfHashMap<MapData, u32, u8>>,
     /// Processes in the kernel's `TIMED_JIT`.
-    marked: HashSet<u32>,
+    marked: HashSet<Proc>,
     /// Processes that `TIMED_JIT` had no room for: their JIT frames are
     /// named by the newest code at each address, not by time slot.
-    unmarked: HashSet<u32>,
+    unmarked: HashSet<Proc>,
     /// `--hide`, `--collapse`, `--collapse-recursion`.
     transforms: crate::output::stacks::transform::TransformArgs,
+    /// See [`StackArgs::wait_exit`].
+    wait_exit: Option<u64>,
     /// Processes that ran a new program and have not been captured since.
-    execed: HashSet<u32>,
+    execed: HashSet<Proc>,
+    /// The newest process the kernel told of at each pid, for stacks
+    /// that come with a pid alone (a syscall's, a probe's).
+    newest: HashMap<u32, Proc>,
     /// For stacks walked one event at a time ([`StackTool::take_stacks`]):
     /// the kernel's table of them, and those read from it by hash, as a
     /// thread's walk may name one again by its hash alone.
@@ -307,13 +320,29 @@ impl StackTool {
             .print();
         }
         self.transforms = args.transforms.clone();
+        self.wait_exit = args.wait_exit;
         self.sym.with_lines(args.lines);
         self.sym.with_demangling(!args.no_demangle);
         self.sym.with_places(crate::stacks::symbolize::Places {
             offsets: args.offsets,
             addresses: args.addresses,
         });
-        load.size(rtrace_common::stacks::STACKS, args.stack_storage_size)
+        // Who each process is: its start time, read where its stacks are
+        // counted. A kernel without `start_boottime` (before 5.5) has
+        // every start unknown, and processes are their pids.
+        let btf = kernel.btf()?;
+        let born = match (
+            btf.offset("task_struct", "group_leader"),
+            btf.offset("task_struct", "start_boottime"),
+        ) {
+            (Ok(group_leader), Ok(start_boottime)) => BornOffsets {
+                group_leader,
+                start_boottime,
+            },
+            _ => BornOffsets::default(),
+        };
+        load.global(BORN_OFFSETS, &born)
+            .size(rtrace_common::stacks::STACKS, args.stack_storage_size)
             .size(rtrace_common::stacks::STACK_COUNTS, args.hash_storage_size);
         self.store
             .size(args.stack_storage_size, args.hash_storage_size);
@@ -334,12 +363,12 @@ impl StackTool {
         if self.cfi_loaded {
             let mut tables = KernelTables::new(ebpf, self.cfi_capacity)?;
             for &pid in pids {
-                tables.add_process(pid, true)?;
+                tables.add_process(Proc::now(pid), true)?;
             }
             self.cfi = Some(tables);
         }
         for &pid in pids {
-            self.sym.capture(pid, true);
+            self.sym.capture(Proc::now(pid), true);
         }
         self.mark_timed();
         if !self.cfi_loaded {
@@ -350,7 +379,7 @@ impl StackTool {
             rtrace_common::python::PY_PROCS,
         )?)?);
         for &pid in pids {
-            self.examine_python(pid, false);
+            self.examine_python(Proc::now(pid), false);
         }
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
@@ -390,12 +419,13 @@ impl StackTool {
             .collect();
         if let Some(tables) = &mut self.cfi {
             for &pid in &pids {
-                tables.add_process(pid, true)?;
+                tables.add_process(Proc::now(pid), true)?;
             }
         }
         for &pid in &pids {
-            self.sym.capture(pid, true);
-            self.examine_python(pid, false);
+            let p = Proc::now(pid);
+            self.sym.capture(p, true);
+            self.examine_python(p, false);
         }
         Ok(pids.len())
     }
@@ -403,10 +433,20 @@ impl StackTool {
     /// Names the frames of stacks walked one at a time (a syscall's, a
     /// probe's), each leaf first, `None` for a kernel stack's process.
     pub fn symbolize(&mut self, stacks: &[(Option<u32>, &[u64])]) -> Vec<Vec<Frame>> {
-        for pid in stacks.iter().filter_map(|(p, _)| *p) {
-            self.sym.capture(pid, false);
+        let stacks: Vec<(Option<Proc>, &[u64])> = stacks
+            .iter()
+            .map(|&(pid, ips)| (pid.map(|p| self.newest(p)), ips))
+            .collect();
+        for p in stacks.iter().filter_map(|(p, _)| *p) {
+            self.sym.capture(p, false);
         }
-        self.sym.symbolize(stacks)
+        self.sym.symbolize(&stacks)
+    }
+
+    /// The newest process the kernel told of at `pid`; its start unknown
+    /// if none was told of.
+    fn newest(&self, pid: u32) -> Proc {
+        self.newest.get(&pid).copied().unwrap_or(Proc::new(pid, 0))
     }
 
     /// Takes the kernel's stack table, for a tool whose events name
@@ -440,6 +480,13 @@ impl StackTool {
         Some(ips)
     }
 
+    /// Notes the pprof file the run writes (`--pprof`), which `rtrace
+    /// report` names JIT frames from once their maps are written.
+    pub fn names_later_in(&mut self, pprof: Option<&std::path::Path>) {
+        self.sym
+            .names_later_in(pprof.map(|p| p.display().to_string()));
+    }
+
     /// How user stacks are walked, for `-v`.
     pub fn describe(&self) -> &'static str {
         if self.cfi_loaded {
@@ -452,36 +499,52 @@ impl StackTool {
     /// Handles a [`Seen`] record: a process new to a generation, or one
     /// that ran a new program, forked, or ran code in no known mapping.
     pub fn event(&mut self, record: &[u8]) -> anyhow::Result<()> {
+        // Which record it is is in the flags every record starts with.
+        let Some(head) = events::record::<SeenHeader>(record) else {
+            return Ok(());
+        };
+        if head.flags & SEEN_FOUND != 0 {
+            if let Some(f) = events::record::<Found>(record) {
+                let offset = f.pgoff.wrapping_mul(4096);
+                let p = Proc::new(f.tgid, f.born);
+                self.sym.found(p, f.start, f.end, offset, f.dev, f.ino);
+            }
+            return Ok(());
+        }
+        if head.flags & SEEN_PY_CODE != 0 {
+            if let Some(c) = events::record::<PyCode>(record) {
+                let p = Proc::new(c.tgid, c.born);
+                self.sym.python().learn(p, c.addr, c.check);
+            }
+            return Ok(());
+        }
         let Some(seen) = events::record::<Seen>(record) else {
             return Ok(());
         };
-        if seen.flags & SEEN_FOUND != 0 {
-            if let Some(f) = events::record::<Found>(record) {
-                let offset = f.pgoff.wrapping_mul(4096);
-                self.sym.found(f.tgid, f.start, f.end, offset, f.dev, f.ino);
-            }
-            return Ok(());
-        }
-        if seen.flags & SEEN_PY_CODE != 0 {
-            if let Some(c) = events::record::<PyCode>(record) {
-                self.sym.python().learn(c.tgid, c.addr, c.check);
-            }
-            return Ok(());
-        }
+        let who = Proc::new(seen.tgid, seen.born);
         if seen.flags & SEEN_EXIT != 0 {
-            // What it wrote as it exited (a JIT's perf map) is read while
-            // its pid is its own.
-            self.sym.read_jit(seen.tgid);
-            self.sym.python().forget(seen.tgid);
-            self.execed.remove(&seen.tgid);
+            // What it wrote as it exited (a JIT's perf map) is read now, and
+            // is its own: the pid's next process starts with nothing of it.
+            self.sym.exited(who);
+            self.sym.python().forget(who);
+            self.execed.remove(&who);
+            if self.newest.get(&seen.tgid) == Some(&who) {
+                self.newest.remove(&seen.tgid);
+            }
+            // Its walk's regions go with it, not to the pid's next process.
+            if let Some(cfi) = &mut self.cfi {
+                cfi.forget(seen.tgid);
+            }
             return Ok(());
         }
+        self.newest.insert(seen.tgid, who);
         if seen.flags & SEEN_FORK != 0 {
-            self.sym.inherit(seen.tgid, seen.parent);
+            let parent = Proc::new(seen.parent, seen.parent_born);
+            self.sym.inherit(who, parent);
             if let Some(cfi) = &mut self.cfi {
-                cfi.adopt(seen.tgid, seen.parent);
+                cfi.adopt(who, seen.parent);
             }
-            if let Some(record) = self.sym.python().inherit(seen.tgid, seen.parent) {
+            if let Some(record) = self.sym.python().inherit(who, parent) {
                 self.give_python(seen.tgid, &record);
             }
             return Ok(());
@@ -493,7 +556,7 @@ impl StackTool {
         // as new code, so the symbolizer reads the mappings after them,
         // or it would never learn of that code's jitdump.
         let read = match &mut self.cfi {
-            Some(cfi) => cfi.add_process(seen.tgid, exec || new_code)?,
+            Some(cfi) => cfi.add_process(who, exec || new_code)?,
             None => false,
         };
         // Code the walk found in no region is new to the symbolizer too,
@@ -501,25 +564,25 @@ impl StackTool {
         // (before its loader mapped its libraries) does not name it,
         // however recently it was read, so its first stacks read again.
         if exec {
-            self.sym.exec(seen.tgid);
-            self.execed.insert(seen.tgid);
+            self.sym.exec(who);
+            self.execed.insert(who);
         } else {
-            let fresh = self.execed.remove(&seen.tgid);
-            self.sym.capture(seen.tgid, new_code || read || fresh);
+            let fresh = self.execed.remove(&who);
+            self.sym.capture(who, new_code || read || fresh);
         }
-        self.examine_python(seen.tgid, exec || new_code);
+        self.examine_python(who, exec || new_code);
         self.mark_timed();
         Ok(())
     }
 
     /// Looks for an interpreter in process `pid` (again if `fresh`) and
     /// gives the kernel's walk what it needs of one found.
-    fn examine_python(&mut self, pid: u32, fresh: bool) {
+    fn examine_python(&mut self, who: Proc, fresh: bool) {
         if self.py_map.is_none() {
             return;
         }
-        if let Some(record) = self.sym.python().examine(pid, fresh) {
-            self.give_python(pid, &record);
+        if let Some(record) = self.sym.python().examine(who, fresh) {
+            self.give_python(who.pid, &record);
         }
     }
 
@@ -584,14 +647,14 @@ impl StackTool {
         if timed == self.marked {
             return;
         }
-        for pid in self.marked.difference(&timed) {
+        for p in self.marked.difference(&timed) {
             // Gone already is fine.
-            let _ = map.remove(pid);
+            let _ = map.remove(&p.pid);
         }
-        for &pid in timed.difference(&self.marked) {
-            match map.insert(pid, 1, 0) {
-                Ok(()) => self.unmarked.remove(&pid),
-                Err(_) => self.unmarked.insert(pid),
+        for &p in timed.difference(&self.marked) {
+            match map.insert(p.pid, 1, 0) {
+                Ok(()) => self.unmarked.remove(&p),
+                Err(_) => self.unmarked.insert(p),
             };
         }
         self.marked = timed;
@@ -675,12 +738,55 @@ impl StackTool {
         let _detaching = Detaching::start((self.links.take(), self.loader.take()));
         self.store.drain(ebpf, true)?;
         self.store.capture_unknown(&mut self.sym);
+        if let Some(secs) = self.wait_exit {
+            self.wait_for_exits(Duration::from_secs(secs));
+        }
         // Perf maps and jitdumps written at exit (Mono's, the JVM's, V8's
         // buffer), by processes that exited as counting stopped or were
         // still running.
         self.sym.read_all_jit();
         let samples = self.store.samples(&mut self.sym);
         Ok(self.transforms.samples(samples))
+    }
+
+    /// Waits up to `wait` for the processes whose JIT frames are unnamed
+    /// to exit (`--wait-exit`), saying so on stderr, and reads the maps
+    /// they wrote as they exited. A signal ends the wait.
+    fn wait_for_exits(&mut self, wait: Duration) {
+        let waiting = self.store.unnamed_jit(&mut self.sym);
+        if waiting.is_empty() {
+            return;
+        }
+        let who: Vec<String> = waiting
+            .iter()
+            .map(|p| format!("PID {} ({})", p.pid, crate::kernel::comm_of(p.pid)))
+            .collect();
+        eprintln!(
+            "rtrace: waiting up to {} s for {} to exit, to name JIT frames from the maps \
+             written at exit (Ctrl-C stops waiting)",
+            wait.as_secs(),
+            who.join(", ")
+        );
+        let deadline = Instant::now() + wait;
+        while waiting.iter().any(Proc::alive)
+            && Instant::now() < deadline
+            && !crate::kernel::stop_requested()
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for &p in &waiting {
+            if p.alive() {
+                eprintln!(
+                    "rtrace: PID {} was still running after {} s: its JIT frames stay \
+                     unnamed",
+                    p.pid,
+                    wait.as_secs()
+                );
+                self.sym.read_jit(p);
+            } else {
+                self.sym.exited(p);
+            }
+        }
     }
 
     /// The samples counted since the last interval, while counting goes

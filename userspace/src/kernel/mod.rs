@@ -35,3 +35,30 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// The command of process `pid` (`/proc/PID/comm`), or `?` if it is gone.
+pub fn comm_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end().to_owned())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// Whether SIGINT, SIGTERM or SIGHUP has arrived since the first call:
+/// for work after the run (`--wait-exit`), which a signal cuts short.
+/// The first call adds an action for the three beside the tracer's own
+/// handlers, which keep working.
+pub fn stop_requested() -> bool {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static STOP: AtomicBool = AtomicBool::new(false);
+    static WATCH: std::sync::Once = std::sync::Once::new();
+    WATCH.call_once(|| {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: the action only stores to an atomic, which is
+            // async-signal-safe.
+            let _ = unsafe {
+                signal_hook_registry::register(sig, || STOP.store(true, Ordering::Relaxed))
+            };
+        }
+    });
+    STOP.load(Ordering::Relaxed)
+}

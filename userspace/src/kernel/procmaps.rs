@@ -97,6 +97,130 @@ impl Mapping {
     }
 }
 
+/// A process: its id, and when it started, which tell it from a later
+/// process given the same id once it has exited (a build's pids wrap;
+/// `ns_last_pid` hands one out again at will).
+///
+/// Its start is the kernel's `task->start_boottime` of its main thread,
+/// in nanoseconds since boot, where the kernel told it; a process seen
+/// only through `/proc` has it from `/proc/PID/stat` (field 22, the same
+/// clock in clock ticks), so two processes are one if they have the same
+/// id and started in the same tick (a pid is not handed out twice within
+/// 10 ms). A start of 0 is unknown (a profile from elsewhere, a record
+/// without one): such a process is whoever has the id.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Proc {
+    /// The process (thread group) id.
+    pub pid: u32,
+    /// When it started, in nanoseconds since boot; 0: unknown.
+    pub born: u64,
+}
+
+impl Proc {
+    /// Process `pid`, started `born` nanoseconds after boot (0: unknown).
+    pub const fn new(pid: u32, born: u64) -> Self {
+        Self { pid, born }
+    }
+
+    /// The process that has id `pid` now, by `/proc/PID/stat`; its start
+    /// unknown (0) if it is gone.
+    pub fn now(pid: u32) -> Self {
+        Self {
+            pid,
+            born: start_ticks(pid).map_or(0, |t| t * tick_ns()),
+        }
+    }
+
+    /// When it started, in clock ticks since boot, as `/proc/PID/stat`
+    /// and `ps` give it.
+    pub fn start_ticks(&self) -> u64 {
+        self.born / tick_ns()
+    }
+
+    /// Whether `/proc/PID` is this process (not gone, nor another process
+    /// given its id since): what is read there is its own. A process of
+    /// unknown start is taken to be whoever has its id.
+    pub fn alive(&self) -> bool {
+        match start_ticks(self.pid) {
+            Some(t) => self.born == 0 || t == self.start_ticks(),
+            None => false,
+        }
+    }
+
+    /// When it started, in nanoseconds since the epoch (0: unknown).
+    pub fn born_wall_ns(&self) -> u64 {
+        if self.born == 0 {
+            return 0;
+        }
+        boot_wall_ns() + self.born
+    }
+}
+
+/// One process whatever precision its start was learnt with.
+impl PartialEq for Proc {
+    fn eq(&self, other: &Self) -> bool {
+        self.pid == other.pid && self.start_ticks() == other.start_ticks()
+    }
+}
+
+impl Eq for Proc {}
+
+impl std::hash::Hash for Proc {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.pid, self.start_ticks()).hash(state);
+    }
+}
+
+impl PartialOrd for Proc {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Proc {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.pid, self.start_ticks()).cmp(&(other.pid, other.start_ticks()))
+    }
+}
+
+/// Nanoseconds a clock tick (`sysconf(_SC_CLK_TCK)`: 100 a second on
+/// Linux), the unit of `/proc/PID/stat`'s times.
+pub fn tick_ns() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1_000_000_000 / u64::try_from(t).ok().filter(|&t| t > 0).unwrap_or(100)
+}
+
+/// When the machine booted, in nanoseconds since the epoch: the
+/// realtime clock less the boot-time clock (which counts suspend, as
+/// `start_boottime` does), read once, so that every start converted
+/// with it stays what it was (the two reads are some nanoseconds apart).
+pub fn boot_wall_ns() -> u64 {
+    static BOOT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let read = |clock| {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `ts` is a valid timespec to write.
+            unsafe { libc::clock_gettime(clock, &mut ts) };
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        };
+        read(libc::CLOCK_REALTIME).saturating_sub(read(libc::CLOCK_BOOTTIME))
+    })
+}
+
+/// When process `pid` started, in clock ticks since boot (field 22 of
+/// `/proc/PID/stat`, after the command, which may hold spaces and
+/// parentheses); `None` if it is gone.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // Fields from the third (state) on: the start is the 22nd field.
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
 /// Whether task `id` (a process or a thread) still exists: `/proc/ID` is
 /// there for threads as well, though only processes are listed.
 pub fn alive(id: u32) -> bool {
@@ -117,7 +241,20 @@ pub fn read(pid: Option<u32>) -> std::io::Result<Vec<Mapping>> {
 
 #[cfg(test)]
 mod tests {
-    use super::Mapping;
+    use super::{Mapping, Proc};
+
+    #[test]
+    fn this_process_is_itself_and_not_one_started_later() {
+        let me = Proc::now(std::process::id());
+        assert!(me.born > 0);
+        assert!(me.alive());
+        // The kernel's nanoseconds within the same tick: the same process.
+        assert_eq!(Proc::new(me.pid, me.born + 1), me);
+        let later = Proc::new(me.pid, me.born + super::tick_ns());
+        assert!(!later.alive());
+        assert_ne!(later, me);
+        assert!(Proc::new(me.pid, 0).alive());
+    }
 
     #[test]
     fn lines_parse_with_and_without_names() {

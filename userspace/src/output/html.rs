@@ -303,6 +303,7 @@ mod tests {
         Sample {
             comm: comm.to_owned(),
             pid: 1,
+            started: 0,
             tid: 0,
             user: user
                 .iter()

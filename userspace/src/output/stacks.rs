@@ -145,6 +145,7 @@ pub fn samples_of_folded(text: &str) -> anyhow::Result<Vec<Sample>> {
         out.push(Sample {
             comm,
             pid: 0,
+            started: 0,
             tid: 0,
             user: user.into(),
             kernel: kernel.into(),
@@ -167,7 +168,7 @@ pub fn samples_of_folded(text: &str) -> anyhow::Result<Vec<Sample>> {
 pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
     type Key = (
         String,
-        u32,
+        (u32, u64),
         u32,
         Arc<[Frame]>,
         Arc<[Frame]>,
@@ -197,7 +198,8 @@ pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
         }
         let key = (
             s.comm.clone(),
-            s.pid,
+            // A pid's later process is another.
+            (s.pid, s.started),
             s.tid,
             s.user.clone(),
             s.kernel.clone(),

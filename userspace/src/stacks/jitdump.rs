@@ -204,7 +204,6 @@ impl JitDump {
     }
 
     /// The dump held in `bytes`, up to its last whole record.
-    #[cfg(test)]
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, JitDumpError> {
         let mut dump = Self::new();
         dump.read_more(&mut std::io::Cursor::new(bytes))?;

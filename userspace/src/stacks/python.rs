@@ -16,7 +16,7 @@ use std::{
 
 use rtrace_common::python::{CHAIN_310, CHAIN_311, CHAIN_312, CHAIN_313, PyProc, code_check};
 
-use crate::kernel::procmaps::Mapping;
+use crate::kernel::procmaps::{Mapping, Proc};
 use crate::kernel::warning::Warning;
 
 /// Where CPython keeps what the walk and the names need, in one version.
@@ -274,11 +274,13 @@ pub struct Python {
     /// Frames carry their instruction (`--lines`).
     lines: bool,
     files: HashMap<(u64, u64), Option<Arc<PyFile>>>,
-    procs: HashMap<u32, PyProcess>,
+    /// By process, not pid: a later process of the pid is looked at anew.
+    procs: HashMap<Proc, PyProcess>,
     /// Processes looked at and found to run no interpreter the walk can
     /// read, and why (`None`: no Python at all).
-    not: HashMap<u32, Option<String>>,
-    codes: HashMap<(u32, u64, u32), Option<Arc<PyName>>>,
+    not: HashMap<Proc, Option<String>>,
+    /// Names of code objects, by their process, address and check.
+    codes: HashMap<(Proc, u64, u32), Option<Arc<PyName>>>,
     /// Where glibc keeps a thread's first pthread keys, by libc file.
     key_blocks: HashMap<(u64, u64), Option<i64>>,
     /// What `-v` says of the processes found.
@@ -301,20 +303,21 @@ impl Python {
     /// mapped new code) and returns the record for the kernel if it runs
     /// an interpreter the walk can read and the kernel has not been
     /// given it yet (or its offsets were checked since).
-    pub fn examine(&mut self, pid: u32, fresh: bool) -> Option<PyProc> {
+    pub fn examine(&mut self, who: Proc, fresh: bool) -> Option<PyProc> {
+        let pid = who.pid;
         if self.disabled || pid == 0 {
             return None;
         }
         if fresh {
-            self.not.remove(&pid);
-            if self.procs.remove(&pid).is_some() {
+            self.not.remove(&who);
+            if self.procs.remove(&who).is_some() {
                 self.found.remove(&pid);
             }
         }
-        if self.not.contains_key(&pid) {
+        if self.not.contains_key(&who) {
             return None;
         }
-        if let Some(p) = self.procs.get_mut(&pid) {
+        if let Some(p) = self.procs.get_mut(&who) {
             if p.checked {
                 return None;
             }
@@ -327,17 +330,17 @@ impl Python {
                 }
                 Ok(false) => None,
                 Err(why) => {
-                    self.fail(pid, why);
+                    self.fail(who, why);
                     None
                 }
             };
         }
-        match self.find(pid) {
+        match self.find(who) {
             Ok(Some(mut p)) => {
                 let checked = match check(&p) {
                     Ok(c) => c,
                     Err(why) => {
-                        self.fail(pid, why);
+                        self.fail(who, why);
                         return None;
                     }
                 };
@@ -356,43 +359,47 @@ impl Python {
                         }
                     ),
                 );
-                self.procs.insert(pid, p);
+                self.procs.insert(who, p);
                 Some(record)
             }
             Ok(None) => {
-                self.not.insert(pid, None);
+                self.not.insert(who, None);
                 None
             }
             Err(why) => {
-                self.fail(pid, why);
+                self.fail(who, why);
                 None
             }
         }
     }
 
-    fn fail(&mut self, pid: u32, why: String) {
-        self.procs.remove(&pid);
+    fn fail(&mut self, who: Proc, why: String) {
+        let pid = who.pid;
+        self.procs.remove(&who);
         self.found.remove(&pid);
         let comm = comm(pid);
         eprintln!("rtrace: PID {pid} ({comm}): no Python frames: {why}; native frames only");
         self.failed.insert(pid, why.clone());
-        self.not.insert(pid, Some(why));
+        self.not.insert(who, Some(why));
     }
 
-    /// Forgets a process that exited.
-    pub fn forget(&mut self, pid: u32) {
-        self.procs.remove(&pid);
-        self.not.remove(&pid);
+    /// Forgets a process that exited. The names of its code stay, for
+    /// its samples not named yet.
+    pub fn forget(&mut self, who: Proc) {
+        self.procs.remove(&who);
+        self.not.remove(&who);
     }
 
     /// A child forked from `parent` runs its interpreter too, at the same
     /// addresses.
-    pub fn inherit(&mut self, child: u32, parent: u32) -> Option<PyProc> {
+    pub fn inherit(&mut self, child: Proc, parent: Proc) -> Option<PyProc> {
         let p = self.procs.get(&parent)?;
         let record = p.record;
         let file = Arc::clone(&p.file);
         let (bias, checked) = (p.bias, p.checked);
-        let mem = File::open(format!("/proc/{child}/mem")).ok();
+        let mem = File::open(format!("/proc/{}/mem", child.pid))
+            .ok()
+            .filter(|_| child.alive());
         self.procs.insert(
             child,
             PyProcess {
@@ -401,7 +408,7 @@ impl Python {
                 mem,
                 checked,
                 record,
-                comm: comm(child),
+                comm: comm(child.pid),
             },
         );
         Some(record)
@@ -410,25 +417,27 @@ impl Python {
     /// Reads the name of code object `addr` of `pid` whose check the walk
     /// computed as `check`, while the process lives: at once, when the
     /// walk first meets it.
-    pub fn learn(&mut self, pid: u32, addr: u64, check: u32) {
-        if self.codes.contains_key(&(pid, addr, check)) {
+    pub fn learn(&mut self, who: Proc, addr: u64, check: u32) {
+        if self.codes.contains_key(&(who, addr, check)) {
             return;
         }
+        // Its memory was opened while it lived: an earlier process's
+        // memory is never read for a later one of the pid.
         let name = self
             .procs
-            .get(&pid)
+            .get(&who)
             .and_then(|p| read_code(p, addr, check))
             .map(Arc::new);
-        self.codes.insert((pid, addr, check), name);
+        self.codes.insert((who, addr, check), name);
     }
 
     /// The name of a code object the walk met, if it could be read.
-    pub fn name(&mut self, pid: u32, addr: u64, check: u32) -> Option<Arc<PyName>> {
+    pub fn name(&mut self, who: Proc, addr: u64, check: u32) -> Option<Arc<PyName>> {
         // Met by a walk whose record was lost: read now, if it still can be.
-        if !self.codes.contains_key(&(pid, addr, check)) {
-            self.learn(pid, addr, check);
+        if !self.codes.contains_key(&(who, addr, check)) {
+            self.learn(who, addr, check);
         }
-        let name = self.codes.get(&(pid, addr, check)).cloned().flatten();
+        let name = self.codes.get(&(who, addr, check)).cloned().flatten();
         if name.is_none() {
             self.unnamed += 1;
         }
@@ -459,10 +468,16 @@ impl Python {
     }
 
     /// Finds the interpreter in `pid`'s mappings.
-    fn find(&mut self, pid: u32) -> Result<Option<PyProcess>, String> {
+    fn find(&mut self, who: Proc) -> Result<Option<PyProcess>, String> {
+        let pid = who.pid;
         let Ok(maps) = crate::kernel::procmaps::read(Some(pid)) else {
             return Ok(None);
         };
+        // Read before the check: the pid's next process must not lend
+        // its mappings.
+        if !who.alive() {
+            return Ok(None);
+        }
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         let proc_dir = format!("/proc/{pid}");
         let mut libc = None;
@@ -510,7 +525,9 @@ impl Python {
         }
         .or_else(own_key_block)
         .ok_or("cannot tell where glibc keeps a thread's pthread keys")?;
-        let mem = File::open(format!("{proc_dir}/mem")).ok();
+        let mem = File::open(format!("{proc_dir}/mem"))
+            .ok()
+            .filter(|_| who.alive());
         let record = file.layout.record(
             (file.eval.0 + bias, file.eval.1 + bias),
             file.code_type + bias,

@@ -12,6 +12,9 @@ pub struct Sample {
     pub comm: String,
     /// Process id.
     pub pid: u32,
+    /// When the process started, in nanoseconds since the epoch (0:
+    /// unknown): with the pid, which process it was, as a pid is reused.
+    pub started: u64,
     /// Thread id, where samples were counted by thread (a report by
     /// thread, a pprof); else 0.
     pub tid: u32,

@@ -37,7 +37,7 @@ use rtrace_common::{
 
 use crate::kernel::load::{map_mut, per_cpu_sums};
 use crate::{
-    kernel::{batch, procmaps},
+    kernel::{batch, procmaps::Proc},
     stacks::{
         sample::{self, Sample, Thread},
         symbolize::{Frame, Kind, Symbolizer},
@@ -90,13 +90,14 @@ fn created(ebpf: &Ebpf) -> anyhow::Result<[u64; 2]> {
 /// frames, and whether it was off the CPU.
 /// A thread's command, process, thread (0 where not counted by thread),
 /// kernel and user frames, and whether it was off the CPU.
-type Symbolized = ([u8; 16], u32, u32, Vec<Frame>, Vec<Frame>, bool);
+type Symbolized = ([u8; 16], Proc, u32, Vec<Frame>, Vec<Frame>, bool);
 
 /// One thread of a settled sample: names, not addresses.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Named {
     comm: [u8; 16],
-    pid: u32,
+    /// The process: a pid's later process is another.
+    proc: Proc,
     /// The thread, where counted by thread; else 0.
     tid: u32,
     /// Id of the kernel stack in [`StackStore::named`].
@@ -164,7 +165,7 @@ pub struct StackStore {
     tick: u64,
     /// Processes found gone at the last tick; their last samples were
     /// counted in the generation moved out at the next.
-    gone: HashSet<u32>,
+    gone: HashSet<Proc>,
     /// Settled samples by name: the thread, its waker, and the heat map
     /// slot counted in (0 without `time_zero`).
     settled: HashMap<(Named, Option<Named>, u32), u64>,
@@ -321,7 +322,7 @@ impl StackStore {
     /// end; after `SLOT_PATIENCE` their slot is dropped, so that what
     /// waits does not grow with the run, and they take the newest code
     /// at their addresses when named.
-    pub fn settle_timed(&mut self, sym: &mut Symbolizer, pids: &HashSet<u32>) {
+    pub fn settle_timed(&mut self, sym: &mut Symbolizer, pids: &HashSet<Proc>) {
         if pids.is_empty() {
             return;
         }
@@ -329,7 +330,7 @@ impl StackStore {
         let waiting: Vec<WakeKey> = self
             .counts
             .keys()
-            .filter(|k| k.key.slot != 0 && pids.contains(&k.key.tgid))
+            .filter(|k| k.key.slot != 0 && pids.contains(&proc_of(&k.key)))
             .copied()
             .collect();
         let now = crate::kernel::monotonic_ns();
@@ -337,7 +338,7 @@ impl StackStore {
         let mut ready: HashSet<WakeKey> = HashSet::new();
         for k in waiting {
             let ips = self.stacks.get(&k.key.user).map_or(&[][..], |h| &h.ips);
-            if sym.names_all_jit(k.key.tgid, ips) {
+            if sym.names_all_jit(proc_of(&k.key), ips) {
                 ready.insert(k);
             } else if self.time_zero.is_none()
                 && slot_middle(k.key.slot, now) < oldest
@@ -351,6 +352,25 @@ impl StackStore {
         self.settle_where(sym, |k| ready.contains(k));
     }
 
+    /// The processes still running whose counted stacks have JIT frames
+    /// that neither their perf map nor their jitdump names yet (a
+    /// runtime that writes its map at exit), each once.
+    pub fn unnamed_jit(&self, sym: &mut Symbolizer) -> Vec<Proc> {
+        let mut out: Vec<Proc> = Vec::new();
+        for k in self.counts.keys() {
+            let p = proc_of(&k.key);
+            if p.pid == 0 || out.contains(&p) || !p.alive() {
+                continue;
+            }
+            sym.capture(p, false);
+            let ips = self.stacks.get(&k.key.user).map_or(&[][..], |h| &h.ips);
+            if !sym.names_all_jit(p, ips) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
     /// Captures the mappings of every process with counts that the
     /// symbolizer knows nothing of: the kernel tells of a process at its
     /// first sample, and this catches one whose news was lost.
@@ -359,8 +379,8 @@ impl StackStore {
     }
 
     /// The processes named by counts not settled yet, each once.
-    fn pids(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = self.counts.keys().flat_map(tgids).collect();
+    fn pids(&self) -> Vec<Proc> {
+        let mut pids: Vec<Proc> = self.counts.keys().flat_map(tgids).collect();
         pids.sort_unstable();
         pids.dedup();
         pids
@@ -378,21 +398,21 @@ impl StackStore {
         // processes, in /proc while they live.
         self.gone = live
             .into_iter()
-            .filter(|&p| p != 0 && !due.contains(&p))
-            .filter(|&p| !procmaps::alive(p))
+            .filter(|p| p.pid != 0 && !due.contains(p))
+            .filter(|p| !p.alive())
             .collect();
         if due.is_empty() {
             return;
         }
         // A perf map written at exit (Mono's, the JVM's) is read before
         // the process's stacks are named, in case its exit was not seen.
-        for &pid in &due {
-            sym.read_jit(pid);
+        for &p in &due {
+            sym.exited(p);
         }
         // A count naming a process gone, as the thread or its waker.
-        self.settle(sym, |tgid| due.contains(&tgid));
-        for pid in due {
-            sym.forget(pid);
+        self.settle(sym, |p| due.contains(&p));
+        for p in due {
+            sym.forget(p);
         }
         // A stack moved out at this tick or the last may still be named by
         // counts the kernel holds; older ones not named by any count here
@@ -409,7 +429,7 @@ impl StackStore {
 
     /// Symbolizes the counts naming a process `which` admits and moves
     /// them to the settled counts.
-    fn settle(&mut self, sym: &mut Symbolizer, which: impl Fn(u32) -> bool) {
+    fn settle(&mut self, sym: &mut Symbolizer, which: impl Fn(Proc) -> bool) {
         self.settle_where(sym, |k| tgids(k).any(&which));
     }
 
@@ -446,10 +466,10 @@ impl StackStore {
         let stacks = &self.stacks;
         let empty: Box<[u64]> = Box::default();
         let ips = |hash: u64| stacks.get(&hash).map_or(&empty, |h| &h.ips).as_ref();
-        let mut requests: Vec<(Option<u32>, &[u64])> = Vec::with_capacity(entries.len() * 2);
+        let mut requests: Vec<(Option<Proc>, &[u64])> = Vec::with_capacity(entries.len() * 2);
         for key in entries.iter().flat_map(|(k, _)| threads(k)).flatten() {
             requests.push((None, ips(key.kernel)));
-            requests.push((Some(key.tgid), ips(key.user)));
+            requests.push((Some(proc_of(&key)), ips(key.user)));
         }
         let mut frames = sym.symbolize(&requests).into_iter();
         let lost = |key: &Key, flag: u16, hash: u64| {
@@ -470,7 +490,7 @@ impl StackStore {
                 }
                 Some((
                     key.comm,
-                    key.tgid,
+                    proc_of(&key),
                     key.tid,
                     kernel,
                     user,
@@ -482,9 +502,9 @@ impl StackStore {
         }
         for (thread, waker, slot, count) in named {
             let mut name = |t: Option<Symbolized>| {
-                t.map(|(comm, pid, tid, kernel, user, off_cpu)| Named {
+                t.map(|(comm, proc, tid, kernel, user, off_cpu)| Named {
                     comm,
-                    pid,
+                    proc,
                     tid,
                     kernel: self.intern(kernel),
                     user: self.intern(user),
@@ -552,11 +572,11 @@ impl StackStore {
     /// their newest mappings and perf map first; ones gone keep what was
     /// captured at their first samples.
     pub fn samples(&mut self, sym: &mut Symbolizer) -> Vec<Sample> {
-        let mut live: Vec<u32> = self.counts.keys().flat_map(tgids).collect();
+        let mut live: Vec<Proc> = self.counts.keys().flat_map(tgids).collect();
         live.sort_unstable();
         live.dedup();
-        for &t in &live {
-            sym.capture(t, true);
+        for &p in &live {
+            sym.capture(p, true);
         }
         sym.refresh_kernel();
         self.settle(sym, |_| true);
@@ -570,7 +590,7 @@ impl StackStore {
         }
         let thread = |n: &Named| Thread {
             comm: crate::kernel::c_string(&n.comm),
-            pid: n.pid,
+            pid: n.proc.pid,
             kernel: stacks[n.kernel as usize].clone(),
             user: stacks[n.user as usize].clone(),
         };
@@ -587,6 +607,7 @@ impl StackStore {
                 Sample {
                     comm,
                     pid,
+                    started: t.proc.born_wall_ns(),
                     tid: t.tid,
                     kernel,
                     user,
@@ -639,17 +660,22 @@ fn own_frames(mut kernel: Vec<Frame>) -> Vec<Frame> {
 
 /// Captures the mappings of those of `pids` the symbolizer has never
 /// captured.
-fn capture_unknown(pids: &[u32], sym: &mut Symbolizer) {
-    for &pid in pids {
-        if !sym.knows(pid) {
-            sym.capture(pid, false);
+fn capture_unknown(pids: &[Proc], sym: &mut Symbolizer) {
+    for &p in pids {
+        if !sym.knows(p) {
+            sym.capture(p, false);
         }
     }
 }
 
+/// The process a key names.
+pub fn proc_of(k: &Key) -> Proc {
+    Proc::new(k.tgid, k.born)
+}
+
 /// The processes a count names: the thread's, and its waker's.
-fn tgids(k: &WakeKey) -> impl Iterator<Item = u32> {
-    std::iter::once(k.key.tgid).chain(k.has_waker().then_some(k.waker.tgid))
+fn tgids(k: &WakeKey) -> impl Iterator<Item = Proc> {
+    std::iter::once(proc_of(&k.key)).chain(k.has_waker().then(|| proc_of(&k.waker)))
 }
 
 #[cfg(test)]

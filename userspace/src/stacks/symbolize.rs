@@ -33,6 +33,7 @@ mod elf;
 mod frame;
 mod jit;
 mod kallsyms;
+pub mod later;
 
 pub use self::frame::{CodeMapping, Frame, Kind, Places};
 use self::{
@@ -41,7 +42,7 @@ use self::{
     kallsyms::{Kallsyms, kernel_mapping},
 };
 use crate::{
-    kernel::warning::Warning,
+    kernel::{procmaps::Proc, warning::Warning},
     stacks::{jitdump, python::Python},
 };
 
@@ -89,13 +90,13 @@ type Place = (Loc, u64, Option<Arc<CodeMapping>>);
 enum Loc {
     Kernel(u64),
     File(FileId, u64),
-    Jit(u32, u64),
-    Named(u32, usize),
+    Jit(Proc, u64),
+    Named(Proc, usize),
     /// A Python frame: the process, the code object's address and check,
     /// and the instruction's code unit.
-    Python(u32, u64, u32, u32),
+    Python(Proc, u64, u32, u32),
     /// In a mapping whose file could not be opened.
-    Unopened(u32, usize),
+    Unopened(Proc, usize),
     Unknown,
 }
 
@@ -103,7 +104,9 @@ enum Loc {
 pub struct Symbolizer {
     blaze: Blaze,
     files: HashMap<FileId, OpenFile>,
-    procs: HashMap<u32, Process>,
+    /// What was captured of each process: a pid's later process is
+    /// another entry, never what an earlier one left.
+    procs: HashMap<Proc, Process>,
     /// See [`Symbolizer::recapture_every`].
     recapture: Duration,
     /// See [`Symbolizer::with_lines`].
@@ -118,9 +121,9 @@ pub struct Symbolizer {
     /// show as `[unknown]`, which the user is told of.
     failures: std::collections::BTreeMap<String, String>,
     /// Processes with JIT frames that their perf map did not name.
-    unnamed: std::collections::BTreeMap<u32, Unnamed>,
-    /// Jitdump files by the pid of the process that maps them.
-    dumps: HashMap<u32, Dump>,
+    unnamed: std::collections::BTreeMap<Proc, Unnamed>,
+    /// Jitdump files by the process that maps them.
+    dumps: HashMap<Proc, Dump>,
     /// The CLOCK_MONOTONIC time JIT code is looked up at in jitdumps (see
     /// [`Symbolizer::jit_time`]); `None` takes the newest code.
     jit_time: Option<u64>,
@@ -128,6 +131,9 @@ pub struct Symbolizer {
     gone_dumps: Vec<(String, Option<Warning>)>,
     /// The Python processes and the names of their code.
     python: Python,
+    /// The pprof file the run writes, which `rtrace report` names JIT
+    /// frames from once their maps are written.
+    pprof: Option<String>,
 }
 
 /// How often one process's mappings are read again while it gets new
@@ -161,6 +167,7 @@ impl Symbolizer {
             jit_time: None,
             gone_dumps: Vec::new(),
             python: Python::default(),
+            pprof: None,
         }
     }
 
@@ -191,12 +198,12 @@ impl Symbolizer {
                 self.failures.len() - SHOWN
             )));
         }
-        for (&pid, u) in self.unnamed.iter().take(SHOWN) {
-            out.push(u.warning(pid));
+        for (p, u) in self.unnamed.iter().take(SHOWN) {
+            out.push(u.warning(*p, self.pprof.as_deref()));
         }
         out.extend(self.python.warnings());
         out.extend(self.gone_dumps.iter().filter_map(|(_, w)| w.clone()));
-        out.extend(self.dumps.iter().filter_map(|(&pid, d)| d.warning(pid)));
+        out.extend(self.dumps.iter().filter_map(|(p, d)| d.warning(p.pid)));
         if self.unnamed.len() > SHOWN {
             out.push(Warning::unnamed(format!(
                 "and JIT frames of {} other processes are unnamed",
@@ -206,14 +213,27 @@ impl Symbolizer {
         out
     }
 
-    /// Reads process `pid`'s perf map again if it changed: at its exit,
+    /// Reads process `p`'s perf map again if it changed: at its exit,
     /// when a runtime that writes the map then (Mono, the JVM) has just
-    /// written it.
-    pub fn read_jit(&mut self, pid: u32) {
-        if let Some(proc) = self.procs.get_mut(&pid) {
-            proc.perf_map.read(pid);
+    /// written it. What is read is that process's, whoever is given its
+    /// pid next.
+    pub fn read_jit(&mut self, p: Proc) {
+        if let Some(proc) = self.procs.get_mut(&p) {
+            proc.perf_map.read(p);
         }
-        if let Some(d) = self.dumps.get_mut(&pid) {
+        if let Some(d) = self.dumps.get_mut(&p) {
+            d.read_more();
+        }
+    }
+
+    /// Reads process `p`'s perf map for the last time, as it has exited
+    /// (or was found gone): it wrote it as it exited, and what is at its
+    /// path from now on is a later process's of its pid.
+    pub fn exited(&mut self, p: Proc) {
+        if let Some(proc) = self.procs.get_mut(&p) {
+            proc.perf_map.close(p);
+        }
+        if let Some(d) = self.dumps.get_mut(&p) {
             d.read_more();
         }
     }
@@ -221,8 +241,8 @@ impl Symbolizer {
     /// Reads every known process's perf map again if it changed, at the
     /// end of a run.
     pub fn read_all_jit(&mut self) {
-        for (&pid, proc) in &mut self.procs {
-            proc.perf_map.read(pid);
+        for (&p, proc) in &mut self.procs {
+            proc.perf_map.read(p);
         }
         self.read_dumps();
     }
@@ -237,19 +257,19 @@ impl Symbolizer {
     /// The processes with a jitdump whose times are comparable with
     /// sample times: their stacks are worth naming at the time they were
     /// counted ([`Symbolizer::jit_time`]).
-    pub fn timed_dumps(&self) -> HashSet<u32> {
+    pub fn timed_dumps(&self) -> HashSet<Proc> {
         self.dumps
             .iter()
             .filter(|(_, d)| d.dump.timed())
-            .map(|(&pid, _)| pid)
+            .map(|(&p, _)| p)
             .collect()
     }
 
     /// What each jitdump read holds, for `-v`.
     pub fn dump_summary(&self) -> Vec<String> {
-        let mut pids: Vec<&u32> = self.dumps.keys().collect();
-        pids.sort_unstable();
-        let live = pids.into_iter().map(|&pid| self.dumps[&pid].summary(pid));
+        let mut procs: Vec<&Proc> = self.dumps.keys().collect();
+        procs.sort_unstable();
+        let live = procs.into_iter().map(|p| self.dumps[p].summary(p.pid));
         self.gone_dumps
             .iter()
             .map(|(s, _)| s.clone())
@@ -264,6 +284,12 @@ impl Symbolizer {
     /// perf map has it.
     pub fn jit_time(&mut self, at: Option<u64>) {
         self.jit_time = at;
+    }
+
+    /// Notes the pprof file the run writes (`--pprof`): the warning of
+    /// JIT frames whose map is written at exit says it names them later.
+    pub fn names_later_in(&mut self, pprof: Option<String>) {
+        self.pprof = pprof;
     }
 
     /// Gives frames their source file and line (`--lines`).
@@ -296,31 +322,37 @@ impl Symbolizer {
         self.recapture = every;
     }
 
-    /// Captures process `pid`'s executable mappings and perf map, or
+    /// Captures process `p`'s executable mappings and perf map, or
     /// refreshes them: the perf map whenever it has grown, which costs a
     /// `stat`, and the mappings if they were read more than a moment ago
-    /// (or `force`). A process that is gone is left as last captured.
-    pub fn capture(&mut self, pid: u32, force: bool) {
+    /// (or `force`). A process that is gone, or whose pid another process
+    /// has now, is left as last captured.
+    pub fn capture(&mut self, p: Proc, force: bool) {
+        let pid = p.pid;
         if pid == 0 {
             return;
         }
-        if let Some(proc) = self.procs.get_mut(&pid) {
+        if let Some(proc) = self.procs.get_mut(&p) {
             proc.found_only = false;
         }
         if !force
-            && let Some(proc) = self.procs.get_mut(&pid)
+            && let Some(proc) = self.procs.get_mut(&p)
             && proc.captured.is_some_and(|t| t.elapsed() < self.recapture)
         {
             // A JIT names new code in its map before running it, so the
             // first sample of that code is the moment to read the map,
             // however recently the mappings were read.
-            proc.perf_map.read(pid);
+            proc.perf_map.read(p);
             return;
         }
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"));
+        // Read before the check: a process that took the pid after the
+        // check would otherwise lend its mappings.
+        let Some(maps) = maps.ok().filter(|_| p.alive()) else {
             // Gone before it was ever read: its perf map, named by its pid,
-            // may still name its JIT code (written at exit, or as it ran).
-            self.procs.entry(pid).or_default().perf_map.read(pid);
+            // may still name its JIT code (written at exit, or as it ran),
+            // if it is not older than the process.
+            self.procs.entry(p).or_default().perf_map.read(p);
             return;
         };
         let mut found = Vec::new();
@@ -329,8 +361,8 @@ impl Symbolizer {
                 found.push(m);
             }
         }
-        self.find_dump(pid, &found);
-        let proc = self.procs.entry(pid).or_default();
+        self.find_dump(p, &found);
+        let proc = self.procs.entry(p).or_default();
         for m in found {
             // A file that could not be opened this time (the process was
             // exiting, or the mapping just changed) must not hide the one
@@ -347,15 +379,15 @@ impl Symbolizer {
             }
         }
         proc.captured = Some(Instant::now());
-        proc.perf_map.read(pid);
+        proc.perf_map.read(p);
     }
 
-    /// Notes that process `pid` ran a new program: what was captured of
+    /// Notes that process `who` ran a new program: what was captured of
     /// the old one (inherited at fork, or read before) no longer says what
     /// its addresses mean, so its mappings are read again at once and its
     /// JIT files looked for afresh.
-    pub fn exec(&mut self, pid: u32) {
-        if let Some(p) = self.procs.get_mut(&pid) {
+    pub fn exec(&mut self, who: Proc) {
+        if let Some(p) = self.procs.get_mut(&who) {
             // The samples before the exec (a shell's or a build's child
             // between fork and exec) are named by the old program's
             // mappings, one program back, where the new one's hold
@@ -367,19 +399,19 @@ impl Symbolizer {
             p.captured = None;
             p.perf_map.clear();
         }
-        self.close_dump(pid);
-        self.capture(pid, true);
+        self.close_dump(who);
+        self.capture(who, true);
     }
 
-    /// Notes a mapping of process `pid` that the kernel found itself
+    /// Notes a mapping of process `p` that the kernel found itself
     /// (from `start` to `end`, of file offset `offset`, of the file the
     /// kernel names `dev` (its `s_dev`) and `ino`): the frames in it are
     /// named from it if the process is gone before its maps are read. The
     /// file is known by what any process mapped of it; until then its
     /// frames have no name.
-    pub fn found(&mut self, pid: u32, start: u64, end: u64, offset: u64, dev: u32, ino: u64) {
+    pub fn found(&mut self, p: Proc, start: u64, end: u64, offset: u64, dev: u32, ino: u64) {
         let id = (libc::makedev(dev >> 20, dev & 0xf_ffff), ino);
-        let proc = self.procs.entry(pid).or_insert_with(|| Process {
+        let proc = self.procs.entry(p).or_insert_with(|| Process {
             found_only: true,
             ..Process::default()
         });
@@ -413,9 +445,9 @@ impl Symbolizer {
         });
     }
 
-    /// Whether anything was captured of process `pid`.
-    pub fn knows(&self, pid: u32) -> bool {
-        self.procs.get(&pid).is_some_and(|p| !p.found_only)
+    /// Whether anything was captured of process `p`.
+    pub fn knows(&self, p: Proc) -> bool {
+        self.procs.get(&p).is_some_and(|p| !p.found_only)
     }
 
     /// Gives process `child`, just forked from `parent`, what was captured
@@ -423,7 +455,7 @@ impl Symbolizer {
     /// runs a program of its own, and may be gone before its own maps
     /// could be read. Without a capture of the parent, the child's own is
     /// read.
-    pub fn inherit(&mut self, child: u32, parent: u32) {
+    pub fn inherit(&mut self, child: Proc, parent: Proc) {
         match self.procs.get(&parent) {
             Some(p) => {
                 let mut p = p.clone();
@@ -449,18 +481,18 @@ impl Symbolizer {
         self.kallsyms.refresh();
     }
 
-    /// Drops what was captured of process `pid`, once its stacks are
+    /// Drops what was captured of process `p`, once its stacks are
     /// symbolized and it is gone.
-    pub fn forget(&mut self, pid: u32) {
-        self.procs.remove(&pid);
-        self.close_dump(pid);
+    pub fn forget(&mut self, p: Proc) {
+        self.procs.remove(&p);
+        self.close_dump(p);
     }
 
-    /// Closes process `pid`'s jitdump, keeping what `-v` and the warnings
+    /// Closes process `p`'s jitdump, keeping what `-v` and the warnings
     /// say of it.
-    fn close_dump(&mut self, pid: u32) {
-        if let Some(d) = self.dumps.remove(&pid) {
-            self.gone_dumps.push((d.summary(pid), d.warning(pid)));
+    fn close_dump(&mut self, p: Proc) {
+        if let Some(d) = self.dumps.remove(&p) {
+            self.gone_dumps.push((d.summary(p.pid), d.warning(p.pid)));
         }
     }
 
@@ -469,8 +501,8 @@ impl Symbolizer {
     /// first page executable for perf to find it. The file was opened
     /// with the mapping, through `map_files`, so a dump deleted since is
     /// still read.
-    fn find_dump(&mut self, pid: u32, found: &[Mapping]) {
-        if self.dumps.contains_key(&pid) {
+    fn find_dump(&mut self, p: Proc, found: &[Mapping]) {
+        if self.dumps.contains_key(&p) {
             return;
         }
         let Some((id, name)) = found.iter().find_map(|m| {
@@ -483,7 +515,7 @@ impl Symbolizer {
         let Some(file) = self.files.get(&id).and_then(|f| f.file.try_clone().ok()) else {
             return;
         };
-        self.dumps.insert(pid, Dump::open(file, name));
+        self.dumps.insert(p, Dump::open(file, name));
     }
 
     /// Parses one line of `/proc/PID/maps`, keeping executable mappings and
@@ -534,7 +566,7 @@ impl Symbolizer {
     ///
     /// Frames come back leaf first, inlined functions before the function
     /// they were inlined into.
-    pub fn symbolize(&mut self, stacks: &[(Option<u32>, &[u64])]) -> Vec<Vec<Frame>> {
+    pub fn symbolize(&mut self, stacks: &[(Option<Proc>, &[u64])]) -> Vec<Vec<Frame>> {
         // Each address where it is (its call site: `call_site`), with its
         // mapping, for pprof.
         let places: Vec<Vec<Place>> = stacks
@@ -677,7 +709,7 @@ impl Symbolizer {
 
     /// Where user address `ip` of `pid` is, and the file-backed mapping
     /// that holds it, if any.
-    fn locate(&self, pid: u32, ip: u64) -> (Loc, Option<Arc<CodeMapping>>) {
+    fn locate(&self, pid: Proc, ip: u64) -> (Loc, Option<Arc<CodeMapping>>) {
         let Some(proc) = self.procs.get(&pid) else {
             return (Loc::Unknown, None);
         };
@@ -702,13 +734,13 @@ impl Symbolizer {
     }
 
     /// The perf-map symbol at `ip` of `pid`.
-    fn jit_symbol(&self, pid: u32, ip: u64) -> Option<&JitSymbol> {
+    fn jit_symbol(&self, pid: Proc, ip: u64) -> Option<&JitSymbol> {
         self.procs.get(&pid)?.perf_map.symbol(ip)
     }
 
     /// Whether every frame of user stack `ips` of `pid` (leaf first) that
     /// is in JIT code is named, by the jitdump or the perf map.
-    pub fn names_all_jit(&self, pid: u32, ips: &[u64]) -> bool {
+    pub fn names_all_jit(&self, pid: Proc, ips: &[u64]) -> bool {
         ips.iter().enumerate().all(|(i, &ip)| {
             let ip = call_site(i, ip);
             !self.in_jit_code(pid, ip)
@@ -719,7 +751,7 @@ impl Symbolizer {
 
     /// Whether `ip` of `pid` is in anonymous executable memory, JIT code.
     /// Addresses in no mapping at all are a walk gone astray.
-    fn in_jit_code(&self, pid: u32, ip: u64) -> bool {
+    fn in_jit_code(&self, pid: Proc, ip: u64) -> bool {
         self.procs.get(&pid).is_some_and(|p| {
             p.maps
                 .iter()
@@ -729,7 +761,7 @@ impl Symbolizer {
 
     /// The code at `ip` of `pid` by its jitdump, at the time set by
     /// [`Symbolizer::jit_time`].
-    fn dump_symbol(&self, pid: u32, ip: u64) -> Option<jitdump::JitSymbol<'_>> {
+    fn dump_symbol(&self, pid: Proc, ip: u64) -> Option<jitdump::JitSymbol<'_>> {
         let dump = &self.dumps.get(&pid)?.dump;
         match self.jit_time {
             Some(t) => dump.lookup(ip, t),
@@ -739,7 +771,7 @@ impl Symbolizer {
 
     /// The JIT code at `ip` of `pid` by its jitdump, else its perf map, or
     /// `[unknown]`.
-    fn jit_frame(&self, pid: u32, ip: u64) -> Frame {
+    fn jit_frame(&self, pid: Proc, ip: u64) -> Frame {
         if let Some(s) = self.dump_symbol(pid, ip) {
             let mut frame = jit_named(s.name);
             if self.lines {
@@ -751,13 +783,28 @@ impl Symbolizer {
         }
         match self.jit_symbol(pid, ip) {
             Some(s) => jit_named(&s.name),
+            // Its module is the file that would name it, as perf has it:
+            // `rtrace report` names it from there once it is written.
+            None if self.in_jit_code(pid, ip) => {
+                Frame::unknown(Kind::User, Some(&self.jit_file(pid)))
+            }
             None => Frame::unknown(Kind::User, None),
+        }
+    }
+
+    /// The file that names process `p`'s JIT code, as the process names
+    /// it: its jitdump, else its perf map.
+    fn jit_file(&self, p: Proc) -> String {
+        match (self.dumps.get(&p), self.procs.get(&p)) {
+            (Some(d), _) => d.shown.clone(),
+            (None, Some(proc)) => proc.perf_map.why_unnamed(p.pid).1,
+            (None, None) => format!("/tmp/perf-{}.map", p.pid),
         }
     }
 
     /// A Python frame: `module.qualname`, in its file, with its line
     /// under `--lines`; `[python]` if its code object could not be read.
-    fn python_frame(&mut self, pid: u32, addr: u64, check: u32, lasti: u32) -> Frame {
+    fn python_frame(&mut self, pid: Proc, addr: u64, check: u32, lasti: u32) -> Frame {
         let Some(n) = self.python.name(pid, addr, check) else {
             return Frame::new("[python]", Kind::Interpreted, None);
         };
@@ -774,7 +821,7 @@ impl Symbolizer {
     /// warning at exit. Addresses in no mapping at all are a walk gone
     /// astray, not JIT code, and are not counted.
     fn note_unnamed(&mut self, places: &[Vec<Place>]) {
-        let mut found: HashMap<u32, u64> = HashMap::new();
+        let mut found: HashMap<Proc, u64> = HashMap::new();
         for (loc, _, _) in places.iter().flatten() {
             let Loc::Jit(pid, ip) = *loc else { continue };
             if self.in_jit_code(pid, ip)
@@ -788,7 +835,7 @@ impl Symbolizer {
             let proc = &self.procs[&pid];
             let (map, shown) = match self.dumps.get(&pid) {
                 Some(d) => ("dump", d.shown.clone()),
-                None => proc.perf_map.why_unnamed(pid),
+                None => proc.perf_map.why_unnamed(pid.pid),
             };
             let entry = self.unnamed.entry(pid).or_insert_with(|| Unnamed {
                 comm: proc.perf_map.comm.clone(),
@@ -822,7 +869,7 @@ mod tests {
     #[test]
     fn resolves_own_function_and_kernel_symbol() {
         let mut s = Symbolizer::new();
-        let pid = std::process::id();
+        let pid = Proc::now(std::process::id());
         s.capture(pid, true);
         let ip = marker_function_for_symbolizer_test as *const () as u64;
         let out = s.symbolize(&[(Some(pid), &[ip])]);

@@ -16,7 +16,7 @@ use rtrace_common::unwind::{
 };
 
 use crate::kernel::load::take_map;
-use crate::kernel::procmaps;
+use crate::kernel::procmaps::{self, Proc};
 use crate::kernel::warning::Warning;
 
 #[cfg(test)]
@@ -260,8 +260,9 @@ pub struct KernelTables {
     free_buckets: Free,
     free_rules: Free,
     /// The processes whose regions were read (or copied at fork), with
-    /// the files (by table) they map.
-    captured: HashMap<u32, Vec<usize>>,
+    /// the files (by table) they map; by pid, as the kernel's table is,
+    /// with the process that has the pid.
+    captured: HashMap<u32, (Proc, Vec<usize>)>,
     /// Files whose rows did not fit, even with every file no live process
     /// maps evicted, each once (by its table), with the rows, buckets and
     /// rules it needed and when it was last tried: their code is walked by
@@ -469,11 +470,13 @@ impl KernelTables {
     /// Returns whether the process's mappings were read: a mapping the
     /// walk then knows it will never report as new code, so whoever names
     /// the frames must read them no earlier.
-    pub fn add_process(&mut self, pid: u32, force: bool) -> anyhow::Result<bool> {
-        if !force && self.captured.contains_key(&pid) {
+    pub fn add_process(&mut self, who: Proc, force: bool) -> anyhow::Result<bool> {
+        let pid = who.pid;
+        // A pid's later process has regions of its own.
+        if !force && self.captured.get(&pid).is_some_and(|(p, _)| *p == who) {
             return Ok(false);
         }
-        self.captured.insert(pid, Vec::new());
+        self.captured.insert(pid, (who, Vec::new()));
         let Ok(regions) = self.tables.process(Some(pid)) else {
             // Gone already: its samples keep their frame-pointer walk.
             return Ok(false);
@@ -506,7 +509,7 @@ impl KernelTables {
             out.n += 1;
         }
         if let Some(c) = self.captured.get_mut(&pid) {
-            *c = files;
+            c.1 = files;
         }
         if self.procs.insert(pid, out, 0).is_err() {
             // Full: room is made by forgetting processes that exited, and
@@ -537,9 +540,21 @@ impl KernelTables {
     /// Notes a process the kernel gave its parent's regions at fork, so
     /// that they are forgotten when it exits, and that its parent's files
     /// stay loaded while it lives.
-    pub fn adopt(&mut self, pid: u32, parent: u32) {
-        let files = self.captured.get(&parent).cloned().unwrap_or_default();
-        self.captured.insert(pid, files);
+    pub fn adopt(&mut self, child: Proc, parent: u32) {
+        let files = self
+            .captured
+            .get(&parent)
+            .map(|(_, f)| f.clone())
+            .unwrap_or_default();
+        self.captured.insert(child.pid, (child, files));
+    }
+
+    /// Removes the regions of process `pid`, which has exited: the pid's
+    /// next process must not be walked by them.
+    pub fn forget(&mut self, pid: u32) {
+        if self.captured.remove(&pid).is_some() {
+            let _ = self.procs.remove(&pid);
+        }
     }
 
     /// Removes the regions of processes that have exited, so that a host
@@ -547,9 +562,9 @@ impl KernelTables {
     pub fn forget_exited(&mut self) {
         let gone: Vec<u32> = self
             .captured
-            .keys()
-            .copied()
-            .filter(|&pid| !procmaps::alive(pid))
+            .iter()
+            .filter(|(_, (p, _))| !p.alive())
+            .map(|(&pid, _)| pid)
             .collect();
         for pid in gone {
             self.captured.remove(&pid);
@@ -653,7 +668,7 @@ impl KernelTables {
     fn evict(&mut self, need: &Capacity, keep: &[usize]) {
         self.forget_exited();
         let mut live: std::collections::HashSet<usize> = keep.iter().copied().collect();
-        live.extend(self.captured.values().flatten().copied());
+        live.extend(self.captured.values().flat_map(|(_, f)| f).copied());
         let mapped = mapped_files();
         let mut idle: Vec<(std::time::Instant, usize)> = self
             .loaded

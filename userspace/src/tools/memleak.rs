@@ -679,6 +679,7 @@ impl Memleak {
             out.push(Sample {
                 comm,
                 pid: tgid,
+                started: 0,
                 tid: 0,
                 user,
                 kernel,

@@ -12,7 +12,7 @@ use crate::{
         Sink,
         stacks::{self, FlameOptions, TextOptions, pprof, report},
     },
-    stacks::sample::Sample,
+    stacks::{sample::Sample, symbolize::later},
 };
 
 /// Report on a saved profile (pprof or folded stacks) as perf report does.
@@ -107,9 +107,15 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
     };
     let name = path.display();
     if let Some(profile) = pprof::decode(&bytes) {
-        let r = profile
+        let mut r = profile
             .and_then(|p| pprof::read(&p, args.sample_index.as_deref()))
             .with_context(|| format!("{name}"))?;
+        // JIT frames whose maps were written after the run (at their
+        // process's exit), named now, as perf report names them.
+        let until = r.time_nanos.saturating_add(r.duration_ns);
+        for line in later::name_jit_frames(&mut r.samples, until) {
+            eprintln!("rtrace: {line}");
+        }
         let unit = match r.value.1.as_str() {
             "count" => "samples".to_owned(),
             u => u.to_owned(),

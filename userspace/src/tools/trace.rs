@@ -596,7 +596,8 @@ impl Trace {
                         // The function the address is in.
                         Conv::KernelSym | Conv::UserSym => {
                             let addr = e.values[value];
-                            let pid = (conv == Conv::UserSym).then_some(e.pid);
+                            let pid = (conv == Conv::UserSym)
+                                .then(|| crate::kernel::procmaps::Proc::now(e.pid));
                             if let Some(p) = pid {
                                 sym.capture(p, false);
                             }

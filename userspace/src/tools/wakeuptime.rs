@@ -232,6 +232,7 @@ fn by_waker(counted: Vec<Sample>, transforms: &TransformArgs) -> (Vec<Sample>, u
             Sample {
                 comm,
                 pid,
+                started: 0,
                 tid: 0,
                 user: Arc::new([]),
                 kernel: Arc::new([]),

@@ -55,6 +55,12 @@ pub struct Meta<'a> {
 /// what every reader keeps (`go tool pprof -tagfocus`, `-tags`).
 pub const TIME_LABEL: &str = "time_offset";
 
+/// The numeric label of when a sample's process started, in nanoseconds
+/// since the epoch: with `pid`, which process it was, as a pid is reused
+/// (a long build's pids wrap). `rtrace report` tells processes apart by
+/// it, and checks a perf map's owner against it.
+pub const START_LABEL: &str = "process_start";
+
 /// What a comment holding one of the run's facts starts with.
 const FACT_MARK: &str = "rtrace-fact ";
 
@@ -278,8 +284,16 @@ pub fn write(
         b.profile.sample_type.push(vt);
     }
     // perf_data_converter's label names, where it has them.
-    let keys =
-        ["comm", "pid", "waker_comm", "waker_pid", "tid", TIME_LABEL].map(|k| b.strings.get(k));
+    let keys = [
+        "comm",
+        "pid",
+        "waker_comm",
+        "waker_pid",
+        "tid",
+        TIME_LABEL,
+        START_LABEL,
+    ]
+    .map(|k| b.strings.get(k));
     let nanoseconds = b.strings.get("nanoseconds");
     for (index, s) in samples.iter().enumerate() {
         let stack: Vec<Frame> = s.root_first(false).into_iter().rev().collect();
@@ -298,6 +312,14 @@ pub fn write(
             ..Label::default()
         };
         let mut label = vec![text(&mut b, keys[0], &s.comm), num(keys[1], s.pid)];
+        if s.started != 0 {
+            label.push(Label {
+                key: keys[6],
+                num: s.started as i64,
+                num_unit: nanoseconds,
+                ..Label::default()
+            });
+        }
         if s.tid != 0 {
             label.push(num(keys[4], s.tid));
         }
@@ -507,6 +529,7 @@ pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
             .unwrap_or_else(|| main_file.clone());
         let id = |key: &str| label(key).map_or(0, |l| u32::try_from(l.num).unwrap_or(0));
         let (pid, tid) = (id("pid"), id("tid"));
+        let started = label(START_LABEL).map_or(0, |l| u64::try_from(l.num).unwrap_or(0));
         // The slot a time label falls in; 1-based, as rtrace counts them.
         let slot = label(TIME_LABEL)
             .and_then(|l| u64::try_from(l.num).ok())
@@ -534,6 +557,7 @@ pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
         samples.push(Sample {
             comm,
             pid,
+            started,
             tid,
             user: Arc::from(user),
             kernel: Arc::from(kernel),

@@ -293,8 +293,9 @@ struct RowKey(Vec<Value>);
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Value {
     Comm(Arc<str>),
-    /// A process or a thread, with its command.
-    Pid(u32, Arc<str>),
+    /// A process or a thread, with when its process started (a pid's
+    /// later process is another row), and its command.
+    Pid(u32, u64, Arc<str>),
     Dso(Arc<str>),
     /// Kernel or not (`[k]` or `[.]`), and the name.
     Sym(bool, Arc<str>),
@@ -304,7 +305,7 @@ impl Value {
     fn text(&self) -> String {
         match self {
             Self::Comm(c) => c.to_string(),
-            Self::Pid(p, c) => format!("{p:>7}:{c}"),
+            Self::Pid(p, _, c) => format!("{p:>7}:{c}"),
             Self::Dso(d) => d.to_string(),
             Self::Sym(k, n) => format!("[{}] {n}", if *k { 'k' } else { '.' }),
         }
@@ -313,7 +314,7 @@ impl Value {
     fn json(&self) -> serde_json::Value {
         match self {
             Self::Comm(c) => c.as_ref().into(),
-            Self::Pid(p, _) => (*p).into(),
+            Self::Pid(p, _, _) => (*p).into(),
             Self::Dso(d) => d.as_ref().into(),
             Self::Sym(_, n) => n.as_ref().into(),
         }
@@ -326,10 +327,14 @@ fn row_key(keys: &[Key], s: &Sample, comm: &Arc<str>, site: &Site) -> RowKey {
         keys.iter()
             .map(|k| match k {
                 Key::Comm => Value::Comm(comm.clone()),
-                Key::Pid => Value::Pid(s.pid, comm.clone()),
+                Key::Pid => Value::Pid(s.pid, s.started, comm.clone()),
                 // A file without threads keeps a process's samples in one
                 // row, under its pid.
-                Key::Tid => Value::Pid(if s.tid != 0 { s.tid } else { s.pid }, comm.clone()),
+                Key::Tid => Value::Pid(
+                    if s.tid != 0 { s.tid } else { s.pid },
+                    s.started,
+                    comm.clone(),
+                ),
                 Key::Dso => Value::Dso(site.dso.clone()),
                 Key::Sym => Value::Sym(site.kernel, site.sym.clone()),
             })

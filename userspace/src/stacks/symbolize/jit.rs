@@ -10,7 +10,10 @@ use std::{
 };
 
 use super::frame::{Frame, Kind};
-use crate::{kernel::warning::Warning, stacks::jitdump::JitDump};
+use crate::{
+    kernel::{procmaps::Proc, warning::Warning},
+    stacks::jitdump::JitDump,
+};
 
 /// A symbol of a perf map.
 #[derive(Clone)]
@@ -34,77 +37,69 @@ pub(super) struct PerfMap {
     path: Option<JitPath>,
     /// The process's command, for warnings.
     pub(super) comm: Option<Arc<str>>,
+    /// Read for the last time, as its process exited: what is at its
+    /// path later is another process's.
+    closed: bool,
 }
 
 impl PerfMap {
-    /// Reads process `pid`'s perf map if it changed since last read. A map
-    /// that is gone leaves the symbols read before.
-    pub(super) fn read(&mut self, pid: u32) {
+    /// Reads process `p`'s perf map if it changed since last read. A map
+    /// that is gone leaves the symbols read before; one older than the
+    /// process is an earlier process's of the same pid, and is not read.
+    pub(super) fn read(&mut self, p: Proc) {
         if self.path.is_none() {
-            self.path = perf_map_path(pid);
-            self.comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .ok()
-                .map(|c| Arc::from(c.trim_end()));
+            let pid = p.pid;
+            let alive = p.alive();
+            self.path = perf_map_path(pid, alive);
+            if alive {
+                self.comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .ok()
+                    .map(|c| Arc::from(c.trim_end()));
+            }
         }
         let Some(jit) = &self.path else {
             return;
         };
+        if self.closed {
+            return;
+        }
         let Ok(meta) = std::fs::metadata(&jit.path) else {
             return;
         };
-        if meta.len() == self.len {
+        if meta.len() == self.len
+            || !written_by(&meta, p)
+            || !p.alive() && successor_wrote(&meta, p)
+        {
             return;
         }
         let Ok(text) = std::fs::read_to_string(&jit.path) else {
             return;
         };
         self.len = meta.len();
-        let mut syms: Vec<JitSymbol> = Vec::new();
-        for line in text.lines() {
-            let mut f = line.splitn(3, ' ');
-            let hex = |s: Option<&str>| {
-                let s = s?.trim();
-                u64::from_str_radix(s.strip_prefix("0x").unwrap_or(s), 16).ok()
-            };
-            let (Some(start), Some(size), Some(name)) = (hex(f.next()), hex(f.next()), f.next())
-            else {
-                continue;
-            };
-            syms.push(JitSymbol {
-                start,
-                end: start.saturating_add(size),
-                name: name.trim_end().to_owned(),
-            });
-        }
-        // A stable sort keeps later lines after earlier ones at the same
-        // start; dedup then keeps the later.
-        syms.sort_by_key(|s| s.start);
-        let mut kept: Vec<JitSymbol> = Vec::with_capacity(syms.len());
-        for s in syms {
-            match kept.last_mut() {
-                Some(last) if last.start == s.start => *last = s,
-                _ => kept.push(s),
-            }
-        }
-        self.syms = kept;
+        self.syms = parse_perf_map(&text);
     }
 
     /// The symbol at `ip`.
     pub(super) fn symbol(&self, ip: u64) -> Option<&JitSymbol> {
-        let i = self.syms.partition_point(|s| s.start <= ip);
-        i.checked_sub(1)
-            .map(|i| &self.syms[i])
-            .filter(|s| ip < s.end)
+        symbol_at(&self.syms, ip)
+    }
+
+    /// Reads the map one last time, as its process has exited (or is
+    /// found gone): a later process given the pid writes its own there.
+    pub(super) fn close(&mut self, p: Proc) {
+        self.read(p);
+        self.closed = true;
     }
 
     /// What a child just forked from this process starts with: its own
     /// map's path, nothing read of it yet.
-    pub(super) fn for_child(&self, child: u32) -> Self {
+    pub(super) fn for_child(&self, child: Proc) -> Self {
         Self {
             syms: Vec::new(),
             len: 0,
-            path: perf_map_path(child),
+            path: perf_map_path(child.pid, child.alive()),
             comm: self.comm.clone(),
+            closed: false,
         }
     }
 
@@ -114,6 +109,7 @@ impl PerfMap {
         self.syms.clear();
         self.len = 0;
         self.path = None;
+        self.closed = false;
     }
 
     /// Why JIT frames of process `pid` that it did not name are unnamed
@@ -143,12 +139,74 @@ struct JitPath {
     _root: Option<Arc<File>>,
 }
 
+/// The symbols of a perf map's text (`START SIZE name` lines, in hex),
+/// sorted by start; later lines win, as perf has it, so a range
+/// rewritten by the JIT gets its newest name.
+pub(super) fn parse_perf_map(text: &str) -> Vec<JitSymbol> {
+    let mut syms: Vec<JitSymbol> = Vec::new();
+    for line in text.lines() {
+        let mut f = line.splitn(3, ' ');
+        let hex = |s: Option<&str>| {
+            let s = s?.trim();
+            u64::from_str_radix(s.strip_prefix("0x").unwrap_or(s), 16).ok()
+        };
+        let (Some(start), Some(size), Some(name)) = (hex(f.next()), hex(f.next()), f.next()) else {
+            continue;
+        };
+        syms.push(JitSymbol {
+            start,
+            end: start.saturating_add(size),
+            name: name.trim_end().to_owned(),
+        });
+    }
+    // A stable sort keeps later lines after earlier ones at the same
+    // start; dedup then keeps the later.
+    syms.sort_by_key(|s| s.start);
+    let mut kept: Vec<JitSymbol> = Vec::with_capacity(syms.len());
+    for s in syms {
+        match kept.last_mut() {
+            Some(last) if last.start == s.start => *last = s,
+            _ => kept.push(s),
+        }
+    }
+    kept
+}
+
+/// The symbol of `syms` (sorted by start) at `ip`.
+pub(super) fn symbol_at(syms: &[JitSymbol], ip: u64) -> Option<&JitSymbol> {
+    let i = syms.partition_point(|s| s.start <= ip);
+    i.checked_sub(1).map(|i| &syms[i]).filter(|s| ip < s.end)
+}
+
+/// Whether the file of `meta` (a perf map) may be process `p`'s: it was
+/// last written after the process started. One written before is an
+/// earlier process's that had the pid, and names none of this one's
+/// code. A process of unknown start is given any.
+pub(crate) fn written_by(meta: &std::fs::Metadata, p: Proc) -> bool {
+    let born = p.born_wall_ns();
+    let Ok(modified) = meta.modified() else {
+        return true;
+    };
+    let at = modified
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    born == 0 || at >= born
+}
+
+/// Whether the file of `meta` (a perf map) was written by the process
+/// that has `p`'s pid now, which `p` is not: written since it started.
+fn successor_wrote(meta: &std::fs::Metadata, p: Proc) -> bool {
+    let now = Proc::now(p.pid);
+    now.born != 0 && now != p && written_by(meta, now)
+}
+
 /// Where process `pid`'s perf map is: a process in a container names its
-/// map by its own pid, in its own /tmp. A process gone before it could be
-/// looked at is taken to be in rtrace's /tmp, as perf takes every
-/// process; `None` if its root cannot be opened.
-fn perf_map_path(pid: u32) -> Option<JitPath> {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+/// map by its own pid, in its own /tmp. A process gone (not `alive`)
+/// before it could be looked at is taken to be in rtrace's /tmp, as perf
+/// takes every process; `None` if its root cannot be opened.
+fn perf_map_path(pid: u32, alive: bool) -> Option<JitPath> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
+    let Some(status) = status.filter(|_| alive) else {
         let shown = format!("/tmp/perf-{pid}.map");
         return Some(JitPath {
             path: shown.clone(),
@@ -261,14 +319,41 @@ pub(super) struct Unnamed {
 }
 
 impl Unnamed {
-    /// The warning that says how many of process `pid`'s JIT frames are
-    /// unnamed, and why.
-    pub(super) fn warning(&self, pid: u32) -> Warning {
+    /// The warning that says how many of process `p`'s JIT frames are
+    /// unnamed, and why; `pprof` is the file the run writes, which `rtrace
+    /// report` names them from once the process has written its map.
+    pub(super) fn warning(&self, p: Proc, pprof: Option<&str>) -> Warning {
+        let pid = p.pid;
         let comm = self
             .comm
             .as_deref()
             .map(|c| format!(" ({c})"))
             .unwrap_or_default();
+        // A runtime that writes its map at exit (Mono, the JVM) and has
+        // not exited yet: the names come later.
+        let later = match self.map {
+            "missing" => Some("did not exist"),
+            "empty" => Some("was empty"),
+            _ => None,
+        }
+        .filter(|_| p.alive());
+        if let Some(state) = later {
+            let then = match pprof {
+                Some(file) => format!(
+                    "rtrace report {file} names them once the process has written it \
+                     (it was run with --pprof {file})"
+                ),
+                None => "Mono and the JVM write it at exit: add --wait-exit SECONDS to wait \
+                         for the process, or --pprof FILE to name them later with `rtrace \
+                         report FILE`, or run the program under `rtrace profile -- CMD`"
+                    .to_owned(),
+            };
+            return Warning::unnamed(format!(
+                "PID {pid}{comm}: {} JIT frames unnamed; its {} {state} when the run \
+                 ended: {then}",
+                self.frames, self.shown
+            ));
+        }
         let why = match self.map {
             "missing" => format!(
                 "it wrote no {} and mapped no jit-PID.dump; a JIT runtime writes one \
@@ -326,7 +411,7 @@ mod tests {
         let pid = std::process::id();
         let path = format!("/tmp/perf-{pid}.map");
         std::fs::write(&path, "1000 10 old\n0x2000 0x20 other\n1000 10 new name\n").unwrap();
-        p.read(pid);
+        p.read(Proc::now(pid));
         std::fs::remove_file(&path).unwrap();
         let names: Vec<_> = p
             .syms
