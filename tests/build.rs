@@ -9,7 +9,8 @@
 //! frame pointers for some binaries only.
 //!
 //! A `<name>.ml` is built with ocamlopt as `<name>`, and a `<name>.cs`
-//! with Mono's mcs as `<name>.exe`, which `mono` runs.
+//! with Mono's mcs as `<name>.exe`, which `mono` runs; `Hot.cs` also as
+//! `Cold.exe`, its twin with other names.
 //!
 //! A `<name>.c` is built with the C compiler three ways: `<name>` with
 //! frame pointers but frameless leaves (GCC's `-momit-leaf-frame-pointer`,
@@ -51,6 +52,9 @@ fn main() {
         if src.extension().is_some_and(|e| e == "cs") {
             println!("cargo:rerun-if-changed={}", src.display());
             build_mono(&src, &name, &bin_dir);
+            if name == "Hot" {
+                build_cold_twin(&src, &out, &bin_dir);
+            }
             continue;
         }
         if src.extension().is_none_or(|e| e != "rs") {
@@ -176,6 +180,26 @@ fn build_mono(src: &std::path::Path, name: &str, bin_dir: &std::path::Path) {
             panic!("cannot run mcs (Debian package mono-mcs; `cargo xtask setup` installs it): {e}")
         });
     assert!(status.success(), "building fixture {file} failed");
+}
+
+/// Builds `Cold.exe`, Hot.cs with other names (class `ColdProgram`,
+/// methods `Fast` and `Slow` for `Hot` and `Warm`) and the same code: the
+/// pid-reuse tests run it on the pid Hot.exe had, where the JIT puts the
+/// same code at the same addresses, so that only each process's own map
+/// names its frames right. Made here rather than kept as a second source,
+/// so that the two cannot drift apart.
+fn build_cold_twin(hot: &std::path::Path, out: &std::path::Path, bin_dir: &std::path::Path) {
+    let source = std::fs::read_to_string(hot).unwrap();
+    let cold = source
+        .replace("HotProgram", "ColdProgram")
+        .replace(" Hot(", " Fast(")
+        .replace(" Warm(", " Slow(");
+    for gone in [" Hot(", " Warm(", "HotProgram"] {
+        assert!(!cold.contains(gone), "Cold.cs still has {gone:?}");
+    }
+    let src = out.join("Cold.cs");
+    std::fs::write(&src, cold).unwrap();
+    build_mono(&src, "Cold", bin_dir);
 }
 
 /// pprof's message types, generated from rtrace's `profile.proto` into

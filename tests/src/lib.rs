@@ -10,6 +10,7 @@ use std::{
 };
 
 pub mod browser;
+pub mod pidreuse;
 pub mod profile;
 
 /// The rtrace binary under test: `RTRACE_BIN`, or the workspace's release build.
