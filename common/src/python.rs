@@ -94,8 +94,14 @@ pub struct PyProc {
     pub chain: u8,
     /// Whether frames carry their instruction's offset (`--lines`).
     pub lines: u8,
-    /// Keeps the size a multiple of 8.
-    pub _pad: [u8; 6],
+    /// Keeps `salt` aligned.
+    pub _pad: [u8; 2],
+    /// Differs between processes that had one pid (user space derives it
+    /// from the process's start): the walk mixes it into what it
+    /// remembers of the code objects it told of, so that a later
+    /// process's code at the same addresses, with the same check (one
+    /// program's twin, address randomization off), is told again.
+    pub salt: u32,
 }
 
 /// Sent the first time a CPU's walk meets a code object of a process

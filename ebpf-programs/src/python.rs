@@ -225,7 +225,11 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
     if s.py.nnew as usize >= PY_NEW {
         return;
     }
-    let h = (code ^ (u64::from(check) << 17) ^ (u64::from(tgid) << 40))
+    // The salt tells a pid's processes apart (`PyProc::salt`).
+    let h = (code
+        ^ (u64::from(check) << 17)
+        ^ (u64::from(tgid) << 40)
+        ^ (u64::from(s.py.proc.salt) << 7))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
     let Some(told) = PY_TOLD.get_ptr_mut((h >> 40) as u32 & (TOLD_SLOTS - 1)) else {
         return;

@@ -111,7 +111,7 @@ pub fn born() -> u64 {
     unsafe {
         let task = aya_ebpf::helpers::generated::bpf_get_current_task_btf() as *const u8;
         let leader = core::ptr::read_volatile(
-            task.wrapping_add(o.group_leader as usize) as *const *const u8,
+            task.wrapping_add(o.group_leader as usize) as *const *const u8
         );
         if leader.is_null() {
             return 0;

@@ -739,7 +739,7 @@ fn python_programs_on_one_pid_are_each_named_by_their_own_code() {
     let lock = serial();
     let names = Names::new("python");
     let comm = comm("rtp");
-    let rtrace = Rtrace::start_until(&["profile", "-F", HZ, "-f"], READY);
+    let rtrace = Rtrace::start_until(&["profile", "-F", HZ, "-f", "-v"], READY);
     let a = finish(python(&names, &comm, "pyalpha.py", "3").spawn().unwrap());
     let b = spawn_on_pid(&lock, &mut python(&names, &comm, "pyomega.py", "2"), a.pid)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -748,6 +748,13 @@ fn python_programs_on_one_pid_are_each_named_by_their_own_code() {
     let (code, live, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     eprintln!("A: {}B: {}", a.stdout, b.stdout);
+    // What rtrace said of the Python processes it found (`-v`).
+    for l in stderr
+        .lines()
+        .filter(|l| l.contains("Python") || l.contains(&comm))
+    {
+        eprintln!("{l}");
+    }
     let mut errors = Vec::new();
     check(
         "live folded",

@@ -208,7 +208,8 @@ impl Layout {
                 _ => CHAIN_313,
             },
             lines: u8::from(lines),
-            _pad: [0; 6],
+            _pad: [0; 2],
+            salt: 0,
         }
     }
 }
@@ -227,6 +228,12 @@ struct PyFile {
     /// The page of the virtual address its file offset 0 is loaded at:
     /// a mapping of offset 0 at `start` has the load bias `start - this`.
     base: u64,
+}
+
+/// The walk's salt for process `p` ([`PyProc::salt`]): its start, folded.
+fn salt(p: Proc) -> u32 {
+    let t = p.start_ticks();
+    (t ^ (t >> 32)) as u32
 }
 
 /// A process found to run CPython.
@@ -284,7 +291,7 @@ pub struct Python {
     /// Where glibc keeps a thread's first pthread keys, by libc file.
     key_blocks: HashMap<(u64, u64), Option<i64>>,
     /// What `-v` says of the processes found.
-    found: BTreeMap<u32, String>,
+    found: BTreeMap<Proc, String>,
     /// Processes whose interpreter cannot be walked, and why.
     failed: BTreeMap<u32, String>,
     /// Frames of code objects that could not be read (gone, or reused).
@@ -311,7 +318,7 @@ impl Python {
         if fresh {
             self.not.remove(&who);
             if self.procs.remove(&who).is_some() {
-                self.found.remove(&pid);
+                self.found.remove(&who);
             }
         }
         if self.not.contains_key(&who) {
@@ -347,7 +354,7 @@ impl Python {
                 p.checked = checked;
                 let record = p.record;
                 self.found.insert(
-                    pid,
+                    who,
                     format!(
                         "PID {pid} ({}): Python {} ({})",
                         p.comm,
@@ -376,7 +383,7 @@ impl Python {
     fn fail(&mut self, who: Proc, why: String) {
         let pid = who.pid;
         self.procs.remove(&who);
-        self.found.remove(&pid);
+        self.found.remove(&who);
         let comm = comm(pid);
         eprintln!("rtrace: PID {pid} ({comm}): no Python frames: {why}; native frames only");
         self.failed.insert(pid, why.clone());
@@ -394,7 +401,10 @@ impl Python {
     /// addresses.
     pub fn inherit(&mut self, child: Proc, parent: Proc) -> Option<PyProc> {
         let p = self.procs.get(&parent)?;
-        let record = p.record;
+        let record = PyProc {
+            salt: salt(child),
+            ..p.record
+        };
         let file = Arc::clone(&p.file);
         let (bias, checked) = (p.bias, p.checked);
         let mem = File::open(format!("/proc/{}/mem", child.pid))
@@ -528,13 +538,14 @@ impl Python {
         let mem = File::open(format!("{proc_dir}/mem"))
             .ok()
             .filter(|_| who.alive());
-        let record = file.layout.record(
+        let mut record = file.layout.record(
             (file.eval.0 + bias, file.eval.1 + bias),
             file.code_type + bias,
             file.runtime + bias + file.layout.rt_tss - 4,
             key_block,
             self.lines,
         );
+        record.salt = salt(who);
         Ok(Some(PyProcess {
             file,
             bias,
