@@ -31,9 +31,10 @@ use rtrace_common::{
 use crate::{
     count_error,
     events::Sink,
-    global, read_kernel, read_user,
+    global,
+    process::{born, born_of},
+    read_kernel, read_user,
     scratch::{CHUNK_SLOTS, CHUNK_WORDS, MAX_READS, Scratch, State},
-    stacks::{born, born_of},
 };
 
 /// Offsets into `struct pt_regs` and `struct task_struct`, from BTF.
@@ -815,6 +816,9 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     if sampled {
         crate::events::emit(events, ctx, &Seen::new(tgid, born(), SEEN_EXIT));
     }
+    // The pid's next process tells of its first stack in this generation
+    // too, whether or not it runs a program of its own.
+    let _ = SEEN.remove(tgid);
 }
 
 /// The dynamic loader has changed its list of a process's objects: at

@@ -9,6 +9,7 @@ pub mod cfi;
 pub mod events;
 pub mod expr;
 pub mod offcpu;
+pub mod process;
 #[cfg(feature = "cfi")]
 pub mod python;
 pub mod scratch;

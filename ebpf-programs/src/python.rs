@@ -262,7 +262,7 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     events: &S,
     s: &mut Scratch,
 ) {
-    let born = crate::stacks::born();
+    let born = crate::process::born();
     for i in 0..PY_NEW {
         if i as u32 >= s.py.nnew {
             break;

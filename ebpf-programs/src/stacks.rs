@@ -21,9 +21,8 @@ use aya_ebpf::{
 };
 use rtrace_common::profile::HEAT_SLOT_NS;
 use rtrace_common::stacks::{
-    BornOffsets, CONTINUED, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK,
-    Key, MAX_DEPTH, MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack,
-    WakeKey,
+    CONTINUED, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH,
+    MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
 };
 
 #[cfg(feature = "cfi")]
@@ -73,53 +72,6 @@ impl Counted for WakeKey {
         self.has_waker().then_some(&self.waker)
     }
 }
-/// Where the current process's start time is read ([`born`]); user
-/// space sets it from BTF in every object that counts stacks.
-#[unsafe(no_mangle)]
-static BORN_OFFSETS: aya_ebpf::Global<BornOffsets> = aya_ebpf::Global::new(BornOffsets {
-    group_leader: 0,
-    start_boottime: 0,
-});
-
-/// When the process of `task` started (its thread group leader's
-/// `start_boottime`): with its id, who it is, as its pid is reused once
-/// it has exited. 0 where the offsets were not set or the read failed.
-#[inline(always)]
-pub fn born_of(task: *const u8) -> u64 {
-    let o = crate::global(&BORN_OFFSETS);
-    if o.start_boottime == 0 {
-        return 0;
-    }
-    let leader = crate::read_ptr(task, o.group_leader);
-    crate::read_kernel::<u64>(leader, o.start_boottime).unwrap_or(0)
-}
-
-/// When the current process started ([`born_of`]), read through the
-/// current task's BTF-typed pointer: two plain loads the verifier checks,
-/// where [`born_of`]'s two helper calls cost some hundreds of
-/// nanoseconds a sample (measured with `--unwind fp`, whose walk is the
-/// kernel's and cheap).
-#[inline(always)]
-pub fn born() -> u64 {
-    let o = crate::global(&BORN_OFFSETS);
-    if o.start_boottime == 0 {
-        return 0;
-    }
-    // SAFETY: a BTF-typed pointer to the current task; its members'
-    // offsets come from BTF, and the verifier checks each load (a fault
-    // reads as zero).
-    unsafe {
-        let task = aya_ebpf::helpers::generated::bpf_get_current_task_btf() as *const u8;
-        let leader = core::ptr::read_volatile(
-            task.wrapping_add(o.group_leader as usize) as *const *const u8
-        );
-        if leader.is_null() {
-            return 0;
-        }
-        core::ptr::read_volatile(leader.wrapping_add(o.start_boottime as usize) as *const u64)
-    }
-}
-
 /// The generation counts go to, counted up by user space when it moves the
 /// last one's counts out.
 #[map]
@@ -211,7 +163,7 @@ pub fn add<C: EbpfContext, S: Sink, K: Counted>(
 pub fn tell_first<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
     #[cfg(feature = "cfi")]
     if first_in_generation(tgid, generation()) {
-        crate::events::emit_now(events, ctx, &Seen::new(tgid, born(), 0));
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, crate::process::born(), 0));
     }
     let _ = (ctx, events, tgid);
 }
@@ -274,7 +226,7 @@ pub fn describe_current<C: EbpfContext, S: Sink>(
     if kernel {
         key.set_kernel(kernel_stack(ctx));
     }
-    key.born = born();
+    key.born = crate::process::born();
 }
 
 /// The kernel stack of the current task, stored: its hash (0 for none),
@@ -321,13 +273,17 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                     crate::events::emit_now(
                         events,
                         ctx,
-                        &Seen::new(tgid, born(), rtrace_common::stacks::SEEN_NEW_CODE),
+                        &Seen::new(
+                            tgid,
+                            crate::process::born(),
+                            rtrace_common::stacks::SEEN_NEW_CODE,
+                        ),
                     );
                 }
                 // SAFETY: a map value.
                 let found = unsafe { &mut (*s).walk.found };
                 if found.flags != 0 {
-                    found.born = born();
+                    found.born = crate::process::born();
                     crate::events::emit(events, ctx, found);
                 }
                 let stack = store_walked(s, depth)?;

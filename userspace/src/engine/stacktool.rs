@@ -528,9 +528,9 @@ impl StackTool {
             self.sym.exited(who);
             self.sym.python().forget(who);
             self.execed.remove(&who);
-            if self.newest.get(&seen.tgid) == Some(&who) {
-                self.newest.remove(&seen.tgid);
-            }
+            // `newest` keeps it: the stacks of a tool that names them one
+            // at a time (memleak's, after the command exited) are its own
+            // until a later process of the pid is told of.
             // Its walk's regions go with it, not to the pid's next process.
             if let Some(cfi) = &mut self.cfi {
                 cfi.forget(seen.tgid);

@@ -173,11 +173,10 @@ impl Tool for Offcputime {
     fn new(args: Args) -> anyhow::Result<Self> {
         args.block_time.check()?;
         let reports = args.outputs.create()?;
-        Ok(Self {
-            reports,
-            args,
-            run: OffCpuStacks::default(),
-        })
+        let mut run = OffCpuStacks::default();
+        // JIT frames left unnamed are named later from the pprof file.
+        run.stacks.names_later_in(args.outputs.pprof.as_deref());
+        Ok(Self { reports, args, run })
     }
 
     fn banner(&self) -> String {

@@ -185,9 +185,15 @@ pub fn run() -> anyhow::Result<Row> {
     let data = dir.join("perf.data");
     let data_s = data.to_str().context("non-UTF-8 path")?.to_owned();
     let perf_ready = Ready::After(Duration::from_secs(1));
+    // An older build to measure a change against (`RTRACE_BENCH_BASELINE`):
+    // interleaved with this one, its BPF time a sample beside ours is what
+    // the change costs in the kernel, the steadiest figure there is.
+    let baseline = std::env::var_os("RTRACE_BENCH_BASELINE").map(std::path::PathBuf::from);
     let mut ratios = Vec::new();
+    let mut against_baseline = Vec::new();
+    let mut sampled_row = None;
     for hz in ["99", "999"] {
-        let setups = vec![
+        let mut setups = vec![
             Setup::bare(),
             Setup::traced(
                 format!("perf record -g -a -F {hz}"),
@@ -205,6 +211,15 @@ pub fn run() -> anyhow::Result<Row> {
             ),
             perf_floor(hz, &data_s),
         ];
+        if let Some(base) = &baseline {
+            setups.push(Setup::traced(
+                format!("baseline rtrace profile -F {hz}"),
+                base,
+                &["profile", "-F", hz, "-f"],
+                Ready::Stderr("Sampling"),
+                None,
+            ));
+        }
         eprintln!(
             "bench profile: {PROFILE_WORKERS} CPU-bound processes (frame pointers), \
              {PROFILE_MS} ms each, sampled at {hz} Hz on every CPU, \
@@ -213,6 +228,35 @@ pub fn run() -> anyhow::Result<Row> {
         let results = trials(&setups, STOLEN, || cpu_work(&fixture))?;
         print_costs(&setups, &results, STOLEN);
         ratios.push((hz, shares(&results, 2, 1, 3)));
+        sampled_row = Some(Row::new(
+            "profile",
+            format!("2 CPU-bound processes with frame pointers, {hz} Hz"),
+            STOLEN,
+            (&setups, &results),
+            (2, 1),
+            None,
+        ));
+        if let Some(base) = results.get(4) {
+            let ours = &results[2];
+            against_baseline.push(format!(
+                "at {hz} Hz rtrace's BPF time a sample is {:.3}x the baseline's: {:.0} \
+                 ({:.0}-{:.0}) ns against {:.0} ({:.0}-{:.0}) ns",
+                ours.bpf_ns / base.bpf_ns,
+                ours.bpf_ns,
+                ours.bpf_spread.0,
+                ours.bpf_spread.1,
+                base.bpf_ns,
+                base.bpf_spread.0,
+                base.bpf_spread.1
+            ));
+        }
+    }
+    if std::env::var_os("RTRACE_BENCH_ONLY").is_some_and(|v| v == "sampling") {
+        println!();
+        for line in &against_baseline {
+            println!("{line}");
+        }
+        return sampled_row.context("no sampling trials");
     }
 
     // The report: from the signal to the last line, against perf's stop
@@ -288,7 +332,7 @@ pub fn run() -> anyhow::Result<Row> {
         ours / script,
         ours / report
     );
-    for line in unwinding {
+    for line in unwinding.iter().chain(&against_baseline) {
         println!("{line}");
     }
     Ok(row)
