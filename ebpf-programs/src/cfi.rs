@@ -813,8 +813,11 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     crate::python::forget(tgid);
     // SAFETY: only tested for presence.
     let sampled = unsafe { SEEN.get(tgid) }.is_some() || CFI_PROCS.get_ptr(tgid).is_some();
+    // At once: the pid's next process may be a runtime that makes its
+    // own map at that path as it starts (Mono does), and this one's must
+    // be read before.
     if sampled {
-        crate::events::emit(events, ctx, &Seen::new(tgid, born(), SEEN_EXIT));
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, born(), SEEN_EXIT));
     }
     // The pid's next process tells of its first stack in this generation
     // too, whether or not it runs a program of its own.
