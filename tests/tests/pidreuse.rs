@@ -2,7 +2,8 @@
 //! exits, then program B is started on A's pid (forced through
 //! `ns_last_pid`): two Mono programs of one code layout and different
 //! names (`Hot.exe`, `Cold.exe`), whose perf maps Mono writes at exit
-//! (`--jitmap`), and two Python programs (`pyalpha.py`, `pyomega.py`).
+//! (`--jitmap`), and two Python programs (`pyalpha.py`, and `pyomega.py`,
+//! written from it with its names changed).
 //! Both run without address randomisation, so that the other program's
 //! names would fit each one's addresses: every output must name each
 //! process by its own map or code objects, in the shares each program
@@ -82,15 +83,10 @@ fn mono(names: &Names, comm: &str, exe: &str, seconds: &str) -> Command {
     cmd
 }
 
-/// Python fixture `script` for `seconds` of work, as `comm`.
-fn python(names: &Names, comm: &str, script: &str, seconds: &str) -> Command {
+/// Python script `script` for `seconds` of work, as `comm`.
+fn python(names: &Names, comm: &str, script: &Path, seconds: &str) -> Command {
     let mut cmd = names.command(PYTHON, comm);
-    cmd.arg(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures")
-            .join(script),
-    )
-    .arg(seconds);
+    cmd.arg(script).arg(seconds);
     cmd
 }
 
@@ -728,20 +724,21 @@ fn python_programs_on_one_pid_are_each_named_by_their_own_code() {
     if skipped() {
         return;
     }
-    // The twins are one layout: the second is the first renamed.
-    let alpha = include_str!("../fixtures/pyalpha.py");
-    let omega = include_str!("../fixtures/pyomega.py");
-    assert_eq!(
-        alpha.replace("alpha", "omega"),
-        omega,
-        "pyomega.py is not pyalpha.py renamed"
-    );
+    // The twins are one layout: the second is the first renamed, written
+    // here (Python names a module by its file).
+    let alpha = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyalpha.py");
+    let dir = temp("omega");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files = Cleanup::default();
+    let omega = files.add(dir.join("pyomega.py"));
+    let text = std::fs::read_to_string(&alpha).unwrap();
+    std::fs::write(&omega, text.replace("alpha", "omega")).unwrap();
     let lock = serial();
     let names = Names::new("python");
     let comm = comm("rtp");
     let rtrace = Rtrace::start_until(&["profile", "-F", HZ, "-f", "-v"], READY);
-    let a = finish(python(&names, &comm, "pyalpha.py", "3").spawn().unwrap());
-    let b = spawn_on_pid(&lock, &mut python(&names, &comm, "pyomega.py", "2"), a.pid)
+    let a = finish(python(&names, &comm, &alpha, "3").spawn().unwrap());
+    let b = spawn_on_pid(&lock, &mut python(&names, &comm, &omega, "2"), a.pid)
         .unwrap_or_else(|e| panic!("{e}"));
     let b = finish(b);
     std::thread::sleep(Duration::from_millis(500));
@@ -764,6 +761,8 @@ fn python_programs_on_one_pid_are_each_named_by_their_own_code() {
         false,
         &mut errors,
     );
+    drop(files);
+    let _ = std::fs::remove_dir(&dir);
     report_errors(&errors);
 }
 

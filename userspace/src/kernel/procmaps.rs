@@ -211,6 +211,28 @@ pub fn boot_wall_ns() -> u64 {
     })
 }
 
+/// How far a file's modification time may fall before the moment it
+/// was written: the kernel stamps files from its coarse clock, which
+/// lags by up to one of its ticks (`CLOCK_REALTIME_COARSE`'s resolution,
+/// 4 ms at 250 Hz). A file written in a process's first milliseconds can
+/// carry a time before the process's precise start.
+pub fn mtime_slack_ns() -> u64 {
+    static SLACK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SLACK.get_or_init(|| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec to write.
+        let ok = unsafe { libc::clock_getres(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0;
+        if ok {
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        } else {
+            10_000_000
+        }
+    })
+}
+
 /// When process `pid` started, in clock ticks since boot (field 22 of
 /// `/proc/PID/stat`, after the command, which may hold spaces and
 /// parentheses); `None` if it is gone.

@@ -179,9 +179,10 @@ pub(super) fn symbol_at(syms: &[JitSymbol], ip: u64) -> Option<&JitSymbol> {
 }
 
 /// Whether the file of `meta` (a perf map) may be process `p`'s: it was
-/// last written after the process started. One written before is an
-/// earlier process's that had the pid, and names none of this one's
-/// code. A process of unknown start is given any.
+/// last written after the process started (to the coarse clock's tick
+/// that stamps files). One written before is an earlier process's that
+/// had the pid, and names none of this one's code. A process of unknown
+/// start is given any.
 pub(crate) fn written_by(meta: &std::fs::Metadata, p: Proc) -> bool {
     let born = p.born_wall_ns();
     let Ok(modified) = meta.modified() else {
@@ -190,7 +191,7 @@ pub(crate) fn written_by(meta: &std::fs::Metadata, p: Proc) -> bool {
     let at = modified
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    born == 0 || at >= born
+    born == 0 || at + crate::kernel::procmaps::mtime_slack_ns() >= born
 }
 
 /// Whether the file of `meta` (a perf map) was written by the process

@@ -91,7 +91,9 @@ fn verdict(pid: u32, started: u64, latest: u64, at: u64, until: u64) -> Verdict 
     if started < latest {
         return Verdict::Skip("a later process of the pid was recorded, whose file it is");
     }
-    if started != 0 && at < started {
+    // Files are stamped by the kernel's coarse clock, a tick behind.
+    let slack = procmaps::mtime_slack_ns();
+    if started != 0 && at + slack < started {
         return Verdict::Skip("it is older than the process");
     }
     let boot = procmaps::boot_wall_ns();
@@ -101,7 +103,7 @@ fn verdict(pid: u32, started: u64, latest: u64, at: u64, until: u64) -> Verdict 
         if started > boot && Proc::new(pid, started - boot) == now {
             return Verdict::Use;
         }
-        if at >= now.born_wall_ns() {
+        if at + slack >= now.born_wall_ns() {
             return Verdict::Skip("the process that has the pid now wrote it");
         }
     }
@@ -226,25 +228,33 @@ mod tests {
 
     #[test]
     fn a_file_is_used_only_where_it_can_be_the_processes() {
-        let until = 2_000;
+        // Nanoseconds since the epoch; a second apart.
+        const S: u64 = 1_000_000_000;
+        let until = 20 * S;
         // A later process of the pid was recorded.
         assert!(matches!(
-            verdict(u32::MAX, 100, 500, 1_000, until),
+            verdict(u32::MAX, S, 5 * S, 10 * S, until),
             Verdict::Skip(_)
         ));
         // Older than the process.
         assert!(matches!(
-            verdict(u32::MAX, 1_500, 1_500, 1_000, until),
+            verdict(u32::MAX, 15 * S, 15 * S, 10 * S, until),
             Verdict::Skip(_)
+        ));
+        // Written in the process's first moment: the file's coarse time
+        // may be a tick before the process's start.
+        assert!(matches!(
+            verdict(u32::MAX, 10 * S + 1_000, 10 * S + 1_000, 10 * S, until),
+            Verdict::Use
         ));
         // Written during the recording, by it.
         assert!(matches!(
-            verdict(u32::MAX, 100, 100, 1_000, until),
+            verdict(u32::MAX, S, S, 10 * S, until),
             Verdict::Use
         ));
         // Written after, its writer gone (no process has pid u32::MAX).
         assert!(matches!(
-            verdict(u32::MAX, 100, 100, 3_000, until),
+            verdict(u32::MAX, S, S, 30 * S, until),
             Verdict::Unchecked
         ));
     }
