@@ -716,13 +716,14 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     // Only in scope: in command mode (a cgroup, no ids) every exec on the
     // host would otherwise have user space read its maps and load its
     // files' tables.
+    let born = born();
     if crate::targets::admits_current_anywhere() {
-        crate::events::emit_now(events, ctx, &Seen::new(tgid, born(), SEEN_EXEC));
+        crate::events::emit_now(events, ctx, &Seen::new(tgid, born, SEEN_EXEC));
     }
     // Only where its stacks are taken: every exec on the host would
     // otherwise cost two lookups and an entry.
     if crate::targets::admits_current() {
-        prefill(ctx, events, tgid);
+        prefill(ctx, events, tgid, born);
     }
 }
 
@@ -730,9 +731,10 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
 /// (its interpreter's entry, else its own), before its first sample:
 /// here, in task context, the kernel's lookup is never busy, while a
 /// sample may look up one region a walk. Files user space has not loaded
-/// yet are not found (its first run of a program it has not seen).
+/// yet are not found (its first run of a program it has not seen). The
+/// records carry `born`, the process's start, read once by the caller.
 #[inline(always)]
-fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
+fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32, born: u64) {
     let o = global(&CFI_OFFSETS);
     // SAFETY: the helper has no preconditions.
     let task = unsafe { bpf_get_current_task_btf() } as *const u8;
@@ -743,7 +745,7 @@ fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
         && let Ok((r, mut found)) = find_region(tgid, code)
     {
         keep_found(tgid, &r);
-        found.born = born();
+        found.born = born;
         crate::events::emit(events, ctx, &found);
         first = r;
     }
@@ -753,7 +755,7 @@ fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
         && let Ok((r, mut found)) = find_region(tgid, ip)
     {
         keep_found(tgid, &r);
-        found.born = born();
+        found.born = born;
         crate::events::emit(events, ctx, &found);
     }
 }

@@ -262,6 +262,10 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     events: &S,
     s: &mut Scratch,
 ) {
+    if s.py.nnew == 0 {
+        return;
+    }
+    // Read only where there is a record to send: this runs every walk.
     let born = crate::process::born();
     for i in 0..PY_NEW {
         if i as u32 >= s.py.nnew {

@@ -759,7 +759,10 @@ impl StackTool {
         }
         let who: Vec<String> = waiting
             .iter()
-            .map(|p| format!("PID {} ({})", p.pid, crate::kernel::comm_of(p.pid)))
+            .map(|p| {
+                let comm = crate::kernel::comm_of(p.pid);
+                format!("PID {} ({})", p.pid, comm.as_deref().unwrap_or("?"))
+            })
             .collect();
         eprintln!(
             "rtrace: waiting up to {} s for {} to exit, to name JIT frames from the maps \
@@ -782,7 +785,6 @@ impl StackTool {
                     p.pid,
                     wait.as_secs()
                 );
-                self.sym.read_jit(p);
             } else {
                 self.sym.exited(p);
             }

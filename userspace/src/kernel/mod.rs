@@ -36,11 +36,11 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The command of process `pid` (`/proc/PID/comm`), or `?` if it is gone.
-pub fn comm_of(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+/// The command of task `id` (`/proc/ID/comm`), `None` if it is gone.
+pub fn comm_of(id: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{id}/comm"))
+        .ok()
         .map(|c| c.trim_end().to_owned())
-        .unwrap_or_else(|_| "?".to_owned())
 }
 
 /// Whether SIGINT, SIGTERM or SIGHUP has arrived since the first call:

@@ -185,10 +185,14 @@ impl Ord for Proc {
 
 /// Nanoseconds a clock tick (`sysconf(_SC_CLK_TCK)`: 100 a second on
 /// Linux), the unit of `/proc/PID/stat`'s times.
+/// Asked once: it is used in every hash of a [`Proc`].
 pub fn tick_ns() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    1_000_000_000 / u64::try_from(t).ok().filter(|&t| t > 0).unwrap_or(100)
+    static TICK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICK.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        1_000_000_000 / u64::try_from(t).ok().filter(|&t| t > 0).unwrap_or(100)
+    })
 }
 
 /// When the machine booted, in nanoseconds since the epoch: the

@@ -571,9 +571,7 @@ impl Python {
 
 /// The process's command name.
 fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim_end().to_owned())
-        .unwrap_or_default()
+    crate::kernel::comm_of(pid).unwrap_or_default()
 }
 
 /// Reads an ELF file that may hold an interpreter (`name` is its file

@@ -356,18 +356,27 @@ impl StackStore {
     /// that neither their perf map nor their jitdump names yet (a
     /// runtime that writes its map at exit), each once.
     pub fn unnamed_jit(&self, sym: &mut Symbolizer) -> Vec<Proc> {
-        let mut out: Vec<Proc> = Vec::new();
-        for k in self.counts.keys() {
-            let p = proc_of(&k.key);
-            if p.pid == 0 || out.contains(&p) || !p.alive() {
-                continue;
-            }
+        // Each process looked at once: whether it runs, and its maps.
+        let live: HashSet<Proc> = self
+            .pids()
+            .into_iter()
+            .filter(|p| p.pid != 0 && p.alive())
+            .collect();
+        for &p in &live {
             sym.capture(p, false);
-            let ips = self.stacks.get(&k.key.user).map_or(&[][..], |h| &h.ips);
-            if !sym.names_all_jit(p, ips) {
-                out.push(p);
-            }
         }
+        let mut out: Vec<Proc> = self
+            .counts
+            .keys()
+            .map(|k| (proc_of(&k.key), k.key.user))
+            .filter(|(p, user)| {
+                let ips = self.stacks.get(user).map_or(&[][..], |h| &h.ips);
+                live.contains(p) && !sym.names_all_jit(*p, ips)
+            })
+            .map(|(p, _)| p)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
         out
     }
 

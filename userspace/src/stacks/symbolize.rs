@@ -213,19 +213,6 @@ impl Symbolizer {
         out
     }
 
-    /// Reads process `p`'s perf map again if it changed: at its exit,
-    /// when a runtime that writes the map then (Mono, the JVM) has just
-    /// written it. What is read is that process's, whoever is given its
-    /// pid next.
-    pub fn read_jit(&mut self, p: Proc) {
-        if let Some(proc) = self.procs.get_mut(&p) {
-            proc.perf_map.read(p);
-        }
-        if let Some(d) = self.dumps.get_mut(&p) {
-            d.read_more();
-        }
-    }
-
     /// Reads process `p`'s perf map for the last time, as it has exited
     /// (or was found gone): it wrote it as it exited, and what is at its
     /// path from now on is a later process's of its pid.

@@ -526,9 +526,7 @@ impl Memleak {
         if let Some(c) = self.comms.get(&pid) {
             return c.clone();
         }
-        let c = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|c| c.trim_end().to_owned())
-            .ok()
+        let c = crate::kernel::comm_of(pid)
             .or_else(|| self.recorded.get(&pid).map(|r| crate::kernel::c_string(r)))
             .unwrap_or_else(|| format!("[{pid}]"));
         self.comms.insert(pid, c.clone());

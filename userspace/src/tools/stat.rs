@@ -662,12 +662,9 @@ impl Stat {
                 // first.
                 self.comms.entry(k.id).or_insert_with(|| {
                     let leader = (split == Split::Process)
-                        .then(|| std::fs::read_to_string(format!("/proc/{}/comm", k.id)).ok())
+                        .then(|| crate::kernel::comm_of(k.id))
                         .flatten();
-                    leader.map_or_else(
-                        || crate::kernel::c_string(&v.comm),
-                        |c| c.trim_end().to_owned(),
-                    )
+                    leader.unwrap_or_else(|| crate::kernel::c_string(&v.comm))
                 });
                 by_task
                     .entry(k.slot)
@@ -744,10 +741,7 @@ impl Stat {
         }
         tasks.extend(self.scope.tids.iter().map(|&t| (t, false, t)));
         let split = self.split;
-        let comm = |id: u32| {
-            std::fs::read_to_string(format!("/proc/{id}/comm"))
-                .map_or_else(|_| "?".to_owned(), |c| c.trim_end().to_owned())
-        };
+        let comm = |id: u32| crate::kernel::comm_of(id).unwrap_or_else(|| "?".to_owned());
         for &(tid, _, pid) in &tasks {
             match split {
                 Split::Thread => self.comms.insert(tid, comm(tid)),

@@ -52,9 +52,7 @@ impl PerfMap {
             let alive = p.alive();
             self.path = perf_map_path(pid, alive);
             if alive {
-                self.comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .ok()
-                    .map(|c| Arc::from(c.trim_end()));
+                self.comm = crate::kernel::comm_of(pid).map(Arc::from);
             }
         }
         let Some(jit) = &self.path else {
@@ -183,15 +181,22 @@ pub(super) fn symbol_at(syms: &[JitSymbol], ip: u64) -> Option<&JitSymbol> {
 /// that stamps files). One written before is an earlier process's that
 /// had the pid, and names none of this one's code. A process of unknown
 /// start is given any.
-pub(crate) fn written_by(meta: &std::fs::Metadata, p: Proc) -> bool {
-    let born = p.born_wall_ns();
-    let Ok(modified) = meta.modified() else {
-        return true;
-    };
-    let at = modified
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    born == 0 || at + crate::kernel::procmaps::mtime_slack_ns() >= born
+fn written_by(meta: &std::fs::Metadata, p: Proc) -> bool {
+    mtime_ns(meta).is_none_or(|at| written_after(at, p.born_wall_ns()))
+}
+
+/// When the file of `meta` was last written, in nanoseconds since the
+/// epoch.
+pub(super) fn mtime_ns(meta: &std::fs::Metadata) -> Option<u64> {
+    let t = meta.modified().ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as u64)
+}
+
+/// Whether a file last written at `at` (nanoseconds since the epoch) was
+/// written after a process that started at `started` (0: unknown, then
+/// it may be) started, to the coarse clock's tick that stamps files.
+pub(super) fn written_after(at: u64, started: u64) -> bool {
+    started == 0 || at + crate::kernel::procmaps::mtime_slack_ns() >= started
 }
 
 /// Whether the file of `meta` (a perf map) was written by the process
@@ -206,8 +211,10 @@ fn successor_wrote(meta: &std::fs::Metadata, p: Proc) -> bool {
 /// before it could be looked at is taken to be in rtrace's /tmp, as perf
 /// takes every process; `None` if its root cannot be opened.
 fn perf_map_path(pid: u32, alive: bool) -> Option<JitPath> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
-    let Some(status) = status.filter(|_| alive) else {
+    let status = alive
+        .then(|| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .flatten();
+    let Some(status) = status else {
         let shown = format!("/tmp/perf-{pid}.map");
         return Some(JitPath {
             path: shown.clone(),

@@ -23,7 +23,6 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
-    time::UNIX_EPOCH,
 };
 
 use super::{
@@ -70,12 +69,6 @@ fn unnamed_jit(f: &Frame) -> Option<&str> {
     (f.kind == Kind::User && f.name.as_ref() == "[unknown]" && names_jit(module)).then_some(module)
 }
 
-/// When `path` was last written, in nanoseconds since the epoch.
-fn written(path: &str) -> Option<u64> {
-    let t = std::fs::metadata(path).ok()?.modified().ok()?;
-    Some(t.duration_since(UNIX_EPOCH).ok()?.as_nanos() as u64)
-}
-
 /// Why a file is not used for a process, or that it is used unchecked.
 enum Verdict {
     Use,
@@ -91,9 +84,7 @@ fn verdict(pid: u32, started: u64, latest: u64, at: u64, until: u64) -> Verdict 
     if started < latest {
         return Verdict::Skip("a later process of the pid was recorded, whose file it is");
     }
-    // Files are stamped by the kernel's coarse clock, a tick behind.
-    let slack = procmaps::mtime_slack_ns();
-    if started != 0 && at + slack < started {
+    if !jit::written_after(at, started) {
         return Verdict::Skip("it is older than the process");
     }
     let boot = procmaps::boot_wall_ns();
@@ -103,7 +94,7 @@ fn verdict(pid: u32, started: u64, latest: u64, at: u64, until: u64) -> Verdict 
         if started > boot && Proc::new(pid, started - boot) == now {
             return Verdict::Use;
         }
-        if at + slack >= now.born_wall_ns() {
+        if jit::written_after(at, now.born_wall_ns()) {
             return Verdict::Skip("the process that has the pid now wrote it");
         }
     }
@@ -127,7 +118,7 @@ pub fn name_jit_frames(samples: &mut [Sample], until: u64) -> Vec<String> {
         *l = (*l).max(s.started);
     }
     // Each process's file, read once: its names and what was decided.
-    type Decided = (Option<Arc<Names>>, Option<String>);
+    type Decided = (Option<Names>, Option<String>);
     let mut files: BTreeMap<(u32, u64, String), Decided> = BTreeMap::new();
     let (mut named, mut left) = (0u64, 0u64);
     for s in samples.iter_mut() {
@@ -184,8 +175,8 @@ fn decide(
     latest: u64,
     path: &str,
     until: u64,
-) -> (Option<Arc<Names>>, Option<String>) {
-    let Some(at) = written(path) else {
+) -> (Option<Names>, Option<String>) {
+    let Some(at) = std::fs::metadata(path).ok().and_then(|m| jit::mtime_ns(&m)) else {
         return (
             None,
             Some("does not exist: its frames stay unnamed".to_owned()),
@@ -210,7 +201,7 @@ fn decide(
             .ok()
             .map(|t| Names::Map(jit::parse_perf_map(&t)))
     };
-    (names.map(Arc::new), note)
+    (names, note)
 }
 
 #[cfg(test)]
