@@ -414,10 +414,10 @@ macro_rules! spec_programs {
             on_return(&ctx, $i);
             0
         }
-        #[aya_ebpf::macros::tracepoint]
-        pub fn $tp(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
-            on_tracepoint(&ctx, $i);
-            0
+        $crate::tracepoint! {
+            fn $tp(ctx) {
+                on_tracepoint(&ctx, $i);
+            }
         }
     };
 }

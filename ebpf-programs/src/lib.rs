@@ -70,6 +70,41 @@ use rtrace_common::{
     offsets::FdOffsets,
 };
 
+/// A program on a classic tracepoint that passes every event on to the
+/// tracepoint's other listeners.
+///
+/// The kernel runs a classic tracepoint's BPF programs before the perf
+/// events that listen on it, and a 0 from any of them drops the event for
+/// every perf listener of that tracepoint on that CPU: `perf stat`, `perf
+/// record` and other tracers beside rtrace would count fewer events while
+/// it runs. aya's `#[tracepoint]` returns 0 whatever the function returns,
+/// so rtrace's tracepoint programs are made by this macro instead, and
+/// always return 1. rtrace's own perf event is then one more listener: it
+/// has no buffer, and the kernel finds that out per event (its cost is in
+/// `docs/benchmarks.md`).
+///
+/// Raw tracepoints and tp_btf do not pass through perf's listeners at all,
+/// and kprobes, uprobes and perf events opened through `perf_event_open`
+/// are each rtrace's own instance, so their 0 hides nothing from anyone
+/// else (`docs/architecture.md`, "Never hide an event").
+///
+/// The section is plain `tracepoint`: user space names the category and
+/// event when it attaches.
+#[macro_export]
+macro_rules! tracepoint {
+    ($(#[$attr:meta])* fn $name:ident($ctx:ident) $body:block) => {
+        $(#[$attr])*
+        #[unsafe(no_mangle)]
+        #[unsafe(link_section = "tracepoint")]
+        pub fn $name(raw: *mut ::core::ffi::c_void) -> u32 {
+            #[inline(always)]
+            fn program($ctx: ::aya_ebpf::programs::TracePointContext) $body
+            program(::aya_ebpf::programs::TracePointContext::new(raw));
+            1
+        }
+    };
+}
+
 /// Reads a `T` at `base + offset` in kernel memory.
 ///
 /// Offsets come from BTF at run time, so a bad or missing member reads as an

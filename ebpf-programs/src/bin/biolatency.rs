@@ -17,7 +17,7 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
-    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{HashMap, LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
@@ -414,39 +414,39 @@ fn record_start(ctx: &TracePointContext, insert: bool) {
     }
 }
 
-/// A bio's device and first sector are its request's, where it heads one
-/// (on a whole disk: a partition's bio keeps the partition's device).
-#[tracepoint(category = "block", name = "block_bio_queue")]
-pub fn tp_block_bio_queue(ctx: TracePointContext) -> u32 {
-    let tp = &global(&CONFIG).tp;
-    if let Some((key, _)) = record_key(&ctx, tp.bio_dev, tp.bio_sector) {
-        submitted(key);
+rtrace_ebpf::tracepoint! {
+    /// A bio's device and first sector are its request's, where it heads one
+    /// (on a whole disk: a partition's bio keeps the partition's device).
+    fn tp_block_bio_queue(ctx) {
+        let tp = &global(&CONFIG).tp;
+        if let Some((key, _)) = record_key(&ctx, tp.bio_dev, tp.bio_sector) {
+            submitted(key);
+        }
     }
-    0
 }
 
-#[tracepoint(category = "block", name = "block_rq_insert")]
-pub fn tp_block_rq_insert(ctx: TracePointContext) -> u32 {
-    record_start(&ctx, true);
-    0
-}
-
-#[tracepoint(category = "block", name = "block_rq_issue")]
-pub fn tp_block_rq_issue(ctx: TracePointContext) -> u32 {
-    record_start(&ctx, false);
-    0
-}
-
-#[tracepoint(category = "block", name = "block_rq_complete")]
-pub fn tp_block_rq_complete(ctx: TracePointContext) -> u32 {
-    let tp = &global(&CONFIG).tp;
-    if let Some((key, dev)) = record_key(&ctx, tp.done_dev, tp.done_sector) {
-        // The first 7 bytes of `rwbs` are enough for every flag letter.
-        let flags = || {
-            let rwbs = read_kernel::<u64>(ctx.as_ptr() as *const u8, tp.done_rwbs).unwrap_or(0);
-            (rwbs & 0x00ff_ffff_ffff_ffff) | FLAGS_RWBS
-        };
-        done(key, || dev, flags);
+rtrace_ebpf::tracepoint! {
+    fn tp_block_rq_insert(ctx) {
+        record_start(&ctx, true);
     }
-    0
+}
+
+rtrace_ebpf::tracepoint! {
+    fn tp_block_rq_issue(ctx) {
+        record_start(&ctx, false);
+    }
+}
+
+rtrace_ebpf::tracepoint! {
+    fn tp_block_rq_complete(ctx) {
+        let tp = &global(&CONFIG).tp;
+        if let Some((key, dev)) = record_key(&ctx, tp.done_dev, tp.done_sector) {
+            // The first 7 bytes of `rwbs` are enough for every flag letter.
+            let flags = || {
+                let rwbs = read_kernel::<u64>(ctx.as_ptr() as *const u8, tp.done_rwbs).unwrap_or(0);
+                (rwbs & 0x00ff_ffff_ffff_ffff) | FLAGS_RWBS
+            };
+            done(key, || dev, flags);
+        }
+    }
 }

@@ -25,7 +25,7 @@ use aya_ebpf::{
             bpf_probe_read_user_str,
         },
     },
-    macros::{btf_tracepoint, map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::{HashMap, PerCpuArray},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -190,16 +190,16 @@ fn finish(ctx: &TracePointContext, tid: u32, retval: i32) {
     let _ = EXECS.remove(tid);
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_execve")]
-pub fn tp_sys_enter_execve(ctx: TracePointContext) -> u32 {
-    enter(&ctx, 0);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_execve(ctx) {
+        enter(&ctx, 0);
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_execveat")]
-pub fn tp_sys_enter_execveat(ctx: TracePointContext) -> u32 {
-    enter(&ctx, FLAG_EXECVEAT);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_execveat(ctx) {
+        enter(&ctx, FLAG_EXECVEAT);
+    }
 }
 
 #[inline(always)]
@@ -215,25 +215,25 @@ fn exit(ctx: &TracePointContext) {
     }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_exit_execve")]
-pub fn tp_sys_exit_execve(ctx: TracePointContext) -> u32 {
-    exit(&ctx);
-    0
-}
-
-#[tracepoint(category = "syscalls", name = "sys_exit_execveat")]
-pub fn tp_sys_exit_execveat(ctx: TracePointContext) -> u32 {
-    exit(&ctx);
-    0
-}
-
-#[tracepoint(category = "sched", name = "sched_process_exec")]
-pub fn tp_sched_process_exec(ctx: TracePointContext) -> u32 {
-    let cfg = CONFIG.load();
-    if let Ok(old) = unsafe { ctx.read_at::<u32>(cfg.old_pid as usize) } {
-        finish(&ctx, old, 0);
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_exit_execve(ctx) {
+        exit(&ctx);
     }
-    0
+}
+
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_exit_execveat(ctx) {
+        exit(&ctx);
+    }
+}
+
+rtrace_ebpf::tracepoint! {
+    fn tp_sched_process_exec(ctx) {
+        let cfg = CONFIG.load();
+        if let Ok(old) = unsafe { ctx.read_at::<u32>(cfg.old_pid as usize) } {
+            finish(&ctx, old, 0);
+        }
+    }
 }
 
 /// Room for the argv block after the file name, which takes at most

@@ -21,7 +21,7 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         bpf_probe_read_kernel_str_bytes,
     },
-    macros::{fentry, fexit, kprobe, kretprobe, tracepoint},
+    macros::{fentry, fexit, kprobe, kretprobe},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use rtrace_common::{
@@ -301,52 +301,52 @@ fn sys_enter_rw(ctx: &TracePointContext, op: u32, pos_arg: Option<u32>) {
     store(op, sys_arg(ctx, 0) as u64 as *const u8, pos, 0);
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_read")]
-pub fn tp_sys_enter_read(ctx: TracePointContext) -> u32 {
-    sys_enter_rw(&ctx, OP_READ, None);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_read(ctx) {
+        sys_enter_rw(&ctx, OP_READ, None);
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_readv")]
-pub fn tp_sys_enter_readv(ctx: TracePointContext) -> u32 {
-    sys_enter_rw(&ctx, OP_READ, None);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_readv(ctx) {
+        sys_enter_rw(&ctx, OP_READ, None);
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_pread64")]
-pub fn tp_sys_enter_pread64(ctx: TracePointContext) -> u32 {
-    sys_enter_rw(&ctx, OP_READ, Some(3));
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_pread64(ctx) {
+        sys_enter_rw(&ctx, OP_READ, Some(3));
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_write")]
-pub fn tp_sys_enter_write(ctx: TracePointContext) -> u32 {
-    sys_enter_rw(&ctx, OP_WRITE, None);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_write(ctx) {
+        sys_enter_rw(&ctx, OP_WRITE, None);
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_writev")]
-pub fn tp_sys_enter_writev(ctx: TracePointContext) -> u32 {
-    sys_enter_rw(&ctx, OP_WRITE, None);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_writev(ctx) {
+        sys_enter_rw(&ctx, OP_WRITE, None);
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_pwrite64")]
-pub fn tp_sys_enter_pwrite64(ctx: TracePointContext) -> u32 {
-    sys_enter_rw(&ctx, OP_WRITE, Some(3));
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_pwrite64(ctx) {
+        sys_enter_rw(&ctx, OP_WRITE, Some(3));
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_fsync")]
-pub fn tp_sys_enter_fsync(ctx: TracePointContext) -> u32 {
-    sys_enter_sync(&ctx);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_fsync(ctx) {
+        sys_enter_sync(&ctx);
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_fdatasync")]
-pub fn tp_sys_enter_fdatasync(ctx: TracePointContext) -> u32 {
-    sys_enter_sync(&ctx);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_enter_fdatasync(ctx) {
+        sys_enter_sync(&ctx);
+    }
 }
 
 /// fsync(2) and fdatasync(2) sync the whole file.
@@ -357,20 +357,20 @@ fn sys_enter_sync(ctx: &TracePointContext) {
     }
 }
 
-/// The file is not known until openat(2) returns its descriptor.
-#[tracepoint(category = "syscalls", name = "sys_enter_openat")]
-pub fn tp_sys_enter_openat(_ctx: TracePointContext) -> u32 {
-    enter(OP_OPEN, core::ptr::null(), 0, 0);
-    0
+rtrace_ebpf::tracepoint! {
+    /// The file is not known until openat(2) returns its descriptor.
+    fn tp_sys_enter_openat(_ctx) {
+        enter(OP_OPEN, core::ptr::null(), 0, 0);
+    }
 }
 
-/// Attached to the exit of every syscall above.
-#[tracepoint(category = "syscalls", name = "sys_exit")]
-pub fn tp_sys_exit(ctx: TracePointContext) -> u32 {
-    let ret: i64 = rtrace_ebpf::record_field(&ctx, global(&CONFIG).sys_ret).unwrap_or(-1);
-    let Some(entry) = start_take() else { return 0 };
-    exit(&ctx, entry, ret, |e| settle_syscall(e, ret));
-    0
+rtrace_ebpf::tracepoint! {
+    /// Attached to the exit of every syscall above.
+    fn tp_sys_exit(ctx) {
+        let ret: i64 = rtrace_ebpf::record_field(&ctx, global(&CONFIG).sys_ret).unwrap_or(-1);
+        let Some(entry) = start_take() else { return };
+        exit(&ctx, entry, ret, |e| settle_syscall(e, ret));
+    }
 }
 
 /// Finds the file a syscall entry names by descriptor (an open's is the

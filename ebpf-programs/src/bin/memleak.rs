@@ -18,7 +18,7 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
     },
-    macros::{map, tracepoint, uprobe, uretprobe},
+    macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
@@ -468,76 +468,76 @@ fn kmem_alloc(ctx: &TracePointContext, at: [u32; 3]) {
     kernel_alloc(ctx, SPACE_ADDR, addr, size, site);
 }
 
-#[tracepoint]
-pub fn kmalloc(ctx: TracePointContext) -> u32 {
-    kmem_alloc(&ctx, global(&CONFIG).kmem.kmalloc);
-    0
+rtrace_ebpf::tracepoint! {
+    fn kmalloc(ctx) {
+        kmem_alloc(&ctx, global(&CONFIG).kmem.kmalloc);
+    }
 }
 
-#[tracepoint]
-pub fn kmalloc_node(ctx: TracePointContext) -> u32 {
-    kmem_alloc(&ctx, global(&CONFIG).kmem.kmalloc_node);
-    0
+rtrace_ebpf::tracepoint! {
+    fn kmalloc_node(ctx) {
+        kmem_alloc(&ctx, global(&CONFIG).kmem.kmalloc_node);
+    }
 }
 
-#[tracepoint]
-pub fn kmem_cache_alloc(ctx: TracePointContext) -> u32 {
-    kmem_alloc(&ctx, global(&CONFIG).kmem.cache_alloc);
-    0
+rtrace_ebpf::tracepoint! {
+    fn kmem_cache_alloc(ctx) {
+        kmem_alloc(&ctx, global(&CONFIG).kmem.cache_alloc);
+    }
 }
 
-#[tracepoint]
-pub fn kmem_cache_alloc_node(ctx: TracePointContext) -> u32 {
-    kmem_alloc(&ctx, global(&CONFIG).kmem.cache_alloc_node);
-    0
+rtrace_ebpf::tracepoint! {
+    fn kmem_cache_alloc_node(ctx) {
+        kmem_alloc(&ctx, global(&CONFIG).kmem.cache_alloc_node);
+    }
 }
 
-#[tracepoint]
-pub fn kfree(ctx: TracePointContext) -> u32 {
-    let addr = record_field::<u64>(&ctx, global(&CONFIG).kmem.kfree).unwrap_or(0);
-    kernel_free(&ctx, SPACE_ADDR, addr);
-    0
+rtrace_ebpf::tracepoint! {
+    fn kfree(ctx) {
+        let addr = record_field::<u64>(&ctx, global(&CONFIG).kmem.kfree).unwrap_or(0);
+        kernel_free(&ctx, SPACE_ADDR, addr);
+    }
 }
 
-#[tracepoint]
-pub fn kmem_cache_free(ctx: TracePointContext) -> u32 {
-    let addr = record_field::<u64>(&ctx, global(&CONFIG).kmem.cache_free).unwrap_or(0);
-    kernel_free(&ctx, SPACE_ADDR, addr);
-    0
+rtrace_ebpf::tracepoint! {
+    fn kmem_cache_free(ctx) {
+        let addr = record_field::<u64>(&ctx, global(&CONFIG).kmem.cache_free).unwrap_or(0);
+        kernel_free(&ctx, SPACE_ADDR, addr);
+    }
 }
 
-#[tracepoint]
-pub fn mm_page_alloc(ctx: TracePointContext) -> u32 {
-    let o = &global(&CONFIG).kmem;
-    let pfn = record_field::<u64>(&ctx, o.page_pfn).unwrap_or(0);
-    let order = record_field::<u32>(&ctx, o.page_order).unwrap_or(0) & 31;
-    kernel_alloc(&ctx, SPACE_PAGE, pfn, 4096u64 << order, 0);
-    0
+rtrace_ebpf::tracepoint! {
+    fn mm_page_alloc(ctx) {
+        let o = &global(&CONFIG).kmem;
+        let pfn = record_field::<u64>(&ctx, o.page_pfn).unwrap_or(0);
+        let order = record_field::<u32>(&ctx, o.page_order).unwrap_or(0) & 31;
+        kernel_alloc(&ctx, SPACE_PAGE, pfn, 4096u64 << order, 0);
+    }
 }
 
-#[tracepoint]
-pub fn mm_page_free(ctx: TracePointContext) -> u32 {
-    let pfn = record_field::<u64>(&ctx, global(&CONFIG).kmem.page_free_pfn).unwrap_or(0);
-    kernel_free(&ctx, SPACE_PAGE, pfn);
-    0
+rtrace_ebpf::tracepoint! {
+    fn mm_page_free(ctx) {
+        let pfn = record_field::<u64>(&ctx, global(&CONFIG).kmem.page_free_pfn).unwrap_or(0);
+        kernel_free(&ctx, SPACE_PAGE, pfn);
+    }
 }
 
-#[tracepoint]
-pub fn percpu_alloc_percpu(ctx: TracePointContext) -> u32 {
-    let o = &global(&CONFIG).kmem;
-    let addr = record_field::<u64>(&ctx, o.percpu_ptr).unwrap_or(0);
-    let size = record_field::<u64>(&ctx, o.percpu_bytes).unwrap_or(0);
-    let site = match o.percpu_call_site {
-        0 => 0,
-        at => record_field::<u64>(&ctx, at).unwrap_or(0),
-    };
-    kernel_alloc(&ctx, SPACE_PERCPU, addr, size, site);
-    0
+rtrace_ebpf::tracepoint! {
+    fn percpu_alloc_percpu(ctx) {
+        let o = &global(&CONFIG).kmem;
+        let addr = record_field::<u64>(&ctx, o.percpu_ptr).unwrap_or(0);
+        let size = record_field::<u64>(&ctx, o.percpu_bytes).unwrap_or(0);
+        let site = match o.percpu_call_site {
+            0 => 0,
+            at => record_field::<u64>(&ctx, at).unwrap_or(0),
+        };
+        kernel_alloc(&ctx, SPACE_PERCPU, addr, size, site);
+    }
 }
 
-#[tracepoint]
-pub fn percpu_free_percpu(ctx: TracePointContext) -> u32 {
-    let addr = record_field::<u64>(&ctx, global(&CONFIG).kmem.percpu_free_ptr).unwrap_or(0);
-    kernel_free(&ctx, SPACE_PERCPU, addr);
-    0
+rtrace_ebpf::tracepoint! {
+    fn percpu_free_percpu(ctx) {
+        let addr = record_field::<u64>(&ctx, global(&CONFIG).kmem.percpu_free_ptr).unwrap_or(0);
+        kernel_free(&ctx, SPACE_PERCPU, addr);
+    }
 }

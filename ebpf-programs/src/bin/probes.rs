@@ -8,12 +8,11 @@
 use aya_ebpf::maps::Array;
 use aya_ebpf::{
     macros::{
-        btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, perf_event, raw_tracepoint,
-        tracepoint, uprobe,
+        btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, perf_event, raw_tracepoint, uprobe,
     },
     programs::{
         BtfTracePointContext, FEntryContext, FExitContext, PerfEventContext, ProbeContext,
-        RawTracePointContext, RetProbeContext, TracePointContext,
+        RawTracePointContext, RetProbeContext,
     },
 };
 use rtrace_common::probes;
@@ -33,10 +32,10 @@ fn hit(slot: u32) {
     }
 }
 
-#[tracepoint(category = "sched", name = "sched_switch")]
-pub fn probe_tracepoint(_ctx: TracePointContext) -> u32 {
-    hit(probes::TRACEPOINT);
-    0
+rtrace_ebpf::tracepoint! {
+    fn probe_tracepoint(_ctx) {
+        hit(probes::TRACEPOINT);
+    }
 }
 
 #[raw_tracepoint(tracepoint = "sched_switch")]

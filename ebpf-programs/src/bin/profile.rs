@@ -10,7 +10,7 @@
 use aya_ebpf::{
     EbpfContext, Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{kprobe, kretprobe, map, perf_event, tracepoint, uprobe, uretprobe},
+    macros::{kprobe, kretprobe, map, perf_event, uprobe, uretprobe},
     maps::PerCpuArray,
     programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
 };
@@ -50,11 +50,11 @@ pub fn profile(ctx: PerfEventContext) -> u32 {
     0
 }
 
-/// Every event of the tracepoints `-e` names.
-#[tracepoint]
-pub fn profile_tracepoint(ctx: TracePointContext) -> u32 {
-    sample(&ctx);
-    0
+rtrace_ebpf::tracepoint! {
+    /// Every event of the tracepoints `-e` names.
+    fn profile_tracepoint(ctx) {
+        sample(&ctx);
+    }
 }
 
 /// Every call of the kernel functions `-e p:` names.

@@ -19,7 +19,7 @@
 use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{HashMap, PerCpuArray},
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
@@ -286,58 +286,58 @@ fn tp_enqueue(ctx: &TracePointContext) {
     ByPid::store(core::ptr::null(), pid, unsafe { bpf_ktime_get_ns() });
 }
 
-#[tracepoint(category = "sched", name = "sched_wakeup")]
-pub fn tp_sched_wakeup(ctx: TracePointContext) -> u32 {
-    tp_enqueue(&ctx);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sched_wakeup(ctx) {
+        tp_enqueue(&ctx);
+    }
 }
 
-#[tracepoint(category = "sched", name = "sched_wakeup_new")]
-pub fn tp_sched_wakeup_new(ctx: TracePointContext) -> u32 {
-    tp_enqueue(&ctx);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sched_wakeup_new(ctx) {
+        tp_enqueue(&ctx);
+    }
 }
 
-#[tracepoint(category = "sched", name = "sched_switch")]
-pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
-    let cfg = CONFIG.load();
-    let now = unsafe { bpf_ktime_get_ns() };
-    // The tracepoint runs on the outgoing task, so it is `current`.
-    let id = bpf_get_current_pid_tgid();
-    let (prev_tgid, prev_pid) = ((id >> 32) as u32, id as u32);
-    if prev_pid != 0 && needs_tgid(&cfg) {
-        let known = TGIDS.get_ptr(prev_pid).map(|t| unsafe { *t });
-        if known != Some(prev_tgid) && TGIDS.insert(prev_pid, prev_tgid, 0).is_err() {
-            count_error(ERR_START_UPDATE);
+rtrace_ebpf::tracepoint! {
+    fn tp_sched_switch(ctx) {
+        let cfg = CONFIG.load();
+        let now = unsafe { bpf_ktime_get_ns() };
+        // The tracepoint runs on the outgoing task, so it is `current`.
+        let id = bpf_get_current_pid_tgid();
+        let (prev_tgid, prev_pid) = ((id >> 32) as u32, id as u32);
+        if prev_pid != 0 && needs_tgid(&cfg) {
+            let known = TGIDS.get_ptr(prev_pid).map(|t| unsafe { *t });
+            if known != Some(prev_tgid) && TGIDS.insert(prev_pid, prev_tgid, 0).is_err() {
+                count_error(ERR_START_UPDATE);
+            }
         }
+        // The record's prev_state is 0 for a runnable task and TASK_REPORT_MAX
+        // (0x100) for a preempted one; sleeping states set a bit in 0..=0x80.
+        let prev_state = unsafe { ctx.read_at::<u64>(cfg.tp.prev_state as usize) }.unwrap_or(1);
+        if prev_pid != 0 && prev_state & 0xff == 0 && targets::admits(prev_tgid, prev_pid) {
+            ByPid::store(core::ptr::null(), prev_pid, now);
+        }
+        let Ok(pid) = (unsafe { ctx.read_at::<u32>(cfg.tp.next_pid as usize) }) else {
+            count_error(ERR_READ);
+            return;
+        };
+        if pid == 0 {
+            return;
+        }
+        let Some(lat) = ByPid::take(core::ptr::null(), pid).and_then(|start| latency(&cfg, start, now))
+        else {
+            return;
+        };
+        let key = match cfg.group {
+            group::PROCESS => TGIDS.get_ptr(pid).map_or(pid, |t| unsafe { *t }),
+            group::THREAD => pid,
+            _ => 0,
+        };
+        record(&cfg, key, lat, || {
+            unsafe { ctx.read_at::<[u8; TASK_COMM_LEN]>(cfg.tp.next_comm as usize) }
+                .unwrap_or([0; TASK_COMM_LEN])
+        });
     }
-    // The record's prev_state is 0 for a runnable task and TASK_REPORT_MAX
-    // (0x100) for a preempted one; sleeping states set a bit in 0..=0x80.
-    let prev_state = unsafe { ctx.read_at::<u64>(cfg.tp.prev_state as usize) }.unwrap_or(1);
-    if prev_pid != 0 && prev_state & 0xff == 0 && targets::admits(prev_tgid, prev_pid) {
-        ByPid::store(core::ptr::null(), prev_pid, now);
-    }
-    let Ok(pid) = (unsafe { ctx.read_at::<u32>(cfg.tp.next_pid as usize) }) else {
-        count_error(ERR_READ);
-        return 0;
-    };
-    if pid == 0 {
-        return 0;
-    }
-    let Some(lat) = ByPid::take(core::ptr::null(), pid).and_then(|start| latency(&cfg, start, now))
-    else {
-        return 0;
-    };
-    let key = match cfg.group {
-        group::PROCESS => TGIDS.get_ptr(pid).map_or(pid, |t| unsafe { *t }),
-        group::THREAD => pid,
-        _ => 0,
-    };
-    record(&cfg, key, lat, || {
-        unsafe { ctx.read_at::<[u8; TASK_COMM_LEN]>(cfg.tp.next_comm as usize) }
-            .unwrap_or([0; TASK_COMM_LEN])
-    });
-    0
 }
 
 // ---- task storage: built only with the `task_storage` feature ----

@@ -17,9 +17,9 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_attach_cookie, bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::{kprobe, kretprobe, map, raw_tracepoint, tracepoint, uprobe, uretprobe},
+    macros::{kprobe, kretprobe, map, raw_tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray},
-    programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use rtrace_common::stat::{
     BY_PROCESS, ERR_SYSCALL_NR, ERR_TASKS_FULL, ERR_TRACEPOINT_ID, KIND_PROBE, KIND_SYSCALL,
@@ -114,20 +114,20 @@ fn bump(key: &TaskKey) -> bool {
     }
 }
 
-#[tracepoint]
-pub fn stat_tracepoint(ctx: TracePointContext) -> u32 {
-    if !targets::admits_current() {
-        return 0;
+rtrace_ebpf::tracepoint! {
+    fn stat_tracepoint(ctx) {
+        if !targets::admits_current() {
+            return;
+        }
+        // The tracepoint's id, which user space gave each link: the record's
+        // own `common_type` is overwritten with a pointer to the registers
+        // before a program sees it.
+        // SAFETY: the helper takes any program's context.
+        let id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+        if !add_by_task(KIND_TRACEPOINT, id) && !add(&TRACEPOINTS, id) {
+            count_error(ERR_TRACEPOINT_ID);
+        }
     }
-    // The tracepoint's id, which user space gave each link: the record's
-    // own `common_type` is overwritten with a pointer to the registers
-    // before a program sees it.
-    // SAFETY: the helper takes any program's context.
-    let id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
-    if !add_by_task(KIND_TRACEPOINT, id) && !add(&TRACEPOINTS, id) {
-        count_error(ERR_TRACEPOINT_ID);
-    }
-    0
 }
 
 #[inline(always)]

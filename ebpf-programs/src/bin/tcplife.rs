@@ -14,7 +14,7 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{HashMap, PerCpuArray},
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
@@ -265,21 +265,21 @@ pub fn raw_inet_sock_set_state(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-#[tracepoint(category = "sock", name = "inet_sock_set_state")]
-pub fn tp_inet_sock_set_state(ctx: TracePointContext) -> u32 {
-    let tp = &global(&CONFIG).tp;
-    // SAFETY: the offsets come from the tracepoint's format file.
-    let read = || unsafe {
-        Some((
-            ctx.read_at::<u64>(tp.skaddr as usize).ok()?,
-            ctx.read_at::<i32>(tp.newstate as usize).ok()?,
-            ctx.read_at::<u16>(tp.protocol as usize).ok()?,
-        ))
-    };
-    if let Some((sk, newstate, protocol)) = read() {
-        state_change(&ctx, sk, newstate, Some(protocol));
+rtrace_ebpf::tracepoint! {
+    fn tp_inet_sock_set_state(ctx) {
+        let tp = &global(&CONFIG).tp;
+        // SAFETY: the offsets come from the tracepoint's format file.
+        let read = || unsafe {
+            Some((
+                ctx.read_at::<u64>(tp.skaddr as usize).ok()?,
+                ctx.read_at::<i32>(tp.newstate as usize).ok()?,
+                ctx.read_at::<u16>(tp.protocol as usize).ok()?,
+            ))
+        };
+        if let Some((sk, newstate, protocol)) = read() {
+            state_change(&ctx, sk, newstate, Some(protocol));
+        }
     }
-    0
 }
 
 /// accept(2) returned descriptor `fd`: its socket belongs to the caller.
@@ -300,14 +300,14 @@ fn accepted(ctx: &TracePointContext) {
     }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_exit_accept4")]
-pub fn tp_sys_exit_accept4(ctx: TracePointContext) -> u32 {
-    accepted(&ctx);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_exit_accept4(ctx) {
+        accepted(&ctx);
+    }
 }
 
-#[tracepoint(category = "syscalls", name = "sys_exit_accept")]
-pub fn tp_sys_exit_accept(ctx: TracePointContext) -> u32 {
-    accepted(&ctx);
-    0
+rtrace_ebpf::tracepoint! {
+    fn tp_sys_exit_accept(ctx) {
+        accepted(&ctx);
+    }
 }
