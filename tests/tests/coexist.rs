@@ -45,7 +45,10 @@ fn perf_stat_counts_every_event_beside_rtrace() {
     let dev = LoopDevice::new("coexist");
     // Alone first: the writes' own inserts, at least one each.
     let alone = perf_stat_count(&dev, EVENT);
-    assert!(alone >= WRITES, "perf alone counted {alone} of {WRITES} writes");
+    assert!(
+        alone >= WRITES,
+        "perf alone counted {alone} of {WRITES} writes"
+    );
     let beside: [&[&str]; 4] = [
         &["profile", "-e", EVENT, "-a"],
         &["stackcount", "t:block:block_rq_insert"],

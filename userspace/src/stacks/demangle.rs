@@ -13,6 +13,19 @@
 //! (OCaml 5.4 uses `$` between components on macOS and Windows, where
 //! rtrace does not run.)
 
+/// The name a frame carries for the linker's name `sym`, as the
+/// symbolizer demangles it (Rust with blazesym's `{:#}`, without the hash;
+/// C++; OCaml), or `None` when `sym` is no mangled name.
+pub fn linker_name(sym: &str) -> Option<String> {
+    if let Some(name) = ocaml(sym) {
+        return Some(name);
+    }
+    if let Ok(d) = rustc_demangle::try_demangle(sym) {
+        return Some(format!("{d:#}"));
+    }
+    cpp_demangle::Symbol::new(sym).ok()?.demangle().ok()
+}
+
 /// The readable name of OCaml symbol `sym`, or `None` when it is not one:
 /// an OCaml symbol is `caml` and then a capitalized module name
 /// (`caml_alloc`, the runtime's C, is no such symbol).

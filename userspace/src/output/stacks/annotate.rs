@@ -190,19 +190,26 @@ pub fn annotate_quietly(
         event: event.unwrap_or("samples").to_owned(),
     };
     let mut skipped = Vec::new();
+    let total: u64 = samples.iter().map(|s| s.count).sum();
     for name in names {
-        // A Rust or C++ function by its last path segment too.
-        let matches =
-            |n: &str| n == &*name || n.strip_suffix(&*name).is_some_and(|p| p.ends_with("::"));
-        let mut found: Vec<(&(Arc<str>, String), &Hits)> =
-            hits.iter().filter(|((n, _), _)| matches(n)).collect();
+        let chosen = match resolve(&name, &by_name, total) {
+            Ok(chosen) => chosen,
+            Err(why) => {
+                skipped.push(why);
+                continue;
+            }
+        };
+        let mut found: Vec<(&(Arc<str>, String), &Hits)> = hits
+            .iter()
+            .filter(|((n, _), _)| chosen.contains(n))
+            .collect();
         found.sort_by_key(|f| std::cmp::Reverse(f.1.total));
         if found.is_empty() {
-            let own = by_name.iter().find(|(n, _)| matches(n)).map(|(_, c)| *c);
-            skipped.push(match own {
-                Some(n) => format!("{name} ({n} samples, none at a known address in a file)"),
-                None => format!("{name} (no samples of its own)"),
-            });
+            let own: u64 = chosen.iter().filter_map(|n| by_name.get(n)).sum();
+            skipped.push(format!(
+                "{} ({own} samples, none at a known address in a file)",
+                chosen.join(", ")
+            ));
             continue;
         }
         for ((n, _), h) in found {
@@ -213,6 +220,72 @@ pub fn annotate_quietly(
         }
     }
     (out, skipped)
+}
+
+/// The functions with samples of their own (`own`, of `total`) that the
+/// name `typed` means, tried in this order: the name frames carry (a Rust
+/// or C++ function by its last path segment too), the linker's name
+/// (`camlHot__leaf_81`, `_ZN3foo3barE`: what `nm` and perf's
+/// `--no-demangle` show), then a part of one name only. When none or
+/// several match, the error names the closest functions with their
+/// shares.
+fn resolve(typed: &str, own: &HashMap<Arc<str>, u64>, total: u64) -> Result<Vec<Arc<str>>, String> {
+    let is =
+        |n: &str, want: &str| n == want || n.strip_suffix(want).is_some_and(|p| p.ends_with("::"));
+    let named = |want: &str| -> Vec<Arc<str>> {
+        let mut v: Vec<Arc<str>> = own.keys().filter(|n| is(n, want)).cloned().collect();
+        v.sort();
+        v
+    };
+    let exact = named(typed);
+    if !exact.is_empty() {
+        return Ok(exact);
+    }
+    if let Some(demangled) = crate::stacks::demangle::linker_name(typed) {
+        let linked = named(&demangled);
+        if !linked.is_empty() {
+            return Ok(linked);
+        }
+    }
+    let share = |n: &Arc<str>| {
+        let c = own.get(n).copied().unwrap_or(0);
+        format!("{n} ({:.1} %)", 100.0 * c as f64 / total.max(1) as f64)
+    };
+    let mut parts: Vec<&Arc<str>> = own.keys().filter(|n| n.contains(typed)).collect();
+    match parts.len() {
+        1 => return Ok(vec![parts[0].clone()]),
+        0 => {}
+        _ => {
+            parts.sort_by_key(|n| (std::cmp::Reverse(own[*n]), n.to_string()));
+            let list: Vec<String> = parts.iter().take(5).map(|n| share(n)).collect();
+            return Err(format!(
+                "{typed}: {} functions with samples have it in their names: {}{}",
+                parts.len(),
+                list.join(", "),
+                if parts.len() > 5 { ", ..." } else { "" }
+            ));
+        }
+    }
+    // None: the closest names by edit similarity, the busier first among
+    // equals.
+    let mut near: Vec<(f64, &Arc<str>)> = own
+        .keys()
+        .map(|n| (strsim::normalized_levenshtein(typed, n), n))
+        .collect();
+    near.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then_with(|| own[b.1].cmp(&own[a.1]))
+            .then_with(|| a.1.cmp(b.1))
+    });
+    let list: Vec<String> = near.iter().take(3).map(|(_, n)| share(n)).collect();
+    Err(if list.is_empty() {
+        format!("{typed} (no function has samples of its own)")
+    } else {
+        format!(
+            "{typed} (no function with samples has that name; the closest: {})",
+            list.join(", ")
+        )
+    })
 }
 
 /// Disassembles the function of `hits` from its file and lays the samples
