@@ -3,9 +3,10 @@
 /// The stack tables' types, shared with offcputime, under the paths they
 /// had when they were defined here.
 pub use crate::stacks::{
-    ERR_COUNTS_FULL, ERR_CUT_SHORT, ERR_FP_FRAMES, ERR_KERNEL_STACK, ERR_NAMES, ERR_NO_TABLES,
-    ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MISSED_KERNEL, MISSED_USER, NEW_COUNTS,
-    NEW_STACKS, OFF_CPU, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, Stack, WakeKey,
+    CUT_USER, ERR_COUNTS_FULL, ERR_CUT_SHORT, ERR_FP_FRAMES, ERR_KERNEL_STACK, ERR_NAMES,
+    ERR_NO_TABLES, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MISSED_KERNEL, MISSED_USER,
+    NEW_COUNTS, NEW_STACKS, OFF_CPU, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, Stack,
+    WakeKey,
 };
 
 /// Most periods one timed sample stands for: more means the timer was

@@ -37,6 +37,9 @@ pub const MISSED_KERNEL: u16 = 2;
 /// `Key::flags`: time off the CPU, in nanoseconds (`profile --off-cpu`),
 /// not samples.
 pub const OFF_CPU: u16 = 4;
+/// `Key::flags`: the user stack was cut short, a stack word being
+/// unreadable: the sample keeps the frames walked before it.
+pub const CUT_USER: u16 = 8;
 
 /// How coarse [`Key::slot`] is: 2^26 ns, 67 ms, within which code that a
 /// JIT put at one address in place of other code gets one name.
@@ -304,8 +307,11 @@ pub const ERR_FP_FRAMES: u32 = 6;
 /// The `ERRORS` slots that count expected fallbacks, not missing output: a
 /// new process's first stacks, walked by frame pointer before its tables
 /// are loaded, and frame-pointer steps where no CFI covers the code (JIT
-/// code, the vDSO, hand-written assembly).
-pub const ERR_EXPECTED: [u32; 7] = [
+/// code, the vDSO, hand-written assembly). Stacks cut short are kept with
+/// the frames read: the stack tools warn of them by process, where they
+/// are common (`CUT_USER`), and `-v` counts them all.
+pub const ERR_EXPECTED: [u32; 8] = [
+    ERR_CUT_SHORT,
     ERR_NO_TABLES,
     ERR_EXITING,
     ERR_EXECING,

@@ -277,6 +277,15 @@ fn stack_words<const N: usize>(
     read_user::<[u64; N]>(addr)
 }
 
+/// Ends a walk on a stack word it could not read: counted, and the
+/// stack marked cut short for user space (`CUT_USER`), which warns only
+/// where that is common in a process.
+#[inline(always)]
+fn cut_short(st: &mut State) {
+    count_error(ERR_CUT_SHORT);
+    st.unremembered = crate::scratch::CUT;
+}
+
 /// The region of `procs` that holds `ip`, by halves (user space lists
 /// them in address order); the last frame's region first.
 #[inline(always)]
@@ -581,7 +590,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         st.unremembered = 1;
         let bp = st.bp;
         let Some([bp, ret]) = stack_words::<2>(chunk, st, bp) else {
-            count_error(ERR_CUT_SHORT);
+            cut_short(st);
             return 1;
         };
         st.sp = st.bp + 16;
@@ -638,21 +647,21 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // always just below it, and then one read fetches both.
     let ret = if r.rbp_slot == -2 {
         let Some([bp, ret]) = stack_words::<2>(chunk, st, cfa.wrapping_sub(16)) else {
-            count_error(ERR_CUT_SHORT);
+            cut_short(st);
             return 1;
         };
         st.bp = bp;
         ret
     } else {
         let Some([ret]) = stack_words::<1>(chunk, st, cfa.wrapping_sub(8)) else {
-            count_error(ERR_CUT_SHORT);
+            cut_short(st);
             return 1;
         };
         if r.rbp_slot != 0 {
             match stack_words::<1>(chunk, st, saved_at(cfa, r.rbp_slot)) {
                 Some([v]) => st.bp = v,
                 None => {
-                    count_error(ERR_CUT_SHORT);
+                    cut_short(st);
                     return 1;
                 }
             }
@@ -665,7 +674,7 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         match stack_words::<1>(chunk, st, saved_at(cfa, r.rbx_slot)) {
             Some([v]) => st.bx = v,
             None => {
-                count_error(ERR_CUT_SHORT);
+                cut_short(st);
                 return 1;
             }
         }
@@ -857,6 +866,8 @@ pub(crate) enum Walked {
         /// pointer undefined in `None`, which the compiler may spill and
         /// the verifier then rejects as an uninitialized register.
         memo: *mut Remembered,
+        /// The walk ended on a stack word it could not read.
+        cut: bool,
     },
 }
 
@@ -992,10 +1003,16 @@ pub(crate) fn walk(
         depth: 0,
         tell: false,
         memo: core::ptr::null_mut(),
+        cut: false,
     };
     let Some((ip, sp, bp, bx)) = user_regs(sampled) else {
         count_error(ERR_CUT_SHORT);
-        return Some(none);
+        return Some(Walked::Frames {
+            depth: 0,
+            tell: false,
+            memo: core::ptr::null_mut(),
+            cut: true,
+        });
     };
     // Kernel threads (and the idle tasks) have no user registers: no user
     // stack, no tables to miss, and no "new code" to tell user space of.
@@ -1124,6 +1141,7 @@ pub(crate) fn walk(
         depth: u64::from(st.depth),
         tell,
         memo,
+        cut: st.unremembered == crate::scratch::CUT,
     })
 }
 

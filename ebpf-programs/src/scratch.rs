@@ -131,7 +131,8 @@ pub struct State {
     pub(crate) words: u64,
     /// Set when the walk read the stack beyond the chunk, read more than
     /// `MAX_READS` words, or took a frame by its frame pointer: such a
-    /// walk is not remembered.
+    /// walk is not remembered. [`CUT`] where it ended on a word it could
+    /// not read.
     pub(crate) unremembered: u32,
     /// The process's regions' version.
     pub(crate) version: u32,
@@ -141,6 +142,11 @@ pub struct State {
     /// to user space (flags 0 where none).
     pub(crate) found: rtrace_common::stacks::Found,
 }
+
+/// `State::unremembered` of a walk cut short by a stack word it could
+/// not read (never remembered either).
+#[cfg(feature = "cfi")]
+pub(crate) const CUT: u32 = 2;
 
 /// The Python part of a walk (`crate::python`). Apart from [`State`],
 /// which each walk writes whole, through the eBPF stack: these are

@@ -221,7 +221,11 @@ pub fn describe_current<C: EbpfContext, S: Sink>(
     // follows, once from here, where the kernel stack's outcomes would
     // have it followed once for each.
     if user {
-        key.set_user(user_stack(ctx, events, tgid, sampled));
+        let (stack, cut) = user_stack_cut(ctx, events, tgid, sampled);
+        key.set_user(stack);
+        if cut {
+            key.flags |= rtrace_common::stacks::CUT_USER;
+        }
     }
     if kernel {
         key.set_kernel(kernel_stack(ctx));
@@ -261,14 +265,33 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
     tgid: u32,
     sampled: *const u8,
 ) -> Option<u64> {
+    user_stack_cut(ctx, events, tgid, sampled).0
+}
+
+/// [`user_stack`], and whether the CFI walk was cut short by a stack word
+/// it could not read (the kernel's frame-pointer walk does not tell).
+#[inline(always)]
+pub fn user_stack_cut<C: EbpfContext, S: Sink>(
+    ctx: &C,
+    events: &S,
+    tgid: u32,
+    sampled: *const u8,
+) -> (Option<u64>, bool) {
     #[cfg(feature = "cfi")]
     {
         use crate::cfi::Walked;
-        let s = STACK_SCRATCH.get_ptr_mut(0)?;
+        let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
+            return (None, false);
+        };
         let generation = generation();
         match crate::cfi::walk(tgid, sampled, s, generation) {
-            Some(Walked::Known(stack)) => return Some(stack),
-            Some(Walked::Frames { depth, tell, memo }) => {
+            Some(Walked::Known(stack)) => return (Some(stack), false),
+            Some(Walked::Frames {
+                depth,
+                tell,
+                memo,
+                cut,
+            }) => {
                 if tell {
                     crate::events::emit_now(
                         events,
@@ -286,7 +309,9 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                     found.born = crate::process::born();
                     crate::events::emit(events, ctx, found);
                 }
-                let stack = store_walked(s, depth)?;
+                let Some(stack) = store_walked(s, depth) else {
+                    return (None, cut);
+                };
                 if !memo.is_null() {
                     // SAFETY: `memo` is the thread's, `s` the scratch
                     // value just walked.
@@ -295,14 +320,17 @@ pub fn user_stack<C: EbpfContext, S: Sink>(
                 // Last, where little else is live across the call.
                 // SAFETY: a map value.
                 crate::python::send_new(ctx, events, unsafe { &mut *s });
-                return Some(stack);
+                return (Some(stack), cut);
             }
             // A map missing: the kernel's frame-pointer walk.
             None => {}
         }
     }
     let _ = (events, tgid, sampled);
-    get_stack(ctx, u64::from(BPF_F_USER_STACK), ERR_USER_STACK)
+    (
+        get_stack(ctx, u64::from(BPF_F_USER_STACK), ERR_USER_STACK),
+        false,
+    )
 }
 
 /// Walks one stack with `bpf_get_stack` and stores it.

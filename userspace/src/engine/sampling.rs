@@ -948,6 +948,13 @@ impl Sampler {
             .chain([&("Rate".to_owned(), self.rate())])
             .map(|(k, v)| stacks::pprof::fact_comment(k, v))
             .collect();
+        // Cut-short stacks are samples too: the file says how many there
+        // were, as each carries the `cut_short` label.
+        comments.extend(
+            self.stacks
+                .cut_short_summary()
+                .map(|s| stacks::pprof::fact_comment("Cut short", &s)),
+        );
         comments
             .extend(heat.map(|h| stacks::pprof::heat_comment(h, HEAT_SLOT_NS, self.window_start)));
         let args = &self.cfg;

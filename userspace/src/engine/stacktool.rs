@@ -811,6 +811,19 @@ impl StackTool {
         ));
     }
 
+    /// How many user stacks were cut short, and in how many processes, for
+    /// `-v` and the pprof file's facts.
+    pub fn cut_short_summary(&self) -> Option<String> {
+        let (mut cut, mut procs) = (0, 0);
+        for (_, s) in self.store.cut_short() {
+            cut += s.cut;
+            procs += 1;
+        }
+        (cut > 0).then(|| {
+            format!("user stacks cut short: {cut} (counted) in {procs} processes, kept with the frames read")
+        })
+    }
+
     /// What the report took and what the CFI tables hold, for `-v`.
     pub fn summary(&self) -> Vec<String> {
         let tables = self.cfi.as_ref().map(|c| {
@@ -843,9 +856,58 @@ impl StackTool {
             .chain(tables)
             .chain(lookup)
             .chain(loader)
+            .chain(self.cut_short_summary())
             .chain(self.sym.dump_summary())
             .chain(self.sym.python_summary())
             .collect()
+    }
+
+    /// The processes more than [`CUT_SHORT_SHARE`] of whose user stacks
+    /// were cut short (and at least [`CUT_SHORT_MIN`] distinct ones), most first,
+    /// in one warning with the likely cause and the cure. A few cut short
+    /// in a process are normal (a stack page not in memory): the samples
+    /// keep the frames read, and `-v` counts them.
+    fn cut_short_warning(&self) -> Option<Warning> {
+        let mut many: Vec<(Proc, &crate::stacks::stackstore::CutShort)> = self
+            .store
+            .cut_short()
+            .filter(|(_, s)| {
+                s.stacks >= CUT_SHORT_MIN && s.cut as f64 > CUT_SHORT_SHARE * s.all as f64
+            })
+            .collect();
+        if many.is_empty() {
+            return None;
+        }
+        many.sort_by(|a, b| {
+            let share = |s: &crate::stacks::stackstore::CutShort| s.cut as f64 / s.all as f64;
+            share(b.1).total_cmp(&share(a.1)).then(a.0.cmp(&b.0))
+        });
+        let named: Vec<String> = many
+            .iter()
+            .take(5)
+            .map(|(p, s)| {
+                format!(
+                    "PID {} ({}) {:.0} %",
+                    p.pid,
+                    s.comm,
+                    100.0 * s.cut as f64 / s.all as f64
+                )
+            })
+            .collect();
+        let more = many.len().saturating_sub(5);
+        Some(Warning::unwalked(format!(
+            "user stacks cut short in {}{}: the walk met a stack word it could not \
+             read, most likely below code with neither frame pointers nor CFI, such as \
+             a JIT's; those samples keep the frames above it. Run the JIT with frame \
+             pointers (Mono: MONO_DEBUG=disable_omit_fp; the JVM: \
+             -XX:+PreserveFramePointer) or build the code with -fno-omit-frame-pointer",
+            named.join(", "),
+            if more > 0 {
+                format!(" and {more} more processes")
+            } else {
+                String::new()
+            }
+        )))
     }
 
     /// Processes whose tables could not be built, files whose frames
@@ -860,6 +922,7 @@ impl StackTool {
                 self.py_full
             )));
         }
+        out.extend(self.cut_short_warning());
         if self.store.cut() > 0 {
             out.push(Warning::unwalked(format!(
                 "{} deep stacks lost their root-ward part between two moves out of the \
@@ -879,6 +942,15 @@ impl StackTool {
         out
     }
 }
+
+/// The share of a process's user stacks cut short above which the stack
+/// tools warn, naming it.
+const CUT_SHORT_SHARE: f64 = 0.01;
+/// The fewest distinct stacks cut short in a process that are warned of:
+/// a handful, however heavy (a wait of a second off the CPU), is no sign
+/// of code the walk cannot follow, which cuts short at every address of
+/// it that is sampled.
+const CUT_SHORT_MIN: u64 = 10;
 
 /// The system's dynamic loader, whose `_dl_debug_state` (called when its
 /// list of a process's objects changes: at a program's start, once

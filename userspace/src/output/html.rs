@@ -316,6 +316,7 @@ mod tests {
             waker: None,
             off_cpu: false,
             slot,
+            cut_short: false,
         }
     }
 

@@ -153,6 +153,7 @@ pub fn samples_of_folded(text: &str) -> anyhow::Result<Vec<Sample>> {
             waker: None,
             off_cpu: false,
             slot: 0,
+            cut_short: false,
         });
     }
     Ok(out)
@@ -175,6 +176,7 @@ pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
         bool,
         [u64; 2],
         u32,
+        bool,
     );
     let leaf = |f: &[Frame]| {
         if exact {
@@ -206,6 +208,7 @@ pub fn merge(samples: Vec<Sample>, exact: bool) -> Vec<Sample> {
             s.off_cpu,
             [leaf(&s.user), leaf(&s.kernel)],
             s.slot,
+            s.cut_short,
         );
         match index.get(&key) {
             Some(&i) => out[i].count += s.count,
@@ -305,6 +308,9 @@ impl serde::Serialize for Stacks<'_> {
             m.insert(self.value.into(), s.count.into());
             m.insert("kernel".into(), frames(&s.kernel).into());
             m.insert("user".into(), frames(&s.user).into());
+            if s.cut_short {
+                m.insert("cut_short".into(), true.into());
+            }
             if let Some(w) = &s.waker {
                 m.insert(
                     "waker".into(),

@@ -33,6 +33,9 @@ pub struct Sample {
     /// start of the run (`HEAT_SLOT_NS` long), where stacks are counted
     /// by time (`--html`, pprof); 0 where they are not.
     pub slot: u32,
+    /// The user stack was cut short by a stack word the walk could not
+    /// read: its frames are those walked before it.
+    pub cut_short: bool,
 }
 
 /// A thread named in a sample besides the sampled one: the waker.

@@ -31,7 +31,9 @@ use aya::{
 };
 use rtrace_common::{
     profile::HEAT_SLOT_NS,
-    profile::{Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey},
+    profile::{
+        CUT_USER, Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey,
+    },
     stacks::{MAX_SEGMENTS, SLOT_SHIFT, STACK_COUNTS, STACK_GEN, STACK_NEW, STACKS},
 };
 
@@ -90,7 +92,7 @@ fn created(ebpf: &Ebpf) -> anyhow::Result<[u64; 2]> {
 /// frames, and whether it was off the CPU.
 /// A thread's command, process, thread (0 where not counted by thread),
 /// kernel and user frames, and whether it was off the CPU.
-type Symbolized = ([u8; 16], Proc, u32, Vec<Frame>, Vec<Frame>, bool);
+type Symbolized = ([u8; 16], Proc, u32, Vec<Frame>, Vec<Frame>, bool, bool);
 
 /// One thread of a settled sample: names, not addresses.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,6 +108,24 @@ struct Named {
     user: u32,
     /// Counted off the CPU, in nanoseconds (`profile --off-cpu`).
     off_cpu: bool,
+    /// The user stack was cut short (`CUT_USER`).
+    cut: bool,
+}
+
+/// A process's samples whose user stacks were cut short, of all of them
+/// (in the counts' unit: samples, or nanoseconds off the CPU).
+#[derive(Clone, Debug, Default)]
+pub struct CutShort {
+    /// The process's command.
+    pub comm: String,
+    /// Counts of cut-short stacks.
+    pub cut: u64,
+    /// All its counts.
+    pub all: u64,
+    /// The distinct stacks (as the kernel counted them, by address) cut
+    /// short: counts off the CPU are times, and a few long waits with one
+    /// stack would weigh as much as a JIT's every sample.
+    pub stacks: u64,
 }
 
 /// Moves the counts of generation `old` (all with `all`) out of `map`
@@ -159,6 +179,8 @@ pub struct StackStore {
     stacks: HashMap<u64, Held>,
     /// See [`StackStore::cut`].
     cut: u64,
+    /// See [`StackStore::cut_short`].
+    short: HashMap<Proc, CutShort>,
     /// The generation the kernel counts in now.
     generation: u32,
     /// Ticks so far.
@@ -504,6 +526,7 @@ impl StackStore {
                     kernel,
                     user,
                     key.flags & OFF_CPU != 0,
+                    key.flags & CUT_USER != 0,
                 ))
             });
             let slot = if timed { k.key.slot } else { 0 };
@@ -511,19 +534,29 @@ impl StackStore {
         }
         for (thread, waker, slot, count) in named {
             let mut name = |t: Option<Symbolized>| {
-                t.map(|(comm, proc, tid, kernel, user, off_cpu)| Named {
+                t.map(|(comm, proc, tid, kernel, user, off_cpu, cut)| Named {
                     comm,
                     proc,
                     tid,
                     kernel: self.intern(kernel),
                     user: self.intern(user),
                     off_cpu,
+                    cut,
                 })
             };
             let Some(thread) = name(thread) else {
                 continue;
             };
             let waker = name(waker);
+            let short = self.short.entry(thread.proc).or_default();
+            if short.comm.is_empty() {
+                short.comm = crate::kernel::c_string(&thread.comm);
+            }
+            short.all += count;
+            if thread.cut {
+                short.cut += count;
+                short.stacks += 1;
+            }
             *self.settled.entry((thread, waker, slot)).or_default() += count;
         }
     }
@@ -566,6 +599,15 @@ impl StackStore {
             .collect();
         let next = self.named.len() as u32;
         *self.named.entry(ids).or_insert(next)
+    }
+
+    /// The processes some of whose user stacks were cut short, with how
+    /// many of their counts, since the start.
+    pub fn cut_short(&self) -> impl Iterator<Item = (Proc, &CutShort)> {
+        self.short
+            .iter()
+            .filter(|(_, s)| s.cut > 0)
+            .map(|(p, s)| (*p, s))
     }
 
     /// Every sample since the last call, symbolized, hottest first, as
@@ -624,6 +666,7 @@ impl StackStore {
                     waker: w.as_ref().map(|w| Arc::new(thread(w))),
                     off_cpu: t.off_cpu,
                     slot: *slot,
+                    cut_short: t.cut,
                 }
             })
             .collect();

@@ -685,6 +685,7 @@ impl Memleak {
                 waker: None,
                 off_cpu: false,
                 slot,
+                cut_short: false,
             });
         }
         out

@@ -240,6 +240,7 @@ fn by_waker(counted: Vec<Sample>, transforms: &TransformArgs) -> (Vec<Sample>, u
                 waker: Some(Arc::new(waker)),
                 off_cpu: false,
                 slot: 0,
+                cut_short: false,
             }
         });
     (stacks::in_micros(samples.collect()), unwoken)

@@ -61,6 +61,10 @@ pub const TIME_LABEL: &str = "time_offset";
 /// it, and checks a perf map's owner against it.
 pub const START_LABEL: &str = "process_start";
 
+/// The numeric label (1) of samples whose user stack was cut short by a
+/// stack word the walk could not read.
+pub const CUT_LABEL: &str = "cut_short";
+
 /// What a comment holding one of the run's facts starts with.
 const FACT_MARK: &str = "rtrace-fact ";
 
@@ -292,6 +296,7 @@ pub fn write(
         "tid",
         TIME_LABEL,
         START_LABEL,
+        CUT_LABEL,
     ]
     .map(|k| b.strings.get(k));
     let nanoseconds = b.strings.get("nanoseconds");
@@ -322,6 +327,9 @@ pub fn write(
         }
         if s.tid != 0 {
             label.push(num(keys[4], s.tid));
+        }
+        if s.cut_short {
+            label.push(num(keys[7], 1));
         }
         if let Some(w) = &s.waker {
             label.push(text(&mut b, keys[2], &w.comm));
@@ -565,6 +573,7 @@ pub fn read(p: &Profile, index: Option<&str>) -> anyhow::Result<Read> {
             waker: None,
             off_cpu: false,
             slot,
+            cut_short: label(CUT_LABEL).is_some_and(|l| l.num != 0),
         });
     }
     let period = p
