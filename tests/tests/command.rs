@@ -994,3 +994,115 @@ fn jit_maps_written_at_exit_by_many_short_processes_are_each_named() {
         "processes without named JIT samples: {missing:?} ({per_pid:?})\n{stderr}"
     );
 }
+
+/// The command-mode cgroups under the cgroup v2 hierarchy named for
+/// rtrace `pid`.
+fn command_cgroups(pid: u32) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = info
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap()))
+        })
+        .expect("a cgroup v2 hierarchy (command mode needs one)");
+    let name = format!("rtrace-cmd-{pid}");
+    let mut found = Vec::new();
+    let mut level = vec![root];
+    for _ in 0..8 {
+        let mut next = Vec::new();
+        for dir in level {
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    if e.file_name().to_str() == Some(&name) {
+                        found.push(e.path());
+                    } else {
+                        next.push(e.path());
+                    }
+                }
+            }
+        }
+        level = next;
+    }
+    found
+}
+
+/// `kill -9` of rtrace in command mode leaves its cgroup behind, with the
+/// command in it: `rtrace doctor` lists it while the command runs, and
+/// the next rtrace run after the command's exit removes it, saying so
+/// with `-v`.
+#[test]
+fn a_killed_rtraces_cgroup_is_removed_by_the_next() {
+    // Killed once the command runs (its line says so), not at the cork,
+    // where the command would go with it.
+    // The command inherits rtrace's stderr: it is read to the line, then
+    // left, as the command holds it open.
+    let mut killed = Command::new(rtrace_bin())
+        .args(["profile", "-F", "49", "--", "sleep", "3"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let owner = killed.id();
+    // Kept open to the end: rtrace would end at its next line to a closed
+    // pipe, and put the command back out of its cgroup as it went.
+    let mut lines = {
+        use std::io::BufRead as _;
+        std::io::BufReader::new(killed.stderr.take().unwrap()).lines()
+    };
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.starts_with("Sampling"))),
+        "rtrace never started the command"
+    );
+    let dir = command_cgroups(owner)
+        .into_iter()
+        .next()
+        .expect("rtrace made no command cgroup");
+    // The line comes before the command leaves the cork: killed there,
+    // the command would go with rtrace. Killed once it runs `sleep`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .any(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep")
+        })
+    {
+        assert!(Instant::now() < deadline, "the command never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    killed.kill().unwrap();
+    let _ = killed.wait();
+    assert!(dir.exists(), "{} gone with rtrace", dir.display());
+    let sleeper: String = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let doctor = rtrace(&["doctor"], &[]);
+    let listed = String::from_utf8_lossy(&doctor.stdout).into_owned();
+    assert!(
+        listed.contains(&format!(
+            "{} (rtrace {owner}): processes {sleeper}",
+            dir.display()
+        )),
+        "doctor does not list {} with the command {sleeper}:\n{listed}",
+        dir.display()
+    );
+    // The command exits; the cgroup is empty, and any run removes it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty()) {
+        assert!(Instant::now() < deadline, "the command never exited");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let next = rtrace(&["runqlat", "-v", "1", "1"], &[]);
+    let stderr = String::from_utf8_lossy(&next.stderr);
+    assert!(next.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("rtrace: removed {}", dir.display())),
+        "-v says nothing of the cgroup removed:\n{stderr}"
+    );
+    assert!(command_cgroups(owner).is_empty(), "{} left", dir.display());
+    drop(lines);
+}

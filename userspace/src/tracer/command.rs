@@ -199,6 +199,101 @@ fn cgroup2_root() -> Option<PathBuf> {
     })
 }
 
+/// What a command's cgroup is named: this and the pid of the rtrace that
+/// made it.
+const CGROUP_PREFIX: &str = "rtrace-cmd-";
+
+/// A command's cgroup whose rtrace is gone (killed before it could remove
+/// it).
+#[derive(Debug)]
+pub struct StaleCgroup {
+    /// Its directory.
+    pub path: PathBuf,
+    /// The pid of the rtrace that made it.
+    pub owner: u32,
+    /// The processes still in it (the command, or what it left running).
+    pub procs: Vec<u32>,
+    /// Whether it was removed now: it was empty.
+    pub removed: bool,
+}
+
+/// Finds the command cgroups of rtraces that are gone, anywhere in the
+/// cgroup v2 hierarchy, and removes those that are empty. A cgroup's
+/// owner is gone when its pid runs no process, or one that started after
+/// the cgroup was made (the pid was reused). Kernel state is rtrace's to
+/// clean: a `kill -9` leaves the directory behind, and nothing else ever
+/// removes it.
+pub fn sweep_stale_cgroups() -> Vec<StaleCgroup> {
+    let Some(root) = cgroup2_root() else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    // Breadth-first and shallow: session cgroups are a few levels down,
+    // and the hierarchy holds a few hundred directories.
+    let mut level = vec![root];
+    for _ in 0..8 {
+        let mut next = Vec::new();
+        for dir in level {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let path = e.path();
+                let owner = e
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(CGROUP_PREFIX))
+                    .and_then(|p| p.parse::<u32>().ok());
+                match owner {
+                    Some(owner) => found.extend(stale(path, owner)),
+                    None => next.push(path),
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        level = next;
+    }
+    found
+}
+
+/// Cgroup `path`, made by rtrace `owner`, if its owner is gone: removed
+/// if nothing is left in it.
+fn stale(path: PathBuf, owner: u32) -> Option<StaleCgroup> {
+    let made_ns = std::fs::metadata(&path)
+        .ok()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos() as u64);
+    if owner == std::process::id() {
+        return None;
+    }
+    let started = crate::kernel::procmaps::Proc::now(owner).born_wall_ns();
+    // Its start is read in clock ticks: a process started within a tick
+    // after the directory was made is still taken as its owner; one of
+    // unknown start (0: gone) is not.
+    let slack = crate::kernel::procmaps::tick_ns();
+    if started != 0 && made_ns.is_none_or(|made| started <= made + slack) {
+        return None;
+    }
+    let procs: Vec<u32> = std::fs::read_to_string(path.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let removed = procs.is_empty() && std::fs::remove_dir(&path).is_ok();
+    Some(StaleCgroup {
+        path,
+        owner,
+        procs,
+        removed,
+    })
+}
+
 /// The command's own cgroup, removed when dropped.
 #[derive(Debug)]
 pub struct CommandCgroup {
@@ -220,7 +315,7 @@ impl CommandCgroup {
                     .map(|p| p.trim_start_matches('/').to_owned())
             })
             .unwrap_or_default();
-        let name = format!("rtrace-cmd-{}", std::process::id());
+        let name = format!("{CGROUP_PREFIX}{}", std::process::id());
         let mut last = None;
         for parent in [root.join(&own), root.clone()] {
             let path = parent.join(&name);

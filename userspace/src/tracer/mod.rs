@@ -105,6 +105,24 @@ fn destination(scope: &Scope) -> anyhow::Result<Destination> {
 /// signal), and the status is the last run's.
 pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<u8> {
     let mut tool = T::new(args)?;
+    for c in command::sweep_stale_cgroups() {
+        if global.verbose && c.removed {
+            eprintln!(
+                "rtrace: removed {}, the command cgroup of rtrace {}, which died before it \
+                 could",
+                c.path.display(),
+                c.owner
+            );
+        } else if global.verbose {
+            eprintln!(
+                "rtrace: {} of rtrace {}, which died, still holds {} processes: it is \
+                 removed once they have exited (rtrace doctor lists it)",
+                c.path.display(),
+                c.owner,
+                c.procs.len()
+            );
+        }
+    }
     let repeats = tool.plan().repeats.max(1);
     let mut signals = Signals::new()?;
     let mut sink = None;
