@@ -10,9 +10,45 @@
 
 include!(concat!(env!("OUT_DIR"), "/objects.rs"));
 
-/// The object named `name`.
+/// The objects inflated so far, by index in [`OBJECTS`]: each at most once
+/// a run, kept for the run (a tool loads one to three).
+static INFLATED: std::sync::Mutex<Vec<(usize, &'static [u8])>> = std::sync::Mutex::new(Vec::new());
+
+/// The object named `name`, inflated (they are embedded deflated, which
+/// took the binary from 22 MB to 15). Its bytes are 8-aligned, as the
+/// ELF parser wants them.
 pub fn get(name: &str) -> Option<&'static [u8]> {
-    OBJECTS.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+    let index = OBJECTS.iter().position(|(n, _)| *n == name)?;
+    let mut done = INFLATED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, bytes)) = done.iter().find(|(i, _)| *i == index) {
+        return Some(bytes);
+    }
+    let bytes = inflate(OBJECTS[index].1)?;
+    done.push((index, bytes));
+    Some(bytes)
+}
+
+/// A zlib stream inflated into an 8-aligned buffer kept for the run.
+fn inflate(deflated: &[u8]) -> Option<&'static [u8]> {
+    use std::io::Read as _;
+    let mut out = Vec::with_capacity(deflated.len() * 8);
+    flate2::read::ZlibDecoder::new(deflated)
+        .read_to_end(&mut out)
+        .ok()?;
+    // The allocator aligns a buffer this large to 16 bytes; the copy into
+    // words keeps that an assumption no more.
+    if out.as_ptr().align_offset(8) == 0 {
+        return Some(Vec::leak(out));
+    }
+    let words: &'static mut [u64] = Vec::leak(vec![0u64; out.len().div_ceil(8)]);
+    // SAFETY: the words live for the run and hold at least `out.len()`
+    // bytes; u8 has no alignment or invalid values.
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), out.len()) };
+    bytes.copy_from_slice(&out);
+    Some(bytes)
 }
 
 #[cfg(test)]
@@ -29,8 +65,9 @@ mod tests {
     #[test]
     fn objects_carry_btf_and_no_dwarf() {
         assert!(!super::OBJECTS.is_empty());
-        for (name, bytes) in super::OBJECTS {
-            let file = object::File::parse(*bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (name, _) in super::OBJECTS {
+            let bytes = super::get(name).unwrap_or_else(|| panic!("{name} does not inflate"));
+            let file = object::File::parse(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
             let sections: Vec<&str> = file.sections().filter_map(|s| s.name().ok()).collect();
             let debug: Vec<&&str> = sections
                 .iter()
