@@ -17,7 +17,6 @@ use crate::kernel::tracefs;
 pub struct Arg {
     pub name: String,
     pub c_type: String,
-    pub signed: bool,
 }
 
 /// One syscall: its name, arguments and what the programs capture.
@@ -78,7 +77,10 @@ impl Table {
                 continue;
             };
             let name = sysno.name().to_owned();
-            let args: Vec<Arg> = tracefs::Format::read("syscalls", &format!("sys_enter_{name}"))
+            // `uname`, `stat` and the like are `newuname`, `newstat` there.
+            let format = tracefs::Format::read("syscalls", &format!("sys_enter_{name}"))
+                .or_else(|_| tracefs::Format::read("syscalls", &format!("sys_enter_new{name}")));
+            let mut args: Vec<Arg> = format
                 .map(|f| {
                     f.fields_in_order()
                         .into_iter()
@@ -86,11 +88,18 @@ impl Table {
                         .map(|(n, f)| Arg {
                             name: n.to_owned(),
                             c_type: f.c_type.clone(),
-                            signed: f.signed,
                         })
                         .collect()
                 })
                 .unwrap_or_default();
+            // strace shows the mask rt_sigreturn restores, which the
+            // kernel side puts where its first argument would be.
+            if name == "rt_sigreturn" {
+                args = vec![Arg {
+                    name: "frame".to_owned(),
+                    c_type: "void *".to_owned(),
+                }];
+            }
             let plan = plan(&name, &args);
             decls.push(Some(Decl { name, args, plan }));
         }
@@ -134,6 +143,14 @@ fn plan(name: &str, args: &[Arg]) -> Syscall {
         if caps.len() >= BLOBS || out.at_entry != 0 {
             break;
         }
+        // The rows of strace's decoding say what to read first.
+        if let Some(c) = super::table::capture_of(name, i, &a.name, &a.c_type) {
+            caps.push(c);
+            continue;
+        }
+        if super::table::row(name, i).is_some() {
+            continue;
+        }
         let t = a.c_type.as_str();
         let is_buf = matches!(a.name.as_str(), "buf" | "ubuf" | "buff");
         if is_buf && READS.contains(&name) {
@@ -148,12 +165,8 @@ fn plan(name: &str, args: &[Arg]) -> Syscall {
             if let Some(len) = find(&["addrlen", "len"]) {
                 caps.push(cap(CAPTURE_LEN_ARG, i, len, 0, false));
             }
-        } else if t.starts_with("struct stat *") {
-            caps.push(cap(CAPTURE_FIXED, i, 0, 144, true));
         } else if t.starts_with("const struct __kernel_timespec") {
             caps.push(cap(CAPTURE_FIXED, i, 0, 16, false));
-        } else if name.starts_with("pipe") && a.name == "fildes" {
-            caps.push(cap(CAPTURE_FIXED, i, 0, 8, true));
         }
     }
     for (slot, c) in caps.into_iter().enumerate() {
@@ -170,6 +183,7 @@ fn cap(how: u8, arg: usize, len_arg: usize, size: u32, on_success: bool) -> Capt
         len_arg: len_arg as u8,
         on_success: u8::from(on_success),
         size,
+        scale: 0,
     }
 }
 
@@ -323,7 +337,8 @@ pub fn open_flags(value: u64) -> String {
         _ => "O_ACCMODE",
     };
     let rest = value & !3;
-    const BITS: [(u64, &str); 15] = [
+    // strace's order.
+    const BITS: [(u64, &str); 17] = [
         (0o100, "O_CREAT"),
         (0o200, "O_EXCL"),
         (0o400, "O_NOCTTY"),
@@ -334,11 +349,13 @@ pub fn open_flags(value: u64) -> String {
         (0o10000, "O_DSYNC"),
         (0o20000, "O_ASYNC"),
         (0o40000, "O_DIRECT"),
-        (0o200000, "O_DIRECTORY"),
+        (0o100000, "O_LARGEFILE"),
         (0o400000, "O_NOFOLLOW"),
         (0o1000000, "O_NOATIME"),
         (0o2000000, "O_CLOEXEC"),
         (0o10000000, "O_PATH"),
+        (0o20200000, "O_TMPFILE"),
+        (0o200000, "O_DIRECTORY"),
     ];
     if rest == 0 {
         return mode.to_owned();
@@ -385,7 +402,8 @@ const SIGNALS: [&str; 32] = [
 pub fn signal(sig: u64) -> String {
     match SIGNALS.get(sig as usize) {
         Some(n) => (*n).to_owned(),
-        None if (32..=64).contains(&sig) => format!("SIGRT_{}", sig - 32),
+        None if sig == 32 => "SIGRTMIN".to_owned(),
+        None if (33..=64).contains(&sig) => format!("SIGRT_{}", sig - 32),
         None => sig.to_string(),
     }
 }
@@ -413,13 +431,38 @@ pub fn si_code(sig: u64, code: i64) -> String {
     named.to_owned()
 }
 
-/// An error's name and description, as strace prints them.
+/// An error's name and description, as strace prints them: the C
+/// library's text (`strerror`), the kernel's own for the restart codes
+/// no program sees.
 pub fn errno(e: i64) -> (String, String) {
-    let err = syscalls::Errno::new(e as i32);
-    match err.name_and_description() {
-        Some((n, d)) => (n.to_owned(), d.to_owned()),
-        None => (format!("errno {e}"), "Unknown error".to_owned()),
+    let restart = match e {
+        512 => Some(("ERESTARTSYS", "To be restarted if SA_RESTART is set")),
+        513 => Some(("ERESTARTNOINTR", "To be restarted")),
+        514 => Some(("ERESTARTNOHAND", "To be restarted if no handler")),
+        515 => Some(("ENOIOCTLCMD", "No ioctl command")),
+        516 => Some(("ERESTART_RESTARTBLOCK", "Interrupted by signal")),
+        _ => None,
+    };
+    if let Some((n, d)) = restart {
+        return (n.to_owned(), d.to_owned());
     }
+    let err = syscalls::Errno::new(e as i32);
+    let name = err
+        .name_and_description()
+        .map_or_else(|| format!("errno {e}"), |(n, _)| n.to_owned());
+    // std's text is strerror's, with " (os error N)" after it.
+    let text = std::io::Error::from_raw_os_error(e as i32).to_string();
+    let desc = text
+        .strip_suffix(&format!(" (os error {e})"))
+        .unwrap_or(&text)
+        .to_owned();
+    (name, desc)
+}
+
+/// Whether error `e` is one of the restart codes, which strace shows as
+/// `= ? ERESTARTSYS (...)`, not `-1`.
+pub fn is_restart(e: i64) -> bool {
+    (512..=530).contains(&e)
 }
 
 /// `struct sockaddr`, as strace shows the families it knows.
@@ -464,21 +507,15 @@ pub fn stat(b: &[u8]) -> String {
     let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
     let i64_at = |o: usize| i64::from_ne_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
     let mode = u32_at(24);
-    let kind = match mode & 0o170000 {
-        0o140000 => "S_IFSOCK",
-        0o120000 => "S_IFLNK",
-        0o100000 => "S_IFREG",
-        0o060000 => "S_IFBLK",
-        0o040000 => "S_IFDIR",
-        0o020000 => "S_IFCHR",
-        0o010000 => "S_IFIFO",
-        _ => "0",
-    };
-    format!(
-        "{{st_mode={kind}|{:04o}, st_size={}, ...}}",
-        mode & 0o7777,
-        i64_at(48)
-    )
+    let mode_text = super::table::file_mode(mode);
+    // A device shows its number, not its size.
+    if matches!(mode & 0o170000, 0o020000 | 0o060000) {
+        let dev = i64_at(40) as u64;
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        return format!("{{st_mode={mode_text}, st_rdev=makedev({major:#x}, {minor:#x}), ...}}");
+    }
+    format!("{{st_mode={mode_text}, st_size={}, ...}}", i64_at(48))
 }
 
 /// `struct timespec`.
