@@ -809,8 +809,8 @@ impl Strace {
             let _ = write!(
                 info,
                 ", si_status={status}, si_utime={}, si_stime={}",
-                e.args[5] as u32,
-                e.args[5] >> 32
+                ticks(e.args[5] & 0xffff_ffff),
+                ticks(e.args[5] >> 32)
             );
         }
         let text = format!("--- {name} {{{info}}} ---");
@@ -993,7 +993,8 @@ fn scalar(sys: &str, a: &decode::Arg, v: u64) -> String {
         ("rt_sigaction", "sig") => decode::signal(v),
         ("fcntl", "cmd") => decode::fcntl_cmd(v),
         ("rt_sigprocmask", "how") => decode::sigmask_how(v),
-        ("mmap", "fd") => (v as i32).to_string(),
+        // Descriptors are ints to strace, whatever the kernel's type.
+        (_, name) if fds::is_fd_arg(name) => (v as i32).to_string(),
         (
             "mmap" | "mprotect" | "munmap" | "mremap" | "madvise" | "brk",
             "addr" | "start" | "brk",
@@ -1030,6 +1031,16 @@ fn ret_text(decl: &Decl, e: &Event, limit: usize) -> String {
         return format!("{sign} {name} ({desc})");
     }
     table::ret_text(&call_of(decl, e, limit)).unwrap_or_else(|| ret.to_string())
+}
+
+/// Clock ticks as strace shows them: `150 /* 1.50 s */` (100 a
+/// second, the kernel's `USER_HZ`), 0 alone.
+fn ticks(t: u64) -> String {
+    if t == 0 {
+        "0".to_owned()
+    } else {
+        format!("{t} /* {}.{:02} s */", t / 100, t % 100)
+    }
 }
 
 /// A call's line with its return: strace pads the call with spaces so
