@@ -23,10 +23,11 @@ use aya::{
     maps::{Array, PerCpuArray},
 };
 use rtrace_common::strace::{
-    BLOB, Config, MAX_STRING_LIMIT, ERR_NAMES, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY,
+    BLOB, Config, ERR_NAMES, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY,
     FLAG_NO_RETURN, HEADER_SIZE, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_SIGNAL, KIND_SYSCALL,
-    MAX_SYSCALLS, PROG_EXEC, PROG_EXIT, PROG_FORK, PROG_SIGNAL, PROG_STACK, PROG_SYS_ENTER,
-    PROG_SYS_EXIT, PidNr, ProcTotals, SUMMARY, SUMMARY_BY_PID, SYSCALLS, Syscall, Totals,
+    MAX_STRING_LIMIT, MAX_SYSCALLS, PROG_EXEC, PROG_EXIT, PROG_FORK, PROG_SIGNAL, PROG_STACK,
+    PROG_SYS_ENTER, PROG_SYS_EXIT, PidNr, ProcTotals, SUMMARY, SUMMARY_BY_PID, SYSCALLS, Syscall,
+    Totals,
 };
 use serde::Serialize;
 
@@ -653,7 +654,11 @@ impl Strace {
         let ret = format!("{ret}{spent_text}");
         if resumed_only {
             text.push(aligned(
-                format!("{}<... {} resumed>)", self.prefix(e.tid, e.exit_ns), decl.name),
+                format!(
+                    "{}<... {} resumed>)",
+                    self.prefix(e.tid, e.exit_ns),
+                    decl.name
+                ),
                 &ret,
             ));
         } else if interrupted {

@@ -590,9 +590,10 @@ pub fn ret_text(call: &Call) -> Option<String> {
     let r = call.ret;
     match call.sys {
         "mmap" | "mremap" | "brk" | "shmat" => Some(format!("{r:#x}")),
-        "fcntl" if call.args[1] == 1 && r > 0 => {
-            Some(format!("{r:#x} (flags {})", flags_or(r as u64, FD_FLAGS, "0")))
-        }
+        "fcntl" if call.args[1] == 1 && r > 0 => Some(format!(
+            "{r:#x} (flags {})",
+            flags_or(r as u64, FD_FLAGS, "0")
+        )),
         "fcntl" if call.args[1] == 3 => Some(format!(
             "{r:#x} (flags {})",
             super::decode::open_flags(r as u64)
@@ -674,9 +675,7 @@ fn set_member(sig: u32) -> String {
     match sig {
         32 => "RTMIN".to_owned(),
         33..=64 => format!("RT_{}", sig - 32),
-        _ => signal(u64::from(sig))
-            .trim_start_matches("SIG")
-            .to_owned(),
+        _ => signal(u64::from(sig)).trim_start_matches("SIG").to_owned(),
     }
 }
 
@@ -771,7 +770,11 @@ pub fn file_mode(mode: u32) -> String {
         _ => return format!("{:#o}", mode),
     };
     let mut out = kind.to_owned();
-    for (bit, name) in [(0o4000, "S_ISUID"), (0o2000, "S_ISGID"), (0o1000, "S_ISVTX")] {
+    for (bit, name) in [
+        (0o4000, "S_ISUID"),
+        (0o2000, "S_ISGID"),
+        (0o1000, "S_ISVTX"),
+    ] {
         if mode & bit != 0 {
             out.push('|');
             out.push_str(name);
@@ -1043,7 +1046,11 @@ const PIPE_FLAGS: Names = &[
     (0o4000, "O_NONBLOCK"),
     (0o40000, "O_DIRECT"),
 ];
-const GRND: Names = &[(1, "GRND_NONBLOCK"), (2, "GRND_RANDOM"), (4, "GRND_INSECURE")];
+const GRND: Names = &[
+    (1, "GRND_NONBLOCK"),
+    (2, "GRND_RANDOM"),
+    (4, "GRND_INSECURE"),
+];
 const TIMER_FLAGS: Names = &[(1, "TIMER_ABSTIME")];
 const SOCK_LEVELS: Names = &[
     (0, "SOL_IP"),
@@ -1125,7 +1132,12 @@ const TCP_OPTS: Names = &[
     (23, "TCP_FASTOPEN"),
 ];
 const SHUT: Names = &[(0, "SHUT_RD"), (1, "SHUT_WR"), (2, "SHUT_RDWR")];
-const LOCK: Names = &[(1, "LOCK_SH"), (2, "LOCK_EX"), (4, "LOCK_NB"), (8, "LOCK_UN")];
+const LOCK: Names = &[
+    (1, "LOCK_SH"),
+    (2, "LOCK_EX"),
+    (4, "LOCK_NB"),
+    (8, "LOCK_UN"),
+];
 const MREMAP: Names = &[
     (1, "MREMAP_MAYMOVE"),
     (2, "MREMAP_FIXED"),
@@ -1320,6 +1332,9 @@ mod tests {
             statx_flags(0x900),
             "AT_STATX_SYNC_AS_STAT|AT_SYMLINK_NOFOLLOW|AT_NO_AUTOMOUNT"
         );
-        assert_eq!(flags_or(0x1_17ff, STATX_MASK, "0"), "STATX_BASIC_STATS|STATX_MNT_ID|0x10000");
+        assert_eq!(
+            flags_or(0x1_17ff, STATX_MASK, "0"),
+            "STATX_BASIC_STATS|STATX_MNT_ID|0x10000"
+        );
     }
 }
