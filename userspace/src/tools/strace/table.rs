@@ -430,9 +430,13 @@ fn struct_text(s: Struct, b: &[u8], call: &Call, i: usize) -> Option<String> {
     })
 }
 
+/// A function showing a whole call's arguments; an empty string for
+/// one shown as usual.
+pub type Whole = fn(&Call) -> Vec<String>;
+
 /// Calls shown by a function of their own: which arguments they show
 /// and how depend on one another.
-pub const WHOLE: &[(&str, fn(&Call) -> Vec<String>)] = &[
+pub const WHOLE: &[(&str, Whole)] = &[
     ("fcntl", fcntl),
     ("futex", futex),
     ("clone", clone),
@@ -663,7 +667,7 @@ pub fn enum_name(v: u64, names: Names) -> String {
 fn rlim(v: u64) -> String {
     if v == u64::MAX {
         "RLIM64_INFINITY".to_owned()
-    } else if v > 0 && v % 1024 == 0 {
+    } else if v > 0 && v.is_multiple_of(1024) {
         format!("{}*1024", v / 1024)
     } else {
         v.to_string()
