@@ -25,10 +25,10 @@ use rtrace_common::{
     events::LOST_TABLE,
     strace::{
         BLOB, BLOBS, CAPTURE_ARGV, CAPTURE_DIRENTS, CAPTURE_FIXED, CAPTURE_LEN_ARG,
-        CAPTURE_LEN_RET, CAPTURE_STR, Capture, Config, ERR_BY_PID_FULL, ERR_SYSCALL_NR, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS,
-        FLAG_NO_ENTRY, FLAG_NO_RETURN, HEADER_SIZE, Inflight, KIND_EXEC, KIND_EXIT, KIND_FORK,
-        KIND_SIGNAL, KIND_SYSCALL, MAX_ARGS, MAX_PID_NRS, MAX_SYSCALLS, NR_RT_SIGRETURN, PidNr,
-        ProcTotals, SIGRETURN_MASK_OFFSET, Syscall, Totals,
+        CAPTURE_LEN_RET, CAPTURE_STR, Capture, Config, ERR_BY_PID_FULL, ERR_SYSCALL_NR, Event,
+        FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY, FLAG_NO_RETURN, HEADER_SIZE, Inflight,
+        KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_SIGNAL, KIND_SYSCALL, MAX_ARGS, MAX_PID_NRS,
+        MAX_SYSCALLS, NR_RT_SIGRETURN, PidNr, ProcTotals, SIGRETURN_MASK_OFFSET, Syscall, Totals,
     },
 };
 use rtrace_ebpf::{atomic_add, count_error, events::emit_bytes, global, read_kernel, targets};
