@@ -11,7 +11,7 @@ mod table;
 
 use crate::tracer::{Outcome, Plan, Spec};
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     fmt::Write as _,
     sync::Arc,
     time::Duration,
@@ -173,10 +173,10 @@ pub struct Strace {
     /// The process whose lines carry no `[pid N]` (the command, or the
     /// first `-p`), when lines go to a file without `-f`.
     first: Option<u32>,
-    /// The tasks traced and alive, as far as the lines tell: on a
-    /// terminal, strace marks every line `[pid N]` while there are more
+    /// The tasks traced and when they lived, as far as the lines tell: on
+    /// a terminal, strace marks every line `[pid N]` while there are more
     /// than one.
-    live: HashSet<u32>,
+    lives: Lives,
     /// The thread and the time of the last line printed, for strace's
     /// `<unfinished ...>`.
     last: (u32, u64),
@@ -218,7 +218,7 @@ impl Tool for Strace {
             shown,
             execs: HashMap::new(),
             first: None,
-            live: HashSet::new(),
+            lives: Lives::default(),
             last: (0, 0),
             realtime_offset: 0,
             printed: 0,
@@ -458,6 +458,44 @@ impl Tool for Strace {
     }
 }
 
+/// When each task lived, from its first line (or its parent's clone) to
+/// its exit, by task id: how many were traced when a line's call began.
+#[derive(Debug, Default)]
+struct Lives {
+    spans: HashMap<u32, (u64, Option<u64>)>,
+}
+
+/// How long an exited task is remembered, for the lines of calls that
+/// began before it exited and are printed after.
+const EXITED_KEPT_NS: u64 = 10_000_000_000;
+
+impl Lives {
+    /// Task `tid` was alive at `at`.
+    fn seen(&mut self, tid: u32, at: u64) {
+        let span = self.spans.entry(tid).or_insert((at, None));
+        match span.1 {
+            // The id taken again by a new task.
+            Some(end) if at > end => *span = (at, None),
+            _ => span.0 = span.0.min(at),
+        }
+    }
+
+    /// Task `tid` exited at `at`.
+    fn ended(&mut self, tid: u32, at: u64) {
+        self.spans.entry(tid).or_insert((at, None)).1 = Some(at);
+        self.spans
+            .retain(|_, (_, end)| end.is_none_or(|x| x + EXITED_KEPT_NS > at));
+    }
+
+    /// The tasks alive at `at`.
+    fn alive_at(&self, at: u64) -> usize {
+        self.spans
+            .values()
+            .filter(|&&(start, end)| start <= at && end.is_none_or(|x| x > at))
+            .count()
+    }
+}
+
 /// The syscalls `-e trace=` shows, by number.
 fn shown(table: &Table, exprs: &[String]) -> anyhow::Result<Vec<bool>> {
     let mut shown = vec![true; MAX_SYSCALLS as usize];
@@ -573,7 +611,7 @@ impl Strace {
             } else if self.first != Some(tid) {
                 let _ = write!(out, "[pid {tid:>5}] ");
             }
-        } else if self.live.len() > 1 || !self.live.contains(&tid) && !self.live.is_empty() {
+        } else if self.lives.alive_at(at_ns) > 1 {
             let _ = write!(out, "[pid {tid:>5}] ");
         }
         if self.args.times > 0 {
@@ -605,7 +643,7 @@ impl Strace {
         let Some(decl) = table.get(e.nr) else {
             return Ok(());
         };
-        self.live.insert(e.tid);
+        self.lives.seen(e.tid, e.enter_ns);
         // The exec's arguments were read at its entry.
         let source = exec.unwrap_or(e);
         let mut args = args_text(decl, source, self.args.string_limit as usize);
@@ -631,7 +669,7 @@ impl Strace {
         };
         // A new task: strace counts it from its parent's clone on.
         if e.ret > 0 && matches!(decl.name.as_str(), "clone" | "clone3" | "fork" | "vfork") {
-            self.live.insert(e.ret as u32);
+            self.lives.seen(e.ret as u32, e.exit_ns);
         }
         if self.args.decode_fds
             && e.ret >= 0
@@ -831,7 +869,7 @@ impl Strace {
         what: String,
         sink: &mut Sink,
     ) -> anyhow::Result<()> {
-        self.live.insert(e.tid);
+        self.lives.seen(e.tid, e.enter_ns);
         let text = vec![format!("{}{text}", self.prefix(e.tid, e.enter_ns))];
         self.last = (e.tid, e.enter_ns);
         self.line(
@@ -855,7 +893,7 @@ impl Strace {
             self.fds.forget(e.pid);
         }
         if self.args.quiet >= 2 {
-            self.live.remove(&e.tid);
+            self.lives.ended(e.tid, e.enter_ns);
             return Ok(());
         }
         let code = e.args[0] as u32;
@@ -865,7 +903,7 @@ impl Strace {
             format!("killed by {}", decode::signal(u64::from(code & 0x7f)))
         };
         let done = self.mark(e, format!("+++ {what} +++"), what, sink);
-        self.live.remove(&e.tid);
+        self.lives.ended(e.tid, e.enter_ns);
         done
     }
 }
