@@ -931,10 +931,11 @@ fn everyday_commands_read_as_straces() {
     std::fs::create_dir_all(dir.join("tree/sub")).unwrap();
     std::fs::write(dir.join("tree/a.txt"), "hello\n").unwrap();
     std::fs::write(dir.join("tree/sub/b.txt"), "b\na\nc\n").unwrap();
-    let python = if std::path::Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3 -c 'print(1)';"
+    let python3 = "/usr/bin/python3";
+    let python = if std::path::Path::new(python3).exists() {
+        format!("{python3} -c 'print(1)';")
     } else {
-        ""
+        String::new()
     };
     let script = format!(
         "cd {}; ls -la tree; cat tree/a.txt; sort tree/sub/b.txt; \

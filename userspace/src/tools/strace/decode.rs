@@ -3,14 +3,16 @@
 //! the numbers' names from the `syscalls` crate, and strace's spellings
 //! of flags, structs, strings and errors.
 
-use std::fmt::Write as _;
-
 use rtrace_common::strace::{
     BLOBS, CAPTURE_ARGV, CAPTURE_FIXED, CAPTURE_LEN_ARG, CAPTURE_LEN_RET, CAPTURE_STR, Capture,
     MAX_SYSCALLS, Syscall,
 };
 
 use crate::kernel::tracefs;
+
+/// strace's spellings of strings, signals, flags and structs live with
+/// the table of decoders; these are used here and by the tool.
+pub use super::table::{open_flags, quote, signal, string, timespec};
 
 /// One argument of a syscall, as its tracepoint declares it.
 #[derive(Debug, Clone)]
@@ -280,39 +282,6 @@ pub fn in_class(class: &str, decl: &Decl) -> Option<bool> {
     })
 }
 
-/// A byte string as strace quotes it: printable ASCII as it is, the
-/// usual escapes, other bytes in octal; `cut` adds strace's `...`.
-pub fn quote(bytes: &[u8], cut: bool) -> String {
-    let mut out = String::with_capacity(bytes.len() + 2);
-    out.push('"');
-    for (i, &b) in bytes.iter().enumerate() {
-        match b {
-            b'"' => out.push_str("\\\""),
-            b'\\' => out.push_str("\\\\"),
-            b'\t' => out.push_str("\\t"),
-            b'\n' => out.push_str("\\n"),
-            0x0b => out.push_str("\\v"),
-            0x0c => out.push_str("\\f"),
-            b'\r' => out.push_str("\\r"),
-            0x20..=0x7e => out.push(b as char),
-            _ => {
-                // The shortest octal, unless an octal digit follows.
-                let next_digit = bytes.get(i + 1).is_some_and(|c| (b'0'..=b'7').contains(c));
-                if next_digit {
-                    let _ = write!(out, "\\{b:03o}");
-                } else {
-                    let _ = write!(out, "\\{b:o}");
-                }
-            }
-        }
-    }
-    out.push('"');
-    if cut {
-        out.push_str("...");
-    }
-    out
-}
-
 /// Names of bits, in order, or'ed; what is left in hex.
 fn flags(mut value: u64, names: &[(u64, &str)]) -> String {
     let mut parts = Vec::new();
@@ -326,86 +295,6 @@ fn flags(mut value: u64, names: &[(u64, &str)]) -> String {
         parts.push(format!("{value:#x}"));
     }
     parts.join("|")
-}
-
-/// `open`'s flags: the access mode, then the others.
-pub fn open_flags(value: u64) -> String {
-    let mode = match value & 3 {
-        0 => "O_RDONLY",
-        1 => "O_WRONLY",
-        2 => "O_RDWR",
-        _ => "O_ACCMODE",
-    };
-    let rest = value & !3;
-    // strace's order.
-    const BITS: [(u64, &str); 17] = [
-        (0o100, "O_CREAT"),
-        (0o200, "O_EXCL"),
-        (0o400, "O_NOCTTY"),
-        (0o1000, "O_TRUNC"),
-        (0o2000, "O_APPEND"),
-        (0o4000, "O_NONBLOCK"),
-        (0o4010000, "O_SYNC"),
-        (0o10000, "O_DSYNC"),
-        (0o20000, "O_ASYNC"),
-        (0o40000, "O_DIRECT"),
-        (0o100000, "O_LARGEFILE"),
-        (0o400000, "O_NOFOLLOW"),
-        (0o1000000, "O_NOATIME"),
-        (0o2000000, "O_CLOEXEC"),
-        (0o10000000, "O_PATH"),
-        (0o20200000, "O_TMPFILE"),
-        (0o200000, "O_DIRECTORY"),
-    ];
-    if rest == 0 {
-        return mode.to_owned();
-    }
-    format!("{mode}|{}", flags(rest, &BITS))
-}
-
-const SIGNALS: [&str; 32] = [
-    "0",
-    "SIGHUP",
-    "SIGINT",
-    "SIGQUIT",
-    "SIGILL",
-    "SIGTRAP",
-    "SIGABRT",
-    "SIGBUS",
-    "SIGFPE",
-    "SIGKILL",
-    "SIGUSR1",
-    "SIGSEGV",
-    "SIGUSR2",
-    "SIGPIPE",
-    "SIGALRM",
-    "SIGTERM",
-    "SIGSTKFLT",
-    "SIGCHLD",
-    "SIGCONT",
-    "SIGSTOP",
-    "SIGTSTP",
-    "SIGTTIN",
-    "SIGTTOU",
-    "SIGURG",
-    "SIGXCPU",
-    "SIGXFSZ",
-    "SIGVTALRM",
-    "SIGPROF",
-    "SIGWINCH",
-    "SIGIO",
-    "SIGPWR",
-    "SIGSYS",
-];
-
-/// A signal's name (`SIGRT_3` for the real-time ones).
-pub fn signal(sig: u64) -> String {
-    match SIGNALS.get(sig as usize) {
-        Some(n) => (*n).to_owned(),
-        None if sig == 32 => "SIGRTMIN".to_owned(),
-        None if (33..=64).contains(&sig) => format!("SIGRT_{}", sig - 32),
-        None => sig.to_string(),
-    }
 }
 
 /// A signal's `si_code`, as strace names it.
@@ -632,46 +521,6 @@ pub fn sockaddr(b: &[u8]) -> String {
             )
         }
         f => format!("{{sa_family={f}}}"),
-    }
-}
-
-/// `struct stat` (x86-64), abbreviated as strace shows it.
-pub fn stat(b: &[u8]) -> String {
-    if b.len() < 144 {
-        return "0x?".to_owned();
-    }
-    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
-    let i64_at = |o: usize| i64::from_ne_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
-    let mode = u32_at(24);
-    let mode_text = super::table::file_mode(mode);
-    // A device shows its number, not its size.
-    if matches!(mode & 0o170000, 0o020000 | 0o060000) {
-        let dev = i64_at(40) as u64;
-        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-        return format!("{{st_mode={mode_text}, st_rdev=makedev({major:#x}, {minor:#x}), ...}}");
-    }
-    format!("{{st_mode={mode_text}, st_size={}, ...}}", i64_at(48))
-}
-
-/// `struct timespec`.
-pub fn timespec(b: &[u8]) -> String {
-    if b.len() < 16 {
-        return "0x?".to_owned();
-    }
-    let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap_or([0; 8]));
-    let nsec = i64::from_ne_bytes(b[8..16].try_into().unwrap_or([0; 8]));
-    format!("{{tv_sec={sec}, tv_nsec={nsec}}}")
-}
-
-/// A string as read with two bytes more than `limit` (its NUL, and one
-/// to tell it was cut), as strace shows it.
-pub fn string(b: &[u8], limit: usize) -> String {
-    let body = b.strip_suffix(&[0]).unwrap_or(b);
-    if body.len() > limit {
-        quote(&body[..limit], true)
-    } else {
-        quote(body, false)
     }
 }
 

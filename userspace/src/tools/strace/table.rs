@@ -14,8 +14,6 @@ use rtrace_common::strace::{
     BLOB, CAPTURE_DIRENTS, CAPTURE_FIXED, CAPTURE_LEN_ARG, CAPTURE_LEN_RET, CAPTURE_STR, Capture,
 };
 
-use super::decode::{quote, signal};
-
 /// Names of values, in the order strace prints a set of them.
 pub type Names = &'static [(u64, &'static str)];
 
@@ -136,6 +134,159 @@ impl Struct {
                 ..Capture::default()
             },
         }
+    }
+}
+
+/// A byte string as strace quotes it: printable ASCII as it is, the
+/// usual escapes, other bytes in octal; `cut` adds strace's `...`.
+pub fn quote(bytes: &[u8], cut: bool) -> String {
+    let mut out = String::with_capacity(bytes.len() + 2);
+    out.push('"');
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            0x0b => out.push_str("\\v"),
+            0x0c => out.push_str("\\f"),
+            b'\r' => out.push_str("\\r"),
+            0x20..=0x7e => out.push(b as char),
+            _ => {
+                // The shortest octal, unless an octal digit follows.
+                let next_digit = bytes.get(i + 1).is_some_and(|c| (b'0'..=b'7').contains(c));
+                if next_digit {
+                    let _ = write!(out, "\\{b:03o}");
+                } else {
+                    let _ = write!(out, "\\{b:o}");
+                }
+            }
+        }
+    }
+    out.push('"');
+    if cut {
+        out.push_str("...");
+    }
+    out
+}
+
+/// `open`'s flags: the access mode, then the others.
+pub fn open_flags(value: u64) -> String {
+    let mode = match value & 3 {
+        0 => "O_RDONLY",
+        1 => "O_WRONLY",
+        2 => "O_RDWR",
+        _ => "O_ACCMODE",
+    };
+    let rest = value & !3;
+    // strace's order.
+    const BITS: [(u64, &str); 17] = [
+        (0o100, "O_CREAT"),
+        (0o200, "O_EXCL"),
+        (0o400, "O_NOCTTY"),
+        (0o1000, "O_TRUNC"),
+        (0o2000, "O_APPEND"),
+        (0o4000, "O_NONBLOCK"),
+        (0o4010000, "O_SYNC"),
+        (0o10000, "O_DSYNC"),
+        (0o20000, "O_ASYNC"),
+        (0o40000, "O_DIRECT"),
+        (0o100000, "O_LARGEFILE"),
+        (0o400000, "O_NOFOLLOW"),
+        (0o1000000, "O_NOATIME"),
+        (0o2000000, "O_CLOEXEC"),
+        (0o10000000, "O_PATH"),
+        (0o20200000, "O_TMPFILE"),
+        (0o200000, "O_DIRECTORY"),
+    ];
+    if rest == 0 {
+        return mode.to_owned();
+    }
+    format!("{mode}|{}", flags_or(rest, &BITS, "0"))
+}
+
+const SIGNALS: [&str; 32] = [
+    "0",
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGILL",
+    "SIGTRAP",
+    "SIGABRT",
+    "SIGBUS",
+    "SIGFPE",
+    "SIGKILL",
+    "SIGUSR1",
+    "SIGSEGV",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGSTKFLT",
+    "SIGCHLD",
+    "SIGCONT",
+    "SIGSTOP",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGURG",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGWINCH",
+    "SIGIO",
+    "SIGPWR",
+    "SIGSYS",
+];
+
+/// A signal's name (`SIGRT_3` for the real-time ones).
+pub fn signal(sig: u64) -> String {
+    match SIGNALS.get(sig as usize) {
+        Some(n) => (*n).to_owned(),
+        None if sig == 32 => "SIGRTMIN".to_owned(),
+        None if (33..=64).contains(&sig) => format!("SIGRT_{}", sig - 32),
+        None => sig.to_string(),
+    }
+}
+
+/// `struct stat` (x86-64), abbreviated as strace shows it.
+pub fn stat(b: &[u8]) -> String {
+    if b.len() < 144 {
+        return "0x?".to_owned();
+    }
+    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
+    let i64_at = |o: usize| i64::from_ne_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
+    let mode = u32_at(24);
+    let mode_text = file_mode(mode);
+    // A device shows its number, not its size.
+    if matches!(mode & 0o170000, 0o020000 | 0o060000) {
+        let dev = i64_at(40) as u64;
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        return format!("{{st_mode={mode_text}, st_rdev=makedev({major:#x}, {minor:#x}), ...}}");
+    }
+    format!("{{st_mode={mode_text}, st_size={}, ...}}", i64_at(48))
+}
+
+/// `struct timespec`.
+pub fn timespec(b: &[u8]) -> String {
+    if b.len() < 16 {
+        return "0x?".to_owned();
+    }
+    let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap_or([0; 8]));
+    let nsec = i64::from_ne_bytes(b[8..16].try_into().unwrap_or([0; 8]));
+    format!("{{tv_sec={sec}, tv_nsec={nsec}}}")
+}
+
+/// A string as read with two bytes more than `limit` (its NUL, and one
+/// to tell it was cut), as strace shows it.
+pub fn string(b: &[u8], limit: usize) -> String {
+    let body = b.strip_suffix(&[0]).unwrap_or(b);
+    if body.len() > limit {
+        quote(&body[..limit], true)
+    } else {
+        quote(body, false)
     }
 }
 
@@ -326,7 +477,7 @@ pub fn render(show: Show, call: &Call, i: usize) -> String {
         Show::Ptr => pointer(v),
         Show::Mode => format!("0{:o}", v & 0o7777),
         Show::Path => match call.blobs[i] {
-            Some(b) if !b.is_empty() => super::decode::string(b, usize::MAX),
+            Some(b) if !b.is_empty() => string(b, usize::MAX),
             _ => pointer(v),
         },
         Show::Flags(names, none) => flags_or(v, names, none),
@@ -344,7 +495,7 @@ fn struct_text(s: Struct, b: &[u8], call: &Call, i: usize) -> Option<String> {
     let u32_at = |o: usize| Some(u32::from_ne_bytes(b.get(o..o + 4)?.try_into().ok()?));
     let u64_at = |o: usize| Some(u64::from_ne_bytes(b.get(o..o + 8)?.try_into().ok()?));
     Some(match s {
-        Struct::Stat => super::decode::stat(b),
+        Struct::Stat => stat(b),
         Struct::Statx => statx(b)?,
         Struct::Statfs => statfs(b)?,
         Struct::Rlimit => format!(
@@ -405,7 +556,7 @@ fn struct_text(s: Struct, b: &[u8], call: &Call, i: usize) -> Option<String> {
             };
             format!("{{sysname={}, nodename={}, ...}}", field(0), field(65))
         }
-        Struct::Timespec => super::decode::timespec(b),
+        Struct::Timespec => timespec(b),
         Struct::Pollfds => pollfds(b, false)?,
         Struct::CpuSet => cpu_set(b),
         Struct::Random => {
@@ -469,7 +620,7 @@ fn fcntl(call: &Call) -> Vec<String> {
         // F_GETPIPE_SZ, F_GET_SEALS: no third argument.
         1 | 3 | 9 | 11 | 1025 | 1032 | 1034 => return vec![fd, name],
         2 => flags_or(call.args[2], FD_FLAGS, "0"),
-        4 => super::decode::open_flags(call.args[2]),
+        4 => open_flags(call.args[2]),
         0 | 1030 | 8 | 10 | 1031 => (call.args[2] as i32).to_string(),
         _ => pointer(call.args[2]),
     };
@@ -484,7 +635,7 @@ fn futex(call: &Call) -> Vec<String> {
     let timeout = || {
         call.blobs[3]
             .filter(|b| !b.is_empty())
-            .map_or_else(|| pointer(a[3]), super::decode::timespec)
+            .map_or_else(|| pointer(a[3]), timespec)
     };
     let bitset = |v: u64| {
         if v as u32 == u32::MAX {
@@ -598,10 +749,7 @@ pub fn ret_text(call: &Call) -> Option<String> {
             "{r:#x} (flags {})",
             flags_or(r as u64, FD_FLAGS, "0")
         )),
-        "fcntl" if call.args[1] == 3 => Some(format!(
-            "{r:#x} (flags {})",
-            super::decode::open_flags(r as u64)
-        )),
+        "fcntl" if call.args[1] == 3 => Some(format!("{r:#x} (flags {})", open_flags(r as u64))),
         "poll" if r == 0 => Some("0 (Timeout)".to_owned()),
         "poll" => {
             let b = call.blobs[0].filter(|b| !b.is_empty())?;
