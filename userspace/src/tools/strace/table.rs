@@ -69,6 +69,8 @@ pub enum Struct {
     Utsname,
     /// `struct __kernel_timespec`.
     Timespec,
+    /// `struct itimerval`.
+    Itimerval,
     /// `poll`'s array of `struct pollfd`.
     Pollfds,
     /// A CPU set, as many bytes as the call returns.
@@ -106,6 +108,7 @@ impl Struct {
             Self::Sysinfo => fixed(112, true),
             Self::Utsname => fixed(390, true),
             Self::Timespec => fixed(16, false),
+            Self::Itimerval => fixed(32, false),
             Self::SigreturnMask => fixed(8, false),
             Self::IoctlArg => fixed(8, true),
             // nfds entries of 8 bytes, read at the exit (with revents).
@@ -409,6 +412,19 @@ pub const ROWS: &[(&str, usize, Show)] = &[
     ("sendfile64", 2, Show::Ptr),
     ("close_range", 1, Show::Uint),
     ("close_range", 2, Show::Flags(CLOSE_RANGE, "0")),
+    ("socketpair", 3, Show::Struct(Struct::Fds)),
+    ("accept4", 3, Show::Flags(SOCK_FLAGS, "0")),
+    ("epoll_ctl", 1, Show::Enum(EPOLL_CTL)),
+    ("clock_gettime", 1, Show::Struct(Struct::Timespec)),
+    ("clock_getres", 1, Show::Struct(Struct::Timespec)),
+    ("rt_sigsuspend", 0, Show::Struct(Struct::Sigset)),
+    ("rt_sigpending", 0, Show::Struct(Struct::Sigset)),
+    ("rt_sigtimedwait", 0, Show::Struct(Struct::Sigset)),
+    ("getitimer", 0, Show::Enum(ITIMERS)),
+    ("setitimer", 0, Show::Enum(ITIMERS)),
+    ("setitimer", 1, Show::Struct(Struct::Itimerval)),
+    ("setitimer", 2, Show::Struct(Struct::Itimerval)),
+    ("getitimer", 1, Show::Struct(Struct::Itimerval)),
 ];
 
 /// The row of syscall `sys`'s argument `i`.
@@ -557,6 +573,16 @@ fn struct_text(s: Struct, b: &[u8], call: &Call, i: usize) -> Option<String> {
             format!("{{sysname={}, nodename={}, ...}}", field(0), field(65))
         }
         Struct::Timespec => timespec(b),
+        Struct::Itimerval => {
+            let l = |o| u64_at(o).map(|v| v as i64);
+            format!(
+                "{{it_interval={{tv_sec={}, tv_usec={}}}, it_value={{tv_sec={}, tv_usec={}}}}}",
+                l(0)?,
+                l(8)?,
+                l(16)?,
+                l(24)?
+            )
+        }
         Struct::Pollfds => pollfds(b, false)?,
         Struct::CpuSet => cpu_set(b),
         Struct::Random => {
@@ -1282,6 +1308,17 @@ const TCP_OPTS: Names = &[
     (6, "TCP_KEEPCNT"),
     (9, "TCP_DEFER_ACCEPT"),
     (23, "TCP_FASTOPEN"),
+];
+const SOCK_FLAGS: Names = &[(0o2000000, "SOCK_CLOEXEC"), (0o4000, "SOCK_NONBLOCK")];
+const EPOLL_CTL: Names = &[
+    (1, "EPOLL_CTL_ADD"),
+    (2, "EPOLL_CTL_DEL"),
+    (3, "EPOLL_CTL_MOD"),
+];
+const ITIMERS: Names = &[
+    (0, "ITIMER_REAL"),
+    (1, "ITIMER_VIRTUAL"),
+    (2, "ITIMER_PROF"),
 ];
 const SHUT: Names = &[(0, "SHUT_RD"), (1, "SHUT_WR"), (2, "SHUT_RDWR")];
 const LOCK: Names = &[
