@@ -111,6 +111,10 @@ pub struct Args {
     /// messages for -q to leave out).
     #[arg(short = 'q', action = clap::ArgAction::Count)]
     quiet: u8,
+    /// strace's padding of the return to column 40: `rtrace trace`'s
+    /// view (perf trace's, with this engine) keeps one space.
+    #[arg(skip = true)]
+    pad_return: bool,
     #[command(flatten)]
     scope: ScopeArgs<{ own::C | own::UPPER_C | own::T }>,
     #[command(flatten)]
@@ -156,6 +160,7 @@ impl Args {
             decode_fds: false,
             stack_trace: false,
             quiet: 0,
+            pad_return: false,
             scope,
             buffer,
         }
@@ -691,7 +696,7 @@ impl Strace {
         let mut text = Vec::new();
         let ret = format!("{ret}{spent_text}");
         if resumed_only {
-            text.push(aligned(
+            text.push(self.aligned(
                 format!(
                     "{}<... {} resumed>)",
                     self.prefix(e.tid, e.exit_ns),
@@ -717,7 +722,7 @@ impl Strace {
                 self.prefix(e.tid, e.enter_ns),
                 decl.name
             ));
-            text.push(aligned(
+            text.push(self.aligned(
                 format!(
                     "{}<... {} resumed>{tail})",
                     self.prefix(e.tid, e.exit_ns),
@@ -726,7 +731,7 @@ impl Strace {
                 &ret,
             ));
         } else {
-            text.push(aligned(
+            text.push(self.aligned(
                 format!(
                     "{}{}({})",
                     self.prefix(e.tid, e.enter_ns),
@@ -1086,11 +1091,18 @@ fn ticks(t: u64) -> String {
     }
 }
 
-/// A call's line with its return: strace pads the call with spaces so
-/// that `= ` begins in column 40 (after one space at least).
-fn aligned(mut head: String, ret: &str) -> String {
+impl Strace {
+    /// A call's line with its return: strace pads the call with spaces
+    /// so that `= ` begins in column 40 (after one space at least).
+    fn aligned(&self, head: String, ret: &str) -> String {
+        aligned(head, ret, if self.args.pad_return { 40 } else { 0 })
+    }
+}
+
+/// `head`, then ` = ret` with `= ` in column `column` at least.
+fn aligned(mut head: String, ret: &str, column: usize) -> String {
     head.push(' ');
-    while head.len() < 40 {
+    while head.len() < column {
         head.push(' ');
     }
     head.push_str("= ");
