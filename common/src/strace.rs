@@ -4,8 +4,11 @@
 /// Arguments a syscall has at most.
 pub const MAX_ARGS: usize = 6;
 /// Bytes of one captured argument (a string, a buffer, a struct) at most:
-/// `-s` cuts what is shown below this.
-pub const BLOB: usize = 512;
+/// a whole path (strace never cuts one), or a buffer as `-s` cuts it.
+pub const BLOB: usize = 4096;
+/// The largest `-s`: bytes of a data buffer or a string that is no path
+/// shown at most.
+pub const MAX_STRING_LIMIT: usize = 512;
 /// Arguments captured a syscall at most.
 pub const BLOBS: usize = 2;
 /// Syscall numbers below this are traced (x86-64 has under 500).
@@ -17,7 +20,9 @@ pub const KIND_SYSCALL: u32 = 0;
 /// old program's memory gone).
 pub const KIND_EXEC: u32 = 1;
 /// [`Event::kind`]: a signal delivered (`args[0]` the signal, `[1]` its
-/// code, `[2]` and `[3]` the sender's pid and uid).
+/// code, `[2]` and `[3]` the sender's pid and uid, and for `SIGCHLD`
+/// `[4]` the child's status and `[5]` its user and system times in clock
+/// ticks, the user time in the low 32 bits).
 pub const KIND_SIGNAL: u32 = 2;
 /// [`Event::kind`]: a thread exited (`args[0]` its exit code as wait
 /// gives it, `[1]` whether it was the last of its process).
@@ -52,6 +57,18 @@ pub const CAPTURE_LEN_RET: u8 = 3;
 pub const CAPTURE_FIXED: u8 = 4;
 /// An argv-style array of strings: its first strings, NUL-separated.
 pub const CAPTURE_ARGV: u8 = 5;
+/// `getdents64`'s buffer: its count of entries (a `u32`), walked in the
+/// kernel, whatever its size.
+pub const CAPTURE_DIRENTS: u8 = 6;
+
+/// Syscall number of `rt_sigreturn` on x86-64: its entry keeps, as its
+/// first argument, where the signal frame's saved mask is (the stack
+/// pointer plus [`SIGRETURN_MASK_OFFSET`]), for strace's `{mask=[...]}`.
+pub const NR_RT_SIGRETURN: u64 = 15;
+/// `ucontext.uc_sigmask`'s offset from the stack pointer at
+/// `rt_sigreturn` (the frame's return address is popped): `uc_flags`,
+/// `uc_link`, `uc_stack` and `uc_mcontext` before it.
+pub const SIGRETURN_MASK_OFFSET: u64 = 8 + 8 + 24 + 256;
 
 /// How to capture one argument of a syscall.
 #[repr(C)]
@@ -63,10 +80,15 @@ pub struct Capture {
     pub arg: u8,
     /// With [`CAPTURE_LEN_ARG`]: the argument holding the count.
     pub len_arg: u8,
-    /// With `CAPTURE_FIXED`: 1 if read only on success (an output).
+    /// 1 if read only when the call did not fail (an output).
     pub on_success: u8,
-    /// With [`CAPTURE_FIXED`]: the bytes.
+    /// With [`CAPTURE_FIXED`]: the bytes. With [`CAPTURE_STR`],
+    /// [`CAPTURE_LEN_ARG`] and [`CAPTURE_LEN_RET`]: the bytes read at
+    /// most, whatever `-s` says (a path, an array); 0 for `-s`'s.
     pub size: u32,
+    /// With [`CAPTURE_LEN_ARG`] and [`CAPTURE_LEN_RET`]: the bytes of one
+    /// element the count counts (`poll`'s 8); 0 for 1.
+    pub scale: u32,
 }
 
 /// What is done for one syscall number (`SYSCALLS`).

@@ -6,6 +6,7 @@ use std::{collections::BTreeMap, path::PathBuf, process::Command};
 
 use rtrace_integration_tests::{Rtrace, SIGINT, Workload, in_guest, run, workload_bin};
 
+use std::fmt::Write as _;
 use std::io::Write as _;
 
 fn temp(name: &str) -> PathBuf {
@@ -290,11 +291,11 @@ fn filters_do_what_they_say() {
         assert_eq!(code, 0, "{stderr}");
         let text = std::fs::read_to_string(&out).unwrap();
         let _ = std::fs::remove_file(&out);
+        // -f -o's lines begin with the task's id, as strace's.
         text.lines()
             .map(|l| {
-                l.strip_prefix("[pid ")
-                    .and_then(|r| r.split_once("] "))
-                    .map_or(l, |(_, rest)| rest)
+                l.trim_start_matches(|c: char| c.is_ascii_digit())
+                    .trim_start()
                     .to_owned()
             })
             .filter(|l| !l.starts_with("---") && !l.starts_with("+++"))
@@ -643,7 +644,10 @@ fn dash_f_follows_the_children_of_dash_p() {
         let text = std::fs::read_to_string(&out).unwrap();
         let _ = std::fs::remove_file(&out);
         let exec = text.contains(r#"execve("/bin/echo", ["/bin/echo", "followed-child"]"#);
-        let write = text.contains("write(1, \"followed-child\\n\", 15) = 15");
+        // strace's padding before the return taken out.
+        let write = text
+            .lines()
+            .any(|l| l.contains("write(1, \"followed-child\\n\", 15)") && l.ends_with(" = 15"));
         assert_eq!((exec, write), (follow, follow), "-f {follow}: {text}");
     }
 }
@@ -728,5 +732,326 @@ fn stack_traces_are_straces() {
         ours,
         stack_after(&theirs, call),
         "rtrace:\n{mine}\nstrace:\n{theirs}"
+    );
+}
+
+/// A trace's lines by task, in the order the tasks first appear: each
+/// line as printed, an unfinished call and its resumption joined into
+/// one (where a call is cut depends on the scheduling of the moment).
+fn by_task(text: &str) -> Vec<(u32, Vec<String>)> {
+    let mut tasks: Vec<(u32, Vec<String>)> = Vec::new();
+    let mut pending: BTreeMap<u32, String> = BTreeMap::new();
+    for line in text.lines() {
+        let digits = line.chars().take_while(char::is_ascii_digit).count();
+        let Ok(pid) = line[..digits].parse::<u32>() else {
+            continue;
+        };
+        let i = match tasks.iter().position(|(p, _)| *p == pid) {
+            Some(i) => i,
+            None => {
+                tasks.push((pid, Vec::new()));
+                tasks.len() - 1
+            }
+        };
+        if let Some(head) = line.strip_suffix(" <unfinished ...>") {
+            pending.insert(pid, head.trim_end().to_owned());
+            continue;
+        }
+        let rest = line[digits..].trim_start();
+        let joined = match rest.strip_prefix("<... ") {
+            Some(r) => {
+                let tail = r.split_once(" resumed>").map_or(r, |(_, t)| t);
+                match pending.remove(&pid) {
+                    Some(head) if head.ends_with(',') => format!("{head} {tail}"),
+                    Some(head) => format!("{head}{tail}"),
+                    None => line.to_owned(),
+                }
+            }
+            None => line.to_owned(),
+        };
+        tasks[i].1.push(joined);
+    }
+    tasks
+}
+
+/// Calls whose arguments or returns differ from one run to the next
+/// whoever traces them (random bytes, the clock, free memory and blocks,
+/// a DNS query's id, the tracer that is the parent): their numbers and
+/// strings are masked.
+const VOLATILE: [&str; 8] = [
+    "getrandom",
+    "sysinfo",
+    "statfs",
+    "fstatfs",
+    "sendto",
+    "recvfrom",
+    "getppid",
+    "clock_gettime",
+];
+
+/// A line with what differs between runs masked: the pid prefix and
+/// padding, addresses, the tasks' ids, the volatile calls' values.
+fn masked(line: &str, pids: &[String]) -> String {
+    let rest = line
+        .trim_start_matches(|c: char| c.is_ascii_digit())
+        .trim_start();
+    let mut out = String::new();
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if pids.contains(word) {
+            out.push_str("PID");
+        } else if word.starts_with("0x") {
+            out.push_str("0xX");
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in rest.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    // The padding before the return.
+    let mut text = out;
+    if let Some((call, ret)) = split_padded(&text) {
+        text = format!("{} = {ret}", call.trim_end());
+    }
+    let name = text.split('(').next().unwrap_or("");
+    if VOLATILE.contains(&name) {
+        text = strings(&text)
+            .iter()
+            .fold(text.clone(), |t, s| t.replace(s.as_str(), "\"S\""));
+        let mut digits = false;
+        text = text
+            .chars()
+            .filter_map(|c| {
+                let was = std::mem::replace(&mut digits, c.is_ascii_digit());
+                match (c.is_ascii_digit(), was) {
+                    (true, true) => None,
+                    (true, false) => Some('N'),
+                    _ => Some(c),
+                }
+            })
+            .collect();
+    }
+    // A child's CPU times, which vary from run to run.
+    if text.starts_with("--- SIGCHLD")
+        && let Some((head, _)) = text.split_once(", si_utime=")
+    {
+        text = format!("{head}}} ---");
+    }
+    text
+}
+
+/// A line split before the ` = ` of its return: (the call with its
+/// padding, the return).
+fn split_padded(line: &str) -> Option<(&str, &str)> {
+    let mut at = line.len();
+    while let Some(i) = line[..at].rfind(')') {
+        let after = &line[i + 1..];
+        let pad = after.len() - after.trim_start_matches(' ').len();
+        if pad > 0 && after[pad..].starts_with("= ") {
+            return Some((&line[..i + 1 + pad], &after[pad + 2..]));
+        }
+        at = i;
+    }
+    None
+}
+
+/// The pairs of `a`'s and `b`'s indices on a longest common subsequence.
+fn lcs(a: &[String], b: &[String]) -> Vec<(usize, usize)> {
+    let (n, m) = (a.len(), b.len());
+    let mut t = vec![0u32; (n + 1) * (m + 1)];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            t[i * (m + 1) + j] = if a[i] == b[j] {
+                t[(i + 1) * (m + 1) + j + 1] + 1
+            } else {
+                t[(i + 1) * (m + 1) + j].max(t[i * (m + 1) + j + 1])
+            };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < n && j < m {
+        if a[i] == b[j] {
+            out.push((i, j));
+            i += 1;
+            j += 1;
+        } else if t[(i + 1) * (m + 1) + j] >= t[i * (m + 1) + j + 1] {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// Whether a line is laid out as strace -f -o lays it out: the task's id
+/// left-aligned in 5 columns and a space; the return's `= ` in column 40,
+/// or one space after a call longer than that.
+fn laid_out_as_strace(line: &str) -> bool {
+    let digits = line.chars().take_while(char::is_ascii_digit).count();
+    let prefix = digits.max(5) + 1;
+    if digits == 0 || line.len() < prefix || line[digits..prefix].trim() != "" {
+        return false;
+    }
+    if line[prefix..].starts_with(' ') {
+        return false;
+    }
+    match split_padded(line) {
+        Some((call, _)) => {
+            let head = call.trim_end().len();
+            call.len() == (head + 1).max(40)
+        }
+        // Signals, exits, unfinished calls.
+        None => true,
+    }
+}
+
+/// Everyday commands (coreutils, a shell's pipeline, python, tar,
+/// getent), one after the other in a shell, under Debian's strace -f -qq
+/// -o and under rtrace strace -f -qq -o, each its own run: each task's
+/// lines, paired by the order the tasks appear, are the same lines once
+/// what differs between any two runs is masked (addresses, pids,
+/// random bytes and clocks), 95 % of them at least; and unmasked, each
+/// line of both is laid out alike (the pid prefix, the column of `=`).
+#[test]
+fn everyday_commands_read_as_straces() {
+    if in_guest() {
+        eprintln!("strace not compared: the VM guests have no strace (the host compares)");
+        return;
+    }
+    let dir = temp("everyday");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("tree/sub")).unwrap();
+    std::fs::write(dir.join("tree/a.txt"), "hello\n").unwrap();
+    std::fs::write(dir.join("tree/sub/b.txt"), "b\na\nc\n").unwrap();
+    let python3 = "/usr/bin/python3";
+    let python = if std::path::Path::new(python3).exists() {
+        format!("{python3} -c 'print(1)';")
+    } else {
+        String::new()
+    };
+    let script = format!(
+        "cd {}; ls -la tree; cat tree/a.txt; sort tree/sub/b.txt; \
+         cp -r tree tree2; find tree; echo a | wc -c; {python} tar -cf t.tar tree; \
+         getent hosts localhost; true",
+        dir.display()
+    );
+    let theirs_file = dir.join("strace.txt");
+    let ours_file = dir.join("rtrace.txt");
+    // Each run starts from the same tree.
+    let clean = || {
+        let _ = std::fs::remove_dir_all(dir.join("tree2"));
+        let _ = std::fs::remove_file(dir.join("t.tar"));
+    };
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-o"])
+        .arg(&theirs_file)
+        .args(["sh", "-c", &script])
+        .output()
+        .expect("strace (cargo xtask setup installs it)");
+    assert!(out.status.success());
+    clean();
+    let (code, _, stderr) = run(&[
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        ours_file.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let theirs = std::fs::read_to_string(&theirs_file).unwrap();
+    let ours = std::fs::read_to_string(&ours_file).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (a, b) = (by_task(&theirs), by_task(&ours));
+    let pids = |t: &[(u32, Vec<String>)]| -> Vec<String> {
+        t.iter().map(|(p, _)| p.to_string()).collect()
+    };
+    let (pa, pb) = (pids(&a), pids(&b));
+    let mut same = 0;
+    let mut total = 0;
+    let mut report = String::new();
+    let mb_all: Vec<Vec<String>> = b
+        .iter()
+        .map(|(_, l)| l.iter().map(|x| masked(x, &pb)).collect())
+        .collect();
+    let mut paired = vec![false; b.len()];
+    for (i, (_, lines_a)) in a.iter().enumerate() {
+        let ma: Vec<String> = lines_a.iter().map(|l| masked(l, &pa)).collect();
+        // Tasks pair by the order they appear, but for those that start
+        // at the same moment (a pipeline's two children): the likeliest
+        // of the few unpaired ones near.
+        let best = (i.saturating_sub(2)..(i + 3).min(b.len()))
+            .filter(|&j| !paired[j])
+            .map(|j| (lcs(&ma, &mb_all[j]), j))
+            .max_by_key(|(p, j)| (p.len(), usize::MAX - j));
+        let (pairs, mb) = match best {
+            Some((p, j)) => {
+                paired[j] = true;
+                (p, mb_all[j].clone())
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        same += pairs.len();
+        total += ma.len().max(mb.len());
+        let name = lines_a
+            .iter()
+            .find_map(|l| {
+                l.split_once("execve(")
+                    .map(|(_, r)| r.split(',').next().unwrap_or(""))
+            })
+            .unwrap_or("(a fork)");
+        let _ = writeln!(
+            report,
+            "task {i} {name}: {}/{} lines alike",
+            pairs.len(),
+            ma.len().max(mb.len())
+        );
+        let (mut x, mut y) = (0, 0);
+        for &(pi, pj) in pairs.iter().chain([(ma.len(), mb.len())].iter()) {
+            for l in &ma[x..pi] {
+                let _ = writeln!(report, "  strace: {l}");
+            }
+            for l in &mb[y..pj.min(mb.len())] {
+                let _ = writeln!(report, "  rtrace: {l}");
+            }
+            x = pi + 1;
+            y = pj + 1;
+        }
+    }
+    // Unmasked, every line of both is laid out by strace's rule.
+    let layout_bad: Vec<String> = [("strace", &theirs), ("rtrace", &ours)]
+        .iter()
+        .flat_map(|(who, text)| {
+            text.lines()
+                .filter(|l| !laid_out_as_strace(l))
+                .map(move |l| format!("{who}: {l}"))
+        })
+        .collect();
+    let share = same as f64 / total.max(1) as f64;
+    eprintln!(
+        "{same}/{total} lines alike ({:.1} %)\n{report}",
+        share * 100.0
+    );
+    assert!(a.len() >= 10, "the tasks of the commands:\n{theirs}");
+    assert!(
+        share >= 0.95,
+        "{same}/{total} lines alike ({:.1} %):\n{report}",
+        share * 100.0
+    );
+    assert!(
+        layout_bad.is_empty(),
+        "lines not laid out as strace's:\n{}",
+        layout_bad.join("\n")
     );
 }

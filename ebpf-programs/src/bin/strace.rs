@@ -24,11 +24,11 @@ use aya_ebpf::{
 use rtrace_common::{
     events::LOST_TABLE,
     strace::{
-        BLOB, BLOBS, CAPTURE_ARGV, CAPTURE_FIXED, CAPTURE_LEN_ARG, CAPTURE_LEN_RET, CAPTURE_STR,
-        Capture, Config, ERR_BY_PID_FULL, ERR_SYSCALL_NR, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS,
-        FLAG_NO_ENTRY, FLAG_NO_RETURN, HEADER_SIZE, Inflight, KIND_EXEC, KIND_EXIT, KIND_FORK,
-        KIND_SIGNAL, KIND_SYSCALL, MAX_ARGS, MAX_PID_NRS, MAX_SYSCALLS, PidNr, ProcTotals, Syscall,
-        Totals,
+        BLOB, BLOBS, CAPTURE_ARGV, CAPTURE_DIRENTS, CAPTURE_FIXED, CAPTURE_LEN_ARG,
+        CAPTURE_LEN_RET, CAPTURE_STR, Capture, Config, ERR_BY_PID_FULL, ERR_SYSCALL_NR, Event,
+        FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY, FLAG_NO_RETURN, HEADER_SIZE, Inflight,
+        KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_SIGNAL, KIND_SYSCALL, MAX_ARGS, MAX_PID_NRS,
+        MAX_SYSCALLS, NR_RT_SIGRETURN, PidNr, ProcTotals, SIGRETURN_MASK_OFFSET, Syscall, Totals,
     },
 };
 use rtrace_ebpf::{atomic_add, count_error, events::emit_bytes, global, read_kernel, targets};
@@ -103,6 +103,11 @@ static SCRATCH: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
 /// arguments and number are.
 const ARG_REGS: [u32; MAX_ARGS] = [14 * 8, 13 * 8, 12 * 8, 7 * 8, 9 * 8, 8 * 8];
 const ORIG_AX: u32 = 15 * 8;
+/// `pt_regs.sp`.
+const SP: u32 = 19 * 8;
+/// Directory entries a `getdents64` line counts at most (a 32 KiB buffer
+/// holds fewer than 1400).
+const MAX_DIRENTS: usize = 2048;
 
 /// Strings of an argv captured at most.
 const MAX_ARGV: usize = 20;
@@ -134,6 +139,11 @@ pub fn strace_sys_enter(ctx: RawTracePointContext) -> i32 {
     };
     for (i, off) in ARG_REGS.iter().enumerate() {
         f.args[i] = read_kernel::<u64>(regs, *off).unwrap_or(0);
+    }
+    // rt_sigreturn takes no argument: its line shows the mask the signal
+    // frame on the stack restores.
+    if nr == NR_RT_SIGRETURN {
+        f.args[0] = read_kernel::<u64>(regs, SP).unwrap_or(0) + SIGRETURN_MASK_OFFSET;
     }
     let tid = bpf_get_current_pid_tgid() as u32;
     if INFLIGHT.insert(tid, f, 0).is_err() {
@@ -275,10 +285,10 @@ fn send_exec(ctx: &RawTracePointContext, f: &Inflight, s: &Syscall, cfg: &Config
     if file.how == CAPTURE_STR
         && let Some(&src) = f.args.get(file.arg as usize)
     {
-        let room = (limit + 2).min(BLOB);
-        // SAFETY: the data area has room for `BLOB >= room` bytes.
+        // The program's path whole, as strace shows a path.
+        // SAFETY: the data area has room for `BLOB` bytes.
         let n = unsafe {
-            bpf_probe_read_user_str((&raw mut (*e).data).cast(), room as u32, src as *const _)
+            bpf_probe_read_user_str((&raw mut (*e).data).cast(), BLOB as u32, src as *const _)
         };
         unsafe { (*e).lens[0] = n.max(0) as u32 };
     }
@@ -370,26 +380,42 @@ fn capture(e: *mut Event, used: usize, c: &Capture, f: &Inflight, ret: i64, limi
     }
     // SAFETY: `used + BLOB` stays inside `data`, checked above.
     let dst = unsafe { (&raw mut (*e).data).cast::<u8>().add(used) };
+    let failed = (-4095..0).contains(&ret);
+    if c.on_success != 0 && failed {
+        return 0;
+    }
+    // A path or an array is read whole (as far as a slot holds); a
+    // buffer as `-s` cuts it.
+    let cap = if c.size != 0 {
+        c.size as usize
+    } else {
+        limit + 1
+    };
     let len = match c.how {
         CAPTURE_STR => {
             // Two more than shown: the NUL, and one to tell a string cut
             // short from one exactly as long.
-            let room = (limit + 2).min(BLOB);
+            let room = (cap + 1).min(BLOB);
             // SAFETY: `dst` has room for `BLOB >= room` bytes.
             let n = unsafe { bpf_probe_read_user_str(dst.cast(), room as u32, src.cast()) };
             return if n > 0 { n as usize } else { 0 };
         }
         // One more than shown, to tell a buffer cut short.
-        CAPTURE_LEN_ARG => f
-            .args
-            .get(c.len_arg as usize)
-            .copied()
-            .unwrap_or(0)
-            .min(limit as u64 + 1)
+        CAPTURE_LEN_ARG => (f.args.get(c.len_arg as usize).copied().unwrap_or(0)
+            * u64::from(c.scale.max(1)))
+        .min(cap as u64)
+        .min(BLOB as u64),
+        CAPTURE_LEN_RET if ret > 0 => (ret as u64 * u64::from(c.scale.max(1)))
+            .min(cap as u64)
             .min(BLOB as u64),
-        CAPTURE_LEN_RET if ret > 0 => (ret as u64).min(limit as u64 + 1).min(BLOB as u64),
         // Structs whole, whatever -s says.
-        CAPTURE_FIXED if c.on_success == 0 || ret == 0 => u64::from(c.size),
+        CAPTURE_FIXED => u64::from(c.size),
+        CAPTURE_DIRENTS if ret >= 0 => {
+            let count = dirents(src, ret as u64);
+            // SAFETY: `dst` has room for `BLOB >= 4` bytes.
+            unsafe { core::ptr::write_unaligned(dst.cast::<u32>(), count) };
+            return 4;
+        }
         _ => return 0,
     };
     let n = len as usize;
@@ -400,6 +426,34 @@ fn capture(e: *mut Event, used: usize, c: &Capture, f: &Inflight, ret: i64, limi
     // SAFETY: `dst` has room for `BLOB >= n` bytes.
     let r = unsafe { bpf_probe_read_user(dst.cast(), n as u32, src.cast()) };
     if r == 0 { n } else { 0 }
+}
+
+/// The entries of a `getdents64` buffer of `len` bytes at `buf`, each
+/// `struct linux_dirent64` giving its length (`d_reclen`, at 16).
+#[inline(always)]
+fn dirents(buf: *const u8, len: u64) -> u32 {
+    let mut at = 0u64;
+    let mut count = 0u32;
+    for _ in 0..MAX_DIRENTS {
+        if at >= len {
+            break;
+        }
+        let mut reclen = 0u16;
+        // SAFETY: reads two bytes into a local.
+        let r = unsafe {
+            bpf_probe_read_user(
+                (&raw mut reclen).cast(),
+                2,
+                buf.wrapping_add((at + 16) as usize).cast(),
+            )
+        };
+        if r != 0 || reclen == 0 {
+            break;
+        }
+        at += u64::from(reclen);
+        count += 1;
+    }
+    count
 }
 
 /// Reads the strings of the argv at `ptrs` into `dst`, NUL-separated, up
@@ -515,13 +569,11 @@ pub fn strace_exec(ctx: RawTracePointContext) -> i32 {
         f.enter_ns,
         0,
     );
-    let limit = (cfg.string_limit as usize).min(BLOB);
     let bprm: *const u8 = ctx.arg(2);
     if let Ok(name) = read_kernel::<*const u8>(bprm, cfg.bprm_filename) {
-        let room = (limit + 2).min(BLOB);
-        // SAFETY: the data area has room for `BLOB >= room` bytes.
+        // SAFETY: the data area has room for `BLOB` bytes.
         let n = unsafe {
-            bpf_probe_read_kernel_str((&raw mut (*e).data).cast(), room as u32, name.cast())
+            bpf_probe_read_kernel_str((&raw mut (*e).data).cast(), BLOB as u32, name.cast())
         };
         unsafe { (*e).lens[0] = n.max(0) as u32 };
     }
@@ -567,6 +619,9 @@ fn argv_area(dst: *mut u8, start: u64, end: u64) -> usize {
     }
 }
 
+/// `SIGCHLD`'s number.
+const SIGCHLD: u64 = 17;
+
 /// `signal_deliver(sig, info, ka)`: the signal, its code, and the
 /// sender's pid and uid and a child's status (siginfo's ABI layout).
 #[raw_tracepoint(tracepoint = "signal_deliver")]
@@ -577,9 +632,16 @@ pub fn strace_signal(ctx: RawTracePointContext) -> i32 {
     let sig: u64 = ctx.arg(0);
     let info: *const u8 = ctx.arg(1);
     let field = |off: u32| read_kernel::<i32>(info, off).map_or(0, |v| v as i64 as u64);
+    // A child's times (`si_utime`, `si_stime`), in clock ticks.
+    let times = if sig == SIGCHLD {
+        let tick = |off: u32| read_kernel::<i64>(info, off).map_or(0, |v| v as u32 as u64);
+        tick(32) | tick(40) << 32
+    } else {
+        0
+    };
     let f = Inflight {
         nr: 0,
-        args: [sig, field(8), field(16), field(20), field(24), 0],
+        args: [sig, field(8), field(16), field(20), field(24), times],
         // SAFETY: the helper has no preconditions.
         enter_ns: unsafe { bpf_ktime_get_ns() },
     };

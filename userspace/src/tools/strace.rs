@@ -7,6 +7,7 @@
 
 mod decode;
 mod fds;
+mod table;
 
 use crate::tracer::{Outcome, Plan, Spec};
 use std::{
@@ -24,8 +25,9 @@ use aya::{
 use rtrace_common::strace::{
     BLOB, Config, ERR_NAMES, Event, FLAG_EXEC_DONE, FLAG_FIXED_SLOTS, FLAG_NO_ENTRY,
     FLAG_NO_RETURN, HEADER_SIZE, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_SIGNAL, KIND_SYSCALL,
-    MAX_SYSCALLS, PROG_EXEC, PROG_EXIT, PROG_FORK, PROG_SIGNAL, PROG_STACK, PROG_SYS_ENTER,
-    PROG_SYS_EXIT, PidNr, ProcTotals, SUMMARY, SUMMARY_BY_PID, SYSCALLS, Syscall, Totals,
+    MAX_STRING_LIMIT, MAX_SYSCALLS, PROG_EXEC, PROG_EXIT, PROG_FORK, PROG_SIGNAL, PROG_STACK,
+    PROG_SYS_ENTER, PROG_SYS_EXIT, PidNr, ProcTotals, SUMMARY, SUMMARY_BY_PID, SYSCALLS, Syscall,
+    Totals,
 };
 use serde::Serialize;
 
@@ -59,8 +61,8 @@ pub struct Args {
     /// from their fork; a command's always are, and -p's threads.
     #[arg(short = 'f')]
     follow: bool,
-    /// The most bytes of a string or buffer shown (strace's -s; at most
-    /// 512).
+    /// The most bytes of a data buffer or a string shown (strace's -s; at
+    /// most 512). Paths are shown whole, as strace shows them.
     #[arg(
         short = 's',
         long = "string-limit",
@@ -104,6 +106,15 @@ pub struct Args {
     /// the program's call frame information (strace's -k).
     #[arg(short = 'k', long = "stack-trace")]
     stack_trace: bool,
+    /// Quieter, as strace's -q: -qq leaves out the `+++ exited with N +++`
+    /// lines of the processes' exits (rtrace prints no attach and detach
+    /// messages for -q to leave out).
+    #[arg(short = 'q', action = clap::ArgAction::Count)]
+    quiet: u8,
+    /// strace's padding of the return to column 40: `rtrace trace`'s
+    /// view (perf trace's, with this engine) keeps one space.
+    #[arg(skip = true)]
+    pad_return: bool,
     #[command(flatten)]
     scope: ScopeArgs<{ own::C | own::UPPER_C | own::T }>,
     #[command(flatten)]
@@ -148,6 +159,8 @@ impl Args {
             spent: false,
             decode_fds: false,
             stack_trace: false,
+            quiet: 0,
+            pad_return: false,
             scope,
             buffer,
         }
@@ -163,8 +176,12 @@ pub struct Strace {
     /// Exec arguments sent at entry, by thread, until the exit.
     execs: HashMap<u32, Event>,
     /// The process whose lines carry no `[pid N]` (the command, or the
-    /// first `-p`).
+    /// first `-p`), when lines go to a file without `-f`.
     first: Option<u32>,
+    /// The tasks traced and when they lived, as far as the lines tell: on
+    /// a terminal, strace marks every line `[pid N]` while there are more
+    /// than one.
+    lives: Lives,
     /// The thread and the time of the last line printed, for strace's
     /// `<unfinished ...>`.
     last: (u32, u64),
@@ -192,8 +209,11 @@ impl Tool for Strace {
         .event_buffer(8 << 20);
 
     fn new(args: Args) -> anyhow::Result<Self> {
-        if args.string_limit as usize > BLOB {
-            anyhow::bail!("-s {}: at most {BLOB} bytes are read", args.string_limit);
+        if args.string_limit as usize > MAX_STRING_LIMIT {
+            anyhow::bail!(
+                "-s {}: at most {MAX_STRING_LIMIT} bytes are read",
+                args.string_limit
+            );
         }
         let table = Table::read();
         let shown = shown(&table, &args.expr)?;
@@ -203,6 +223,7 @@ impl Tool for Strace {
             shown,
             execs: HashMap::new(),
             first: None,
+            lives: Lives::default(),
             last: (0, 0),
             realtime_offset: 0,
             printed: 0,
@@ -248,13 +269,9 @@ impl Tool for Strace {
             lines: u32::from(!self.summary_only()),
             summary: u32::from(self.summary_only() || self.args.summary),
             by_process: u32::from(self.args.summary_by_process),
-            // -y learns a descriptor's path from the call that opened
-            // it: the whole path, however much -s shows.
-            string_limit: if self.args.decode_fds {
-                (BLOB - 2) as u32
-            } else {
-                self.args.string_limit
-            },
+            // Paths are read whole whatever -s says (so -y learns a
+            // descriptor's path from the call that opened it).
+            string_limit: self.args.string_limit,
             failed_only: u32::from(self.args.failed_only),
             min_ns: self.args.duration.map_or(0, |ms| (ms * 1e6) as u64),
             exit_code: offset("task_struct", "exit_code")?,
@@ -446,6 +463,44 @@ impl Tool for Strace {
     }
 }
 
+/// When each task lived, from its first line (or its parent's clone) to
+/// its exit, by task id: how many were traced when a line's call began.
+#[derive(Debug, Default)]
+struct Lives {
+    spans: HashMap<u32, (u64, Option<u64>)>,
+}
+
+/// How long an exited task is remembered, for the lines of calls that
+/// began before it exited and are printed after.
+const EXITED_KEPT_NS: u64 = 10_000_000_000;
+
+impl Lives {
+    /// Task `tid` was alive at `at`.
+    fn seen(&mut self, tid: u32, at: u64) {
+        let span = self.spans.entry(tid).or_insert((at, None));
+        match span.1 {
+            // The id taken again by a new task.
+            Some(end) if at > end => *span = (at, None),
+            _ => span.0 = span.0.min(at),
+        }
+    }
+
+    /// Task `tid` exited at `at`.
+    fn ended(&mut self, tid: u32, at: u64) {
+        self.spans.entry(tid).or_insert((at, None)).1 = Some(at);
+        self.spans
+            .retain(|_, (_, end)| end.is_none_or(|x| x + EXITED_KEPT_NS > at));
+    }
+
+    /// The tasks alive at `at`.
+    fn alive_at(&self, at: u64) -> usize {
+        self.spans
+            .values()
+            .filter(|&&(start, end)| start <= at && end.is_none_or(|x| x > at))
+            .count()
+    }
+}
+
 /// The syscalls `-e trace=` shows, by number.
 fn shown(table: &Table, exprs: &[String]) -> anyhow::Result<Vec<bool>> {
     let mut shown = vec![true; MAX_SYSCALLS as usize];
@@ -548,11 +603,20 @@ impl Strace {
         Ok(())
     }
 
-    /// The `[pid N] ` strace puts before a line of another task than the
-    /// first, and the time of day with `-t`.
+    /// What strace puts before a line: with `-f` and `-o`, every line's
+    /// task id, left-aligned in 5 columns; on a terminal, `[pid N] `
+    /// while more than one task is traced; in a file without `-f` (where
+    /// strace shows the first process alone), `[pid N] ` for the others.
+    /// Then the time of day with `-t`.
     fn prefix(&self, tid: u32, at_ns: u64) -> String {
         let mut out = String::new();
-        if self.first != Some(tid) {
+        if self.args.scope.output.is_some() {
+            if self.args.follow {
+                let _ = write!(out, "{tid:<5} ");
+            } else if self.first != Some(tid) {
+                let _ = write!(out, "[pid {tid:>5}] ");
+            }
+        } else if self.lives.alive_at(at_ns) > 1 {
             let _ = write!(out, "[pid {tid:>5}] ");
         }
         if self.args.times > 0 {
@@ -584,6 +648,7 @@ impl Strace {
         let Some(decl) = table.get(e.nr) else {
             return Ok(());
         };
+        self.lives.seen(e.tid, e.enter_ns);
         // The exec's arguments were read at its entry.
         let source = exec.unwrap_or(e);
         let mut args = args_text(decl, source, self.args.string_limit as usize);
@@ -605,8 +670,12 @@ impl Strace {
         let mut ret = if e.flags & FLAG_NO_RETURN != 0 {
             "?".to_owned()
         } else {
-            ret_text(&decl.name, e.ret)
+            ret_text(decl, e, self.args.string_limit as usize)
         };
+        // A new task: strace counts it from its parent's clone on.
+        if e.ret > 0 && matches!(decl.name.as_str(), "clone" | "clone3" | "fork" | "vfork") {
+            self.lives.seen(e.ret as u32, e.exit_ns);
+        }
         if self.args.decode_fds
             && e.ret >= 0
             && fds::Fds::returns_fd(&decl.name, &e.args)
@@ -625,11 +694,15 @@ impl Strace {
         // lines: its entry, unfinished, and its exit, resumed.
         let interrupted = !resumed_only && self.last.0 != e.tid && self.last.1 > e.enter_ns;
         let mut text = Vec::new();
+        let ret = format!("{ret}{spent_text}");
         if resumed_only {
-            text.push(format!(
-                "{}<... {} resumed>) = {ret}{spent_text}",
-                self.prefix(e.tid, e.exit_ns),
-                decl.name
+            text.push(self.aligned(
+                format!(
+                    "{}<... {} resumed>)",
+                    self.prefix(e.tid, e.exit_ns),
+                    decl.name
+                ),
+                &ret,
             ));
         } else if interrupted {
             let split = (0..args.len())
@@ -637,23 +710,35 @@ impl Strace {
                 .unwrap_or(args.len());
             let head = args[..split].join(", ");
             let tail = args[split..].join(", ");
-            let sep = if split > 0 { ", " } else { "" };
+            // strace's `close(4 <unfinished ...>`, and `newfstatat(AT_FDCWD,
+            // "/x",  <unfinished ...>` when arguments follow.
+            let sep = if split > 0 && split < args.len() {
+                ", "
+            } else {
+                ""
+            };
             text.push(format!(
                 "{}{}({head}{sep} <unfinished ...>",
                 self.prefix(e.tid, e.enter_ns),
                 decl.name
             ));
-            text.push(format!(
-                "{}<... {} resumed>{tail}) = {ret}{spent_text}",
-                self.prefix(e.tid, e.exit_ns),
-                decl.name
+            text.push(self.aligned(
+                format!(
+                    "{}<... {} resumed>{tail})",
+                    self.prefix(e.tid, e.exit_ns),
+                    decl.name
+                ),
+                &ret,
             ));
         } else {
-            text.push(format!(
-                "{}{}({}) = {ret}{spent_text}",
-                self.prefix(e.tid, e.enter_ns),
-                decl.name,
-                args.join(", ")
+            text.push(self.aligned(
+                format!(
+                    "{}{}({})",
+                    self.prefix(e.tid, e.enter_ns),
+                    decl.name,
+                    args.join(", ")
+                ),
+                &ret,
             ));
         }
         self.last = (e.tid, e.exit_ns);
@@ -762,7 +847,19 @@ impl Strace {
             let _ = write!(info, ", si_pid={}, si_uid={}", e.args[2], e.args[3]);
         }
         if sig == 17 {
-            let _ = write!(info, ", si_status={}", e.args[4] as i32);
+            // A child killed shows the signal, one that exited its code.
+            let status = e.args[4] as i32;
+            let status = if matches!(code, 2 | 3) {
+                decode::signal(status as u64)
+            } else {
+                status.to_string()
+            };
+            let _ = write!(
+                info,
+                ", si_status={status}, si_utime={}, si_stime={}",
+                ticks(e.args[5] & 0xffff_ffff),
+                ticks(e.args[5] >> 32)
+            );
         }
         let text = format!("--- {name} {{{info}}} ---");
         self.mark(e, text, name, sink)
@@ -777,6 +874,7 @@ impl Strace {
         what: String,
         sink: &mut Sink,
     ) -> anyhow::Result<()> {
+        self.lives.seen(e.tid, e.enter_ns);
         let text = vec![format!("{}{text}", self.prefix(e.tid, e.enter_ns))];
         self.last = (e.tid, e.enter_ns);
         self.line(
@@ -799,13 +897,19 @@ impl Strace {
         if e.args[1] != 0 {
             self.fds.forget(e.pid);
         }
+        if self.args.quiet >= 2 {
+            self.lives.ended(e.tid, e.enter_ns);
+            return Ok(());
+        }
         let code = e.args[0] as u32;
         let what = if code & 0x7f == 0 {
             format!("exited with {}", (code >> 8) & 0xff)
         } else {
             format!("killed by {}", decode::signal(u64::from(code & 0x7f)))
         };
-        self.mark(e, format!("+++ {what} +++"), what, sink)
+        let done = self.mark(e, format!("+++ {what} +++"), what, sink);
+        self.lives.ended(e.tid, e.enter_ns);
+        done
     }
 }
 
@@ -829,56 +933,37 @@ fn left_out(decl: &Decl, e: &Event, i: usize) -> bool {
             .is_some_and(|f| e.args[f] & 0o20100100 == 0)
 }
 
+/// What the table's decoders know of `e`'s call.
+fn call_of<'a>(decl: &'a Decl, e: &'a Event, limit: usize) -> table::Call<'a> {
+    let mut blobs: [Option<&[u8]>; 6] = [None; 6];
+    for (i, b) in blobs.iter_mut().enumerate().take(decl.args.len()) {
+        if let Some(s) = decl.slot_of(i) {
+            *b = Some(blob(e, s));
+        }
+    }
+    table::Call {
+        sys: &decl.name,
+        args: e.args,
+        ret: e.ret,
+        limit,
+        blobs,
+    }
+}
+
 /// Each argument as strace shows it.
 fn args_text(decl: &Decl, e: &Event, limit: usize) -> Vec<String> {
     let name = decl.name.as_str();
+    let call = call_of(decl, e, limit);
+    let one = |i: usize| arg_text(decl, e, &call, i, limit);
+    if let Some(out) = table::whole(&call, &one) {
+        return out;
+    }
     let mut out = Vec::with_capacity(decl.args.len());
-    for (i, a) in decl.args.iter().enumerate() {
-        let v = e.args[i];
+    for i in 0..decl.args.len() {
         if left_out(decl, e, i) {
             continue;
         }
-        let captured = decl.slot_of(i).map(|s| (s, decl.plan.captures[s]));
-        let text = match captured {
-            Some((s, c)) => {
-                let b = blob(e, s);
-                match c.how {
-                    rtrace_common::strace::CAPTURE_STR if b.is_empty() => pointer(v),
-                    rtrace_common::strace::CAPTURE_STR => decode::string(b, limit),
-                    rtrace_common::strace::CAPTURE_ARGV => decode::argv(b, limit),
-                    rtrace_common::strace::CAPTURE_LEN_ARG
-                    | rtrace_common::strace::CAPTURE_LEN_RET
-                        if a.c_type.contains("sockaddr") =>
-                    {
-                        decode::sockaddr(b)
-                    }
-                    // Read one byte past what is shown, to tell a cut.
-                    rtrace_common::strace::CAPTURE_LEN_ARG
-                    | rtrace_common::strace::CAPTURE_LEN_RET
-                        if !b.is_empty() =>
-                    {
-                        decode::quote(&b[..b.len().min(limit)], b.len() > limit)
-                    }
-                    rtrace_common::strace::CAPTURE_LEN_RET if e.ret == 0 => "\"\"".to_owned(),
-                    rtrace_common::strace::CAPTURE_LEN_ARG
-                        if e.args[usize::from(c.len_arg)] == 0 =>
-                    {
-                        "\"\"".to_owned()
-                    }
-                    _ if b.is_empty() => pointer(v),
-                    _ if a.c_type.starts_with("struct stat") => decode::stat(b),
-                    _ if a.c_type.contains("timespec") => decode::timespec(b),
-                    _ if name.starts_with("pipe") && b.len() >= 8 => format!(
-                        "[{}, {}]",
-                        i32::from_ne_bytes(b[0..4].try_into().unwrap_or([0; 4])),
-                        i32::from_ne_bytes(b[4..8].try_into().unwrap_or([0; 4]))
-                    ),
-                    _ => pointer(v),
-                }
-            }
-            None => scalar(name, a, v),
-        };
-        out.push(text);
+        out.push(one(i));
     }
     if name == "execve" || name == "execveat" {
         // The environment: its address and how many entries.
@@ -891,6 +976,48 @@ fn args_text(decl: &Decl, e: &Event, limit: usize) -> Vec<String> {
     out
 }
 
+/// Argument `i` as strace shows it: by its row of the table, else by
+/// what was read of it, else by its C type.
+fn arg_text(decl: &Decl, e: &Event, call: &table::Call, i: usize, limit: usize) -> String {
+    let name = decl.name.as_str();
+    let a = &decl.args[i];
+    let v = e.args[i];
+    if let Some(show) = table::row(name, i) {
+        return table::render(show, call, i);
+    }
+    if table::is_path(&a.name, &a.c_type) {
+        return table::render(table::Show::Path, call, i);
+    }
+    let Some(s) = decl.slot_of(i) else {
+        return scalar(name, a, v);
+    };
+    let c = decl.plan.captures[s];
+    let b = blob(e, s);
+    match c.how {
+        rtrace_common::strace::CAPTURE_STR if b.is_empty() => pointer(v),
+        rtrace_common::strace::CAPTURE_STR => decode::string(b, limit),
+        rtrace_common::strace::CAPTURE_ARGV => decode::argv(b, limit),
+        rtrace_common::strace::CAPTURE_LEN_ARG | rtrace_common::strace::CAPTURE_LEN_RET
+            if a.c_type.contains("sockaddr") && !b.is_empty() =>
+        {
+            decode::sockaddr(b)
+        }
+        // Read one byte past what is shown, to tell a cut.
+        rtrace_common::strace::CAPTURE_LEN_ARG | rtrace_common::strace::CAPTURE_LEN_RET
+            if !b.is_empty() =>
+        {
+            decode::quote(&b[..b.len().min(limit)], b.len() > limit)
+        }
+        rtrace_common::strace::CAPTURE_LEN_RET if e.ret == 0 => "\"\"".to_owned(),
+        rtrace_common::strace::CAPTURE_LEN_ARG if e.args[usize::from(c.len_arg)] == 0 => {
+            "\"\"".to_owned()
+        }
+        _ if b.is_empty() => pointer(v),
+        _ if a.c_type.contains("timespec") => decode::timespec(b),
+        _ => pointer(v),
+    }
+}
+
 fn pointer(v: u64) -> String {
     if v == 0 {
         "NULL".to_owned()
@@ -899,7 +1026,9 @@ fn pointer(v: u64) -> String {
     }
 }
 
-/// An argument that is a number, a flag set or a pointer.
+/// An argument that is a number, a flag set or a pointer: the C type
+/// gives the sign and width (the tracepoint formats call every argument
+/// unsigned).
 fn scalar(sys: &str, a: &decode::Arg, v: u64) -> String {
     match (sys, a.name.as_str()) {
         (_, "dfd" | "olddfd" | "newdfd" | "fd") if v as i32 == -100 => "AT_FDCWD".into(),
@@ -912,7 +1041,8 @@ fn scalar(sys: &str, a: &decode::Arg, v: u64) -> String {
         ("rt_sigaction", "sig") => decode::signal(v),
         ("fcntl", "cmd") => decode::fcntl_cmd(v),
         ("rt_sigprocmask", "how") => decode::sigmask_how(v),
-        ("mmap", "fd") => (v as i32).to_string(),
+        // Descriptors are ints to strace, whatever the kernel's type.
+        (_, name) if fds::is_fd_arg(name) => (v as i32).to_string(),
         (
             "mmap" | "mprotect" | "munmap" | "mremap" | "madvise" | "brk",
             "addr" | "start" | "brk",
@@ -924,28 +1054,60 @@ fn scalar(sys: &str, a: &decode::Arg, v: u64) -> String {
         ("kill" | "tkill" | "tgkill", "sig") => decode::signal(v),
         ("clock_nanosleep" | "clock_gettime" | "clock_getres", "which_clock") => decode::clock(v),
         _ if a.c_type.contains('*') => pointer(v),
-        _ if a.signed => match a.c_type.as_str() {
-            "int" | "pid_t" | "key_t" | "clockid_t" | "timer_t" | "mqd_t" => (v as i32).to_string(),
-            _ => (v as i64).to_string(),
+        _ => match a.c_type.as_str() {
+            "int" | "pid_t" | "key_t" | "clockid_t" | "timer_t" | "mqd_t" | "s32" | "__s32" => {
+                (v as i32).to_string()
+            }
+            "long" | "off_t" | "loff_t" | "ssize_t" | "s64" | "__s64" | "long long" => {
+                (v as i64).to_string()
+            }
+            "unsigned int" | "u32" | "__u32" | "uid_t" | "gid_t" | "qid_t" | "umode_t" => {
+                (v as u32).to_string()
+            }
+            _ => v.to_string(),
         },
-        _ if a.c_type == "unsigned int" || a.c_type == "u32" || a.c_type == "uid_t" => {
-            (v as u32).to_string()
-        }
-        _ => v.to_string(),
     }
 }
 
 /// The return value as strace shows it: an error by name, an address in
-/// hex, else a number.
-fn ret_text(sys: &str, ret: i64) -> String {
+/// hex, what the table adds for some calls, else a number.
+fn ret_text(decl: &Decl, e: &Event, limit: usize) -> String {
+    let ret = e.ret;
     if (-4095..0).contains(&ret) {
         let (name, desc) = decode::errno(-ret);
-        return format!("-1 {name} ({desc})");
+        let sign = if decode::is_restart(-ret) { "?" } else { "-1" };
+        return format!("{sign} {name} ({desc})");
     }
-    match sys {
-        "mmap" | "mremap" | "brk" | "shmat" => format!("{ret:#x}"),
-        _ => ret.to_string(),
+    table::ret_text(&call_of(decl, e, limit)).unwrap_or_else(|| ret.to_string())
+}
+
+/// Clock ticks as strace shows them: `150 /* 1.50 s */` (100 a
+/// second, the kernel's `USER_HZ`), 0 alone.
+fn ticks(t: u64) -> String {
+    if t == 0 {
+        "0".to_owned()
+    } else {
+        format!("{t} /* {}.{:02} s */", t / 100, t % 100)
     }
+}
+
+impl Strace {
+    /// A call's line with its return: strace pads the call with spaces
+    /// so that `= ` begins in column 40 (after one space at least).
+    fn aligned(&self, head: String, ret: &str) -> String {
+        aligned(head, ret, if self.args.pad_return { 40 } else { 0 })
+    }
+}
+
+/// `head`, then ` = ret` with `= ` in column `column` at least.
+fn aligned(mut head: String, ret: &str, column: usize) -> String {
+    head.push(' ');
+    while head.len() < column {
+        head.push(' ');
+    }
+    head.push_str("= ");
+    head.push_str(ret);
+    head
 }
 
 /// One line (or an unfinished call's two) as text, or as JSON.

@@ -3,8 +3,6 @@
 //! the numbers' names from the `syscalls` crate, and strace's spellings
 //! of flags, structs, strings and errors.
 
-use std::fmt::Write as _;
-
 use rtrace_common::strace::{
     BLOBS, CAPTURE_ARGV, CAPTURE_FIXED, CAPTURE_LEN_ARG, CAPTURE_LEN_RET, CAPTURE_STR, Capture,
     MAX_SYSCALLS, Syscall,
@@ -12,12 +10,15 @@ use rtrace_common::strace::{
 
 use crate::kernel::tracefs;
 
+/// strace's spellings of strings, signals, flags and structs live with
+/// the table of decoders; these are used here and by the tool.
+pub use super::table::{open_flags, quote, signal, string, timespec};
+
 /// One argument of a syscall, as its tracepoint declares it.
 #[derive(Debug, Clone)]
 pub struct Arg {
     pub name: String,
     pub c_type: String,
-    pub signed: bool,
 }
 
 /// One syscall: its name, arguments and what the programs capture.
@@ -78,7 +79,10 @@ impl Table {
                 continue;
             };
             let name = sysno.name().to_owned();
-            let args: Vec<Arg> = tracefs::Format::read("syscalls", &format!("sys_enter_{name}"))
+            // `uname`, `stat` and the like are `newuname`, `newstat` there.
+            let format = tracefs::Format::read("syscalls", &format!("sys_enter_{name}"))
+                .or_else(|_| tracefs::Format::read("syscalls", &format!("sys_enter_new{name}")));
+            let mut args: Vec<Arg> = format
                 .map(|f| {
                     f.fields_in_order()
                         .into_iter()
@@ -86,11 +90,18 @@ impl Table {
                         .map(|(n, f)| Arg {
                             name: n.to_owned(),
                             c_type: f.c_type.clone(),
-                            signed: f.signed,
                         })
                         .collect()
                 })
                 .unwrap_or_default();
+            // strace shows the mask rt_sigreturn restores, which the
+            // kernel side puts where its first argument would be.
+            if name == "rt_sigreturn" {
+                args = vec![Arg {
+                    name: "frame".to_owned(),
+                    c_type: "void *".to_owned(),
+                }];
+            }
             let plan = plan(&name, &args);
             decls.push(Some(Decl { name, args, plan }));
         }
@@ -134,6 +145,14 @@ fn plan(name: &str, args: &[Arg]) -> Syscall {
         if caps.len() >= BLOBS || out.at_entry != 0 {
             break;
         }
+        // The rows of strace's decoding say what to read first.
+        if let Some(c) = super::table::capture_of(name, i, &a.name, &a.c_type) {
+            caps.push(c);
+            continue;
+        }
+        if super::table::row(name, i).is_some() {
+            continue;
+        }
         let t = a.c_type.as_str();
         let is_buf = matches!(a.name.as_str(), "buf" | "ubuf" | "buff");
         if is_buf && READS.contains(&name) {
@@ -148,12 +167,8 @@ fn plan(name: &str, args: &[Arg]) -> Syscall {
             if let Some(len) = find(&["addrlen", "len"]) {
                 caps.push(cap(CAPTURE_LEN_ARG, i, len, 0, false));
             }
-        } else if t.starts_with("struct stat *") {
-            caps.push(cap(CAPTURE_FIXED, i, 0, 144, true));
         } else if t.starts_with("const struct __kernel_timespec") {
             caps.push(cap(CAPTURE_FIXED, i, 0, 16, false));
-        } else if name.starts_with("pipe") && a.name == "fildes" {
-            caps.push(cap(CAPTURE_FIXED, i, 0, 8, true));
         }
     }
     for (slot, c) in caps.into_iter().enumerate() {
@@ -170,6 +185,7 @@ fn cap(how: u8, arg: usize, len_arg: usize, size: u32, on_success: bool) -> Capt
         len_arg: len_arg as u8,
         on_success: u8::from(on_success),
         size,
+        scale: 0,
     }
 }
 
@@ -266,39 +282,6 @@ pub fn in_class(class: &str, decl: &Decl) -> Option<bool> {
     })
 }
 
-/// A byte string as strace quotes it: printable ASCII as it is, the
-/// usual escapes, other bytes in octal; `cut` adds strace's `...`.
-pub fn quote(bytes: &[u8], cut: bool) -> String {
-    let mut out = String::with_capacity(bytes.len() + 2);
-    out.push('"');
-    for (i, &b) in bytes.iter().enumerate() {
-        match b {
-            b'"' => out.push_str("\\\""),
-            b'\\' => out.push_str("\\\\"),
-            b'\t' => out.push_str("\\t"),
-            b'\n' => out.push_str("\\n"),
-            0x0b => out.push_str("\\v"),
-            0x0c => out.push_str("\\f"),
-            b'\r' => out.push_str("\\r"),
-            0x20..=0x7e => out.push(b as char),
-            _ => {
-                // The shortest octal, unless an octal digit follows.
-                let next_digit = bytes.get(i + 1).is_some_and(|c| (b'0'..=b'7').contains(c));
-                if next_digit {
-                    let _ = write!(out, "\\{b:03o}");
-                } else {
-                    let _ = write!(out, "\\{b:o}");
-                }
-            }
-        }
-    }
-    out.push('"');
-    if cut {
-        out.push_str("...");
-    }
-    out
-}
-
 /// Names of bits, in order, or'ed; what is left in hex.
 fn flags(mut value: u64, names: &[(u64, &str)]) -> String {
     let mut parts = Vec::new();
@@ -312,82 +295,6 @@ fn flags(mut value: u64, names: &[(u64, &str)]) -> String {
         parts.push(format!("{value:#x}"));
     }
     parts.join("|")
-}
-
-/// `open`'s flags: the access mode, then the others.
-pub fn open_flags(value: u64) -> String {
-    let mode = match value & 3 {
-        0 => "O_RDONLY",
-        1 => "O_WRONLY",
-        2 => "O_RDWR",
-        _ => "O_ACCMODE",
-    };
-    let rest = value & !3;
-    const BITS: [(u64, &str); 15] = [
-        (0o100, "O_CREAT"),
-        (0o200, "O_EXCL"),
-        (0o400, "O_NOCTTY"),
-        (0o1000, "O_TRUNC"),
-        (0o2000, "O_APPEND"),
-        (0o4000, "O_NONBLOCK"),
-        (0o4010000, "O_SYNC"),
-        (0o10000, "O_DSYNC"),
-        (0o20000, "O_ASYNC"),
-        (0o40000, "O_DIRECT"),
-        (0o200000, "O_DIRECTORY"),
-        (0o400000, "O_NOFOLLOW"),
-        (0o1000000, "O_NOATIME"),
-        (0o2000000, "O_CLOEXEC"),
-        (0o10000000, "O_PATH"),
-    ];
-    if rest == 0 {
-        return mode.to_owned();
-    }
-    format!("{mode}|{}", flags(rest, &BITS))
-}
-
-const SIGNALS: [&str; 32] = [
-    "0",
-    "SIGHUP",
-    "SIGINT",
-    "SIGQUIT",
-    "SIGILL",
-    "SIGTRAP",
-    "SIGABRT",
-    "SIGBUS",
-    "SIGFPE",
-    "SIGKILL",
-    "SIGUSR1",
-    "SIGSEGV",
-    "SIGUSR2",
-    "SIGPIPE",
-    "SIGALRM",
-    "SIGTERM",
-    "SIGSTKFLT",
-    "SIGCHLD",
-    "SIGCONT",
-    "SIGSTOP",
-    "SIGTSTP",
-    "SIGTTIN",
-    "SIGTTOU",
-    "SIGURG",
-    "SIGXCPU",
-    "SIGXFSZ",
-    "SIGVTALRM",
-    "SIGPROF",
-    "SIGWINCH",
-    "SIGIO",
-    "SIGPWR",
-    "SIGSYS",
-];
-
-/// A signal's name (`SIGRT_3` for the real-time ones).
-pub fn signal(sig: u64) -> String {
-    match SIGNALS.get(sig as usize) {
-        Some(n) => (*n).to_owned(),
-        None if (32..=64).contains(&sig) => format!("SIGRT_{}", sig - 32),
-        None => sig.to_string(),
-    }
 }
 
 /// A signal's `si_code`, as strace names it.
@@ -413,13 +320,174 @@ pub fn si_code(sig: u64, code: i64) -> String {
     named.to_owned()
 }
 
-/// An error's name and description, as strace prints them.
+/// An error's name and description, as strace prints them: the C
+/// library's text (`strerror`), the kernel's own for the restart codes
+/// no program sees.
 pub fn errno(e: i64) -> (String, String) {
-    let err = syscalls::Errno::new(e as i32);
-    match err.name_and_description() {
-        Some((n, d)) => (n.to_owned(), d.to_owned()),
-        None => (format!("errno {e}"), "Unknown error".to_owned()),
+    let restart = match e {
+        512 => Some(("ERESTARTSYS", "To be restarted if SA_RESTART is set")),
+        513 => Some(("ERESTARTNOINTR", "To be restarted")),
+        514 => Some(("ERESTARTNOHAND", "To be restarted if no handler")),
+        515 => Some(("ENOIOCTLCMD", "No ioctl command")),
+        516 => Some(("ERESTART_RESTARTBLOCK", "Interrupted by signal")),
+        _ => None,
+    };
+    if let Some((n, d)) = restart {
+        return (n.to_owned(), d.to_owned());
     }
+    let err = syscalls::Errno::new(e as i32);
+    let name = err
+        .name_and_description()
+        .map_or_else(|| format!("errno {e}"), |(n, _)| n.to_owned());
+    let desc = usize::try_from(e - 1)
+        .ok()
+        .and_then(|i| GLIBC_ERRORS.get(i))
+        .map_or_else(|| format!("Unknown error {e}"), |d| (*d).to_owned());
+    (name, desc)
+}
+
+/// glibc's `strerror` texts, by error number from 1 (strace prints
+/// these, whatever C library rtrace itself is linked with).
+const GLIBC_ERRORS: [&str; 133] = [
+    "Operation not permitted",
+    "No such file or directory",
+    "No such process",
+    "Interrupted system call",
+    "Input/output error",
+    "No such device or address",
+    "Argument list too long",
+    "Exec format error",
+    "Bad file descriptor",
+    "No child processes",
+    "Resource temporarily unavailable",
+    "Cannot allocate memory",
+    "Permission denied",
+    "Bad address",
+    "Block device required",
+    "Device or resource busy",
+    "File exists",
+    "Invalid cross-device link",
+    "No such device",
+    "Not a directory",
+    "Is a directory",
+    "Invalid argument",
+    "Too many open files in system",
+    "Too many open files",
+    "Inappropriate ioctl for device",
+    "Text file busy",
+    "File too large",
+    "No space left on device",
+    "Illegal seek",
+    "Read-only file system",
+    "Too many links",
+    "Broken pipe",
+    "Numerical argument out of domain",
+    "Numerical result out of range",
+    "Resource deadlock avoided",
+    "File name too long",
+    "No locks available",
+    "Function not implemented",
+    "Directory not empty",
+    "Too many levels of symbolic links",
+    "Unknown error 41",
+    "No message of desired type",
+    "Identifier removed",
+    "Channel number out of range",
+    "Level 2 not synchronized",
+    "Level 3 halted",
+    "Level 3 reset",
+    "Link number out of range",
+    "Protocol driver not attached",
+    "No CSI structure available",
+    "Level 2 halted",
+    "Invalid exchange",
+    "Invalid request descriptor",
+    "Exchange full",
+    "No anode",
+    "Invalid request code",
+    "Invalid slot",
+    "Unknown error 58",
+    "Bad font file format",
+    "Device not a stream",
+    "No data available",
+    "Timer expired",
+    "Out of streams resources",
+    "Machine is not on the network",
+    "Package not installed",
+    "Object is remote",
+    "Link has been severed",
+    "Advertise error",
+    "Srmount error",
+    "Communication error on send",
+    "Protocol error",
+    "Multihop attempted",
+    "RFS specific error",
+    "Bad message",
+    "Value too large for defined data type",
+    "Name not unique on network",
+    "File descriptor in bad state",
+    "Remote address changed",
+    "Can not access a needed shared library",
+    "Accessing a corrupted shared library",
+    ".lib section in a.out corrupted",
+    "Attempting to link in too many shared libraries",
+    "Cannot exec a shared library directly",
+    "Invalid or incomplete multibyte or wide character",
+    "Interrupted system call should be restarted",
+    "Streams pipe error",
+    "Too many users",
+    "Socket operation on non-socket",
+    "Destination address required",
+    "Message too long",
+    "Protocol wrong type for socket",
+    "Protocol not available",
+    "Protocol not supported",
+    "Socket type not supported",
+    "Operation not supported",
+    "Protocol family not supported",
+    "Address family not supported by protocol",
+    "Address already in use",
+    "Cannot assign requested address",
+    "Network is down",
+    "Network is unreachable",
+    "Network dropped connection on reset",
+    "Software caused connection abort",
+    "Connection reset by peer",
+    "No buffer space available",
+    "Transport endpoint is already connected",
+    "Transport endpoint is not connected",
+    "Cannot send after transport endpoint shutdown",
+    "Too many references: cannot splice",
+    "Connection timed out",
+    "Connection refused",
+    "Host is down",
+    "No route to host",
+    "Operation already in progress",
+    "Operation now in progress",
+    "Stale file handle",
+    "Structure needs cleaning",
+    "Not a XENIX named type file",
+    "No XENIX semaphores available",
+    "Is a named type file",
+    "Remote I/O error",
+    "Disk quota exceeded",
+    "No medium found",
+    "Wrong medium type",
+    "Operation canceled",
+    "Required key not available",
+    "Key has expired",
+    "Key has been revoked",
+    "Key was rejected by service",
+    "Owner died",
+    "State not recoverable",
+    "Operation not possible due to RF-kill",
+    "Memory page has hardware error",
+];
+
+/// Whether error `e` is one of the restart codes, which strace shows as
+/// `= ? ERESTARTSYS (...)`, not `-1`.
+pub fn is_restart(e: i64) -> bool {
+    (512..=530).contains(&e)
 }
 
 /// `struct sockaddr`, as strace shows the families it knows.
@@ -453,52 +521,6 @@ pub fn sockaddr(b: &[u8]) -> String {
             )
         }
         f => format!("{{sa_family={f}}}"),
-    }
-}
-
-/// `struct stat` (x86-64), abbreviated as strace shows it.
-pub fn stat(b: &[u8]) -> String {
-    if b.len() < 144 {
-        return "0x?".to_owned();
-    }
-    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
-    let i64_at = |o: usize| i64::from_ne_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
-    let mode = u32_at(24);
-    let kind = match mode & 0o170000 {
-        0o140000 => "S_IFSOCK",
-        0o120000 => "S_IFLNK",
-        0o100000 => "S_IFREG",
-        0o060000 => "S_IFBLK",
-        0o040000 => "S_IFDIR",
-        0o020000 => "S_IFCHR",
-        0o010000 => "S_IFIFO",
-        _ => "0",
-    };
-    format!(
-        "{{st_mode={kind}|{:04o}, st_size={}, ...}}",
-        mode & 0o7777,
-        i64_at(48)
-    )
-}
-
-/// `struct timespec`.
-pub fn timespec(b: &[u8]) -> String {
-    if b.len() < 16 {
-        return "0x?".to_owned();
-    }
-    let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap_or([0; 8]));
-    let nsec = i64::from_ne_bytes(b[8..16].try_into().unwrap_or([0; 8]));
-    format!("{{tv_sec={sec}, tv_nsec={nsec}}}")
-}
-
-/// A string as read with two bytes more than `limit` (its NUL, and one
-/// to tell it was cut), as strace shows it.
-pub fn string(b: &[u8], limit: usize) -> String {
-    let body = b.strip_suffix(&[0]).unwrap_or(b);
-    if body.len() > limit {
-        quote(&body[..limit], true)
-    } else {
-        quote(body, false)
     }
 }
 
@@ -673,6 +695,7 @@ mod tests {
         assert_eq!(map_flags(0x22), "MAP_PRIVATE|MAP_ANONYMOUS");
         assert_eq!(errno(2).0, "ENOENT");
         assert_eq!(errno(2).1, "No such file or directory");
+        assert_eq!(errno(25).1, "Inappropriate ioctl for device");
         let mut sa = vec![2, 0, 0, 1, 127, 0, 0, 1];
         sa.extend([0; 8]);
         assert_eq!(
