@@ -221,6 +221,13 @@ pub const PROGRAMS: &[Program] = &[
     // Peers the tests and benchmarks compare with.
     deb("perf", "linux-perf", "profile's peer"),
     deb("strace", "strace", "rtrace strace's peer"),
+    // The everyday commands strace's comparison runs inside one shell
+    // line, which the source scan does not see into.
+    deb("tar", "tar", "strace's comparison"),
+    deb("ls", "coreutils", "strace's comparison"),
+    deb("sort", "coreutils", "strace's comparison"),
+    deb("cp", "coreutils", "strace's comparison"),
+    deb("wc", "coreutils", "strace's comparison"),
     deb(
         "tmux",
         "tmux",

@@ -31,6 +31,14 @@ const RESIDENT_GOAL: u64 = 20_000_000;
 /// The tool the resident goal leaves out: its CFI tables are sized to the
 /// binaries it unwinds.
 const NO_RESIDENT_GOAL: &str = "profile";
+/// The goal for `target/release/rtrace`: at most 12 MB (decimal).
+const RELEASE_GOAL: u64 = 12_000_000;
+/// The goal for the static, stripped `target/dist/rtrace`: at most 11 MB.
+const STATIC_GOAL: u64 = 11_000_000;
+/// The most a tool may start slower than the baseline build
+/// (`RTRACE_BENCH_BASELINE`), in milliseconds: the price of inflating its
+/// objects, judged on the medians.
+const BASELINE_SLOWER_MS: f64 = 5.0;
 /// libbpf-tools' binaries of the tools rtrace has, for the size table.
 const PEER_BINARIES: [&str; 7] = [
     "runqlat",
@@ -274,6 +282,10 @@ pub fn run() -> anyhow::Result<String> {
         "peer MB"
     );
     let mut worst_ratio: f64 = 0.0;
+    // An older build to measure a change against, in the same interleaved
+    // rounds: its launch to attached beside this build's.
+    let baseline = std::env::var_os("RTRACE_BENCH_BASELINE").map(std::path::PathBuf::from);
+    let mut against: Vec<(&str, f64, f64, String)> = Vec::new();
     // Each tool's largest resident memory, for the goal.
     let mut largest: Vec<(&str, u64)> = Vec::new();
     // The same figures as a Markdown table, for docs/benchmarks.md.
@@ -290,10 +302,16 @@ pub fn run() -> anyhow::Result<String> {
             .transpose()?;
         let mut mine: Vec<Run> = Vec::new();
         let mut theirs: Vec<Run> = Vec::new();
+        let mut before: Vec<Run> = Vec::new();
         for _ in 0..ROUNDS {
             let mut cmd = Command::new(&rtrace);
             cmd.arg(case.tool).args(case.args);
             mine.push(once(cmd, banner(case.tool), case.event)?);
+            if let Some(old) = &baseline {
+                let mut cmd = Command::new(old);
+                cmd.arg(case.tool).args(case.args);
+                before.push(once(cmd, banner(case.tool), case.event)?);
+            }
             if let Some((path, ready)) = &peer {
                 // libbpf-tools never flush stdout, so stdbuf line-buffers it.
                 let mut cmd = Command::new("stdbuf");
@@ -302,6 +320,14 @@ pub fn run() -> anyhow::Result<String> {
             }
         }
         let attach = |r: &[Run]| r.iter().map(|r| r.attach_ms).collect::<Vec<_>>();
+        if !before.is_empty() {
+            against.push((
+                case.tool,
+                median(attach(&mine)),
+                median(attach(&before)),
+                fmt_spread(&attach(&before)),
+            ));
+        }
         let spread = |v: Vec<f64>| {
             if v.is_empty() {
                 "-".to_owned()
@@ -374,8 +400,29 @@ pub fn run() -> anyhow::Result<String> {
             size(*max)
         );
     }
+    let mut slower = Vec::new();
+    if let Some(old) = &baseline {
+        println!();
+        println!(
+            "launch to attached against the baseline {} (medians; goal: at most {BASELINE_SLOWER_MS} \
+             ms slower):",
+            old.display()
+        );
+        for (tool, now, then, spread) in &against {
+            let verdict = if now - then <= BASELINE_SLOWER_MS {
+                "OK"
+            } else {
+                slower.push(format!("{tool} ({:+.1} ms)", now - then));
+                "OVER"
+            };
+            println!(
+                "{tool:<15} this build {now:.1} ms, baseline {then:.1} ms ({spread}): {:+.1} ms {verdict}",
+                now - then
+            );
+        }
+    }
     println!();
-    let (sizes_text, sizes_table) = sizes(&rtrace)?;
+    let (sizes_text, sizes_table, size_over) = sizes(&rtrace)?;
     print!("{sizes_text}");
     let over: Vec<String> = largest
         .iter()
@@ -386,6 +433,15 @@ pub fn run() -> anyhow::Result<String> {
         bail!(
             "over the goal of at most 20 MB resident: {}",
             over.join(", ")
+        );
+    }
+    if !size_over.is_empty() {
+        bail!("over the binary size goal: {}", size_over.join(", "));
+    }
+    if !slower.is_empty() {
+        bail!(
+            "more than {BASELINE_SLOWER_MS} ms slower to start than the baseline: {}",
+            slower.join(", ")
         );
     }
     Ok(format!(
@@ -405,19 +461,33 @@ fn verdict(bytes: u64) -> &'static str {
 }
 
 /// The size of rtrace's binaries (the release build, and the static one if
-/// `cargo xtask dist` built it) beside libbpf-tools' binaries of the same
-/// tools and their sum: (plain text to print, a Markdown table).
-fn sizes(rtrace: &Path) -> anyhow::Result<(String, String)> {
+/// `cargo xtask dist` built it) against their goals, beside libbpf-tools'
+/// binaries of the same tools and their sum: (plain text to print, a
+/// Markdown table, the binaries over their goals).
+fn sizes(rtrace: &Path) -> anyhow::Result<(String, String, Vec<String>)> {
     let len = |p: &Path| -> anyhow::Result<u64> {
         Ok(std::fs::metadata(p)
             .with_context(|| format!("cannot read {}", p.display()))?
             .len())
     };
     let mut rows: Vec<(String, String)> = Vec::new();
+    let mut over = Vec::new();
+    let goal = |bytes: u64, goal: u64, what: &str, over: &mut Vec<String>| {
+        let ok = bytes <= goal;
+        if !ok {
+            over.push(format!("{what} {}", size(bytes)));
+        }
+        format!(
+            "{} (goal: at most {}: {})",
+            size(bytes),
+            size(goal),
+            if ok { "OK" } else { "OVER" }
+        )
+    };
     let release = len(rtrace)?;
     rows.push((
         "rtrace, every tool (`target/release/rtrace`)".to_owned(),
-        size(release),
+        goal(release, RELEASE_GOAL, "target/release/rtrace", &mut over),
     ));
     let dist = crate::dist::static_path();
     let static_size = if dist.exists() {
@@ -426,7 +496,7 @@ fn sizes(rtrace: &Path) -> anyhow::Result<(String, String)> {
         let (of_release, of_static) = (commit(rtrace), commit(&dist));
         format!(
             "{}{}",
-            size(len(&dist)?),
+            goal(len(&dist)?, STATIC_GOAL, "target/dist/rtrace", &mut over),
             match of_static {
                 Some(c) if of_release.as_ref() != Some(&c) => format!(" (built from {c})"),
                 _ => String::new(),
@@ -482,7 +552,7 @@ fn sizes(rtrace: &Path) -> anyhow::Result<(String, String)> {
         table.push('\n');
         table.push_str(&line);
     }
-    Ok((text, table))
+    Ok((text, table, over))
 }
 
 /// The `commit ...` line of an rtrace binary's `--version`.

@@ -71,6 +71,7 @@ pub fn run() -> anyhow::Result<Row> {
          {cost_ratio:.2}x perf's cost per event (goal: at most 0.7x)"
     );
     let _ = std::fs::remove_file(&data);
+    passed_on(&rtrace)?;
     Ok(Row::new(
         "tracepoint",
         format!("{IO_WRITES} direct 4 KiB writes on a loop device with mq-deadline"),
@@ -79,4 +80,79 @@ pub fn run() -> anyhow::Result<Row> {
         (2, 1),
         None,
     ))
+}
+
+/// getppid calls per trial of [`passed_on`]: `perf bench syscall basic`'s
+/// loop, a classic tracepoint event each.
+const SYSCALLS: u64 = 2_000_000;
+
+/// What passing a classic tracepoint's events on to perf's listeners
+/// costs (the programs return 1, `rtrace_ebpf::tracepoint!`): the kernel
+/// then walks the tracepoint's perf events, rtrace's own among them,
+/// which has no buffer. `rtrace trace` on `sys_enter_getppid` with a
+/// filter that never passes, so that the program itself is as cheap as a
+/// program gets, against `perf bench syscall basic` bare; with
+/// `RTRACE_BENCH_BASELINE` (a build whose programs returned 0), that build
+/// too, in the same interleaved trials: the difference is the price.
+fn passed_on(rtrace: &std::path::Path) -> anyhow::Result<()> {
+    const SPEC: &str = "t:syscalls:sys_enter_getppid (args->__syscall_nr == 99999)";
+    let mut setups = vec![Setup::bare()];
+    let baseline = std::env::var_os("RTRACE_BENCH_BASELINE").map(std::path::PathBuf::from);
+    if let Some(old) = &baseline {
+        setups.push(Setup::traced(
+            "baseline rtrace trace (returns 0)",
+            old,
+            &["trace", SPEC],
+            Ready::Stderr("Tracing"),
+            None,
+        ));
+    }
+    setups.push(Setup::traced(
+        "rtrace trace (passes events on)",
+        rtrace,
+        &["trace", SPEC],
+        Ready::Stderr("Tracing"),
+        None,
+    ));
+    eprintln!(
+        "bench tracepoint: {SYSCALLS} getppid calls (perf bench syscall basic), a classic \
+         tracepoint event each, median of {TRIALS} interleaved trials"
+    );
+    let results = trials(&setups, "ns/call", || {
+        let out = Command::new("perf")
+            .args(["bench", "syscall", "basic", "-l", &SYSCALLS.to_string()])
+            .output()
+            .context("cannot run perf bench (linux-perf)")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let usecs: f64 = text
+            .lines()
+            .find(|l| l.contains("usecs/op"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("no usecs/op in perf bench's output: {text}"))?;
+        Ok((usecs * 1000.0, SYSCALLS))
+    })?;
+    println!();
+    let bare = results[0].cost;
+    for (s, r) in setups.iter().zip(&results).skip(1) {
+        println!(
+            "{:<36} {:>6.0} ns/call ({:.0}-{:.0}), {:>+5.0} ns a call over bare, of which the \
+             program {:.0} ns",
+            s.label,
+            r.cost,
+            r.cost_spread.0,
+            r.cost_spread.1,
+            r.cost - bare,
+            r.bpf_ns
+        );
+    }
+    if baseline.is_some() {
+        let (old, new) = (&results[1], &results[2]);
+        println!(
+            "passing each event on costs {:+.0} ns a call against the baseline (medians; the \
+             spreads above are the noise)",
+            (new.cost - new.bpf_ns) - (old.cost - old.bpf_ns)
+        );
+    }
+    Ok(())
 }
