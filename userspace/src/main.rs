@@ -23,7 +23,9 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 }
 
 fn main() -> ExitCode {
-    // A bug must still be one line on stderr, not a backtrace.
+    // A bug must still be one line on stderr, not a backtrace; the
+    // release build then aborts (`panic = "abort"`), and the next rtrace
+    // removes what it left in the kernel (a command's cgroup).
     std::panic::set_hook(Box::new(|info| {
         eprintln!("rtrace: internal error: {info}");
     }));

@@ -695,15 +695,17 @@ impl Strace {
         let interrupted = !resumed_only && self.last.0 != e.tid && self.last.1 > e.enter_ns;
         let mut text = Vec::new();
         let ret = format!("{ret}{spent_text}");
+        // strace's `<... NAME resumed>TAIL) = RET`.
+        let resumed = |me: &Self, tail: &str| {
+            let line = format!(
+                "{}<... {} resumed>{tail})",
+                me.prefix(e.tid, e.exit_ns),
+                decl.name
+            );
+            me.aligned(line, &ret)
+        };
         if resumed_only {
-            text.push(self.aligned(
-                format!(
-                    "{}<... {} resumed>)",
-                    self.prefix(e.tid, e.exit_ns),
-                    decl.name
-                ),
-                &ret,
-            ));
+            text.push(resumed(self, ""));
         } else if interrupted {
             let split = (0..args.len())
                 .find(|&i| decl.is_output(i))
@@ -722,14 +724,7 @@ impl Strace {
                 self.prefix(e.tid, e.enter_ns),
                 decl.name
             ));
-            text.push(self.aligned(
-                format!(
-                    "{}<... {} resumed>{tail})",
-                    self.prefix(e.tid, e.exit_ns),
-                    decl.name
-                ),
-                &ret,
-            ));
+            text.push(resumed(self, &tail));
         } else {
             text.push(self.aligned(
                 format!(
