@@ -285,7 +285,7 @@ pub fn run() -> anyhow::Result<String> {
     // An older build to measure a change against, in the same interleaved
     // rounds: its launch to attached beside this build's.
     let baseline = std::env::var_os("RTRACE_BENCH_BASELINE").map(std::path::PathBuf::from);
-    let mut against: Vec<(&str, f64, f64, String)> = Vec::new();
+    let mut against: Vec<(&str, f64, f64, String, f64)> = Vec::new();
     // Each tool's largest resident memory, for the goal.
     let mut largest: Vec<(&str, u64)> = Vec::new();
     // The same figures as a Markdown table, for docs/benchmarks.md.
@@ -321,11 +321,19 @@ pub fn run() -> anyhow::Result<String> {
         }
         let attach = |r: &[Run]| r.iter().map(|r| r.attach_ms).collect::<Vec<_>>();
         if !before.is_empty() {
+            // Half the wider of the two builds' ranges.
+            let half_range = |v: Vec<f64>| {
+                let (lo, hi) = v
+                    .iter()
+                    .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                (hi - lo) / 2.0
+            };
             against.push((
                 case.tool,
                 median(attach(&mine)),
                 median(attach(&before)),
                 fmt_spread(&attach(&before)),
+                half_range(attach(&mine)).max(half_range(attach(&before))),
             ));
         }
         let spread = |v: Vec<f64>| {
@@ -408,9 +416,14 @@ pub fn run() -> anyhow::Result<String> {
              ms slower):",
             old.display()
         );
-        for (tool, now, then, spread) in &against {
+        for (tool, now, then, spread, noise) in &against {
+            // A difference inside the rounds' own spread (profile's
+            // verifier varies by a quarter second) is noise, not a cost:
+            // the inflating of the objects, timed below, is the cost.
             let verdict = if now - then <= BASELINE_SLOWER_MS {
                 "OK"
+            } else if now - then <= *noise {
+                "within the rounds' spread"
             } else {
                 slower.push(format!("{tool} ({:+.1} ms)", now - then));
                 "OVER"
@@ -421,6 +434,9 @@ pub fn run() -> anyhow::Result<String> {
             );
         }
     }
+    println!();
+    let inflating = inflate_times()?;
+    print!("{inflating}");
     println!();
     let (sizes_text, sizes_table, size_over) = sizes(&rtrace)?;
     print!("{sizes_text}");
@@ -453,6 +469,63 @@ pub fn run() -> anyhow::Result<String> {
          Binary sizes, in the same run:\n\n{sizes_table}",
         measured_on("startup")
     ))
+}
+
+/// What inflating the embedded objects costs a tool's start: each object
+/// of the build just made, inflated as rtrace inflates it (zlib, flate2),
+/// the median of [`ROUNDS`]; the largest, and the objects' sizes.
+fn inflate_times() -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let table = std::fs::read_dir(crate::root().join("target/release/build"))?
+        .flatten()
+        .map(|e| e.path().join("out/objects.rs"))
+        .filter(|p| p.exists())
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .context("no objects.rs in target/release/build: build rtrace first")?;
+    let dir = table.parent().context("objects.rs has no directory")?;
+    let mut rows: Vec<(String, usize, usize, f64)> = Vec::new();
+    for name in variants_in(&std::fs::read_to_string(&table)?) {
+        let deflated = std::fs::read(dir.join(&name))?;
+        let mut times = Vec::new();
+        let mut size = 0;
+        for _ in 0..ROUNDS {
+            let start = Instant::now();
+            let mut out = Vec::with_capacity(deflated.len() * 8);
+            flate2::read::ZlibDecoder::new(&deflated[..]).read_to_end(&mut out)?;
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+            size = out.len();
+        }
+        rows.push((name, deflated.len(), size, median(times)));
+    }
+    rows.sort_by(|a, b| b.3.total_cmp(&a.3));
+    let (all_in, all_out) = rows
+        .iter()
+        .fold((0, 0), |(i, o), r| (i + r.1, o + r.2));
+    let mut text = format!(
+        "embedded objects: {} deflated to {} ({} objects); inflating one when a tool loads it, \
+         the slowest:\n",
+        size(all_out as u64),
+        size(all_in as u64),
+        rows.len()
+    );
+    for (name, deflated, inflated, ms) in rows.iter().take(5) {
+        text.push_str(&format!(
+            "  {name:<24} {} from {}: {ms:.2} ms\n",
+            size(*inflated as u64),
+            size(*deflated as u64)
+        ));
+    }
+    Ok(text)
+}
+
+/// The object names of an `objects.rs` table: its `("NAME", ...)` rows.
+fn variants_in(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("(\""))
+        .filter_map(|l| l.split('"').next())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `OK` or `OVER` the resident goal.
