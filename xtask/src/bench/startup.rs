@@ -498,9 +498,7 @@ fn inflate_times() -> anyhow::Result<String> {
         rows.push((name, deflated.len(), size, median(times)));
     }
     rows.sort_by(|a, b| b.3.total_cmp(&a.3));
-    let (all_in, all_out) = rows
-        .iter()
-        .fold((0, 0), |(i, o), r| (i + r.1, o + r.2));
+    let (all_in, all_out) = rows.iter().fold((0, 0), |(i, o), r| (i + r.1, o + r.2));
     let mut text = format!(
         "embedded objects: {} deflated to {} ({} objects); inflating one when a tool loads it, \
          the slowest:\n",
