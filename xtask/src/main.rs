@@ -211,17 +211,15 @@ fn test(vm: bool) -> anyhow::Result<()> {
     setup::python_peers()?;
     let bin = build()?;
     let static_bin = dist::static_binary()?;
-    // The release profile strips the binary's symbols; the unit tests that
+    // The release profile strips rtrace's symbols; its unit tests that
     // symbolize and unwind their own test binary need them, so theirs
-    // keep them (the dependencies are built once more for it).
+    // keep them (rtrace's crate alone is built once more for it).
     step(
         &mut failures,
         "unit tests",
         cargo().args([
             "test",
             "--release",
-            "--config",
-            "profile.release.strip=\"none\"",
             "--config",
             "profile.release.package.rtrace.strip=\"none\"",
             "--no-fail-fast",
