@@ -965,7 +965,7 @@ fn args_text(decl: &Decl, e: &Event, limit: usize) -> Vec<String> {
         if let Some(i) = decl.args.iter().position(|a| a.name == "envp")
             && let Some(t) = out.get_mut(i)
         {
-            *t = format!("{} /* {} vars */", pointer(e.args[i]), e.ret);
+            *t = format!("{} /* {} vars */", table::pointer(e.args[i]), e.ret);
         }
     }
     out
@@ -989,7 +989,7 @@ fn arg_text(decl: &Decl, e: &Event, call: &table::Call, i: usize, limit: usize) 
     let c = decl.plan.captures[s];
     let b = blob(e, s);
     match c.how {
-        rtrace_common::strace::CAPTURE_STR if b.is_empty() => pointer(v),
+        rtrace_common::strace::CAPTURE_STR if b.is_empty() => table::pointer(v),
         rtrace_common::strace::CAPTURE_STR => decode::string(b, limit),
         rtrace_common::strace::CAPTURE_ARGV => decode::argv(b, limit),
         rtrace_common::strace::CAPTURE_LEN_ARG | rtrace_common::strace::CAPTURE_LEN_RET
@@ -1007,17 +1007,9 @@ fn arg_text(decl: &Decl, e: &Event, call: &table::Call, i: usize, limit: usize) 
         rtrace_common::strace::CAPTURE_LEN_ARG if e.args[usize::from(c.len_arg)] == 0 => {
             "\"\"".to_owned()
         }
-        _ if b.is_empty() => pointer(v),
+        _ if b.is_empty() => table::pointer(v),
         _ if a.c_type.contains("timespec") => decode::timespec(b),
-        _ => pointer(v),
-    }
-}
-
-fn pointer(v: u64) -> String {
-    if v == 0 {
-        "NULL".to_owned()
-    } else {
-        format!("{v:#x}")
+        _ => table::pointer(v),
     }
 }
 
@@ -1030,25 +1022,19 @@ fn scalar(sys: &str, a: &decode::Arg, v: u64) -> String {
         ("open" | "openat", "flags") => decode::open_flags(v),
         ("access" | "faccessat" | "faccessat2", "mode") => decode::access_mode(v),
         (_, "mode") => format!("0{:o}", v & 0o7777),
-        (_, "flag") | ("statx" | "fchownat" | "utimensat" | "unlinkat", "flags") => {
-            decode::at_flags(v)
-        }
-        ("rt_sigaction", "sig") => decode::signal(v),
-        ("fcntl", "cmd") => decode::fcntl_cmd(v),
-        ("rt_sigprocmask", "how") => decode::sigmask_how(v),
+        (_, "flag") => decode::at_flags(v),
         // Descriptors are ints to strace, whatever the kernel's type.
         (_, name) if fds::is_fd_arg(name) => (v as i32).to_string(),
         (
             "mmap" | "mprotect" | "munmap" | "mremap" | "madvise" | "brk",
             "addr" | "start" | "brk",
-        ) => pointer(v),
+        ) => table::pointer(v),
         ("mmap" | "mprotect" | "pkey_mprotect", "prot") => decode::prot(v),
         ("mmap", "flags") => decode::map_flags(v),
         ("socket" | "socketpair", "family") => decode::family(v),
         ("socket" | "socketpair", "type") => decode::sock_type(v),
-        ("kill" | "tkill" | "tgkill", "sig") => decode::signal(v),
         ("clock_nanosleep" | "clock_gettime" | "clock_getres", "which_clock") => decode::clock(v),
-        _ if a.c_type.contains('*') => pointer(v),
+        _ if a.c_type.contains('*') => table::pointer(v),
         _ => match a.c_type.as_str() {
             "int" | "pid_t" | "key_t" | "clockid_t" | "timer_t" | "mqd_t" | "s32" | "__s32" => {
                 (v as i32).to_string()

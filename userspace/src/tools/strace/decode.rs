@@ -10,6 +10,7 @@ use rtrace_common::strace::{
 
 use crate::kernel::tracefs;
 
+use super::table::flags_or;
 /// strace's spellings of strings, signals, flags and structs live with
 /// the table of decoders; these are used here and by the tool.
 pub use super::table::{open_flags, quote, signal, string, timespec};
@@ -282,21 +283,6 @@ pub fn in_class(class: &str, decl: &Decl) -> Option<bool> {
     })
 }
 
-/// Names of bits, in order, or'ed; what is left in hex.
-fn flags(mut value: u64, names: &[(u64, &str)]) -> String {
-    let mut parts = Vec::new();
-    for &(bit, name) in names {
-        if bit != 0 && value & bit == bit {
-            parts.push(name.to_owned());
-            value &= !bit;
-        }
-    }
-    if value != 0 || parts.is_empty() {
-        parts.push(format!("{value:#x}"));
-    }
-    parts.join("|")
-}
-
 /// A signal's `si_code`, as strace names it.
 pub fn si_code(sig: u64, code: i64) -> String {
     let named = match (sig, code) {
@@ -540,7 +526,7 @@ pub fn access_mode(v: u64) -> String {
     if v == 0 {
         return "F_OK".to_owned();
     }
-    flags(v, &[(4, "R_OK"), (2, "W_OK"), (1, "X_OK")])
+    flags_or(v, &[(4, "R_OK"), (2, "W_OK"), (1, "X_OK")], "0x0")
 }
 
 /// The `AT_*` flags of the `*at` syscalls.
@@ -548,7 +534,7 @@ pub fn at_flags(v: u64) -> String {
     if v == 0 {
         return "0".to_owned();
     }
-    flags(
+    flags_or(
         v,
         &[
             (0x100, "AT_SYMLINK_NOFOLLOW"),
@@ -557,17 +543,8 @@ pub fn at_flags(v: u64) -> String {
             (0x800, "AT_NO_AUTOMOUNT"),
             (0x1000, "AT_EMPTY_PATH"),
         ],
+        "0x0",
     )
-}
-
-/// `rt_sigprocmask`'s `how`.
-pub fn sigmask_how(v: u64) -> String {
-    match v {
-        0 => "SIG_BLOCK".into(),
-        1 => "SIG_UNBLOCK".into(),
-        2 => "SIG_SETMASK".into(),
-        v => v.to_string(),
-    }
 }
 
 /// `mmap`'s and `mprotect`'s protection.
@@ -575,7 +552,11 @@ pub fn prot(v: u64) -> String {
     if v == 0 {
         return "PROT_NONE".to_owned();
     }
-    flags(v, &[(1, "PROT_READ"), (2, "PROT_WRITE"), (4, "PROT_EXEC")])
+    flags_or(
+        v,
+        &[(1, "PROT_READ"), (2, "PROT_WRITE"), (4, "PROT_EXEC")],
+        "0x0",
+    )
 }
 
 /// `mmap`'s flags.
@@ -590,7 +571,7 @@ pub fn map_flags(v: u64) -> String {
     if rest == 0 {
         return kind.to_owned();
     }
-    let others = flags(
+    let others = flags_or(
         rest,
         &[
             (0x10, "MAP_FIXED"),
@@ -606,6 +587,7 @@ pub fn map_flags(v: u64) -> String {
             (0x40000, "MAP_HUGETLB"),
             (0x100000, "MAP_FIXED_NOREPLACE"),
         ],
+        "0x0",
     );
     format!("{kind}|{others}")
 }
@@ -652,32 +634,6 @@ pub fn clock(v: u64) -> String {
         7 => "CLOCK_BOOTTIME".into(),
         v => v.to_string(),
     }
-}
-
-/// fcntl's command by name, as strace names it.
-pub fn fcntl_cmd(v: u64) -> String {
-    let name = match v {
-        0 => "F_DUPFD",
-        1 => "F_GETFD",
-        2 => "F_SETFD",
-        3 => "F_GETFL",
-        4 => "F_SETFL",
-        5 => "F_GETLK",
-        6 => "F_SETLK",
-        7 => "F_SETLKW",
-        8 => "F_SETOWN",
-        9 => "F_GETOWN",
-        1024 => "F_SETLEASE",
-        1025 => "F_GETLEASE",
-        1026 => "F_NOTIFY",
-        1030 => "F_DUPFD_CLOEXEC",
-        1031 => "F_SETPIPE_SZ",
-        1032 => "F_GETPIPE_SZ",
-        1033 => "F_ADD_SEALS",
-        1034 => "F_GET_SEALS",
-        _ => return v.to_string(),
-    };
-    name.to_owned()
 }
 
 #[cfg(test)]

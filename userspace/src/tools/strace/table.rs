@@ -785,7 +785,8 @@ pub fn ret_text(call: &Call) -> Option<String> {
     }
 }
 
-fn pointer(v: u64) -> String {
+/// An address as strace shows it: `NULL`, else hex.
+pub fn pointer(v: u64) -> String {
     if v == 0 {
         "NULL".to_owned()
     } else {
