@@ -56,3 +56,16 @@ pub struct Thread {
 pub const MISSED_USER: &str = "[Missed User Stack]";
 /// See [`MISSED_USER`].
 pub const MISSED_KERNEL: &str = "[Missed Kernel Stack]";
+
+/// One sample with its own time and CPU, as the per-sample stream
+/// (`--firefox`, `--samples`) and perf's recordings give them.
+#[derive(Clone, Debug)]
+pub struct Timed {
+    /// When it was taken, in nanoseconds since the Unix epoch.
+    pub time: u64,
+    /// The CPU it was taken on.
+    pub cpu: u32,
+    /// Its thread and stack; `count` is its weight: 1 for a sample,
+    /// nanoseconds for time off the CPU.
+    pub sample: Sample,
+}
