@@ -187,8 +187,8 @@ impl Table {
     /// walk finds them: its bucket of the index, then a search by halves
     /// between that bucket's first row, which is at or before the bucket's
     /// start, and the next bucket's, comparing addresses less the bucket's
-    /// start in 16 bits. The tests hold the kernel's walk to it.
-    #[cfg(test)]
+    /// start in 16 bits. The tests hold the kernel's walk to it, and
+    /// perf's DWARF-mode stacks are walked with it.
     pub fn lookup(&self, pc: u64) -> Option<CfiRule> {
         let last = self.index.len().checked_sub(1)?;
         let off = pc.checked_sub(self.base)?;

@@ -7,6 +7,8 @@ pub mod cfi;
 pub mod cficache;
 pub mod demangle;
 pub mod jitdump;
+pub mod perfdata;
+pub mod perfscript;
 pub mod python;
 pub mod sample;
 pub mod stackstore;

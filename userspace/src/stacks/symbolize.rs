@@ -100,6 +100,11 @@ enum Loc {
     Unknown,
 }
 
+/// The GNU build id of ELF file `file`, in hex.
+pub fn build_id_of(file: &std::fs::File) -> Option<String> {
+    elf::build_id(file)
+}
+
 /// Resolves kernel and user stacks; see the module documentation.
 pub struct Symbolizer {
     blaze: Blaze,
@@ -430,6 +435,92 @@ impl Symbolizer {
             unopened: None,
             before_exec: false,
         });
+    }
+
+    /// Notes a mapping of process `p` that a recording (perf.data) holds:
+    /// from `start` to `end`, of file offset `offset`, of the file the
+    /// recording names `name`, opened by the caller (checked against the
+    /// recorded build id) or the reason it was not. Nothing is read of
+    /// the process's own `/proc`: it is another time, maybe another host.
+    pub fn recorded_map(
+        &mut self,
+        p: Proc,
+        (start, end, offset): (u64, u64, u64),
+        name: &str,
+        file: Result<std::fs::File, String>,
+    ) {
+        // perf names anonymous memory (JIT code) `//anon`; /proc leaves
+        // it nameless, which is how JIT code is told here.
+        let name = if name.starts_with("//anon") || name.starts_with("[anon") {
+            ""
+        } else {
+            name
+        };
+        let (file, unopened) = match file {
+            Ok(f) => match elf::adopt(&mut self.files, f, name) {
+                Ok(id) => (Some(id), None),
+                Err(e) => (None, Some(Arc::from(format!("cannot read it: {e}")))),
+            },
+            Err(why) if name.starts_with('[') || name.is_empty() => {
+                let _ = why;
+                (None, None)
+            }
+            Err(why) => (None, Some(Arc::from(why))),
+        };
+        let code = file.map(|id| {
+            Arc::new(CodeMapping {
+                start,
+                limit: end,
+                offset,
+                file: name.to_owned(),
+                build_id: self.files.get(&id).and_then(|f| f.build_id.clone()),
+            })
+        });
+        let proc = self.procs.entry(p).or_default();
+        proc.captured = Some(Instant::now());
+        proc.maps.push(Mapping {
+            start,
+            end,
+            offset,
+            file,
+            name: name.to_owned(),
+            code,
+            unopened,
+            before_exec: false,
+        });
+    }
+
+    /// Notes that recorded process `child` was forked from `parent`: it
+    /// starts with its parent's mappings, and its own perf map.
+    pub fn recorded_fork(&mut self, child: Proc, parent: Proc) {
+        let mut p = self.procs.get(&parent).cloned().unwrap_or_default();
+        p.perf_map = p.perf_map.for_child(child);
+        p.captured = Some(Instant::now());
+        self.procs.insert(child, p);
+    }
+
+    /// Notes that recorded process `p` ran a new program: its earlier
+    /// mappings name only what no new mapping holds.
+    pub fn recorded_exec(&mut self, p: Proc) {
+        if let Some(proc) = self.procs.get_mut(&p) {
+            proc.maps.retain(|m| !m.before_exec);
+            for m in &mut proc.maps {
+                m.before_exec = true;
+            }
+            proc.perf_map.clear();
+        }
+    }
+
+    /// Reads recorded process `p`'s perf map, under the owner rule: not
+    /// older than the process, and, where a later process of the same pid
+    /// started at `successor` (nanoseconds since the epoch), not written
+    /// after that (it is the later one's).
+    pub fn recorded_perf_map(&mut self, p: Proc, successor: Option<u64>) {
+        self.procs
+            .entry(p)
+            .or_default()
+            .perf_map
+            .read_recorded(p, successor);
     }
 
     /// Whether anything was captured of process `p`.

@@ -19,7 +19,6 @@ use crate::kernel::load::take_map;
 use crate::kernel::procmaps::{self, Proc};
 use crate::kernel::warning::Warning;
 
-#[cfg(test)]
 use crate::stacks::cfi::{
     CFA_END, CFA_PLT, CFA_RBP, CFA_RBX, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI, Row,
 };
@@ -145,6 +144,33 @@ impl Tables {
             });
         }
         Ok(regions)
+    }
+
+    /// The region of a recorded mapping (perf.data's `mmap` records): from
+    /// `start` to `end`, of `file` (already opened, and checked to be the
+    /// one recorded) from `offset`; the vDSO's is this kernel's.
+    pub fn recorded(
+        &mut self,
+        (start, end, offset): (u64, u64, u64),
+        name: &str,
+        file: Option<&std::fs::File>,
+    ) -> Region {
+        let table = if name == "[vdso]" {
+            self.vdso()
+        } else {
+            file.and_then(|f| self.of_file(f, name))
+        };
+        let bias = table
+            .as_ref()
+            .and_then(|t| t.bias(start, offset, end - start))
+            .unwrap_or(0);
+        Region {
+            start,
+            end,
+            bias,
+            table,
+            name: name.to_owned(),
+        }
     }
 
     /// The table of the file at `path`, compiled (or read from the cache)
@@ -813,8 +839,8 @@ impl KernelTables {
     }
 }
 
-#[cfg(test)]
-/// A walked stack.
+/// A walked stack: the reference walk the kernel's is tested against,
+/// and the walk of the stack copies in perf's DWARF-mode recordings.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Walk {
     /// The pcs, innermost first: the sampled pc, then return addresses.
@@ -823,7 +849,6 @@ pub struct Walk {
     pub fp_frames: usize,
 }
 
-#[cfg(test)]
 /// Walks a stack from `regs` over a process's `regions`, reading stack
 /// words with `read`, for at most `max` frames.
 pub fn walk(
@@ -861,7 +886,6 @@ pub fn walk(
     out
 }
 
-#[cfg(test)]
 /// The registers a walk follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Regs {
@@ -875,7 +899,6 @@ pub struct Regs {
     pub bx: u64,
 }
 
-#[cfg(test)]
 /// How one frame was unwound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -885,7 +908,6 @@ pub enum Step {
     FramePointer(Regs),
 }
 
-#[cfg(test)]
 /// Unwinds one frame: from the registers of a frame whose code is at file
 /// address `file_pc`, the caller's registers. `read` reads a stack word.
 /// The innermost frame is at its own pc; callers are at a return address,

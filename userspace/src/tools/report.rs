@@ -1,7 +1,8 @@
 //! `rtrace report FILE`: perf report's tables, and rtrace's other outputs,
 //! from a profile saved earlier: a pprof file (rtrace's `--pprof`, Go's
-//! pprof, Pyroscope's exports) or folded stacks. perf's record-now,
-//! report-later split.
+//! pprof, Pyroscope's exports), perf's own recording (`perf.data`, its
+//! frames named and its DWARF-mode stacks unwound here), `perf script`
+//! text, or folded stacks. perf's record-now, report-later split.
 
 use std::path::PathBuf;
 
@@ -12,10 +13,15 @@ use crate::{
         Sink,
         stacks::{self, FlameOptions, TextOptions, pprof, report},
     },
-    stacks::{sample::Sample, symbolize::later},
+    stacks::{
+        perfdata, perfscript,
+        sample::{Sample, Timed},
+        symbolize::later,
+    },
 };
 
-/// Report on a saved profile (pprof or folded stacks) as perf report does.
+/// Report on a saved profile (pprof, perf.data, perf script text or
+/// folded stacks) as perf report does.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:
   rtrace profile -F 99 --pprof cpu.pb.gz 10
@@ -26,10 +32,14 @@ use crate::{
   rtrace report cpu.folded --svg cpu.svg
   rtrace report cpu.pb.gz --annotate hot_loop
   rtrace report cpu.pb.gz --html cpu.html          # heat map, flame graph, table
+  perf record -g -o perf.data ./app && rtrace report perf.data
+  perf record --call-graph dwarf ./app && rtrace report perf.data --html app.html
+  perf script > out.perf && rtrace report out.perf --svg app.svg
   rtrace report --html diff.html before.pb.gz after.pb.gz   # what changed")]
 pub struct Args {
-    /// The profile: a pprof file (gzipped or not) or folded stacks
-    /// (`comm;frame;... count`); `-` reads stdin.
+    /// The profile: a pprof file (gzipped or not), a perf.data file,
+    /// `perf script` text, or folded stacks (`comm;frame;... count`); `-`
+    /// reads stdin.
     input: PathBuf,
     /// A second profile, to compare with the first in the page
     /// (`--html`): the first is before, this one after.
@@ -41,6 +51,11 @@ pub struct Args {
     /// profile's default, else `samples`, else its last).
     #[arg(long, value_name = "TYPE")]
     sample_index: Option<String>,
+    /// The event to report of a perf.data file or perf script text that
+    /// holds several (`cycles`, `cpu-clock`; default: the first with
+    /// samples; the others are listed on stderr).
+    #[arg(long, value_name = "NAME")]
+    event: Option<String>,
     /// Print folded stacks (`comm;frames.. count`) instead of the table.
     #[arg(short = 'f', long)]
     folded: bool,
@@ -93,6 +108,9 @@ struct Loaded {
     duration_ns: u64,
     /// When it began, in nanoseconds since the epoch (0: unknown).
     time_nanos: u64,
+    /// Each sample with its own time and CPU, where the file keeps them
+    /// (perf.data, perf script text).
+    timed: Option<Vec<Timed>>,
 }
 
 /// Reads `path`: pprof if it is one, else folded stacks; anything else
@@ -128,17 +146,54 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
             facts: r.facts,
             duration_ns: r.duration_ns,
             time_nanos: r.time_nanos,
+            timed: None,
         });
     }
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|_| anyhow::anyhow!("{name}: neither a pprof profile nor folded stacks"))?;
-    let samples = stacks::samples_of_folded(text)
-        .with_context(|| format!("{name}: neither a pprof profile nor folded stacks"))?;
     if args.sample_index.is_some() {
-        anyhow::bail!(
-            "{name}: --sample-index applies to pprof files; folded stacks have one count"
-        );
+        anyhow::bail!("{name}: --sample-index applies to pprof files");
     }
+    if perfdata::is_perf_data(&bytes) {
+        // Naming a large recording's frames takes a while: say so.
+        if bytes.len() > 32 << 20 {
+            eprintln!("rtrace: reading {name} (perf's recording) and naming its frames");
+        }
+        let mut symbolizer = crate::stacks::symbolize::Symbolizer::new();
+        let r = perfdata::read(&bytes, args.event.as_deref(), &mut symbolizer)
+            .with_context(|| format!("{name}"))?;
+        for w in &r.warnings {
+            eprintln!("rtrace: warning: {name}: {w}");
+        }
+        return Ok(timed_loaded(
+            r.samples,
+            r.event,
+            &r.events,
+            r.facts,
+            r.start,
+            r.duration_ns,
+        ));
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
+        anyhow::anyhow!(
+            "{name}: not a pprof profile, a perf.data file, perf script text or folded stacks"
+        )
+    })?;
+    if perfscript::looks_like(text) {
+        let s = perfscript::read(text, args.event.as_deref()).with_context(|| format!("{name}"))?;
+        return Ok(timed_loaded(
+            s.samples,
+            s.event,
+            &s.events,
+            Vec::new(),
+            s.start,
+            s.duration_ns,
+        ));
+    }
+    if args.event.is_some() {
+        anyhow::bail!("{name}: --event applies to perf.data files and perf script text");
+    }
+    let samples = stacks::samples_of_folded(text).with_context(|| {
+        format!("{name}: not a pprof profile, a perf.data file, perf script text or folded stacks")
+    })?;
     Ok(Loaded {
         samples,
         unit: "samples".to_owned(),
@@ -147,7 +202,60 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
         facts: Vec::new(),
         duration_ns: 0,
         time_nanos: 0,
+        timed: None,
     })
+}
+
+/// A profile of samples with their own times (perf.data, perf script):
+/// each counted in its heat map slot from the first, for the page's ranges
+/// and the heat map; the events left out named on stderr.
+fn timed_loaded(
+    timed: Vec<Timed>,
+    event: String,
+    events: &[(String, u64)],
+    facts: Vec<(String, String)>,
+    start: u64,
+    duration_ns: u64,
+) -> Loaded {
+    let others: Vec<String> = events
+        .iter()
+        .filter(|(e, n)| *e != event && *n > 0)
+        .map(|(e, n)| format!("{e} ({n} samples)"))
+        .collect();
+    if !others.is_empty() {
+        eprintln!(
+            "rtrace: reporting {event}; the file also holds {} (--event NAME reports another)",
+            others.join(", ")
+        );
+    }
+    let slot_ns = rtrace_common::profile::HEAT_SLOT_NS;
+    let slot = |t: u64| (t.saturating_sub(start) / slot_ns) as usize;
+    let mut counts = vec![0u64; timed.iter().map(|t| slot(t.time) + 1).max().unwrap_or(0)];
+    let samples = timed
+        .iter()
+        .map(|t| {
+            let mut s = t.sample.clone();
+            let i = slot(t.time);
+            counts[i] += s.count;
+            s.slot = i as u32 + 1;
+            s
+        })
+        .collect();
+    let boot = crate::kernel::procmaps::boot_wall_ns();
+    Loaded {
+        samples,
+        unit: "samples".to_owned(),
+        event,
+        heat: (!counts.is_empty()).then(|| pprof::Heat {
+            counts,
+            slot_ns,
+            start_ns: start.saturating_sub(boot),
+        }),
+        facts,
+        duration_ns,
+        time_nanos: start,
+        timed: Some(timed),
+    }
 }
 
 /// Writes the page of `loaded` (`--html`), or the differential page of

@@ -44,6 +44,25 @@ pub(super) fn know(files: &mut HashMap<FileId, OpenFile>, path: &std::path::Path
         });
 }
 
+/// Takes into `files` a file opened by the caller (a file a recording
+/// names, found at its path or in perf's build-id cache), shown as
+/// `path`; its id.
+pub(super) fn adopt(
+    files: &mut HashMap<FileId, OpenFile>,
+    file: File,
+    path: &str,
+) -> std::io::Result<FileId> {
+    let meta = file.metadata()?;
+    let id = (meta.dev(), meta.ino());
+    files.entry(id).or_insert_with(|| OpenFile {
+        build_id: build_id(&file),
+        file,
+        path: path.to_owned(),
+        module: path.rsplit('/').next().unwrap_or(path).to_owned(),
+    });
+    Ok(id)
+}
+
 /// Opens into `files` a file process `pid` maps (`m`, at `path`) through
 /// the process's own view of it, or by its path where that is the same
 /// file ([`crate::kernel::procmaps::Mapping::open`]), once per file
@@ -88,7 +107,7 @@ pub(super) fn blaze(demangle: bool) -> Blaze {
 }
 
 /// The GNU build id of an ELF file, in hex.
-fn build_id(file: &File) -> Option<String> {
+pub(crate) fn build_id(file: &File) -> Option<String> {
     use object::Object as _;
     let data = crate::kernel::memory::Mapped::of(file).ok()?;
     let elf = object::File::parse(&*data).ok()?;

@@ -77,6 +77,36 @@ impl PerfMap {
         self.syms = parse_perf_map(&text);
     }
 
+    /// Reads the map of recorded process `p` once: at `/tmp/perf-PID.map`
+    /// as perf looks for it, if written since the process started and,
+    /// where a later process of its pid started at `successor`
+    /// (nanoseconds since the epoch), not since then.
+    pub(super) fn read_recorded(&mut self, p: Proc, successor: Option<u64>) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let path = format!("/tmp/perf-{}.map", p.pid);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            return;
+        };
+        let later = successor
+            .zip(mtime_ns(&meta))
+            .is_some_and(|(next, at)| at > next + crate::kernel::procmaps::mtime_slack_ns());
+        if !written_by(&meta, p) || later {
+            return;
+        }
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            self.len = meta.len();
+            self.syms = parse_perf_map(&text);
+        }
+        self.path = Some(JitPath {
+            shown: path.clone(),
+            path,
+            _root: None,
+        });
+    }
+
     /// The symbol at `ip`.
     pub(super) fn symbol(&self, ip: u64) -> Option<&JitSymbol> {
         symbol_at(&self.syms, ip)
