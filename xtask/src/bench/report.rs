@@ -3,7 +3,9 @@
 //! by perf (`perf record -g -a`) side by side over the same workload (the
 //! C build of `bench profile`, `make -j2` from clean again and again:
 //! hundreds of short-lived processes, thousands of distinct stacks); then, interleaved, the time `rtrace report FILE` takes against
-//! `perf report --stdio` on its perf.data, with and without call chains;
+//! `perf report --stdio` on its perf.data, with and without call chains,
+//! and `rtrace report` of perf's own perf.data (issue 58: rtrace names
+//! perf's recording's frames itself);
 //! and the time from Ctrl-C to the table of a live `rtrace profile
 //! --report` over the same 30 s.
 
@@ -71,7 +73,7 @@ pub fn run() -> anyhow::Result<String> {
     if !recorded.stderr.contains("wrote") {
         bail!("rtrace wrote no pprof: {}", recorded.stderr);
     }
-    let cases: [(&str, &str, Vec<&str>); 4] = [
+    let cases: [(&str, &str, Vec<&str>); 6] = [
         // perf's default prints each row's call graph: so does -g.
         (
             "rtrace report FILE -g",
@@ -101,6 +103,16 @@ pub fn run() -> anyhow::Result<String> {
                 &data_s,
             ],
         ),
+        (
+            "rtrace report perf.data -g",
+            &rtrace,
+            vec!["report", &data_s, "-g"],
+        ),
+        (
+            "rtrace report perf.data --no-children",
+            &rtrace,
+            vec!["report", &data_s, "--no-children"],
+        ),
     ];
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for round in 0..ROUNDS {
@@ -118,8 +130,11 @@ pub fn run() -> anyhow::Result<String> {
         measured_on("report")
     );
     out.push_str("| report | time | vs perf |\n| --- | --- | --- |\n");
-    for pair in [(0, 1), (2, 3)] {
-        for (i, peer) in [(pair.0, Some(pair.1)), (pair.1, None)] {
+    for rows in [
+        [(0, Some(1)), (4, Some(1)), (1, None)],
+        [(2, Some(3)), (5, Some(3)), (3, None)],
+    ] {
+        for (i, peer) in rows {
             let (lo, hi) = spread(&times[i]);
             let m = median(times[i].clone());
             let ratio = peer.map_or("-".to_owned(), |p| {
