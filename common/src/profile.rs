@@ -3,9 +3,9 @@
 /// The stack tables' types, shared with offcputime, under the paths they
 /// had when they were defined here.
 pub use crate::stacks::{
-    CUT_USER, ERR_COUNTS_FULL, ERR_CUT_SHORT, ERR_FP_FRAMES, ERR_KERNEL_STACK, ERR_NO_TABLES, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MISSED_KERNEL, MISSED_USER,
-    NEW_COUNTS, NEW_STACKS, OFF_CPU, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, Stack,
-    WakeKey,
+    CUT_USER, ERR_COUNTS_FULL, ERR_CUT_SHORT, ERR_FP_FRAMES, ERR_KERNEL_STACK, ERR_NO_TABLES,
+    ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MISSED_KERNEL, MISSED_USER, NEW_COUNTS,
+    NEW_STACKS, OFF_CPU, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, Stack, WakeKey,
 };
 
 /// Most periods one timed sample stands for: more means the timer was
@@ -74,10 +74,7 @@ pub const ERR_SAMPLES_LOST: u32 = crate::stacks::ERR_NAMES.len() as u32;
 /// What each `ERRORS` slot of profile's object counts: the stack tables'
 /// and the per-sample stream's.
 pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 1] = crate::stacks::names_with_walk(
-    [
-        crate::stacks::ERR_NAMES[0],
-        crate::stacks::ERR_NAMES[1],
-    ],
+    [crate::stacks::ERR_NAMES[0], crate::stacks::ERR_NAMES[1]],
     &["per-sample records lost (--firefox, --samples: their buffer was full)"],
 );
 

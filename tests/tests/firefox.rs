@@ -175,7 +175,11 @@ fn check(ext: &str) {
     let warm = firefox_thread(&run.firefox, run.warm.0);
     // As many samples as rtrace's own report of the run counts for each.
     assert_eq!(Some(&hot), by_tid.get(&run.hot.0), "hot thread: {by_tid:?}");
-    assert_eq!(Some(&warm), by_tid.get(&run.warm.0), "warm thread: {by_tid:?}");
+    assert_eq!(
+        Some(&warm),
+        by_tid.get(&run.warm.0),
+        "warm thread: {by_tid:?}"
+    );
     // Split as the fixture measured: within 4 sd of binomial sampling.
     let n = (hot + warm) as f64;
     let want = run.hot.1 / (run.hot.1 + run.warm.1);
@@ -223,11 +227,24 @@ fn firefox_and_csv_samples_match_the_report() {
 #[test]
 fn per_sample_flags_refuse_what_they_cannot_do() {
     assert_one_line_error(
-        &["profile", "--samples", "/tmp/rtrace-samples.txt", "--", "true"],
+        &[
+            "profile",
+            "--samples",
+            "/tmp/rtrace-samples.txt",
+            "--",
+            "true",
+        ],
         ".jsonl (JSON lines) or .csv",
     );
     assert_one_line_error(
-        &["profile", "--off-cpu", "--firefox", "/tmp/rtrace-ff.json", "--", "true"],
+        &[
+            "profile",
+            "--off-cpu",
+            "--firefox",
+            "/tmp/rtrace-ff.json",
+            "--",
+            "true",
+        ],
         "drop --off-cpu",
     );
     assert_one_line_error(

@@ -7,8 +7,6 @@
 #![no_std]
 #![no_main]
 
-#[cfg(not(feature = "perf"))]
-use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, helpers::bpf_get_smp_processor_id, maps::RingBuf};
 use aya_ebpf::{
     EbpfContext, Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
@@ -16,8 +14,12 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
 };
+#[cfg(not(feature = "perf"))]
+use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, helpers::bpf_get_smp_processor_id, maps::RingBuf};
+#[cfg(not(feature = "perf"))]
+use rtrace_common::profile::{ERR_SAMPLES_LOST, TimedSample};
 use rtrace_common::{
-    profile::{Config, ERR_SAMPLES_LOST, HEAT_SLOT_NS, MAX_PERIODS, TimedSample},
+    profile::{Config, HEAT_SLOT_NS, MAX_PERIODS},
     stacks::Key,
 };
 use rtrace_ebpf::{

@@ -743,7 +743,7 @@ impl StackTool {
         let (mut timed, unnamed) = self.store.timed(records, |t| t.wrapping_add(offset));
         if !self.transforms.is_empty() {
             // Each distinct stack once: samples share theirs.
-            let mut done: HashMap<(usize, usize), (Arc<[Frame]>, Arc<[Frame]>)> = HashMap::new();
+            let mut done: HashMap<(usize, usize), Stacks> = HashMap::new();
             timed.retain_mut(|t| {
                 let s = &mut t.sample;
                 let key = (
@@ -987,6 +987,9 @@ impl StackTool {
         out
     }
 }
+
+/// A sample's user and kernel frames, leaf first.
+type Stacks = (Arc<[Frame]>, Arc<[Frame]>);
 
 /// The kernel's per-sample stream (`--firefox`, `--samples`): a ring
 /// buffer of [`TimedSample`]s read on the tools' one-second tick, and the

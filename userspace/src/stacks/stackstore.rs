@@ -30,10 +30,10 @@ use aya::{
     maps::{HashMap as BpfHashMap, IterableMap as _},
 };
 use rtrace_common::{
-    profile::{HEAT_SLOT_NS, TimedSample},
     profile::{
         CUT_USER, Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey,
     },
+    profile::{HEAT_SLOT_NS, TimedSample},
     stacks::{MAX_SEGMENTS, SLOT_SHIFT, STACK_COUNTS, STACK_GEN, STACK_NEW, STACKS},
 };
 

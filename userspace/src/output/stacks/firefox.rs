@@ -32,9 +32,9 @@ use std::{collections::HashMap, io::Write, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use fxprof_processed_profile::{
     CategoryColor, CategoryHandle, CpuDelta, Frame as FxFrame, FrameFlags, FrameInfo,
-    MarkerFieldFlags, MarkerFieldFormat, MarkerTiming, ProcessHandle, Profile,
-    ReferenceTimestamp, SamplingInterval, StackHandle, StaticSchemaMarker,
-    StaticSchemaMarkerField, StringHandle, ThreadHandle, Timestamp,
+    MarkerFieldFlags, MarkerFieldFormat, MarkerTiming, ProcessHandle, Profile, ReferenceTimestamp,
+    SamplingInterval, StackHandle, StaticSchemaMarker, StaticSchemaMarkerField, StringHandle,
+    ThreadHandle, Timestamp,
 };
 
 use crate::stacks::{
@@ -216,9 +216,7 @@ impl Builder {
                 },
             })
             .collect();
-        let h = self
-            .profile
-            .intern_stack_frames(thread, frames.into_iter());
+        let h = self.profile.intern_stack_frames(thread, frames.into_iter());
         self.stacks.insert(key, h);
         h
     }

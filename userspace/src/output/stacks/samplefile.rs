@@ -171,7 +171,10 @@ mod tests {
         write(&samples, Format::JsonLines, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         let line = text.lines().next().unwrap();
-        assert!(line.starts_with("{\"time\":10,\"cpu\":1,\"pid\":7,"), "{line}");
+        assert!(
+            line.starts_with("{\"time\":10,\"cpu\":1,\"pid\":7,"),
+            "{line}"
+        );
         let first: serde_json::Value = serde_json::from_str(line).unwrap();
         assert_eq!(first["stack"], serde_json::json!(["main", "f;g"]));
         assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
