@@ -3,10 +3,9 @@
 /// The stack tables' types, shared with offcputime, under the paths they
 /// had when they were defined here.
 pub use crate::stacks::{
-    CUT_USER, ERR_COUNTS_FULL, ERR_CUT_SHORT, ERR_FP_FRAMES, ERR_KERNEL_STACK, ERR_NAMES,
-    ERR_NO_TABLES, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MISSED_KERNEL, MISSED_USER,
-    NEW_COUNTS, NEW_STACKS, OFF_CPU, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, Stack,
-    WakeKey,
+    CUT_USER, ERR_COUNTS_FULL, ERR_CUT_SHORT, ERR_FP_FRAMES, ERR_KERNEL_STACK, ERR_NO_TABLES,
+    ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH, MISSED_KERNEL, MISSED_USER, NEW_COUNTS,
+    NEW_STACKS, OFF_CPU, SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, Stack, WakeKey,
 };
 
 /// Most periods one timed sample stands for: more means the timer was
@@ -58,9 +57,47 @@ pub struct Config {
     /// `--off-cpu`: how time off the CPU is counted beside the samples
     /// (with the context-switch programs attached).
     pub off_cpu: crate::offcputime::Config,
+    /// Whether each sample is also sent on its own to [`SAMPLES`]
+    /// (`--firefox`, `--samples`): a constant the verifier sees, so that
+    /// the branch is dropped from the program when it is 0.
+    pub samples: u32,
+    /// Keeps the struct free of padding.
+    pub _pad: u32,
 }
 
-crate::pod!(Config);
+crate::pod!(Config, TimedSample);
+
+/// `ERRORS` slot: samples counted whose own record ([`TimedSample`]) did
+/// not fit in [`SAMPLES`], which user space reads every second.
+pub const ERR_SAMPLES_LOST: u32 = crate::stacks::ERR_NAMES.len() as u32;
+
+/// What each `ERRORS` slot of profile's object counts: the stack tables'
+/// and the per-sample stream's.
+pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 1] = crate::stacks::names_with_walk(
+    [crate::stacks::ERR_NAMES[0], crate::stacks::ERR_NAMES[1]],
+    &["per-sample records lost (--firefox, --samples: their buffer was full)"],
+);
+
+/// One sample on its own, sent to [`SAMPLES`] with `Config::samples`:
+/// when and where it was taken, and the key it was counted under, by
+/// which user space finds its stacks among those it moved out.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TimedSample {
+    /// When it was taken: CLOCK_MONOTONIC nanoseconds.
+    pub time: u64,
+    /// What it added to its key's count: 1, or nanoseconds when timed.
+    pub value: u64,
+    /// The CPU it was taken on.
+    pub cpu: u32,
+    /// The sampled thread's id.
+    pub tid: u32,
+    /// The key it was counted under, its generation as counted.
+    pub key: Key,
+}
+
+/// The ring buffer of [`TimedSample`]s; user space sizes it.
+pub const SAMPLES: &str = "SAMPLES";
 
 /// Samples per [`HEAT_SLOT_NS`] slot since the start, per CPU
 /// (`--heatmap`); user space sizes it.

@@ -282,6 +282,10 @@ pub const FILES: &[(&str, &str)] = &[
         "libpython3.11",
         "libpython3.11.so.1.0, the interpreter the pyembed fixture loads",
     ),
+    (
+        "python3-pandas",
+        "pandas, which the firefox test loads profile --samples' rows with",
+    ),
 ];
 
 /// Every Debian package setup makes sure of, once each, in list order.

@@ -14,6 +14,10 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
 };
+#[cfg(not(feature = "perf"))]
+use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, helpers::bpf_get_smp_processor_id, maps::RingBuf};
+#[cfg(not(feature = "perf"))]
+use rtrace_common::profile::{ERR_SAMPLES_LOST, TimedSample};
 use rtrace_common::{
     profile::{Config, HEAT_SLOT_NS, MAX_PERIODS},
     stacks::Key,
@@ -164,6 +168,44 @@ fn sample<C: Sampled>(ctx: &C) {
     }
     key.generation = stacks::generation() as u16;
     stacks::add(ctx, &EVENTS, &STACK_COUNTS, &key, value);
+    // A load-time constant: with it 0 the verifier drops the branch, and
+    // a run without the stream pays nothing for it.
+    if cfg.samples != 0 {
+        send_sample(&key, value);
+    }
+}
+
+/// Each sample on its own (`--firefox`, `--samples`), read by user space
+/// on its timer; user space sizes it. Not in the `perf` variant, whose
+/// kernels have no ring buffer: user space refuses the flags there.
+#[cfg(not(feature = "perf"))]
+#[map]
+static SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// Sends the sample just counted under `key` (adding `value`) to
+/// `SAMPLES`, with its time, CPU and thread; a full buffer is counted.
+#[inline(always)]
+fn send_sample(key: &Key, value: u64) {
+    #[cfg(not(feature = "perf"))]
+    match SAMPLES.reserve::<TimedSample>(0) {
+        Some(mut entry) => {
+            let p = entry.as_mut_ptr();
+            // SAFETY: `p` is the reserved record, written whole before it
+            // is submitted; the helpers have no preconditions.
+            unsafe {
+                (*p).time = bpf_ktime_get_ns();
+                (*p).value = value;
+                (*p).cpu = bpf_get_smp_processor_id();
+                (*p).tid = bpf_get_current_pid_tgid() as u32;
+                (*p).key = *key;
+            }
+            // User space reads on its timer: no wakeup.
+            entry.submit(u64::from(BPF_RB_NO_WAKEUP));
+        }
+        None => rtrace_ebpf::count_error(ERR_SAMPLES_LOST),
+    }
+    #[cfg(feature = "perf")]
+    let _ = (key, value);
 }
 
 /// Counts an event of the scope on this CPU, and says whether it is an

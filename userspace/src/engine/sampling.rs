@@ -24,7 +24,7 @@ use rtrace_common::{
 use crate::{
     engine::{
         offcpu::{Filter, OffCpu},
-        stacktool::{StackArgs, StackTool},
+        stacktool::{SampleStream, StackArgs, StackTool},
     },
     kernel::{
         features::Mechanism,
@@ -247,6 +247,8 @@ pub struct Sampler {
     /// When sampling began, on `CLOCK_MONOTONIC`: the heat map's and
     /// `--range`'s time zero.
     window_start: u64,
+    /// Each sample on its own, with `--firefox` or `--samples`.
+    stream: Option<SampleStream>,
 }
 
 /// Most heat map slots without a duration: ten minutes.
@@ -392,6 +394,16 @@ impl Sampler {
         {
             anyhow::bail!("{flag} shapes perf report's table: add --report");
         }
+        if let Some(flag) = args.outputs.per_sample_flag() {
+            if args.off_cpu {
+                anyhow::bail!(
+                    "{flag} takes each sample on its own, which profile sends for on-CPU                      samples only: drop --off-cpu"
+                );
+            }
+            if args.interval.is_some() {
+                anyhow::bail!("--interval prints stacks as it goes; {flag} takes them at the end");
+            }
+        }
         let reports = args.outputs.create()?;
         let heat_slots = if args.outputs.heatmap.is_some()
             || args.outputs.pprof.is_some()
@@ -427,6 +439,7 @@ impl Sampler {
             event_program: None,
             preloaded: None,
             stacks: StackTool::default(),
+            stream: None,
         })
     }
 
@@ -455,9 +468,22 @@ impl Sampler {
             range_start_ns: range_start.as_nanos() as u64,
             range_end_ns: range_end.as_nanos() as u64,
             time_keys: u32::from(self.time_keys()),
+            samples: u32::from(self.cfg.outputs.per_sample()),
             ..Config::default()
         };
         load.size(rtrace_common::profile::HEAT, heat_slots.max(1));
+        if self.cfg.outputs.per_sample() {
+            // At events the rate is the events'; a generous guess.
+            let per_second = if self.event.at_events() {
+                1_000_000
+            } else {
+                self.freq.saturating_mul(self.cpus.len() as u64)
+            };
+            load.size(
+                rtrace_common::profile::SAMPLES,
+                SampleStream::bytes(per_second),
+            );
+        }
         let period_ns = self.period_ns();
         let (per_thread, time_keys) = (self.per_thread(), self.time_keys());
         if let Some(off) = &mut self.off_cpu {
@@ -495,6 +521,10 @@ impl Sampler {
     /// Attaches the sampling or counting programs (and off-CPU's).
     pub fn attach(&mut self, kernel: &mut Kernel, ebpf: &mut Ebpf) -> anyhow::Result<()> {
         self.stacks.attach(ebpf, &self.scope.pids)?;
+        if self.cfg.outputs.per_sample() {
+            self.stream = Some(SampleStream::take(ebpf)?);
+            self.stacks.keep_names();
+        }
         if self.event.at_events() {
             // Found first: a bad spec fails before the tables are loaded.
             let pid = self.scope.one_pid();
@@ -655,6 +685,9 @@ impl Sampler {
 
     /// Moves the kernel's tables out; prints an `--interval`'s stacks.
     pub fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        if let Some(stream) = &mut self.stream {
+            stream.read();
+        }
         self.stacks.tick(ebpf, last)?;
         if let Some(every) = self.cfg.interval
             && !last
@@ -710,7 +743,11 @@ impl Sampler {
         }
         let heat = self.heat_counts(ebpf, elapsed)?;
         self.write_heatmap(heat.as_deref())?;
+        if let Some(stream) = &mut self.stream {
+            stream.read();
+        }
         let mut exact = self.stacks.finish(ebpf)?;
+        self.write_per_sample()?;
         if self.off_cpu.is_some() {
             // One measure for both: samples count the nanoseconds of CPU
             // time they stand for (`Config::timed`), and time off the CPU
@@ -921,6 +958,35 @@ impl Sampler {
         file.write(&files::held(merged, unit), |out| {
             crate::output::html::write(&page, out)
         })
+    }
+
+    /// Writes `--firefox` and `--samples`, from the per-sample stream
+    /// named by the counts just settled.
+    fn write_per_sample(&mut self) -> anyhow::Result<()> {
+        let Some(stream) = &self.stream else {
+            return Ok(());
+        };
+        let (timed, unnamed) = self.stacks.timed(stream.records());
+        if unnamed > 0 {
+            Warning::unsupported(format!(
+                "{unnamed} samples sent on their own were not counted (the count table was                  full; raise --hash-storage-size): --firefox and --samples leave them out"
+            ))
+            .print();
+        }
+        let what = format!("{} samples", files::thousands(timed.len() as u64));
+        if let Some(file) = self.reports.firefox.take() {
+            let meta = stacks::firefox::Meta {
+                product: format!("rtrace profile: {} at {}", self.event.name(), self.rate()),
+                unit: stacks::firefox::Unit::Samples,
+                interval_ns: self.period_ns(),
+                start_ns: self.stacks.started_nanos(),
+            };
+            file.write(&what, |out| stacks::firefox::write(&timed, &meta, out))?;
+        }
+        if let Some((file, format)) = self.reports.samples.take() {
+            file.write(&what, |out| stacks::samplefile::write(&timed, format, out))?;
+        }
+        Ok(())
     }
 
     /// The sampling rate as the outputs name it.

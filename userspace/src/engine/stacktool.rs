@@ -21,7 +21,7 @@ use aya::{
     },
 };
 use rtrace_common::{
-    profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen},
+    profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, TimedSample},
     python::{MAX_PY_PROCS, PyCode, PyProc},
     stacks::{BORN_OFFSETS, BornOffsets, Found, SEEN_FOUND, SEEN_PY_CODE, SeenHeader, Stack},
     unwind::CfiOffsets,
@@ -32,7 +32,7 @@ use crate::{
     kernel::load::{Detaching, Kernel, Load},
     output::events,
     stacks::{
-        sample::Sample,
+        sample::{Sample, Timed},
         stackstore::StackStore,
         symbolize::{Frame, Symbolizer},
         unwind::{Capacity, KernelTables},
@@ -724,6 +724,51 @@ impl StackTool {
         })
     }
 
+    /// Keeps the names of every key, for the per-sample stream (see
+    /// [`StackStore::keep_names`]).
+    pub fn keep_names(&mut self) {
+        self.store.keep_names();
+    }
+
+    /// The per-sample stream's `records` (once [`StackTool::finish`] has
+    /// named every count), each with its own time since the Unix epoch,
+    /// CPU, thread and weight, transformed as the counts were (`--hide`
+    /// and the like); and how many could not be named.
+    pub fn timed(&self, records: &[TimedSample]) -> (Vec<Timed>, u64) {
+        // CLOCK_MONOTONIC to the wall clock, as the two stand now.
+        let wall_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let offset = wall_now.wrapping_sub(crate::kernel::monotonic_ns());
+        let (mut timed, unnamed) = self.store.timed(records, |t| t.wrapping_add(offset));
+        if !self.transforms.is_empty() {
+            // Each distinct stack once: samples share theirs.
+            let mut done: HashMap<(usize, usize), Stacks> = HashMap::new();
+            timed.retain_mut(|t| {
+                let s = &mut t.sample;
+                let key = (
+                    Arc::as_ptr(&s.user).cast::<u8>() as usize,
+                    Arc::as_ptr(&s.kernel).cast::<u8>() as usize,
+                );
+                let (user, kernel) = done
+                    .entry(key)
+                    .or_insert_with(|| {
+                        let mut one = s.clone();
+                        one.count = 1;
+                        match self.transforms.samples(vec![one]).pop() {
+                            Some(x) => (x.user, x.kernel),
+                            None => (Arc::from([]), Arc::from([])),
+                        }
+                    })
+                    .clone();
+                s.user = user;
+                s.kernel = kernel;
+                !(s.user.is_empty() && s.kernel.is_empty())
+            });
+        }
+        (timed, unnamed)
+    }
+
     /// Keeps stacks' leaves at their exact addresses (see
     /// [`StackStore::exact_leaves`]).
     pub fn exact_leaves(&mut self) {
@@ -940,6 +985,61 @@ impl StackTool {
             )));
         }
         out
+    }
+}
+
+/// A sample's user and kernel frames, leaf first.
+type Stacks = (Arc<[Frame]>, Arc<[Frame]>);
+
+/// The kernel's per-sample stream (`--firefox`, `--samples`): a ring
+/// buffer of [`TimedSample`]s read on the tools' one-second tick, and the
+/// records read from it.
+pub struct SampleStream {
+    ring: aya::maps::RingBuf<MapData>,
+    records: Vec<TimedSample>,
+}
+
+impl SampleStream {
+    /// The ring buffer's size for `per_second` samples a second: four
+    /// seconds of them, as it is read every second, in a power of two of
+    /// at least 256 KiB and at most 256 MiB.
+    pub fn bytes(per_second: u64) -> u32 {
+        // A record and the ring's 8-byte header.
+        let record = (size_of::<TimedSample>() + 8) as u64;
+        per_second
+            .saturating_mul(4 * record)
+            .clamp(256 << 10, 256 << 20)
+            .next_power_of_two() as u32
+    }
+
+    /// Takes the object's ring buffer, after load; an object without one
+    /// (the `perf` variant, for kernels before 5.8) cannot send samples on
+    /// their own.
+    pub fn take(ebpf: &mut Ebpf) -> anyhow::Result<Self> {
+        let map = ebpf.take_map(rtrace_common::profile::SAMPLES).context(
+            "--firefox and --samples need each sample on its own, through a ring buffer              (kernel 5.8+)",
+        )?;
+        Ok(Self {
+            ring: aya::maps::RingBuf::try_from(map)?,
+            records: Vec::new(),
+        })
+    }
+
+    /// Reads the records waiting.
+    pub fn read(&mut self) {
+        while let Some(item) = self.ring.next() {
+            if item.len() >= size_of::<TimedSample>() {
+                // SAFETY: the record is a whole `TimedSample`, plain old
+                // data; read unaligned from the ring's bytes.
+                let r = unsafe { item.as_ptr().cast::<TimedSample>().read_unaligned() };
+                self.records.push(r);
+            }
+        }
+    }
+
+    /// The records read so far.
+    pub fn records(&self) -> &[TimedSample] {
+        &self.records
     }
 }
 

@@ -387,6 +387,16 @@ mod tests {
                 ]),
                 globals: &[],
             },
+            // The per-sample stream is a ring buffer: not in `perf`'s.
+            Uses {
+                objects: all_of("profile")
+                    .into_iter()
+                    .filter(|o| !o.ends_with(PERF))
+                    .collect(),
+                maps: &[profile::SAMPLES],
+                programs: vec![],
+                globals: &[],
+            },
             Uses {
                 objects: all_of("profile"),
                 maps: &[profile::HEAT],

@@ -1,5 +1,5 @@
 //! Report files (`--svg`, `--pprof`, `--speedscope`, `--html`,
-//! `flamegraph --svg`):
+//! `--firefox`, `--samples`, `flamegraph --svg`):
 //! each is created when the command starts, before anything is attached
 //! or read, so that a path that cannot be written fails at once rather
 //! than after the whole run; it is a temporary file in the folder it will
@@ -114,6 +114,20 @@ pub struct StackOutputs {
     /// the network. Stacks are counted by 20 ms slot for it.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Write a Firefox Profiler profile (processed JSON) to FILE; open it
+    /// by dragging it into https://profiler.firefox.com. A thread per
+    /// sampled thread with its samples in time order, and a hidden
+    /// thread per CPU. Each sample is sent on its own by the kernel for
+    /// it (profile, not --off-cpu).
+    #[arg(long, value_name = "FILE")]
+    pub firefox: Option<PathBuf>,
+    /// Write one row per sample to FILE, for notebooks: .jsonl (JSON
+    /// lines, the stack a list of frames, root first) or .csv (the stack
+    /// one ;-joined column, root first). Columns: time (ns since the Unix
+    /// epoch), cpu, pid, tid, process, weight, stack. As --firefox, each
+    /// sample is sent on its own.
+    #[arg(long, value_name = "FILE")]
+    pub samples: Option<PathBuf>,
     /// Print perf report's table instead of stacks: overhead with
     /// children and self by --sort keys (comm, dso, sym), shaped by the
     /// report options (--hierarchy, -g, --percent-limit and the rest).
@@ -138,7 +152,27 @@ impl StackOutputs {
             self.speedscope.as_deref(),
             self.heatmap.as_deref(),
             self.html.as_deref(),
+            self.firefox.as_deref(),
+            self.samples.as_deref(),
         ])
+    }
+
+    /// Whether each sample is wanted on its own, with its time, CPU and
+    /// thread (`--firefox`, `--samples`), not only counted by stack.
+    pub fn per_sample(&self) -> bool {
+        self.firefox.is_some() || self.samples.is_some()
+    }
+
+    /// The per-sample flag given, for a tool that cannot honour it to
+    /// refuse it by name.
+    pub fn per_sample_flag(&self) -> Option<&'static str> {
+        if self.firefox.is_some() {
+            Some("--firefox")
+        } else if self.samples.is_some() {
+            Some("--samples")
+        } else {
+            None
+        }
     }
 
     /// Whether a file of stacks is asked for, which the text output then
@@ -148,6 +182,7 @@ impl StackOutputs {
             || self.pprof.is_some()
             || self.speedscope.is_some()
             || self.html.is_some()
+            || self.per_sample()
     }
 }
 
@@ -164,19 +199,30 @@ pub struct StackReports {
     pub heatmap: Option<ReportFile>,
     /// `--html`.
     pub html: Option<ReportFile>,
+    /// `--firefox`.
+    pub firefox: Option<ReportFile>,
+    /// `--samples`, with the format its extension names.
+    pub samples: Option<(ReportFile, crate::output::stacks::samplefile::Format)>,
 }
 
 impl StackReports {
     /// Creates each file asked for: svg, pprof, speedscope, heat map,
-    /// page.
-    pub fn create(paths: [Option<&Path>; 5]) -> anyhow::Result<Self> {
-        let [svg, pprof, speedscope, heatmap, html] = paths.map(|p| p.map(ReportFile::create));
+    /// page, Firefox profile, samples. A samples file's extension is
+    /// checked first, so that a wrong one creates nothing.
+    pub fn create(paths: [Option<&Path>; 7]) -> anyhow::Result<Self> {
+        let format = paths[6]
+            .map(crate::output::stacks::samplefile::Format::of)
+            .transpose()?;
+        let [svg, pprof, speedscope, heatmap, html, firefox, samples] =
+            paths.map(|p| p.map(ReportFile::create));
         Ok(Self {
             svg: svg.transpose()?,
             pprof: pprof.transpose()?,
             speedscope: speedscope.transpose()?,
             heatmap: heatmap.transpose()?,
             html: html.transpose()?,
+            firefox: firefox.transpose()?,
+            samples: samples.transpose()?.zip(format),
         })
     }
 }

@@ -2,8 +2,10 @@
 //! JSON lines, flame graphs (inferno), speedscope and pprof files.
 
 pub mod annotate;
+pub mod firefox;
 pub mod pprof;
 pub mod report;
+pub mod samplefile;
 pub mod transform;
 
 use std::{fmt::Write as _, sync::Arc};

@@ -30,10 +30,10 @@ use aya::{
     maps::{HashMap as BpfHashMap, IterableMap as _},
 };
 use rtrace_common::{
-    profile::HEAT_SLOT_NS,
     profile::{
         CUT_USER, Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey,
     },
+    profile::{HEAT_SLOT_NS, TimedSample},
     stacks::{MAX_SEGMENTS, SLOT_SHIFT, STACK_COUNTS, STACK_GEN, STACK_NEW, STACKS},
 };
 
@@ -41,7 +41,7 @@ use crate::kernel::load::{map_mut, per_cpu_sums};
 use crate::{
     kernel::{batch, procmaps::Proc},
     stacks::{
-        sample::{self, Sample, Thread},
+        sample::{self, Sample, Thread, Timed},
         symbolize::{Frame, Kind, Symbolizer},
     },
 };
@@ -203,6 +203,10 @@ pub struct StackStore {
     exact: bool,
     /// Leaf frames by name and exact address, where they are kept apart.
     exact_ids: HashMap<(Frame, u64), u32>,
+    /// With the per-sample stream ([`StackStore::keep_names`]): each key
+    /// named so far (its generation zeroed), by which a sample's own
+    /// record finds its names.
+    names_by_key: Option<HashMap<WakeKey, Named>>,
 }
 
 impl StackStore {
@@ -220,6 +224,13 @@ impl StackStore {
     /// Otherwise frames alike share one of their addresses.
     pub fn exact_leaves(&mut self) {
         self.exact = true;
+    }
+
+    /// Keeps the names of every key settled, so that the per-sample
+    /// stream's records (`--firefox`, `--samples`), which carry the key
+    /// they were counted under, can be named ([`StackStore::timed`]).
+    pub fn keep_names(&mut self) {
+        self.names_by_key = Some(HashMap::new());
     }
 
     /// Keeps counts apart by the heat map slot the kernel counted them in
@@ -530,9 +541,9 @@ impl StackStore {
                 ))
             });
             let slot = if timed { k.key.slot } else { 0 };
-            named.push((thread, waker, slot, *count));
+            named.push((k, thread, waker, slot, *count));
         }
-        for (thread, waker, slot, count) in named {
+        for (key, thread, waker, slot, count) in named {
             let mut name = |t: Option<Symbolized>| {
                 t.map(|(comm, proc, tid, kernel, user, off_cpu, cut)| Named {
                     comm,
@@ -548,6 +559,9 @@ impl StackStore {
                 continue;
             };
             let waker = name(waker);
+            if let Some(names) = &mut self.names_by_key {
+                names.insert(*key, thread);
+            }
             let short = self.short.entry(thread.proc).or_default();
             if short.comm.is_empty() {
                 short.comm = crate::kernel::c_string(&thread.comm);
@@ -619,6 +633,61 @@ impl StackStore {
         out
     }
 
+    /// The per-sample stream's `records`, named by the keys they were
+    /// counted under (once [`StackStore::samples`] has settled every
+    /// count), each with its own time (`wall`: the wall-clock time of a
+    /// CLOCK_MONOTONIC instant), CPU, thread and weight; and how many
+    /// could not be named, their keys not counted (the count table was
+    /// full).
+    pub fn timed(&self, records: &[TimedSample], wall: impl Fn(u64) -> u64) -> (Vec<Timed>, u64) {
+        let Some(names) = &self.names_by_key else {
+            return (Vec::new(), records.len() as u64);
+        };
+        let stacks = self.stacks_by_id();
+        let zero = Key::new(0, [0; 16]);
+        let timed = self.time_zero.is_some();
+        let mut out = Vec::with_capacity(records.len());
+        let mut unnamed = 0;
+        for r in records {
+            let mut key = r.key;
+            key.generation = 0;
+            let Some(n) = names.get(&WakeKey { key, waker: zero }) else {
+                unnamed += 1;
+                continue;
+            };
+            out.push(Timed {
+                time: wall(r.time),
+                cpu: r.cpu,
+                sample: Sample {
+                    comm: crate::kernel::c_string(&n.comm),
+                    pid: n.proc.pid,
+                    started: n.proc.born_wall_ns(),
+                    tid: r.tid,
+                    user: Arc::clone(&stacks[n.user as usize]),
+                    kernel: Arc::clone(&stacks[n.kernel as usize]),
+                    count: r.value,
+                    waker: None,
+                    off_cpu: n.off_cpu,
+                    slot: if timed { r.key.slot } else { 0 },
+                    cut_short: n.cut,
+                },
+            });
+        }
+        (out, unnamed)
+    }
+
+    /// Each named stack, by id, built once.
+    fn stacks_by_id(&self) -> Vec<Arc<[Frame]>> {
+        let mut stacks: Vec<Arc<[Frame]>> = vec![Arc::from([]); self.named.len()];
+        for (ids, &id) in &self.named {
+            stacks[id as usize] = ids
+                .iter()
+                .map(|&f| self.frames[f as usize].clone())
+                .collect();
+        }
+        stacks
+    }
+
     /// Every sample, symbolized, hottest first. Processes still alive get
     /// their newest mappings and perf map first; ones gone keep what was
     /// captured at their first samples.
@@ -632,13 +701,7 @@ impl StackStore {
         sym.refresh_kernel();
         self.settle(sym, |_| true);
         // Each stack is built once, and shared by its samples.
-        let mut stacks: Vec<Arc<[Frame]>> = vec![Arc::from([]); self.named.len()];
-        for (ids, &id) in &self.named {
-            stacks[id as usize] = ids
-                .iter()
-                .map(|&f| self.frames[f as usize].clone())
-                .collect();
-        }
+        let stacks = self.stacks_by_id();
         let thread = |n: &Named| Thread {
             comm: crate::kernel::c_string(&n.comm),
             pid: n.proc.pid,

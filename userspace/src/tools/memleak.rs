@@ -958,6 +958,8 @@ impl Tool for Memleak {
             None,
             None,
             args.html.as_deref(),
+            None,
+            None,
         ])?;
         Ok(Self {
             user,

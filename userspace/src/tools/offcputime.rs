@@ -172,6 +172,12 @@ impl Tool for Offcputime {
 
     fn new(args: Args) -> anyhow::Result<Self> {
         args.block_time.check()?;
+        if let Some(flag) = args.outputs.per_sample_flag() {
+            anyhow::bail!(
+                "{flag} needs each sample on its own, which only profile sends (not with \
+                 --off-cpu); offcputime counts by stack"
+            );
+        }
         let reports = args.outputs.create()?;
         let mut run = OffCpuStacks::default();
         // JIT frames left unnamed are named later from the pprof file.

@@ -349,6 +349,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.speedscope.as_deref(),
         args.heatmap.as_deref(),
         args.html.as_deref(),
+        None,
+        None,
     ])?;
     let loaded = load(&args.input, &args)?;
     if let Some(file) = files.html {

@@ -220,6 +220,23 @@ pub fn run() -> anyhow::Result<Row> {
                 None,
             ));
         }
+        // The per-sample stream (`--firefox`, `--samples`) beside the
+        // same run without it: its BPF time a sample is the stream's cost.
+        let stream = setups.len();
+        let rows = dir.join("bench-samples.jsonl");
+        setups.push(Setup::traced(
+            format!("rtrace profile -F {hz} --samples F.jsonl"),
+            &rtrace,
+            &[
+                "profile",
+                "-F",
+                hz,
+                "--samples",
+                rows.to_str().context("non-UTF-8 path")?,
+            ],
+            Ready::Stderr("Sampling"),
+            None,
+        ));
         eprintln!(
             "bench profile: {PROFILE_WORKERS} CPU-bound processes (frame pointers), \
              {PROFILE_MS} ms each, sampled at {hz} Hz on every CPU, \
@@ -236,7 +253,22 @@ pub fn run() -> anyhow::Result<Row> {
             (2, 1),
             None,
         ));
-        if let Some(base) = results.get(4) {
+        // At F Hz a worker's millisecond holds F/1000 samples.
+        let per_sample = |ns_per_ms: f64| ns_per_ms * 1000.0 / hz.parse::<f64>().unwrap_or(1.0);
+        let (with, without) = (&results[stream], &results[2]);
+        against_baseline.push(format!(
+            "per-sample stream (--firefox, --samples) at {hz} Hz: BPF time {:.0} ns a sample \
+             with it ({:.0}-{:.0}), {:.0} ({:.0}-{:.0}) without: {:.0} ns a sample",
+            per_sample(with.bpf_ns),
+            per_sample(with.bpf_spread.0),
+            per_sample(with.bpf_spread.1),
+            per_sample(without.bpf_ns),
+            per_sample(without.bpf_spread.0),
+            per_sample(without.bpf_spread.1),
+            per_sample(with.bpf_ns - without.bpf_ns),
+        ));
+        // The baseline, where there is one, is setup 4.
+        if let Some(base) = results.get(4).filter(|_| baseline.is_some()) {
             let ours = &results[2];
             against_baseline.push(format!(
                 "at {hz} Hz rtrace's BPF time a sample is {:.3}x the baseline's: {:.0} \
