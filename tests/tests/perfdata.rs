@@ -342,6 +342,7 @@ fn a_system_wide_record_names_a_child_that_has_exited() {
     };
     let (a, b) = (of("::hot_alpha"), of("::hot_beta"));
     assert!(a + b > 500, "{a} + {b} samples of pid {pid}: {rows:?}");
+    per_sample_files(&data, pid);
     let n = (a + b) as f64;
     split_holds(
         "system-wide",
@@ -449,7 +450,94 @@ fn bad_recordings_get_one_line() {
         &[0x7f, b'E', b'L', b'F', 0, 1, 2, 3, 0xff, 0xfe],
     );
     assert_one_line_error(&["report", none.to_str().unwrap()], "not a pprof profile");
-    for f in [&data, &cut, &arm, &garbage, &none] {
+    // Folded stacks keep no sample's time.
+    let folded = write("stacks.folded", b"app;main;work 3\n");
+    let json = temp("never.json");
+    assert_one_line_error(
+        &[
+            "report",
+            folded.to_str().unwrap(),
+            "--firefox",
+            json.to_str().unwrap(),
+        ],
+        "needs each sample's time",
+    );
+    assert!(!json.exists());
+    for f in [&data, &cut, &arm, &garbage, &none, &folded] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// `rtrace report FILE --firefox F --samples S.csv` of a system-wide
+/// recording: the file parses, the fixture's thread (`pid`, one thread)
+/// has its samples in time order, as many as the table's total for it,
+/// and the CSV has one row per sample of the table, in time order, as
+/// many of the pid's rows with a hot function in their stacks as the
+/// table's children counts of them.
+fn per_sample_files(data: &Path, pid: u64) {
+    let hot: u64 = json_lines(&ours(data, &["--sort", "pid,sym", "--json"]))
+        .iter()
+        .filter(|r| r["pid"].as_u64() == Some(pid))
+        .filter(|r| {
+            r["sym"]
+                .as_str()
+                .is_some_and(|s| s.ends_with("::hot_alpha") || s.ends_with("::hot_beta"))
+        })
+        .filter_map(|r| r["children_samples"].as_u64())
+        .sum();
+    let (json, csv) = (temp("sw.json"), temp("sw.csv"));
+    let table = ours(
+        data,
+        &[
+            "--no-children",
+            "--sort",
+            "pid",
+            "--json",
+            "--firefox",
+            json.to_str().unwrap(),
+            "--samples",
+            csv.to_str().unwrap(),
+        ],
+    );
+    let rows = json_lines(&table);
+    let total: u64 = rows.iter().filter_map(|r| r["self_samples"].as_u64()).sum();
+    let of_pid: u64 = rows
+        .iter()
+        .filter(|r| r["pid"].as_u64() == Some(pid))
+        .filter_map(|r| r["self_samples"].as_u64())
+        .sum();
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let thread = profile["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == pid.to_string().as_str() && t["processName"] != "CPUs")
+        .unwrap_or_else(|| panic!("no thread {pid} in the Firefox profile"));
+    let deltas = thread["samples"]["timeDeltas"].as_array().unwrap();
+    assert_eq!(deltas.len() as u64, of_pid, "{thread}");
+    assert!(deltas.iter().all(|d| d.as_f64().unwrap() >= 0.0));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("time,cpu,pid,tid,process,weight,stack"));
+    let (mut n, mut last, mut hot_rows) = (0u64, 0u64, 0u64);
+    for line in lines {
+        let f: Vec<&str> = line.splitn(7, ',').collect();
+        let t: u64 = f[0].parse().unwrap();
+        assert!(t >= last, "rows out of time order: {line}");
+        last = t;
+        n += 1;
+        if f[2] == pid.to_string()
+            && f[6]
+                .split(';')
+                .any(|fr| fr.ends_with("::hot_alpha") || fr.ends_with("::hot_beta"))
+        {
+            hot_rows += 1;
+        }
+    }
+    assert_eq!(n, total, "CSV rows against the table's total");
+    assert_eq!(hot_rows, hot, "the pid's hot rows against the table's");
+    for f in [&json, &csv] {
         let _ = std::fs::remove_file(f);
     }
 }

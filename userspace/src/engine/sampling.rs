@@ -969,7 +969,8 @@ impl Sampler {
         let (timed, unnamed) = self.stacks.timed(stream.records());
         if unnamed > 0 {
             Warning::unsupported(format!(
-                "{unnamed} samples sent on their own were not counted (the count table was                  full; raise --hash-storage-size): --firefox and --samples leave them out"
+                "{unnamed} samples sent on their own were not counted (the count table was \
+                 full; raise --hash-storage-size): --firefox and --samples leave them out"
             ))
             .print();
         }

@@ -20,7 +20,7 @@ use std::{
 
 use linux_perf_data::{
     DsoKey, PerfFileReader, PerfFileRecord,
-    linux_perf_event_reader::{CpuMode, EventRecord, RawData},
+    linux_perf_event_reader::{CpuMode, EventRecord, RawData, SamplingPolicy},
 };
 
 use crate::{
@@ -78,6 +78,9 @@ pub struct Recording {
     pub start: u64,
     /// See [`Recording::start`].
     pub duration_ns: u64,
+    /// The time between two samples of a thread the event was set to
+    /// (`-F`), in nanoseconds; 0 where it counts events (`-c`).
+    pub interval_ns: u64,
     /// The host, kernel, command line and perf version the file keeps.
     pub facts: Vec<(String, String)>,
     /// What the user must know of how its frames were named: one line
@@ -411,6 +414,14 @@ pub fn read(
 
     let chosen = chosen.unwrap_or(0);
     let event_name = names.get(chosen).cloned().unwrap_or_default();
+    let interval_ns = match perf_file
+        .event_attributes()
+        .get(chosen)
+        .map(|a| a.attributes().sampling_policy)
+    {
+        Some(SamplingPolicy::Frequency(hz)) if hz > 0 => 1_000_000_000 / hz,
+        _ => 0,
+    };
     // Perf maps under the owner rule: a pid's later process's map is not
     // an earlier one's.
     let mut successor: HashMap<usize, u64> = HashMap::new();
@@ -524,6 +535,7 @@ pub fn read(
         samples,
         event: event_name,
         events: names.into_iter().zip(counts).collect(),
+        interval_ns,
         facts,
         warnings,
     })

@@ -47,6 +47,9 @@ pub struct Script {
     pub start: u64,
     /// See [`Script::start`].
     pub duration_ns: u64,
+    /// The median time between two samples of one thread, in
+    /// nanoseconds: the text does not say what perf was set to.
+    pub interval_ns: u64,
 }
 
 /// Whether `text` looks like `perf script` output: its first sample
@@ -278,6 +281,18 @@ pub fn read(text: &str, event: Option<&str>) -> Result<Script, Error> {
         let all: Vec<&str> = events.iter().map(|(e, _)| e.as_str()).collect();
         return Err(Error::NoEvent(event, all.join(", ")));
     }
+    let mut gaps: Vec<u64> = {
+        let mut last: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        samples
+            .iter()
+            .filter_map(|s| {
+                let prev = last.insert(s.sample.tid, s.time)?;
+                Some(s.time.saturating_sub(prev))
+            })
+            .collect()
+    };
+    gaps.sort_unstable();
+    let interval_ns = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
     let start = samples.iter().map(|s| s.time).min().unwrap_or(0);
     let end = samples.iter().map(|s| s.time).max().unwrap_or(0);
     Ok(Script {
@@ -286,6 +301,7 @@ pub fn read(text: &str, event: Option<&str>) -> Result<Script, Error> {
         events,
         start,
         duration_ns: end - start,
+        interval_ns,
     })
 }
 

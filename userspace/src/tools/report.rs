@@ -81,6 +81,19 @@ pub struct Args {
     /// times an rtrace profile keeps in its pprof files.
     #[arg(long, value_name = "FILE")]
     heatmap: Option<PathBuf>,
+    /// Also write the Firefox Profiler's format to FILE (open it by
+    /// dragging it into https://profiler.firefox.com): a thread per thread
+    /// sampled, its samples in time order, and a hidden thread per CPU.
+    /// For files that keep each sample's time: perf.data and perf script
+    /// text.
+    #[arg(long, value_name = "FILE")]
+    firefox: Option<PathBuf>,
+    /// Also write one row per sample to FILE, for notebooks: .jsonl (the
+    /// stack a list of frames, root first) or .csv (the stack one
+    /// ;-joined column, root first), with time (ns since the Unix epoch),
+    /// cpu, pid, tid, process, weight. For perf.data and perf script text.
+    #[arg(long, value_name = "FILE")]
+    samples: Option<PathBuf>,
     /// Also write one self-contained page (HTML) to FILE: the flame graph
     /// (zoom, search, icicle), the table and, where the profile keeps its
     /// samples' times (rtrace's pprof files do), the heat map to select a
@@ -109,8 +122,9 @@ struct Loaded {
     /// When it began, in nanoseconds since the epoch (0: unknown).
     time_nanos: u64,
     /// Each sample with its own time and CPU, where the file keeps them
-    /// (perf.data, perf script text).
-    timed: Option<Vec<Timed>>,
+    /// (perf.data, perf script text), and the time between two samples
+    /// of a thread.
+    timed: Option<(Vec<Timed>, u64)>,
 }
 
 /// Reads `path`: pprof if it is one, else folded stacks; anything else
@@ -164,7 +178,7 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
             eprintln!("rtrace: warning: {name}: {w}");
         }
         return Ok(timed_loaded(
-            r.samples,
+            (r.samples, r.interval_ns),
             r.event,
             &r.events,
             r.facts,
@@ -180,7 +194,7 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
     if perfscript::looks_like(text) {
         let s = perfscript::read(text, args.event.as_deref()).with_context(|| format!("{name}"))?;
         return Ok(timed_loaded(
-            s.samples,
+            (s.samples, s.interval_ns),
             s.event,
             &s.events,
             Vec::new(),
@@ -210,7 +224,7 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
 /// each counted in its heat map slot from the first, for the page's ranges
 /// and the heat map; the events left out named on stderr.
 fn timed_loaded(
-    timed: Vec<Timed>,
+    (timed, interval_ns): (Vec<Timed>, u64),
     event: String,
     events: &[(String, u64)],
     facts: Vec<(String, String)>,
@@ -254,7 +268,7 @@ fn timed_loaded(
         facts,
         duration_ns,
         time_nanos: start,
-        timed: Some(timed),
+        timed: Some((timed, interval_ns)),
     }
 }
 
@@ -339,20 +353,61 @@ fn write_page(
     file.write(&what, |out| crate::output::html::write(&page, out))
 }
 
+/// Writes `--firefox` and `--samples` from the samples' own times, which
+/// perf's files keep and profiles counted by stack do not.
+fn write_per_sample(
+    files: &mut crate::output::files::StackReports,
+    args: &Args,
+    loaded: &Loaded,
+) -> anyhow::Result<()> {
+    let flag = if files.firefox.is_some() {
+        "--firefox"
+    } else {
+        "--samples"
+    };
+    let Some((timed, interval_ns)) = &loaded.timed else {
+        anyhow::bail!(
+            "{flag} needs each sample's time, which {} does not keep (perf.data and perf \
+             script text do; rtrace profile {flag} writes it live)",
+            args.input.display()
+        );
+    };
+    let what = format!(
+        "{} samples",
+        crate::output::files::thousands(timed.len() as u64)
+    );
+    if let Some(file) = files.firefox.take() {
+        let meta = stacks::firefox::Meta {
+            product: format!("rtrace report: {} ({})", args.input.display(), loaded.event),
+            unit: stacks::firefox::Unit::Samples,
+            interval_ns: *interval_ns,
+            start_ns: loaded.time_nanos,
+        };
+        file.write(&what, |out| stacks::firefox::write(timed, &meta, out))?;
+    }
+    if let Some((file, format)) = files.samples.take() {
+        file.write(&what, |out| stacks::samplefile::write(timed, format, out))?;
+    }
+    Ok(())
+}
+
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Output files first, as profile creates them: a bad path fails before
     // any work.
-    let files = crate::output::files::StackReports::create([
+    let mut files = crate::output::files::StackReports::create([
         args.svg.as_deref(),
         args.pprof.as_deref(),
         args.speedscope.as_deref(),
         args.heatmap.as_deref(),
         args.html.as_deref(),
-        None,
-        None,
+        args.firefox.as_deref(),
+        args.samples.as_deref(),
     ])?;
     let loaded = load(&args.input, &args)?;
+    if files.firefox.is_some() || files.samples.is_some() {
+        write_per_sample(&mut files, &args, &loaded)?;
+    }
     if let Some(file) = files.html {
         write_page(file, &args, &loaded)?;
         if args.after.is_some() {
