@@ -243,7 +243,7 @@ fn perf_records_of_debians_python_read_as_perf_reports_them() {
     ] {
         let mut args = vec!["-F", "999"];
         args.extend_from_slice(mode);
-        let (data, _) = record(name, &args, &["python3", fixture, "zlib", "2"]);
+        let (data, _) = record(name, &args, &["/usr/bin/python3", fixture, "zlib", "2"]);
         let table = ["--no-children", "--sort", "dso"];
         let mine = ours(&data, &table);
         let theirs = perf_report(&data, &table);
@@ -340,15 +340,17 @@ fn a_system_wide_record_names_a_child_that_has_exited() {
             })
             .sum()
     };
+    // Each sample weighs its period (nanoseconds of cpu-clock), as in
+    // perf's overhead; the samples themselves are counted in the CSV.
     let (a, b) = (of("::hot_alpha"), of("::hot_beta"));
-    assert!(a + b > 500, "{a} + {b} samples of pid {pid}: {rows:?}");
-    per_sample_files(&data, pid);
-    let n = (a + b) as f64;
+    let n = per_sample_files(&data, pid);
+    assert!(n > 500, "{n} samples of pid {pid}: {rows:?}");
+    let w = (a + b) as f64;
     split_holds(
         "system-wide",
         (done[0], done[1]),
-        (100.0 * a as f64 / n, 100.0 * b as f64 / n),
-        n,
+        (100.0 * a as f64 / w, 100.0 * b as f64 / w),
+        n as f64,
     );
     let _ = std::fs::remove_file(&data);
     let _ = std::fs::remove_file(temp("sw-done"));
@@ -469,20 +471,18 @@ fn bad_recordings_get_one_line() {
 }
 
 /// `rtrace report FILE --firefox F --samples S.csv` of a system-wide
-/// recording: the file parses, the fixture's thread (`pid`, one thread)
-/// has its samples in time order, as many as the table's total for it,
-/// and the CSV has one row per sample of the table, in time order, as
-/// many of the pid's rows with a hot function in their stacks as the
-/// table's children counts of them.
-fn per_sample_files(data: &Path, pid: u64) {
+/// recording: the Firefox file parses, and the fixture's thread (`pid`,
+/// one thread) has as many samples, in time order, as the CSV has rows of
+/// it; the CSV's rows are in time order, their weights (perf's periods)
+/// add up to the table's total, and the pid's rows with a hot function
+/// in their stacks weigh what the table's children columns give those
+/// functions. Returns how many such rows there are.
+fn per_sample_files(data: &Path, pid: u64) -> u64 {
+    let is_hot = |s: &str| s.ends_with("::hot_alpha") || s.ends_with("::hot_beta");
     let hot: u64 = json_lines(&ours(data, &["--sort", "pid,sym", "--json"]))
         .iter()
         .filter(|r| r["pid"].as_u64() == Some(pid))
-        .filter(|r| {
-            r["sym"]
-                .as_str()
-                .is_some_and(|s| s.ends_with("::hot_alpha") || s.ends_with("::hot_beta"))
-        })
+        .filter(|r| r["sym"].as_str().is_some_and(is_hot))
         .filter_map(|r| r["children_samples"].as_u64())
         .sum();
     let (json, csv) = (temp("sw.json"), temp("sw.csv"));
@@ -499,13 +499,31 @@ fn per_sample_files(data: &Path, pid: u64) {
             csv.to_str().unwrap(),
         ],
     );
-    let rows = json_lines(&table);
-    let total: u64 = rows.iter().filter_map(|r| r["self_samples"].as_u64()).sum();
-    let of_pid: u64 = rows
+    let total: u64 = json_lines(&table)
         .iter()
-        .filter(|r| r["pid"].as_u64() == Some(pid))
         .filter_map(|r| r["self_samples"].as_u64())
         .sum();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("time,cpu,pid,tid,process,weight,stack"));
+    let (mut weight, mut last, mut of_pid, mut hot_rows, mut hot_weight) = (0, 0u64, 0, 0, 0);
+    for line in lines {
+        let f: Vec<&str> = line.splitn(7, ',').collect();
+        let t: u64 = f[0].parse().unwrap();
+        assert!(t >= last, "rows out of time order: {line}");
+        last = t;
+        let w: u64 = f[5].parse().unwrap();
+        weight += w;
+        if f[2] == pid.to_string() {
+            of_pid += 1;
+            if f[6].split(';').any(is_hot) {
+                hot_rows += 1;
+                hot_weight += w;
+            }
+        }
+    }
+    assert_eq!(weight, total, "the CSV's weights against the table's total");
+    assert_eq!(hot_weight, hot, "the pid's hot rows against the table's");
     let profile: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let thread = profile["threads"]
@@ -515,29 +533,77 @@ fn per_sample_files(data: &Path, pid: u64) {
         .find(|t| t["tid"] == pid.to_string().as_str() && t["processName"] != "CPUs")
         .unwrap_or_else(|| panic!("no thread {pid} in the Firefox profile"));
     let deltas = thread["samples"]["timeDeltas"].as_array().unwrap();
-    assert_eq!(deltas.len() as u64, of_pid, "{thread}");
+    assert_eq!(deltas.len() as u64, of_pid);
     assert!(deltas.iter().all(|d| d.as_f64().unwrap() >= 0.0));
-    let text = std::fs::read_to_string(&csv).unwrap();
-    let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("time,cpu,pid,tid,process,weight,stack"));
-    let (mut n, mut last, mut hot_rows) = (0u64, 0u64, 0u64);
-    for line in lines {
-        let f: Vec<&str> = line.splitn(7, ',').collect();
-        let t: u64 = f[0].parse().unwrap();
-        assert!(t >= last, "rows out of time order: {line}");
-        last = t;
-        n += 1;
-        if f[2] == pid.to_string()
-            && f[6]
-                .split(';')
-                .any(|fr| fr.ends_with("::hot_alpha") || fr.ends_with("::hot_beta"))
-        {
-            hot_rows += 1;
-        }
-    }
-    assert_eq!(n, total, "CSV rows against the table's total");
-    assert_eq!(hot_rows, hot, "the pid's hot rows against the table's");
     for f in [&json, &csv] {
         let _ = std::fs::remove_file(f);
     }
+    hot_rows
+}
+
+/// A recording of two events (`-e cpu-clock,page-faults`): the first
+/// event's table by default, the other named on stderr and reported with
+/// `--event`; each with as many samples as perf report's own section of
+/// it, and the fault table's top row perf's within 2 points (each sample
+/// weighs its period, as perf's overhead does).
+#[test]
+fn a_recording_of_two_events_reports_each() {
+    if in_guest() {
+        return; // The guests have no perf; the host runs this.
+    }
+    let bin = workload_bin("hotfuncs_nofp");
+    let (data, _) = record(
+        "two",
+        &["-e", "cpu-clock,page-faults", "-F", "499", "-g"],
+        &[bin.to_str().unwrap(), "faults", "30000"],
+    );
+    let theirs = perf_report(&data, &["--no-children", "--sort", "sym"]);
+    // perf's sections: `# Samples: 499  of event 'cpu-clock'`.
+    let perf_n = |event: &str| -> f64 {
+        theirs
+            .lines()
+            .filter_map(|l| l.strip_prefix("# Samples: "))
+            .find(|l| l.trim_end().ends_with(&format!("'{event}'")))
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {event} section:\n{theirs}"))
+    };
+    let mut all = vec![
+        "report",
+        data.to_str().unwrap(),
+        "--no-children",
+        "--sort",
+        "sym",
+    ];
+    let (code, first, stderr) = run(&all);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(first.contains("of event 'cpu-clock'"), "{first}");
+    assert!(stderr.contains("page-faults"), "{stderr}");
+    assert_eq!(samples_of(&first), perf_n("cpu-clock"));
+    all.extend_from_slice(&["--event", "page-faults"]);
+    let faults = ours(&data, &all[2..]);
+    assert_eq!(samples_of(&faults), perf_n("page-faults"), "{faults}");
+    let top = |text: &str| -> (f64, String) {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains('%'))
+            .map(|l| {
+                let mut f = l.split_whitespace();
+                let pct = f.next().unwrap().trim_end_matches('%').parse().unwrap();
+                (pct, f.skip(1).collect::<Vec<_>>().join(" "))
+            })
+            .unwrap()
+    };
+    let (ours_top, sym) = top(&faults);
+    let section = theirs
+        .split("of event 'page-faults'")
+        .nth(1)
+        .expect("perf's page-faults section");
+    let theirs_top = share(section, &sym).0;
+    agrees(
+        &format!("top fault row {sym}"),
+        ours_top,
+        theirs_top,
+        2.0,
+        (&faults, section),
+    );
+    let _ = std::fs::remove_file(&data);
 }

@@ -67,8 +67,12 @@ pub enum Error {
 /// A recording read: one event's samples, and what the file says of its
 /// run.
 pub struct Recording {
-    /// The samples of the event reported, in time order; each weighs 1.
+    /// The samples of the event reported, in time order; each weighs its
+    /// period (the events it stands for), as perf report weighs it, or 1
+    /// where the file keeps no periods.
     pub samples: Vec<Timed>,
+    /// What the samples' weights count: `events` (periods) or `samples`.
+    pub unit: String,
     /// The event reported.
     pub event: String,
     /// Every event in the file, with its samples.
@@ -128,6 +132,10 @@ struct Raw {
     /// Indexes into the distinct kernel and user stacks.
     kernel: usize,
     user: usize,
+    /// The sample's period, where the file keeps it.
+    period: Option<u64>,
+    /// Its event's index.
+    event: usize,
 }
 
 /// How perf's clock maps onto the wall clock.
@@ -249,7 +257,6 @@ pub fn read(
         ),
         None => None,
     };
-    let mut chosen = wanted;
     let mut first_time = None;
     let mut records = 0u64;
     let mut unwound = (0u64, 0u64);
@@ -342,10 +349,6 @@ pub fn read(
             EventRecord::Lost(l) => lost += l.count,
             EventRecord::Sample(s) => {
                 counts[attr_index] += 1;
-                let chosen = *chosen.get_or_insert(attr_index);
-                if attr_index != chosen {
-                    continue;
-                }
                 let (Some(pid), Some(tid)) = (s.pid, s.tid) else {
                     continue;
                 };
@@ -406,13 +409,20 @@ pub fn read(
                     process: i,
                     kernel: k,
                     user: u,
+                    period: s.period,
+                    event: attr_index,
                 });
             }
             _ => {}
         }
     }
 
-    let chosen = chosen.unwrap_or(0);
+    // The event asked for, else the first (in the file's order) with
+    // samples, as perf report prints them in that order.
+    let chosen = wanted
+        .or_else(|| counts.iter().position(|&n| n > 0))
+        .unwrap_or(0);
+    raws.retain(|r| r.event == chosen);
     let event_name = names.get(chosen).cloned().unwrap_or_default();
     let interval_ns = match perf_file
         .event_attributes()
@@ -492,6 +502,9 @@ pub fn read(
         .collect();
 
     let clock = clock_of(clock_data, same_boot, raws.last().map(|r| r.time));
+    // perf report's overhead is each sample's period: with `-F` the kernel
+    // varies the period to keep the rate, most of all for hardware events.
+    let weighted = !raws.is_empty() && raws.iter().all(|r| r.period.is_some());
     let samples: Vec<Timed> = raws
         .iter()
         .map(|r| {
@@ -514,7 +527,7 @@ pub fn read(
                     tid: r.tid,
                     user: user_frames[r.user].clone(),
                     kernel: kernel_frames[r.kernel].clone(),
-                    count: 1,
+                    count: if weighted { r.period.unwrap_or(0) } else { 1 },
                     waker: None,
                     off_cpu: false,
                     slot: 0,
@@ -536,6 +549,7 @@ pub fn read(
         event: event_name,
         events: names.into_iter().zip(counts).collect(),
         interval_ns,
+        unit: if weighted { "events" } else { "samples" }.to_owned(),
         facts,
         warnings,
     })

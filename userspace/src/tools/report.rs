@@ -121,6 +121,9 @@ struct Loaded {
     duration_ns: u64,
     /// When it began, in nanoseconds since the epoch (0: unknown).
     time_nanos: u64,
+    /// How many samples the weights came from, where each weighs its
+    /// period (perf.data).
+    samples_n: Option<u64>,
     /// Each sample with its own time and CPU, where the file keeps them
     /// (perf.data, perf script text), and the time between two samples
     /// of a thread.
@@ -160,6 +163,7 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
             facts: r.facts,
             duration_ns: r.duration_ns,
             time_nanos: r.time_nanos,
+            samples_n: None,
             timed: None,
         });
     }
@@ -178,7 +182,7 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
             eprintln!("rtrace: warning: {name}: {w}");
         }
         return Ok(timed_loaded(
-            (r.samples, r.interval_ns),
+            (r.samples, r.interval_ns, r.unit),
             r.event,
             &r.events,
             r.facts,
@@ -194,7 +198,7 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
     if perfscript::looks_like(text) {
         let s = perfscript::read(text, args.event.as_deref()).with_context(|| format!("{name}"))?;
         return Ok(timed_loaded(
-            (s.samples, s.interval_ns),
+            (s.samples, s.interval_ns, "samples".to_owned()),
             s.event,
             &s.events,
             Vec::new(),
@@ -216,6 +220,7 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
         facts: Vec::new(),
         duration_ns: 0,
         time_nanos: 0,
+        samples_n: None,
         timed: None,
     })
 }
@@ -224,7 +229,7 @@ fn load(path: &std::path::Path, args: &Args) -> anyhow::Result<Loaded> {
 /// each counted in its heat map slot from the first, for the page's ranges
 /// and the heat map; the events left out named on stderr.
 fn timed_loaded(
-    (timed, interval_ns): (Vec<Timed>, u64),
+    (timed, interval_ns, unit): (Vec<Timed>, u64, String),
     event: String,
     events: &[(String, u64)],
     facts: Vec<(String, String)>,
@@ -257,8 +262,9 @@ fn timed_loaded(
         .collect();
     let boot = crate::kernel::procmaps::boot_wall_ns();
     Loaded {
+        samples_n: (unit != "samples").then_some(timed.len() as u64),
         samples,
-        unit: "samples".to_owned(),
+        unit,
         event,
         heat: (!counts.is_empty()).then(|| pprof::Heat {
             counts,
@@ -383,7 +389,17 @@ fn write_per_sample(
             interval_ns: *interval_ns,
             start_ns: loaded.time_nanos,
         };
-        file.write(&what, |out| stacks::firefox::write(timed, &meta, out))?;
+        // The Firefox Profiler counts samples; perf's periods are in
+        // --samples' weight column.
+        let ones: Vec<Timed> = timed
+            .iter()
+            .map(|t| {
+                let mut t = t.clone();
+                t.sample.count = 1;
+                t
+            })
+            .collect();
+        file.write(&what, |out| stacks::firefox::write(&ones, &meta, out))?;
     }
     if let Some((file, format)) = files.samples.take() {
         file.write(&what, |out| stacks::samplefile::write(timed, format, out))?;
@@ -506,6 +522,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             value: "count",
         });
     }
-    let table = report::Report::new(&raw, &args.report, &loaded.event, &loaded.unit);
+    let mut table = report::Report::new(&raw, &args.report, &loaded.event, &loaded.unit);
+    if let Some(n) = loaded.samples_n {
+        table = table.of_samples(n, &loaded.event);
+    }
     sink.emit(&table)
 }

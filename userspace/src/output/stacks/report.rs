@@ -526,6 +526,17 @@ impl Report {
         }
     }
 
+    /// Says, as perf's header does, how many samples the weights came
+    /// from (`n`), where each weighs its period (a perf.data's events):
+    /// `Samples: N of event 'E'`, then `Event count (approx.): T`.
+    pub fn of_samples(mut self, n: u64, event: &str) -> Self {
+        let total = self.total;
+        self.header[0] = format!("Samples: {n} of event '{event}'");
+        self.header
+            .insert(1, format!("Event count (approx.): {total}"));
+        self
+    }
+
     fn pct(&self, v: u64) -> f64 {
         if self.total == 0 {
             0.0
