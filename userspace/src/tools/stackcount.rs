@@ -77,6 +77,16 @@ pub struct Args {
     /// verbose output is --verbose here).
     #[arg(short = 'v', long = "addresses")]
     addresses: bool,
+    /// Write the Firefox Profiler's format to FILE (open it by dragging
+    /// it into https://profiler.firefox.com): each event on its own, a
+    /// thread per thread, in time order.
+    #[arg(long, value_name = "FILE")]
+    firefox: Option<std::path::PathBuf>,
+    /// Write one row per event to FILE, for notebooks: .jsonl or .csv,
+    /// with time (ns since the Unix epoch), cpu, pid, tid, process,
+    /// weight and the stack, root first.
+    #[arg(long, value_name = "FILE")]
+    samples: Option<std::path::PathBuf>,
 }
 
 /// bcc's pattern as an event spec of `probes::event`, given which
@@ -130,6 +140,11 @@ impl Args {
                 offsets: self.offset,
                 addresses: self.addresses,
                 ..StackArgs::default()
+            },
+            outputs: crate::output::files::StackOutputs {
+                firefox: self.firefox.clone(),
+                samples: self.samples.clone(),
+                ..Default::default()
             },
             ..Sampling::default()
         })
