@@ -20,10 +20,13 @@
 //!   first (show them from the track menu), so that the threads' own
 //!   tracks are what opens; a sample is thus in the file twice, once in
 //!   its thread and once in its CPU's.
-//! - Time off the CPU ([`Sample::off_cpu`], or any sample of a weight in
-//!   nanoseconds) is a sample weighted by its duration, in microseconds,
-//!   at the end of the interval, and an "Off CPU" interval marker over
-//!   it on the thread's track.
+//! - Time off the CPU ([`Sample::off_cpu`], or every sample of
+//!   [`Unit::OffCpuNanoseconds`]) is a sample weighted by its duration, in
+//!   microseconds, at the end of the interval, and an "Off CPU" interval
+//!   marker over it on the thread's track, its duration in its data.
+//!   Weights in microseconds are rounded so that each thread's running
+//!   total is its nanoseconds' rounded: a thread's weights add up to its
+//!   time to the microsecond, however many intervals it had.
 //!
 //! [`Sample::off_cpu`]: crate::stacks::sample::Sample::off_cpu
 
@@ -44,9 +47,6 @@ use crate::stacks::{
 
 /// What a profile's weights count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-// The kinds in nanoseconds are for the tools of time off the CPU, whose
-// kernel side does not send samples on their own yet.
-#[allow(dead_code)]
 pub enum Unit {
     /// Each sample's `count` is a number of samples (usually 1).
     Samples,
@@ -251,6 +251,9 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
         stacks: HashMap::new(),
         zero,
     };
+    // Each track's nanoseconds so far and microseconds written, with
+    // weights in nanoseconds.
+    let mut running: HashMap<ThreadHandle, (u64, u64)> = HashMap::new();
     // A process is named by its main thread's command where it was
     // sampled, else by its first sampled thread's.
     let mut names: HashMap<(u32, u64), &str> = HashMap::new();
@@ -302,21 +305,28 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
             }
         };
         let off = s.off_cpu || meta.unit == Unit::OffCpuNanoseconds;
-        let (weight, delta) = match meta.unit {
-            Unit::Samples => (
-                i32::try_from(s.count).unwrap_or(i32::MAX),
-                CpuDelta::from_nanos(meta.interval_ns.saturating_mul(s.count)),
-            ),
-            Unit::Nanoseconds | Unit::OffCpuNanoseconds => (
-                i32::try_from(s.count.div_ceil(1000)).unwrap_or(i32::MAX),
-                if off {
-                    CpuDelta::ZERO
-                } else {
-                    CpuDelta::from_nanos(s.count)
-                },
-            ),
-        };
         for th in [thread, cpu_thread] {
+            let (weight, delta) = match meta.unit {
+                Unit::Samples => (
+                    s.count,
+                    CpuDelta::from_nanos(meta.interval_ns.saturating_mul(s.count)),
+                ),
+                Unit::Nanoseconds | Unit::OffCpuNanoseconds => {
+                    // Rounded on the running total, not each on its own:
+                    // a thousand waits of 1.4 us weigh 1400, not 1000.
+                    let (ns, us) = running.entry(th).or_default();
+                    *ns = ns.saturating_add(s.count);
+                    let weight = ns.saturating_add(500) / 1000 - *us;
+                    *us += weight;
+                    let delta = if off {
+                        CpuDelta::ZERO
+                    } else {
+                        CpuDelta::from_nanos(s.count)
+                    };
+                    (weight, delta)
+                }
+            };
+            let weight = i32::try_from(weight).unwrap_or(i32::MAX);
             let stack = b.stack(th, t);
             b.profile.add_sample(th, at, stack, delta, weight);
         }
