@@ -74,7 +74,8 @@ pub struct Meta {
     /// (the sampling period).
     pub interval_ns: u64,
     /// When the run began, in nanoseconds since the Unix epoch: the
-    /// profile's time zero. 0: the first sample's time.
+    /// profile's time zero, or the earliest wait's start where it
+    /// began before. 0: the earliest sample's time.
     pub start_ns: u64,
 }
 
@@ -226,9 +227,24 @@ impl Builder {
 pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut order: Vec<&Timed> = samples.iter().collect();
     order.sort_by_key(|t| (t.time, t.cpu));
-    let zero = match (meta.start_ns, order.first()) {
-        (0, Some(t)) => t.time,
-        (z, _) => z,
+    let is_off = |t: &Timed| t.sample.off_cpu || meta.unit == Unit::OffCpuNanoseconds;
+    // The earliest instant of the file: a wait can have begun before the
+    // run's start (a thread that left the CPU as the programs were
+    // attached), and its marker is drawn whole from there.
+    let earliest = order
+        .iter()
+        .map(|t| {
+            if is_off(t) {
+                t.time.saturating_sub(t.sample.count)
+            } else {
+                t.time
+            }
+        })
+        .min();
+    let zero = match (meta.start_ns, earliest) {
+        (0, Some(e)) => e,
+        (z, Some(e)) => z.min(e),
+        (z, None) => z,
     };
     let mut profile = Profile::new(
         &meta.product,
@@ -304,7 +320,7 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
                 th
             }
         };
-        let off = s.off_cpu || meta.unit == Unit::OffCpuNanoseconds;
+        let off = is_off(t);
         for th in [thread, cpu_thread] {
             let (weight, delta) = match meta.unit {
                 Unit::Samples => (
