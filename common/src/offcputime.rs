@@ -65,7 +65,45 @@ pub struct Config {
     /// Whether each count's key carries the heat map slot its wait ended
     /// in ([`crate::stacks::Key::slot`], as profile's `time_keys`).
     pub time_keys: u32,
+    /// Whether each wait counted is also sent on its own to the
+    /// [`INTERVALS`] ring buffer (`--firefox`, `--samples`): a constant
+    /// the verifier sees, so that the branch is dropped when it is 0.
+    pub samples: u32,
 }
+
+/// One wait on its own, sent to [`INTERVALS`] with `Config::samples` as
+/// it is counted: when the thread left the CPU, for how long, the CPU it
+/// ran again on, and the key its time was added to, by which user space
+/// finds its stacks among those it moved out.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Interval {
+    /// When the thread left the CPU: CLOCK_MONOTONIC nanoseconds.
+    pub start: u64,
+    /// Nanoseconds it was off the CPU: what it added to its key's count.
+    pub ns: u64,
+    /// The CPU it ran again on, where the wait ended.
+    pub cpu: u32,
+    /// The thread's id.
+    pub tid: u32,
+    /// The key it was counted under, as the object's programs hold it
+    /// (`profile --off-cpu` adds [`crate::stacks::OFF_CPU`] to it when
+    /// counting), its generation as counted.
+    pub key: WakeKey,
+}
+
+/// The ring buffer of [`Interval`]s, in the objects of the context-switch
+/// programs but their `perf` variants (no ring buffer before 5.8); user
+/// space sizes it.
+pub const INTERVALS: &str = "INTERVALS";
+
+/// `ERRORS` slot of offcputime's object: waits counted whose own record
+/// ([`Interval`]) did not fit in [`INTERVALS`].
+pub const ERR_INTERVALS_LOST: u32 = crate::stacks::ERR_NAMES.len() as u32;
+
+/// What a lost [`Interval`] is called in the report at exit.
+pub const INTERVALS_LOST_NAME: &str =
+    "off-CPU intervals lost (--firefox, --samples: their buffer was full)";
 
 /// What a thread left the CPU with: when, and the key its blocked time
 /// is counted under when it runs again, its waker filled in when woken.
@@ -81,7 +119,7 @@ pub struct Start {
 
 /// What each `ERRORS` slot counts, for the report at exit: the stack
 /// tables' (profile's), its first count in blocked periods.
-pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len()] = {
+pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 1] = {
     let p = crate::stacks::ERR_NAMES;
     [
         p[0],
@@ -101,7 +139,8 @@ pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len()] = {
         p[14],
         p[15],
         p[16],
+        INTERVALS_LOST_NAME,
     ]
 };
 
-crate::pod!(Config, Start);
+crate::pod!(Config, Start, Interval);

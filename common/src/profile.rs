@@ -71,11 +71,19 @@ crate::pod!(Config, TimedSample);
 /// not fit in [`SAMPLES`], which user space reads every second.
 pub const ERR_SAMPLES_LOST: u32 = crate::stacks::ERR_NAMES.len() as u32;
 
+/// `ERRORS` slot: with `--off-cpu`, waits counted whose own record
+/// ([`crate::offcputime::Interval`]) did not fit in
+/// [`crate::offcputime::INTERVALS`].
+pub const ERR_INTERVALS_LOST: u32 = ERR_SAMPLES_LOST + 1;
+
 /// What each `ERRORS` slot of profile's object counts: the stack tables'
-/// and the per-sample stream's.
-pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 1] = crate::stacks::names_with_walk(
+/// and the per-sample streams'.
+pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 2] = crate::stacks::names_with_walk(
     [crate::stacks::ERR_NAMES[0], crate::stacks::ERR_NAMES[1]],
-    &["per-sample records lost (--firefox, --samples: their buffer was full)"],
+    &[
+        "per-sample records lost (--firefox, --samples: their buffer was full)",
+        crate::offcputime::INTERVALS_LOST_NAME,
+    ],
 );
 
 /// One sample on its own, sent to [`SAMPLES`] with `Config::samples`:

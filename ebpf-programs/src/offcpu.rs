@@ -2,7 +2,9 @@
 //! switch, the thread leaving the CPU has its stacks taken and its time of
 //! leaving kept; when it runs again, the time it was off is added to the
 //! count of those stacks in the shared stack tables ([`crate::stacks`]).
-//! Nothing per switch crosses to user space.
+//! Nothing per switch crosses to user space, unless each wait is asked
+//! for on its own (`--firefox`, `--samples`: `Config::samples`), when the
+//! wait counted is also sent to the `INTERVALS` ring buffer.
 //!
 //! One set of programs per attach mechanism: tp_btf reads the tasks
 //! through BTF-typed pointers, the raw tracepoint through the helper; both
@@ -14,11 +16,15 @@
 //! traced one (the current thread there) into its entry, as bcc's
 //! offwaketime does, and the time is counted by both.
 
+#[cfg(not(feature = "perf"))]
+use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, helpers::bpf_get_smp_processor_id, maps::RingBuf};
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     maps::{HashMap, PerCpuArray},
 };
+#[cfg(not(feature = "perf"))]
+use rtrace_common::offcputime::Interval;
 use rtrace_common::{
     offcputime::{
         Config, ERR_STARTS_FULL, PF_KTHREAD, STATE_ANY, Start, THREADS_ALL, THREADS_USER,
@@ -34,14 +40,16 @@ use crate::{
 };
 
 /// Defines `STARTS`, the threads off the CPU by thread id, `IDLE`, each
-/// CPU's idle time, and the
+/// CPU's idle time, `INTERVALS`, each wait on its own (but in the `perf`
+/// variant), and the
 /// programs `btf_sched_switch`, `raw_sched_switch`, `btf_sched_waking` and
 /// `raw_sched_waking`, in an object that counts stacks by `$key`
 /// (`stack_counts!`) and has an `EVENTS` map; `$config` is the
-/// [`Config`] to follow.
+/// [`Config`] to follow, `$lost` the `ERRORS` slot of waits whose own
+/// record did not fit in `INTERVALS`.
 #[macro_export]
 macro_rules! offcpu_programs {
-    ($key:ty, $config:expr) => {
+    ($key:ty, $config:expr, $lost:expr) => {
         /// Threads off the CPU, by thread id. Preallocated: a context
         /// switch must not allocate. User space sizes it.
         #[aya_ebpf::macros::map]
@@ -53,6 +61,13 @@ macro_rules! offcpu_programs {
         static IDLE: aya_ebpf::maps::PerCpuArray<$crate::offcpu::Idle> =
             aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
 
+        /// Each wait counted, on its own, with `Config::samples`
+        /// (`--firefox`, `--samples`); user space sizes it. Not in the
+        /// `perf` variant, whose kernels have no ring buffer.
+        #[cfg(not(feature = "perf"))]
+        #[aya_ebpf::macros::map]
+        static INTERVALS: aya_ebpf::maps::RingBuf = aya_ebpf::maps::RingBuf::with_byte_size(4096, 0);
+
         /// The maps the programs share.
         #[inline(always)]
         fn offcpu_tables() -> $crate::offcpu::Tables<'static, $key, impl $crate::events::Sink> {
@@ -61,6 +76,9 @@ macro_rules! offcpu_programs {
                 idle: &IDLE,
                 counts: &STACK_COUNTS,
                 events: &EVENTS,
+                #[cfg(not(feature = "perf"))]
+                intervals: &INTERVALS,
+                lost: $lost,
             }
         }
 
@@ -252,6 +270,12 @@ pub struct Tables<'a, K, S> {
     pub counts: &'a HashMap<K, u64>,
     /// `EVENTS`.
     pub events: &'a S,
+    /// `INTERVALS`.
+    #[cfg(not(feature = "perf"))]
+    pub intervals: &'a RingBuf,
+    /// The `ERRORS` slot of waits whose own record did not fit in
+    /// `intervals`.
+    pub lost: u32,
 }
 
 /// Whether the thread leaving the CPU (the current one, `prev`) is
@@ -394,9 +418,41 @@ fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
                 (*start).key.key.set_kernel(stacks::task_kernel_stack(next));
             }
             K::add(ctx, t.events, t.counts, &(*start).key, off);
+            // A load-time constant: with it 0 the verifier drops the
+            // branch, and a run without the stream pays nothing for it.
+            if cfg.samples != 0 {
+                send_interval(t, &*start, off, tid);
+            }
         }
     }
     clear_entry::<K, S, DIRECT>(t, start, tid);
+}
+
+/// Sends the wait of thread `tid` just counted (`off` nanoseconds since
+/// `start.ns`, under `start.key`) to `INTERVALS`, with the CPU it ends
+/// on; a full buffer is counted.
+#[inline(always)]
+fn send_interval<K, S>(t: &Tables<'_, K, S>, start: &Start, off: u64, tid: u32) {
+    #[cfg(not(feature = "perf"))]
+    match t.intervals.reserve::<Interval>(0) {
+        Some(mut entry) => {
+            let p = entry.as_mut_ptr();
+            // SAFETY: `p` is the reserved record, written whole before it
+            // is submitted; the helper has no preconditions.
+            unsafe {
+                (*p).start = start.ns;
+                (*p).ns = off;
+                (*p).cpu = bpf_get_smp_processor_id();
+                (*p).tid = tid;
+                (*p).key = start.key;
+            }
+            // User space reads on its timer: no wakeup.
+            entry.submit(u64::from(BPF_RB_NO_WAKEUP));
+        }
+        None => count_error(t.lost),
+    }
+    #[cfg(feature = "perf")]
+    let _ = (t, start, off, tid);
 }
 
 /// A context switch from `prev` (the current thread) to `next`.

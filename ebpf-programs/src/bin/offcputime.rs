@@ -11,7 +11,11 @@ use rtrace_ebpf::global;
 rtrace_ebpf::event_map!();
 rtrace_ebpf::cfi_programs!();
 rtrace_ebpf::stack_counts!(rtrace_common::stacks::WakeKey);
-rtrace_ebpf::offcpu_programs!(rtrace_common::stacks::WakeKey, global(&CONFIG));
+rtrace_ebpf::offcpu_programs!(
+    rtrace_common::stacks::WakeKey,
+    global(&CONFIG),
+    rtrace_common::offcputime::ERR_INTERVALS_LOST
+);
 
 /// Set by user space before load.
 #[unsafe(no_mangle)]

@@ -31,7 +31,11 @@ use rtrace_ebpf::{
 rtrace_ebpf::event_map!();
 rtrace_ebpf::cfi_programs!();
 rtrace_ebpf::stack_counts!(rtrace_common::stacks::Key);
-rtrace_ebpf::offcpu_programs!(rtrace_common::stacks::Key, &global(&CONFIG).off_cpu);
+rtrace_ebpf::offcpu_programs!(
+    rtrace_common::stacks::Key,
+    &global(&CONFIG).off_cpu,
+    rtrace_common::profile::ERR_INTERVALS_LOST
+);
 
 /// Set by user space before load.
 #[unsafe(no_mangle)]

@@ -9,12 +9,12 @@ use aya::Ebpf;
 use rtrace_common::offcputime::Config;
 
 use crate::{
-    engine::stacktool::{StackArgs, StackTool},
+    engine::stacktool::{SampleStream, StackArgs, StackTool},
     kernel::{
         features::Mechanism,
         load::{Hooks, Kernel, Load, thread_entries},
     },
-    stacks::sample::Sample,
+    stacks::sample::{Sample, Timed},
 };
 
 /// tp_btf, else the raw tracepoint: both hand over the tasks themselves.
@@ -145,7 +145,22 @@ impl OffCpu {
             sched_frames: u32::from(filter.sched_frames),
             per_thread: u32::from(filter.per_thread),
             time_keys: u32::from(filter.time_keys),
+            samples: 0,
         })
+    }
+
+    /// Sends each wait counted on its own (`--firefox`, `--samples`):
+    /// sets `cfg.samples` and sizes the ring buffer of waits in `load`,
+    /// for a guessed rate of context switches.
+    pub fn send_each(cfg: &mut Config, load: &mut Load) {
+        cfg.samples = 1;
+        // A busy CPU switches some thousands of times a second; the waits
+        // of a traced process are fewer, and what does not fit is counted.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+        load.size(
+            rtrace_common::offcputime::INTERVALS,
+            SampleStream::interval_bytes(WAITS_PER_CPU_SECOND * cpus),
+        );
     }
 
     /// Attaches the programs with `m`, one of [`CHAIN`].
@@ -229,6 +244,10 @@ impl OffCpu {
     }
 }
 
+/// The rate of waits a CPU the ring buffer of waits is sized for: four
+/// seconds of them fit ([`SampleStream::interval_bytes`]).
+const WAITS_PER_CPU_SECOND: u64 = 10_000;
+
 /// Time off the CPU counted by stack and named: the context-switch
 /// programs with the stack engine, as offcputime and wakeuptime run them.
 /// The tool says what to count ([`Filter`]) and prints the samples.
@@ -238,6 +257,10 @@ pub struct OffCpuStacks {
     pub stacks: StackTool,
     filter: Option<Filter>,
     time_zero: u64,
+    /// Whether each wait is also sent on its own ([`OffCpuStacks::send_each`]).
+    each: bool,
+    /// The waits sent on their own, once attached.
+    stream: Option<SampleStream>,
 }
 
 impl Default for OffCpuStacks {
@@ -248,11 +271,20 @@ impl Default for OffCpuStacks {
             stacks: StackTool::new(true),
             filter: None,
             time_zero: 0,
+            each: false,
+            stream: None,
         }
     }
 }
 
 impl OffCpuStacks {
+    /// Asks the kernel for each wait counted on its own, as well as
+    /// counted by stack (`--firefox`, `--samples`; see
+    /// [`OffCpuStacks::timed`]). Before [`OffCpuStacks::configure`].
+    pub fn send_each(&mut self) {
+        self.each = true;
+    }
+
     /// The object variants to try, best first (the CFI walk where user
     /// stacks are taken).
     pub fn variants(args: &StackArgs, user: bool) -> Vec<&'static str> {
@@ -270,7 +302,10 @@ impl OffCpuStacks {
         load: &mut Load,
     ) -> anyhow::Result<()> {
         let m = m.context("time off the CPU is counted through the chain's mechanisms")?;
-        let cfg = self.off_cpu.configure(filter, m, kernel, load)?;
+        let mut cfg = self.off_cpu.configure(filter, m, kernel, load)?;
+        if self.each {
+            OffCpu::send_each(&mut cfg, load);
+        }
         self.stacks.configure(args, kernel, load)?;
         load.config(&cfg);
         self.filter = Some(filter);
@@ -288,6 +323,10 @@ impl OffCpuStacks {
     ) -> anyhow::Result<()> {
         let m = m.context("time off the CPU is counted through the chain's mechanisms")?;
         self.stacks.attach(ebpf, pids)?;
+        if self.each {
+            self.stream = Some(SampleStream::default().with_intervals(ebpf, false)?);
+            self.stacks.keep_names();
+        }
         let by_time = self.filter.is_some_and(|f| f.time_keys);
         self.time_zero = self.stacks.set_time_zero(ebpf, by_time)?;
         self.off_cpu.attach(m, kernel, ebpf)
@@ -320,11 +359,36 @@ impl OffCpuStacks {
         self.stacks.start(self.filter.is_none_or(|f| f.kernel));
     }
 
+    /// Reads the waits sent on their own, then moves the kernel's tables
+    /// out (the tools' one-second tick).
+    pub fn tick(&mut self, ebpf: &mut Ebpf, last: bool) -> anyhow::Result<()> {
+        if let Some(stream) = &mut self.stream {
+            stream.read();
+        }
+        self.stacks.tick(ebpf, last)
+    }
+
     /// Stops counting, so that what is read is one consistent cut, and
     /// returns the blocked time by stack, in nanoseconds, named.
     pub fn finish(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<Vec<Sample>> {
         self.off_cpu.stop(ebpf)?;
+        // The last waits sent, now that no more come.
+        if let Some(stream) = &mut self.stream {
+            stream.read();
+        }
         self.stacks.finish(ebpf)
+    }
+
+    /// Each wait sent on its own (after [`OffCpuStacks::finish`]): its
+    /// end's time since the Unix epoch, CPU, thread, stacks and
+    /// nanoseconds (`count`), marked off the CPU; and how many could not
+    /// be named. Only the waits counted are sent, so that by stack they
+    /// add up to the counts.
+    pub fn timed(&self) -> (Vec<Timed>, u64) {
+        match &self.stream {
+            Some(stream) => self.stacks.timed(stream.records()),
+            None => (Vec::new(), 0),
+        }
     }
 }
 

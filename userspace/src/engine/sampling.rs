@@ -394,15 +394,10 @@ impl Sampler {
         {
             anyhow::bail!("{flag} shapes perf report's table: add --report");
         }
-        if let Some(flag) = args.outputs.per_sample_flag() {
-            if args.off_cpu {
-                anyhow::bail!(
-                    "{flag} takes each sample on its own, which profile sends for on-CPU                      samples only: drop --off-cpu"
-                );
-            }
-            if args.interval.is_some() {
-                anyhow::bail!("--interval prints stacks as it goes; {flag} takes them at the end");
-            }
+        if let Some(flag) = args.outputs.per_sample_flag()
+            && args.interval.is_some()
+        {
+            anyhow::bail!("--interval prints stacks as it goes; {flag} takes them at the end");
         }
         let reports = args.outputs.create()?;
         let heat_slots = if args.outputs.heatmap.is_some()
@@ -507,6 +502,10 @@ impl Sampler {
             let m = OffCpu::mechanism(kernel)?;
             cfg.off_cpu = off.configure(filter, m, kernel, load)?;
             cfg.off_cpu.mark_switches = 1;
+            if self.cfg.outputs.per_sample() {
+                // The waits too, into the same files as the samples.
+                OffCpu::send_each(&mut cfg.off_cpu, load);
+            }
         }
         self.stacks.configure(&self.cfg.stacks, kernel, load)?;
         self.stacks
@@ -522,7 +521,12 @@ impl Sampler {
     pub fn attach(&mut self, kernel: &mut Kernel, ebpf: &mut Ebpf) -> anyhow::Result<()> {
         self.stacks.attach(ebpf, &self.scope.pids)?;
         if self.cfg.outputs.per_sample() {
-            self.stream = Some(SampleStream::take(ebpf)?);
+            let mut stream = SampleStream::take(ebpf)?;
+            if self.off_cpu.is_some() {
+                // Counted with OFF_CPU added to their keys.
+                stream = stream.with_intervals(ebpf, true)?;
+            }
+            self.stream = Some(stream);
             self.stacks.keep_names();
         }
         if self.event.at_events() {
@@ -969,16 +973,32 @@ impl Sampler {
         let (timed, unnamed) = self.stacks.timed(stream.records());
         if unnamed > 0 {
             Warning::unsupported(format!(
-                "{unnamed} samples sent on their own were not counted (the count table was \
-                 full; raise --hash-storage-size): --firefox and --samples leave them out"
+                "{unnamed} samples and waits sent on their own were not counted (the count \
+                 table was full; raise --hash-storage-size): --firefox and --samples leave them \
+                 out"
             ))
             .print();
         }
-        let what = format!("{} samples", files::thousands(timed.len() as u64));
+        let waits = timed.iter().filter(|t| t.sample.off_cpu).count() as u64;
+        let what = if self.off_cpu.is_some() {
+            format!(
+                "{} samples, {} waits",
+                files::thousands(timed.len() as u64 - waits),
+                files::thousands(waits)
+            )
+        } else {
+            format!("{} samples", files::thousands(timed.len() as u64))
+        };
         if let Some(file) = self.reports.firefox.take() {
             let meta = stacks::firefox::Meta {
                 product: format!("rtrace profile: {} at {}", self.event.name(), self.rate()),
-                unit: stacks::firefox::Unit::Samples,
+                // With --off-cpu, samples weigh the CPU time they stand
+                // for and waits their time off it, in nanoseconds.
+                unit: if self.off_cpu.is_some() {
+                    stacks::firefox::Unit::Nanoseconds
+                } else {
+                    stacks::firefox::Unit::Samples
+                },
                 interval_ns: self.period_ns(),
                 start_ns: self.stacks.started_nanos(),
             };

@@ -21,6 +21,7 @@ use aya::{
     },
 };
 use rtrace_common::{
+    offcputime::Interval,
     profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, TimedSample},
     python::{MAX_PY_PROCS, PyCode, PyProc},
     stacks::{BORN_OFFSETS, BornOffsets, Found, SEEN_FOUND, SEEN_PY_CODE, SeenHeader, Stack},
@@ -33,7 +34,7 @@ use crate::{
     output::events,
     stacks::{
         sample::{Sample, Timed},
-        stackstore::StackStore,
+        stackstore::{Sent, StackStore},
         symbolize::{Frame, Symbolizer},
         unwind::{Capacity, KernelTables},
     },
@@ -734,7 +735,7 @@ impl StackTool {
     /// named every count), each with its own time since the Unix epoch,
     /// CPU, thread and weight, transformed as the counts were (`--hide`
     /// and the like); and how many could not be named.
-    pub fn timed(&self, records: &[TimedSample]) -> (Vec<Timed>, u64) {
+    pub fn timed(&self, records: &[Sent]) -> (Vec<Timed>, u64) {
         // CLOCK_MONOTONIC to the wall clock, as the two stand now.
         let wall_now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -991,12 +992,18 @@ impl StackTool {
 /// A sample's user and kernel frames, leaf first.
 type Stacks = (Arc<[Frame]>, Arc<[Frame]>);
 
-/// The kernel's per-sample stream (`--firefox`, `--samples`): a ring
-/// buffer of [`TimedSample`]s read on the tools' one-second tick, and the
-/// records read from it.
+/// The kernel's per-sample streams (`--firefox`, `--samples`): ring
+/// buffers of [`TimedSample`]s (profile's samples) and of [`Interval`]s
+/// (the waits of the context-switch programs), read on the tools'
+/// one-second tick, and the records read from them.
+#[derive(Default)]
 pub struct SampleStream {
-    ring: aya::maps::RingBuf<MapData>,
-    records: Vec<TimedSample>,
+    samples: Option<aya::maps::RingBuf<MapData>>,
+    /// The waits' ring, and whether their keys are counted with
+    /// [`OFF_CPU`](rtrace_common::stacks::OFF_CPU) added (`profile
+    /// --off-cpu`).
+    intervals: Option<(aya::maps::RingBuf<MapData>, bool)>,
+    records: Vec<Sent>,
 }
 
 impl SampleStream {
@@ -1004,43 +1011,81 @@ impl SampleStream {
     /// seconds of them, as it is read every second, in a power of two of
     /// at least 256 KiB and at most 256 MiB.
     pub fn bytes(per_second: u64) -> u32 {
+        Self::bytes_of::<TimedSample>(per_second)
+    }
+
+    /// The waits' ring buffer's size for `per_second` waits a second, as
+    /// [`SampleStream::bytes`].
+    pub fn interval_bytes(per_second: u64) -> u32 {
+        Self::bytes_of::<Interval>(per_second)
+    }
+
+    fn bytes_of<T>(per_second: u64) -> u32 {
         // A record and the ring's 8-byte header.
-        let record = (size_of::<TimedSample>() + 8) as u64;
+        let record = (size_of::<T>() + 8) as u64;
         per_second
             .saturating_mul(4 * record)
             .clamp(256 << 10, 256 << 20)
             .next_power_of_two() as u32
     }
 
-    /// Takes the object's ring buffer, after load; an object without one
-    /// (the `perf` variant, for kernels before 5.8) cannot send samples on
-    /// their own.
+    /// Takes the object's ring buffer of samples, after load; an object
+    /// without one (the `perf` variant, for kernels before 5.8) cannot
+    /// send samples on their own.
     pub fn take(ebpf: &mut Ebpf) -> anyhow::Result<Self> {
         let map = ebpf.take_map(rtrace_common::profile::SAMPLES).context(
-            "--firefox and --samples need each sample on its own, through a ring buffer              (kernel 5.8+)",
+            "--firefox and --samples need each sample on its own, through a ring buffer \
+             (kernel 5.8+)",
         )?;
         Ok(Self {
-            ring: aya::maps::RingBuf::try_from(map)?,
-            records: Vec::new(),
+            samples: Some(aya::maps::RingBuf::try_from(map)?),
+            ..Self::default()
         })
+    }
+
+    /// Also takes the object's ring buffer of waits off the CPU, after
+    /// load; `flagged` where the object counts them with `OFF_CPU` added
+    /// to their keys (`profile --off-cpu`).
+    pub fn with_intervals(mut self, ebpf: &mut Ebpf, flagged: bool) -> anyhow::Result<Self> {
+        let map = ebpf
+            .take_map(rtrace_common::offcputime::INTERVALS)
+            .context(
+                "--firefox and --samples need each wait off the CPU on its own, through a ring \
+             buffer (kernel 5.8+)",
+            )?;
+        self.intervals = Some((aya::maps::RingBuf::try_from(map)?, flagged));
+        Ok(self)
     }
 
     /// Reads the records waiting.
     pub fn read(&mut self) {
-        while let Some(item) = self.ring.next() {
-            if item.len() >= size_of::<TimedSample>() {
-                // SAFETY: the record is a whole `TimedSample`, plain old
-                // data; read unaligned from the ring's bytes.
-                let r = unsafe { item.as_ptr().cast::<TimedSample>().read_unaligned() };
-                self.records.push(r);
+        if let Some(ring) = &mut self.samples {
+            while let Some(item) = ring.next() {
+                if let Some(r) = record::<TimedSample>(&item) {
+                    self.records.push(Sent::sample(&r));
+                }
+            }
+        }
+        if let Some((ring, flagged)) = &mut self.intervals {
+            while let Some(item) = ring.next() {
+                if let Some(r) = record::<Interval>(&item) {
+                    self.records.push(Sent::wait(&r, *flagged));
+                }
             }
         }
     }
 
     /// The records read so far.
-    pub fn records(&self) -> &[TimedSample] {
+    pub fn records(&self) -> &[Sent] {
         &self.records
     }
+}
+
+/// A ring buffer's record as the plain-old-data `T` it holds, if whole.
+fn record<T: aya::Pod>(item: &[u8]) -> Option<T> {
+    // SAFETY: the record is a whole `T`, plain old data; read unaligned
+    // from the ring's bytes.
+    (item.len() >= size_of::<T>()).then(|| unsafe { item.as_ptr().cast::<T>().read_unaligned() })
 }
 
 /// The share of a process's user stacks cut short above which the stack

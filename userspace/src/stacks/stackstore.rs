@@ -30,6 +30,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, IterableMap as _},
 };
 use rtrace_common::{
+    offcputime::Interval,
     profile::{
         CUT_USER, Key, MISSED_KERNEL, MISSED_USER, NEW_COUNTS, NEW_STACKS, OFF_CPU, Stack, WakeKey,
     },
@@ -205,8 +206,62 @@ pub struct StackStore {
     exact_ids: HashMap<(Frame, u64), u32>,
     /// With the per-sample stream ([`StackStore::keep_names`]): each key
     /// named so far (its generation zeroed), by which a sample's own
-    /// record finds its names.
-    names_by_key: Option<HashMap<WakeKey, Named>>,
+    /// record finds its names, and its waker's.
+    names_by_key: Option<HashMap<WakeKey, (Named, Option<Named>)>>,
+}
+
+/// A sample or a wait the kernel sent on its own (`--firefox`,
+/// `--samples`), as user space reads it from either stream.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    /// When it was taken, or when the wait ended: CLOCK_MONOTONIC
+    /// nanoseconds.
+    pub time: u64,
+    /// What it added to its key's count: 1, or nanoseconds.
+    pub value: u64,
+    /// The CPU it was taken on, or the wait ended on.
+    pub cpu: u32,
+    /// The thread's id.
+    pub tid: u32,
+    /// The key it was counted under, widened as the store keeps keys.
+    pub key: WakeKey,
+    /// Whether it is a wait off the CPU.
+    pub off_cpu: bool,
+}
+
+impl Sent {
+    /// A sample on the CPU ([`TimedSample`]).
+    pub fn sample(r: &TimedSample) -> Self {
+        Self {
+            time: r.time,
+            value: r.value,
+            cpu: r.cpu,
+            tid: r.tid,
+            key: WakeKey {
+                key: r.key,
+                waker: Key::new(0, [0; 16]),
+            },
+            off_cpu: false,
+        }
+    }
+
+    /// A wait off the CPU ([`Interval`]), stamped at its end; `flagged`
+    /// where the object counted it with [`OFF_CPU`] added to its key
+    /// (`profile --off-cpu`), as the kernel sends the key before that.
+    pub fn wait(r: &Interval, flagged: bool) -> Self {
+        let mut key = r.key;
+        if flagged {
+            key.key.flags |= OFF_CPU;
+        }
+        Self {
+            time: r.start.wrapping_add(r.ns),
+            value: r.ns,
+            cpu: r.cpu,
+            tid: r.tid,
+            key,
+            off_cpu: true,
+        }
+    }
 }
 
 impl StackStore {
@@ -560,7 +615,7 @@ impl StackStore {
             };
             let waker = name(waker);
             if let Some(names) = &mut self.names_by_key {
-                names.insert(*key, thread);
+                names.insert(*key, (thread, waker));
             }
             let short = self.short.entry(thread.proc).or_default();
             if short.comm.is_empty() {
@@ -633,28 +688,35 @@ impl StackStore {
         out
     }
 
-    /// The per-sample stream's `records`, named by the keys they were
+    /// The per-sample streams' `records`, named by the keys they were
     /// counted under (once [`StackStore::samples`] has settled every
     /// count), each with its own time (`wall`: the wall-clock time of a
     /// CLOCK_MONOTONIC instant), CPU, thread and weight; and how many
     /// could not be named, their keys not counted (the count table was
     /// full).
-    pub fn timed(&self, records: &[TimedSample], wall: impl Fn(u64) -> u64) -> (Vec<Timed>, u64) {
+    pub fn timed(&self, records: &[Sent], wall: impl Fn(u64) -> u64) -> (Vec<Timed>, u64) {
         let Some(names) = &self.names_by_key else {
             return (Vec::new(), records.len() as u64);
         };
         let stacks = self.stacks_by_id();
-        let zero = Key::new(0, [0; 16]);
         let timed = self.time_zero.is_some();
         let mut out = Vec::with_capacity(records.len());
         let mut unnamed = 0;
         for r in records {
             let mut key = r.key;
-            key.generation = 0;
-            let Some(n) = names.get(&WakeKey { key, waker: zero }) else {
+            key.key.generation = 0;
+            let Some((n, w)) = names.get(&key) else {
                 unnamed += 1;
                 continue;
             };
+            let waker = w.as_ref().map(|w| {
+                Arc::new(Thread {
+                    comm: crate::kernel::c_string(&w.comm),
+                    pid: w.proc.pid,
+                    kernel: Arc::clone(&stacks[w.kernel as usize]),
+                    user: Arc::clone(&stacks[w.user as usize]),
+                })
+            });
             out.push(Timed {
                 time: wall(r.time),
                 cpu: r.cpu,
@@ -666,9 +728,9 @@ impl StackStore {
                     user: Arc::clone(&stacks[n.user as usize]),
                     kernel: Arc::clone(&stacks[n.kernel as usize]),
                     count: r.value,
-                    waker: None,
-                    off_cpu: n.off_cpu,
-                    slot: if timed { r.key.slot } else { 0 },
+                    waker,
+                    off_cpu: n.off_cpu || r.off_cpu,
+                    slot: if timed { r.key.key.slot } else { 0 },
                     cut_short: n.cut,
                 },
             });

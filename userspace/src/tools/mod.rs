@@ -149,7 +149,7 @@ macro_rules! off_cpu_tool {
             _sink: &mut $crate::output::Sink,
             last: bool,
         ) -> anyhow::Result<()> {
-            self.run.stacks.tick(ebpf, last)
+            self.run.tick(ebpf, last)
         }
     };
 }

@@ -19,7 +19,7 @@ use crate::{
         offcpu::{self, BlockTimeArgs, Filter, OffCpuStacks},
         stacktool::StackArgs,
     },
-    kernel::{features::Mechanism, transport::BufferArgs},
+    kernel::{features::Mechanism, transport::BufferArgs, warning::Warning},
     output::{
         Schedule, Sink,
         files::{self, StackOutputs, StackReports},
@@ -172,14 +172,13 @@ impl Tool for Offcputime {
 
     fn new(args: Args) -> anyhow::Result<Self> {
         args.block_time.check()?;
-        if let Some(flag) = args.outputs.per_sample_flag() {
-            anyhow::bail!(
-                "{flag} needs each sample on its own, which only profile sends (not with \
-                 --off-cpu); offcputime counts by stack"
-            );
-        }
         let reports = args.outputs.create()?;
         let mut run = OffCpuStacks::default();
+        if args.outputs.per_sample() {
+            // Each wait counted is also sent on its own, within the same
+            // -m and -M bounds, so that they add up to the counts.
+            run.send_each();
+        }
         // JIT frames left unnamed are named later from the pprof file.
         run.stacks.names_later_in(args.outputs.pprof.as_deref());
         Ok(Self { reports, args, run })
@@ -201,8 +200,11 @@ impl Tool for Offcputime {
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
         let elapsed = self.run.stacks.elapsed();
-        // Counted in nanoseconds; bcc shows microseconds.
-        let counted = stacks::in_micros(self.run.finish(ebpf)?);
+        // Counted in nanoseconds; bcc shows microseconds. The pprof keeps
+        // the nanoseconds too, which the waits on their own add up to.
+        let exact = self.run.finish(ebpf)?;
+        let counted = stacks::in_micros(exact.clone());
+        self.write_per_sample()?;
         // Counted by thread (for pprof, or a table by thread), the other
         // outputs still print each stack once.
         let merged;
@@ -212,7 +214,7 @@ impl Tool for Offcputime {
         } else {
             &counted
         };
-        self.write_files(samples, &counted, elapsed)?;
+        self.write_files(samples, &exact, elapsed)?;
         if let Some(file) = self.reports.heatmap.take() {
             let counts = crate::output::heatmap::by_slot(&counted);
             let title = "rtrace offcputime: time off the CPU by when each wait ended";
@@ -321,12 +323,49 @@ impl Offcputime {
         o.html.is_some() || o.pprof.is_some() || o.heatmap.is_some()
     }
 
-    /// Writes the files asked for: the flame graph from `samples`, the
-    /// pprof from `counted`, which keeps threads apart.
+    /// Writes `--firefox` and `--samples`: each wait sent on its own,
+    /// named by the counts just settled, its weight in nanoseconds.
+    fn write_per_sample(&mut self) -> anyhow::Result<()> {
+        if !self.args.outputs.per_sample() {
+            return Ok(());
+        }
+        let (timed, unnamed) = self.run.timed();
+        if unnamed > 0 {
+            Warning::unsupported(format!(
+                "{unnamed} waits sent on their own were not counted (the count table was full; \
+                 raise --hash-storage-size): --firefox and --samples leave them out"
+            ))
+            .print();
+        }
+        let ns: u64 = timed.iter().map(|t| t.sample.count).sum();
+        let what = format!(
+            "{} waits, {} us",
+            files::thousands(timed.len() as u64),
+            files::thousands(ns.saturating_add(500) / 1000)
+        );
+        if let Some(file) = self.reports.firefox.take() {
+            let meta = stacks::firefox::Meta {
+                product: "rtrace offcputime: time off the CPU".to_owned(),
+                unit: stacks::firefox::Unit::OffCpuNanoseconds,
+                // No sampling: the profiler's unit of time per sample.
+                interval_ns: 1_000_000,
+                start_ns: self.run.stacks.started_nanos(),
+            };
+            file.write(&what, |out| stacks::firefox::write(&timed, &meta, out))?;
+        }
+        if let Some((file, format)) = self.reports.samples.take() {
+            file.write(&what, |out| stacks::samplefile::write(&timed, format, out))?;
+        }
+        Ok(())
+    }
+
+    /// Writes the files asked for: the flame graph from `samples` (in
+    /// microseconds), the pprof from `exact` (in nanoseconds), which
+    /// keeps threads apart.
     fn write_files(
         &mut self,
         samples: &[Sample],
-        counted: &[Sample],
+        exact: &[Sample],
         elapsed: std::time::Duration,
     ) -> anyhow::Result<()> {
         let lines = self.args.stacks.lines;
@@ -345,16 +384,16 @@ impl Offcputime {
         if let Some(file) = self.reports.pprof.take() {
             let meta = stacks::pprof::Meta {
                 types: &[("off_cpu", "microseconds"), ("off_cpu_time", "nanoseconds")],
-                values: &|_, s: &Sample| vec![s.count, s.count * 1000],
+                // Microseconds rounded as the other outputs round them,
+                // and the nanoseconds counted.
+                values: &|_, s: &Sample| vec![s.count.saturating_add(500) / 1000, s.count],
                 period_type: ("off_cpu_time", "nanoseconds"),
                 period: 1000,
                 time_nanos: self.run.stacks.started_nanos(),
                 duration_nanos: elapsed.as_nanos() as u64,
                 comments: &[],
             };
-            file.write(&what, |out| {
-                stacks::pprof::write(counted, out, &meta, lines)
-            })?;
+            file.write(&what, |out| stacks::pprof::write(exact, out, &meta, lines))?;
         }
         if let Some(file) = self.reports.speedscope.take() {
             file.write(&what, |out| {

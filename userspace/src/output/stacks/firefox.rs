@@ -20,10 +20,13 @@
 //!   first (show them from the track menu), so that the threads' own
 //!   tracks are what opens; a sample is thus in the file twice, once in
 //!   its thread and once in its CPU's.
-//! - Time off the CPU ([`Sample::off_cpu`], or any sample of a weight in
-//!   nanoseconds) is a sample weighted by its duration, in microseconds,
-//!   at the end of the interval, and an "Off CPU" interval marker over
-//!   it on the thread's track.
+//! - Time off the CPU ([`Sample::off_cpu`], or every sample of
+//!   [`Unit::OffCpuNanoseconds`]) is a sample weighted by its duration, in
+//!   microseconds, at the end of the interval, and an "Off CPU" interval
+//!   marker over it on the thread's track, its duration in its data.
+//!   Weights in microseconds are rounded so that each thread's running
+//!   total is its nanoseconds' rounded: a thread's weights add up to its
+//!   time to the microsecond, however many intervals it had.
 //!
 //! [`Sample::off_cpu`]: crate::stacks::sample::Sample::off_cpu
 
@@ -44,9 +47,6 @@ use crate::stacks::{
 
 /// What a profile's weights count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-// The kinds in nanoseconds are for the tools of time off the CPU, whose
-// kernel side does not send samples on their own yet.
-#[allow(dead_code)]
 pub enum Unit {
     /// Each sample's `count` is a number of samples (usually 1).
     Samples,
@@ -74,7 +74,8 @@ pub struct Meta {
     /// (the sampling period).
     pub interval_ns: u64,
     /// When the run began, in nanoseconds since the Unix epoch: the
-    /// profile's time zero. 0: the first sample's time.
+    /// profile's time zero, or the earliest wait's start where it
+    /// began before. 0: the earliest sample's time.
     pub start_ns: u64,
 }
 
@@ -226,9 +227,24 @@ impl Builder {
 pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut order: Vec<&Timed> = samples.iter().collect();
     order.sort_by_key(|t| (t.time, t.cpu));
-    let zero = match (meta.start_ns, order.first()) {
-        (0, Some(t)) => t.time,
-        (z, _) => z,
+    let is_off = |t: &Timed| t.sample.off_cpu || meta.unit == Unit::OffCpuNanoseconds;
+    // The earliest instant of the file: a wait can have begun before the
+    // run's start (a thread that left the CPU as the programs were
+    // attached), and its marker is drawn whole from there.
+    let earliest = order
+        .iter()
+        .map(|t| {
+            if is_off(t) {
+                t.time.saturating_sub(t.sample.count)
+            } else {
+                t.time
+            }
+        })
+        .min();
+    let zero = match (meta.start_ns, earliest) {
+        (0, Some(e)) => e,
+        (z, Some(e)) => z.min(e),
+        (z, None) => z,
     };
     let mut profile = Profile::new(
         &meta.product,
@@ -251,6 +267,9 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
         stacks: HashMap::new(),
         zero,
     };
+    // Each track's nanoseconds so far and microseconds written, with
+    // weights in nanoseconds.
+    let mut running: HashMap<ThreadHandle, (u64, u64)> = HashMap::new();
     // A process is named by its main thread's command where it was
     // sampled, else by its first sampled thread's.
     let mut names: HashMap<(u32, u64), &str> = HashMap::new();
@@ -301,22 +320,29 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
                 th
             }
         };
-        let off = s.off_cpu || meta.unit == Unit::OffCpuNanoseconds;
-        let (weight, delta) = match meta.unit {
-            Unit::Samples => (
-                i32::try_from(s.count).unwrap_or(i32::MAX),
-                CpuDelta::from_nanos(meta.interval_ns.saturating_mul(s.count)),
-            ),
-            Unit::Nanoseconds | Unit::OffCpuNanoseconds => (
-                i32::try_from(s.count.div_ceil(1000)).unwrap_or(i32::MAX),
-                if off {
-                    CpuDelta::ZERO
-                } else {
-                    CpuDelta::from_nanos(s.count)
-                },
-            ),
-        };
+        let off = is_off(t);
         for th in [thread, cpu_thread] {
+            let (weight, delta) = match meta.unit {
+                Unit::Samples => (
+                    s.count,
+                    CpuDelta::from_nanos(meta.interval_ns.saturating_mul(s.count)),
+                ),
+                Unit::Nanoseconds | Unit::OffCpuNanoseconds => {
+                    // Rounded on the running total, not each on its own:
+                    // a thousand waits of 1.4 us weigh 1400, not 1000.
+                    let (ns, us) = running.entry(th).or_default();
+                    *ns = ns.saturating_add(s.count);
+                    let weight = ns.saturating_add(500) / 1000 - *us;
+                    *us += weight;
+                    let delta = if off {
+                        CpuDelta::ZERO
+                    } else {
+                        CpuDelta::from_nanos(s.count)
+                    };
+                    (weight, delta)
+                }
+            };
+            let weight = i32::try_from(weight).unwrap_or(i32::MAX);
             let stack = b.stack(th, t);
             b.profile.add_sample(th, at, stack, delta, weight);
         }
