@@ -270,6 +270,17 @@ mod tests {
                 programs: vec![],
                 globals: &[],
             },
+            // Each off-CPU wait on its own (`--firefox`, `--samples`): a
+            // ring buffer, so not in `perf`'s.
+            Uses {
+                objects: of_bins(&["profile", "offcputime"])
+                    .into_iter()
+                    .filter(|o| !o.ends_with(PERF))
+                    .collect(),
+                maps: &[rtrace_common::offcputime::INTERVALS],
+                programs: vec![],
+                globals: &[],
+            },
             Uses {
                 objects: of_bins(&["profile", "offcputime"]),
                 maps: &[stacks::STACK_COUNTS],
