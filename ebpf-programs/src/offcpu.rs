@@ -16,13 +16,13 @@
 //! traced one (the current thread there) into its entry, as bcc's
 //! offwaketime does, and the time is counted by both.
 
-#[cfg(not(feature = "perf"))]
-use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, helpers::bpf_get_smp_processor_id, maps::RingBuf};
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     maps::{HashMap, PerCpuArray},
 };
+#[cfg(not(feature = "perf"))]
+use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, helpers::bpf_get_smp_processor_id, maps::RingBuf};
 #[cfg(not(feature = "perf"))]
 use rtrace_common::offcputime::Interval;
 use rtrace_common::{
@@ -66,7 +66,8 @@ macro_rules! offcpu_programs {
         /// `perf` variant, whose kernels have no ring buffer.
         #[cfg(not(feature = "perf"))]
         #[aya_ebpf::macros::map]
-        static INTERVALS: aya_ebpf::maps::RingBuf = aya_ebpf::maps::RingBuf::with_byte_size(4096, 0);
+        static INTERVALS: aya_ebpf::maps::RingBuf =
+            aya_ebpf::maps::RingBuf::with_byte_size(4096, 0);
 
         /// The maps the programs share.
         #[inline(always)]
