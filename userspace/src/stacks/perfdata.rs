@@ -312,31 +312,12 @@ pub fn read(
                     thread_comm.insert(f.tid as u32, c);
                 }
             }
-            EventRecord::Mmap(m) => {
+            EventRecord::Mmap(_) | EventRecord::Mmap2(_) => {
                 // perf writes the kernel's own image as an mmap of pid -1.
-                if m.pid < 0 || m.cpu_mode == CpuMode::Kernel || !m.is_executable {
+                let Some((pid, range, path)) = exec_mapping(&parsed) else {
                     continue;
-                }
-                let path = String::from_utf8_lossy(&m.path.as_slice()).into_owned();
-                let i = process_of(same_boot, m.pid as u32, &mut procs, &mut by_pid, None);
-                let range = (m.address, m.address + m.length, m.page_offset);
-                map(
-                    &mut procs[i],
-                    range,
-                    &path,
-                    &mut files,
-                    &mut tables,
-                    symbolizer,
-                );
-            }
-            EventRecord::Mmap2(m) => {
-                const PROT_EXEC: u32 = 4;
-                if m.pid < 0 || m.cpu_mode == CpuMode::Kernel || m.protection & PROT_EXEC == 0 {
-                    continue;
-                }
-                let path = String::from_utf8_lossy(&m.path.as_slice()).into_owned();
-                let i = process_of(same_boot, m.pid as u32, &mut procs, &mut by_pid, None);
-                let range = (m.address, m.address + m.length, m.page_offset);
+                };
+                let i = process_of(same_boot, pid, &mut procs, &mut by_pid, None);
                 map(
                     &mut procs[i],
                     range,
@@ -638,6 +619,39 @@ fn process_of(
     });
     by_pid.insert(pid, procs.len() - 1);
     procs.len() - 1
+}
+
+/// An executable user mapping of an `mmap` or `mmap2` record: its pid,
+/// (start, end, file offset) and path; `None` for data, and for the
+/// kernel's own (pid -1).
+fn exec_mapping(record: &EventRecord<'_>) -> Option<(u32, (u64, u64, u64), String)> {
+    const PROT_EXEC: u32 = 4;
+    let (pid, mode, exec, start, len, offset, path) = match record {
+        EventRecord::Mmap(m) => (
+            m.pid,
+            m.cpu_mode,
+            m.is_executable,
+            m.address,
+            m.length,
+            m.page_offset,
+            &m.path,
+        ),
+        EventRecord::Mmap2(m) => (
+            m.pid,
+            m.cpu_mode,
+            m.protection & PROT_EXEC != 0,
+            m.address,
+            m.length,
+            m.page_offset,
+            &m.path,
+        ),
+        _ => return None,
+    };
+    if pid < 0 || mode == CpuMode::Kernel || !exec {
+        return None;
+    }
+    let path = String::from_utf8_lossy(&path.as_slice()).into_owned();
+    Some((pid as u32, (start, start + len, offset), path))
 }
 
 /// The index of `key` among the keys seen, a new one if it is new.

@@ -73,27 +73,14 @@ pub(super) fn open(
     m: &crate::kernel::procmaps::Mapping,
     path: &str,
 ) -> Result<FileId, String> {
-    let opened = m
-        .open(&format!("/proc/{pid}"))
-        .and_then(|file| Ok((file.metadata()?, file)));
-    let (meta, file) = match opened {
-        Ok(opened) => opened,
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(format!(
-                "cannot open it: {e}; the file at its path here is not the one mapped, \
-                 and CAP_SYS_PTRACE would open the process's own"
-            ));
-        }
-        Err(e) => return Err(format!("cannot open it: {e}")),
-    };
-    let id = (meta.dev(), meta.ino());
-    files.entry(id).or_insert_with(|| OpenFile {
-        build_id: build_id(&file),
-        file,
-        path: path.to_owned(),
-        module: path.rsplit('/').next().unwrap_or(path).to_owned(),
-    });
-    Ok(id)
+    match m.open(&format!("/proc/{pid}")) {
+        Ok(file) => adopt(files, file, path).map_err(|e| format!("cannot open it: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(format!(
+            "cannot open it: {e}; the file at its path here is not the one mapped, \
+             and CAP_SYS_PTRACE would open the process's own"
+        )),
+        Err(e) => Err(format!("cannot open it: {e}")),
+    }
 }
 
 /// blazesym's symbolizer as rtrace uses it: inlined functions and source
