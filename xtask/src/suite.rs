@@ -378,6 +378,18 @@ pub const GUESTS: &[(&str, &str)] = &[
         "unwind::stacks_deeper_than_the_walk_keep_their_leaf_and_are_counted",
         "--max-stack 300: MAX_STACK_DEPTH rodata changes the walk the verifier sees; linked stack entries",
     ),
+    (
+        "firefox::firefox_and_jsonl_samples_match_the_report",
+        "the per-sample stream: profile's SAMPLES ring buffer, switched on by a load-time constant",
+    ),
+    (
+        "firefox::offcputime_waits_add_up_to_its_own_totals",
+        "each off-CPU wait on its own: the switch program's INTERVALS ring buffer on each verifier",
+    ),
+    (
+        "firefox::switch_program_verifier_instructions_with_and_without_the_stream",
+        "the switch program's verifier instruction count with and without the stream, on 6.1's limit",
+    ),
 ];
 
 /// The tests of `cases` that the guests run: those in [`GUESTS`].
