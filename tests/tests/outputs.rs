@@ -645,3 +645,45 @@ fn mixed_palette_gives_each_kind_of_frame_its_hue() {
     let [nr, ng, nb] = fill("native");
     assert!(nr > ng && nr > nb, "native red: {:?}", [nr, ng, nb]);
 }
+
+/// Output files given a device or a named pipe (`--svg /dev/null`, a FIFO
+/// a reader drains) are written into it, not replaced: a file renamed
+/// over `/dev/null` would turn it into a regular file for every program
+/// on the machine (it did, once, here).
+#[test]
+fn outputs_into_devices_and_pipes_leave_them_in_place() {
+    use std::os::unix::fs::FileTypeExt as _;
+    let folded = temp("dev.folded");
+    std::fs::write(&folded, "app;main;work 3\napp;main;rest 1\n").unwrap();
+    let fifo = temp("dev.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path, and a mode.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(&fifo).unwrap())
+    };
+    let (code, _, stderr) = run(&[
+        "report",
+        folded.to_str().unwrap(),
+        "--svg",
+        "/dev/null",
+        "--pprof",
+        "/dev/null",
+        "--speedscope",
+        fifo.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let got = reader.join().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&got).expect("speedscope JSON");
+    assert!(json["profiles"].is_array(), "{json}");
+    let null = std::fs::metadata("/dev/null").unwrap();
+    assert!(
+        null.file_type().is_char_device(),
+        "/dev/null is now {null:?}"
+    );
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    for f in [&folded, &fifo] {
+        let _ = std::fs::remove_file(f);
+    }
+}

@@ -4,7 +4,10 @@
 //! or read, so that a path that cannot be written fails at once rather
 //! than after the whole run; it is a temporary file in the folder it will
 //! be in, renamed into place only once written whole, so that a run that
-//! fails half way leaves nothing behind.
+//! fails half way leaves nothing behind. A path that is already something
+//! other than a file (`/dev/null`, `/dev/stdout`, a named pipe) is written
+//! in place: renaming over it would replace the device or pipe with a
+//! file, for every program on the machine.
 
 use std::{
     io::{BufWriter, Write},
@@ -20,7 +23,16 @@ use crate::output::stacks::report::ReportArgs;
 #[derive(Debug)]
 pub struct ReportFile {
     path: PathBuf,
-    tmp: tempfile::NamedTempFile,
+    dest: Dest,
+}
+
+/// Where a report file's bytes go.
+#[derive(Debug)]
+enum Dest {
+    /// A temporary file, renamed into place once written.
+    Temp(tempfile::NamedTempFile),
+    /// A device or pipe already at the path, opened for writing.
+    Special(std::fs::File),
 }
 
 impl ReportFile {
@@ -28,6 +40,18 @@ impl ReportFile {
     pub fn create(path: &Path) -> anyhow::Result<Self> {
         if path.is_dir() {
             anyhow::bail!("cannot write {}: it is a directory", path.display());
+        }
+        if let Ok(meta) = std::fs::metadata(path)
+            && !meta.is_file()
+        {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            return Ok(Self {
+                path: path.to_owned(),
+                dest: Dest::Special(file),
+            });
         }
         let name = path
             .file_name()
@@ -50,7 +74,7 @@ impl ReportFile {
             })?;
         Ok(Self {
             path: path.to_owned(),
-            tmp,
+            dest: Dest::Temp(tmp),
         })
     }
 
@@ -73,14 +97,19 @@ impl ReportFile {
         fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
     ) -> anyhow::Result<std::path::PathBuf> {
         let path = self.path;
-        let mut out = BufWriter::new(self.tmp.as_file());
+        let file = match &self.dest {
+            Dest::Temp(tmp) => tmp.as_file(),
+            Dest::Special(f) => f,
+        };
+        let mut out = BufWriter::new(file);
         fill(&mut out)
-            .and_then(|()| out.flush().map_err(Into::into))
+            .and_then(|()| out.flush().map_err(anyhow::Error::from))
             .with_context(|| format!("cannot write {}", path.display()))?;
         drop(out);
-        self.tmp
-            .persist(&path)
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {}", path.display(), e.error))?;
+        if let Dest::Temp(tmp) = self.dest {
+            tmp.persist(&path)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {}", path.display(), e.error))?;
+        }
         Ok(path)
     }
 }
