@@ -512,7 +512,7 @@ fn bad_input_is_one_clear_line() {
     std::fs::write(&not, b"\x00\x01\x02garbage without a count\n").unwrap();
     assert_one_line_error(
         &["report", not.to_str().unwrap()],
-        "neither a pprof profile nor folded stacks",
+        "not a pprof profile, a perf.data file, perf script text or folded stacks",
     );
     let text = temp("text");
     std::fs::write(&text, "main;work 3\nthis line has no count\n").unwrap();
