@@ -607,3 +607,70 @@ fn a_recording_of_two_events_reports_each() {
     );
     let _ = std::fs::remove_file(&data);
 }
+
+/// `perf record -k mono -g node --perf-prof hot.js`: no perf map, only
+/// the jitdump V8 writes (and maps, for perf to find). perf report names
+/// none of its JavaScript without `perf inject --jit`; rtrace reads the
+/// dump the recording maps and names `hot` and `warm`, split as node
+/// measured within sampling error.
+#[test]
+fn a_node_record_names_javascript_from_its_jitdump() {
+    if in_guest() {
+        return; // The guests have no perf or node; the host runs this.
+    }
+    let dir = temp("jitdir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("perf.data");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/hot.js");
+    let out = Command::new("perf")
+        .args(["record", "-q", "-k", "mono", "-g", "-F", "999", "-o"])
+        .arg(&data)
+        .args(["--", "node", "--perf-prof", script, "2"])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("perf (cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let measured = |key: &str| -> f64 {
+        stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let table = ["--no-children", "--sort", "sym"];
+    let mine = ours(&data, &table);
+    let theirs = perf_report(&data, &table);
+    let js = |text: &str, f: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.contains("JS:") && l.contains(&format!("{f} /")))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .next()?
+                    .trim_end_matches('%')
+                    .parse::<f64>()
+                    .ok()
+            })
+            .sum()
+    };
+    assert_eq!(
+        js(&theirs, "hot"),
+        0.0,
+        "perf named it without inject:\n{theirs}"
+    );
+    let (hot, warm) = (js(&mine, "hot"), js(&mine, "warm"));
+    assert!(hot > 30.0, "hot {hot:.1} %:\n{mine}");
+    split_holds(
+        "node jitdump",
+        (measured("hot="), measured("warm=")),
+        (hot, warm),
+        samples_of(&mine),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

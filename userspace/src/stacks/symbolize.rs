@@ -456,6 +456,22 @@ impl Symbolizer {
         } else {
             name
         };
+        // A JIT's dump, mapped executable for perf to find: its records
+        // name the process's JIT code, as perf inject --jit would.
+        // Under the owner rule: a dump last written before the process
+        // started is an earlier process's of the same pid.
+        if jitdump::dump_pid(name).is_some() {
+            if let Ok(f) = file
+                && !self.dumps.contains_key(&p)
+                && f.metadata()
+                    .ok()
+                    .and_then(|m| jit::mtime_ns(&m))
+                    .is_none_or(|at| jit::written_after(at, p.born_wall_ns()))
+            {
+                self.dumps.insert(p, Dump::open(f, name));
+            }
+            return;
+        }
         let (file, unopened) = match file {
             Ok(f) => match elf::adopt(&mut self.files, f, name) {
                 Ok(id) => (Some(id), None),

@@ -157,6 +157,9 @@ impl Tables {
     ) -> Region {
         let table = if name == "[vdso]" {
             self.vdso()
+        } else if dump_pid(name).is_some() {
+            // A jitdump is data, never run, and has no CFI.
+            None
         } else {
             file.and_then(|f| self.of_file(f, name))
         };
