@@ -371,40 +371,46 @@ fn a_node_record_names_javascript_from_its_perf_map() {
         &["-g", "-F", "999"],
         &["node", "--perf-basic-prof", script, "2"],
     );
-    let measured = |key: &str| -> f64 {
-        stdout
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(key))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
     let table = ["--no-children", "--sort", "sym"];
     let mine = ours(&data, &table);
     let theirs = perf_report(&data, &table);
-    let js = |text: &str, f: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.contains("JS:") && l.contains(&format!("{f} /")))
-            .filter_map(|l| {
-                l.split_whitespace()
-                    .next()?
-                    .trim_end_matches('%')
-                    .parse::<f64>()
-                    .ok()
-            })
-            .sum()
-    };
     let (hot, warm) = (js(&mine, "hot"), js(&mine, "warm"));
     assert!(hot > 30.0, "hot {hot:.1} %:\n{mine}");
     agrees("hot", hot, js(&theirs, "hot"), 2.0, (&mine, &theirs));
     agrees("warm", warm, js(&theirs, "warm"), 2.0, (&mine, &theirs));
     split_holds(
         "node",
-        (measured("hot="), measured("warm=")),
+        (split_of(&stdout, "hot="), split_of(&stdout, "warm=")),
         (hot, warm),
         samples_of(&mine),
     );
     let _ = std::fs::remove_file(&data);
+}
+
+/// What node's fixture measured of one function (`hot=NS`), from its
+/// `split hot=NS warm=NS` line.
+fn split_of(stdout: &str, key: &str) -> f64 {
+    stdout
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The summed overhead (%) of a table's rows of V8's JavaScript function
+/// `f` (`JS:*hot /path/hot.js:21:13`, in any tier).
+fn js(text: &str, f: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.contains("JS:") && l.contains(&format!("{f} /")))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .trim_end_matches('%')
+                .parse::<f64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// A perf.data cut short, one recorded on another architecture, one whose
@@ -636,29 +642,9 @@ fn a_node_record_names_javascript_from_its_jitdump() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let measured = |key: &str| -> f64 {
-        stdout
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(key))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
     let table = ["--no-children", "--sort", "sym"];
     let mine = ours(&data, &table);
     let theirs = perf_report(&data, &table);
-    let js = |text: &str, f: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.contains("JS:") && l.contains(&format!("{f} /")))
-            .filter_map(|l| {
-                l.split_whitespace()
-                    .next()?
-                    .trim_end_matches('%')
-                    .parse::<f64>()
-                    .ok()
-            })
-            .sum()
-    };
     assert_eq!(
         js(&theirs, "hot"),
         0.0,
@@ -668,7 +654,7 @@ fn a_node_record_names_javascript_from_its_jitdump() {
     assert!(hot > 30.0, "hot {hot:.1} %:\n{mine}");
     split_holds(
         "node jitdump",
-        (measured("hot="), measured("warm=")),
+        (split_of(&stdout, "hot="), split_of(&stdout, "warm=")),
         (hot, warm),
         samples_of(&mine),
     );

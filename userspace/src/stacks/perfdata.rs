@@ -14,7 +14,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    io::Read as _,
     sync::Arc,
 };
 
@@ -221,7 +220,9 @@ pub fn read(
         .unwrap_or_default()
         .into_iter()
         .filter_map(|(key, info)| match key {
-            DsoKey::User { full_path, .. } => Some((full_path, hex(&info.build_id))),
+            DsoKey::User { full_path, .. } => {
+                Some((full_path, crate::stacks::symbolize::hex(&info.build_id)))
+            }
             _ => None,
         })
         .collect();
@@ -261,6 +262,7 @@ pub fn read(
     let mut records = 0u64;
     let mut unwound = (0u64, 0u64);
     let mut lost = 0u64;
+    let mut kernel_text = None;
     loop {
         let record = match record_iter.next_record(&mut perf_file) {
             Ok(Some(r)) => r,
@@ -313,7 +315,14 @@ pub fn read(
                 }
             }
             EventRecord::Mmap(_) | EventRecord::Mmap2(_) => {
-                // perf writes the kernel's own image as an mmap of pid -1.
+                // perf writes the kernel's own image as an mmap of pid -1,
+                // at `_text`: where this kernel must be for its names.
+                if let EventRecord::Mmap(m) = &parsed
+                    && m.pid == -1
+                    && m.path.as_slice().starts_with(b"[kernel.kallsyms]")
+                {
+                    kernel_text = Some(m.page_offset);
+                }
                 let Some((pid, range, path)) = exec_mapping(&parsed) else {
                     continue;
                 };
@@ -439,7 +448,7 @@ pub fn read(
             unwound.1, unwound.0
         ));
     }
-    let kernel_named = same_boot && kernel_image_matches(bytes);
+    let kernel_named = same_boot && kernel_image_matches(kernel_text);
     if !kernel_named && !kernel_stacks.keys().all(Vec::is_empty) {
         warnings.push(
             "recorded under another kernel or boot: kernel frames are not named \
@@ -795,36 +804,21 @@ fn cached(path: &str, build_id: &str) -> Option<std::fs::File> {
 /// boot for all that can be told: its pids, perf maps and kernel
 /// addresses are then this machine's.
 fn same_host(host: Option<&str>, release: Option<&str>) -> bool {
-    // SAFETY: uname fills the struct given.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return false;
-    }
-    let field = |f: &[libc::c_char]| {
-        let bytes: Vec<u8> = f
-            .iter()
-            .take_while(|&&c| c != 0)
-            .map(|&c| c as u8)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
-    host.is_none_or(|h| h == field(&u.nodename)) && release.is_some_and(|r| r == field(&u.release))
+    let here = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    host.is_none_or(|h| h == here.trim())
+        && release.is_some_and(|r| r == crate::kernel::features::kernel_release())
 }
 
-/// Whether the kernel image the recording mapped (perf's synthetic mmap
-/// of `[kernel.kallsyms]_text`) is at this kernel's address: the same
-/// kernel at the same KASLR offset.
-fn kernel_image_matches(bytes: &[u8]) -> bool {
-    let Some(recorded) = recorded_text(bytes) else {
+/// Whether the kernel image the recording mapped at `recorded` (perf's
+/// synthetic mmap of `[kernel.kallsyms]_text`) is at this kernel's
+/// `_text`: the same kernel at the same KASLR offset.
+fn kernel_image_matches(recorded: Option<u64>) -> bool {
+    let Some(recorded) = recorded else {
         return true;
     };
-    let Ok(mut f) = std::fs::File::open("/proc/kallsyms") else {
+    let Ok(text) = std::fs::read_to_string("/proc/kallsyms") else {
         return true;
     };
-    let mut text = String::new();
-    if f.read_to_string(&mut text).is_err() {
-        return true;
-    }
     text.lines()
         .find_map(|l| {
             let mut it = l.split_whitespace();
@@ -834,29 +828,6 @@ fn kernel_image_matches(bytes: &[u8]) -> bool {
         })
         // Without the rights to see addresses, kallsyms shows zeros.
         .is_none_or(|here| here == 0 || here == recorded)
-}
-
-/// The address of `_text` in the recording's kernel mmap record.
-fn recorded_text(bytes: &[u8]) -> Option<u64> {
-    let PerfFileReader {
-        mut perf_file,
-        mut record_iter,
-    } = PerfFileReader::parse_file(std::io::Cursor::new(bytes)).ok()?;
-    // The kernel's mmap is among the first records perf writes.
-    for _ in 0..64 {
-        let PerfFileRecord::EventRecord { record, .. } =
-            record_iter.next_record(&mut perf_file).ok()??
-        else {
-            continue;
-        };
-        if let Ok(EventRecord::Mmap(m)) = record.parse()
-            && m.pid == -1
-            && m.path.as_slice().starts_with(b"[kernel.kallsyms]")
-        {
-            return Some(m.page_offset);
-        }
-    }
-    None
 }
 
 /// How the recording's times become wall-clock times: by its clock data
@@ -880,9 +851,4 @@ fn clock_of(data: Option<(u64, u64)>, same_boot: bool, last: Option<u64>) -> Clo
     Clock {
         offset: now - i128::from(last.unwrap_or(0)),
     }
-}
-
-/// Bytes in hex.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -100,6 +100,8 @@ enum Loc {
     Unknown,
 }
 
+pub(crate) use self::elf::hex;
+
 /// The GNU build id of ELF file `file`, in hex.
 pub fn build_id_of(file: &std::fs::File) -> Option<String> {
     elf::build_id(file)

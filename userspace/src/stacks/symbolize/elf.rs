@@ -99,7 +99,12 @@ pub(crate) fn build_id(file: &File) -> Option<String> {
     let data = crate::kernel::memory::Mapped::of(file).ok()?;
     let elf = object::File::parse(&*data).ok()?;
     let id = elf.build_id().ok()??;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+    Some(hex(id))
+}
+
+/// Bytes in hex, as build ids are shown.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `file:line` of a symbol or an inlined function, where known.
