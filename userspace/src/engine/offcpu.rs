@@ -13,8 +13,13 @@ use crate::{
     kernel::{
         features::Mechanism,
         load::{Hooks, Kernel, Load, thread_entries},
+        warning::Warning,
     },
-    stacks::sample::{Sample, Timed},
+    output::{
+        files::{StackReports, thousands},
+        stacks::firefox,
+    },
+    stacks::sample::Sample,
 };
 
 /// tp_btf, else the raw tracepoint: both hand over the tasks themselves.
@@ -379,16 +384,44 @@ impl OffCpuStacks {
         self.stacks.finish(ebpf)
     }
 
-    /// Each wait sent on its own (after [`OffCpuStacks::finish`]): its
-    /// end's time since the Unix epoch, CPU, thread, stacks and
-    /// nanoseconds (`count`), marked off the CPU; and how many could not
-    /// be named. Only the waits counted are sent, so that by stack they
-    /// add up to the counts.
-    pub fn timed(&self) -> (Vec<Timed>, u64) {
-        match &self.stream {
-            Some(stream) => self.stacks.timed(stream.records()),
-            None => (Vec::new(), 0),
+    /// Writes `--firefox` and `--samples` of `reports` (after
+    /// [`OffCpuStacks::finish`]): each wait sent on its own, its end's
+    /// time since the Unix epoch, CPU, thread, stacks seen through `view`
+    /// (see [`StackTool::timed`])
+    /// and nanoseconds as its weight. Only the waits counted are sent, so
+    /// that by stack they add up to the counts; those the count table
+    /// had no room for are left out, with a warning.
+    pub fn write_each(
+        &self,
+        reports: &mut StackReports,
+        product: &str,
+        view: &mut dyn FnMut(Sample) -> Option<Sample>,
+    ) -> anyhow::Result<()> {
+        let Some(stream) = &self.stream else {
+            return Ok(());
+        };
+        let (timed, unnamed) = self.stacks.timed(stream.records(), view);
+        if unnamed > 0 {
+            Warning::unsupported(format!(
+                "{unnamed} waits sent on their own were not counted (the count table was full; \
+                 raise --hash-storage-size): --firefox and --samples leave them out"
+            ))
+            .print();
         }
+        let ns: u64 = timed.iter().map(|t| t.sample.count).sum();
+        let what = format!(
+            "{} waits, {} us",
+            thousands(timed.len() as u64),
+            thousands(ns.saturating_add(500) / 1000)
+        );
+        let meta = firefox::Meta {
+            product: product.to_owned(),
+            unit: firefox::Unit::OffCpuNanoseconds,
+            // No sampling: the profiler's unit of time per sample.
+            interval_ns: 1_000_000,
+            start_ns: self.stacks.started_nanos(),
+        };
+        crate::output::stacks::write_each(reports, &timed, &meta, &what)
     }
 }
 

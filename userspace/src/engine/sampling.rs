@@ -970,7 +970,7 @@ impl Sampler {
         let Some(stream) = &self.stream else {
             return Ok(());
         };
-        let (timed, unnamed) = self.stacks.timed(stream.records());
+        let (timed, unnamed) = self.stacks.timed(stream.records(), &mut Some);
         if unnamed > 0 {
             Warning::unsupported(format!(
                 "{unnamed} samples and waits sent on their own were not counted (the count \
@@ -989,24 +989,19 @@ impl Sampler {
         } else {
             format!("{} samples", files::thousands(timed.len() as u64))
         };
-        if let Some(file) = self.reports.firefox.take() {
-            let meta = stacks::firefox::Meta {
-                product: format!("rtrace profile: {} at {}", self.event.name(), self.rate()),
-                // With --off-cpu, samples weigh the CPU time they stand
-                // for and waits their time off it, in nanoseconds.
-                unit: if self.off_cpu.is_some() {
-                    stacks::firefox::Unit::Nanoseconds
-                } else {
-                    stacks::firefox::Unit::Samples
-                },
-                interval_ns: self.period_ns(),
-                start_ns: self.stacks.started_nanos(),
-            };
-            file.write(&what, |out| stacks::firefox::write(&timed, &meta, out))?;
-        }
-        if let Some((file, format)) = self.reports.samples.take() {
-            file.write(&what, |out| stacks::samplefile::write(&timed, format, out))?;
-        }
+        let meta = stacks::firefox::Meta {
+            product: format!("rtrace profile: {} at {}", self.event.name(), self.rate()),
+            // With --off-cpu, samples weigh the CPU time they stand for
+            // and waits their time off it, in nanoseconds.
+            unit: if self.off_cpu.is_some() {
+                stacks::firefox::Unit::Nanoseconds
+            } else {
+                stacks::firefox::Unit::Samples
+            },
+            interval_ns: self.period_ns(),
+            start_ns: self.stacks.started_nanos(),
+        };
+        stacks::write_each(&mut self.reports, &timed, &meta, &what)?;
         Ok(())
     }
 

@@ -733,15 +733,27 @@ impl StackTool {
 
     /// The per-sample stream's `records` (once [`StackTool::finish`] has
     /// named every count), each with its own time since the Unix epoch,
-    /// CPU, thread and weight, transformed as the counts were (`--hide`
-    /// and the like); and how many could not be named.
-    pub fn timed(&self, records: &[Sent]) -> (Vec<Timed>, u64) {
-        // CLOCK_MONOTONIC to the wall clock, as the two stand now.
-        let wall_now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let offset = wall_now.wrapping_sub(crate::kernel::monotonic_ns());
-        let (mut timed, unnamed) = self.store.timed(records, |t| t.wrapping_add(offset));
+    /// CPU, thread and weight, seen through `view` (the tool's own way of
+    /// showing a sample, `None` to leave it out: wakeuptime shows its
+    /// waker's stacks, and leaves out blocks with no waker seen), then
+    /// transformed as the counts were (`--hide` and the like); and how
+    /// many could not be named.
+    pub fn timed(
+        &self,
+        records: &[Sent],
+        view: &mut dyn FnMut(Sample) -> Option<Sample>,
+    ) -> (Vec<Timed>, u64) {
+        let offset = crate::kernel::wall_minus_monotonic_ns();
+        let (timed, unnamed) = self.store.timed(records, |t| t.wrapping_add(offset));
+        let mut timed: Vec<Timed> = timed
+            .into_iter()
+            .filter_map(|t| {
+                Some(Timed {
+                    sample: view(t.sample)?,
+                    ..t
+                })
+            })
+            .collect();
         if !self.transforms.is_empty() {
             // Each distinct stack once: samples share theirs.
             let mut done: HashMap<(usize, usize), Stacks> = HashMap::new();

@@ -36,6 +36,15 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// What to add to a CLOCK_MONOTONIC instant (the kernel's event times)
+/// for nanoseconds since the Unix epoch, as the two clocks stand now.
+pub fn wall_minus_monotonic_ns() -> u64 {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    wall.wrapping_sub(monotonic_ns())
+}
+
 /// The command of task `id` (`/proc/ID/comm`), `None` if it is gone.
 pub fn comm_of(id: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{id}/comm"))

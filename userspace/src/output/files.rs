@@ -114,6 +114,46 @@ impl ReportFile {
     }
 }
 
+/// The per-sample files, declared once for every tool that can send
+/// each sample (event, wait, allocation) on its own with its time, CPU
+/// and thread: the stack tools' group flattens it, and the tools with
+/// files of their own (memleak, wakeuptime, stackcount, report) take it
+/// alone.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PerSampleOutputs {
+    /// Write a Firefox Profiler profile (processed JSON) to FILE; open it
+    /// by dragging it into https://profiler.firefox.com. A thread per
+    /// thread, its samples in time order, and a hidden thread per CPU.
+    #[arg(long, value_name = "FILE")]
+    pub firefox: Option<PathBuf>,
+    /// Write one row per sample to FILE, for notebooks: .jsonl (JSON
+    /// lines, the stack a list of frames, root first) or .csv (the stack
+    /// one ;-joined column, root first). Columns: time (ns since the Unix
+    /// epoch), cpu, pid, tid, process, weight, stack.
+    #[arg(long, value_name = "FILE")]
+    pub samples: Option<PathBuf>,
+}
+
+impl PerSampleOutputs {
+    /// Whether each sample is wanted on its own, with its time, CPU and
+    /// thread (`--firefox`, `--samples`), not only counted by stack.
+    pub fn any(&self) -> bool {
+        self.firefox.is_some() || self.samples.is_some()
+    }
+
+    /// The per-sample flag given, for a tool that cannot honour it to
+    /// refuse it by name.
+    pub fn flag(&self) -> Option<&'static str> {
+        if self.firefox.is_some() {
+            Some("--firefox")
+        } else if self.samples.is_some() {
+            Some("--samples")
+        } else {
+            None
+        }
+    }
+}
+
 /// The outputs of a stack tool's whole run, declared once for every
 /// tool that takes them: the files, and perf report's table.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -143,20 +183,8 @@ pub struct StackOutputs {
     /// the network. Stacks are counted by 20 ms slot for it.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
-    /// Write a Firefox Profiler profile (processed JSON) to FILE; open it
-    /// by dragging it into https://profiler.firefox.com. A thread per
-    /// sampled thread with its samples in time order, and a hidden
-    /// thread per CPU. Each sample is sent on its own by the kernel for
-    /// it (profile, not --off-cpu).
-    #[arg(long, value_name = "FILE")]
-    pub firefox: Option<PathBuf>,
-    /// Write one row per sample to FILE, for notebooks: .jsonl (JSON
-    /// lines, the stack a list of frames, root first) or .csv (the stack
-    /// one ;-joined column, root first). Columns: time (ns since the Unix
-    /// epoch), cpu, pid, tid, process, weight, stack. As --firefox, each
-    /// sample is sent on its own.
-    #[arg(long, value_name = "FILE")]
-    pub samples: Option<PathBuf>,
+    #[command(flatten)]
+    pub each: PerSampleOutputs,
     /// Print perf report's table instead of stacks: overhead with
     /// children and self by --sort keys (comm, dso, sym), shaped by the
     /// report options (--hierarchy, -g, --percent-limit and the rest).
@@ -181,27 +209,20 @@ impl StackOutputs {
             self.speedscope.as_deref(),
             self.heatmap.as_deref(),
             self.html.as_deref(),
-            self.firefox.as_deref(),
-            self.samples.as_deref(),
+            self.each.firefox.as_deref(),
+            self.each.samples.as_deref(),
         ])
     }
 
-    /// Whether each sample is wanted on its own, with its time, CPU and
-    /// thread (`--firefox`, `--samples`), not only counted by stack.
+    /// Whether each sample is wanted on its own (see
+    /// [`PerSampleOutputs::any`]).
     pub fn per_sample(&self) -> bool {
-        self.firefox.is_some() || self.samples.is_some()
+        self.each.any()
     }
 
-    /// The per-sample flag given, for a tool that cannot honour it to
-    /// refuse it by name.
+    /// The per-sample flag given (see [`PerSampleOutputs::flag`]).
     pub fn per_sample_flag(&self) -> Option<&'static str> {
-        if self.firefox.is_some() {
-            Some("--firefox")
-        } else if self.samples.is_some() {
-            Some("--samples")
-        } else {
-            None
-        }
+        self.each.flag()
     }
 
     /// Whether a file of stacks is asked for, which the text output then

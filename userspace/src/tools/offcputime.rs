@@ -19,7 +19,7 @@ use crate::{
         offcpu::{self, BlockTimeArgs, Filter, OffCpuStacks},
         stacktool::StackArgs,
     },
-    kernel::{features::Mechanism, transport::BufferArgs, warning::Warning},
+    kernel::{features::Mechanism, transport::BufferArgs},
     output::{
         Schedule, Sink,
         files::{self, StackOutputs, StackReports},
@@ -204,7 +204,8 @@ impl Tool for Offcputime {
         // the nanoseconds too, which the waits on their own add up to.
         let exact = self.run.finish(ebpf)?;
         let counted = stacks::in_micros(exact.clone());
-        self.write_per_sample()?;
+        let product = "rtrace offcputime: time off the CPU";
+        self.run.write_each(&mut self.reports, product, &mut Some)?;
         // Counted by thread (for pprof, or a table by thread), the other
         // outputs still print each stack once.
         let merged;
@@ -321,42 +322,6 @@ impl Offcputime {
     fn time_keys(&self) -> bool {
         let o = &self.args.outputs;
         o.html.is_some() || o.pprof.is_some() || o.heatmap.is_some()
-    }
-
-    /// Writes `--firefox` and `--samples`: each wait sent on its own,
-    /// named by the counts just settled, its weight in nanoseconds.
-    fn write_per_sample(&mut self) -> anyhow::Result<()> {
-        if !self.args.outputs.per_sample() {
-            return Ok(());
-        }
-        let (timed, unnamed) = self.run.timed();
-        if unnamed > 0 {
-            Warning::unsupported(format!(
-                "{unnamed} waits sent on their own were not counted (the count table was full; \
-                 raise --hash-storage-size): --firefox and --samples leave them out"
-            ))
-            .print();
-        }
-        let ns: u64 = timed.iter().map(|t| t.sample.count).sum();
-        let what = format!(
-            "{} waits, {} us",
-            files::thousands(timed.len() as u64),
-            files::thousands(ns.saturating_add(500) / 1000)
-        );
-        if let Some(file) = self.reports.firefox.take() {
-            let meta = stacks::firefox::Meta {
-                product: "rtrace offcputime: time off the CPU".to_owned(),
-                unit: stacks::firefox::Unit::OffCpuNanoseconds,
-                // No sampling: the profiler's unit of time per sample.
-                interval_ns: 1_000_000,
-                start_ns: self.run.stacks.started_nanos(),
-            };
-            file.write(&what, |out| stacks::firefox::write(&timed, &meta, out))?;
-        }
-        if let Some((file, format)) = self.reports.samples.take() {
-            file.write(&what, |out| stacks::samplefile::write(&timed, format, out))?;
-        }
-        Ok(())
     }
 
     /// Writes the files asked for: the flame graph from `samples` (in

@@ -81,19 +81,10 @@ pub struct Args {
     /// times an rtrace profile keeps in its pprof files.
     #[arg(long, value_name = "FILE")]
     heatmap: Option<PathBuf>,
-    /// Also write the Firefox Profiler's format to FILE (open it by
-    /// dragging it into https://profiler.firefox.com): a thread per thread
-    /// sampled, its samples in time order, and a hidden thread per CPU.
-    /// For files that keep each sample's time: perf.data and perf script
-    /// text.
-    #[arg(long, value_name = "FILE")]
-    firefox: Option<PathBuf>,
-    /// Also write one row per sample to FILE, for notebooks: .jsonl (the
-    /// stack a list of frames, root first) or .csv (the stack one
-    /// ;-joined column, root first), with time (ns since the Unix epoch),
-    /// cpu, pid, tid, process, weight. For perf.data and perf script text.
-    #[arg(long, value_name = "FILE")]
-    samples: Option<PathBuf>,
+    /// --firefox and --samples, for files that keep each sample's time:
+    /// perf.data and perf script text.
+    #[command(flatten)]
+    each: crate::output::files::PerSampleOutputs,
     /// Also write one self-contained page (HTML) to FILE: the flame graph
     /// (zoom, search, icicle), the table and, where the profile keeps its
     /// samples' times (rtrace's pprof files do), the heat map to select a
@@ -366,11 +357,7 @@ fn write_per_sample(
     args: &Args,
     loaded: &Loaded,
 ) -> anyhow::Result<()> {
-    let flag = if files.firefox.is_some() {
-        "--firefox"
-    } else {
-        "--samples"
-    };
+    let flag = args.each.flag().unwrap_or("--samples");
     let Some((timed, interval_ns)) = &loaded.timed else {
         anyhow::bail!(
             "{flag} needs each sample's time, which {} does not keep (perf.data and perf \
@@ -382,28 +369,15 @@ fn write_per_sample(
         "{} samples",
         crate::output::files::thousands(timed.len() as u64)
     );
-    if let Some(file) = files.firefox.take() {
-        let meta = stacks::firefox::Meta {
-            product: format!("rtrace report: {} ({})", args.input.display(), loaded.event),
-            unit: stacks::firefox::Unit::Samples,
-            interval_ns: *interval_ns,
-            start_ns: loaded.time_nanos,
-        };
+    let meta = stacks::firefox::Meta {
+        product: format!("rtrace report: {} ({})", args.input.display(), loaded.event),
         // The Firefox Profiler counts samples; perf's periods are in
         // --samples' weight column.
-        let ones: Vec<Timed> = timed
-            .iter()
-            .map(|t| {
-                let mut t = t.clone();
-                t.sample.count = 1;
-                t
-            })
-            .collect();
-        file.write(&what, |out| stacks::firefox::write(&ones, &meta, out))?;
-    }
-    if let Some((file, format)) = files.samples.take() {
-        file.write(&what, |out| stacks::samplefile::write(timed, format, out))?;
-    }
+        unit: stacks::firefox::Unit::Periods,
+        interval_ns: *interval_ns,
+        start_ns: loaded.time_nanos,
+    };
+    stacks::write_each(files, timed, &meta, &what)?;
     Ok(())
 }
 
@@ -417,11 +391,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.speedscope.as_deref(),
         args.heatmap.as_deref(),
         args.html.as_deref(),
-        args.firefox.as_deref(),
-        args.samples.as_deref(),
+        args.each.firefox.as_deref(),
+        args.each.samples.as_deref(),
     ])?;
     let loaded = load(&args.input, &args)?;
-    if files.firefox.is_some() || files.samples.is_some() {
+    if args.each.any() {
         write_per_sample(&mut files, &args, &loaded)?;
     }
     if let Some(file) = files.html {

@@ -77,16 +77,9 @@ pub struct Args {
     /// verbose output is --verbose here).
     #[arg(short = 'v', long = "addresses")]
     addresses: bool,
-    /// Write the Firefox Profiler's format to FILE (open it by dragging
-    /// it into https://profiler.firefox.com): each event on its own, a
-    /// thread per thread, in time order.
-    #[arg(long, value_name = "FILE")]
-    firefox: Option<std::path::PathBuf>,
-    /// Write one row per event to FILE, for notebooks: .jsonl or .csv,
-    /// with time (ns since the Unix epoch), cpu, pid, tid, process,
-    /// weight and the stack, root first.
-    #[arg(long, value_name = "FILE")]
-    samples: Option<std::path::PathBuf>,
+    /// --firefox and --samples: each event on its own.
+    #[command(flatten)]
+    each: crate::output::files::PerSampleOutputs,
 }
 
 /// bcc's pattern as an event spec of `probes::event`, given which
@@ -142,8 +135,7 @@ impl Args {
                 ..StackArgs::default()
             },
             outputs: crate::output::files::StackOutputs {
-                firefox: self.firefox.clone(),
-                samples: self.samples.clone(),
+                each: self.each.clone(),
                 ..Default::default()
             },
             ..Sampling::default()

@@ -27,6 +27,9 @@
 //!   Weights in microseconds are rounded so that each thread's running
 //!   total is its nanoseconds' rounded: a thread's weights add up to its
 //!   time to the microsecond, however many intervals it had.
+//! - Allocations held ([`Unit::Bytes`], memleak's) are samples at the time
+//!   each was made, weighted by its bytes, in threads whose weights the
+//!   profiler shows as bytes.
 //!
 //! [`Sample::off_cpu`]: crate::stacks::sample::Sample::off_cpu
 
@@ -37,7 +40,7 @@ use fxprof_processed_profile::{
     CategoryColor, CategoryHandle, CpuDelta, Frame as FxFrame, FrameFlags, FrameInfo,
     MarkerFieldFlags, MarkerFieldFormat, MarkerTiming, ProcessHandle, Profile, ReferenceTimestamp,
     SamplingInterval, StackHandle, StaticSchemaMarker, StaticSchemaMarkerField, StringHandle,
-    ThreadHandle, Timestamp,
+    ThreadHandle, Timestamp, WeightType,
 };
 
 use crate::stacks::{
@@ -57,9 +60,16 @@ pub enum Unit {
     ///
     /// [`Sample::off_cpu`]: crate::stacks::sample::Sample::off_cpu
     Nanoseconds,
-    /// Each sample's `count` is nanoseconds off the CPU (offcputime):
-    /// every sample is time off the CPU.
+    /// Each sample's `count` is nanoseconds off the CPU (offcputime,
+    /// wakeuptime): every sample is time off the CPU.
     OffCpuNanoseconds,
+    /// Each sample counts once, whatever its `count`: perf's period,
+    /// which the profiler's call tree would take for a number of samples
+    /// (`--samples` keeps it as the weight).
+    Periods,
+    /// Each sample's `count` is bytes (memleak's allocations held): the
+    /// threads' weights are bytes, and no CPU time.
+    Bytes,
 }
 
 /// What the file says about the run besides its samples.
@@ -180,10 +190,15 @@ struct Builder {
     cpus: HashMap<u32, ThreadHandle>,
     cpu_process: Option<ProcessHandle>,
     /// Stacks by thread and the identity of the sample's frames (its
-    /// shared user and kernel stacks, and whether it is off the CPU).
-    stacks: HashMap<(ThreadHandle, usize, usize, bool), Option<StackHandle>>,
+    /// shared user and kernel stacks, whether it is off the CPU, and its
+    /// waker's shared stacks).
+    stacks: HashMap<(ThreadHandle, StackId), Option<StackHandle>>,
     zero: u64,
 }
+
+/// A sample's frames by identity: its shared user and kernel stacks,
+/// whether it is off the CPU, and its waker's shared stacks.
+type StackId = (usize, usize, bool, usize, usize);
 
 impl Builder {
     fn timestamp(&self, ns: u64) -> Timestamp {
@@ -194,9 +209,17 @@ impl Builder {
         let s = &t.sample;
         let key = (
             thread,
-            Arc::as_ptr(&s.user).cast::<u8>() as usize,
-            Arc::as_ptr(&s.kernel).cast::<u8>() as usize,
-            s.off_cpu,
+            (
+                Arc::as_ptr(&s.user).cast::<u8>() as usize,
+                Arc::as_ptr(&s.kernel).cast::<u8>() as usize,
+                s.off_cpu,
+                s.waker
+                    .as_ref()
+                    .map_or(0, |w| Arc::as_ptr(&w.user).cast::<u8>() as usize),
+                s.waker
+                    .as_ref()
+                    .map_or(0, |w| Arc::as_ptr(&w.kernel).cast::<u8>() as usize),
+            ),
         );
         if let Some(h) = self.stacks.get(&key) {
             return *h;
@@ -303,6 +326,10 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
                 let tid = if s.tid == 0 { s.pid } else { s.tid };
                 let th = b.profile.add_thread(process, tid, at, tid == s.pid);
                 b.profile.set_thread_name(th, &s.comm);
+                if meta.unit == Unit::Bytes {
+                    b.profile
+                        .set_thread_samples_weight_type(th, WeightType::Bytes);
+                }
                 b.threads.insert((s.pid, s.started, s.tid), th);
                 visible.push(th);
                 th
@@ -316,6 +343,10 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
                     .get_or_insert_with(|| b.profile.add_process("CPUs", 0, at));
                 let th = b.profile.add_thread(process, t.cpu, at, false);
                 b.profile.set_thread_name(th, &format!("CPU {}", t.cpu));
+                if meta.unit == Unit::Bytes {
+                    b.profile
+                        .set_thread_samples_weight_type(th, WeightType::Bytes);
+                }
                 b.cpus.insert(t.cpu, th);
                 th
             }
@@ -327,6 +358,8 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
                     s.count,
                     CpuDelta::from_nanos(meta.interval_ns.saturating_mul(s.count)),
                 ),
+                Unit::Periods => (1, CpuDelta::from_nanos(meta.interval_ns)),
+                Unit::Bytes => (s.count, CpuDelta::ZERO),
                 Unit::Nanoseconds | Unit::OffCpuNanoseconds => {
                     // Rounded on the running total, not each on its own:
                     // a thousand waits of 1.4 us weigh 1400, not 1000.
@@ -425,6 +458,42 @@ mod tests {
         // The main thread names the process.
         assert_eq!(named("t11")["processName"], "t10");
         assert_eq!(named("CPU 0")["samples"]["length"], 2);
+    }
+
+    /// perf's periods count once each; bytes weigh themselves, in
+    /// threads whose weights say so.
+    #[test]
+    fn periods_count_once_and_bytes_are_bytes() {
+        let mut samples = [timed(1_000, 0, 10, "a"), timed(2_000, 0, 10, "b")];
+        samples[0].sample.count = 250_000;
+        samples[1].sample.count = 4096;
+        let weights = |unit| {
+            let meta = Meta {
+                product: "test".to_owned(),
+                unit,
+                interval_ns: 1000,
+                start_ns: 0,
+            };
+            let mut out = Vec::new();
+            write(&samples, &meta, &mut out).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            let t = v["threads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == "t10")
+                .unwrap()
+                .clone();
+            (
+                t["samples"]["weight"].clone(),
+                t["samples"]["weightType"].clone(),
+            )
+        };
+        let (w, _) = weights(Unit::Periods);
+        assert!(w.is_null() || w == serde_json::json!([1, 1]), "{w}");
+        let (w, kind) = weights(Unit::Bytes);
+        assert_eq!(w, serde_json::json!([250_000, 4096]));
+        assert_eq!(kind, "bytes");
     }
 
     #[test]
