@@ -18,11 +18,12 @@ use crate::{
     kernel::{features::Mechanism, transport::BufferArgs},
     output::{
         Record, Sink,
+        files::{PerSampleOutputs, StackReports},
         stacks::{self, Stacks, Style, TextOptions, name, transform::TransformArgs},
     },
     stacks::{
         sample::{Sample, Thread},
-        symbolize::Frame,
+        symbolize::{Frame, Kind},
     },
     tracer::{Scope, ScopeArgs, Tool, own},
 };
@@ -64,6 +65,12 @@ pub struct Args {
     /// works.
     #[arg(long, value_name = "MECHANISM", value_parser = Mechanism::parser(&offcpu::CHAIN))]
     attach: Option<Mechanism>,
+    /// --firefox and --samples: each block on its own, in the woken
+    /// thread, at the time it was woken, weighing the nanoseconds it was
+    /// blocked, its stack the waker's under a root frame naming the waker
+    /// (`waker: COMM PID`).
+    #[command(flatten)]
+    each: PerSampleOutputs,
     #[command(flatten)]
     stacks: StackArgs,
     #[command(flatten)]
@@ -79,6 +86,8 @@ pub struct Wakeuptime {
     /// Microseconds blocked with no waker seen (woken before tracing
     /// began), for `-v`.
     unwoken: u64,
+    /// The files asked for, created before anything is attached.
+    reports: StackReports,
 }
 
 impl Tool for Wakeuptime {
@@ -92,10 +101,24 @@ impl Tool for Wakeuptime {
 
     fn new(args: Args) -> anyhow::Result<Self> {
         args.block_time.check()?;
+        let reports = StackReports::create([
+            None,
+            None,
+            None,
+            None,
+            None,
+            args.each.firefox.as_deref(),
+            args.each.samples.as_deref(),
+        ])?;
+        let mut run = OffCpuStacks::default();
+        if args.each.any() {
+            run.send_each();
+        }
         Ok(Self {
             args,
-            run: OffCpuStacks::default(),
+            run,
             unwoken: 0,
+            reports,
         })
     }
 
@@ -117,6 +140,9 @@ impl Tool for Wakeuptime {
 
     fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
         let counted = self.run.finish(ebpf)?;
+        let product = "rtrace wakeuptime: blocked time by waker";
+        self.run
+            .write_each(&mut self.reports, product, &mut by_its_waker())?;
         let (samples, unwoken) = by_waker(counted, &self.args.stacks.transforms);
         self.unwoken = unwoken.saturating_add(500) / 1000;
         sink.emit(&Wakeups(Stacks {
@@ -244,6 +270,35 @@ fn by_waker(counted: Vec<Sample>, transforms: &TransformArgs) -> (Vec<Sample>, u
             }
         });
     (stacks::in_micros(samples.collect()), unwoken)
+}
+
+/// Each block as the per-sample files show it: in the woken thread, its
+/// stacks the waker's (the woken thread's own are let go, as in the
+/// counts), under a root frame `waker: COMM PID`; a block with no waker
+/// seen is left out, as the counts leave it. Wakers' stacks are
+/// shared, so that each distinct one is transformed and written once.
+fn by_its_waker() -> impl FnMut(Sample) -> Option<Sample> {
+    type Key = (usize, String, u32);
+    let mut done: HashMap<Key, Arc<[Frame]>> = HashMap::new();
+    move |mut s| {
+        let w = s.waker.take()?;
+        let key = (
+            Arc::as_ptr(&w.user).cast::<u8>() as usize,
+            w.comm.clone(),
+            w.pid,
+        );
+        s.user = done
+            .entry(key)
+            .or_insert_with(|| {
+                let root = Frame::missed(&format!("waker: {} {}", w.comm, w.pid), Kind::User);
+                w.user.iter().cloned().chain([root]).collect()
+            })
+            .clone();
+        s.kernel = Arc::clone(&w.kernel);
+        // The waker's stacks were on the CPU: no `[off-CPU]` between them.
+        s.off_cpu = false;
+        Some(s)
+    }
 }
 
 /// The report: JSON as every stack tool's (the woken thread's `comm`,
