@@ -202,6 +202,10 @@ pub struct Alloc {
     pub stack: u64,
     /// Its weight (see the module).
     pub weight: u64,
+    /// The thread that made it, for `--firefox` and `--samples`.
+    pub tid: u32,
+    /// The CPU it was made on.
+    pub cpu: u32,
 }
 
 /// The totals of one (process, stack), by [`TotalKey`].

@@ -8,6 +8,8 @@
 //! share of the hot function must be the pprof's. offcputime and
 //! `profile --off-cpu` send each wait on its own too: their waits must add
 //! up to the tools' own totals, and mix with the samples in time order.
+//! wakeuptime sends each block with its waker's stacks, and memleak each
+//! allocation it holds at the end.
 
 use std::{collections::BTreeMap, path::Path, process::Command};
 
@@ -36,38 +38,23 @@ struct Run {
 /// Profiles the fixture with `--firefox`, `--samples` (of extension
 /// `ext`) and `--pprof`, all of one run.
 fn record(ext: &str) -> Run {
-    let firefox = temp(&format!("ff-{ext}.json"));
-    let samples = temp(&format!("samples.{ext}"));
     let pprof = temp(&format!("ff-{ext}.pb.gz"));
-    let fixture = start_fixture("twothreads_nofp", &[HOT_MS, WARM_MS]);
-    let pid = fixture.pid().to_string();
-    let rtrace = Rtrace::start_until(
-        &[
-            "profile",
-            "-F",
-            HZ,
-            "-p",
-            &pid,
-            "--firefox",
-            firefox.to_str().unwrap(),
-            "--samples",
-            samples.to_str().unwrap(),
-            "--pprof",
-            pprof.to_str().unwrap(),
-        ],
-        READY,
-    );
-    let done = run_fixture(fixture);
-    let (code, _, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
+    let tool = ["profile", "-F", HZ, "--pprof", pprof.to_str().unwrap()];
+    let fixture = ("twothreads_nofp", &[HOT_MS, WARM_MS][..]);
+    let run = each_of(&format!("ff-{ext}"), ext, fixture, &tool, READY);
+    let Each {
+        profile,
+        samples,
+        stderr,
+        done,
+        ..
+    } = run;
     assert!(
         !stderr.contains("per-sample records lost"),
         "records lost: {stderr}"
     );
-    let firefox: Value = serde_json::from_slice(&std::fs::read(&firefox).unwrap())
-        .expect("the Firefox profile is JSON");
     Run {
-        firefox,
+        firefox: profile,
         samples,
         pprof,
         hot: (done[0] as u32, done[1] as f64),
@@ -260,6 +247,22 @@ fn per_sample_flags_refuse_what_they_cannot_do() {
         &["offcputime", "--samples", "/tmp/rtrace-samples.txt", "1"],
         ".jsonl (JSON lines) or .csv",
     );
+    assert_one_line_error(
+        &["wakeuptime", "--samples", "/tmp/rtrace-samples.txt", "1"],
+        ".jsonl (JSON lines) or .csv",
+    );
+    // Without each allocation kept, there is none to write.
+    assert_one_line_error(
+        &[
+            "memleak",
+            "--combined-only",
+            "--firefox",
+            "/tmp/rtrace-ff.json",
+            "--",
+            "true",
+        ],
+        "--combined-only does not keep",
+    );
 }
 
 /// The blocking fixture's two functions, where its thread waits.
@@ -336,6 +339,58 @@ fn pprof_ns(path: &Path, tid: u32) -> u64 {
         .sum()
 }
 
+/// What wakeuptime prints to stderr once tracing has begun.
+const READY_WAKE: &str = "Tracing blocked time";
+/// What offcputime prints to stderr once tracing has begun.
+const READY_OFF: &str = "Tracing off-CPU time";
+
+/// A run of a tool with `--firefox` and `--samples` over a fixture's
+/// whole work.
+struct Each {
+    profile: Value,
+    samples: std::path::PathBuf,
+    stdout: String,
+    stderr: String,
+    /// The numbers of the fixture's `done` line.
+    done: Vec<i64>,
+    pid: u32,
+}
+
+/// Runs `tool` (its name and flags; `-p PID` and the two files are
+/// added) on `fixture` (its name and arguments), once `ready` is
+/// printed, until the fixture has done its work; the files are named
+/// after `tag`, the samples file's extension `ext`.
+fn each_of(tag: &str, ext: &str, fixture: (&str, &[&str]), tool: &[&str], ready: &str) -> Each {
+    let firefox = temp(&format!("{tag}-ff.json"));
+    let samples = temp(&format!("{tag}-samples.{ext}"));
+    let fixture = start_fixture(fixture.0, fixture.1);
+    let pid = fixture.pid();
+    let pid_text = pid.to_string();
+    let mut all = tool.to_vec();
+    all.extend([
+        "-p",
+        &pid_text,
+        "--firefox",
+        firefox.to_str().unwrap(),
+        "--samples",
+        samples.to_str().unwrap(),
+    ]);
+    let rtrace = Rtrace::start_until(&all, ready);
+    let done = run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let profile = serde_json::from_slice(&std::fs::read(&firefox).unwrap())
+        .expect("the Firefox profile is JSON");
+    Each {
+        profile,
+        samples,
+        stdout,
+        stderr,
+        done,
+        pid,
+    }
+}
+
 /// `offcputime --firefox --samples --pprof` of the blocking fixture
 /// (`cfuncs_nofp block`, one thread, waiting in `sleep_alpha`'s
 /// nanosleep and `wait_beta`'s read): the Firefox file parses; its
@@ -352,31 +407,24 @@ fn pprof_ns(path: &Path, tid: u32) -> u64 {
 /// there being coarse, which makes the fixture's own measure high.
 #[test]
 fn offcputime_waits_add_up_to_its_own_totals() {
-    let firefox = temp("off-ff.json");
-    let samples = temp("off-samples.jsonl");
     let pprof = temp("off-ff.pb.gz");
-    let fixture = start_fixture("cfuncs_nofp", &["block", "2"]);
-    let pid = fixture.pid();
-    let rtrace = Rtrace::start_until(
-        &[
-            "offcputime",
-            "-p",
-            &pid.to_string(),
-            "--firefox",
-            firefox.to_str().unwrap(),
-            "--samples",
-            samples.to_str().unwrap(),
-            "--pprof",
-            pprof.to_str().unwrap(),
-        ],
-        "Tracing off-CPU time",
+    let tool = ["offcputime", "--pprof", pprof.to_str().unwrap()];
+    let run = each_of(
+        "off",
+        "jsonl",
+        ("cfuncs_nofp", &["block", "2"]),
+        &tool,
+        READY_OFF,
     );
-    let done = run_fixture(fixture);
-    let (code, _, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
+    let Each {
+        profile,
+        samples,
+        stderr,
+        done,
+        pid,
+        ..
+    } = run;
     assert!(!stderr.contains("intervals lost"), "records lost: {stderr}");
-    let profile: Value = serde_json::from_slice(&std::fs::read(&firefox).unwrap())
-        .expect("the Firefox profile is JSON");
     let ns = pprof_ns(&pprof, pid);
     assert!(ns > 0, "no time off the CPU in the pprof for thread {pid}");
     let us = firefox_thread(&profile, pid);
@@ -427,34 +475,25 @@ fn offcputime_waits_add_up_to_its_own_totals() {
 /// order; a marker per wait; the rows are the Firefox thread's samples.
 #[test]
 fn profile_off_cpu_mixes_samples_and_waits_in_time_order() {
-    let firefox = temp("mixed-ff.json");
-    let samples = temp("mixed-samples.jsonl");
-    let fixture = start_fixture("cfuncs_nofp", &["mixed", "2"]);
-    let pid = fixture.pid();
-    let rtrace = Rtrace::start_until(
-        &[
-            "profile",
-            "-F",
-            "999",
-            "-p",
-            &pid.to_string(),
-            "--off-cpu",
-            "--firefox",
-            firefox.to_str().unwrap(),
-            "--samples",
-            samples.to_str().unwrap(),
-        ],
+    let tool = ["profile", "-F", "999", "--off-cpu"];
+    let run = each_of(
+        "mixed",
+        "jsonl",
+        ("cfuncs_nofp", &["mixed", "2"]),
+        &tool,
         READY,
     );
-    run_fixture(fixture);
-    let (code, _, stderr) = rtrace.stop(SIGINT);
-    assert_eq!(code, 0, "{stderr}");
+    let Each {
+        profile,
+        samples,
+        stderr,
+        pid,
+        ..
+    } = run;
     assert!(
         !stderr.contains("lost (--firefox"),
         "records lost: {stderr}"
     );
-    let profile: Value = serde_json::from_slice(&std::fs::read(&firefox).unwrap())
-        .expect("the Firefox profile is JSON");
     // In time order, checked there.
     firefox_thread(&profile, pid);
     let thread = thread_of(&profile, pid);
@@ -554,4 +593,174 @@ fn switch_program_verifier_instructions_with_and_without_the_stream() {
         eprintln!("btf_sched_switch {extra:?}: {n} instructions verified");
         assert!(n > 0 && n < 1_000_000, "{n} instructions verified");
     }
+}
+
+/// The `--samples` JSON lines of `path`, each parsed, having checked that
+/// they are in time order.
+fn json_rows(path: &Path) -> Vec<Value> {
+    let rows: Vec<Value> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let times: Vec<u64> = rows.iter().map(|r| r["time"].as_u64().unwrap()).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "rows out of time order"
+    );
+    rows
+}
+
+/// A row's stack, root first.
+fn stack_of(row: &Value) -> Vec<&str> {
+    let frames = row["stack"].as_array().expect("a stack");
+    frames.iter().map(|f| f.as_str().unwrap()).collect()
+}
+
+/// `wakeuptime --firefox --samples` of the fixture whose main thread
+/// pokes a thread named `waiter` through a pipe (`cfuncs_nofp wake`): a
+/// row per block of the waiter, in the waiter's thread, its stack the
+/// waker's under `waker: COMM PID`, nearly all of it the poking chain
+/// (main -> poke_loop -> write_poke); the rows' nanoseconds are the
+/// folded report's microseconds (each line rounded to half of one) and,
+/// within the bounds wakeuptime.rs explains, what the waiter measured;
+/// the Firefox thread weighs them in microseconds, a marker each.
+#[test]
+fn wakeuptime_blocks_are_the_wakers_stacks_in_the_woken_thread() {
+    let tool = ["wakeuptime", "-f"];
+    let run = each_of(
+        "wake",
+        "jsonl",
+        ("cfuncs_nofp", &["wake", "2"]),
+        &tool,
+        READY_WAKE,
+    );
+    let Each {
+        profile,
+        samples,
+        stdout,
+        stderr,
+        done,
+        pid,
+    } = run;
+    assert!(!stderr.contains("lost"), "records lost: {stderr}");
+    let folded = rtrace_integration_tests::parse_folded(&stdout);
+    let waiter_lines: Vec<_> = folded
+        .iter()
+        .filter(|(f, _)| f.last().is_some_and(|t| t == "waiter"))
+        .collect();
+    let folded_us: u64 = waiter_lines.iter().map(|(_, us)| **us).sum();
+    let rows = json_rows(&samples);
+    let waiter: Vec<&Value> = rows.iter().filter(|r| r["process"] == "waiter").collect();
+    assert!(!waiter.is_empty(), "no row of the waiter:\n{stdout}");
+    let tid = waiter[0]["tid"].as_u64().unwrap() as u32;
+    assert_ne!(tid, pid, "the waiter is the fixture's second thread");
+    assert!(waiter.iter().all(|r| r["tid"] == tid && r["pid"] == pid));
+    let ns: u64 = waiter.iter().map(|r| r["weight"].as_u64().unwrap()).sum();
+    let slack = 0.5 * waiter_lines.len() as f64 + 1.0;
+    assert!(
+        (ns as f64 / 1000.0 - folded_us as f64).abs() <= slack,
+        "the rows' {ns} ns against the folded report's {folded_us} us"
+    );
+    let root = format!("waker: cfuncs_nofp {pid}");
+    let mut by_poker = 0;
+    for r in &waiter {
+        let stack = stack_of(r);
+        assert_eq!(stack.first(), Some(&root.as_str()), "{stack:?}");
+        assert!(!stack.contains(&"[off-CPU]"), "the waker ran: {stack:?}");
+        let at = |name: &str| stack.iter().position(|f| *f == name);
+        let chain: Option<Vec<usize>> = ["main", "poke_loop", "write_poke"]
+            .iter()
+            .map(|f| at(f))
+            .collect();
+        if chain.is_some_and(|c| c.windows(2).all(|w| w[0] < w[1])) {
+            by_poker += r["weight"].as_u64().unwrap();
+        }
+    }
+    assert!(
+        by_poker as f64 >= 0.95 * ns as f64,
+        "{by_poker} of {ns} ns woken by write_poke's whole stack"
+    );
+    let measured = done[1] as f64;
+    assert!(
+        ns as f64 <= 1.1 * measured && ns as f64 >= 0.75 * measured,
+        "{ns} ns blocked in the rows; the waiter measured {measured} ns"
+    );
+    assert_eq!(firefox_thread(&profile, tid), (ns + 500) / 1000);
+    let thread = thread_of(&profile, tid);
+    assert_eq!(intervals(thread).len(), waiter.len(), "a marker per block");
+}
+
+/// Nanoseconds since the Unix epoch.
+fn now_ns() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.unwrap().as_nanos() as u64
+}
+
+/// `memleak --firefox --samples` of the fixture that keeps 1,000 blocks of
+/// 4 KiB and frees everything else (`memfix_nofp keep`): a row per block
+/// held, in the fixture's thread, at a time within the run, weighing its
+/// 4,096 bytes, its stack through keep_blocks and main; none from churn;
+/// and the Firefox thread weighs the same bytes, its weights marked as
+/// bytes.
+#[test]
+fn memleak_writes_each_allocation_held_at_its_time() {
+    const BLOCKS: u64 = 1000;
+    const SIZE: u64 = 4096;
+    let firefox = temp("leak-ff.json");
+    let samples = temp("leak-samples.jsonl");
+    let mut fixture = start_fixture("memfix_nofp", &["keep", "1000", "4096", "20000"]);
+    let pid = fixture.pid();
+    let before = now_ns();
+    let rtrace = Rtrace::start_until(
+        &[
+            "memleak",
+            "-p",
+            &pid.to_string(),
+            "--firefox",
+            firefox.to_str().unwrap(),
+            "--samples",
+            samples.to_str().unwrap(),
+            "1",
+        ],
+        "Attaching",
+    );
+    // The fixture keeps its blocks until its stdin closes.
+    fixture.go();
+    // Older than -o's 500 ms when the last report is made.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let (code, _, stderr) = rtrace.stop(SIGINT);
+    let after = now_ns();
+    drop(fixture);
+    assert_eq!(code, 0, "{stderr}");
+    let rows = json_rows(&samples);
+    let kept: Vec<&Value> = rows
+        .iter()
+        .filter(|r| stack_of(r).contains(&"keep_blocks"))
+        .collect();
+    assert_eq!(kept.len() as u64, BLOCKS, "rows under keep_blocks");
+    for r in &kept {
+        assert_eq!(r["pid"], pid, "{r}");
+        assert_eq!(r["tid"], pid, "{r}");
+        assert_eq!(r["weight"].as_u64(), Some(SIZE), "{r}");
+        let t = r["time"].as_u64().unwrap();
+        assert!((before..after).contains(&t), "{t} not in {before}..{after}");
+        let stack = stack_of(r);
+        let at = |name: &str| stack.iter().position(|f| *f == name);
+        assert!(at("main") < at("keep_blocks"), "{stack:?}");
+    }
+    assert!(
+        !rows.iter().any(|r| stack_of(r).contains(&"churn")),
+        "churn's blocks were all freed"
+    );
+    let profile: Value = serde_json::from_slice(&std::fs::read(&firefox).unwrap())
+        .expect("the Firefox profile is JSON");
+    let thread = thread_of(&profile, pid);
+    assert_eq!(thread["samples"]["weightType"], "bytes");
+    let bytes: u64 = rows
+        .iter()
+        .filter(|r| r["tid"] == pid)
+        .map(|r| r["weight"].as_u64().unwrap())
+        .sum();
+    assert_eq!(firefox_thread(&profile, pid), bytes);
 }

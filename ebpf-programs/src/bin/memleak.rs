@@ -16,7 +16,8 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns,
     },
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
@@ -169,6 +170,9 @@ fn record<C: EbpfContext>(ctx: &C, key: &AllocKey, size: u64, weight: u64, regs:
         ts,
         stack,
         weight,
+        tid: current().1,
+        // SAFETY: the helper has no preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
     };
     // An address still held: its free was missed (freed by a path not
     // traced, or made before its process was traced and freed since).

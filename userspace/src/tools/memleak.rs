@@ -38,12 +38,12 @@ use crate::{
     },
     output::{
         Record, Schedule, Sink, events,
-        files::{StackReports, held, thousands},
+        files::{PerSampleOutputs, StackReports, held, thousands},
         stacks::{self, FlameOptions, TextOptions},
     },
     probes::uprobes,
     stacks::{
-        sample::{MISSED_KERNEL, MISSED_USER, Sample},
+        sample::{MISSED_KERNEL, MISSED_USER, Sample, Timed},
         stackstore::read_all,
         symbolize::{Frame, Kind},
     },
@@ -162,6 +162,10 @@ pub struct Args {
     /// allocated them.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+    /// --firefox and --samples: each allocation held at the end, at the
+    /// time it was made, in its thread, weighing its bytes.
+    #[command(flatten)]
+    each: PerSampleOutputs,
     #[command(flatten)]
     stacks: StackArgs,
     #[command(flatten)]
@@ -465,7 +469,6 @@ pub struct Memleak {
     /// The commands the kernel recorded with each process's totals, for
     /// those gone before they were read.
     recorded: HashMap<u32, [u8; 16]>,
-    /// The files asked for, created at the start.
     /// The files asked for, created before anything is attached.
     reports: StackReports,
     /// The last report's holdings, for the files at the end.
@@ -473,9 +476,25 @@ pub struct Memleak {
     /// The bytes held at the last report by process, stack and the heat
     /// map slot they were allocated in, for the page.
     last_timed: Vec<(u32, u64, u32, u64)>,
+    /// Each allocation held at the last report, for `--firefox` and
+    /// `--samples` (kept only for them).
+    last_each: Vec<Each>,
     /// Frees of addresses never seen allocated, read at the end.
     unseen_frees: u64,
     started_ns: u64,
+}
+
+/// An allocation held, for the per-sample files.
+#[derive(Debug, Clone, Copy)]
+struct Each {
+    tgid: u32,
+    tid: u32,
+    cpu: u32,
+    /// When it was made: CLOCK_MONOTONIC nanoseconds.
+    ts: u64,
+    stack: u64,
+    /// Bytes, weighted as the report's totals are.
+    bytes: u64,
 }
 
 impl Memleak {
@@ -569,7 +588,9 @@ impl Memleak {
         let mut by: HashMap<(u32, u64), (Amount, Amount)> = HashMap::new();
         let mut timed: HashMap<(u32, u64, u32), Amount> = HashMap::new();
         let (by_time, zero) = (self.reports.html.is_some(), self.started_ns);
+        let each = self.args.each.any();
         let mut listed = Vec::new();
+        self.last_each.clear();
         let totals = match &mut self.totals {
             Some(t) => read_all(t).0,
             None => Vec::new(),
@@ -609,6 +630,16 @@ impl Memleak {
                     .or_default()
                     .0
                     .add(a.size, weight);
+                if each {
+                    self.last_each.push(Each {
+                        tgid: k.tgid,
+                        tid: a.tid,
+                        cpu: a.cpu,
+                        ts: a.ts,
+                        stack: a.stack,
+                        bytes: a.size.wrapping_mul(weight) >> 16,
+                    });
+                }
                 if by_time {
                     let slot = a.ts.saturating_sub(zero) / HEAT_SLOT_NS + 1;
                     timed
@@ -758,6 +789,7 @@ impl Memleak {
 
     /// Writes the files asked for from the last report.
     fn write_files(&mut self) -> anyhow::Result<()> {
+        self.write_each()?;
         let rows = std::mem::take(&mut self.last);
         // Where allocations are not kept one by one, the totals by stack,
         // without times.
@@ -863,6 +895,44 @@ impl Memleak {
     }
 }
 
+impl Memleak {
+    /// Writes `--firefox` and `--samples` from the last report: each
+    /// allocation it counted, at its time, in its thread.
+    fn write_each(&mut self) -> anyhow::Result<()> {
+        if !self.args.each.any() {
+            return Ok(());
+        }
+        let offset = crate::kernel::wall_minus_monotonic_ns();
+        let each = std::mem::take(&mut self.last_each);
+        let mut timed = Vec::with_capacity(each.len());
+        for e in &each {
+            let Some(mut sample) = self.samples_of(&[(e.tgid, e.stack, 0, e.bytes)]).pop() else {
+                continue;
+            };
+            sample.tid = e.tid;
+            timed.push(Timed {
+                time: e.ts.wrapping_add(offset),
+                cpu: e.cpu,
+                sample,
+            });
+        }
+        let bytes: u64 = each.iter().map(|e| e.bytes).sum();
+        let what = format!(
+            "{} allocations, {} bytes",
+            thousands(timed.len() as u64),
+            thousands(bytes)
+        );
+        let meta = stacks::firefox::Meta {
+            product: "rtrace memleak: bytes held, by when and where they were allocated".to_owned(),
+            unit: stacks::firefox::Unit::Bytes,
+            // No sampling: the profiler's unit of time per sample.
+            interval_ns: 1_000_000,
+            start_ns: self.started_ns.wrapping_add(offset),
+        };
+        stacks::write_each(&mut self.reports, &timed, &meta, &what)
+    }
+}
+
 /// The weight of an allocation of `size` bytes sampled with one byte in
 /// `mean`: its inverse chance, `1 / (1 - e^(-size/mean))`, in 16.16.
 fn bytes_weight(size: f64, mean: f64) -> u64 {
@@ -940,6 +1010,13 @@ impl Tool for Memleak {
         if !user && args.obj.is_some() {
             anyhow::bail!("-O names a process's allocator: give -p, -c or -- CMD");
         }
+        if let Some(flag) = args.each.flag()
+            && args.combined_only
+        {
+            anyhow::bail!(
+                "{flag} writes each allocation held, which --combined-only does not keep"
+            );
+        }
         if user && args.percpu {
             anyhow::bail!("--percpu traces the kernel's per-CPU allocations: not with a process");
         }
@@ -958,8 +1035,8 @@ impl Tool for Memleak {
             None,
             None,
             args.html.as_deref(),
-            None,
-            None,
+            args.each.firefox.as_deref(),
+            args.each.samples.as_deref(),
         ])?;
         Ok(Self {
             user,
@@ -975,6 +1052,7 @@ impl Tool for Memleak {
             reports,
             last: Vec::new(),
             last_timed: Vec::new(),
+            last_each: Vec::new(),
             unseen_frees: 0,
             started_ns: 0,
             args,
