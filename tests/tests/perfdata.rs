@@ -34,6 +34,9 @@ fn record(name: &str, args: &[&str], cmd: &[&str]) -> (PathBuf, String) {
         .arg(&data)
         .arg("--")
         .args(cmd)
+        // Node under a perf map flag writes V8's log into its working
+        // directory.
+        .current_dir(std::env::temp_dir())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
