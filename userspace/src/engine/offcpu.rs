@@ -421,7 +421,7 @@ impl OffCpuStacks {
             interval_ns: 1_000_000,
             start_ns: self.stacks.started_nanos(),
         };
-        crate::output::stacks::write_each(reports, &timed, &meta, &what)
+        reports.write_each(&timed, &meta, &what)
     }
 }
 

@@ -1001,7 +1001,7 @@ impl Sampler {
             interval_ns: self.period_ns(),
             start_ns: self.stacks.started_nanos(),
         };
-        stacks::write_each(&mut self.reports, &timed, &meta, &what)?;
+        self.reports.write_each(&timed, &meta, &what)?;
         Ok(())
     }
 

@@ -256,6 +256,28 @@ pub struct StackReports {
 }
 
 impl StackReports {
+    /// Writes the per-sample files asked for (`--firefox` with `meta`,
+    /// `--samples`), each announced as holding `what`; the files are
+    /// taken, so that a second call writes nothing.
+    pub fn write_each(
+        &mut self,
+        timed: &[crate::stacks::sample::Timed],
+        meta: &crate::output::stacks::firefox::Meta,
+        what: &str,
+    ) -> anyhow::Result<()> {
+        if let Some(file) = self.firefox.take() {
+            file.write(what, |out| {
+                crate::output::stacks::firefox::write(timed, meta, out)
+            })?;
+        }
+        if let Some((file, format)) = self.samples.take() {
+            file.write(what, |out| {
+                crate::output::stacks::samplefile::write(timed, format, out)
+            })?;
+        }
+        Ok(())
+    }
+
     /// Creates each file asked for: svg, pprof, speedscope, heat map,
     /// page, Firefox profile, samples. A samples file's extension is
     /// checked first, so that a wrong one creates nothing.

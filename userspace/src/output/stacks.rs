@@ -77,24 +77,6 @@ impl Sample {
     }
 }
 
-/// Writes the per-sample files `reports` holds (`--firefox` with `meta`,
-/// `--samples`), each announced as holding `what`; the files are taken,
-/// so that a second call writes nothing.
-pub fn write_each(
-    reports: &mut crate::output::files::StackReports,
-    timed: &[crate::stacks::sample::Timed],
-    meta: &firefox::Meta,
-    what: &str,
-) -> anyhow::Result<()> {
-    if let Some(file) = reports.firefox.take() {
-        file.write(what, |out| firefox::write(timed, meta, out))?;
-    }
-    if let Some((file, format)) = reports.samples.take() {
-        file.write(what, |out| samplefile::write(timed, format, out))?;
-    }
-    Ok(())
-}
-
 /// `samples`, counted in nanoseconds, counted in microseconds, rounded;
 /// hottest first, and none that rounds to nothing.
 pub fn in_micros(samples: Vec<Sample>) -> Vec<Sample> {

@@ -929,7 +929,7 @@ impl Memleak {
             interval_ns: 1_000_000,
             start_ns: self.started_ns.wrapping_add(offset),
         };
-        stacks::write_each(&mut self.reports, &timed, &meta, &what)
+        self.reports.write_each(&timed, &meta, &what)
     }
 }
 

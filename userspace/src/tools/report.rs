@@ -377,7 +377,7 @@ fn write_per_sample(
         interval_ns: *interval_ns,
         start_ns: loaded.time_nanos,
     };
-    stacks::write_each(files, timed, &meta, &what)?;
+    files.write_each(timed, &meta, &what)?;
     Ok(())
 }
 
