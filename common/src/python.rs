@@ -34,7 +34,8 @@ pub const CHAIN_311: u8 = 11;
 /// [`PyProc::chain`]: 3.12: as 3.11, but an activation ends at a shim
 /// frame owned by the C stack.
 pub const CHAIN_312: u8 = 12;
-/// [`PyProc::chain`]: 3.13+: `tstate->current_frame`, activations as 3.12.
+/// [`PyProc::chain`]: 3.13+: `tstate->current_frame`, activations as 3.12
+/// (3.14's `f_executable` is a tagged reference, masked by the walk).
 pub const CHAIN_313: u8 = 13;
 
 /// `owner` of a 3.12+ interpreter frame that only marks where C code
@@ -57,6 +58,12 @@ pub struct PyProc {
     pub eval_start: u64,
     /// See [`PyProc::eval_start`].
     pub eval_end: u64,
+    /// A second range of the same function's code where the compiler
+    /// split it (GCC's hot and cold partitions: Debian sid's 3.14 keeps
+    /// the loop's body apart from the exported entry); empty if none.
+    pub eval2_start: u64,
+    /// See [`PyProc::eval2_start`].
+    pub eval2_end: u64,
     /// The address of `PyCode_Type`: a frame's code object must have it as
     /// its type.
     pub code_type: u64,

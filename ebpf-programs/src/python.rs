@@ -138,7 +138,10 @@ pub(crate) fn at_frame(s: &mut Scratch, tgid: u32) -> Next {
     // step, and nothing writes `s.py.proc` during it.
     let py = unsafe { &*py };
     if s.py.mode == 0 {
-        if s.py.frame == 0 || s.walk.ip < py.eval_start || s.walk.ip >= py.eval_end {
+        let ip = s.walk.ip;
+        let in_eval = (ip >= py.eval_start && ip < py.eval_end)
+            || (ip >= py.eval2_start && ip < py.eval2_end);
+        if s.py.frame == 0 || !in_eval {
             return Next::Native { record: true };
         }
         s.py.mode = 1;
@@ -151,7 +154,10 @@ pub(crate) fn at_frame(s: &mut Scratch, tgid: u32) -> Next {
     if !read_into(buf, f, FRAME_BYTES) {
         return give_up(s);
     }
-    let code = word(buf, py.frame_code);
+    // 3.14's `f_executable` is a tagged `_PyStackRef` (bit 0 marks an
+    // immortal or borrowed reference); every version's code object is
+    // aligned, so the low bits are cleared for all.
+    let code = word(buf, py.frame_code) & !3;
     let back = word(buf, py.frame_back);
     let instr = if py.chain == CHAIN_310 {
         u64::from(half(buf, py.frame_instr))
@@ -172,7 +178,7 @@ pub(crate) fn at_frame(s: &mut Scratch, tgid: u32) -> Next {
     }
     // ob_type, after the reference count.
     if buf[1] != py.code_type {
-        // 3.13's `f_executable` may hold something else than code (a
+        // 3.13+'s `f_executable` may hold something else than code (a
         // shim's None): skipped; in older versions, a frame half set up.
         if py.chain < rtrace_common::python::CHAIN_313 {
             return give_up(s);

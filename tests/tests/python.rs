@@ -27,15 +27,38 @@ fn fixture_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyfix.py")
 }
 
-/// The Debian trixie root `cargo xtask` makes (`debootstrap`), with its
-/// python3 (3.13); xtask passes its path, versioned.
-fn trixie_root() -> PathBuf {
-    std::env::var_os("RTRACE_TRIXIE_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
+/// A Debian root `cargo xtask` makes (`debootstrap`), with another
+/// interpreter version, run through `chroot`: in another mount namespace
+/// with its own libc.
+#[derive(Clone, Copy)]
+enum Root {
+    /// trixie's python3 (3.13).
+    Trixie,
+    /// sid's python3.14.
+    Sid,
+}
+
+impl Root {
+    /// Where it is: xtask passes its path, versioned.
+    fn path(self) -> PathBuf {
+        let (var, dir) = match self {
+            Root::Trixie => ("RTRACE_TRIXIE_ROOT", "trixie-root-1"),
+            Root::Sid => ("RTRACE_SID_ROOT", "sid-root-1"),
+        };
+        std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
             PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-                .join(".cache/rtrace/trixie-root-1")
+                .join(".cache/rtrace")
+                .join(dir)
         })
+    }
+
+    /// Its interpreter, inside it.
+    fn python(self) -> &'static str {
+        match self {
+            Root::Trixie => "/usr/bin/python3",
+            Root::Sid => "/usr/bin/python3.14",
+        }
+    }
 }
 
 /// How the fixture is run.
@@ -43,8 +66,8 @@ fn trixie_root() -> PathBuf {
 enum Python {
     /// The host's python3.11.
     Host,
-    /// Trixie's python3 in its root, through `chroot`.
-    Trixie,
+    /// A Debian root's interpreter, through `chroot`.
+    Chroot(Root),
     /// The `pyembed` fixture: the host's libpython3.11.so, loaded by an
     /// application.
     Embedded,
@@ -71,16 +94,18 @@ fn start(python: Python, mode: &str, seconds: &str) -> Workload {
             c.arg(fixture_source());
             c
         }
-        Python::Trixie => {
-            let root = trixie_root();
+        Python::Chroot(r) => {
+            let root = r.path();
+            let python = root.join(&r.python()[1..]);
             assert!(
-                root.join("usr/bin/python3").exists(),
-                "no trixie root at {} (cargo xtask setup makes it)",
+                python.exists(),
+                "no {} at {} (cargo xtask setup makes it)",
+                r.python(),
                 root.display()
             );
             std::fs::copy(fixture_source(), root.join("tmp/pyfix.py")).unwrap();
             let mut c = Command::new("chroot");
-            c.arg(&root).args(["/usr/bin/python3", "/tmp/pyfix.py"]);
+            c.arg(&root).args([r.python(), "/tmp/pyfix.py"]);
             c
         }
     };
@@ -245,7 +270,18 @@ fn python_313_in_a_trixie_chroot_is_walked_and_named() {
     if skip_in_guest() {
         return;
     }
-    split_under(Python::Trixie, "3.13");
+    split_under(Python::Chroot(Root::Trixie), "3.13");
+}
+
+/// Debian sid's 3.14: `_Py_DebugOffsets` of 3.14's shape, tagged code
+/// references, and an interpreter loop that GCC split from its exported
+/// entry into a range of its own.
+#[test]
+fn python_314_in_a_sid_chroot_is_walked_and_named() {
+    if skip_in_guest() {
+        return;
+    }
+    split_under(Python::Chroot(Root::Sid), "3.14");
 }
 
 /// The guests carry no Python, and the walk runs the same code there; the
@@ -263,7 +299,21 @@ fn a_recursive_tower_keeps_every_python_frame() {
     if skip_in_guest() {
         return;
     }
-    let (folded, _, _) = profile(Python::Host, "tower", "2", &[]);
+    tower(Python::Host);
+}
+
+/// As [`a_recursive_tower_keeps_every_python_frame`], under Debian sid's 3.14.
+#[test]
+fn a_recursive_tower_keeps_every_python_frame_under_314() {
+    if skip_in_guest() {
+        return;
+    }
+    tower(Python::Chroot(Root::Sid));
+}
+
+/// Every frame of a 21-deep recursion of Python functions, whole.
+fn tower(python: Python) {
+    let (folded, _, _) = profile(python, "tower", "2", &[]);
     let mut chain = vec!["pyfix.<module>", "pyfix.main"];
     chain.extend(std::iter::repeat_n("pyfix.tower", 21));
     chain.extend(["pyfix.leaf", "pyfix.spin_until"]);
@@ -275,7 +325,21 @@ fn a_c_extension_sits_above_the_python_function_that_called_it() {
     if skip_in_guest() {
         return;
     }
-    let (folded, _, done) = profile(Python::Host, "zlib", "3", &[]);
+    c_extension(Python::Host);
+}
+
+/// As [`a_c_extension_sits_above_the_python_function_that_called_it`], under Debian sid's 3.14.
+#[test]
+fn a_c_extension_sits_above_the_python_function_that_called_it_under_314() {
+    if skip_in_guest() {
+        return;
+    }
+    c_extension(Python::Chroot(Root::Sid));
+}
+
+/// zlib's C code above the Python function that called it, split as measured.
+fn c_extension(python: Python) {
+    let (folded, _, done) = profile(python, "zlib", "3", &[]);
     let zlib = |f: &String| f.starts_with("deflate") || f == "longest_match" || f == "compress";
     let mut above = 0;
     let mut total = 0;
@@ -316,7 +380,21 @@ fn each_thread_has_its_own_python_stack() {
     if skip_in_guest() {
         return;
     }
-    let (folded, _, done) = profile(Python::Host, "threads", "3", &[]);
+    threads(Python::Host);
+}
+
+/// As [`each_thread_has_its_own_python_stack`], under Debian sid's 3.14.
+#[test]
+fn each_thread_has_its_own_python_stack_under_314() {
+    if skip_in_guest() {
+        return;
+    }
+    threads(Python::Chroot(Root::Sid));
+}
+
+/// Two threads' own chains, split as measured.
+fn threads(python: Python) {
+    let (folded, _, done) = profile(python, "threads", "3", &[]);
     let mut own = 0;
     let mut total = 0;
     for (s, c) in &folded {
@@ -361,7 +439,21 @@ fn offcputime_names_the_python_functions_that_blocked() {
     if skip_in_guest() {
         return;
     }
-    let mut w = start(Python::Host, "blocked", "3");
+    blocked(Python::Host);
+}
+
+/// As [`offcputime_names_the_python_functions_that_blocked`], under Debian sid's 3.14.
+#[test]
+fn offcputime_names_the_python_functions_that_blocked_under_314() {
+    if skip_in_guest() {
+        return;
+    }
+    blocked(Python::Chroot(Root::Sid));
+}
+
+/// offcputime's blocked time by the Python functions that blocked, split as measured.
+fn blocked(python: Python) {
+    let mut w = start(python, "blocked", "3");
     let pid = w.pid().to_string();
     let rtrace = Rtrace::start(&["offcputime", "-p", &pid, "-f", "-U"]);
     let done = w.go();
@@ -393,7 +485,21 @@ fn code_objects_freed_and_replaced_at_one_address_keep_their_own_names() {
     if skip_in_guest() {
         return;
     }
-    let (folded, stderr, done) = profile(Python::Host, "codes", "4", &[]);
+    codes(Python::Host);
+}
+
+/// As [`code_objects_freed_and_replaced_at_one_address_keep_their_own_names`], under Debian sid's 3.14.
+#[test]
+fn code_objects_freed_and_replaced_at_one_address_keep_their_own_names_under_314() {
+    if skip_in_guest() {
+        return;
+    }
+    codes(Python::Chroot(Root::Sid));
+}
+
+/// Code objects freed and made again at one address keep their own names.
+fn codes(python: Python) {
+    let (folded, stderr, done) = profile(python, "codes", "4", &[]);
     let (rounds, reused) = (done[0], done[1]);
     assert!(
         reused > 0,
@@ -469,7 +575,7 @@ fn no_python_and_an_unknown_version_keep_native_frames() {
     std::fs::create_dir_all(&dir).unwrap();
     let copy = dir.join("python3.11");
     let mut data = std::fs::read(HOST_PYTHON).unwrap();
-    let at = py_version_offset(&data);
+    let at = symbol_offset(&data, "Py_Version");
     data[at + 2] = 99;
     std::fs::write(&copy, &data).unwrap();
     std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -493,14 +599,56 @@ fn no_python_and_an_unknown_version_keep_native_frames() {
     assert!(with_frame(&folded, "Py_BytesMain") > 0, "{}", show(&folded));
 }
 
-/// The file offset of `Py_Version` (its hex version) in an interpreter.
-fn py_version_offset(data: &[u8]) -> usize {
+/// A free-threaded build (here sid's 3.14 with its `_Py_DebugOffsets`
+/// saying so, as a 3.14t's do) is told apart by its offsets and refused
+/// with one line; its native frames stay.
+#[test]
+fn a_free_threaded_build_is_refused_and_keeps_native_frames() {
+    if skip_in_guest() {
+        return;
+    }
+    let root = Root::Sid.path();
+    let mut data = std::fs::read(root.join(&Root::Sid.python()[1..])).unwrap();
+    // `_PyRuntime` begins with the table: cookie, version, free_threaded.
+    let at = symbol_offset(&data, "_PyRuntime");
+    assert_eq!(&data[at..at + 8], b"xdebugpy");
+    data[at + 16] = 1;
+    let copy = root.join("tmp/python3.14t");
+    std::fs::write(&copy, &data).unwrap();
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::copy(fixture_source(), root.join("tmp/pyfix.py")).unwrap();
+    let mut cmd = Command::new("chroot");
+    cmd.arg(&root)
+        .args(["/tmp/python3.14t", "/tmp/pyfix.py", "split", "1"]);
+    let (mut w, line) = Workload::start_command(cmd);
+    assert!(line.starts_with("ready"));
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-p", &pid, "-f"], READY);
+    w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert!(w.wait().success());
+    let _ = std::fs::remove_file(&copy);
+    assert_eq!(code, 0, "{stderr}");
+    // One line when the process is met (the warnings at exit repeat it).
+    let said = stderr
+        .lines()
+        .filter(|l| l.contains("free-threaded builds (3.14t) are not supported"))
+        .filter(|l| l.contains("native frames only"))
+        .count();
+    assert_eq!(said, 1, "{stderr}");
+    let folded = parse_folded(&stdout);
+    assert_eq!(with_frame(&folded, "pyfix.hot"), 0);
+    assert!(with_frame(&folded, "Py_BytesMain") > 0, "{}", show(&folded));
+}
+
+/// The file offset of dynamic symbol `name` in an ELF file.
+fn symbol_offset(data: &[u8], name: &str) -> usize {
     use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
     let elf = object::File::parse(data).unwrap();
     let sym = elf
         .dynamic_symbols()
-        .find(|s| s.name() == Ok("Py_Version"))
-        .expect("Py_Version");
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("no {name}"));
     let a = sym.address();
     elf.segments()
         .find_map(|s| {
@@ -515,7 +663,21 @@ fn lines_name_the_python_source_line() {
     if skip_in_guest() {
         return;
     }
-    let (folded, _, _) = profile(Python::Host, "split", "2", &["--lines"]);
+    lines(Python::Host);
+}
+
+/// As [`lines_name_the_python_source_line`], under Debian sid's 3.14.
+#[test]
+fn lines_name_the_python_source_line_under_314() {
+    if skip_in_guest() {
+        return;
+    }
+    lines(Python::Chroot(Root::Sid));
+}
+
+/// Each Python frame with its source line under --lines, as the fixture says.
+fn lines(python: Python) {
+    let (folded, _, _) = profile(python, "split", "2", &["--lines"]);
     let src = std::fs::read_to_string(fixture_source()).unwrap();
     let line_of = |text: &str| src.lines().position(|l| l.trim() == text).unwrap() + 1;
     // hot's loop: the `for` and the `s += i * i` of its body.
@@ -552,6 +714,20 @@ fn python_leaves_match_py_spy() {
     if skip_in_guest() {
         return;
     }
+    beside_py_spy(Python::Host);
+}
+
+/// As [`python_leaves_match_py_spy`], under Debian sid's 3.14.
+#[test]
+fn python_leaves_match_py_spy_under_314() {
+    if skip_in_guest() {
+        return;
+    }
+    beside_py_spy(Python::Chroot(Root::Sid));
+}
+
+/// rtrace's and py-spy's innermost Python functions, sampling one process at once, within 4 sd.
+fn beside_py_spy(python: Python) {
     let py_spy = std::env::var_os("RTRACE_PY_SPY")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -563,7 +739,7 @@ fn python_leaves_match_py_spy() {
         "no py-spy at {} (cargo xtask setup installs it)",
         py_spy.display()
     );
-    let mut w = start(Python::Host, "split", "4");
+    let mut w = start(python, "split", "4");
     let pid = w.pid().to_string();
     let raw = std::env::temp_dir().join(format!("rtrace-pyspy-{}.txt", std::process::id()));
     let rtrace = Rtrace::start_until(&["profile", "-F", "99", "-p", &pid, "-f"], READY);

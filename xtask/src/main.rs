@@ -149,6 +149,7 @@ fn test_env(bin: PathBuf, static_bin: PathBuf) -> Vec<(&'static str, PathBuf)> {
         ("RTRACE_BIN", bin),
         ("RTRACE_STATIC_BIN", static_bin),
         ("RTRACE_TRIXIE_ROOT", setup::trixie_root()),
+        ("RTRACE_SID_ROOT", setup::sid_root()),
         ("RTRACE_PY_SPY", setup::py_spy()),
     ]
 }

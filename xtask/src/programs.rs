@@ -14,6 +14,10 @@ pub enum Source {
     /// Not a Debian package: the machine's Rust toolchain (rustup, cargo,
     /// rustc), or a crate setup installs with `cargo install`.
     Rust,
+    /// A program inside a Debian root that setup makes with debootstrap
+    /// (the release named), run there through `chroot`: not looked for on
+    /// the host.
+    Root(&'static str),
 }
 
 /// An external program and why it is needed.
@@ -179,8 +183,14 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "debootstrap",
         "debootstrap",
-        "setup makes the Debian trixie root whose python3 (3.13) the Python tests run",
+        "setup makes the Debian trixie and sid roots whose python3 (3.13) and python3.14 \
+         the Python tests run",
     ),
+    Program {
+        name: "python3.14",
+        source: Source::Root("sid"),
+        why: "the Python tests' 3.14, sid's own, in the root setup makes",
+    },
     deb(
         "chroot",
         "coreutils",
@@ -293,7 +303,7 @@ pub fn packages() -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
     let named = PROGRAMS.iter().filter_map(|p| match p.source {
         Source::Debian(package) => Some(package),
-        Source::Rust => None,
+        Source::Rust | Source::Root(_) => None,
     });
     for package in named.chain(FILES.iter().map(|f| f.0)) {
         if !out.contains(&package) {
@@ -323,7 +333,7 @@ fn is_executable(path: &Path) -> bool {
 pub fn missing() -> Vec<&'static Program> {
     PROGRAMS
         .iter()
-        .filter(|p| locate(p.name).is_none())
+        .filter(|p| !matches!(p.source, Source::Root(_)) && locate(p.name).is_none())
         .collect()
 }
 

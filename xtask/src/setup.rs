@@ -2,7 +2,10 @@
 //! skipping whatever is already there, then checks that every program in
 //! [`crate::programs::PROGRAMS`] is present before any long step runs.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context as _, bail};
 
@@ -105,6 +108,7 @@ pub fn ensure() -> anyhow::Result<()> {
                 format!("{} (Debian package {package}; {})", p.name, p.why)
             }
             Source::Rust => format!("{} (the Rust toolchain; {})", p.name, p.why),
+            Source::Root(release) => format!("{} (in the {release} root; {})", p.name, p.why),
         })
         .collect();
     if !absent.is_empty() {
@@ -140,35 +144,52 @@ pub fn trixie_root() -> PathBuf {
     python_cache().join(TRIXIE_ROOT)
 }
 
+/// The sid root's version key, as [`TRIXIE_ROOT`]'s.
+const SID_ROOT: &str = "sid-root-1";
+
+/// Debian sid's root with python3.14, which the Python tests run through
+/// `chroot` as trixie's 3.13.
+pub fn sid_root() -> PathBuf {
+    python_cache().join(SID_ROOT)
+}
+
 /// py-spy, from PyPI: the Python tests' and benchmark's peer.
 pub fn py_spy() -> PathBuf {
     python_cache().join("py-spy/bin/py-spy")
 }
 
-/// Makes the trixie root and installs py-spy where they are missing: for
-/// the tests and the Python benchmark only, not for every command (the
-/// root takes minutes to make, once).
-pub fn python_peers() -> anyhow::Result<()> {
-    let root = trixie_root();
-    if !root.join("usr/bin/python3").exists() {
-        eprintln!(
-            "xtask: making a Debian trixie root with python3 (3.13) in {} with debootstrap; \
-             a few minutes, once",
-            root.display()
-        );
-        let partial = root.with_extension("partial");
-        let _ = std::fs::remove_dir_all(&partial);
-        std::fs::create_dir_all(python_cache())?;
-        run(Command::new("debootstrap").args([
-            "--variant=minbase",
-            "--include=python3",
-            "trixie",
-            partial.to_str().context("cache path is not UTF-8")?,
-            "http://deb.debian.org/debian",
-        ]))
-        .context("cannot make the trixie root")?;
-        std::fs::rename(&partial, &root)?;
+/// Makes a Debian root of `release` with `package` in `root` with
+/// debootstrap, unless `root` already has `probe`.
+fn debian_root(root: &Path, release: &str, package: &str, probe: &str) -> anyhow::Result<()> {
+    if root.join(probe).exists() {
+        return Ok(());
     }
+    eprintln!(
+        "xtask: making a Debian {release} root with {package} in {} with debootstrap; \
+         a few minutes, once",
+        root.display()
+    );
+    let partial = root.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&partial);
+    std::fs::create_dir_all(python_cache())?;
+    run(Command::new("debootstrap").args([
+        "--variant=minbase",
+        &format!("--include={package}"),
+        release,
+        partial.to_str().context("cache path is not UTF-8")?,
+        "http://deb.debian.org/debian",
+    ]))
+    .with_context(|| format!("cannot make the {release} root"))?;
+    std::fs::rename(&partial, root)?;
+    Ok(())
+}
+
+/// Makes the trixie and sid roots and installs py-spy where they are
+/// missing: for the tests and the Python benchmark only, not for every
+/// command (each root takes a minute or more to make, once).
+pub fn python_peers() -> anyhow::Result<()> {
+    debian_root(&trixie_root(), "trixie", "python3", "usr/bin/python3")?;
+    debian_root(&sid_root(), "sid", "python3.14", "usr/bin/python3.14")?;
     let spy = py_spy();
     if !output(Command::new(&spy).arg("--version")).contains(PY_SPY_VERSION) {
         eprintln!("xtask: installing py-spy {PY_SPY_VERSION} from PyPI");

@@ -409,6 +409,56 @@ pub fn compile(data: &[u8]) -> Result<Table, CfiError> {
     Table::of(&rows, unsupported)
 }
 
+/// An FDE's code: its range, and whether it begins as a function does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdeRange {
+    /// Its first address.
+    pub start: u64,
+    /// The address after its last.
+    pub end: u64,
+    /// Whether its first row's CFA is `rsp + 8` (the return address just
+    /// pushed): a function's entry. A part the compiler split from a
+    /// function begins inside that function's frame, otherwise.
+    pub entry: bool,
+}
+
+/// The code ranges of the FDEs in the ELF file `data`'s `.eh_frame`.
+pub fn fde_ranges(data: &[u8]) -> Result<Vec<FdeRange>, CfiError> {
+    let file = object::File::parse(data)?;
+    let section = file.section_by_name(".eh_frame").ok_or(CfiError::NoCfi)?;
+    let eh_data = section.uncompressed_data()?;
+    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let eh_frame = EhFrame::new(&eh_data, LittleEndian);
+    let mut ctx = UnwindContext::new();
+    let mut entries = eh_frame.entries(&bases);
+    let mut out = Vec::new();
+    while let Some(entry) = entries.next()? {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let fde = partial.parse(EhFrame::cie_from_offset)?;
+        let mut rows = fde.rows(&eh_frame, &bases, &mut ctx)?;
+        let entry = rows.next_row()?.is_some_and(|r| {
+            matches!(
+                r.cfa(),
+                CfaRule::RegisterAndOffset {
+                    register: X86_64::RSP,
+                    offset: 8
+                }
+            )
+        });
+        out.push(FdeRange {
+            start: fde.initial_address(),
+            end: fde.end_address(),
+            entry,
+        });
+    }
+    Ok(out)
+}
+
 /// The rows of the ELF file in `data`, sorted by address, with their
 /// addresses whole, and how many have rules the unwinder cannot follow.
 fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {

@@ -135,50 +135,77 @@ impl Layout {
         })
     }
 
-    /// The offsets of 3.13, from the `_Py_DebugOffsets` that begin
-    /// `_PyRuntime` (`w`, its 64-bit words as the file holds them), and
-    /// the runtime's `autoTSSkey`, which they do not give. The struct's
-    /// own layout is 3.13's (`Include/internal/pycore_runtime.h`): a cookie,
-    /// the version, the free-threaded flag, then each struct's size and
-    /// fields; 3.14 reorders it.
+    /// The offsets of 3.13 and 3.14, from the `_Py_DebugOffsets` that
+    /// begin `_PyRuntime` (`w`, its 64-bit words as the file holds them),
+    /// and the runtime's `autoTSSkey`, which they do not give. The table
+    /// is a flat list of words whose shape is each minor version's
+    /// (`Include/internal/pycore_debug_offsets.h`): a cookie, the version,
+    /// the free-threaded flag, then each struct's size and fields. 3.14
+    /// inserts `threads_main` after `threads_head`, appends two
+    /// generations to the interpreter's part, `stackpointer` and
+    /// `tlbc_index` to the frame's and `co_tlbc` to the code object's,
+    /// which shifts every later field.
     fn debug_offsets(minor: u8, w: &[u64]) -> Result<Self, String> {
-        if minor != 13 {
+        let w = |i: usize| w.get(i).copied().unwrap_or(0);
+        if w(1) >> 16 != 0x0300 | u64::from(minor) {
             return Err(format!(
-                "Python 3.{minor} is not supported yet (3.10 to 3.13 are)"
+                "its _Py_DebugOffsets say version {:#x}, not 3.{minor}",
+                w(1)
             ));
         }
-        let w = |i: usize| w.get(i).copied().unwrap_or(0);
         if w(2) != 0 {
-            return Err("free-threaded builds (3.13t) are not supported".into());
+            // A free-threaded build's objects have a 32-byte header and
+            // its frames may run per-thread copies of the bytecode: its
+            // walk would read the wrong words.
+            return Err(format!(
+                "free-threaded builds (3.{minor}t) are not supported"
+            ));
         }
+        // Where each struct's part begins: the interpreter's, the thread
+        // state's, the frame's, the code object's; and the unicode
+        // object's `asciiobject_size`.
+        let (is, ts, fr, co, ascii) = match minor {
+            13 => (6, 19, 28, 34, 70),
+            14 => (6, 22, 31, 39, 80),
+            _ => {
+                return Err(format!(
+                    "Python 3.{minor} is not supported yet (3.10 to 3.14 are)"
+                ));
+            }
+        };
         Ok(Self {
             minor,
             rt_interp_head: w(5),
-            rt_tss: 2164,
-            is_threads_head: w(9),
-            ts_next: w(21),
-            ts_interp: w(22),
-            ts_frame: w(23),
+            // `_PyRuntime.autoTSSkey._key`, read from each version's
+            // `PyGILState_GetThisThreadState` (3.13 inlines it to a load
+            // of `_PyRuntime+0x874`; 3.14 passes `_PyRuntime+0x920`, the
+            // `Py_tss_t`, whose key follows its `int` flag); checked
+            // against the live interpreter before use.
+            rt_tss: if minor == 13 { 2164 } else { 0x924 },
+            is_threads_head: w(is + 3),
+            ts_next: w(ts + 2),
+            ts_interp: w(ts + 3),
+            ts_frame: w(ts + 4),
             cframe_current: 0,
-            fr_back: w(29),
-            fr_code: w(30),
-            fr_instr: w(31),
-            fr_entry: w(33),
-            co_filename: w(35),
-            co_name: w(36),
-            co_qualname: w(37),
-            co_linetable: w(38),
-            co_firstlineno: w(39),
-            co_adaptive: w(43),
-            ascii_size: w(70),
-            compact_size: w(70) + 16,
+            fr_back: w(fr + 1),
+            fr_code: w(fr + 2),
+            fr_instr: w(fr + 3),
+            fr_entry: w(fr + 5),
+            co_filename: w(co + 1),
+            co_name: w(co + 2),
+            co_qualname: w(co + 3),
+            co_linetable: w(co + 4),
+            co_firstlineno: w(co + 5),
+            co_adaptive: w(co + 9),
+            ascii_size: w(ascii),
+            compact_size: w(ascii) + 16,
         })
     }
 
     /// The walk's record of this layout.
     fn record(
         &self,
-        eval: (u64, u64),
+        eval: [(u64, u64); 2],
         code_type: u64,
         tss: u64,
         key_block: i64,
@@ -186,8 +213,10 @@ impl Layout {
     ) -> PyProc {
         let o = |v: u64| v as u16;
         PyProc {
-            eval_start: eval.0,
-            eval_end: eval.1,
+            eval_start: eval[0].0,
+            eval_end: eval[0].1,
+            eval2_start: eval[1].0,
+            eval2_end: eval[1].1,
             code_type,
             tss_addr: tss,
             key_block,
@@ -220,11 +249,13 @@ struct PyFile {
     version: String,
     layout: Layout,
     /// Virtual addresses in the file of `_PyRuntime`, `PyCode_Type`,
-    /// `PyUnicode_Type`, and `_PyEval_EvalFrameDefault`'s range.
+    /// `PyUnicode_Type`, and `_PyEval_EvalFrameDefault`'s ranges: its
+    /// symbol's, and the other part of its code where the compiler split
+    /// it ([`split_part`]; empty if none).
     runtime: u64,
     code_type: u64,
     unicode_type: u64,
-    eval: (u64, u64),
+    eval: [(u64, u64); 2],
     /// The page of the virtual address its file offset 0 is loaded at:
     /// a mapping of offset 0 at `start` has the load bias `start - this`.
     base: u64,
@@ -538,8 +569,9 @@ impl Python {
         let mem = File::open(format!("{proc_dir}/mem"))
             .ok()
             .filter(|_| who.alive());
+        let moved = |(a, b): (u64, u64)| if a == b { (0, 0) } else { (a + bias, b + bias) };
         let mut record = file.layout.record(
-            (file.eval.0 + bias, file.eval.1 + bias),
+            [moved(file.eval[0]), moved(file.eval[1])],
             file.code_type + bias,
             file.runtime + bias + file.layout.rt_tss - 4,
             key_block,
@@ -634,13 +666,15 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
             (minor, format!("3.{minor}"))
         }
     };
-    if !(10..=13).contains(&minor) {
+    if !(10..=14).contains(&minor) {
         return Err(format!(
-            "Python {version} is not supported (3.10 to 3.13 are)"
+            "Python {version} is not supported (3.10 to 3.14 are)"
         ));
     }
-    let layout = if minor == 13 {
-        let bytes = read(runtime, 8 * 72).ok_or("cannot read its _Py_DebugOffsets")?;
+    let layout = if minor >= 13 {
+        // 3.14's table is 95 words, 3.13's 73.
+        let words = if minor == 13 { 73 } else { 95 };
+        let bytes = read(runtime, 8 * words).ok_or("cannot read its _Py_DebugOffsets")?;
         if &bytes[..8] != b"xdebugpy" {
             return Err(format!(
                 "Python {version}: _PyRuntime has no _Py_DebugOffsets"
@@ -660,6 +694,7 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
             .ok_or_else(|| format!("Python {version}: {name} does not export {n}"))
     };
     let (eval, eval_size) = need("_PyEval_EvalFrameDefault")?;
+    let eval = (eval, eval + eval_size.max(1));
     let code_type = need("PyCode_Type")?.0;
     let unicode_type = need("PyUnicode_Type")?.0;
     let base = crate::kernel::elf::offset_to_vaddr(&elf, 0)
@@ -671,9 +706,42 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
         runtime,
         code_type,
         unicode_type,
-        eval: (eval, eval + eval_size.max(1)),
+        eval: [eval, split_part(&elf, &data, eval).unwrap_or((0, 0))],
         base,
     }))
+}
+
+/// The other part of function `f` (its symbol's range), where the
+/// compiler split it in two: GCC moves blocks it deems cold (or, in
+/// Debian sid's 3.14, the interpreter loop's whole body) to a range of
+/// their own, with an FDE of its own, which the function's code reaches
+/// by jumps, never by calls. The part is the FDE that holds the jumps'
+/// targets outside `f`, if they all fall in one that does not begin as
+/// a function does (a jump to another function's entry is a tail call).
+fn split_part(elf: &object::File, data: &[u8], f: (u64, u64)) -> Option<(u64, u64)> {
+    let off = crate::kernel::elf::vaddr_to_offset(elf, f.0)? as usize;
+    let code = data.get(off..off + (f.1 - f.0) as usize)?;
+    let mut dec = iced_x86::Decoder::with_ip(64, code, f.0, iced_x86::DecoderOptions::NONE);
+    let targets: Vec<u64> = dec
+        .iter()
+        // Jumps, conditional or not: every near branch but a call.
+        .filter(|i| {
+            i.op0_kind() == iced_x86::OpKind::NearBranch64
+                && i.mnemonic() != iced_x86::Mnemonic::Call
+        })
+        .map(|i| i.near_branch_target())
+        .filter(|t| !(f.0..f.1).contains(t))
+        .collect();
+    if targets.is_empty() {
+        return None;
+    }
+    let fdes = crate::stacks::cfi::fde_ranges(data).ok()?;
+    let part = |t: u64| fdes.iter().find(|r| r.start <= t && t < r.end);
+    let first = part(targets[0]).filter(|r| !r.entry)?;
+    targets
+        .iter()
+        .all(|&t| part(t) == Some(first))
+        .then_some((first.start, first.end))
 }
 
 /// Where glibc keeps a thread's first 32 pthread keys, from the thread
@@ -821,7 +889,9 @@ fn check_once(p: &PyProcess) -> Result<bool, String> {
             if f == 0 {
                 break;
             }
-            let code = read_u64(p, f + l.fr_code).unwrap_or(0);
+            // 3.14's `f_executable` is a tagged reference: its low bits
+            // mark how it is counted, not where it is.
+            let code = read_u64(p, f + l.fr_code).unwrap_or(0) & !3;
             let ty = read_u64(p, code + 8).unwrap_or(0);
             if ty == code_type {
                 frames += 1;
