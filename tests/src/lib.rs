@@ -70,9 +70,15 @@ impl Rtrace {
 
     /// [`Rtrace::start_until`] with environment variables `env` set.
     pub fn start_with_env(args: &[&str], ready: &str, env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(rtrace_bin())
-            .args(args)
-            .envs(env.iter().copied())
+        let mut cmd = Command::new(rtrace_bin());
+        cmd.args(args).envs(env.iter().copied());
+        Self::start_command(cmd, ready)
+    }
+
+    /// Starts `cmd`, an rtrace command line made by the caller (run
+    /// through `setpriv`, say), and waits until it prints `ready`.
+    pub fn start_command(mut cmd: Command, ready: &str) -> Self {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -599,6 +599,40 @@ fn no_python_and_an_unknown_version_keep_native_frames() {
     assert!(with_frame(&folded, "Py_BytesMain") > 0, "{}", show(&folded));
 }
 
+/// Profiled by `nobody` with only CAP_BPF and CAP_PERFMON (as the
+/// exporter's unit runs), root's Python process has its Python frames
+/// walked, but their names are read from `/proc/PID/mem`, which needs
+/// ptrace rights: they stay `[python]`, and the warning says so and what
+/// would do, not that the code objects were gone.
+#[test]
+fn without_ptrace_rights_the_warning_gives_the_real_cause() {
+    if skip_in_guest() {
+        return;
+    }
+    let (dir, bin) = rtrace_integration_tests::unprivileged_copy();
+    let mut w = start(Python::Host, "split", "2");
+    let pid = w.pid().to_string();
+    let mut cmd = rtrace_integration_tests::as_nobody(&bin, ",+bpf,+perfmon");
+    cmd.args(["profile", "-F", "999", "-p", &pid, "-f", "-v"]);
+    let rtrace = Rtrace::start_command(cmd, READY);
+    w.go();
+    assert!(w.wait().success());
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let unnamed = with_frame(&folded, "[python]");
+    assert!(unnamed > 0, "no Python frames walked:\n{}", show(&folded));
+    assert!(
+        stderr
+            .contains("Python frames are [python]: their names are read from the process's memory")
+            && stderr.contains("needs ptrace rights")
+            && stderr.contains("CAP_SYS_PTRACE"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("code object was gone"), "{stderr}");
+}
+
 /// A free-threaded build (here sid's 3.14 with its `_Py_DebugOffsets`
 /// saying so, as a 3.14t's do) is told apart by its offsets and refused
 /// with one line; its native frames stay.

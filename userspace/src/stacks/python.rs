@@ -273,7 +273,7 @@ struct PyProcess {
     /// The load bias of the interpreter's file.
     bias: u64,
     /// Its memory, read while it lives.
-    mem: Option<File>,
+    mem: Mem,
     /// Whether the offsets were checked against a live frame.
     checked: bool,
     /// What the kernel was given.
@@ -327,6 +327,13 @@ pub struct Python {
     failed: BTreeMap<u32, String>,
     /// Frames of code objects that could not be read (gone, or reused).
     unnamed: u64,
+    /// Frames of code objects of processes whose memory rtrace may not
+    /// read, and the first such process and why.
+    denied: u64,
+    /// The processes whose memory rtrace may not read, and why, kept
+    /// after they exit.
+    denied_procs: HashMap<Proc, String>,
+    denied_why: Option<String>,
 }
 
 impl Python {
@@ -384,18 +391,18 @@ impl Python {
                 };
                 p.checked = checked;
                 let record = p.record;
+                let how = match (&p.mem, checked) {
+                    (Mem::Denied(why), _) => {
+                        format!("offsets checked by type in the kernel; {why}")
+                    }
+                    (_, true) => "offsets checked against a live frame".to_owned(),
+                    (_, false) => {
+                        "not yet started: offsets checked by type in the kernel".to_owned()
+                    }
+                };
                 self.found.insert(
                     who,
-                    format!(
-                        "PID {pid} ({}): Python {} ({})",
-                        p.comm,
-                        p.file.version,
-                        if checked {
-                            "offsets checked against a live frame"
-                        } else {
-                            "not yet started: offsets checked by type in the kernel"
-                        }
-                    ),
+                    format!("PID {pid} ({}): Python {} ({how})", p.comm, p.file.version),
                 );
                 self.procs.insert(who, p);
                 Some(record)
@@ -438,9 +445,11 @@ impl Python {
         };
         let file = Arc::clone(&p.file);
         let (bias, checked) = (p.bias, p.checked);
-        let mem = File::open(format!("/proc/{}/mem", child.pid))
-            .ok()
-            .filter(|_| child.alive());
+        let mem = open_mem(child);
+        if let Mem::Denied(why) = &mem {
+            let line = format!("PID {} ({}): {why}", child.pid, comm(child.pid));
+            self.denied_procs.insert(child, line);
+        }
         self.procs.insert(
             child,
             PyProcess {
@@ -480,7 +489,15 @@ impl Python {
         }
         let name = self.codes.get(&(who, addr, check)).cloned().flatten();
         if name.is_none() {
-            self.unnamed += 1;
+            // Asked of processes that may have exited since: what was
+            // known of their memory is kept by process.
+            match self.denied_procs.get(&who) {
+                Some(why) => {
+                    self.denied += 1;
+                    self.denied_why.get_or_insert_with(|| why.clone());
+                }
+                None => self.unnamed += 1,
+            }
         }
         name
     }
@@ -498,6 +515,14 @@ impl Python {
             .take(5)
             .map(|(pid, why)| Warning::unwalked(format!("PID {pid}: no Python frames: {why}")))
             .collect();
+        if let Some(why) = &self.denied_why {
+            out.push(Warning::unnamed(format!(
+                "{} Python frames are [python]: their names are read from the process's \
+                 memory, which rtrace may not read ({why}): run rtrace as root, as the \
+                 process's user, or with CAP_SYS_PTRACE",
+                self.denied
+            )));
+        }
         if self.unnamed > 0 {
             out.push(Warning::unnamed(format!(
                 "{} Python frames are [python]: their code object was gone (the process \
@@ -566,9 +591,11 @@ impl Python {
         }
         .or_else(own_key_block)
         .ok_or("cannot tell where glibc keeps a thread's pthread keys")?;
-        let mem = File::open(format!("{proc_dir}/mem"))
-            .ok()
-            .filter(|_| who.alive());
+        let mem = open_mem(who);
+        if let Mem::Denied(why) = &mem {
+            let line = format!("PID {} ({}): {why}", who.pid, comm(who.pid));
+            self.denied_procs.insert(who, line);
+        }
         let moved = |(a, b): (u64, u64)| if a == b { (0, 0) } else { (a + bias, b + bias) };
         let mut record = file.layout.record(
             [moved(file.eval[0]), moved(file.eval[1])],
@@ -822,9 +849,36 @@ fn measure_key_block() -> Option<i64> {
     .flatten()
 }
 
+/// A Python process's memory, as rtrace may read it.
+enum Mem {
+    /// Open, while the process lives.
+    Open(File),
+    /// Not to be opened: `/proc/PID/mem` needs ptrace rights over the
+    /// process (its user, or CAP_SYS_PTRACE), which CAP_BPF and
+    /// CAP_PERFMON do not give; why, in words.
+    Denied(String),
+    /// Gone, or not opened for another reason.
+    None,
+}
+
+/// Opens process `who`'s memory while it lives.
+fn open_mem(who: Proc) -> Mem {
+    let path = format!("/proc/{}/mem", who.pid);
+    match File::open(&path) {
+        Ok(f) if who.alive() => Mem::Open(f),
+        Ok(_) => Mem::None,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Mem::Denied(format!("{path} needs ptrace rights over the process ({e})"))
+        }
+        Err(_) => Mem::None,
+    }
+}
+
 /// Reads `len` bytes of the process's memory at `addr`.
 fn read_mem(p: &PyProcess, addr: u64, len: usize) -> Option<Vec<u8>> {
-    let mem = p.mem.as_ref()?;
+    let Mem::Open(mem) = &p.mem else {
+        return None;
+    };
     let mut buf = vec![0; len];
     mem.read_exact_at(&mut buf, addr).ok()?;
     Some(buf)

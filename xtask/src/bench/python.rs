@@ -1,6 +1,7 @@
 //! `cargo xtask bench python`: what Python frames cost. Two CPU-bound
 //! Python processes (`tests/fixtures/pyfix.py rounds`, under Debian's
-//! python3.11) each do a fixed amount of work, bare and under each
+//! python3.11, trixie's 3.13 and sid's 3.14, the last two in the roots
+//! setup makes) each do a fixed amount of work, bare and under each
 //! profiler at 99 and 999 Hz: rtrace profiling the whole system with
 //! Python frames, the same with `--no-python`, and `py-spy record
 //! --native` on one of them. Reported: the time added to each round of
@@ -10,6 +11,7 @@
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -22,8 +24,42 @@ use super::{bpf_run_ns, helpers::rtrace_lost, measured_on, median, spread};
 const ROUNDS: u64 = 1000;
 /// Interleaved trials per configuration.
 const TRIALS: usize = 3;
-/// The interpreter: Debian's, without frame pointers.
-const PYTHON: &str = "/usr/bin/python3.11";
+/// An interpreter the fixtures run under: Debian's, without frame
+/// pointers.
+struct Interp {
+    /// Its version, for the table.
+    version: &'static str,
+    /// Its command (a stack's first frame).
+    comm: &'static str,
+    /// The Debian root it runs in, through `chroot`; none: the host's.
+    root: Option<PathBuf>,
+    /// Its path (in its root).
+    path: &'static str,
+}
+
+/// The interpreters measured: the host's 3.11, trixie's 3.13, sid's 3.14.
+fn interps() -> Vec<Interp> {
+    vec![
+        Interp {
+            version: "3.11",
+            comm: "python3.11",
+            root: None,
+            path: "/usr/bin/python3.11",
+        },
+        Interp {
+            version: "3.13",
+            comm: "python3",
+            root: Some(crate::setup::trixie_root()),
+            path: "/usr/bin/python3",
+        },
+        Interp {
+            version: "3.14",
+            comm: "python3.14",
+            root: Some(crate::setup::sid_root()),
+            path: "/usr/bin/python3.14",
+        },
+    ]
+}
 
 /// A profiler as one configuration runs it.
 #[derive(Clone, Copy, PartialEq)]
@@ -59,18 +95,30 @@ struct Trial {
     whole: u64,
 }
 
-/// Starts the two fixtures, ready to work.
-fn fixtures() -> anyhow::Result<Vec<Child>> {
+/// Starts the two fixtures under `py`, ready to work.
+fn fixtures(py: &Interp) -> anyhow::Result<Vec<Child>> {
     let script = crate::root().join("tests/fixtures/pyfix.py");
     (0..2)
         .map(|_| {
-            let mut c = Command::new(PYTHON)
-                .arg(&script)
+            let mut cmd = match &py.root {
+                Some(root) => {
+                    std::fs::copy(&script, root.join("tmp/pyfix.py"))?;
+                    let mut c = Command::new("chroot");
+                    c.arg(root).args([py.path, "/tmp/pyfix.py"]);
+                    c
+                }
+                None => {
+                    let mut c = Command::new(py.path);
+                    c.arg(&script);
+                    c
+                }
+            };
+            let mut c = cmd
                 .args(["rounds", &ROUNDS.to_string()])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
-                .with_context(|| format!("cannot run {PYTHON}"))?;
+                .with_context(|| format!("cannot run {}", py.path))?;
             let mut line = String::new();
             BufReader::new(c.stdout.as_mut().context("stdout")?).read_line(&mut line)?;
             if !line.starts_with("ready") {
@@ -135,9 +183,9 @@ fn start(
     Ok((child, rx))
 }
 
-/// One trial of `tool` at `hz`.
-fn trial(tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow::Result<Trial> {
-    let mut kids = fixtures()?;
+/// One trial of `tool` at `hz` under `py`.
+fn trial(py: &Interp, tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow::Result<Trial> {
+    let mut kids = fixtures(py)?;
     let sampled = kids[0].id().to_string();
     let hz_s = hz.to_string();
     let profiler = match tool {
@@ -203,7 +251,7 @@ fn trial(tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow::Result<Tria
             continue;
         }
         let frames: Vec<&str> = stack.split(';').collect();
-        if frames.first() != Some(&"python3.11") {
+        if frames.first() != Some(&py.comm) {
             continue;
         }
         t.fixture += n;
@@ -240,24 +288,31 @@ pub fn run() -> anyhow::Result<String> {
         .context("cannot turn on BPF run-time statistics")?;
     let tools = [Tool::Bare, Tool::NoPython, Tool::Python, Tool::PySpy];
     let mut table = format!(
-        "{} (two Python processes, Debian's python3.11, each doing {ROUNDS} rounds of the \
+        "{} (two Python processes, each doing {ROUNDS} rounds of the \
          fixture's work, about 3 s bare; rtrace samples the whole system, py-spy the first \
          process; added time per round of the first process's work over bare, BPF time per \
          sample from the kernel's statistics, samples with the whole Python chain under \
-         `Py_BytesMain`; medians of {TRIALS} interleaved trials, ranges in parentheses):\n\n",
+         `Py_BytesMain`; under Debian's python3.11 (bookworm, the host's), python3 3.13 (trixie) \
+         and python3.14 (sid), the last two in their roots through chroot; medians of \
+         {TRIALS} interleaved trials, ranges in parentheses):\n\n",
         measured_on("python")
     );
     table.push_str(
-        "| rate | profiler | added per round | BPF per sample | samples (lost) | whole Python \
-         chains |\n| --- | --- | --- | --- | --- | --- |\n",
+        "| Python | rate | profiler | added per round | BPF per sample | samples (lost) | whole \
+         Python chains |\n| --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let mut verdicts = Vec::new();
-    for hz in [99u64, 999] {
-        eprintln!("bench python: {hz} Hz, {TRIALS} interleaved trials");
+    let pythons = interps();
+    let runs = pythons
+        .iter()
+        .flat_map(|py| [99u64, 999].map(|hz| (py, hz)));
+    for (py, hz) in runs {
+        let v = py.version;
+        eprintln!("bench python: {v} at {hz} Hz, {TRIALS} interleaved trials");
         let mut got: Vec<Vec<Trial>> = tools.iter().map(|_| Vec::new()).collect();
         for n in 1..=TRIALS {
             for (i, &tool) in tools.iter().enumerate() {
-                let t = trial(tool, hz, &rtrace, &py_spy)?;
+                let t = trial(py, tool, hz, &rtrace, &py_spy)?;
                 eprintln!(
                     "  trial {n}: {:<42} {:>8.0} us/round, {} samples, {} lost",
                     tool.label(),
@@ -292,7 +347,7 @@ pub fn run() -> anyhow::Result<String> {
                 .iter()
                 .fold((0, 0), |(f, w), t| (f + t.fixture, w + t.whole));
             table.push_str(&format!(
-                "| {hz} Hz | {} | {:.1} us ({:.1} to {:.1}) | {bpf_cell} | {samples} ({lost}) | {:.1}% |\n",
+                "| {v} | {hz} Hz | {} | {:.1} us ({:.1} to {:.1}) | {bpf_cell} | {samples} ({lost}) | {:.1}% |\n",
                 tool.label(),
                 median(added[i].clone()) / 1e3,
                 lo / 1e3,
@@ -303,7 +358,7 @@ pub fn run() -> anyhow::Result<String> {
         let walk = median(bpf[2].clone()) / median(bpf[1].clone()).max(1e-9);
         let cost = median(added[2].clone()).max(0.0) / median(added[3].clone()).max(1e-9);
         verdicts.push(format!(
-            "at {hz} Hz the Python walk takes {:.2}x the native walk's BPF time per sample \
+            "{v} at {hz} Hz: the Python walk takes {:.2}x the native walk's BPF time per sample \
              (goal: at most 1.30x), and rtrace's added time per round is {:.2}x py-spy's (goal: \
              at most 0.25x)",
             walk, cost
