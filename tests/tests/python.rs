@@ -284,6 +284,29 @@ fn python_314_in_a_sid_chroot_is_walked_and_named() {
     split_under(Python::Chroot(Root::Sid), "3.14");
 }
 
+/// Tests of `$check`: `$host` under the host's 3.11, `$sid` under Debian
+/// sid's 3.14.
+macro_rules! under_both {
+    ($(#[$doc:meta])* $host:ident, $sid:ident, $check:ident) => {
+        $(#[$doc])*
+        #[test]
+        fn $host() {
+            if skip_in_guest() {
+                return;
+            }
+            $check(Python::Host);
+        }
+
+        #[test]
+        fn $sid() {
+            if skip_in_guest() {
+                return;
+            }
+            $check(Python::Chroot(Root::Sid));
+        }
+    };
+}
+
 /// The guests carry no Python, and the walk runs the same code there; the
 /// host and its chroot run these tests.
 fn skip_in_guest() -> bool {
@@ -294,22 +317,11 @@ fn skip_in_guest() -> bool {
     false
 }
 
-#[test]
-fn a_recursive_tower_keeps_every_python_frame() {
-    if skip_in_guest() {
-        return;
-    }
-    tower(Python::Host);
-}
-
-/// As [`a_recursive_tower_keeps_every_python_frame`], under Debian sid's 3.14.
-#[test]
-fn a_recursive_tower_keeps_every_python_frame_under_314() {
-    if skip_in_guest() {
-        return;
-    }
-    tower(Python::Chroot(Root::Sid));
-}
+under_both!(
+    a_recursive_tower_keeps_every_python_frame,
+    a_recursive_tower_keeps_every_python_frame_under_314,
+    tower
+);
 
 /// Every frame of a 21-deep recursion of Python functions, whole.
 fn tower(python: Python) {
@@ -320,22 +332,11 @@ fn tower(python: Python) {
     check_whole(&folded, &[&chain], "tower");
 }
 
-#[test]
-fn a_c_extension_sits_above_the_python_function_that_called_it() {
-    if skip_in_guest() {
-        return;
-    }
-    c_extension(Python::Host);
-}
-
-/// As [`a_c_extension_sits_above_the_python_function_that_called_it`], under Debian sid's 3.14.
-#[test]
-fn a_c_extension_sits_above_the_python_function_that_called_it_under_314() {
-    if skip_in_guest() {
-        return;
-    }
-    c_extension(Python::Chroot(Root::Sid));
-}
+under_both!(
+    a_c_extension_sits_above_the_python_function_that_called_it,
+    a_c_extension_sits_above_the_python_function_that_called_it_under_314,
+    c_extension
+);
 
 /// zlib's C code above the Python function that called it, split as measured.
 fn c_extension(python: Python) {
@@ -375,22 +376,11 @@ fn c_extension(python: Python) {
     );
 }
 
-#[test]
-fn each_thread_has_its_own_python_stack() {
-    if skip_in_guest() {
-        return;
-    }
-    threads(Python::Host);
-}
-
-/// As [`each_thread_has_its_own_python_stack`], under Debian sid's 3.14.
-#[test]
-fn each_thread_has_its_own_python_stack_under_314() {
-    if skip_in_guest() {
-        return;
-    }
-    threads(Python::Chroot(Root::Sid));
-}
+under_both!(
+    each_thread_has_its_own_python_stack,
+    each_thread_has_its_own_python_stack_under_314,
+    threads
+);
 
 /// Two threads' own chains, split as measured.
 fn threads(python: Python) {
@@ -434,22 +424,11 @@ fn threads(python: Python) {
     );
 }
 
-#[test]
-fn offcputime_names_the_python_functions_that_blocked() {
-    if skip_in_guest() {
-        return;
-    }
-    blocked(Python::Host);
-}
-
-/// As [`offcputime_names_the_python_functions_that_blocked`], under Debian sid's 3.14.
-#[test]
-fn offcputime_names_the_python_functions_that_blocked_under_314() {
-    if skip_in_guest() {
-        return;
-    }
-    blocked(Python::Chroot(Root::Sid));
-}
+under_both!(
+    offcputime_names_the_python_functions_that_blocked,
+    offcputime_names_the_python_functions_that_blocked_under_314,
+    blocked
+);
 
 /// offcputime's blocked time by the Python functions that blocked, split as measured.
 fn blocked(python: Python) {
@@ -480,22 +459,11 @@ fn blocked(python: Python) {
     );
 }
 
-#[test]
-fn code_objects_freed_and_replaced_at_one_address_keep_their_own_names() {
-    if skip_in_guest() {
-        return;
-    }
-    codes(Python::Host);
-}
-
-/// As [`code_objects_freed_and_replaced_at_one_address_keep_their_own_names`], under Debian sid's 3.14.
-#[test]
-fn code_objects_freed_and_replaced_at_one_address_keep_their_own_names_under_314() {
-    if skip_in_guest() {
-        return;
-    }
-    codes(Python::Chroot(Root::Sid));
-}
+under_both!(
+    code_objects_freed_and_replaced_at_one_address_keep_their_own_names,
+    code_objects_freed_and_replaced_at_one_address_keep_their_own_names_under_314,
+    codes
+);
 
 /// Code objects freed and made again at one address keep their own names.
 fn codes(python: Python) {
@@ -692,22 +660,11 @@ fn symbol_offset(data: &[u8], name: &str) -> usize {
         .unwrap()
 }
 
-#[test]
-fn lines_name_the_python_source_line() {
-    if skip_in_guest() {
-        return;
-    }
-    lines(Python::Host);
-}
-
-/// As [`lines_name_the_python_source_line`], under Debian sid's 3.14.
-#[test]
-fn lines_name_the_python_source_line_under_314() {
-    if skip_in_guest() {
-        return;
-    }
-    lines(Python::Chroot(Root::Sid));
-}
+under_both!(
+    lines_name_the_python_source_line,
+    lines_name_the_python_source_line_under_314,
+    lines
+);
 
 /// Each Python frame with its source line under --lines, as the fixture says.
 fn lines(python: Python) {
@@ -741,24 +698,13 @@ fn lines(python: Python) {
     );
 }
 
-/// py-spy (from PyPI, as `cargo xtask` installs it) on the same process:
-/// the same Python leaves with shares within 5 points.
-#[test]
-fn python_leaves_match_py_spy() {
-    if skip_in_guest() {
-        return;
-    }
-    beside_py_spy(Python::Host);
-}
-
-/// As [`python_leaves_match_py_spy`], under Debian sid's 3.14.
-#[test]
-fn python_leaves_match_py_spy_under_314() {
-    if skip_in_guest() {
-        return;
-    }
-    beside_py_spy(Python::Chroot(Root::Sid));
-}
+under_both!(
+    /// py-spy (from PyPI, as `cargo xtask` installs it) on the same process:
+    /// the same Python leaves with shares within 5 points.
+    python_leaves_match_py_spy,
+    python_leaves_match_py_spy_under_314,
+    beside_py_spy
+);
 
 /// rtrace's and py-spy's innermost Python functions, sampling one process at once, within 4 sd.
 fn beside_py_spy(python: Python) {
