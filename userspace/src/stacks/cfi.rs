@@ -422,15 +422,12 @@ pub struct FdeRange {
     pub entry: bool,
 }
 
-/// The code ranges of the FDEs in the ELF file `data`'s `.eh_frame`.
-pub fn fde_ranges(data: &[u8]) -> Result<Vec<FdeRange>, CfiError> {
-    let file = object::File::parse(data)?;
+/// The FDEs of ELF file `file`'s `.eh_frame` that hold one of `addrs`:
+/// only their first rows are worked out.
+pub fn fdes_holding(file: &object::File, addrs: &[u64]) -> Result<Vec<FdeRange>, CfiError> {
     let section = file.section_by_name(".eh_frame").ok_or(CfiError::NoCfi)?;
     let eh_data = section.uncompressed_data()?;
-    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-    if let Some(text) = file.section_by_name(".text") {
-        bases = bases.set_text(text.address());
-    }
+    let bases = bases_of(file).set_eh_frame(section.address());
     let eh_frame = EhFrame::new(&eh_data, LittleEndian);
     let mut ctx = UnwindContext::new();
     let mut entries = eh_frame.entries(&bases);
@@ -440,6 +437,10 @@ pub fn fde_ranges(data: &[u8]) -> Result<Vec<FdeRange>, CfiError> {
             continue;
         };
         let fde = partial.parse(EhFrame::cie_from_offset)?;
+        let (start, end) = (fde.initial_address(), fde.end_address());
+        if !addrs.iter().any(|a| (start..end).contains(a)) {
+            continue;
+        }
         let mut rows = fde.rows(&eh_frame, &bases, &mut ctx)?;
         let entry = rows.next_row()?.is_some_and(|r| {
             matches!(
@@ -450,19 +451,14 @@ pub fn fde_ranges(data: &[u8]) -> Result<Vec<FdeRange>, CfiError> {
                 }
             )
         });
-        out.push(FdeRange {
-            start: fde.initial_address(),
-            end: fde.end_address(),
-            entry,
-        });
+        out.push(FdeRange { start, end, entry });
     }
     Ok(out)
 }
 
-/// The rows of the ELF file in `data`, sorted by address, with their
-/// addresses whole, and how many have rules the unwinder cannot follow.
-fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
-    let file = object::File::parse(data)?;
+/// The base addresses CFI's pointer encodings are relative to: the
+/// file's `.text` and `.got` (each table adds its own section's).
+fn bases_of(file: &object::File) -> BaseAddresses {
     let mut bases = BaseAddresses::default();
     if let Some(text) = file.section_by_name(".text") {
         bases = bases.set_text(text.address());
@@ -470,6 +466,14 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
     if let Some(got) = file.section_by_name(".got") {
         bases = bases.set_got(got.address());
     }
+    bases
+}
+
+/// The rows of the ELF file in `data`, sorted by address, with their
+/// addresses whole, and how many have rules the unwinder cannot follow.
+fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
+    let file = object::File::parse(data)?;
+    let bases = bases_of(&file);
     let mut unsupported = 0;
     let mut rows: Vec<Row> = Vec::new();
     let mut functions = Vec::new();

@@ -445,11 +445,7 @@ impl Python {
         };
         let file = Arc::clone(&p.file);
         let (bias, checked) = (p.bias, p.checked);
-        let mem = open_mem(child);
-        if let Mem::Denied(why) = &mem {
-            let line = format!("PID {} ({}): {why}", child.pid, comm(child.pid));
-            self.denied_procs.insert(child, line);
-        }
+        let mem = self.open_mem(child);
         self.procs.insert(
             child,
             PyProcess {
@@ -533,6 +529,17 @@ impl Python {
         out
     }
 
+    /// Opens process `who`'s memory while it lives; a process whose
+    /// memory rtrace may not read is kept, with why, for the warning.
+    fn open_mem(&mut self, who: Proc) -> Mem {
+        let mem = open_mem(who);
+        if let Mem::Denied(why) = &mem {
+            let line = format!("PID {} ({}): {why}", who.pid, comm(who.pid));
+            self.denied_procs.insert(who, line);
+        }
+        mem
+    }
+
     /// Finds the interpreter in `pid`'s mappings.
     fn find(&mut self, who: Proc) -> Result<Option<PyProcess>, String> {
         let pid = who.pid;
@@ -591,11 +598,7 @@ impl Python {
         }
         .or_else(own_key_block)
         .ok_or("cannot tell where glibc keeps a thread's pthread keys")?;
-        let mem = open_mem(who);
-        if let Mem::Denied(why) = &mem {
-            let line = format!("PID {} ({}): {why}", who.pid, comm(who.pid));
-            self.denied_procs.insert(who, line);
-        }
+        let mem = self.open_mem(who);
         let moved = |(a, b): (u64, u64)| if a == b { (0, 0) } else { (a + bias, b + bias) };
         let mut record = file.layout.record(
             [moved(file.eval[0]), moved(file.eval[1])],
@@ -762,7 +765,7 @@ fn split_part(elf: &object::File, data: &[u8], f: (u64, u64)) -> Option<(u64, u6
     if targets.is_empty() {
         return None;
     }
-    let fdes = crate::stacks::cfi::fde_ranges(data).ok()?;
+    let fdes = crate::stacks::cfi::fdes_holding(elf, &targets).ok()?;
     let part = |t: u64| fdes.iter().find(|r| r.start <= t && t < r.end);
     let first = part(targets[0]).filter(|r| !r.entry)?;
     targets
