@@ -323,13 +323,18 @@ struct Amount {
 
 impl Amount {
     fn add(&mut self, size: u64, weight: u64) {
-        self.bytes += size.wrapping_mul(weight) >> 16;
+        self.bytes += weighted_bytes(size, weight);
         self.objects += weight;
     }
 
     fn count(&self) -> u64 {
         (self.objects + ONE / 2) / ONE
     }
+}
+
+/// The bytes an allocation of `size` stands for, its weight in 16.16.
+fn weighted_bytes(size: u64, weight: u64) -> u64 {
+    size.wrapping_mul(weight) >> 16
 }
 
 /// A stack's frames, leaf first, and their lines as bcc prints them.
@@ -637,7 +642,7 @@ impl Memleak {
                         cpu: a.cpu,
                         ts: a.ts,
                         stack: a.stack,
-                        bytes: a.size.wrapping_mul(weight) >> 16,
+                        bytes: weighted_bytes(a.size, weight),
                     });
                 }
                 if by_time {
@@ -893,9 +898,7 @@ impl Memleak {
         }
         Ok(())
     }
-}
 
-impl Memleak {
     /// Writes `--firefox` and `--samples` from the last report: each
     /// allocation it counted, at its time, in its thread.
     fn write_each(&mut self) -> anyhow::Result<()> {
@@ -904,18 +907,21 @@ impl Memleak {
         }
         let offset = crate::kernel::wall_minus_monotonic_ns();
         let each = std::mem::take(&mut self.last_each);
-        let mut timed = Vec::with_capacity(each.len());
-        for e in &each {
-            let Some(mut sample) = self.samples_of(&[(e.tgid, e.stack, 0, e.bytes)]).pop() else {
-                continue;
-            };
-            sample.tid = e.tid;
-            timed.push(Timed {
-                time: e.ts.wrapping_add(offset),
-                cpu: e.cpu,
-                sample,
-            });
-        }
+        let entries: Vec<_> = each.iter().map(|e| (e.tgid, e.stack, 0, e.bytes)).collect();
+        // A sample for each entry, in order.
+        let samples = self.samples_of(&entries);
+        let timed: Vec<Timed> = each
+            .iter()
+            .zip(samples)
+            .map(|(e, mut sample)| {
+                sample.tid = e.tid;
+                Timed {
+                    time: e.ts.wrapping_add(offset),
+                    cpu: e.cpu,
+                    sample,
+                }
+            })
+            .collect();
         let bytes: u64 = each.iter().map(|e| e.bytes).sum();
         let what = format!(
             "{} allocations, {} bytes",

@@ -200,6 +200,14 @@ struct Builder {
 /// whether it is off the CPU, and its waker's shared stacks.
 type StackId = (usize, usize, bool, usize, usize);
 
+/// Says what new thread `th`'s sample weights are, where they are not
+/// the format's default (a number of samples): bytes for memleak's.
+fn weigh_as(profile: &mut Profile, th: ThreadHandle, unit: Unit) {
+    if unit == Unit::Bytes {
+        profile.set_thread_samples_weight_type(th, WeightType::Bytes);
+    }
+}
+
 impl Builder {
     fn timestamp(&self, ns: u64) -> Timestamp {
         Timestamp::from_nanos_since_reference(ns.saturating_sub(self.zero))
@@ -326,10 +334,7 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
                 let tid = if s.tid == 0 { s.pid } else { s.tid };
                 let th = b.profile.add_thread(process, tid, at, tid == s.pid);
                 b.profile.set_thread_name(th, &s.comm);
-                if meta.unit == Unit::Bytes {
-                    b.profile
-                        .set_thread_samples_weight_type(th, WeightType::Bytes);
-                }
+                weigh_as(&mut b.profile, th, meta.unit);
                 b.threads.insert((s.pid, s.started, s.tid), th);
                 visible.push(th);
                 th
@@ -343,10 +348,7 @@ pub fn write(samples: &[Timed], meta: &Meta, out: &mut dyn Write) -> anyhow::Res
                     .get_or_insert_with(|| b.profile.add_process("CPUs", 0, at));
                 let th = b.profile.add_thread(process, t.cpu, at, false);
                 b.profile.set_thread_name(th, &format!("CPU {}", t.cpu));
-                if meta.unit == Unit::Bytes {
-                    b.profile
-                        .set_thread_samples_weight_type(th, WeightType::Bytes);
-                }
+                weigh_as(&mut b.profile, th, meta.unit);
                 b.cpus.insert(t.cpu, th);
                 th
             }
