@@ -148,8 +148,8 @@ fn test_env(bin: PathBuf, static_bin: PathBuf) -> Vec<(&'static str, PathBuf)> {
     vec![
         ("RTRACE_BIN", bin),
         ("RTRACE_STATIC_BIN", static_bin),
-        ("RTRACE_TRIXIE_ROOT", setup::trixie_root()),
-        ("RTRACE_SID_ROOT", setup::sid_root()),
+        ("RTRACE_TRIXIE_ROOT", setup::TRIXIE.path()),
+        ("RTRACE_SID_ROOT", setup::SID.path()),
         ("RTRACE_PY_SPY", setup::py_spy()),
     ]
 }

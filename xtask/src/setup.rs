@@ -2,10 +2,7 @@
 //! skipping whatever is already there, then checks that every program in
 //! [`crate::programs::PROGRAMS`] is present before any long step runs.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context as _, bail};
 
@@ -132,38 +129,57 @@ fn python_cache() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/rtrace"))
 }
 
-/// The trixie root's version key: raised when what [`python_peers`] puts
-/// in it changes, so that a machine's cached root is made again rather
-/// than used as it was.
-const TRIXIE_ROOT: &str = "trixie-root-1";
-
-/// Debian trixie's root with its python3 (3.13), which the Python tests
-/// run through `chroot`: a second interpreter version, in another mount
-/// namespace with its own libc.
-pub fn trixie_root() -> PathBuf {
-    python_cache().join(TRIXIE_ROOT)
+/// A Debian root with another CPython, which the Python tests and the
+/// Python benchmark run through `chroot`: a second interpreter version,
+/// in another mount namespace with its own libc.
+pub struct PyRoot {
+    /// Its directory in the cache, with a version key: raised when what
+    /// [`python_peers`] puts in it changes, so that a machine's cached
+    /// root is made again rather than used as it was.
+    dir: &'static str,
+    /// The Debian release.
+    release: &'static str,
+    /// The package debootstrap adds.
+    package: &'static str,
+    /// The interpreter, inside the root.
+    pub python: &'static str,
 }
 
-/// The sid root's version key, as [`TRIXIE_ROOT`]'s.
-const SID_ROOT: &str = "sid-root-1";
-
-/// Debian sid's root with python3.14, which the Python tests run through
-/// `chroot` as trixie's 3.13.
-pub fn sid_root() -> PathBuf {
-    python_cache().join(SID_ROOT)
+impl PyRoot {
+    /// Where it is.
+    pub fn path(&self) -> PathBuf {
+        python_cache().join(self.dir)
+    }
 }
+
+/// Debian trixie's root with its python3 (3.13).
+pub const TRIXIE: PyRoot = PyRoot {
+    dir: "trixie-root-1",
+    release: "trixie",
+    package: "python3",
+    python: "/usr/bin/python3",
+};
+
+/// Debian sid's root with python3.14.
+pub const SID: PyRoot = PyRoot {
+    dir: "sid-root-1",
+    release: "sid",
+    package: "python3.14",
+    python: "/usr/bin/python3.14",
+};
 
 /// py-spy, from PyPI: the Python tests' and benchmark's peer.
 pub fn py_spy() -> PathBuf {
     python_cache().join("py-spy/bin/py-spy")
 }
 
-/// Makes a Debian root of `release` with `package` in `root` with
-/// debootstrap, unless `root` already has `probe`.
-fn debian_root(root: &Path, release: &str, package: &str, probe: &str) -> anyhow::Result<()> {
-    if root.join(probe).exists() {
+/// Makes `r` with debootstrap, unless it already has its interpreter.
+fn debian_root(r: &PyRoot) -> anyhow::Result<()> {
+    let root = r.path();
+    if root.join(&r.python[1..]).exists() {
         return Ok(());
     }
+    let (release, package) = (r.release, r.package);
     eprintln!(
         "xtask: making a Debian {release} root with {package} in {} with debootstrap; \
          a few minutes, once",
@@ -188,8 +204,8 @@ fn debian_root(root: &Path, release: &str, package: &str, probe: &str) -> anyhow
 /// missing: for the tests and the Python benchmark only, not for every
 /// command (each root takes a minute or more to make, once).
 pub fn python_peers() -> anyhow::Result<()> {
-    debian_root(&trixie_root(), "trixie", "python3", "usr/bin/python3")?;
-    debian_root(&sid_root(), "sid", "python3.14", "usr/bin/python3.14")?;
+    debian_root(&TRIXIE)?;
+    debian_root(&SID)?;
     let spy = py_spy();
     if !output(Command::new(&spy).arg("--version")).contains(PY_SPY_VERSION) {
         eprintln!("xtask: installing py-spy {PY_SPY_VERSION} from PyPI");

@@ -29,12 +29,26 @@ const TRIALS: usize = 3;
 struct Interp {
     /// Its version, for the table.
     version: &'static str,
-    /// Its command (a stack's first frame).
-    comm: &'static str,
     /// The Debian root it runs in, through `chroot`; none: the host's.
     root: Option<PathBuf>,
     /// Its path (in its root).
     path: &'static str,
+}
+
+impl Interp {
+    /// The interpreter of Debian root `r`.
+    fn of(version: &'static str, r: &crate::setup::PyRoot) -> Self {
+        Self {
+            version,
+            root: Some(r.path()),
+            path: r.python,
+        }
+    }
+
+    /// Its command, as run (a stack's first frame): its file's name.
+    fn comm(&self) -> &'static str {
+        self.path.rsplit('/').next().unwrap_or(self.path)
+    }
 }
 
 /// The interpreters measured: the host's 3.11, trixie's 3.13, sid's 3.14.
@@ -42,22 +56,11 @@ fn interps() -> Vec<Interp> {
     vec![
         Interp {
             version: "3.11",
-            comm: "python3.11",
             root: None,
             path: "/usr/bin/python3.11",
         },
-        Interp {
-            version: "3.13",
-            comm: "python3",
-            root: Some(crate::setup::trixie_root()),
-            path: "/usr/bin/python3",
-        },
-        Interp {
-            version: "3.14",
-            comm: "python3.14",
-            root: Some(crate::setup::sid_root()),
-            path: "/usr/bin/python3.14",
-        },
+        Interp::of("3.13", &crate::setup::TRIXIE),
+        Interp::of("3.14", &crate::setup::SID),
     ]
 }
 
@@ -251,7 +254,7 @@ fn trial(py: &Interp, tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow
             continue;
         }
         let frames: Vec<&str> = stack.split(';').collect();
-        if frames.first() != Some(&py.comm) {
+        if frames.first() != Some(&py.comm()) {
             continue;
         }
         t.fixture += n;
