@@ -251,24 +251,7 @@ fn perf_records_of_debians_python_read_as_perf_reports_them() {
         let mine = ours(&data, &table);
         let theirs = perf_report(&data, &table);
         // `--sort dso` rows have no symbol column: the dso is the last.
-        let dso = |text: &str, name: &str| -> f64 {
-            text.lines()
-                .filter(|l| {
-                    l.trim_start()
-                        .chars()
-                        .next()
-                        .is_some_and(|c| c.is_ascii_digit())
-                })
-                .filter(|l| l.contains(name))
-                .filter_map(|l| {
-                    l.split_whitespace()
-                        .next()?
-                        .trim_end_matches('%')
-                        .parse::<f64>()
-                        .ok()
-                })
-                .sum()
-        };
+        let dso = |text: &str, name: &str| overhead(text, |l| l.contains(name));
         let (a, b) = (dso(&mine, "libz.so"), dso(&theirs, "libz.so"));
         assert!(a > 5.0, "{name}: libz {a:.1} %\n{mine}");
         agrees(&format!("{name} libz"), a, b, 2.0, (&mine, &theirs));
@@ -404,8 +387,20 @@ fn split_of(stdout: &str, key: &str) -> f64 {
 /// The summed overhead (%) of a table's rows of V8's JavaScript function
 /// `f` (`JS:*hot /path/hot.js:21:13`, in any tier).
 fn js(text: &str, f: &str) -> f64 {
+    overhead(text, |l| l.contains("JS:") && l.contains(&format!("{f} /")))
+}
+
+/// The summed overhead (%) of a table's rows (lines that begin with
+/// their percentage) that `keep` keeps.
+fn overhead(text: &str, keep: impl Fn(&str) -> bool) -> f64 {
     text.lines()
-        .filter(|l| l.contains("JS:") && l.contains(&format!("{f} /")))
+        .filter(|l| {
+            l.trim_start()
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit())
+        })
+        .filter(|l| keep(l))
         .filter_map(|l| {
             l.split_whitespace()
                 .next()?
