@@ -42,6 +42,11 @@ pub const CHAIN_313: u8 = 13;
 /// entered the interpreter (`FRAME_OWNED_BY_CSTACK`).
 pub const OWNED_BY_CSTACK: u8 = 3;
 
+/// Bytes of a thread state the walk reads at most to check the state it
+/// kept for the thread and find its newest frame in one read: from the
+/// frame's field to `thread_id`.
+pub const TSTATE_BYTES: usize = 128;
+
 /// Bytes of an interpreter frame the walk reads: every field it needs,
 /// in each version.
 pub const FRAME_BYTES: usize = 104;
@@ -67,6 +72,9 @@ pub struct PyProc {
     /// The address of `PyCode_Type`: a frame's code object must have it as
     /// its type.
     pub code_type: u64,
+    /// The address of `PyUnicode_Type`: a string the kernel copies must
+    /// have it as its type.
+    pub unicode_type: u64,
     /// The address of the runtime's `Py_tss_t` (`autoTSSkey`), whose key's
     /// value in each thread is that thread's state.
     pub tss_addr: u64,
@@ -97,23 +105,53 @@ pub struct PyProc {
     /// Where the bytecode starts in a code object (`co_code_adaptive`,
     /// 3.11+).
     pub code_adaptive: u16,
+    /// `co_qualname` (3.11+; `co_name` before): the name the kernel
+    /// copies for user space ([`PyCode::name`]).
+    pub code_qualname: u16,
+    /// `co_linetable`, copied under `--lines` ([`PyCode::lines`]).
+    pub code_linetable: u16,
+    /// Where a compact ASCII string's characters are (`PyASCIIObject`'s
+    /// size).
+    pub str_ascii: u16,
+    /// Where another compact string's are (`PyCompactUnicodeObject`'s
+    /// size).
+    pub str_compact: u16,
     /// How frames chain (`CHAIN_*`).
     pub chain: u8,
     /// Whether frames carry their instruction's offset (`--lines`).
     pub lines: u8,
-    /// Keeps `salt` aligned.
-    pub _pad: [u8; 2],
+    /// `PyThreadState.thread_id` (the thread's `pthread_self()`, which is
+    /// its thread pointer under glibc): the walk keeps each thread's state
+    /// and checks it is still the thread's by this field, read with the
+    /// first frame's; 0 where it is not known (each sample then finds the
+    /// state through the runtime's key).
+    pub ts_thread_id: u16,
     /// Differs between processes that had one pid (user space derives it
     /// from the process's start): the walk mixes it into what it
     /// remembers of the code objects it told of, so that a later
     /// process's code at the same addresses, with the same check (one
     /// program's twin, address randomization off), is told again.
     pub salt: u32,
+    /// Keeps the size a multiple of 8.
+    pub _pad2: u32,
 }
 
+/// Bytes of a code object's qualified name the kernel copies (its head).
+pub const NAME_BYTES: usize = 96;
+/// Bytes of its file's path the kernel copies (its tail: the file's own
+/// name and the directories nearest it, which name the module).
+pub const FILE_BYTES: usize = 160;
+/// Bytes of its line table the kernel copies under `--lines` (its head:
+/// the table is read from the start, so lines past it are unknown).
+pub const LINES_BYTES: usize = 256;
+
 /// Sent the first time a CPU's walk meets a code object of a process
-/// (by address and check), so that user space reads its name while the
-/// process lives. Laid out as `Seen` begins, with
+/// (by address and check), with its name, file and first line as the
+/// kernel copied them from the process (and its line table under
+/// `--lines`): names that need no right to read the process's memory,
+/// which `/proc/PID/mem` would ask of user space (ptrace rights over it).
+/// User space reads the whole object instead where what was copied was
+/// cut short and it may. Laid out as `Seen` begins, with
 /// [`SEEN_PY_CODE`](crate::stacks::SEEN_PY_CODE) in its flags.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -127,10 +165,28 @@ pub struct PyCode {
     /// A check that changes when the address is reused by another code
     /// object: of its first line and the addresses of its name and file.
     pub check: u32,
-    /// Keeps the size a multiple of 8.
-    pub _pad: u32,
+    /// `co_firstlineno`, where the strings were copied.
+    pub firstlineno: u32,
     /// When the process started ([`crate::stacks::Key::born`]).
     pub born: u64,
+    /// The qualified name's whole length in bytes (of which the kernel
+    /// copied at most [`NAME_BYTES`]).
+    pub name_len: u32,
+    /// The file's length in bytes.
+    pub file_len: u32,
+    /// The line table's length in bytes; `u32::MAX` where not copied.
+    pub lines_len: u32,
+    /// How the strings were copied: [`PyCode::name`]'s kind in the low
+    /// byte and [`PyCode::file`]'s in the next (1: Latin-1, ASCII
+    /// included; 2: UCS-2; 4: UCS-4; 0: not copied).
+    pub kinds: u32,
+    /// The head of the qualified name, as CPython stores its characters.
+    pub name: [u8; NAME_BYTES],
+    /// The tail of the file's path.
+    pub file: [u8; FILE_BYTES],
+    /// The head of the line table (`co_linetable`, `co_lnotab`'s
+    /// successor).
+    pub lines: [u8; LINES_BYTES],
 }
 
 /// The check of a code object whose first line, name and file are

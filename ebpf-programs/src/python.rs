@@ -17,8 +17,8 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     python::{
-        CHAIN_310, CHAIN_311, CODE_BYTES, FRAME_BYTES, OWNED_BY_CSTACK, PY_ADDR_MASK, PY_FRAME,
-        PyCode, PyProc, code_check,
+        CHAIN_310, CHAIN_311, CODE_BYTES, FRAME_BYTES, LINES_BYTES, OWNED_BY_CSTACK, PY_ADDR_MASK,
+        PY_FRAME, PyCode, PyProc, code_check,
     },
     stacks::{ERR_PY_BAD, ERR_PY_TSTATE, SEEN_PY_CODE},
 };
@@ -72,16 +72,74 @@ fn byte(buf: &[u64; 16], off: u16) -> u8 {
     (word(buf, off) >> ((off & 7) * 8)) as u8
 }
 
+/// A thread's state, as the walk last found it ([`PY_THREADS`]).
+#[repr(C)]
+struct PyThread {
+    /// Its address; 0 for none kept.
+    tstate: u64,
+    /// The process and its salt it was found in: a thread that ran a new
+    /// program keeps its storage.
+    tgid: u32,
+    salt: u32,
+    /// Samples that took it as kept since it was last found: it is found
+    /// anew every [`REFIND`].
+    uses: u32,
+    _pad: u32,
+}
+
+/// Each thread's state, kept so that a sample reads one thing to reach
+/// the thread's newest frame where finding it takes three (the runtime's
+/// key, glibc's slot of it, the state). It is checked in that one read:
+/// the state's `thread_id` must still be this thread's thread pointer, so
+/// that a state freed and another thread's allocated at its address is
+/// not taken; and it is found anew now and then ([`REFIND`]), so that a
+/// thread that swapped its state (a C thread entering Python again, or
+/// another interpreter's) does not keep an old one long. Frames read
+/// from a stale state are then checked as all frames are, by their code
+/// objects' types and checks.
+#[unsafe(link_section = ".maps")]
+#[unsafe(no_mangle)]
+static PY_THREADS: crate::task_storage::TaskStorage<PyThread> =
+    crate::task_storage::TaskStorage::new();
+
+/// Samples a kept thread state serves before it is found anew.
+const REFIND: u32 = 64;
+
 /// The current thread's newest Python frame, or 0 where it runs no
 /// Python (no thread state); counted where the state could not be read.
 #[inline(always)]
-fn first_frame(py: &PyProc, fsbase_off: u32) -> u64 {
+fn first_frame(s: &mut Scratch, tgid: u32, fsbase_off: u32) -> u64 {
     // SAFETY: the helper has no preconditions.
     let task = unsafe { bpf_get_current_task_btf() } as *const u8;
     let Ok(fsbase) = read_kernel::<u64>(task, fsbase_off) else {
         count_error(ERR_PY_TSTATE);
         return 0;
     };
+    let py = &s.py.proc;
+    let (ts_frame, ts_tid) = (py.ts_frame, py.ts_thread_id);
+    let kept = if ts_tid != 0 {
+        PY_THREADS.get(task, true)
+    } else {
+        core::ptr::null_mut()
+    };
+    // The one read: from the lower of the two fields to the higher.
+    let lo = ts_tid.min(ts_frame);
+    let len = usize::from(ts_tid.abs_diff(ts_frame)) + 8;
+    if !kept.is_null() {
+        // SAFETY: this thread's storage.
+        let k = unsafe { &mut *kept };
+        if k.tstate != 0 && k.tgid == tgid && k.salt == py.salt && k.uses < REFIND {
+            let buf = &mut s.py_buf;
+            if read_into(buf, k.tstate.wrapping_add(u64::from(lo)), len)
+                && word(buf, ts_tid - lo) == fsbase
+            {
+                k.uses += 1;
+                let frame = word(buf, ts_frame - lo);
+                return current_frame(&s.py.proc, frame);
+            }
+        }
+        k.tstate = 0;
+    }
     // `Py_tss_t`: `int _is_initialized; pthread_key_t _key`.
     let Some(tss) = read_user::<u64>(py.tss_addr) else {
         count_error(ERR_PY_TSTATE);
@@ -103,16 +161,41 @@ fn first_frame(py: &PyProc, fsbase_off: u32) -> u64 {
     if tstate == 0 {
         return 0;
     }
-    let Some(mut frame) = read_user::<u64>(tstate.wrapping_add(u64::from(py.ts_frame))) else {
+    if !kept.is_null() {
+        let buf = &mut s.py_buf;
+        if !read_into(buf, tstate.wrapping_add(u64::from(lo)), len) {
+            count_error(ERR_PY_TSTATE);
+            return 0;
+        }
+        // Kept only if its check would pass: else the next sample would
+        // read it for nothing.
+        if word(buf, ts_tid - lo) == fsbase {
+            // SAFETY: this thread's storage.
+            let k = unsafe { &mut *kept };
+            k.tstate = tstate;
+            k.tgid = tgid;
+            k.salt = s.py.proc.salt;
+            k.uses = 0;
+        }
+        let frame = word(buf, ts_frame - lo);
+        return current_frame(&s.py.proc, frame);
+    }
+    let Some(frame) = read_user::<u64>(tstate.wrapping_add(u64::from(py.ts_frame))) else {
         count_error(ERR_PY_TSTATE);
         return 0;
     };
+    current_frame(py, frame)
+}
+
+/// The newest frame from the thread state's field `frame`: itself, or
+/// (3.11, 3.12) its `_PyCFrame`'s `current_frame`.
+#[inline(always)]
+fn current_frame(py: &PyProc, frame: u64) -> u64 {
     if py.chain == CHAIN_311 || py.chain == rtrace_common::python::CHAIN_312 {
-        // `tstate->cframe->current_frame`.
         if frame == 0 {
             return 0;
         }
-        frame = read_user::<u64>(frame.wrapping_add(u64::from(py.cframe_current))).unwrap_or(0);
+        return read_user::<u64>(frame.wrapping_add(u64::from(py.cframe_current))).unwrap_or(0);
     }
     frame
 }
@@ -248,15 +331,118 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
         *told = h;
     }
     if let Some(q) = s.py_new.get_mut(s.py.nnew as usize) {
-        *q = PyCode {
-            tgid,
-            flags: SEEN_PY_CODE,
-            addr: code,
-            check,
-            _pad: 0,
-            born: 0,
-        };
+        // Field by field: the record is too big to be built on the stack.
+        q.tgid = tgid;
+        q.flags = SEEN_PY_CODE;
+        q.addr = code;
+        q.check = check;
         s.py.nnew += 1;
+    }
+}
+
+/// Copies code object `q.addr`'s qualified name, file, first line (and
+/// line table under `--lines`) into `q`, if it still passes its check;
+/// what could not be copied has kind 0 (the table: length `u32::MAX`).
+#[inline(always)]
+fn copy_names(q: &mut PyCode, py: &PyProc, buf: &mut [u64; 16]) {
+    q.kinds = 0;
+    q.name_len = 0;
+    q.file_len = 0;
+    q.lines_len = u32::MAX;
+    q.firstlineno = 0;
+    if !read_into(buf, q.addr, CODE_BYTES) || buf[1] != py.code_type {
+        return;
+    }
+    let first = half(buf, py.code_firstlineno);
+    let file = word(buf, py.code_filename);
+    if code_check(first, word(buf, py.code_name), file) != q.check {
+        return;
+    }
+    q.firstlineno = first;
+    // Past the head the walk reads.
+    let qualname = read_user::<u64>(q.addr.wrapping_add(u64::from(py.code_qualname))).unwrap_or(0);
+    let table = if py.lines != 0 {
+        read_user::<u64>(q.addr.wrapping_add(u64::from(py.code_linetable))).unwrap_or(0)
+    } else {
+        0
+    };
+    let (len, kind) = copy_str(py, buf, qualname, &mut q.name, false);
+    q.name_len = len;
+    let (flen, fkind) = copy_str(py, buf, file, &mut q.file, true);
+    q.file_len = flen;
+    q.kinds = u32::from(kind) | u32::from(fkind) << 8;
+    if table != 0 {
+        // `PyBytesObject`: the size at 16, the bytes at 32.
+        if let Some(n) = read_user::<u64>(table.wrapping_add(16)) {
+            let take = if n > LINES_BYTES as u64 {
+                LINES_BYTES as u64
+            } else {
+                n
+            };
+            if read_user_bytes(&mut q.lines, take as u32, table.wrapping_add(32)) {
+                q.lines_len = n as u32;
+            }
+        }
+    }
+}
+
+/// Copies the characters of the compact `str` at `addr` into `dst`, its
+/// head, or its tail if `tail`: its whole length in bytes and its kind
+/// (1, 2 or 4 bytes a character), or kind 0 where it is not a compact
+/// string.
+#[inline(always)]
+fn copy_str<const N: usize>(
+    py: &PyProc,
+    buf: &mut [u64; 16],
+    addr: u64,
+    dst: &mut [u8; N],
+    tail: bool,
+) -> (u32, u8) {
+    // `PyASCIIObject`: the type at 8, the length in characters at 16, the
+    // state's bits at 32 (kind at 2, compact at 5, ascii at 6).
+    if addr == 0 || !read_into(buf, addr, 40) || buf[1] != py.unicode_type {
+        return (0, 0);
+    }
+    let state = half(buf, 32);
+    let kind = (state >> 2) & 7;
+    if (state >> 5) & 1 == 0 || !(kind == 1 || kind == 2 || kind == 4) {
+        return (0, 0);
+    }
+    let bytes = buf[2].wrapping_mul(u64::from(kind));
+    if bytes > 1 << 20 {
+        return (0, 0);
+    }
+    let data = addr.wrapping_add(u64::from(if (state >> 6) & 1 == 1 {
+        py.str_ascii
+    } else {
+        py.str_compact
+    }));
+    let cap = N as u64;
+    let (from, take) = if bytes <= cap {
+        (data, bytes)
+    } else if tail {
+        (data.wrapping_add(bytes - cap), cap)
+    } else {
+        (data, cap)
+    };
+    if !read_user_bytes(dst, take as u32, from) {
+        return (0, 0);
+    }
+    (bytes as u32, kind as u8)
+}
+
+/// Reads `len` (at most `N`) bytes of user memory at `addr` into `dst`.
+#[inline(always)]
+fn read_user_bytes<const N: usize>(dst: &mut [u8; N], len: u32, addr: u64) -> bool {
+    let len = if len as usize > N { N as u32 } else { len };
+    // SAFETY: `dst` has room for `N` bytes, `len` is at most that; the
+    // helper copes with any address.
+    unsafe {
+        generated::bpf_probe_read_user(
+            dst.as_mut_ptr().cast(),
+            len,
+            addr as *const core::ffi::c_void,
+        ) == 0
     }
 }
 
@@ -279,6 +465,7 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
         }
         if let Some(q) = s.py_new.get_mut(i) {
             q.born = born;
+            copy_names(q, &s.py.proc, &mut s.py_buf);
             crate::events::emit_now(events, ctx, q);
         }
     }
@@ -308,7 +495,7 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32) {
     // SAFETY: a map value, copied into another.
     s.py.proc = unsafe { *p };
     s.py.on = 1;
-    s.py.frame = first_frame(&s.py.proc, fsbase_off);
+    s.py.frame = first_frame(s, tgid, fsbase_off);
 }
 
 /// Forgets a process's interpreter: it ran a new program or exited.

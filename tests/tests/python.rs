@@ -125,14 +125,38 @@ fn profile(
     seconds: &str,
     extra: &[&str],
 ) -> (Folded, String, Vec<i64>) {
+    profile_as(python, mode, seconds, extra, false)
+}
+
+/// [`profile`], by root or (`nobody`) by user `nobody` with only
+/// CAP_BPF and CAP_PERFMON, as the exporter's unit runs it: no right to
+/// read another user's memory through `/proc/PID/mem`.
+fn profile_as(
+    python: Python,
+    mode: &str,
+    seconds: &str,
+    extra: &[&str],
+    nobody: bool,
+) -> (Folded, String, Vec<i64>) {
     let mut w = start(python, mode, seconds);
     let pid = w.pid().to_string();
     let mut args = vec!["profile", "-F", "999", "-p", &pid, "-f", "-v"];
     args.extend_from_slice(extra);
-    let rtrace = Rtrace::start_until(&args, READY);
+    let copy = nobody.then(rtrace_integration_tests::unprivileged_copy);
+    let rtrace = match &copy {
+        Some((_, bin)) => {
+            let mut cmd = rtrace_integration_tests::as_nobody(bin, ",+bpf,+perfmon");
+            cmd.args(&args);
+            Rtrace::start_command(cmd, READY)
+        }
+        None => Rtrace::start_until(&args, READY),
+    };
     let done = w.go();
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert!(w.wait().success());
+    if let Some((dir, _)) = copy {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     assert_eq!(code, 0, "{stderr}");
     let nums = done
         .split_whitespace()
@@ -209,19 +233,25 @@ fn split_under(python: Python, version: &str) {
         stderr.contains(&format!("): Python {version}")),
         "-v names the interpreter:\n{stderr}"
     );
+    check_split(&folded, &done, "split");
+}
+
+/// The split fixture's whole chains, and hot's share of hot and warm as
+/// the fixture measured it (`done`).
+fn check_split(folded: &Folded, done: &[i64], what: &str) {
     let chain = ["pyfix.<module>", "pyfix.main", "pyfix.outer"];
     check_whole(
-        &folded,
+        folded,
         &[
             &[chain[0], chain[1], chain[2], "pyfix.hot"],
             &[chain[0], chain[1], chain[2], "pyfix.warm"],
             &chain,
         ],
-        "split",
+        what,
     );
     let (hot, warm) = (
-        with_frame(&folded, "pyfix.hot"),
-        with_frame(&folded, "pyfix.warm"),
+        with_frame(folded, "pyfix.hot"),
+        with_frame(folded, "pyfix.warm"),
     );
     let want = done[0] as f64 / (done[0] + done[1]) as f64;
     assert_share("pyfix.hot", hot, warm, want);
@@ -568,37 +598,68 @@ fn no_python_and_an_unknown_version_keep_native_frames() {
 }
 
 /// Profiled by `nobody` with only CAP_BPF and CAP_PERFMON (as the
-/// exporter's unit runs), root's Python process has its Python frames
-/// walked, but their names are read from `/proc/PID/mem`, which needs
-/// ptrace rights: they stay `[python]`, and the warning says so and what
-/// would do, not that the code objects were gone.
+/// exporter's unit runs), root's Python process is named as root sees
+/// it, lines included: the kernel copies each code object's name, file
+/// and line table as the walk first meets it, where user space may not
+/// read the process's memory (`/proc/PID/mem` needs ptrace rights). The
+/// host's interpreter only: the Debian roots are under root's home, whose
+/// files `nobody` may not open to read their CFI (every interpreter takes
+/// the kernel's copies as root too, so the roots' tests cover 3.13's and
+/// 3.14's copies).
 #[test]
-fn without_ptrace_rights_the_warning_gives_the_real_cause() {
+fn without_ptrace_rights_python_functions_are_named() {
     if skip_in_guest() {
         return;
     }
-    let (dir, bin) = rtrace_integration_tests::unprivileged_copy();
-    let mut w = start(Python::Host, "split", "2");
-    let pid = w.pid().to_string();
-    let mut cmd = rtrace_integration_tests::as_nobody(&bin, ",+bpf,+perfmon");
-    cmd.args(["profile", "-F", "999", "-p", &pid, "-f", "-v"]);
-    let rtrace = Rtrace::start_command(cmd, READY);
-    w.go();
-    assert!(w.wait().success());
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(code, 0, "{stderr}");
-    let folded = parse_folded(&stdout);
-    let unnamed = with_frame(&folded, "[python]");
-    assert!(unnamed > 0, "no Python frames walked:\n{}", show(&folded));
+    unprivileged(Python::Host);
+}
+
+/// The split, its chains and its lines, profiled by `nobody`.
+fn unprivileged(python: Python) {
+    let (folded, stderr, done) = profile_as(python, "split", "3", &["--lines"], true);
+    // Proof that the memory could not be read: the process is found,
+    // with why its memory is closed.
     assert!(
-        stderr
-            .contains("Python frames are [python]: their names are read from the process's memory")
-            && stderr.contains("needs ptrace rights")
-            && stderr.contains("CAP_SYS_PTRACE"),
+        stderr.contains("needs ptrace rights over the process"),
         "{stderr}"
     );
-    assert!(!stderr.contains("code object was gone"), "{stderr}");
+    assert!(!stderr.contains("[python]"), "{stderr}");
+    let src = std::fs::read_to_string(fixture_source()).unwrap();
+    let def = src.lines().position(|l| l == "def hot(n):").unwrap() + 1;
+    let body = [def + 2, def + 3];
+    let (mut in_hot, mut at_body) = (0, 0);
+    // Lines taken off, for the same checks as root's.
+    let mut plain = Folded::new();
+    for (s, c) in &folded {
+        let mut stack = Vec::new();
+        for f in s {
+            let Some((name, at)) = f.split_once(" (") else {
+                stack.push(f.clone());
+                continue;
+            };
+            if name.starts_with("pyfix.") {
+                let (file, n) = at.strip_suffix(')').unwrap().rsplit_once(':').unwrap();
+                assert!(file.ends_with("pyfix.py"), "{f}");
+                if name == "pyfix.hot" {
+                    in_hot += c;
+                    at_body += if body.contains(&n.parse().unwrap()) {
+                        c
+                    } else {
+                        &0
+                    };
+                }
+            }
+            stack.push(name.to_owned());
+        }
+        *plain.entry(stack).or_default() += c;
+    }
+    assert!(with_frame(&plain, "[python]") == 0, "{}", show(&plain));
+    check_split(&plain, &done, "split by nobody");
+    assert!(
+        at_body as f64 >= 0.9 * in_hot as f64,
+        "{at_body} of {in_hot} samples in pyfix.hot at lines {body:?}:\n{}",
+        show(&folded)
+    );
 }
 
 /// A free-threaded build (here sid's 3.14 with its `_Py_DebugOffsets`

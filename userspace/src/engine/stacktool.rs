@@ -515,7 +515,7 @@ impl StackTool {
         if head.flags & SEEN_PY_CODE != 0 {
             if let Some(c) = events::record::<PyCode>(record) {
                 let p = Proc::new(c.tgid, c.born);
-                self.sym.python().learn(p, c.addr, c.check);
+                self.sym.python().learn(p, &c);
             }
             return Ok(());
         }

@@ -14,7 +14,10 @@ use std::{
     sync::Arc,
 };
 
-use rtrace_common::python::{CHAIN_310, CHAIN_311, CHAIN_312, CHAIN_313, PyProc, code_check};
+use rtrace_common::python::{
+    CHAIN_310, CHAIN_311, CHAIN_312, CHAIN_313, LINES_BYTES, PyCode, PyProc, TSTATE_BYTES,
+    code_check,
+};
 
 use crate::kernel::procmaps::{Mapping, Proc};
 use crate::kernel::warning::Warning;
@@ -37,6 +40,8 @@ pub struct Layout {
     ts_interp: u64,
     /// `PyThreadState`'s field the chain starts at ([`PyProc::ts_frame`]).
     ts_frame: u64,
+    /// `PyThreadState.thread_id` ([`PyProc::ts_thread_id`]; 0: unknown).
+    ts_thread_id: u64,
     /// `_PyCFrame.current_frame` (3.11, 3.12).
     cframe_current: u64,
     /// A frame's code, caller, last instruction and entry mark.
@@ -96,6 +101,9 @@ impl Layout {
                 ts_next: 8,
                 ts_interp: 16,
                 ts_frame: 56,
+                // Measured (ctypes on Debian's 3.11.2); not known for 3.10
+                // and 3.12, which no reachable registry carries.
+                ts_thread_id: 152,
                 cframe_current: 8,
                 fr_code: 32,
                 fr_back: 48,
@@ -186,6 +194,7 @@ impl Layout {
             ts_next: w(ts + 2),
             ts_interp: w(ts + 3),
             ts_frame: w(ts + 4),
+            ts_thread_id: w(ts + 5),
             cframe_current: 0,
             fr_back: w(fr + 1),
             fr_code: w(fr + 2),
@@ -206,7 +215,7 @@ impl Layout {
     fn record(
         &self,
         eval: [(u64, u64); 2],
-        code_type: u64,
+        [code_type, unicode_type]: [u64; 2],
         tss: u64,
         key_block: i64,
         lines: bool,
@@ -218,6 +227,7 @@ impl Layout {
             eval2_start: eval[1].0,
             eval2_end: eval[1].1,
             code_type,
+            unicode_type,
             tss_addr: tss,
             key_block,
             ts_frame: o(self.ts_frame),
@@ -230,6 +240,10 @@ impl Layout {
             code_name: o(self.co_name),
             code_filename: o(self.co_filename),
             code_adaptive: o(self.co_adaptive),
+            code_qualname: o(self.co_qualname),
+            code_linetable: o(self.co_linetable),
+            str_ascii: o(self.ascii_size),
+            str_compact: o(self.compact_size),
             chain: match self.minor {
                 10 => CHAIN_310,
                 11 => CHAIN_311,
@@ -237,8 +251,17 @@ impl Layout {
                 _ => CHAIN_313,
             },
             lines: u8::from(lines),
-            _pad: [0; 2],
+            // Read with the frame's field, in one read of at most
+            // `TSTATE_BYTES`.
+            ts_thread_id: if self.ts_thread_id != 0
+                && self.ts_thread_id.abs_diff(self.ts_frame) + 8 <= TSTATE_BYTES as u64
+            {
+                o(self.ts_thread_id)
+            } else {
+                0
+            },
             salt: 0,
+            _pad2: 0,
         }
     }
 }
@@ -290,6 +313,9 @@ pub struct PyName {
     pub file: Arc<str>,
     firstlineno: u32,
     linetable: Vec<u8>,
+    /// Set where `linetable` is only the head the kernel copied: lines
+    /// past it are unknown.
+    cut: bool,
     minor: u8,
 }
 
@@ -327,6 +353,9 @@ pub struct Python {
     failed: BTreeMap<u32, String>,
     /// Frames of code objects that could not be read (gone, or reused).
     unnamed: u64,
+    /// Frames with no line under `--lines` because only the head of
+    /// their line table could be had.
+    cut_lines: u64,
     /// Frames of code objects of processes whose memory rtrace may not
     /// read, and the first such process and why.
     denied: u64,
@@ -460,28 +489,40 @@ impl Python {
         Some(record)
     }
 
-    /// Reads the name of code object `addr` of `pid` whose check the walk
-    /// computed as `check`, while the process lives: at once, when the
-    /// walk first meets it.
-    pub fn learn(&mut self, who: Proc, addr: u64, check: u32) {
-        if self.codes.contains_key(&(who, addr, check)) {
+    /// Names code object `c.addr` of process `who`, which a walk met, by
+    /// what the kernel copied of it if that is whole, else by reading the
+    /// process's memory while it lives (where rtrace may: ptrace rights),
+    /// else by what the kernel copied, cut short.
+    pub fn learn(&mut self, who: Proc, c: &PyCode) {
+        if let Some(Some(_)) = self.codes.get(&(who, c.addr, c.check)) {
             return;
         }
-        // Its memory was opened while it lived: an earlier process's
-        // memory is never read for a later one of the pid.
-        let name = self
-            .procs
-            .get(&who)
-            .and_then(|p| read_code(p, addr, check))
-            .map(Arc::new);
-        self.codes.insert((who, addr, check), name);
+        let minor = self.procs.get(&who).map(|p| p.file.layout.minor);
+        let copied = copied_name(c, minor, self.lines);
+        let name = match copied {
+            Some((n, true)) => Some(n),
+            copied => self
+                .procs
+                .get(&who)
+                .and_then(|p| read_code(p, c.addr, c.check))
+                .or(copied.map(|(n, _)| n)),
+        };
+        self.codes
+            .insert((who, c.addr, c.check), name.map(Arc::new));
     }
 
     /// The name of a code object the walk met, if it could be read.
     pub fn name(&mut self, who: Proc, addr: u64, check: u32) -> Option<Arc<PyName>> {
         // Met by a walk whose record was lost: read now, if it still can be.
+        // Its memory was opened while it lived: an earlier process's
+        // memory is never read for a later one of the pid.
         if !self.codes.contains_key(&(who, addr, check)) {
-            self.learn(who, addr, check);
+            let name = self
+                .procs
+                .get(&who)
+                .and_then(|p| read_code(p, addr, check))
+                .map(Arc::new);
+            self.codes.insert((who, addr, check), name);
         }
         let name = self.codes.get(&(who, addr, check)).cloned().flatten();
         if name.is_none() {
@@ -496,6 +537,16 @@ impl Python {
             }
         }
         name
+    }
+
+    /// The source line of code unit `lasti` of `n`, if its table has it;
+    /// a line lost to a table cut short is counted for the warning.
+    pub fn line(&mut self, n: &PyName, lasti: u32) -> Option<u32> {
+        let line = n.line(lasti);
+        if line.is_none() && n.cut {
+            self.cut_lines += 1;
+        }
+        line
     }
 
     /// What `-v` says: each Python process found.
@@ -517,6 +568,15 @@ impl Python {
                  memory, which rtrace may not read ({why}): run rtrace as root, as the \
                  process's user, or with CAP_SYS_PTRACE",
                 self.denied
+            )));
+        }
+        if self.cut_lines > 0 {
+            out.push(Warning::unnamed(format!(
+                "{} Python frames have no line: only the first {LINES_BYTES} bytes of their \
+                 functions' line tables were copied by the kernel, and the rest is read from \
+                 the process's memory, which rtrace may not read: run rtrace as root, as the \
+                 process's user, or with CAP_SYS_PTRACE",
+                self.cut_lines
             )));
         }
         if self.unnamed > 0 {
@@ -602,7 +662,7 @@ impl Python {
         let moved = |(a, b): (u64, u64)| if a == b { (0, 0) } else { (a + bias, b + bias) };
         let mut record = file.layout.record(
             [moved(file.eval[0]), moved(file.eval[1])],
-            file.code_type + bias,
+            [file.code_type + bias, file.unicode_type + bias],
             file.runtime + bias + file.layout.rt_tss - 4,
             key_block,
             self.lines,
@@ -993,8 +1053,69 @@ fn read_code(p: &PyProcess, addr: u64, check: u32) -> Option<PyName> {
         file: Arc::from(filename),
         firstlineno,
         linetable,
+        cut: false,
         minor: l.minor,
     })
+}
+
+/// Names a code object by what the kernel copied of it (`c`), in a
+/// process of 3.`minor` (unknown: its process already gone), and says
+/// whether that is whole: its name and file not cut short, and under
+/// `lines` its line table too. `None` where the kernel could not copy
+/// its name and file.
+fn copied_name(c: &PyCode, minor: Option<u8>, lines: bool) -> Option<(PyName, bool)> {
+    let (name_kind, file_kind) = (c.kinds as u8, (c.kinds >> 8) as u8);
+    let (qualname, name_whole) = copied_str(&c.name, c.name_len, name_kind, false)?;
+    let (file, file_whole) = copied_str(&c.file, c.file_len, file_kind, true)?;
+    let table = (c.lines_len != u32::MAX).then(|| {
+        let n = (c.lines_len as usize).min(LINES_BYTES);
+        (c.lines[..n].to_vec(), n == c.lines_len as usize)
+    });
+    let (linetable, table_whole) = table.unwrap_or_default();
+    let module = module_of(&file);
+    let name = PyName {
+        name: Arc::from(format!("{module}.{qualname}")),
+        file: Arc::from(file),
+        firstlineno: c.firstlineno,
+        linetable,
+        cut: !table_whole,
+        minor: minor.unwrap_or(11),
+    };
+    let whole = name_whole && file_whole && (!lines || (table_whole && minor.is_some()));
+    Some((name, whole))
+}
+
+/// The text of a string of `len` bytes of `kind` (1: Latin-1, 2: UCS-2,
+/// 4: UCS-4) of which `buf` holds the head, or the tail if `tail`; cut
+/// strings are marked with `…` where they were cut. With whether it is
+/// whole.
+fn copied_str(buf: &[u8], len: u32, kind: u8, tail: bool) -> Option<(String, bool)> {
+    if !matches!(kind, 1 | 2 | 4) {
+        return None;
+    }
+    let len = len as usize;
+    let n = len.min(buf.len());
+    let text = decode(&buf[..n], kind);
+    Some(match (n == len, tail) {
+        (true, _) => (text, true),
+        (false, true) => (format!("…{text}"), false),
+        (false, false) => (format!("{text}…"), false),
+    })
+}
+
+/// Characters of a CPython string's `kind` (1, 2 or 4 bytes each), as
+/// it stores them.
+fn decode(b: &[u8], kind: u8) -> String {
+    match kind {
+        1 => b.iter().map(|&c| char::from(c)).collect(),
+        2 => char::decode_utf16(b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])))
+            .map(|c| c.unwrap_or('?'))
+            .collect(),
+        _ => b
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('?'))
+            .collect(),
+    }
 }
 
 /// A `str` object's text: compact strings only (every name and file the
@@ -1017,16 +1138,7 @@ fn read_str(p: &PyProcess, addr: u64) -> Option<String> {
         return String::from_utf8(b).ok();
     }
     let b = read_mem(p, addr + l.compact_size, len * kind as usize)?;
-    Some(match kind {
-        1 => b.iter().map(|&c| char::from(c)).collect(),
-        2 => char::decode_utf16(b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])))
-            .map(|c| c.unwrap_or('?'))
-            .collect(),
-        _ => b
-            .chunks_exact(4)
-            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('?'))
-            .collect(),
-    })
+    Some(decode(&b, kind as u8))
 }
 
 /// A `bytes` object's contents.
@@ -1163,6 +1275,71 @@ fn line_310(t: &[u8], first: u32, lasti: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rtrace_common::python::NAME_BYTES;
+
+    /// A record as the kernel fills it: `name` and `file` as Latin-1 of
+    /// their whole lengths, cut as the kernel cuts them.
+    fn record(name: &str, file: &str, table: Option<&[u8]>) -> PyCode {
+        // SAFETY: a plain record, all of whose bytes may be zero.
+        let mut c: PyCode = unsafe { std::mem::zeroed() };
+        let n = name.len().min(c.name.len());
+        c.name[..n].copy_from_slice(&name.as_bytes()[..n]);
+        let f = file.len().min(c.file.len());
+        c.file[..f].copy_from_slice(&file.as_bytes()[file.len() - f..]);
+        c.name_len = name.len() as u32;
+        c.file_len = file.len() as u32;
+        c.kinds = 1 | 1 << 8;
+        c.lines_len = u32::MAX;
+        if let Some(t) = table {
+            let n = t.len().min(LINES_BYTES);
+            c.lines[..n].copy_from_slice(&t[..n]);
+            c.lines_len = t.len() as u32;
+        }
+        c
+    }
+
+    #[test]
+    fn names_copied_by_the_kernel_say_where_they_were_cut() {
+        let file = "/usr/lib/python3.11/json/decoder.py";
+        let (n, whole) =
+            copied_name(&record("JSONDecoder.decode", file, None), Some(11), false).unwrap();
+        assert!(whole);
+        assert_eq!(&*n.name, "json.decoder.JSONDecoder.decode");
+        assert_eq!(&*n.file, file);
+        // Under --lines a name with no table is not whole: the memory is
+        // read for it where it may be.
+        assert!(
+            !copied_name(&record("f", file, None), Some(11), true)
+                .unwrap()
+                .1
+        );
+        assert!(
+            copied_name(&record("f", file, Some(&[1, 2])), Some(11), true)
+                .unwrap()
+                .1
+        );
+        let long = format!("/srv/{}/app/views.py", "d".repeat(300));
+        let (n, whole) =
+            copied_name(&record(&"x".repeat(200), &long, None), Some(13), false).unwrap();
+        assert!(!whole);
+        assert!(
+            n.file.starts_with('…') && n.file.ends_with("/app/views.py"),
+            "{}",
+            n.file
+        );
+        assert!(
+            n.name
+                .ends_with(&format!("views.{}…", "x".repeat(NAME_BYTES))),
+            "{}",
+            n.name
+        );
+        let (n, _) = copied_name(&record("f", file, Some(&[0; 300])), Some(11), true).unwrap();
+        assert!(n.cut);
+        // Nothing copied (not a compact string): no name from the kernel.
+        let mut c = record("f", file, None);
+        c.kinds = 0;
+        assert!(copied_name(&c, Some(11), false).is_none());
+    }
 
     #[test]
     fn modules_are_named_as_imported() {

@@ -907,7 +907,10 @@ impl Symbolizer {
         let mut frame = Frame::new(Arc::clone(&n.name), Kind::Interpreted, None);
         frame.module = Some(Arc::clone(&n.file));
         if self.lines {
-            frame.line = n.line(lasti).map(|l| Arc::from(format!("{}:{l}", n.file)));
+            frame.line = self
+                .python
+                .line(&n, lasti)
+                .map(|l| Arc::from(format!("{}:{l}", n.file)));
         }
         frame
     }
