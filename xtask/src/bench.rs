@@ -109,6 +109,12 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         Some("stat") => update_doc("stat", &stat::run()?),
         Some("trace") => update_doc("trace", &trace::run()?),
         Some("top") => update_doc("top", &top::run()?),
+        Some("python") if python::part().is_some() => {
+            eprintln!(
+                "bench: RTRACE_BENCH_PYTHON runs a part: docs/benchmarks.md is left as it is"
+            );
+            python::run().map(drop)
+        }
         Some("python") => update_doc("python", &python::run()?),
         Some("memleak") => update_doc("memleak", &memleak::run()?),
         Some("html") => update_doc("html", &html::run()?),

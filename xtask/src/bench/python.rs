@@ -22,8 +22,15 @@ use super::{bpf_run_ns, helpers::rtrace_lost, measured_on, median, spread};
 
 /// Rounds of the fixture's work per process and trial: about 3 s bare.
 const ROUNDS: u64 = 1000;
-/// Interleaved trials per configuration.
-const TRIALS: usize = 3;
+/// Interleaved trials per configuration (`RTRACE_BENCH_TRIALS` sets
+/// another number).
+fn trials() -> usize {
+    std::env::var("RTRACE_BENCH_TRIALS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(5)
+}
 /// An interpreter the fixtures run under: Debian's, without frame
 /// pointers.
 struct Interp {
@@ -96,6 +103,24 @@ struct Trial {
     /// Samples of the fixtures, and those with the whole Python chain.
     fixture: u64,
     whole: u64,
+    /// The profiler's own CPU time in user and system mode, in
+    /// milliseconds, from when it samples to the signal to stop: it is
+    /// taken from the two fixtures, which keep both CPUs busy.
+    cpu_ms: Option<(f64, f64)>,
+}
+
+/// Milliseconds process `pid` (all its threads) has run in user and in
+/// system mode (`/proc/PID/stat`'s `utime` and `stime`, in clock ticks).
+fn user_sys_ms(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let ms = |i: usize| Some(f.get(i)?.parse::<f64>().ok()? * 1e3 / hz);
+    // Fields 14 and 15 of the line; 12 and 13 after the command's.
+    Some((ms(11)?, ms(12)?))
 }
 
 /// Starts the two fixtures under `py`, ready to work.
@@ -218,6 +243,9 @@ fn trial(py: &Interp, tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow
             Some(start(c, None)?)
         }
     };
+    // From when it samples: loading its programs (the verifier's time is
+    // its system time) takes nothing from the work.
+    let cpu_at_start = profiler.as_ref().and_then(|(c, _)| user_sys_ms(c.id()));
     let before = bpf_run_ns();
     let rounds = work(&mut kids)?;
     let bpf = bpf_run_ns().saturating_sub(before) as f64;
@@ -228,9 +256,14 @@ fn trial(py: &Interp, tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow
         lost: 0,
         fixture: 0,
         whole: 0,
+        cpu_ms: None,
     };
     let Some((mut child, stderr)) = profiler else {
         return Ok(t);
+    };
+    t.cpu_ms = match (user_sys_ms(child.id()), cpu_at_start) {
+        (Some((u, s)), Some((u0, s0))) => Some((u - u0, s - s0)),
+        _ => None,
     };
     // SAFETY: signalling a child of this process.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -282,6 +315,15 @@ fn trial(py: &Interp, tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow
     Ok(t)
 }
 
+/// `RTRACE_BENCH_PYTHON=3.13` or `3.13@999`: one version, or one rate of
+/// it, for measuring a change to the walk; its table is not written to
+/// the docs.
+pub fn part() -> Option<String> {
+    std::env::var("RTRACE_BENCH_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+}
+
 /// Runs the benchmark; the table for `docs/benchmarks.md`.
 pub fn run() -> anyhow::Result<String> {
     crate::setup::python_peers()?;
@@ -297,23 +339,33 @@ pub fn run() -> anyhow::Result<String> {
          sample from the kernel's statistics, samples with the whole Python chain under \
          `Py_BytesMain`; under Debian's python3.11 (bookworm, the host's), python3 3.13 (trixie) \
          and python3.14 (sid), the last two in their roots through chroot; medians of \
-         {TRIALS} interleaved trials, ranges in parentheses):\n\n",
-        measured_on("python")
+         {} interleaved trials, ranges in parentheses):\n\n",
+        measured_on("python"),
+        trials()
     );
     table.push_str(
-        "| Python | rate | profiler | added per round | BPF per sample | samples (lost) | whole \
-         Python chains |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+        "| Python | rate | profiler | added per round | BPF per sample | own CPU, user / system \
+         | samples (lost) | whole Python chains |\n| --- | --- | --- | --- | --- | --- | --- | --- \
+         |\n",
     );
     let mut verdicts = Vec::new();
     let pythons = interps();
+    let only = part().unwrap_or_default();
     let runs = pythons
         .iter()
-        .flat_map(|py| [99u64, 999].map(|hz| (py, hz)));
+        .flat_map(|py| [99u64, 999].map(|hz| (py, hz)))
+        .filter(|(py, hz)| {
+            let (v, rate) = only.split_once('@').unwrap_or((&only, ""));
+            (v.is_empty() || v == py.version) && (rate.is_empty() || rate == hz.to_string())
+        });
     for (py, hz) in runs {
         let v = py.version;
-        eprintln!("bench python: {v} at {hz} Hz, {TRIALS} interleaved trials");
+        eprintln!(
+            "bench python: {v} at {hz} Hz, {} interleaved trials",
+            trials()
+        );
         let mut got: Vec<Vec<Trial>> = tools.iter().map(|_| Vec::new()).collect();
-        for n in 1..=TRIALS {
+        for n in 1..=trials() {
             for (i, &tool) in tools.iter().enumerate() {
                 let t = trial(py, tool, hz, &rtrace, &py_spy)?;
                 eprintln!(
@@ -344,13 +396,21 @@ pub fn run() -> anyhow::Result<String> {
                 format!("{:.1} us ({l:.0}-{h:.0} ns)", median(bpf[i].clone()) / 1e3)
             };
             let ts = &got[i];
-            let samples: u64 = ts.iter().map(|t| t.samples).sum::<u64>() / TRIALS as u64;
-            let lost: u64 = ts.iter().map(|t| t.lost).sum::<u64>() / TRIALS as u64;
+            let cpu: Vec<(f64, f64)> = ts.iter().filter_map(|t| t.cpu_ms).collect();
+            let cpu_cell = if cpu.is_empty() {
+                "-".to_owned()
+            } else {
+                let u = median(cpu.iter().map(|c| c.0).collect());
+                let s = median(cpu.iter().map(|c| c.1).collect());
+                format!("{u:.0} / {s:.0} ms")
+            };
+            let samples: u64 = ts.iter().map(|t| t.samples).sum::<u64>() / trials() as u64;
+            let lost: u64 = ts.iter().map(|t| t.lost).sum::<u64>() / trials() as u64;
             let (f, w): (u64, u64) = ts
                 .iter()
                 .fold((0, 0), |(f, w), t| (f + t.fixture, w + t.whole));
             table.push_str(&format!(
-                "| {v} | {hz} Hz | {} | {:.1} us ({:.1} to {:.1}) | {bpf_cell} | {samples} ({lost}) | {:.1}% |\n",
+                "| {v} | {hz} Hz | {} | {:.1} us ({:.1} to {:.1}) | {bpf_cell} | {cpu_cell} | {samples} ({lost}) | {:.1}% |\n",
                 tool.label(),
                 median(added[i].clone()) / 1e3,
                 lo / 1e3,
