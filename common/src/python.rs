@@ -25,6 +25,22 @@ pub const fn is_py_frame(ip: u64) -> bool {
 /// address.
 pub const PY_ADDR_MASK: u64 = !PY_FRAME_MASK;
 
+/// An asyncio task's frame (3.14), written above the coroutine it runs
+/// (after it, leaf first), takes two slots as a Python frame does: the
+/// first is `PY_TASK` with the address of the task's name (a `str`) in its
+/// low 48 bits, or with [`PY_TASK_NUMBER`] and the number of an unnamed
+/// task (`Task-N`, which CPython keeps as the number until asked); the
+/// second holds the name's check ([`str_check`]) in its high half.
+pub const PY_TASK: u64 = 0x5054_0000_0000_0000;
+/// In a task frame's first slot: the low bits are the number `N` of a
+/// task named `Task-N`. User addresses are below `1 << 47`.
+pub const PY_TASK_NUMBER: u64 = 1 << 47;
+
+/// Whether stack slot `ip` starts an asyncio task's frame.
+pub const fn is_py_task(ip: u64) -> bool {
+    ip & PY_FRAME_MASK == PY_TASK
+}
+
 /// [`PyProc::chain`]: 3.10: `tstate->frame` is a `PyFrameObject`, one to
 /// each `_PyEval_EvalFrameDefault`.
 pub const CHAIN_310: u8 = 10;
@@ -75,6 +91,9 @@ pub struct PyProc {
     /// The address of `PyUnicode_Type`: a string the kernel copies must
     /// have it as its type.
     pub unicode_type: u64,
+    /// The address of `PyLong_Type`: an asyncio task's name that is a
+    /// number (`Task-N`).
+    pub long_type: u64,
     /// The address of the runtime's `Py_tss_t` (`autoTSSkey`), whose key's
     /// value in each thread is that thread's state.
     pub tss_addr: u64,
@@ -132,6 +151,17 @@ pub struct PyProc {
     /// process's code at the same addresses, with the same check (one
     /// program's twin, address randomization off), is told again.
     pub salt: u32,
+    /// `_PyThreadStateImpl.asyncio_running_task` (3.14, from `_asyncio`'s
+    /// `.AsyncioDebug` section once the process loaded it): where a
+    /// thread keeps the asyncio task it is running; 0: no task frames.
+    pub ts_running_task: u16,
+    /// The task object's coroutine (`task_coro`).
+    pub task_coro: u16,
+    /// The task object's name (`task_name`).
+    pub task_name: u16,
+    /// A coroutine object's own interpreter frame (`gi_iframe`): the
+    /// running task's frame is written above it.
+    pub gen_iframe: u16,
     /// Keeps the size a multiple of 8.
     pub _pad2: u32,
 }
@@ -197,6 +227,30 @@ pub const fn code_check(firstlineno: u32, name: u64, file: u64) -> u32 {
     let h = (name ^ file.rotate_left(29) ^ (firstlineno as u64).wrapping_mul(0x9e37_79b9))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
     (h >> 32) as u32 | 1
+}
+
+/// The check of a compact `str` whose first 128 bytes are `w` (its
+/// characters from byte `data`, a multiple of 8, `bytes` of them): of its
+/// length, its first 24 bytes and the word its end is in, so that another
+/// string at its address (a task renamed, its name freed and another
+/// allocated there) is told apart unless it has the same length, head and
+/// tail. Words past the end are left out, but for the last one's bytes
+/// after the terminating zero, which are the object's own allocation and
+/// do not change while it lives. The kernel computes it, as it walks and
+/// again as it copies the string; without a comparison, which eBPF turns
+/// into a branch (the verifiers before 6.13 followed each apart).
+pub const fn str_check(w: &[u64; 16], data: u64, bytes: u64) -> u32 {
+    let base = (data / 8) as usize;
+    // All ones where the characters reach past the first 8 or 16 bytes.
+    let m1 = 0u64.wrapping_sub(8u64.wrapping_sub(bytes) >> 63);
+    let m2 = 0u64.wrapping_sub(16u64.wrapping_sub(bytes) >> 63);
+    let last = w[(data.wrapping_add(bytes) / 8) as usize & 15];
+    let h = bytes
+        ^ w[base & 15].rotate_left(7)
+        ^ (w[(base + 1) & 15] & m1).rotate_left(23)
+        ^ (w[(base + 2) & 15] & m2).rotate_left(41)
+        ^ last.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h.wrapping_mul(0xff51_afd7_ed55_8ccd) >> 32) as u32 | 1
 }
 
 crate::pod!(PyProc, PyCode);

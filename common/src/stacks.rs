@@ -239,6 +239,9 @@ pub const SEEN_FOUND: u32 = 16;
 /// `Seen::flags`: a [`crate::python::PyCode`] record, a code object the
 /// walk met, for user space to name while its process lives.
 pub const SEEN_PY_CODE: u32 = 32;
+/// With [`SEEN_PY_CODE`]: the record names an asyncio task (its name's
+/// string object), not a code object.
+pub const SEEN_PY_TASK: u32 = 64;
 
 /// A mapping of a loaded file that the kernel found for a process itself
 /// (`bpf_find_vma`), told to user space once, as it is kept: the record

@@ -18,9 +18,9 @@ use aya_ebpf::{
 use rtrace_common::{
     python::{
         CHAIN_310, CHAIN_311, CODE_BYTES, FRAME_BYTES, LINES_BYTES, OWNED_BY_CSTACK, PY_ADDR_MASK,
-        PY_FRAME, PyCode, PyProc, code_check,
+        PY_FRAME, PY_TASK, PY_TASK_NUMBER, PyCode, PyProc, code_check, str_check,
     },
-    stacks::{ERR_PY_BAD, ERR_PY_TSTATE, SEEN_PY_CODE},
+    stacks::{ERR_PY_BAD, ERR_PY_TSTATE, SEEN_PY_CODE, SEEN_PY_TASK},
 };
 
 use crate::{
@@ -134,6 +134,7 @@ fn first_frame(s: &mut Scratch, tgid: u32, fsbase_off: u32) -> u64 {
                 && word(buf, ts_tid - lo) == fsbase
             {
                 k.uses += 1;
+                s.py.tstate = k.tstate;
                 let frame = word(buf, ts_frame - lo);
                 return current_frame(&s.py.proc, frame);
             }
@@ -161,6 +162,7 @@ fn first_frame(s: &mut Scratch, tgid: u32, fsbase_off: u32) -> u64 {
     if tstate == 0 {
         return 0;
     }
+    s.py.tstate = tstate;
     if !kept.is_null() {
         let buf = &mut s.py_buf;
         if !read_into(buf, tstate.wrapping_add(u64::from(lo)), len) {
@@ -283,7 +285,13 @@ pub(crate) fn at_frame(s: &mut Scratch, tgid: u32) -> Next {
     push(s, PY_FRAME | (code & PY_ADDR_MASK));
     push(s, (u64::from(check) << 32) | (lasti & 0xffff_ffff));
     s.py.emitted += 1;
-    tell(s, tgid, code, check);
+    tell(s, tgid, code, check, SEEN_PY_CODE);
+    if f == s.py.task_frame {
+        // The running task's coroutine: the task above it.
+        let [a, b] = s.py.task_slots;
+        push(s, a);
+        push(s, b);
+    }
     if last { end(s) } else { Next::Done }
 }
 
@@ -310,7 +318,7 @@ fn give_up(s: &mut Scratch) -> Next {
 /// it (see [`PY_TOLD`]); a walk queues at most `PY_NEW`, the rest are
 /// told by a later one.
 #[inline(always)]
-fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
+fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32, flags: u32) {
     if s.py.nnew as usize >= PY_NEW {
         return;
     }
@@ -333,7 +341,7 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32) {
     if let Some(q) = s.py_new.get_mut(s.py.nnew as usize) {
         // Field by field: the record is too big to be built on the stack.
         q.tgid = tgid;
-        q.flags = SEEN_PY_CODE;
+        q.flags = flags;
         q.addr = code;
         q.check = check;
         s.py.nnew += 1;
@@ -350,6 +358,15 @@ fn copy_names(q: &mut PyCode, py: &PyProc, buf: &mut [u64; 16]) {
     q.file_len = 0;
     q.lines_len = u32::MAX;
     q.firstlineno = 0;
+    if q.flags & SEEN_PY_TASK != 0 {
+        // A task's name, if it is still the string the walk saw.
+        if str_at(py, buf, q.addr).is_some_and(|(_, _, c)| c == q.check) {
+            let (len, kind) = copy_str(py, buf, q.addr, &mut q.name, false);
+            q.name_len = len;
+            q.kinds = u32::from(kind);
+        }
+        return;
+    }
     if !read_into(buf, q.addr, CODE_BYTES) || buf[1] != py.code_type {
         return;
     }
@@ -398,25 +415,10 @@ fn copy_str<const N: usize>(
     dst: &mut [u8; N],
     tail: bool,
 ) -> (u32, u8) {
-    // `PyASCIIObject`: the type at 8, the length in characters at 16, the
-    // state's bits at 32 (kind at 2, compact at 5, ascii at 6).
-    if addr == 0 || !read_into(buf, addr, 40) || buf[1] != py.unicode_type {
+    let Some((off, bytes, kind)) = str_head(py, buf, addr, 40) else {
         return (0, 0);
-    }
-    let state = half(buf, 32);
-    let kind = (state >> 2) & 7;
-    if (state >> 5) & 1 == 0 || !(kind == 1 || kind == 2 || kind == 4) {
-        return (0, 0);
-    }
-    let bytes = buf[2].wrapping_mul(u64::from(kind));
-    if bytes > 1 << 20 {
-        return (0, 0);
-    }
-    let data = addr.wrapping_add(u64::from(if (state >> 6) & 1 == 1 {
-        py.str_ascii
-    } else {
-        py.str_compact
-    }));
+    };
+    let data = addr.wrapping_add(off);
     let cap = N as u64;
     let (from, take) = if bytes <= cap {
         (data, bytes)
@@ -429,6 +431,90 @@ fn copy_str<const N: usize>(
         return (0, 0);
     }
     (bytes as u32, kind as u8)
+}
+
+/// Reads the first `len` bytes of the compact `str` at `addr` into `buf`:
+/// where its characters are (from `addr`), how many bytes they take, and
+/// their kind (1, 2 or 4 bytes each); `None` where it is not one.
+#[inline(always)]
+fn str_head(py: &PyProc, buf: &mut [u64; 16], addr: u64, len: usize) -> Option<(u64, u64, u32)> {
+    // `PyASCIIObject`: the type at 8, the length in characters at 16, the
+    // state's bits at 32 (kind at 2, compact at 5, ascii at 6).
+    if addr == 0 || !read_into(buf, addr, len) || buf[1] != py.unicode_type {
+        return None;
+    }
+    let state = half(buf, 32);
+    let kind = (state >> 2) & 7;
+    if (state >> 5) & 1 == 0 || !(kind == 1 || kind == 2 || kind == 4) {
+        return None;
+    }
+    let bytes = buf[2].wrapping_mul(u64::from(kind));
+    if bytes > 1 << 20 {
+        return None;
+    }
+    let off = u64::from(if (state >> 6) & 1 == 1 {
+        py.str_ascii
+    } else {
+        py.str_compact
+    });
+    Some((off, bytes, kind))
+}
+
+/// The compact `str` at `addr`, its first 128 bytes read into `buf`: where
+/// its characters are, how many bytes, and its check ([`str_check`]).
+#[inline(always)]
+fn str_at(py: &PyProc, buf: &mut [u64; 16], addr: u64) -> Option<(u64, u64, u32)> {
+    let (off, bytes, _) = str_head(py, buf, addr, 128)?;
+    Some((off, bytes, str_check(buf, off, bytes)))
+}
+
+/// Finds the asyncio task the thread runs (3.14, where `_asyncio` told
+/// where to look) and sets up its frame: its coroutine's frame, after
+/// which the walk writes it, and its two slots; a task named by the
+/// program is told to user space as code objects are.
+#[inline(always)]
+fn running_task(s: &mut Scratch, tgid: u32) {
+    let py = &s.py.proc;
+    let (coro_off, name_off) = (py.task_coro, py.task_name);
+    let Some(task) = read_user::<u64>(s.py.tstate.wrapping_add(u64::from(py.ts_running_task)))
+    else {
+        return;
+    };
+    if task == 0 {
+        return;
+    }
+    // The coroutine and the name, in one read.
+    let lo = coro_off.min(name_off);
+    let buf = &mut s.py_buf;
+    if !read_into(
+        buf,
+        task.wrapping_add(u64::from(lo)),
+        usize::from(coro_off.abs_diff(name_off)) + 8,
+    ) {
+        return;
+    }
+    let coro = word(buf, coro_off - lo);
+    let name = word(buf, name_off - lo);
+    if coro == 0 || name == 0 {
+        return;
+    }
+    let frame = coro.wrapping_add(u64::from(py.gen_iframe));
+    let long_type = py.long_type;
+    let slots = if let Some((_, _, check)) = str_at(&s.py.proc, &mut s.py_buf, name) {
+        tell(s, tgid, name, check, SEEN_PY_CODE | SEEN_PY_TASK);
+        [PY_TASK | (name & PY_ADDR_MASK), u64::from(check) << 32]
+    } else if s.py_buf[1] == long_type {
+        // `PyLongObject` (3.12+): `lv_tag` (digits << 3 | sign) at 16,
+        // the first 30-bit digit at 24. One digit, positive.
+        if s.py_buf[2] != 1 << 3 {
+            return;
+        }
+        [PY_TASK | PY_TASK_NUMBER | u64::from(half(&s.py_buf, 24)), 0]
+    } else {
+        return;
+    };
+    s.py.task_slots = slots;
+    s.py.task_frame = frame;
 }
 
 /// Reads `len` (at most `N`) bytes of user memory at `addr` into `dst`.
@@ -495,7 +581,12 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32) {
     // SAFETY: a map value, copied into another.
     s.py.proc = unsafe { *p };
     s.py.on = 1;
+    s.py.tstate = 0;
+    s.py.task_frame = 0;
     s.py.frame = first_frame(s, tgid, fsbase_off);
+    if s.py.frame != 0 && s.py.proc.ts_running_task != 0 {
+        running_task(s, tgid);
+    }
 }
 
 /// Forgets a process's interpreter: it ran a new program or exited.

@@ -170,6 +170,13 @@ pub struct PyWalk {
     /// Native frames stepped so far: the first is the sampled one.
     pub(crate) native: u32,
     pub(crate) _pad: u32,
+    /// The thread's state, where found.
+    pub(crate) tstate: u64,
+    /// The frame of the coroutine the thread's running asyncio task runs
+    /// (3.14), 0 for none: the task's frame is written after it.
+    pub(crate) task_frame: u64,
+    /// The task's frame, two slots (`rtrace_common::python::PY_TASK`).
+    pub(crate) task_slots: [u64; 2],
     /// The process's interpreter, copied from `PY_PROCS`.
     pub(crate) proc: rtrace_common::python::PyProc,
 }

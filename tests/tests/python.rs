@@ -891,3 +891,97 @@ fn python_without_frame_pointers_reaches_its_main() {
         "{whole} of {total} samples reach Py_BytesMain:\n{stdout}"
     );
 }
+
+/// Three asyncio tasks (alpha, beta, gamma) under sid's 3.14, each
+/// awaiting `crunch` in slices of 1, 2 and 4 units and yielding between
+/// them, asyncio imported only once the work starts: each task's frame
+/// sits right above its coroutine (`[task: alpha];pyfix.worker`) and on
+/// no other sample (but for those taken before rtrace met `_asyncio`, at
+/// most 2 %), and each task's share of the tasks' samples is within
+/// 4 sd of the CPU time the fixture measured in its slices. With
+/// `--no-asyncio-tasks` no task frame is shown.
+#[test]
+fn asyncio_tasks_are_named_above_their_coroutines_under_314() {
+    if skip_in_guest() {
+        return;
+    }
+    let names = ["alpha", "beta", "gamma"];
+    let (folded, stderr, done) = profile(Python::Chroot(Root::Sid), "asyncio", "3", &[]);
+    let mut by_task = [0u64; 3];
+    // Samples taken before rtrace met `_asyncio`'s code (loaded as the
+    // work starts) and told the kernel where tasks are: most of their
+    // walks stop in that code, unknown to them yet; none has a task frame.
+    let mut before = 0;
+    for (stack, &n) in &folded {
+        let at = |name: &str| stack.iter().position(|f| f == name);
+        let task = stack.iter().position(|f| f.starts_with("[task"));
+        if task.is_none() && at("pyfix.worker").is_some() {
+            before += n;
+            continue;
+        }
+        match at("pyfix.worker") {
+            Some(w) => {
+                let t = task.unwrap();
+                assert_eq!(
+                    t + 1,
+                    w,
+                    "the task frame is not above worker: {}",
+                    stack.join(";")
+                );
+                let i = names
+                    .iter()
+                    .position(|name| stack[t] == format!("[task: {name}]"))
+                    .unwrap_or_else(|| panic!("task named wrong: {}", stack.join(";")));
+                by_task[i] += n;
+                // Only the one task, and the coroutine chain under it.
+                assert_eq!(
+                    stack.iter().filter(|f| f.starts_with("[task")).count(),
+                    1,
+                    "{}",
+                    stack.join(";")
+                );
+            }
+            // Outside the tasks' coroutines: the loop, or asyncio.run's
+            // own task (`Task-1`, unnamed) waiting on them.
+            None => assert!(
+                task.is_none_or(|t| stack[t] == "[task: Task-1]"),
+                "a task frame on a sample out of the tasks: {}",
+                stack.join(";")
+            ),
+        }
+    }
+    let total: u64 = by_task.iter().sum();
+    assert!(
+        total >= 1000,
+        "{total} samples in tasks:\n{}\n{stderr}",
+        show(&folded)
+    );
+    assert!(
+        before * 50 <= total,
+        "{before} samples in worker without a task frame, {total} with:\n{}",
+        show(&folded)
+    );
+    let measured: i64 = done.iter().sum();
+    for (i, name) in names.iter().enumerate() {
+        let want = done[i] as f64 / measured as f64;
+        rtrace_integration_tests::pidreuse::assert_share_within(
+            name,
+            by_task[i],
+            total - by_task[i],
+            want,
+            4.0,
+        );
+    }
+    let (folded, _, _) = profile(
+        Python::Chroot(Root::Sid),
+        "asyncio",
+        "1",
+        &["--no-asyncio-tasks"],
+    );
+    assert!(with_frame(&folded, "pyfix.worker") > 0, "{}", show(&folded));
+    assert!(
+        !folded.keys().flatten().any(|f| f.starts_with("[task")),
+        "{}",
+        show(&folded)
+    );
+}

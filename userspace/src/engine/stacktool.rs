@@ -105,10 +105,16 @@ pub struct StackArgs {
     pub addresses: bool,
     /// Do not walk CPython's frames: a Python process's stacks show the
     /// interpreter's C functions only. By default every process running
-    /// CPython 3.10 to 3.13 has its Python functions in its stacks, in
+    /// CPython 3.10 to 3.14 has its Python functions in its stacks, in
     /// place of the interpreter's loop that ran them (with the CFI walk).
     #[arg(long)]
     pub no_python: bool,
+    /// Do not show asyncio tasks: by default a Python 3.14 process that
+    /// runs asyncio has the running task's name as a frame above the
+    /// coroutines it runs (`[task: NAME]`), which costs its samples one
+    /// more read of its memory, three while a task runs.
+    #[arg(long)]
+    pub no_asyncio_tasks: bool,
     /// After the run, wait up to SECONDS for the processes whose JIT
     /// frames are still unnamed to exit, and name those frames from the
     /// perf maps they write as they exit (Mono's `--jitmap`, the JVM's
@@ -146,6 +152,7 @@ pub fn walk_args() -> StackArgs {
         offsets: true,
         addresses: false,
         no_python: false,
+        no_asyncio_tasks: false,
         wait_exit: None,
         transforms: Default::default(),
     }
@@ -306,9 +313,11 @@ impl StackTool {
                 .size(rtrace_common::unwind::CFI_FOUND, CFI_PROCESSES)
                 .size(rtrace_common::python::PY_PROCS, MAX_PY_PROCS);
         }
-        self.sym
-            .python()
-            .configure(self.cfi_loaded && !args.no_python, args.lines);
+        self.sym.python().configure(
+            self.cfi_loaded && !args.no_python,
+            args.lines,
+            !args.no_asyncio_tasks,
+        );
         let one_entry = rtrace_common::stacks::MAX_DEPTH as u32;
         if self.cfi_loaded {
             load.global(rtrace_common::unwind::MAX_STACK_DEPTH, &args.max_stack);

@@ -18,6 +18,7 @@ use rtrace_common::python::{
     CHAIN_310, CHAIN_311, CHAIN_312, CHAIN_313, LINES_BYTES, PyCode, PyProc, TSTATE_BYTES,
     code_check,
 };
+use rtrace_common::stacks::SEEN_PY_TASK;
 
 use crate::kernel::procmaps::{Mapping, Proc};
 use crate::kernel::warning::Warning;
@@ -63,6 +64,9 @@ pub struct Layout {
     ascii_size: u64,
     /// `PyCompactUnicodeObject`'s size: where other compact strings' are.
     compact_size: u64,
+    /// A coroutine's own frame (`gi_iframe`, 3.14's debug offsets; 0
+    /// before): where the walk puts an asyncio task's frame.
+    gen_iframe: u64,
 }
 
 impl Layout {
@@ -208,6 +212,9 @@ impl Layout {
             co_adaptive: w(co + 9),
             ascii_size: w(ascii),
             compact_size: w(ascii) + 16,
+            // 3.14 appends `gen_object` (size, gi_name, gi_iframe,
+            // gi_frame_state) after the unicode object's part and `gc`'s.
+            gen_iframe: if minor == 14 { w(85) } else { 0 },
         })
     }
 
@@ -215,7 +222,7 @@ impl Layout {
     fn record(
         &self,
         eval: [(u64, u64); 2],
-        [code_type, unicode_type]: [u64; 2],
+        [code_type, unicode_type, long_type]: [u64; 3],
         tss: u64,
         key_block: i64,
         lines: bool,
@@ -228,6 +235,7 @@ impl Layout {
             eval2_end: eval[1].1,
             code_type,
             unicode_type,
+            long_type,
             tss_addr: tss,
             key_block,
             ts_frame: o(self.ts_frame),
@@ -261,6 +269,11 @@ impl Layout {
                 0
             },
             salt: 0,
+            // Set where the process has loaded `_asyncio` ([`Asyncio`]).
+            ts_running_task: 0,
+            task_coro: 0,
+            task_name: 0,
+            gen_iframe: o(self.gen_iframe),
             _pad2: 0,
         }
     }
@@ -278,6 +291,7 @@ struct PyFile {
     runtime: u64,
     code_type: u64,
     unicode_type: u64,
+    long_type: u64,
     eval: [(u64, u64); 2],
     /// The page of the virtual address its file offset 0 is loaded at:
     /// a mapping of offset 0 at `start` has the load bias `start - this`.
@@ -337,7 +351,14 @@ pub struct Python {
     disabled: bool,
     /// Frames carry their instruction (`--lines`).
     lines: bool,
+    /// Off with `--no-asyncio-tasks`.
+    no_tasks: bool,
     files: HashMap<(u64, u64), Option<Arc<PyFile>>>,
+    /// What each `_asyncio` module file says of tasks, by file.
+    asyncio_files: HashMap<(u64, u64), Option<Asyncio>>,
+    /// Names of asyncio tasks, by their process, their name's address
+    /// and its check.
+    tasks: HashMap<(Proc, u64, u32), Option<Arc<str>>>,
     /// By process, not pid: a later process of the pid is looked at anew.
     procs: HashMap<Proc, PyProcess>,
     /// Processes looked at and found to run no interpreter the walk can
@@ -367,10 +388,11 @@ pub struct Python {
 
 impl Python {
     /// Turns the walk off (`--no-python`) and sets whether frames carry
-    /// lines.
-    pub fn configure(&mut self, enabled: bool, lines: bool) {
+    /// lines and whether asyncio tasks are shown.
+    pub fn configure(&mut self, enabled: bool, lines: bool, tasks: bool) {
         self.disabled = !enabled;
         self.lines = lines;
+        self.no_tasks = !tasks;
     }
 
     /// Looks at process `pid` (again if `fresh`: it ran a new program or
@@ -494,6 +516,14 @@ impl Python {
     /// process's memory while it lives (where rtrace may: ptrace rights),
     /// else by what the kernel copied, cut short.
     pub fn learn(&mut self, who: Proc, c: &PyCode) {
+        if c.flags & SEEN_PY_TASK != 0 {
+            let name = copied_str(&c.name, c.name_len, c.kinds as u8, false);
+            let entry = self.tasks.entry((who, c.addr, c.check)).or_default();
+            if entry.is_none() {
+                *entry = name.map(|(n, _)| Arc::from(n));
+            }
+            return;
+        }
         if let Some(Some(_)) = self.codes.get(&(who, c.addr, c.check)) {
             return;
         }
@@ -537,6 +567,12 @@ impl Python {
             }
         }
         name
+    }
+
+    /// The name of an asyncio task whose name (a `str` at `addr` with
+    /// check `check`) a walk met, as the kernel copied it.
+    pub fn task_name(&self, who: Proc, addr: u64, check: u32) -> Option<Arc<str>> {
+        self.tasks.get(&(who, addr, check)).cloned().flatten()
     }
 
     /// The source line of code unit `lasti` of `n`, if its table has it;
@@ -614,12 +650,16 @@ impl Python {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         let proc_dir = format!("/proc/{pid}");
         let mut libc = None;
+        let mut asyncio = None;
         let mut found = None;
         for m in &maps {
             let Some(path) = m.path() else { continue };
             let name = path.rsplit('/').next().unwrap_or(path);
             if name.starts_with("libc.so") || name.starts_with("libc-") {
                 libc.get_or_insert(m);
+            }
+            if name.starts_with("_asyncio.cpython-") && m.offset == 0 {
+                asyncio.get_or_insert(m);
             }
             let candidate = m.offset == 0
                 && found.is_none()
@@ -662,12 +702,27 @@ impl Python {
         let moved = |(a, b): (u64, u64)| if a == b { (0, 0) } else { (a + bias, b + bias) };
         let mut record = file.layout.record(
             [moved(file.eval[0]), moved(file.eval[1])],
-            [file.code_type + bias, file.unicode_type + bias],
+            [
+                file.code_type + bias,
+                file.unicode_type + bias,
+                file.long_type + bias,
+            ],
             file.runtime + bias + file.layout.rt_tss - 4,
             key_block,
             self.lines,
         );
         record.salt = salt(who);
+        // 3.14's task frames, once the process has loaded `_asyncio`
+        // (it is looked at again when it maps new code).
+        if let Some(m) = asyncio
+            && record.gen_iframe != 0
+            && !self.no_tasks
+            && let Some(a) = self.asyncio(m, &proc_dir)
+        {
+            record.ts_running_task = a.running_task;
+            record.task_coro = a.task_coro;
+            record.task_name = a.task_name;
+        }
         Ok(Some(PyProcess {
             file,
             bias,
@@ -678,17 +733,76 @@ impl Python {
         }))
     }
 
+    /// What the `_asyncio` module mapped at `m` says of tasks.
+    fn asyncio(&mut self, m: &Mapping, proc_dir: &str) -> Option<Asyncio> {
+        once_a_file(&mut self.asyncio_files, m, proc_dir, read_asyncio)
+    }
+
     /// Where the libc mapped at `m` keeps a thread's first pthread keys,
     /// from its `pthread_getspecific`.
     fn key_block(&mut self, m: &Mapping, proc_dir: &str) -> Option<i64> {
-        let key = (u64::from(m.dev.0) << 32 | u64::from(m.dev.1), m.inode);
-        if let Some(k) = self.key_blocks.get(&key) {
-            return *k;
-        }
-        let k = m.open(proc_dir).ok().and_then(|f| libc_key_block(&f));
-        self.key_blocks.insert(key, k);
-        k
+        once_a_file(&mut self.key_blocks, m, proc_dir, libc_key_block)
     }
+}
+
+/// What `read` finds in the file mapped at `m`, read once a file (by its
+/// device and inode) and kept in `cache`.
+fn once_a_file<T: Copy>(
+    cache: &mut HashMap<(u64, u64), Option<T>>,
+    m: &Mapping,
+    proc_dir: &str,
+    read: fn(&File) -> Option<T>,
+) -> Option<T> {
+    let key = (u64::from(m.dev.0) << 32 | u64::from(m.dev.1), m.inode);
+    *cache
+        .entry(key)
+        .or_insert_with(|| m.open(proc_dir).ok().and_then(|f| read(&f)))
+}
+
+/// Where 3.14's asyncio keeps what the walk needs for task frames, from
+/// the `.AsyncioDebug` section of the `_asyncio` module (CPython's
+/// `_Py_AsyncioModuleDebugOffsets`, for external tools).
+#[derive(Clone, Copy, Debug)]
+struct Asyncio {
+    /// `_PyThreadStateImpl.asyncio_running_task`.
+    running_task: u16,
+    /// The task object's `task_coro` and `task_name`.
+    task_coro: u16,
+    task_name: u16,
+}
+
+/// Reads an `_asyncio` module's `.AsyncioDebug` section: the task
+/// object's size and fields (`task_name`, `task_awaited_by`,
+/// `task_is_task`, `task_awaited_by_is_set`, `task_coro`, `task_node`),
+/// the interpreter's (size, `asyncio_tasks_head`), the thread state's
+/// (size, `asyncio_running_loop`, `asyncio_running_task`,
+/// `asyncio_tasks_head`): 13 words.
+fn read_asyncio(f: &File) -> Option<Asyncio> {
+    use object::{Object as _, ObjectSection as _};
+    let data = crate::kernel::memory::Mapped::of(f).ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let section = elf.section_by_name(".AsyncioDebug")?;
+    let bytes = section.data().ok()?;
+    let w: Vec<u64> = bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect();
+    if w.len() < 13 {
+        return None;
+    }
+    let (task_size, name, coro) = (w[0], w[1], w[5]);
+    let (ts_size, running) = (w[9], w[11]);
+    // Fields inside their structs, the task's two within one read.
+    let fits = name + 8 <= task_size
+        && coro + 8 <= task_size
+        && running + 8 <= ts_size
+        && name.abs_diff(coro) + 8 <= 128
+        && ts_size < 1 << 16;
+    fits.then_some(Asyncio {
+        running_task: running as u16,
+        task_coro: coro as u16,
+        task_name: name as u16,
+    })
 }
 
 /// The process's command name.
@@ -718,6 +832,7 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
                 "_PyRuntime"
                     | "PyCode_Type"
                     | "PyUnicode_Type"
+                    | "PyLong_Type"
                     | "_PyEval_EvalFrameDefault"
                     | "Py_Version"
             )
@@ -787,6 +902,7 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
     let eval = (eval, eval + eval_size.max(1));
     let code_type = need("PyCode_Type")?.0;
     let unicode_type = need("PyUnicode_Type")?.0;
+    let long_type = need("PyLong_Type")?.0;
     let base = crate::kernel::elf::offset_to_vaddr(&elf, 0)
         .ok_or_else(|| format!("Python {version}: {name} has no segment at offset 0"))?
         & !0xfff;
@@ -796,6 +912,7 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
         runtime,
         code_type,
         unicode_type,
+        long_type,
         eval: [eval, split_part(&elf, &data, eval).unwrap_or((0, 0))],
         base,
     }))
@@ -1296,6 +1413,34 @@ mod tests {
             c.lines_len = t.len() as u32;
         }
         c
+    }
+
+    /// The first 128 bytes of a compact ASCII string object holding
+    /// `text`, followed by `after` (the heap past its allocation).
+    fn ascii_object(text: &str, after: u8) -> [u64; 16] {
+        let mut b = [after; 128];
+        b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+        b[40..40 + text.len()].copy_from_slice(text.as_bytes());
+        // The terminating zero, and the allocation's slack to its word.
+        let end = 40 + text.len();
+        b[end..(end + 8) & !7].fill(0);
+        let mut w = [0u64; 16];
+        for (i, c) in b.chunks_exact(8).enumerate() {
+            w[i] = u64::from_le_bytes(c.try_into().unwrap());
+        }
+        w
+    }
+
+    #[test]
+    fn a_task_names_check_is_its_own_and_not_the_heaps_after_it() {
+        use rtrace_common::python::str_check;
+        let check = |t: &str, after| str_check(&ascii_object(t, after), 40, t.len() as u64);
+        for name in ["alpha", "fetch-user-41", "a-name-of-thirty-two-characters!"] {
+            assert_eq!(check(name, 0xaa), check(name, 0x55), "{name}");
+        }
+        assert_ne!(check("fetch-user-41", 0), check("fetch-user-42", 0));
+        assert_ne!(check("task-1-of-a-batch", 0), check("task-2-of-a-batch", 0));
+        assert_ne!(check("alpha", 0), check("alphb", 0));
     }
 
     #[test]

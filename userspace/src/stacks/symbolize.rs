@@ -95,6 +95,10 @@ enum Loc {
     /// A Python frame: the process, the code object's address and check,
     /// and the instruction's code unit.
     Python(Proc, u64, u32, u32),
+    /// An asyncio task's frame: the process, the task's name's address or
+    /// its number (`rtrace_common::python::PY_TASK_NUMBER`), and the
+    /// name's check.
+    PyTask(Proc, u64, u32),
     /// In a mapping whose file could not be opened.
     Unopened(Proc, usize),
     Unknown,
@@ -683,6 +687,16 @@ impl Symbolizer {
                         i += 2;
                         continue;
                     }
+                    // An asyncio task's frame: two slots too.
+                    if let Some(pid) = pid
+                        && rtrace_common::python::is_py_task(ip)
+                        && let Some(&more) = ips.get(i + 1)
+                    {
+                        let v = ip & rtrace_common::python::PY_ADDR_MASK;
+                        out.push((Loc::PyTask(*pid, v, (more >> 32) as u32), 0, None));
+                        i += 2;
+                        continue;
+                    }
                     let ip = call_site(i, ip);
                     let (loc, mapping) = match pid {
                         None => (Loc::Kernel(ip), Some(kernel_mapping())),
@@ -778,6 +792,7 @@ impl Symbolizer {
                             Loc::Python(pid, a, check, lasti) => {
                                 vec![self.python_frame(pid, a, check, lasti)]
                             }
+                            Loc::PyTask(pid, v, check) => vec![self.task_frame(pid, v, check)],
                             Loc::Named(pid, i) => {
                                 let name = &self.procs[&pid].maps[i].name;
                                 vec![Frame::new(name.clone(), Kind::User, Some(name))]
@@ -913,6 +928,23 @@ impl Symbolizer {
                 .map(|l| Arc::from(format!("{}:{l}", n.file)));
         }
         frame
+    }
+
+    /// An asyncio task's frame: `[task: NAME]`, `[task: Task-N]` for a
+    /// task the program did not name, `[task]` if its name could not be
+    /// read.
+    fn task_frame(&mut self, pid: Proc, v: u64, check: u32) -> Frame {
+        use rtrace_common::python::PY_TASK_NUMBER;
+        let name = if v & PY_TASK_NUMBER != 0 {
+            Some(Arc::from(format!("Task-{}", v & !PY_TASK_NUMBER)))
+        } else {
+            self.python.task_name(pid, v, check)
+        };
+        let name = match name {
+            Some(n) => format!("[task: {n}]"),
+            None => "[task]".to_owned(),
+        };
+        Frame::new(name, Kind::Interpreted, None)
     }
 
     /// Counts, per process, the frames in anonymous executable memory
