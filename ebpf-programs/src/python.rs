@@ -107,6 +107,9 @@ const REFIND: u32 = 64;
 
 /// The current thread's newest Python frame, or 0 where it runs no
 /// Python (no thread state); counted where the state could not be read.
+/// What it needs after a helper call is kept in the scratch value, not in
+/// registers: their spills would grow the walk's step past what 6.1 allows
+/// the off-CPU program's chain of frames.
 #[inline(always)]
 fn first_frame(s: &mut Scratch, tgid: u32, fsbase_off: u32) -> u64 {
     // SAFETY: the helper has no preconditions.
@@ -115,34 +118,14 @@ fn first_frame(s: &mut Scratch, tgid: u32, fsbase_off: u32) -> u64 {
         count_error(ERR_PY_TSTATE);
         return 0;
     };
-    let py = &s.py.proc;
-    let (ts_frame, ts_tid) = (py.ts_frame, py.ts_thread_id);
-    let kept = if ts_tid != 0 {
-        PY_THREADS.get(task, true)
-    } else {
-        core::ptr::null_mut()
-    };
-    // The one read: from the lower of the two fields to the higher.
-    let lo = ts_tid.min(ts_frame);
-    let len = usize::from(ts_tid.abs_diff(ts_frame)) + 8;
-    if !kept.is_null() {
-        // SAFETY: this thread's storage.
-        let k = unsafe { &mut *kept };
-        if k.tstate != 0 && k.tgid == tgid && k.salt == py.salt && k.uses < REFIND {
-            let buf = &mut s.py_buf;
-            if read_into(buf, k.tstate.wrapping_add(u64::from(lo)), len)
-                && word(buf, ts_tid - lo) == fsbase
-            {
-                k.uses += 1;
-                s.py.tstate = k.tstate;
-                let frame = word(buf, ts_frame - lo);
-                return current_frame(&s.py.proc, frame);
-            }
-        }
-        k.tstate = 0;
+    s.py.fsbase = fsbase;
+    if s.py.proc.ts_thread_id != 0
+        && let Some(frame) = kept_frame(s, task, tgid)
+    {
+        return frame;
     }
     // `Py_tss_t`: `int _is_initialized; pthread_key_t _key`.
-    let Some(tss) = read_user::<u64>(py.tss_addr) else {
+    let Some(tss) = read_user::<u64>(s.py.proc.tss_addr) else {
         count_error(ERR_PY_TSTATE);
         return 0;
     };
@@ -152,9 +135,10 @@ fn first_frame(s: &mut Scratch, tgid: u32, fsbase_off: u32) -> u64 {
     if tss as u32 == 0 || key >= 32 {
         return 0;
     }
-    let slot = fsbase
-        .wrapping_add(py.key_block as u64)
-        .wrapping_add(key * 16 + 8);
+    let slot =
+        s.py.fsbase
+            .wrapping_add(s.py.proc.key_block as u64)
+            .wrapping_add(key * 16 + 8);
     let Some(tstate) = read_user::<u64>(slot) else {
         count_error(ERR_PY_TSTATE);
         return 0;
@@ -163,30 +147,75 @@ fn first_frame(s: &mut Scratch, tgid: u32, fsbase_off: u32) -> u64 {
         return 0;
     }
     s.py.tstate = tstate;
-    if !kept.is_null() {
-        let buf = &mut s.py_buf;
-        if !read_into(buf, tstate.wrapping_add(u64::from(lo)), len) {
-            count_error(ERR_PY_TSTATE);
-            return 0;
+    if s.py.proc.ts_thread_id != 0 {
+        return keep(s, task, tgid);
+    }
+    let Some(frame) = read_user::<u64>(tstate.wrapping_add(u64::from(s.py.proc.ts_frame))) else {
+        count_error(ERR_PY_TSTATE);
+        return 0;
+    };
+    current_frame(&s.py.proc, frame)
+}
+
+/// Where the one read of a thread state starts (the lower of its frame
+/// field and `thread_id`), and how long it is.
+#[inline(always)]
+fn window(py: &PyProc) -> (u16, usize) {
+    let (f, t) = (py.ts_frame, py.ts_thread_id);
+    (f.min(t), usize::from(f.abs_diff(t)) + 8)
+}
+
+/// The newest frame by the state kept for the thread, if it is still the
+/// thread's (its `thread_id` is the thread pointer) and not due to be
+/// found anew; else the kept state is dropped.
+#[inline(always)]
+fn kept_frame(s: &mut Scratch, task: *const u8, tgid: u32) -> Option<u64> {
+    let kept = PY_THREADS.get(task, true);
+    if kept.is_null() {
+        return None;
+    }
+    // SAFETY: this thread's storage.
+    let k = unsafe { &mut *kept };
+    if k.tstate != 0 && k.tgid == tgid && k.salt == s.py.proc.salt && k.uses < REFIND {
+        let (lo, len) = window(&s.py.proc);
+        if read_into(&mut s.py_buf, k.tstate.wrapping_add(u64::from(lo)), len) {
+            let (lo, _) = window(&s.py.proc);
+            if word(&s.py_buf, s.py.proc.ts_thread_id - lo) == s.py.fsbase {
+                k.uses += 1;
+                s.py.tstate = k.tstate;
+                let frame = word(&s.py_buf, s.py.proc.ts_frame - lo);
+                return Some(current_frame(&s.py.proc, frame));
+            }
         }
-        // Kept only if its check would pass: else the next sample would
-        // read it for nothing.
-        if word(buf, ts_tid - lo) == fsbase {
+    }
+    k.tstate = 0;
+    None
+}
+
+/// The newest frame of thread state `s.py.tstate`, just found, which is
+/// kept for the thread if its `thread_id` is the thread pointer (else the
+/// next sample would read it for nothing).
+#[inline(always)]
+fn keep(s: &mut Scratch, task: *const u8, tgid: u32) -> u64 {
+    let (lo, len) = window(&s.py.proc);
+    if !read_into(&mut s.py_buf, s.py.tstate.wrapping_add(u64::from(lo)), len) {
+        count_error(ERR_PY_TSTATE);
+        return 0;
+    }
+    if word(&s.py_buf, s.py.proc.ts_thread_id - lo) == s.py.fsbase {
+        let kept = PY_THREADS.get(task, false);
+        if !kept.is_null() {
             // SAFETY: this thread's storage.
             let k = unsafe { &mut *kept };
-            k.tstate = tstate;
+            k.tstate = s.py.tstate;
             k.tgid = tgid;
             k.salt = s.py.proc.salt;
             k.uses = 0;
         }
-        let frame = word(buf, ts_frame - lo);
-        return current_frame(&s.py.proc, frame);
     }
-    let Some(frame) = read_user::<u64>(tstate.wrapping_add(u64::from(py.ts_frame))) else {
-        count_error(ERR_PY_TSTATE);
-        return 0;
-    };
-    current_frame(py, frame)
+    let (lo, _) = window(&s.py.proc);
+    let frame = word(&s.py_buf, s.py.proc.ts_frame - lo);
+    current_frame(&s.py.proc, frame)
 }
 
 /// The newest frame from the thread state's field `frame`: itself, or
@@ -287,10 +316,11 @@ pub(crate) fn at_frame(s: &mut Scratch, tgid: u32) -> Next {
     s.py.emitted += 1;
     tell(s, tgid, code, check, SEEN_PY_CODE);
     if f == s.py.task_frame {
-        // The running task's coroutine: the task above it.
-        let [a, b] = s.py.task_slots;
-        push(s, a);
-        push(s, b);
+        // The running task's coroutine: the task above it. Read where
+        // they are: a copy would take room on the stack, which the walk's
+        // step has none of to spare on 6.1.
+        push(s, s.py.task_slots[0]);
+        push(s, s.py.task_slots[1]);
     }
     if last { end(s) } else { Next::Done }
 }
@@ -338,7 +368,11 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32, flags: u32) {
         }
         *told = h;
     }
-    if let Some(q) = s.py_new.get_mut(s.py.nnew as usize) {
+    // Read back and masked, so that the verifier bounds the index however
+    // the compiler checked it (6.1's lost the bound of a reloaded one).
+    // SAFETY: a plain read of a field.
+    let i = unsafe { core::ptr::read_volatile(&s.py.nnew) } as usize & (PY_NEW - 1);
+    if let Some(q) = s.py_new.get_mut(i) {
         // Field by field: the record is too big to be built on the stack.
         q.tgid = tgid;
         q.flags = flags;
@@ -500,20 +534,20 @@ fn running_task(s: &mut Scratch, tgid: u32) {
     }
     let frame = coro.wrapping_add(u64::from(py.gen_iframe));
     let long_type = py.long_type;
-    let slots = if let Some((_, _, check)) = str_at(&s.py.proc, &mut s.py_buf, name) {
+    // The slots are written in place, not built on the stack (see
+    // `at_frame`).
+    if let Some((_, _, check)) = str_at(&s.py.proc, &mut s.py_buf, name) {
+        s.py.task_slots[0] = PY_TASK | (name & PY_ADDR_MASK);
+        s.py.task_slots[1] = u64::from(check) << 32;
         tell(s, tgid, name, check, SEEN_PY_CODE | SEEN_PY_TASK);
-        [PY_TASK | (name & PY_ADDR_MASK), u64::from(check) << 32]
-    } else if s.py_buf[1] == long_type {
+    } else if s.py_buf[1] == long_type && s.py_buf[2] == 1 << 3 {
         // `PyLongObject` (3.12+): `lv_tag` (digits << 3 | sign) at 16,
         // the first 30-bit digit at 24. One digit, positive.
-        if s.py_buf[2] != 1 << 3 {
-            return;
-        }
-        [PY_TASK | PY_TASK_NUMBER | u64::from(half(&s.py_buf, 24)), 0]
+        s.py.task_slots[0] = PY_TASK | PY_TASK_NUMBER | u64::from(half(&s.py_buf, 24));
+        s.py.task_slots[1] = 0;
     } else {
         return;
-    };
-    s.py.task_slots = slots;
+    }
     s.py.task_frame = frame;
 }
 

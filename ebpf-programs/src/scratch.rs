@@ -172,6 +172,8 @@ pub struct PyWalk {
     pub(crate) _pad: u32,
     /// The thread's state, where found.
     pub(crate) tstate: u64,
+    /// The thread's pointer (`fsbase`), while the state is found.
+    pub(crate) fsbase: u64,
     /// The frame of the coroutine the thread's running asyncio task runs
     /// (3.14), 0 for none: the task's frame is written after it.
     pub(crate) task_frame: u64,
