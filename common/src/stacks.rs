@@ -188,7 +188,8 @@ pub struct Seen {
     pub _pad: u32,
     /// When the process started ([`Key::born`]).
     pub born: u64,
-    /// With [`SEEN_FORK`], when the parent started.
+    /// With [`SEEN_FORK`], when the parent started; with [`SEEN_EXIT`],
+    /// when the process exited (the boot-time clock, nanoseconds).
     pub parent_born: u64,
 }
 

@@ -827,8 +827,13 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     // At once: the pid's next process may be a runtime that makes its
     // own map at that path as it starts (Mono does), and this one's must
     // be read before.
+    // With the moment of its exit: a map at its path written by then is
+    // not the pid's next process's, however soon that one starts.
     if sampled {
-        crate::events::emit_now(events, ctx, &Seen::new(tgid, born(), SEEN_EXIT));
+        let mut seen = Seen::new(tgid, born(), SEEN_EXIT);
+        // SAFETY: a helper without arguments.
+        seen.parent_born = unsafe { generated::bpf_ktime_get_boot_ns() };
+        crate::events::emit_now(events, ctx, &seen);
     }
     // The pid's next process tells of its first stack in this generation
     // too, whether or not it runs a program of its own.

@@ -143,7 +143,10 @@ fn jit_symbol_resolves_in_a_live_process() {
     assert_eq!(code, 0, "{stderr}");
     let folded = parse_folded(&stdout);
     let hits = count_with(&folded, "rtrace_jit_fixture_hot_[j]");
-    assert!(hits >= 100, "JIT frame missing or rare ({hits}):\n{stdout}");
+    assert!(
+        hits >= 100,
+        "JIT frame missing or rare ({hits}):\n{stdout}\n{stderr}"
+    );
     // The JIT code has no CFI: its frame is left by the frame pointer, and
     // the CFI walk takes over again in the Rust code above it, to `main`.
     let whole = folded

@@ -535,7 +535,7 @@ impl StackTool {
         if seen.flags & SEEN_EXIT != 0 {
             // What it wrote as it exited (a JIT's perf map) is read now, and
             // is its own: the pid's next process starts with nothing of it.
-            self.sym.exited(who);
+            self.sym.ended(who, seen.parent_born);
             self.sym.python().forget(who);
             self.execed.remove(&who);
             // `newest` keeps it: the stacks of a tool that names them one

@@ -111,6 +111,16 @@ pub fn build_id_of(file: &std::fs::File) -> Option<String> {
     elf::build_id(file)
 }
 
+/// When the last earlier process of `p`'s pid seen to exit did, of
+/// `exits` ([`Symbolizer::ended`]), or 0.
+fn earlier_exit(exits: &HashMap<u32, u64>, p: Proc) -> u64 {
+    exits
+        .get(&p.pid)
+        .copied()
+        .filter(|&t| p.born != 0 && t < p.born)
+        .unwrap_or(0)
+}
+
 /// Resolves kernel and user stacks; see the module documentation.
 pub struct Symbolizer {
     blaze: Blaze,
@@ -145,6 +155,10 @@ pub struct Symbolizer {
     /// The pprof file the run writes, which `rtrace report` names JIT
     /// frames from once their maps are written.
     pprof: Option<String>,
+    /// When the last process of each pid seen to exit did (boot-time
+    /// nanoseconds): a map at the pid's path written by then is not the
+    /// next process's ([`Symbolizer::ended`]).
+    exits: HashMap<u32, u64>,
 }
 
 /// How often one process's mappings are read again while it gets new
@@ -173,6 +187,7 @@ impl Symbolizer {
             places: Places::default(),
             kallsyms: Kallsyms::default(),
             failures: std::collections::BTreeMap::new(),
+            exits: HashMap::new(),
             unnamed: std::collections::BTreeMap::new(),
             dumps: HashMap::new(),
             jit_time: None,
@@ -236,11 +251,29 @@ impl Symbolizer {
         }
     }
 
+    /// Process `p` exited at `at` (boot-time nanoseconds, the kernel's
+    /// precise clock): its perf map is read for the last time, and a map
+    /// at its path last written by then is not its pid's next process's,
+    /// however close that one's start (file times lag by a tick or two).
+    pub fn ended(&mut self, p: Proc, at: u64) {
+        self.exited(p);
+        if at == 0 {
+            return;
+        }
+        self.exits.insert(p.pid, at);
+        // Only an exit a moment before a process's start can tell its map
+        // apart (older maps are told by their time): a long build's
+        // exits are not all kept.
+        if self.exits.len() > 4096 {
+            self.exits.retain(|_, t| *t + 1_000_000_000 > at);
+        }
+    }
+
     /// Reads every known process's perf map again if it changed, at the
     /// end of a run.
     pub fn read_all_jit(&mut self) {
         for (&p, proc) in &mut self.procs {
-            proc.perf_map.read(p);
+            proc.perf_map.read(p, earlier_exit(&self.exits, p));
         }
         self.read_dumps();
     }
@@ -333,6 +366,7 @@ impl Symbolizer {
         if let Some(proc) = self.procs.get_mut(&p) {
             proc.found_only = false;
         }
+        let exit = earlier_exit(&self.exits, p);
         if !force
             && let Some(proc) = self.procs.get_mut(&p)
             && proc.captured.is_some_and(|t| t.elapsed() < self.recapture)
@@ -340,7 +374,7 @@ impl Symbolizer {
             // A JIT names new code in its map before running it, so the
             // first sample of that code is the moment to read the map,
             // however recently the mappings were read.
-            proc.perf_map.read(p);
+            proc.perf_map.read(p, exit);
             return;
         }
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"));
@@ -350,7 +384,7 @@ impl Symbolizer {
             // Gone before it was ever read: its perf map, named by its pid,
             // may still name its JIT code (written at exit, or as it ran),
             // if it is not older than the process.
-            self.procs.entry(p).or_default().perf_map.read(p);
+            self.procs.entry(p).or_default().perf_map.read(p, exit);
             return;
         };
         let mut found = Vec::new();
@@ -377,7 +411,7 @@ impl Symbolizer {
             }
         }
         proc.captured = Some(Instant::now());
-        proc.perf_map.read(p);
+        proc.perf_map.read(p, exit);
     }
 
     /// Notes that process `who` ran a new program: what was captured of

@@ -45,8 +45,10 @@ pub(super) struct PerfMap {
 impl PerfMap {
     /// Reads process `p`'s perf map if it changed since last read. A map
     /// that is gone leaves the symbols read before; one older than the
-    /// process is an earlier process's of the same pid, and is not read.
-    pub(super) fn read(&mut self, p: Proc) {
+    /// process is an earlier process's of the same pid, and is not read,
+    /// nor is one last written by `earlier_exit` (boot-time nanoseconds,
+    /// 0: none seen), when an earlier process of the pid was seen to exit.
+    pub(super) fn read(&mut self, p: Proc, earlier_exit: u64) {
         if self.path.is_none() {
             let pid = p.pid;
             let alive = p.alive();
@@ -66,6 +68,7 @@ impl PerfMap {
         };
         if meta.len() == self.len
             || !written_by(&meta, p)
+            || mtime_ns(&meta).is_some_and(|at| !written_after_exit(at, earlier_exit))
             || !p.alive() && successor_wrote(&meta, p)
         {
             return;
@@ -115,7 +118,7 @@ impl PerfMap {
     /// Reads the map one last time, as its process has exited (or is
     /// found gone): a later process given the pid writes its own there.
     pub(super) fn close(&mut self, p: Proc) {
-        self.read(p);
+        self.read(p, 0);
         self.closed = true;
     }
 
@@ -227,6 +230,19 @@ pub(super) fn mtime_ns(meta: &std::fs::Metadata) -> Option<u64> {
 /// it may be) started, to the coarse clock's tick that stamps files.
 pub(super) fn written_after(at: u64, started: u64) -> bool {
     started == 0 || at + crate::kernel::procmaps::mtime_slack_ns() >= started
+}
+
+/// Whether a file last written at `at` (nanoseconds since the epoch) was
+/// written after an earlier process of the pid exited at `exit`
+/// (boot-time nanoseconds, 0: none seen). File times lag their writes by
+/// up to a tick or two ([`mtime_slack_ns`](crate::kernel::procmaps::mtime_slack_ns)),
+/// which cannot tell a map the earlier process wrote just before its exit
+/// from one the next wrote as it started; the exit, taken by the kernel's
+/// precise clock, can: what the earlier one wrote bears a time no later
+/// than its exit. A map the next process writes within a tick of the
+/// earlier one's exit is taken for the earlier one's.
+fn written_after_exit(at: u64, exit: u64) -> bool {
+    exit == 0 || at > crate::kernel::procmaps::boot_wall_ns() + exit
 }
 
 /// Whether the file of `meta` (a perf map) was written by the process
@@ -443,13 +459,40 @@ fn interpreted(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// A map last written by an earlier process's exit is that one's,
+    /// even where its time is within the file clock's slack of the next
+    /// process's start; with no exit seen, the slack decides alone.
+    #[test]
+    fn a_map_written_by_an_earlier_exit_is_not_the_next_ones() {
+        let me = Proc::now(std::process::id());
+        let boot = crate::kernel::procmaps::boot_wall_ns();
+        let start = me.born_wall_ns();
+        let exit = me.born - 1_000_000;
+        let written = boot + exit - 500_000;
+        assert!(written_after(written, start), "within the slack");
+        assert!(!written_after_exit(written, exit));
+        assert!(!written_after_exit(boot + exit, exit));
+        assert!(written_after_exit(boot + exit + 1, exit));
+        assert!(written_after_exit(written, 0));
+        // A map the process rewrites once it runs is its own.
+        let mut map = PerfMap::default();
+        let path = format!("/tmp/perf-{}.map", me.pid);
+        std::fs::write(&path, "1000 10 mine\n").unwrap();
+        let now = mtime_ns(&std::fs::metadata(&path).unwrap()).unwrap();
+        map.read(me, now - boot);
+        assert!(map.symbol(0x1000).is_none(), "taken as the earlier one's");
+        map.read(me, now - boot - 1);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(map.symbol(0x1000).map(|s| s.name.as_str()), Some("mine"));
+    }
+
     #[test]
     fn perf_map_later_lines_win() {
         let mut p = PerfMap::default();
         let pid = std::process::id();
         let path = format!("/tmp/perf-{pid}.map");
         std::fs::write(&path, "1000 10 old\n0x2000 0x20 other\n1000 10 new name\n").unwrap();
-        p.read(Proc::now(pid));
+        p.read(Proc::now(pid), 0);
         std::fs::remove_file(&path).unwrap();
         let names: Vec<_> = p
             .syms
