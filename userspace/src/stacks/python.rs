@@ -31,7 +31,9 @@ pub struct Layout {
     /// `_PyRuntimeState`: `interpreters.head`.
     rt_interp_head: u64,
     /// `_PyRuntimeState`: the `_key` of `autoTSSkey` (a `Py_tss_t`, whose
-    /// `_is_initialized` is the `int` before it).
+    /// `_is_initialized` is the `int` before it): the version's usual
+    /// place, where the interpreter's own code does not say
+    /// ([`tss_key_from_code`]).
     rt_tss: u64,
     /// `PyInterpreterState.threads.head`.
     is_threads_head: u64,
@@ -893,6 +895,13 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
     } else {
         Layout::table(minor).ok_or_else(|| format!("Python {version} is not supported"))?
     };
+    // The key as this build's own code reads it, where its code says;
+    // else the version's usual place (checked against the live
+    // interpreter before use either way).
+    let mut layout = layout;
+    if let Some(key) = tss_key_from_code(&elf, &data, runtime) {
+        layout.rt_tss = key;
+    }
     let need = |n: &str| {
         syms.get(n)
             .copied()
@@ -949,6 +958,118 @@ fn split_part(elf: &object::File, data: &[u8], f: (u64, u64)) -> Option<(u64, u6
         .iter()
         .all(|&t| part(t) == Some(first))
         .then_some((first.start, first.end))
+}
+
+/// Where `_PyRuntime.autoTSSkey._key` is (its offset in `_PyRuntime`, at
+/// `runtime` in the file), as the interpreter's own
+/// `PyGILState_GetThisThreadState` finds it: the word it passes to
+/// `pthread_getspecific` (a load of the key), or the `Py_tss_t` it passes
+/// to `PyThread_tss_get` or `PyThread_tss_is_created` (an address, whose
+/// key follows its `int` flag). The address is RIP-relative, an immediate
+/// (a binary not built position-independent), or `_PyRuntime`'s from the
+/// GOT plus a displacement (a shared libpython). A build configured
+/// otherwise than the one the version's table was read from has its own
+/// layout; its code says where.
+fn tss_key_from_code(elf: &object::File, data: &[u8], runtime: u64) -> Option<u64> {
+    use iced_x86::{Mnemonic, OpKind, Register};
+    use object::{Object as _, ObjectSymbol as _, ObjectSymbolTable as _};
+    let f = elf
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("PyGILState_GetThisThreadState") && !s.is_undefined())?;
+    let off = crate::kernel::elf::vaddr_to_offset(elf, f.address())? as usize;
+    let code = data.get(off..off + 96.min(data.len().saturating_sub(off)))?;
+    // The GOT slots that hold `_PyRuntime`'s address.
+    let symbols = elf.dynamic_symbol_table();
+    let got: Vec<u64> = elf
+        .dynamic_relocations()
+        .into_iter()
+        .flatten()
+        .filter(|(_, r)| match r.target() {
+            object::RelocationTarget::Symbol(i) => symbols
+                .as_ref()
+                .and_then(|t| t.symbol_by_index(i).ok())
+                .is_some_and(|s| s.name() == Ok("_PyRuntime")),
+            _ => false,
+        })
+        .map(|(at, _)| at)
+        .collect();
+    /// What the walk knows a register holds: an address, or the 32-bit
+    /// word loaded from one.
+    #[derive(Clone, Copy)]
+    enum Held {
+        Addr(u64),
+        Word(u64),
+    }
+    let mut held: HashMap<Register, Held> = HashMap::new();
+    let mut dec = iced_x86::Decoder::with_ip(64, code, f.address(), iced_x86::DecoderOptions::NONE);
+    for _ in 0..24 {
+        let ins = dec.decode();
+        if ins.is_invalid() {
+            return None;
+        }
+        // The address a memory operand names, where it is known.
+        let place = |held: &HashMap<Register, Held>| -> Option<u64> {
+            if ins.memory_index() != Register::None {
+                return None;
+            }
+            match ins.memory_base() {
+                Register::RIP | Register::None => Some(ins.memory_displacement64()),
+                b => match held.get(&b) {
+                    Some(Held::Addr(a)) => Some(a.wrapping_add(ins.memory_displacement64())),
+                    _ => None,
+                },
+            }
+        };
+        let dst = ins.op0_register().full_register();
+        match ins.mnemonic() {
+            Mnemonic::Call | Mnemonic::Jmp => {
+                let key = match held.get(&Register::RDI) {
+                    Some(Held::Addr(a)) => a.wrapping_add(4),
+                    Some(Held::Word(a)) => *a,
+                    None => return None,
+                };
+                let k = key.wrapping_sub(runtime);
+                return (k < 0x4000).then_some(k);
+            }
+            Mnemonic::Lea if ins.op0_kind() == OpKind::Register => match place(&held) {
+                Some(a) => held.insert(dst, Held::Addr(a)),
+                None => held.remove(&dst),
+            },
+            Mnemonic::Mov if ins.op0_kind() == OpKind::Register => {
+                let v = match ins.op1_kind() {
+                    OpKind::Register => held.get(&ins.op1_register().full_register()).copied(),
+                    OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64 => {
+                        Some(Held::Addr(ins.immediate(1)))
+                    }
+                    OpKind::Memory => place(&held).and_then(|a| {
+                        if got.contains(&a) {
+                            Some(Held::Addr(runtime))
+                        } else if ins.op0_register().size() == 4 {
+                            Some(Held::Word(a))
+                        } else {
+                            None
+                        }
+                    }),
+                    _ => None,
+                };
+                match v {
+                    Some(v) => held.insert(dst, v),
+                    None => held.remove(&dst),
+                }
+            }
+            // Anything else that writes a register forgets what it held.
+            _ if ins.op0_kind() == OpKind::Register
+                && !matches!(
+                    ins.mnemonic(),
+                    Mnemonic::Cmp | Mnemonic::Test | Mnemonic::Push
+                ) =>
+            {
+                held.remove(&dst)
+            }
+            _ => None,
+        };
+    }
+    None
 }
 
 /// Where glibc keeps a thread's first 32 pthread keys, from the thread
@@ -1502,6 +1623,61 @@ mod tests {
             "importlib._bootstrap"
         );
         assert_eq!(module_of("<string>"), "<string>");
+    }
+
+    /// Every interpreter at hand, built as Debian builds them (the
+    /// host's, and those of the trixie and sid roots) and as pyenv does
+    /// (a shared libpython): the key its code reads is where the
+    /// version's table says.
+    #[test]
+    fn the_runtimes_key_is_read_from_the_interpreters_code() {
+        use object::{Object as _, ObjectSymbol as _};
+        let home = std::env::var("HOME").unwrap_or_default();
+        let cache = format!("{home}/.cache/rtrace");
+        let mut files = vec!["/usr/bin/python3.11".to_owned()];
+        files.push(format!("{cache}/trixie-root-1/usr/bin/python3.13"));
+        files.push(format!("{cache}/sid-root-1/usr/bin/python3.14"));
+        for v in ["3.10", "3.11", "3.12", "3.13"] {
+            if let Ok(dir) = std::fs::read_dir(format!("{home}/.pyenv/versions")) {
+                for d in dir.flatten() {
+                    let n = d.file_name().to_string_lossy().into_owned();
+                    if n.starts_with(&format!("{v}.")) {
+                        files.push(format!(
+                            "{home}/.pyenv/versions/{n}/lib/libpython{v}.so.1.0"
+                        ));
+                    }
+                }
+            }
+        }
+        let mut seen = 0;
+        for path in files {
+            let Ok(f) = File::open(&path) else { continue };
+            let data = crate::kernel::memory::Mapped::of(&f).unwrap();
+            let elf = object::File::parse(&*data).unwrap();
+            let runtime = elf
+                .dynamic_symbols()
+                .find(|s| s.name() == Ok("_PyRuntime"))
+                .unwrap()
+                .address();
+            let minor: u8 = path
+                .rsplit("python3.")
+                .next()
+                .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+                .unwrap();
+            let usual = if minor >= 13 {
+                if minor == 13 { 2164 } else { 0x924 }
+            } else {
+                Layout::table(minor).unwrap().rt_tss
+            };
+            assert_eq!(
+                tss_key_from_code(&elf, &data, runtime),
+                Some(usual),
+                "{path}"
+            );
+            seen += 1;
+        }
+        // The host's Debian python3.11 is there wherever the tests run.
+        assert!(seen >= 1, "no interpreter to read");
     }
 
     /// This process's glibc: its code says where the keys are, and a
