@@ -691,6 +691,23 @@ impl LoopDevice {
         me
     }
 
+    /// Gives the device an I/O scheduler (mq-deadline, or another the
+    /// kernel offers), so that its requests are inserted and
+    /// `block:block_rq_insert` fires for each: with none (a new loop
+    /// device's default here), the block layer issues them directly.
+    /// `None` where the kernel offers no scheduler.
+    pub fn insert_requests(&self) -> Option<&'static str> {
+        let path = format!("/sys/block/{}/queue/scheduler", self.name);
+        let offered = std::fs::read_to_string(&path).unwrap();
+        let sched = ["mq-deadline", "kyber", "bfq"].into_iter().find(|s| {
+            offered
+                .split_whitespace()
+                .any(|o| o.trim_matches(['[', ']']) == *s)
+        })?;
+        std::fs::write(&path, sched).unwrap_or_else(|e| panic!("{sched} on {path}: {e}"));
+        Some(sched)
+    }
+
     /// Waits until the device has no request in flight (udev or the
     /// kernel may probe a new device's partition table).
     pub fn settle(&self) {

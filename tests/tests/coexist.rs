@@ -5,8 +5,9 @@
 //! A BPF program on a classic tracepoint that returns 0 drops the event
 //! for every perf listener of that tracepoint on that CPU; perf stat then
 //! counted 0 of 100 inserts beside `rtrace profile -e`. Direct writes to
-//! a loop device issue one `block_rq_insert` each from the writer's own
-//! context, so `perf stat -- directio` knows what it must count.
+//! a loop device with an I/O scheduler issue one `block_rq_insert` each
+//! from the writer's own context, so `perf stat -- directio` knows what it
+//! must count.
 
 use std::process::Command;
 
@@ -43,6 +44,12 @@ fn perf_stat_counts_every_event_beside_rtrace() {
     }
     const EVENT: &str = "block:block_rq_insert";
     let dev = LoopDevice::new("coexist");
+    // Without a scheduler the requests are issued directly, and none is
+    // inserted: a new loop device has none (the test once got one).
+    if dev.insert_requests().is_none() {
+        eprintln!("skipped: this kernel offers no I/O scheduler, so nothing is inserted");
+        return;
+    }
     // Alone first: the writes' own inserts, at least one each.
     let alone = perf_stat_count(&dev, EVENT);
     assert!(

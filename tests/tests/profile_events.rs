@@ -27,21 +27,10 @@ fn writes_done(dev: &LoopDevice) -> u64 {
 fn block_rq_insert_stacks_count_every_request_of_the_writer() {
     const WRITES: u64 = 200;
     let dev = LoopDevice::new("pe");
-    // An I/O scheduler, so that requests are inserted: mq-deadline, or
-    // another the kernel offers.
-    let path = format!("/sys/block/{}/queue/scheduler", dev.name);
-    let offered = std::fs::read_to_string(&path).unwrap();
-    let Some(sched) = ["mq-deadline", "kyber", "bfq"].into_iter().find(|s| {
-        offered
-            .split_whitespace()
-            .any(|o| o.trim_matches(['[', ']']) == *s)
-    }) else {
-        eprintln!(
-            "skipped: this kernel offers no I/O scheduler ({offered:?}), so nothing is inserted"
-        );
+    if dev.insert_requests().is_none() {
+        eprintln!("skipped: this kernel offers no I/O scheduler, so nothing is inserted");
         return;
-    };
-    std::fs::write(&path, sched).unwrap_or_else(|e| panic!("{sched} on {path}: {e}"));
+    }
     // The writer exists, waiting, before rtrace starts: its tables are
     // loaded with every process's, and its first request is walked whole.
     let (mut w, line) = Workload::start(
