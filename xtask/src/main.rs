@@ -9,6 +9,7 @@ mod bench;
 mod dist;
 #[cfg(test)]
 mod house;
+mod otelcol;
 mod programs;
 mod setup;
 mod suite;
@@ -68,6 +69,10 @@ enum Cli {
     /// The static, stripped binary (musl) and a Debian package with the
     /// exporter's systemd unit, in `target/dist/`.
     Dist,
+    /// Build the OpenTelemetry Collector the fleet profiles are to be
+    /// shipped to (from Debian sid's packaged sources, cached), check that
+    /// it takes a profile, and print its path.
+    Otelcol,
     /// Overhead benchmarks against the peers, measured in the same run.
     Bench {
         /// Which benchmark (default: all).
@@ -274,6 +279,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
     setup::ensure()?;
     match cli {
         Cli::Setup => Ok(()),
+        Cli::Otelcol => {
+            let bin = otelcol::install()?;
+            println!("{}", bin.display());
+            Ok(())
+        }
         Cli::Build => build().map(drop),
         Cli::Run { args } => {
             let bin = build()?;

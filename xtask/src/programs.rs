@@ -184,7 +184,19 @@ pub const PROGRAMS: &[Program] = &[
         "debootstrap",
         "debootstrap",
         "setup makes the Debian trixie and sid roots whose python3 (3.13) and python3.14 \
-         the Python tests run",
+         the Python tests run, and `cargo xtask otelcol` the sid root it builds the \
+         Collector in",
+    ),
+    deb(
+        "unshare",
+        "util-linux",
+        "`cargo xtask otelcol` runs apt and Go in its sid root with a /proc of their own \
+         mount namespace",
+    ),
+    deb(
+        "curl",
+        "curl",
+        "`cargo xtask otelcol` posts a profile to the Collector it built, to check it",
     ),
     Program {
         name: "python3.14",

@@ -120,9 +120,9 @@ pub fn ensure() -> anyhow::Result<()> {
 /// The py-spy release the Python tests and benchmark compare with.
 const PY_SPY_VERSION: &str = "0.4.3";
 
-/// Where the Python peers are kept between runs: outside the tree, so that
-/// a clean clone on the same machine reuses them.
-fn python_cache() -> PathBuf {
+/// Where the Python peers and the Collector are kept between runs:
+/// outside the tree, so that a clean clone on the same machine reuses them.
+pub fn cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .map(|d| PathBuf::from(d).join("rtrace"))
         .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/rtrace")))
@@ -148,7 +148,7 @@ pub struct PyRoot {
 impl PyRoot {
     /// Where it is.
     pub fn path(&self) -> PathBuf {
-        python_cache().join(self.dir)
+        cache_dir().join(self.dir)
     }
 }
 
@@ -170,7 +170,7 @@ pub const SID: PyRoot = PyRoot {
 
 /// py-spy, from PyPI: the Python tests' and benchmark's peer.
 pub fn py_spy() -> PathBuf {
-    python_cache().join("py-spy/bin/py-spy")
+    cache_dir().join("py-spy/bin/py-spy")
 }
 
 /// Makes `r` with debootstrap, unless it already has its interpreter.
@@ -187,7 +187,7 @@ fn debian_root(r: &PyRoot) -> anyhow::Result<()> {
     );
     let partial = root.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
-    std::fs::create_dir_all(python_cache())?;
+    std::fs::create_dir_all(cache_dir())?;
     run(Command::new("debootstrap").args([
         "--variant=minbase",
         &format!("--include={package}"),
