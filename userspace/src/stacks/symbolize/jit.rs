@@ -67,8 +67,7 @@ impl PerfMap {
             return;
         };
         if meta.len() == self.len
-            || !written_by(&meta, p)
-            || mtime_ns(&meta).is_some_and(|at| !written_after_exit(at, earlier_exit))
+            || !written_by(&meta, p, earlier_exit)
             || !p.alive() && successor_wrote(&meta, p)
         {
             return;
@@ -96,7 +95,7 @@ impl PerfMap {
         let later = successor
             .zip(mtime_ns(&meta))
             .is_some_and(|(next, at)| at > next + crate::kernel::procmaps::mtime_slack_ns());
-        if !written_by(&meta, p) || later {
+        if !written_by(&meta, p, 0) || later {
             return;
         }
         if let Ok(text) = std::fs::read_to_string(&path) {
@@ -211,11 +210,15 @@ pub(super) fn symbol_at(syms: &[JitSymbol], ip: u64) -> Option<&JitSymbol> {
 
 /// Whether the file of `meta` (a perf map) may be process `p`'s: it was
 /// last written after the process started (to the coarse clock's tick
-/// that stamps files). One written before is an earlier process's that
-/// had the pid, and names none of this one's code. A process of unknown
-/// start is given any.
-fn written_by(meta: &std::fs::Metadata, p: Proc) -> bool {
-    mtime_ns(meta).is_none_or(|at| written_after(at, p.born_wall_ns()))
+/// that stamps files), and after `earlier_exit`, the exit of an earlier
+/// process of the pid where one was seen (boot-time nanoseconds, 0:
+/// none; [`written_after_exit`]). One written before is an earlier
+/// process's that had the pid, and names none of this one's code. A
+/// process of unknown start is given any.
+fn written_by(meta: &std::fs::Metadata, p: Proc, earlier_exit: u64) -> bool {
+    mtime_ns(meta).is_none_or(|at| {
+        written_after(at, p.born_wall_ns()) && written_after_exit(at, earlier_exit)
+    })
 }
 
 /// When the file of `meta` was last written, in nanoseconds since the
@@ -249,7 +252,7 @@ fn written_after_exit(at: u64, exit: u64) -> bool {
 /// that has `p`'s pid now, which `p` is not: written since it started.
 fn successor_wrote(meta: &std::fs::Metadata, p: Proc) -> bool {
     let now = Proc::now(p.pid);
-    now.born != 0 && now != p && written_by(meta, now)
+    now.born != 0 && now != p && written_by(meta, now, 0)
 }
 
 /// Where process `pid`'s perf map is: a process in a container names its
