@@ -190,12 +190,8 @@ impl Layout {
         Ok(Self {
             minor,
             rt_interp_head: w(5),
-            // `_PyRuntime.autoTSSkey._key`, read from each version's
-            // `PyGILState_GetThisThreadState` (3.13 inlines it to a load
-            // of `_PyRuntime+0x874`; 3.14 passes `_PyRuntime+0x920`, the
-            // `Py_tss_t`, whose key follows its `int` flag); checked
-            // against the live interpreter before use.
-            rt_tss: if minor == 13 { 2164 } else { 0x924 },
+            // Checked against the live interpreter before use.
+            rt_tss: debug_offsets_tss(minor),
             is_threads_head: w(is + 3),
             ts_next: w(ts + 2),
             ts_interp: w(ts + 3),
@@ -960,6 +956,15 @@ fn split_part(elf: &object::File, data: &[u8], f: (u64, u64)) -> Option<(u64, u6
         .then_some((first.start, first.end))
 }
 
+/// `_PyRuntime.autoTSSkey._key`'s usual offset in 3.13 and 3.14, which
+/// their `_Py_DebugOffsets` do not give: read from Debian's builds'
+/// `PyGILState_GetThisThreadState` ([`tss_key_from_code`]; 3.13 inlines
+/// it to a load of `_PyRuntime+0x874`, 3.14 passes `_PyRuntime+0x920`,
+/// the `Py_tss_t`, whose key follows its `int` flag).
+fn debug_offsets_tss(minor: u8) -> u64 {
+    if minor == 13 { 2164 } else { 0x924 }
+}
+
 /// Where `_PyRuntime.autoTSSkey._key` is (its offset in `_PyRuntime`, at
 /// `runtime` in the file), as the interpreter's own
 /// `PyGILState_GetThisThreadState` finds it: the word it passes to
@@ -1665,7 +1670,7 @@ mod tests {
                 .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
                 .unwrap();
             let usual = if minor >= 13 {
-                if minor == 13 { 2164 } else { 0x924 }
+                debug_offsets_tss(minor)
             } else {
                 Layout::table(minor).unwrap().rt_tss
             };
