@@ -14,6 +14,9 @@ use rtrace_integration_tests::{
     in_guest, json_lines, run, run_workload, unprivileged_copy, workload_bin,
 };
 
+#[path = "exporter/otlp.rs"]
+mod otlp;
+
 /// A port nothing listens on now.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

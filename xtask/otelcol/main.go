@@ -5,7 +5,11 @@
 // given to a file as the Collector's own protobuf marshaler encodes it
 // (a little-endian u32 length, then the ProfilesData), as contrib's file
 // exporter would: contrib is not packaged by Debian, whose packaged
-// Collector sources are what this machine can build from. Built by
+// Collector sources are what this machine can build from. With
+// `require_metadata`, a request whose client metadata (its HTTP headers,
+// with the receiver's include_metadata) lacks one of the values given is
+// refused for good, which the receiver answers with HTTP 400: the tests'
+// check that rtrace's headers and compression reach the Collector. Built by
 // `cargo xtask otelcol` (xtask/src/otelcol.rs) in GOPATH mode against
 // Debian's golang-opentelemetry-collector-dev.
 package main
@@ -18,11 +22,13 @@ import (
 	"os"
 	"sync"
 
+	"go.opentelemetry.io/collector/client"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/provider/envprovider"
 	"go.opentelemetry.io/collector/confmap/provider/fileprovider"
 	"go.opentelemetry.io/collector/confmap/provider/yamlprovider"
+	"go.opentelemetry.io/collector/consumer/consumererror"
 	"go.opentelemetry.io/collector/exporter"
 	"go.opentelemetry.io/collector/exporter/debugexporter"
 	"go.opentelemetry.io/collector/exporter/exporterhelper/xexporterhelper"
@@ -35,9 +41,11 @@ import (
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
 )
 
-// fileConfig is rtracefile's configuration: the file it appends to.
+// fileConfig is rtracefile's configuration: the file it appends to, and
+// the client metadata every request must carry.
 type fileConfig struct {
-	Path string `mapstructure:"path"`
+	Path            string            `mapstructure:"path"`
+	RequireMetadata map[string]string `mapstructure:"require_metadata"`
 }
 
 // Validate refuses a configuration without a path.
@@ -50,11 +58,19 @@ func (c *fileConfig) Validate() error {
 
 // fileExporter appends each request to its file, one at a time.
 type fileExporter struct {
-	mu   sync.Mutex
-	path string
+	mu      sync.Mutex
+	path    string
+	require map[string]string
 }
 
-func (e *fileExporter) push(_ context.Context, pd pprofile.Profiles) error {
+func (e *fileExporter) push(ctx context.Context, pd pprofile.Profiles) error {
+	info := client.FromContext(ctx)
+	for k, want := range e.require {
+		got := info.Metadata.Get(k)
+		if len(got) != 1 || got[0] != want {
+			return consumererror.NewPermanent(errors.New("rtracefile: request metadata " + k + " is not " + want))
+		}
+	}
 	m := &pprofile.ProtoMarshaler{}
 	b, err := m.MarshalProfiles(pd)
 	if err != nil {
@@ -80,7 +96,8 @@ func newFileFactory() exporter.Factory {
 		component.MustNewType("rtracefile"),
 		func() component.Config { return &fileConfig{} },
 		xexporter.WithProfiles(func(ctx context.Context, set exporter.Settings, cfg component.Config) (xexporter.Profiles, error) {
-			e := &fileExporter{path: cfg.(*fileConfig).Path}
+			c := cfg.(*fileConfig)
+			e := &fileExporter{path: c.Path, require: c.RequireMetadata}
 			return xexporterhelper.NewProfiles(ctx, set, cfg, e.push)
 		}, component.StabilityLevelDevelopment),
 	)

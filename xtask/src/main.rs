@@ -148,15 +148,18 @@ fn step(failures: &mut Vec<String>, what: &str, cmd: &mut Command) {
     }
 }
 
-/// The environment of the integration tests on the host.
-fn test_env(bin: PathBuf, static_bin: PathBuf) -> Vec<(&'static str, PathBuf)> {
-    vec![
+/// The environment of the integration tests on the host; the Collector
+/// the exporter's profiles go to is built first if it is not (minutes,
+/// once: `cargo xtask otelcol`).
+fn test_env(bin: PathBuf, static_bin: PathBuf) -> anyhow::Result<Vec<(&'static str, PathBuf)>> {
+    Ok(vec![
         ("RTRACE_BIN", bin),
         ("RTRACE_STATIC_BIN", static_bin),
         ("RTRACE_TRIXIE_ROOT", setup::TRIXIE.path()),
         ("RTRACE_SID_ROOT", setup::SID.path()),
         ("RTRACE_PY_SPY", setup::py_spy()),
-    ]
+        ("RTRACE_OTELCOL", otelcol::install()?),
+    ])
 }
 
 fn test(vm: bool) -> anyhow::Result<()> {
@@ -243,7 +246,7 @@ fn test(vm: bool) -> anyhow::Result<()> {
     phases.add("build and unit tests", phase.elapsed().as_secs_f64());
     // Root tests: one at a time, since they trace the whole machine.
     let phase = Instant::now();
-    let mut records = suite::run_all_host(&cases, &test_env(bin, static_bin))?;
+    let mut records = suite::run_all_host(&cases, &test_env(bin, static_bin)?)?;
     phases.add("host", phase.elapsed().as_secs_f64());
     if vm {
         let phase = Instant::now();
@@ -301,7 +304,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             suite::repeat(
                 times,
                 filter.as_deref().unwrap_or(""),
-                &test_env(bin, static_bin),
+                &test_env(bin, static_bin)?,
             )
         }
         Cli::Test { no_vm, .. } => test(!no_vm),

@@ -52,6 +52,33 @@ pub fn comm_of(id: u32) -> Option<String> {
         .map(|c| c.trim_end().to_owned())
 }
 
+/// The cgroup v2 path of process `pid` (`/proc/PID/cgroup`'s `0::`
+/// line), `None` if it is gone or has none.
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_owned)
+}
+
+/// The path of process `pid`'s executable, `None` if it is gone or not
+/// ours to read (other users' processes without CAP_SYS_PTRACE).
+pub fn exe_of(pid: u32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+/// This host's name (`uname -n`).
+pub fn host_name() -> String {
+    // SAFETY: uname fills the struct it is given.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    let bytes: Vec<u8> = u.nodename.iter().map(|&c| c as u8).collect();
+    c_string(&bytes)
+}
+
 /// Whether SIGINT, SIGTERM or SIGHUP has arrived since the first call:
 /// for work after the run (`--wait-exit`), which a signal cuts short.
 /// The first call adds an action for the three beside the tracer's own

@@ -15,6 +15,7 @@ pub mod hist;
 pub mod html;
 pub mod manpages;
 pub mod metrics;
+pub mod otlp;
 pub mod stacks;
 
 use std::io::{LineWriter, Write};

@@ -25,9 +25,14 @@ use hyper::{Request, Response, StatusCode, body::Bytes, header};
 
 use crate::{
     kernel::load::read_errors,
-    output::metrics::{Exposition, Format, Kind},
+    output::{
+        metrics::{Exposition, Format, Kind},
+        otlp::ship::{Dropped, Shipper},
+    },
     tracer::{Collect, Collector, GlobalArgs, Session, Signals},
 };
+
+mod profiler;
 
 /// Serve the tools' histograms and counters as Prometheus metrics.
 #[derive(Debug, clap::Args)]
@@ -36,6 +41,7 @@ use crate::{
   rtrace exporter --listen 0.0.0.0:9435            # for a Prometheus on another host
   rtrace exporter --collectors runqlat,biolatency  # these only
   rtrace exporter -c /sys/fs/cgroup/system.slice/nginx.service
+  rtrace exporter --profile --otlp-endpoint http://collector:4318   # and the host's CPU profile
 
 Metrics (base units, cumulative since the exporter started):
   rtrace_runqueue_latency_seconds               histogram (runqlat)
@@ -46,7 +52,9 @@ Metrics (base units, cumulative since the exporter started):
 and the exporter's own: rtrace_collector_up, rtrace_events_lost_total,
 rtrace_map_update_failures_total, rtrace_bpf_program_run_seconds_total and
 rtrace_bpf_program_runs_total (with sysctl kernel.bpf_stats_enabled=1),
-rtrace_build_info.")]
+rtrace_build_info; with --profile, rtrace_otlp_samples_sent_total,
+rtrace_otlp_samples_dropped_total{reason}, rtrace_otlp_requests_sent_total,
+rtrace_otlp_send_failures_total and rtrace_otlp_queued_bytes.")]
 pub struct Args {
     /// Say which attach mechanism each collector chose, and why others
     /// were skipped.
@@ -67,6 +75,8 @@ pub struct Args {
     /// collectors that can tell: runqlat, biolatency and execsnoop).
     #[arg(short = 'c', long, value_name = "CGROUP")]
     cgroup: Option<PathBuf>,
+    #[command(flatten)]
+    profile: profiler::Args,
 }
 
 /// How the exporter attaches one collector.
@@ -163,6 +173,8 @@ struct Collectors {
     down: Vec<&'static str>,
     /// When free heap pages were last handed back.
     trimmed: std::time::Instant,
+    /// The profiles' queue, with `--profile`.
+    shipper: Option<Shipper>,
 }
 
 impl Collectors {
@@ -237,6 +249,9 @@ impl Collectors {
                 runs.value(&[("collector", c), ("program", p)], *r as f64);
             }
         }
+        if let Some(shipper) = &self.shipper {
+            otlp_metrics(&mut out, shipper);
+        }
         out.family(
             "rtrace_build_info",
             Kind::Gauge,
@@ -262,6 +277,44 @@ impl Collectors {
         }
         body
     }
+}
+
+/// The profiles' shipping, as metrics.
+fn otlp_metrics(out: &mut Exposition, shipper: &Shipper) {
+    let st = shipper.stats();
+    out.family(
+        "rtrace_otlp_samples_sent_total",
+        Kind::Counter,
+        "Profile samples the OTLP receiver took.",
+    )
+    .value(&[], st.samples_sent as f64);
+    let mut dropped = out.family(
+        "rtrace_otlp_samples_dropped_total",
+        Kind::Counter,
+        "Profile samples dropped: the queue full (buffer_full), refused by the receiver \
+         (rejected), or still queued when the exporter stopped (shutdown).",
+    );
+    for (reason, n) in Dropped::ALL.iter().zip(st.samples_dropped) {
+        dropped.value(&[("reason", reason.label())], n as f64);
+    }
+    out.family(
+        "rtrace_otlp_requests_sent_total",
+        Kind::Counter,
+        "OTLP export requests the receiver took.",
+    )
+    .value(&[], st.requests_sent as f64);
+    out.family(
+        "rtrace_otlp_send_failures_total",
+        Kind::Counter,
+        "Sends that failed (receiver down, slow or busy) and were retried.",
+    )
+    .value(&[], st.failures as f64);
+    out.family(
+        "rtrace_otlp_queued_bytes",
+        Kind::Gauge,
+        "Bytes of profiles waiting to be sent.",
+    )
+    .value(&[], st.queued_bytes as f64);
 }
 
 /// Whether the kernel keeps BPF programs' run time and count.
@@ -309,6 +362,14 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
         std::fs::metadata(cg).with_context(|| format!("cannot use cgroup {}", cg.display()))?;
     }
     crate::kernel::privs::check()?;
+    // Its endpoint is checked before anything is attached.
+    let profiler = if args.profile.profile {
+        Some(<profiler::Profiler as crate::tracer::Tool>::new(
+            args.profile.clone(),
+        )?)
+    } else {
+        None
+    };
     // The port first: a port in use is found before anything is attached.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -318,6 +379,7 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
         up: Vec::new(),
         down: Vec::new(),
         trimmed: std::time::Instant::now(),
+        shipper: profiler.as_ref().map(profiler::Profiler::shipper),
     };
     for entry in chosen {
         match (entry.open)(args.cgroup.as_deref(), global) {
@@ -345,12 +407,31 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
         names.join(", ")
     );
 
+    let shipper = collectors.borrow().shipper.clone();
     let local = tokio::task::LocalSet::new();
     local
         .run_until(async {
+            // The profiler is a run of its own on this thread: it ends
+            // at the same signals, shipping its last profile.
+            let mut profiling = profiler.map(|p| {
+                let global = global.clone();
+                tokio::task::spawn_local(async move {
+                    crate::tracer::run_beside(p, &global).await.map(drop)
+                })
+            });
+            if let Some(s) = &shipper {
+                tokio::task::spawn_local(s.clone().run());
+            }
             let mut refresh = tokio::time::interval(REFRESH);
             refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failed = None;
             loop {
+                let ended = async {
+                    match profiling.as_mut() {
+                        Some(p) => p.await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     accepted = listener.accept() => {
                         // A failed accept (out of descriptors, say) is the
@@ -360,12 +441,36 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
                         }
                     }
                     _ = refresh.tick() => collectors.borrow_mut().refresh(),
-                    _ = signals.recv() => return,
+                    _ = signals.recv() => break,
+                    done = ended => {
+                        // The profiler ends only at a signal, or failing.
+                        profiling = None;
+                        match done {
+                            Ok(Err(e)) => failed = Some(e.context("exporter --profile")),
+                            Err(e) => failed = Some(anyhow::anyhow!("exporter --profile: {e}")),
+                            Ok(Ok(())) => {}
+                        }
+                        break;
+                    }
                 }
             }
+            if let Some(p) = profiling {
+                match p.await {
+                    Ok(r) => r.context("exporter --profile")?,
+                    Err(e) => anyhow::bail!("exporter --profile: {e}"),
+                }
+            }
+            if let Some(s) = &shipper {
+                let queued = s.stats().queued;
+                if queued > 0 {
+                    eprintln!("rtrace: exporter: sending the {queued} profiles still queued");
+                }
+                s.flush(std::time::Instant::now() + s.endpoint().timeout)
+                    .await;
+            }
+            failed.map_or(Ok(()), Err)
         })
-        .await;
-    Ok(())
+        .await
 }
 
 /// Serves one connection's requests on a task of its own.

@@ -145,6 +145,17 @@ pub async fn run<T: Tool>(args: T::Args, global: &GlobalArgs) -> anyhow::Result<
     Ok(status)
 }
 
+/// Runs a tool already made beside other work on this thread (the
+/// exporter's profiler beside its serving): attached, traced until
+/// SIGINT, SIGTERM or SIGHUP as any run, finished; the tool is given
+/// back. Its sink is stdout, where a tool run so writes nothing.
+pub async fn run_beside<T: Tool>(tool: T, global: &GlobalArgs) -> anyhow::Result<T> {
+    let mut signals = Signals::new()?;
+    let mut sink = None;
+    let (tool, _, _) = run_once(tool, global, &mut signals, &mut sink, 0).await?;
+    Ok(tool)
+}
+
 /// One run of the tool: opened, attached, traced until the end, finished;
 /// returns the tool, the exit status and the signal that stopped it (0
 /// for none). The sink is made on the first run.

@@ -257,8 +257,8 @@ impl Builder {
 }
 
 /// Splits a stack, leaf first, into locations: each a run of inlined
-/// frames and the frame they were inlined into.
-fn by_location(frames: &[Frame]) -> Vec<&[Frame]> {
+/// frames and the frame they were inlined into (OTLP's locations too).
+pub fn by_location(frames: &[Frame]) -> Vec<&[Frame]> {
     let mut out = Vec::new();
     let mut from = 0;
     for (i, f) in frames.iter().enumerate() {

@@ -1,0 +1,692 @@
+//! `rtrace exporter --profile` shipping to a real OpenTelemetry Collector
+//! (0.152, built by `cargo xtask otelcol`), whose `rtracefile` exporter
+//! writes every request it takes to a file: the stacks and splits of two
+//! fixtures in what the Collector wrote, a receiver's gap and a frozen
+//! receiver, and compression and headers as the Collector saw them. On
+//! the host only: the guests have no Collector.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use opentelemetry_proto::tonic::{
+    common::v1::{AnyValue, KeyValue, any_value},
+    profiles::v1development::{ProfilesData, ProfilesDictionary},
+};
+use prost::Message as _;
+use rtrace_integration_tests::{Rtrace, SIGTERM, TestCgroup, Workload, in_guest, workload_bin};
+
+use super::{Client, free_port, value};
+
+/// The Collector `cargo xtask` built.
+fn otelcol() -> PathBuf {
+    let path = PathBuf::from(
+        std::env::var_os("RTRACE_OTELCOL").expect("RTRACE_OTELCOL (cargo xtask test sets it)"),
+    );
+    assert!(path.exists(), "no Collector at {}", path.display());
+    path
+}
+
+/// A running Collector: an OTLP/HTTP receiver on `port`, writing to
+/// `out`.
+struct Collector {
+    child: Option<Child>,
+    port: u16,
+    config: PathBuf,
+    out: PathBuf,
+}
+
+impl Collector {
+    /// Starts one; `require` is rtracefile's `require_metadata`.
+    fn start(tag: &str, require: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!("rtrace-otlp-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let out = dir.join("profiles.bin");
+        let mut require_yaml = String::new();
+        if !require.is_empty() {
+            require_yaml.push_str("    require_metadata:\n");
+            for (k, v) in require {
+                require_yaml.push_str(&format!("      {k}: {v}\n"));
+            }
+        }
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "receivers:\n  otlp:\n    protocols:\n      http:\n        endpoint: \
+                 127.0.0.1:{port}\n        include_metadata: true\n\
+                 exporters:\n  rtracefile:\n    path: {}\n{require_yaml}\
+                 service:\n  telemetry:\n    metrics:\n      level: none\n  pipelines:\n    \
+                 profiles:\n      receivers: [otlp]\n      exporters: [rtracefile]\n",
+                out.display()
+            ),
+        )
+        .unwrap();
+        let mut c = Self {
+            child: None,
+            port,
+            config,
+            out,
+        };
+        c.restart();
+        c
+    }
+
+    /// Starts it (again), and waits until it listens.
+    fn restart(&mut self) {
+        let child = Command::new(otelcol())
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--feature-gates=service.profilesSupport")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the Collector did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops it.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every request the Collector wrote so far.
+    fn received(&self) -> Vec<ProfilesData> {
+        read_requests(&self.out)
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A frozen Collector must be thawed to be killed cleanly.
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+        }
+        self.stop();
+        if let Some(dir) = self.out.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// rtracefile's records: a little-endian u32 length, then ProfilesData.
+fn read_requests(path: &Path) -> Vec<ProfilesData> {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 4 <= bytes.len() {
+        let n = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let body = &bytes[at + 4..at + 4 + n];
+        out.push(ProfilesData::decode(body).unwrap());
+        at += 4 + n;
+    }
+    out
+}
+
+/// Starts the exporter profiling at `hz`, shipping every `period` s to
+/// `endpoint`, with `extra` arguments and `env`.
+fn profiling(
+    endpoint: &str,
+    hz: u32,
+    period: u32,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Rtrace, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (hz, period) = (hz.to_string(), period.to_string());
+    let mut args = vec![
+        "exporter",
+        "--listen",
+        &listen,
+        "--collectors",
+        "runqlat",
+        "--profile",
+        "--profile-frequency",
+        &hz,
+        "--profile-period",
+        &period,
+        "--otlp-endpoint",
+        endpoint,
+    ];
+    args.extend_from_slice(extra);
+    (
+        Rtrace::start_with_env(&args, "Profiling all CPUs", env),
+        port,
+    )
+}
+
+/// An attribute's value as text; the Collector writes strings as
+/// indices into the dictionary's `strings` where it can.
+fn text(v: &Option<AnyValue>, strings: &[String]) -> String {
+    match v.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        Some(any_value::Value::StringValueStrindex(i)) => strings[*i as usize].clone(),
+        Some(any_value::Value::IntValue(i)) => i.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Attributes by key, keys too resolved from `strings` where given so.
+fn attributes(kv: &[KeyValue], strings: &[String]) -> HashMap<String, String> {
+    kv.iter()
+        .map(|a| {
+            let key = if a.key.is_empty() {
+                strings[a.key_strindex as usize].clone()
+            } else {
+                a.key.clone()
+            };
+            (key, text(&a.value, strings))
+        })
+        .collect()
+}
+
+/// One process's samples as the Collector wrote them: each stack's
+/// function names (leaf first) with its count, the resource's
+/// attributes, and for each location the mapping's file, build id,
+/// start, offset and the location's address.
+#[derive(Default)]
+struct Process {
+    stacks: Vec<(Vec<String>, i64)>,
+    resource: HashMap<String, String>,
+    locations: Vec<(String, Vec<String>, String, u64, u64, u64)>,
+}
+
+/// Every process of `requests` by pid.
+fn processes(requests: &[ProfilesData]) -> HashMap<u32, Process> {
+    let mut out: HashMap<u32, Process> = HashMap::new();
+    for r in requests {
+        let d: &ProfilesDictionary = r.dictionary.as_ref().unwrap();
+        let s = |i: i32| d.string_table[i as usize].clone();
+        for rp in &r.resource_profiles {
+            let resource = attributes(&rp.resource.as_ref().unwrap().attributes, &d.string_table);
+            let pid: u32 = resource
+                .get("process.pid")
+                .unwrap_or_else(|| panic!("a resource without process.pid: {resource:?}"))
+                .parse()
+                .unwrap();
+            let p = out.entry(pid).or_default();
+            p.resource = resource;
+            for sp in &rp.scope_profiles {
+                assert_eq!(sp.scope.as_ref().unwrap().name, "rtrace");
+                for prof in &sp.profiles {
+                    let st = prof.sample_type.unwrap();
+                    assert_eq!(
+                        (s(st.type_strindex), s(st.unit_strindex)),
+                        ("samples".into(), "count".into())
+                    );
+                    for sample in &prof.samples {
+                        let stack = &d.stack_table[sample.stack_index as usize];
+                        let mut names = Vec::new();
+                        for &l in &stack.location_indices {
+                            let loc = &d.location_table[l as usize];
+                            let fnames: Vec<String> = loc
+                                .lines
+                                .iter()
+                                .map(|line| {
+                                    s(d.function_table[line.function_index as usize].name_strindex)
+                                })
+                                .collect();
+                            let m = &d.mapping_table[loc.mapping_index as usize];
+                            let build_id = m
+                                .attribute_indices
+                                .iter()
+                                .map(|&a| &d.attribute_table[a as usize])
+                                .find(|a| s(a.key_strindex) == "process.executable.build_id.gnu")
+                                .map(|a| text(&a.value, &d.string_table))
+                                .unwrap_or_default();
+                            p.locations.push((
+                                s(m.filename_strindex),
+                                fnames.clone(),
+                                build_id,
+                                m.memory_start,
+                                m.file_offset,
+                                loc.address,
+                            ));
+                            names.extend(fnames);
+                        }
+                        p.stacks.push((names, sample.values[0]));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Samples of `p` with a frame named `name`.
+fn with(p: &Process, name: &str) -> i64 {
+    p.stacks
+        .iter()
+        .filter(|(names, _)| names.iter().any(|n| n == name))
+        .map(|(_, c)| c)
+        .sum()
+}
+
+/// `a`'s share of `a + b` within 4 binomial sd (and a point) of `want`.
+fn assert_share(what: &str, a: i64, b: i64, want: f64) {
+    let n = (a + b) as f64;
+    assert!(n >= 100.0, "{what}: only {n} samples");
+    let got = a as f64 / n;
+    let sd = (want * (1.0 - want) / n).sqrt();
+    assert!(
+        (got - want).abs() <= 4.0 * sd + 0.01,
+        "{what}: share {got:.3} of {n} samples, the fixture measured {want:.3} (sd {sd:.3})"
+    );
+}
+
+/// Checks process `pid`'s split of its two leaves against the fixture's
+/// `done` line (their nanoseconds), and that a leaf's caller is
+/// `caller`; gives the process.
+fn split<'a>(
+    procs: &'a HashMap<u32, Process>,
+    pid: u32,
+    done: &str,
+    leaves: [&str; 2],
+    caller: &str,
+) -> &'a Process {
+    let done: Vec<i64> = done
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let p = procs
+        .get(&pid)
+        .unwrap_or_else(|| panic!("no profile of {}", leaves[0]));
+    let want = done[0] as f64 / (done[0] + done[1]) as f64;
+    assert_share(leaves[0], with(p, leaves[0]), with(p, leaves[1]), want);
+    assert!(
+        p.stacks
+            .iter()
+            .any(|(n, _)| n.windows(2).any(|w| w == [leaves[0], caller])),
+        "no {} called by {caller}",
+        leaves[0]
+    );
+    p
+}
+
+/// The samples in every request the Collector wrote.
+fn samples_written(c: &Collector) -> i64 {
+    c.received()
+        .iter()
+        .flat_map(|r| r.resource_profiles.iter())
+        .flat_map(|rp| rp.scope_profiles[0].profiles[0].samples.iter())
+        .map(|s| s.values[0])
+        .sum()
+}
+
+/// A cgroup path as a container runtime makes it, under a test cgroup:
+/// `parts` joined below it, removed on drop.
+struct Nested {
+    top: TestCgroup,
+    leaf: PathBuf,
+}
+
+impl Nested {
+    fn new(tag: &str, parts: &str) -> Self {
+        let top = TestCgroup::new(tag);
+        let leaf = Path::new(&top.path).join(parts);
+        std::fs::create_dir_all(&leaf).unwrap();
+        Self { top, leaf }
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.leaf.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        let mut dir = self.leaf.clone();
+        while dir != Path::new(&self.top.path) {
+            let _ = std::fs::remove_dir(&dir);
+            dir.pop();
+        }
+    }
+}
+
+fn skip() -> bool {
+    if in_guest() {
+        eprintln!("skipped: the guests have no Collector; the host runs this test");
+        return true;
+    }
+    false
+}
+
+/// The build id of file `path`, in hex.
+fn build_id(path: &Path) -> String {
+    let data = std::fs::read(path).unwrap();
+    let elf = object::File::parse(&*data).unwrap();
+    object::Object::build_id(&elf)
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn the_collector_holds_both_fixtures_splits_with_their_resources() {
+    if skip() {
+        return;
+    }
+    let collector = Collector::start("splits", &[]);
+    let container = "4f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+    let pod = "0b6e6a3c-1d2e-4f50-9a7b-8c9d0e1f2a3b";
+    let docker = Nested::new("otlp-c", &format!("system.slice/docker-{container}.scope"));
+    let python_container = "a".repeat(64);
+    let kube = Nested::new(
+        "otlp-py",
+        &format!("kubepods/burstable/pod{pod}/{python_container}"),
+    );
+
+    let cfix = workload_bin("cfuncs_nofp");
+    let (mut c, line) = Workload::start("cfuncs_nofp", &["cpu".into(), "5".into()]);
+    assert!(line.starts_with("ready"), "{line}");
+    docker.add(c.pid());
+    let mut py = Command::new("/usr/bin/python3.11");
+    py.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyfix.py"))
+        .args(["split", "5"]);
+    let (mut p, line) = Workload::start_command(py);
+    assert!(line.starts_with("ready"), "{line}");
+    kube.add(p.pid());
+
+    let (rtrace, port) = profiling(&collector.endpoint(), 49, 2, &[], &[]);
+    let (c_pid, p_pid) = (c.pid(), p.pid());
+    let both = std::thread::scope(|s| {
+        let a = s.spawn(|| c.go());
+        let b = s.spawn(|| p.go());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(c.wait().success() && p.wait().success());
+    let metrics = Client::connect(port).metrics();
+    let (code, _, stderr) = rtrace.stop(SIGTERM);
+    assert_eq!(code, 0, "{stderr}");
+
+    let requests = collector.received();
+    let procs = processes(&requests);
+    let total: i64 = procs
+        .values()
+        .flat_map(|p| p.stacks.iter().map(|s| s.1))
+        .sum();
+    // Everything sent by the scrape, and the last profile at the stop.
+    assert!(
+        total as f64 >= value(&metrics, "rtrace_otlp_samples_sent_total"),
+        "{total} samples in the Collector's file:\n{metrics}"
+    );
+
+    // The C fixture: three quarters in leaf_alpha, as it measured.
+    let cp = split(&procs, c_pid, &both.0, ["leaf_alpha", "leaf_beta"], "mid");
+    assert_eq!(cp.resource["process.executable.name"], "cfuncs_nofp");
+    assert_eq!(
+        cp.resource["process.executable.path"],
+        cfix.display().to_string()
+    );
+    assert_eq!(cp.resource["container.id"], container);
+    assert!(!cp.resource.contains_key("k8s.pod.uid"));
+    assert_eq!(
+        cp.resource["host.name"],
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap()
+            .trim()
+    );
+    assert!(cp.resource.contains_key("process.creation.time"));
+    // Its native frames: the file, its build id, and an address that is
+    // leaf_alpha's own once taken back to the file.
+    let id = build_id(&cfix);
+    let data = std::fs::read(&cfix).unwrap();
+    let elf = object::File::parse(&*data).unwrap();
+    let sym = object::Object::symbols(&elf)
+        .find(|s| object::ObjectSymbol::name(s) == Ok("leaf_alpha"))
+        .unwrap();
+    let (start, size) = (
+        object::ObjectSymbol::address(&sym),
+        object::ObjectSymbol::size(&sym),
+    );
+    let vaddr = |offset: u64| {
+        object::Object::segments(&elf).find_map(|seg| {
+            let (from, len) = object::ObjectSegment::file_range(&seg);
+            (from..from + len)
+                .contains(&offset)
+                .then(|| object::ObjectSegment::address(&seg) + (offset - from))
+        })
+    };
+    let leaf = cp
+        .locations
+        .iter()
+        .find(|l| l.1.last().is_some_and(|n| n == "leaf_alpha"))
+        .expect("a location of leaf_alpha");
+    assert!(leaf.0.ends_with("/cfuncs_nofp"), "{}", leaf.0);
+    assert_eq!(leaf.2, id);
+    let at = vaddr(leaf.5 - leaf.3 + leaf.4).unwrap();
+    assert!(
+        (start..start + size).contains(&at),
+        "{at:#x} not in leaf_alpha"
+    );
+
+    // The Python fixture: hot's share of hot and warm, as it measured.
+    let pp = split(
+        &procs,
+        p_pid,
+        &both.1,
+        ["pyfix.hot", "pyfix.warm"],
+        "pyfix.outer",
+    );
+    assert_eq!(pp.resource["process.executable.name"], "python3.11");
+    assert_eq!(pp.resource["container.id"], python_container);
+    assert_eq!(pp.resource["k8s.pod.uid"], pod);
+}
+
+/// The exporter's metric `name{reason="..."}`.
+fn dropped(metrics: &str, reason: &str) -> f64 {
+    value(
+        metrics,
+        &format!("rtrace_otlp_samples_dropped_total{{reason=\"{reason}\"}}"),
+    )
+}
+
+/// Waits until `f` holds, for at most `secs`.
+fn until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "{what} within {secs} s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_receivers_gap_is_delivered_after_it_up_to_the_buffer() {
+    if skip() {
+        return;
+    }
+    // Something to sample on the whole while: the C fixture spinning.
+    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "9".into()]);
+    let mut big = Collector::start("gap", &[]);
+    let mut small = Collector::start("gap-small", &[]);
+    let (a, a_port) = profiling(&big.endpoint(), 49, 1, &[], &[]);
+    let go = std::thread::spawn(move || {
+        c.go();
+        c.wait();
+    });
+    until(10, "a first profile", || big.received().len() >= 2);
+    // The other's buffer holds two or three profiles of this host, as
+    // the first ones measured.
+    let size = std::fs::metadata(&big.out).unwrap().len() / big.received().len() as u64;
+    let buffer = format!("{}", size * 5 / 2);
+    let (b, b_port) = profiling(&small.endpoint(), 49, 1, &["--otlp-buffer", &buffer], &[]);
+    until(10, "a first profile", || !small.received().is_empty());
+    big.stop();
+    small.stop();
+    let gap = (now_ns(), Duration::from_secs(5));
+    std::thread::sleep(gap.1);
+    big.restart();
+    small.restart();
+    let gap_end = gap.0 + gap.1.as_nanos() as u64;
+    // The profiles of the gap arrive after it.
+    until(20, "the gap's profiles", || {
+        big.received().iter().any(|r| {
+            r.resource_profiles.iter().any(|rp| {
+                let t = rp.scope_profiles[0].profiles[0].time_unix_nano;
+                t > gap.0 + 1_000_000_000 && t < gap_end - 1_000_000_000
+            })
+        })
+    });
+    let ma = Client::connect(a_port).metrics();
+    let mb = Client::connect(b_port).metrics();
+    go.join().unwrap();
+    for (r, m) in [(a, &ma), (b, &mb)] {
+        let (code, _, stderr) = r.stop(SIGTERM);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(value(m, "rtrace_otlp_send_failures_total") >= 1.0, "{m}");
+    }
+    assert_eq!(dropped(&ma, "buffer_full"), 0.0, "{ma}");
+    assert!(
+        dropped(&mb, "buffer_full") > 0.0,
+        "the small buffer dropped nothing:\n{mb}"
+    );
+    // What the small one sent and dropped is all it sampled: the file
+    // holds what it counts as sent.
+    let sent = samples_written(&small);
+    assert!(
+        sent as f64 >= value(&mb, "rtrace_otlp_samples_sent_total"),
+        "{sent}\n{mb}"
+    );
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+#[test]
+fn a_frozen_receiver_costs_bounded_memory_and_sending_resumes() {
+    if skip() {
+        return;
+    }
+    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "8".into()]);
+    let collector = Collector::start("frozen", &[]);
+    let (r, port) = profiling(
+        &collector.endpoint(),
+        49,
+        1,
+        &[],
+        &[("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")],
+    );
+    let go = std::thread::spawn(move || {
+        c.go();
+        c.wait();
+    });
+    let sent = |m: &str| value(m, "rtrace_otlp_samples_sent_total");
+    until(10, "a first profile", || {
+        sent(&Client::connect(port).metrics()) > 0.0
+    });
+    // Two more profiles first: the files of the host's processes (the
+    // Collector's own 40 MB binary among them) are read and their names
+    // kept as the first profiles are named.
+    std::thread::sleep(Duration::from_secs(2));
+    collector.signal(libc::SIGSTOP);
+    let frozen = sent(&Client::connect(port).metrics());
+    // rtrace's own memory: its heap, where the queue is. (Its resident
+    // total also counts the kernel's tables it maps, the CFI rows above
+    // all, which do not grow with the queue.)
+    let before = super::status_kib(r.pid(), "RssAnon");
+    let mut peak = 0;
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(500));
+        peak = peak.max(super::status_kib(r.pid(), "RssAnon"));
+    }
+    let m = Client::connect(port).metrics();
+    assert!(value(&m, "rtrace_otlp_send_failures_total") >= 2.0, "{m}");
+    assert!(value(&m, "rtrace_otlp_queued_bytes") > 0.0, "{m}");
+    let queued = value(&m, "rtrace_otlp_queued_bytes") as u64 / 1024;
+    assert!(
+        peak <= 64 * 1024 && peak <= before + queued + 8 * 1024,
+        "{peak} KiB of heap while the receiver was frozen ({before} KiB before, {queued} KiB \
+         queued)"
+    );
+    collector.signal(libc::SIGCONT);
+    until(15, "sending to resume", || {
+        sent(&Client::connect(port).metrics()) > frozen
+    });
+    go.join().unwrap();
+    let (code, _, stderr) = r.stop(SIGTERM);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn gzip_and_headers_reach_the_collector() {
+    if skip() {
+        return;
+    }
+    let collector = Collector::start(
+        "headers",
+        &[("content-encoding", "gzip"), ("x-rtrace-tenant", "fleet-1")],
+    );
+    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "3".into()]);
+    let env = [
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-rtrace-tenant=fleet-1"),
+    ];
+    let (with_header, port) = profiling(&collector.endpoint(), 49, 1, &[], &env);
+    // The same without the header: refused by the Collector, and counted.
+    let (without, bad_port) = profiling(
+        &collector.endpoint(),
+        49,
+        1,
+        &[],
+        &[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")],
+    );
+    c.go();
+    c.wait();
+    let good = Client::connect(port).metrics();
+    let bad = Client::connect(bad_port).metrics();
+    let (code, _, stderr) = with_header.stop(SIGTERM);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, bad_stderr) = without.stop(SIGTERM);
+    assert_eq!(code, 0, "{bad_stderr}");
+    assert!(
+        value(&good, "rtrace_otlp_samples_sent_total") > 0.0,
+        "{good}"
+    );
+    assert_eq!(dropped(&good, "rejected"), 0.0, "{good}");
+    assert_eq!(value(&bad, "rtrace_otlp_samples_sent_total"), 0.0, "{bad}");
+    assert!(dropped(&bad, "rejected") > 0.0, "{bad}");
+    assert!(
+        bad_stderr.contains("refused profiles (HTTP 500"),
+        "{bad_stderr}"
+    );
+    // What the Collector wrote is only what came with the header.
+    let written = samples_written(&collector);
+    assert!(written > 0);
+}

@@ -1,0 +1,194 @@
+//! `rtrace exporter --profile`: the whole host's CPU profile, sampled
+//! at a fleet's low rate and shipped as OTLP profiles every period. A
+//! front-end of the engine's sampling, whose stacks it takes every
+//! period ([`Sampler::take_interval`]) and hands to the OTLP output's
+//! queue ([`Shipper`]); the exporter runs it beside its serving.
+
+use std::time::Duration;
+
+use aya::Ebpf;
+
+use crate::{
+    engine::sampling::{self, Sampler, Sampling},
+    output::{
+        Sink,
+        otlp::{self, HostResources, ship::Shipper},
+    },
+    tracer::{Outcome, Plan, Scope, Spec, Tool},
+};
+
+/// The flags of continuous profiling.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Profile the whole host's CPU continuously and ship the stacks as
+    /// OTLP profiles (to --otlp-endpoint, or where
+    /// OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT
+    /// say; by default http://localhost:4318), with Python frames named
+    /// as `rtrace profile` names them.
+    #[arg(long)]
+    pub profile: bool,
+    /// Samples a second on each CPU.
+    #[arg(long, value_name = "HZ", default_value_t = 19, requires = "profile",
+          value_parser = crate::output::at_least_one::<u64>)]
+    pub profile_frequency: u64,
+    /// Ship a profile every SECS seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 10, requires = "profile",
+          value_parser = crate::output::at_least_one::<u64>)]
+    pub profile_period: u64,
+    /// The OTLP receiver's base URL (http://HOST:PORT; the profiles path
+    /// is added), over the OTEL_EXPORTER_OTLP_* variables. Headers,
+    /// compression (gzip) and the timeout come from
+    /// OTEL_EXPORTER_OTLP_HEADERS, _COMPRESSION and _TIMEOUT.
+    #[arg(long, value_name = "URL", requires = "profile")]
+    pub otlp_endpoint: Option<String>,
+    /// Most bytes of profiles held while the receiver is down, slow or
+    /// refusing (a number with K, M or G): past it the oldest are
+    /// dropped, and counted in rtrace_otlp_samples_dropped_total.
+    #[arg(long, value_name = "SIZE", default_value = "64M", requires = "profile",
+          value_parser = parse_size)]
+    pub otlp_buffer: u64,
+}
+
+/// A size in bytes: a number, with K, M or G for KiB, MiB or GiB.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 30),
+        _ => (t, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("expected a size such as 64M, 512K or 1048576; got {text:?}"))
+}
+
+/// The profiler: the sampler, and the queue it ships to.
+pub struct Profiler {
+    sampler: Sampler,
+    shipper: Shipper,
+    resources: HostResources,
+    /// Seconds between profiles, and the sampler's ticks since the last.
+    period: u64,
+    ticks: u64,
+    /// When the current profile's window began, in ns since the epoch.
+    window_start: u64,
+    period_ns: u64,
+    frequency: u64,
+}
+
+impl Profiler {
+    /// The queue the profiles go to.
+    pub fn shipper(&self) -> Shipper {
+        self.shipper.clone()
+    }
+
+    /// Ships what was sampled since the last profile.
+    fn ship(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        let samples = self.sampler.take_interval(ebpf)?;
+        let now = wall_ns();
+        let window = otlp::Window {
+            start_ns: self.window_start,
+            duration_ns: now.saturating_sub(self.window_start),
+            period_ns: self.period_ns,
+        };
+        self.window_start = now;
+        if samples.is_empty() {
+            return Ok(());
+        }
+        let total: u64 = samples.iter().map(|s| s.count).sum();
+        let request = otlp::request(&samples, &window, &mut self.resources);
+        self.resources.forget_unused();
+        self.shipper.push(otlp::encode(&request), total);
+        // Naming a period's new files reads them whole at times (a Go
+        // binary's compressed sections: 35 MB for the Collector's own);
+        // what was freed goes back to the system, not kept for a peak
+        // that may not come again.
+        crate::kernel::memory::release_free();
+        Ok(())
+    }
+}
+
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl Tool for Profiler {
+    type Args = Args;
+
+    const SPEC: Spec = Spec::new("exporter-profile", &[], sampling::ERRORS)
+        .object(sampling::OBJECT)
+        .expected(sampling::EXPECTED);
+
+    super::super::sampling_tool!();
+
+    fn new(args: Args) -> anyhow::Result<Self> {
+        let endpoint = otlp::ship::Endpoint::configure(args.otlp_endpoint.as_deref(), |k| {
+            std::env::var(k).ok()
+        })?;
+        let period = Duration::from_secs(args.profile_period);
+        let sampling = Sampling {
+            frequency: Some(args.profile_frequency),
+            ..Sampling::default()
+        };
+        Ok(Self {
+            sampler: Sampler::new(sampling)?,
+            shipper: Shipper::new(endpoint, args.otlp_buffer as usize, period),
+            resources: HostResources::default(),
+            period: args.profile_period,
+            ticks: 0,
+            window_start: wall_ns(),
+            period_ns: 1_000_000_000 / args.profile_frequency,
+            frequency: args.profile_frequency,
+        })
+    }
+
+    fn banner(&self) -> String {
+        format!(
+            "Profiling all CPUs at {} Hz, shipping OTLP profiles to {} every {} s",
+            self.frequency,
+            self.shipper.endpoint().url,
+            self.period
+        )
+    }
+
+    fn start(&mut self) {
+        self.sampler.start();
+        self.window_start = wall_ns();
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            events: Some(self.sampler.events().clone()),
+            scope: Scope {
+                // rtrace's own sending and symbolizing are not the
+                // host's work.
+                exclude_self: true,
+                ..Scope::default()
+            },
+            interval: self.sampler.interval(),
+            ..Plan::default()
+        }
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        self.ticks += 1;
+        // The sampler's ticks are a second apart.
+        if last || self.ticks.is_multiple_of(self.period) {
+            return self.ship(ebpf);
+        }
+        self.sampler.tick(ebpf, sink, false)
+    }
+
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            summary: self.sampler.summary(),
+            warnings: self.sampler.warnings(),
+        }
+    }
+}
