@@ -118,11 +118,12 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
         Some("python") => update_doc("python", &python::run()?),
         Some("memleak") => update_doc("memleak", &memleak::run()?),
         Some("html") => update_doc("html", &html::run()?),
+        Some("fleet") => update_doc("fleet", &exporter::fleet()?),
         Some(one) => match benches.iter().find(|(n, _)| *n == one) {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
                 "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace, top, \
-                 python, memleak, html",
+                 python, memleak, html, fleet",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },
@@ -406,6 +407,9 @@ struct Stopped {
     stderr: String,
     /// CPU time its threads had run when told to stop.
     cpu_ns: u64,
+    /// Its resident memory and the anonymous part of it, in KiB, when
+    /// told to stop.
+    rss_kib: (u64, u64),
     /// From the signal to stop to its exit (its report).
     report: Duration,
 }
@@ -421,6 +425,19 @@ fn cpu_ns(pid: u32) -> u64 {
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// The resident memory of process `pid` and its anonymous part, in KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS"), field("RssAnon"))
 }
 
 /// Reads `stream` line by line in a thread: `ready` is told when a line
@@ -521,6 +538,7 @@ impl Tracer {
 
     fn stop(mut self) -> anyhow::Result<Stopped> {
         let cpu_ns = cpu_ns(self.child.id());
+        let rss_kib = rss_kib(self.child.id());
         let signalled = std::time::Instant::now();
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
@@ -533,6 +551,7 @@ impl Tracer {
             ready_in: self.ready_in,
             stderr: self.stderr.join().unwrap_or_default(),
             cpu_ns,
+            rss_kib,
             report,
         })
     }

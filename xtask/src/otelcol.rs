@@ -142,59 +142,107 @@ const ONE_SAMPLE: [u8; 17] = [
     0x12, 0x04, 0x2a, 0x00, 0x3a, 0x00, // dictionary
 ];
 
-/// Starts Collector `bin` with an OTLP/HTTP receiver and the file
-/// exporter, sends it [`ONE_SAMPLE`] with curl, and waits for the file
-/// to hold it.
-fn check(bin: &Path) -> anyhow::Result<()> {
-    let dir = std::env::temp_dir().join(format!("rtrace-otelcol-check-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let port = free_port()?;
-    let out = dir.join("profiles.bin");
-    let config = dir.join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "receivers:\n  otlp:\n    protocols:\n      http:\n        endpoint: 127.0.0.1:{port}\n\
-             exporters:\n  rtracefile:\n    path: {}\n\
-             service:\n  telemetry:\n    metrics:\n      level: none\n  pipelines:\n    profiles:\n      \
-             receivers: [otlp]\n      exporters: [rtracefile]\n",
-            out.display()
-        ),
-    )?;
-    std::fs::write(dir.join("request.pb"), ONE_SAMPLE)?;
-    let mut collector = Command::new(bin)
-        .arg("--config")
-        .arg(&config)
-        .arg(format!("--feature-gates={PROFILES_GATE}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot start the Collector")?;
-    let result = (|| {
+/// A Collector running with an OTLP/HTTP receiver on a free port of
+/// the loopback and `rtracefile` writing to `out`; stopped and its
+/// directory removed on drop.
+pub struct Running {
+    child: std::process::Child,
+    dir: PathBuf,
+    /// Its receiver's port.
+    pub port: u16,
+    /// The file `rtracefile` writes.
+    pub out: PathBuf,
+}
+
+impl Running {
+    /// Starts Collector `bin` and waits until it listens.
+    pub fn start(bin: &Path, tag: &str) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("rtrace-otelcol-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let port = free_port()?;
+        let out = dir.join("profiles.bin");
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "receivers:\n  otlp:\n    protocols:\n      http:\n        endpoint: 127.0.0.1:{port}\n\
+                 exporters:\n  rtracefile:\n    path: {}\n\
+                 service:\n  telemetry:\n    metrics:\n      level: none\n  pipelines:\n    profiles:\n      \
+                 receivers: [otlp]\n      exporters: [rtracefile]\n",
+                out.display()
+            ),
+        )?;
+        let child = Command::new(bin)
+            .arg("--config")
+            .arg(&config)
+            .arg(format!("--feature-gates={PROFILES_GATE}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("cannot start the Collector")?;
+        let mut me = Self {
+            child,
+            dir,
+            port,
+            out,
+        };
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             if start.elapsed() > Duration::from_secs(30) {
-                bail!("it did not listen on port {port} within 30 s");
+                bail!("it did not listen on port {port} within 30 s{}", me.log());
             }
-            if let Some(status) = collector.try_wait()? {
-                bail!("it exited ({status})");
+            if let Some(status) = me.child.try_wait()? {
+                bail!("it exited ({status}){}", me.log());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        Ok(me)
+    }
+
+    /// Its stderr so far, once it has been stopped.
+    fn log(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut log = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut log);
+        }
+        format!("; its log:\n{log}")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Starts Collector `bin`, sends it [`ONE_SAMPLE`] with curl, and waits
+/// for its file to hold it.
+fn check(bin: &Path) -> anyhow::Result<()> {
+    let mut collector = Running::start(bin, "check")?;
+    let request = collector.dir.join("request.pb");
+    std::fs::write(&request, ONE_SAMPLE)?;
+    let result = (|| {
         let status = crate::stdout_of(
             Command::new("curl")
                 .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
                 .args(["-H", "Content-Type: application/x-protobuf"])
                 .arg("--data-binary")
-                .arg(format!("@{}", dir.join("request.pb").display()))
-                .arg(format!("http://127.0.0.1:{port}{PROFILES_PATH}")),
+                .arg(format!("@{}", request.display()))
+                .arg(format!(
+                    "http://127.0.0.1:{}{PROFILES_PATH}",
+                    collector.port
+                )),
         )?;
         if status.trim() != "200" {
             bail!("it answered the profile with HTTP {}", status.trim());
         }
         let start = Instant::now();
-        while std::fs::metadata(&out).map_or(0, |m| m.len()) == 0 {
+        while std::fs::metadata(&collector.out).map_or(0, |m| m.len()) == 0 {
             if start.elapsed() > Duration::from_secs(10) {
                 bail!("its file exporter wrote nothing within 10 s");
             }
@@ -202,12 +250,8 @@ fn check(bin: &Path) -> anyhow::Result<()> {
         }
         Ok(())
     })();
-    let _ = collector.kill();
-    let _ = collector.wait();
-    let mut log = String::new();
-    if let Some(mut e) = collector.stderr.take() {
-        let _ = e.read_to_string(&mut log);
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e).context(collector.log()),
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    result.with_context(|| format!("its log:\n{log}"))
 }

@@ -417,7 +417,7 @@ fn the_collector_holds_both_fixtures_splits_with_their_resources() {
     assert!(line.starts_with("ready"), "{line}");
     kube.add(p.pid());
 
-    let (rtrace, port) = profiling(&collector.endpoint(), 49, 2, &[], &[]);
+    let (rtrace, port) = profiling(&collector.endpoint(), 99, 2, &[], &[]);
     let (c_pid, p_pid) = (c.pid(), p.pid());
     let both = std::thread::scope(|s| {
         let a = s.spawn(|| c.go());
@@ -689,4 +689,63 @@ fn gzip_and_headers_reach_the_collector() {
     // What the Collector wrote is only what came with the header.
     let written = samples_written(&collector);
     assert!(written > 0);
+}
+
+#[test]
+fn as_the_units_user_the_profile_names_what_root_names() {
+    if skip() {
+        return;
+    }
+    // The unit's user: not root, CAP_BPF and CAP_PERFMON only.
+    let (_dir, bin) = rtrace_integration_tests::unprivileged_copy();
+    let _usual = rtrace_integration_tests::Paranoid::set("2");
+    let collector = Collector::start("nobody", &[]);
+    let (mut c, line) = Workload::start("cfuncs_nofp", &["cpu".into(), "4".into()]);
+    assert!(line.starts_with("ready"), "{line}");
+    let mut py = Command::new("/usr/bin/python3.11");
+    py.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyfix.py"))
+        .args(["split", "4"]);
+    let (mut p, line) = Workload::start_command(py);
+    assert!(line.starts_with("ready"), "{line}");
+    let port = free_port();
+    let mut cmd = rtrace_integration_tests::as_nobody(&bin, ",+bpf,+perfmon");
+    cmd.args([
+        "exporter",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--collectors",
+        "none",
+        "--profile",
+        "--profile-frequency",
+        "99",
+        "--profile-period",
+        "2",
+        "--otlp-endpoint",
+        &collector.endpoint(),
+    ]);
+    let rtrace = Rtrace::start_command(cmd, "Profiling all CPUs");
+    let (c_pid, p_pid) = (c.pid(), p.pid());
+    let both = std::thread::scope(|s| {
+        let a = s.spawn(|| c.go());
+        let b = s.spawn(|| p.go());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(c.wait().success() && p.wait().success());
+    let (code, _, stderr) = rtrace.stop(SIGTERM);
+    assert_eq!(code, 0, "{stderr}");
+    let procs = processes(&collector.received());
+    // Root's processes: their names from the kernel's comm, as their
+    // executables' links are not nobody's to read; their frames as root
+    // names them.
+    let cp = split(&procs, c_pid, &both.0, ["leaf_alpha", "leaf_beta"], "mid");
+    assert_eq!(cp.resource["process.executable.name"], "cfuncs_nofp");
+    assert!(!cp.resource.contains_key("process.executable.path"));
+    let pp = split(
+        &procs,
+        p_pid,
+        &both.1,
+        ["pyfix.hot", "pyfix.warm"],
+        "pyfix.outer",
+    );
+    assert_eq!(pp.resource["process.executable.name"], "python3.11");
 }

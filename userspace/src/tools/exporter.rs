@@ -68,7 +68,8 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9435")]
     listen: SocketAddr,
     /// Collectors to run, separated by commas (default: every collector;
-    /// each costs no more than the tool it comes from).
+    /// each costs no more than the tool it comes from); `none` for none,
+    /// with --profile.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     collectors: Vec<String>,
     /// Count only tasks in this cgroup v2 directory, or below it (for the
@@ -341,6 +342,11 @@ impl Args {
 pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Result<()> {
     let chosen: Vec<&Entry> = if args.collectors.is_empty() {
         all.iter().filter(|e| e.collector.default).collect()
+    } else if args.collectors == ["none"] {
+        if !args.profile.profile {
+            anyhow::bail!("--collectors none leaves nothing to export without --profile");
+        }
+        Vec::new()
     } else {
         let mut chosen = Vec::new();
         for name in &args.collectors {
@@ -357,6 +363,7 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
         }
         chosen
     };
+    let chosen_none = chosen.is_empty();
     if let Some(cg) = &args.cgroup {
         // Checked once here rather than failing every collector.
         std::fs::metadata(cg).with_context(|| format!("cannot use cgroup {}", cg.display()))?;
@@ -395,7 +402,7 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
             }
         }
     }
-    if collectors.up.is_empty() {
+    if collectors.up.is_empty() && !chosen_none {
         anyhow::bail!("no collector could attach on this kernel");
     }
     let names: Vec<&str> = collectors.up.iter().map(|(n, _)| *n).collect();
