@@ -15,16 +15,19 @@ pub fn static_path() -> PathBuf {
 
 /// Builds the static, stripped binary into `target/dist/rtrace`.
 pub fn static_binary() -> anyhow::Result<PathBuf> {
-    // Rust's musl target links musl statically, with its own start files:
-    // no C toolchain of the target's is needed.
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "rtrace",
-        "--target",
-        STATIC_TARGET,
-    ]))?;
+    // Rust's musl target links musl statically, with its own start files;
+    // the one C in the tree, ring's (TLS for the exporter's OTLP), is
+    // compiled against musl's headers by Debian's musl-gcc wrapper.
+    run(cargo()
+        .env("CC_x86_64_unknown_linux_musl", "musl-gcc")
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "rtrace",
+            "--target",
+            STATIC_TARGET,
+        ]))?;
     let built = root()
         .join("target")
         .join(STATIC_TARGET)

@@ -242,6 +242,16 @@ pub const PROGRAMS: &[Program] = &[
     deb("modinfo", "kmod", "finds the guests' modules' dependencies"),
     // Peers the tests and benchmarks compare with.
     deb("perf", "linux-perf", "profile's peer"),
+    deb(
+        "musl-gcc",
+        "musl-tools",
+        "compiles ring's C (the exporter's TLS) for the static build",
+    ),
+    deb(
+        "openssl",
+        "openssl",
+        "makes the certificates of the exporter's TLS tests",
+    ),
     deb("strace", "strace", "rtrace strace's peer"),
     // The everyday commands strace's comparison runs inside one shell
     // line, which the source scan does not see into.

@@ -777,30 +777,45 @@ mod tests {
         );
     }
 
-    /// The tests of the integration crate, read from its sources.
+    /// The tests of the integration crate, read from its sources: a
+    /// suite's file, and the files of its directory (`exporter/otlp.rs`,
+    /// whose tests are `exporter::otlp::NAME`).
     fn declared_tests() -> Vec<String> {
         let dir = root().join("tests/tests");
         let mut out = Vec::new();
         for entry in fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let suite = path.file_stem().unwrap().to_string_lossy().into_owned();
-            let text = fs::read_to_string(&path).unwrap();
-            let mut lines = text.lines();
-            while let Some(line) = lines.next() {
-                if line.trim() != "#[test]" {
-                    continue;
+            if path.is_dir() {
+                for inner in fs::read_dir(&path).unwrap() {
+                    let inner = inner.unwrap().path();
+                    let module = inner.file_stem().unwrap().to_string_lossy().into_owned();
+                    let text = fs::read_to_string(&inner).unwrap();
+                    tests_in(&text, &format!("{suite}::{module}"), &mut out);
                 }
-                // Past doc comments and attributes to the function.
-                for next in lines.by_ref() {
-                    if let Some(rest) = next.trim().strip_prefix("fn ") {
-                        let name = rest.split('(').next().unwrap();
-                        out.push(format!("{suite}::{name}"));
-                        break;
-                    }
-                }
+            } else {
+                tests_in(&fs::read_to_string(&path).unwrap(), &suite, &mut out);
             }
         }
         out
+    }
+
+    /// The `#[test]` functions of source `text`, as `PREFIX::NAME`.
+    fn tests_in(text: &str, prefix: &str, out: &mut Vec<String>) {
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() != "#[test]" {
+                continue;
+            }
+            // Past doc comments and attributes to the function.
+            for next in lines.by_ref() {
+                if let Some(rest) = next.trim().strip_prefix("fn ") {
+                    let name = rest.split('(').next().unwrap();
+                    out.push(format!("{prefix}::{name}"));
+                    break;
+                }
+            }
+        }
     }
 
     #[test]

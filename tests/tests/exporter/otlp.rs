@@ -42,6 +42,17 @@ struct Collector {
 impl Collector {
     /// Starts one; `require` is rtracefile's `require_metadata`.
     fn start(tag: &str, require: &[(&str, &str)]) -> Self {
+        Self::start_with(tag, require, "http", None)
+    }
+
+    /// Starts one whose receiver speaks `protocol` (`http` or `grpc`),
+    /// with TLS where `tls` gives its certificate and key files.
+    fn start_with(
+        tag: &str,
+        require: &[(&str, &str)],
+        protocol: &str,
+        tls: Option<(&Path, &Path)>,
+    ) -> Self {
         let dir = std::env::temp_dir().join(format!("rtrace-otlp-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -54,12 +65,19 @@ impl Collector {
                 require_yaml.push_str(&format!("      {k}: {v}\n"));
             }
         }
+        let tls = tls.map_or(String::new(), |(cert, key)| {
+            format!(
+                "        tls:\n          cert_file: {}\n          key_file: {}\n",
+                cert.display(),
+                key.display()
+            )
+        });
         let config = dir.join("config.yaml");
         std::fs::write(
             &config,
             format!(
-                "receivers:\n  otlp:\n    protocols:\n      http:\n        endpoint: \
-                 127.0.0.1:{port}\n        include_metadata: true\n\
+                "receivers:\n  otlp:\n    protocols:\n      {protocol}:\n        endpoint: \
+                 127.0.0.1:{port}\n        include_metadata: true\n{tls}\
                  exporters:\n  rtracefile:\n    path: {}\n{require_yaml}\
                  service:\n  telemetry:\n    metrics:\n      level: none\n  pipelines:\n    \
                  profiles:\n      receivers: [otlp]\n      exporters: [rtracefile]\n",
@@ -645,6 +663,34 @@ fn a_frozen_receiver_costs_bounded_memory_and_sending_resumes() {
 }
 
 #[test]
+fn grpc_with_gzip_and_a_header_reaches_the_collector() {
+    if skip() {
+        return;
+    }
+    // gRPC's own headers (grpc-encoding) are not metadata: the gzip is
+    // shown by the Collector decoding what says it is gzipped.
+    let collector = Collector::start_with("grpc", &[("x-rtrace-tenant", "fleet-1")], "grpc", None);
+    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "3".into()]);
+    let env = [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-rtrace-tenant=fleet-1"),
+    ];
+    let (r, port) = profiling(&collector.endpoint(), 99, 1, &[], &env);
+    let c_pid = c.pid();
+    let done = c.go();
+    c.wait();
+    let m = Client::connect(port).metrics();
+    let (code, _, stderr) = r.stop(SIGTERM);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(value(&m, "rtrace_otlp_samples_sent_total") > 0.0, "{m}");
+    assert_eq!(dropped(&m, "rejected"), 0.0, "{m}");
+    let procs = processes(&collector.received());
+    split(&procs, c_pid, &done, ["leaf_alpha", "leaf_beta"], "mid");
+    assert!(samples_written(&collector) as f64 >= value(&m, "rtrace_otlp_samples_sent_total"));
+}
+
+#[test]
 fn gzip_and_headers_reach_the_collector() {
     if skip() {
         return;
@@ -748,4 +794,152 @@ fn as_the_units_user_the_profile_names_what_root_names() {
         "pyfix.outer",
     );
     assert_eq!(pp.resource["process.executable.name"], "python3.11");
+}
+
+/// A CA and a certificate for 127.0.0.1 it signed, made with openssl in
+/// `dir`: the CA's file, and the server's certificate and key files.
+fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (Debian package openssl; cargo xtask installs it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=rtrace test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}
+
+#[test]
+fn https_and_grpc_over_tls_reach_the_collector_that_the_ca_vouches_for() {
+    if skip() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rtrace-otlp-tls-{}", std::process::id()));
+    let (ca, cert, key) = certificates(&dir);
+    let tls = Some((cert.as_path(), key.as_path()));
+    let http = Collector::start_with("https", &[], "http", tls);
+    let grpc = Collector::start_with("grpcs", &[], "grpc", tls);
+    let ca = ca.to_str().unwrap();
+    let https = |c: &Collector| format!("https://127.0.0.1:{}", c.port);
+    let trusted = [("OTEL_EXPORTER_OTLP_CERTIFICATE", ca)];
+    let (a, a_port) = profiling(&https(&http), 99, 1, &[], &trusted);
+    let (b, b_port) = profiling(
+        &https(&grpc),
+        99,
+        1,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ],
+    );
+    // Without the CA: the system's CAs do not vouch for this server.
+    let (u, u_port) = profiling(
+        &https(&http),
+        99,
+        1,
+        &[],
+        &[("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")],
+    );
+    let sent = |port| {
+        value(
+            &Client::connect(port).metrics(),
+            "rtrace_otlp_samples_sent_total",
+        )
+    };
+    until(15, "profiles over https and gRPC with TLS", || {
+        sent(a_port) > 0.0 && sent(b_port) > 0.0
+    });
+    until(15, "the untrusted server refused", || {
+        let m = Client::connect(u_port).metrics();
+        value(&m, "rtrace_otlp_send_failures_total") >= 1.0
+    });
+    let m = Client::connect(u_port).metrics();
+    let mut said = String::new();
+    for r in [a, b, u] {
+        let (code, _, stderr) = r.stop(SIGTERM);
+        assert_eq!(code, 0, "{stderr}");
+        said = stderr;
+    }
+    // The untrusted one says why, once.
+    assert_eq!(said.matches("cannot send profiles").count(), 1, "{said}");
+    assert!(said.contains("certificate"), "{said}");
+    assert!(samples_written(&http) > 0 && samples_written(&grpc) > 0);
+    assert_eq!(value(&m, "rtrace_otlp_samples_sent_total"), 0.0, "{m}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

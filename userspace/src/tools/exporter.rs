@@ -405,7 +405,10 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
     if collectors.up.is_empty() && !chosen_none {
         anyhow::bail!("no collector could attach on this kernel");
     }
-    let names: Vec<&str> = collectors.up.iter().map(|(n, _)| *n).collect();
+    let mut names: Vec<&str> = collectors.up.iter().map(|(n, _)| *n).collect();
+    if names.is_empty() {
+        names.push("no collectors: the profile's counters");
+    }
     let collectors = Rc::new(RefCell::new(collectors));
     let mut signals = Signals::new()?;
     eprintln!(
@@ -470,7 +473,7 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
             if let Some(s) = &shipper {
                 let queued = s.stats().queued;
                 if queued > 0 {
-                    eprintln!("rtrace: exporter: sending the {queued} profiles still queued");
+                    eprintln!("rtrace: exporter: sending what is still queued ({queued} requests)");
                 }
                 s.flush(std::time::Instant::now() + s.endpoint().timeout)
                     .await;

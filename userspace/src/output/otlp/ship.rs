@@ -4,8 +4,11 @@
 //! or refusing. What the queue cannot hold is dropped, oldest first, and
 //! counted; nothing grows without bound.
 //!
-//! OTLP/HTTP with binary protobuf, on hyper's HTTP/1.1 client (already
-//! the exporter's server), one kept connection at a time.
+//! OTLP/HTTP with binary protobuf on hyper's HTTP/1.1 client (already
+//! the exporter's server), or OTLP/gRPC on its HTTP/2 client: gRPC's
+//! framing of one unary call is five bytes and a trailer, written here
+//! rather than bringing tonic's stack for it. One kept connection at a
+//! time.
 
 use std::{
     cell::RefCell,
@@ -28,6 +31,19 @@ use tokio::sync::Notify;
 /// (the signal is not stable: `v1development`).
 pub const PROFILES_PATH: &str = "/v1development/profiles";
 
+/// The gRPC method of profiles in that version.
+pub const GRPC_PATH: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// How requests travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/HTTP, binary protobuf (the specification's default, port 4318).
+    HttpProtobuf,
+    /// OTLP/gRPC (port 4317).
+    Grpc,
+}
+
 /// An endpoint setting that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
@@ -43,8 +59,8 @@ pub enum EndpointError {
     },
     /// A protocol rtrace does not speak.
     #[error(
-        "OTEL_EXPORTER_OTLP_PROTOCOL={0}: rtrace sends http/protobuf only (grpc and http/json \
-         are not supported)"
+        "OTEL_EXPORTER_OTLP_PROTOCOL={0}: expected http/protobuf or grpc (http/json is not \
+         supported)"
     )]
     Protocol(String),
     /// A compression other than gzip or none.
@@ -53,6 +69,14 @@ pub enum EndpointError {
     /// A header that does not parse.
     #[error("OTEL_EXPORTER_OTLP_HEADERS: {0:?} is not NAME=VALUE with a valid name and value")]
     Header(String),
+    /// A certificate or key that cannot be read or used.
+    #[error("{var}: {why}")]
+    Tls {
+        /// The variable that names it.
+        var: &'static str,
+        /// What is wrong.
+        why: String,
+    },
     /// A timeout that is not a number of milliseconds.
     #[error("OTEL_EXPORTER_OTLP_TIMEOUT={0}: expected milliseconds")]
     Timeout(String),
@@ -61,14 +85,18 @@ pub enum EndpointError {
 /// Where and how requests are sent.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
-    /// The full URL of profiles.
+    /// The full URL of profiles (for gRPC, of the method).
     pub url: Uri,
+    /// How requests travel.
+    pub protocol: Protocol,
     /// Headers added to every request (`OTEL_EXPORTER_OTLP_HEADERS`).
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Whether bodies are gzipped.
     pub gzip: bool,
     /// How long one request may take, connecting included.
     pub timeout: Duration,
+    /// TLS, for an `https://` endpoint.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Endpoint {
@@ -87,16 +115,41 @@ impl Endpoint {
                 .or_else(|| var(&format!("OTEL_EXPORTER_OTLP_{name}")))
                 .filter(|v| !v.trim().is_empty())
         };
+        let protocol = match signal("PROTOCOL").as_deref().map(str::trim) {
+            None | Some("http/protobuf") => Protocol::HttpProtobuf,
+            Some("grpc") => Protocol::Grpc,
+            Some(other) => return Err(EndpointError::Protocol(other.to_owned())),
+        };
+        // gRPC's endpoint names the server alone, whichever variable
+        // gives it; OTLP/HTTP's signal variable is the whole URL.
+        let path = match protocol {
+            Protocol::HttpProtobuf => PROFILES_PATH,
+            Protocol::Grpc => GRPC_PATH,
+        };
+        let base = |b: &str| {
+            let b = b.trim().trim_end_matches('/');
+            match protocol {
+                Protocol::HttpProtobuf if b.ends_with(PROFILES_PATH) => b.to_owned(),
+                _ => format!("{b}{path}"),
+            }
+        };
         let (url, source) = match (
             flag,
             var("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT").filter(|v| !v.is_empty()),
         ) {
-            (Some(f), _) => (base_url(f), "--otlp-endpoint".to_owned()),
+            (Some(f), _) => (base(f), "--otlp-endpoint".to_owned()),
+            (None, Some(full)) if protocol == Protocol::Grpc => (
+                base(&full),
+                "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT".to_owned(),
+            ),
             (None, Some(full)) => (full, "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT".to_owned()),
             (None, None) => match var("OTEL_EXPORTER_OTLP_ENDPOINT").filter(|v| !v.is_empty()) {
-                Some(base) => (base_url(&base), "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned()),
+                Some(b) => (base(&b), "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned()),
                 None => (
-                    format!("http://localhost:4318{PROFILES_PATH}"),
+                    match protocol {
+                        Protocol::HttpProtobuf => base("http://localhost:4318"),
+                        Protocol::Grpc => base("http://localhost:4317"),
+                    },
                     "default".to_owned(),
                 ),
             },
@@ -107,23 +160,13 @@ impl Endpoint {
             value: url.clone(),
         };
         let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(bad(
-                    "https is not supported by this build: send to a local Collector over \
-                     http and let it forward with TLS",
-                ));
-            }
-            _ => return Err(bad("expected an http:// URL")),
-        }
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(bad("expected an http:// or https:// URL")),
+        };
         if uri.host().is_none() {
             return Err(bad("no host"));
-        }
-        if let Some(p) = signal("PROTOCOL")
-            && p.trim() != "http/protobuf"
-        {
-            return Err(EndpointError::Protocol(p));
         }
         let gzip = match signal("COMPRESSION").as_deref().map(str::trim) {
             None | Some("none") => false,
@@ -142,8 +185,15 @@ impl Endpoint {
             ),
             None => Duration::from_secs(10),
         };
+        let tls = if https {
+            Some(std::sync::Arc::new(tls_config(&signal, protocol)?))
+        } else {
+            None
+        };
         Ok(Self {
+            tls,
             url: uri,
+            protocol,
             headers,
             gzip,
             timeout,
@@ -151,15 +201,77 @@ impl Endpoint {
     }
 }
 
-/// A base URL with the signal's path added (a trailing `/` dropped);
-/// a URL that already ends in it is kept.
-fn base_url(base: &str) -> String {
-    let base = base.trim().trim_end_matches('/');
-    if base.ends_with(PROFILES_PATH) {
-        base.to_owned()
-    } else {
-        format!("{base}{PROFILES_PATH}")
+/// The TLS client of an `https://` endpoint: the CAs of
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE` (PEM) or else the system's, and a
+/// client certificate where `_CLIENT_CERTIFICATE` and `_CLIENT_KEY` give
+/// one; ALPN offers HTTP/2 for gRPC, HTTP/1.1 otherwise.
+fn tls_config(
+    signal: &dyn Fn(&str) -> Option<String>,
+    protocol: Protocol,
+) -> Result<rustls::ClientConfig, EndpointError> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+    let err = |var, why: String| EndpointError::Tls { var, why };
+    if signal("CLIENT_CERTIFICATE").is_some() != signal("CLIENT_KEY").is_some() {
+        return Err(err(
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "a client certificate and its key go together: set both or neither".to_owned(),
+        ));
     }
+    let mut roots = rustls::RootCertStore::empty();
+    match signal("CERTIFICATE") {
+        Some(path) => {
+            let var = "OTEL_EXPORTER_OTLP_CERTIFICATE";
+            let certs = CertificateDer::pem_file_iter(&path)
+                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                .map_err(|e| err(var, format!("cannot read {path}: {e}")))?;
+            if certs.is_empty() {
+                return Err(err(var, format!("{path} holds no certificate")));
+            }
+            for c in certs {
+                roots.add(c).map_err(|e| err(var, format!("{path}: {e}")))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err(err(
+                    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                    "not set, and the system has no CA certificates to trust (the \
+                     ca-certificates package)"
+                        .to_owned(),
+                ));
+            }
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err("TLS", e.to_string()))?
+        .with_root_certificates(roots);
+    let mut config = match (signal("CLIENT_CERTIFICATE"), signal("CLIENT_KEY")) {
+        (Some(cert), Some(key)) => {
+            let var = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE";
+            let chain = CertificateDer::pem_file_iter(&cert)
+                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                .map_err(|e| err(var, format!("cannot read {cert}: {e}")))?;
+            let key = PrivateKeyDer::from_pem_file(&key).map_err(|e| {
+                err(
+                    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                    format!("cannot read {key}: {e}"),
+                )
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| err(var, e.to_string()))?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![match protocol {
+        Protocol::Grpc => b"h2".to_vec(),
+        Protocol::HttpProtobuf => b"http/1.1".to_vec(),
+    }];
+    Ok(config)
 }
 
 /// `OTEL_EXPORTER_OTLP_HEADERS`: `name=value` pairs separated by commas,
@@ -296,6 +408,10 @@ impl Shipper {
         } else {
             body
         };
+        let body = match self.endpoint.protocol {
+            Protocol::HttpProtobuf => body,
+            Protocol::Grpc => grpc_frame(&body, self.endpoint.gzip),
+        };
         let mut s = self.state.borrow_mut();
         if body.len() > s.cap {
             s.stats.samples_dropped[0] += samples;
@@ -331,6 +447,9 @@ impl Shipper {
     pub async fn run(self) {
         let mut conn = None;
         let mut backoff = Duration::from_secs(1);
+        // Failed sends since the last that went through: the first is
+        // said on stderr, and the recovery after them.
+        let mut failing = 0u64;
         loop {
             let next = self.state.borrow().queue.front().map(|q| q.body.clone());
             let Some(body) = next else {
@@ -340,6 +459,13 @@ impl Shipper {
             match self.send(&mut conn, body).await {
                 Outcome::Delivered { rejected } => {
                     backoff = Duration::from_secs(1);
+                    if failing > 0 {
+                        eprintln!(
+                            "rtrace: exporter: the OTLP receiver takes profiles again, after \
+                             {failing} failed sends"
+                        );
+                        failing = 0;
+                    }
                     let mut s = self.state.borrow_mut();
                     if let Some(q) = s.queue.pop_front() {
                         s.bytes -= q.body.len();
@@ -364,7 +490,15 @@ impl Shipper {
                         );
                     }
                 }
-                Outcome::Retry(after) => {
+                Outcome::Retry(after, why) => {
+                    if failing == 0 {
+                        eprintln!(
+                            "rtrace: exporter: cannot send profiles to {} ({why}); retrying \
+                             with backoff, up to --otlp-buffer held meanwhile",
+                            self.endpoint.url
+                        );
+                    }
+                    failing += 1;
                     conn = None;
                     self.state.borrow_mut().stats.failures += 1;
                     let wait = after.unwrap_or(backoff).min(self.backoff_cap);
@@ -390,43 +524,59 @@ impl Shipper {
     /// One attempt to send `body`, on the kept connection or a new one.
     async fn send(&self, conn: &mut Option<Connection>, body: Bytes) -> Outcome {
         let e = &self.endpoint;
+        let grpc = e.protocol == Protocol::Grpc;
         let attempt = async {
-            if conn.as_ref().is_none_or(|c| c.is_closed()) {
-                *conn = Some(connect(&e.url).await?);
+            if conn.as_ref().is_none_or(Connection::is_closed) {
+                *conn = Some(connect(e).await?);
             }
             let c = conn.as_mut().expect("connected above");
-            c.ready().await.map_err(|e| e.to_string())?;
-            let mut req = Request::post(e.url.clone())
-                .header(header::HOST, host_header(&e.url))
-                .header(header::CONTENT_TYPE, "application/x-protobuf")
-                .header(
-                    header::USER_AGENT,
-                    concat!("rtrace/", env!("CARGO_PKG_VERSION")),
-                );
-            if e.gzip {
-                req = req.header(header::CONTENT_ENCODING, "gzip");
+            let mut req = Request::post(e.url.clone()).header(
+                header::USER_AGENT,
+                concat!("rtrace/", env!("CARGO_PKG_VERSION")),
+            );
+            if grpc {
+                req = req
+                    .header(header::CONTENT_TYPE, "application/grpc")
+                    .header(header::TE, "trailers")
+                    .header("grpc-timeout", format!("{}m", e.timeout.as_millis()));
+                if e.gzip {
+                    req = req.header("grpc-encoding", "gzip");
+                }
+            } else {
+                req = req
+                    .header(header::HOST, host_header(&e.url))
+                    .header(header::CONTENT_TYPE, "application/x-protobuf");
+                if e.gzip {
+                    req = req.header(header::CONTENT_ENCODING, "gzip");
+                }
             }
             for (k, v) in &e.headers {
                 req = req.header(k, v);
             }
             let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
-            let resp = c.send_request(req).await.map_err(|e| e.to_string())?;
+            let resp = c.send(req).await?;
             let status = resp.status();
-            let retry_after = resp
-                .headers()
-                .get(header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            let body = Limited::new(resp.into_body(), 1 << 20)
+            let head = resp.headers().clone();
+            let collected = Limited::new(resp.into_body(), 1 << 20)
                 .collect()
                 .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            Ok::<_, String>((status, retry_after, body))
+                .map_err(|e| e.to_string())?;
+            let trailers = collected.trailers().cloned();
+            Ok::<_, String>((status, head, trailers, collected.to_bytes()))
         };
         match tokio::time::timeout(e.timeout, attempt).await {
-            Err(_) | Ok(Err(_)) => Outcome::Retry(None),
-            Ok(Ok((status, retry_after, body))) => outcome(status, retry_after, &body),
+            Err(_) => Outcome::Retry(None, format!("no answer within {:?}", e.timeout)),
+            Ok(Err(why)) => Outcome::Retry(None, why),
+            Ok(Ok((status, head, trailers, body))) if grpc => {
+                grpc_outcome(status, &head, trailers.as_ref(), &body)
+            }
+            Ok(Ok((status, head, _, body))) => {
+                let retry_after = head
+                    .get(header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                outcome(status, retry_after, &body)
+            }
         }
     }
 }
@@ -437,8 +587,9 @@ enum Outcome {
     Delivered { rejected: u64 },
     /// Refused for good, with the status.
     Refused(String),
-    /// To be sent again, after the receiver's `Retry-After` if it gave one.
-    Retry(Option<Duration>),
+    /// To be sent again, after the receiver's `Retry-After` if it gave
+    /// one; why it failed.
+    Retry(Option<Duration>, String),
 }
 
 /// The outcome of a response, as the OTLP/HTTP specification sorts its
@@ -453,9 +604,60 @@ fn outcome(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) -> Ou
         return Outcome::Delivered { rejected };
     }
     match status.as_u16() {
-        429 | 502 | 503 | 504 => Outcome::Retry(retry_after),
+        429 | 502 | 503 | 504 => Outcome::Retry(retry_after, format!("HTTP {status}")),
         _ => Outcome::Refused(format!("HTTP {status}")),
     }
+}
+
+/// The outcome of a gRPC call: its `grpc-status` (in the trailers, or
+/// in the headers of a response that has no body), sorted as the OTLP
+/// specification sorts gRPC's codes: UNAVAILABLE, RESOURCE_EXHAUSTED,
+/// DEADLINE_EXCEEDED, ABORTED, CANCELLED, OUT_OF_RANGE and DATA_LOSS are
+/// retried, other failures are not.
+fn grpc_outcome(
+    status: StatusCode,
+    head: &hyper::HeaderMap,
+    trailers: Option<&hyper::HeaderMap>,
+    body: &[u8],
+) -> Outcome {
+    if !status.is_success() {
+        // An HTTP failure before gRPC: a proxy's, or no gRPC server.
+        return outcome(status, None, &[]);
+    }
+    let field = |name: &str| {
+        trailers
+            .and_then(|t| t.get(name))
+            .or_else(|| head.get(name))
+            .and_then(|v| v.to_str().ok())
+    };
+    let Some(code) = field("grpc-status").and_then(|c| c.trim().parse::<u32>().ok()) else {
+        return Outcome::Retry(None, "a gRPC answer without grpc-status".to_owned());
+    };
+    match code {
+        // The reply is one message, framed as the request was.
+        0 => outcome(StatusCode::OK, None, body.get(5..).unwrap_or_default()),
+        1 | 4 | 8 | 10 | 11 | 14 | 15 => Outcome::Retry(
+            None,
+            format!(
+                "gRPC status {code}: {}",
+                field("grpc-message").unwrap_or("")
+            ),
+        ),
+        _ => Outcome::Refused(format!(
+            "gRPC status {code}: {}",
+            field("grpc-message").unwrap_or("")
+        )),
+    }
+}
+
+/// One gRPC message as it travels: a compressed flag, its length (big
+/// endian) and its bytes.
+fn grpc_frame(message: &[u8], compressed: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len() + 5);
+    out.push(u8::from(compressed));
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out
 }
 
 /// A wait of `d` less up to a fifth, so that a fleet's hosts do not
@@ -465,24 +667,90 @@ fn jitter(d: Duration) -> Duration {
     d - d / 5 * spread / 1000
 }
 
-type Connection = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+/// A kept connection: HTTP/1.1 for OTLP/HTTP, HTTP/2 for gRPC.
+enum Connection {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
 
-/// A new connection to `url`'s host, driven by a task of its own.
-async fn connect(url: &Uri) -> Result<Connection, String> {
+impl Connection {
+    fn is_closed(&self) -> bool {
+        match self {
+            Self::H1(c) => c.is_closed(),
+            Self::H2(c) => c.is_closed(),
+        }
+    }
+
+    async fn send(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        match self {
+            Self::H1(c) => {
+                c.ready().await.map_err(|e| e.to_string())?;
+                c.send_request(req).await.map_err(|e| e.to_string())
+            }
+            Self::H2(c) => {
+                c.ready().await.map_err(|e| e.to_string())?;
+                c.send_request(req).await.map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+/// A new connection to the endpoint's host (through TLS for https),
+/// driven by a task of its own.
+async fn connect(e: &Endpoint) -> Result<Connection, String> {
+    let url = &e.url;
     let host = url.host().unwrap_or("localhost");
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = url.port_u16().unwrap_or(80);
+    let port = url
+        .port_u16()
+        .unwrap_or(if e.tls.is_some() { 443 } else { 80 });
     let stream = tokio::net::TcpStream::connect((host, port))
         .await
         .map_err(|e| e.to_string())?;
     let _ = stream.set_nodelay(true);
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::task::spawn_local(async move {
-        let _ = conn.await;
-    });
-    Ok(send)
+    match &e.tls {
+        Some(config) => {
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .map_err(|e| e.to_string())?;
+            let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::clone(config))
+                .connect(name, stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            handshake(hyper_util::rt::TokioIo::new(tls), e.protocol).await
+        }
+        None => handshake(hyper_util::rt::TokioIo::new(stream), e.protocol).await,
+    }
+}
+
+/// HTTP/1.1 or HTTP/2 on `io`.
+async fn handshake<I>(io: I, protocol: Protocol) -> Result<Connection, String>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    match protocol {
+        Protocol::HttpProtobuf => {
+            let (send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::task::spawn_local(async move {
+                let _ = conn.await;
+            });
+            Ok(Connection::H1(send))
+        }
+        Protocol::Grpc => {
+            let (send, conn) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            tokio::task::spawn_local(async move {
+                let _ = conn.await;
+            });
+            Ok(Connection::H2(send))
+        }
+    }
 }
 
 fn host_header(url: &Uri) -> String {
@@ -550,8 +818,21 @@ mod tests {
         // The flag over both.
         let e = Endpoint::configure(Some("http://c:3"), env(&[])).unwrap();
         assert_eq!(e.url, "http://c:3/v1development/profiles");
+        // gRPC: the server's address, whichever variable gives it.
+        let e = Endpoint::configure(
+            None,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", "http://d:4317"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(e.protocol, Protocol::Grpc);
+        assert_eq!(e.url, format!("http://d:4317{GRPC_PATH}").as_str());
+        let e = Endpoint::configure(None, env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])).unwrap();
+        assert_eq!(e.url, format!("http://localhost:4317{GRPC_PATH}").as_str());
         for bad in [
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
             ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "novalue"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x"),
@@ -559,6 +840,20 @@ mod tests {
             let err = Endpoint::configure(None, env(&[bad])).unwrap_err();
             assert!(err.to_string().contains(bad.1), "{err}");
         }
+        // https: the CA file is read at once, and a half client identity
+        // is refused.
+        let err = Endpoint::configure(
+            Some("https://e:4318"),
+            env(&[("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+        let err = Endpoint::configure(
+            Some("https://e:4318"),
+            env(&[("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k.pem")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("set both or neither"), "{err}");
     }
 
     #[test]
