@@ -233,6 +233,8 @@ fn attributes(kv: &[KeyValue], strings: &[String]) -> HashMap<String, String> {
 #[derive(Default)]
 struct Process {
     stacks: Vec<(Vec<String>, i64)>,
+    /// The stacks of the `off_cpu` profile, with nanoseconds.
+    off: Vec<(Vec<String>, i64)>,
     resource: HashMap<String, String>,
     locations: Vec<(String, Vec<String>, String, u64, u64, u64)>,
 }
@@ -256,10 +258,12 @@ fn processes(requests: &[ProfilesData]) -> HashMap<u32, Process> {
                 assert_eq!(sp.scope.as_ref().unwrap().name, "rtrace");
                 for prof in &sp.profiles {
                     let st = prof.sample_type.unwrap();
-                    assert_eq!(
-                        (s(st.type_strindex), s(st.unit_strindex)),
-                        ("samples".into(), "count".into())
-                    );
+                    let ty = (s(st.type_strindex), s(st.unit_strindex));
+                    let off = match (ty.0.as_str(), ty.1.as_str()) {
+                        ("samples", "count") | ("cpu", "nanoseconds") => false,
+                        ("off_cpu", "nanoseconds") => true,
+                        _ => panic!("a profile of {ty:?}"),
+                    };
                     for sample in &prof.samples {
                         let stack = &d.stack_table[sample.stack_index as usize];
                         let mut names = Vec::new();
@@ -290,7 +294,11 @@ fn processes(requests: &[ProfilesData]) -> HashMap<u32, Process> {
                             ));
                             names.extend(fnames);
                         }
-                        p.stacks.push((names, sample.values[0]));
+                        if off {
+                            p.off.push((names, sample.values[0]));
+                        } else {
+                            p.stacks.push((names, sample.values[0]));
+                        }
                     }
                 }
             }
@@ -942,4 +950,61 @@ fn https_and_grpc_over_tls_reach_the_collector_that_the_ca_vouches_for() {
     assert!(samples_written(&http) > 0 && samples_written(&grpc) > 0);
     assert_eq!(value(&m, "rtrace_otlp_samples_sent_total"), 0.0, "{m}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn time_off_the_cpu_above_the_threshold_is_shipped_as_measured() {
+    if skip() {
+        return;
+    }
+    let collector = Collector::start("offcpu", &[]);
+    // sleep_alpha blocks 3 ms at a time, wait_beta 1 ms: above a 2 ms
+    // threshold only the sleeps count, and those of the waits that took
+    // 2 ms or more (none on a quick machine).
+    let (mut c, line) =
+        Workload::start("cfuncs_nofp", &["block".into(), "2".into(), "2000".into()]);
+    assert!(line.starts_with("ready"), "{line}");
+    let (r, _) = profiling(
+        &collector.endpoint(),
+        99,
+        1,
+        &["--profile-off-cpu", "--profile-min-block", "2000"],
+        &[],
+    );
+    let pid = c.pid();
+    let done: Vec<i64> = c
+        .go()
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    c.wait();
+    let (code, _, stderr) = r.stop(SIGTERM);
+    assert_eq!(code, 0, "{stderr}");
+    let procs = processes(&collector.received());
+    let p = procs.get(&pid).expect("a profile of the fixture");
+    let off = |leaf: &str| -> i64 {
+        p.off
+            .iter()
+            .filter(|(n, _)| n.iter().any(|f| f == leaf))
+            .map(|(_, ns)| ns)
+            .sum::<i64>()
+            / 1000
+    };
+    let (alpha, beta) = (off("sleep_alpha"), off("wait_beta"));
+    let (alpha_wall, long_waits, sleeps) = (done[4] / 1000, done[3] / 1000, done[6]);
+    // A microsecond a call for the two clocks' rounding.
+    assert!(
+        alpha >= sleeps * 3000 - sleeps && alpha <= alpha_wall + sleeps,
+        "{alpha} us off the CPU in sleep_alpha: {sleeps} sleeps of 3 ms took {alpha_wall} us"
+    );
+    assert!(
+        beta <= long_waits + sleeps,
+        "{beta} us of wait_beta above 2 ms; its waits of 2 ms or more took {long_waits} us"
+    );
+    assert!(
+        p.off
+            .iter()
+            .any(|(n, _)| n.windows(2).any(|w| w == ["sleep_alpha", "mid_block"])),
+        "whole chains off the CPU"
+    );
 }

@@ -289,6 +289,9 @@ pub struct Sampling {
     pub range: Option<(Duration, Duration)>,
     /// Count time off the CPU too, by stack.
     pub off_cpu: bool,
+    /// Off the CPU, count only waits of at least this many microseconds
+    /// (0: every wait).
+    pub off_cpu_min_us: u64,
     /// perf annotate's output.
     pub annotate: AnnotateArgs,
     /// The walk, the store and the names.
@@ -488,7 +491,7 @@ impl Sampler {
             // run too): with the samples, their wall time. Kernel threads,
             // which sleep most of the time, would drown the rest.
             let filter = Filter {
-                min_ns: 0,
+                min_ns: self.cfg.off_cpu_min_us.saturating_mul(1000),
                 max_ns: u64::MAX,
                 user: !self.cfg.kernel_only,
                 kernel: !self.cfg.user_only,

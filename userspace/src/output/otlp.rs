@@ -70,6 +70,10 @@ pub struct Window {
     pub duration_ns: u64,
     /// CPU time one sample stands for, in nanoseconds.
     pub period_ns: u64,
+    /// The counts are nanoseconds on and off the CPU (the engine's
+    /// off-CPU sampling), not samples: each process gets a `cpu` and an
+    /// `off_cpu` profile, both in nanoseconds.
+    pub off_cpu: bool,
 }
 
 /// The attributes of a process, the resource its samples are sent as.
@@ -401,45 +405,74 @@ fn scope() -> InstrumentationScope {
 
 /// One export request of `samples`: a resource a process, each with one
 /// CPU profile of samples counted (`samples`/`count`, a `cpu` period in
-/// nanoseconds), and each sample the thread's name.
+/// nanoseconds), or with `window.off_cpu` a `cpu` and an `off_cpu`
+/// profile in nanoseconds; each sample the thread's name.
 pub fn request(
     samples: &[Sample],
     window: &Window,
     resources: &mut dyn Resources,
 ) -> ExportProfilesServiceRequest {
     let mut dict = Dictionary::new();
-    let sample_type = ValueType {
-        type_strindex: dict.string("samples"),
-        unit_strindex: dict.string("count"),
+    let mut value_type = |ty: &str, unit: &str| ValueType {
+        type_strindex: dict.string(ty),
+        unit_strindex: dict.string(unit),
     };
-    let period_type = ValueType {
-        type_strindex: dict.string("cpu"),
-        unit_strindex: dict.string("nanoseconds"),
+    // The profiles of each process, by the index of their type.
+    let types = if window.off_cpu {
+        vec![
+            value_type("cpu", "nanoseconds"),
+            value_type("off_cpu", "nanoseconds"),
+        ]
+    } else {
+        vec![value_type("samples", "count")]
     };
-    let mut by_process: Vec<((u32, u64), Vec<OtlpSample>)> = Vec::new();
+    let period_type = value_type("cpu", "nanoseconds");
+    // Each process (pid, start) with its samples by type.
+    type ByType = Vec<Vec<OtlpSample>>;
+    let mut by_process: Vec<((u32, u64), ByType)> = Vec::new();
     let mut index: HashMap<(u32, u64), usize> = HashMap::new();
     for s in samples {
         let key = (s.pid, s.started);
         let at = *index.entry(key).or_insert_with(|| {
-            by_process.push((key, Vec::new()));
+            by_process.push((key, vec![Vec::new(); types.len()]));
             by_process.len() - 1
         });
+        let (kind, value) = match (window.off_cpu, s.off_cpu) {
+            (false, _) => (0, s.count),
+            (true, off) => (usize::from(off), s.count),
+        };
         let sample = OtlpSample {
             stack_index: dict.stack(s),
             attribute_indices: vec![dict.attribute("thread.name", &s.comm)],
             link_index: 0,
-            values: vec![s.count as i64],
+            values: vec![value as i64],
             timestamps_unix_nano: Vec::new(),
         };
-        by_process[at].1.push(sample);
+        by_process[at].1[kind].push(sample);
     }
     let resource_profiles = by_process
         .into_iter()
-        .map(|((pid, started), samples)| {
+        .map(|((pid, started), by_type)| {
             let attributes = resources
                 .of(pid, started)
                 .iter()
                 .map(|(k, v)| key_value(k, v))
+                .collect();
+            let profiles = by_type
+                .into_iter()
+                .zip(&types)
+                .enumerate()
+                .filter(|(_, (samples, _))| !samples.is_empty())
+                .map(|(kind, (samples, ty))| Profile {
+                    sample_type: Some(*ty),
+                    samples,
+                    time_unix_nano: window.start_ns,
+                    duration_nano: window.duration_ns,
+                    period_type: Some(period_type),
+                    period: window.period_ns as i64,
+                    profile_id: profile_id(window.start_ns, pid, started, kind as u64),
+                    ..Profile::default()
+                })
                 .collect();
             ResourceProfiles {
                 resource: Some(Resource {
@@ -448,16 +481,7 @@ pub fn request(
                 }),
                 scope_profiles: vec![ScopeProfiles {
                     scope: Some(scope()),
-                    profiles: vec![Profile {
-                        sample_type: Some(sample_type),
-                        samples,
-                        time_unix_nano: window.start_ns,
-                        duration_nano: window.duration_ns,
-                        period_type: Some(period_type),
-                        period: window.period_ns as i64,
-                        profile_id: profile_id(window.start_ns, pid, started),
-                        ..Profile::default()
-                    }],
+                    profiles,
                     schema_url: String::new(),
                 }],
                 schema_url: String::new(),
@@ -470,9 +494,10 @@ pub fn request(
     }
 }
 
-/// A profile's 16-byte id: its window's start, the process and a random
-/// word of this run, so that two hosts' profiles of one instant differ.
-fn profile_id(start_ns: u64, pid: u32, started: u64) -> Vec<u8> {
+/// A profile's 16-byte id: its window's start, the process, its kind and
+/// a random word of this run, so that two hosts' profiles of one instant
+/// differ.
+fn profile_id(start_ns: u64, pid: u32, started: u64, kind: u64) -> Vec<u8> {
     static RUN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let run = *RUN.get_or_init(|| {
         let mut b = [0u8; 8];
@@ -486,7 +511,9 @@ fn profile_id(start_ns: u64, pid: u32, started: u64) -> Vec<u8> {
     });
     let mut id = Vec::with_capacity(16);
     id.extend_from_slice(&(start_ns ^ run).to_le_bytes());
-    id.extend_from_slice(&((u64::from(pid) << 32) ^ started ^ run.rotate_left(17)).to_le_bytes());
+    id.extend_from_slice(
+        &((u64::from(pid) << 32) ^ started ^ kind ^ run.rotate_left(17)).to_le_bytes(),
+    );
     id
 }
 
@@ -611,6 +638,7 @@ mod tests {
             start_ns: 1,
             duration_ns: 2,
             period_ns: 3,
+            off_cpu: false,
         };
         let r = request(&[sample(7, 5), sample(8, 6)], &window, &mut Host);
         let d = r.dictionary.as_ref().unwrap();

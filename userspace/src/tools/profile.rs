@@ -176,6 +176,7 @@ impl Args {
             outputs: self.outputs,
             range: self.range,
             off_cpu: self.off_cpu,
+            off_cpu_min_us: 0,
             annotate: self.annotate_opts,
             stacks: self.stacks,
             buffer: self.buffer,

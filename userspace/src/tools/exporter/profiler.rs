@@ -41,6 +41,22 @@ pub struct Args {
     /// OTEL_EXPORTER_OTLP_HEADERS, _COMPRESSION and _TIMEOUT.
     #[arg(long, value_name = "URL", requires = "profile")]
     pub otlp_endpoint: Option<String>,
+    /// Also ship the time threads spend off the CPU (blocked, sleeping or
+    /// waiting to run), by stack: each process then has a `cpu` and an
+    /// `off_cpu` profile in nanoseconds (on-CPU samples weighted by the
+    /// CPU time they stand for), as `rtrace profile --off-cpu` counts.
+    #[arg(long, requires = "profile")]
+    pub profile_off_cpu: bool,
+    /// With --profile-off-cpu, count only waits of at least this many
+    /// microseconds: the many short waits of a busy host are most of the
+    /// cost and little of the time.
+    #[arg(
+        long,
+        value_name = "MIN_US",
+        default_value_t = 1000,
+        requires = "profile_off_cpu"
+    )]
+    pub profile_min_block: u64,
     /// Most bytes of profiles held while the receiver is down, slow or
     /// refusing (a number with K, M or G): past it the oldest are
     /// dropped, and counted in rtrace_otlp_samples_dropped_total.
@@ -78,6 +94,7 @@ pub struct Profiler {
     window_start: u64,
     period_ns: u64,
     frequency: u64,
+    off_cpu: bool,
 }
 
 impl Profiler {
@@ -94,6 +111,7 @@ impl Profiler {
             start_ns: self.window_start,
             duration_ns: now.saturating_sub(self.window_start),
             period_ns: self.period_ns,
+            off_cpu: self.off_cpu,
         };
         self.window_start = now;
         if samples.is_empty() {
@@ -134,6 +152,8 @@ impl Tool for Profiler {
         let period = Duration::from_secs(args.profile_period);
         let sampling = Sampling {
             frequency: Some(args.profile_frequency),
+            off_cpu: args.profile_off_cpu,
+            off_cpu_min_us: args.profile_min_block,
             ..Sampling::default()
         };
         Ok(Self {
@@ -145,13 +165,19 @@ impl Tool for Profiler {
             window_start: wall_ns(),
             period_ns: 1_000_000_000 / args.profile_frequency,
             frequency: args.profile_frequency,
+            off_cpu: args.profile_off_cpu,
         })
     }
 
     fn banner(&self) -> String {
         format!(
-            "Profiling all CPUs at {} Hz, shipping OTLP profiles to {} every {} s",
+            "Profiling all CPUs at {} Hz{}, shipping OTLP profiles to {} every {} s",
             self.frequency,
+            if self.off_cpu {
+                " and time off the CPU"
+            } else {
+                ""
+            },
             self.shipper.endpoint().url,
             self.period
         )
