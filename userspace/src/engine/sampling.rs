@@ -859,6 +859,12 @@ impl Sampler {
         self.stacks.interval(ebpf)
     }
 
+    /// Closes the files no process being named maps any more, after an
+    /// interval taken ([`Sampler::take_interval`]) by a run that lasts.
+    pub fn close_unused_files(&mut self) -> usize {
+        self.stacks.close_unused_files()
+    }
+
     fn heat_counts(&self, ebpf: &Ebpf, elapsed: Duration) -> anyhow::Result<Option<Vec<u64>>> {
         if self.heat_slots == 0 {
             return Ok(None);

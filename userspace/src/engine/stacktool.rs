@@ -867,6 +867,13 @@ impl StackTool {
         Ok(self.transforms.samples(samples))
     }
 
+    /// Closes the files no known process maps any more (see
+    /// [`Symbolizer::close_unused_files`]), between intervals of a
+    /// long-running profile.
+    pub fn close_unused_files(&mut self) -> usize {
+        self.sym.close_unused_files()
+    }
+
     /// Notes the report made of `samples`, whose counts are in `unit`.
     pub fn reported(&mut self, samples: &[Sample], unit: &str) {
         let total: u64 = samples.iter().map(|s| s.count).sum();

@@ -615,6 +615,36 @@ impl Symbolizer {
         self.kallsyms.refresh();
     }
 
+    /// Closes the files no known process maps any more, and drops what
+    /// blazesym parsed of them: for a symbolizer that runs for days (the
+    /// exporter's profile) beside processes that come and go, each with
+    /// files of its own (a build's compilers, its test binaries), so that
+    /// what it holds follows the files in use, not every file ever seen.
+    /// Returns how many were closed.
+    pub fn close_unused_files(&mut self) -> usize {
+        let used: std::collections::HashSet<FileId> = self
+            .procs
+            .values()
+            .flat_map(|p| p.maps.iter().filter_map(|m| m.file))
+            .collect();
+        let unused: Vec<FileId> = self
+            .files
+            .keys()
+            .filter(|id| !used.contains(id))
+            .copied()
+            .collect();
+        for id in &unused {
+            if let Some(open) = self.files.remove(id) {
+                let path = PathBuf::from(format!("/proc/self/fd/{}", open.file.as_raw_fd()));
+                let evict = blazesym::symbolize::evict::Evict::Elf(
+                    blazesym::symbolize::evict::Elf::new(path),
+                );
+                let _ = self.blaze.evict(&evict);
+            }
+        }
+        unused.len()
+    }
+
     /// Drops what was captured of process `p`, once its stacks are
     /// symbolized and it is gone.
     pub fn forget(&mut self, p: Proc) {
@@ -1045,5 +1075,27 @@ mod tests {
             "{:?}",
             out[0]
         );
+    }
+
+    /// A process's files stay open while it is known, and are closed once
+    /// it is forgotten; naming it again opens them again.
+    #[test]
+    fn files_no_process_maps_are_closed() {
+        let mut s = Symbolizer::new();
+        let pid = Proc::now(std::process::id());
+        s.capture(pid, true);
+        let ip = marker_function_for_symbolizer_test as *const () as u64;
+        let named = |s: &mut Symbolizer| {
+            s.symbolize(&[(Some(pid), &[ip])])[0]
+                .iter()
+                .any(|f| f.name.contains("marker_function_for_symbolizer_test"))
+        };
+        assert!(named(&mut s));
+        assert_eq!(s.close_unused_files(), 0, "files of a known process");
+        s.forget(pid);
+        assert!(s.close_unused_files() > 0, "no file closed");
+        assert!(s.files.is_empty());
+        s.capture(pid, true);
+        assert!(named(&mut s));
     }
 }

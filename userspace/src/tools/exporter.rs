@@ -77,7 +77,7 @@ pub struct Args {
     #[arg(short = 'c', long, value_name = "CGROUP")]
     cgroup: Option<PathBuf>,
     #[command(flatten)]
-    profile: profiler::Args,
+    profile: profiler::ProfileArgs,
 }
 
 /// How the exporter attaches one collector.

@@ -19,7 +19,7 @@ use crate::{
 
 /// The flags of continuous profiling.
 #[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+pub struct ProfileArgs {
     /// Profile the whole host's CPU continuously and ship the stacks as
     /// OTLP profiles (to --otlp-endpoint, or where
     /// OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT
@@ -121,10 +121,13 @@ impl Profiler {
         let request = otlp::request(&samples, &window, &mut self.resources);
         self.resources.forget_unused();
         self.shipper.push(otlp::encode(&request), total);
-        // Naming a period's new files reads them whole at times (a Go
-        // binary's compressed sections: 35 MB for the Collector's own);
-        // what was freed goes back to the system, not kept for a peak
-        // that may not come again.
+        // What the host ran and no longer runs (a build's compilers and
+        // test binaries) is forgotten with its files: what is held
+        // follows what runs. Naming a period's new files reads them whole
+        // at times (a Go binary's compressed sections: 35 MB for the
+        // Collector's own); what was freed goes back to the system, not
+        // kept for a peak that may not come again.
+        self.sampler.close_unused_files();
         crate::kernel::memory::release_free();
         Ok(())
     }
@@ -137,7 +140,7 @@ fn wall_ns() -> u64 {
 }
 
 impl Tool for Profiler {
-    type Args = Args;
+    type Args = ProfileArgs;
 
     const SPEC: Spec = Spec::new("exporter-profile", &[], sampling::ERRORS)
         .object(sampling::OBJECT)
@@ -145,7 +148,7 @@ impl Tool for Profiler {
 
     super::super::sampling_tool!();
 
-    fn new(args: Args) -> anyhow::Result<Self> {
+    fn new(args: ProfileArgs) -> anyhow::Result<Self> {
         let endpoint = otlp::ship::Endpoint::configure(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         })?;
