@@ -357,6 +357,13 @@ fn split<'a>(
     p
 }
 
+/// [`split`] of the Python fixture, run by Debian's python3.11.
+fn python_split<'a>(procs: &'a HashMap<u32, Process>, pid: u32, done: &str) -> &'a Process {
+    let p = split(procs, pid, done, ["pyfix.hot", "pyfix.warm"], "pyfix.outer");
+    assert_eq!(p.resource["process.executable.name"], "python3.11");
+    p
+}
+
 /// The samples in every request the Collector wrote.
 fn samples_written(c: &Collector) -> i64 {
     c.received()
@@ -517,14 +524,7 @@ fn the_collector_holds_both_fixtures_splits_with_their_resources() {
     );
 
     // The Python fixture: hot's share of hot and warm, as it measured.
-    let pp = split(
-        &procs,
-        p_pid,
-        &both.1,
-        ["pyfix.hot", "pyfix.warm"],
-        "pyfix.outer",
-    );
-    assert_eq!(pp.resource["process.executable.name"], "python3.11");
+    let pp = python_split(&procs, p_pid, &both.1);
     assert_eq!(pp.resource["container.id"], python_container);
     assert_eq!(pp.resource["k8s.pod.uid"], pod);
 }
@@ -794,14 +794,7 @@ fn as_the_units_user_the_profile_names_what_root_names() {
     let cp = split(&procs, c_pid, &both.0, ["leaf_alpha", "leaf_beta"], "mid");
     assert_eq!(cp.resource["process.executable.name"], "cfuncs_nofp");
     assert!(!cp.resource.contains_key("process.executable.path"));
-    let pp = split(
-        &procs,
-        p_pid,
-        &both.1,
-        ["pyfix.hot", "pyfix.warm"],
-        "pyfix.outer",
-    );
-    assert_eq!(pp.resource["process.executable.name"], "python3.11");
+    python_split(&procs, p_pid, &both.1);
 }
 
 /// A CA and a certificate for 127.0.0.1 it signed, made with openssl in
