@@ -357,6 +357,38 @@ fn split<'a>(
     p
 }
 
+/// The C fixture (`cfuncs_nofp cpu`) and the Python one (`pyfix.py
+/// split`), started and ready, each to work for `secs` seconds.
+struct TwoFixtures {
+    c: Workload,
+    python: Workload,
+}
+
+impl TwoFixtures {
+    fn start(secs: &str) -> Self {
+        let (c, line) = Workload::start("cfuncs_nofp", &["cpu".into(), secs.into()]);
+        assert!(line.starts_with("ready"), "{line}");
+        let mut py = Command::new("/usr/bin/python3.11");
+        py.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyfix.py"))
+            .args(["split", secs]);
+        let (python, line) = Workload::start_command(py);
+        assert!(line.starts_with("ready"), "{line}");
+        Self { c, python }
+    }
+
+    /// Lets both work at once to their end: their `done` lines.
+    fn run(mut self) -> (String, String) {
+        let (c, python) = (&mut self.c, &mut self.python);
+        let done = std::thread::scope(|s| {
+            let a = s.spawn(|| c.go());
+            let b = s.spawn(|| python.go());
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert!(self.c.wait().success() && self.python.wait().success());
+        done
+    }
+}
+
 /// [`split`] of the Python fixture, run by Debian's python3.11.
 fn python_split<'a>(procs: &'a HashMap<u32, Process>, pid: u32, done: &str) -> &'a Process {
     let p = split(procs, pid, done, ["pyfix.hot", "pyfix.warm"], "pyfix.outer");
@@ -440,24 +472,13 @@ fn the_collector_holds_both_fixtures_splits_with_their_resources() {
     );
 
     let cfix = workload_bin("cfuncs_nofp");
-    let (mut c, line) = Workload::start("cfuncs_nofp", &["cpu".into(), "5".into()]);
-    assert!(line.starts_with("ready"), "{line}");
-    docker.add(c.pid());
-    let mut py = Command::new("/usr/bin/python3.11");
-    py.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyfix.py"))
-        .args(["split", "5"]);
-    let (mut p, line) = Workload::start_command(py);
-    assert!(line.starts_with("ready"), "{line}");
-    kube.add(p.pid());
+    let fixtures = TwoFixtures::start("5");
+    let (c_pid, p_pid) = (fixtures.c.pid(), fixtures.python.pid());
+    docker.add(c_pid);
+    kube.add(p_pid);
 
     let (rtrace, port) = profiling(&collector.endpoint(), 99, 2, &[], &[]);
-    let (c_pid, p_pid) = (c.pid(), p.pid());
-    let both = std::thread::scope(|s| {
-        let a = s.spawn(|| c.go());
-        let b = s.spawn(|| p.go());
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    assert!(c.wait().success() && p.wait().success());
+    let both = fixtures.run();
     let metrics = Client::connect(port).metrics();
     let (code, _, stderr) = rtrace.stop(SIGTERM);
     assert_eq!(code, 0, "{stderr}");
@@ -754,13 +775,7 @@ fn as_the_units_user_the_profile_names_what_root_names() {
     let (_dir, bin) = rtrace_integration_tests::unprivileged_copy();
     let _usual = rtrace_integration_tests::Paranoid::set("2");
     let collector = Collector::start("nobody", &[]);
-    let (mut c, line) = Workload::start("cfuncs_nofp", &["cpu".into(), "4".into()]);
-    assert!(line.starts_with("ready"), "{line}");
-    let mut py = Command::new("/usr/bin/python3.11");
-    py.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pyfix.py"))
-        .args(["split", "4"]);
-    let (mut p, line) = Workload::start_command(py);
-    assert!(line.starts_with("ready"), "{line}");
+    let fixtures = TwoFixtures::start("4");
     let port = free_port();
     let mut cmd = rtrace_integration_tests::as_nobody(&bin, ",+bpf,+perfmon");
     cmd.args([
@@ -778,13 +793,8 @@ fn as_the_units_user_the_profile_names_what_root_names() {
         &collector.endpoint(),
     ]);
     let rtrace = Rtrace::start_command(cmd, "Profiling all CPUs");
-    let (c_pid, p_pid) = (c.pid(), p.pid());
-    let both = std::thread::scope(|s| {
-        let a = s.spawn(|| c.go());
-        let b = s.spawn(|| p.go());
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    assert!(c.wait().success() && p.wait().success());
+    let (c_pid, p_pid) = (fixtures.c.pid(), fixtures.python.pid());
+    let both = fixtures.run();
     let (code, _, stderr) = rtrace.stop(SIGTERM);
     assert_eq!(code, 0, "{stderr}");
     let procs = processes(&collector.received());

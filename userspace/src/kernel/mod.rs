@@ -67,16 +67,11 @@ pub fn exe_of(pid: u32) -> Option<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
 
-/// This host's name (`uname -n`).
-pub fn host_name() -> String {
-    // SAFETY: uname fills the struct it is given.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid out-pointer.
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return String::new();
-    }
-    let bytes: Vec<u8> = u.nodename.iter().map(|&c| c as u8).collect();
-    c_string(&bytes)
+/// This host's name (`uname -n`), `None` if it cannot be read.
+pub fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
 }
 
 /// Whether SIGINT, SIGTERM or SIGHUP has arrived since the first call:

@@ -14,6 +14,38 @@ use crate::kernel::{
 /// event array (`rtrace_ebpf::event_map!`).
 pub const RING: &str = rtrace_common::events::EVENTS;
 
+/// A size as flags give them, read by [`parse_size`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Size {
+    /// This many bytes.
+    Bytes(u64),
+    /// Not bytes, nor a number with K, M or G (`KiB`, `MB` too).
+    Bad,
+    /// More bytes than 64 bits hold.
+    TooBig,
+}
+
+/// A size in bytes: a number, or one with a K, M or G suffix (KiB, MiB,
+/// GiB; `KB`, `KiB` and the like too), for every flag that takes one.
+pub fn parse_size(text: &str) -> Size {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => return Size::Bad,
+    };
+    let Ok(n) = digits.parse::<u64>() else {
+        return Size::Bad;
+    };
+    n.checked_mul(1 << shift).map_or(Size::TooBig, Size::Bytes)
+}
+
 /// A ring buffer size: bytes, or with a K, M or G suffix. The kernel needs
 /// a power of two of at least a page, so it is rounded up to one.
 #[derive(Clone, Copy, Debug)]
@@ -23,30 +55,16 @@ impl FromStr for BufferSize {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-            Some((i, _)) => t.split_at(i),
-            None => (t, ""),
-        };
-        let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
-            "" => 0,
-            "K" => 10,
-            "M" => 20,
-            "G" => 30,
-            _ => return Err(format!("bad size {s:?}: use bytes or K, M, G")),
-        };
-        let n: u64 = digits
-            .parse()
-            .map_err(|_| format!("bad size {s:?}: use bytes or K, M, G"))?;
-        if n == 0 {
-            return Err(format!("size {s:?}: a buffer of no bytes holds no event"));
-        }
         let too_big = || format!("size {s:?} is over the 1G a ring buffer may have");
-        let bytes = n
-            .checked_mul(1 << shift)
-            .ok_or_else(too_big)?
-            .max(4096)
-            .next_power_of_two();
+        let bytes = match parse_size(s) {
+            Size::Bad => return Err(format!("bad size {s:?}: use bytes or K, M, G")),
+            Size::TooBig => return Err(too_big()),
+            Size::Bytes(0) => {
+                return Err(format!("size {s:?}: a buffer of no bytes holds no event"));
+            }
+            Size::Bytes(n) => n,
+        };
+        let bytes = bytes.max(4096).next_power_of_two();
         u32::try_from(bytes)
             .ok()
             .filter(|&b| b <= 1 << 30)

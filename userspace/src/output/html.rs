@@ -186,9 +186,7 @@ pub fn run_facts() -> Vec<(String, String)> {
 /// A tool's own `facts` among those of every run: after the command
 /// line, before the kernel and the host.
 pub fn with_run_facts(facts: Vec<(String, String)>) -> Vec<(String, String)> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned());
+    let host = crate::kernel::host_name().unwrap_or_else(|| "unknown".to_owned());
     let mut out = vec![command_line()];
     out.extend(facts);
     out.push((

@@ -121,6 +121,27 @@ fn local_tm(secs: i64) -> libc::tm {
     }
 }
 
+/// `ns` since the epoch as ISO 8601 in UTC, to the millisecond
+/// (`2026-11-29T21:28:43.123Z`), as OTLP's time attributes have it.
+pub fn utc_iso8601(ns: u64) -> String {
+    // Inferred, not named: musl's `time_t` alias is deprecated.
+    let t = (ns / 1_000_000_000) as _;
+    // SAFETY: gmtime_r writes only into the local given.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::gmtime_r(&t, &mut tm);
+        tm
+    };
+    format!(
+        "{:04}-{:02}-{:02}T{}.{:03}Z",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        hms_of(&tm),
+        ns / 1_000_000 % 1000
+    )
+}
+
 /// The local time of `secs` since the epoch as `HH:MM:SS`.
 pub fn local_time_of(secs: i64) -> String {
     hms_of(&local_tm(secs))

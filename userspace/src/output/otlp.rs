@@ -96,7 +96,10 @@ pub struct HostResources {
 impl Default for HostResources {
     fn default() -> Self {
         let mut host = vec![
-            ("host.name", Value::Str(crate::kernel::host_name())),
+            (
+                "host.name",
+                Value::Str(crate::kernel::host_name().unwrap_or_default()),
+            ),
             ("host.arch", Value::Str(host_arch().to_owned())),
             ("os.type", Value::Str("linux".to_owned())),
         ];
@@ -153,7 +156,10 @@ impl Resources for HostResources {
                 a.push(("process.executable.name", Value::Str(comm)));
             }
             if started > 0 {
-                a.push(("process.creation.time", Value::Str(utc_time(started))));
+                a.push((
+                    "process.creation.time",
+                    Value::Str(super::utc_iso8601(started)),
+                ));
             }
             if let Some(cg) = crate::kernel::cgroup_of(pid) {
                 let (container, pod) = container_of(&cg);
@@ -172,30 +178,6 @@ impl Resources for HostResources {
             .chain(process.iter().cloned())
             .collect()
     }
-}
-
-/// `ns` since the epoch as ISO 8601 in UTC, to the millisecond
-/// (`2026-11-29T21:28:43.123Z`), as `process.creation.time` has it.
-fn utc_time(ns: u64) -> String {
-    let secs = ns / 1_000_000_000;
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        ns / 1_000_000 % 1000
-    )
 }
 
 /// The kind of frame, as the semantic conventions' `profile.frame.type`
@@ -560,13 +542,13 @@ mod tests {
 
     #[test]
     fn times_are_written_in_utc() {
-        assert_eq!(utc_time(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(crate::output::utc_iso8601(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(
-            utc_time(1_795_123_723_123_000_000),
+            crate::output::utc_iso8601(1_795_123_723_123_000_000),
             "2026-11-19T21:28:43.123Z"
         );
         assert_eq!(
-            utc_time(951_782_400_000_000_000),
+            crate::output::utc_iso8601(951_782_400_000_000_000),
             "2000-02-29T00:00:00.000Z"
         );
     }

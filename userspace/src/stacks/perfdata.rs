@@ -804,8 +804,8 @@ fn cached(path: &str, build_id: &str) -> Option<std::fs::File> {
 /// boot for all that can be told: its pids, perf maps and kernel
 /// addresses are then this machine's.
 fn same_host(host: Option<&str>, release: Option<&str>) -> bool {
-    let here = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    host.is_none_or(|h| h == here.trim())
+    let here = crate::kernel::host_name().unwrap_or_default();
+    host.is_none_or(|h| h == here)
         && release.is_some_and(|r| r == crate::kernel::features::kernel_release())
 }
 

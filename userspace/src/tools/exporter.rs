@@ -434,7 +434,7 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
             }
             let mut refresh = tokio::time::interval(REFRESH);
             refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut failed = None;
+            let mut ended_early = None;
             loop {
                 let ended = async {
                     match profiling.as_mut() {
@@ -455,21 +455,22 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
                     done = ended => {
                         // The profiler ends only at a signal, or failing.
                         profiling = None;
-                        match done {
-                            Ok(Err(e)) => failed = Some(e.context("exporter --profile")),
-                            Err(e) => failed = Some(anyhow::anyhow!("exporter --profile: {e}")),
-                            Ok(Ok(())) => {}
-                        }
+                        ended_early = Some(done);
                         break;
                     }
                 }
             }
-            if let Some(p) = profiling {
-                match p.await {
-                    Ok(r) => r.context("exporter --profile")?,
-                    Err(e) => anyhow::bail!("exporter --profile: {e}"),
-                }
-            }
+            let done = match (ended_early, profiling) {
+                (Some(done), _) => Some(done),
+                (None, Some(p)) => Some(p.await),
+                (None, None) => None,
+            };
+            // What it shipped is sent however it ended.
+            let outcome = match done {
+                Some(Ok(r)) => r.context("exporter --profile"),
+                Some(Err(e)) => Err(anyhow::anyhow!("exporter --profile: {e}")),
+                None => Ok(()),
+            };
             if let Some(s) = &shipper {
                 let queued = s.stats().queued;
                 if queued > 0 {
@@ -478,7 +479,7 @@ pub async fn run(args: Args, global: &GlobalArgs, all: Vec<Entry>) -> anyhow::Re
                 s.flush(std::time::Instant::now() + s.endpoint().timeout)
                     .await;
             }
-            failed.map_or(Ok(()), Err)
+            outcome
         })
         .await
 }

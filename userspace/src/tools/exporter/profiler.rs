@@ -65,21 +65,14 @@ pub struct ProfileArgs {
     pub otlp_buffer: u64,
 }
 
-/// A size in bytes: a number, with K, M or G for KiB, MiB or GiB.
+/// `--otlp-buffer`'s size: bytes, or with K, M or G, as every size flag.
 fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let (digits, shift) = match t.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&t[..i], 10),
-        Some((i, 'M' | 'm')) => (&t[..i], 20),
-        Some((i, 'G' | 'g')) => (&t[..i], 30),
-        _ => (t, 0),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .filter(|&n| n > 0)
-        .and_then(|n| n.checked_mul(1 << shift))
-        .ok_or_else(|| format!("expected a size such as 64M, 512K or 1048576; got {text:?}"))
+    match crate::kernel::transport::parse_size(text) {
+        crate::kernel::transport::Size::Bytes(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "expected a size such as 64M, 512K or 1048576; got {text:?}"
+        )),
+    }
 }
 
 /// The profiler: the sampler, and the queue it ships to.
