@@ -25,7 +25,7 @@ use std::{env, path::PathBuf, process::Command};
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    pprof_types(&manifest, &out);
+    proto_types(&manifest, &out);
     // OUT_DIR is target/<profile>/build/<crate>-<hash>/out.
     let bin_dir = out.ancestors().nth(3).unwrap().to_path_buf();
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
@@ -202,15 +202,25 @@ fn build_cold_twin(hot: &std::path::Path, out: &std::path::Path, bin_dir: &std::
     build_mono(&src, "Cold", bin_dir);
 }
 
-/// pprof's message types, generated from rtrace's `profile.proto` into
-/// `OUT_DIR/perftools.profiles.rs`, for the tests to decode pprof files.
-fn pprof_types(manifest: &std::path::Path, out: &std::path::Path) {
+/// pprof's and OTLP's message types, generated from rtrace's `.proto`
+/// files as rtrace's are (`userspace/build.rs`), for the tests to decode
+/// its pprof files and what the Collector writes.
+fn proto_types(manifest: &std::path::Path, out: &std::path::Path) {
     let dir = manifest.join("../userspace/proto");
-    let proto = dir.join("profile.proto");
-    println!("cargo:rerun-if-changed={}", proto.display());
-    let files = protox::compile([&proto], [&dir]).unwrap_or_else(|e| panic!("{e}"));
+    let protos = [
+        "profile.proto",
+        "opentelemetry/proto/profiles/v1development/profiles.proto",
+    ]
+    .map(|p| dir.join(p));
+    for proto in &protos {
+        println!("cargo:rerun-if-changed={}", proto.display());
+    }
+    let files = protox::compile(&protos, [&dir]).unwrap_or_else(|e| panic!("{e}"));
     prost_build::Config::new()
         .out_dir(out)
+        // OTLP's comments are the specification's prose, which rustdoc's
+        // lints read as badly indented Markdown; the files say it all.
+        .disable_comments([".opentelemetry"])
         .compile_fds(files)
-        .unwrap_or_else(|e| panic!("cannot generate pprof's types: {e}"));
+        .unwrap_or_else(|e| panic!("cannot generate the protocols' types: {e}"));
 }

@@ -16,7 +16,7 @@ fn main() {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     build_info(root);
-    pprof_types(&manifest, &out);
+    proto_types(&manifest, &out);
     // One shared target directory keeps check, clippy and build from each
     // compiling the eBPF crate from scratch.
     let target = root.join("target").join("ebpf");
@@ -62,15 +62,31 @@ fn build_info(root: &std::path::Path) {
     );
 }
 
-/// pprof's message types, generated from `proto/profile.proto` into
-/// `OUT_DIR/perftools.profiles.rs`.
-fn pprof_types(manifest: &std::path::Path, out: &std::path::Path) {
+/// The protocol messages rtrace writes, generated with prost from the
+/// `.proto` files in `proto/`: pprof's (`OUT_DIR/perftools.profiles.rs`)
+/// and OTLP 1.10's profiles (`OUT_DIR/opentelemetry.proto.*.rs`, one file a
+/// package). OTLP's files are the protocol's own, as released in
+/// opentelemetry-proto 1.10.0: generated here rather than taken from the
+/// OpenTelemetry crates, which bring the SDK's crates along and cost the
+/// build minutes for four files' messages.
+fn proto_types(manifest: &std::path::Path, out: &std::path::Path) {
     let dir = manifest.join("proto");
-    let proto = dir.join("profile.proto");
-    println!("cargo:rerun-if-changed={}", proto.display());
-    let files = protox::compile([&proto], [&dir]).unwrap_or_else(|e| panic!("{e}"));
+    let protos = PROTOS.map(|p| dir.join(p));
+    for proto in &protos {
+        println!("cargo:rerun-if-changed={}", proto.display());
+    }
+    let files = protox::compile(&protos, [&dir]).unwrap_or_else(|e| panic!("{e}"));
     prost_build::Config::new()
         .out_dir(out)
+        // OTLP's comments are the specification's prose, which rustdoc's
+        // lints read as badly indented Markdown; the files say it all.
+        .disable_comments([".opentelemetry"])
         .compile_fds(files)
-        .unwrap_or_else(|e| panic!("cannot generate pprof's types: {e}"));
+        .unwrap_or_else(|e| panic!("cannot generate the protocols' types: {e}"));
 }
+
+/// The `.proto` files under `proto/` (the others are imported by these).
+const PROTOS: [&str; 2] = [
+    "profile.proto",
+    "opentelemetry/proto/collector/profiles/v1development/profiles_service.proto",
+];

@@ -131,6 +131,42 @@ pub mod pprof {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
 
+/// OTLP's profiles as the Collector writes them, decoded by prost from
+/// the protocol's own `.proto` files (the version the pinned Collector
+/// speaks), independently of rtrace's encoder.
+#[allow(
+    clippy::derive_partial_eq_without_eq,
+    clippy::large_enum_variant,
+    clippy::enum_variant_names
+)]
+pub mod otlp {
+    macro_rules! package {
+        ($file:literal) => {
+            include!(concat!(
+                env!("OUT_DIR"),
+                "/opentelemetry.proto.",
+                $file,
+                ".rs"
+            ));
+        };
+    }
+    pub mod common {
+        pub mod v1 {
+            package!("common.v1");
+        }
+    }
+    pub mod resource {
+        pub mod v1 {
+            package!("resource.v1");
+        }
+    }
+    pub mod profiles {
+        pub mod v1development {
+            package!("profiles.v1development");
+        }
+    }
+}
+
 /// A gzipped pprof file, decoded by prost.
 pub fn read_pprof(path: &std::path::Path) -> pprof::Profile {
     let mut raw = Vec::new();

@@ -12,11 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use opentelemetry_proto::tonic::{
+use prost::Message as _;
+use rtrace_integration_tests::profile::otlp::{
     common::v1::{AnyValue, KeyValue, any_value},
     profiles::v1development::{ProfilesData, ProfilesDictionary},
 };
-use prost::Message as _;
 use rtrace_integration_tests::{Rtrace, SIGTERM, TestCgroup, Workload, in_guest, workload_bin};
 
 use super::{Client, free_port, value};
