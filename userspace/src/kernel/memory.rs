@@ -17,9 +17,11 @@ pub fn release_free() {
     // musl's allocator (the static build's) unmaps freed pages itself.
 }
 
-/// Maps `len` bytes of `fd` from its start.
+/// Maps `len` bytes of `fd` from byte `offset` (a multiple of the page
+/// size).
 fn map_fd(
     fd: std::os::fd::BorrowedFd<'_>,
+    offset: usize,
     len: usize,
     prot: i32,
     flags: i32,
@@ -28,50 +30,89 @@ fn map_fd(
     if len == 0 {
         return Err(std::io::ErrorKind::InvalidInput.into());
     }
+    let offset = libc::off_t::try_from(offset).map_err(|_| std::io::ErrorKind::InvalidInput)?;
     // SAFETY: maps an open descriptor; the caller unmaps it.
-    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            flags,
+            fd.as_raw_fd(),
+            offset,
+        )
+    };
     if ptr == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
     Ok(ptr)
 }
 
-/// The elements of a BPF array created with `BPF_F_MMAPABLE`, mapped
-/// shared and writable: user space fills it in place, with no syscall per
-/// element, and the programs see each store at once.
+/// The size of a page.
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).unwrap_or(4096)
+}
+
+/// The elements of a BPF array created with `BPF_F_MMAPABLE`, written in
+/// place through a shared mapping: no syscall per element, and the
+/// programs see each store at once.
+///
+/// A write maps only the pages it touches, and unmaps them after. The
+/// kernel maps all of an array's pages the moment it is mapped, so a
+/// mapping of the whole array kept for the run counted every page of it,
+/// written or not, as rtrace's resident memory: the unwinder's tables, 49
+/// MB of the exporter's 70 MB. That memory is the map's, in the kernel,
+/// whether rtrace maps it or not (`bpftool map` shows it).
 pub struct SharedArray<T> {
-    ptr: *mut T,
+    fd: std::os::fd::OwnedFd,
     len: usize,
+    of: std::marker::PhantomData<T>,
 }
 
 impl<T: Copy> SharedArray<T> {
-    /// Maps the `len` elements of the array map behind `fd`.
+    /// The `len` elements of the array map behind `fd`.
     pub fn of(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> std::io::Result<Self> {
-        let ptr = map_fd(
-            fd,
-            len * size_of::<T>(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-        )?;
         Ok(Self {
-            ptr: ptr.cast(),
+            fd: fd.try_clone_to_owned()?,
             len,
+            of: std::marker::PhantomData,
         })
     }
 
-    /// The elements.
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: the mapping holds `len` elements until dropped; `T` is a
-        // plain `repr(C)` value shared with the programs, which only read
-        // it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl<T> Drop for SharedArray<T> {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `of`, once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len * size_of::<T>()) };
+    /// Writes `values` from element `at` on.
+    pub fn write(&mut self, at: usize, values: &[T]) -> std::io::Result<()> {
+        use std::os::fd::AsFd as _;
+        if values.is_empty() {
+            return Ok(());
+        }
+        if at + values.len() > self.len {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        }
+        let start = at * size_of::<T>();
+        let bytes = size_of_val(values);
+        let first = start / page_size() * page_size();
+        let len = start + bytes - first;
+        let ptr = map_fd(
+            self.fd.as_fd(),
+            first,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+        )?;
+        // SAFETY: the mapping holds bytes `first..first + len` of the
+        // array, of which `start..start + bytes` are `values`' place; the
+        // programs only read it. It is unmapped once, here.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                values.as_ptr().cast::<u8>(),
+                ptr.cast::<u8>().add(start - first),
+                bytes,
+            );
+            libc::munmap(ptr, len);
+        }
+        Ok(())
     }
 }
 
@@ -107,7 +148,7 @@ impl Mapped {
         let len = file.metadata()?.len() as usize;
         // The files mapped (kernel BTF, executables and libraries that
         // processes run) are not written while mapped.
-        if let Ok(ptr) = map_fd(file.as_fd(), len, libc::PROT_READ, libc::MAP_PRIVATE) {
+        if let Ok(ptr) = map_fd(file.as_fd(), 0, len, libc::PROT_READ, libc::MAP_PRIVATE) {
             return Ok(Self::Mapped {
                 ptr: ptr.cast(),
                 len,

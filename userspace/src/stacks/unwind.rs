@@ -643,10 +643,22 @@ impl KernelTables {
             index_shift: t.index_shift,
             rule_start,
         };
-        let span = |start: u32, len: u32| start as usize..(start + len) as usize;
-        self.rows.as_mut_slice()[span(row_start, need.rows)].copy_from_slice(&t.rows);
-        self.index.as_mut_slice()[span(index_start, need.buckets)].copy_from_slice(&t.index);
-        self.rules.as_mut_slice()[span(rule_start, need.rules)].copy_from_slice(&t.rules);
+        let written = self
+            .rows
+            .write(row_start as usize, &t.rows)
+            .and_then(|()| self.index.write(index_start as usize, &t.index))
+            .and_then(|()| self.rules.write(rule_start as usize, &t.rules));
+        if written.is_err() {
+            // Out of address space for a moment's mapping: the places are
+            // given back, and the file is counted and walked as one that
+            // did not fit, and tried again later.
+            self.free_rows.give(row_start, need.rows);
+            self.free_buckets.give(index_start, need.buckets);
+            self.free_rules.give(rule_start, need.rules);
+            self.files_not_loaded
+                .insert(key, (need, std::time::Instant::now()));
+            return None;
+        }
         self.files_not_loaded.remove(&key);
         let mut kernel = None;
         if let Some((name, seg_delta)) = file.kernel {
