@@ -410,6 +410,9 @@ struct Stopped {
     /// Its resident memory and the anonymous part of it, in KiB, when
     /// told to stop.
     rss_kib: (u64, u64),
+    /// The kernel memory of the BPF maps it holds, in KiB, when told to
+    /// stop: none of it is in `rss_kib` unless mapped.
+    maps_kib: u64,
     /// From the signal to stop to its exit (its report).
     report: Duration,
 }
@@ -438,6 +441,25 @@ fn rss_kib(pid: u32) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("VmRSS"), field("RssAnon"))
+}
+
+/// The kernel memory of the BPF maps process `pid` holds, in KiB: the
+/// `memlock` of each map descriptor's fdinfo.
+fn maps_kib(pid: u32) -> u64 {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return 0;
+    };
+    let bytes: u64 = fds
+        .flatten()
+        .filter_map(|f| std::fs::read_to_string(f.path()).ok())
+        .filter(|info| info.lines().any(|l| l.starts_with("map_type:")))
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("memlock:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum();
+    bytes / 1024
 }
 
 /// Reads `stream` line by line in a thread: `ready` is told when a line
@@ -539,6 +561,7 @@ impl Tracer {
     fn stop(mut self) -> anyhow::Result<Stopped> {
         let cpu_ns = cpu_ns(self.child.id());
         let rss_kib = rss_kib(self.child.id());
+        let maps_kib = maps_kib(self.child.id());
         let signalled = std::time::Instant::now();
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
@@ -552,6 +575,7 @@ impl Tracer {
             stderr: self.stderr.join().unwrap_or_default(),
             cpu_ns,
             rss_kib,
+            maps_kib,
             report,
         })
     }

@@ -181,6 +181,8 @@ struct Steady {
     busy: Vec<f64>,
     /// Resident memory and its heap, KiB, at the end of the window.
     rss: Vec<(u64, u64)>,
+    /// Its BPF maps' kernel memory, KiB, at the end of the window.
+    maps: Vec<u64>,
 }
 
 /// `exporter --profile` at 19 Hz shipping to the real Collector beside two
@@ -236,7 +238,9 @@ fn profiling(rtrace: &std::path::Path) -> anyhow::Result<String> {
             let used = busy.cpu_ns().saturating_sub(busy0) as f64 / wall;
             drop(busy);
             if let Some(t) = tracer {
-                steady[i].rss.push(t.stop()?.rss_kib);
+                let stopped = t.stop()?;
+                steady[i].rss.push(stopped.rss_kib);
+                steady[i].maps.push(stopped.maps_kib);
             }
             eprintln!(
                 "  trial {}: {:<32} own {:.3} %, bpf {:.3} %, busy loops {:.3} CPUs",
@@ -259,6 +263,7 @@ fn profiling(rtrace: &std::path::Path) -> anyhow::Result<String> {
     let (lo, hi) = super::spread(&cpu);
     let rss_max = r.rss.iter().map(|x| x.0).max().unwrap_or(0);
     let anon_max = r.rss.iter().map(|x| x.1).max().unwrap_or(0);
+    let maps_max = r.maps.iter().copied().max().unwrap_or(0);
     let lost = |s: &Steady| (1.0 - med(&s.busy) / med(&bare.busy)) * 100.0;
     let cpu_met = pct(med(&cpu)) <= 0.5;
     let mem_met = rss_max <= 64 * 1024;
@@ -266,16 +271,18 @@ fn profiling(rtrace: &std::path::Path) -> anyhow::Result<String> {
         "{} (median of {FLEET_TRIALS} interleaved trials, each {MEASURED_SECS} s measured after \
          {WARM_SECS} s of warm-up, two busy Python processes on the two CPUs, profiles shipped \
          every 10 s to the real Collector 0.152):\n\n\
-         | profiler | its CPU, % of one CPU | of it, BPF | resident memory | busy processes' CPU against bare |\n\
-         | --- | --- | --- | --- | --- |\n\
-         | `rtrace exporter --profile` (19 Hz) | {:.3} % ({:.3}-{:.3}) | {:.3} % | {:.1} MiB (heap {:.1} MiB) | {:+.2} % |\n\
-         | `perf record -F 19 -a -g` | {:.3} % (its own threads only) | (none) | | {:+.2} % |\n\n\
+         | profiler | its CPU, % of one CPU | of it, BPF | resident memory | its BPF maps, in the kernel | busy processes' CPU against bare |\n\
+         | --- | --- | --- | --- | --- | --- |\n\
+         | `rtrace exporter --profile` (19 Hz) | {:.3} % ({:.3}-{:.3}) | {:.3} % | {:.1} MiB (heap {:.1} MiB) | {:.1} MiB | {:+.2} % |\n\
+         | `perf record -F 19 -a -g` | {:.3} % (its own threads only) | (none) | | | {:+.2} % |\n\n\
          The goal is at most 0.5 % of one CPU and 64 MiB resident with the buffer empty: CPU \
          {}, memory {}. rtrace's CPU is its threads' run time (schedstat) and its BPF \
          programs' (the kernel's statistics) over the wall time; perf's sampling in the \
          kernel is in neither figure, so perf's row is a floor. Resident memory is the \
-         highest at the end of a trial; beyond the heap it is mostly the kernel's tables \
-         rtrace maps to write them (the CFI rows above all). The warm-up is not free: the \
+         highest at the end of a trial (VmRSS, the event buffers' mapped pages included). \
+         The BPF maps' kernel memory (their fdinfo's `memlock`; the CFI tables above all) \
+         is the host's as well, apart from the resident memory: rtrace maps the tables only \
+         for the moment it writes them. The warm-up is not free: the \
          first profile names every file the host's processes map, and reads their debug \
          information (libc6-dbg's here), once.\n",
         super::measured_on("exporter"),
@@ -285,6 +292,7 @@ fn profiling(rtrace: &std::path::Path) -> anyhow::Result<String> {
         pct(med(&r.bpf)),
         rss_max as f64 / 1024.0,
         anon_max as f64 / 1024.0,
+        maps_max as f64 / 1024.0,
         -lost(r),
         pct(med(&perf.own)),
         -lost(perf),
