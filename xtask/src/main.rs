@@ -5,6 +5,7 @@
 //! pinned bpf-linker, Debian packages the tests and benchmarks use), so a
 //! fresh machine needs nothing but this repository.
 
+mod background;
 mod bench;
 mod dist;
 #[cfg(test)]
@@ -90,6 +91,7 @@ pub fn root() -> PathBuf {
 
 /// Runs a command, failing with its description if it fails.
 pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    background::redirect(cmd)?;
     let status = cmd
         .status()
         .with_context(|| format!("cannot start {cmd:?}"))?;
@@ -219,41 +221,67 @@ fn test(vm: bool) -> anyhow::Result<()> {
     let phase = Instant::now();
     setup::python_peers()?;
     let bin = build()?;
-    let static_bin = dist::static_binary()?;
-    // The release profile strips rtrace's symbols; its unit tests that
-    // symbolize and unwind their own test binary need them, so theirs
-    // keep them (rtrace's crate alone is built once more for it).
-    step(
-        &mut failures,
-        "unit tests",
-        cargo().args([
-            "test",
-            "--release",
-            "--config",
-            "profile.release.package.rtrace.strip=\"none\"",
-            "--no-fail-fast",
-            "-p",
-            "rtrace-common",
-            "-p",
-            "rtrace",
-            "-p",
-            "ebpf-build",
-            "-p",
-            "xtask",
-        ]),
-    );
     let cases = suite::cases("")?;
-    phases.add("build and unit tests", phase.elapsed().as_secs_f64());
-    // Root tests: one at a time, since they trace the whole machine.
+    let env = test_env(bin.clone(), dist::static_path())?;
+    let background = background::Background::start(|| {
+        let mut failures = Vec::new();
+        // The release profile strips rtrace's symbols; its unit tests that
+        // symbolize and unwind their own test binary need them, so theirs
+        // keep them (rtrace's crate alone is built once more for it).
+        step(
+            &mut failures,
+            "unit tests",
+            cargo().args([
+                "test",
+                "--release",
+                "--config",
+                "profile.release.package.rtrace.strip=\"none\"",
+                "--no-fail-fast",
+                "-p",
+                "rtrace-common",
+                "-p",
+                "rtrace",
+                "-p",
+                "ebpf-build",
+                "-p",
+                "xtask",
+            ]),
+        );
+        failures
+    })?;
+    phases.add("build", phase.elapsed().as_secs_f64());
+    // Root tests: one at a time, since they trace the whole machine; those
+    // of the static binary last, once the background has built it.
     let phase = Instant::now();
-    let mut records = suite::run_all_host(&cases, &test_env(bin, static_bin)?)?;
+    let (of_static, others): (Vec<_>, Vec<_>) = cases
+        .iter()
+        .cloned()
+        .partition(|c| suite::OF_THE_STATIC_BINARY.contains(&c.id().as_str()));
+    let mut records = suite::run_all_host(&others, 0, cases.len(), &env)?;
     phases.add("host", phase.elapsed().as_secs_f64());
-    if vm {
+    let phase = Instant::now();
+    let static_built = background.static_binary();
+    phases.add(
+        "waiting for the static build",
+        phase.elapsed().as_secs_f64(),
+    );
+    if let Err(e) = &static_built {
+        eprintln!("xtask: {e:#}");
+        failures.push("the static build".to_owned());
+    } else {
+        records.extend(suite::run_all_host(
+            &of_static,
+            others.len(),
+            cases.len(),
+            &env,
+        )?);
+    }
+    if vm && static_built.is_ok() {
         let phase = Instant::now();
         let guest = suite::guest_cases(&cases);
         // A matrix that cannot start (a kernel that cannot be downloaded)
         // is one failure; the host's results are still reported.
-        match vm::run_matrix(&guest) {
+        match vm::run_matrix(&vm::Built(bin), &guest) {
             Ok((guest_records, times)) => {
                 records.extend(guest_records);
                 for (place, secs) in times {
@@ -267,6 +295,12 @@ fn test(vm: bool) -> anyhow::Result<()> {
         }
         phases.add("guests", phase.elapsed().as_secs_f64());
     }
+    let phase = Instant::now();
+    let (background_failures, background_secs) = background.finish();
+    failures.extend(background_failures);
+    phases.add("waiting for the unit tests", phase.elapsed().as_secs_f64());
+    // Not a phase of its own: it ran beside the host's tests.
+    phases.add("(background, beside them)", background_secs);
     suite::report(&records, &phases, start.elapsed().as_secs_f64(), &failures)
 }
 
@@ -321,7 +355,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 .iter()
                 .flat_map(|c| std::iter::repeat_n(c.clone(), repeat as usize))
                 .collect();
-            let (records, times) = vm::run_matrix(&guest)?;
+            let (records, times) = vm::run_matrix(&vm::Built::build()?, &guest)?;
             let mut phases = suite::Phases::default();
             for (place, secs) in times {
                 phases.add(&place, secs);

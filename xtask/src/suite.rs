@@ -110,6 +110,11 @@ pub fn limit(place: &str) -> f64 {
 /// fail the suite.
 pub const ALLOWED: &[(&str, &str, &str)] = &[];
 
+/// The host tests that run the static binary: `cargo xtask test` runs
+/// them last, once the background has built it.
+pub const OF_THE_STATIC_BINARY: &[&str] =
+    &["doctor::the_static_build_runs_doctor_and_agrees_with_the_dynamic_one"];
+
 /// The tests the VM guests run, as `suite::name`, each with the
 /// kernel-facing path it is there for. The guests are there for what
 /// differs between kernels: attach mechanisms and their fallback chains
@@ -505,16 +510,20 @@ pub fn run_host(case: &Case, env: &[(&str, PathBuf)]) -> anyhow::Result<(Record,
     ))
 }
 
-/// Runs `cases` on the host one after another, printing a line a test and
-/// the output of each that fails.
-pub fn run_all_host(cases: &[Case], env: &[(&str, PathBuf)]) -> anyhow::Result<Vec<Record>> {
+/// Runs `cases` on the host one after another, printing a line a test
+/// (numbered after `before` of `total`) and the output of each that fails.
+pub fn run_all_host(
+    cases: &[Case],
+    before: usize,
+    total: usize,
+    env: &[(&str, PathBuf)],
+) -> anyhow::Result<Vec<Record>> {
     let mut records = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let (record, output) = run_host(case, env)?;
         eprintln!(
-            "xtask: test [{}/{}] host {} ... {} ({:.1} s)",
-            i + 1,
-            cases.len(),
+            "xtask: test [{}/{total}] host {} ... {} ({:.1} s)",
+            before + i + 1,
             record.test,
             record.verdict.word(),
             record.secs

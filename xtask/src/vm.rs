@@ -616,15 +616,13 @@ pub struct GuestRun {
 /// executables of `tests` listed in `/t/tests.txt`; a guest still running
 /// after `limit` is killed.
 pub fn boot_all(
+    rtrace: &Built,
     body: &str,
     extra: &[&str],
     tests: &[Case],
     limit: Duration,
 ) -> anyhow::Result<Vec<GuestRun>> {
-    let rtrace = crate::build()?;
-    // The static build runs in the guests too, with none of the host's
-    // libraries beside it.
-    crate::dist::static_binary()?;
+    let Built(rtrace) = rtrace;
     let work = root().join("target/vm");
     fs::create_dir_all(&work)?;
     let mut kernels = Vec::new();
@@ -637,7 +635,7 @@ pub fn boot_all(
         .iter()
         .map(|(_, image, _)| image.as_path())
         .collect();
-    let initrd = initramfs(&rtrace, &init_script(body), extra, tests, &images, &work)?;
+    let initrd = initramfs(rtrace, &init_script(body), extra, tests, &images, &work)?;
     // The guests at once: each emulates on one host thread, so two take
     // the two CPUs of the machines here, and the matrix takes as long as
     // its slowest kernel rather than the sum.
@@ -675,15 +673,30 @@ pub fn boot_all(
     Ok(runs)
 }
 
+/// The release binary, built with the static one beside it
+/// ([`crate::dist::static_path`]): what the guests run.
+pub struct Built(pub PathBuf);
+
+impl Built {
+    /// Builds both binaries.
+    pub fn build() -> anyhow::Result<Self> {
+        let rtrace = crate::build()?;
+        // The static build runs in the guests too, with none of the host's
+        // libraries beside it.
+        crate::dist::static_binary()?;
+        Ok(Self(rtrace))
+    }
+}
+
 /// How long each guest ran, in seconds, by its place (`6.1`).
 pub type GuestTimes = Vec<(String, f64)>;
 
 /// Runs `tests` in every guest of the matrix; their records, and how long
 /// each guest ran.
-pub fn run_matrix(tests: &[Case]) -> anyhow::Result<(Vec<Record>, GuestTimes)> {
+pub fn run_matrix(rtrace: &Built, tests: &[Case]) -> anyhow::Result<(Vec<Record>, GuestTimes)> {
     let work = root().join("target/vm");
     let limit = guest_timeout(tests.len());
-    let runs = boot_all(&test_body(), &[], tests, limit)?;
+    let runs = boot_all(rtrace, &test_body(), &[], tests, limit)?;
     let mut records = Vec::new();
     let mut times = Vec::new();
     for GuestRun {

@@ -179,6 +179,7 @@ for round in 1 2 3 4 5; do
 done"#
     );
     let runs = crate::vm::boot_all(
+        &crate::vm::Built::build()?,
         &body,
         &["/usr/sbin/ext4slower"],
         &[],
