@@ -203,24 +203,27 @@ fn build_cold_twin(hot: &std::path::Path, out: &std::path::Path, bin_dir: &std::
 }
 
 /// pprof's and OTLP's message types, generated from rtrace's `.proto`
-/// files as rtrace's are (`userspace/build.rs`), for the tests to decode
-/// its pprof files and what the Collector writes.
+/// files as rtrace's are (`userspace/build.rs`: `perftools.profiles.rs`
+/// and `otlp.rs`), for the tests to decode its pprof files and what the
+/// Collector writes.
 fn proto_types(manifest: &std::path::Path, out: &std::path::Path) {
     let dir = manifest.join("../userspace/proto");
-    let protos = [
-        "profile.proto",
-        "opentelemetry/proto/profiles/v1development/profiles.proto",
-    ]
-    .map(|p| dir.join(p));
-    for proto in &protos {
-        println!("cargo:rerun-if-changed={}", proto.display());
+    println!("cargo:rerun-if-changed={}", dir.display());
+    for (proto, include) in [
+        ("profile.proto", None),
+        (
+            "opentelemetry/proto/profiles/v1development/profiles.proto",
+            Some("otlp.rs"),
+        ),
+    ] {
+        let files = protox::compile([dir.join(proto)], [&dir]).unwrap_or_else(|e| panic!("{e}"));
+        let mut config = prost_build::Config::new();
+        config.out_dir(out).disable_comments([".opentelemetry"]);
+        if let Some(include) = include {
+            config.include_file(include);
+        }
+        config
+            .compile_fds(files)
+            .unwrap_or_else(|e| panic!("cannot generate the messages of {proto}: {e}"));
     }
-    let files = protox::compile(&protos, [&dir]).unwrap_or_else(|e| panic!("{e}"));
-    prost_build::Config::new()
-        .out_dir(out)
-        // OTLP's comments are the specification's prose, which rustdoc's
-        // lints read as badly indented Markdown; the files say it all.
-        .disable_comments([".opentelemetry"])
-        .compile_fds(files)
-        .unwrap_or_else(|e| panic!("cannot generate the protocols' types: {e}"));
 }

@@ -64,29 +64,38 @@ fn build_info(root: &std::path::Path) {
 
 /// The protocol messages rtrace writes, generated with prost from the
 /// `.proto` files in `proto/`: pprof's (`OUT_DIR/perftools.profiles.rs`)
-/// and OTLP 1.10's profiles (`OUT_DIR/opentelemetry.proto.*.rs`, one file a
-/// package). OTLP's files are the protocol's own, as released in
-/// opentelemetry-proto 1.10.0: generated here rather than taken from the
-/// OpenTelemetry crates, which bring the SDK's crates along and cost the
-/// build minutes for four files' messages.
+/// and OTLP 1.10's profiles (`OUT_DIR/otlp.rs`, the packages' modules
+/// nested as their names are). OTLP's files are the protocol's own, as
+/// released in opentelemetry-proto 1.10.0: generated here rather than
+/// taken from the OpenTelemetry crates, which bring the SDK's crates along
+/// and cost the build minutes for four files' messages.
 fn proto_types(manifest: &std::path::Path, out: &std::path::Path) {
     let dir = manifest.join("proto");
-    let protos = PROTOS.map(|p| dir.join(p));
-    for proto in &protos {
-        println!("cargo:rerun-if-changed={}", proto.display());
-    }
-    let files = protox::compile(&protos, [&dir]).unwrap_or_else(|e| panic!("{e}"));
-    prost_build::Config::new()
+    generate(&dir, out, "profile.proto", None);
+    generate(
+        &dir,
+        out,
+        "opentelemetry/proto/collector/profiles/v1development/profiles_service.proto",
+        Some("otlp.rs"),
+    );
+}
+
+/// Generates the messages of `proto` (under `dir`) and of the files it
+/// imports into `out`, with the module tree in `include` if given.
+fn generate(dir: &std::path::Path, out: &std::path::Path, proto: &str, include: Option<&str>) {
+    let proto = dir.join(proto);
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let files = protox::compile([&proto], [dir]).unwrap_or_else(|e| panic!("{e}"));
+    let mut config = prost_build::Config::new();
+    config
         .out_dir(out)
         // OTLP's comments are the specification's prose, which rustdoc's
         // lints read as badly indented Markdown; the files say it all.
-        .disable_comments([".opentelemetry"])
+        .disable_comments([".opentelemetry"]);
+    if let Some(include) = include {
+        config.include_file(include);
+    }
+    config
         .compile_fds(files)
-        .unwrap_or_else(|e| panic!("cannot generate the protocols' types: {e}"));
+        .unwrap_or_else(|e| panic!("cannot generate the messages of {}: {e}", proto.display()));
 }
-
-/// The `.proto` files under `proto/` (the others are imported by these).
-const PROTOS: [&str; 2] = [
-    "profile.proto",
-    "opentelemetry/proto/collector/profiles/v1development/profiles_service.proto",
-];

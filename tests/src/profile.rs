@@ -140,31 +140,7 @@ pub mod pprof {
     clippy::enum_variant_names
 )]
 pub mod otlp {
-    macro_rules! package {
-        ($file:literal) => {
-            include!(concat!(
-                env!("OUT_DIR"),
-                "/opentelemetry.proto.",
-                $file,
-                ".rs"
-            ));
-        };
-    }
-    pub mod common {
-        pub mod v1 {
-            package!("common.v1");
-        }
-    }
-    pub mod resource {
-        pub mod v1 {
-            package!("resource.v1");
-        }
-    }
-    pub mod profiles {
-        pub mod v1development {
-            package!("profiles.v1development");
-        }
-    }
+    include!(concat!(env!("OUT_DIR"), "/otlp.rs"));
 }
 
 /// A gzipped pprof file, decoded by prost.

@@ -13,7 +13,7 @@ use std::{
 };
 
 use prost::Message as _;
-use rtrace_integration_tests::profile::otlp::{
+use rtrace_integration_tests::profile::otlp::opentelemetry::proto::{
     common::v1::{AnyValue, KeyValue, any_value},
     profiles::v1development::{ProfilesData, ProfilesDictionary},
 };

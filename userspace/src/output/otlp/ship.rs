@@ -595,7 +595,7 @@ enum Outcome {
 /// The outcome of a response, as the OTLP/HTTP specification sorts its
 /// statuses: 429, 502, 503 and 504 are retried, other failures are not.
 fn outcome(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) -> Outcome {
-    use crate::output::otlp::proto::collector::profiles::v1development::ExportProfilesServiceResponse;
+    use crate::output::otlp::proto::opentelemetry::proto::collector::profiles::v1development::ExportProfilesServiceResponse;
     if status.is_success() {
         let rejected = ExportProfilesServiceResponse::decode(body)
             .ok()
