@@ -141,6 +141,28 @@ pub fn build() -> anyhow::Result<PathBuf> {
     Ok(root().join("target/release/rtrace"))
 }
 
+/// Builds what the integration tests run: rtrace, the workloads, and the
+/// tests themselves, in one cargo run, so that compiling the tests' crates
+/// takes the second core while rtrace's own crate (one codegen unit) holds
+/// the first.
+fn build_for_tests() -> anyhow::Result<PathBuf> {
+    run(cargo().args(FOR_TESTS))?;
+    Ok(root().join("target/release/rtrace"))
+}
+
+/// [`build_for_tests`]'s cargo command.
+const FOR_TESTS: [&str; 9] = [
+    "build",
+    "--release",
+    "-p",
+    "rtrace",
+    "-p",
+    "rtrace-integration-tests",
+    "--bins",
+    "--test",
+    "*",
+];
+
 /// Runs `cmd` as a step of the test run: a failure is kept for the report
 /// at the end rather than stopping the run, so that every check reports.
 fn step(failures: &mut Vec<String>, what: &str, cmd: &mut Command) {
@@ -220,7 +242,7 @@ fn test(vm: bool) -> anyhow::Result<()> {
     phases.add("lints", phase.elapsed().as_secs_f64());
     let phase = Instant::now();
     setup::python_peers()?;
-    let bin = build()?;
+    let bin = build_for_tests()?;
     let cases = suite::cases("")?;
     let env = test_env(bin.clone(), dist::static_path())?;
     let background = background::Background::start(|| {

@@ -409,16 +409,11 @@ pub fn guest_cases(cases: &[Case]) -> Vec<Case> {
         .collect()
 }
 
-/// Test executables of the integration crate, built by cargo.
+/// Test executables of the integration crate, built by cargo as
+/// [`crate::build_for_tests`] builds them (the same command, so that after
+/// it this builds nothing).
 pub fn executables() -> anyhow::Result<Vec<PathBuf>> {
-    let out = crate::stdout_of(cargo().args([
-        "test",
-        "--release",
-        "-p",
-        "rtrace-integration-tests",
-        "--no-run",
-        "--message-format=json",
-    ]))?;
+    let out = crate::stdout_of(cargo().args(crate::FOR_TESTS).arg("--message-format=json"))?;
     let mut exes = Vec::new();
     for line in out.lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
