@@ -79,6 +79,61 @@ fn an_unprivileged_profile_names_root_processes_frames_in_libc() {
     assert!(!text.contains("libc.so.6 are [unknown]"), "{text}");
 }
 
+/// As `nobody` with only CAP_BPF and CAP_PERFMON, as the exporter's unit
+/// runs, a root process's JIT frames are named from its perf map: the
+/// process's root, through which a container's map is read, is
+/// CAP_SYS_PTRACE's to open, and a process in rtrace's own pid namespace
+/// has its map in rtrace's /tmp, where perf looks. Before, none of its JIT
+/// frames was named.
+#[test]
+fn an_unprivileged_profile_names_root_processes_jit_frames() {
+    let (dir, bin) = unprivileged_copy();
+    let _level = Paranoid::set("2");
+    // Killed once the profile is over; long enough for a loaded guest.
+    let mut jit = Command::new(workload_bin("jit"))
+        .arg("120")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(jit.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid = jit.id();
+    let out = as_nobody(&bin, ",+bpf,+perfmon")
+        .args(["profile", "-F", "199", "-f", "2"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let _ = jit.kill();
+    let _ = jit.wait();
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let folded = parse_folded(&stdout);
+    let (mut all, mut named) = (0, 0);
+    for (frames, count) in folded.iter().filter(|(f, _)| f[0] == "jit") {
+        all += count;
+        if frames.iter().any(|n| n == "rtrace_jit_fixture_hot") {
+            named += count;
+        }
+    }
+    // 2 s at 199 Hz of a process that spends nearly all of it in its JIT
+    // code.
+    assert!(
+        all >= 200,
+        "too few samples of the fixture ({all}):\n{stderr}"
+    );
+    assert!(
+        named as f64 >= 0.9 * all as f64,
+        "{named} of {all} samples of the fixture name its JIT code:\n{stdout}\n{stderr}"
+    );
+}
+
 /// Programs that live 2 to 5 ms are mostly gone before user space reads
 /// their maps (a third of their samples had frames without a name): the
 /// kernel tells user space of each mapping it finds for the walk, and

@@ -277,7 +277,23 @@ fn perf_map_path(pid: u32, alive: bool) -> Option<JitPath> {
         .and_then(|l| l.split_whitespace().last()?.parse::<u32>().ok())
         .unwrap_or(pid);
     let shown = format!("/tmp/perf-{nspid}.map");
-    let root = File::open(format!("/proc/{pid}/root")).ok()?;
+    let root = match File::open(format!("/proc/{pid}/root")) {
+        Ok(root) => root,
+        // Another user's process, and rtrace without ptrace rights (as the
+        // exporter's unit runs it, with CAP_BPF and CAP_PERFMON only): its
+        // root is not rtrace's to open. A process at rtrace's own depth of
+        // pid namespaces, with the pid rtrace sees, is taken to share
+        // rtrace's /tmp, where perf itself looks for every process; one in
+        // a container cannot be reached.
+        Err(_) if nspid == pid && pid_depth(&status) == own_pid_depth() => {
+            return Some(JitPath {
+                path: shown.clone(),
+                shown,
+                _root: None,
+            });
+        }
+        Err(_) => return None,
+    };
     let ours = std::fs::metadata("/").ok()?;
     let theirs = root.metadata().ok()?;
     if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
@@ -292,6 +308,20 @@ fn perf_map_path(pid: u32, alive: bool) -> Option<JitPath> {
         shown,
         _root: Some(Arc::new(root)),
     })
+}
+
+/// How many pid namespaces deep a process is, from its `/proc/PID/status`
+/// (its `NSpid` line's pids, one a namespace).
+fn pid_depth(status: &str) -> usize {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map_or(1, |l| l.split_whitespace().count())
+}
+
+/// rtrace's own [`pid_depth`].
+fn own_pid_depth() -> usize {
+    std::fs::read_to_string("/proc/self/status").map_or(1, |s| pid_depth(&s))
 }
 
 /// A process's jitdump file ([`jitdump`](crate::stacks::jitdump)), held open from
