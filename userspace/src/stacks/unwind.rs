@@ -652,9 +652,7 @@ impl KernelTables {
             // Out of address space for a moment's mapping: the places are
             // given back, and the file is counted and walked as one that
             // did not fit, and tried again later.
-            self.free_rows.give(row_start, need.rows);
-            self.free_buckets.give(index_start, need.buckets);
-            self.free_rules.give(rule_start, need.rules);
+            self.give((row_start, index_start, rule_start), &need);
             self.files_not_loaded
                 .insert(key, (need, std::time::Instant::now()));
             return None;
@@ -700,6 +698,13 @@ impl KernelTables {
         Some((rows, buckets, rules))
     }
 
+    /// Gives back the places [`Self::take`] took for `need`.
+    fn give(&mut self, (rows, buckets, rules): (u32, u32, u32), need: &Capacity) {
+        self.free_rows.give(rows, need.rows);
+        self.free_buckets.give(buckets, need.buckets);
+        self.free_rules.give(rules, need.rules);
+    }
+
     /// Evicts files that no live process maps, least recently mapped
     /// first, until `need` would fit in what is free in all (a free place
     /// holding it whole is not guaranteed), or none is left to evict.
@@ -724,11 +729,7 @@ impl KernelTables {
                 && self.free_rules.total() >= need.rules
                 && self
                     .take(need)
-                    .inspect(|&(r, b, u)| {
-                        self.free_rows.give(r, need.rows);
-                        self.free_buckets.give(b, need.buckets);
-                        self.free_rules.give(u, need.rules);
-                    })
+                    .map(|places| self.give(places, need))
                     .is_some();
             if fits {
                 return;
