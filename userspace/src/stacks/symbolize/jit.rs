@@ -102,11 +102,7 @@ impl PerfMap {
             self.len = meta.len();
             self.syms = parse_perf_map(&text);
         }
-        self.path = Some(JitPath {
-            shown: path.clone(),
-            path,
-            _root: None,
-        });
+        self.path = Some(JitPath::in_our_tmp(path));
     }
 
     /// The symbol at `ip`.
@@ -167,6 +163,17 @@ struct JitPath {
     shown: String,
     /// The process's root directory, when it is not rtrace's.
     _root: Option<Arc<File>>,
+}
+
+impl JitPath {
+    /// `path` in rtrace's own root, where it is also shown.
+    fn in_our_tmp(path: String) -> Self {
+        Self {
+            shown: path.clone(),
+            path,
+            _root: None,
+        }
+    }
 }
 
 /// The symbols of a perf map's text (`START SIZE name` lines, in hex),
@@ -264,12 +271,7 @@ fn perf_map_path(pid: u32, alive: bool) -> Option<JitPath> {
         .then(|| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
         .flatten();
     let Some(status) = status else {
-        let shown = format!("/tmp/perf-{pid}.map");
-        return Some(JitPath {
-            path: shown.clone(),
-            shown,
-            _root: None,
-        });
+        return Some(JitPath::in_our_tmp(format!("/tmp/perf-{pid}.map")));
     };
     let nspid = status
         .lines()
@@ -286,22 +288,14 @@ fn perf_map_path(pid: u32, alive: bool) -> Option<JitPath> {
         // rtrace's /tmp, where perf itself looks for every process; one in
         // a container cannot be reached.
         Err(_) if nspid == pid && pid_depth(&status) == own_pid_depth() => {
-            return Some(JitPath {
-                path: shown.clone(),
-                shown,
-                _root: None,
-            });
+            return Some(JitPath::in_our_tmp(shown));
         }
         Err(_) => return None,
     };
     let ours = std::fs::metadata("/").ok()?;
     let theirs = root.metadata().ok()?;
     if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
-        return Some(JitPath {
-            path: shown.clone(),
-            shown,
-            _root: None,
-        });
+        return Some(JitPath::in_our_tmp(shown));
     }
     Some(JitPath {
         path: format!("/proc/self/fd/{}/tmp/perf-{nspid}.map", root.as_raw_fd()),
@@ -319,9 +313,10 @@ fn pid_depth(status: &str) -> usize {
         .map_or(1, |l| l.split_whitespace().count())
 }
 
-/// rtrace's own [`pid_depth`].
+/// rtrace's own [`pid_depth`], read once.
 fn own_pid_depth() -> usize {
-    std::fs::read_to_string("/proc/self/status").map_or(1, |s| pid_depth(&s))
+    static DEPTH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *DEPTH.get_or_init(|| std::fs::read_to_string("/proc/self/status").map_or(1, |s| pid_depth(&s)))
 }
 
 /// A process's jitdump file ([`jitdump`](crate::stacks::jitdump)), held open from
