@@ -127,17 +127,20 @@ fn cargo() -> Command {
     cmd
 }
 
+/// [`build`]'s cargo arguments.
+const BUILD: [&str; 7] = [
+    "build",
+    "--release",
+    "-p",
+    "rtrace",
+    "-p",
+    "rtrace-integration-tests",
+    "--bins",
+];
+
 /// Builds rtrace and the test workloads in release mode.
 pub fn build() -> anyhow::Result<PathBuf> {
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "rtrace",
-        "-p",
-        "rtrace-integration-tests",
-        "--bins",
-    ]))?;
+    run(cargo().args(BUILD))?;
     Ok(root().join("target/release/rtrace"))
 }
 
@@ -146,22 +149,17 @@ pub fn build() -> anyhow::Result<PathBuf> {
 /// takes the second core while rtrace's own crate (one codegen unit) holds
 /// the first.
 fn build_for_tests() -> anyhow::Result<PathBuf> {
-    run(cargo().args(FOR_TESTS))?;
+    run(&mut cargo_for_tests())?;
     Ok(root().join("target/release/rtrace"))
 }
 
-/// [`build_for_tests`]'s cargo command.
-const FOR_TESTS: [&str; 9] = [
-    "build",
-    "--release",
-    "-p",
-    "rtrace",
-    "-p",
-    "rtrace-integration-tests",
-    "--bins",
-    "--test",
-    "*",
-];
+/// [`build_for_tests`]'s cargo command: [`build`]'s, with the
+/// integration tests.
+fn cargo_for_tests() -> Command {
+    let mut cmd = cargo();
+    cmd.args(BUILD).args(["--test", "*"]);
+    cmd
+}
 
 /// Runs `cmd` as a step of the test run: a failure is kept for the report
 /// at the end rather than stopping the run, so that every check reports.

@@ -22,7 +22,7 @@ use std::os::unix::process::CommandExt as _;
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, root};
+use crate::root;
 
 /// How a test ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -413,7 +413,7 @@ pub fn guest_cases(cases: &[Case]) -> Vec<Case> {
 /// [`crate::build_for_tests`] builds them (the same command, so that after
 /// it this builds nothing).
 pub fn executables() -> anyhow::Result<Vec<PathBuf>> {
-    let out = crate::stdout_of(cargo().args(crate::FOR_TESTS).arg("--message-format=json"))?;
+    let out = crate::stdout_of(crate::cargo_for_tests().arg("--message-format=json"))?;
     let mut exes = Vec::new();
     for line in out.lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
