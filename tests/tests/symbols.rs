@@ -79,6 +79,37 @@ fn an_unprivileged_profile_names_root_processes_frames_in_libc() {
     assert!(!text.contains("libc.so.6 are [unknown]"), "{text}");
 }
 
+/// The `jit` fixture, running its JIT code with its perf map written;
+/// killed, and its map removed, when dropped.
+struct LiveJit(std::process::Child);
+
+impl LiveJit {
+    /// Starts it and waits for its code to run. It runs far longer than
+    /// profile's start-up and 2 s of sampling can take in a loaded emulated
+    /// guest: a fixture that ends while profile still starts leaves too
+    /// few samples to judge.
+    fn start() -> Self {
+        let mut jit = Command::new(workload_bin("jit"))
+            .arg("120")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(jit.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        Self(jit)
+    }
+}
+
+impl Drop for LiveJit {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", self.0.id()));
+    }
+}
+
 /// As `nobody` with only CAP_BPF and CAP_PERFMON, as the exporter's unit
 /// runs, a root process's JIT frames are named from its perf map: the
 /// process's root, through which a container's map is read, is
@@ -89,25 +120,13 @@ fn an_unprivileged_profile_names_root_processes_frames_in_libc() {
 fn an_unprivileged_profile_names_root_processes_jit_frames() {
     let (dir, bin) = unprivileged_copy();
     let _level = Paranoid::set("2");
-    // Killed once the profile is over; long enough for a loaded guest.
-    let mut jit = Command::new(workload_bin("jit"))
-        .arg("120")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(jit.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let pid = jit.id();
+    let jit = LiveJit::start();
     let out = as_nobody(&bin, ",+bpf,+perfmon")
         .args(["profile", "-F", "199", "-f", "2"])
         .current_dir(&dir)
         .output()
         .unwrap();
-    let _ = jit.kill();
-    let _ = jit.wait();
-    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    drop(jit);
     let _ = std::fs::remove_dir_all(&dir);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -178,23 +197,10 @@ fn programs_gone_before_their_maps_are_read_are_named() {
 
 #[test]
 fn jit_symbol_resolves_in_a_live_process() {
-    // Runs far longer than profile's start-up and 2 s of sampling can take
-    // in a loaded emulated guest (it is killed after): a fixture that ends
-    // while profile still starts leaves too few samples to judge.
-    let mut jit = Command::new(workload_bin("jit"))
-        .arg("120")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(jit.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let pid = jit.id().to_string();
+    let jit = LiveJit::start();
+    let pid = jit.0.id().to_string();
     let (code, stdout, stderr) = run(&["profile", "-F", "199", "-p", &pid, "-f", "-a", "-v", "2"]);
-    let _ = jit.kill();
-    let _ = jit.wait();
-    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    drop(jit);
     assert_eq!(code, 0, "{stderr}");
     let folded = parse_folded(&stdout);
     let hits = count_with(&folded, "rtrace_jit_fixture_hot_[j]");
