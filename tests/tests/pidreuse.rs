@@ -779,7 +779,9 @@ fn jit_frames_of_a_process_outliving_the_run_are_named_by_report_later() {
     let mut files = Cleanup::default();
     let pprof = files.add(temp("after.pb.gz"));
     let p = pprof.to_str().unwrap();
-    let mono = plain_hot("6");
+    // Long enough to outlive a run slowed by a busy machine: the
+    // verifier's second of loading, the 3 s and the writing, with room.
+    let mono = plain_hot("9");
     let pid = mono.id();
     files.add(perf_map(pid));
     std::thread::sleep(Duration::from_millis(500));
