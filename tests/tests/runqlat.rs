@@ -290,12 +290,32 @@ fn bad_input_gets_one_line_and_nonzero_exit() {
     );
 }
 
+/// `-v` names the mechanism attached with, and the instructions the
+/// verifier went through for each program loaded: at least one (a
+/// program's own), at most the verifier's limit of a million.
 #[test]
 fn verbose_names_the_mechanism() {
     let rtrace = Rtrace::start(&["runqlat", "-v"]);
     let (code, _, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0);
     assert!(stderr.contains("runqlat: attached with "), "{stderr}");
+    let verified: Vec<u64> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("rtrace: runqlat: program "))
+        .map(|l| {
+            let n = l
+                .split(": ")
+                .nth(1)
+                .and_then(|r| r.strip_suffix(" instructions verified"));
+            n.and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{l}"))
+        })
+        .collect();
+    assert!(!verified.is_empty(), "no program's count:\n{stderr}");
+    assert!(
+        verified.iter().all(|n| (1..=1_000_000).contains(n)),
+        "{verified:?}"
+    );
 }
 
 #[test]

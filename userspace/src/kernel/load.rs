@@ -428,6 +428,23 @@ pub fn skipped_runs(ebpf: &Ebpf) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The instructions the verifier went through for each loaded program,
+/// by program (`verified_insns`, 5.16): what its load cost, the steadiest
+/// measure of it, and against the verifier's limit of a million, what
+/// room the program has left. Programs the kernel gives no count for are
+/// left out. In the order of their names.
+pub fn verified_insns(ebpf: &Ebpf) -> Vec<(String, u32)> {
+    let mut out: Vec<_> = ebpf
+        .programs()
+        .filter_map(|(name, p)| {
+            let n = p.info().ok()?.verified_instruction_count()?;
+            Some((name.to_owned(), n))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// An event tool's `TALLIES` as a collector, summed over the CPUs.
 pub fn read_tallies(ebpf: &Ebpf, slots: u32) -> anyhow::Result<Vec<u64>> {
     per_cpu_sums(ebpf, TALLIES, slots as usize)

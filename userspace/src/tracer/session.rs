@@ -227,6 +227,9 @@ impl<T: Tool> Session<T> {
         for note in notes {
             eprintln!("rtrace: {name}: {note}");
         }
+        for (program, n) in crate::kernel::load::verified_insns(&self.ebpf) {
+            eprintln!("rtrace: {name}: program {program}: {n} instructions verified");
+        }
         if let (Some((t, why)), Some(args)) = (&self.transport, &self.events) {
             t.report(name, args.bytes(T::SPEC.event_buffer), why.as_deref());
         }

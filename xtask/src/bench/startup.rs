@@ -282,6 +282,8 @@ pub fn run() -> anyhow::Result<String> {
         "peer MB"
     );
     let mut worst_ratio: f64 = 0.0;
+    // Each case's median launch to attached, in the order of `CASES`.
+    let mut profile_attach: Vec<f64> = Vec::new();
     // An older build to measure a change against, in the same interleaved
     // rounds: its launch to attached beside this build's.
     let baseline = std::env::var_os("RTRACE_BENCH_BASELINE").map(std::path::PathBuf::from);
@@ -320,6 +322,7 @@ pub fn run() -> anyhow::Result<String> {
             }
         }
         let attach = |r: &[Run]| r.iter().map(|r| r.attach_ms).collect::<Vec<_>>();
+        profile_attach.push(median(attach(&mine)));
         if !before.is_empty() {
             // Half the wider of the two builds' ranges.
             let half_range = |v: Vec<f64>| {
@@ -434,6 +437,22 @@ pub fn run() -> anyhow::Result<String> {
             );
         }
     }
+    let profile_ms = CASES
+        .iter()
+        .position(|c| c.tool == NO_RESIDENT_GOAL)
+        .and_then(|i| profile_attach.get(i).copied())
+        .unwrap_or(f64::NAN);
+    println!(
+        "profile: launch to attached with no runtime in scope, goal at most {PROFILE_ATTACH_GOAL_MS} \
+         ms: {} ({profile_ms:.0} ms)",
+        if profile_ms <= PROFILE_ATTACH_GOAL_MS {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+    println!();
+    let verified = verifier()?;
     println!();
     let inflating = inflate_times()?;
     print!("{inflating}");
@@ -466,9 +485,139 @@ pub fn run() -> anyhow::Result<String> {
          pages included, their share in brackets), the goal judged on the largest of the \
          rounds; MB are 10^6 bytes; - where libbpf-tools has no such tool that runs here:\n\n\
          {table}\n\
+         profile's launch to attached with no runtime in scope: goal at most \
+         {PROFILE_ATTACH_GOAL_MS} ms, {}.\n\n\
+         {verified}\n\
          Binary sizes, in the same run:\n\n{sizes_table}",
-        measured_on("startup")
+        measured_on("startup"),
+        if profile_ms <= PROFILE_ATTACH_GOAL_MS {
+            "met"
+        } else {
+            "NOT met"
+        },
     ))
+}
+
+/// The goal for profile's launch to attached, with no runtime's program
+/// in scope: at most 150 ms.
+const PROFILE_ATTACH_GOAL_MS: f64 = 150.0;
+/// The verifier's limit of instructions it goes through for one program.
+const VERIFIER_LIMIT: u64 = 1_000_000;
+/// The goal for every program on 6.1: at most 60 % of the limit.
+const VERIFIER_GOAL_PERCENT: u64 = 60;
+/// The runs whose programs' verifier counts are reported: those that walk
+/// stacks, the programs that cost most to load.
+const VERIFIED_RUNS: [&[&str]; 3] = [
+    &["profile", "-v", "-F", "99", "1"],
+    &["profile", "-v", "--off-cpu", "-F", "99", "1"],
+    &["offcputime", "-v", "1"],
+];
+
+/// The instructions the verifier went through for each program of
+/// [`VERIFIED_RUNS`], as `-v` tells them, on this host and in each VM
+/// guest; the goal judged on 6.1's. A Markdown table, also printed.
+fn verifier() -> anyhow::Result<String> {
+    let rtrace = crate::build()?;
+    let mut kernels: Vec<(String, String)> = Vec::new();
+    let mut host = String::new();
+    for args in VERIFIED_RUNS {
+        let out = Command::new(&rtrace)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run rtrace {}", args.join(" ")))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        for line in stderr.lines() {
+            host.push_str(&format!("{} {line}\n", args.join("_")));
+        }
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    kernels.push((format!("host {}", release.trim()), host));
+    let mark = "=== rtrace-vm: verified";
+    let mut body = String::new();
+    for args in VERIFIED_RUNS {
+        body.push_str(&format!(
+            "/t/rtrace {} 2>&1 >/dev/null | sed -n 's/^rtrace: /{mark} {} /p'\n",
+            args.join(" "),
+            args.join("_")
+        ));
+    }
+    let runs = crate::vm::boot_all(
+        &crate::vm::Built::build()?,
+        &body,
+        &[],
+        &[],
+        std::time::Duration::from_secs(600),
+    )?;
+    for run in runs {
+        let lines: String = run
+            .log
+            .lines()
+            .filter_map(|l| l.split_once(mark).map(|(_, r)| format!("{}\n", r.trim())))
+            .collect();
+        kernels.push((run.package, lines));
+    }
+    // (run, program) in order, then each kernel's count.
+    let mut rows: Vec<((String, String), Vec<Option<u64>>)> = Vec::new();
+    for (k, (_, lines)) in kernels.iter().enumerate() {
+        for (run, program, n) in lines.lines().filter_map(verified_line) {
+            let key = (run, program);
+            let i = match rows.iter().position(|(r, _)| *r == key) {
+                Some(i) => i,
+                None => {
+                    rows.push((key, vec![None; kernels.len()]));
+                    rows.len() - 1
+                }
+            };
+            rows[i].1[k] = Some(n);
+        }
+    }
+    let old = kernels.iter().position(|(k, _)| k.contains("6.1.0"));
+    let mut table = format!(
+        "Instructions the verifier went through for each program that walks stacks, as `-v` \
+         tells them, in the same run, and their share of its limit of a million; goal: at \
+         most {VERIFIER_GOAL_PERCENT} % on 6.1:\n\n| run | program |"
+    );
+    for (k, _) in &kernels {
+        table.push_str(&format!(" {k} |"));
+    }
+    table.push_str(" goal on 6.1 |\n| --- | --- |");
+    table.push_str(&" --- |".repeat(kernels.len() + 1));
+    table.push('\n');
+    for ((run, program), counts) in &rows {
+        let cell = |n: &Option<u64>| {
+            n.map_or_else(
+                || "-".to_owned(),
+                |n| format!("{n} ({} %)", n * 100 / VERIFIER_LIMIT),
+            )
+        };
+        let goal = match old.and_then(|o| counts[o]) {
+            Some(n) if n * 100 <= VERIFIER_GOAL_PERCENT * VERIFIER_LIMIT => "OK",
+            Some(_) => "OVER",
+            None => "-",
+        };
+        table.push_str(&format!(
+            "| `rtrace {}` | {program} |",
+            run.replace('_', " ")
+        ));
+        for n in counts {
+            table.push_str(&format!(" {} |", cell(n)));
+        }
+        table.push_str(&format!(" {goal} |\n"));
+    }
+    print!("{table}");
+    Ok(table)
+}
+
+/// `(run, program, count)` of a line `RUN TOOL: program NAME: N
+/// instructions verified`, the run's arguments joined by `_`.
+fn verified_line(line: &str) -> Option<(String, String, u64)> {
+    let (run, rest) = line.split_once(' ')?;
+    let rest = rest.strip_prefix("rtrace: ").unwrap_or(rest);
+    let (_, rest) = rest.split_once(": program ")?;
+    let (program, n) = rest.split_once(": ")?;
+    let n = n.strip_suffix(" instructions verified")?.parse().ok()?;
+    Some((run.to_owned(), program.to_owned(), n))
 }
 
 /// What inflating the embedded objects costs a tool's start: each object
@@ -682,5 +831,30 @@ mod tests {
         assert_eq!(verdict(20 << 20), "OVER");
         assert_eq!(size(12_553_216), "12.6 MB");
         assert_eq!(size(380_288), "380 kB");
+    }
+
+    #[test]
+    fn verified_lines_give_run_program_and_count() {
+        assert_eq!(
+            verified_line(
+                "profile_-v_-F_99_1 rtrace: profile: program profile: 570370 instructions verified"
+            ),
+            Some((
+                "profile_-v_-F_99_1".to_owned(),
+                "profile".to_owned(),
+                570_370
+            ))
+        );
+        // As the guests' lines come, their `rtrace: ` cut by sed.
+        assert_eq!(
+            verified_line(
+                "offcputime_-v_1 offcputime: program cfi_exec: 4781 instructions verified"
+            ),
+            Some(("offcputime_-v_1".to_owned(), "cfi_exec".to_owned(), 4781))
+        );
+        assert_eq!(
+            verified_line("profile_-v_1 rtrace: profile: sampling cpu-clock"),
+            None
+        );
     }
 }
