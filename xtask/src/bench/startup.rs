@@ -558,7 +558,7 @@ fn verifier() -> anyhow::Result<String> {
         kernels.push((run.package, lines));
     }
     // (run, program) in order, then each kernel's count.
-    let mut rows: Vec<((String, String), Vec<Option<u64>>)> = Vec::new();
+    let mut rows: Vec<(RunProgram, Vec<Option<u64>>)> = Vec::new();
     for (k, (_, lines)) in kernels.iter().enumerate() {
         for (run, program, n) in lines.lines().filter_map(verified_line) {
             let key = (run, program);
@@ -608,6 +608,10 @@ fn verifier() -> anyhow::Result<String> {
     print!("{table}");
     Ok(table)
 }
+
+/// A run of [`VERIFIED_RUNS`] (its arguments joined by `_`) and one of
+/// its programs.
+type RunProgram = (String, String);
 
 /// `(run, program, count)` of a line `RUN TOOL: program NAME: N
 /// instructions verified`, the run's arguments joined by `_`.
