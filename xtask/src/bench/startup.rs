@@ -452,7 +452,7 @@ pub fn run() -> anyhow::Result<String> {
         }
     );
     println!();
-    let verified = verifier()?;
+    let verified = verifier(&rtrace)?;
     println!();
     let inflating = inflate_times()?;
     print!("{inflating}");
@@ -516,12 +516,11 @@ const VERIFIED_RUNS: [&[&str]; 3] = [
 /// The instructions the verifier went through for each program of
 /// [`VERIFIED_RUNS`], as `-v` tells them, on this host and in each VM
 /// guest; the goal judged on 6.1's. A Markdown table, also printed.
-fn verifier() -> anyhow::Result<String> {
-    let rtrace = crate::build()?;
+fn verifier(rtrace: &Path) -> anyhow::Result<String> {
     let mut kernels: Vec<(String, String)> = Vec::new();
     let mut host = String::new();
     for args in VERIFIED_RUNS {
-        let out = Command::new(&rtrace)
+        let out = Command::new(rtrace)
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -616,8 +615,9 @@ type RunProgram = (String, String);
 /// `(run, program, count)` of a line `RUN TOOL: program NAME: N
 /// instructions verified`, the run's arguments joined by `_`.
 fn verified_line(line: &str) -> Option<(String, String, u64)> {
+    // The tool's name, with the host's `rtrace: ` before it or the guests'
+    // without, ends at the first `: program `.
     let (run, rest) = line.split_once(' ')?;
-    let rest = rest.strip_prefix("rtrace: ").unwrap_or(rest);
     let (_, rest) = rest.split_once(": program ")?;
     let (program, n) = rest.split_once(": ")?;
     let n = n.strip_suffix(" instructions verified")?.parse().ok()?;
