@@ -130,6 +130,10 @@ pub struct Object {
 ///
 /// A kept relocation that refers to a symbol of a deleted section is an
 /// error rather than silently dropped.
+///
+/// One change is made besides: the functions named `rtrace_global_*` are
+/// made global in `.BTF` ([`globalize`]), and one that cannot be is an
+/// error.
 pub fn strip_debug(data: &[u8]) -> Result<Vec<u8>, String> {
     use object::build::elf::{Builder, SectionData};
 
@@ -170,6 +174,30 @@ pub fn strip_debug(data: &[u8]) -> Result<Vec<u8>, String> {
         ));
     }
     builder.delete_orphan_symbols();
+    let defined: Vec<String> = builder
+        .symbols
+        .iter()
+        .filter(|s| s.st_type() == object::elf::STT_FUNC && s.name.starts_with(GLOBAL_PREFIX))
+        .map(|s| String::from_utf8_lossy(&s.name).into_owned())
+        .collect();
+    if let Some(first) = defined.first() {
+        let Some(SectionData::Data(bytes)) = builder
+            .sections
+            .iter_mut()
+            .find(|s| &*s.name == b".BTF")
+            .map(|s| &mut s.data)
+        else {
+            return Err(format!(
+                "{first}: the object has no .BTF to make it global in"
+            ));
+        };
+        let made = globalize(bytes.to_mut())?;
+        if let Some(missed) = defined.iter().find(|d| !made.contains(d)) {
+            return Err(format!(
+                "{missed}: no BTF function of that name to make global"
+            ));
+        }
+    }
     for section in &builder.sections {
         if let SectionData::Relocation(relocations) = &section.data {
             let orphan = relocations
@@ -203,6 +231,70 @@ pub fn strip_debug(data: &[u8]) -> Result<Vec<u8>, String> {
         .write(&mut out)
         .map_err(|e| format!("cannot write the stripped object: {e}"))?;
     Ok(out)
+}
+
+/// The prefix of the functions [`globalize`] makes global.
+pub const GLOBAL_PREFIX: &[u8] = b"rtrace_global_";
+
+/// Gives the BTF functions whose names start with [`GLOBAL_PREFIX`]
+/// global linkage, in the `.BTF` section's bytes `btf`, and returns
+/// their names.
+///
+/// bpf-linker gives every function but the programs static linkage, and
+/// the kernel verifies a static function again at each call, in the
+/// state the caller reached it in: a call after a loop whose callback can
+/// end several ways is verified once for each. A global function is
+/// verified once, on its own, with its arguments as unknown numbers; the
+/// work after the CFI walk, made one, took profile's verification from
+/// 570k instructions to a fraction (`docs/benchmarks.md`).
+pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
+    const BTF_KIND_FUNC: u32 = 12;
+    const BTF_FUNC_GLOBAL: u32 = 1;
+    let word = |b: &[u8], at: usize| -> Result<u32, String> {
+        b.get(at..at + 4)
+            .map(|w| u32::from_le_bytes(w.try_into().expect("four bytes")))
+            .ok_or_else(|| format!(".BTF ends inside its header or types, at {at}"))
+    };
+    if btf.get(..2) != Some(&[0x9f, 0xeb][..]) {
+        return Err(".BTF is not little-endian BTF".into());
+    }
+    let header = word(btf, 4)? as usize;
+    let (types, types_len) = (header + word(btf, 8)? as usize, word(btf, 12)? as usize);
+    let strings = header + word(btf, 16)? as usize;
+    let strings_len = word(btf, 20)? as usize;
+    let name = |b: &[u8], off: u32| -> Vec<u8> {
+        let from = strings + off as usize;
+        let end = (strings + strings_len).min(b.len());
+        let rest = b.get(from..end).unwrap_or_default();
+        rest[..rest.iter().position(|&c| c == 0).unwrap_or(rest.len())].to_vec()
+    };
+    let mut made = Vec::new();
+    let mut at = types;
+    while at < types + types_len {
+        let info = word(btf, at + 4)?;
+        let (kind, vlen) = ((info >> 24) & 0x1f, info & 0xffff);
+        if kind == BTF_KIND_FUNC {
+            let n = name(btf, word(btf, at)?);
+            if n.starts_with(GLOBAL_PREFIX) {
+                made.push(String::from_utf8_lossy(&n).into_owned());
+                // The linkage is the vlen field, the info word's low 16 bits.
+                let global = (info & !0xffff) | BTF_FUNC_GLOBAL;
+                btf[at + 4..at + 8].copy_from_slice(&global.to_le_bytes());
+            }
+        }
+        // Each kind's bytes after the common 12 (the kernel's btf.h).
+        at += 12
+            + match kind {
+                1 | 14 | 17 => 4,                      // INT, VAR, DECL_TAG
+                3 => 12,                               // ARRAY
+                4 | 5 | 15 | 19 => 12 * vlen as usize, // STRUCT, UNION, DATASEC, ENUM64
+                6 | 13 => 8 * vlen as usize,           // ENUM, FUNC_PROTO
+                0 => return Err(format!(".BTF has a type of kind 0 at {at}")),
+                _ if kind <= 19 => 0,
+                _ => return Err(format!(".BTF has a type of unknown kind {kind} at {at}")),
+            };
+    }
+    Ok(made)
 }
 
 /// `data` deflated as a zlib stream, at the best ratio: the objects are
@@ -493,6 +585,74 @@ mod tests {
         assert!(symbols.contains(&"func"), "{symbols:?}");
         assert!(!symbols.contains(&"debug_label"), "{symbols:?}");
         assert!(stripped.len() < data.len());
+    }
+
+    /// BTF of a `u64`, a prototype taking one, and `funcs` of that
+    /// prototype, all static.
+    fn btf_with(funcs: &[&str]) -> Vec<u8> {
+        let mut strings = b"\0u64\0a\0".to_vec();
+        let mut types = Vec::new();
+        let mut ty = |name: u32, kind: u32, vlen: u32, size_or_type: u32, extra: &[u32]| {
+            for w in [name, (kind << 24) | vlen, size_or_type]
+                .iter()
+                .chain(extra)
+            {
+                types.extend_from_slice(&w.to_le_bytes());
+            }
+        };
+        ty(1, 1, 0, 8, &[64]); // INT u64, 64 bits
+        ty(0, 13, 1, 1, &[5, 1]); // FUNC_PROTO u64 (a: u64)
+        for f in funcs {
+            let name = strings.len() as u32;
+            strings.extend_from_slice(f.as_bytes());
+            strings.push(0);
+            ty(name, 12, 0, 2, &[]);
+        }
+        let mut btf = vec![0x9f, 0xeb, 1, 0];
+        for w in [24, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+            btf.extend_from_slice(&w.to_le_bytes());
+        }
+        btf.extend(types);
+        btf.extend(strings);
+        btf
+    }
+
+    /// The linkage of each FUNC in `btf_with`'s types, in order.
+    fn linkages(btf: &[u8]) -> Vec<u32> {
+        // Two types of 16 and 20 bytes, then the functions' 12 each.
+        let funcs = 24 + 16 + 20;
+        let types_end = 24 + u32::from_le_bytes(btf[12..16].try_into().unwrap()) as usize;
+        (funcs..types_end)
+            .step_by(12)
+            .map(|at| u32::from_le_bytes(btf[at + 4..at + 8].try_into().unwrap()) & 0xffff)
+            .collect()
+    }
+
+    #[test]
+    fn only_functions_named_rtrace_global_become_global() {
+        let mut btf = btf_with(&["store_segment", "rtrace_global_walk", "frame"]);
+        let before = btf.clone();
+        assert_eq!(linkages(&btf), [0, 0, 0]);
+        let made = globalize(&mut btf).unwrap();
+        assert_eq!(made, ["rtrace_global_walk"]);
+        assert_eq!(linkages(&btf), [0, 1, 0]);
+        // Nothing else moved.
+        let changed: Vec<usize> = (0..btf.len()).filter(|&i| btf[i] != before[i]).collect();
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        assert!(globalize(&mut btf_with(&["frame"])).unwrap().is_empty());
+    }
+
+    #[test]
+    fn btf_that_cannot_be_walked_is_an_error() {
+        let mut btf = btf_with(&["rtrace_global_walk"]);
+        // The prototype's kind, made one the kernel does not have.
+        btf[24 + 16 + 7] = 30;
+        let err = globalize(&mut btf).unwrap_err();
+        assert!(err.contains("unknown kind 30"), "{err}");
+        let mut short = btf_with(&["rtrace_global_walk"]);
+        short.truncate(30);
+        assert!(globalize(&mut short).is_err());
+        assert!(globalize(&mut [0u8; 4]).is_err());
     }
 
     #[test]
