@@ -985,6 +985,18 @@ pub(crate) unsafe fn remember(
     }
 }
 
+/// [`remember`] into the current thread's [`WALKS`] value, if it has
+/// one: the walk was in task context, where [`walk`] created it.
+#[inline(always)]
+pub(crate) fn remember_current(scratch: *const Scratch, tgid: u32, stack: u64, generation: u32) {
+    let m = WALKS.get(crate::task_storage::current_task(), false);
+    if !m.is_null() {
+        // SAFETY: `m` is the current thread's value; `scratch` the
+        // per-CPU scratch value the walk used.
+        unsafe { remember(m, scratch, tgid, stack, generation) };
+    }
+}
+
 /// Walks the current task's user stack into the scratch value's stack
 /// and returns its depth, and whether user space should read the
 /// process's regions again (it ran code in none of them; said at most

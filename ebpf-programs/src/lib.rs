@@ -48,6 +48,16 @@ macro_rules! cfi_programs {
             0
         }
 
+        /// The work after a CFI walk, on this object's `EVENTS`: a
+        /// global function (`rtrace_global_` names are made so by the
+        /// build), verified once rather than for each way a walk ends.
+        #[cfg(feature = "cfi")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_after_walk(packed: u64, who: u64) -> u64 {
+            $crate::stacks::after_walk(&EVENTS, packed, who)
+        }
+
         #[cfg(feature = "cfi")]
         #[aya_ebpf::macros::uprobe]
         pub fn cfi_loaded(ctx: aya_ebpf::programs::ProbeContext) -> u32 {
