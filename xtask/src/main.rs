@@ -19,7 +19,7 @@ mod vm;
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -66,6 +66,13 @@ enum Cli {
         #[arg(long, value_name = "N", default_value_t = 1,
               value_parser = clap::value_parser!(u32).range(1..))]
         repeat: u32,
+    },
+    /// Runs a shell command in every guest of the matrix (busybox sh,
+    /// with the release binary as `/t/rtrace`) and prints what each
+    /// printed: for looking at what the tests see there.
+    VmSh {
+        /// The command line.
+        command: String,
     },
     /// The static, stripped binary (musl) and a Debian package with the
     /// exporter's systemd unit, in `target/dist/`.
@@ -381,6 +388,24 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 phases.add(&place, secs);
             }
             suite::report(&records, &phases, start.elapsed().as_secs_f64(), &[])
+        }
+        Cli::VmSh { command } => {
+            let mark = "=== rtrace-vm-sh:";
+            let body = format!("( {command} ) 2>&1 | sed 's/^/{mark} /'\n");
+            let runs = vm::boot_all(
+                &vm::Built::build()?,
+                &body,
+                &[],
+                &[],
+                Duration::from_secs(600),
+            )?;
+            for run in runs {
+                println!("== {}", run.package);
+                for line in run.log.lines().filter_map(|l| l.split_once(mark)) {
+                    println!("{}", line.1.trim_start());
+                }
+            }
+            Ok(())
         }
         Cli::Dist => dist::run_dist(),
         Cli::Bench { name } => bench::run(name.as_deref()),
