@@ -20,6 +20,11 @@ pub const TASK_STORAGE: &str = "task_storage";
 /// (5.15+), which keeps operations in flight in task storage too
 /// (`cfi_programs!`).
 pub const CFI: &str = "cfi";
+/// The CFI walk as a function the kernel verifies once, on its own
+/// (`cfi_programs!` too): far fewer instructions to verify, but a deeper
+/// chain of calls, whose frames kernels before 6.13 hold to 512 bytes
+/// together, where the programs that walk do not fit.
+pub const CFI_GLOBAL: &str = "cfi_global";
 /// Slots claimed with BPF's compare-and-exchange (5.12+).
 pub const ATOMICS: &str = "atomics";
 
@@ -30,13 +35,13 @@ pub const VARIANTS: &[(&str, &[&str])] = &[
     ("execsnoop", &[PERF]),
     ("ext4slower", &[PERF, TASK_STORAGE]),
     ("gethostlatency", &[PERF, TASK_STORAGE]),
-    ("memleak", &[PERF, CFI, TASK_STORAGE]),
-    ("offcputime", &[PERF, CFI]),
-    ("profile", &[PERF, CFI]),
+    ("memleak", &[PERF, CFI, CFI_GLOBAL, TASK_STORAGE]),
+    ("offcputime", &[PERF, CFI, CFI_GLOBAL]),
+    ("profile", &[PERF, CFI, CFI_GLOBAL]),
     ("runqlat", &[TASK_STORAGE]),
-    ("strace", &[PERF, CFI]),
+    ("strace", &[PERF, CFI, CFI_GLOBAL]),
     ("tcplife", &[PERF]),
-    ("trace", &[PERF, CFI]),
+    ("trace", &[PERF, CFI, CFI_GLOBAL]),
 ];
 
 /// The variants of `bin` ([`VARIANTS`]), none for a bin not listed.
@@ -45,6 +50,11 @@ pub fn of(bin: &str) -> &'static [&'static str] {
         .iter()
         .find(|(b, _)| *b == bin)
         .map_or(&[], |(_, v)| v)
+}
+
+/// Whether objects of `variant` walk user stacks by CFI.
+pub fn walks_cfi(variant: &str) -> bool {
+    variant == CFI || variant == CFI_GLOBAL
 }
 
 /// Whether `bin` is built with `variant` (`""`, the plain object, always).

@@ -433,6 +433,7 @@ mod tests {
         for (call, feature) in [
             ("event_map!(", rtrace_common::variants::PERF),
             ("cfi_programs!(", rtrace_common::variants::CFI),
+            ("cfi_programs!(", rtrace_common::variants::CFI_GLOBAL),
             ("in_flight!(", rtrace_common::variants::TASK_STORAGE),
         ] {
             if source.contains(call) {
@@ -609,7 +610,13 @@ mod tests {
             ty(name, 12, 0, 2, &[]);
         }
         let mut btf = vec![0x9f, 0xeb, 1, 0];
-        for w in [24, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+        for w in [
+            24,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
             btf.extend_from_slice(&w.to_le_bytes());
         }
         btf.extend(types);

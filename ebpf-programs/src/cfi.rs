@@ -163,20 +163,67 @@ struct Walk {
     own: u32,
 }
 
-/// The user registers: `sampled`'s (a perf event's), if the sample hit
-/// user mode, else those the task entered the kernel with.
+/// How [`walk`] got its user registers, which its caller (a global
+/// function's, whose arguments can only be numbers) copies to
+/// `Scratch::regs` ([`stash_regs`]): in task context (a switch or a
+/// wakeup, where the walk is remembered), those the task entered the
+/// kernel with.
+pub(crate) const REGS_TASK: u64 = 0;
+/// A sample's: its registers if it hit user mode, else those the task
+/// entered the kernel with.
+pub(crate) const REGS_SAMPLED: u64 = 1;
+/// A sample whose registers could not be read.
+pub(crate) const REGS_UNREAD: u64 = 3;
+
+/// Copies the walk's first user registers to the scratch value's `regs`:
+/// `sampled`'s (a perf event's registers, or null in task context) if
+/// the sample hit user mode, else those the task entered the kernel
+/// with. Returns one of the `REGS_*`.
+///
+/// Done by the caller, all of it: the walk, a global function, then
+/// loads them from one place. Loads from either place, in the walk,
+/// were merged by the compiler into instructions that load from both,
+/// which the verifier refuses, and a copy on its stack would grow a
+/// frame that with the step's must stay within 512 bytes.
 #[inline(always)]
-fn user_regs(sampled: *const u8) -> Option<(u64, u64, u64, u64)> {
-    let o = global(&CFI_OFFSETS);
-    let read = |base: *const u8, off: u32| read_kernel::<u64>(base, off).ok();
-    if !sampled.is_null() && read(sampled, o.cs)? & 3 == 3 {
-        return Some((
-            read(sampled, o.ip)?,
-            read(sampled, o.sp)?,
-            read(sampled, o.bp)?,
-            read(sampled, o.bx)?,
-        ));
+pub(crate) fn stash_regs(scratch: *mut Scratch, sampled: *const u8) -> u64 {
+    let regs = if sampled.is_null() {
+        task_user_regs()
+    } else {
+        match sampled_user_regs(sampled) {
+            Ok(Some(regs)) => Some(regs),
+            Ok(None) => task_user_regs(),
+            Err(()) => return REGS_UNREAD,
+        }
+    };
+    let Some((ip, sp, bp, bx)) = regs else {
+        return REGS_UNREAD;
+    };
+    // SAFETY: a map value.
+    unsafe { (*scratch).regs = [ip, sp, bp, bx] };
+    if sampled.is_null() {
+        REGS_TASK
+    } else {
+        REGS_SAMPLED
     }
+}
+
+/// A perf event's registers (`sampled`), if the sample hit user mode;
+/// `Err` if they could not be read.
+#[inline(always)]
+fn sampled_user_regs(sampled: *const u8) -> Result<Option<(u64, u64, u64, u64)>, ()> {
+    let o = global(&CFI_OFFSETS);
+    let read = |off: u32| read_kernel::<u64>(sampled, off).map_err(|_| ());
+    if read(o.cs)? & 3 != 3 {
+        return Ok(None);
+    }
+    Ok(Some((read(o.ip)?, read(o.sp)?, read(o.bp)?, read(o.bx)?)))
+}
+
+/// The registers the current task entered the kernel with.
+#[inline(always)]
+fn task_user_regs() -> Option<(u64, u64, u64, u64)> {
+    let o = global(&CFI_OFFSETS);
     // SAFETY: the helpers have no preconditions beyond a task.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
     if regs.is_null() {
@@ -758,7 +805,7 @@ fn prefill<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32, born: u64) {
         crate::events::emit(events, ctx, &found);
         first = r;
     }
-    if let Some((ip, _, _, _)) = user_regs(core::ptr::null())
+    if let Some((ip, _, _, _)) = task_user_regs()
         && ip != 0
         && !(first.start <= ip && ip < first.end)
         && let Ok((r, mut found)) = find_region(tgid, ip)
@@ -1003,26 +1050,22 @@ pub(crate) fn remember_current(scratch: *const Scratch, tgid: u32, stack: u64, g
 /// every `NEW_CODE_EVERY_NS`). A process user space has given no
 /// regions yet is walked from those the kernel finds itself. `None` only
 /// if a map is missing (the caller then walks by frame pointer).
-/// `sampled`: see [`user_stack`](crate::stacks::user_stack).
+/// `regs` says where the user registers are ([`REGS_TASK`] and the
+/// others).
 ///
-/// A walk in task context (no `sampled` registers: a switch or a wakeup,
-/// where task storage may be created) is remembered for the thread, and
-/// its next walk from the same registers over the same bytes is not
-/// done again.
+/// A walk in task context ([`REGS_TASK`]: a switch or a wakeup, where
+/// task storage may be created) is remembered for the thread, and its
+/// next walk from the same registers over the same bytes is not done
+/// again.
 #[inline(always)]
-pub(crate) fn walk(
-    tgid: u32,
-    sampled: *const u8,
-    scratch: *mut Scratch,
-    generation: u32,
-) -> Option<Walked> {
+pub(crate) fn walk(tgid: u32, regs: u64, scratch: *mut Scratch, generation: u32) -> Option<Walked> {
     let none = Walked::Frames {
         depth: 0,
         tell: false,
         memo: core::ptr::null_mut(),
         cut: false,
     };
-    let Some((ip, sp, bp, bx)) = user_regs(sampled) else {
+    if regs == REGS_UNREAD {
         count_error(ERR_CUT_SHORT);
         return Some(Walked::Frames {
             depth: 0,
@@ -1030,10 +1073,15 @@ pub(crate) fn walk(
             memo: core::ptr::null_mut(),
             cut: true,
         });
-    };
+    }
+    // The registers `stash_regs` left, each loaded where it is used: held
+    // across the calls in between, each took a slot of this frame, which
+    // with the step's must stay within 512 bytes on kernels before 6.13.
+    // SAFETY: a map value.
+    let reg = move |i: usize| unsafe { core::ptr::read_volatile(&(*scratch).regs[i & 3]) };
     // Kernel threads (and the idle tasks) have no user registers: no user
     // stack, no tables to miss, and no "new code" to tell user space of.
-    if ip == 0 {
+    if reg(0) == 0 {
         return Some(none);
     }
     // An exiting process's memory goes before its last samples: once
@@ -1065,32 +1113,43 @@ pub(crate) fn walk(
     };
     // SAFETY: map values.
     unsafe {
-        let chunk_len = copy_top(&mut (*scratch).chunk, sp);
+        // Written whole first, then the fields that are not constants,
+        // each loaded just before: built whole, the struct's values were
+        // held across the calls that zero its arrays, a slot each.
         (*scratch).walk = State {
-            ip,
-            sp,
-            bp,
-            bx,
+            ip: 0,
+            sp: 0,
+            bp: 0,
+            bx: 0,
             depth: 0,
             new_code: 0,
             find_tried: 0,
             last: Region::default(),
-            chunk_base: sp,
-            chunk_len,
+            chunk_base: 0,
+            chunk_len: 0,
             reads: [0; MAX_READS],
             nreads: 0,
             span: 0,
             words: WORDS_SEED,
             unremembered: 0,
-            version: (*procs).version,
-            start: [ip, sp, bp],
+            version: 0,
+            start: [0; 3],
             found: Found::default(),
         };
+        let w = &raw mut (*scratch).walk;
+        (*w).chunk_len = copy_top(&mut (*scratch).chunk, reg(1));
+        (*w).version = (*procs).version;
+        (*w).ip = reg(0);
+        (*w).sp = reg(1);
+        (*w).bp = reg(2);
+        (*w).bx = reg(3);
+        (*w).chunk_base = reg(1);
+        (*w).start = [reg(0), reg(1), reg(2)];
         for h in (*scratch).chunks.iter_mut() {
             *h = crate::scratch::HASH_SEED;
         }
     };
-    let memo = if sampled.is_null() {
+    let memo = if regs == REGS_TASK {
         WALKS.get(crate::task_storage::current_task(), true)
     } else {
         core::ptr::null_mut()

@@ -48,6 +48,16 @@ macro_rules! cfi_programs {
             0
         }
 
+        /// The CFI walk of the current task's user stack: a global
+        /// function (`rtrace_global_` names are made so by the build),
+        /// verified once rather than for each way its caller goes on.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_user_stack(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user(who, regs)
+        }
+
         /// The work after a CFI walk, on this object's `EVENTS`: a
         /// global function (`rtrace_global_` names are made so by the
         /// build), verified once rather than for each way a walk ends.

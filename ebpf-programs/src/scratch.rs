@@ -51,6 +51,10 @@ pub struct Scratch {
     pub(crate) entry: Stack,
     #[cfg(feature = "cfi")]
     pub(crate) walk: State,
+    /// A user-mode sample's registers (ip, sp, bp, bx), for the walk
+    /// (`cfi::stash_regs`).
+    #[cfg(feature = "cfi")]
+    pub(crate) regs: [u64; 4],
     /// The top of the user stack, read in one copy (`CHUNK_WORDS`).
     #[cfg(feature = "cfi")]
     pub(crate) chunk: [u64; CHUNK_SLOTS],

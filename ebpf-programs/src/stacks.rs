@@ -279,31 +279,25 @@ pub fn user_stack_cut<C: EbpfContext, S: Sink>(
 ) -> (Option<u64>, bool) {
     #[cfg(feature = "cfi")]
     {
-        use crate::cfi::Walked;
         let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
             return (None, false);
         };
-        let generation = generation();
-        match crate::cfi::walk(tgid, sampled, s, generation) {
-            Some(Walked::Known(stack)) => return (Some(stack), false),
-            Some(Walked::Frames {
-                depth,
-                tell,
-                memo,
-                cut,
-            }) => {
-                let packed = depth.min(u64::from(u32::MAX))
-                    | (u64::from(tell) << TELL_BIT)
-                    | (u64::from(!memo.is_null()) << REMEMBER_BIT);
-                let who = u64::from(tgid) | (u64::from(generation) << 32);
-                // SAFETY: the object defines it (`cfi_programs!`); it
-                // takes and returns plain numbers.
-                let stored = unsafe { rtrace_global_after_walk(packed, who) };
-                return ((stored != NOT_STORED).then_some(stored), cut);
-            }
-            // A map missing: the kernel's frame-pointer walk.
-            None => {}
+        let regs = crate::cfi::stash_regs(s, sampled);
+        let who = u64::from(tgid) | (u64::from(generation()) << 32);
+        // SAFETY: the object defines it (`cfi_programs!`); it takes and
+        // returns plain numbers.
+        #[cfg(feature = "cfi_global")]
+        let walked = unsafe { rtrace_global_user_stack(who, regs) };
+        #[cfg(not(feature = "cfi_global"))]
+        let walked = walk_user(who, regs);
+        if walked != NO_TABLES {
+            let stack = walked & !CUT_BIT;
+            return (
+                (stack != NOT_STORED).then_some(stack),
+                walked & CUT_BIT != 0,
+            );
         }
+        // A map missing: the kernel's frame-pointer walk.
     }
     let _ = (events, tgid, sampled);
     (
@@ -314,9 +308,62 @@ pub fn user_stack_cut<C: EbpfContext, S: Sink>(
 
 #[cfg(feature = "cfi")]
 unsafe extern "C" {
-    /// [`after_walk`] on the object's `EVENTS`, as a function the kernel
-    /// verifies once, on its own (`cfi_programs!` defines it).
+    /// [`walk_user`], as a function the kernel verifies once, on its own
+    /// (`cfi_programs!` defines it, in the `cfi_global` variant).
+    #[cfg(feature = "cfi_global")]
+    fn rtrace_global_user_stack(who: u64, regs: u64) -> u64;
+    /// [`after_walk`] on the object's `EVENTS`, likewise, in every
+    /// variant that walks.
     fn rtrace_global_after_walk(packed: u64, who: u64) -> u64;
+}
+
+/// [`walk_user`]'s result for a process whose CFI maps are missing: the
+/// caller walks by frame pointer.
+#[cfg(feature = "cfi")]
+const NO_TABLES: u64 = 4;
+/// Set in [`walk_user`]'s result if the walk was cut short by a stack
+/// word it could not read; keys leave it clear ([`entry_key`]).
+#[cfg(feature = "cfi")]
+const CUT_BIT: u64 = 1 << 63;
+
+/// Walks the current task's user stack by CFI and stores it
+/// ([`crate::cfi::walk`], then [`after_walk`]): the stack's key (0 for an
+/// empty one), `NOT_STORED`, or `NO_TABLES`, with [`CUT_BIT`] if it was
+/// cut short. `who` holds the process (low 32 bits) and the generation,
+/// `regs` where the registers are (`cfi::REGS_*`).
+///
+/// In the `cfi_global` variant, called from a global function
+/// (`cfi_programs!`): the kernel verifies it once, on its own, and its
+/// caller's code after it once, rather than once for each way the walk's
+/// loop could end. That adds the global function's frame to the chain of
+/// calls down to the walk's step, whose frames kernels before 6.13 hold
+/// to 512 bytes together, where the programs that walk do not fit; there
+/// the `cfi` variant inlines it.
+#[cfg(feature = "cfi")]
+#[inline(always)]
+pub fn walk_user(who: u64, regs: u64) -> u64 {
+    use crate::cfi::Walked;
+    let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return NOT_STORED;
+    };
+    match crate::cfi::walk(who as u32, regs, s, (who >> 32) as u32) {
+        Some(Walked::Known(stack)) => stack,
+        Some(Walked::Frames {
+            depth,
+            tell,
+            memo,
+            cut,
+        }) => {
+            let packed = depth.min(u64::from(u32::MAX))
+                | (u64::from(tell) << TELL_BIT)
+                | (u64::from(!memo.is_null()) << REMEMBER_BIT);
+            // SAFETY: the object defines it (`cfi_programs!`); it takes
+            // and returns plain numbers.
+            let stored = unsafe { rtrace_global_after_walk(packed, who) };
+            if cut { stored | CUT_BIT } else { stored }
+        }
+        None => NO_TABLES,
+    }
 }
 
 /// [`after_walk`]'s flag, in its first argument, that user space should
@@ -332,7 +379,8 @@ const REMEMBER_BIT: u32 = 33;
 const NOT_STORED: u64 = 2;
 
 /// A context for sends through a ring buffer, which takes none: a global
-/// function's arguments can only be numbers.
+/// function's arguments can only be numbers. (The objects that walk by
+/// CFI always send through one: no variant has both `cfi` and `perf`.)
 #[cfg(feature = "cfi")]
 struct NoContext;
 
@@ -360,7 +408,7 @@ impl EbpfContext for NoContext {
 /// what it works on is looked up again here.
 #[cfg(feature = "cfi")]
 #[inline(always)]
-pub fn after_walk(events: &aya_ebpf::maps::RingBuf, packed: u64, who: u64) -> u64 {
+pub fn after_walk<S: Sink>(events: &S, packed: u64, who: u64) -> u64 {
     let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
         return NOT_STORED;
     };
@@ -451,9 +499,9 @@ fn entry_key(chunk: u64, tail: u64, len: u64, link: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
-    // Odd, so that no key is 0 (an empty stack) or `after_walk`'s
-    // `NOT_STORED`.
-    h | 1
+    // Odd, so that no key is 0 (an empty stack) or one of `after_walk`'s
+    // answers; the top bit is `walk_user`'s.
+    (h | 1) & !(1 << 63)
 }
 
 /// Stores the `len` frames the CFI walk put in the scratch value `s`,

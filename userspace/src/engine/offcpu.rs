@@ -129,7 +129,7 @@ impl OffCpu {
         // threads off the CPU in the threads themselves when the programs
         // see typed tasks; otherwise a thread is in the table from the
         // moment it leaves the CPU until it is back.
-        self.in_task = m == Mechanism::TpBtf && load.variant() == super::stacktool::CFI;
+        self.in_task = m == Mechanism::TpBtf && crate::kernel::load::walks_cfi(load.variant());
         let starts = if self.in_task { 1 } else { thread_entries() };
         load.size(rtrace_common::names::STARTS, starts);
         let btf = kernel.btf()?;

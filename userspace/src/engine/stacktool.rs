@@ -159,7 +159,7 @@ pub fn walk_args() -> StackArgs {
 }
 
 /// The object variant with the CFI walk.
-pub use crate::kernel::load::CFI;
+pub use crate::kernel::load::{CFI, CFI_GLOBAL};
 /// Processes whose regions the kernel holds, and the processes whose
 /// regions it found itself.
 const CFI_PROCESSES: u32 = 4096;
@@ -244,10 +244,19 @@ impl StackTool {
 
     /// The object variants to try for `unwind`, best first; without user
     /// stacks no walk is needed.
+    ///
+    /// The walk as a global function (`cfi_global`) first where the
+    /// kernel is 6.13 or later: elsewhere its deeper chain of calls is
+    /// refused, after the whole verification.
     pub fn variants(unwind: Unwind, user: bool) -> Vec<&'static str> {
+        let walks: &[&'static str] = if crate::kernel::features::kernel_at_least(6, 13) {
+            &[CFI_GLOBAL, CFI]
+        } else {
+            &[CFI]
+        };
         match unwind {
-            Unwind::Auto if user => vec![CFI, ""],
-            Unwind::Cfi => vec![CFI],
+            Unwind::Auto if user => walks.iter().copied().chain([""]).collect(),
+            Unwind::Cfi => walks.to_vec(),
             _ => vec![""],
         }
     }
@@ -269,7 +278,7 @@ impl StackTool {
         self.timed_map = None;
         self.marked.clear();
         self.unmarked.clear();
-        self.cfi_loaded = load.variant() == CFI;
+        self.cfi_loaded = crate::kernel::load::walks_cfi(load.variant());
         self.cfi_capacity = Capacity::of_budget(u64::from(args.cfi_budget) << 20);
         if self.cfi_loaded {
             let btf = kernel.btf()?;

@@ -458,9 +458,41 @@ pub fn lockdown() -> String {
         .unwrap_or_else(|| "unknown (securityfs not mounted)".to_owned())
 }
 
+/// Whether the running kernel's release is `major.minor` or later
+/// (false where it cannot be read).
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    release_at_least(&kernel_release(), major, minor)
+}
+
+/// Whether `release` (`6.1.0-57-cloud-amd64`) is `major.minor` or later.
+fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
+}
+
 /// The kernel release, as `uname -r` prints it.
 pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+#[cfg(test)]
+mod release_tests {
+    use super::release_at_least;
+
+    #[test]
+    fn releases_compare_by_major_then_minor() {
+        assert!(release_at_least("6.18.44-fc-v595", 6, 13));
+        assert!(release_at_least("6.13.0", 6, 13));
+        assert!(!release_at_least("6.12.117+deb12-cloud-amd64", 6, 13));
+        assert!(!release_at_least("6.1.0-57-cloud-amd64", 6, 13));
+        assert!(release_at_least("7.0-rc1", 6, 13));
+        assert!(!release_at_least("unknown", 6, 13));
+    }
 }

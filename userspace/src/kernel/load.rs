@@ -479,15 +479,16 @@ pub fn per_cpu_sums(ebpf: &Ebpf, map: &str, slots: usize) -> anyhow::Result<Vec<
 }
 
 /// The object variants the loader itself tells apart: state kept in the
-/// tasks themselves (5.11+), and the CFI walk (5.15+), which keeps
-/// operations in flight in task storage too. Every variant is listed in
+/// tasks themselves (5.11+), and the CFI walk (5.15+; as a global
+/// function, 6.13+), which keeps operations in flight in task storage
+/// too. Every variant is listed in
 /// `rtrace_common::variants`, which the build reads as well.
-pub use rtrace_common::variants::{CFI, TASK_STORAGE};
+pub use rtrace_common::variants::{CFI, CFI_GLOBAL, TASK_STORAGE, walks_cfi};
 
 /// Sets up where an object's `in_flight!` operations are kept, for the
 /// variant being loaded, and says where, for `-v`.
 pub fn in_flight(load: &mut Load) -> &'static str {
-    if load.variant() == TASK_STORAGE || load.variant() == CFI {
+    if load.variant() == TASK_STORAGE || walks_cfi(load.variant()) {
         // aya has no user-space type for task storage, which only the
         // programs use.
         load.allow_unsupported_maps();

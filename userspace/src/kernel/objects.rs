@@ -57,7 +57,7 @@ mod tests {
     use rtrace_common::{
         argdist, biolatency, events, ext4slower, gethostlatency, memleak, names, probes, profile,
         python, runqlat, stacks, stat, strace, targets, tcplife, unwind,
-        variants::{self, CFI, PERF, TASK_STORAGE},
+        variants::{self, CFI, CFI_GLOBAL, PERF, TASK_STORAGE},
     };
 
     /// The build strips DWARF (`ebpf_build::strip_debug`), which the kernel
@@ -251,7 +251,7 @@ mod tests {
             Uses {
                 objects: ["ext4slower", "gethostlatency", "memleak"]
                     .iter()
-                    .flat_map(|b| all_but(b, &[TASK_STORAGE, CFI]))
+                    .flat_map(|b| all_but(b, &[TASK_STORAGE, CFI, CFI_GLOBAL]))
                     .chain(of_bins(&["offcputime", "profile"]))
                     .collect(),
                 maps: &[names::STARTS],
@@ -288,7 +288,7 @@ mod tests {
                 globals: &[],
             },
             Uses {
-                objects: with(CFI),
+                objects: with(CFI).into_iter().chain(with(CFI_GLOBAL)).collect(),
                 maps: &[
                     unwind::CFI_ROWS,
                     unwind::CFI_RULES,
