@@ -12,6 +12,7 @@
 
 pub mod argdist;
 pub mod biolatency;
+pub mod btf;
 pub mod events;
 pub mod execsnoop;
 pub mod ext4slower;

@@ -248,14 +248,13 @@ pub const GLOBAL_PREFIX: &[u8] = b"rtrace_global_";
 /// work after the CFI walk, made one, took profile's verification from
 /// 570k instructions to a fraction (`docs/benchmarks.md`).
 pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
-    const BTF_KIND_FUNC: u32 = 12;
-    const BTF_FUNC_GLOBAL: u32 = 1;
+    use rtrace_common::btf::{FUNC_GLOBAL, HEADER_LEN, KIND_FUNC, KIND_MAX, MAGIC, extra_len};
     let word = |b: &[u8], at: usize| -> Result<u32, String> {
         b.get(at..at + 4)
             .map(|w| u32::from_le_bytes(w.try_into().expect("four bytes")))
             .ok_or_else(|| format!(".BTF ends inside its header or types, at {at}"))
     };
-    if btf.get(..2) != Some(&[0x9f, 0xeb][..]) {
+    if btf.get(..2) != Some(&MAGIC.to_le_bytes()[..]) {
         return Err(".BTF is not little-endian BTF".into());
     }
     let header = word(btf, 4)? as usize;
@@ -273,26 +272,19 @@ pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
     while at < types + types_len {
         let info = word(btf, at + 4)?;
         let (kind, vlen) = ((info >> 24) & 0x1f, info & 0xffff);
-        if kind == BTF_KIND_FUNC {
+        if kind == 0 || kind > KIND_MAX {
+            return Err(format!(".BTF has a type of unknown kind {kind} at {at}"));
+        }
+        if kind == KIND_FUNC {
             let n = name(btf, word(btf, at)?);
             if n.starts_with(GLOBAL_PREFIX) {
                 made.push(String::from_utf8_lossy(&n).into_owned());
                 // The linkage is the vlen field, the info word's low 16 bits.
-                let global = (info & !0xffff) | BTF_FUNC_GLOBAL;
+                let global = (info & !0xffff) | FUNC_GLOBAL;
                 btf[at + 4..at + 8].copy_from_slice(&global.to_le_bytes());
             }
         }
-        // Each kind's bytes after the common 12 (the kernel's btf.h).
-        at += 12
-            + match kind {
-                1 | 14 | 17 => 4,                      // INT, VAR, DECL_TAG
-                3 => 12,                               // ARRAY
-                4 | 5 | 15 | 19 => 12 * vlen as usize, // STRUCT, UNION, DATASEC, ENUM64
-                6 | 13 => 8 * vlen as usize,           // ENUM, FUNC_PROTO
-                0 => return Err(format!(".BTF has a type of kind 0 at {at}")),
-                _ if kind <= 19 => 0,
-                _ => return Err(format!(".BTF has a type of unknown kind {kind} at {at}")),
-            };
+        at += HEADER_LEN + extra_len(kind, vlen as usize);
     }
     Ok(made)
 }

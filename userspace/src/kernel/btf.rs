@@ -18,25 +18,11 @@ use std::{collections::HashMap, path::Path};
 /// Where the running kernel exposes its own BTF.
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
-const MAGIC: u16 = 0xeb9f;
-const KIND_INT: u32 = 1;
-const KIND_PTR: u32 = 2;
-const KIND_ARRAY: u32 = 3;
-const KIND_STRUCT: u32 = 4;
-const KIND_UNION: u32 = 5;
-const KIND_ENUM: u32 = 6;
-const KIND_TYPEDEF: u32 = 8;
-const KIND_VOLATILE: u32 = 9;
-const KIND_CONST: u32 = 10;
-const KIND_RESTRICT: u32 = 11;
-const KIND_FUNC: u32 = 12;
-const KIND_FUNC_PROTO: u32 = 13;
-const KIND_VAR: u32 = 14;
-const KIND_DATASEC: u32 = 15;
-const KIND_FLOAT: u32 = 16;
-const KIND_DECL_TAG: u32 = 17;
-const KIND_TYPE_TAG: u32 = 18;
-const KIND_ENUM64: u32 = 19;
+use rtrace_common::btf::{
+    KIND_ARRAY, KIND_CONST, KIND_ENUM, KIND_ENUM64, KIND_FLOAT, KIND_FUNC, KIND_FUNC_PROTO,
+    KIND_INT, KIND_PTR, KIND_RESTRICT, KIND_STRUCT, KIND_TYPE_TAG, KIND_TYPEDEF, KIND_UNION,
+    KIND_VOLATILE, MAGIC, extra_len,
+};
 
 /// The size of a type's fixed header.
 const HEADER: usize = 12;
@@ -144,17 +130,6 @@ pub struct Btf {
     /// has none and points past the end).
     starts: Vec<u32>,
     structs_by_name: HashMap<Box<str>, u32>,
-}
-
-/// How many bytes of extra data follow a type's header.
-fn extra_len(kind: u32, vlen: usize) -> usize {
-    match kind {
-        KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
-        KIND_ARRAY => 12,
-        KIND_STRUCT | KIND_UNION | KIND_ENUM64 | KIND_DATASEC => vlen * 12,
-        KIND_ENUM | KIND_FUNC_PROTO => vlen * 8,
-        _ => 0,
-    }
 }
 
 impl Btf {
