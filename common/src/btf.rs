@@ -49,6 +49,22 @@ pub const KIND_ENUM64: u32 = 19;
 /// The last kind there is.
 pub const KIND_MAX: u32 = KIND_ENUM64;
 
+/// The header of BTF (version 1, no flags) whose `types_len` bytes of
+/// types follow it, then `strings_len` bytes of strings.
+pub fn header(types_len: u32, strings_len: u32) -> [u8; HEADER_BYTES] {
+    let mut h = [0; HEADER_BYTES];
+    h[..2].copy_from_slice(&MAGIC.to_le_bytes());
+    h[2] = 1;
+    let words = [HEADER_BYTES as u32, 0, types_len, types_len, strings_len];
+    for (i, w) in words.iter().enumerate() {
+        h[4 + 4 * i..8 + 4 * i].copy_from_slice(&w.to_le_bytes());
+    }
+    h
+}
+
+/// Bytes of BTF's header ([`header`]).
+pub const HEADER_BYTES: usize = 24;
+
 /// A function's linkage, in its info word's vlen bits: global functions
 /// are verified once, on their own.
 pub const FUNC_GLOBAL: u32 = 1;

@@ -601,16 +601,7 @@ mod tests {
             strings.push(0);
             ty(name, 12, 0, 2, &[]);
         }
-        let mut btf = vec![0x9f, 0xeb, 1, 0];
-        for w in [
-            24,
-            0,
-            types.len() as u32,
-            types.len() as u32,
-            strings.len() as u32,
-        ] {
-            btf.extend_from_slice(&w.to_le_bytes());
-        }
+        let mut btf = rtrace_common::btf::header(types.len() as u32, strings.len() as u32).to_vec();
         btf.extend(types);
         btf.extend(strings);
         btf

@@ -482,17 +482,10 @@ impl Btf {
             }
         }
         let mut blob = Vec::with_capacity(24 + types.len() + strings.len());
-        blob.extend_from_slice(&MAGIC.to_le_bytes());
-        blob.extend_from_slice(&[1, 0]); // version, flags
-        for word in [
-            24,
-            0,
-            types.len() as u32,
+        blob.extend_from_slice(&rtrace_common::btf::header(
             types.len() as u32,
             strings.len() as u32,
-        ] {
-            blob.extend_from_slice(&word.to_le_bytes());
-        }
+        ));
         blob.extend_from_slice(&types);
         blob.extend_from_slice(&strings);
         aya::Btf::parse(&blob, aya::Endianness::Little).map_err(|e| BtfError::Stub(e.to_string()))
