@@ -6,7 +6,7 @@
 pub const MAGIC: u16 = 0xeb9f;
 /// Bytes of every type's header: its name, its info word, and its size
 /// or referenced type.
-pub const HEADER_LEN: usize = 12;
+pub const TYPE_HEADER_BYTES: usize = 12;
 
 /// `BTF_KIND_INT`.
 pub const KIND_INT: u32 = 1;

@@ -248,7 +248,9 @@ pub const GLOBAL_PREFIX: &[u8] = b"rtrace_global_";
 /// work after the CFI walk, made one, took profile's verification from
 /// 570k instructions to a fraction (`docs/benchmarks.md`).
 pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
-    use rtrace_common::btf::{FUNC_GLOBAL, HEADER_LEN, KIND_FUNC, KIND_MAX, MAGIC, extra_len};
+    use rtrace_common::btf::{
+        FUNC_GLOBAL, KIND_FUNC, KIND_MAX, MAGIC, TYPE_HEADER_BYTES, extra_len,
+    };
     let word = |b: &[u8], at: usize| -> Result<u32, String> {
         b.get(at..at + 4)
             .map(|w| u32::from_le_bytes(w.try_into().expect("four bytes")))
@@ -284,7 +286,7 @@ pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
                 btf[at + 4..at + 8].copy_from_slice(&global.to_le_bytes());
             }
         }
-        at += HEADER_LEN + extra_len(kind, vlen as usize);
+        at += TYPE_HEADER_BYTES + extra_len(kind, vlen as usize);
     }
     Ok(made)
 }

@@ -21,11 +21,8 @@ pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 use rtrace_common::btf::{
     KIND_ARRAY, KIND_CONST, KIND_ENUM, KIND_ENUM64, KIND_FLOAT, KIND_FUNC, KIND_FUNC_PROTO,
     KIND_INT, KIND_PTR, KIND_RESTRICT, KIND_STRUCT, KIND_TYPE_TAG, KIND_TYPEDEF, KIND_UNION,
-    KIND_VOLATILE, MAGIC, extra_len,
+    KIND_VOLATILE, MAGIC, TYPE_HEADER_BYTES, extra_len,
 };
-
-/// The size of a type's fixed header.
-const HEADER: usize = 12;
 
 /// Errors from reading BTF or resolving a member.
 #[derive(Debug, thiserror::Error)]
@@ -195,7 +192,7 @@ impl Btf {
 
     /// The header at byte `at` of the type section; `None` past its end.
     fn head_at(&self, at: usize) -> Option<Head> {
-        let t = self.type_data().get(at..at + HEADER)?;
+        let t = self.type_data().get(at..at + TYPE_HEADER_BYTES)?;
         let word = |i: usize| u32::from_le_bytes([t[i], t[i + 1], t[i + 2], t[i + 3]]);
         let info = word(4);
         Some(Head {
@@ -204,7 +201,7 @@ impl Btf {
             vlen: (info & 0xffff) as usize,
             kind_flag: info >> 31 == 1,
             size_or_type: word(8),
-            extra: at + HEADER,
+            extra: at + TYPE_HEADER_BYTES,
         })
     }
 
@@ -462,7 +459,7 @@ impl Btf {
     pub fn attach_ids(&self, upto: u32) -> Result<aya::Btf, BtfError> {
         let mut strings: Vec<u8> = vec![0];
         let count = (upto as usize).min(self.starts.len());
-        let mut types: Vec<u8> = Vec::with_capacity(count * HEADER);
+        let mut types: Vec<u8> = Vec::with_capacity(count * TYPE_HEADER_BYTES);
         for (_, h) in self.all().take_while(|&(id, _)| id <= upto) {
             let named = match h.kind {
                 KIND_FUNC => true,
@@ -481,7 +478,8 @@ impl Btf {
                 types.extend_from_slice(&word.to_le_bytes());
             }
         }
-        let mut blob = Vec::with_capacity(24 + types.len() + strings.len());
+        let mut blob =
+            Vec::with_capacity(rtrace_common::btf::HEADER_BYTES + types.len() + strings.len());
         blob.extend_from_slice(&rtrace_common::btf::header(
             types.len() as u32,
             strings.len() as u32,
