@@ -19,7 +19,7 @@ mod vm;
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{Context as _, bail};
@@ -392,17 +392,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Cli::VmSh { command } => {
             let mark = "=== rtrace-vm-sh:";
             let body = format!("( {command} ) 2>&1 | sed 's/^/{mark} /'\n");
-            let runs = vm::boot_all(
-                &vm::Built::build()?,
-                &body,
-                &[],
-                &[],
-                Duration::from_secs(600),
-            )?;
-            for run in runs {
-                println!("== {}", run.package);
-                for line in run.log.lines().filter_map(|l| l.split_once(mark)) {
-                    println!("{}", line.1.trim_start());
+            for (package, lines) in vm::marked_lines(&body, mark)? {
+                println!("== {package}");
+                for line in lines {
+                    println!("{line}");
                 }
             }
             Ok(())

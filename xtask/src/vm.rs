@@ -673,6 +673,26 @@ pub fn boot_all(
     Ok(runs)
 }
 
+/// Builds rtrace, runs `body` in every guest of the matrix (busybox sh,
+/// the binary as `/t/rtrace`, at most 10 minutes), and returns each
+/// guest's package with the lines of its console that carry `mark`, as
+/// they stand after it. The body marks the lines it wants seen (the
+/// console also carries the kernel's messages).
+pub fn marked_lines(body: &str, mark: &str) -> anyhow::Result<Vec<(String, Vec<String>)>> {
+    let runs = boot_all(&Built::build()?, body, &[], &[], Duration::from_secs(600))?;
+    Ok(runs
+        .into_iter()
+        .map(|run| {
+            let lines = run
+                .log
+                .lines()
+                .filter_map(|l| l.split_once(mark).map(|(_, r)| r.trim().to_owned()))
+                .collect();
+            (run.package, lines)
+        })
+        .collect())
+}
+
 /// The release binary, built with the static one beside it
 /// ([`crate::dist::static_path`]): what the guests run.
 pub struct Built(pub PathBuf);

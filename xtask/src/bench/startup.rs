@@ -541,20 +541,9 @@ fn verifier(rtrace: &Path) -> anyhow::Result<String> {
             args.join("_")
         ));
     }
-    let runs = crate::vm::boot_all(
-        &crate::vm::Built::build()?,
-        &body,
-        &[],
-        &[],
-        std::time::Duration::from_secs(600),
-    )?;
-    for run in runs {
-        let lines: String = run
-            .log
-            .lines()
-            .filter_map(|l| l.split_once(mark).map(|(_, r)| format!("{}\n", r.trim())))
-            .collect();
-        kernels.push((run.package, lines));
+    for (package, lines) in crate::vm::marked_lines(&body, mark)? {
+        let lines: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        kernels.push((package, lines));
     }
     // (run, program) in order, then each kernel's count.
     let mut rows: Vec<(RunProgram, Vec<Option<u64>>)> = Vec::new();
