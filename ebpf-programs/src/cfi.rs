@@ -173,7 +173,7 @@ pub(crate) const REGS_TASK: u64 = 0;
 /// entered the kernel with.
 pub(crate) const REGS_SAMPLED: u64 = 1;
 /// A sample whose registers could not be read.
-pub(crate) const REGS_UNREAD: u64 = 3;
+pub(crate) const REGS_UNREAD: u64 = 2;
 
 /// Copies the walk's first user registers to the scratch value's `regs`:
 /// `sampled`'s (a perf event's registers, or null in task context) if

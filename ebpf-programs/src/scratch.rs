@@ -51,7 +51,8 @@ pub struct Scratch {
     pub(crate) entry: Stack,
     #[cfg(feature = "cfi")]
     pub(crate) walk: State,
-    /// A user-mode sample's registers (ip, sp, bp, bx), for the walk
+    /// The registers the walk starts from (ip, sp, bp, bx): a user-mode
+    /// sample's, else those the task entered the kernel with
     /// (`cfi::stash_regs`).
     #[cfg(feature = "cfi")]
     pub(crate) regs: [u64; 4],
