@@ -18,6 +18,7 @@ pub mod execsnoop;
 pub mod ext4slower;
 pub mod gethostlatency;
 pub mod hist;
+pub mod java;
 pub mod memleak;
 pub mod names;
 pub mod offcputime;

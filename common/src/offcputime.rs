@@ -139,6 +139,7 @@ pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 1] = {
         p[14],
         p[15],
         p[16],
+        p[17],
         INTERVALS_LOST_NAME,
     ]
 };

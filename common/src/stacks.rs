@@ -243,6 +243,9 @@ pub const SEEN_PY_CODE: u32 = 32;
 /// With [`SEEN_PY_CODE`]: the record names an asyncio task (its name's
 /// string object), not a code object.
 pub const SEEN_PY_TASK: u32 = 64;
+/// `Seen::flags`: a [`crate::java::JavaSeen`] record, a Java frame the
+/// walk wrote, for user space to name while its process lives.
+pub const SEEN_JAVA: u32 = 128;
 
 /// A mapping of a loaded file that the kernel found for a process itself
 /// (`bpf_find_vma`), told to user space once, as it is kept: the record
@@ -361,9 +364,13 @@ pub const ERR_PY_TSTATE: u32 = 15;
 /// of the wrong type, an unreadable frame: a frame half set up, or a
 /// process exiting): the walk went on with native frames.
 pub const ERR_PY_BAD: u32 = 16;
+/// `ERRORS` slot: Java frames the walk could not read or step past (a pc
+/// in no code blob, an interpreted frame whose frame pointer is not one):
+/// the stack ends there.
+pub const ERR_JAVA_BAD: u32 = 17;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 17] = [
+pub const ERR_NAMES: [&str; 18] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -381,6 +388,7 @@ pub const ERR_NAMES: [&str; 17] = [
     "stacks of processes in execve between two programs, without their user part",
     "walks of Python threads whose thread state could not be read (native frames only)",
     "Python frames that failed their check (half set up, or exiting): native frames from there",
+    "Java frames that could not be read or stepped past: the stack ends there",
 ];
 
 /// The `ERRORS` names of an event tool that walks user stacks with the

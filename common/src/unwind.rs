@@ -260,6 +260,9 @@ pub struct CfiOffsets {
     pub ax: u32,
     /// `pt_regs.bx`.
     pub bx: u32,
+    /// `pt_regs.r13`: an interpreted Java frame's bytecode pointer, in
+    /// the sampled frame.
+    pub r13: u32,
     /// `task_struct.thread.fsbase`: the thread pointer, where a Python
     /// thread's state is found from.
     pub task_fsbase: u32,

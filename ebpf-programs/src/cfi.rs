@@ -39,7 +39,7 @@ use crate::{
 
 /// Offsets into `struct pt_regs` and `struct task_struct`, from BTF.
 #[unsafe(no_mangle)]
-static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
+pub(crate) static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     ip: 0,
     sp: 0,
     bp: 0,
@@ -60,6 +60,7 @@ static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     di: 0,
     ax: 0,
     bx: 0,
+    r13: 0,
     task_fsbase: 0,
     find_vma: 0,
 });
@@ -241,7 +242,7 @@ fn task_user_regs() -> Option<(u64, u64, u64, u64)> {
 /// registers it entered the kernel with, which are also those a sample
 /// taken in user mode saw (the interrupt saved them there).
 #[inline(always)]
-fn task_reg(off: u32) -> u64 {
+pub(crate) fn task_reg(off: u32) -> u64 {
     // SAFETY: the helpers have no preconditions beyond a task.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
     if regs.is_null() {
@@ -591,6 +592,11 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let mut record = true;
     if scratch.py.mode == crate::python::NOT_STARTED {
         crate::python::start(scratch, tgid, global(&CFI_OFFSETS).task_fsbase);
+        crate::java::start(scratch, tgid);
+    }
+    // A pc in a JVM's code cache: a Java frame, which has no CFI.
+    if crate::java::in_code(scratch) {
+        return crate::java::step(scratch, tgid);
     }
     if scratch.py.on != 0 {
         match crate::python::at_frame(scratch, tgid) {
@@ -766,6 +772,7 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let _ = CFI_PROCS.remove(tgid);
     let _ = CFI_FOUND.remove(tgid);
     crate::python::forget(tgid);
+    crate::java::forget(tgid);
     // Its first stacks as the new program are told, for its symbols;
     // the exec before the mappings found, which it would clear.
     let _ = SEEN.remove(tgid);
@@ -869,6 +876,7 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     }
     let _ = CFI_FOUND.remove(tgid);
     crate::python::forget(tgid);
+    crate::java::forget(tgid);
     // SAFETY: only tested for presence.
     let sampled = unsafe { SEEN.get(tgid) }.is_some() || CFI_PROCS.get_ptr(tgid).is_some();
     // At once: the pid's next process may be a runtime that makes its

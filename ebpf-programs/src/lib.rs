@@ -8,6 +8,8 @@
 pub mod cfi;
 pub mod events;
 pub mod expr;
+#[cfg(feature = "cfi")]
+pub mod java;
 pub mod offcpu;
 pub mod process;
 #[cfg(feature = "cfi")]

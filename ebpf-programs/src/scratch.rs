@@ -80,6 +80,35 @@ pub struct Scratch {
     /// rest on kernels that count the walk's callers' frames too.
     #[cfg(feature = "cfi")]
     pub(crate) py_new: [rtrace_common::python::PyCode; PY_NEW],
+    /// The walk's Java part.
+    #[cfg(feature = "cfi")]
+    pub(crate) jv: JavaWalk,
+    /// Java frames new to this CPU, to tell user space of after the walk
+    /// (`JavaWalk::nnew` of them).
+    #[cfg(feature = "cfi")]
+    pub(crate) jv_new: [rtrace_common::java::JavaSeen; rtrace_common::java::JAVA_NEW],
+    /// A code blob's head being read (`crate::java`).
+    #[cfg(feature = "cfi")]
+    pub(crate) jv_buf: [u64; crate::java::BUF_WORDS],
+}
+
+/// The Java part of a walk (`crate::java`), written field by field as
+/// [`PyWalk`] is.
+#[cfg(feature = "cfi")]
+#[repr(C)]
+pub struct JavaWalk {
+    /// The blob the frame at hand is in.
+    pub(crate) blob: u64,
+    /// Set where the process runs a JVM the walk reads (`proc`).
+    pub(crate) on: u32,
+    /// Set while the frame at hand is the walk's first (the sampled one).
+    pub(crate) top: u32,
+    /// How many Java frames new to this CPU the walk queued
+    /// (`Scratch::jv_new`).
+    pub(crate) nnew: u32,
+    pub(crate) _pad: u32,
+    /// The process's JVM, copied from `JAVA_PROCS`.
+    pub(crate) proc: rtrace_common::java::JavaProc,
 }
 
 /// A deep stack being stored by a `bpf_loop` callback, one entry a call

@@ -442,6 +442,8 @@ pub fn after_walk<S: Sink>(events: &S, packed: u64, who: u64) -> u64 {
     // Last, where little else is live across the call.
     // SAFETY: a map value.
     crate::python::send_new(&ctx, events, unsafe { &mut *s });
+    // SAFETY: a map value.
+    crate::java::send_new(&ctx, events, unsafe { &mut *s });
     stack
 }
 

@@ -109,6 +109,13 @@ pub struct StackArgs {
     /// place of the interpreter's loop that ran them (with the CFI walk).
     #[arg(long)]
     pub no_python: bool,
+    /// Do not walk the JVM's frames: a Java process's compiled and
+    /// interpreted frames are then named only by a perf map, if it writes
+    /// one. By default every process running HotSpot (OpenJDK 17 to 25)
+    /// has its Java methods in its stacks, inlined ones too, read from
+    /// the JVM's own tables with no flag and no agent (with the CFI walk).
+    #[arg(long)]
+    pub no_java: bool,
     /// Do not show asyncio tasks: by default a Python 3.14 process that
     /// runs asyncio has the running task's name as a frame above the
     /// coroutines it runs (`[task: NAME]`), which costs its samples one
@@ -152,6 +159,7 @@ pub fn walk_args() -> StackArgs {
         offsets: true,
         addresses: false,
         no_python: false,
+        no_java: false,
         no_asyncio_tasks: false,
         wait_exit: None,
         transforms: Default::default(),
@@ -227,6 +235,10 @@ pub struct StackTool {
     py_map: Option<BpfHashMap<MapData, u32, PyProc>>,
     /// Python processes the table had no room for.
     py_full: u64,
+    /// The kernel's table of JVM processes, with the `cfi` object.
+    java_map: Option<BpfHashMap<MapData, u32, rtrace_common::java::JavaProc>>,
+    /// JVM processes the table had no room for.
+    java_full: u64,
 }
 
 /// The kernel's table of stored stacks, by hash, and the stacks read
@@ -291,6 +303,7 @@ impl StackTool {
                 di: reg("di")?,
                 ax: reg("ax")?,
                 bx: reg("bx")?,
+                r13: reg("r13")?,
                 cs: reg("cs")?,
                 task_fsbase: btf.offset("task_struct", "thread")?
                     + btf.offset("thread_struct", "fsbase")?,
@@ -320,8 +333,15 @@ impl StackTool {
                 .size(rtrace_common::unwind::CFI_PROCS, CFI_PROCESSES)
                 .size(rtrace_common::unwind::CFI_FILES, CFI_FILES)
                 .size(rtrace_common::unwind::CFI_FOUND, CFI_PROCESSES)
-                .size(rtrace_common::python::PY_PROCS, MAX_PY_PROCS);
+                .size(rtrace_common::python::PY_PROCS, MAX_PY_PROCS)
+                .size(
+                    rtrace_common::java::JAVA_PROCS,
+                    rtrace_common::java::MAX_JAVA_PROCS,
+                );
         }
+        self.sym
+            .java()
+            .configure(self.cfi_loaded && !args.no_java, args.lines);
         self.sym.python().configure(
             self.cfi_loaded && !args.no_python,
             args.lines,
@@ -397,8 +417,13 @@ impl StackTool {
             ebpf,
             rtrace_common::python::PY_PROCS,
         )?)?);
+        self.java_map = Some(BpfHashMap::try_from(crate::kernel::load::take_map(
+            ebpf,
+            rtrace_common::java::JAVA_PROCS,
+        )?)?);
         for &pid in pids {
             self.examine_python(Proc::now(pid), false);
+            self.examine_java(Proc::now(pid), false);
         }
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
@@ -537,6 +562,15 @@ impl StackTool {
             }
             return Ok(());
         }
+        if head.flags & rtrace_common::stacks::SEEN_JAVA != 0 {
+            if let Some(j) = events::record::<rtrace_common::java::JavaSeen>(record) {
+                // Named now, while the process lives: the name is kept
+                // for its stacks, symbolized later.
+                let p = Proc::new(j.tgid, j.born);
+                self.sym.java().frames(p, j.first, j.second);
+            }
+            return Ok(());
+        }
         let Some(seen) = events::record::<Seen>(record) else {
             return Ok(());
         };
@@ -546,6 +580,7 @@ impl StackTool {
             // is its own: the pid's next process starts with nothing of it.
             self.sym.ended(who, seen.parent_born);
             self.sym.python().forget(who);
+            self.sym.java().forget(who);
             self.execed.remove(&who);
             // `newest` keeps it: the stacks of a tool that names them one
             // at a time (memleak's, after the command exited) are its own
@@ -590,6 +625,10 @@ impl StackTool {
             self.sym.capture(who, new_code || read || fresh);
         }
         self.examine_python(who, exec || new_code);
+        if exec {
+            self.sym.java().forget(who);
+        }
+        self.examine_java(who, exec || new_code);
         self.mark_timed();
         Ok(())
     }
@@ -602,6 +641,20 @@ impl StackTool {
         }
         if let Some(record) = self.sym.python().examine(who, fresh) {
             self.give_python(who.pid, &record);
+        }
+    }
+
+    /// Looks for a JVM in process `who` (again if `fresh`) and gives the
+    /// kernel's walk what it needs of one found whose code cache is set
+    /// up; one still starting is looked at again at its next new code.
+    fn examine_java(&mut self, who: Proc, fresh: bool) {
+        let Some(map) = &mut self.java_map else {
+            return;
+        };
+        if let Some(record) = self.sym.java().examine(who, fresh)
+            && map.insert(who.pid, record, 0).is_err()
+        {
+            self.java_full += 1;
         }
     }
 
@@ -942,6 +995,7 @@ impl StackTool {
             .chain(self.cut_short_summary())
             .chain(self.sym.dump_summary())
             .chain(self.sym.python_summary())
+            .chain(self.sym.java_summary())
             .collect()
     }
 
@@ -1003,6 +1057,14 @@ impl StackTool {
                 "{} Python processes did not fit in map PY_PROCS ({MAX_PY_PROCS} entries): \
                  their stacks have native frames only",
                 self.py_full
+            )));
+        }
+        if self.java_full > 0 {
+            out.push(Warning::unwalked(format!(
+                "{} JVM processes did not fit in map JAVA_PROCS ({} entries): their Java \
+                 frames are unnamed",
+                self.java_full,
+                rtrace_common::java::MAX_JAVA_PROCS
             )));
         }
         out.extend(self.cut_short_warning());

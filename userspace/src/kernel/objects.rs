@@ -297,6 +297,7 @@ mod tests {
                     unwind::CFI_FILES,
                     unwind::CFI_FOUND,
                     python::PY_PROCS,
+                    rtrace_common::java::JAVA_PROCS,
                 ],
                 programs: strs(&[
                     unwind::PROG_EXEC,

@@ -6,6 +6,7 @@
 pub mod cfi;
 pub mod cficache;
 pub mod demangle;
+pub mod java;
 pub mod jitdump;
 pub mod perfdata;
 pub mod perfscript;

@@ -43,7 +43,7 @@ use self::{
 };
 use crate::{
     kernel::{procmaps::Proc, warning::Warning},
-    stacks::{jitdump, python::Python},
+    stacks::{java::Java, jitdump, python::Python},
 };
 
 /// An executable mapping of a process.
@@ -99,6 +99,9 @@ enum Loc {
     /// its number (`rtrace_common::python::PY_TASK_NUMBER`), and the
     /// name's check.
     PyTask(Proc, u64, u32),
+    /// A Java frame: the process and its two slots
+    /// (`rtrace_common::java`).
+    Java(Proc, u64, u64),
     /// In a mapping whose file could not be opened.
     Unopened(Proc, usize),
     Unknown,
@@ -152,6 +155,8 @@ pub struct Symbolizer {
     gone_dumps: Vec<(String, Option<Warning>)>,
     /// The Python processes and the names of their code.
     python: Python,
+    /// The JVM processes and the names of their methods.
+    java: Java,
     /// The pprof file the run writes, which `rtrace report` names JIT
     /// frames from once their maps are written.
     pprof: Option<String>,
@@ -193,6 +198,7 @@ impl Symbolizer {
             jit_time: None,
             gone_dumps: Vec::new(),
             python: Python::default(),
+            java: Java::default(),
             pprof: None,
         }
     }
@@ -200,6 +206,17 @@ impl Symbolizer {
     /// What `-v` says of the Python processes found.
     pub fn python_summary(&self) -> Vec<String> {
         self.python.summary()
+    }
+
+    /// What `-v` says of the JVM processes found.
+    pub fn java_summary(&self) -> Vec<String> {
+        self.java.summary()
+    }
+
+    /// The JVM processes, whose frames the kernel walks, and the names of
+    /// their methods.
+    pub fn java(&mut self) -> &mut Java {
+        &mut self.java
     }
 
     /// The Python processes, whose frames the kernel walks, and the names
@@ -228,6 +245,7 @@ impl Symbolizer {
             out.push(u.warning(*p, self.pprof.as_deref()));
         }
         out.extend(self.python.warnings());
+        out.extend(self.java.warnings());
         out.extend(self.gone_dumps.iter().filter_map(|(_, w)| w.clone()));
         out.extend(self.dumps.iter().filter_map(|(p, d)| d.warning(p.pid)));
         if self.unnamed.len() > SHOWN {
@@ -751,6 +769,16 @@ impl Symbolizer {
                         i += 2;
                         continue;
                     }
+                    // A Java frame: two slots too.
+                    if let Some(pid) = pid
+                        && rtrace_common::java::is_java_frame(ip)
+                        && let Some(&more) = ips.get(i + 1)
+                    {
+                        let addr = ip & rtrace_common::java::JAVA_ADDR_MASK;
+                        out.push((Loc::Java(*pid, ip, more), addr, None));
+                        i += 2;
+                        continue;
+                    }
                     // An asyncio task's frame: two slots too.
                     if let Some(pid) = pid
                         && rtrace_common::python::is_py_task(ip)
@@ -857,6 +885,7 @@ impl Symbolizer {
                                 vec![self.python_frame(pid, a, check, lasti)]
                             }
                             Loc::PyTask(pid, v, check) => vec![self.task_frame(pid, v, check)],
+                            Loc::Java(pid, first, second) => self.java_frames(pid, first, second),
                             Loc::Named(pid, i) => {
                                 let name = &self.procs[&pid].maps[i].name;
                                 vec![Frame::new(name.clone(), Kind::User, Some(name))]
@@ -992,6 +1021,32 @@ impl Symbolizer {
                 .map(|l| Arc::from(format!("{}:{l}", n.file)));
         }
         frame
+    }
+
+    /// A Java frame: its method (and those inlined at its pc, first),
+    /// named as Java users read them, in its source file, with its line
+    /// under `--lines`.
+    fn java_frames(&mut self, pid: Proc, first: u64, second: u64) -> Vec<Frame> {
+        use super::java::JavaKind;
+        self.java
+            .frames(pid, first, second)
+            .into_iter()
+            .map(|j| {
+                let kind = match j.kind {
+                    JavaKind::Interpreted => Kind::Interpreted,
+                    JavaKind::Inlined => Kind::Inlined,
+                    JavaKind::Compiled | JavaKind::Native | JavaKind::Stub | JavaKind::Unknown => {
+                        Kind::Jit
+                    }
+                };
+                let mut frame = Frame::new(j.name, kind, None);
+                frame.module = j.file.clone();
+                if let (Some(file), Some(line)) = (&j.file, j.line) {
+                    frame.line = Some(Arc::from(format!("{file}:{line}")));
+                }
+                frame
+            })
+            .collect()
     }
 
     /// An asyncio task's frame: `[task: NAME]`, `[task: Task-N]` for a

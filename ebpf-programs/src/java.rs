@@ -1,0 +1,502 @@
+//! HotSpot's frames, spliced into the CFI walk: where the walk's pc is in
+//! a JVM's code cache, the frame is a Java one (compiled, interpreted, a
+//! native method's wrapper, or a stub), stepped by HotSpot's own rules
+//! rather than by CFI, which JIT code has none of.
+//!
+//! User space tells the kernel of each JVM ([`JavaProc`]: its code heaps
+//! and the offsets of the fields the walk reads, from the JVM's own
+//! `gHotSpotVMStructs` tables). Each Java frame is found from its pc by
+//! the heap's segment map (HotSpot's own lookup), named by what it points
+//! at (an `nmethod*` and its compile id, a `Method*` and its
+//! `ConstMethod*`), which user space reads back and checks, and stepped:
+//! a compiled frame by its size, an interpreted or native one by its
+//! frame pointer. Everything it needs after a helper call lives in the
+//! scratch value, not in registers: their spills would grow the walk's
+//! step past what kernels before 6.13 allow its chain of frames.
+
+use aya_ebpf::{
+    helpers::generated,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use rtrace_common::{
+    java::{
+        BLOB_BYTES, JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_NATIVE, JAVA_NEW,
+        JAVA_STUB, JavaProc, MAX_HEAPS,
+    },
+    stacks::{ERR_JAVA_BAD, SEEN_JAVA},
+};
+
+use crate::{
+    count_error, read_user,
+    scratch::{Scratch, push},
+};
+
+/// The JVM processes, by process id; user space fills it.
+#[map]
+pub(crate) static JAVA_PROCS: HashMap<u32, JavaProc> = HashMap::with_max_entries(1, 0);
+
+/// Java frames each CPU has told user space of, by a hash of process,
+/// its salt and the frame's slots, in a table without chains (as
+/// Python's code objects are told).
+#[map]
+static JAVA_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0);
+/// Slots of [`JAVA_TOLD`], a power of two.
+const TOLD_SLOTS: u32 = 4096;
+
+/// Hops of a segment map's walk back to its block's start: HotSpot
+/// writes at most 0xfe a byte, and a block's segments count down to
+/// its start in steps that it keeps short (OpenJDK's `find_start` takes
+/// few; OTel's walk takes at most 12).
+const SEGMAP_HOPS: usize = 16;
+
+/// The first four bytes of a blob's name, as a little-endian `u32`.
+const NAME_NMETHOD: u32 = u32::from_le_bytes(*b"nmet");
+const NAME_NATIVE: u32 = u32::from_le_bytes(*b"nati");
+const NAME_INTERPRETER: u32 = u32::from_le_bytes(*b"Inte");
+const NAME_VTABLE: u32 = u32::from_le_bytes(*b"vtab");
+
+/// Largest distance from an interpreted frame's sp to its frame pointer
+/// taken as plausible (OTel's and async-profiler's bound): past it, the
+/// register is no frame pointer of this frame.
+const INTERP_SPAN: u64 = 0x1000;
+
+/// Sets up the Java part of a walk of process `tgid`, at its first step:
+/// the process's JVM copied in, if user space gave it one.
+#[inline(always)]
+pub(crate) fn start(s: &mut Scratch, tgid: u32) {
+    s.jv.on = 0;
+    s.jv.nnew = 0;
+    let Some(p) = JAVA_PROCS.get_ptr(tgid) else {
+        return;
+    };
+    // SAFETY: a map value, copied into another.
+    s.jv.proc = unsafe { *p };
+    s.jv.on = 1;
+}
+
+/// Whether the walk's pc is in the JVM's code cache: a Java frame.
+#[inline(always)]
+pub(crate) fn in_code(s: &Scratch) -> bool {
+    let ip = s.walk.ip;
+    s.jv.on != 0 && ip >= s.jv.proc.low_bound && ip < s.jv.proc.high_bound
+}
+
+/// Reads `len` bytes of user memory at `addr` into `buf`.
+#[inline(always)]
+fn read_into<const N: usize>(buf: &mut [u64; N], addr: u64, len: usize) -> bool {
+    let len = if len > N * 8 { N * 8 } else { len };
+    // SAFETY: `buf` has room for `N * 8` bytes, `len` is at most that;
+    // the helper copes with any address.
+    unsafe {
+        generated::bpf_probe_read_user(
+            buf.as_mut_ptr().cast(),
+            len as u32,
+            addr as *const core::ffi::c_void,
+        ) == 0
+    }
+}
+
+/// The word at byte `off` of `buf` (rounded down to a word).
+#[inline(always)]
+fn word<const N: usize>(buf: &[u64; N], off: u16) -> u64 {
+    buf.get(usize::from(off / 8) % N).copied().unwrap_or(0)
+}
+
+/// The `i32` at byte `off` (a multiple of 4) of `buf`.
+#[inline(always)]
+fn int<const N: usize>(buf: &[u64; N], off: u16) -> i32 {
+    (word(buf, off) >> ((off & 4) * 8)) as u32 as i32
+}
+
+/// The `i16` at byte `off` (a multiple of 2) of `buf`.
+#[inline(always)]
+fn short<const N: usize>(buf: &[u64; N], off: u16) -> i16 {
+    (word(buf, off) >> ((off & 6) * 8)) as u16 as i16
+}
+
+/// The Java step of the walk, at a pc in the code cache: the frame is
+/// written (one kind of Java frame, two slots) and the walk's registers
+/// stepped to its caller. Returns what `bpf_loop`'s callback returns: 1
+/// ends the walk. A frame that cannot be read or stepped is counted and
+/// ends the walk: its caller is unknown.
+#[inline(always)]
+pub(crate) fn step(s: &mut Scratch, tgid: u32) -> i64 {
+    // Java frames depend on more than the stack's words (the code
+    // cache's contents, which change as methods are compiled and freed).
+    s.walk.unremembered = 1;
+    // The first frame is the sampled one: its registers are the
+    // interrupted code's, and a compiled one may be in its prologue or
+    // epilogue.
+    s.jv.top = u32::from(s.walk.depth == 0);
+    s.py.native += 1;
+    if !find_blob(s) {
+        count_error(ERR_JAVA_BAD);
+        return 1;
+    }
+    let p: *const JavaProc = &raw const s.jv.proc;
+    // SAFETY: `p` points into the scratch map value, which outlives the
+    // step, and nothing writes `s.jv.proc` during it.
+    let p = unsafe { &*p };
+    if !read_into(&mut s.jv_buf, s.jv.blob, usize::from(p.blob_read)) {
+        count_error(ERR_JAVA_BAD);
+        return 1;
+    }
+    let name = word(&s.jv_buf, p.blob_name);
+    let kind = read_user::<u32>(name).unwrap_or(0);
+    let done = match kind {
+        NAME_INTERPRETER => interpreted(s, tgid),
+        NAME_NMETHOD | NAME_NATIVE => compiled(s, tgid, kind == NAME_NATIVE),
+        _ => stub(s, tgid, kind == NAME_VTABLE),
+    };
+    match done {
+        Some(end) => end,
+        None => {
+            count_error(ERR_JAVA_BAD);
+            1
+        }
+    }
+}
+
+/// Finds the blob that holds the walk's pc by its heap's segment map,
+/// into `s.jv.blob`; `false` if it is in no heap or in a free block.
+#[inline(always)]
+fn find_blob(s: &mut Scratch) -> bool {
+    let ip = s.walk.ip;
+    let p = &s.jv.proc;
+    let mut found = None;
+    for i in 0..MAX_HEAPS {
+        if i as u32 >= p.nheaps {
+            break;
+        }
+        if let Some(h) = p.heaps.get(i)
+            && h.low <= ip
+            && ip < h.high
+        {
+            found = Some((h.low, h.segmap, h.log2_segment & 31));
+            break;
+        }
+    }
+    let Some((low, segmap, log2)) = found else {
+        return false;
+    };
+    let mut seg = (ip - low) >> log2;
+    for _ in 0..SEGMAP_HOPS {
+        let Some(b) = read_user::<u8>(segmap.wrapping_add(seg)) else {
+            return false;
+        };
+        if b == 0 {
+            s.jv.blob = low
+                .wrapping_add(seg << log2)
+                .wrapping_add(u64::from(s.jv.proc.heap_block));
+            return true;
+        }
+        if b == 0xff || u64::from(b) > seg {
+            return false;
+        }
+        seg -= u64::from(b);
+    }
+    false
+}
+
+/// Writes a Java frame's two slots, and queues it for user space if
+/// this CPU has not told it yet; `false` if the stack is full.
+#[inline(always)]
+fn write(s: &mut Scratch, tgid: u32, tag: u64, addr: u64, second: u64) -> bool {
+    let first = tag | (addr & JAVA_ADDR_MASK);
+    if !(push(s, first) && push(s, second)) {
+        return false;
+    }
+    tell(s, tgid, first, second);
+    true
+}
+
+/// Queues frame (`first`, `second`) for user space the first time this
+/// CPU meets it (see [`JAVA_TOLD`]); a walk queues at most `JAVA_NEW`.
+#[inline(always)]
+fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
+    if s.jv.nnew as usize >= JAVA_NEW {
+        return;
+    }
+    let h = (first ^ second.rotate_left(23) ^ (u64::from(tgid) << 40) ^ u64::from(s.jv.proc.salt))
+        .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let Some(told) = JAVA_TOLD.get_ptr_mut((h >> 40) as u32 & (TOLD_SLOTS - 1)) else {
+        return;
+    };
+    // SAFETY: a per-CPU map value.
+    unsafe {
+        if *told == h {
+            return;
+        }
+        *told = h;
+    }
+    // Read back and masked, so that the verifier bounds the index
+    // however the compiler checked it.
+    // SAFETY: a plain read of a field.
+    let i = unsafe { core::ptr::read_volatile(&s.jv.nnew) } as usize & (JAVA_NEW - 1);
+    if let Some(q) = s.jv_new.get_mut(i) {
+        q.tgid = tgid;
+        q.flags = SEEN_JAVA;
+        q.first = first;
+        q.second = second;
+        s.jv.nnew += 1;
+    }
+}
+
+/// The Java frames a walk queued, sent, and the queue emptied (a walk
+/// recalled, not walked, sends nothing again).
+#[inline(always)]
+pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
+    ctx: &C,
+    events: &S,
+    s: &mut Scratch,
+) {
+    if s.jv.nnew == 0 {
+        return;
+    }
+    let born = crate::process::born();
+    for i in 0..JAVA_NEW {
+        if i as u32 >= s.jv.nnew {
+            break;
+        }
+        if let Some(q) = s.jv_new.get_mut(i) {
+            q.born = born;
+            crate::events::emit_now(events, ctx, q);
+        }
+    }
+    s.jv.nnew = 0;
+}
+
+/// Moves the walk to the caller: `ret` its pc, `sp` and `bp` its
+/// registers. Returns the callback's value: 1 where the walk ends.
+#[inline(always)]
+fn to_caller(s: &mut Scratch, ret: u64, sp: u64, bp: u64) -> Option<i64> {
+    s.walk.ip = ret;
+    s.walk.sp = sp;
+    s.walk.bp = bp;
+    Some(i64::from(
+        ret == 0 || s.walk.depth >= crate::cfi::max_depth(),
+    ))
+}
+
+/// An interpreted frame: its `Method*` and bytecode index from the
+/// frame's slots, then the caller by the frame pointer (its sender sp,
+/// not `fp + 16`: a compiled caller's sp is its unextended one).
+#[inline(always)]
+fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
+    let p: *const JavaProc = &raw const s.jv.proc;
+    // SAFETY: as in `step`.
+    let p = unsafe { &*p };
+    let (sp, fp) = (s.walk.sp, s.walk.bp);
+    if fp & 7 != 0 || fp < sp || fp - sp >= INTERP_SPAN {
+        return None;
+    }
+    // Each slot read apart: one read of them all needs an index into the
+    // copy that kernels before 6.13 could not bound.
+    let at = |off: i16| fp.wrapping_add(off as i64 as u64);
+    let method = read_user::<u64>(at(p.interp_method))?;
+    // The top frame's bcp is in r13: the slot is written only before
+    // calls.
+    let bcp = if s.jv.top != 0 {
+        crate::cfi::task_reg(crate::global(&crate::cfi::CFI_OFFSETS).r13)
+    } else {
+        read_user::<u64>(at(p.interp_bcp))?
+    };
+    let cm = read_user::<u64>(method.wrapping_add(u64::from(p.method_const)))?;
+    let code = cm.wrapping_add(u64::from(p.const_method_size));
+    let bci = bcp.wrapping_sub(code);
+    let bci = if bci < 1 << 16 { bci } else { 0xffff_ffff };
+    let check = (cm >> 3) as u32;
+    if !write(
+        s,
+        tgid,
+        JAVA_INTERPRETED,
+        method,
+        u64::from(check) << 32 | bci,
+    ) {
+        return Some(1);
+    }
+    let sender = read_user::<u64>(at(p.interp_sender_sp))?;
+    let [bp, ret] = read_user::<[u64; 2]>(fp)?;
+    to_caller(s, ret, sender, bp)
+}
+
+/// Where the code of the blob read into `s.jv_buf` starts.
+#[inline(always)]
+fn code_begin(s: &Scratch) -> u64 {
+    let p = &s.jv.proc;
+    if p.code_is_offset != 0 {
+        s.jv.blob
+            .wrapping_add(int(&s.jv_buf, p.blob_code) as i64 as u64)
+    } else {
+        word(&s.jv_buf, p.blob_code)
+    }
+}
+
+/// A compiled method, or (`native`) a native method's wrapper.
+#[inline(always)]
+fn compiled(s: &mut Scratch, tgid: u32, native: bool) -> Option<i64> {
+    let p: *const JavaProc = &raw const s.jv.proc;
+    // SAFETY: as in `step`.
+    let p = unsafe { &*p };
+    let begin = code_begin(s);
+    let id = int(&s.jv_buf, p.nm_compile_id) as u32;
+    let mut pc = s.walk.ip;
+    // A frame being deoptimized returns to the handler, and keeps its
+    // real pc in its frame.
+    if p.nm_deopt != 0 && s.jv.top == 0 {
+        let handler = if p.deopt_is_offset != 0 {
+            begin.wrapping_add(int(&s.jv_buf, p.nm_deopt) as i64 as u64)
+        } else {
+            word(&s.jv_buf, p.nm_deopt)
+        };
+        if pc == handler {
+            let at = s
+                .walk
+                .sp
+                .wrapping_add(int(&s.jv_buf, p.nm_orig_pc) as i64 as u64);
+            pc = read_user::<u64>(at)?;
+        }
+    }
+    let off = pc.wrapping_sub(begin) & 0xffff_ffff;
+    let tag = if native { JAVA_NATIVE } else { JAVA_COMPILED };
+    if !write(s, tgid, tag, s.jv.blob, u64::from(id) << 32 | off) {
+        return Some(1);
+    }
+    if native {
+        // Wrappers build a frame with `enter`: the frame pointer is theirs.
+        return by_frame_pointer(s);
+    }
+    let frame = u64::from(int(&s.jv_buf, p.blob_frame_size) as u32);
+    if s.jv.top != 0 {
+        // An `int16_t` in JDK 25.
+        let complete = if p.frame_complete_short != 0 {
+            i64::from(short(&s.jv_buf, p.blob_frame_complete))
+        } else {
+            i64::from(int(&s.jv_buf, p.blob_frame_complete))
+        } as u64;
+        return compiled_top(s, begin, complete, frame);
+    }
+    by_frame_size(s, frame)
+}
+
+/// A frame of known size: the caller's sp is past it, its return address
+/// and saved rbp just below.
+#[inline(always)]
+fn by_frame_size(s: &mut Scratch, words: u64) -> Option<i64> {
+    let csp = s.walk.sp.wrapping_add(words.wrapping_mul(8));
+    let [bp, ret] = read_user::<[u64; 2]>(csp.wrapping_sub(16))?;
+    to_caller(s, ret, csp, bp)
+}
+
+/// A frame built with `push rbp; mov rbp, rsp` (or `enter`).
+#[inline(always)]
+fn by_frame_pointer(s: &mut Scratch) -> Option<i64> {
+    let fp = s.walk.bp;
+    if fp & 7 != 0 || fp < s.walk.sp {
+        return None;
+    }
+    let [bp, ret] = read_user::<[u64; 2]>(fp)?;
+    to_caller(s, ret, fp.wrapping_add(16), bp)
+}
+
+/// Nothing pushed yet (or all popped): the return address is at sp.
+#[inline(always)]
+fn by_return_address(s: &mut Scratch) -> Option<i64> {
+    let sp = s.walk.sp;
+    let ret = read_user::<u64>(sp)?;
+    let bp = s.walk.bp;
+    to_caller(s, ret, sp.wrapping_add(8), bp)
+}
+
+/// Only rbp pushed: it, then the return address.
+#[inline(always)]
+fn by_pushed_rbp(s: &mut Scratch) -> Option<i64> {
+    let sp = s.walk.sp;
+    let [bp, ret] = read_user::<[u64; 2]>(sp)?;
+    to_caller(s, ret, sp.wrapping_add(16), bp)
+}
+
+/// The sampled frame of a compiled method, which may be in its prologue
+/// (before `_frame_complete_offset`) or its epilogue: the instructions
+/// around the pc say how much of the frame there is (HotSpot's x86-64
+/// prologues and epilogues, `jvm.md` §3).
+#[inline(always)]
+fn compiled_top(s: &mut Scratch, begin: u64, complete: u64, words: u64) -> Option<i64> {
+    let pc = s.walk.ip;
+    // Eight bytes before the pc and eight from it.
+    let code = read_user::<[u8; 16]>(pc.wrapping_sub(8))?;
+    let at = |i: usize| code.get(i).copied().unwrap_or(0);
+    let (b0, b1, b2) = (at(8), at(9), at(10));
+    if pc < begin.wrapping_add(complete) {
+        // `push rbp` not yet run, or the stack bang, or the inline
+        // cache's check before the verified entry: nothing pushed.
+        let sub = b0 == 0x48 && (b1 == 0x83 || b1 == 0x81) && b2 == 0xec;
+        if sub && at(7) == 0x55 {
+            // `sub rsp` right after `push rbp`.
+            return by_pushed_rbp(s);
+        }
+        // `mov [rsp+X], rbp` (the frame allocated, rbp not saved yet) and
+        // the entry barrier (`cmp [r15+X]`; `jne`): the frame is whole.
+        let mov_rbp = b0 == 0x48 && b1 == 0x89 && (b2 == 0x6c || b2 == 0xac);
+        let barrier = b0 == 0x41 && (b1 == 0x81 || b1 == 0x83) && b2 == 0x7f;
+        let jne = (b0 == 0x0f && b1 == 0x85) || b0 == 0x75;
+        if mov_rbp {
+            // The caller's rbp is still in the register.
+            let csp = s.walk.sp.wrapping_add(words.wrapping_mul(8));
+            let ret = read_user::<u64>(csp.wrapping_sub(8))?;
+            let bp = s.walk.bp;
+            return to_caller(s, ret, csp, bp);
+        }
+        if barrier || jne {
+            return by_frame_size(s, words);
+        }
+        return by_return_address(s);
+    }
+    // The epilogue: `add rsp, X; pop rbp; cmp rsp, [r15+X]; ja; ret`.
+    if b0 == 0x5d {
+        return by_pushed_rbp(s);
+    }
+    // `cmp rsp, [r15+disp8]` or `[r15+disp32]` after the pop, or `ja`
+    // after either, or `ret`.
+    let cmp_here = b0 == 0x49 && b1 == 0x3b && (b2 == 0x67 || b2 == 0xa7);
+    let ja = b0 == 0x0f && b1 == 0x87;
+    let cmp8_before = at(4) == 0x49 && at(5) == 0x3b && at(6) == 0x67;
+    let cmp32_before = at(1) == 0x49 && at(2) == 0x3b && at(3) == 0xa7;
+    if b0 == 0xc3 || cmp_here || (ja && (cmp8_before || cmp32_before)) {
+        return by_return_address(s);
+    }
+    by_frame_size(s, words)
+}
+
+/// Any other blob: the call stub and other `StubRoutines` build a frame
+/// with rbp; runtime stubs have a size; vtable stubs (`vtable`) push
+/// nothing.
+#[inline(always)]
+fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
+    let p: *const JavaProc = &raw const s.jv.proc;
+    // SAFETY: as in `step`.
+    let p = unsafe { &*p };
+    let blob = s.jv.blob;
+    let off = s.walk.ip.wrapping_sub(blob) & 0xffff_ffff;
+    if !write(s, tgid, JAVA_STUB, blob, off) {
+        return Some(1);
+    }
+    if vtable {
+        return by_return_address(s);
+    }
+    let words = u64::from(int(&s.jv_buf, p.blob_frame_size) as u32);
+    if words != 0 && words < 1 << 16 {
+        return by_frame_size(s, words);
+    }
+    by_frame_pointer(s)
+}
+
+/// Forgets a process's JVM: it ran a new program or exited.
+#[inline(always)]
+pub(crate) fn forget(tgid: u32) {
+    let _ = JAVA_PROCS.remove(tgid);
+}
+
+/// Bytes of the scratch value's blob buffer.
+pub(crate) const BUF_WORDS: usize = BLOB_BYTES / 8;
