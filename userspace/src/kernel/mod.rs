@@ -13,6 +13,7 @@ pub mod memory;
 pub mod objects;
 pub mod privs;
 pub mod procmaps;
+pub mod procmem;
 pub mod scope;
 pub mod tracefs;
 pub mod transport;

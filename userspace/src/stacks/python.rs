@@ -10,7 +10,6 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fs::File,
-    os::unix::fs::FileExt as _,
     sync::Arc,
 };
 
@@ -21,6 +20,7 @@ use rtrace_common::python::{
 use rtrace_common::stacks::SEEN_PY_TASK;
 
 use crate::kernel::procmaps::{Mapping, Proc};
+use crate::kernel::procmem::{Mem, open_mem};
 use crate::kernel::warning::Warning;
 
 /// Where CPython keeps what the walk and the names need, in one version.
@@ -1155,39 +1155,9 @@ fn measure_key_block() -> Option<i64> {
     .flatten()
 }
 
-/// A Python process's memory, as rtrace may read it.
-enum Mem {
-    /// Open, while the process lives.
-    Open(File),
-    /// Not to be opened: `/proc/PID/mem` needs ptrace rights over the
-    /// process (its user, or CAP_SYS_PTRACE), which CAP_BPF and
-    /// CAP_PERFMON do not give; why, in words.
-    Denied(String),
-    /// Gone, or not opened for another reason.
-    None,
-}
-
-/// Opens process `who`'s memory while it lives.
-fn open_mem(who: Proc) -> Mem {
-    let path = format!("/proc/{}/mem", who.pid);
-    match File::open(&path) {
-        Ok(f) if who.alive() => Mem::Open(f),
-        Ok(_) => Mem::None,
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            Mem::Denied(format!("{path} needs ptrace rights over the process ({e})"))
-        }
-        Err(_) => Mem::None,
-    }
-}
-
 /// Reads `len` bytes of the process's memory at `addr`.
 fn read_mem(p: &PyProcess, addr: u64, len: usize) -> Option<Vec<u8>> {
-    let Mem::Open(mem) = &p.mem else {
-        return None;
-    };
-    let mut buf = vec![0; len];
-    mem.read_exact_at(&mut buf, addr).ok()?;
-    Some(buf)
+    p.mem.read(addr, len)
 }
 
 fn read_u64(p: &PyProcess, addr: u64) -> Option<u64> {
