@@ -39,7 +39,7 @@ use crate::{
 
 /// Offsets into `struct pt_regs` and `struct task_struct`, from BTF.
 #[unsafe(no_mangle)]
-pub(crate) static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
+static CFI_OFFSETS: Global<CfiOffsets> = Global::new(CfiOffsets {
     ip: 0,
     sp: 0,
     bp: 0,
@@ -242,7 +242,7 @@ fn task_user_regs() -> Option<(u64, u64, u64, u64)> {
 /// registers it entered the kernel with, which are also those a sample
 /// taken in user mode saw (the interrupt saved them there).
 #[inline(always)]
-pub(crate) fn task_reg(off: u32) -> u64 {
+fn task_reg(off: u32) -> u64 {
     // SAFETY: the helpers have no preconditions beyond a task.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
     if regs.is_null() {
@@ -596,6 +596,10 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     // A pc in a JVM's code cache: a Java frame, which has no CFI.
     if crate::java::in_code(scratch) {
+        scratch.jv.max_depth = max_depth();
+        if scratch.walk.depth == 0 {
+            scratch.jv.r13 = task_reg(global(&CFI_OFFSETS).r13);
+        }
         return crate::java::step(scratch, tgid);
     }
     if scratch.py.on != 0 {

@@ -21,8 +21,8 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     java::{
-        BLOB_BYTES, JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_NATIVE, JAVA_NEW,
-        JAVA_STUB, JavaProc, MAX_HEAPS,
+        JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_NATIVE, JAVA_NEW, JAVA_STUB,
+        JavaProc, MAX_HEAPS,
     },
     stacks::{ERR_JAVA_BAD, SEEN_JAVA},
 };
@@ -75,7 +75,9 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32) {
     s.jv.on = 1;
 }
 
-/// Whether the walk's pc is in the JVM's code cache: a Java frame.
+/// Whether the walk's pc is in the JVM's code cache: a Java frame. The
+/// walk then sets `s.jv.max_depth` and, for its first frame, `s.jv.r13`
+/// before the [`step`].
 #[inline(always)]
 pub(crate) fn in_code(s: &Scratch) -> bool {
     let ip = s.walk.ip;
@@ -274,9 +276,7 @@ fn to_caller(s: &mut Scratch, ret: u64, sp: u64, bp: u64) -> Option<i64> {
     s.walk.ip = ret;
     s.walk.sp = sp;
     s.walk.bp = bp;
-    Some(i64::from(
-        ret == 0 || s.walk.depth >= crate::cfi::max_depth(),
-    ))
+    Some(i64::from(ret == 0 || s.walk.depth >= s.jv.max_depth))
 }
 
 /// An interpreted frame: its `Method*` and bytecode index from the
@@ -298,7 +298,7 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     // The top frame's bcp is in r13: the slot is written only before
     // calls.
     let bcp = if s.jv.top != 0 {
-        crate::cfi::task_reg(crate::global(&crate::cfi::CFI_OFFSETS).r13)
+        s.jv.r13
     } else {
         read_user::<u64>(at(p.interp_bcp))?
     };
@@ -497,6 +497,3 @@ fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
 pub(crate) fn forget(tgid: u32) {
     let _ = JAVA_PROCS.remove(tgid);
 }
-
-/// Bytes of the scratch value's blob buffer.
-pub(crate) const BUF_WORDS: usize = BLOB_BYTES / 8;

@@ -89,7 +89,7 @@ pub struct Scratch {
     pub(crate) jv_new: [rtrace_common::java::JavaSeen; rtrace_common::java::JAVA_NEW],
     /// A code blob's head being read (`crate::java`).
     #[cfg(feature = "cfi")]
-    pub(crate) jv_buf: [u64; crate::java::BUF_WORDS],
+    pub(crate) jv_buf: [u64; rtrace_common::java::BLOB_BYTES / 8],
 }
 
 /// The Java part of a walk (`crate::java`), written field by field as
@@ -106,7 +106,11 @@ pub struct JavaWalk {
     /// How many Java frames new to this CPU the walk queued
     /// (`Scratch::jv_new`).
     pub(crate) nnew: u32,
-    pub(crate) _pad: u32,
+    /// Most frames the walk keeps (`cfi::max_depth`).
+    pub(crate) max_depth: u32,
+    /// The sampled frame's r13 (an interpreted frame's bytecode
+    /// pointer), set by the walk for a Java step of its first frame.
+    pub(crate) r13: u64,
     /// The process's JVM, copied from `JAVA_PROCS`.
     pub(crate) proc: rtrace_common::java::JavaProc,
 }
