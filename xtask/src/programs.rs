@@ -253,6 +253,16 @@ pub const PROGRAMS: &[Program] = &[
         "makes the certificates of the exporter's TLS tests",
     ),
     deb("strace", "strace", "rtrace strace's peer"),
+    deb(
+        "java",
+        "openjdk-17-jdk-headless",
+        "runs the Java fixture, whose frames the walk names",
+    ),
+    deb(
+        "javac",
+        "openjdk-17-jdk-headless",
+        "compiles the Java fixture",
+    ),
     // The everyday commands strace's comparison runs inside one shell
     // line, which the source scan does not see into.
     deb("tar", "tar", "strace's comparison"),
