@@ -2,8 +2,9 @@
 //! JVM's own tables, with no JVM flag, no agent and no perf map
 //! (`tests/fixtures/java/Hot.java`, run by Debian's OpenJDK 17, which has
 //! no frame pointers), checked against what the fixture measured itself:
-//! compiled code with its inlined accessor, and the same program
-//! interpreted (`-Xint`).
+//! compiled code with inlined methods, the same program interpreted
+//! (`-Xint`), a JNI call into C that calls back into Java, and a thread
+//! blocked in `Object.wait` under offcputime.
 
 use std::{
     collections::BTreeMap,
@@ -18,11 +19,26 @@ use rtrace_integration_tests::{
 
 type Folded = BTreeMap<Vec<String>, u64>;
 
-/// The fixture, compiled once by javac into a directory of its own.
+/// The JDK javac is from (`JAVA_HOME/bin/javac`), whose `include` has
+/// jni.h.
+fn java_home() -> PathBuf {
+    let javac = std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("javac"))
+        .find(|p| p.exists())
+        .expect("no javac on PATH (Debian package openjdk-17-jdk-headless)");
+    let real = std::fs::canonicalize(&javac).unwrap();
+    real.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// The fixture, compiled once by javac into a directory of its own, with
+/// its native method's library (built without frame pointers).
 fn classes() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/java/Hot.java");
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/java");
+        let src = fixtures.join("Hot.java");
         let dir = std::env::temp_dir().join(format!("rtrace-java-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = Command::new("javac")
@@ -41,6 +57,20 @@ fn classes() -> &'static Path {
             "javac failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let home = java_home();
+        let out = Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer", "-shared", "-fPIC", "-o"])
+            .arg(dir.join("libhotjni.so"))
+            .arg(format!("-I{}", home.join("include").display()))
+            .arg(format!("-I{}", home.join("include/linux").display()))
+            .arg(fixtures.join("hotjni.c"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         dir
     })
 }
@@ -49,26 +79,67 @@ fn classes() -> &'static Path {
 /// before rtrace, with `jvm` flags; returns the folded stacks, rtrace's
 /// stderr and the fixture's hot and warm CPU times.
 fn profile(jvm: &[&str], extra: &[&str]) -> (Folded, String, (f64, f64)) {
-    let mut cmd = Command::new("java");
-    cmd.args(jvm)
-        .arg("-cp")
-        .arg(classes())
-        .args(["Hot", "split", "3"]);
-    let (mut w, line) = Workload::start_command(cmd);
-    assert!(line.starts_with("ready"), "{line:?}");
-    let pid = w.pid().to_string();
-    let mut args = vec!["profile", "-F", "999", "-p", &pid, "-f", "-v"];
+    let mut args = vec!["profile", "-F", "999", "-f", "-v"];
     args.extend_from_slice(extra);
-    let rtrace = Rtrace::start_until(&args, READY);
-    let done = w.go();
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
-    assert!(w.wait().success());
-    assert_eq!(code, 0, "{stderr}");
+    let (folded, stderr, done) = trace_fixture(jvm, "split", &args, READY);
     let nums: Vec<f64> = done
         .split_whitespace()
         .map(|n| n.parse().unwrap())
         .collect();
-    (parse_folded(&stdout), stderr, (nums[0], nums[1]))
+    (folded, stderr, (nums[0], nums[1]))
+}
+
+/// Runs the fixture in `mode` for 3 s under `jvm` flags, the JVM started
+/// (and warm) before rtrace, which runs `args` with `-p` the JVM until
+/// it prints `ready` and is stopped once the fixture is done; returns
+/// the folded stacks, rtrace's stderr and the fixture's `done` line.
+fn trace_fixture(jvm: &[&str], mode: &str, args: &[&str], ready: &str) -> (Folded, String, String) {
+    let dir = classes();
+    let mut cmd = Command::new("java");
+    cmd.args(jvm)
+        .arg(format!("-Djava.library.path={}", dir.display()))
+        .arg("-cp")
+        .arg(dir)
+        .args(["Hot", mode, "3"]);
+    let (mut w, line) = Workload::start_command(cmd);
+    assert!(line.starts_with("ready"), "{line:?}");
+    let pid = w.pid().to_string();
+    let mut args = args.to_vec();
+    args.extend_from_slice(&["-p", &pid]);
+    let rtrace = Rtrace::start_until(&args, ready);
+    let done = w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert!(w.wait().success());
+    assert_eq!(code, 0, "{stderr}");
+    (parse_folded(&stdout), stderr, done)
+}
+
+/// Of the samples (or time) whose stack has frame `leaf`, how much has,
+/// root first, every frame of `chain` in order below it.
+fn under_chain(folded: &Folded, leaf: &str, chain: &[&str]) -> (u64, u64) {
+    let mut all = 0;
+    let mut whole = 0;
+    for (s, c) in folded {
+        let Some(at) = s.iter().position(|f| bare(f) == leaf) else {
+            continue;
+        };
+        all += c;
+        let mut from = 0;
+        let ordered =
+            chain.iter().all(
+                |want| match s[from..at].iter().position(|f| bare(f) == *want) {
+                    Some(i) => {
+                        from += i + 1;
+                        true
+                    }
+                    None => false,
+                },
+            );
+        if ordered {
+            whole += c;
+        }
+    }
+    (whole, all)
 }
 
 /// A frame's name without its kind's mark (`-a`: `_[j]`, `_[i]`).
@@ -212,4 +283,73 @@ fn interpreted_java_methods_are_named_under_xint() {
     }
     let (folded, _, times) = profile(&["-Xint"], &[]);
     check_split(&folded, times, "-Xint");
+}
+
+#[test]
+fn a_jni_chain_goes_from_java_to_c_and_back_into_java() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, _, done) = trace_fixture(&[], "jni", &["profile", "-F", "999", "-f"], READY);
+    assert!(
+        done.parse::<u64>().is_ok_and(|r| r > 0),
+        "the fixture ran no rounds: {done:?}"
+    );
+    // The C loop, called by the native method, called by Java.
+    let java_then_c = [
+        "start_thread",
+        "JavaMain",
+        "Hot.main",
+        "Hot.jniMode",
+        "Hot.spin",
+        "Java_Hot_spin",
+    ];
+    let (whole, all) = under_chain(&folded, "churn", &java_then_c);
+    assert!(all >= 300, "{all} samples in churn:\n{}", show(&folded));
+    assert!(
+        whole as f64 >= 0.95 * all as f64,
+        "{whole} of {all} samples in churn are under Java's call:\n{}",
+        show(&folded)
+    );
+    // And the Java method C calls back, above the JVM's way in from C.
+    let mut and_back = java_then_c.to_vec();
+    and_back.extend_from_slice(&[
+        "JavaCalls::call_helper(JavaValue*, methodHandle const&, JavaCallArguments*, JavaThread*)",
+    ]);
+    let (whole, all) = under_chain(&folded, "Hot.back", &and_back);
+    assert!(all >= 300, "{all} samples in Hot.back:\n{}", show(&folded));
+    assert!(
+        whole as f64 >= 0.95 * all as f64,
+        "{whole} of {all} samples in Hot.back are under C's call:\n{}",
+        show(&folded)
+    );
+}
+
+#[test]
+fn offcputime_names_the_java_caller_of_object_wait() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, _, done) =
+        trace_fixture(&[], "wait", &["offcputime", "-f"], "Tracing off-CPU time");
+    let waits: u64 = done.parse().unwrap();
+    assert!(waits >= 50, "the waiter waited {waits} times");
+    // The waiter's blocked time: its monitor wait, under its Java caller,
+    // under the thread's start.
+    let (whole, all) = under_chain(
+        &folded,
+        "java.lang.Object.wait",
+        &["start_thread", "Hot.waiter"],
+    );
+    // Microseconds: it waited nearly all of its 3 s.
+    assert!(
+        all >= 1_500_000,
+        "{all} us blocked in Object.wait:\n{}",
+        show(&folded)
+    );
+    assert!(
+        whole as f64 >= 0.95 * all as f64,
+        "{whole} of {all} us in Object.wait are under Hot.waiter:\n{}",
+        show(&folded)
+    );
 }
