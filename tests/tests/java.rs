@@ -3,8 +3,10 @@
 //! (`tests/fixtures/java/Hot.java`, run by Debian's OpenJDK 17, which has
 //! no frame pointers), checked against what the fixture measured itself:
 //! compiled code with inlined methods, the same program interpreted
-//! (`-Xint`), a JNI call into C that calls back into Java, and a thread
-//! blocked in `Object.wait` under offcputime.
+//! (`-Xint`), a JNI call into C that calls back into Java, a thread
+//! blocked in `Object.wait` under offcputime; and against perf on the
+//! same run, given what perf needs (`-XX:+PreserveFramePointer` and a perf
+//! map).
 
 use std::{
     collections::BTreeMap,
@@ -14,7 +16,8 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    Rtrace, SIGINT, Workload, assert_share, in_guest, parse_folded, profile::READY,
+    Rtrace, SIGINT, Workload, assert_share, in_guest, parse_folded,
+    profile::{READY, perf_script_folded},
 };
 
 type Folded = BTreeMap<Vec<String>, u64>;
@@ -112,6 +115,15 @@ fn trace_fixture(jvm: &[&str], mode: &str, args: &[&str], ready: &str) -> (Folde
     assert!(w.wait().success());
     assert_eq!(code, 0, "{stderr}");
     (parse_folded(&stdout), stderr, done)
+}
+
+/// Checks that `whole` is at least 95% of `all`: `what` they are.
+fn assert_most(whole: u64, all: u64, what: &str, folded: &Folded) {
+    assert!(
+        whole as f64 >= 0.95 * all as f64,
+        "{whole} of {all} {what}:\n{}",
+        show(folded)
+    );
 }
 
 /// Of the samples (or time) whose stack has frame `leaf`, how much has,
@@ -306,10 +318,11 @@ fn a_jni_chain_goes_from_java_to_c_and_back_into_java() {
     ];
     let (whole, all) = under_chain(&folded, "churn", &java_then_c);
     assert!(all >= 300, "{all} samples in churn:\n{}", show(&folded));
-    assert!(
-        whole as f64 >= 0.95 * all as f64,
-        "{whole} of {all} samples in churn are under Java's call:\n{}",
-        show(&folded)
+    assert_most(
+        whole,
+        all,
+        "samples in churn are under Java's call",
+        &folded,
     );
     // And the Java method C calls back, above the JVM's way in from C.
     let mut and_back = java_then_c.to_vec();
@@ -318,10 +331,11 @@ fn a_jni_chain_goes_from_java_to_c_and_back_into_java() {
     ]);
     let (whole, all) = under_chain(&folded, "Hot.back", &and_back);
     assert!(all >= 300, "{all} samples in Hot.back:\n{}", show(&folded));
-    assert!(
-        whole as f64 >= 0.95 * all as f64,
-        "{whole} of {all} samples in Hot.back are under C's call:\n{}",
-        show(&folded)
+    assert_most(
+        whole,
+        all,
+        "samples in Hot.back are under C's call",
+        &folded,
     );
 }
 
@@ -347,9 +361,115 @@ fn offcputime_names_the_java_caller_of_object_wait() {
         "{all} us blocked in Object.wait:\n{}",
         show(&folded)
     );
+    assert_most(
+        whole,
+        all,
+        "us in Object.wait are under Hot.waiter",
+        &folded,
+    );
+}
+
+#[test]
+fn shares_agree_with_perf_given_frame_pointers_and_a_perf_map_and_rtrace_names_more() {
+    if skip_in_guest() {
+        return;
+    }
+    // What perf needs to name and walk JIT code at all, and hot and warm
+    // kept out of their caller so that perf, which sees only physical
+    // frames, can tell them apart.
+    let dir = classes();
+    let mut cmd = Command::new("java");
+    cmd.args([
+        "-XX:+PreserveFramePointer",
+        "-XX:CompileCommand=quiet",
+        "-XX:CompileCommand=dontinline,Hot::hot",
+        "-XX:CompileCommand=dontinline,Hot::warm",
+    ])
+    .arg("-cp")
+    .arg(dir)
+    .args(["Hot", "split", "3"]);
+    let (mut w, line) = Workload::start_command(cmd);
+    assert!(line.starts_with("ready"), "{line:?}");
+    let pid = w.pid().to_string();
+    let data = std::env::temp_dir().join(format!("rtrace-java-perf-{pid}.data"));
+    let perf = Command::new("perf")
+        .args(["record", "-q", "-F", "999", "-g", "-p", &pid, "-o"])
+        .arg(&data)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("perf (Debian package linux-perf; cargo xtask installs it)");
+    let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-f", "-p", &pid], READY);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    w.go();
+    // perf's names for JIT code, written by the JVM when asked (JDK 17+),
+    // before it exits.
+    let map = Command::new("jcmd")
+        .args([&pid, "Compiler.perfmap"])
+        .output()
+        .expect("jcmd (Debian package openjdk-17-jdk-headless)");
+    assert!(map.status.success(), "{map:?}");
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(w.wait().success());
+    let perf = perf.wait_with_output().unwrap();
     assert!(
-        whole as f64 >= 0.95 * all as f64,
-        "{whole} of {all} us in Object.wait are under Hot.waiter:\n{}",
-        show(&folded)
+        perf.status.success(),
+        "perf record: {}",
+        String::from_utf8_lossy(&perf.stderr)
+    );
+    let (script, _) = perf_script_folded(&data);
+    let _ = std::fs::remove_file(&data);
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    // perf's samples, one a paragraph, a frame a line (`ADDR NAME+OFF
+    // (FILE)`); JIT frames named from the map with their signatures
+    // (`int Hot.hot(int)+0x1f6`). Counted as they are: the folded form
+    // weighs a sample by its period.
+    let script = String::from_utf8_lossy(&script);
+    let samples: Vec<&str> = script
+        .split("\n\n")
+        .filter(|p| !p.trim().is_empty())
+        .collect();
+    let perf_has = |name: &str| -> u64 {
+        let needle = format!(" {name}(");
+        samples.iter().filter(|p| p.contains(&needle)).count() as u64
+    };
+    let ours = parse_folded(&stdout);
+    let has = |folded: &Folded, name: &str| -> u64 {
+        folded
+            .iter()
+            .filter(|(s, _)| s.iter().any(|f| f == name))
+            .map(|(_, c)| c)
+            .sum()
+    };
+    let (oh, ow) = (has(&ours, "Hot.hot"), has(&ours, "Hot.warm"));
+    let (ph, pw) = (perf_has("Hot.hot"), perf_has("Hot.warm"));
+    assert!(
+        ph + pw >= 1000 && oh + ow >= 1000,
+        "perf: {ph} hot, {pw} warm; rtrace: {oh} hot, {ow} warm; perf's first sample:\n{}",
+        samples.first().unwrap_or(&"")
+    );
+    let (po, pp) = (oh as f64 / (oh + ow) as f64, ph as f64 / (ph + pw) as f64);
+    let p = (oh + ph) as f64 / (oh + ow + ph + pw) as f64;
+    let sd = (p * (1.0 - p) * (1.0 / (oh + ow) as f64 + 1.0 / (ph + pw) as f64)).sqrt();
+    assert!(
+        (po - pp).abs() <= 4.0 * sd,
+        "hot's share: rtrace {po:.3} of {}, perf {pp:.3} of {} (4 sd = {:.3})",
+        oh + ow,
+        ph + pw,
+        4.0 * sd
+    );
+    // perf shows interpreted frames as `Interpreter`: the fixture's main
+    // (run once, so never compiled) is unnamed there, and named by rtrace
+    // in nearly every sample.
+    let (om, pm) = (has(&ours, "Hot.main"), perf_has("Hot.main"));
+    assert!(
+        om as f64 >= 0.95 * (oh + ow) as f64,
+        "rtrace names Hot.main in {om} of {} samples",
+        oh + ow
+    );
+    assert!(
+        pm as f64 <= 0.05 * (ph + pw) as f64,
+        "perf named the interpreted Hot.main in {pm} samples"
     );
 }

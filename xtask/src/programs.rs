@@ -263,6 +263,11 @@ pub const PROGRAMS: &[Program] = &[
         "openjdk-17-jdk-headless",
         "compiles the Java fixture",
     ),
+    deb(
+        "jcmd",
+        "openjdk-17-jdk-headless",
+        "has the JVM write the perf map that perf, the Java tests' peer, names JIT code by",
+    ),
     // The everyday commands strace's comparison runs inside one shell
     // line, which the source scan does not see into.
     deb("tar", "tar", "strace's comparison"),
