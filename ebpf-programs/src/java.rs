@@ -15,7 +15,6 @@
 //! step past what kernels before 6.13 allow its chain of frames.
 
 use aya_ebpf::{
-    helpers::generated,
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -29,6 +28,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_user,
+    runtime::{TOLD_SLOTS, half, newly_told, quarter, read_into, word},
     scratch::{Scratch, push},
 };
 
@@ -37,12 +37,10 @@ use crate::{
 pub(crate) static JAVA_PROCS: HashMap<u32, JavaProc> = HashMap::with_max_entries(1, 0);
 
 /// Java frames each CPU has told user space of, by a hash of process,
-/// its salt and the frame's slots, in a table without chains (as
-/// Python's code objects are told).
+/// its salt and the frame's slots (`runtime::newly_told`), as Python's
+/// code objects are told.
 #[map]
 static JAVA_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0);
-/// Slots of [`JAVA_TOLD`], a power of two.
-const TOLD_SLOTS: u32 = 4096;
 
 /// Hops of a segment map's walk back to its block's start: HotSpot
 /// writes at most 0xfe a byte, and a block's segments count down to
@@ -82,39 +80,6 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32) {
 pub(crate) fn in_code(s: &Scratch) -> bool {
     let ip = s.walk.ip;
     s.jv.on != 0 && ip >= s.jv.proc.low_bound && ip < s.jv.proc.high_bound
-}
-
-/// Reads `len` bytes of user memory at `addr` into `buf`.
-#[inline(always)]
-fn read_into<const N: usize>(buf: &mut [u64; N], addr: u64, len: usize) -> bool {
-    let len = if len > N * 8 { N * 8 } else { len };
-    // SAFETY: `buf` has room for `N * 8` bytes, `len` is at most that;
-    // the helper copes with any address.
-    unsafe {
-        generated::bpf_probe_read_user(
-            buf.as_mut_ptr().cast(),
-            len as u32,
-            addr as *const core::ffi::c_void,
-        ) == 0
-    }
-}
-
-/// The word at byte `off` of `buf` (rounded down to a word).
-#[inline(always)]
-fn word<const N: usize>(buf: &[u64; N], off: u16) -> u64 {
-    buf.get(usize::from(off / 8) % N).copied().unwrap_or(0)
-}
-
-/// The `i32` at byte `off` (a multiple of 4) of `buf`.
-#[inline(always)]
-fn int<const N: usize>(buf: &[u64; N], off: u16) -> i32 {
-    (word(buf, off) >> ((off & 4) * 8)) as u32 as i32
-}
-
-/// The `i16` at byte `off` (a multiple of 2) of `buf`.
-#[inline(always)]
-fn short<const N: usize>(buf: &[u64; N], off: u16) -> i16 {
-    (word(buf, off) >> ((off & 6) * 8)) as u16 as i16
 }
 
 /// The Java step of the walk, at a pc in the code cache: the frame is
@@ -222,15 +187,8 @@ fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
     }
     let h = (first ^ second.rotate_left(23) ^ (u64::from(tgid) << 40) ^ u64::from(s.jv.proc.salt))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
-    let Some(told) = JAVA_TOLD.get_ptr_mut((h >> 40) as u32 & (TOLD_SLOTS - 1)) else {
+    if !newly_told(&JAVA_TOLD, h) {
         return;
-    };
-    // SAFETY: a per-CPU map value.
-    unsafe {
-        if *told == h {
-            return;
-        }
-        *told = h;
     }
     // Read back and masked, so that the verifier bounds the index
     // however the compiler checked it.
@@ -327,7 +285,7 @@ fn code_begin(s: &Scratch) -> u64 {
     let p = &s.jv.proc;
     if p.code_is_offset != 0 {
         s.jv.blob
-            .wrapping_add(int(&s.jv_buf, p.blob_code) as i64 as u64)
+            .wrapping_add((half(&s.jv_buf, p.blob_code) as i32) as i64 as u64)
     } else {
         word(&s.jv_buf, p.blob_code)
     }
@@ -340,13 +298,13 @@ fn compiled(s: &mut Scratch, tgid: u32, native: bool) -> Option<i64> {
     // SAFETY: as in `step`.
     let p = unsafe { &*p };
     let begin = code_begin(s);
-    let id = int(&s.jv_buf, p.nm_compile_id) as u32;
+    let id = half(&s.jv_buf, p.nm_compile_id);
     let mut pc = s.walk.ip;
     // A frame being deoptimized returns to the handler, and keeps its
     // real pc in its frame.
     if p.nm_deopt != 0 && s.jv.top == 0 {
         let handler = if p.deopt_is_offset != 0 {
-            begin.wrapping_add(int(&s.jv_buf, p.nm_deopt) as i64 as u64)
+            begin.wrapping_add((half(&s.jv_buf, p.nm_deopt) as i32) as i64 as u64)
         } else {
             word(&s.jv_buf, p.nm_deopt)
         };
@@ -354,7 +312,7 @@ fn compiled(s: &mut Scratch, tgid: u32, native: bool) -> Option<i64> {
             let at = s
                 .walk
                 .sp
-                .wrapping_add(int(&s.jv_buf, p.nm_orig_pc) as i64 as u64);
+                .wrapping_add((half(&s.jv_buf, p.nm_orig_pc) as i32) as i64 as u64);
             pc = read_user::<u64>(at)?;
         }
     }
@@ -367,13 +325,13 @@ fn compiled(s: &mut Scratch, tgid: u32, native: bool) -> Option<i64> {
         // Wrappers build a frame with `enter`: the frame pointer is theirs.
         return by_frame_pointer(s);
     }
-    let frame = u64::from(int(&s.jv_buf, p.blob_frame_size) as u32);
+    let frame = u64::from(half(&s.jv_buf, p.blob_frame_size));
     if s.jv.top != 0 {
         // An `int16_t` in JDK 25.
         let complete = if p.frame_complete_short != 0 {
-            i64::from(short(&s.jv_buf, p.blob_frame_complete))
+            i64::from(quarter(&s.jv_buf, p.blob_frame_complete) as i16)
         } else {
-            i64::from(int(&s.jv_buf, p.blob_frame_complete))
+            i64::from(half(&s.jv_buf, p.blob_frame_complete) as i32)
         } as u64;
         return compiled_top(s, begin, complete, frame);
     }
@@ -485,7 +443,7 @@ fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
     if vtable {
         return by_return_address(s);
     }
-    let words = u64::from(int(&s.jv_buf, p.blob_frame_size) as u32);
+    let words = u64::from(half(&s.jv_buf, p.blob_frame_size));
     if words != 0 && words < 1 << 16 {
         return by_frame_size(s, words);
     }

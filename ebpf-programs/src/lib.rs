@@ -14,6 +14,8 @@ pub mod offcpu;
 pub mod process;
 #[cfg(feature = "cfi")]
 pub mod python;
+#[cfg(feature = "cfi")]
+mod runtime;
 pub mod scratch;
 pub mod stacks;
 pub mod targets;

@@ -25,6 +25,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_kernel, read_user,
+    runtime::{TOLD_SLOTS, byte, half, newly_told, read_into, word},
     scratch::{PY_NEW, Scratch, push},
 };
 
@@ -33,44 +34,9 @@ use crate::{
 pub(crate) static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(1, 0);
 
 /// Code objects each CPU has told user space of, by a hash of process,
-/// address and check, in a table without chains: a code object whose
-/// slot another took is told again, which costs user space a lookup.
+/// address and check (`runtime::newly_told`).
 #[map]
 static PY_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0);
-/// Slots of [`PY_TOLD`], a power of two.
-const TOLD_SLOTS: u32 = 4096;
-
-/// Reads `len` bytes of user memory at `addr` into `buf`.
-#[inline(always)]
-fn read_into(buf: &mut [u64; 16], addr: u64, len: usize) -> bool {
-    // SAFETY: `buf` has room for 128 bytes, `len` is at most that; the
-    // helper copes with any address.
-    unsafe {
-        generated::bpf_probe_read_user(
-            buf.as_mut_ptr().cast(),
-            len.min(128) as u32,
-            addr as *const core::ffi::c_void,
-        ) == 0
-    }
-}
-
-/// The word at byte `off` of `buf` (rounded down to a word).
-#[inline(always)]
-fn word(buf: &[u64; 16], off: u16) -> u64 {
-    buf.get(usize::from(off / 8) & 15).copied().unwrap_or(0)
-}
-
-/// The `u32` at byte `off` (a multiple of 4) of `buf`.
-#[inline(always)]
-fn half(buf: &[u64; 16], off: u16) -> u32 {
-    (word(buf, off) >> ((off & 4) * 8)) as u32
-}
-
-/// The byte at `off` of `buf`.
-#[inline(always)]
-fn byte(buf: &[u64; 16], off: u16) -> u8 {
-    (word(buf, off) >> ((off & 7) * 8)) as u8
-}
 
 /// A thread's state, as the walk last found it ([`PY_THREADS`]).
 #[repr(C)]
@@ -358,15 +324,8 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32, flags: u32) {
         ^ (u64::from(tgid) << 40)
         ^ (u64::from(s.py.proc.salt) << 7))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
-    let Some(told) = PY_TOLD.get_ptr_mut((h >> 40) as u32 & (TOLD_SLOTS - 1)) else {
+    if !newly_told(&PY_TOLD, h) {
         return;
-    };
-    // SAFETY: a per-CPU map value.
-    unsafe {
-        if *told == h {
-            return;
-        }
-        *told = h;
     }
     // Read back and masked, so that the verifier bounds the index however
     // the compiler checked it (6.1's lost the bound of a reloaded one).

@@ -1,0 +1,69 @@
+//! What the runtimes' frame walks (`crate::python`, `crate::java`) share:
+//! reading a runtime's structures from user memory into a buffer of
+//! words, the fields of such a copy, and the per-CPU tables that say
+//! whether a thing the walk met was told to user space already.
+
+use aya_ebpf::{helpers::generated, maps::PerCpuArray};
+
+/// Reads `len` bytes (at most the buffer's) of the current task's user
+/// memory at `addr` into `buf`.
+#[inline(always)]
+pub(crate) fn read_into<const N: usize>(buf: &mut [u64; N], addr: u64, len: usize) -> bool {
+    let len = if len > N * 8 { N * 8 } else { len };
+    // SAFETY: `buf` has room for `N * 8` bytes, `len` is at most that;
+    // the helper copes with any address.
+    unsafe {
+        generated::bpf_probe_read_user(
+            buf.as_mut_ptr().cast(),
+            len as u32,
+            addr as *const core::ffi::c_void,
+        ) == 0
+    }
+}
+
+/// The word at byte `off` of `buf` (rounded down to a word); `N` is a
+/// power of two, so that the index is masked and the verifier bounds it.
+#[inline(always)]
+pub(crate) fn word<const N: usize>(buf: &[u64; N], off: u16) -> u64 {
+    buf.get(usize::from(off / 8) % N).copied().unwrap_or(0)
+}
+
+/// The `u32` at byte `off` (a multiple of 4) of `buf`.
+#[inline(always)]
+pub(crate) fn half<const N: usize>(buf: &[u64; N], off: u16) -> u32 {
+    (word(buf, off) >> ((off & 4) * 8)) as u32
+}
+
+/// The `u16` at byte `off` (a multiple of 2) of `buf`.
+#[inline(always)]
+pub(crate) fn quarter<const N: usize>(buf: &[u64; N], off: u16) -> u16 {
+    (word(buf, off) >> ((off & 6) * 8)) as u16
+}
+
+/// The byte at `off` of `buf`.
+#[inline(always)]
+pub(crate) fn byte<const N: usize>(buf: &[u64; N], off: u16) -> u8 {
+    (word(buf, off) >> ((off & 7) * 8)) as u8
+}
+
+/// Slots of a table of things told ([`newly_told`]), a power of two.
+pub(crate) const TOLD_SLOTS: u32 = 4096;
+
+/// Whether the thing hashed to `h` is new to this CPU's `table` (a
+/// table without chains, of [`TOLD_SLOTS`]), which then holds it: one
+/// whose slot another took is told again, which costs user space a
+/// lookup.
+#[inline(always)]
+pub(crate) fn newly_told(table: &PerCpuArray<u64>, h: u64) -> bool {
+    let Some(told) = table.get_ptr_mut((h >> 40) as u32 & (TOLD_SLOTS - 1)) else {
+        return false;
+    };
+    // SAFETY: a per-CPU map value.
+    unsafe {
+        if *told == h {
+            return false;
+        }
+        *told = h;
+    }
+    true
+}
