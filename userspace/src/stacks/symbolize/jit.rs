@@ -487,6 +487,10 @@ fn interpreted(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// The tests that write this process's own `/tmp/perf-PID.map` share
+    /// one file, and the harness runs tests in parallel threads.
+    static OUR_MAP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// A map last written by an earlier process's exit is that one's,
     /// even where its time is within the file clock's slack of the next
     /// process's start; with no exit seen, the slack decides alone.
@@ -503,6 +507,7 @@ mod tests {
         assert!(written_after_exit(boot + exit + 1, exit));
         assert!(written_after_exit(written, 0));
         // A map the process rewrites once it runs is its own.
+        let _ours = OUR_MAP.lock().unwrap_or_else(|e| e.into_inner());
         let mut map = PerfMap::default();
         let path = format!("/tmp/perf-{}.map", me.pid);
         std::fs::write(&path, "1000 10 mine\n").unwrap();
@@ -516,6 +521,7 @@ mod tests {
 
     #[test]
     fn perf_map_later_lines_win() {
+        let _ours = OUR_MAP.lock().unwrap_or_else(|e| e.into_inner());
         let mut p = PerfMap::default();
         let pid = std::process::id();
         let path = format!("/tmp/perf-{pid}.map");
