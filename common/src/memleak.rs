@@ -114,13 +114,12 @@ pub struct Config {
     /// `--wa-missing-free`: an allocation at an address already held
     /// frees the old one first.
     pub missing_free: u32,
-    /// Walk the user stack (user allocators) or the kernel's (kmem).
-    pub user_stack: u32,
     /// Record offsets in the kmem tracepoints' records, from tracefs.
     pub kmem: KmemOffsets,
     /// `[start, end)` of the kernel's BPF allocator's text
     /// (`kernel/bpf/memalloc.c`), `[0, 0]` if unknown: kernel allocations
-    /// made there are left out. It refills, from irq_work, the caches
+    /// made there, or by code it called (its stack passes through it), are
+    /// left out. It refills, from irq_work, the caches
     /// that the table of allocations takes its elements from, so each
     /// allocation it made and that was recorded would take another
     /// element and bring another refill, until the table was full.

@@ -2,6 +2,8 @@
 #![no_std]
 // BPF's `core` has no atomic types; the intrinsic lowers to BPF_ATOMIC_ADD.
 #![feature(core_intrinsics)]
+// Loads from a tracepoint's record at fixed offsets (`record_field`).
+#![feature(asm_experimental_arch)]
 #![allow(internal_features)]
 
 #[cfg(feature = "cfi")]
@@ -148,14 +150,39 @@ pub fn read_kernel<T>(base: *const u8, offset: u32) -> Result<T, i64> {
 /// instruction, so each usual offset gets a load of its own (the
 /// configuration is read-only, and the verifier drops the arms it cannot
 /// take); any other offset is read through the helper, a call.
+///
+/// Each arm's load is written in assembly: written as Rust, LLVM may fold
+/// arms that differ only in their offset into one load from the record's
+/// pointer plus a computed offset, which the verifier refuses
+/// ("dereference of modified ctx ptr"); it did so for `mm_page_alloc`'s
+/// u32 `order`.
 #[inline(always)]
-pub fn record_field<T: Copy>(ctx: &TracePointContext, offset: u32) -> Option<T> {
+pub fn record_field<T: RecordField>(ctx: &TracePointContext, offset: u32) -> Option<T> {
     let p = aya_ebpf::EbpfContext::as_ptr(ctx) as *const u8;
     macro_rules! fixed {
         ($($at:literal)*) => {
             match offset {
-                // SAFETY: the verifier allows only loads inside the record.
-                $($at => return Some(unsafe { core::ptr::read_volatile(p.add($at) as *const T) }),)*
+                $($at => {
+                    let v: u64;
+                    // SAFETY: the verifier allows only loads inside the
+                    // record; the load reads memory and nothing else.
+                    unsafe {
+                        if T::WORD {
+                            core::arch::asm!(
+                                concat!("{v} = *(u64 *)({p} + ", stringify!($at), ")"),
+                                v = lateout(reg) v, p = in(reg) p,
+                                options(readonly, nostack, preserves_flags),
+                            );
+                        } else {
+                            core::arch::asm!(
+                                concat!("{v} = *(u32 *)({p} + ", stringify!($at), ")"),
+                                v = lateout(reg) v, p = in(reg) p,
+                                options(readonly, nostack, preserves_flags),
+                            );
+                        }
+                    }
+                    return Some(T::from_word(v));
+                })*
                 _ => {}
             }
         };
@@ -163,6 +190,35 @@ pub fn record_field<T: Copy>(ctx: &TracePointContext, offset: u32) -> Option<T> 
     fixed!(8 16 24 32 40 48 56 64);
     // SAFETY: the helper copes with any address.
     unsafe { aya_ebpf::helpers::bpf_probe_read(p.add(offset as usize) as *const T) }.ok()
+}
+
+/// A type [`record_field`] reads: a u64, an i64 or a u32.
+pub trait RecordField: Copy {
+    /// Eight bytes (else four).
+    const WORD: bool;
+    /// The value from the loaded register.
+    fn from_word(v: u64) -> Self;
+}
+
+impl RecordField for u64 {
+    const WORD: bool = true;
+    fn from_word(v: u64) -> Self {
+        v
+    }
+}
+
+impl RecordField for i64 {
+    const WORD: bool = true;
+    fn from_word(v: u64) -> Self {
+        v as i64
+    }
+}
+
+impl RecordField for u32 {
+    const WORD: bool = false;
+    fn from_word(v: u64) -> Self {
+        v as u32
+    }
 }
 
 /// Reads a u32 member of a task. `DIRECT` is for BTF-typed pointers

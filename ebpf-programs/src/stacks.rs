@@ -240,6 +240,38 @@ pub fn kernel_stack<C: EbpfContext>(ctx: &C) -> Option<u64> {
     get_stack(ctx, 0, ERR_KERNEL_STACK)
 }
 
+/// A kernel stack that passed through the text a caller leaves out.
+pub struct Through;
+
+/// The kernel stack of the current task, as [`kernel_stack`], unless one
+/// of its frames lies in `text` (`[start, end)`): then nothing is stored.
+/// A tool leaves out this way what a range of kernel code does however
+/// deep below it, where the call site alone names only the nearest caller.
+#[inline(always)]
+pub fn kernel_stack_outside<C: EbpfContext>(
+    ctx: &C,
+    text: [u64; 2],
+) -> Result<Option<u64>, Through> {
+    let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return Ok(None);
+    };
+    // SAFETY: a map value, with room for `MAX_DEPTH` frames and more.
+    let ips = unsafe { &raw mut (*s).frames.ips };
+    // SAFETY: `ips` has room for the size given; the helper zeroes what
+    // it does not fill.
+    let n = unsafe { bpf_get_stack(ctx.as_ptr(), ips.cast(), (MAX_DEPTH * 8) as u32, 0) };
+    let span = text[1].wrapping_sub(text[0]);
+    let mut through = false;
+    for i in 0..MAX_DEPTH {
+        // SAFETY: `i < MAX_DEPTH`, inside the map value.
+        through |= unsafe { (*ips)[i] }.wrapping_sub(text[0]) < span;
+    }
+    if through {
+        return Err(Through);
+    }
+    Ok(hash_and_store(s, n, ERR_KERNEL_STACK))
+}
+
 /// The kernel stack of `task`, which is not running (it was switched
 /// out and has not run since), walked from where it stopped, stored: its
 /// hash (0 for none), `None` if it could not be walked or stored. `task`
@@ -470,6 +502,15 @@ fn walk_and_store(
     // SAFETY: a map value, with room for `MAX_DEPTH` frames and more.
     let ips = unsafe { &raw mut (*s).frames.ips };
     let n = walk(ips.cast(), (MAX_DEPTH * 8) as u32);
+    hash_and_store(s, n, walk_error)
+}
+
+/// Stores the frames a kernel stack helper put in the scratch value `s`,
+/// having returned `n`; a failed walk counts `walk_error`.
+#[inline(always)]
+fn hash_and_store(s: *mut Scratch, n: i64, walk_error: u32) -> Option<u64> {
+    // SAFETY: a map value, with room for `MAX_DEPTH` frames and more.
+    let ips = unsafe { &raw mut (*s).frames.ips };
     if n < 0 {
         count_error(walk_error);
         return None;

@@ -309,6 +309,20 @@ fn the_kernels_pipes_are_held_by_the_stack_that_made_them() {
         "closed pipes still held: {counts:?} ({:?} after closing)",
         opened_at.elapsed()
     );
+    // The byte written into each took a page (kmem:mm_page_alloc), held
+    // under the pipe's write until the pipe was closed.
+    let paged = |r: &serde_json::Value| -> u64 {
+        let mut s = stacks_with(r, "pipe_write");
+        s.extend(stacks_with(r, "anon_pipe_write"));
+        s.iter().map(|s| s.0).sum()
+    };
+    let pages: Vec<u64> = all.iter().map(paged).collect();
+    let most = pages.iter().copied().max().unwrap_or(0);
+    assert!(most >= pipes * 4096 * 9 / 10, "{pages:?}: {stderr}");
+    assert!(
+        most - pages.last().unwrap() >= pipes * 4096 * 9 / 10,
+        "closed pipes' pages still held: {pages:?}"
+    );
     // The BPF allocator's refills of the table's own element caches are
     // left out: traced, each took an element and brought another refill,
     // until the table was full and nothing else was recorded.

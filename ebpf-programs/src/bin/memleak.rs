@@ -153,16 +153,8 @@ fn current() -> (u32, u32) {
 
 /// Records an allocation held at `key` and adds it to its stack's totals.
 #[inline(always)]
-fn record<C: EbpfContext>(ctx: &C, key: &AllocKey, size: u64, weight: u64, regs: *const u8) {
+fn record<C: EbpfContext>(ctx: &C, key: &AllocKey, size: u64, weight: u64, stack: u64) {
     let cfg = global(&CONFIG);
-    let stack = if cfg.user_stack != 0 {
-        let s = rtrace_ebpf::stacks::user_stack(ctx, &EVENTS, key.tgid, regs);
-        rtrace_ebpf::stacks::tell_first(ctx, &EVENTS, key.tgid);
-        s
-    } else {
-        rtrace_ebpf::stacks::kernel_stack(ctx)
-    }
-    .unwrap_or(0);
     // SAFETY: the helper has no preconditions.
     let ts = unsafe { bpf_ktime_get_ns() };
     let alloc = Alloc {
@@ -410,7 +402,9 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
         space: SPACE_ADDR,
         addr,
     };
-    record(&ctx, &key, p.size, p.weight, ctx.as_ptr() as *const u8);
+    let stack = rtrace_ebpf::stacks::user_stack(&ctx, &EVENTS, key.tgid, ctx.as_ptr() as *const u8);
+    rtrace_ebpf::stacks::tell_first(&ctx, &EVENTS, key.tgid);
+    record(&ctx, &key, p.size, p.weight, stack.unwrap_or(0));
     0
 }
 
@@ -440,12 +434,18 @@ fn kernel_alloc(ctx: &TracePointContext, space: u32, addr: u64, size: u64, call_
     let Some(weight) = chosen(size) else {
         return;
     };
+    // The call site names only the nearest caller: a refill that needs a
+    // new slab allocates again from inside the slab allocator (its
+    // `obj_exts`), with the BPF allocator further down the stack.
+    let Ok(stack) = rtrace_ebpf::stacks::kernel_stack_outside(ctx, [start, end]) else {
+        return;
+    };
     let key = AllocKey {
         tgid: 0,
         space,
         addr,
     };
-    record(ctx, &key, size, weight, core::ptr::null());
+    record(ctx, &key, size, weight, stack.unwrap_or(0));
 }
 
 /// A kernel free of `addr` in `space`.

@@ -347,6 +347,23 @@ impl<'a> Hooks<'a> {
         attached.with_context(|| format!("cannot attach {name} to {category}:{event}"))
     }
 
+    /// Attaches as [`Hooks::attach`] a tracepoint that some kernels lack:
+    /// `Ok(false)` where the running kernel has no `category:event` (a
+    /// renamed or merged event), an error only where one it has could not
+    /// be attached, which is never passed over in silence.
+    pub fn attach_if_present(
+        &mut self,
+        ebpf: &mut Ebpf,
+        name: &str,
+        category: &str,
+        event: &str,
+    ) -> anyhow::Result<bool> {
+        if crate::kernel::tracefs::has_event(category, event) == Some(false) {
+            return Ok(false);
+        }
+        self.attach(ebpf, name, category, event).map(|()| true)
+    }
+
     /// Attaches the conventionally named program for `category:event`.
     pub fn attach_event(
         &mut self,

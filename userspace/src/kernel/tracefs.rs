@@ -24,6 +24,13 @@ pub enum TracefsError {
     },
 }
 
+/// Whether the running kernel has tracepoint `category:event`: `None`
+/// where tracefs cannot be read to tell.
+pub fn has_event(category: &str, event: &str) -> Option<bool> {
+    let root = root().ok()?;
+    Some(root.join("events").join(category).join(event).is_dir())
+}
+
 /// Returns tracefs' mount point, mounting it first if nothing is mounted.
 pub fn root() -> Result<PathBuf, TracefsError> {
     for dir in MOUNT_POINTS {

@@ -1095,7 +1095,6 @@ impl Tool for Memleak {
             min_size: self.args.min_size.unwrap_or(0),
             max_size: self.args.max_size.unwrap_or(u64::MAX),
             missing_free: u32::from(self.args.wa_missing_free),
-            user_stack: u32::from(self.user),
             kmem: if self.user {
                 KmemOffsets::default()
             } else {
@@ -1164,9 +1163,11 @@ impl Tool for Memleak {
                 .iter()
                 .chain(if self.args.percpu { PERCPU } else { &[] });
             for &(event, category) in wanted {
-                match hooks.attach(ebpf, event, category, event) {
-                    Ok(()) => self.attached.push(format!("{category}:{event}")),
-                    Err(e) => self.skipped.push(format!("{e:#}")),
+                if hooks.attach_if_present(ebpf, event, category, event)? {
+                    self.attached.push(format!("{category}:{event}"));
+                } else {
+                    self.skipped
+                        .push(format!("no tracepoint {category}:{event} here"));
                 }
             }
             if !self.attached.iter().any(|a| a == "kmem:kmalloc") {
