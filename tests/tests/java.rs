@@ -4,9 +4,10 @@
 //! no frame pointers), checked against what the fixture measured itself:
 //! compiled code with inlined methods, the same program interpreted
 //! (`-Xint`), a JNI call into C that calls back into Java, a thread
-//! blocked in `Object.wait` under offcputime; and against perf on the
-//! same run, given what perf needs (`-XX:+PreserveFramePointer` and a perf
-//! map).
+//! blocked in `Object.wait` under offcputime; against perf on the same
+//! run, given what perf needs (`-XX:+PreserveFramePointer` and a perf
+//! map); and beside Debian sid's OpenJDK 21 and 25, run in a container
+//! of their own (the root `cargo xtask` makes) at the same time.
 
 use std::{
     collections::BTreeMap,
@@ -186,14 +187,24 @@ fn show(folded: &Folded) -> String {
 /// launcher and call stub, then exactly
 /// `Hot.main;Hot.mid;Hot.pick;Hot.<leaf>`, with `Hot.step` or nothing
 /// Java above the leaf.
-fn whole(s: &[String], leaf: &str) -> bool {
+///
+/// Where the thread's start is in a libc without symbols
+/// (`libc_named` false: sid's in the JDK root, whose debug files are not
+/// looked up inside a container), the launcher's thread function with
+/// exactly two unnamed frames below it (clone3 and start_thread).
+fn whole(s: &[String], leaf: &str, libc_named: bool) -> bool {
     let s: Vec<&str> = s.iter().map(|f| bare(f)).collect();
     let java: Vec<&str> = s
         .iter()
         .copied()
         .filter(|f| f.starts_with("Hot."))
         .collect();
-    let root = s.iter().position(|&f| f == "start_thread");
+    let root = if libc_named {
+        s.iter().position(|&f| f == "start_thread")
+    } else {
+        let under = s.iter().position(|&f| f == "ThreadJavaMain");
+        (under == Some(2) && s[..2] == ["[unknown]", "[unknown]"]).then_some(1)
+    };
     let launcher = s.iter().position(|&f| f == "JavaMain");
     let first = s.iter().position(|&f| f == "Hot.main");
     let ends_right = match java.get(4) {
@@ -211,18 +222,24 @@ fn whole(s: &[String], leaf: &str) -> bool {
 /// The fixture's hot and warm methods: named, with whole chains in at
 /// least 95% of their samples, and split as the fixture measured.
 fn check_split(folded: &Folded, times: (f64, f64), what: &str) {
+    check_split_of(folded, times, what, 1500, true);
+}
+
+/// [`check_split`], with at least `least` hot and warm samples, and the
+/// thread's start judged by [`whole`]'s `libc_named`.
+fn check_split_of(folded: &Folded, times: (f64, f64), what: &str, least: u64, libc_named: bool) {
     let (hot, warm) = (
         with_frame(folded, "Hot.hot"),
         with_frame(folded, "Hot.warm"),
     );
     assert!(
-        hot + warm >= 1500,
+        hot + warm >= least,
         "{what}: {hot} samples in Hot.hot and {warm} in Hot.warm:\n{}",
         show(folded)
     );
     let whole_samples: u64 = folded
         .iter()
-        .filter(|(s, _)| whole(s, "Hot.hot") || whole(s, "Hot.warm"))
+        .filter(|(s, _)| whole(s, "Hot.hot", libc_named) || whole(s, "Hot.warm", libc_named))
         .map(|(_, c)| c)
         .sum();
     assert!(
@@ -471,5 +488,137 @@ fn shares_agree_with_perf_given_frame_pointers_and_a_perf_map_and_rtrace_names_m
     assert!(
         pm as f64 <= 0.05 * (ph + pw) as f64,
         "perf named the interpreted Hot.main in {pm} samples"
+    );
+}
+
+/// The Debian root with OpenJDK 21 and 25 that xtask makes and passes
+/// (`RTRACE_JDK_ROOT`).
+fn jdk_root() -> PathBuf {
+    std::env::var_os("RTRACE_JDK_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/rtrace/sid-jdk-root-1")
+        })
+}
+
+/// `java` of OpenJDK `major` in the JDK root, run as in a container: a
+/// mount namespace of its own with its own /proc, chrooted, with the
+/// fixture's classes copied into the root's /tmp (the JVM keeps the
+/// child's pid: unshare and sh exec).
+fn java_in_root(major: u32) -> Command {
+    let root = jdk_root();
+    let java = format!("/usr/lib/jvm/java-{major}-openjdk-amd64/bin/java");
+    assert!(
+        root.join(&java[1..]).is_file(),
+        "no {java} in {} (`cargo xtask test` makes that root)",
+        root.display()
+    );
+    let inside = format!("/tmp/rtrace-java-{}", std::process::id());
+    let copy = root.join(&inside[1..]);
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(classes()).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "class") {
+            std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+        }
+    }
+    let mut c = Command::new("unshare");
+    c.args([
+        "--mount",
+        "sh",
+        "-c",
+        r#"mount -t proc proc "$0/proc" && exec chroot "$0" "$@""#,
+    ])
+    .arg(&root)
+    .args([java.as_str(), "-cp", &inside, "Hot", "split", "3"]);
+    c
+}
+
+#[test]
+fn jvms_17_21_and_25_at_once_two_in_a_container_are_each_walked_and_named() {
+    if skip_in_guest() {
+        return;
+    }
+    // The host's 17, and sid's 21 and 25 with their own libc and libjvm,
+    // found through the processes' own mappings and roots; all started
+    // before rtrace.
+    let mut host = Command::new("java");
+    host.arg("-cp").arg(classes()).args(["Hot", "split", "3"]);
+    let mut jvms: Vec<(u32, Workload)> = Vec::new();
+    for (major, cmd) in [(17, host), (21, java_in_root(21)), (25, java_in_root(25))] {
+        let (w, line) = Workload::start_command(cmd);
+        assert!(line.starts_with("ready"), "JDK {major}: {line:?}");
+        jvms.push((major, w));
+    }
+    let pids: Vec<String> = jvms.iter().map(|(_, w)| w.pid().to_string()).collect();
+    let rows = std::env::temp_dir().join(format!("rtrace-java-{}.jsonl", std::process::id()));
+    let rows_arg = rows.to_str().unwrap();
+    let rtrace = Rtrace::start_until(
+        &[
+            "profile",
+            "-F",
+            "999",
+            "-v",
+            "--samples",
+            rows_arg,
+            "-p",
+            &pids.join(","),
+        ],
+        READY,
+    );
+    // Each runs its 3 s at once.
+    let done: Vec<String> = std::thread::scope(|s| {
+        let go: Vec<_> = jvms
+            .iter_mut()
+            .map(|(_, w)| s.spawn(move || w.go()))
+            .collect();
+        go.into_iter().map(|g| g.join().unwrap()).collect()
+    });
+    let (code, _, stderr) = rtrace.stop(SIGINT);
+    for (_, w) in &mut jvms {
+        assert!(w.wait().success());
+    }
+    let _ =
+        std::fs::remove_dir_all(jdk_root().join(format!("tmp/rtrace-java-{}", std::process::id())));
+    assert_eq!(code, 0, "{stderr}");
+    let text = std::fs::read_to_string(&rows).unwrap();
+    let _ = std::fs::remove_file(&rows);
+    let mut by_pid: BTreeMap<String, Folded> = BTreeMap::new();
+    for line in text.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        let stack: Vec<String> = row["stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_owned())
+            .collect();
+        *by_pid
+            .entry(row["pid"].to_string())
+            .or_default()
+            .entry(stack)
+            .or_default() += row["weight"].as_u64().unwrap_or(1);
+    }
+    for (((major, _), pid), done) in jvms.iter().zip(&pids).zip(&done) {
+        assert!(
+            stderr.contains(&format!("(java): Java {major}")),
+            "-v names JDK {major} (PID {pid}):\n{stderr}"
+        );
+        let folded = by_pid.remove(pid).unwrap_or_default();
+        let times: Vec<f64> = done
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        // Three JVMs on this machine's two CPUs: some 2000 samples each.
+        check_split_of(
+            &folded,
+            (times[0], times[1]),
+            &format!("JDK {major}"),
+            800,
+            *major == 17,
+        );
+    }
+    assert!(
+        !stderr.contains("[java: gone]"),
+        "frames of freed code:\n{stderr}"
     );
 }

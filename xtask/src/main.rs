@@ -186,6 +186,7 @@ fn test_env(bin: PathBuf, static_bin: PathBuf) -> anyhow::Result<Vec<(&'static s
         ("RTRACE_STATIC_BIN", static_bin),
         ("RTRACE_TRIXIE_ROOT", setup::TRIXIE.path()),
         ("RTRACE_SID_ROOT", setup::SID.path()),
+        ("RTRACE_JDK_ROOT", setup::JDKS.path()),
         ("RTRACE_PY_SPY", setup::py_spy()),
         ("RTRACE_OTELCOL", otelcol::install()?),
     ])
@@ -246,7 +247,7 @@ fn test(vm: bool) -> anyhow::Result<()> {
     }
     phases.add("lints", phase.elapsed().as_secs_f64());
     let phase = Instant::now();
-    setup::python_peers()?;
+    setup::peers()?;
     let bin = build_for_tests()?;
     let cases = suite::cases("")?;
     let env = test_env(bin.clone(), dist::static_path())?;
@@ -258,7 +259,7 @@ fn test(vm: bool) -> anyhow::Result<()> {
         step(
             &mut failures,
             "unit tests",
-            cargo().args([
+            cargo().env("RTRACE_JDK_ROOT", setup::JDKS.path()).args([
                 "test",
                 "--release",
                 "--config",
@@ -359,7 +360,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             filter,
             ..
         } => {
-            setup::python_peers()?;
+            setup::peers()?;
             let bin = build()?;
             let static_bin = dist::static_binary()?;
             suite::repeat(

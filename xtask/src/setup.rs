@@ -129,23 +129,24 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/rtrace"))
 }
 
-/// A Debian root with another CPython, which the Python tests and the
-/// Python benchmark run through `chroot`: a second interpreter version,
-/// in another mount namespace with its own libc.
-pub struct PyRoot {
+/// A Debian root with another runtime (CPython, OpenJDK), which the
+/// tests and benchmarks run through `chroot`: another version, in another
+/// mount namespace with its own libc.
+pub struct DebianRoot {
     /// Its directory in the cache, with a version key: raised when what
-    /// [`python_peers`] puts in it changes, so that a machine's cached
-    /// root is made again rather than used as it was.
+    /// [`peers`] puts in it changes, so that a machine's cached root is
+    /// made again rather than used as it was.
     dir: &'static str,
     /// The Debian release.
     release: &'static str,
-    /// The package debootstrap adds.
-    package: &'static str,
-    /// The interpreter, inside the root.
-    pub python: &'static str,
+    /// The packages debootstrap adds, comma-separated.
+    packages: &'static str,
+    /// The program the root is for, inside it: its presence says the
+    /// root is whole.
+    pub program: &'static str,
 }
 
-impl PyRoot {
+impl DebianRoot {
     /// Where it is.
     pub fn path(&self) -> PathBuf {
         cache_dir().join(self.dir)
@@ -153,19 +154,28 @@ impl PyRoot {
 }
 
 /// Debian trixie's root with its python3 (3.13).
-pub const TRIXIE: PyRoot = PyRoot {
+pub const TRIXIE: DebianRoot = DebianRoot {
     dir: "trixie-root-1",
     release: "trixie",
-    package: "python3",
-    python: "/usr/bin/python3",
+    packages: "python3",
+    program: "/usr/bin/python3",
 };
 
 /// Debian sid's root with python3.14.
-pub const SID: PyRoot = PyRoot {
+pub const SID: DebianRoot = DebianRoot {
     dir: "sid-root-1",
     release: "sid",
-    package: "python3.14",
-    python: "/usr/bin/python3.14",
+    packages: "python3.14",
+    program: "/usr/bin/python3.14",
+};
+
+/// Debian sid's root with OpenJDK 21 and 25 (bookworm, the host, has 17):
+/// the Java tests run the three at once. JDKs, not JREs, for `jcmd`.
+pub const JDKS: DebianRoot = DebianRoot {
+    dir: "sid-jdk-root-1",
+    release: "sid",
+    packages: "openjdk-21-jdk-headless,openjdk-25-jdk-headless",
+    program: "/usr/lib/jvm/java-25-openjdk-amd64/bin/java",
 };
 
 /// py-spy, from PyPI: the Python tests' and benchmark's peer.
@@ -173,15 +183,15 @@ pub fn py_spy() -> PathBuf {
     cache_dir().join("py-spy/bin/py-spy")
 }
 
-/// Makes `r` with debootstrap, unless it already has its interpreter.
-fn debian_root(r: &PyRoot) -> anyhow::Result<()> {
+/// Makes `r` with debootstrap, unless it already has its program.
+fn debian_root(r: &DebianRoot) -> anyhow::Result<()> {
     let root = r.path();
-    if root.join(&r.python[1..]).exists() {
+    if root.join(&r.program[1..]).exists() {
         return Ok(());
     }
-    let (release, package) = (r.release, r.package);
+    let (release, packages) = (r.release, r.packages);
     eprintln!(
-        "xtask: making a Debian {release} root with {package} in {} with debootstrap; \
+        "xtask: making a Debian {release} root with {packages} in {} with debootstrap; \
          a few minutes, once",
         root.display()
     );
@@ -190,7 +200,7 @@ fn debian_root(r: &PyRoot) -> anyhow::Result<()> {
     std::fs::create_dir_all(cache_dir())?;
     run(Command::new("debootstrap").args([
         "--variant=minbase",
-        &format!("--include={package}"),
+        &format!("--include={packages}"),
         release,
         partial.to_str().context("cache path is not UTF-8")?,
         "http://deb.debian.org/debian",
@@ -200,12 +210,14 @@ fn debian_root(r: &PyRoot) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Makes the trixie and sid roots and installs py-spy where they are
-/// missing: for the tests and the Python benchmark only, not for every
-/// command (each root takes a minute or more to make, once).
-pub fn python_peers() -> anyhow::Result<()> {
+/// Makes the Debian roots (trixie's and sid's Pythons, sid's JDKs) and
+/// installs py-spy where they are missing: for the tests and benchmarks
+/// only, not for every command (each root takes a minute or more to
+/// make, once).
+pub fn peers() -> anyhow::Result<()> {
     debian_root(&TRIXIE)?;
     debian_root(&SID)?;
+    debian_root(&JDKS)?;
     let spy = py_spy();
     if !output(Command::new(&spy).arg("--version")).contains(PY_SPY_VERSION) {
         eprintln!("xtask: installing py-spy {PY_SPY_VERSION} from PyPI");

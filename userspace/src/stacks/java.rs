@@ -1376,17 +1376,90 @@ mod tests {
         real.parent().expect("java's directory").to_path_buf()
     }
 
-    /// Compiles Graph.java into a temporary directory with `bin`'s javac.
-    fn compile(bin: &Path) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        std::fs::write(dir.path().join("Graph.java"), GRAPH).expect("Graph.java");
+    /// A JDK to run Graph on: the host's, or one of the Debian root that
+    /// `cargo xtask` makes (sid's OpenJDK 21 and 25), run as in a
+    /// container: in a mount namespace of its own with its /proc, chrooted.
+    struct Jdk {
+        /// The root, for a JDK inside one.
+        root: Option<PathBuf>,
+        /// Its `bin`, as its JVM sees it.
+        bin: PathBuf,
+    }
+
+    impl Jdk {
+        fn host() -> Self {
+            Self {
+                root: None,
+                bin: path_jdk(),
+            }
+        }
+
+        /// OpenJDK `major` in the root xtask passes (`RTRACE_JDK_ROOT`),
+        /// else where it keeps it.
+        fn in_root(major: u32) -> Self {
+            let root = std::env::var_os("RTRACE_JDK_ROOT")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+                    PathBuf::from(home).join(".cache/rtrace/sid-jdk-root-1")
+                });
+            let bin = PathBuf::from(format!("/usr/lib/jvm/java-{major}-openjdk-amd64/bin"));
+            assert!(
+                root.join(bin.strip_prefix("/").unwrap())
+                    .join("java")
+                    .is_file(),
+                "no OpenJDK {major} in {} (`cargo xtask test` makes that root)",
+                root.display()
+            );
+            Self {
+                root: Some(root),
+                bin,
+            }
+        }
+
+        /// `program` of its `bin`, run where the JDK lives.
+        fn command(&self, program: &str) -> Command {
+            let path = self.bin.join(program);
+            let Some(root) = &self.root else {
+                return Command::new(path);
+            };
+            // unshare and sh exec: the JVM keeps the child's pid.
+            let mut c = Command::new("unshare");
+            c.args([
+                "--mount",
+                "sh",
+                "-c",
+                r#"mount -t proc proc "$0/proc" && exec chroot "$0" "$@""#,
+            ])
+            .arg(root)
+            .arg(path);
+            c
+        }
+
+        /// A temporary directory the JVM can read, and its path as the
+        /// JVM sees it.
+        fn scratch(&self) -> (tempfile::TempDir, PathBuf) {
+            let Some(root) = &self.root else {
+                let dir = tempfile::tempdir().expect("a temporary directory");
+                let seen = dir.path().to_path_buf();
+                return (dir, seen);
+            };
+            let dir = tempfile::tempdir_in(root.join("tmp")).expect("a directory in the root");
+            let seen = Path::new("/").join(dir.path().strip_prefix(root).unwrap());
+            (dir, seen)
+        }
+    }
+
+    /// Compiles Graph.java with the host's javac into `dir`.
+    fn compile_into(dir: &Path) {
+        let bin = path_jdk();
+        std::fs::write(dir.join("Graph.java"), GRAPH).expect("Graph.java");
         let ok = Command::new(bin.join("javac"))
             .arg("Graph.java")
-            .current_dir(dir.path())
+            .current_dir(dir)
             .status()
             .expect("javac runs");
         assert!(ok.success(), "javac failed");
-        dir
     }
 
     /// One line of `jcmd PID Compiler.codelist`: `id level state
@@ -1402,8 +1475,9 @@ mod tests {
         end: u64,
     }
 
-    fn codelist(bin: &Path, pid: u32) -> Vec<Listed> {
-        let out = Command::new(bin.join("jcmd"))
+    fn codelist(jdk: &Jdk, pid: u32) -> Vec<Listed> {
+        let out = jdk
+            .command("jcmd")
             .args([pid.to_string().as_str(), "Compiler.codelist"])
             .stderr(Stdio::null())
             .output()
@@ -1435,17 +1509,19 @@ mod tests {
         f.iter().map(|f| &*f.name).collect()
     }
 
-    /// Runs Graph on the JDK in `bin` and checks the record, the blob
+    /// Runs Graph on `jdk` and checks the record, the blob
     /// lookup and the names against `jcmd`.
-    fn check_jdk(bin: &Path, major: u32) {
-        let dir = compile(&path_jdk());
-        let child = Command::new(bin.join("java"))
+    fn check_jdk(jdk: &Jdk, major: u32) {
+        let (dir, seen) = jdk.scratch();
+        compile_into(dir.path());
+        let child = jdk
+            .command("java")
             .args([
                 "-XX:CompileCommand=quiet",
                 "-XX:CompileCommand=dontinline,Graph::work",
                 "-cp",
             ])
-            .arg(dir.path())
+            .arg(&seen)
             .args(["Graph", "60000"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -1529,7 +1605,7 @@ mod tests {
         // Until C2 has compiled work and main.
         let mut listed;
         loop {
-            listed = codelist(bin, pid);
+            listed = codelist(jdk, pid);
             let c2 = |m: &str| {
                 listed
                     .iter()
@@ -1604,8 +1680,9 @@ mod tests {
 
     #[test]
     fn a_jdk_17_jvm_is_found_and_its_frames_named() {
-        let bin = path_jdk();
-        let out = Command::new(bin.join("java"))
+        let jdk = Jdk::host();
+        let out = jdk
+            .command("java")
             .arg("-version")
             .output()
             .expect("java -version");
@@ -1615,17 +1692,17 @@ mod tests {
             .nth(1)
             .and_then(|v| v.split('.').next()?.parse().ok())
             .expect("java's version");
-        check_jdk(&bin, major);
+        check_jdk(&jdk, major);
     }
 
     #[test]
-    fn a_jdk_25_jvm_is_found_and_its_frames_named() {
-        let bin = Path::new("/usr/lib/jvm/temurin-25-jdk-amd64/bin");
-        if !bin.join("java").is_file() {
-            eprintln!("skipped: no JDK 25 at {}", bin.display());
-            return;
-        }
-        check_jdk(bin, 25);
+    fn a_jdk_21_jvm_in_a_container_is_found_and_its_frames_named() {
+        check_jdk(&Jdk::in_root(21), 21);
+    }
+
+    #[test]
+    fn a_jdk_25_jvm_in_a_container_is_found_and_its_frames_named() {
+        check_jdk(&Jdk::in_root(25), 25);
     }
 
     #[test]

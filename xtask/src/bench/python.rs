@@ -44,11 +44,11 @@ struct Interp {
 
 impl Interp {
     /// The interpreter of Debian root `r`.
-    fn of(version: &'static str, r: &crate::setup::PyRoot) -> Self {
+    fn of(version: &'static str, r: &crate::setup::DebianRoot) -> Self {
         Self {
             version,
             root: Some(r.path()),
-            path: r.python,
+            path: r.program,
         }
     }
 
@@ -326,7 +326,7 @@ pub fn part() -> Option<String> {
 
 /// Runs the benchmark; the table for `docs/benchmarks.md`.
 pub fn run() -> anyhow::Result<String> {
-    crate::setup::python_peers()?;
+    crate::setup::peers()?;
     let rtrace = crate::build()?.to_string_lossy().into_owned();
     let py_spy = crate::setup::py_spy().to_string_lossy().into_owned();
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
