@@ -2,8 +2,9 @@
 //! JVM's own tables, with no JVM flag, no agent and no perf map
 //! (`tests/fixtures/java/Hot.java`, run by Debian's OpenJDK 17, which has
 //! no frame pointers), checked against what the fixture measured itself:
-//! compiled code with inlined methods, the same program interpreted
-//! (`-Xint`), a JNI call into C that calls back into Java, a thread
+//! compiled code with inlined methods, by C2 and by C1 alone, the same
+//! program interpreted (`-Xint`), code deoptimized and compiled again
+//! while sampled, a JNI call into C that calls back into Java, a thread
 //! blocked in `Object.wait` under offcputime; against perf on the same
 //! run, given what perf needs (`-XX:+PreserveFramePointer` and a perf
 //! map); and beside Debian sid's OpenJDK 21 and 25, run in a container
@@ -315,6 +316,29 @@ fn interpreted_java_methods_are_named_under_xint() {
 }
 
 #[test]
+fn c1_compiled_and_inlined_methods_split_as_measured_given_the_jvms_every_pc() {
+    if skip_in_guest() {
+        return;
+    }
+    // C1 alone (as `-client` was), whose frames and debug information
+    // are laid out by its own rules. It inlines hot and warm into pick,
+    // and a JVM records where inlined code is only at safepoints: a pc
+    // between them takes the next one's method (HotSpot's own rule, and
+    // JFR's and async-profiler's), which here gave hot 0.52 of the
+    // samples where it took 0.65 of the time. With DebugNonSafepoints the
+    // JVM records every pc, and the split is as measured.
+    let (folded, _, times) = profile(
+        &[
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UnlockDiagnosticVMOptions",
+            "-XX:+DebugNonSafepoints",
+        ],
+        &[],
+    );
+    check_split(&folded, times, "C1 only");
+}
+
+#[test]
 fn a_jni_chain_goes_from_java_to_c_and_back_into_java() {
     if skip_in_guest() {
         return;
@@ -620,5 +644,134 @@ fn jvms_17_21_and_25_at_once_two_in_a_container_are_each_walked_and_named() {
     assert!(
         !stderr.contains("[java: gone]"),
         "frames of freed code:\n{stderr}"
+    );
+}
+
+#[test]
+fn deoptimized_and_recompiled_code_is_never_named_wrong() {
+    if skip_in_guest() {
+        return;
+    }
+    // The JVM's compilation log (diagnostic, written by the JVM itself)
+    // says when churn's code was made not entrant.
+    let log = std::env::temp_dir().join(format!("rtrace-java-churn-{}.log", std::process::id()));
+    let dir = classes();
+    let mut cmd = Command::new("java");
+    cmd.args(["-XX:+UnlockDiagnosticVMOptions", "-XX:+LogCompilation"])
+        .arg(format!("-XX:LogFile={}", log.display()))
+        .arg("-cp")
+        .arg(dir)
+        .args(["Hot", "churn", "3"]);
+    let (mut w, line) = Workload::start_command(cmd);
+    assert!(line.starts_with("ready"), "{line:?}");
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-f", "-p", &pid], READY);
+    let done = w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert!(w.wait().success());
+    assert_eq!(code, 0, "{stderr}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        done.ends_with(" 8"),
+        "the fixture loaded every class: {done:?}"
+    );
+    // Compile ids of churn's code, then those made not entrant.
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let at = tag.find(&format!(" {name}='"))? + name.len() + 3;
+        Some(tag[at..].split('\'').next()?.to_owned())
+    };
+    let mut churn_ids = std::collections::HashSet::new();
+    let mut unmade = 0;
+    for tag in text.split('<') {
+        if tag.starts_with("nmethod ")
+            && attr(tag, "method").is_some_and(|m| m.starts_with("Hot churn "))
+        {
+            churn_ids.extend(attr(tag, "compile_id"));
+        }
+        if tag.starts_with("make_not_entrant ")
+            && attr(tag, "compile_id").is_some_and(|id| churn_ids.contains(&id))
+        {
+            unmade += 1;
+        }
+    }
+    assert!(
+        unmade >= 5,
+        "churn's code was made not entrant {unmade} times: the run forced too few"
+    );
+    // Every pair of adjacent frames of the fixture's is an edge of its
+    // call graph: a frame named from code freed or replaced since would
+    // be another method's, out of place.
+    let folded = parse_folded(&stdout);
+    let edge = |caller: &str, callee: &str| -> bool {
+        let area = |f: &str| f.starts_with("Hot$S") && f.ends_with(".area");
+        matches!(
+            (caller, callee),
+            ("Hot.main", "Hot.churnMode") | ("Hot.churnMode", "Hot.churn" | "Hot.done")
+        ) || (caller == "Hot.churn" && area(callee))
+            || (area(caller) && callee == "Hot.step")
+            || (callee.starts_with("Hot$S") && callee.ends_with(".<init>"))
+    };
+    let mut wrong = Vec::new();
+    let (mut areas, mut whole_areas, mut all, mut gone) = (0, 0, 0, 0);
+    for (s, c) in &folded {
+        all += c;
+        let names: Vec<&str> = s.iter().map(|f| bare(f)).collect();
+        if names.contains(&"[java: gone]") {
+            gone += c;
+        }
+        for pair in names.windows(2) {
+            if pair[0].starts_with("Hot") && pair[1].starts_with("Hot") && !edge(pair[0], pair[1]) {
+                wrong.push(format!("{} -> {} ({c})", pair[0], pair[1]));
+            }
+        }
+        if let Some(at) = names
+            .iter()
+            .position(|f| f.starts_with("Hot$S") && f.ends_with(".area"))
+        {
+            areas += c;
+            let chain = [
+                "start_thread",
+                "JavaMain",
+                "Hot.main",
+                "Hot.churnMode",
+                "Hot.churn",
+            ];
+            let mut from = 0;
+            if chain.iter().all(|want| {
+                names[from..at]
+                    .iter()
+                    .position(|f| f == want)
+                    .is_some_and(|i| {
+                        from += i + 1;
+                        true
+                    })
+            }) {
+                whole_areas += c;
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "frames out of the fixture's graph: {wrong:?}\n{}",
+        show(&folded)
+    );
+    assert!(
+        areas >= 1000,
+        "{areas} samples in the shapes' area:\n{}",
+        show(&folded)
+    );
+    assert_most(
+        whole_areas,
+        areas,
+        "samples in area have the whole chain",
+        &folded,
+    );
+    // A frame whose code went away between the sample and its naming is
+    // `[java: gone]`, never another's name; here few do.
+    assert!(
+        gone as f64 <= 0.05 * all as f64,
+        "{gone} of {all} samples have a gone frame:\n{}",
+        show(&folded)
     );
 }
