@@ -30,6 +30,7 @@ mod ext4slower;
 mod gethostlatency;
 mod helpers;
 mod html;
+mod java;
 mod memleak;
 mod offcputime;
 mod profile;
@@ -91,6 +92,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             let trace = trace::run().and_then(|t| update_doc("trace", &t));
             let top = top::run().and_then(|t| update_doc("top", &t));
             let python = python::run().and_then(|t| update_doc("python", &t));
+            let java = java::run().and_then(|t| update_doc("java", &t));
             let memleak = memleak::run().and_then(|t| update_doc("memleak", &t));
             let html = html::run().and_then(|t| update_doc("html", &t));
             all.and(startup)
@@ -100,6 +102,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
                 .and(trace)
                 .and(top)
                 .and(python)
+                .and(java)
                 .and(memleak)
                 .and(html)
         }
@@ -116,6 +119,11 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             python::run().map(drop)
         }
         Some("python") => update_doc("python", &python::run()?),
+        Some("java") if java::part().is_some() => {
+            eprintln!("bench: RTRACE_BENCH_JAVA runs a part: docs/benchmarks.md is left as it is");
+            java::run().map(drop)
+        }
+        Some("java") => update_doc("java", &java::run()?),
         Some("memleak") => update_doc("memleak", &memleak::run()?),
         Some("html") => update_doc("html", &html::run()?),
         Some("fleet") => update_doc("fleet", &exporter::fleet()?),
@@ -123,7 +131,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
                 "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace, top, \
-                 python, memleak, html, fleet",
+                 python, java, memleak, html, fleet",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },

@@ -233,11 +233,7 @@ pub(super) fn run(rtrace: &Path) -> anyhow::Result<(Vec<String>, Row)> {
             None,
         ),
     ];
-    let trials = std::env::var("RTRACE_BENCH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or(super::TRIALS);
+    let trials = super::helpers::trials_from_env(super::TRIALS);
     eprintln!(
         "bench profile: a C build ({FILES} files, make {JOBS}), sampled at {HZ} Hz on every \
          CPU, median of {trials} interleaved trials"

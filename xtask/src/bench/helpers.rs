@@ -173,3 +173,13 @@ pub(super) fn rtrace_lost(stderr: &str) -> u64 {
         })
         .sum()
 }
+
+/// Interleaved trials per configuration of the cases that count their
+/// own: `RTRACE_BENCH_TRIALS`, or `default`.
+pub(super) fn trials_from_env(default: usize) -> usize {
+    std::env::var("RTRACE_BENCH_TRIALS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}

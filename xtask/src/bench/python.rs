@@ -25,11 +25,7 @@ const ROUNDS: u64 = 1000;
 /// Interleaved trials per configuration (`RTRACE_BENCH_TRIALS` sets
 /// another number).
 fn trials() -> usize {
-    std::env::var("RTRACE_BENCH_TRIALS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(5)
+    super::helpers::trials_from_env(5)
 }
 /// An interpreter the fixtures run under: Debian's, without frame
 /// pointers.

@@ -1,0 +1,711 @@
+//! `cargo xtask bench java`: what Java frames cost. Two busy JVMs (the
+//! host's Debian OpenJDK 17, whose code has no frame pointers, each
+//! running `tests/fixtures/java/Hot.java rounds`) each do a fixed amount
+//! of work, bare and under each profiler sampling the whole system at 99
+//! and 999 Hz: rtrace with Java frames (its default), the same with
+//! `--no-java`, rtrace's frame-pointer walk (`--unwind fp`) of JVMs run
+//! with `-XX:+PreserveFramePointer` (the cheapest walk that goes through
+//! Java's frames), and `perf record -g -a` of such JVMs, which write the
+//! perf map perf names JIT code by. Reported: the time added to each
+//! round of the fixtures' work, the BPF time per sample (the kernel's own
+//! statistics) and per Java frame, the profiler's own CPU, samples lost,
+//! and the share of the fixtures' samples with the whole chain.
+//! Interleaved trials, medians and ranges.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+
+use super::{
+    Ready, Tracer, bpf_run_ns, cpu_ns,
+    helpers::{done_ns, perf_lost, rtrace_lost, trials_from_env},
+    measured_on, median, spread,
+};
+
+/// Rounds of the fixture's work per JVM and trial: about 3 s bare.
+const ROUNDS: u64 = 5500;
+/// The sampling rates measured.
+const RATES: [u64; 2] = [99, 999];
+/// The frame the fixtures' work runs under: the JVM launcher's thread
+/// function, which calls the Java main method.
+const LAUNCHER: &str = "JavaMain";
+/// The JVM's way into Java code, under the first Java frame.
+const CALL_HELPER: &str = "JavaCalls::call_helper";
+/// The frames above [`CALL_HELPER`] of a whole chain of the fixture's
+/// work, as the Java walk shows them: the call stub, `main` and `rounds`
+/// interpreted, `pick` compiled with `hot` or `warm` inlined. A walk
+/// without the Java walk that reaches the launcher with fewer has
+/// skipped one (the CFI walk, in compiled code that keeps no frame
+/// pointer, takes the interpreter's `rbp` for its own).
+const PHYSICAL: usize = 4;
+
+/// One way of running the fixtures: bare or under a profiler, and the
+/// JVM flag the profiler needs.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Config {
+    Bare,
+    /// Bare, with `-XX:+PreserveFramePointer`: what the rows with the
+    /// flag are measured against, as the flag itself costs the JIT code a
+    /// register.
+    BareFp,
+    NoJava,
+    Java,
+    Fp,
+    Perf,
+}
+
+impl Config {
+    /// Every configuration, in the order each trial runs them; a
+    /// configuration's place is its number (`as usize`).
+    const ALL: [Self; 6] = [
+        Self::Bare,
+        Self::BareFp,
+        Self::NoJava,
+        Self::Java,
+        Self::Fp,
+        Self::Perf,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Bare => "bare",
+            Self::BareFp => "bare, -XX:+PreserveFramePointer",
+            Self::NoJava => "rtrace profile --no-java",
+            Self::Java => "rtrace profile (Java frames)",
+            Self::Fp => "rtrace profile --unwind fp, -XX:+PreserveFramePointer",
+            Self::Perf => "perf record -g -a, -XX:+PreserveFramePointer",
+        }
+    }
+
+    /// Whether its JVMs run with `-XX:+PreserveFramePointer`.
+    fn preserve_fp(self) -> bool {
+        matches!(self, Self::BareFp | Self::Fp | Self::Perf)
+    }
+
+    /// The bare run its added time is measured from: the same JVM flags.
+    fn bare(self) -> Self {
+        if self.preserve_fp() {
+            Self::BareFp
+        } else {
+            Self::Bare
+        }
+    }
+}
+
+/// The fixture compiled by javac into a directory of its own (which
+/// also holds perf's data), removed when dropped.
+struct Classes(PathBuf);
+
+impl Classes {
+    fn compile() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("rtrace-bench-java-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let classes = Self(dir);
+        let src = crate::root().join("tests/fixtures/java/Hot.java");
+        let out = Command::new("javac")
+            .arg("-d")
+            .arg(&classes.0)
+            .arg(&src)
+            .output()
+            .context("cannot run javac (Debian package openjdk-17-jdk-headless)")?;
+        if !out.status.success() {
+            bail!("javac failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(classes)
+    }
+}
+
+impl Drop for Classes {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The two fixtures' JVMs, each with its stdout; killed if dropped before
+/// they finish (a trial that failed).
+struct Jvms(Vec<(Child, BufReader<ChildStdout>)>);
+
+/// The next line of a fixture's stdout.
+fn next_line(out: &mut BufReader<ChildStdout>) -> anyhow::Result<String> {
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    Ok(line)
+}
+
+impl Jvms {
+    /// Starts both, with `-XX:+PreserveFramePointer` if `preserve_fp`,
+    /// and waits until both are warm.
+    fn start(classes: &Path, preserve_fp: bool) -> anyhow::Result<Self> {
+        let mut jvms = Self(Vec::new());
+        for _ in 0..2 {
+            let mut cmd = Command::new("java");
+            if preserve_fp {
+                cmd.arg("-XX:+PreserveFramePointer");
+            }
+            let mut child = cmd
+                .arg("-cp")
+                .arg(classes)
+                .args(["Hot", "rounds", &ROUNDS.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("cannot run java (Debian package openjdk-17-jdk-headless)")?;
+            let out = BufReader::new(child.stdout.take().context("stdout")?);
+            jvms.0.push((child, out));
+        }
+        // Both warm at once, a CPU each.
+        for (_, out) in &mut jvms.0 {
+            let line = next_line(out)?;
+            if !line.starts_with("ready") {
+                bail!("the fixture said {line:?}");
+            }
+        }
+        Ok(jvms)
+    }
+
+    /// Lets both work; returns their mean nanoseconds per round.
+    fn work(&mut self) -> anyhow::Result<f64> {
+        for (c, _) in &mut self.0 {
+            writeln!(c.stdin.as_mut().context("stdin")?, "go")?;
+        }
+        let mut ns = 0.0;
+        for (_, out) in &mut self.0 {
+            let line = next_line(out)?;
+            ns += done_ns(&line).with_context(|| format!("the fixture said {line:?}"))?;
+        }
+        Ok(ns / (self.0.len() as u64 * ROUNDS) as f64)
+    }
+
+    /// Has each JVM write its perf map (`/tmp/perf-PID.map`), which is
+    /// how perf names JIT code: `jcmd PID Compiler.perfmap` (JDK 17+),
+    /// after the work and before the JVM exits.
+    fn write_perf_maps(&self) -> anyhow::Result<()> {
+        // Both at once: each jcmd is a JVM of its own to start.
+        let jcmds = self
+            .0
+            .iter()
+            .map(|(c, _)| {
+                Command::new("jcmd")
+                    .args([&c.id().to_string(), "Compiler.perfmap"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .context("cannot run jcmd (Debian package openjdk-17-jdk-headless)")
+            })
+            .collect::<anyhow::Result<Vec<Child>>>()?;
+        for jcmd in jcmds {
+            let out = jcmd.wait_with_output()?;
+            if !out.status.success() {
+                bail!(
+                    "jcmd Compiler.perfmap failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The command name of the thread that did the first JVM's work (its
+    /// busiest), which its samples carry first.
+    fn worker_comm(&self) -> anyhow::Result<String> {
+        let pid = self.0[0].0.id();
+        let busiest = std::fs::read_dir(format!("/proc/{pid}/task"))?
+            .flatten()
+            .filter_map(|t| {
+                let stat = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+                let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
+                Some((ns, t.path()))
+            })
+            .max_by_key(|(ns, _)| *ns)
+            .context("the JVM has no threads")?;
+        Ok(std::fs::read_to_string(busiest.1.join("comm"))?
+            .trim()
+            .to_owned())
+    }
+
+    /// Ends their input, which they wait for after the work, and waits
+    /// for them to exit.
+    fn finish(mut self) -> anyhow::Result<()> {
+        for (c, _) in &mut self.0 {
+            drop(c.stdin.take());
+        }
+        for (mut c, _) in std::mem::take(&mut self.0) {
+            let status = c.wait()?;
+            if !status.success() {
+                bail!("a fixture JVM exited with {status}");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Jvms {
+    fn drop(&mut self) {
+        for (c, _) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What a profile says of the samples: their number, those of the
+/// fixtures' working threads and of them the whole chains, the Java
+/// frames the kernel walked, and samples without their stack.
+#[derive(Default, Debug, PartialEq)]
+struct Counts {
+    samples: u64,
+    fixture: u64,
+    whole: u64,
+    java_frames: u64,
+    missed: u64,
+}
+
+/// A frame's name without its kind's mark (`-a`: `_[j]`, `_[p]`, `_[i]`,
+/// `_[k]`).
+fn bare(f: &str) -> &str {
+    match f.rfind("_[") {
+        Some(i) if f.ends_with(']') => &f[..i],
+        _ => f,
+    }
+}
+
+/// Counts rtrace's folded stacks (`comm;frames.. count`, root first, with
+/// `-a`'s marks). A sample of thread `comm` is whole if `Hot.main` sits
+/// above the launcher (`java`: the Java walk's rows), or else if the walk
+/// reached the launcher with [`PHYSICAL`] user frames or more above
+/// [`CALL_HELPER`] (the rows without it, where nothing names the
+/// interpreted `Hot.main`). The Java frames the kernel walked are the
+/// compiled and interpreted ones and the stubs (`_[j]`, `_[p]`): inlined
+/// methods (`_[i]`) are named in user space from the compiled code's
+/// debug information.
+fn count_folded(folded: &str, comm: &str, java: bool) -> Counts {
+    let mut c = Counts::default();
+    for line in folded.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else {
+            continue;
+        };
+        c.samples += n;
+        let frames: Vec<&str> = stack.split(';').collect();
+        let walked = frames
+            .iter()
+            .skip(1)
+            .filter(|f| f.ends_with("_[j]") || f.ends_with("_[p]"))
+            .count() as u64;
+        c.java_frames += walked * n;
+        if frames.contains(&"[Missed User Stack]") {
+            c.missed += n;
+        }
+        if frames.first() != Some(&comm) {
+            continue;
+        }
+        c.fixture += n;
+        let at = |name: &str| frames.iter().position(|f| bare(f) == name);
+        let launcher = at(LAUNCHER);
+        let whole = if java {
+            launcher.is_some_and(|l| at("Hot.main").is_some_and(|main| main > l))
+        } else {
+            let helper = frames.iter().position(|f| f.starts_with(CALL_HELPER));
+            match (launcher, helper) {
+                (Some(l), Some(h)) if h > l => {
+                    let above = frames[h + 1..].iter().filter(|f| !f.ends_with("_[k]"));
+                    above.count() >= PHYSICAL
+                }
+                _ => false,
+            }
+        };
+        if whole {
+            c.whole += n;
+        }
+    }
+    c
+}
+
+/// Counts `perf script`'s samples: one block each, a `comm tid ...` line
+/// then a frame a line (`ADDR NAME+OFF (FILE)`), leaf first. A sample of
+/// thread `comm` is whole if perf's walk reached the launcher with
+/// [`PHYSICAL`] user frames or more above [`CALL_HELPER`], as
+/// [`count_folded`] judges the rows without the Java walk. Returns too
+/// the fixtures' samples that name one of its methods, from the perf
+/// map.
+fn count_perf_script(script: &str, comm: &str) -> (Counts, u64) {
+    let mut c = Counts::default();
+    let mut named = 0;
+    for block in script.split("\n\n") {
+        let mut lines = block.lines().filter(|l| !l.trim().is_empty());
+        let Some(head) = lines.next() else { continue };
+        c.samples += 1;
+        // The command may hold spaces (`C2 CompilerThre`): what follows
+        // it is the thread's id.
+        let of_fixture = head
+            .trim_start()
+            .strip_prefix(comm)
+            .is_some_and(|rest| rest.starts_with(char::is_whitespace));
+        if !of_fixture {
+            continue;
+        }
+        c.fixture += 1;
+        let frames: Vec<&str> = lines.collect();
+        let name = |f: &str| f.split_whitespace().nth(1).unwrap_or_default().to_owned();
+        let helper = frames.iter().position(|f| name(f).starts_with(CALL_HELPER));
+        let launcher = frames
+            .iter()
+            .position(|f| name(f).split('+').next() == Some(LAUNCHER));
+        if let (Some(h), Some(l)) = (helper, launcher)
+            && l > h
+        {
+            // Kernel frames come first, leaf first.
+            let above = frames[..h]
+                .iter()
+                .filter(|f| !f.contains("[kernel.kallsyms]"));
+            if above.count() >= PHYSICAL {
+                c.whole += 1;
+            }
+        }
+        // Perf map names carry their signatures (`int Hot.hot(int)`),
+        // whose first word is the type.
+        if block.contains(" Hot.") {
+            named += 1;
+        }
+    }
+    (c, named)
+}
+
+/// What one trial measured.
+struct Trial {
+    /// Nanoseconds a round took, the mean of both JVMs.
+    round_ns: f64,
+    /// BPF nanoseconds per sample (rtrace only).
+    bpf_per_sample: Option<f64>,
+    /// The profiler's own CPU time over the work, in nanoseconds.
+    own_ns: Option<u64>,
+    /// Samples lost, or without their stack.
+    lost: u64,
+    counts: Counts,
+}
+
+/// One trial of `config` at `hz`.
+fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::Result<Trial> {
+    let mut jvms = Jvms::start(&classes.0, config.preserve_fp())?;
+    let hz_s = hz.to_string();
+    let data = classes.0.join("perf.data");
+    let profiler = match config {
+        Config::Bare | Config::BareFp => None,
+        Config::NoJava | Config::Java | Config::Fp => {
+            let mut c = Command::new(rtrace);
+            // `-a` marks each frame's kind, which tells Java frames
+            // apart; it changes nothing in the kernel.
+            c.args(["profile", "-F", &hz_s, "-f", "-a"]);
+            if config == Config::NoJava {
+                c.arg("--no-java");
+            }
+            if config == Config::Fp {
+                c.args(["--unwind", "fp"]);
+            }
+            Some(Tracer::start_keeping(c, Ready::Stderr("Sampling"))?)
+        }
+        Config::Perf => {
+            let mut c = Command::new("perf");
+            c.args(["record", "-q", "-g", "-a", "-F", &hz_s, "-o"])
+                .arg(&data);
+            Some(Tracer::start(
+                c,
+                Ready::After(Duration::from_secs(1)),
+                None,
+            )?)
+        }
+    };
+    let pid = profiler.as_ref().map(|t| t.child.id());
+    // BPF time from when rtrace samples to the signal to stop: the
+    // stretch its samples come from. Its CPU time over the work alone.
+    let before = bpf_run_ns();
+    let cpu_before = pid.map(cpu_ns);
+    let measured = (|| -> anyhow::Result<_> {
+        let round_ns = jvms.work()?;
+        let own_ns = pid
+            .zip(cpu_before)
+            .map(|(p, b)| cpu_ns(p).saturating_sub(b));
+        let comm = jvms.worker_comm()?;
+        if config == Config::Perf {
+            // Outside the timed work, while perf still records (jcmd's
+            // own samples with the rest).
+            jvms.write_perf_maps()?;
+        }
+        Ok((round_ns, own_ns, comm))
+    })();
+    let bpf = bpf_run_ns().saturating_sub(before) as f64;
+    let pids: Vec<u32> = jvms.0.iter().map(|(c, _)| c.id()).collect();
+    // Stopped whatever became of the work: a profiler left running
+    // would sample every later trial.
+    let stopped = profiler.map(Tracer::stop).transpose()?;
+    let (round_ns, own_ns, comm) = measured?;
+    jvms.finish()?;
+    let mut t = Trial {
+        round_ns,
+        bpf_per_sample: None,
+        own_ns,
+        lost: 0,
+        counts: Counts::default(),
+    };
+    let Some(stopped) = stopped else {
+        return Ok(t);
+    };
+    if config == Config::Perf {
+        let data_s = data.to_string_lossy();
+        let out = Command::new("perf")
+            .args(["script", "--no-inline", "-i", &data_s])
+            .stderr(Stdio::null())
+            .output()
+            .context("cannot run perf script")?;
+        let (counts, named) = count_perf_script(&String::from_utf8_lossy(&out.stdout), &comm);
+        eprintln!(
+            "    perf named a fixture method from the perf map in {named} of {} samples of {comm}",
+            counts.fixture
+        );
+        t.lost = perf_lost(&data_s);
+        t.counts = counts;
+        let _ = std::fs::remove_file(&data);
+        for p in pids {
+            let _ = std::fs::remove_file(format!("/tmp/perf-{p}.map"));
+        }
+    } else {
+        // Folded stacks spell a command's spaces `_`.
+        let comm = comm.replace(' ', "_");
+        t.counts = count_folded(&stopped.stdout, &comm, config == Config::Java);
+        t.lost = rtrace_lost(&stopped.stderr) + t.counts.missed;
+        t.bpf_per_sample = Some(bpf / t.counts.samples.max(1) as f64);
+    }
+    Ok(t)
+}
+
+/// `RTRACE_BENCH_JAVA=999`: one rate, for measuring a change to the
+/// walk; its table is not written to the docs.
+pub fn part() -> Option<u64> {
+    std::env::var("RTRACE_BENCH_JAVA")
+        .ok()
+        .and_then(|r| r.parse().ok())
+}
+
+/// The median of `v` and its range, in microseconds: `1.2 us (0.9 to 1.5)`.
+fn us_ranged(v: &[f64]) -> String {
+    let (lo, hi) = spread(v);
+    format!(
+        "{:.1} us ({:.1} to {:.1})",
+        median(v.to_vec()) / 1e3,
+        lo / 1e3,
+        hi / 1e3
+    )
+}
+
+/// Runs the benchmark; the table for `docs/benchmarks.md`.
+pub fn run() -> anyhow::Result<String> {
+    let rtrace = crate::build()?;
+    let classes = Classes::compile()?;
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .context("cannot turn on BPF run-time statistics")?;
+    let trials = trials_from_env(5);
+    let mut rows = String::from(
+        "| rate | profiler | added per round | BPF per sample | own CPU | samples (lost) | Java \
+         frames a sample | whole chains |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let mut verdicts = Vec::new();
+    let mut bare_s = Vec::new();
+    let rates = RATES
+        .into_iter()
+        .filter(|&hz| part().is_none_or(|p| p == hz));
+    for hz in rates {
+        eprintln!("bench java: {hz} Hz, {trials} interleaved trials");
+        let mut got: Vec<Vec<Trial>> = Config::ALL.iter().map(|_| Vec::new()).collect();
+        for n in 1..=trials {
+            for config in Config::ALL {
+                let t = trial(config, hz, &rtrace, &classes)?;
+                eprintln!(
+                    "  trial {n}: {:<54} {:>8.1} us/round, {} samples, {} lost, {} of {} whole",
+                    config.label(),
+                    t.round_ns / 1e3,
+                    t.counts.samples,
+                    t.lost,
+                    t.counts.whole,
+                    t.counts.fixture
+                );
+                got[config as usize].push(t);
+            }
+        }
+        let rounds =
+            |c: Config| -> Vec<f64> { got[c as usize].iter().map(|t| t.round_ns).collect() };
+        bare_s.push(median(rounds(Config::Bare)) * ROUNDS as f64 / 1e9);
+        let added = |c: Config| -> Vec<f64> {
+            let bare = median(rounds(c.bare()));
+            rounds(c).iter().map(|r| r - bare).collect()
+        };
+        let bpf = |c: Config| -> Vec<f64> {
+            got[c as usize]
+                .iter()
+                .filter_map(|t| t.bpf_per_sample)
+                .collect()
+        };
+        for config in Config::ALL.into_iter().filter(|c| c.bare() != *c) {
+            let ts = &got[config as usize];
+            let b = bpf(config);
+            let bpf_cell = if b.is_empty() {
+                "-".to_owned()
+            } else {
+                let (l, h) = spread(&b);
+                format!("{:.1} us ({l:.0}-{h:.0} ns)", median(b.clone()) / 1e3)
+            };
+            let own: Vec<f64> = ts
+                .iter()
+                .filter_map(|t| t.own_ns)
+                .map(|n| n as f64)
+                .collect();
+            let own_cell = if own.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.1} ms", median(own) / 1e6)
+            };
+            let sum = |f: fn(&Trial) -> u64| ts.iter().map(f).sum::<u64>();
+            let samples = sum(|t| t.counts.samples);
+            let frames_cell = if config == Config::Java {
+                format!(
+                    "{:.2}",
+                    sum(|t| t.counts.java_frames) as f64 / samples.max(1) as f64
+                )
+            } else {
+                "-".to_owned()
+            };
+            rows.push_str(&format!(
+                "| {hz} Hz | {} | {} | {bpf_cell} | {own_cell} | {} ({}) | {frames_cell} | {:.1}% |\n",
+                config.label(),
+                us_ranged(&added(config)),
+                samples / trials as u64,
+                sum(|t| t.lost) / trials as u64,
+                sum(|t| t.counts.whole) as f64 * 100.0 / sum(|t| t.counts.fixture).max(1) as f64,
+            ));
+        }
+        let java_bpf = median(bpf(Config::Java));
+        let fp_bpf = median(bpf(Config::Fp));
+        let java = &got[Config::Java as usize];
+        let frames = java.iter().map(|t| t.counts.java_frames).sum::<u64>() as f64
+            / java.iter().map(|t| t.counts.samples).sum::<u64>().max(1) as f64;
+        let (ours, perf) = (median(added(Config::Java)), added(Config::Perf));
+        // As `bench all` has it: against a peer whose added time the
+        // trials cannot tell from nothing, a ratio would be noise over
+        // noise.
+        let cost = if spread(&perf).0 > 0.0 {
+            format!(
+                "rtrace's added time per round is {:.2}x perf's (goal: at most 0.25x)",
+                ours.max(0.0) / median(perf)
+            )
+        } else {
+            let (lo, hi) = spread(&perf);
+            format!(
+                "perf's added time per round ({:.1} us, {:.1} to {:.1}) is not above zero in every \
+                 trial, so no ratio is given (goal: rtrace's at most 0.25x perf's)",
+                median(perf.clone()) / 1e3,
+                lo / 1e3,
+                hi / 1e3
+            )
+        };
+        verdicts.push(format!(
+            "{hz} Hz: the Java walk takes {:.2}x the frame-pointer walk's BPF time per sample \
+             ({:.1} us against {:.1} us; goal: at most 1.50x); with {frames:.2} Java frames a \
+             sample, {:.0} ns a Java frame, {:.0} ns of it above the frame-pointer walk's time \
+             per sample; {cost}",
+            java_bpf / fp_bpf.max(1e-9),
+            java_bpf / 1e3,
+            fp_bpf / 1e3,
+            java_bpf / frames.max(1e-9),
+            (java_bpf - fp_bpf) / frames.max(1e-9),
+        ));
+    }
+    let mut table = format!(
+        "{} (two JVMs, Debian's OpenJDK 17, each doing {ROUNDS} rounds of the fixture's work \
+         (`Hot rounds`: main -> rounds -> pick -> hot or warm), about {:.1} s bare; every \
+         profiler samples the whole system; added time per round over bare (the rows with \
+         `-XX:+PreserveFramePointer` over bare with it), the mean of both JVMs' wall-clock time; \
+         BPF time per sample from the kernel's statistics, from when rtrace samples to its stop; \
+         the profiler's own CPU over the work; Java frames a sample: the compiled and \
+         interpreted frames the kernel walked, over all samples (inlined methods are named in \
+         user space); whole chains: of the samples of the fixtures' working threads, those \
+         with `Hot.main` above the launcher's `{LAUNCHER}`, or for the rows without the Java \
+         walk (where nothing names the interpreted `Hot.main`) those whose walk reached \
+         `{LAUNCHER}` with the {PHYSICAL} frames the Java walk shows above the JVM's call \
+         into Java (the call stub, `main` and `rounds` interpreted, `pick` compiled); perf's \
+         JVMs write their perf maps (`jcmd PID Compiler.perfmap`) after the work, outside the \
+         timed rounds; medians of {trials} interleaved trials, ranges in parentheses):\n\n",
+        measured_on("java"),
+        median(bare_s.clone()),
+    );
+    table.push_str(&rows);
+    table.push('\n');
+    for v in &verdicts {
+        table.push_str(&format!("- {v}.\n"));
+    }
+    println!("\n{table}");
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Counts, count_folded, count_perf_script};
+
+    #[test]
+    fn folded_stacks_are_counted() {
+        let folded = "\
+java;start_thread;ThreadJavaMain;JavaMain;jni_CallStaticVoidMethod;JavaCalls::call_helper(JavaValue*);[StubRoutines (1)]_[j];Hot.main_[p];Hot.rounds_[j];Hot.pick_[i];Hot.hot_[i] 7
+java;Hot.rounds_[j];Hot.pick_[i];Hot.warm_[i] 2
+java;start_thread;ThreadJavaMain;JavaMain;JavaCalls::call_helper(JavaValue*);[unknown];[unknown];[unknown];[unknown];x_[k] 3
+java;start_thread;ThreadJavaMain;JavaMain;JavaCalls::call_helper(JavaValue*);[unknown];[unknown];[unknown];x_[k] 4
+C2_CompilerThre;start_thread;[Missed User Stack] 1
+";
+        assert_eq!(
+            count_folded(folded, "java", true),
+            Counts {
+                samples: 17,
+                fixture: 16,
+                whole: 7,
+                java_frames: 7 * 3 + 2,
+                missed: 1,
+            }
+        );
+        // Without the Java walk: the launcher reached with every physical
+        // frame above the JVM's call into Java; the last stack skipped one.
+        assert_eq!(count_folded(folded, "java", false).whole, 7 + 3);
+    }
+
+    #[test]
+    fn perf_script_samples_are_counted() {
+        let script = "\
+java  4242 [000]  1.000:  1010101 cpu-clock:ppp: 
+\t    ff00 asm_sysvec_apic_timer_interrupt+0x1a ([kernel.kallsyms])
+\t    7f00 int Hot.pick(int, int)+0x20 (/tmp/perf-4242.map)
+\t    7f10 Interpreter+0x500 (/tmp/perf-4242.map)
+\t    7f10 Interpreter+0x500 (/tmp/perf-4242.map)
+\t    7f18 StubRoutines (1)+0x10 (/tmp/perf-4242.map)
+\t    7f19 JavaCalls::call_helper(JavaValue*, methodHandle const&)+0x3b (/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so)
+\t    7f20 JavaMain+0x5b3 (/usr/lib/jvm/java-17-openjdk-amd64/lib/libjli.so)
+
+java  4242 [000]  1.000:  1010101 cpu-clock:ppp: 
+\t    7f10 Interpreter+0x500 (/tmp/perf-4242.map)
+\t    7f10 Interpreter+0x500 (/tmp/perf-4242.map)
+\t    7f18 StubRoutines (1)+0x10 (/tmp/perf-4242.map)
+\t    7f19 JavaCalls::call_helper(JavaValue*, methodHandle const&)+0x3b (/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so)
+\t    7f20 JavaMain+0x5b3 (/usr/lib/jvm/java-17-openjdk-amd64/lib/libjli.so)
+
+java  4242 [001]  1.001:  1010101 cpu-clock:ppp: 
+\t    7f00 [unknown] ([unknown])
+
+C2 CompilerThre  4250 [001]  1.002:  1010101 cpu-clock:ppp: 
+\t    7f30 JavaMain+0x5b3 (/usr/lib/jvm/java-17-openjdk-amd64/lib/libjli.so)
+";
+        let (c, named) = count_perf_script(script, "java");
+        assert_eq!((c.samples, c.fixture, c.whole, named), (4, 3, 1, 1));
+    }
+}
