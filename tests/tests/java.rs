@@ -655,21 +655,17 @@ fn deoptimized_and_recompiled_code_is_never_named_wrong() {
     // The JVM's compilation log (diagnostic, written by the JVM itself)
     // says when churn's code was made not entrant.
     let log = std::env::temp_dir().join(format!("rtrace-java-churn-{}.log", std::process::id()));
-    let dir = classes();
-    let mut cmd = Command::new("java");
-    cmd.args(["-XX:+UnlockDiagnosticVMOptions", "-XX:+LogCompilation"])
-        .arg(format!("-XX:LogFile={}", log.display()))
-        .arg("-cp")
-        .arg(dir)
-        .args(["Hot", "churn", "3"]);
-    let (mut w, line) = Workload::start_command(cmd);
-    assert!(line.starts_with("ready"), "{line:?}");
-    let pid = w.pid().to_string();
-    let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-f", "-p", &pid], READY);
-    let done = w.go();
-    let (code, stdout, stderr) = rtrace.stop(SIGINT);
-    assert!(w.wait().success());
-    assert_eq!(code, 0, "{stderr}");
+    let log_file = format!("-XX:LogFile={}", log.display());
+    let (folded, _, done) = trace_fixture(
+        &[
+            "-XX:+UnlockDiagnosticVMOptions",
+            "-XX:+LogCompilation",
+            &log_file,
+        ],
+        "churn",
+        &["profile", "-F", "999", "-f"],
+        READY,
+    );
     let text = std::fs::read_to_string(&log).unwrap();
     let _ = std::fs::remove_file(&log);
     assert!(
@@ -702,7 +698,6 @@ fn deoptimized_and_recompiled_code_is_never_named_wrong() {
     // Every pair of adjacent frames of the fixture's is an edge of its
     // call graph: a frame named from code freed or replaced since would
     // be another method's, out of place.
-    let folded = parse_folded(&stdout);
     let edge = |caller: &str, callee: &str| -> bool {
         let area = |f: &str| f.starts_with("Hot$S") && f.ends_with(".area");
         matches!(
@@ -713,7 +708,7 @@ fn deoptimized_and_recompiled_code_is_never_named_wrong() {
             || (callee.starts_with("Hot$S") && callee.ends_with(".<init>"))
     };
     let mut wrong = Vec::new();
-    let (mut areas, mut whole_areas, mut all, mut gone) = (0, 0, 0, 0);
+    let (mut all, mut gone) = (0, 0);
     for (s, c) in &folded {
         all += c;
         let names: Vec<&str> = s.iter().map(|f| bare(f)).collect();
@@ -725,32 +720,18 @@ fn deoptimized_and_recompiled_code_is_never_named_wrong() {
                 wrong.push(format!("{} -> {} ({c})", pair[0], pair[1]));
             }
         }
-        if let Some(at) = names
-            .iter()
-            .position(|f| f.starts_with("Hot$S") && f.ends_with(".area"))
-        {
-            areas += c;
-            let chain = [
-                "start_thread",
-                "JavaMain",
-                "Hot.main",
-                "Hot.churnMode",
-                "Hot.churn",
-            ];
-            let mut from = 0;
-            if chain.iter().all(|want| {
-                names[from..at]
-                    .iter()
-                    .position(|f| f == want)
-                    .is_some_and(|i| {
-                        from += i + 1;
-                        true
-                    })
-            }) {
-                whole_areas += c;
-            }
-        }
     }
+    // A stack holds one shape's area at most: the eight sum.
+    let chain = [
+        "start_thread",
+        "JavaMain",
+        "Hot.main",
+        "Hot.churnMode",
+        "Hot.churn",
+    ];
+    let (whole_areas, areas) = (0..8)
+        .map(|n| under_chain(&folded, &format!("Hot$S{n}.area"), &chain))
+        .fold((0, 0), |(w, a), (wn, an)| (w + wn, a + an));
     assert!(
         wrong.is_empty(),
         "frames out of the fixture's graph: {wrong:?}\n{}",
