@@ -183,3 +183,29 @@ pub(super) fn trials_from_env(default: usize) -> usize {
         .filter(|&n| n > 0)
         .unwrap_or(default)
 }
+
+/// Nanoseconds `v`, as a table cell in microseconds: the median, then the
+/// range (`1.2 us (0.9 to 1.5)`).
+pub(super) fn us_ranged(v: &[f64]) -> String {
+    let (lo, hi) = super::spread(v);
+    format!(
+        "{:.1} us ({:.1} to {:.1})",
+        super::median(v.to_vec()) / 1e3,
+        lo / 1e3,
+        hi / 1e3
+    )
+}
+
+/// BPF nanoseconds per sample, one a trial, as a table cell: the median
+/// in microseconds and the range in nanoseconds, `-` for a profiler
+/// that runs no BPF.
+pub(super) fn bpf_cell(v: &[f64]) -> String {
+    if v.is_empty() {
+        return "-".to_owned();
+    }
+    let (l, h) = super::spread(v);
+    format!(
+        "{:.1} us ({l:.0}-{h:.0} ns)",
+        super::median(v.to_vec()) / 1e3
+    )
+}

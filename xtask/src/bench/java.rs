@@ -23,7 +23,7 @@ use anyhow::{Context as _, bail};
 
 use super::{
     Ready, Tracer, bpf_run_ns, cpu_ns,
-    helpers::{done_ns, perf_lost, rtrace_lost, trials_from_env},
+    helpers::{bpf_cell, done_ns, perf_lost, rtrace_lost, trials_from_env, us_ranged},
     measured_on, median, spread,
 };
 
@@ -493,17 +493,6 @@ pub fn part() -> Option<u64> {
         .and_then(|r| r.parse().ok())
 }
 
-/// The median of `v` and its range, in microseconds: `1.2 us (0.9 to 1.5)`.
-fn us_ranged(v: &[f64]) -> String {
-    let (lo, hi) = spread(v);
-    format!(
-        "{:.1} us ({:.1} to {:.1})",
-        median(v.to_vec()) / 1e3,
-        lo / 1e3,
-        hi / 1e3
-    )
-}
-
 /// Runs the benchmark; the table for `docs/benchmarks.md`.
 pub fn run() -> anyhow::Result<String> {
     let rtrace = crate::build()?;
@@ -553,13 +542,7 @@ pub fn run() -> anyhow::Result<String> {
         };
         for config in Config::ALL.into_iter().filter(|c| c.bare() != *c) {
             let ts = &got[config as usize];
-            let b = bpf(config);
-            let bpf_cell = if b.is_empty() {
-                "-".to_owned()
-            } else {
-                let (l, h) = spread(&b);
-                format!("{:.1} us ({l:.0}-{h:.0} ns)", median(b.clone()) / 1e3)
-            };
+            let bpf_cell = bpf_cell(&bpf(config));
             let own: Vec<f64> = ts
                 .iter()
                 .filter_map(|t| t.own_ns)

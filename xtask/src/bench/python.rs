@@ -18,7 +18,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{bpf_run_ns, helpers::rtrace_lost, measured_on, median, spread};
+use super::{
+    bpf_run_ns,
+    helpers::{bpf_cell, rtrace_lost, us_ranged},
+    measured_on, median,
+};
 
 /// Rounds of the fixture's work per process and trial: about 3 s bare.
 const ROUNDS: u64 = 1000;
@@ -384,13 +388,7 @@ pub fn run() -> anyhow::Result<String> {
             .map(|ts| ts.iter().filter_map(|t| t.bpf_per_sample).collect())
             .collect();
         for (i, &tool) in tools.iter().enumerate().skip(1) {
-            let (lo, hi) = spread(&added[i]);
-            let bpf_cell = if bpf[i].is_empty() {
-                "-".to_owned()
-            } else {
-                let (l, h) = spread(&bpf[i]);
-                format!("{:.1} us ({l:.0}-{h:.0} ns)", median(bpf[i].clone()) / 1e3)
-            };
+            let bpf_cell = bpf_cell(&bpf[i]);
             let ts = &got[i];
             let cpu: Vec<(f64, f64)> = ts.iter().filter_map(|t| t.cpu_ms).collect();
             let cpu_cell = if cpu.is_empty() {
@@ -406,11 +404,9 @@ pub fn run() -> anyhow::Result<String> {
                 .iter()
                 .fold((0, 0), |(f, w), t| (f + t.fixture, w + t.whole));
             table.push_str(&format!(
-                "| {v} | {hz} Hz | {} | {:.1} us ({:.1} to {:.1}) | {bpf_cell} | {cpu_cell} | {samples} ({lost}) | {:.1}% |\n",
+                "| {v} | {hz} Hz | {} | {} | {bpf_cell} | {cpu_cell} | {samples} ({lost}) | {:.1}% |\n",
                 tool.label(),
-                median(added[i].clone()) / 1e3,
-                lo / 1e3,
-                hi / 1e3,
+                us_ranged(&added[i]),
                 w as f64 * 100.0 / f.max(1) as f64,
             ));
         }
