@@ -32,10 +32,22 @@ pub const JAVA_ADDR_MASK: u64 = !JAVA_MASK;
 /// `PcDesc`: the methods inlined at that pc, and their lines).
 pub const JAVA_COMPILED: u64 = 0x4a43_0000_0000_0000;
 /// An interpreted frame: its `Method*`; the second slot is its
-/// `ConstMethod*` shifted right by 3, truncated, in its high half (the
-/// check: a method redefined or freed and reused has another) and the
-/// bytecode index in its low half (`u32::MAX` where unknown).
+/// [`method_check`] in its high half and the bytecode index in its low
+/// half (`u32::MAX` where unknown).
 pub const JAVA_INTERPRETED: u64 = 0x4a49_0000_0000_0000;
+
+/// The check a `Method*` is named by: its `ConstMethod*` (which a
+/// redefinition replaces), and its class's name, as the `Symbol*` and
+/// that symbol's hash (`Symbol::_hash_and_refcount`'s high half, drawn at
+/// random when the symbol is made). A class unloaded and another of the
+/// same shape loaded after it get the same `Method*` and `ConstMethod*`
+/// (HotSpot hands the freed metaspace to the next class loader, and lays
+/// the class out again in the same order), but not its name; a name
+/// freed and another made in its place gets another hash.
+pub const fn method_check(const_method: u64, class_name: u64, name_hash: u16) -> u32 {
+    let x = (const_method >> 3) ^ (class_name << 21) ^ ((name_hash as u64) << 47);
+    (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
+}
 /// A native method's wrapper (`native nmethod`): its `nmethod*`; the
 /// second slot as [`JAVA_COMPILED`]'s.
 pub const JAVA_NATIVE: u64 = 0x4a4e_0000_0000_0000;
@@ -112,6 +124,15 @@ pub struct JavaProc {
     pub method_const: u16,
     /// `sizeof(ConstMethod)`: the bytecodes follow it.
     pub const_method_size: u16,
+    /// `ConstMethod::_constants` (the `ConstantPool*`).
+    pub cm_constants: u16,
+    /// `ConstantPool::_pool_holder` (the class, an `InstanceKlass*`).
+    pub cp_holder: u16,
+    /// `Klass::_name` (a `Symbol*`).
+    pub klass_name: u16,
+    /// The symbol's 16-bit hash ([`method_check`]): the high half of
+    /// `Symbol::_hash_and_refcount`.
+    pub sym_hash: u16,
     /// An interpreted frame's `Method*`, in bytes from its frame pointer
     /// (−24).
     pub interp_method: i16,

@@ -21,7 +21,7 @@ use aya_ebpf::{
 use rtrace_common::{
     java::{
         JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_NATIVE, JAVA_NEW, JAVA_STUB,
-        JavaProc, MAX_HEAPS,
+        JavaProc, MAX_HEAPS, method_check,
     },
     stacks::{ERR_JAVA_BAD, SEEN_JAVA},
 };
@@ -264,7 +264,13 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     let code = cm.wrapping_add(u64::from(p.const_method_size));
     let bci = bcp.wrapping_sub(code);
     let bci = if bci < 1 << 16 { bci } else { 0xffff_ffff };
-    let check = (cm >> 3) as u32;
+    // The class's name, for the check: the method's own addresses are
+    // another class's once its class is unloaded.
+    let cp = read_user::<u64>(cm.wrapping_add(u64::from(p.cm_constants)))?;
+    let holder = read_user::<u64>(cp.wrapping_add(u64::from(p.cp_holder)))?;
+    let name = read_user::<u64>(holder.wrapping_add(u64::from(p.klass_name)))?;
+    let hash = read_user::<u16>(name.wrapping_add(u64::from(p.sym_hash)))?;
+    let check = method_check(cm, name, hash);
     if !write(
         s,
         tgid,

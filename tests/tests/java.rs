@@ -7,7 +7,8 @@
 //! while sampled, a JNI call into C that calls back into Java, a thread
 //! blocked in `Object.wait` under offcputime; against perf on the same
 //! run, given what perf needs (`-XX:+PreserveFramePointer` and a perf
-//! map); and beside Debian sid's OpenJDK 21 and 25, run in a container
+//! map); classes unloaded and others loaded where they were; and
+//! beside Debian sid's OpenJDK 21 and 25, run in a container
 //! of their own (the root `cargo xtask` makes) at the same time.
 
 use std::{
@@ -37,14 +38,26 @@ fn java_home() -> PathBuf {
     real.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-/// The fixture, compiled once by javac into a directory of its own, with
-/// its native method's library (built without frame pointers).
+/// The fixture, compiled by javac into a directory of its own, with its
+/// native method's library (built without frame pointers): once per
+/// version of its sources, in cargo's scratch directory for tests (so
+/// that runs leave nothing behind in `/tmp`), built aside and renamed
+/// into place, so that test processes running at once share it.
 fn classes() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        use std::hash::{Hash, Hasher};
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/java");
         let src = fixtures.join("Hot.java");
-        let dir = std::env::temp_dir().join(format!("rtrace-java-{}", std::process::id()));
+        let mut h = std::hash::DefaultHasher::new();
+        for f in ["Hot.java", "hotjni.c"] {
+            std::fs::read(fixtures.join(f)).unwrap().hash(&mut h);
+        }
+        let done = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("java-{:016x}", h.finish()));
+        if done.join("libhotjni.so").exists() {
+            return done;
+        }
+        let dir = done.with_extension(format!("part-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = Command::new("javac")
             .arg("-d")
@@ -76,7 +89,11 @@ fn classes() -> &'static Path {
             "cc failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        dir
+        // Another process that got there first keeps its copy.
+        if std::fs::rename(&dir, &done).is_err() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        done
     })
 }
 
@@ -755,4 +772,60 @@ fn deoptimized_and_recompiled_code_is_never_named_wrong() {
         "{gone} of {all} samples have a gone frame:\n{}",
         show(&folded)
     );
+}
+
+#[test]
+fn classes_unloaded_and_loaded_again_at_the_same_addresses_are_named_as_sampled() {
+    if skip_in_guest() {
+        return;
+    }
+    // Interpreted, where a frame is its `Method*` and bytecode, and
+    // compiled, where it is its code, whose methods are named through
+    // the same `Method*`s: eight classes in turn, each where the one
+    // before was (HotSpot logs one Klass address for all eight).
+    for jvm in [&["-Xint"][..], &[]] {
+        let what = if jvm.is_empty() {
+            "compiled"
+        } else {
+            "interpreted"
+        };
+        let (folded, _, done) =
+            trace_fixture(jvm, "unload", &["profile", "-F", "999", "-f"], READY);
+        let nums: Vec<f64> = done
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert!(
+            nums.len() == 9 && nums[0] >= 7.0,
+            "{what}: the fixture unloaded too few of its classes: {done:?}"
+        );
+        let times = &nums[1..];
+        let spent: f64 = times.iter().sum();
+        let counts: Vec<u64> = (1..=8)
+            .map(|n| with_frame(&folded, &format!("Zq{n}.applyAsLong")))
+            .collect();
+        let all: u64 = counts.iter().sum();
+        assert!(
+            all >= 1500,
+            "{what}: {all} samples in the classes:\n{}",
+            show(&folded)
+        );
+        for (i, (&c, &t)) in counts.iter().zip(times).enumerate() {
+            assert_share(&format!("{what}: Zq{}", i + 1), c, all - c, t / spent);
+        }
+        // Every frame of a class is under its own class's caller: a name
+        // left from the class before would pair two classes.
+        for (s, c) in &folded {
+            let classes: std::collections::BTreeSet<&str> = s
+                .iter()
+                .filter_map(|f| bare(f).strip_prefix("Zq"))
+                .map(|f| &f[..1])
+                .collect();
+            assert!(
+                classes.len() <= 1,
+                "{what}: one stack ({c} samples) names classes {classes:?}: {}",
+                s.join(";")
+            );
+        }
+    }
 }

@@ -16,7 +16,7 @@ use std::{
 
 use rtrace_common::java::{
     BLOB_BYTES, JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_MASK, JAVA_NATIVE, JAVA_STUB,
-    JavaHeap, JavaProc, MAX_HEAPS,
+    JavaHeap, JavaProc, MAX_HEAPS, method_check,
 };
 
 use crate::kernel::procmaps::{Mapping, Proc};
@@ -212,6 +212,8 @@ struct Layout {
     source_in_cp: bool,
     source_index: Option<u64>,
     klass_name: u64,
+    /// `Symbol`'s 16-bit hash (`JavaProc::sym_hash`).
+    sym_hash: u64,
     sym_length: u64,
     sym_body: u64,
     /// The kernel's record, without the process's heaps and salt.
@@ -331,6 +333,11 @@ impl Layout {
             .map_or(-8, |w| w * 8);
         let method_const = need(&["Method"], "_constMethod")?;
         let cm_size = size("ConstMethod")?;
+        let cm_constants = need(&["ConstMethod"], "_constants")?;
+        let cp_holder = need(&["ConstantPool"], "_pool_holder")?;
+        let klass_name = need(&["Klass"], "_name")?;
+        // The hash is `_hash_and_refcount`'s high half (JDK 12+).
+        let sym_hash = need(&["Symbol"], "_hash_and_refcount")? + 2;
         let record = JavaProc {
             heap_block: heap_block as u16,
             blob_read: blob_read as u16,
@@ -343,6 +350,10 @@ impl Layout {
             nm_deopt: nm_deopt as u16,
             method_const: method_const as u16,
             const_method_size: cm_size as u16,
+            cm_constants: cm_constants as u16,
+            cp_holder: cp_holder as u16,
+            klass_name: klass_name as u16,
+            sym_hash: sym_hash as u16,
             // Not in the tables: HotSpot's x86-64 interpreter frame (JDK
             // 9+, after the mirror slot was added).
             interp_method: -24,
@@ -376,18 +387,19 @@ impl Layout {
             debug,
             method_const,
             cm_size,
-            cm_constants: need(&["ConstMethod"], "_constants")?,
+            cm_constants,
             cm_method_size: need(&["ConstMethod"], "_constMethod_size")?,
             cm_flags,
             cm_flags_width,
             cm_code_size: need(&["ConstMethod"], "_code_size")?,
             cm_name_index: need(&["ConstMethod"], "_name_index")?,
             cp_size: size("ConstantPool")?,
-            cp_holder: need(&["ConstantPool"], "_pool_holder")?,
+            cp_holder,
             cp_length: t.off(&["ConstantPool"], "_length"),
             source_in_cp: source_cp.is_some(),
             source_index,
-            klass_name: need(&["Klass"], "_name")?,
+            klass_name,
+            sym_hash,
             sym_length,
             sym_body,
             record,
@@ -722,8 +734,8 @@ pub struct Java {
     not: HashMap<Proc, Option<String>>,
     /// Named frames, by process and slots.
     frames: HashMap<(Proc, u64, u64), Arc<[JavaFrame]>>,
-    /// Methods, by process, `Method*` and its `ConstMethod*`.
-    methods: HashMap<(Proc, u64, u64), Option<Arc<Method>>>,
+    /// Methods, by process, `Method*` and its `method_check`.
+    methods: HashMap<(Proc, u64, u32), Option<Arc<Method>>>,
     /// What `-v` says of the JVMs found.
     found: BTreeMap<Proc, String>,
     /// JVMs that cannot be walked, and why.
@@ -975,8 +987,7 @@ impl Java {
     /// must match the check in `second`'s high half.
     fn interpreted(&mut self, who: Proc, method: u64, second: u64) -> Option<Vec<JavaFrame>> {
         let j = self.procs.get(&who)?;
-        let cm = j.mem.u64(method + j.layout.method_const)?;
-        if (cm >> 3) as u32 != (second >> 32) as u32 {
+        if check_of(j, method)? != (second >> 32) as u32 {
             return None;
         }
         let bci = second as u32;
@@ -1051,15 +1062,17 @@ impl Java {
     }
 
     /// `Method*` `method` of process `who`, named (cached by its
-    /// `ConstMethod*`, which a redefinition changes).
+    /// [`method_check`], which a redefinition changes, and the loading
+    /// of another class where its class was).
     fn method(&mut self, who: Proc, method: u64) -> Option<Arc<Method>> {
         let j = self.procs.get(&who)?;
-        let cm = j.mem.u64(method + j.layout.method_const)?;
-        if let Some(m) = self.methods.get(&(who, method, cm)) {
+        let check = check_of(j, method)?;
+        if let Some(m) = self.methods.get(&(who, method, check)) {
             return m.clone();
         }
+        let cm = j.mem.u64(method + j.layout.method_const)?;
         let m = read_method(j, cm, self.lines).map(Arc::new);
-        self.methods.insert((who, method, cm), m.clone());
+        self.methods.insert((who, method, check), m.clone());
         m
     }
 
@@ -1088,6 +1101,17 @@ impl Java {
 }
 
 /// A mapped file's key: its device and inode.
+/// `Method*` `method`'s [`method_check`], as it is now: what the kernel
+/// wrote for an interpreted frame of it, while it is still that method.
+fn check_of(j: &Jvm, method: u64) -> Option<u32> {
+    let l = &j.layout;
+    let cm = j.mem.u64(method + l.method_const)?;
+    let cp = j.mem.u64(cm + l.cm_constants)?;
+    let name = j.mem.u64(j.mem.u64(cp + l.cp_holder)? + l.klass_name)?;
+    let hash = u16_at(&j.mem.read(name + l.sym_hash, 2)?, 0)?;
+    Some(method_check(cm, name, hash))
+}
+
 fn file_key(m: &Mapping) -> (u64, u64) {
     (u64::from(m.dev.0) << 32 | u64::from(m.dev.1), m.inode)
 }
@@ -1643,8 +1667,16 @@ mod tests {
             if n.method == "Graph.work" && n.level == 4 {
                 // Its method, as an interpreted frame at bci 0 (line 3).
                 let method = mem.u64(n.blob + l.nm_method).expect("the nmethod's method");
-                let cm = mem.u64(method + l.method_const).expect("its ConstMethod");
-                let check = u64::from((cm >> 3) as u32) << 32;
+                // The check as the kernel makes it, by the record's
+                // offsets: the class's name is `Graph`'s symbol.
+                let at = |a: u64, off: u16| mem.u64(a + u64::from(off)).expect("a field");
+                let cm = at(method, r.method_const);
+                let name = at(at(at(cm, r.cm_constants), r.cp_holder), r.klass_name);
+                let body = mem.read(name + l.sym_body, 5).expect("the name");
+                assert_eq!(body, b"Graph");
+                let hash = mem.read(name + u64::from(r.sym_hash), 2).expect("its hash");
+                let hash = u16::from_le_bytes([hash[0], hash[1]]);
+                let check = u64::from(method_check(cm, name, hash)) << 32;
                 let f = java.frames(who, JAVA_INTERPRETED | method, check);
                 assert_eq!(names(&f), ["Graph.work"]);
                 assert_eq!(f[0].kind, JavaKind::Interpreted);
