@@ -255,7 +255,9 @@ fn profiling(rtrace: &std::path::Path) -> anyhow::Result<String> {
             steady[i].busy.push(used);
         }
     }
+    // perf keeps the file of each run before the last as `.old`.
     let _ = std::fs::remove_file(&data);
+    let _ = std::fs::remove_file(format!("{data}.old"));
     let med = |v: &[f64]| super::median(v.to_vec());
     let pct = |v: f64| v * 100.0;
     let (bare, perf, r) = (&steady[0], &steady[1], &steady[2]);
