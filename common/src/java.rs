@@ -92,6 +92,12 @@ pub struct JavaProc {
     pub low_bound: u64,
     /// See [`JavaProc::low_bound`].
     pub high_bound: u64,
+    /// The template interpreter's code (`AbstractInterpreter::_code`'s
+    /// buffer), 0 and 0 where unknown: a pc in it is an interpreted
+    /// frame, with no lookup of its blob.
+    pub interp_low: u64,
+    /// See [`JavaProc::interp_low`].
+    pub interp_high: u64,
     /// How many of `heaps` there are.
     pub nheaps: u32,
     /// Differs between processes that had one pid (from the process's

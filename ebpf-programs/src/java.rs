@@ -97,20 +97,21 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32) -> i64 {
     // epilogue.
     s.jv.top = u32::from(s.walk.depth == 0);
     s.py.native += 1;
-    if !find_blob(s) {
-        count_error(ERR_JAVA_BAD);
-        return 1;
-    }
     let p: *const JavaProc = &raw const s.jv.proc;
     // SAFETY: `p` points into the scratch map value, which outlives the
     // step, and nothing writes `s.jv.proc` during it.
     let p = unsafe { &*p };
-    if !read_into(&mut s.jv_buf, s.jv.blob, usize::from(p.blob_read)) {
-        count_error(ERR_JAVA_BAD);
-        return 1;
-    }
-    let name = word(&s.jv_buf, p.blob_name);
-    let kind = read_user::<u32>(name).unwrap_or(0);
+    // The interpreter, whose frames are most of a cold program's, is
+    // known by its range: no lookup of its blob, nor a read of it.
+    let kind = if s.walk.ip >= p.interp_low && s.walk.ip < p.interp_high {
+        NAME_INTERPRETER
+    } else {
+        if !find_blob(s) || !read_into(&mut s.jv_buf, s.jv.blob, usize::from(p.blob_read)) {
+            count_error(ERR_JAVA_BAD);
+            return 1;
+        }
+        read_user::<u32>(word(&s.jv_buf, p.blob_name)).unwrap_or(0)
+    };
     let done = match kind {
         NAME_INTERPRETER => interpreted(s, tgid),
         NAME_NMETHOD | NAME_NATIVE => compiled(s, tgid, kind == NAME_NATIVE),

@@ -214,6 +214,11 @@ struct Layout {
     klass_name: u64,
     /// `Symbol`'s 16-bit hash (`JavaProc::sym_hash`).
     sym_hash: u64,
+    /// `AbstractInterpreter::_code` (static), `StubQueue::_stub_buffer`
+    /// and `_buffer_limit`: the interpreter's code.
+    interp_code: Option<u64>,
+    queue_buffer: Option<u64>,
+    queue_limit: Option<u64>,
     sym_length: u64,
     sym_body: u64,
     /// The kernel's record, without the process's heaps and salt.
@@ -400,6 +405,9 @@ impl Layout {
             source_index,
             klass_name,
             sym_hash,
+            interp_code: t.stat("AbstractInterpreter", "_code"),
+            queue_buffer: t.off(&["StubQueue"], "_stub_buffer"),
+            queue_limit: t.off(&["StubQueue"], "_buffer_limit"),
             sym_length,
             sym_body,
             record,
@@ -916,6 +924,13 @@ impl Java {
         record.nheaps = heaps.len() as u32;
         record.low_bound = low_bound;
         record.high_bound = high_bound;
+        // Found once its interpreter is made (no Java frame is before).
+        let knows = layout.interp_code.is_some();
+        match interpreter(&mem, &layout, bias) {
+            Some((low, high)) => (record.interp_low, record.interp_high) = (low, high),
+            None if knows => return Ok(Look::Starting),
+            None => {}
+        }
         record.salt = salt(who);
         Ok(Look::Jvm(Box::new(Jvm {
             layout,
@@ -1101,6 +1116,17 @@ impl Java {
 }
 
 /// A mapped file's key: its device and inode.
+/// The template interpreter's code, `[low, high)`: the buffer of
+/// `AbstractInterpreter::_code` (a `StubQueue`), inside the code cache.
+/// `None` before the JVM has made it, or where the tables do not say
+/// (the kernel then finds the interpreter's blob by its name).
+fn interpreter(mem: &Mem, l: &Layout, bias: u64) -> Option<(u64, u64)> {
+    let q = mem.u64(l.interp_code? + bias).filter(|&q| q != 0)?;
+    let low = mem.u64(q + l.queue_buffer?)?;
+    let len = u64::try_from(mem.i32(q + l.queue_limit?)?).ok()?;
+    (low != 0 && len > 0).then_some((low, low + len))
+}
+
 /// `Method*` `method`'s [`method_check`], as it is now: what the kernel
 /// wrote for an interpreted frame of it, while it is still that method.
 fn check_of(j: &Jvm, method: u64) -> Option<u32> {
@@ -1625,6 +1651,18 @@ mod tests {
         let f = java.frames(who, JAVA_STUB | stub, 0);
         assert!(f[0].name.starts_with("[StubRoutines"), "{f:?}");
         assert_eq!(f[0].kind, JavaKind::Stub);
+
+        // The interpreter's range is the code of the blob named so, from
+        // its first byte to its last.
+        assert!(r.interp_low != 0 && r.interp_low < r.interp_high, "{r:?}");
+        let first = java
+            .blob_at(who, r.interp_low)
+            .expect("the interpreter's blob");
+        assert_eq!(java.blob_at(who, r.interp_high - 1), Some(first));
+        assert_eq!(
+            names(&java.frames(who, JAVA_STUB | first, 0)),
+            ["[Interpreter]"]
+        );
 
         // Until C2 has compiled work and main.
         let mut listed;
