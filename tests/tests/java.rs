@@ -7,9 +7,10 @@
 //! while sampled, a JNI call into C that calls back into Java, a thread
 //! blocked in `Object.wait` under offcputime; against perf on the same
 //! run, given what perf needs (`-XX:+PreserveFramePointer` and a perf
-//! map); classes unloaded and others loaded where they were; and
-//! beside Debian sid's OpenJDK 21 and 25, run in a container
-//! of their own (the root `cargo xtask` makes) at the same time.
+//! map); classes unloaded and others loaded where they were; beside
+//! Debian sid's OpenJDK 21 and 25, run in a container of their own (the
+//! root `cargo xtask` makes) at the same time; and virtual threads on
+//! 21 and 25.
 
 use std::{
     collections::BTreeMap,
@@ -543,11 +544,11 @@ fn jdk_root() -> PathBuf {
         })
 }
 
-/// `java` of OpenJDK `major` in the JDK root, run as in a container: a
-/// mount namespace of its own with its own /proc, chrooted, with the
-/// fixture's classes copied into the root's /tmp (the JVM keeps the
-/// child's pid: unshare and sh exec).
-fn java_in_root(major: u32) -> Command {
+/// `java` of OpenJDK `major` in the JDK root running the fixture with
+/// `args`, as in a container: a mount namespace of its own with its own
+/// /proc, chrooted, with the fixture's classes copied into the root's
+/// /tmp (the JVM keeps the child's pid: unshare and sh exec).
+fn java_in_root(major: u32, args: &[&str]) -> Command {
     let root = jdk_root();
     let java = format!("/usr/lib/jvm/java-{major}-openjdk-amd64/bin/java");
     assert!(
@@ -571,7 +572,8 @@ fn java_in_root(major: u32) -> Command {
         r#"mount -t proc proc "$0/proc" && exec chroot "$0" "$@""#,
     ])
     .arg(&root)
-    .args([java.as_str(), "-cp", &inside, "Hot", "split", "3"]);
+    .args([java.as_str(), "-cp", &inside, "Hot"])
+    .args(args);
     c
 }
 
@@ -586,7 +588,12 @@ fn jvms_17_21_and_25_at_once_two_in_a_container_are_each_walked_and_named() {
     let mut host = Command::new("java");
     host.arg("-cp").arg(classes()).args(["Hot", "split", "3"]);
     let mut jvms: Vec<(u32, Workload)> = Vec::new();
-    for (major, cmd) in [(17, host), (21, java_in_root(21)), (25, java_in_root(25))] {
+    let split = ["split", "3"];
+    for (major, cmd) in [
+        (17, host),
+        (21, java_in_root(21, &split)),
+        (25, java_in_root(25, &split)),
+    ] {
         let (w, line) = Workload::start_command(cmd);
         assert!(line.starts_with("ready"), "JDK {major}: {line:?}");
         jvms.push((major, w));
@@ -662,6 +669,76 @@ fn jvms_17_21_and_25_at_once_two_in_a_container_are_each_walked_and_named() {
         !stderr.contains("[java: gone]"),
         "frames of freed code:\n{stderr}"
     );
+}
+
+#[test]
+fn virtual_threads_are_walked_through_their_continuation_and_lambdas_named_without_addresses() {
+    if skip_in_guest() {
+        return;
+    }
+    // The continuation's frames are on the carrier thread's stack while
+    // the virtual thread runs: the walk goes from the fixture's methods
+    // through the continuation's entry (`enterSpecial`, a native method's
+    // wrapper of its own kind) and the carrier's fork-join loop to the
+    // thread's start in libjvm.
+    for major in [21, 25] {
+        let (mut w, line) = Workload::start_command(java_in_root(major, &["vthread", "3"]));
+        assert!(line.starts_with("ready"), "JDK {major}: {line:?}");
+        let pid = w.pid().to_string();
+        let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-f", "-p", &pid], READY);
+        let done = w.go();
+        let (code, stdout, stderr) = rtrace.stop(SIGINT);
+        assert!(w.wait().success());
+        assert_eq!(code, 0, "{stderr}");
+        let folded = parse_folded(&stdout);
+        let what = format!("JDK {major}");
+        let times: Vec<f64> = done
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let (hot, warm) = (
+            with_frame(&folded, "Hot.hot"),
+            with_frame(&folded, "Hot.warm"),
+        );
+        assert!(
+            hot + warm >= 1500,
+            "{what}: {hot} samples in Hot.hot and {warm} in Hot.warm:\n{}",
+            show(&folded)
+        );
+        assert_share(
+            &format!("{what}: Hot.hot"),
+            hot,
+            warm,
+            times[0] / (times[0] + times[1]),
+        );
+        let chain = [
+            "thread_native_entry(Thread*)",
+            "java.util.concurrent.ForkJoinWorkerThread.run",
+            "jdk.internal.vm.Continuation.enterSpecial",
+            "java.lang.VirtualThread.run",
+            "Hot$$Lambda.run",
+            "Hot.mid",
+            "Hot.pick",
+        ];
+        for leaf in ["Hot.hot", "Hot.warm"] {
+            let (whole, all) = under_chain(&folded, leaf, &chain);
+            assert_most(
+                whole,
+                all,
+                &format!("{what}: {leaf} samples have the whole chain"),
+                &folded,
+            );
+        }
+        // No class is named with the address HotSpot gives a hidden one.
+        let addressed: Vec<&String> = folded
+            .keys()
+            .flatten()
+            .filter(|f| f.contains("+0x") || f.contains("/0x"))
+            .collect();
+        assert!(addressed.is_empty(), "{what}: {addressed:?}");
+    }
+    let _ =
+        std::fs::remove_dir_all(jdk_root().join(format!("tmp/rtrace-java-{}", std::process::id())));
 }
 
 #[test]

@@ -1206,10 +1206,35 @@ fn read_method(j: &Jvm, cm: u64, lines: bool) -> Option<Method> {
         table = line_table(j, cm).unwrap_or_default();
     }
     Some(Method {
-        name: format!("{}.{name}", class.replace('/', ".")).into(),
+        name: format!("{}.{name}", class_name(&class)).into(),
         file,
         lines: table,
     })
+}
+
+/// A class's name as Java users read it, from its internal one: `.` for
+/// `/`, and a hidden class (a lambda's, a method handle's `LambdaForm`)
+/// without the address HotSpot appends to its name (`+0x…`, `/0x…` on
+/// older JDKs) and, for a lambda's, without JDK 17's counter
+/// (`$$Lambda$14`). Both differ from run to run and JVM to JVM, and would
+/// split one lambda into as many frames as there are JVMs in a flame
+/// graph; which lambda it is, the method it calls says
+/// (`Hot.lambda$main$0`), which keeps its name.
+fn class_name(internal: &str) -> String {
+    let mut c = internal;
+    if let Some(at) = c.rfind("+0x").or_else(|| c.rfind("/0x"))
+        && c.len() > at + 3
+        && c[at + 3..].bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        c = &c[..at];
+    }
+    if let Some(at) = c.rfind("$$Lambda$")
+        && c.len() > at + 9
+        && c[at + 9..].bytes().all(|b| b.is_ascii_digit())
+    {
+        c = &c[..at + 8];
+    }
+    c.replace('/', ".")
 }
 
 /// The (bci, line) pairs of `ConstMethod*` `cm`'s compressed line number
@@ -1373,6 +1398,29 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn hidden_classes_are_named_without_their_address_and_lambdas_without_their_counter() {
+        for (internal, name) in [
+            ("java/util/HashMap", "java.util.HashMap"),
+            ("Hot$S1", "Hot$S1"),
+            (
+                "java/lang/VirtualThread$$Lambda+0x00007fda0c0469a0",
+                "java.lang.VirtualThread$$Lambda",
+            ),
+            ("Hot$$Lambda$14/0x0000000800c03000", "Hot$$Lambda"),
+            (
+                "java/lang/invoke/LambdaForm$MH+0x00007f0a4c00d000",
+                "java.lang.invoke.LambdaForm$MH",
+            ),
+            ("Hot$$Lambda$14", "Hot$$Lambda"),
+            // Not an address, nor a counter: kept.
+            ("a/b+0xyz", "a.b+0xyz"),
+            ("Hot$$Lambda$", "Hot$$Lambda$"),
+        ] {
+            assert_eq!(class_name(internal), name, "{internal}");
+        }
+    }
 
     #[test]
     fn unsigned5_decodes_both_encodings() {
