@@ -214,11 +214,10 @@ struct Layout {
     klass_name: u64,
     /// `Symbol`'s 16-bit hash (`JavaProc::sym_hash`).
     sym_hash: u64,
-    /// `AbstractInterpreter::_code` (static), `StubQueue::_stub_buffer`
-    /// and `_buffer_limit`: the interpreter's code.
-    interp_code: Option<u64>,
-    queue_buffer: Option<u64>,
-    queue_limit: Option<u64>,
+    /// `AbstractInterpreter::_code` (static), `StubQueue::_stub_buffer`,
+    /// `_buffer_limit` and `_queue_end`: the interpreter's code
+    /// ([`interpreter`]), where the tables have all four.
+    interp: Option<(u64, u64, u64, u64)>,
     sym_length: u64,
     sym_body: u64,
     /// The kernel's record, without the process's heaps and salt.
@@ -405,9 +404,15 @@ impl Layout {
             source_index,
             klass_name,
             sym_hash,
-            interp_code: t.stat("AbstractInterpreter", "_code"),
-            queue_buffer: t.off(&["StubQueue"], "_stub_buffer"),
-            queue_limit: t.off(&["StubQueue"], "_buffer_limit"),
+            interp: (|| {
+                let q = &["StubQueue"];
+                Some((
+                    t.stat("AbstractInterpreter", "_code")?,
+                    t.off(q, "_stub_buffer")?,
+                    t.off(q, "_buffer_limit")?,
+                    t.off(q, "_queue_end")?,
+                ))
+            })(),
             sym_length,
             sym_body,
             record,
@@ -925,7 +930,7 @@ impl Java {
         record.low_bound = low_bound;
         record.high_bound = high_bound;
         // Found once its interpreter is made (no Java frame is before).
-        let knows = layout.interp_code.is_some();
+        let knows = layout.interp.is_some();
         match interpreter(&mem, &layout, bias) {
             Some((low, high)) => (record.interp_low, record.interp_high) = (low, high),
             None if knows => return Ok(Look::Starting),
@@ -1118,12 +1123,23 @@ impl Java {
 /// A mapped file's key: its device and inode.
 /// The template interpreter's code, `[low, high)`: the buffer of
 /// `AbstractInterpreter::_code` (a `StubQueue`), inside the code cache.
-/// `None` before the JVM has made it, or where the tables do not say
-/// (the kernel then finds the interpreter's blob by its name).
+/// `None` until the JVM has made it, or where the tables do not say (the
+/// kernel then finds the interpreter's blob by its name).
+///
+/// Made means generated and trimmed: the JVM makes the queue with room
+/// to spare, generates the interpreter into it, then gives the unused
+/// tail back to the code cache (`deallocate_unused_tail`), where other
+/// blobs then go, and only then is the queue's limit its end. A range
+/// read before would take their code for the interpreter's.
 fn interpreter(mem: &Mem, l: &Layout, bias: u64) -> Option<(u64, u64)> {
-    let q = mem.u64(l.interp_code? + bias).filter(|&q| q != 0)?;
-    let low = mem.u64(q + l.queue_buffer?)?;
-    let len = u64::try_from(mem.i32(q + l.queue_limit?)?).ok()?;
+    let (code, buffer, limit, end) = l.interp?;
+    let q = mem.u64(code + bias).filter(|&q| q != 0)?;
+    let low = mem.u64(q + buffer)?;
+    let len = mem.i32(q + limit)?;
+    if mem.i32(q + end)? != len {
+        return None;
+    }
+    let len = u64::try_from(len).ok()?;
     (low != 0 && len > 0).then_some((low, low + len))
 }
 
@@ -1499,7 +1515,7 @@ mod tests {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| {
                     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-                    PathBuf::from(home).join(".cache/rtrace/sid-jdk-root-1")
+                    PathBuf::from(home).join(".cache/rtrace/sid-jdk-root-2")
                 });
             let bin = PathBuf::from(format!("/usr/lib/jvm/java-{major}-openjdk-amd64/bin"));
             assert!(
