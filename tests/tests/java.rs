@@ -202,28 +202,19 @@ fn show(folded: &Folded) -> String {
         .join("\n")
 }
 
-/// Whether stack `s` (root first) is whole: the thread's start, the JVM's
-/// launcher and call stub, then exactly
+/// Whether stack `s` (root first) is whole: the thread's start (libc's
+/// `start_thread`, named from the debug files of the JVM's own root,
+/// a container's too), the JVM's launcher and call stub, then exactly
 /// `Hot.main;Hot.mid;Hot.pick;Hot.<leaf>`, with `Hot.step` or nothing
 /// Java above the leaf.
-///
-/// Where the thread's start is in a libc without symbols
-/// (`libc_named` false: sid's in the JDK root, whose debug files are not
-/// looked up inside a container), the launcher's thread function with
-/// exactly two unnamed frames below it (clone3 and start_thread).
-fn whole(s: &[String], leaf: &str, libc_named: bool) -> bool {
+fn whole(s: &[String], leaf: &str) -> bool {
     let s: Vec<&str> = s.iter().map(|f| bare(f)).collect();
     let java: Vec<&str> = s
         .iter()
         .copied()
         .filter(|f| f.starts_with("Hot."))
         .collect();
-    let root = if libc_named {
-        s.iter().position(|&f| f == "start_thread")
-    } else {
-        let under = s.iter().position(|&f| f == "ThreadJavaMain");
-        (under == Some(2) && s[..2] == ["[unknown]", "[unknown]"]).then_some(1)
-    };
+    let root = s.iter().position(|&f| f == "start_thread");
     let launcher = s.iter().position(|&f| f == "JavaMain");
     let first = s.iter().position(|&f| f == "Hot.main");
     let ends_right = match java.get(4) {
@@ -241,12 +232,11 @@ fn whole(s: &[String], leaf: &str, libc_named: bool) -> bool {
 /// The fixture's hot and warm methods: named, with whole chains in at
 /// least 95% of their samples, and split as the fixture measured.
 fn check_split(folded: &Folded, times: (f64, f64), what: &str) {
-    check_split_of(folded, times, what, 1500, true);
+    check_split_of(folded, times, what, 1500);
 }
 
-/// [`check_split`], with at least `least` hot and warm samples, and the
-/// thread's start judged by [`whole`]'s `libc_named`.
-fn check_split_of(folded: &Folded, times: (f64, f64), what: &str, least: u64, libc_named: bool) {
+/// [`check_split`], with at least `least` hot and warm samples.
+fn check_split_of(folded: &Folded, times: (f64, f64), what: &str, least: u64) {
     let (hot, warm) = (
         with_frame(folded, "Hot.hot"),
         with_frame(folded, "Hot.warm"),
@@ -258,7 +248,7 @@ fn check_split_of(folded: &Folded, times: (f64, f64), what: &str, least: u64, li
     );
     let whole_samples: u64 = folded
         .iter()
-        .filter(|(s, _)| whole(s, "Hot.hot", libc_named) || whole(s, "Hot.warm", libc_named))
+        .filter(|(s, _)| whole(s, "Hot.hot") || whole(s, "Hot.warm"))
         .map(|(_, c)| c)
         .sum();
     assert!(
@@ -540,7 +530,7 @@ fn jdk_root() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-                .join(".cache/rtrace/sid-jdk-root-1")
+                .join(".cache/rtrace/sid-jdk-root-2")
         })
 }
 
@@ -657,13 +647,7 @@ fn jvms_17_21_and_25_at_once_two_in_a_container_are_each_walked_and_named() {
             .map(|n| n.parse().unwrap())
             .collect();
         // Three JVMs on this machine's two CPUs: some 2000 samples each.
-        check_split_of(
-            &folded,
-            (times[0], times[1]),
-            &format!("JDK {major}"),
-            800,
-            *major == 17,
-        );
+        check_split_of(&folded, (times[0], times[1]), &format!("JDK {major}"), 800);
     }
     assert!(
         !stderr.contains("[java: gone]"),
@@ -712,6 +696,7 @@ fn virtual_threads_are_walked_through_their_continuation_and_lambdas_named_witho
             times[0] / (times[0] + times[1]),
         );
         let chain = [
+            "start_thread",
             "thread_native_entry(Thread*)",
             "java.util.concurrent.ForkJoinWorkerThread.run",
             "jdk.internal.vm.Continuation.enterSpecial",

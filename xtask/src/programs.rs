@@ -333,6 +333,11 @@ pub const FILES: &[(&str, &str)] = &[
         "python3-pandas",
         "pandas, which the firefox test loads profile --samples' rows with",
     ),
+    (
+        "libc6-dbg",
+        "libc's own symbols (start_thread, clone3: not exported), where the \
+         tests' whole chains begin",
+    ),
 ];
 
 /// Every Debian package setup makes sure of, once each, in list order.

@@ -172,9 +172,9 @@ pub const SID: DebianRoot = DebianRoot {
 /// Debian sid's root with OpenJDK 21 and 25 (bookworm, the host, has 17):
 /// the Java tests run the three at once. JDKs, not JREs, for `jcmd`.
 pub const JDKS: DebianRoot = DebianRoot {
-    dir: "sid-jdk-root-1",
+    dir: "sid-jdk-root-2",
     release: "sid",
-    packages: "openjdk-21-jdk-headless,openjdk-25-jdk-headless",
+    packages: "openjdk-21-jdk-headless,openjdk-25-jdk-headless,libc6-dbg",
     program: "/usr/lib/jvm/java-25-openjdk-amd64/bin/java",
 };
 

@@ -128,6 +128,9 @@ fn earlier_exit(exits: &HashMap<u32, u64>, p: Proc) -> u64 {
 pub struct Symbolizer {
     blaze: Blaze,
     files: HashMap<FileId, OpenFile>,
+    /// Files of containers whose resolver, with the container's debug
+    /// directories, `blaze` was given.
+    rooted: std::collections::HashSet<FileId>,
     /// What was captured of each process: a pid's later process is
     /// another entry, never what an earlier one left.
     procs: HashMap<Proc, Process>,
@@ -185,6 +188,7 @@ impl Symbolizer {
         Self {
             blaze: blaze(true),
             files: HashMap::new(),
+            rooted: Default::default(),
             procs: HashMap::new(),
             recapture: RECAPTURE,
             lines: false,
@@ -360,6 +364,7 @@ impl Symbolizer {
         if on != self.demangle {
             self.demangle = on;
             self.blaze = blaze(on);
+            self.rooted.clear();
         }
     }
 
@@ -652,6 +657,7 @@ impl Symbolizer {
             .copied()
             .collect();
         for id in &unused {
+            self.rooted.remove(id);
             if let Some(open) = self.files.remove(id) {
                 let path = PathBuf::from(format!("/proc/self/fd/{}", open.file.as_raw_fd()));
                 let evict = blazesym::symbolize::evict::Evict::Elf(
@@ -846,6 +852,13 @@ impl Symbolizer {
                 continue;
             };
             let path = PathBuf::from(format!("/proc/self/fd/{}", open.file.as_raw_fd()));
+            // A container's file: its debug files are in its root.
+            if let Some(dirs) = open.debug_dirs()
+                && self.rooted.insert(id)
+                && let Ok(r) = blazesym::helper::ElfResolver::open_with_debug_dirs(&path, dirs)
+            {
+                let _ = self.blaze.register_elf_resolver(&path, std::rc::Rc::new(r));
+            }
             let src = Source::Elf(Elf::new(path));
             let syms = self.blaze.symbolize(&src, Input::FileOffset(&offsets));
             if let Err(e) = &syms {

@@ -22,6 +22,33 @@ pub(super) struct OpenFile {
     pub(super) module: String,
     /// Its GNU build id, in hex.
     pub(super) build_id: Option<String>,
+    /// The root directory of the process it was opened for, held open,
+    /// where that is not this process's own: a container's, whose debug
+    /// files (`/usr/lib/debug`) are the ones for its files.
+    pub(super) root: Option<File>,
+}
+
+impl OpenFile {
+    /// Where its debug files are looked up, where its process has a root
+    /// of its own (`None`: blazesym's own directories, this root's).
+    pub(super) fn debug_dirs(&self) -> Option<[std::path::PathBuf; 2]> {
+        use std::os::fd::AsRawFd as _;
+        let root = format!("/proc/self/fd/{}", self.root.as_ref()?.as_raw_fd());
+        Some([
+            format!("{root}/usr/lib/debug").into(),
+            format!("{root}/lib/debug").into(),
+        ])
+    }
+}
+
+/// Process `pid`'s root directory, opened, if it is not this process's.
+fn foreign_root(pid: u32) -> Option<File> {
+    let theirs = std::fs::metadata(format!("/proc/{pid}/root")).ok()?;
+    let ours = std::fs::metadata("/").ok()?;
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return None;
+    }
+    File::open(format!("/proc/{pid}/root")).ok()
 }
 
 /// Opens the file at `path` into `files` ahead of any process that maps
@@ -41,6 +68,7 @@ pub(super) fn know(files: &mut HashMap<FileId, OpenFile>, path: &std::path::Path
             file,
             module: path.rsplit('/').next().unwrap_or(&path).to_owned(),
             path,
+            root: None,
         });
 }
 
@@ -59,6 +87,7 @@ pub(super) fn adopt(
         file,
         path: path.to_owned(),
         module: path.rsplit('/').next().unwrap_or(path).to_owned(),
+        root: None,
     });
     Ok(id)
 }
@@ -74,7 +103,15 @@ pub(super) fn open(
     path: &str,
 ) -> Result<FileId, String> {
     match m.open(&format!("/proc/{pid}")) {
-        Ok(file) => adopt(files, file, path).map_err(|e| format!("cannot open it: {e}")),
+        Ok(file) => {
+            let id = adopt(files, file, path).map_err(|e| format!("cannot open it: {e}"))?;
+            if let Some(open) = files.get_mut(&id)
+                && open.root.is_none()
+            {
+                open.root = foreign_root(pid);
+            }
+            Ok(id)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(format!(
             "cannot open it: {e}; the file at its path here is not the one mapped, \
              and CAP_SYS_PTRACE would open the process's own"
