@@ -2,7 +2,10 @@
 //! skipping whatever is already there, then checks that every program in
 //! [`crate::programs::PROGRAMS`] is present before any long step runs.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context as _, bail};
 
@@ -183,8 +186,53 @@ pub fn py_spy() -> PathBuf {
     cache_dir().join("py-spy/bin/py-spy")
 }
 
-/// Makes `r` with debootstrap, unless it already has its program.
+/// Removes, from `base`, the versions of root `dir` (`NAME-N`) before
+/// its own (`NAME-1` for `NAME-2`): a root is made anew under the next
+/// version when its packages change, and each takes a gigabyte or more.
+/// One with anything mounted in it, as `mountinfo` (the text of
+/// `/proc/self/mountinfo`) says, is kept: removing it would reach through
+/// the mount. Returns those removed.
+fn remove_older(base: &Path, dir: &str, mountinfo: &str) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Some((name, version)) = dir.rsplit_once('-') else {
+        return removed;
+    };
+    let Ok(version) = version.parse::<u32>() else {
+        return removed;
+    };
+    for old in 1..version {
+        let path = base.join(format!("{name}-{old}"));
+        let Some(text) = path.to_str() else {
+            continue;
+        };
+        if !path.is_dir() {
+            continue;
+        }
+        let inside = format!("{text}/");
+        // The fifth field of a mountinfo line is its mount point.
+        let mounted = mountinfo.lines().any(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|m| m == text || m.starts_with(&inside))
+        });
+        if mounted {
+            eprintln!("xtask: keeping {text}, an earlier root: something is mounted in it");
+            continue;
+        }
+        eprintln!("xtask: removing {text}, an earlier version of {dir}");
+        if std::fs::remove_dir_all(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
+}
+
+/// Makes `r` with debootstrap, unless it already has its program; first
+/// removes its earlier versions ([`remove_older`]).
 fn debian_root(r: &DebianRoot) -> anyhow::Result<()> {
+    if let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") {
+        remove_older(&cache_dir(), r.dir, &mountinfo);
+    }
     let root = r.path();
     if root.join(&r.program[1..]).exists() {
         return Ok(());
@@ -235,4 +283,53 @@ pub fn peers() -> anyhow::Result<()> {
         .context("cannot install py-spy")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn earlier_roots_are_removed_unless_something_is_mounted_in_them() {
+        let base = std::env::temp_dir().join(format!("xtask-roots-{}", std::process::id()));
+        for d in [
+            "jdk-1/usr",
+            "jdk-2/usr",
+            "jdk-3/proc",
+            "jdk-4/usr",
+            "jdkx-1/usr",
+        ] {
+            std::fs::create_dir_all(base.join(d)).unwrap();
+        }
+        let mounted = base.join("jdk-3/proc");
+        let mountinfo = format!(
+            "22 1 0:21 / /proc rw,nosuid shared:5 - proc proc rw\n\
+             90 22 0:21 / {} rw - proc proc rw\n",
+            mounted.display()
+        );
+        let removed = remove_older(&base, "jdk-4", &mountinfo);
+        let exists = |d: &str| base.join(d).exists();
+        let result = (
+            removed,
+            exists("jdk-1"),
+            exists("jdk-2"),
+            exists("jdk-3"),
+            exists("jdk-4"),
+            exists("jdkx-1"),
+        );
+        let _ = std::fs::remove_dir_all(&base);
+        assert_eq!(
+            result,
+            (
+                vec![base.join("jdk-1"), base.join("jdk-2")],
+                false,
+                false,
+                true,
+                true,
+                true
+            )
+        );
+        // A name without a version removes nothing.
+        assert!(remove_older(&base, "jdk", "").is_empty());
+    }
 }
