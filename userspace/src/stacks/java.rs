@@ -340,8 +340,12 @@ impl Layout {
         let cm_constants = need(&["ConstMethod"], "_constants")?;
         let cp_holder = need(&["ConstantPool"], "_pool_holder")?;
         let klass_name = need(&["Klass"], "_name")?;
-        // The hash is `_hash_and_refcount`'s high half (JDK 12+).
-        let sym_hash = need(&["Symbol"], "_hash_and_refcount")? + 2;
+        // The hash is `_hash_and_refcount`'s high half (JDK 12+), or
+        // `_identity_hash` (JDK 9-11; random too).
+        let sym_hash = match t.off(&["Symbol"], "_hash_and_refcount") {
+            Some(o) => o + 2,
+            None => need(&["Symbol"], "_identity_hash")?,
+        };
         let record = JavaProc {
             heap_block: heap_block as u16,
             blob_read: blob_read as u16,
