@@ -852,11 +852,17 @@ impl Symbolizer {
                 continue;
             };
             let path = PathBuf::from(format!("/proc/self/fd/{}", open.file.as_raw_fd()));
-            // A container's file: its debug files are in its root.
+            // A container's file: its debug files are in its root. One
+            // symbolized before its root was known (for a host process
+            // too) has blazesym's default resolver cached: it goes first.
             if let Some(dirs) = open.debug_dirs()
                 && self.rooted.insert(id)
                 && let Ok(r) = blazesym::helper::ElfResolver::open_with_debug_dirs(&path, dirs)
             {
+                let evict = blazesym::symbolize::evict::Evict::Elf(
+                    blazesym::symbolize::evict::Elf::new(path.clone()),
+                );
+                let _ = self.blaze.evict(&evict);
                 let _ = self.blaze.register_elf_resolver(&path, std::rc::Rc::new(r));
             }
             let src = Source::Elf(Elf::new(path));
