@@ -200,6 +200,10 @@ fn remove_older(base: &Path, dir: &str, mountinfo: &str) -> Vec<PathBuf> {
     let Ok(version) = version.parse::<u32>() else {
         return removed;
     };
+    // mountinfo holds the real path, not one through a symbolic link.
+    let Ok(base) = base.canonicalize() else {
+        return removed;
+    };
     for old in 1..version {
         let path = base.join(format!("{name}-{old}"));
         let Some(text) = path.to_str() else {
@@ -209,10 +213,12 @@ fn remove_older(base: &Path, dir: &str, mountinfo: &str) -> Vec<PathBuf> {
             continue;
         }
         let inside = format!("{text}/");
-        // The fifth field of a mountinfo line is its mount point.
+        // The fifth field of a mountinfo line is its mount point, with
+        // spaces and the like escaped in octal (`\040`).
         let mounted = mountinfo.lines().any(|l| {
             l.split(' ')
                 .nth(4)
+                .map(unescape_octal)
                 .is_some_and(|m| m == text || m.starts_with(&inside))
         });
         if mounted {
@@ -225,6 +231,24 @@ fn remove_older(base: &Path, dir: &str, mountinfo: &str) -> Vec<PathBuf> {
         }
     }
     removed
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space) undone.
+fn unescape_octal(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = |c: &u8| (b'0'..=b'7').contains(c);
+        if b[i] == b'\\' && b.len() >= i + 4 && b[i + 1..i + 4].iter().all(octal) {
+            out.push(((b[i + 1] - b'0') << 6) | ((b[i + 2] - b'0') << 3) | (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Makes `r` with debootstrap, unless it already has its program; first
@@ -291,7 +315,14 @@ mod tests {
 
     #[test]
     fn earlier_roots_are_removed_unless_something_is_mounted_in_them() {
+        // Reached through a symbolic link, with a space in its real
+        // path: mountinfo names the real one, escaped.
+        let real = std::env::temp_dir().join(format!("xtask roots {}", std::process::id()));
+        std::fs::create_dir_all(&real).unwrap();
+        let real = real.canonicalize().unwrap();
         let base = std::env::temp_dir().join(format!("xtask-roots-{}", std::process::id()));
+        let _ = std::fs::remove_file(&base);
+        std::os::unix::fs::symlink(&real, &base).unwrap();
         for d in [
             "jdk-1/usr",
             "jdk-2/usr",
@@ -301,11 +332,11 @@ mod tests {
         ] {
             std::fs::create_dir_all(base.join(d)).unwrap();
         }
-        let mounted = base.join("jdk-3/proc");
+        let mounted = real.join("jdk-3/proc");
         let mountinfo = format!(
             "22 1 0:21 / /proc rw,nosuid shared:5 - proc proc rw\n\
              90 22 0:21 / {} rw - proc proc rw\n",
-            mounted.display()
+            mounted.display().to_string().replace(' ', "\\040")
         );
         let removed = remove_older(&base, "jdk-4", &mountinfo);
         let exists = |d: &str| base.join(d).exists();
@@ -317,11 +348,12 @@ mod tests {
             exists("jdk-4"),
             exists("jdkx-1"),
         );
-        let _ = std::fs::remove_dir_all(&base);
+        let _ = std::fs::remove_file(&base);
+        let _ = std::fs::remove_dir_all(&real);
         assert_eq!(
             result,
             (
-                vec![base.join("jdk-1"), base.join("jdk-2")],
+                vec![real.join("jdk-1"), real.join("jdk-2")],
                 false,
                 false,
                 true,
@@ -331,5 +363,6 @@ mod tests {
         );
         // A name without a version removes nothing.
         assert!(remove_older(&base, "jdk", "").is_empty());
+        assert_eq!(unescape_octal(r"/a\040b\134c\04"), r"/a b\c\04");
     }
 }
