@@ -534,11 +534,25 @@ fn jdk_root() -> PathBuf {
         })
 }
 
+/// A copy of the fixture's classes in the JDK root's /tmp, removed when
+/// dropped.
+struct InRoot(PathBuf);
+
+impl Drop for InRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `java` of OpenJDK `major` in the JDK root running the fixture with
 /// `args`, as in a container: a mount namespace of its own with its own
 /// /proc, chrooted, with the fixture's classes copied into the root's
-/// /tmp (the JVM keeps the child's pid: unshare and sh exec).
-fn java_in_root(major: u32, args: &[&str]) -> Command {
+/// /tmp, a copy for each call (tests run at once under `cargo test`),
+/// kept while the returned guard lives (the JVM keeps the child's pid:
+/// unshare and sh exec).
+fn java_in_root(major: u32, args: &[&str]) -> (Command, InRoot) {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let root = jdk_root();
     let java = format!("/usr/lib/jvm/java-{major}-openjdk-amd64/bin/java");
     assert!(
@@ -546,7 +560,7 @@ fn java_in_root(major: u32, args: &[&str]) -> Command {
         "no {java} in {} (`cargo xtask test` makes that root)",
         root.display()
     );
-    let inside = format!("/tmp/rtrace-java-{}", std::process::id());
+    let inside = format!("/tmp/rtrace-java-{}-{call}", std::process::id());
     let copy = root.join(&inside[1..]);
     std::fs::create_dir_all(&copy).unwrap();
     for e in std::fs::read_dir(classes()).unwrap().flatten() {
@@ -564,7 +578,7 @@ fn java_in_root(major: u32, args: &[&str]) -> Command {
     .arg(&root)
     .args([java.as_str(), "-cp", &inside, "Hot"])
     .args(args);
-    c
+    (c, InRoot(copy))
 }
 
 #[test]
@@ -579,11 +593,10 @@ fn jvms_17_21_and_25_at_once_two_in_a_container_are_each_walked_and_named() {
     host.arg("-cp").arg(classes()).args(["Hot", "split", "3"]);
     let mut jvms: Vec<(u32, Workload)> = Vec::new();
     let split = ["split", "3"];
-    for (major, cmd) in [
-        (17, host),
-        (21, java_in_root(21, &split)),
-        (25, java_in_root(25, &split)),
-    ] {
+    let (in21, copy21) = java_in_root(21, &split);
+    let (in25, copy25) = java_in_root(25, &split);
+    let _copies = (copy21, copy25);
+    for (major, cmd) in [(17, host), (21, in21), (25, in25)] {
         let (w, line) = Workload::start_command(cmd);
         assert!(line.starts_with("ready"), "JDK {major}: {line:?}");
         jvms.push((major, w));
@@ -616,8 +629,6 @@ fn jvms_17_21_and_25_at_once_two_in_a_container_are_each_walked_and_named() {
     for (_, w) in &mut jvms {
         assert!(w.wait().success());
     }
-    let _ =
-        std::fs::remove_dir_all(jdk_root().join(format!("tmp/rtrace-java-{}", std::process::id())));
     assert_eq!(code, 0, "{stderr}");
     let text = std::fs::read_to_string(&rows).unwrap();
     let _ = std::fs::remove_file(&rows);
@@ -666,7 +677,8 @@ fn virtual_threads_are_walked_through_their_continuation_and_lambdas_named_witho
     // wrapper of its own kind) and the carrier's fork-join loop to the
     // thread's start in libjvm.
     for major in [21, 25] {
-        let (mut w, line) = Workload::start_command(java_in_root(major, &["vthread", "3"]));
+        let (cmd, _copy) = java_in_root(major, &["vthread", "3"]);
+        let (mut w, line) = Workload::start_command(cmd);
         assert!(line.starts_with("ready"), "JDK {major}: {line:?}");
         let pid = w.pid().to_string();
         let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-f", "-p", &pid], READY);
@@ -722,8 +734,6 @@ fn virtual_threads_are_walked_through_their_continuation_and_lambdas_named_witho
             .collect();
         assert!(addressed.is_empty(), "{what}: {addressed:?}");
     }
-    let _ =
-        std::fs::remove_dir_all(jdk_root().join(format!("tmp/rtrace-java-{}", std::process::id())));
 }
 
 #[test]
