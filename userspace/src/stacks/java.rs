@@ -1011,11 +1011,12 @@ impl Java {
     /// must match the check in `second`'s high half.
     fn interpreted(&mut self, who: Proc, method: u64, second: u64) -> Option<Vec<JavaFrame>> {
         let j = self.procs.get(&who)?;
-        if check_of(j, method)? != (second >> 32) as u32 {
+        let check = check_of(j, method)?;
+        if check != (second >> 32) as u32 {
             return None;
         }
         let bci = second as u32;
-        let m = self.method(who, method)?;
+        let m = self.checked_method(who, method, check)?;
         Some(vec![JavaFrame {
             name: Arc::clone(&m.name),
             kind: JavaKind::Interpreted,
@@ -1089,8 +1090,13 @@ impl Java {
     /// [`method_check`], which a redefinition changes, and the loading
     /// of another class where its class was).
     fn method(&mut self, who: Proc, method: u64) -> Option<Arc<Method>> {
+        let check = check_of(self.procs.get(&who)?, method)?;
+        self.checked_method(who, method, check)
+    }
+
+    /// [`Java::method`], given the method's check as just read.
+    fn checked_method(&mut self, who: Proc, method: u64, check: u32) -> Option<Arc<Method>> {
         let j = self.procs.get(&who)?;
-        let check = check_of(j, method)?;
         if let Some(m) = self.methods.get(&(who, method, check)) {
             return m.clone();
         }
