@@ -119,29 +119,12 @@ pub struct Start {
 
 /// What each `ERRORS` slot counts, for the report at exit: the stack
 /// tables' (profile's), its first count in blocked periods.
-pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 1] = {
-    let p = crate::stacks::ERR_NAMES;
+pub const ERR_NAMES: [&str; crate::stacks::ERR_NAMES.len() + 1] = crate::stacks::names_with_walk(
     [
-        p[0],
+        crate::stacks::ERR_NAMES[0],
         "blocked periods lost (count table full; raise --hash-storage-size)",
-        p[2],
-        p[3],
-        p[4],
-        p[5],
-        p[6],
-        p[7],
-        p[8],
-        p[9],
-        p[10],
-        p[11],
-        p[12],
-        p[13],
-        p[14],
-        p[15],
-        p[16],
-        p[17],
-        INTERVALS_LOST_NAME,
-    ]
-};
+    ],
+    &[INTERVALS_LOST_NAME],
+);
 
 crate::pod!(Config, Start, Interval);

@@ -111,8 +111,26 @@ pub const SAMPLES: &str = "SAMPLES";
 /// (`--heatmap`); user space sizes it.
 pub const HEAT: &str = "HEAT";
 
-/// The program perf events (timers and counters) run.
+/// The program perf events (timers and counters) run. In the objects
+/// that walk by CFI it only tail-calls the walk variant in
+/// [`WALKERS`]: the one for the runtimes in scope
+/// ([`PROG_PROFILE_WALKS`]).
 pub const PROG_PROFILE: &str = "profile";
+/// The programs [`PROG_PROFILE`] tail-calls in the objects that walk by
+/// CFI, each the same sampling with the walk of other runtimes: indexed
+/// by `rtrace_common::unwind::Runtimes` (none, Python, Java, both). Each
+/// is loaded, and verified, only once a process of its runtimes is in
+/// scope.
+pub const PROG_PROFILE_WALKS: [&str; 4] = [
+    "profile_native",
+    "profile_python",
+    "profile_java",
+    "profile_runtimes",
+];
+/// The program array of one slot that [`PROG_PROFILE`] tail-calls: the
+/// loaded variant of [`PROG_PROFILE_WALKS`], replaced as runtimes come
+/// into scope.
+pub const WALKERS: &str = "WALKERS";
 /// The program of a tracepoint event (`-e t:...`).
 pub const PROG_TRACEPOINT: &str = "profile_tracepoint";
 /// The program of a kprobe event.

@@ -368,9 +368,14 @@ pub const ERR_PY_BAD: u32 = 16;
 /// in no code blob, an interpreted frame whose frame pointer is not one):
 /// the stack ends there.
 pub const ERR_JAVA_BAD: u32 = 17;
+/// `ERRORS` slot: samples of a Python or Java process walked before the
+/// walk through its runtime's frames was loaded (`profile` loads it once
+/// such a process is first given to the kernel's tables): native frames
+/// only.
+pub const ERR_RUNTIME_UNLOADED: u32 = 18;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 18] = [
+pub const ERR_NAMES: [&str; 19] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -389,6 +394,7 @@ pub const ERR_NAMES: [&str; 18] = [
     "walks of Python threads whose thread state could not be read (native frames only)",
     "Python frames that failed their check (half set up, or exiting): native frames from there",
     "Java frames that could not be read or stepped past: the stack ends there",
+    "samples of Python or Java processes taken while their runtime's walk was being loaded (native frames only)",
 ];
 
 /// The `ERRORS` names of an event tool that walks user stacks with the

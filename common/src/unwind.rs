@@ -284,6 +284,20 @@ crate::pod!(
     FoundRegions
 );
 
+/// A walk that steps through CPython's frames (a bit of [`Runtimes`]).
+pub const RUNTIME_PYTHON: u32 = 1;
+/// A walk that steps through the JVM's frames (a bit of [`Runtimes`]).
+pub const RUNTIME_JAVA: u32 = 2;
+/// Every runtime's frames: what the walks of every program but
+/// `profile`'s sampling one step through.
+pub const RUNTIMES_ALL: u32 = RUNTIME_PYTHON | RUNTIME_JAVA;
+
+/// The runtimes a variant of the walk steps through, as bits
+/// ([`RUNTIME_PYTHON`], [`RUNTIME_JAVA`]). A walk without a runtime's
+/// part is compiled without it, so the verifier does not go through it:
+/// `profile` loads the variant of the runtimes in scope and no more.
+pub type Runtimes = u32;
+
 /// The array of every loaded file's compiled rows, written by user space
 /// through a shared mapping; it sizes it.
 pub const CFI_ROWS: &str = "CFI_ROWS";

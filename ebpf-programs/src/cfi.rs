@@ -18,13 +18,14 @@ use aya_ebpf::{
 use rtrace_common::{
     stacks::{
         ERR_CUT_SHORT, ERR_DEEP, ERR_EXECING, ERR_EXITING, ERR_FIND_BUSY, ERR_FIND_NO_FILE,
-        ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, Found, MAX_DEPTH, MAX_STACK, SEEN_EXEC, SEEN_EXIT,
-        SEEN_FORK, SEEN_FOUND, SEEN_NEW_CODE, Seen,
+        ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, ERR_RUNTIME_UNLOADED, Found, MAX_DEPTH, MAX_STACK,
+        SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_FOUND, SEEN_NEW_CODE, Seen,
     },
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RBX, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI,
         CfiOffsets, CfiRow, CfiRule, FileKey, FileRegion, FileRows, FoundRegions, MAX_FOUND,
-        MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, Region, SEARCH_STEPS,
+        MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RUNTIME_JAVA, RUNTIME_PYTHON, Region,
+        SEARCH_STEPS,
     },
 };
 
@@ -580,9 +581,11 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
 }
 
 /// One frame of the walk, run by `bpf_loop`: records the frame's pc
-/// and steps to the caller; 1 ends the walk.
+/// and steps to the caller; 1 ends the walk. `RT` says which runtimes'
+/// frames it steps through (`rtrace_common::unwind::Runtimes`); the
+/// others' parts are not compiled in, and the verifier skips them.
 #[inline(never)]
-extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `ctx` is the caller's `Walk`, whose pointers are map
     // values that outlive the walk.
     let (scratch, procs, tgid, own) = unsafe {
@@ -591,18 +594,23 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     };
     let mut record = true;
     if scratch.py.mode == crate::python::NOT_STARTED {
-        crate::python::start(scratch, tgid, global(&CFI_OFFSETS).task_fsbase);
-        crate::java::start(scratch, tgid);
+        crate::python::start(
+            scratch,
+            tgid,
+            global(&CFI_OFFSETS).task_fsbase,
+            RT & RUNTIME_PYTHON != 0,
+        );
+        crate::java::start(scratch, tgid, RT & RUNTIME_JAVA != 0);
     }
     // A pc in a JVM's code cache: a Java frame, which has no CFI.
-    if crate::java::in_code(scratch) {
+    if RT & RUNTIME_JAVA != 0 && crate::java::in_code(scratch) {
         scratch.jv.max_depth = max_depth();
         if scratch.walk.depth == 0 {
             scratch.jv.r13 = task_reg(global(&CFI_OFFSETS).r13);
         }
         return crate::java::step(scratch, tgid);
     }
-    if scratch.py.on != 0 {
+    if RT & RUNTIME_PYTHON != 0 && scratch.py.on != 0 {
         match crate::python::at_frame(scratch, tgid) {
             crate::python::Next::Done => {
                 return i64::from(scratch.walk.depth >= max_depth());
@@ -744,6 +752,18 @@ extern "C" fn frame(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         count_error(ERR_DEEP);
     }
     i64::from(ret == 0)
+}
+
+/// Counts a sample of process `tgid` walked without its runtime's frames
+/// though user space gave its runtime to the walk: the walk through them
+/// (a wider `RT`) is being loaded.
+#[inline(always)]
+pub(crate) fn count_unloaded<const RT: u32>(tgid: u32) {
+    if (RT & RUNTIME_PYTHON == 0 && crate::python::known(tgid))
+        || (RT & RUNTIME_JAVA == 0 && crate::java::known(tgid))
+    {
+        count_error(ERR_RUNTIME_UNLOADED);
+    }
 }
 
 /// Whether the step under way is of the sampled frame, the walk's first
@@ -1070,7 +1090,12 @@ pub(crate) fn remember_current(scratch: *const Scratch, tgid: u32, stack: u64, g
 /// next walk from the same registers over the same bytes is not done
 /// again.
 #[inline(always)]
-pub(crate) fn walk(tgid: u32, regs: u64, scratch: *mut Scratch, generation: u32) -> Option<Walked> {
+pub(crate) fn walk<const RT: u32>(
+    tgid: u32,
+    regs: u64,
+    scratch: *mut Scratch,
+    generation: u32,
+) -> Option<Walked> {
     let none = Walked::Frames {
         depth: 0,
         tell: false,
@@ -1201,7 +1226,7 @@ pub(crate) fn walk(tgid: u32, regs: u64, scratch: *mut Scratch, generation: u32)
     unsafe {
         bpf_loop(
             max_depth(),
-            frame as *mut core::ffi::c_void,
+            frame::<RT> as *mut core::ffi::c_void,
             (&raw mut w).cast(),
             0,
         )

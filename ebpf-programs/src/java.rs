@@ -60,17 +60,28 @@ const NAME_VTABLE: u32 = u32::from_le_bytes(*b"vtab");
 const INTERP_SPAN: u64 = 0x1000;
 
 /// Sets up the Java part of a walk of process `tgid`, at its first step:
-/// the process's JVM copied in, if user space gave it one.
+/// the process's JVM copied in, if user space gave it one and the walk is
+/// one that steps through Java's frames (`walked`, a constant).
 #[inline(always)]
-pub(crate) fn start(s: &mut Scratch, tgid: u32) {
+pub(crate) fn start(s: &mut Scratch, tgid: u32, walked: bool) {
     s.jv.on = 0;
     s.jv.nnew = 0;
+    // A constant: a walk without Java's part never looks.
+    if !walked {
+        return;
+    }
     let Some(p) = JAVA_PROCS.get_ptr(tgid) else {
         return;
     };
     // SAFETY: a map value, copied into another.
     s.jv.proc = unsafe { *p };
     s.jv.on = 1;
+}
+
+/// Whether user space gave process `tgid`'s JVM to the walk.
+#[inline(always)]
+pub(crate) fn known(tgid: u32) -> bool {
+    JAVA_PROCS.get_ptr(tgid).is_some()
 }
 
 /// Whether the walk's pc is in the JVM's code cache: a Java frame. The

@@ -32,6 +32,37 @@ pub mod task_storage;
 /// (`event_map!`). Only with the `cfi` feature.
 #[macro_export]
 macro_rules! cfi_programs {
+    // With the walk's variants by runtime, as global functions, for an
+    // object whose programs walk through some runtimes only
+    // (`stacks::describe_current_walking`).
+    (walk_variants) => {
+        $crate::cfi_programs!();
+
+        /// The CFI walk through native frames only, as
+        /// `rtrace_global_user_stack` is through every runtime's.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_user_stack_native(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user::<0>(who, regs)
+        }
+
+        /// The CFI walk through native and Python frames.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_user_stack_python(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIME_PYTHON }>(who, regs)
+        }
+
+        /// The CFI walk through native and Java frames.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_user_stack_java(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIME_JAVA }>(who, regs)
+        }
+    };
     () => {
         #[cfg(feature = "cfi")]
         #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_process_exec")]
@@ -61,7 +92,7 @@ macro_rules! cfi_programs {
         #[unsafe(no_mangle)]
         #[inline(never)]
         pub extern "C" fn rtrace_global_user_stack(who: u64, regs: u64) -> u64 {
-            $crate::stacks::walk_user(who, regs)
+            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIMES_ALL }>(who, regs)
         }
 
         /// The work after a CFI walk, on this object's `EVENTS`: a

@@ -559,15 +559,20 @@ pub(crate) const NOT_STARTED: u32 = 2;
 /// would grow a frame that with the step's must stay within 512 bytes on
 /// kernels before 6.13): field by field (see `PyWalk`), with the
 /// process's interpreter copied in if user space gave it one, and the
-/// thread's newest frame. Inlined: a function called from the step would
+/// thread's newest frame; nothing more unless the walk is one that
+/// steps through Python's frames (`walked`, a constant). Inlined: a function called from the step would
 /// add its own frame to that chain (on 6.1 the walk then did not load).
 #[inline(always)]
-pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32) {
+pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32, walked: bool) {
     s.py.frame = 0;
     s.py.on = 0;
     s.py.mode = 0;
     s.py.emitted = 0;
     s.py.nnew = 0;
+    // A constant: a walk without Python's part never looks.
+    if !walked {
+        return;
+    }
     let Some(p) = PY_PROCS.get_ptr(tgid) else {
         return;
     };
@@ -580,6 +585,12 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32) {
     if s.py.frame != 0 && s.py.proc.ts_running_task != 0 {
         running_task(s, tgid);
     }
+}
+
+/// Whether user space gave process `tgid`'s interpreter to the walk.
+#[inline(always)]
+pub(crate) fn known(tgid: u32) -> bool {
+    PY_PROCS.get_ptr(tgid).is_some()
 }
 
 /// Forgets a process's interpreter: it ran a new program or exited.

@@ -24,6 +24,7 @@ use rtrace_common::stacks::{
     CONTINUED, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH,
     MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
 };
+use rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIMES_ALL};
 
 #[cfg(feature = "cfi")]
 use crate::scratch::Storing;
@@ -211,6 +212,23 @@ pub fn describe_current<C: EbpfContext, S: Sink>(
     sampled: *const u8,
     key: &mut Key,
 ) {
+    describe_current_walking::<C, S, RUNTIMES_ALL>(ctx, events, tgid, kernel, user, sampled, key);
+}
+
+/// [`describe_current`] with a walk that steps through the frames of
+/// runtimes `RT` only (`rtrace_common::unwind::Runtimes`): the others'
+/// parts are not compiled in, so the verifier does not go through them.
+/// Without the `cfi` feature `RT` changes nothing.
+#[inline(always)]
+pub fn describe_current_walking<C: EbpfContext, S: Sink, const RT: u32>(
+    ctx: &C,
+    events: &S,
+    tgid: u32,
+    kernel: bool,
+    user: bool,
+    sampled: *const u8,
+    key: &mut Key,
+) {
     *key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
     // SAFETY: the value is only tested for presence.
     if unsafe { TIMED_JIT.get(tgid) }.is_some() {
@@ -221,7 +239,11 @@ pub fn describe_current<C: EbpfContext, S: Sink>(
     // follows, once from here, where the kernel stack's outcomes would
     // have it followed once for each.
     if user {
-        let (stack, cut) = user_stack_cut(ctx, events, tgid, sampled);
+        let (stack, cut) = user_stack_cut_walking::<C, S, RT>(ctx, events, tgid, sampled);
+        // Here, once, not in the walk's step, which the verifier goes
+        // through again for every state it reaches it in.
+        #[cfg(feature = "cfi")]
+        crate::cfi::count_unloaded::<RT>(tgid);
         key.set_user(stack);
         if cut {
             key.flags |= rtrace_common::stacks::CUT_USER;
@@ -309,6 +331,18 @@ pub fn user_stack_cut<C: EbpfContext, S: Sink>(
     tgid: u32,
     sampled: *const u8,
 ) -> (Option<u64>, bool) {
+    user_stack_cut_walking::<C, S, RUNTIMES_ALL>(ctx, events, tgid, sampled)
+}
+
+/// [`user_stack_cut`] with a walk of runtimes `RT` only (see
+/// [`describe_current_walking`]).
+#[inline(always)]
+fn user_stack_cut_walking<C: EbpfContext, S: Sink, const RT: u32>(
+    ctx: &C,
+    events: &S,
+    tgid: u32,
+    sampled: *const u8,
+) -> (Option<u64>, bool) {
     #[cfg(feature = "cfi")]
     {
         let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
@@ -318,10 +352,18 @@ pub fn user_stack_cut<C: EbpfContext, S: Sink>(
         let who = u64::from(tgid) | (u64::from(generation()) << 32);
         // SAFETY: the object defines it (`cfi_programs!`); it takes and
         // returns plain numbers.
+        // (`RT` is a constant: one call is compiled.)
         #[cfg(feature = "cfi_global")]
-        let walked = unsafe { rtrace_global_user_stack(who, regs) };
+        let walked = unsafe {
+            match RT {
+                0 => rtrace_global_user_stack_native(who, regs),
+                RUNTIME_PYTHON => rtrace_global_user_stack_python(who, regs),
+                RUNTIME_JAVA => rtrace_global_user_stack_java(who, regs),
+                _ => rtrace_global_user_stack(who, regs),
+            }
+        };
         #[cfg(not(feature = "cfi_global"))]
-        let walked = walk_user(who, regs);
+        let walked = walk_user::<RT>(who, regs);
         if walked != NO_TABLES {
             let stack = walked & !CUT_BIT;
             return (
@@ -344,6 +386,16 @@ unsafe extern "C" {
     /// (`cfi_programs!` defines it, in the `cfi_global` variant).
     #[cfg(feature = "cfi_global")]
     fn rtrace_global_user_stack(who: u64, regs: u64) -> u64;
+    /// [`walk_user`] through native frames only, likewise
+    /// (`cfi_programs!(walk_variants)` defines it, and the next two).
+    #[cfg(feature = "cfi_global")]
+    fn rtrace_global_user_stack_native(who: u64, regs: u64) -> u64;
+    /// [`walk_user`] through native and Python frames.
+    #[cfg(feature = "cfi_global")]
+    fn rtrace_global_user_stack_python(who: u64, regs: u64) -> u64;
+    /// [`walk_user`] through native and Java frames.
+    #[cfg(feature = "cfi_global")]
+    fn rtrace_global_user_stack_java(who: u64, regs: u64) -> u64;
     /// [`after_walk`] on the object's `EVENTS`, likewise, in every
     /// variant that walks.
     fn rtrace_global_after_walk(packed: u64, who: u64) -> u64;
@@ -373,12 +425,12 @@ const CUT_BIT: u64 = 1 << 63;
 /// the `cfi` variant inlines it.
 #[cfg(feature = "cfi")]
 #[inline(always)]
-pub fn walk_user(who: u64, regs: u64) -> u64 {
+pub fn walk_user<const RT: u32>(who: u64, regs: u64) -> u64 {
     use crate::cfi::Walked;
     let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
         return NOT_STORED;
     };
-    match crate::cfi::walk(who as u32, regs, s, (who >> 32) as u32) {
+    match crate::cfi::walk::<RT>(who as u32, regs, s, (who >> 32) as u32) {
         Some(Walked::Known(stack)) => stack,
         Some(Walked::Frames {
             depth,

@@ -187,3 +187,42 @@ fn normal_runs_warn_only_of_missing_or_wrong_output() {
         }
     }
 }
+
+/// The instructions the verifier went through for each `profile_*`
+/// program `-v` names (the sampling program's walk variants).
+fn walks_verified(stderr: &str) -> Vec<(String, u64)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("rtrace: profile: program profile_")?;
+            let (name, n) = rest.split_once(": ")?;
+            let n = n.strip_suffix(" instructions verified")?.parse().ok()?;
+            Some((format!("profile_{name}"), n))
+        })
+        .collect()
+}
+
+/// A run with no Python or Java process in scope loads the sampling
+/// program's native walk alone, and `--preload-runtime-walks` the walk
+/// through every runtime's frames, which loads on every kernel the VM
+/// matrix runs (6.1's verifier is the strictest) under the verifier's
+/// limit. (The walks through one runtime's frames are loaded by the
+/// Python and Java tests, on the host.)
+#[test]
+fn the_native_walk_alone_then_every_runtimes_walk_on_demand() {
+    let (code, _, stderr) = run(&["profile", "-v", "-F", "99", "1"]);
+    assert_eq!(code, 0, "{stderr}");
+    // Every kernel here and in the VM matrix has the CFI walk (5.17+).
+    let walks = walks_verified(&stderr);
+    let names: Vec<&str> = walks.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["profile_native"], "{stderr}");
+    let (code, _, stderr) = run(&["profile", "-v", "--preload-runtime-walks", "-F", "99", "1"]);
+    assert_eq!(code, 0, "{stderr}");
+    let walks = walks_verified(&stderr);
+    let all = walks.iter().find(|(n, _)| n == "profile_runtimes");
+    assert!(
+        all.is_some_and(|&(_, n)| n > 0 && n < 1_000_000) && walks.len() == 1,
+        "{walks:?}:\n{stderr}"
+    );
+    eprintln!("every runtime's walk: {walks:?}");
+}

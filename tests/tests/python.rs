@@ -190,7 +190,14 @@ fn with_frame(folded: &Folded, name: &str) -> u64 {
 /// with one, with nothing of another module between) under
 /// `Py_BytesMain`.
 fn check_whole(folded: &Folded, chains: &[&[&str]], what: &str) {
-    let total: u64 = folded.values().sum();
+    check_whole_excusing(folded, chains, what, 0);
+}
+
+/// [`check_whole`], with `excused` samples left out of the count they
+/// are judged against: samples rtrace said it walked without Python's
+/// walk (`ERR_RUNTIME_UNLOADED`).
+fn check_whole_excusing(folded: &Folded, chains: &[&[&str]], what: &str, excused: u64) {
+    let total: u64 = folded.values().sum::<u64>() - excused;
     let whole: u64 = folded
         .iter()
         .filter(|(s, _)| {
@@ -239,8 +246,13 @@ fn split_under(python: Python, version: &str) {
 /// The split fixture's whole chains, and hot's share of hot and warm as
 /// the fixture measured it (`done`).
 fn check_split(folded: &Folded, done: &[i64], what: &str) {
+    check_split_excusing(folded, done, what, 0);
+}
+
+/// [`check_split`], whole chains judged as [`check_whole_excusing`].
+fn check_split_excusing(folded: &Folded, done: &[i64], what: &str, excused: u64) {
     let chain = ["pyfix.<module>", "pyfix.main", "pyfix.outer"];
-    check_whole(
+    check_whole_excusing(
         folded,
         &[
             &[chain[0], chain[1], chain[2], "pyfix.hot"],
@@ -248,6 +260,7 @@ fn check_split(folded: &Folded, done: &[i64], what: &str) {
             &chain,
         ],
         what,
+        excused,
     );
     let (hot, warm) = (
         with_frame(folded, "pyfix.hot"),
@@ -540,6 +553,94 @@ fn codes(python: Python) {
         "{} of {rounds} functions named:\n{stderr}",
         named.len()
     );
+}
+
+/// Python run as rtrace's own command (`-- CMD`): no runtime is in scope
+/// as sampling starts, so the sampling program walks native frames only
+/// (the one walk the verifier goes through then), and the walk through
+/// Python frames is loaded, and swapped in, once user space has read the
+/// interpreter. The split is then named with whole chains as under `-p`:
+/// the samples walked before the swap are the interpreter's start.
+#[test]
+fn a_command_gets_the_python_walk_loaded_once_its_interpreter_is_read() {
+    if skip_in_guest() {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("rtrace-pycmd-{}", std::process::id()));
+    let script = format!(
+        "printf '\\n\\n' | {HOST_PYTHON} {} split 3 > {}",
+        fixture_source().display(),
+        out.display()
+    );
+    let report = out.with_extension("folded");
+    let (code, _, stderr) = run(&[
+        "profile",
+        "-F",
+        "999",
+        "-f",
+        "-v",
+        "-o",
+        report.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let printed = std::fs::read_to_string(&out).unwrap_or_default();
+    let stacks = std::fs::read_to_string(&report).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_file(&report);
+    assert_eq!(code, 0, "{stderr}");
+    // Only the native walk was loaded with the sampling program.
+    let verified: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(" instructions verified") && l.contains("program profile_"))
+        .collect();
+    assert!(
+        verified
+            .iter()
+            .any(|l| l.contains("program profile_native:"))
+            && !verified
+                .iter()
+                .any(|l| l.contains("program profile_python:")),
+        "the start loads the native walk alone:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("program profile_python (the walk through Python frames) loaded"),
+        "-v says when the Python walk was loaded:\n{stderr}"
+    );
+    let done: Vec<i64> = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("done"))
+        .unwrap_or_else(|| panic!("no done line: {printed:?}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let folded: Folded = parse_folded(&stacks)
+        .into_iter()
+        .filter(|(s, _)| s.first().is_some_and(|c| c.starts_with("python")))
+        .collect();
+    // The samples between the interpreter's first read and the swap are
+    // counted, and said; they are not judged as whole chains. They are few
+    // (the load takes a fraction of a second), and must be.
+    let unloaded: u64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rtrace: warning[lost]: ")?
+                .strip_suffix(
+                    " samples of Python or Java processes taken while their runtime's walk \
+                     was being loaded (native frames only)",
+                )?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    let total: u64 = folded.values().sum();
+    assert!(
+        unloaded * 5 <= total,
+        "{unloaded} of {total} samples walked before the Python walk was loaded:\n{stderr}"
+    );
+    check_split_excusing(&folded, &done, "split as a command", unloaded);
 }
 
 #[test]

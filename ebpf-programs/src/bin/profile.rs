@@ -21,15 +21,21 @@ use rtrace_common::profile::{ERR_SAMPLES_LOST, TimedSample};
 use rtrace_common::{
     profile::{Config, HEAT_SLOT_NS, MAX_PERIODS},
     stacks::Key,
+    unwind::RUNTIMES_ALL,
 };
 use rtrace_ebpf::{
     global,
     stacks::{self, WINDOW},
     targets,
 };
+#[cfg(feature = "cfi")]
+use {
+    aya_ebpf::maps::ProgramArray,
+    rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON},
+};
 
 rtrace_ebpf::event_map!();
-rtrace_ebpf::cfi_programs!();
+rtrace_ebpf::cfi_programs!(walk_variants);
 rtrace_ebpf::stack_counts!(rtrace_common::stacks::Key);
 rtrace_ebpf::offcpu_programs!(
     rtrace_common::stacks::Key,
@@ -52,44 +58,93 @@ static LAST_BUSY: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static HEAT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
+/// The sampling program with the CFI walk that user space loaded for
+/// the runtimes in scope (`PROG_PROFILE_WALKS`), in slot 0.
+#[cfg(feature = "cfi")]
+#[map]
+static WALKERS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Every sample of a perf event. With the CFI walk, only a tail call to
+/// the variant in `WALKERS`: the variants that walk a runtime's frames
+/// take the verifier far longer to load, so each is loaded once a
+/// process of its runtime is in scope, and swapped in here.
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
-    sample(&ctx);
+    #[cfg(feature = "cfi")]
+    // SAFETY: the slot holds a perf event program, or nothing (the
+    // call then returns, and the sample is not counted).
+    unsafe {
+        WALKERS.tail_call(&ctx, 0)
+    };
+    #[cfg(not(feature = "cfi"))]
+    sample::<RUNTIMES_ALL>(&ctx);
+    0
+}
+
+/// The sampling with a walk through native frames only.
+#[cfg(feature = "cfi")]
+#[perf_event]
+pub fn profile_native(ctx: PerfEventContext) -> u32 {
+    sample::<0>(&ctx);
+    0
+}
+
+/// The sampling with a walk through native and Python frames.
+#[cfg(feature = "cfi")]
+#[perf_event]
+pub fn profile_python(ctx: PerfEventContext) -> u32 {
+    sample::<RUNTIME_PYTHON>(&ctx);
+    0
+}
+
+/// The sampling with a walk through native and Java frames.
+#[cfg(feature = "cfi")]
+#[perf_event]
+pub fn profile_java(ctx: PerfEventContext) -> u32 {
+    sample::<RUNTIME_JAVA>(&ctx);
+    0
+}
+
+/// The sampling with a walk through every runtime's frames.
+#[cfg(feature = "cfi")]
+#[perf_event]
+pub fn profile_runtimes(ctx: PerfEventContext) -> u32 {
+    sample::<RUNTIMES_ALL>(&ctx);
     0
 }
 
 rtrace_ebpf::tracepoint! {
     /// Every event of the tracepoints `-e` names.
     fn profile_tracepoint(ctx) {
-        sample(&ctx);
+        sample::<RUNTIMES_ALL>(&ctx);
     }
 }
 
 /// Every call of the kernel functions `-e p:` names.
 #[kprobe]
 pub fn profile_kprobe(ctx: ProbeContext) -> u32 {
-    sample(&ctx);
+    sample::<RUNTIMES_ALL>(&ctx);
     0
 }
 
 /// Every return of the kernel functions `-e r:` names.
 #[kretprobe]
 pub fn profile_kretprobe(ctx: RetProbeContext) -> u32 {
-    sample(&ctx);
+    sample::<RUNTIMES_ALL>(&ctx);
     0
 }
 
 /// Every call of the user functions or USDT probes `-e u:` names.
 #[uprobe]
 pub fn profile_uprobe(ctx: ProbeContext) -> u32 {
-    sample(&ctx);
+    sample::<RUNTIMES_ALL>(&ctx);
     0
 }
 
 /// Every return of the user functions `-e r:FILE:FUNCTION` names.
 #[uretprobe]
 pub fn profile_uretprobe(ctx: RetProbeContext) -> u32 {
-    sample(&ctx);
+    sample::<RUNTIMES_ALL>(&ctx);
     0
 }
 
@@ -128,8 +183,10 @@ macro_rules! sampled_from_entry {
 }
 sampled_from_entry!(TracePointContext, ProbeContext, RetProbeContext);
 
+/// Counts a sample of the current thread, its user stack walked through
+/// the frames of runtimes `RT` (`rtrace_common::unwind::Runtimes`).
 #[inline(always)]
-fn sample<C: Sampled>(ctx: &C) {
+fn sample<const RT: u32>(ctx: &impl Sampled) {
     let cfg = global(&CONFIG);
     let id = bpf_get_current_pid_tgid();
     let (tid, tgid) = (id as u32, (id >> 32) as u32);
@@ -159,7 +216,9 @@ fn sample<C: Sampled>(ctx: &C) {
     // the 6.1 verifier no longer accepted the CFI walk.
     let sampled = ctx.sampled();
     let (kernel, user) = (cfg.kernel != 0, cfg.user != 0);
-    stacks::describe_current(ctx, &EVENTS, tgid, kernel, user, sampled, &mut key);
+    stacks::describe_current_walking::<_, _, RT>(
+        ctx, &EVENTS, tgid, kernel, user, sampled, &mut key,
+    );
     if cfg.per_thread != 0 {
         // Asked again rather than kept across the walk, which would hold a
         // register or a stack slot the walk's verification has no room for.

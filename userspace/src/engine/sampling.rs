@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use aya::maps::{MapData, ProgramArray};
 use aya::{
     Ebpf,
     programs::{
@@ -18,7 +19,8 @@ use aya::{
 };
 use rtrace_common::{
     offcputime::{STATE_ANY, THREADS_USER},
-    profile::{Config, ERR_NAMES, HEAT_SLOT_NS},
+    profile::{Config, ERR_NAMES, HEAT_SLOT_NS, PROG_PROFILE_WALKS},
+    unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIMES_ALL, Runtimes},
 };
 
 use crate::{
@@ -249,6 +251,145 @@ pub struct Sampler {
     window_start: u64,
     /// Each sample on its own, with `--firefox` or `--samples`.
     stream: Option<SampleStream>,
+    /// The walk's variant the sampling program tail-calls, with the CFI
+    /// walk on perf events.
+    walkers: Option<Walkers>,
+}
+
+/// The variants of the sampling program with the CFI walk
+/// (`PROG_PROFILE_WALKS`), one per set of runtimes whose frames it steps
+/// through, and the one in the slot the sampling program tail-calls
+/// (`WALKERS`).
+///
+/// The walk through a runtime's frames is most of what the verifier goes
+/// through (the native walk alone loads in a fraction of the time), so a
+/// run starts with the variant for the runtimes in scope then, and loads
+/// a wider one, swapped in whole, when a process of another runtime is
+/// first given to the kernel's tables. The samples taken in between walk
+/// that process's native frames only, as its samples before user space
+/// had read it always did.
+struct Walkers {
+    /// The one-slot program array.
+    array: ProgramArray<MapData>,
+    /// The runtimes of the variant in the slot.
+    loaded: Option<Runtimes>,
+    /// Each variant loaded after the start, for `-v`: its runtimes, when
+    /// (since the start), how long its load took and the instructions
+    /// the verifier went through.
+    later: Vec<(Runtimes, Duration, Duration, Option<u32>)>,
+    /// A wider variant that could not be loaded, and why: not tried again.
+    failed: Option<(Runtimes, String)>,
+    /// When the walkers were set up.
+    since: std::time::Instant,
+}
+
+impl Walkers {
+    /// Takes the object's program array, if it has one (the objects that
+    /// walk by CFI).
+    fn take(ebpf: &mut Ebpf) -> anyhow::Result<Option<Self>> {
+        let Some(map) = ebpf.take_map(rtrace_common::profile::WALKERS) else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            array: ProgramArray::try_from(map)?,
+            loaded: None,
+            later: Vec::new(),
+            failed: None,
+            since: std::time::Instant::now(),
+        }))
+    }
+
+    /// Puts the variant for `wanted` and the runtimes already walked in
+    /// the slot, loading it first; a variant that cannot be loaded after
+    /// the start is said once, and the one in the slot kept.
+    fn settle(&mut self, ebpf: &mut Ebpf, wanted: Runtimes) -> anyhow::Result<()> {
+        let want = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL;
+        if self.loaded == Some(want) || self.failed.as_ref().is_some_and(|f| f.0 == want) {
+            return Ok(());
+        }
+        let name = PROG_PROFILE_WALKS[want as usize];
+        let started = std::time::Instant::now();
+        match self.swap_in(ebpf, name) {
+            Ok(()) => {}
+            Err(e) if self.loaded.is_some() => {
+                self.failed = Some((want, format!("{e:#}")));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        if let Some(old) = self.loaded.replace(want) {
+            let verified = ebpf
+                .program(name)
+                .and_then(|p| p.info().ok())
+                .and_then(|i| i.verified_instruction_count());
+            self.later
+                .push((want, self.since.elapsed(), started.elapsed(), verified));
+            // No sample can reach it any more; one under way keeps it
+            // until it returns.
+            let prog: &mut PerfEvent = ebpf
+                .program_mut(PROG_PROFILE_WALKS[old as usize])
+                .context("walk variant missing")?
+                .try_into()?;
+            prog.unload().context("cannot unload the walk replaced")?;
+        }
+        Ok(())
+    }
+
+    /// Loads variant `name` and puts it in the slot.
+    fn swap_in(&mut self, ebpf: &mut Ebpf, name: &str) -> anyhow::Result<()> {
+        let prog: &mut PerfEvent = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing"))?
+            .try_into()?;
+        prog.load()
+            .with_context(|| format!("cannot load the {name} program"))?;
+        let fd = prog.fd()?;
+        self.array
+            .set(0, fd, 0)
+            .with_context(|| format!("cannot put {name} in the sampling program's slot"))
+    }
+
+    /// The runtimes' names in `rt`, for messages.
+    fn named(rt: Runtimes) -> &'static str {
+        match rt {
+            RUNTIME_PYTHON => "Python",
+            RUNTIME_JAVA => "Java",
+            RUNTIMES_ALL => "Python and Java",
+            _ => "native",
+        }
+    }
+
+    /// `-v` lines: the variants loaded after the start.
+    fn summary(&self) -> Vec<String> {
+        self.later
+            .iter()
+            .map(|&(rt, at, took, verified)| {
+                let verified = verified
+                    .map(|n| format!(", {n} instructions verified"))
+                    .unwrap_or_default();
+                format!(
+                    "program {} (the walk through {} frames) loaded {:.2} s in, in {} ms{verified}",
+                    PROG_PROFILE_WALKS[rt as usize],
+                    Self::named(rt),
+                    at.as_secs_f64(),
+                    took.as_millis()
+                )
+            })
+            .collect()
+    }
+
+    /// A variant that could not be loaded, said with or without `-v`.
+    fn warnings(&self) -> Vec<Warning> {
+        self.failed
+            .iter()
+            .map(|(rt, why)| {
+                Warning::unwalked(format!(
+                    "{} frames are not walked: the walk through them could not be loaded ({why})",
+                    Self::named(*rt & !self.loaded.unwrap_or(0))
+                ))
+            })
+            .collect()
+    }
 }
 
 /// Most heat map slots without a duration: ten minutes.
@@ -292,6 +433,9 @@ pub struct Sampling {
     /// Off the CPU, count only waits of at least this many microseconds
     /// (0: every wait).
     pub off_cpu_min_us: u64,
+    /// Load the walk through every runtime's frames at the start, not
+    /// each when a process of its runtime is first met.
+    pub preload_runtime_walks: bool,
     /// perf annotate's output.
     pub annotate: AnnotateArgs,
     /// The walk, the store and the names.
@@ -438,6 +582,7 @@ impl Sampler {
             preloaded: None,
             stacks: StackTool::default(),
             stream: None,
+            walkers: None,
         })
     }
 
@@ -607,6 +752,18 @@ impl Sampler {
             .context("program profile missing")?
             .try_into()?;
         prog.load().context("cannot load the profile program")?;
+        // With the CFI walk, that program tail-calls the walk for the
+        // runtimes in scope now: the processes given (`-p`) have been
+        // read; the others are read at their first samples.
+        self.walkers = Walkers::take(ebpf)?;
+        if let Some(w) = &mut self.walkers {
+            let now = if self.cfg.preload_runtime_walks {
+                RUNTIMES_ALL
+            } else {
+                self.stacks.runtimes()
+            };
+            w.settle(ebpf, now)?;
+        }
         self.set_window(ebpf)?;
         let prog: &mut PerfEvent = ebpf
             .program_mut(rtrace_common::profile::PROG_PROFILE)
@@ -721,6 +878,15 @@ impl Sampler {
         self.stacks.event(record)
     }
 
+    /// After a batch of events: the walk through the frames of a runtime
+    /// just come into scope is loaded and swapped in.
+    pub fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        if let Some(w) = &mut self.walkers {
+            w.settle(ebpf, self.stacks.runtimes())?;
+        }
+        Ok(())
+    }
+
     /// Stops sampling and writes every output.
     pub fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
         let elapsed = self.stacks.elapsed();
@@ -809,12 +975,16 @@ impl Sampler {
 
     /// `-v` lines about the run.
     pub fn summary(&self) -> Vec<String> {
-        self.stacks.summary()
+        let mut lines = self.stacks.summary();
+        lines.extend(self.walkers.iter().flat_map(Walkers::summary));
+        lines
     }
 
     /// What the run could not do as asked.
     pub fn warnings(&self) -> Vec<Warning> {
-        self.stacks.warnings()
+        let mut warnings = self.stacks.warnings();
+        warnings.extend(self.walkers.iter().flat_map(Walkers::warnings));
+        warnings
     }
 
     /// The event buffer's flags.

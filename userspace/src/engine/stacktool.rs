@@ -239,6 +239,10 @@ pub struct StackTool {
     java_map: Option<BpfHashMap<MapData, u32, rtrace_common::java::JavaProc>>,
     /// JVM processes the table had no room for.
     java_full: u64,
+    /// The runtimes whose processes the kernel's tables were given
+    /// (`rtrace_common::unwind::Runtimes`): the walk must step through
+    /// their frames.
+    runtimes: rtrace_common::unwind::Runtimes,
 }
 
 /// The kernel's table of stored stacks, by hash, and the stacks read
@@ -651,21 +655,29 @@ impl StackTool {
         let Some(map) = &mut self.java_map else {
             return;
         };
-        if let Some(record) = self.sym.java().examine(who, fresh)
-            && map.insert(who.pid, record, 0).is_err()
-        {
-            self.java_full += 1;
+        if let Some(record) = self.sym.java().examine(who, fresh) {
+            match map.insert(who.pid, record, 0) {
+                Ok(()) => self.runtimes |= rtrace_common::unwind::RUNTIME_JAVA,
+                Err(_) => self.java_full += 1,
+            }
         }
     }
 
     /// Puts process `pid`'s Python walk in the kernel's table; one that
     /// does not fit is counted.
     fn give_python(&mut self, pid: u32, record: &PyProc) {
-        if let Some(map) = &mut self.py_map
-            && map.insert(pid, *record, 0).is_err()
-        {
-            self.py_full += 1;
+        if let Some(map) = &mut self.py_map {
+            match map.insert(pid, *record, 0) {
+                Ok(()) => self.runtimes |= rtrace_common::unwind::RUNTIME_PYTHON,
+                Err(_) => self.py_full += 1,
+            }
         }
+    }
+
+    /// The runtimes whose frames the walk must step through: those of
+    /// the processes given to the kernel's tables so far.
+    pub fn runtimes(&self) -> rtrace_common::unwind::Runtimes {
+        self.runtimes
     }
 
     /// Notes that counting has begun, of kernel stacks too if `kernel`.

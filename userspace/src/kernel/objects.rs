@@ -409,6 +409,14 @@ mod tests {
                 programs: vec![],
                 globals: &[],
             },
+            // The sampling program's walk variants, in the objects that
+            // walk by CFI.
+            Uses {
+                objects: vec![format!("profile_{CFI}"), format!("profile_{CFI_GLOBAL}")],
+                maps: &[profile::WALKERS],
+                programs: strs(&profile::PROG_PROFILE_WALKS),
+                globals: &[],
+            },
             Uses {
                 objects: all_of("profile"),
                 maps: &[profile::HEAT],

@@ -89,6 +89,10 @@ macro_rules! sampling_tool {
         fn event(&mut self, record: &[u8], _sink: &mut $crate::output::Sink) -> anyhow::Result<()> {
             self.sampler.event(record)
         }
+
+        fn after_events(&mut self, ebpf: &mut aya::Ebpf) -> anyhow::Result<()> {
+            self.sampler.after_events(ebpf)
+        }
     };
 }
 use sampling_tool;

@@ -115,6 +115,12 @@ pub struct Args {
     /// `on_cpu` and `off_cpu` sample types.
     #[arg(long, conflicts_with = "period")]
     off_cpu: bool,
+    /// Load the walk through every runtime's frames (Python's and Java's)
+    /// as sampling starts, rather than each when a process of its runtime
+    /// is first met: a slower start, but the first samples of a Python or
+    /// Java process started later are walked whole too.
+    #[arg(long)]
+    preload_runtime_walks: bool,
     #[command(flatten)]
     annotate_opts: AnnotateArgs,
     #[command(flatten)]
@@ -177,6 +183,7 @@ impl Args {
             range: self.range,
             off_cpu: self.off_cpu,
             off_cpu_min_us: 0,
+            preload_runtime_walks: self.preload_runtime_walks,
             annotate: self.annotate_opts,
             stacks: self.stacks,
             buffer: self.buffer,

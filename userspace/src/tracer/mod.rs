@@ -384,6 +384,7 @@ async fn run_loop<T: Tool>(
                             s.drain(|record| tool.event(record, sink))?;
                         }
                     }
+                    tool.after_events(ebpf)?;
                 }
                 sink.flush()?;
             }
@@ -393,6 +394,7 @@ async fn run_loop<T: Tool>(
                 // process's unwind tables) should not wait for it.
                 if let Some(s) = stream.as_deref_mut() {
                     s.drain(|record| tool.event(record, sink))?;
+                    tool.after_events(ebpf)?;
                 }
                 done += 1;
                 let last = matches!(interval, Schedule::Every { count: Some(c), .. } if done >= c);

@@ -210,6 +210,13 @@ pub trait Tool: Sized {
         Ok(())
     }
 
+    /// Runs after each batch of events, with the programs at hand: for
+    /// what the events asked of them (a walk loaded for a runtime that
+    /// came into scope).
+    fn after_events(&mut self, _ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// Whether the tool has printed all it was asked for (bcc's `-M`):
     /// the run then ends as if interrupted.
     fn done(&self) -> bool {
