@@ -791,7 +791,8 @@ fn deoptimized_and_recompiled_code_is_never_named_wrong() {
         let area = |f: &str| f.starts_with("Hot$S") && f.ends_with(".area");
         matches!(
             (caller, callee),
-            ("Hot.main", "Hot.churnMode") | ("Hot.churnMode", "Hot.churn" | "Hot.done")
+            ("Hot.main", "Hot.churnMode")
+                | ("Hot.churnMode", "Hot.churn" | "Hot.ready" | "Hot.done")
         ) || (caller == "Hot.churn" && area(callee))
             || (area(caller) && callee == "Hot.step")
             || (callee.starts_with("Hot$S") && callee.ends_with(".<init>"))

@@ -144,8 +144,8 @@ pub struct Outcome {
 /// A tool: its declarations and its part of the lifecycle, called in
 /// this order by [`run`](super::run): `new`, `plan`, `scoped`, then for
 /// each attach candidate `variants`, `configure` and `attach`, then
-/// `describe` (with `-v`), `banner`, `start`, the loop's `event`, `tick`
-/// and `done`, and at the end `finish` and `outcome` (`finish_rounds`
+/// `describe` (with `-v`), `banner`, `start`, the loop's `event`,
+/// `after_events`, `tick` and `done`, and at the end `finish` and `outcome` (`finish_rounds`
 /// after the last of several rounds).
 ///
 /// Dispatch is static (the registry in `tools/mod.rs` names each tool's
