@@ -787,6 +787,7 @@ fn print_costs(setups: &[Setup], results: &[Outcome], unit: &str) -> (f64, f64) 
 
 /// The peer's binary in libbpf-tools.
 fn libbpf_tool(name: &str) -> anyhow::Result<PathBuf> {
+    tracefs_mounted()?;
     ["/usr/sbin", "/usr/bin"]
         .into_iter()
         .map(|d| Path::new(d).join(name))
@@ -860,4 +861,22 @@ mod tests {
         let err = replace_between_markers(reversed, "all", "x").unwrap_err();
         assert!(err.to_string().contains("followed by"), "{err}");
     }
+}
+
+/// Mounts tracefs at `/sys/kernel/tracing` if nothing is there, as a
+/// distribution's init does at boot: libbpf-tools attach classic
+/// tracepoints through it and, unlike rtrace, do not mount it themselves
+/// (a fresh machine without it had their execsnoop fail to attach).
+fn tracefs_mounted() -> anyhow::Result<()> {
+    let dir = Path::new("/sys/kernel/tracing");
+    if dir.join("events").is_dir() {
+        return Ok(());
+    }
+    let status = Command::new("mount")
+        .args(["-t", "tracefs", "nodev"])
+        .arg(dir)
+        .status()
+        .context("cannot run mount")?;
+    anyhow::ensure!(status.success(), "cannot mount tracefs at {}", dir.display());
+    Ok(())
 }
