@@ -795,6 +795,28 @@ fn libbpf_tool(name: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("libbpf-tools' {name} is missing (Debian package libbpf-tools)"))
 }
 
+/// Mounts tracefs at `/sys/kernel/tracing` if nothing is there, as a
+/// distribution's init does at boot: libbpf-tools attach classic
+/// tracepoints through it and, unlike rtrace, do not mount it themselves
+/// (a fresh machine without it had their execsnoop fail to attach).
+fn tracefs_mounted() -> anyhow::Result<()> {
+    let dir = Path::new("/sys/kernel/tracing");
+    if dir.join("events").is_dir() {
+        return Ok(());
+    }
+    let status = Command::new("mount")
+        .args(["-t", "tracefs", "nodev"])
+        .arg(dir)
+        .status()
+        .context("cannot run mount")?;
+    anyhow::ensure!(
+        status.success(),
+        "cannot mount tracefs at {}",
+        dir.display()
+    );
+    Ok(())
+}
+
 /// Prints how many events each tracer attributed to the workload per
 /// trial, against what the workload did.
 fn report_events(setups: &[Setup], results: &[Outcome], expected: u64, what: &str) {
@@ -861,22 +883,4 @@ mod tests {
         let err = replace_between_markers(reversed, "all", "x").unwrap_err();
         assert!(err.to_string().contains("followed by"), "{err}");
     }
-}
-
-/// Mounts tracefs at `/sys/kernel/tracing` if nothing is there, as a
-/// distribution's init does at boot: libbpf-tools attach classic
-/// tracepoints through it and, unlike rtrace, do not mount it themselves
-/// (a fresh machine without it had their execsnoop fail to attach).
-fn tracefs_mounted() -> anyhow::Result<()> {
-    let dir = Path::new("/sys/kernel/tracing");
-    if dir.join("events").is_dir() {
-        return Ok(());
-    }
-    let status = Command::new("mount")
-        .args(["-t", "tracefs", "nodev"])
-        .arg(dir)
-        .status()
-        .context("cannot run mount")?;
-    anyhow::ensure!(status.success(), "cannot mount tracefs at {}", dir.display());
-    Ok(())
 }
