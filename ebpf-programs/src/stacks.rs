@@ -24,7 +24,9 @@ use rtrace_common::stacks::{
     CONTINUED, ERR_COUNTS_FULL, ERR_KERNEL_STACK, ERR_STACKS_FULL, ERR_USER_STACK, Key, MAX_DEPTH,
     MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
 };
-use rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIMES_ALL};
+use rtrace_common::unwind::RUNTIMES_ALL;
+#[cfg(feature = "cfi_global")]
+use rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON};
 
 #[cfg(feature = "cfi")]
 use crate::scratch::Storing;
