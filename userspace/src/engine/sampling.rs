@@ -784,17 +784,20 @@ impl Sampler {
             }
             // cpu-clock straight away: the probe of software events (which
             // spins 25 ms to see one fire) only says why, if it fails too.
-            self.fallback = Some(format!("{e:#}"));
-            self.event = Event::cpu_clock();
-            if let Err(clock) = attach(prog, &self.event, &self.cpus, period, freq) {
+            // The sampler's event stays as asked until then: a failed
+            // attach is tried again with the next object variant.
+            let clock = Event::cpu_clock();
+            if let Err(failed) = attach(prog, &clock, &self.cpus, period, freq) {
                 if let Err(why) = kernel.check(Mechanism::PerfEventSoftware) {
                     if let Some(refused) = crate::kernel::privs::perf_events_refused() {
                         return Err(e.context(refused));
                     }
                     return Err(e.context(format!("and software perf events fail too: {why}")));
                 }
-                return Err(clock);
+                return Err(failed);
             }
+            self.fallback = Some(format!("{e:#}"));
+            self.event = clock;
         }
         Ok(())
     }
