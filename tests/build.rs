@@ -6,7 +6,9 @@
 //! built are listed in `fixtures.txt` there, which the VM matrix copies.
 //!
 //! They are built with rustc directly because a cargo profile cannot force
-//! frame pointers for some binaries only.
+//! frame pointers for some binaries only. `hotfuncs.rs` is also built as
+//! `hotfuncs_abort`, without frame pointers or debug information and with
+//! `panic=abort`, whose C `main` has no CFI.
 //!
 //! A `<name>.ml` is built with ocamlopt as `<name>`, and a `<name>.cs`
 //! with Mono's mcs as `<name>.exe`, which `mono` runs; `Hot.cs` also as
@@ -72,6 +74,27 @@ fn main() {
                 .args(["--edition", "2024", "-C", "opt-level=2", "-g", "-C"])
                 .arg(format!("force-frame-pointers={frame_pointers}"))
                 .arg("-o")
+                .arg(bin_dir.join(&file))
+                .arg(&src)
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
+            assert!(status.success(), "building fixture {file} failed");
+            built.push(file);
+        }
+        if name == "hotfuncs" {
+            // As Rust programs that abort on panic ship: without `-g`,
+            // rustc writes their C `main` without CFI.
+            let file = format!("{name}_abort");
+            let status = Command::new(&rustc)
+                .args([
+                    "--edition",
+                    "2024",
+                    "-C",
+                    "opt-level=2",
+                    "-C",
+                    "panic=abort",
+                ])
+                .args(["-C", "force-frame-pointers=no", "-o"])
                 .arg(bin_dir.join(&file))
                 .arg(&src)
                 .status()

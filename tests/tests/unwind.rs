@@ -62,6 +62,37 @@ fn code_without_frame_pointers_keeps_its_whole_chain() {
     );
 }
 
+/// A Rust program built as most that abort on panic ship (`panic=abort`,
+/// no `-g`): rustc writes its C `main` without CFI, so every stack of its
+/// main thread passes through code no FDE covers. The table covers it
+/// from the code itself. Before, the walk fell back on rbp there, a
+/// general register in this code: every stack was cut short at `main`
+/// and the run warned of it.
+#[test]
+fn a_rust_program_that_aborts_on_panic_is_walked_past_its_main() {
+    let (stdout, alpha_ns, beta_ns) = profile_fixture("hotfuncs_abort", &["-f", "-U"]);
+    check_chain(
+        &stdout,
+        HOT_LEAVES,
+        HOT_CALLERS,
+        (alpha_ns, beta_ns),
+        0.05,
+        0.95,
+    );
+    let folded = parse_folded(&stdout);
+    let leaf = |f: &Vec<String>| HOT_LEAVES.iter().any(|l| f.iter().any(|n| n.ends_with(l)));
+    let all: u64 = folded.iter().filter(|(f, _)| leaf(f)).map(|(_, n)| n).sum();
+    let rooted: u64 = folded
+        .iter()
+        .filter(|(f, _)| leaf(f) && f.get(1).is_some_and(|r| r == "_start"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        rooted as f64 >= 0.95 * all as f64,
+        "only {rooted} of {all} leaf samples reach _start past main:\n{stdout}"
+    );
+}
+
 /// Samples whose stack holds one of the two `leaves` (frames ending so),
 /// each leaf's count, and those of them with exactly `callers` (outermost
 /// first) right above the leaf.
