@@ -279,8 +279,6 @@ struct Walkers {
     later: Vec<(Runtimes, Duration, Duration, Option<u32>)>,
     /// A wider variant that could not be loaded, and why: not tried again.
     failed: Option<(Runtimes, String)>,
-    /// When the walkers were set up.
-    since: std::time::Instant,
 }
 
 impl Walkers {
@@ -295,18 +293,24 @@ impl Walkers {
             loaded: None,
             later: Vec::new(),
             failed: None,
-            since: std::time::Instant::now(),
         }))
+    }
+
+    /// The variant to load for `wanted` and the runtimes already walked,
+    /// if it is neither in the slot nor failed already.
+    fn pending(&self, wanted: Runtimes) -> Option<Runtimes> {
+        let want = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL;
+        let done = self.loaded == Some(want) || self.failed.as_ref().is_some_and(|f| f.0 == want);
+        (!done).then_some(want)
     }
 
     /// Puts the variant for `wanted` and the runtimes already walked in
     /// the slot, loading it first; a variant that cannot be loaded after
     /// the start is said once, and the one in the slot kept.
-    fn settle(&mut self, ebpf: &mut Ebpf, wanted: Runtimes) -> anyhow::Result<()> {
-        let want = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL;
-        if self.loaded == Some(want) || self.failed.as_ref().is_some_and(|f| f.0 == want) {
+    fn settle(&mut self, ebpf: &mut Ebpf, wanted: Runtimes, at: Duration) -> anyhow::Result<()> {
+        let Some(want) = self.pending(wanted) else {
             return Ok(());
-        }
+        };
         let name = PROG_PROFILE_WALKS[want as usize];
         let started = std::time::Instant::now();
         match self.swap_in(ebpf, name) {
@@ -318,12 +322,8 @@ impl Walkers {
             Err(e) => return Err(e),
         }
         if let Some(old) = self.loaded.replace(want) {
-            let verified = ebpf
-                .program(name)
-                .and_then(|p| p.info().ok())
-                .and_then(|i| i.verified_instruction_count());
-            self.later
-                .push((want, self.since.elapsed(), started.elapsed(), verified));
+            let verified = crate::kernel::load::verified_insns_of(ebpf, name);
+            self.later.push((want, at, started.elapsed(), verified));
             // No sample can reach it any more; one under way keeps it
             // until it returns.
             let prog: &mut PerfEvent = ebpf
@@ -762,7 +762,7 @@ impl Sampler {
             } else {
                 self.stacks.runtimes()
             };
-            w.settle(ebpf, now)?;
+            w.settle(ebpf, now, Duration::ZERO)?;
         }
         self.set_window(ebpf)?;
         let prog: &mut PerfEvent = ebpf
@@ -888,9 +888,15 @@ impl Sampler {
     /// After a batch of events: the walk through the frames of a runtime
     /// just come into scope is loaded and swapped in.
     pub fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
-        if let Some(w) = &mut self.walkers {
-            w.settle(ebpf, self.stacks.runtimes())?;
+        let Some(w) = &mut self.walkers else {
+            return Ok(());
+        };
+        if w.pending(self.stacks.runtimes()).is_some() && self.scope.covers_self() {
+            // rtrace is sampled too while the verifier works, and its own
+            // stacks are walked whole only from its tables.
+            self.stacks.walk_self()?;
         }
+        w.settle(ebpf, self.stacks.runtimes(), self.stacks.elapsed())?;
         Ok(())
     }
 

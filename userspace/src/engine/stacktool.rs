@@ -478,6 +478,19 @@ impl StackTool {
         Ok(pids.len())
     }
 
+    /// Loads the walk's tables for rtrace's own process now, where it is
+    /// in scope, before work that blocks the loop reading the kernel's
+    /// requests for tables (loading a program): its stacks meanwhile
+    /// would otherwise go by frame pointer through code built without
+    /// them, and be cut short.
+    pub fn walk_self(&mut self) -> anyhow::Result<()> {
+        let me = Proc::now(std::process::id());
+        if let Some(tables) = &mut self.cfi {
+            tables.add_process(me, false)?;
+        }
+        Ok(())
+    }
+
     /// Names the frames of stacks walked one at a time (a syscall's, a
     /// probe's), each leaf first, `None` for a kernel stack's process.
     pub fn symbolize(&mut self, stacks: &[(Option<u32>, &[u64])]) -> Vec<Vec<Frame>> {

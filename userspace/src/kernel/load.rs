@@ -453,13 +453,21 @@ pub fn skipped_runs(ebpf: &Ebpf) -> Vec<(String, u64)> {
 pub fn verified_insns(ebpf: &Ebpf) -> Vec<(String, u32)> {
     let mut out: Vec<_> = ebpf
         .programs()
-        .filter_map(|(name, p)| {
-            let n = p.info().ok()?.verified_instruction_count()?;
-            Some((name.to_owned(), n))
-        })
+        .filter_map(|(name, p)| Some((name.to_owned(), program_insns(p)?)))
         .collect();
     out.sort();
     out
+}
+
+/// The instructions the verifier went through for program `name` of
+/// `ebpf` ([`verified_insns`]), if loaded and counted.
+pub fn verified_insns_of(ebpf: &Ebpf, name: &str) -> Option<u32> {
+    program_insns(ebpf.program(name)?)
+}
+
+/// One loaded program's verified instructions, where the kernel counts.
+fn program_insns(p: &aya::programs::Program) -> Option<u32> {
+    p.info().ok()?.verified_instruction_count()
 }
 
 /// An event tool's `TALLIES` as a collector, summed over the CPUs.

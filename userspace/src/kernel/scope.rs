@@ -59,6 +59,19 @@ impl Scope {
         !self.pids.is_empty() || !self.tids.is_empty() || self.command_cgroup()
     }
 
+    /// Whether rtrace itself is among the traced tasks: a run over the
+    /// whole system (or every CPU beside a command) that does not exclude
+    /// it, where its own work shows as any process's does.
+    pub fn covers_self(&self) -> bool {
+        !self.exclude_self
+            && self.pids.is_empty()
+            && self.tids.is_empty()
+            && self.cgroup.is_none()
+            && !self.command_cgroup()
+            && self.cgroup_map.is_none()
+            && self.mntns_map.is_none()
+    }
+
     /// Whether tasks are chosen by cgroup: `-c`, or the command's own.
     pub fn by_cgroup(&self) -> bool {
         self.cgroup.is_some() || self.command_cgroup()
