@@ -268,6 +268,10 @@ pub const GUESTS: &[(&str, &str)] = &[
         "--waker adds the sched_waking program; also checks statistics (kept for the path)",
     ),
     (
+        "profile::the_native_walk_alone_then_every_runtimes_walk_on_demand",
+        "the sampling program's walk variants: the native walk alone, and the walk through every runtime's frames under each verifier's limit",
+    ),
+    (
         "profile_events::block_rq_insert_stacks_count_every_request_of_the_writer",
         "profile -e classic tracepoint program (tracefs) and stat tracepoint counting; kernel block-layer frames differ by kernel",
     ),
