@@ -523,7 +523,7 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
                 .is_ok_and(|d| d == Some(&[0x0f, 0x05][..]))
         })
     };
-    add_gap_rows(&code, &mut rows, &mut functions, syscall_at);
+    add_gap_rows(&code, file.entry(), &mut rows, &mut functions, syscall_at);
     Ok((assemble(&rows, functions, syscall_at), unsupported))
 }
 
@@ -531,9 +531,10 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
 /// the code sections `code` that no FDE covers, each stretch as one
 /// function of `functions`. A stretch from a system call on is glibc's
 /// `clone` after its CFI ends, which [`assemble`] gives the parent's
-/// rule.
+/// rule. The function at `entry`, the file's entry point, ends the stack.
 fn add_gap_rows(
     code: &[object::Section],
+    entry: u64,
     rows: &mut Vec<Row>,
     functions: &mut Vec<Function>,
     syscall_at: impl Fn(u64) -> bool,
@@ -561,8 +562,11 @@ fn add_gap_rows(
         }
         for (s, e) in gaps.into_iter().filter(|&(s, _)| !syscall_at(s)) {
             let bytes = &data[(s - start) as usize..(e - start) as usize];
-            let found = gaps::rows(bytes, s);
-            if found.is_empty() {
+            let mut found = gaps::rows(bytes, s);
+            if (s..e).contains(&entry) {
+                gaps::outermost(&mut found, entry);
+            }
+            if found.iter().all(|r| r.cfa == CFA_NONE) {
                 continue;
             }
             let first = rows.len() as u32;

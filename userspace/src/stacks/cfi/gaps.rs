@@ -31,7 +31,7 @@ use std::collections::HashMap;
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
-use super::{CFA_NONE, CFA_RBP, CFA_RSP, Row};
+use super::{CFA_END, CFA_NONE, CFA_RBP, CFA_RSP, Row};
 
 /// What is known of the stack at one instruction, before it runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,7 +229,6 @@ fn epilogue(ins: &Instruction) -> bool {
 
 /// The rows for the code at file address `addr`, `code` long, which has
 /// no CFI: rows where the frame is known, [`CFA_NONE`] rows elsewhere.
-/// Returns no rows where nothing was known.
 pub(super) fn rows(code: &[u8], addr: u64) -> Vec<Row> {
     // The frame each branch carries to its target. A loop's branch back
     // comes after its target, so the code is gone through again with
@@ -244,10 +243,22 @@ pub(super) fn rows(code: &[u8], addr: u64) -> Vec<Row> {
     }
     let mut out = Vec::new();
     pass(code, addr, &mut targets, Some(&mut out));
-    if out.iter().all(|r| r.cfa == CFA_NONE) {
-        out.clear();
-    }
     out
+}
+
+/// Marks the function at `entry`, a file's entry point, as the outermost
+/// frame up to the padding after it: ld.so's `_start`, which has no CFI,
+/// runs on the stack the kernel set up, whose first word is `argc`, not
+/// a return address.
+pub(super) fn outermost(rows: &mut Vec<Row>, entry: u64) {
+    let first = rows.partition_point(|r| r.pc < entry);
+    let end = rows[first..]
+        .iter()
+        .position(|r| r.pc > entry && r.cfa == CFA_NONE)
+        .map_or(rows.len(), |k| first + k);
+    let mut end_row = Row::none(entry);
+    end_row.cfa = CFA_END;
+    rows.splice(first..end, [end_row]);
 }
 
 /// The passes that gather branch targets before the one that writes the
@@ -388,6 +399,30 @@ mod tests {
         assert_eq!((at(0x100d).cfa, at(0x100d).cfa_offset), (CFA_RSP, 16));
         assert_eq!((at(0x100e).cfa, at(0x100e).cfa_offset), (CFA_RSP, 8));
         assert_eq!(at(0x100f).cfa, CFA_NONE);
+    }
+
+    /// ld.so's `_start`, the entry point, has no CFI: it is the outermost
+    /// frame up to its padding, and the function after it is not.
+    #[test]
+    fn the_entry_point_ends_the_stack() {
+        let code = [
+            0x48, 0x89, 0xe7, // mov rdi, rsp
+            0xe8, 0x00, 0x00, 0x00, 0x00, // call
+            0x49, 0x89, 0xc4, // mov r12, rax
+            0x41, 0xff, 0xe4, // jmp r12
+            0xcc, 0xcc, // padding
+            0x53, // push rbx
+            0x5b, // pop rbx
+            0xc3, // ret
+        ];
+        let mut rows = rows(&code, 0x1000);
+        outermost(&mut rows, 0x1000);
+        let at = |pc: u64| rows.iter().rev().find(|r| r.pc <= pc).copied().unwrap();
+        assert_eq!(at(0x1000).cfa, CFA_END);
+        assert_eq!(at(0x100b).cfa, CFA_END);
+        assert_eq!(at(0x100e).cfa, CFA_NONE);
+        assert_eq!((at(0x1010).cfa, at(0x1010).cfa_offset), (CFA_RSP, 8));
+        assert_eq!((at(0x1011).cfa, at(0x1011).cfa_offset), (CFA_RSP, 16));
     }
 
     /// A frame-pointer prologue: the CFA follows rbp once it is set, and
