@@ -667,6 +667,11 @@ impl Sampler {
 
     /// Attaches the sampling or counting programs (and off-CPU's).
     pub fn attach(&mut self, kernel: &mut Kernel, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        // A command's libraries are mapped right after the start: its
+        // tables are read at the hook's first call then.
+        if self.scope.command.is_empty() && !self.event.at_events() {
+            self.stacks.hook_loader_later();
+        }
         self.stacks.attach(ebpf, &self.scope.pids)?;
         if self.cfg.outputs.per_sample() {
             let mut stream = SampleStream::take(ebpf)?;
@@ -885,9 +890,11 @@ impl Sampler {
         self.stacks.event(record)
     }
 
-    /// After a batch of events: the walk through the frames of a runtime
-    /// just come into scope is loaded and swapped in.
+    /// After a batch of events: the loader hook, after the first; the
+    /// walk through the frames of a runtime just come into scope, loaded
+    /// and swapped in.
     pub fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        self.stacks.attach_later(ebpf);
         let Some(w) = &mut self.walkers else {
             return Ok(());
         };

@@ -204,6 +204,8 @@ pub struct StackTool {
     links: Option<(RawTracePointLink, RawTracePointLink, RawTracePointLink)>,
     /// The loader hook's link, or why there is none ([`LOADER`]).
     loader: Option<Result<UProbeLink, String>>,
+    /// Whether the loader hook waits for [`StackTool::attach_later`].
+    loader_later: bool,
     /// When counting began, and as seconds since the epoch.
     started: Option<(Instant, f64)>,
     /// When the report began (`finish`).
@@ -436,8 +438,27 @@ impl StackTool {
             attach_raw(ebpf, rtrace_common::unwind::PROG_FORK, "sched_process_fork")?,
             attach_raw(ebpf, rtrace_common::unwind::PROG_EXIT, "sched_process_exit")?,
         ));
-        self.loader = Some(attach_loader(ebpf).map_err(|e| format!("{e:#}")));
+        if !self.loader_later {
+            self.loader = Some(attach_loader(ebpf).map_err(|e| format!("{e:#}")));
+        }
         Ok(())
+    }
+
+    /// Leaves the loader hook to [`StackTool::attach_later`], after the
+    /// tool's own events are attached: a uprobe on ld.so is set in every
+    /// process that maps it (most of them), about 13 ms here, and a run
+    /// of processes already running (system-wide, `-p`) needs it only for
+    /// the programs started later.
+    pub fn hook_loader_later(&mut self) {
+        self.loader_later = true;
+    }
+
+    /// Attaches what [`StackTool::attach`] left for later: the loader
+    /// hook, once.
+    pub fn attach_later(&mut self, ebpf: &mut Ebpf) {
+        if self.loader_later && self.loader.is_none() && self.links.is_some() {
+            self.loader = Some(attach_loader(ebpf).map_err(|e| format!("{e:#}")));
+        }
     }
 
     /// Loads the CFI of `files` into the walk's tables before any process
