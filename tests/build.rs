@@ -64,37 +64,22 @@ fn main() {
         }
         println!("cargo:rerun-if-changed={}", src.display());
         let library = name.starts_with("lib");
-        for (suffix, frame_pointers) in [("", "yes"), ("_nofp", "no")] {
+        // `hotfuncs` also as Rust programs that abort on panic ship:
+        // without `-g`, rustc writes their C `main` without CFI.
+        let abort = (name == "hotfuncs").then_some(("_abort", &["-C", "panic=abort"][..], "no"));
+        let ways = [("", &["-g"][..], "yes"), ("_nofp", &["-g"][..], "no")];
+        for (suffix, flags, frame_pointers) in ways.into_iter().chain(abort) {
             let file = if library {
                 format!("{name}{suffix}.so")
             } else {
                 format!("{name}{suffix}")
             };
             let status = Command::new(&rustc)
-                .args(["--edition", "2024", "-C", "opt-level=2", "-g", "-C"])
+                .args(["--edition", "2024", "-C", "opt-level=2"])
+                .args(flags)
+                .arg("-C")
                 .arg(format!("force-frame-pointers={frame_pointers}"))
                 .arg("-o")
-                .arg(bin_dir.join(&file))
-                .arg(&src)
-                .status()
-                .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
-            assert!(status.success(), "building fixture {file} failed");
-            built.push(file);
-        }
-        if name == "hotfuncs" {
-            // As Rust programs that abort on panic ship: without `-g`,
-            // rustc writes their C `main` without CFI.
-            let file = format!("{name}_abort");
-            let status = Command::new(&rustc)
-                .args([
-                    "--edition",
-                    "2024",
-                    "-C",
-                    "opt-level=2",
-                    "-C",
-                    "panic=abort",
-                ])
-                .args(["-C", "force-frame-pointers=no", "-o"])
                 .arg(bin_dir.join(&file))
                 .arg(&src)
                 .status()
