@@ -17,10 +17,11 @@
 //! The height gives the CFA at each instruction, as the compiler's CFI
 //! would have. The analysis stays within what it can be sure of:
 //! - Code after a return or a jump is reached only by a branch. It gets
-//!   the height a branch already seen there carried. Failing that, it
-//!   gets the height the function had before its last epilogue, as
-//!   compilers lay out the code after one. Padding (int3, nops) or a
-//!   16-byte boundary starts a new function instead.
+//!   the height a branch seen anywhere in the stretch carries (over a
+//!   few passes, so that loops count). Failing that, it gets the height
+//!   at the function's jump through a table (its cases), else the height
+//!   before its last epilogue, as compilers lay out the code after one;
+//!   past padding (int3, nops), a new function's.
 //! - Anything else that writes rsp leaves the rest of that stretch
 //!   without rows, to the frame pointer as before.
 //!
@@ -140,8 +141,8 @@ fn save_or_restore(slot: &mut i8, rsp: Option<i32>, push: bool) {
     }
 }
 
-/// The frame after `ins` runs in frame `f`: `None` where the instruction
-/// moves rsp in a way not followed, and the frame is lost.
+/// The frame after `ins` runs in frame `f`: its rsp `None` where the
+/// instruction moves rsp in a way not followed.
 fn step(ins: &Instruction, f: Frame) -> Frame {
     let mut f = f;
     let add = |v: Option<i32>, by: i32| v.and_then(|v| v.checked_add(by));
