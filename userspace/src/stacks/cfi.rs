@@ -471,6 +471,26 @@ fn bases_of(file: &object::File) -> BaseAddresses {
     bases
 }
 
+/// Adds the rows and functions of ELF file `file`'s `.eh_frame`, if it
+/// has one ([`add_rows`]); returns whether it has.
+fn add_eh_frame_rows(
+    file: &object::File,
+    rows: &mut Vec<Row>,
+    functions: &mut Vec<Function>,
+    unsupported: &mut usize,
+) -> Result<bool, CfiError> {
+    let Some(section) = file.section_by_name(".eh_frame") else {
+        return Ok(false);
+    };
+    let eh_data = section.uncompressed_data()?;
+    // Code runs about one row to two or three bytes of CFI.
+    rows.reserve(eh_data.len() / 2);
+    let bases = bases_of(file).set_eh_frame(section.address());
+    let eh_frame = EhFrame::new(&eh_data, LittleEndian);
+    add_rows(&eh_frame, &bases, rows, functions, unsupported)?;
+    Ok(true)
+}
+
 /// The rows of the ELF file in `data`, sorted by address, with their
 /// addresses whole, and how many have rules the unwinder cannot follow.
 fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
@@ -479,22 +499,7 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
     let mut unsupported = 0;
     let mut rows: Vec<Row> = Vec::new();
     let mut functions = Vec::new();
-    let mut found = false;
-    if let Some(section) = file.section_by_name(".eh_frame") {
-        let eh_data = section.uncompressed_data()?;
-        // Code runs about one row to two or three bytes of CFI.
-        rows.reserve(eh_data.len() / 2);
-        let bases = bases.clone().set_eh_frame(section.address());
-        let eh_frame = EhFrame::new(&eh_data, LittleEndian);
-        add_rows(
-            &eh_frame,
-            &bases,
-            &mut rows,
-            &mut functions,
-            &mut unsupported,
-        )?;
-        found = true;
-    }
+    let mut found = add_eh_frame_rows(&file, &mut rows, &mut functions, &mut unsupported)?;
     if let Some(section) = file.section_by_name(".debug_frame") {
         let debug_data = section.uncompressed_data()?;
         let mut debug_frame = DebugFrame::new(&debug_data, LittleEndian);
@@ -825,18 +830,12 @@ mod tests {
         ] {
             let data = std::fs::read(path).unwrap();
             let file = object::File::parse(&*data).unwrap();
-            let section = file.section_by_name(".eh_frame").unwrap();
-            let eh_data = section.uncompressed_data().unwrap();
-            let bases = bases_of(&file).set_eh_frame(section.address());
             let (mut rows, mut functions, mut unsupported) = (Vec::new(), Vec::new(), 0);
-            add_rows(
-                &EhFrame::new(&eh_data, LittleEndian),
-                &bases,
-                &mut rows,
-                &mut functions,
-                &mut unsupported,
-            )
-            .unwrap();
+            assert!(
+                add_eh_frame_rows(&file, &mut rows, &mut functions, &mut unsupported).unwrap(),
+                "{} has no .eh_frame",
+                path.display()
+            );
             let text = file.section_by_name(".text").unwrap();
             let (mut agree, mut silent, mut wrong) = (0u64, 0u64, Vec::new());
             for f in &functions {
