@@ -237,6 +237,22 @@ impl Workload {
             .to_owned()
     }
 
+    /// Waits until it sleeps in read(2) (x86-64's syscall 0), as
+    /// `/proc/PID/syscall` says: a fixture that has printed its `done`
+    /// line has then blocked for its next one, so a tracer stopped after
+    /// this has seen that block.
+    pub fn wait_in_read(&self) {
+        let path = format!("/proc/{}/syscall", self.pid());
+        for _ in 0..1000 {
+            let now = std::fs::read_to_string(&path).unwrap_or_default();
+            if now.split_whitespace().next() == Some("0") {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        panic!("{} never waited in read(2)", self.pid());
+    }
+
     /// Closes its stdin and waits for it to exit.
     pub fn wait(&mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());

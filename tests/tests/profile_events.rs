@@ -182,6 +182,9 @@ fn stackcount_gives_kernel_stacks_through_schedule() {
     );
     let done = w.go();
     let switches: u64 = done.split_whitespace().next().unwrap().parse().unwrap();
+    // Its block for the last line is counted only if rtrace stops after
+    // it: under load the fixture may not have reached its read yet.
+    w.wait_in_read();
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     assert!(w.wait().success());
@@ -190,10 +193,10 @@ fn stackcount_gives_kernel_stacks_through_schedule() {
         stacks.iter().filter(|(f, _)| pick(f)).map(|(_, n)| n).sum()
     };
     // The fixture waits in a pipe's read for its lines only: once as it
-    // blocks for its last line, and maybe once more where the wait goes
-    // round (one run of 6.18 counted two there). Neither is in the
-    // kernel's account, which starts after the first line and ends before
-    // the last.
+    // blocks for its last line (which the test waits for), and maybe once
+    // more where the wait goes round (one run of 6.18 counted two there).
+    // Neither is in the kernel's account, which starts after the first
+    // line and ends before the last.
     let reading = |f: &Vec<String>| f.iter().any(|x| x.contains("pipe_read"));
     let read = sum(&reading);
     assert!(

@@ -84,20 +84,6 @@ impl PerfStat {
     }
 }
 
-/// Waits until `pid` sleeps in read(2) (x86-64's syscall 0), as
-/// `/proc/PID/syscall` says.
-fn wait_in_read(pid: u32) {
-    let path = format!("/proc/{pid}/syscall");
-    for _ in 0..1000 {
-        let now = std::fs::read_to_string(&path).unwrap_or_default();
-        if now.split_whitespace().next() == Some("0") {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    panic!("{pid} never waited in read(2)");
-}
-
 /// Counting one process: each syscall exactly as often as the fixture
 /// made it, and (on the host, which has perf) every count equal to perf
 /// stat's over the same stretch: the syscall tracepoints, which rtrace
@@ -120,7 +106,7 @@ fn a_processs_counts_are_the_fixtures_and_perf_stats() {
     // Both stop once the fixture waits in read(2) for its last line: a
     // read it has not yet entered when rtrace stops, but has when perf
     // (stopped after) does, differed by one under load.
-    wait_in_read(w.pid());
+    w.wait_in_read();
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     let theirs = perf.map(PerfStat::stop);
