@@ -34,6 +34,7 @@ pub mod targets;
 pub mod tcplife;
 pub mod trace;
 pub mod unwind;
+pub mod v8;
 pub mod variants;
 
 /// Length of `task_struct.comm`, including the terminating NUL.

@@ -118,13 +118,17 @@ pub const HEAT: &str = "HEAT";
 pub const PROG_PROFILE: &str = "profile";
 /// The programs [`PROG_PROFILE`] tail-calls in the objects that walk by
 /// CFI, each the same sampling with the walk of other runtimes: indexed
-/// by `rtrace_common::unwind::Runtimes` (none, Python, Java, both). Each
-/// is loaded, and verified, only once a process of its runtimes is in
-/// scope.
-pub const PROG_PROFILE_WALKS: [&str; 4] = [
+/// by `rtrace_common::unwind::Runtimes` (none, Python, Java, V8; any two
+/// or more walk every runtime's frames). Each is loaded, and verified,
+/// only once a process of its runtimes is in scope.
+pub const PROG_PROFILE_WALKS: [&str; 8] = [
     "profile_native",
     "profile_python",
     "profile_java",
+    "profile_runtimes",
+    "profile_v8",
+    "profile_runtimes",
+    "profile_runtimes",
     "profile_runtimes",
 ];
 /// The program array of one slot that [`PROG_PROFILE`] tail-calls: the

@@ -246,6 +246,9 @@ pub const SEEN_PY_TASK: u32 = 64;
 /// `Seen::flags`: a [`crate::java::JavaSeen`] record, a Java frame the
 /// walk wrote, for user space to name while its process lives.
 pub const SEEN_JAVA: u32 = 128;
+/// `Seen::flags`: a [`crate::v8::V8Seen`] record, a JavaScript frame the
+/// walk wrote, for user space to name while its process lives.
+pub const SEEN_V8: u32 = 256;
 
 /// A mapping of a loaded file that the kernel found for a process itself
 /// (`bpf_find_vma`), told to user space once, as it is kept: the record
@@ -373,9 +376,15 @@ pub const ERR_JAVA_BAD: u32 = 17;
 /// such a process is first given to the kernel's tables): native frames
 /// only.
 pub const ERR_RUNTIME_UNLOADED: u32 = 18;
+/// `ERRORS` slot: frames in V8's code that looked like JavaScript ones
+/// (a tagged context below their frame pointer) but whose function or
+/// `SharedFunctionInfo` could not be read or failed its type check (a
+/// frame half set up, or moved by the collector): walked as native
+/// frames, by their frame pointer.
+pub const ERR_V8_BAD: u32 = 19;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 19] = [
+pub const ERR_NAMES: [&str; 20] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -394,7 +403,8 @@ pub const ERR_NAMES: [&str; 19] = [
     "walks of Python threads whose thread state could not be read (native frames only)",
     "Python frames that failed their check (half set up, or exiting): native frames from there",
     "Java frames that could not be read or stepped past: the stack ends there",
-    "samples of Python or Java processes taken while their runtime's walk was being loaded (native frames only)",
+    "samples of Python, Java or Node processes taken while their runtime's walk was being loaded (native frames only)",
+    "JavaScript frames whose function could not be read (native frames from there)",
 ];
 
 /// The `ERRORS` names of an event tool that walks user stacks with the

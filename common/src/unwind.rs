@@ -288,9 +288,12 @@ crate::pod!(
 pub const RUNTIME_PYTHON: u32 = 1;
 /// A walk that steps through the JVM's frames (a bit of [`Runtimes`]).
 pub const RUNTIME_JAVA: u32 = 2;
+/// A walk that steps through V8's JavaScript frames (a bit of
+/// [`Runtimes`]).
+pub const RUNTIME_V8: u32 = 4;
 /// Every runtime's frames: what the walks of every program but
 /// `profile`'s sampling one step through.
-pub const RUNTIMES_ALL: u32 = RUNTIME_PYTHON | RUNTIME_JAVA;
+pub const RUNTIMES_ALL: u32 = RUNTIME_PYTHON | RUNTIME_JAVA | RUNTIME_V8;
 
 /// The runtimes a variant of the walk steps through, as bits
 /// ([`RUNTIME_PYTHON`], [`RUNTIME_JAVA`]). A walk without a runtime's
