@@ -24,9 +24,10 @@ use rtrace_common::{
     unwind::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RBX, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI,
         CfiOffsets, CfiRow, CfiRule, FileKey, FileRegion, FileRows, FoundRegions, MAX_FOUND,
-        MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RUNTIME_JAVA, RUNTIME_PYTHON, Region,
-        SEARCH_STEPS,
+        MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8,
+        Region, SEARCH_STEPS,
     },
+    v8::MAX_V8_RANGES,
 };
 
 use crate::{
@@ -601,6 +602,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
             RT & RUNTIME_PYTHON != 0,
         );
         crate::java::start(scratch, tgid, RT & RUNTIME_JAVA != 0);
+        crate::v8::start(scratch, tgid, RT & RUNTIME_V8 != 0);
     }
     // A pc in a JVM's code cache: a Java frame, which has no CFI.
     if RT & RUNTIME_JAVA != 0 && crate::java::in_code(scratch) {
@@ -609,6 +611,17 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
             scratch.jv.r13 = task_reg(global(&CFI_OFFSETS).r13);
         }
         return crate::java::step(scratch, tgid);
+    }
+    // A pc in V8's code: a JavaScript frame if its slots say so, else V8's
+    // own frame, walked as native code.
+    if RT & RUNTIME_V8 != 0 {
+        let range = crate::v8::range_of(scratch);
+        if range < MAX_V8_RANGES as u32 {
+            scratch.v8.max_depth = max_depth();
+            if let Some(end) = crate::v8::step(scratch, tgid, range) {
+                return end;
+            }
+        }
     }
     if RT & RUNTIME_PYTHON != 0 && scratch.py.on != 0 {
         match crate::python::at_frame(scratch, tgid) {
@@ -761,6 +774,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
 pub(crate) fn count_unloaded<const RT: u32>(tgid: u32) {
     if (RT & RUNTIME_PYTHON == 0 && crate::python::known(tgid))
         || (RT & RUNTIME_JAVA == 0 && crate::java::known(tgid))
+        || (RT & RUNTIME_V8 == 0 && crate::v8::known(tgid))
     {
         count_error(ERR_RUNTIME_UNLOADED);
     }
@@ -797,6 +811,7 @@ pub fn on_exec<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let _ = CFI_FOUND.remove(tgid);
     crate::python::forget(tgid);
     crate::java::forget(tgid);
+    crate::v8::forget(tgid);
     // Its first stacks as the new program are told, for its symbols;
     // the exec before the mappings found, which it would clear.
     let _ = SEEN.remove(tgid);
@@ -901,6 +916,7 @@ pub fn on_exit<C: EbpfContext, S: Sink>(ctx: &C, events: &S) {
     let _ = CFI_FOUND.remove(tgid);
     crate::python::forget(tgid);
     crate::java::forget(tgid);
+    crate::v8::forget(tgid);
     // SAFETY: only tested for presence.
     let sampled = unsafe { SEEN.get(tgid) }.is_some() || CFI_PROCS.get_ptr(tgid).is_some();
     // At once: the pid's next process may be a runtime that makes its

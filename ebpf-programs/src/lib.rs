@@ -22,6 +22,8 @@ pub mod scratch;
 pub mod stacks;
 pub mod targets;
 pub mod task_storage;
+#[cfg(feature = "cfi")]
+pub mod v8;
 
 /// Defines the programs that keep the CFI tables in step with the
 /// processes, `cfi_exec`, `cfi_fork` and `cfi_exit` (raw tracepoints
@@ -61,6 +63,14 @@ macro_rules! cfi_programs {
         #[inline(never)]
         pub extern "C" fn rtrace_global_user_stack_java(who: u64, regs: u64) -> u64 {
             $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIME_JAVA }>(who, regs)
+        }
+
+        /// The CFI walk through native and JavaScript frames.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_user_stack_v8(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIME_V8 }>(who, regs)
         }
     };
     () => {

@@ -90,6 +90,42 @@ pub struct Scratch {
     /// A code blob's head being read (`crate::java`).
     #[cfg(feature = "cfi")]
     pub(crate) jv_buf: [u64; rtrace_common::java::BLOB_BYTES / 8],
+    /// The walk's V8 part.
+    #[cfg(feature = "cfi")]
+    pub(crate) v8: V8Walk,
+    /// JavaScript frames new to this CPU, to tell user space of after the
+    /// walk (`V8Walk::nnew` of them).
+    #[cfg(feature = "cfi")]
+    pub(crate) v8_new: [rtrace_common::v8::V8Seen; rtrace_common::v8::V8_NEW],
+    /// A frame's slots, then its `SharedFunctionInfo`, being read
+    /// (`crate::v8`).
+    #[cfg(feature = "cfi")]
+    pub(crate) v8_buf: [u64; rtrace_common::v8::SFI_BYTES / 8],
+}
+
+/// The V8 part of a walk (`crate::v8`), written field by field as
+/// [`PyWalk`] is: what a step needs after a helper call lives here, not
+/// in registers, whose spills would grow the step's stack.
+#[cfg(feature = "cfi")]
+#[repr(C)]
+pub struct V8Walk {
+    /// The frame's `SharedFunctionInfo` (untagged).
+    pub(crate) sfi: u64,
+    /// The frame's caller's rbp, saved at its frame pointer.
+    pub(crate) caller_bp: u64,
+    /// The frame's return address.
+    pub(crate) ret: u64,
+    /// Set where the process runs a V8 the walk reads (`proc`).
+    pub(crate) on: u32,
+    /// How many JavaScript frames new to this CPU the walk queued
+    /// (`Scratch::v8_new`).
+    pub(crate) nnew: u32,
+    /// The frame's bytecode offset (`NO_OFFSET` where none).
+    pub(crate) offset: u32,
+    /// Most frames the walk keeps (`cfi::max_depth`).
+    pub(crate) max_depth: u32,
+    /// The process's V8, copied from `V8_PROCS`.
+    pub(crate) proc: rtrace_common::v8::V8Proc,
 }
 
 /// The Java part of a walk (`crate::java`), written field by field as

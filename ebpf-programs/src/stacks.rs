@@ -26,7 +26,7 @@ use rtrace_common::stacks::{
 };
 use rtrace_common::unwind::RUNTIMES_ALL;
 #[cfg(feature = "cfi_global")]
-use rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON};
+use rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8};
 
 #[cfg(feature = "cfi")]
 use crate::scratch::Storing;
@@ -361,6 +361,7 @@ fn user_stack_cut_walking<C: EbpfContext, S: Sink, const RT: u32>(
                 0 => rtrace_global_user_stack_native(who, regs),
                 RUNTIME_PYTHON => rtrace_global_user_stack_python(who, regs),
                 RUNTIME_JAVA => rtrace_global_user_stack_java(who, regs),
+                RUNTIME_V8 => rtrace_global_user_stack_v8(who, regs),
                 _ => rtrace_global_user_stack(who, regs),
             }
         };
@@ -398,6 +399,9 @@ unsafe extern "C" {
     /// [`walk_user`] through native and Java frames.
     #[cfg(feature = "cfi_global")]
     fn rtrace_global_user_stack_java(who: u64, regs: u64) -> u64;
+    /// [`walk_user`] through native and JavaScript frames.
+    #[cfg(feature = "cfi_global")]
+    fn rtrace_global_user_stack_v8(who: u64, regs: u64) -> u64;
     /// [`after_walk`] on the object's `EVENTS`, likewise, in every
     /// variant that walks.
     fn rtrace_global_after_walk(packed: u64, who: u64) -> u64;
@@ -530,6 +534,8 @@ pub fn after_walk<S: Sink>(events: &S, packed: u64, who: u64) -> u64 {
     crate::python::send_new(&ctx, events, unsafe { &mut *s });
     // SAFETY: a map value.
     crate::java::send_new(&ctx, events, unsafe { &mut *s });
+    // SAFETY: a map value.
+    crate::v8::send_new(&ctx, events, unsafe { &mut *s });
     stack
 }
 

@@ -31,7 +31,7 @@ use rtrace_ebpf::{
 #[cfg(feature = "cfi")]
 use {
     aya_ebpf::maps::ProgramArray,
-    rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON},
+    rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8},
 };
 
 rtrace_ebpf::event_map!();
@@ -102,6 +102,14 @@ pub fn profile_python(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn profile_java(ctx: PerfEventContext) -> u32 {
     sample::<RUNTIME_JAVA>(&ctx);
+    0
+}
+
+/// The sampling with a walk through native and JavaScript frames.
+#[cfg(feature = "cfi")]
+#[perf_event]
+pub fn profile_v8(ctx: PerfEventContext) -> u32 {
+    sample::<RUNTIME_V8>(&ctx);
     0
 }
 

@@ -1,0 +1,254 @@
+//! V8's JavaScript frames, spliced into the CFI walk: where the walk's pc
+//! is in V8's code (its embedded builtins, which run interpreted frames,
+//! or its JIT code), the frame's slots below its frame pointer say
+//! whether it is a JavaScript frame (`rtrace_common::v8`). One is written
+//! as its function's `SharedFunctionInfo` and that object's check, which
+//! user space reads back, and stepped by its frame pointer: every frame
+//! V8 lays out keeps the rbp chain. A frame of V8's own (entry, exit,
+//! stub: a type marker where a JavaScript frame has its context) is left
+//! to the native walk, which names it by its builtin's symbol.
+//!
+//! The sampled frame is taken as its frame pointer says: one stopped in
+//! a function's prologue, before it set rbp up, is its caller's.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use rtrace_common::{
+    stacks::{ERR_V8_BAD, SEEN_V8},
+    v8::{MAX_V8_RANGES, NO_OFFSET, SFI_BYTES, V8_ADDR_MASK, V8_JS, V8_NEW, V8Proc, sfi_check},
+};
+
+use crate::{
+    count_error, read_user,
+    runtime::{TOLD_SLOTS, newly_told, read_into, word},
+    scratch::{Scratch, push},
+};
+
+/// The processes that run V8, by process id; user space fills it.
+#[map]
+pub(crate) static V8_PROCS: HashMap<u32, V8Proc> = HashMap::with_max_entries(1, 0);
+
+/// JavaScript frames each CPU has told user space of, by a hash of
+/// process, its salt and the frame's slots (`runtime::newly_told`).
+#[map]
+static V8_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0);
+
+/// Bytes below the frame pointer read in one copy: the slots down to
+/// the bytecode offset's (−40), and the saved rbp and return address
+/// above it.
+const BELOW: u64 = 48;
+
+/// Sets up the V8 part of a walk of process `tgid`, at its first step:
+/// the process's record copied in, if user space gave it one and the
+/// walk is one that steps through JavaScript frames (`walked`, a
+/// constant).
+#[inline(always)]
+pub(crate) fn start(s: &mut Scratch, tgid: u32, walked: bool) {
+    s.v8.on = 0;
+    s.v8.nnew = 0;
+    if !walked {
+        return;
+    }
+    let Some(p) = V8_PROCS.get_ptr(tgid) else {
+        return;
+    };
+    // SAFETY: a map value, copied into another.
+    s.v8.proc = unsafe { *p };
+    s.v8.on = 1;
+}
+
+/// Whether user space gave process `tgid`'s V8 to the walk.
+#[inline(always)]
+pub(crate) fn known(tgid: u32) -> bool {
+    V8_PROCS.get_ptr(tgid).is_some()
+}
+
+/// The range of V8's code that holds the walk's pc, or `MAX_V8_RANGES`
+/// where none does (or the process runs no V8 the walk reads).
+#[inline(always)]
+pub(crate) fn range_of(s: &Scratch) -> u32 {
+    if s.v8.on == 0 {
+        return MAX_V8_RANGES as u32;
+    }
+    let ip = s.walk.ip;
+    let p = &s.v8.proc;
+    for i in 0..MAX_V8_RANGES {
+        if i as u32 >= p.nranges {
+            break;
+        }
+        if let Some(r) = p.ranges.get(i)
+            && r.low <= ip
+            && ip < r.high
+        {
+            return i as u32;
+        }
+    }
+    MAX_V8_RANGES as u32
+}
+
+/// Whether tagged value `v` points at a heap object.
+#[inline(always)]
+fn is_object(p: &V8Proc, v: u64) -> bool {
+    v & u64::from(p.heap_object_tag_mask) == u64::from(p.heap_object_tag) && v > 0xffff
+}
+
+/// The instance type of the heap object at untagged address `obj`.
+#[inline(always)]
+fn instance_type(p: &V8Proc, obj: u64) -> Option<u16> {
+    let map = read_user::<u64>(obj.wrapping_add(u64::from(p.heap_object_map)))?;
+    if !is_object(p, map) {
+        return None;
+    }
+    let untagged = map.wrapping_sub(u64::from(p.heap_object_tag));
+    read_user::<u16>(untagged.wrapping_add(u64::from(p.map_instance_type)))
+}
+
+/// The JavaScript step of the walk, at a pc in range `range` of V8's
+/// code: `None` where the frame is no JavaScript one (the native walk
+/// takes it), else what `bpf_loop`'s callback returns, the frame
+/// written (two slots) and the walk's registers stepped to its caller.
+#[inline(always)]
+pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
+    let fp = s.walk.bp;
+    if fp & 7 != 0 || fp < s.walk.sp || fp < BELOW {
+        return None;
+    }
+    if !read_into(&mut s.v8_buf, fp - BELOW, (BELOW + 16) as usize) {
+        return None;
+    }
+    let p: *const V8Proc = &raw const s.v8.proc;
+    // SAFETY: `p` points into the scratch map value, which outlives the
+    // step, and nothing writes `s.v8.proc` during it.
+    let p = unsafe { &*p };
+    let slot = |off: i16| (BELOW as i16).wrapping_add(off) as u16;
+    let context = word(&s.v8_buf, slot(p.fp_context));
+    // A type marker (a small integer's low bit clear): V8's own frame.
+    if !is_object(p, context) {
+        return None;
+    }
+    s.v8.caller_bp = word(&s.v8_buf, BELOW as u16);
+    s.v8.ret = word(&s.v8_buf, BELOW as u16 + 8);
+    s.v8.offset = NO_OFFSET;
+    // An interpreted frame runs in the builtins: the bytecode offset,
+    // a small integer, is in its slot.
+    if range == p.blob || range == p.blob2 {
+        let array = word(&s.v8_buf, slot(p.fp_bytecode_array));
+        let off = word(&s.v8_buf, slot(p.fp_bytecode_offset));
+        let shift = u64::from(p.smi_shift & 63);
+        if is_object(p, array) && off & ((1u64 << shift) - 1) == 0 && (off >> shift) < 1 << 31 {
+            s.v8.offset = (off >> shift) as u32;
+        }
+    }
+    let function = word(&s.v8_buf, slot(p.fp_function));
+    if function_sfi(s, function).is_none() {
+        count_error(ERR_V8_BAD);
+        return None;
+    }
+    let sfi = s.v8.sfi;
+    if !read_into(&mut s.v8_buf, sfi, usize::from(p.sfi_read)) {
+        count_error(ERR_V8_BAD);
+        return None;
+    }
+    let check = sfi_check(
+        word(&s.v8_buf, p.sfi_name),
+        word(&s.v8_buf, p.sfi_script),
+        word(&s.v8_buf, p.sfi_ints) & p.sfi_ints_mask,
+    );
+    let first = V8_JS | (sfi & V8_ADDR_MASK);
+    let second = u64::from(check) << 32 | u64::from(s.v8.offset);
+    // JavaScript frames depend on more than the stack's words (the heap's
+    // objects, which the collector moves).
+    s.walk.unremembered = 1;
+    s.py.native += 1;
+    if !(push(s, first) && push(s, second)) {
+        return Some(1);
+    }
+    tell(s, tgid, first, second);
+    let ret = s.v8.ret;
+    s.walk.ip = ret;
+    s.walk.sp = fp + 16;
+    s.walk.bp = s.v8.caller_bp;
+    Some(i64::from(ret == 0 || s.walk.depth >= s.v8.max_depth))
+}
+
+/// The `SharedFunctionInfo` of tagged `JSFunction` `function`, type
+/// checked both, into `s.v8.sfi` (untagged).
+#[inline(always)]
+fn function_sfi(s: &mut Scratch, function: u64) -> Option<()> {
+    let p = &s.v8.proc;
+    if !is_object(p, function) {
+        return None;
+    }
+    let tag = u64::from(p.heap_object_tag);
+    let f = function.wrapping_sub(tag);
+    let ty = instance_type(p, f)?;
+    if ty < p.first_function_type || ty > p.last_function_type {
+        return None;
+    }
+    let shared = read_user::<u64>(f.wrapping_add(u64::from(p.function_shared)))?;
+    if !is_object(p, shared) {
+        return None;
+    }
+    let sfi = shared.wrapping_sub(tag);
+    if instance_type(p, sfi)? != p.sfi_type || usize::from(p.sfi_read) > SFI_BYTES {
+        return None;
+    }
+    s.v8.sfi = sfi;
+    Some(())
+}
+
+/// Queues frame (`first`, `second`) for user space the first time this
+/// CPU meets it (see [`V8_TOLD`]); a walk queues at most `V8_NEW`.
+#[inline(always)]
+fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
+    if s.v8.nnew as usize >= V8_NEW {
+        return;
+    }
+    let h = (first ^ second.rotate_left(23) ^ (u64::from(tgid) << 40) ^ u64::from(s.v8.proc.salt))
+        .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    if !newly_told(&V8_TOLD, h) {
+        return;
+    }
+    // Read back and masked, so that the verifier bounds the index
+    // however the compiler checked it.
+    // SAFETY: a plain read of a field.
+    let i = unsafe { core::ptr::read_volatile(&s.v8.nnew) } as usize & (V8_NEW - 1);
+    if let Some(q) = s.v8_new.get_mut(i) {
+        q.tgid = tgid;
+        q.flags = SEEN_V8;
+        q.first = first;
+        q.second = second;
+        s.v8.nnew += 1;
+    }
+}
+
+/// The JavaScript frames a walk queued, sent, and the queue emptied.
+#[inline(always)]
+pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
+    ctx: &C,
+    events: &S,
+    s: &mut Scratch,
+) {
+    if s.v8.nnew == 0 {
+        return;
+    }
+    let born = crate::process::born();
+    for i in 0..V8_NEW {
+        if i as u32 >= s.v8.nnew {
+            break;
+        }
+        if let Some(q) = s.v8_new.get_mut(i) {
+            q.born = born;
+            crate::events::emit_now(events, ctx, q);
+        }
+    }
+    s.v8.nnew = 0;
+}
+
+/// Forgets a process's V8: it ran a new program or exited.
+#[inline(always)]
+pub(crate) fn forget(tgid: u32) {
+    let _ = V8_PROCS.remove(tgid);
+}
