@@ -20,7 +20,7 @@ use aya::{
 use rtrace_common::{
     offcputime::{STATE_ANY, THREADS_USER},
     profile::{Config, ERR_NAMES, HEAT_SLOT_NS, PROG_PROFILE_WALKS},
-    unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIMES_ALL, Runtimes},
+    unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8, RUNTIMES_ALL, Runtimes},
 };
 
 use crate::{
@@ -300,6 +300,12 @@ impl Walkers {
     /// if it is neither in the slot nor failed already.
     fn pending(&self, wanted: Runtimes) -> Option<Runtimes> {
         let want = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL;
+        // Two runtimes or more: the walk through them all.
+        let want = if want.count_ones() > 1 {
+            RUNTIMES_ALL
+        } else {
+            want
+        };
         let done = self.loaded == Some(want) || self.failed.as_ref().is_some_and(|f| f.0 == want);
         (!done).then_some(want)
     }
@@ -349,13 +355,21 @@ impl Walkers {
             .with_context(|| format!("cannot put {name} in the sampling program's slot"))
     }
 
-    /// The runtimes' names in `rt`, for messages.
-    fn named(rt: Runtimes) -> &'static str {
-        match rt {
-            RUNTIME_PYTHON => "Python",
-            RUNTIME_JAVA => "Java",
-            RUNTIMES_ALL => "Python and Java",
-            _ => "native",
+    /// The runtimes' names in `rt`, for messages ("Python and Java").
+    fn named(rt: Runtimes) -> String {
+        let names: Vec<&str> = [
+            (RUNTIME_PYTHON, "Python"),
+            (RUNTIME_JAVA, "Java"),
+            (RUNTIME_V8, "JavaScript"),
+        ]
+        .into_iter()
+        .filter(|&(bit, _)| rt & bit != 0)
+        .map(|(_, name)| name)
+        .collect();
+        match names.as_slice() {
+            [] => "native".to_owned(),
+            [one] => (*one).to_owned(),
+            [first @ .., last] => format!("{} and {last}", first.join(", ")),
         }
     }
 

@@ -116,6 +116,14 @@ pub struct StackArgs {
     /// the JVM's own tables with no flag and no agent (with the CFI walk).
     #[arg(long)]
     pub no_java: bool,
+    /// Do not walk V8's frames: a Node.js process's JavaScript functions
+    /// are then named only by a perf map, if it writes one
+    /// (`--perf-basic-prof`). By default every process running V8 with
+    /// its postmortem metadata (Node.js 18 to 24) has its JavaScript
+    /// functions in its stacks, read from V8's own objects with no flag
+    /// (with the CFI walk).
+    #[arg(long)]
+    pub no_javascript: bool,
     /// Do not show asyncio tasks: by default a Python 3.14 process that
     /// runs asyncio has the running task's name as a frame above the
     /// coroutines it runs (`[task: NAME]`), which costs its samples one
@@ -160,6 +168,7 @@ pub fn walk_args() -> StackArgs {
         addresses: false,
         no_python: false,
         no_java: false,
+        no_javascript: false,
         no_asyncio_tasks: false,
         wait_exit: None,
         transforms: Default::default(),
@@ -241,6 +250,10 @@ pub struct StackTool {
     java_map: Option<BpfHashMap<MapData, u32, rtrace_common::java::JavaProc>>,
     /// JVM processes the table had no room for.
     java_full: u64,
+    /// The kernel's table of V8 processes, with the `cfi` object.
+    v8_map: Option<BpfHashMap<MapData, u32, rtrace_common::v8::V8Proc>>,
+    /// V8 processes the table had no room for.
+    v8_full: u64,
     /// The runtimes whose processes the kernel's tables were given
     /// (`rtrace_common::unwind::Runtimes`): the walk must step through
     /// their frames.
@@ -343,11 +356,15 @@ impl StackTool {
                 .size(
                     rtrace_common::java::JAVA_PROCS,
                     rtrace_common::java::MAX_JAVA_PROCS,
-                );
+                )
+                .size(rtrace_common::v8::V8_PROCS, rtrace_common::v8::MAX_V8_PROCS);
         }
         self.sym
             .java()
             .configure(self.cfi_loaded && !args.no_java, args.lines);
+        self.sym
+            .v8()
+            .configure(self.cfi_loaded && !args.no_javascript, args.lines);
         self.sym.python().configure(
             self.cfi_loaded && !args.no_python,
             args.lines,
@@ -427,9 +444,14 @@ impl StackTool {
             ebpf,
             rtrace_common::java::JAVA_PROCS,
         )?)?);
+        self.v8_map = Some(BpfHashMap::try_from(crate::kernel::load::take_map(
+            ebpf,
+            rtrace_common::v8::V8_PROCS,
+        )?)?);
         for &pid in pids {
             self.examine_python(Proc::now(pid), false);
             self.examine_java(Proc::now(pid), false);
+            self.examine_v8(Proc::now(pid), false);
         }
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
@@ -609,6 +631,15 @@ impl StackTool {
             }
             return Ok(());
         }
+        if head.flags & rtrace_common::stacks::SEEN_V8 != 0 {
+            if let Some(j) = events::record::<rtrace_common::v8::V8Seen>(record) {
+                // Named now, while the process lives and before the
+                // collector moves the function.
+                let p = Proc::new(j.tgid, j.born);
+                self.sym.v8().frames(p, j.first, j.second);
+            }
+            return Ok(());
+        }
         let Some(seen) = events::record::<Seen>(record) else {
             return Ok(());
         };
@@ -619,6 +650,7 @@ impl StackTool {
             self.sym.ended(who, seen.parent_born);
             self.sym.python().forget(who);
             self.sym.java().forget(who);
+            self.sym.v8().forget(who);
             self.execed.remove(&who);
             // `newest` keeps it: the stacks of a tool that names them one
             // at a time (memleak's, after the command exited) are its own
@@ -665,8 +697,10 @@ impl StackTool {
         self.examine_python(who, exec || new_code);
         if exec {
             self.sym.java().forget(who);
+            self.sym.v8().forget(who);
         }
         self.examine_java(who, exec || new_code);
+        self.examine_v8(who, exec || new_code);
         self.mark_timed();
         Ok(())
     }
@@ -693,6 +727,22 @@ impl StackTool {
             match map.insert(who.pid, record, 0) {
                 Ok(()) => self.runtimes |= rtrace_common::unwind::RUNTIME_JAVA,
                 Err(_) => self.java_full += 1,
+            }
+        }
+    }
+
+    /// Looks for V8 in process `who` (again if `fresh`) and gives the
+    /// kernel's walk what it needs of one found whose JIT code range is
+    /// set up; one still starting is looked at again at its next new
+    /// code.
+    fn examine_v8(&mut self, who: Proc, fresh: bool) {
+        let Some(map) = &mut self.v8_map else {
+            return;
+        };
+        if let Some(record) = self.sym.v8().examine(who, fresh) {
+            match map.insert(who.pid, record, 0) {
+                Ok(()) => self.runtimes |= rtrace_common::unwind::RUNTIME_V8,
+                Err(_) => self.v8_full += 1,
             }
         }
     }
@@ -1042,6 +1092,7 @@ impl StackTool {
             .chain(self.sym.dump_summary())
             .chain(self.sym.python_summary())
             .chain(self.sym.java_summary())
+            .chain(self.sym.v8_summary())
             .collect()
     }
 
@@ -1111,6 +1162,14 @@ impl StackTool {
                  frames are unnamed",
                 self.java_full,
                 rtrace_common::java::MAX_JAVA_PROCS
+            )));
+        }
+        if self.v8_full > 0 {
+            out.push(Warning::unwalked(format!(
+                "{} V8 processes did not fit in map V8_PROCS ({} entries): their JavaScript \
+                 frames are unnamed",
+                self.v8_full,
+                rtrace_common::v8::MAX_V8_PROCS
             )));
         }
         out.extend(self.cut_short_warning());

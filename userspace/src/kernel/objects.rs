@@ -298,6 +298,7 @@ mod tests {
                     unwind::CFI_FOUND,
                     python::PY_PROCS,
                     rtrace_common::java::JAVA_PROCS,
+                    rtrace_common::v8::V8_PROCS,
                 ],
                 programs: strs(&[
                     unwind::PROG_EXEC,

@@ -15,3 +15,4 @@ pub mod sample;
 pub mod stackstore;
 pub mod symbolize;
 pub mod unwind;
+pub mod v8;

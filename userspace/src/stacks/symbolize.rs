@@ -43,7 +43,7 @@ use self::{
 };
 use crate::{
     kernel::{procmaps::Proc, warning::Warning},
-    stacks::{java::Java, jitdump, python::Python},
+    stacks::{java::Java, jitdump, python::Python, v8::V8},
 };
 
 /// An executable mapping of a process.
@@ -102,6 +102,9 @@ enum Loc {
     /// A Java frame: the process and its two slots
     /// (`rtrace_common::java`).
     Java(Proc, u64, u64),
+    /// A JavaScript frame: the process and its two slots
+    /// (`rtrace_common::v8`).
+    V8(Proc, u64, u64),
     /// In a mapping whose file could not be opened.
     Unopened(Proc, usize),
     Unknown,
@@ -160,6 +163,7 @@ pub struct Symbolizer {
     python: Python,
     /// The JVM processes and the names of their methods.
     java: Java,
+    v8: V8,
     /// The pprof file the run writes, which `rtrace report` names JIT
     /// frames from once their maps are written.
     pprof: Option<String>,
@@ -203,6 +207,7 @@ impl Symbolizer {
             gone_dumps: Vec::new(),
             python: Python::default(),
             java: Java::default(),
+            v8: V8::default(),
             pprof: None,
         }
     }
@@ -215,6 +220,17 @@ impl Symbolizer {
     /// What `-v` says of the JVM processes found.
     pub fn java_summary(&self) -> Vec<String> {
         self.java.summary()
+    }
+
+    /// `-v` lines: the V8s found.
+    pub fn v8_summary(&self) -> Vec<String> {
+        self.v8.summary()
+    }
+
+    /// The processes that run V8, whose JavaScript frames the kernel
+    /// walks, and the names of their functions.
+    pub fn v8(&mut self) -> &mut V8 {
+        &mut self.v8
     }
 
     /// The JVM processes, whose frames the kernel walks, and the names of
@@ -246,10 +262,29 @@ impl Symbolizer {
             )));
         }
         for (p, u) in self.unnamed.iter().take(SHOWN) {
+            // A process whose JavaScript frames the walk named needs no
+            // perf map: what is left is V8's code that is no JavaScript
+            // frame, or samples from before the walk was loaded.
+            if self.v8.walked(*p) {
+                let comm = u
+                    .comm
+                    .as_deref()
+                    .map(|c| format!(" ({c})"))
+                    .unwrap_or_default();
+                out.push(Warning::unnamed(format!(
+                    "PID {}{comm}: {} frames in V8's JIT code unnamed: code that is no \
+                     JavaScript function's (regular expressions, stubs) or a function in its \
+                     prologue, or samples taken before the walk through JavaScript frames was \
+                     loaded",
+                    p.pid, u.frames
+                )));
+                continue;
+            }
             out.push(u.warning(*p, self.pprof.as_deref()));
         }
         out.extend(self.python.warnings());
         out.extend(self.java.warnings());
+        out.extend(self.v8.warnings());
         out.extend(self.gone_dumps.iter().filter_map(|(_, w)| w.clone()));
         out.extend(self.dumps.iter().filter_map(|(p, d)| d.warning(p.pid)));
         if self.unnamed.len() > SHOWN {
@@ -785,6 +820,16 @@ impl Symbolizer {
                         i += 2;
                         continue;
                     }
+                    // A JavaScript frame: two slots too.
+                    if let Some(pid) = pid
+                        && rtrace_common::v8::is_v8_frame(ip)
+                        && let Some(&more) = ips.get(i + 1)
+                    {
+                        let addr = ip & rtrace_common::v8::V8_ADDR_MASK;
+                        out.push((Loc::V8(*pid, ip, more), addr, None));
+                        i += 2;
+                        continue;
+                    }
                     // An asyncio task's frame: two slots too.
                     if let Some(pid) = pid
                         && rtrace_common::python::is_py_task(ip)
@@ -905,6 +950,7 @@ impl Symbolizer {
                             }
                             Loc::PyTask(pid, v, check) => vec![self.task_frame(pid, v, check)],
                             Loc::Java(pid, first, second) => self.java_frames(pid, first, second),
+                            Loc::V8(pid, first, second) => self.v8_frames(pid, first, second),
                             Loc::Named(pid, i) => {
                                 let name = &self.procs[&pid].maps[i].name;
                                 vec![Frame::new(name.clone(), Kind::User, Some(name))]
@@ -1063,6 +1109,33 @@ impl Symbolizer {
                 if let (Some(file), Some(line)) = (&j.file, j.line) {
                     frame.line = Some(Arc::from(format!("{file}:{line}")));
                 }
+                frame
+            })
+            .collect()
+    }
+
+    /// A JavaScript frame: its function, named as Node's profiler and
+    /// Chrome's DevTools show it (`name (file:line)`, the line being the
+    /// function's first), in its script, interpreted or compiled.
+    fn v8_frames(&mut self, pid: Proc, first: u64, second: u64) -> Vec<Frame> {
+        use super::v8::V8Kind;
+        self.v8
+            .frames(pid, first, second)
+            .into_iter()
+            .map(|j| {
+                let kind = match j.kind {
+                    V8Kind::Interpreted => Kind::Interpreted,
+                    V8Kind::Compiled | V8Kind::Unknown => Kind::Jit,
+                };
+                let mut frame = Frame::new(j.name, kind, None);
+                frame.module = j.file.clone();
+                // Always, not only under `--lines`: where a function is
+                // tells apart the many that share a name (`(anonymous)`).
+                frame.line = match (&j.file, j.line) {
+                    (Some(file), Some(line)) => Some(Arc::from(format!("{file}:{line}"))),
+                    (Some(file), None) => Some(Arc::clone(file)),
+                    _ => None,
+                };
                 frame
             })
             .collect()
