@@ -628,7 +628,7 @@ fn a_command_gets_the_python_walk_loaded_once_its_interpreter_is_read() {
         .find_map(|l| {
             l.strip_prefix("rtrace: warning[lost]: ")?
                 .strip_suffix(
-                    " samples of Python or Java processes taken while their runtime's walk \
+                    " samples of Python, Java or Node processes taken while their runtime's walk \
                      was being loaded (native frames only)",
                 )?
                 .parse()
