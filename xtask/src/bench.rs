@@ -32,6 +32,7 @@ mod helpers;
 mod html;
 mod java;
 mod memleak;
+mod node;
 mod offcputime;
 mod profile;
 mod python;
@@ -93,6 +94,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             let top = top::run().and_then(|t| update_doc("top", &t));
             let python = python::run().and_then(|t| update_doc("python", &t));
             let java = java::run().and_then(|t| update_doc("java", &t));
+            let node = node::run().and_then(|t| update_doc("node", &t));
             let memleak = memleak::run().and_then(|t| update_doc("memleak", &t));
             let html = html::run().and_then(|t| update_doc("html", &t));
             all.and(startup)
@@ -103,6 +105,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
                 .and(top)
                 .and(python)
                 .and(java)
+                .and(node)
                 .and(memleak)
                 .and(html)
         }
@@ -124,6 +127,11 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             java::run().map(drop)
         }
         Some("java") => update_doc("java", &java::run()?),
+        Some("node") if node::part().is_some() => {
+            eprintln!("bench: RTRACE_BENCH_NODE runs a part: docs/benchmarks.md is left as it is");
+            node::run().map(drop)
+        }
+        Some("node") => update_doc("node", &node::run()?),
         Some("memleak") => update_doc("memleak", &memleak::run()?),
         Some("html") => update_doc("html", &html::run()?),
         Some("fleet") => update_doc("fleet", &exporter::fleet()?),
@@ -131,7 +139,7 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             Some((_, bench)) => bench().map(drop),
             None => bail!(
                 "unknown benchmark {one}; known: all, {}, startup, command, report, stat, trace, top, \
-                 python, java, memleak, html, fleet",
+                 python, java, node, memleak, html, fleet",
                 benches.map(|(n, _)| n).join(", ")
             ),
         },

@@ -163,13 +163,15 @@ pub(super) fn sum_after_colon(text: &str, marker: &str) -> u64 {
 pub(super) fn rtrace_lost(stderr: &str) -> u64 {
     stderr
         .lines()
-        .filter(|l| l.starts_with("rtrace: warning:") && l.contains("lost"))
         .filter_map(|l| {
-            l.trim_start_matches("rtrace: warning:")
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()
+            let rest = l.strip_prefix("rtrace: warning")?;
+            // `warning[lost]: N ...` since warnings carry their kind; the
+            // older `warning: N ... lost` too.
+            let text = match rest.strip_prefix("[lost]:") {
+                Some(t) => t,
+                None => rest.strip_prefix(':').filter(|t| t.contains("lost"))?,
+            };
+            text.split_whitespace().next()?.parse::<u64>().ok()
         })
         .sum()
 }
