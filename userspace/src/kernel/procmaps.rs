@@ -22,6 +22,15 @@ pub struct Mapping {
 }
 
 impl Mapping {
+    /// Its file's key: the device and inode, as one file mapped in many
+    /// processes (or in a container) is known by.
+    pub fn file_key(&self) -> (u64, u64) {
+        (
+            u64::from(self.dev.0) << 32 | u64::from(self.dev.1),
+            self.inode,
+        )
+    }
+
     /// Parses one line.
     pub fn parse(line: &str) -> Option<Self> {
         let mut fields = line.splitn(6, ' ');
@@ -135,6 +144,15 @@ impl Proc {
     /// and `ps` give it.
     pub fn start_ticks(&self) -> u64 {
         self.born / tick_ns()
+    }
+
+    /// What the kernel's runtime walks mix into the hashes of what they
+    /// told user space (`PyProc::salt`, `JavaProc::salt`, `V8Proc::salt`):
+    /// its start, folded, so that a later process given its pid is told
+    /// its frames anew.
+    pub fn salt(&self) -> u32 {
+        let t = self.start_ticks();
+        (t ^ (t >> 32)) as u32
     }
 
     /// Whether `/proc/PID` is this process (not gone, nor another process

@@ -19,7 +19,7 @@ use rtrace_common::java::{
     JavaHeap, JavaProc, MAX_HEAPS, method_check,
 };
 
-use crate::kernel::procmaps::{Mapping, Proc};
+use crate::kernel::procmaps::Proc;
 use crate::kernel::procmem::{Mem, open_mem};
 use crate::kernel::warning::Warning;
 
@@ -690,13 +690,6 @@ fn read_heaps(mem: &Mem, l: &Layout, bias: u64) -> Result<Option<Vec<JavaHeap>>,
     Ok(Some(out))
 }
 
-/// The walk's salt for process `p` ([`JavaProc::salt`]): its start,
-/// folded, as Python's.
-fn salt(p: Proc) -> u32 {
-    let t = p.start_ticks();
-    (t ^ (t >> 32)) as u32
-}
-
 /// The process's command name.
 fn comm(pid: u32) -> String {
     crate::kernel::comm_of(pid).unwrap_or_default()
@@ -871,7 +864,7 @@ impl Java {
         else {
             return Ok(Look::NotJvm);
         };
-        let key = file_key(m);
+        let key = m.file_key();
         let file = match self.files.get(&key) {
             Some(f) => f.clone(),
             None => {
@@ -940,7 +933,7 @@ impl Java {
             None if knows => return Ok(Look::Starting),
             None => {}
         }
-        record.salt = salt(who);
+        record.salt = who.salt();
         Ok(Look::Jvm(Box::new(Jvm {
             layout,
             bias,
@@ -1162,10 +1155,6 @@ fn check_of(j: &Jvm, method: u64) -> Option<u32> {
     let name = j.mem.u64(j.mem.u64(cp + l.cp_holder)? + l.klass_name)?;
     let hash = u16_at(&j.mem.read(name + l.sym_hash, 2)?, 0)?;
     Some(method_check(cm, name, hash))
-}
-
-fn file_key(m: &Mapping) -> (u64, u64) {
-    (u64::from(m.dev.0) << 32 | u64::from(m.dev.1), m.inode)
 }
 
 fn int_at(b: &[u8], off: u64) -> Option<i32> {
@@ -1713,7 +1702,7 @@ mod tests {
         assert_eq!(r.interp_sender_sp, -8);
         assert_eq!(r.code_is_offset, u8::from(major >= 23));
         assert_eq!(r.deopt_is_offset, u8::from(major >= 23));
-        assert_eq!(r.salt, salt(who));
+        assert_eq!(r.salt, who.salt());
 
         // The stub the first Java frame returns to.
         let ret = l

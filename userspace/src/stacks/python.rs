@@ -296,12 +296,6 @@ struct PyFile {
     base: u64,
 }
 
-/// The walk's salt for process `p` ([`PyProc::salt`]): its start, folded.
-fn salt(p: Proc) -> u32 {
-    let t = p.start_ticks();
-    (t ^ (t >> 32)) as u32
-}
-
 /// A process found to run CPython.
 struct PyProcess {
     file: Arc<PyFile>,
@@ -489,7 +483,7 @@ impl Python {
     pub fn inherit(&mut self, child: Proc, parent: Proc) -> Option<PyProc> {
         let p = self.procs.get(&parent)?;
         let record = PyProc {
-            salt: salt(child),
+            salt: child.salt(),
             ..p.record
         };
         let file = Arc::clone(&p.file);
@@ -709,7 +703,7 @@ impl Python {
             key_block,
             self.lines,
         );
-        record.salt = salt(who);
+        record.salt = who.salt();
         // 3.14's task frames, once the process has loaded `_asyncio`
         // (it is looked at again when it maps new code).
         if let Some(m) = asyncio

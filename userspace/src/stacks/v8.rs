@@ -516,6 +516,9 @@ pub struct V8 {
     scripts: HashMap<ScriptKey, Option<Arc<[u32]>>>,
     /// What `-v` says of the V8s found.
     found: BTreeMap<Proc, String>,
+    /// Every process whose V8 the kernel's walk was given in the run,
+    /// kept through its exit and its being looked at again.
+    given: std::collections::HashSet<Proc>,
     /// V8s that cannot be walked, and why.
     failed: BTreeMap<u32, String>,
     /// Frames that could not be named.
@@ -561,6 +564,7 @@ impl V8 {
             Ok(Look::V8(p, record, line)) => {
                 self.procs.insert(who, *p);
                 self.found.insert(who, line);
+                self.given.insert(who);
                 Some(record)
             }
             Err(why) => {
@@ -583,7 +587,7 @@ impl V8 {
     /// Whether the walk was given process `who`'s V8 in this run (it may
     /// have exited since).
     pub fn walked(&self, who: Proc) -> bool {
-        self.found.contains_key(&who)
+        self.given.contains(&who)
     }
 
     /// Forgets process `who` (it exited or ran a new program). The names
@@ -622,7 +626,7 @@ impl V8 {
             {
                 bare = Some(path);
             }
-            let key = file_key(m);
+            let key = m.file_key();
             if looked.contains(&key) || !may_hold_v8(&maps, path, exe.as_deref()) {
                 continue;
             }
@@ -668,7 +672,7 @@ impl V8 {
         record.nranges = ranges.len() as u32;
         record.blob = plan.blob;
         record.blob2 = plan.blob2;
-        record.salt = salt(who);
+        record.salt = who.salt();
         let mem = open_mem(who);
         if let Mem::Denied(why) = &mem {
             return Err(format!("its memory cannot be read: {why}"));
@@ -1264,7 +1268,7 @@ fn plan_ranges(maps: &[Mapping], key: (u64, u64), blob: Option<(u64, u64)>) -> O
     jits.sort_unstable_by_key(|r| std::cmp::Reverse(r.low));
     let mut copies = Vec::new();
     if let Some((low, high)) = blob {
-        for m in maps.iter().filter(|m| m.exec && file_key(m) == key) {
+        for m in maps.iter().filter(|m| m.exec && m.file_key() == key) {
             let (from, to) = (low.max(m.offset), high.min(m.offset + (m.end - m.start)));
             if from < to {
                 copies.push(V8Range {
@@ -1351,21 +1355,9 @@ fn may_hold_v8(maps: &[Mapping], path: &str, exe: Option<&std::path::Path>) -> b
     code > 16 << 20
 }
 
-/// The walk's salt for process `p` ([`V8Proc::salt`]): its start,
-/// folded, as Java's.
-fn salt(p: Proc) -> u32 {
-    let t = p.start_ticks();
-    (t ^ (t >> 32)) as u32
-}
-
 /// The process's command name.
 fn comm(pid: u32) -> String {
     crate::kernel::comm_of(pid).unwrap_or_default()
-}
-
-/// A mapped file's key: its device and inode.
-fn file_key(m: &Mapping) -> (u64, u64) {
-    (u64::from(m.dev.0) << 32 | u64::from(m.dev.1), m.inode)
 }
 
 fn u64_at(b: &[u8], off: u16) -> Option<u64> {
@@ -1531,7 +1523,7 @@ process.stdin.resume();
         );
         assert!(usize::from(record.sfi_read) <= SFI_BYTES);
         assert_ne!(record.sfi_ints_mask, 0);
-        assert_eq!(record.salt, salt(who));
+        assert_eq!(record.salt, who.salt());
 
         // The ranges: the builtins where the node file is mapped, the JIT
         // code over the rwx mapping.
@@ -1547,7 +1539,7 @@ process.stdin.resume();
         assert!(node.path().is_some(), "the builtins are the file's");
         let remap = maps
             .iter()
-            .filter(|m| m.exec && file_key(m) == file_key(node))
+            .filter(|m| m.exec && m.file_key() == node.file_key())
             .count();
         if (record.blob2 as usize) < MAX_V8_RANGES {
             let b2 = ranges[record.blob2 as usize];
@@ -1675,7 +1667,7 @@ process.stdin.resume();
         .iter()
         .map(|l| Mapping::parse(l).unwrap())
         .collect();
-        let key = file_key(&maps[0]);
+        let key = maps[0].file_key();
         let blob = Some((0x14c4000, 0x14c4000 + 0x191ac0));
         let r = |low, high| V8Range { low, high };
         assert_eq!(
