@@ -5,7 +5,7 @@
 use std::{
     io::{BufRead, BufReader, Write},
     path::Path,
-    process::{Command, Stdio},
+    process::{Child, ChildStdout, Command, Stdio},
 };
 
 use anyhow::{Context as _, bail};
@@ -74,6 +74,113 @@ pub(super) fn done_ns(text: &str) -> Option<f64> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Fixture processes that speak the benches' protocol: each prints
+/// `ready` once warm, works when it reads a line, prints `done ...`, and
+/// exits once its input ends. Killed if dropped before they finish (a
+/// trial that failed).
+pub(super) struct Fixtures {
+    procs: Vec<(Child, BufReader<ChildStdout>)>,
+    /// What they are, for errors ("node", "JVM").
+    what: &'static str,
+}
+
+impl Fixtures {
+    /// Starts each of `cmds` (with their input and output piped) and
+    /// waits until all are warm: all start at once, a CPU each.
+    pub(super) fn start(
+        cmds: impl IntoIterator<Item = Command>,
+        what: &'static str,
+        package: &str,
+    ) -> anyhow::Result<Self> {
+        let mut me = Self {
+            procs: Vec::new(),
+            what,
+        };
+        for mut cmd in cmds {
+            let mut child = cmd
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("cannot run the {what} (Debian package {package})"))?;
+            let out = BufReader::new(child.stdout.take().context("stdout")?);
+            me.procs.push((child, out));
+        }
+        for (_, out) in &mut me.procs {
+            let line = next_line(out)?;
+            if !line.starts_with("ready") {
+                bail!("the fixture {what} said {line:?}");
+            }
+        }
+        Ok(me)
+    }
+
+    /// Lets all work; returns each one's `done` line.
+    pub(super) fn work(&mut self) -> anyhow::Result<Vec<String>> {
+        for (c, _) in &mut self.procs {
+            writeln!(c.stdin.as_mut().context("stdin")?, "go")?;
+        }
+        self.procs
+            .iter_mut()
+            .map(|(_, out)| next_line(out))
+            .collect()
+    }
+
+    /// Their processes.
+    pub(super) fn children(&self) -> impl Iterator<Item = &Child> {
+        self.procs.iter().map(|(c, _)| c)
+    }
+
+    /// Their process ids.
+    pub(super) fn pids(&self) -> Vec<u32> {
+        self.children().map(Child::id).collect()
+    }
+
+    /// How many there are.
+    pub(super) fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// Ends their input, which they wait for after the work, and waits
+    /// for them to exit.
+    pub(super) fn finish(mut self) -> anyhow::Result<()> {
+        for (c, _) in &mut self.procs {
+            drop(c.stdin.take());
+        }
+        for (mut c, _) in std::mem::take(&mut self.procs) {
+            let status = c.wait()?;
+            if !status.success() {
+                bail!("a fixture {} exited with {status}", self.what);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Fixtures {
+    fn drop(&mut self) {
+        for (c, _) in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The next line of a fixture's stdout.
+fn next_line(out: &mut BufReader<ChildStdout>) -> anyhow::Result<String> {
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    Ok(line)
+}
+
+/// A frame's name without its kind's mark (`-a`: `_[j]`, `_[p]`, `_[i]`,
+/// `_[k]`).
+pub(super) fn unmarked(f: &str) -> &str {
+    match f.rfind("_[") {
+        Some(i) if f.ends_with(']') => &f[..i],
+        _ => f,
+    }
 }
 
 /// A loop device over a file in `target/bench`, detached on drop.

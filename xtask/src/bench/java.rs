@@ -13,9 +13,8 @@
 //! Interleaved trials, medians and ranges.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
-    process::{Child, ChildStdout, Command, Stdio},
+    process::{Child, Command, Stdio},
     time::Duration,
 };
 
@@ -23,7 +22,9 @@ use anyhow::{Context as _, bail};
 
 use super::{
     Ready, Tracer, bpf_run_ns, cpu_ns,
-    helpers::{bpf_cell, done_ns, perf_lost, rtrace_lost, trials_from_env, us_ranged},
+    helpers::{
+        Fixtures, bpf_cell, done_ns, perf_lost, rtrace_lost, trials_from_env, unmarked, us_ranged,
+    },
     measured_on, median, spread,
 };
 
@@ -126,56 +127,34 @@ impl Drop for Classes {
     }
 }
 
-/// The two fixtures' JVMs, each with its stdout; killed if dropped before
-/// they finish (a trial that failed).
-struct Jvms(Vec<(Child, BufReader<ChildStdout>)>);
-
-/// The next line of a fixture's stdout.
-fn next_line(out: &mut BufReader<ChildStdout>) -> anyhow::Result<String> {
-    let mut line = String::new();
-    out.read_line(&mut line)?;
-    Ok(line)
-}
+/// The two fixtures' JVMs.
+struct Jvms(Fixtures);
 
 impl Jvms {
     /// Starts both, with `-XX:+PreserveFramePointer` if `preserve_fp`,
     /// and waits until both are warm.
     fn start(classes: &Path, preserve_fp: bool) -> anyhow::Result<Self> {
-        let mut jvms = Self(Vec::new());
-        for _ in 0..2 {
+        let cmds = (0..2).map(|_| {
             let mut cmd = Command::new("java");
             if preserve_fp {
                 cmd.arg("-XX:+PreserveFramePointer");
             }
-            let mut child = cmd
-                .arg("-cp")
+            cmd.arg("-cp")
                 .arg(classes)
-                .args(["Hot", "rounds", &ROUNDS.to_string()])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .context("cannot run java (Debian package openjdk-17-jdk-headless)")?;
-            let out = BufReader::new(child.stdout.take().context("stdout")?);
-            jvms.0.push((child, out));
-        }
-        // Both warm at once, a CPU each.
-        for (_, out) in &mut jvms.0 {
-            let line = next_line(out)?;
-            if !line.starts_with("ready") {
-                bail!("the fixture said {line:?}");
-            }
-        }
-        Ok(jvms)
+                .args(["Hot", "rounds", &ROUNDS.to_string()]);
+            cmd
+        });
+        Ok(Self(Fixtures::start(
+            cmds,
+            "JVM",
+            "openjdk-17-jdk-headless",
+        )?))
     }
 
     /// Lets both work; returns their mean nanoseconds per round.
     fn work(&mut self) -> anyhow::Result<f64> {
-        for (c, _) in &mut self.0 {
-            writeln!(c.stdin.as_mut().context("stdin")?, "go")?;
-        }
         let mut ns = 0.0;
-        for (_, out) in &mut self.0 {
-            let line = next_line(out)?;
+        for line in self.0.work()? {
             ns += done_ns(&line).with_context(|| format!("the fixture said {line:?}"))?;
         }
         Ok(ns / (self.0.len() as u64 * ROUNDS) as f64)
@@ -188,8 +167,8 @@ impl Jvms {
         // Both at once: each jcmd is a JVM of its own to start.
         let jcmds = self
             .0
-            .iter()
-            .map(|(c, _)| {
+            .children()
+            .map(|c| {
                 Command::new("jcmd")
                     .args([&c.id().to_string(), "Compiler.perfmap"])
                     .stdout(Stdio::null())
@@ -213,7 +192,7 @@ impl Jvms {
     /// The command name of the thread that did the first JVM's work (its
     /// busiest), which its samples carry first.
     fn worker_comm(&self) -> anyhow::Result<String> {
-        let pid = self.0[0].0.id();
+        let pid = self.0.pids()[0];
         let busiest = std::fs::read_dir(format!("/proc/{pid}/task"))?
             .flatten()
             .filter_map(|t| {
@@ -230,26 +209,8 @@ impl Jvms {
 
     /// Ends their input, which they wait for after the work, and waits
     /// for them to exit.
-    fn finish(mut self) -> anyhow::Result<()> {
-        for (c, _) in &mut self.0 {
-            drop(c.stdin.take());
-        }
-        for (mut c, _) in std::mem::take(&mut self.0) {
-            let status = c.wait()?;
-            if !status.success() {
-                bail!("a fixture JVM exited with {status}");
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Jvms {
-    fn drop(&mut self) {
-        for (c, _) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    fn finish(self) -> anyhow::Result<()> {
+        self.0.finish()
     }
 }
 
@@ -263,15 +224,6 @@ struct Counts {
     whole: u64,
     java_frames: u64,
     missed: u64,
-}
-
-/// A frame's name without its kind's mark (`-a`: `_[j]`, `_[p]`, `_[i]`,
-/// `_[k]`).
-fn bare(f: &str) -> &str {
-    match f.rfind("_[") {
-        Some(i) if f.ends_with(']') => &f[..i],
-        _ => f,
-    }
 }
 
 /// Counts rtrace's folded stacks (`comm;frames.. count`, root first, with
@@ -307,7 +259,7 @@ fn count_folded(folded: &str, comm: &str, java: bool) -> Counts {
             continue;
         }
         c.fixture += n;
-        let at = |name: &str| frames.iter().position(|f| bare(f) == name);
+        let at = |name: &str| frames.iter().position(|f| unmarked(f) == name);
         let launcher = at(LAUNCHER);
         let whole = if java {
             launcher.is_some_and(|l| at("Hot.main").is_some_and(|main| main > l))
@@ -441,7 +393,7 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
         Ok((round_ns, own_ns, comm))
     })();
     let bpf = bpf_run_ns().saturating_sub(before) as f64;
-    let pids: Vec<u32> = jvms.0.iter().map(|(c, _)| c.id()).collect();
+    let pids = jvms.0.pids();
     // Stopped whatever became of the work: a profiler left running
     // would sample every later trial.
     let stopped = profiler.map(Tracer::stop).transpose()?;

@@ -17,17 +17,16 @@
 //! at most as much). Interleaved trials, medians and ranges.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
-    process::{Child, ChildStdout, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 use super::{
     Ready, Tracer, bpf_run_ns, cpu_ns,
-    helpers::{bpf_cell, done_ns, perf_lost, rtrace_lost, trials_from_env},
+    helpers::{Fixtures, bpf_cell, done_ns, perf_lost, rtrace_lost, trials_from_env, unmarked},
     measured_on, median, spread,
 };
 
@@ -135,57 +134,31 @@ impl Drop for Workdir {
     }
 }
 
-/// The two fixtures' nodes, each with its stdout; killed if dropped before
-/// they finish (a trial that failed).
-struct Nodes(Vec<(Child, BufReader<ChildStdout>)>);
-
-/// The next line of a fixture's stdout.
-fn next_line(out: &mut BufReader<ChildStdout>) -> anyhow::Result<String> {
-    let mut line = String::new();
-    out.read_line(&mut line)?;
-    Ok(line)
-}
+/// The two fixtures' nodes.
+struct Nodes(Fixtures);
 
 impl Nodes {
     /// Starts both, with `--perf-basic-prof` if `perf_map`, and waits
     /// until both are warm.
     fn start(dir: &Workdir, perf_map: bool) -> anyhow::Result<Self> {
-        let mut nodes = Self(Vec::new());
-        for _ in 0..2 {
+        let cmds = (0..2).map(|_| {
             let mut cmd = Command::new("node");
             if perf_map {
                 cmd.arg("--perf-basic-prof");
             }
-            let mut child = cmd
-                .arg(dir.script())
+            cmd.arg(dir.script())
                 .arg(ROUNDS.to_string())
-                .current_dir(&dir.0)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .context("cannot run node (Debian package nodejs)")?;
-            let out = BufReader::new(child.stdout.take().context("stdout")?);
-            nodes.0.push((child, out));
-        }
-        // Both warm at once, a CPU each.
-        for (_, out) in &mut nodes.0 {
-            let line = next_line(out)?;
-            if !line.starts_with("ready") {
-                bail!("the fixture said {line:?}");
-            }
-        }
-        Ok(nodes)
+                .current_dir(&dir.0);
+            cmd
+        });
+        Ok(Self(Fixtures::start(cmds, "node", "nodejs")?))
     }
 
     /// Lets both work; returns their mean wall-clock and CPU nanoseconds
     /// per run.
     fn work(&mut self) -> anyhow::Result<(f64, f64)> {
-        for (c, _) in &mut self.0 {
-            writeln!(c.stdin.as_mut().context("stdin")?, "go")?;
-        }
         let (mut wall, mut cpu) = (0.0, 0.0);
-        for (_, out) in &mut self.0 {
-            let line = next_line(out)?;
+        for line in self.0.work()? {
             let said = || format!("the fixture said {line:?}");
             wall += done_ns(&line).with_context(said)?;
             cpu += line
@@ -198,32 +171,15 @@ impl Nodes {
         Ok((wall / n, cpu / n))
     }
 
+    /// Their process ids.
     fn pids(&self) -> Vec<u32> {
-        self.0.iter().map(|(c, _)| c.id()).collect()
+        self.0.pids()
     }
 
     /// Ends their input, which they wait for after the work, and waits
     /// for them to exit.
-    fn finish(mut self) -> anyhow::Result<()> {
-        for (c, _) in &mut self.0 {
-            drop(c.stdin.take());
-        }
-        for (mut c, _) in std::mem::take(&mut self.0) {
-            let status = c.wait()?;
-            if !status.success() {
-                bail!("a fixture node exited with {status}");
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for (c, _) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    fn finish(self) -> anyhow::Result<()> {
+        self.0.finish()
     }
 }
 
@@ -238,15 +194,6 @@ struct Counts {
     whole: u64,
     js_frames: u64,
     missed: u64,
-}
-
-/// A frame's name without its kind's mark (`-a`: `_[j]`, `_[p]`, `_[i]`,
-/// `_[k]`).
-fn unmarked(f: &str) -> &str {
-    match f.rfind("_[") {
-        Some(i) if f.ends_with(']') => &f[..i],
-        _ => f,
-    }
 }
 
 /// The function a frame of the fixture's script runs, or `None` for any
