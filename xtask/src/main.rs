@@ -187,6 +187,9 @@ fn test_env(bin: PathBuf, static_bin: PathBuf) -> anyhow::Result<Vec<(&'static s
         ("RTRACE_TRIXIE_ROOT", setup::TRIXIE.path()),
         ("RTRACE_SID_ROOT", setup::SID.path()),
         ("RTRACE_JDK_ROOT", setup::JDKS.path()),
+        ("RTRACE_NODE18_ROOT", setup::NODE18.path()),
+        ("RTRACE_NODE20_ROOT", setup::NODE20.path()),
+        ("RTRACE_NODE24_ROOT", setup::NODE24.path()),
         ("RTRACE_PY_SPY", setup::py_spy()),
         ("RTRACE_OTELCOL", otelcol::install()?),
     ])

@@ -181,6 +181,33 @@ pub const JDKS: DebianRoot = DebianRoot {
     program: "/usr/lib/jvm/java-25-openjdk-amd64/bin/java",
 };
 
+/// Debian bookworm's root with its nodejs (18): V8 10, in a stripped
+/// `libnode.so.108` (the host's node is another build, of 20).
+pub const NODE18: DebianRoot = DebianRoot {
+    dir: "bookworm-node-root-1",
+    release: "bookworm",
+    packages: "nodejs",
+    program: "/usr/bin/node",
+};
+
+/// Debian trixie's root with its nodejs (20): V8 in a stripped
+/// `libnode.so.115`, whose builtins have no symbols.
+pub const NODE20: DebianRoot = DebianRoot {
+    dir: "trixie-node-root-1",
+    release: "trixie",
+    packages: "nodejs",
+    program: "/usr/bin/node",
+};
+
+/// Debian sid's root with its nodejs (24): V8 13, which reaches code
+/// through its dispatch table and hides most of its symbols.
+pub const NODE24: DebianRoot = DebianRoot {
+    dir: "sid-node-root-1",
+    release: "sid",
+    packages: "nodejs",
+    program: "/usr/bin/node",
+};
+
 /// py-spy, from PyPI: the Python tests' and benchmark's peer.
 pub fn py_spy() -> PathBuf {
     cache_dir().join("py-spy/bin/py-spy")
@@ -282,7 +309,8 @@ fn debian_root(r: &DebianRoot) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Makes the Debian roots (trixie's and sid's Pythons, sid's JDKs) and
+/// Makes the Debian roots (trixie's and sid's Pythons, sid's JDKs,
+/// bookworm's, trixie's and sid's nodes) and
 /// installs py-spy where they are missing: for the tests and benchmarks
 /// only, not for every command (each root takes a minute or more to
 /// make, once).
@@ -290,6 +318,9 @@ pub fn peers() -> anyhow::Result<()> {
     debian_root(&TRIXIE)?;
     debian_root(&SID)?;
     debian_root(&JDKS)?;
+    debian_root(&NODE18)?;
+    debian_root(&NODE20)?;
+    debian_root(&NODE24)?;
     let spy = py_spy();
     if !output(Command::new(&spy).arg("--version")).contains(PY_SPY_VERSION) {
         eprintln!("xtask: installing py-spy {PY_SPY_VERSION} from PyPI");
