@@ -6,6 +6,7 @@
 //! The guests have no Node.js; these run on the host.
 
 use std::{
+    ffi::OsStr,
     path::{Path, PathBuf},
     process::{Command, Stdio},
 };
@@ -106,28 +107,48 @@ fn check(what: &str, s: &Split, stdout: &str, folded: &str, stderr: &str) {
     );
 }
 
+/// Runs `rtrace profile -F 499 FLAGS -f -o FILE -- CMD` in `dir` (the
+/// temporary directory by default), checks that it exited 0, and returns
+/// the command's stdout, rtrace's stderr and the folded stacks.
+fn profile_folded(flags: &[&str], cmd: &[&OsStr], dir: Option<&Path>) -> (String, String, String) {
+    let folded = std::env::temp_dir().join(format!("rtrace-js-{}.folded", std::process::id()));
+    let mut rtrace = Command::new(rtrace_bin());
+    rtrace
+        .args(["profile", "-F", "499"])
+        .args(flags)
+        .arg("-f")
+        .arg("-o")
+        .arg(&folded)
+        .arg("--")
+        .args(cmd)
+        .stdin(Stdio::null());
+    if let Some(dir) = dir {
+        rtrace.current_dir(dir);
+    }
+    let out = rtrace.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let _ = std::fs::remove_file(&folded);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+        text,
+    )
+}
+
 /// `profile -- NODE hot.js` with no perf flag, `node` being `cmd`: `hot`
 /// and `warm` named with their script and line, split as the fixture
 /// measured, whole to node's start. `shown` is the script's path as that
 /// node is given it.
-fn profile_split(what: &str, cmd: &[&std::ffi::OsStr], shown: &str) {
+fn profile_split(what: &str, cmd: &[&OsStr], shown: &str) {
     let script = script();
-    let folded = std::env::temp_dir().join(format!("rtrace-js-{}.folded", std::process::id()));
-    let out = Command::new(rtrace_bin())
-        .args(["profile", "-F", "499", "-f", "-o"])
-        .arg(&folded)
-        .arg("--")
-        .args(cmd)
-        .arg(shown)
-        .arg("3")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let text = std::fs::read_to_string(&folded).unwrap();
-    let _ = std::fs::remove_file(&folded);
+    let cmd: Vec<&OsStr> = cmd
+        .iter()
+        .copied()
+        .chain([shown.as_ref(), "3".as_ref()])
+        .collect();
+    let (stdout, stderr, text) = profile_folded(&[], &cmd, None);
     let s = split(&text, shown, &script);
     check(what, &s, &stdout, &text, &stderr);
 }
@@ -233,21 +254,11 @@ fn every_shape_of_function_is_named() {
         return;
     }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/shapes.js");
-    let folded = std::env::temp_dir().join(format!("rtrace-shapes-{}.folded", std::process::id()));
-    let out = Command::new(rtrace_bin())
-        .args(["profile", "-F", "499", "--max-stack", "1000", "-f", "-o"])
-        .arg(&folded)
-        .args(["--", "node"])
-        .arg(&script)
-        .arg("600")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let text = std::fs::read_to_string(&folded).unwrap();
-    let _ = std::fs::remove_file(&folded);
+    let (stdout, stderr, text) = profile_folded(
+        &["--max-stack", "1000"],
+        &["node".as_ref(), script.as_os_str(), "600".as_ref()],
+        None,
+    );
     // The fixture's own account: TurboFan ran `flip`, and the call with a
     // string threw its code away.
     let optimized: Vec<&str> = stdout
@@ -330,24 +341,18 @@ fn the_split_agrees_with_perf_on_the_same_run() {
     let dir = std::env::temp_dir().join(format!("rtrace-js-perf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let data = dir.join("perf.data");
-    let folded = dir.join("stacks.folded");
     // rtrace runs perf, which runs node: the command's children are in
     // scope, perf's own samples are not node's.
-    let out = Command::new(rtrace_bin())
-        .args(["profile", "-F", "499", "-f", "-o"])
-        .arg(&folded)
-        .args(["--", "perf", "record", "-q", "-g", "-F", "499", "-o"])
-        .arg(&data)
-        .args(["--", "node", "--perf-basic-prof"])
-        .arg(&script)
-        .arg("3")
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let text = std::fs::read_to_string(&folded).unwrap();
+    let mut cmd: Vec<&OsStr> = ["perf", "record", "-q", "-g", "-F", "499", "-o"]
+        .map(OsStr::new)
+        .to_vec();
+    cmd.extend([data.as_os_str(), "--".as_ref(), "node".as_ref()]);
+    cmd.extend([
+        "--perf-basic-prof".as_ref(),
+        script.as_os_str(),
+        "3".as_ref(),
+    ]);
+    let (_, _, text) = profile_folded(&[], &cmd, Some(&dir));
     let ours = split(&text, &shown, &script);
     let report = Command::new("perf")
         .args([
