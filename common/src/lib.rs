@@ -24,6 +24,7 @@ pub mod names;
 pub mod offcputime;
 pub mod offsets;
 pub mod probes;
+pub mod procmem;
 pub mod profile;
 pub mod python;
 pub mod runqlat;

@@ -102,9 +102,16 @@ fn classes() -> &'static Path {
 /// before rtrace, with `jvm` flags; returns the folded stacks, rtrace's
 /// stderr and the fixture's hot and warm CPU times.
 fn profile(jvm: &[&str], extra: &[&str]) -> (Folded, String, (f64, f64)) {
+    profile_as(jvm, extra, false)
+}
+
+/// [`profile`], by root or (`nobody`) by user `nobody` with only
+/// CAP_BPF and CAP_PERFMON, as the exporter's unit runs it: no right to
+/// read another user's memory through `/proc/PID/mem`.
+fn profile_as(jvm: &[&str], extra: &[&str], nobody: bool) -> (Folded, String, (f64, f64)) {
     let mut args = vec!["profile", "-F", "999", "-f", "-v"];
     args.extend_from_slice(extra);
-    let (folded, stderr, done) = trace_fixture(jvm, "split", &args, READY);
+    let (folded, stderr, done) = trace_fixture_as(jvm, "split", &args, READY, nobody);
     let nums: Vec<f64> = done
         .split_whitespace()
         .map(|n| n.parse().unwrap())
@@ -117,6 +124,18 @@ fn profile(jvm: &[&str], extra: &[&str]) -> (Folded, String, (f64, f64)) {
 /// it prints `ready` and is stopped once the fixture is done; returns
 /// the folded stacks, rtrace's stderr and the fixture's `done` line.
 fn trace_fixture(jvm: &[&str], mode: &str, args: &[&str], ready: &str) -> (Folded, String, String) {
+    trace_fixture_as(jvm, mode, args, ready, false)
+}
+
+/// [`trace_fixture`], rtrace run by root or (`nobody`) by user `nobody`
+/// with only CAP_BPF and CAP_PERFMON.
+fn trace_fixture_as(
+    jvm: &[&str],
+    mode: &str,
+    args: &[&str],
+    ready: &str,
+    nobody: bool,
+) -> (Folded, String, String) {
     let dir = classes();
     let mut cmd = Command::new("java");
     cmd.args(jvm)
@@ -129,10 +148,21 @@ fn trace_fixture(jvm: &[&str], mode: &str, args: &[&str], ready: &str) -> (Folde
     let pid = w.pid().to_string();
     let mut args = args.to_vec();
     args.extend_from_slice(&["-p", &pid]);
-    let rtrace = Rtrace::start_until(&args, ready);
+    let copy = nobody.then(rtrace_integration_tests::unprivileged_copy);
+    let rtrace = match &copy {
+        Some((_, bin)) => {
+            let mut cmd = rtrace_integration_tests::as_nobody(bin, ",+bpf,+perfmon");
+            cmd.args(&args);
+            Rtrace::start_command(cmd, ready)
+        }
+        None => Rtrace::start_until(&args, ready),
+    };
     let done = w.go();
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert!(w.wait().success());
+    if let Some((dir, _)) = copy {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     assert_eq!(code, 0, "{stderr}");
     (parse_folded(&stdout), stderr, done)
 }
@@ -312,6 +342,24 @@ fn compiled_java_methods_split_as_measured_with_whole_chains_and_inlined_frames(
         !stderr.contains("[java: gone]"),
         "frames of freed code:\n{stderr}"
     );
+}
+
+/// Profiled by `nobody` with only CAP_BPF and CAP_PERFMON (as the
+/// exporter's unit runs), root's JVM is named as root sees it: user
+/// space may not read its memory through `/proc/PID/mem` (that needs
+/// ptrace rights), so the kernel reads it for rtrace (HotSpot's tables,
+/// its code heaps' methods, their names and debug information).
+#[test]
+fn without_ptrace_rights_java_methods_are_named() {
+    if skip_in_guest() {
+        return;
+    }
+    let (folded, stderr, times) = profile_as(&[], &[], true);
+    assert!(
+        stderr.contains("(java): Java 17") && stderr.contains("its memory read through the kernel"),
+        "-v names the JVM, and how its memory was read:\n{stderr}"
+    );
+    check_split(&folded, times, "split by nobody");
 }
 
 #[test]

@@ -214,6 +214,22 @@ fn debian_sid_node_24_in_a_chroot_is_named() {
 /// from its maps as they are, and its functions named the same.
 #[test]
 fn a_node_started_before_rtrace_is_named_too() {
+    started_before("profile -p", false);
+}
+
+/// Profiled by `nobody` with only CAP_BPF and CAP_PERFMON (as the
+/// exporter's unit runs), root's node is named as root sees it: user
+/// space may not read its memory through `/proc/PID/mem` (that needs
+/// ptrace rights), so the kernel reads it for rtrace.
+#[test]
+fn without_ptrace_rights_node_functions_are_named() {
+    started_before("profile -p by nobody", true);
+}
+
+/// Profiles a node running the fixture from 0.7 s into its run, by root
+/// or (`nobody`) by user `nobody` with only CAP_BPF and CAP_PERFMON, and
+/// checks the split.
+fn started_before(what: &str, nobody: bool) {
     if in_guest() {
         eprintln!("skipped: the VM guests have no Node.js; the host runs it");
         return;
@@ -229,16 +245,34 @@ fn a_node_started_before_rtrace_is_named_too() {
     // Past its start: V8's code range is mapped and main's loop runs.
     std::thread::sleep(std::time::Duration::from_millis(700));
     let pid = node.id().to_string();
-    let rtrace = Rtrace::start_until(&["profile", "-F", "499", "-f", "-p", &pid], "Sampling");
+    let args = ["profile", "-F", "499", "-f", "-v", "-p", &pid];
+    let copy = nobody.then(rtrace_integration_tests::unprivileged_copy);
+    let rtrace = match &copy {
+        Some((_, bin)) => {
+            let mut cmd = rtrace_integration_tests::as_nobody(bin, ",+bpf,+perfmon");
+            cmd.args(args);
+            Rtrace::start_command(cmd, "Sampling")
+        }
+        None => Rtrace::start_until(&args, "Sampling"),
+    };
     let out = node.wait_with_output().unwrap();
     let (code, folded, stderr) = rtrace.stop(SIGINT);
+    if let Some((dir, _)) = copy {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     assert_eq!(code, 0, "{stderr}");
+    // How the memory was read, as `-v` says of the process.
+    assert_eq!(
+        stderr.contains("its memory read through the kernel"),
+        nobody,
+        "{stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let s = split(&folded, &script.display().to_string(), &script);
     // The fixture's split is of its whole run; rtrace saw its last three
     // seconds, which keep the same split (each call picks the function
     // behind its share).
-    check("profile -p", &s, &stdout, &folded, &stderr);
+    check(what, &s, &stdout, &folded, &stderr);
 }
 
 /// `profile -- node shapes.js`: an async function resumed from the

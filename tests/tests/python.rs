@@ -704,8 +704,9 @@ fn no_python_and_an_unknown_version_keep_native_frames() {
 /// Profiled by `nobody` with only CAP_BPF and CAP_PERFMON (as the
 /// exporter's unit runs), root's Python process is named as root sees
 /// it, lines included: the kernel copies each code object's name, file
-/// and line table as the walk first meets it, where user space may not
-/// read the process's memory (`/proc/PID/mem` needs ptrace rights). The
+/// and line table as the walk first meets it, and reads the rest for
+/// user space, which may not read the process's memory
+/// (`/proc/PID/mem` needs ptrace rights). The
 /// host's interpreter only: the Debian roots are under root's home, whose
 /// files `nobody` may not open to read their CFI (every interpreter takes
 /// the kernel's copies as root too, so the roots' tests cover 3.13's and
@@ -721,10 +722,10 @@ fn without_ptrace_rights_python_functions_are_named() {
 /// The split, its chains and its lines, profiled by `nobody`.
 fn unprivileged(python: Python) {
     let (folded, stderr, done) = profile_as(python, "split", "3", &["--lines"], true);
-    // Proof that the memory could not be read: the process is found,
-    // with why its memory is closed.
+    // Proof that `/proc/PID/mem` was closed: the process is found, its
+    // memory read through the kernel instead.
     assert!(
-        stderr.contains("needs ptrace rights over the process"),
+        stderr.contains("its memory read through the kernel, as /proc/PID/mem needs ptrace rights"),
         "{stderr}"
     );
     assert!(!stderr.contains("[python]"), "{stderr}");

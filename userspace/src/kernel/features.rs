@@ -44,11 +44,15 @@ pub enum Mechanism {
     RingBuffer,
     /// Task local storage maps (5.11+).
     TaskStorage,
+    /// Reading a process's memory in the kernel, for user space that may
+    /// not ptrace it: a sleepable task iterator bound to one process
+    /// (6.1+), copying with `bpf_copy_from_user_task` (5.18+).
+    TaskMemory,
 }
 
 impl Mechanism {
     /// Every mechanism, in the order `doctor` prints them.
-    pub const ALL: [Mechanism; 12] = [
+    pub const ALL: [Mechanism; 13] = [
         Mechanism::Tracepoint,
         Mechanism::RawTracepoint,
         Mechanism::TpBtf,
@@ -61,6 +65,7 @@ impl Mechanism {
         Mechanism::PerfEventHardware,
         Mechanism::RingBuffer,
         Mechanism::TaskStorage,
+        Mechanism::TaskMemory,
     ];
 
     /// A value parser for a tool's `--attach` that accepts, and lists in
@@ -92,6 +97,7 @@ impl Mechanism {
             Mechanism::PerfEventHardware => "perf_event_hw",
             Mechanism::RingBuffer => "ringbuf",
             Mechanism::TaskStorage => "task_storage",
+            Mechanism::TaskMemory => "task_memory",
         }
     }
 }
@@ -246,6 +252,8 @@ impl Features {
         match m {
             Mechanism::RingBuffer => return map_check(MapType::RingBuf),
             Mechanism::TaskStorage => return map_check(MapType::TaskStorage),
+            // Its own object, which rtrace's readers share.
+            Mechanism::TaskMemory => return crate::kernel::procmem::self_check(),
             _ => {}
         }
         let ebpf = self
@@ -375,7 +383,9 @@ impl Features {
                     ))
                 )
             }
-            Mechanism::RingBuffer | Mechanism::TaskStorage => unreachable!("handled above"),
+            Mechanism::RingBuffer | Mechanism::TaskStorage | Mechanism::TaskMemory => {
+                unreachable!("handled above")
+            }
         }
     }
 }

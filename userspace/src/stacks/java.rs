@@ -802,12 +802,13 @@ impl Java {
                     .and_then(|a| j.mem.cstr(a))
                     .unwrap_or_default();
                 let line = format!(
-                    "PID {pid} ({}): Java {} (JDK {}), {} code heaps ({})",
+                    "PID {pid} ({}): Java {} (JDK {}), {} code heaps ({}){}",
                     j.comm,
                     if release.is_empty() { "?" } else { &release },
                     j.major,
                     record.nheaps,
-                    heaps.join(", ")
+                    heaps.join(", "),
+                    j.mem.how()
                 );
                 // Kept for naming even where refused: `blob_at` and the
                 // names do not need the kernel.

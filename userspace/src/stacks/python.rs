@@ -445,7 +445,12 @@ impl Python {
                 };
                 self.found.insert(
                     who,
-                    format!("PID {pid} ({}): Python {} ({how})", p.comm, p.file.version),
+                    format!(
+                        "PID {pid} ({}): Python {} ({how}{})",
+                        p.comm,
+                        p.file.version,
+                        p.mem.how()
+                    ),
                 );
                 self.procs.insert(who, p);
                 Some(record)

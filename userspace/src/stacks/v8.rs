@@ -707,6 +707,7 @@ impl V8 {
                 plan.left_out
             ));
         }
+        line.push_str(mem.how());
         Ok(Look::V8(Box::new(V8Process { layout, mem }), record, line))
     }
 
