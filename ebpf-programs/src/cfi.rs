@@ -626,7 +626,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     if RT & RUNTIME_PYTHON != 0 && scratch.py.on != 0 {
         match crate::python::at_frame(scratch, tgid) {
             crate::python::Next::Done => {
-                return i64::from(scratch.walk.depth >= max_depth());
+                return i64::from(crate::scratch::kept(&scratch.walk) >= max_depth());
             }
             crate::python::Next::Native { record: r } => record = r,
         }
@@ -759,7 +759,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     }
     st.sp = cfa;
     st.ip = ret;
-    if ret != 0 && st.depth >= max_depth() {
+    if ret != 0 && crate::scratch::kept(st) >= max_depth() {
         // A caller beyond the last frame kept: the stack keeps its
         // leaf-most frames and is counted.
         count_error(ERR_DEEP);
@@ -1175,6 +1175,7 @@ pub(crate) fn walk<const RT: u32>(
             bp: 0,
             bx: 0,
             depth: 0,
+            pairs: 0,
             new_code: 0,
             find_tried: 0,
             last: Region::default(),

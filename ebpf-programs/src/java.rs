@@ -29,7 +29,7 @@ use rtrace_common::{
 use crate::{
     count_error, read_user,
     runtime::{TOLD_SLOTS, half, newly_told, quarter, read_into, word},
-    scratch::{Scratch, push},
+    scratch::{Scratch, kept, push2},
 };
 
 /// The JVM processes, by process id; user space fills it.
@@ -183,7 +183,7 @@ fn find_blob(s: &mut Scratch) -> bool {
 #[inline(always)]
 fn write(s: &mut Scratch, tgid: u32, tag: u64, addr: u64, second: u64) -> bool {
     let first = tag | (addr & JAVA_ADDR_MASK);
-    if !(push(s, first) && push(s, second)) {
+    if !push2(s, first, second) {
         return false;
     }
     tell(s, tgid, first, second);
@@ -246,7 +246,7 @@ fn to_caller(s: &mut Scratch, ret: u64, sp: u64, bp: u64) -> Option<i64> {
     s.walk.ip = ret;
     s.walk.sp = sp;
     s.walk.bp = bp;
-    Some(i64::from(ret == 0 || s.walk.depth >= s.jv.max_depth))
+    Some(i64::from(ret == 0 || kept(&s.walk) >= s.jv.max_depth))
 }
 
 /// An interpreted frame: its `Method*` and bytecode index from the

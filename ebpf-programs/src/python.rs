@@ -26,7 +26,7 @@ use rtrace_common::{
 use crate::{
     count_error, read_kernel, read_user,
     runtime::{TOLD_SLOTS, byte, half, newly_told, read_into, word},
-    scratch::{PY_NEW, Scratch, push},
+    scratch::{PY_NEW, Scratch, push2},
 };
 
 /// The Python processes, by process id; user space fills it.
@@ -277,16 +277,18 @@ pub(crate) fn at_frame(s: &mut Scratch, tgid: u32) -> Next {
     } else {
         instr.wrapping_sub(code.wrapping_add(u64::from(py.code_adaptive))) / 2
     };
-    push(s, PY_FRAME | (code & PY_ADDR_MASK));
-    push(s, (u64::from(check) << 32) | (lasti & 0xffff_ffff));
+    push2(
+        s,
+        PY_FRAME | (code & PY_ADDR_MASK),
+        (u64::from(check) << 32) | (lasti & 0xffff_ffff),
+    );
     s.py.emitted += 1;
     tell(s, tgid, code, check, SEEN_PY_CODE);
     if f == s.py.task_frame {
         // The running task's coroutine: the task above it. Read where
         // they are: a copy would take room on the stack, which the walk's
         // step has none of to spare on 6.1.
-        push(s, s.py.task_slots[0]);
-        push(s, s.py.task_slots[1]);
+        push2(s, s.py.task_slots[0], s.py.task_slots[1]);
     }
     if last { end(s) } else { Next::Done }
 }

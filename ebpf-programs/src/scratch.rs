@@ -42,6 +42,26 @@ pub(crate) fn push(s: &mut Scratch, v: u64) -> bool {
     true
 }
 
+/// Writes a runtime's frame, `first` and `second` in two slots, counted
+/// as one frame against `--max-stack`; `false` if the stack is full.
+#[cfg(feature = "cfi")]
+#[inline(always)]
+pub(crate) fn push2(s: &mut Scratch, first: u64, second: u64) -> bool {
+    if !(push(s, first) && push(s, second)) {
+        return false;
+    }
+    s.walk.pairs += 1;
+    true
+}
+
+/// The frames a walk has kept so far (a runtime's frame takes two slots
+/// and counts once), which `--max-stack` bounds.
+#[cfg(feature = "cfi")]
+#[inline(always)]
+pub(crate) fn kept(st: &State) -> u32 {
+    st.depth.saturating_sub(st.pairs)
+}
+
 /// One CPU's room for the stack being walked, and the CFI walk's state.
 #[repr(C)]
 pub struct Scratch {
@@ -182,7 +202,12 @@ pub struct State {
     pub(crate) bp: u64,
     /// rbx, followed for ld.so's trampolines (`CFA_RBX`).
     pub(crate) bx: u64,
+    /// Slots written.
     pub(crate) depth: u32,
+    /// Frames written in two slots (a runtime's: Python's, Java's,
+    /// JavaScript's): `depth - pairs` frames are kept, the count
+    /// `--max-stack` bounds ([`kept`]).
+    pub(crate) pairs: u32,
     /// Set when a frame's code is in no region of the process.
     pub(crate) new_code: u32,
     /// Set once the walk has asked the kernel for a mapping

@@ -23,7 +23,7 @@ use rtrace_common::{
 use crate::{
     count_error, read_user,
     runtime::{TOLD_SLOTS, newly_told, read_into, word},
-    scratch::{Scratch, push},
+    scratch::{Scratch, kept, push2},
 };
 
 /// The processes that run V8, by process id; user space fills it.
@@ -162,7 +162,7 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
     // objects, which the collector moves).
     s.walk.unremembered = 1;
     s.py.native += 1;
-    if !(push(s, first) && push(s, second)) {
+    if !push2(s, first, second) {
         return Some(1);
     }
     tell(s, tgid, first, second);
@@ -170,7 +170,7 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
     s.walk.ip = ret;
     s.walk.sp = fp + 16;
     s.walk.bp = s.v8.caller_bp;
-    Some(i64::from(ret == 0 || s.walk.depth >= s.v8.max_depth))
+    Some(i64::from(ret == 0 || kept(&s.walk) >= s.v8.max_depth))
 }
 
 /// The `SharedFunctionInfo` of tagged `JSFunction` `function`, type

@@ -996,6 +996,20 @@ pub fn as_nobody(bin: &std::path::Path, caps: &str) -> Command {
     cmd
 }
 
+/// Starts rtrace with `args` until it prints `ready`: as root, or
+/// (`nobody`) from an [`unprivileged_copy`] run [`as_nobody`] with only
+/// CAP_BPF and CAP_PERFMON, as the exporter's unit runs. Returns the
+/// copy's directory too, for the caller to remove once rtrace stopped.
+pub fn start_as(args: &[&str], ready: &str, nobody: bool) -> (Rtrace, Option<PathBuf>) {
+    if !nobody {
+        return (Rtrace::start_until(args, ready), None);
+    }
+    let (dir, bin) = unprivileged_copy();
+    let mut cmd = as_nobody(&bin, ",+bpf,+perfmon");
+    cmd.args(args);
+    (Rtrace::start_command(cmd, ready), Some(dir))
+}
+
 /// Sets `kernel.perf_event_paranoid` for the test's span, putting back
 /// the old level on drop.
 pub struct Paranoid(Option<String>);

@@ -148,19 +148,11 @@ fn trace_fixture_as(
     let pid = w.pid().to_string();
     let mut args = args.to_vec();
     args.extend_from_slice(&["-p", &pid]);
-    let copy = nobody.then(rtrace_integration_tests::unprivileged_copy);
-    let rtrace = match &copy {
-        Some((_, bin)) => {
-            let mut cmd = rtrace_integration_tests::as_nobody(bin, ",+bpf,+perfmon");
-            cmd.args(&args);
-            Rtrace::start_command(cmd, ready)
-        }
-        None => Rtrace::start_until(&args, ready),
-    };
+    let (rtrace, copy) = rtrace_integration_tests::start_as(&args, ready, nobody);
     let done = w.go();
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert!(w.wait().success());
-    if let Some((dir, _)) = copy {
+    if let Some(dir) = copy {
         let _ = std::fs::remove_dir_all(dir);
     }
     assert_eq!(code, 0, "{stderr}");

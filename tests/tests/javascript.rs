@@ -12,7 +12,7 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    Rtrace, SIGINT, in_guest, parse_folded, pidreuse::assert_share_within, rtrace_bin,
+    SIGINT, in_guest, parse_folded, pidreuse::assert_share_within, rtrace_bin,
 };
 
 /// The fixture: `main` calls `hot` (70 % of its time) and `warm` (30 %),
@@ -246,18 +246,10 @@ fn started_before(what: &str, nobody: bool) {
     std::thread::sleep(std::time::Duration::from_millis(700));
     let pid = node.id().to_string();
     let args = ["profile", "-F", "499", "-f", "-v", "-p", &pid];
-    let copy = nobody.then(rtrace_integration_tests::unprivileged_copy);
-    let rtrace = match &copy {
-        Some((_, bin)) => {
-            let mut cmd = rtrace_integration_tests::as_nobody(bin, ",+bpf,+perfmon");
-            cmd.args(args);
-            Rtrace::start_command(cmd, "Sampling")
-        }
-        None => Rtrace::start_until(&args, "Sampling"),
-    };
+    let (rtrace, copy) = rtrace_integration_tests::start_as(&args, "Sampling", nobody);
     let out = node.wait_with_output().unwrap();
     let (code, folded, stderr) = rtrace.stop(SIGINT);
-    if let Some((dir, _)) = copy {
+    if let Some(dir) = copy {
         let _ = std::fs::remove_dir_all(dir);
     }
     assert_eq!(code, 0, "{stderr}");
@@ -279,8 +271,8 @@ fn started_before(what: &str, nobody: bool) {
 /// microtask queue, a closure, a class method, a function optimized then
 /// deoptimized mid-run, and one under 300 recursive calls, each named
 /// `name (file:line)` with the line it starts on; the deep one whole
-/// from its leaf through every `deep` to `main` (`--max-stack 1000`: a
-/// JavaScript frame takes two of its slots).
+/// from its leaf through every `deep` to `main` with `--max-stack 512`
+/// (a JavaScript frame takes two of the stack's slots, and counts once).
 #[test]
 fn every_shape_of_function_is_named() {
     if in_guest() {
@@ -289,7 +281,7 @@ fn every_shape_of_function_is_named() {
     }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/shapes.js");
     let (stdout, stderr, text) = profile_folded(
-        &["--max-stack", "1000"],
+        &["--max-stack", "512"],
         &["node".as_ref(), script.as_os_str(), "600".as_ref()],
         None,
     );

@@ -142,19 +142,11 @@ fn profile_as(
     let pid = w.pid().to_string();
     let mut args = vec!["profile", "-F", "999", "-p", &pid, "-f", "-v"];
     args.extend_from_slice(extra);
-    let copy = nobody.then(rtrace_integration_tests::unprivileged_copy);
-    let rtrace = match &copy {
-        Some((_, bin)) => {
-            let mut cmd = rtrace_integration_tests::as_nobody(bin, ",+bpf,+perfmon");
-            cmd.args(&args);
-            Rtrace::start_command(cmd, READY)
-        }
-        None => Rtrace::start_until(&args, READY),
-    };
+    let (rtrace, copy) = rtrace_integration_tests::start_as(&args, READY, nobody);
     let done = w.go();
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert!(w.wait().success());
-    if let Some((dir, _)) = copy {
+    if let Some(dir) = copy {
         let _ = std::fs::remove_dir_all(dir);
     }
     assert_eq!(code, 0, "{stderr}");

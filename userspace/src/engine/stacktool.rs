@@ -81,8 +81,10 @@ pub struct StackArgs {
     pub cfi_budget: u32,
     /// Most frames the CFI walk keeps of a user stack, up to 1000 (perf's
     /// name; 127 by default, as the kernel's `perf_event_max_stack`). A
-    /// deeper stack keeps its leaf-most frames, counted in a warning. The
-    /// kernel's own walks (kernel stacks, `--unwind fp`) keep 127.
+    /// deeper stack keeps its leaf-most frames, counted in a warning. A
+    /// Python, Java or JavaScript frame counts once, though it takes two
+    /// of the 1000 slots a stack has. The kernel's own walks (kernel
+    /// stacks, `--unwind fp`) keep 127.
     #[arg(long, value_name = "N", default_value_t = rtrace_common::stacks::MAX_DEPTH as u32,
           value_parser = clap::value_parser!(u32).range(1..=rtrace_common::stacks::MAX_STACK as i64))]
     pub max_stack: u32,
