@@ -28,7 +28,10 @@ use rtrace_common::{
     unwind::CfiOffsets,
 };
 
-use crate::kernel::{procmaps::Proc, warning::Warning};
+use crate::kernel::{
+    procmaps::{MapsOnce, Proc},
+    warning::Warning,
+};
 use crate::{
     kernel::load::{Detaching, Kernel, Load},
     output::events,
@@ -451,9 +454,10 @@ impl StackTool {
             rtrace_common::v8::V8_PROCS,
         )?)?);
         for &pid in pids {
-            self.examine_python(Proc::now(pid), false);
-            self.examine_java(Proc::now(pid), false);
-            self.examine_v8(Proc::now(pid), false);
+            let maps = MapsOnce::new(Proc::now(pid));
+            self.examine_python(&maps, false);
+            self.examine_java(&maps, false);
+            self.examine_v8(&maps, false);
         }
         // The walk tells when a process runs code in no known mapping.
         self.sym.recapture_every(Duration::from_secs(5));
@@ -518,7 +522,7 @@ impl StackTool {
         for &pid in &pids {
             let p = Proc::now(pid);
             self.sym.capture(p, true);
-            self.examine_python(p, false);
+            self.examine_python(&MapsOnce::new(p), false);
         }
         Ok(pids.len())
     }
@@ -696,37 +700,39 @@ impl StackTool {
             let fresh = self.execed.remove(&who);
             self.sym.capture(who, new_code || read || fresh);
         }
-        self.examine_python(who, exec || new_code);
+        // One read of the mappings for the three runtimes' finders.
+        let maps = MapsOnce::new(who);
+        self.examine_python(&maps, exec || new_code);
         if exec {
             self.sym.java().forget(who);
             self.sym.v8().forget(who);
         }
-        self.examine_java(who, exec || new_code);
-        self.examine_v8(who, exec || new_code);
+        self.examine_java(&maps, exec || new_code);
+        self.examine_v8(&maps, exec || new_code);
         self.mark_timed();
         Ok(())
     }
 
     /// Looks for an interpreter in process `pid` (again if `fresh`) and
     /// gives the kernel's walk what it needs of one found.
-    fn examine_python(&mut self, who: Proc, fresh: bool) {
+    fn examine_python(&mut self, maps: &MapsOnce, fresh: bool) {
         if self.py_map.is_none() {
             return;
         }
-        if let Some(record) = self.sym.python().examine(who, fresh) {
-            self.give_python(who.pid, &record);
+        if let Some(record) = self.sym.python().examine(maps, fresh) {
+            self.give_python(maps.who().pid, &record);
         }
     }
 
     /// Looks for a JVM in process `who` (again if `fresh`) and gives the
     /// kernel's walk what it needs of one found whose code cache is set
     /// up; one still starting is looked at again at its next new code.
-    fn examine_java(&mut self, who: Proc, fresh: bool) {
+    fn examine_java(&mut self, maps: &MapsOnce, fresh: bool) {
         let Some(map) = &mut self.java_map else {
             return;
         };
-        if let Some(record) = self.sym.java().examine(who, fresh) {
-            match map.insert(who.pid, record, 0) {
+        if let Some(record) = self.sym.java().examine(maps, fresh) {
+            match map.insert(maps.who().pid, record, 0) {
                 Ok(()) => self.runtimes |= rtrace_common::unwind::RUNTIME_JAVA,
                 Err(_) => self.java_full += 1,
             }
@@ -737,12 +743,12 @@ impl StackTool {
     /// kernel's walk what it needs of one found whose JIT code range is
     /// set up; one still starting is looked at again at its next new
     /// code.
-    fn examine_v8(&mut self, who: Proc, fresh: bool) {
+    fn examine_v8(&mut self, maps: &MapsOnce, fresh: bool) {
         let Some(map) = &mut self.v8_map else {
             return;
         };
-        if let Some(record) = self.sym.v8().examine(who, fresh) {
-            match map.insert(who.pid, record, 0) {
+        if let Some(record) = self.sym.v8().examine(maps, fresh) {
+            match map.insert(maps.who().pid, record, 0) {
                 Ok(()) => self.runtimes |= rtrace_common::unwind::RUNTIME_V8,
                 Err(_) => self.v8_full += 1,
             }

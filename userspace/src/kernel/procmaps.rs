@@ -277,6 +277,40 @@ pub fn alive(id: u32) -> bool {
     std::path::Path::new(&format!("/proc/{id}")).exists()
 }
 
+/// A process's mappings, read once for the several readers of one event
+/// (each runtime's finder), and only if one asks.
+pub struct MapsOnce {
+    who: Proc,
+    maps: std::cell::OnceCell<Option<Vec<Mapping>>>,
+}
+
+impl MapsOnce {
+    /// Process `who`'s, not read yet.
+    pub fn new(who: Proc) -> Self {
+        Self {
+            who,
+            maps: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The process.
+    pub fn who(&self) -> Proc {
+        self.who
+    }
+
+    /// The mappings, read at the first call; `None` if they could not be
+    /// read or the process was gone by then (checked after the read, so
+    /// that the pid's next process never lends its mappings).
+    pub fn get(&self) -> Option<&[Mapping]> {
+        self.maps
+            .get_or_init(|| {
+                let maps = read(Some(self.who.pid)).ok()?;
+                self.who.alive().then_some(maps)
+            })
+            .as_deref()
+    }
+}
+
 /// The mappings of process `pid` (`None` for this process).
 pub fn read(pid: Option<u32>) -> std::io::Result<Vec<Mapping>> {
     let path = match pid {

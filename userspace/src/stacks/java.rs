@@ -19,7 +19,7 @@ use rtrace_common::java::{
     JavaHeap, JavaProc, MAX_HEAPS, method_check,
 };
 
-use crate::kernel::procmaps::Proc;
+use crate::kernel::procmaps::{MapsOnce, Proc};
 use crate::kernel::procmem::{Mem, open_mem};
 use crate::kernel::warning::Warning;
 
@@ -768,7 +768,8 @@ impl Java {
     /// and the kernel has not been given it yet. A JVM still starting is
     /// looked at again on the next call; a process without libjvm is
     /// remembered as not a JVM until `fresh`.
-    pub fn examine(&mut self, who: Proc, fresh: bool) -> Option<JavaProc> {
+    pub fn examine(&mut self, maps: &MapsOnce, fresh: bool) -> Option<JavaProc> {
+        let who = maps.who();
         let pid = who.pid;
         if self.disabled || pid == 0 {
             return None;
@@ -782,7 +783,7 @@ impl Java {
         if self.not.contains_key(&who) || self.procs.contains_key(&who) {
             return None;
         }
-        match self.find(who) {
+        match self.find(maps) {
             Ok(Look::NotJvm) => {
                 self.not.insert(who, None);
                 None
@@ -850,14 +851,12 @@ impl Java {
     }
 
     /// Finds libjvm in `who`'s mappings and reads its tables and heaps.
-    fn find(&mut self, who: Proc) -> Result<Look, String> {
+    fn find(&mut self, maps: &MapsOnce) -> Result<Look, String> {
+        let who = maps.who();
         let pid = who.pid;
-        let Ok(maps) = crate::kernel::procmaps::read(Some(pid)) else {
+        let Some(maps) = maps.get() else {
             return Ok(Look::NotJvm);
         };
-        if !who.alive() {
-            return Ok(Look::NotJvm);
-        }
         let proc_dir = format!("/proc/{pid}");
         let Some(m) = maps
             .iter()
@@ -1658,7 +1657,7 @@ mod tests {
                 java.not.get(&who)
             );
             java.not.remove(&who);
-            given = java.examine(who, false);
+            given = java.examine(&MapsOnce::new(who), false);
             std::thread::sleep(Duration::from_millis(50));
         }
         let (r, l, bias) = {
@@ -1671,7 +1670,7 @@ mod tests {
         eprintln!("JDK {major} (PID {pid}): {r:#x?}");
         if usize::from(r.blob_read) <= BLOB_BYTES {
             assert_eq!(given, Some(r), "the kernel is given the record");
-            assert_eq!(java.examine(who, false), None, "given once");
+            assert_eq!(java.examine(&MapsOnce::new(who), false), None, "given once");
         } else {
             eprintln!(
                 "JDK {major}: blob_read {} > BLOB_BYTES {BLOB_BYTES}: refused",
@@ -1844,7 +1843,7 @@ mod tests {
         let mut java = Java::default();
         java.configure(true, false);
         let me = Proc::now(std::process::id());
-        assert_eq!(java.examine(me, false), None);
+        assert_eq!(java.examine(&MapsOnce::new(me), false), None);
         assert_eq!(java.not.get(&me), Some(&None));
         let f = java.frames(me, JAVA_COMPILED | 0x1000, 1 << 32);
         assert_eq!(names(&f), [GONE]);

@@ -19,7 +19,7 @@ use rtrace_common::python::{
 };
 use rtrace_common::stacks::SEEN_PY_TASK;
 
-use crate::kernel::procmaps::{Mapping, Proc};
+use crate::kernel::procmaps::{Mapping, MapsOnce, Proc};
 use crate::kernel::procmem::{Mem, open_mem};
 use crate::kernel::warning::Warning;
 
@@ -391,7 +391,8 @@ impl Python {
     /// mapped new code) and returns the record for the kernel if it runs
     /// an interpreter the walk can read and the kernel has not been
     /// given it yet (or its offsets were checked since).
-    pub fn examine(&mut self, who: Proc, fresh: bool) -> Option<PyProc> {
+    pub fn examine(&mut self, maps: &MapsOnce, fresh: bool) -> Option<PyProc> {
+        let who = maps.who();
         let pid = who.pid;
         if self.disabled || pid == 0 {
             return None;
@@ -423,7 +424,7 @@ impl Python {
                 }
             };
         }
-        match self.find(who) {
+        match self.find(maps) {
             Ok(Some(mut p)) => {
                 let checked = match check(&p) {
                     Ok(c) => c,
@@ -634,22 +635,18 @@ impl Python {
     }
 
     /// Finds the interpreter in `pid`'s mappings.
-    fn find(&mut self, who: Proc) -> Result<Option<PyProcess>, String> {
+    fn find(&mut self, maps: &MapsOnce) -> Result<Option<PyProcess>, String> {
+        let who = maps.who();
         let pid = who.pid;
-        let Ok(maps) = crate::kernel::procmaps::read(Some(pid)) else {
+        let Some(maps) = maps.get() else {
             return Ok(None);
         };
-        // Read before the check: the pid's next process must not lend
-        // its mappings.
-        if !who.alive() {
-            return Ok(None);
-        }
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         let proc_dir = format!("/proc/{pid}");
         let mut libc = None;
         let mut asyncio = None;
         let mut found = None;
-        for m in &maps {
+        for m in maps {
             let Some(path) = m.path() else { continue };
             let name = path.rsplit('/').next().unwrap_or(path);
             if name.starts_with("libc.so") || name.starts_with("libc-") {

@@ -21,7 +21,7 @@ use rtrace_common::v8::{
     MAX_V8_RANGES, NO_OFFSET, SFI_BYTES, V8_ADDR_MASK, V8Proc, V8Range, sfi_check,
 };
 
-use crate::kernel::procmaps::{Mapping, Proc};
+use crate::kernel::procmaps::{Mapping, MapsOnce, Proc};
 use crate::kernel::procmem::{Mem, open_mem};
 use crate::kernel::warning::Warning;
 
@@ -541,7 +541,8 @@ impl V8 {
     /// call; a process without V8 is remembered as not V8 until `fresh`.
     /// A V8 that cannot be walked (no metadata, pointer compression on)
     /// is told on stderr, once.
-    pub fn examine(&mut self, who: Proc, fresh: bool) -> Option<V8Proc> {
+    pub fn examine(&mut self, maps: &MapsOnce, fresh: bool) -> Option<V8Proc> {
+        let who = maps.who();
         let pid = who.pid;
         if self.disabled || pid == 0 {
             return None;
@@ -555,7 +556,7 @@ impl V8 {
         if self.not.contains_key(&who) || self.procs.contains_key(&who) {
             return None;
         }
-        match self.find(who) {
+        match self.find(maps) {
             Ok(Look::NotV8) => {
                 self.not.insert(who, None);
                 None
@@ -601,14 +602,12 @@ impl V8 {
 
     /// Finds the file with V8's metadata in `who`'s mappings, its layout,
     /// and the ranges of its code.
-    fn find(&mut self, who: Proc) -> Result<Look, String> {
+    fn find(&mut self, maps: &MapsOnce) -> Result<Look, String> {
+        let who = maps.who();
         let pid = who.pid;
-        let Ok(maps) = crate::kernel::procmaps::read(Some(pid)) else {
+        let Some(maps) = maps.get() else {
             return Ok(Look::NotV8);
         };
-        if !who.alive() {
-            return Ok(Look::NotV8);
-        }
         let proc_dir = format!("/proc/{pid}");
         let exe = std::fs::read_link(format!("{proc_dir}/exe")).ok();
         let mut found = None;
@@ -616,7 +615,7 @@ impl V8 {
         // A Node.js without the metadata (built without postmortem
         // support): told, not taken for a process without V8.
         let mut bare = None;
-        for m in &maps {
+        for m in maps {
             let Some(path) = m.path() else {
                 continue;
             };
@@ -627,7 +626,7 @@ impl V8 {
                 bare = Some(path);
             }
             let key = m.file_key();
-            if looked.contains(&key) || !may_hold_v8(&maps, path, exe.as_deref()) {
+            if looked.contains(&key) || !may_hold_v8(maps, path, exe.as_deref()) {
                 continue;
             }
             looked.push(key);
@@ -650,7 +649,7 @@ impl V8 {
         }
         let Some((key, file)) = found else {
             return match bare {
-                Some(path) if !jit_ranges(&maps).is_empty() => Err(format!(
+                Some(path) if !jit_ranges(maps).is_empty() => Err(format!(
                     "its {path} has no v8dbg metadata (V8 built without postmortem support)"
                 )),
                 // Looked at again once it runs JavaScript.
@@ -664,7 +663,7 @@ impl V8 {
             .or_insert_with(|| Layout::new(&file).map(Arc::new))
             .clone()?;
         let mut record = layout.record;
-        let Some(plan) = plan_ranges(&maps, key, file.blob) else {
+        let Some(plan) = plan_ranges(maps, key, file.blob) else {
             return Ok(Look::Starting);
         };
         let ranges = &plan.ranges;
@@ -1503,9 +1502,9 @@ process.stdin.resume();
         let who = Proc::now(pid);
         let mut v8 = V8::default();
         v8.configure(true, false);
-        let record = v8.examine(who, false).expect("node is V8");
+        let record = v8.examine(&MapsOnce::new(who), false).expect("node is V8");
         // Given once.
-        assert_eq!(v8.examine(who, false), None);
+        assert_eq!(v8.examine(&MapsOnce::new(who), false), None);
         eprintln!("{record:?}\n{:?}", v8.summary());
         assert_eq!(v8.summary().len(), 1);
         assert_eq!(
@@ -1636,13 +1635,13 @@ process.stdin.resume();
         let who = Proc::now(running.0.id());
         let mut v8 = V8::default();
         v8.configure(true, false);
-        assert_eq!(v8.examine(who, false), None);
+        assert_eq!(v8.examine(&MapsOnce::new(who), false), None);
         assert_eq!(v8.not.get(&who), Some(&None));
         let f = v8.frames(who, V8_JS | 0x1000, 1 << 32);
         assert_eq!(&*f[0].name, GONE);
         // Nor is any process when turned off.
         v8.configure(false, false);
-        assert_eq!(v8.examine(who, true), None);
+        assert_eq!(v8.examine(&MapsOnce::new(who), true), None);
     }
 
     #[test]
