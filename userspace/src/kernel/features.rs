@@ -252,8 +252,11 @@ impl Features {
         match m {
             Mechanism::RingBuffer => return map_check(MapType::RingBuf),
             Mechanism::TaskStorage => return map_check(MapType::TaskStorage),
-            // Its own object, which rtrace's readers share.
-            Mechanism::TaskMemory => return crate::kernel::procmem::self_check(),
+            // Probed by `load::Kernel::check`, through the reader itself
+            // (`procmem.rs`, which loads with this module's loader).
+            Mechanism::TaskMemory => {
+                return Err("probed through kernel::procmem, not here".to_owned());
+            }
             _ => {}
         }
         let ebpf = self

@@ -217,6 +217,9 @@ impl Kernel {
 
     /// Whether mechanism `m` works here; the error says why not.
     pub fn check(&mut self, m: Mechanism) -> Result<(), String> {
+        if m == Mechanism::TaskMemory {
+            return crate::kernel::procmem::self_check();
+        }
         // The probes of BTF-attached mechanisms attach to these.
         let target = match m {
             Mechanism::TpBtf => Some(AttachTarget::Tracepoint("sched_switch")),

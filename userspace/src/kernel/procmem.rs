@@ -29,7 +29,7 @@ use rtrace_common::procmem::{PROCMEM_MAX, PROCMEM_REQUEST, PROG_PROCMEM_READ, Re
 
 use crate::kernel::{
     btf::{AttachTarget, Btf},
-    load::Load,
+    features, objects,
     procmaps::Proc,
 };
 
@@ -198,9 +198,11 @@ impl Reader {
             .attach_id(AttachTarget::Function(target))
             .ok_or_else(|| format!("the kernel has no {target} (task iterators are 5.8+)"))?;
         let ids = btf.attach_ids(id).map_err(|e| e.to_string())?;
-        let mut ebpf = Load::new("")
-            .load("procmem")
-            .map_err(|e| format!("{e:#}"))?;
+        // Not through `load::Load`, which sits above this module.
+        let object = objects::get("procmem").ok_or("no procmem object in this build")?;
+        let mut ebpf = features::loader()
+            .load(object)
+            .map_err(|e| format!("cannot load the procmem object: {e}"))?;
         let prog: &mut Iter = ebpf
             .program_mut(PROG_PROCMEM_READ)
             .ok_or("the procmem object has no iterator program")?
