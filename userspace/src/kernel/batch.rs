@@ -6,11 +6,15 @@
 
 use std::{
     mem::MaybeUninit,
-    os::fd::{AsRawFd as _, BorrowedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
 };
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+/// `bpf(2)` command: a link, with the attach type's parameters.
+pub const BPF_LINK_CREATE: libc::c_long = 28;
+/// `bpf(2)` command: a readable descriptor of an iterator link.
+pub const BPF_ITER_CREATE: libc::c_long = 33;
 
 /// The `batch` member of `union bpf_attr`.
 #[repr(C)]
@@ -26,22 +30,26 @@ struct BatchAttr {
     flags: u64,
 }
 
-fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> std::io::Result<()> {
+/// `bpf(cmd, attr)`, `attr` being the prefix of `union bpf_attr` that
+/// `cmd` reads, passed with its own size: the commands aya 0.14 does not
+/// make (batches here, links with parameters, iterators). Gives the
+/// call's non-negative result.
+pub fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<i64> {
     // SAFETY: `attr` is a valid `bpf_attr` prefix of its own size, and the
-    // buffers it points at are as large as `count` entries.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut BatchAttr,
-            size_of::<BatchAttr>() as u32,
-        )
-    };
+    // callers' pointers in it point at live memory of the lengths it says.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, size_of::<A>() as u32) };
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(r)
     }
+}
+
+/// [`bpf`] for a command that makes a descriptor, which it gives.
+pub fn bpf_fd<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<OwnedFd> {
+    let fd = bpf(cmd, attr)?;
+    // SAFETY: the kernel returned a new descriptor, ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Every entry of hash map `fd`, with keys of type `K` and values of type
@@ -73,7 +81,7 @@ pub fn lookup_all<K: Copy, V: Copy>(fd: BorrowedFd<'_>) -> Option<Vec<(K, V)>> {
         };
         let r = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
         let ok = match &r {
-            Ok(()) => true,
+            Ok(_) => true,
             // The end of the table, with its last entries.
             Err(e) => e.raw_os_error() == Some(libc::ENOENT),
         };
@@ -106,7 +114,7 @@ pub fn delete<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> Option<std::io::Result
                 ..BatchAttr::default()
             };
             match bpf(BPF_MAP_DELETE_BATCH, &mut attr) {
-                Ok(()) => break,
+                Ok(_) => break,
                 // Stops at a key that is gone: skip it and go on.
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     done += attr.count as usize + 1;

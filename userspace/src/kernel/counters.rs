@@ -160,9 +160,8 @@ pub fn cgroup_dir(path: &Path) -> std::io::Result<File> {
 
 /// `perf_event_attr.type` of a tracepoint.
 const PERF_TYPE_TRACEPOINT: u32 = 2;
-/// `bpf(2)` command and attach type: a link from a program to a perf
-/// event, with a cookie (Linux 5.15+).
-const BPF_LINK_CREATE: libc::c_long = 28;
+/// The attach type of a link from a program to a perf event, with a
+/// cookie (Linux 5.15+).
 const BPF_PERF_EVENT: u64 = 41;
 
 /// Attaches loaded tracepoint program `prog` to tracepoint `id` (its
@@ -201,18 +200,6 @@ pub fn tracepoint_link(prog: BorrowedFd<'_>, id: u64, cookie: u64) -> std::io::R
     link[0] = prog.as_raw_fd() as u64 | (event.as_raw_fd() as u64) << 32;
     link[1] = BPF_PERF_EVENT;
     link[2] = cookie;
-    // SAFETY: `link` outlives the call, and its size is given.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_CREATE,
-            link.as_ptr(),
-            std::mem::size_of_val(&link),
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    use crate::kernel::batch::{BPF_LINK_CREATE, bpf_fd};
+    bpf_fd(BPF_LINK_CREATE, &mut link)
 }

@@ -28,6 +28,7 @@ use aya::{
 use rtrace_common::procmem::{PROCMEM_MAX, PROCMEM_REQUEST, PROG_PROCMEM_READ, Request};
 
 use crate::kernel::{
+    batch::{BPF_ITER_CREATE, BPF_LINK_CREATE, bpf_fd},
     btf::{AttachTarget, Btf},
     features, objects,
     procmaps::Proc,
@@ -150,10 +151,9 @@ struct Reader {
     request: Array<MapData, Request>,
 }
 
-/// `BPF_LINK_CREATE` and `BPF_ITER_CREATE`, which aya 0.14 makes only
-/// without the task iterator's parameters, and only once per link.
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_ITER_CREATE: libc::c_long = 33;
+// `BPF_LINK_CREATE` and `BPF_ITER_CREATE` are made directly: aya 0.14
+// makes them only without the task iterator's parameters, and only once
+// per link.
 /// `BPF_TRACE_ITER`, the attach type of iterators.
 const BPF_TRACE_ITER: u32 = 28;
 
@@ -176,18 +176,6 @@ struct TaskIterInfo {
     tid: u32,
     pid: u32,
     pid_fd: u32,
-}
-
-/// `bpf(cmd, attr)`, giving the new descriptor.
-fn bpf_fd<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<OwnedFd> {
-    // SAFETY: `attr` is a valid `bpf_attr` prefix of its own size, and
-    // every pointer in it points at live memory of the length it says.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, size_of::<A>() as u32) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor, ours alone.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
 }
 
 impl Reader {
