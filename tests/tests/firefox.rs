@@ -643,7 +643,14 @@ fn wakeuptime_blocks_are_the_wakers_stacks_in_the_woken_thread() {
         done,
         pid,
     } = run;
-    assert!(!stderr.contains("lost"), "records lost: {stderr}");
+    // No record lost. (A waker's user stack deeper than --max-stack is
+    // another loss, of frames: a timer's wake is in whatever process it
+    // interrupted, such as a deep recursion running beside the test.)
+    let lost: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("lost") && !l.contains("deeper than --max-stack"))
+        .collect();
+    assert!(lost.is_empty(), "records lost: {lost:?}\n{stderr}");
     let folded = rtrace_integration_tests::parse_folded(&stdout);
     let waiter_lines: Vec<_> = folded
         .iter()
