@@ -141,16 +141,18 @@ fn profile_folded(flags: &[&str], cmd: &[&OsStr], dir: Option<&Path>) -> (String
 /// and `warm` named with their script and line, split as the fixture
 /// measured, whole to node's start. `shown` is the script's path as that
 /// node is given it.
-fn profile_split(what: &str, cmd: &[&OsStr], shown: &str) {
+/// Returns rtrace's stderr.
+fn profile_split(what: &str, flags: &[&str], cmd: &[&OsStr], shown: &str) -> String {
     let script = script();
     let cmd: Vec<&OsStr> = cmd
         .iter()
         .copied()
         .chain([shown.as_ref(), "3".as_ref()])
         .collect();
-    let (stdout, stderr, text) = profile_folded(&[], &cmd, None);
+    let (stdout, stderr, text) = profile_folded(flags, &cmd, None);
     let s = split(&text, shown, &script);
     check(what, &s, &stdout, &text, &stderr);
+    stderr
 }
 
 /// This host's node 20 (a static build with its symbols).
@@ -161,11 +163,25 @@ fn node_functions_are_named_with_no_flag_and_split_as_measured() {
         return;
     }
     let script = script();
-    profile_split(
+    let stderr = profile_split(
         "profile -- node",
+        &["-v"],
         &["node".as_ref()],
         &script.display().to_string(),
     );
+    // The command is node's: its walk is loaded before it starts, so no
+    // sample of it is taken while the verifier works.
+    assert!(
+        stderr.contains(
+            "the command runs JavaScript: the walk through its frames loaded before it starts"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("taken while their runtime's walk was being loaded"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("program profile_v8 (the walk"), "{stderr}");
 }
 
 /// A node in a Debian root of its own (`cargo xtask setup` makes it),
@@ -185,6 +201,7 @@ fn in_root(var: &str, what: &str) {
     std::fs::copy(script(), root.join("tmp/hot.js")).unwrap();
     profile_split(
         what,
+        &[],
         &["chroot".as_ref(), root.as_os_str(), "node".as_ref()],
         "/tmp/hot.js",
     );

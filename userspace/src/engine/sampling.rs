@@ -254,6 +254,9 @@ pub struct Sampler {
     /// The walk's variant the sampling program tail-calls, with the CFI
     /// walk on perf events.
     walkers: Option<Walkers>,
+    /// The runtimes whose walk was loaded at the start because the
+    /// command runs them, for `-v`.
+    command_runtimes: Runtimes,
 }
 
 /// The variants of the sampling program with the CFI walk
@@ -597,6 +600,7 @@ impl Sampler {
             stacks: StackTool::default(),
             stream: None,
             walkers: None,
+            command_runtimes: 0,
         })
     }
 
@@ -776,10 +780,20 @@ impl Sampler {
         // read; the others are read at their first samples.
         self.walkers = Walkers::take(ebpf)?;
         if let Some(w) = &mut self.walkers {
+            // A command that runs a runtime (`-- node app.js`, a script
+            // whose `#!` names python3) is in scope before it starts: its
+            // walk is loaded now, so its first samples are walked whole.
+            self.command_runtimes = match self.scope.command.first() {
+                Some(argv0) if !self.cfg.preload_runtime_walks => {
+                    let path = std::env::var_os("PATH").unwrap_or_default();
+                    crate::stacks::runtimes::of_command(argv0, &path)
+                }
+                _ => 0,
+            };
             let now = if self.cfg.preload_runtime_walks {
                 RUNTIMES_ALL
             } else {
-                self.stacks.runtimes()
+                self.stacks.runtimes() | self.command_runtimes
             };
             w.settle(ebpf, now, Duration::ZERO)?;
         }
@@ -849,6 +863,12 @@ impl Sampler {
             None => format!("sampling {}", self.event.name()),
         }];
         notes.extend(self.probe_how.iter().map(|how| format!("attached {how}")));
+        if self.command_runtimes != 0 {
+            notes.push(format!(
+                "the command runs {}: the walk through its frames loaded before it starts",
+                Walkers::named(self.command_runtimes)
+            ));
+        }
         if let Some((n, took)) = self.preloaded {
             notes.push(format!(
                 "the tables of {n} running processes loaded before tracing, in {:.2} s",

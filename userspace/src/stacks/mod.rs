@@ -11,6 +11,7 @@ pub mod jitdump;
 pub mod perfdata;
 pub mod perfscript;
 pub mod python;
+pub mod runtimes;
 pub mod sample;
 pub mod stackstore;
 pub mod symbolize;
