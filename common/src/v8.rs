@@ -19,10 +19,12 @@ pub const MAX_V8_PROCS: u32 = 1024;
 /// The map of [`V8Proc`]s, by process id.
 pub const V8_PROCS: &str = "V8_PROCS";
 
-/// Address ranges of V8's code a process has at most: its JIT code
-/// range, and its embedded builtins, which V8 may map a second time
-/// near the JIT code (`v8.md` §2, "blob remap").
-pub const MAX_V8_RANGES: usize = 4;
+/// Address ranges of V8's code a process has at most: the embedded
+/// builtins in its file, and for each isolate (the main thread's and
+/// each worker thread's) its JIT code range and the copy of the builtins
+/// V8 maps right after it (`v8.md` §2, "blob remap"): the main isolate
+/// and six workers'.
+pub const MAX_V8_RANGES: usize = 16;
 
 /// Bytes of a `SharedFunctionInfo` (from its start) the walk reads at
 /// most: every field of [`V8Proc`]'s `sfi_*` lies within.
@@ -78,14 +80,12 @@ pub struct V8Range {
 pub struct V8Proc {
     /// V8's code: a pc in none of them is no JavaScript frame's.
     pub ranges: [V8Range; MAX_V8_RANGES],
-    /// The range of `ranges` that holds the embedded builtins an
+    /// The ranges of `ranges` that hold the embedded builtins an
     /// interpreted frame runs in (the interpreter's trampoline and its
-    /// bytecode handlers): its frames' bytecode offsets are read.
-    /// `MAX_V8_RANGES` where none is known; a second copy of the blob is
-    /// `blob2`.
-    pub blob: u32,
-    /// See [`V8Proc::blob`].
-    pub blob2: u32,
+    /// bytecode handlers), a bit each (bit `i` for `ranges[i]`): those
+    /// frames' bytecode offsets are read. The others are JIT code.
+    pub builtins: u32,
+    pub _pad_builtins: u32,
     /// How many of `ranges` there are.
     pub nranges: u32,
     /// Differs between processes that had one pid (from the process's

@@ -133,7 +133,7 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
     s.v8.offset = NO_OFFSET;
     // An interpreted frame runs in the builtins: the bytecode offset,
     // a small integer, is in its slot.
-    if range == p.blob || range == p.blob2 {
+    if range < MAX_V8_RANGES as u32 && p.builtins >> range & 1 != 0 {
         let array = word(&s.v8_buf, slot(p.fp_bytecode_array));
         let off = word(&s.v8_buf, slot(p.fp_bytecode_offset));
         let shift = u64::from(p.smi_shift & 63);

@@ -227,6 +227,54 @@ fn debian_sid_node_24_in_a_chroot_is_named() {
     in_root("RTRACE_NODE24_ROOT", "sid's node 24");
 }
 
+/// Worker threads: each is an isolate of its own, with its own JIT code
+/// range and its own copy of the builtins. Three workers are started
+/// (all isolates set up at once, each where the system put it) and do
+/// the fixture's work one after the other: the samples of every worker
+/// are named, whole, and split as the three measured together.
+#[test]
+fn worker_threads_functions_are_named_too() {
+    if in_guest() {
+        eprintln!("skipped: the VM guests have no Node.js; the host runs it");
+        return;
+    }
+    let script = script();
+    let shown = script.display().to_string();
+    let (stdout, stderr, text) = profile_folded(
+        &["-v"],
+        &["node".as_ref(), shown.as_ref(), "3".as_ref(), "3".as_ref()],
+        None,
+    );
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("split ")).collect();
+    assert_eq!(lines.len(), 3, "one split line a worker: {stdout}");
+    let sum = |key: &str| -> f64 { lines.iter().map(|l| measured(l, key)).sum() };
+    let (hot_ns, warm_ns) = (sum("hot="), sum("warm="));
+    let s = split(&text, &shown, &script);
+    let js = s.hot + s.warm;
+    assert_share_within("workers", s.hot, s.warm, hot_ns / (hot_ns + warm_ns), 4.0);
+    // Of the workers' samples, those in hot or warm with main below.
+    let main = format!("main ({shown}:{})", line_of(&script, "function main("));
+    let (mut in_workers, mut named) = (0, 0);
+    for (stack, n) in parse_folded(&text) {
+        if !stack
+            .iter()
+            .any(|f| f.starts_with("node::worker::Worker::Run("))
+        {
+            continue;
+        }
+        in_workers += n;
+        let leaf = stack.iter().rposition(|f| f.contains(".js:"));
+        if leaf.is_some_and(|l| l > 0 && stack[l - 1] == main) {
+            named += n;
+        }
+    }
+    assert!(
+        in_workers >= 1000 && named as f64 >= 0.9 * in_workers as f64,
+        "{named} of the workers' {in_workers} samples are in hot or warm under main \
+         ({js} in all):\n{text}\n{stderr}"
+    );
+}
+
 /// `profile -p PID` of a node started before rtrace: its V8 is found
 /// from its maps as they are, and its functions named the same.
 #[test]

@@ -404,8 +404,6 @@ impl Layout {
             heap_object_tag: tag as u8,
             heap_object_tag_mask: tag_mask as u8,
             smi_shift: (shift + 1) as u8,
-            blob: MAX_V8_RANGES as u32,
-            blob2: MAX_V8_RANGES as u32,
             ..V8Proc::default()
         };
         let u = |v: Option<i64>, d: u64| v.and_then(|v| u64::try_from(v).ok()).unwrap_or(d);
@@ -475,7 +473,9 @@ enum Look {
     NotV8,
     /// V8, but no JIT code range yet: looked at again next time.
     Starting,
-    V8(Box<V8Process>, V8Proc, String),
+    /// V8, with the kernel's record of it (boxed: it holds sixteen
+    /// ranges) and the `-v` line.
+    V8(Box<V8Process>, Box<V8Proc>, String),
 }
 
 /// A script of a process, by its address and its source's (address,
@@ -566,7 +566,7 @@ impl V8 {
                 self.procs.insert(who, *p);
                 self.found.insert(who, line);
                 self.given.insert(who);
-                Some(record)
+                Some(*record)
             }
             Err(why) => {
                 self.warn(who, why.clone());
@@ -669,8 +669,7 @@ impl V8 {
         let ranges = &plan.ranges;
         record.ranges[..ranges.len()].copy_from_slice(ranges);
         record.nranges = ranges.len() as u32;
-        record.blob = plan.blob;
-        record.blob2 = plan.blob2;
+        record.builtins = plan.builtins;
         record.salt = who.salt();
         let mem = open_mem(who);
         if let Mem::Denied(why) = &mem {
@@ -681,14 +680,13 @@ impl V8 {
                 .get(i as usize)
                 .map(|r| format!("{:#x}-{:#x}", r.low, r.high))
         };
-        let builtins: Vec<String> = [plan.blob, plan.blob2]
-            .into_iter()
-            .filter_map(show)
-            .collect();
-        let jits: Vec<String> = (0..ranges.len() as u32)
-            .filter(|&i| i != plan.blob && i != plan.blob2)
-            .filter_map(show)
-            .collect();
+        let of_kind = |builtins: bool| -> Vec<String> {
+            (0..ranges.len() as u32)
+                .filter(|&i| (plan.builtins >> i & 1 != 0) == builtins)
+                .filter_map(show)
+                .collect()
+        };
+        let (builtins, jits) = (of_kind(true), of_kind(false));
         let mut line = format!(
             "PID {pid} ({}): V8 {}, JIT code {}, builtins {}",
             comm(pid),
@@ -707,7 +705,11 @@ impl V8 {
             ));
         }
         line.push_str(mem.how());
-        Ok(Look::V8(Box::new(V8Process { layout, mem }), record, line))
+        Ok(Look::V8(
+            Box::new(V8Process { layout, mem }),
+            Box::new(record),
+            line,
+        ))
     }
 
     /// Names a JavaScript frame from its two slots (`first`: [`V8_JS`]
@@ -1243,8 +1245,8 @@ fn line_of(ends: &[u32], pos: i64) -> u32 {
 #[derive(Debug, PartialEq, Eq)]
 struct Plan {
     ranges: Vec<V8Range>,
-    blob: u32,
-    blob2: u32,
+    /// Bit `i`: `ranges[i]` holds the builtins ([`V8Proc::builtins`]).
+    builtins: u32,
     /// Ranges found that did not fit.
     left_out: usize,
 }
@@ -1256,10 +1258,10 @@ struct Plan {
 /// Each isolate (the main thread's, and each worker thread's) reserves
 /// a JIT code range and, with short builtin calls, maps the builtins a
 /// second time right after it [measured, node 20 with two workers: three
-/// code ranges, each followed by its copy]. More than fit: the file's
-/// own copy first, then the first isolate's copy and code range (the
-/// highest: mappings are placed top-down, and the main isolate is made
-/// first), then other code ranges, highest first.
+/// code ranges, each followed by its copy]. Where more are found than
+/// fit ([`MAX_V8_RANGES`]): the file's own copy first, then each isolate's
+/// code range and its copy, highest first (mappings are placed top-down,
+/// and the main isolate is made first), then any other copy.
 fn plan_ranges(maps: &[Mapping], key: (u64, u64), blob: Option<(u64, u64)>) -> Option<Plan> {
     let mut jits = jit_ranges(maps);
     if jits.is_empty() {
@@ -1279,32 +1281,37 @@ fn plan_ranges(maps: &[Mapping], key: (u64, u64), blob: Option<(u64, u64)>) -> O
         }
     }
     let found = jits.len() + copies.len();
-    let none = MAX_V8_RANGES as u32;
     let mut plan = Plan {
         ranges: Vec::new(),
-        blob: none,
-        blob2: none,
+        builtins: 0,
         left_out: 0,
+    };
+    let add = |plan: &mut Plan, r: V8Range, builtins: bool| {
+        if plan.ranges.len() < MAX_V8_RANGES && !plan.ranges.contains(&r) {
+            if builtins {
+                plan.builtins |= 1 << plan.ranges.len();
+            }
+            plan.ranges.push(r);
+        }
     };
     let is_remap = |c: &V8Range| jits.iter().any(|j| j.high == c.low);
     if let Some(own) = copies.iter().find(|c| !is_remap(c)).or(copies.first()) {
-        plan.blob = plan.ranges.len() as u32;
-        plan.ranges.push(*own);
+        add(&mut plan, *own, true);
     }
-    let second = copies
-        .iter()
-        .find(|c| c.low == jits[0].high)
-        .or_else(|| copies.iter().find(|c| !plan.ranges.contains(c)));
-    if let Some(c) = second
-        && !plan.ranges.contains(c)
-    {
-        plan.blob2 = plan.ranges.len() as u32;
-        plan.ranges.push(*c);
-    }
-    for j in jits {
-        if plan.ranges.len() < MAX_V8_RANGES {
-            plan.ranges.push(j);
+    for j in &jits {
+        // An isolate's code without its builtins would leave its
+        // interpreted frames unnamed: both, or neither.
+        let copy = copies.iter().find(|c| c.low == j.high);
+        if plan.ranges.len() + 1 + usize::from(copy.is_some()) > MAX_V8_RANGES {
+            break;
         }
+        add(&mut plan, *j, false);
+        if let Some(c) = copy {
+            add(&mut plan, *c, true);
+        }
+    }
+    for c in &copies {
+        add(&mut plan, *c, true);
     }
     plan.left_out = found - plan.ranges.len();
     Some(plan)
@@ -1531,7 +1538,8 @@ process.stdin.resume();
         let n = record.nranges as usize;
         assert!((2..=MAX_V8_RANGES).contains(&n));
         let ranges = &record.ranges[..n];
-        let blob = ranges[record.blob as usize];
+        assert_ne!(record.builtins & 1, 0, "the file's builtins first");
+        let blob = ranges[0];
         let node = maps
             .iter()
             .find(|m| m.exec && m.start <= blob.low && blob.high <= m.end)
@@ -1541,10 +1549,11 @@ process.stdin.resume();
             .iter()
             .filter(|m| m.exec && m.file_key() == node.file_key())
             .count();
-        if (record.blob2 as usize) < MAX_V8_RANGES {
-            let b2 = ranges[record.blob2 as usize];
-            assert_eq!(b2.high - b2.low, blob.high - blob.low, "both copies whole");
-            assert!(remap >= 2);
+        for (i, b2) in ranges.iter().enumerate().skip(1) {
+            if record.builtins >> i & 1 != 0 {
+                assert_eq!(b2.high - b2.low, blob.high - blob.low, "both copies whole");
+                assert!(remap >= 2);
+            }
         }
         for m in maps
             .iter()
@@ -1675,15 +1684,47 @@ process.stdin.resume();
             Some(Plan {
                 ranges: vec![
                     r(0x18c4000, 0x18c4000 + 0x191ac0),
-                    r(0x7f8782e00000, 0x7f8782e00000 + 0x191ac0),
                     r(0x7f8762fc0000, 0x7f8782e00000),
+                    r(0x7f8782e00000, 0x7f8782e00000 + 0x191ac0),
                     r(0x7f873c000000, 0x7f875be40000),
+                    r(0x7f875be40000, 0x7f875be40000 + 0x191ac0),
+                    r(0x7f8714000000, 0x7f8733e40000),
+                    r(0x7f8733e40000, 0x7f8733e40000 + 0x191ac0),
                 ],
-                blob: 0,
-                blob2: 1,
-                left_out: 3,
+                builtins: 0b101_0101,
+                left_out: 0,
             })
         );
+        // Of more isolates than fit, the highest.
+        let many: Vec<Mapping> = (0..10u64)
+            .flat_map(|i| {
+                let base = 0x7f00_0000_0000 + i * 0x1000_0000;
+                [
+                    format!("{:x}-{:x} rwxp 00000000 00:00 0 ", base, base + 0x3000),
+                    format!(
+                        "{:x}-{:x} r-xp 014c4000 08:01 100 /usr/bin/node",
+                        base + 0x3000,
+                        base + 0x3000 + 0x191ac0
+                    ),
+                ]
+            })
+            .chain(["00b72000-025fe000 r-xp 00772000 08:01 100 /usr/bin/node".to_owned()])
+            .map(|l| Mapping::parse(&l).unwrap())
+            .collect();
+        let mut many = many;
+        many.sort_by_key(|m| m.start);
+        let plan = plan_ranges(&many, key, blob).unwrap();
+        assert_eq!(plan.ranges.len(), MAX_V8_RANGES, "{plan:?}");
+        assert_eq!(plan.left_out, 21 - MAX_V8_RANGES);
+        assert_eq!(plan.ranges[0], r(0x18c4000, 0x18c4000 + 0x191ac0));
+        assert_eq!(
+            plan.ranges[1].low, 0x7f00_9000_0000,
+            "the highest isolate first"
+        );
+        // The file's, seven isolates' own, and one more copy in the last
+        // slot (an isolate's code with no room left for its builtins is
+        // not taken; the builtins alone still name its interpreted frames).
+        assert_eq!(plan.builtins.count_ones(), 9, "{plan:?}");
         // No JIT code range yet: still starting.
         assert_eq!(plan_ranges(&maps[..2], key, blob), None);
     }
