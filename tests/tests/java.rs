@@ -51,7 +51,7 @@ fn classes() -> &'static Path {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/java");
         let src = fixtures.join("Hot.java");
         let mut h = std::hash::DefaultHasher::new();
-        for f in ["Hot.java", "hotjni.c"] {
+        for f in ["Hot.java", "hotjni.c", "redefine/Rd.java"] {
             std::fs::read(fixtures.join(f)).unwrap().hash(&mut h);
         }
         let done = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("java-{:016x}", h.finish()));
@@ -74,6 +74,35 @@ fn classes() -> &'static Path {
         assert!(
             out.status.success(),
             "javac failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // `Hot redefine`'s second version of its class, and the agent
+        // jar (a manifest only: the agent is `Hot`, on the class path)
+        // that lets the fixture redefine it.
+        let out = Command::new("javac")
+            .arg("-d")
+            .arg(dir.join("v2"))
+            .arg(fixtures.join("redefine/Rd.java"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "javac failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(
+            dir.join("agent.mf"),
+            "Premain-Class: Hot\nCan-Redefine-Classes: true\n",
+        )
+        .unwrap();
+        let out = Command::new("jar")
+            .args(["--create", "--file", "agent.jar", "--manifest", "agent.mf"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "jar failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let home = java_home();
@@ -937,6 +966,84 @@ fn classes_unloaded_and_loaded_again_at_the_same_addresses_are_named_as_sampled(
             assert!(
                 classes.len() <= 1,
                 "{what}: one stack ({c} samples) names classes {classes:?}: {}",
+                s.join(";")
+            );
+        }
+    }
+}
+
+/// A class redefined while it runs (`java.lang.instrument`, as agents
+/// and debuggers' hot swap do): HotSpot gives the class new methods
+/// (and compiles them anew), keeps the old ones while a frame runs
+/// them, and frees them after; the next version's are often put where
+/// they were. Each sample is named by the version it ran: `Rd.run` calls
+/// `alpha` in one version and `beta` in the other, swapped every phase,
+/// so a name kept from the version before would move samples from one
+/// to the other, or put a frame under the wrong caller. Interpreted and
+/// compiled.
+#[test]
+fn classes_redefined_while_they_run_are_named_as_sampled() {
+    if skip_in_guest() {
+        return;
+    }
+    let dir = classes();
+    let agent = format!("-javaagent:{}", dir.join("agent.jar").display());
+    let two = format!("-Drd.two={}", dir.join("v2/Rd.class").display());
+    for interpreted in [true, false] {
+        let what = if interpreted {
+            "interpreted"
+        } else {
+            "compiled"
+        };
+        let mut jvm = vec![agent.as_str(), two.as_str()];
+        if interpreted {
+            jvm.push("-Xint");
+        }
+        let (folded, _, done) =
+            trace_fixture(&jvm, "redefine", &["profile", "-F", "999", "-f"], READY);
+        let nums: Vec<f64> = done
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert!(
+            nums.len() == 9 && nums[0] == 7.0,
+            "{what}: the fixture did not redefine its class 7 times: {done:?}"
+        );
+        // Phases 1, 3, 5 and 7 ran alpha; 2, 4, 6 and 8 beta.
+        let alpha_ns: f64 = nums[1..].iter().step_by(2).sum();
+        let beta_ns: f64 = nums[2..].iter().step_by(2).sum();
+        let (alpha, beta) = (
+            with_frame(&folded, "Rd.alpha"),
+            with_frame(&folded, "Rd.beta"),
+        );
+        assert!(
+            alpha + beta >= 1500,
+            "{what}: {alpha} samples in Rd.alpha and {beta} in Rd.beta:\n{}",
+            show(&folded)
+        );
+        assert_share(
+            &format!("{what}: Rd.alpha"),
+            alpha,
+            beta,
+            alpha_ns / (alpha_ns + beta_ns),
+        );
+        for leaf in ["Rd.alpha", "Rd.beta"] {
+            let (whole, all) =
+                under_chain(&folded, leaf, &["Hot.main", "Hot.redefineMode", "Rd.run"]);
+            assert_most(
+                whole,
+                all,
+                &format!("{what}: {leaf} samples under Hot.main, Hot.redefineMode and Rd.run"),
+                &folded,
+            );
+        }
+        for (s, c) in &folded {
+            let both = ["Rd.alpha", "Rd.beta"]
+                .iter()
+                .all(|m| s.iter().any(|f| bare(f) == *m));
+            assert!(
+                !both,
+                "{what}: one stack ({c} samples) has both versions' callees: {}",
                 s.join(";")
             );
         }
