@@ -1271,7 +1271,15 @@ pub(crate) fn walk<const RT: u32>(
         depth: u64::from(st.depth),
         tell,
         memo,
-        cut: st.unremembered == crate::scratch::CUT,
+        // A process user space has not given its tables yet is walked by
+        // frame pointer, or by what the kernel found itself, and is often
+        // cut short for that alone: counted (`ERR_NO_TABLES`), but no sign
+        // of code the walk cannot follow, which is what the mark warns of.
+        // (`w.own`, read from the frame it is in anyway: a local held
+        // across the loop would take a slot more of it.)
+        // SAFETY: `w` lives here; the loop has returned.
+        cut: st.unremembered == crate::scratch::CUT
+            && unsafe { core::ptr::read_volatile(&raw const w.own) } != 0,
     })
 }
 
