@@ -264,6 +264,11 @@ pub const PROGRAMS: &[Program] = &[
         "compiles the Java fixture",
     ),
     deb(
+        "jar",
+        "openjdk-17-jdk-headless",
+        "packs the Java fixture's agent jar, which lets it redefine its own class",
+    ),
+    deb(
         "jcmd",
         "openjdk-17-jdk-headless",
         "has the JVM write the perf map that perf, the Java tests' peer, names JIT code by",
