@@ -85,6 +85,8 @@ pub struct V8Proc {
     /// bytecode handlers), a bit each (bit `i` for `ranges[i]`): those
     /// frames' bytecode offsets are read. The others are JIT code.
     pub builtins: u32,
+    /// Unused: keeps the fields after it where they were (the word of
+    /// the two indices `builtins` replaced) and the size a multiple of 8.
     pub _pad_builtins: u32,
     /// How many of `ranges` there are.
     pub nranges: u32,

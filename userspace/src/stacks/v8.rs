@@ -1696,7 +1696,7 @@ process.stdin.resume();
             })
         );
         // Of more isolates than fit, the highest.
-        let many: Vec<Mapping> = (0..10u64)
+        let mut many: Vec<Mapping> = (0..10u64)
             .flat_map(|i| {
                 let base = 0x7f00_0000_0000 + i * 0x1000_0000;
                 [
@@ -1711,7 +1711,6 @@ process.stdin.resume();
             .chain(["00b72000-025fe000 r-xp 00772000 08:01 100 /usr/bin/node".to_owned()])
             .map(|l| Mapping::parse(&l).unwrap())
             .collect();
-        let mut many = many;
         many.sort_by_key(|m| m.start);
         let plan = plan_ranges(&many, key, blob).unwrap();
         assert_eq!(plan.ranges.len(), MAX_V8_RANGES, "{plan:?}");
