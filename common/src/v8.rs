@@ -41,9 +41,16 @@ pub const V8_ADDR_MASK: u64 = !V8_MASK;
 /// bytecode offset in its low half (`u32::MAX` where none).
 pub const V8_JS: u64 = 0x5638_0000_0000_0000;
 
+/// A JavaScript frame that ran in JIT code (Sparkplug's, Maglev's or
+/// TurboFan's): as [`V8_JS`], but the second slot's low half holds the
+/// low 32 bits of the frame's pc (the sampled pc, or the return address
+/// into it), by which user space finds the code, and in it the functions
+/// inlined there (`v8.md` §3).
+pub const V8_JS_PC: u64 = 0x5639_0000_0000_0000;
+
 /// Whether stack slot `ip` starts a JavaScript frame.
 pub const fn is_v8_frame(ip: u64) -> bool {
-    ip & V8_MASK == V8_JS
+    ip & V8_MASK == V8_JS || ip & V8_MASK == V8_JS_PC
 }
 
 /// The check a `SharedFunctionInfo` is named by, from what a move by the

@@ -3,7 +3,9 @@
 //! or its JIT code), the frame's slots below its frame pointer say
 //! whether it is a JavaScript frame (`rtrace_common::v8`). One is written
 //! as its function's `SharedFunctionInfo` and that object's check, which
-//! user space reads back, and stepped by its frame pointer: every frame
+//! user space reads back (with its pc, where it ran JIT code: user space
+//! finds there the functions inlined in it), and stepped by its frame
+//! pointer: every frame
 //! V8 lays out keeps the rbp chain. A frame of V8's own (entry, exit,
 //! stub: a type marker where a JavaScript frame has its context) is left
 //! to the native walk, which names it by its builtin's symbol.
@@ -17,7 +19,10 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     stacks::{ERR_V8_BAD, SEEN_V8},
-    v8::{MAX_V8_RANGES, NO_OFFSET, SFI_BYTES, V8_ADDR_MASK, V8_JS, V8_NEW, V8Proc, sfi_check},
+    v8::{
+        MAX_V8_RANGES, NO_OFFSET, SFI_BYTES, V8_ADDR_MASK, V8_JS, V8_JS_PC, V8_NEW, V8Proc,
+        sfi_check,
+    },
 };
 
 use crate::{
@@ -156,8 +161,17 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
         word(&s.v8_buf, p.sfi_script),
         word(&s.v8_buf, p.sfi_ints) & p.sfi_ints_mask,
     );
-    let first = V8_JS | (sfi & V8_ADDR_MASK);
-    let second = u64::from(check) << 32 | u64::from(s.v8.offset);
+    // A frame in JIT code carries its pc, by which user space finds the
+    // code and the functions inlined in it; an interpreted one its
+    // bytecode offset.
+    let jit = range < MAX_V8_RANGES as u32 && p.builtins >> range & 1 == 0;
+    let (tag, low) = if jit && s.v8.offset == NO_OFFSET {
+        (V8_JS_PC, s.walk.ip & 0xffff_ffff)
+    } else {
+        (V8_JS, u64::from(s.v8.offset))
+    };
+    let first = tag | (sfi & V8_ADDR_MASK);
+    let second = u64::from(check) << 32 | low;
     // JavaScript frames depend on more than the stack's words (the heap's
     // objects, which the collector moves).
     s.walk.unremembered = 1;

@@ -52,6 +52,16 @@ struct Split {
     hot: u64,
     warm: u64,
     whole: u64,
+    /// Of `hot` and `warm`, those inlined into `main` (`_[i]` under `-a`).
+    inlined: u64,
+}
+
+/// Frame `f` without its `-a` annotation (`_[j]`, `_[i]`, …).
+fn plain(f: &str) -> &str {
+    match f.len().checked_sub(4).map(|i| f.split_at(i)) {
+        Some((name, a)) if a.starts_with("_[") && a.ends_with(']') => name,
+        _ => f,
+    }
 }
 
 /// `shown` is the script's path as node names it, `script` where its
@@ -67,15 +77,18 @@ fn split(folded: &str, shown: &str, script: &Path) -> Split {
         let Some(leaf) = stack.iter().rposition(|f| f.contains(".js:")) else {
             continue;
         };
-        if stack[leaf] == hot {
+        if plain(&stack[leaf]) == hot {
             out.hot += n;
-        } else if stack[leaf] == warm {
+        } else if plain(&stack[leaf]) == warm {
             out.warm += n;
         } else {
             continue;
         }
+        if stack[leaf].ends_with("_[i]") {
+            out.inlined += n;
+        }
         let whole = leaf > 0
-            && stack[leaf - 1] == main
+            && plain(&stack[leaf - 1]) == main
             && stack.iter().any(|f| f.starts_with("node::Start("));
         if whole {
             out.whole += n;
@@ -141,8 +154,8 @@ fn profile_folded(flags: &[&str], cmd: &[&OsStr], dir: Option<&Path>) -> (String
 /// and `warm` named with their script and line, split as the fixture
 /// measured, whole to node's start. `shown` is the script's path as that
 /// node is given it.
-/// Returns rtrace's stderr.
-fn profile_split(what: &str, flags: &[&str], cmd: &[&OsStr], shown: &str) -> String {
+/// Returns rtrace's stderr and the split.
+fn profile_split(what: &str, flags: &[&str], cmd: &[&OsStr], shown: &str) -> (String, Split) {
     let script = script();
     let cmd: Vec<&OsStr> = cmd
         .iter()
@@ -152,7 +165,32 @@ fn profile_split(what: &str, flags: &[&str], cmd: &[&OsStr], shown: &str) -> Str
     let (stdout, stderr, text) = profile_folded(flags, &cmd, None);
     let s = split(&text, shown, &script);
     check(what, &s, &stdout, &text, &stderr);
-    stderr
+    inlined_named_right(what, &text, shown, &script);
+    (stderr, s)
+}
+
+/// Checks that every JavaScript frame marked inlined (`_[i]`, under `-a`)
+/// is one the fixture's `main` inlines, `hot` or `warm`, or one of Node's
+/// own (`node:`) functions it calls, and lies right above `main` or
+/// another inlined frame: an expansion read wrong would name another.
+fn inlined_named_right(what: &str, folded: &str, shown: &str, script: &Path) {
+    let hot = format!("hot ({shown}:{})", line_of(script, "function hot("));
+    let warm = format!("warm ({shown}:{})", line_of(script, "function warm("));
+    let main = format!("main ({shown}:{})", line_of(script, "function main("));
+    for (stack, _) in parse_folded(folded) {
+        for (i, f) in stack.iter().enumerate() {
+            if !f.ends_with("_[i]") || !f.contains(".js:") && !f.contains("(node:") {
+                continue;
+            }
+            let name = plain(f);
+            let below = i.checked_sub(1).map(|b| stack[b].as_str());
+            assert!(
+                (name == hot || name == warm || name.contains("(node:"))
+                    && below.is_some_and(|b| plain(b) == main || b.ends_with("_[i]")),
+                "{what}: inlined frame {f} below {below:?}:\n{folded}"
+            );
+        }
+    }
 }
 
 /// This host's node 20 (a static build with its symbols).
@@ -163,12 +201,16 @@ fn node_functions_are_named_with_no_flag_and_split_as_measured() {
         return;
     }
     let script = script();
-    let stderr = profile_split(
+    let (stderr, s) = profile_split(
         "profile -- node",
-        &["-v"],
+        &["-v", "-a"],
         &["node".as_ref()],
         &script.display().to_string(),
     );
+    // TurboFan inlines hot and warm into main's loop: those samples are
+    // named as the others, from main's code's own tables.
+    assert!(stderr.contains("inlined functions expanded"), "{stderr}");
+    assert!(s.inlined >= 20, "{s:?}");
     // The command is node's: its walk is loaded before it starts, so no
     // sample of it is taken while the verifier works.
     assert!(
@@ -187,7 +229,7 @@ fn node_functions_are_named_with_no_flag_and_split_as_measured() {
 /// A node in a Debian root of its own (`cargo xtask setup` makes it),
 /// through `chroot`: V8 in Debian's stripped `libnode.so.N`, its builtins
 /// without symbols, found from its exported metadata alone.
-fn in_root(var: &str, what: &str) {
+fn in_root(var: &str, what: &str, expanded: bool) {
     if in_guest() {
         eprintln!("skipped: the VM guests have no Node.js; the host runs it");
         return;
@@ -199,24 +241,43 @@ fn in_root(var: &str, what: &str) {
         root.display()
     );
     std::fs::copy(script(), root.join("tmp/hot.js")).unwrap();
-    profile_split(
-        what,
-        &[],
-        &["chroot".as_ref(), root.as_os_str(), "node".as_ref()],
-        "/tmp/hot.js",
-    );
+    // Where the inlined functions are not expanded, the fixture keeps
+    // each in its own frame.
+    let node: &[&OsStr] = if expanded {
+        &["node".as_ref()]
+    } else {
+        &[
+            "env".as_ref(),
+            "HOT_NO_INLINING=1".as_ref(),
+            "node".as_ref(),
+        ]
+    };
+    let cmd: Vec<&OsStr> = ["chroot".as_ref(), root.as_os_str()]
+        .into_iter()
+        .chain(node.iter().copied())
+        .collect();
+    let (stderr, s) = profile_split(what, &["-v", "-a"], &cmd, "/tmp/hot.js");
+    if expanded {
+        assert!(stderr.contains("inlined functions expanded"), "{stderr}");
+        assert!(s.inlined >= 20, "{what}: {s:?}");
+    } else {
+        assert!(
+            stderr.contains("inlined functions not expanded: its v8dbg metadata lacks"),
+            "{stderr}"
+        );
+    }
 }
 
 /// Debian bookworm's node 18 (V8 10) in a root of its own.
 #[test]
 fn debian_bookworm_node_18_in_a_chroot_is_named() {
-    in_root("RTRACE_NODE18_ROOT", "bookworm's node 18");
+    in_root("RTRACE_NODE18_ROOT", "bookworm's node 18", false);
 }
 
 /// Debian trixie's node 20 in a root of its own.
 #[test]
 fn debian_trixie_node_20_in_a_chroot_is_named() {
-    in_root("RTRACE_NODE20_ROOT", "trixie's node 20");
+    in_root("RTRACE_NODE20_ROOT", "trixie's node 20", true);
 }
 
 /// Debian sid's node 24 in a root of its own: V8 13, whose functions
@@ -224,7 +285,7 @@ fn debian_trixie_node_20_in_a_chroot_is_named() {
 /// read: it names a frame by its function's SharedFunctionInfo).
 #[test]
 fn debian_sid_node_24_in_a_chroot_is_named() {
-    in_root("RTRACE_NODE24_ROOT", "sid's node 24");
+    in_root("RTRACE_NODE24_ROOT", "sid's node 24", false);
 }
 
 /// Worker threads: each is an isolate of its own, with its own JIT code
@@ -437,7 +498,14 @@ fn the_split_agrees_with_perf_on_the_same_run() {
     let mut cmd: Vec<&OsStr> = ["perf", "record", "-q", "-g", "-F", "499", "-o"]
         .map(OsStr::new)
         .to_vec();
-    cmd.extend([data.as_os_str(), "--".as_ref(), "node".as_ref()]);
+    // perf cannot tell inlined functions apart: each keeps its frame.
+    cmd.extend([
+        data.as_os_str(),
+        "--".as_ref(),
+        "env".as_ref(),
+        "HOT_NO_INLINING=1".as_ref(),
+        "node".as_ref(),
+    ]);
     cmd.extend([
         "--perf-basic-prof".as_ref(),
         script.as_os_str(),

@@ -1114,9 +1114,11 @@ impl Symbolizer {
             .collect()
     }
 
-    /// A JavaScript frame: its function, named as Node's profiler and
-    /// Chrome's DevTools show it (`name (file:line)`, the line being the
-    /// function's first), in its script, interpreted or compiled.
+    /// A JavaScript frame: its function (and those inlined at its pc,
+    /// first), named as Node's profiler and Chrome's DevTools show it
+    /// (`name (file:line)`, the line being the function's first, or
+    /// where the frame was under `--lines`), in its script, interpreted,
+    /// compiled or inlined.
     fn v8_frames(&mut self, pid: Proc, first: u64, second: u64) -> Vec<Frame> {
         use super::v8::V8Kind;
         self.v8
@@ -1125,6 +1127,7 @@ impl Symbolizer {
             .map(|j| {
                 let kind = match j.kind {
                     V8Kind::Interpreted => Kind::Interpreted,
+                    V8Kind::Inlined => Kind::Inlined,
                     V8Kind::Compiled | V8Kind::Unknown => Kind::Jit,
                 };
                 let mut frame = Frame::new(j.name, kind, None);

@@ -18,7 +18,8 @@ use std::{
 };
 
 use rtrace_common::v8::{
-    MAX_V8_RANGES, NO_OFFSET, SFI_BYTES, V8_ADDR_MASK, V8Proc, V8Range, sfi_check,
+    MAX_V8_RANGES, NO_OFFSET, SFI_BYTES, V8_ADDR_MASK, V8_JS_PC, V8_MASK, V8Proc, V8Range,
+    sfi_check,
 };
 
 use crate::kernel::procmaps::{Mapping, MapsOnce, Proc};
@@ -34,6 +35,9 @@ pub enum V8Kind {
     /// Run as machine code (Sparkplug, Maglev or TurboFan's), or at least
     /// not known to be interpreted.
     Compiled,
+    /// A function Maglev or TurboFan inlined into the compiled frame
+    /// below it, found from that code's inlining table.
+    Inlined,
     /// A frame that could not be named: its `SharedFunctionInfo` moved or
     /// was freed since the walk (its check failed), or could not be read.
     Unknown,
@@ -299,6 +303,105 @@ struct Layout {
     /// Whether a `ScopeInfo` with many locals keeps them in a hash
     /// table (V8 9.8 and later).
     names_table: bool,
+    /// Where its compiled code keeps the functions inlined in it, or why
+    /// they cannot be read.
+    code: Result<CodeLayout, String>,
+}
+
+/// Where one V8 build keeps what expanding the functions inlined in
+/// compiled code reads, from its metadata. V8 11.3 (node 20) and later
+/// keep a function's machine code in an `InstructionStream` in the code
+/// range, its header right before the instructions and pointing at its
+/// `Code`, which holds the code's tables: the source positions (by pc
+/// offset, each with the inlining it is in) and the deoptimization data
+/// (the inlined functions and where each was called).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CodeLayout {
+    istream_type: u16,
+    /// `InstructionStream`'s pointer to its `Code`: its first field.
+    istream_code: u64,
+    /// Where its instructions start, from it.
+    istream_start: u64,
+    code_type: u16,
+    code_deopt: u64,
+    code_positions: u64,
+    code_istream: u64,
+    code_start: u64,
+    code_flags: u64,
+    code_size: u64,
+    kind_mask: u32,
+    kind_shift: u32,
+    /// Code of a kind above this is optimized (Maglev, TurboFan).
+    kind_baseline: u32,
+    /// Indices in `DeoptimizationData`.
+    deopt_literals: u64,
+    deopt_sfi: u64,
+    deopt_inlining: u64,
+}
+
+impl CodeLayout {
+    /// From V8 file `f`'s metadata, with the `Code` fields 11.3 does not
+    /// export (it exports their neighbour, `source_position_table`) where
+    /// they are in 11.3 [measured, node 20.20.2: a TurboFan `Code` read
+    /// with `%DebugPrint`]; every one is checked against the code found
+    /// (the `Code` points back at its `InstructionStream`, and its
+    /// instruction start is where that stream's are), so a wrong guess
+    /// finds nothing rather than something wrong.
+    fn new(f: &V8File) -> Result<Self, String> {
+        let need = |v: Option<i64>, what: &str| -> Result<u64, String> {
+            v.and_then(|v| u64::try_from(v).ok())
+                .ok_or_else(|| format!("its v8dbg metadata lacks {what}"))
+        };
+        let ty = |v: Option<i64>, what: &str| -> Result<u16, String> {
+            v.and_then(|v| u16::try_from(v).ok())
+                .ok_or_else(|| format!("its v8dbg metadata lacks {what}"))
+        };
+        let positions = need(
+            f.field("Code", "source_position_table"),
+            "Code::source_position_table",
+        )?;
+        let or = |class: &str, field: &str, d: u64| {
+            f.field(class, field)
+                .and_then(|v| u64::try_from(v).ok())
+                .unwrap_or(d)
+        };
+        Ok(Self {
+            istream_type: ty(
+                f.ty("INSTRUCTION_STREAM_TYPE"),
+                "INSTRUCTION_STREAM_TYPE (code kept apart from its tables)",
+            )?,
+            istream_code: 8,
+            istream_start: need(
+                f.field("InstructionStream", "instruction_start"),
+                "InstructionStream::instruction_start",
+            )?,
+            code_type: ty(f.ty("CODE_TYPE"), "CODE_TYPE")?,
+            code_deopt: need(
+                f.field("Code", "deoptimization_data"),
+                "Code::deoptimization_data",
+            )?,
+            code_positions: positions,
+            code_istream: or("Code", "instruction_stream", positions + 8),
+            code_start: or("Code", "instruction_start", positions + 16),
+            code_flags: or("Code", "flags", positions + 24),
+            code_size: or("Code", "instruction_size", positions + 32),
+            kind_mask: need(f.get("CodeKindFieldMask"), "CodeKindFieldMask")? as u32,
+            kind_shift: need(f.get("CodeKindFieldShift"), "CodeKindFieldShift")? as u32,
+            kind_baseline: need(f.get("CodeKindBaseline"), "CodeKindBaseline")? as u32,
+            deopt_literals: need(
+                f.get("DeoptimizationDataLiteralArrayIndex"),
+                "DeoptimizationDataLiteralArrayIndex",
+            )?,
+            deopt_sfi: need(
+                f.get("DeoptimizationDataSharedFunctionInfoIndex"),
+                "DeoptimizationDataSharedFunctionInfoIndex",
+            )?,
+            deopt_inlining: need(
+                f.get("DeoptimizationDataInliningPositionsIndex"),
+                "DeoptimizationDataInliningPositionsIndex",
+            )?,
+        })
+    }
 }
 
 impl Layout {
@@ -457,6 +560,7 @@ impl Layout {
             array_data: u(f.field("FixedArray", "data"), 16),
             positions,
             names_table: f.at_least([9, 8, 0]),
+            code: CodeLayout::new(f),
         })
     }
 }
@@ -465,6 +569,129 @@ impl Layout {
 struct V8Process {
     layout: Arc<Layout>,
     mem: Mem,
+    /// Its JIT code ranges the kernel was given: a compiled frame's pc
+    /// (its low 32 bits, as the walk writes it) is in one of them.
+    jit: Vec<V8Range>,
+    /// The map of its `InstructionStream`s, once one is found.
+    istream_map: std::cell::Cell<u64>,
+}
+
+/// The pc whose low 32 bits are `low`, in one of JIT ranges `jit` (each
+/// smaller than 4 GiB: at most one address of a range has them).
+fn pc_in(jit: &[V8Range], low: u32) -> Option<u64> {
+    jit.iter().find_map(|r| {
+        let at = (r.low & !0xffff_ffff) | u64::from(low);
+        [at, at + (1 << 32)]
+            .into_iter()
+            .find(|&pc| r.low <= pc && pc < r.high)
+    })
+}
+
+/// One piece of compiled code's tables, as expanding its inlined
+/// functions reads them.
+#[derive(Debug, Default)]
+struct CodeInfo {
+    /// Where its instructions start, and how many bytes they take.
+    start: u64,
+    size: u64,
+    /// The function compiled (untagged), from its deoptimization data;
+    /// 0 for code without it (Sparkplug's), which inlines nothing.
+    sfi: u64,
+    /// (pc offset, source position), in pc order: a source position's
+    /// bit 0 marks an external one, bits 1 to 30 hold the script offset
+    /// plus one, bits 31 to 46 the inlining (an index in `inlining`) plus
+    /// one, 0 where none (`SourcePosition`).
+    positions: Vec<(u32, u64)>,
+    /// Per inlining: the source position of its call (in the inlining
+    /// that called it), and its function's index in `literals`.
+    inlining: Vec<(u64, i32)>,
+    /// The deoptimization data's literals (tagged; 0 where cleared).
+    literals: Vec<u64>,
+}
+
+/// Inlined functions expanded at one pc at most: more is a table read
+/// wrong.
+const MAX_INLINED: usize = 64;
+
+/// Bytes of code searched back from a pc for the start of its
+/// `InstructionStream`: TurboFan's largest functions take some hundred
+/// kilobytes.
+const MAX_CODE_SCAN: u64 = 1 << 20;
+
+/// Bytes of a code table read at most.
+const MAX_TABLE: usize = 4 << 20;
+
+/// x86-64 instructions start at a multiple of this (`kCodeAlignment`).
+const CODE_ALIGNMENT: u64 = 64;
+
+impl CodeInfo {
+    /// The functions at pc offset `off` (of a return address or a
+    /// sampled pc: the call, or the instruction, is the byte before), the
+    /// innermost first: each as its `SharedFunctionInfo` (tagged; 0 for
+    /// the function compiled) and its script offset, where known. Only
+    /// the compiled function where the tables do not hold together.
+    fn at(&self, off: u64) -> Vec<(u64, Option<i64>)> {
+        let look = off.saturating_sub(1);
+        let i = self
+            .positions
+            .partition_point(|&(o, _)| u64::from(o) <= look);
+        let Some(&(_, mut pos)) = i.checked_sub(1).and_then(|i| self.positions.get(i)) else {
+            return vec![(0, None)];
+        };
+        let mut out = Vec::new();
+        for _ in 0..MAX_INLINED {
+            let script = (pos & 1 == 0).then(|| ((pos >> 1) & ((1 << 30) - 1)) as i64 - 1);
+            let script = script.filter(|&o| o >= 0);
+            let id = ((pos >> 31) & 0xffff) as i64 - 1;
+            if id < 0 {
+                out.push((0, script));
+                return out;
+            }
+            let Some(&(call, lit)) = self.inlining.get(id as usize) else {
+                break;
+            };
+            let Some(&sfi) = usize::try_from(lit).ok().and_then(|l| self.literals.get(l)) else {
+                break;
+            };
+            if sfi == 0 {
+                break;
+            }
+            out.push((sfi, script));
+            pos = call;
+        }
+        vec![(0, None)]
+    }
+}
+
+/// Decodes a source position table (`SourcePositionTableIterator`):
+/// pairs of zigzag variable-length deltas, the pc offset's (negative for
+/// an expression position: −offset − 1) and the position's.
+fn decode_positions(b: &[u8]) -> Option<Vec<(u32, u64)>> {
+    fn int(b: &[u8], i: &mut usize) -> Option<i64> {
+        let (mut v, mut shift) = (0u64, 0u32);
+        loop {
+            let byte = *b.get(*i)?;
+            *i += 1;
+            v |= u64::from(byte & 0x7f).checked_shl(shift)?;
+            shift += 7;
+            if byte & 0x80 == 0 {
+                break;
+            }
+            if shift > 63 {
+                return None;
+            }
+        }
+        Some((v >> 1) as i64 ^ -((v & 1) as i64))
+    }
+    let (mut i, mut off, mut pos) = (0, 0i64, 0i64);
+    let mut out = Vec::new();
+    while i < b.len() {
+        let d = int(b, &mut i)?;
+        off += if d >= 0 { d } else { -(d + 1) };
+        pos = pos.wrapping_add(int(b, &mut i)?);
+        out.push((u32::try_from(off).ok()?, pos as u64));
+    }
+    Some(out)
 }
 
 /// What looking at a process found.
@@ -488,6 +715,8 @@ struct Named {
     name: Arc<str>,
     file: Option<Arc<str>>,
     line: Option<u32>,
+    /// Where its script's lines end, for the line of a place in it.
+    ends: Option<Arc<[u32]>>,
 }
 
 /// The V8 processes, and the names of their JavaScript frames.
@@ -514,6 +743,9 @@ pub struct V8 {
     /// Line starts of scripts, by process, script and its source (its
     /// address and length): a script's source does not change.
     scripts: HashMap<ScriptKey, Option<Arc<[u32]>>>,
+    /// Compiled code, by process and where its instructions start; a pc
+    /// is looked up by the code before it, and checked to be in it.
+    codes: BTreeMap<(Proc, u64), Arc<CodeInfo>>,
     /// What `-v` says of the V8s found.
     found: BTreeMap<Proc, String>,
     /// Every process whose V8 the kernel's walk was given in the run,
@@ -552,6 +784,7 @@ impl V8 {
             if self.procs.remove(&who).is_some() {
                 self.found.remove(&who);
             }
+            self.codes.retain(|k, _| k.0 != who);
         }
         if self.not.contains_key(&who) || self.procs.contains_key(&who) {
             return None;
@@ -598,6 +831,7 @@ impl V8 {
         self.not.remove(&who);
         self.functions.retain(|k, _| k.0 != who);
         self.scripts.retain(|k, _| k.0 != who);
+        self.codes.retain(|k, _| k.0 != who);
     }
 
     /// Finds the file with V8's metadata in `who`'s mappings, its layout,
@@ -704,9 +938,22 @@ impl V8 {
                 plan.left_out
             ));
         }
+        match &layout.code {
+            Ok(_) => line.push_str(", inlined functions expanded"),
+            Err(why) => line.push_str(&format!(", inlined functions not expanded: {why}")),
+        }
         line.push_str(mem.how());
+        let jit = (0..ranges.len())
+            .filter(|&i| plan.builtins >> i & 1 == 0)
+            .map(|i| ranges[i])
+            .collect();
         Ok(Look::V8(
-            Box::new(V8Process { layout, mem }),
+            Box::new(V8Process {
+                layout,
+                mem,
+                jit,
+                istream_map: std::cell::Cell::new(0),
+            }),
             Box::new(record),
             line,
         ))
@@ -727,18 +974,22 @@ impl V8 {
         }
         let addr = first & V8_ADDR_MASK;
         let check = (second >> 32) as u32;
-        let offset = second as u32;
+        let low = second as u32;
+        let jit = first & V8_MASK == V8_JS_PC;
         let frames: Arc<[V8Frame]> = match self.function(who, addr, check) {
-            Some(n) => Arc::new([V8Frame {
-                name: Arc::clone(&n.name),
-                file: n.file.clone(),
-                line: n.line,
-                kind: if offset == NO_OFFSET {
-                    V8Kind::Compiled
-                } else {
-                    V8Kind::Interpreted
-                },
-            }]),
+            Some(n) => match jit.then(|| self.expand(who, addr, low, &n)).flatten() {
+                Some(f) => f.into(),
+                None => Arc::new([V8Frame {
+                    name: Arc::clone(&n.name),
+                    file: n.file.clone(),
+                    line: n.line,
+                    kind: if jit || low == NO_OFFSET {
+                        V8Kind::Compiled
+                    } else {
+                        V8Kind::Interpreted
+                    },
+                }]),
+            },
             None => {
                 self.unnamed += 1;
                 Arc::new([V8Frame {
@@ -775,23 +1026,91 @@ impl V8 {
             return n.clone();
         }
         let named = r.describe(&sfi).map(|d| {
-            let line = match (d.position, d.script) {
-                (Some(pos), Some(key)) => self
-                    .scripts
+            let ends = d.script.and_then(|key| {
+                self.scripts
                     .entry((who, key.0, key.1, key.2))
                     .or_insert_with(|| r.line_ends(key.0).map(Arc::from))
                     .clone()
-                    .map(|ends| line_of(&ends, pos)),
+            });
+            let line = match (d.position, &ends) {
+                (Some(pos), Some(ends)) => Some(line_of(ends, pos)),
                 _ => None,
             };
             Arc::new(Named {
                 name: d.name,
                 file: d.file,
                 line,
+                ends,
             })
         });
         self.functions.insert((who, addr, check), named.clone());
         named
+    }
+
+    /// The frames of compiled function `sfi` (untagged, named `outer`)
+    /// of process `who` at the pc whose low 32 bits are `low`: the
+    /// functions inlined there, innermost first, then `sfi`'s own, each
+    /// at its line under `--lines`. `None` where the code or its tables
+    /// cannot be read, or one of those functions named: the frame is then
+    /// `sfi`'s alone, never one named wrong.
+    fn expand(
+        &mut self,
+        who: Proc,
+        sfi: u64,
+        low: u32,
+        outer: &Arc<Named>,
+    ) -> Option<Vec<V8Frame>> {
+        let pc = pc_in(&self.procs.get(&who)?.jit, low)?;
+        let code = self.code_for(who, pc, sfi)?;
+        let mut out = Vec::new();
+        for (f, script) in code.at(pc - code.start) {
+            let (named, kind) = if f == 0 {
+                (Arc::clone(outer), V8Kind::Compiled)
+            } else {
+                let p = self.procs.get(&who)?;
+                let r = Reader::of(p);
+                if r.itype(f) != Some(p.layout.record.sfi_type) {
+                    return None;
+                }
+                let addr = r.untag(f);
+                let (check, _) = r.check(addr)?;
+                (self.function(who, addr, check)?, V8Kind::Inlined)
+            };
+            let line = match (self.lines, script, &named.ends) {
+                (true, Some(at), Some(ends)) => Some(line_of(ends, at)),
+                _ => named.line,
+            };
+            out.push(V8Frame {
+                name: Arc::clone(&named.name),
+                file: named.file.clone(),
+                line,
+                kind,
+            });
+        }
+        Some(out)
+    }
+
+    /// The compiled code of process `who` that holds `pc`, if it is
+    /// function `sfi`'s (or code without tables): from what was found
+    /// before, else searched for.
+    fn code_for(&mut self, who: Proc, pc: u64, sfi: u64) -> Option<Arc<CodeInfo>> {
+        let fits =
+            |c: &CodeInfo| c.start <= pc && pc < c.start + c.size && (c.sfi == sfi || c.sfi == 0);
+        if let Some((&(w, _), c)) = self.codes.range(..=(who, pc)).next_back()
+            && w == who
+            && fits(c)
+        {
+            return Some(Arc::clone(c));
+        }
+        let p = self.procs.get(&who)?;
+        let floor = p.jit.iter().find(|r| r.low <= pc && pc < r.high)?.low;
+        let c = Arc::new(Reader::of(p).find_code(pc, floor)?);
+        // What lay where this code is now was moved or freed.
+        let (lo, hi) = (c.start, c.start + c.size);
+        self.codes
+            .retain(|&(w, s), o| w != who || s + o.size <= lo || s >= hi);
+        self.codes.insert((who, c.start), Arc::clone(&c));
+        fits(&c).then_some(c)
     }
 
     /// What `-v` says: one line per V8 found.
@@ -844,6 +1163,7 @@ struct Scope {
 struct Reader<'a> {
     mem: &'a Mem,
     l: &'a Layout,
+    istream_map: &'a std::cell::Cell<u64>,
 }
 
 impl<'a> Reader<'a> {
@@ -851,7 +1171,168 @@ impl<'a> Reader<'a> {
         Self {
             mem: &p.mem,
             l: &p.layout,
+            istream_map: &p.istream_map,
         }
+    }
+
+    /// The compiled code whose instructions hold `pc`: searched back from
+    /// it, no lower than `floor`, for the header of its
+    /// `InstructionStream` (instructions start aligned, right after it),
+    /// a word that is the streams' map; then checked with its `Code`.
+    fn find_code(&self, pc: u64, floor: u64) -> Option<CodeInfo> {
+        let c = self.l.code.as_ref().ok()?;
+        let align = CODE_ALIGNMENT;
+        let floor = floor.max(pc.saturating_sub(MAX_CODE_SCAN)) & !(align - 1);
+        // Starts below `hi` are looked at, 4 KiB of them a read.
+        let mut hi = (pc & !(align - 1)) + align;
+        while hi > floor {
+            let lo = hi.saturating_sub(4096).max(floor);
+            let b = self
+                .mem
+                .read(lo.checked_sub(c.istream_start)?, (hi - lo) as usize)?;
+            let mut start = hi;
+            while start > lo {
+                start -= align;
+                let i = (start - lo) as usize;
+                let map = u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?);
+                if self.is_istream_map(map, c)
+                    && let Some(found) = self.code_at(start - c.istream_start, pc, c)
+                {
+                    return found;
+                }
+            }
+            hi = lo;
+        }
+        None
+    }
+
+    /// Whether `map` is a map of `InstructionStream`s: the one found last
+    /// (each isolate may have its own), or another of their type.
+    fn is_istream_map(&self, map: u64, c: &CodeLayout) -> bool {
+        let known = self.istream_map.get();
+        if known != 0 && map == known {
+            return true;
+        }
+        if !self.is_heap(map) {
+            return false;
+        }
+        let ty = self
+            .mem
+            .u16(self.untag(map) + u64::from(self.l.record.map_instance_type));
+        let is = ty == Some(c.istream_type);
+        if is {
+            self.istream_map.set(map);
+        }
+        is
+    }
+
+    /// Whether `istream` (untagged) is an `InstructionStream`, its `Code`
+    /// pointing back at it (`None` if not: a word of code that looked like
+    /// its map), and then its code if its instructions hold `pc`, with
+    /// its tables if it is optimized.
+    fn code_at(&self, istream: u64, pc: u64, c: &CodeLayout) -> Option<Option<CodeInfo>> {
+        let tag = u64::from(self.l.record.heap_object_tag);
+        let code = self.mem.u64(istream + c.istream_code)?;
+        if self.itype(code)? != c.code_type {
+            return None;
+        }
+        let end = [
+            c.code_istream,
+            c.code_start,
+            c.code_flags,
+            c.code_size,
+            c.code_deopt,
+            c.code_positions,
+        ]
+        .into_iter()
+        .max()?;
+        let head = self.mem.read(self.untag(code), end as usize + 8)?;
+        let at = |o: u64| -> Option<u64> {
+            Some(u64::from_le_bytes(
+                head.get(o as usize..o as usize + 8)?.try_into().ok()?,
+            ))
+        };
+        let start = istream + c.istream_start;
+        if at(c.code_istream)? != istream + tag || at(c.code_start)? != start {
+            return None;
+        }
+        let size = u64::from(at(c.code_size)? as u32);
+        Some(
+            (pc < start + size)
+                .then(|| self.tables(start, size, &at, c))
+                .flatten(),
+        )
+    }
+
+    /// The code whose instructions are `size` bytes at `start` and whose
+    /// `Code`'s words `at` reads, with its tables if it is optimized.
+    fn tables(
+        &self,
+        start: u64,
+        size: u64,
+        at: &dyn Fn(u64) -> Option<u64>,
+        c: &CodeLayout,
+    ) -> Option<CodeInfo> {
+        let mut info = CodeInfo {
+            start,
+            size,
+            ..CodeInfo::default()
+        };
+        let kind = (at(c.code_flags)? as u32 >> c.kind_shift) & c.kind_mask;
+        if kind <= c.kind_baseline {
+            return Some(info);
+        }
+        let deopt = at(c.code_deopt)?;
+        let elements = self.words(deopt)?;
+        let elem = |i: u64| elements.get(usize::try_from(i).ok()?).copied();
+        info.sfi = self.untag(elem(c.deopt_sfi)?);
+        info.literals = self
+            .words(elem(c.deopt_literals)?)?
+            .into_iter()
+            // A weak reference has bit 1 set too; a cleared one is 3.
+            .map(|w| if w & 0xffff_ffff == 3 { 0 } else { w & !2 })
+            .collect();
+        info.inlining = self
+            .bytes(elem(c.deopt_inlining)?)?
+            .chunks_exact(16)
+            .map(|e| {
+                let pos = u64::from_le_bytes(e[..8].try_into().unwrap_or_default());
+                let id = i32::from_le_bytes(e[8..12].try_into().unwrap_or_default());
+                (pos, id)
+            })
+            .collect();
+        info.positions = decode_positions(&self.bytes(at(c.code_positions)?)?)?;
+        Some(info)
+    }
+
+    /// The elements of `FixedArray` (or `WeakFixedArray`) `a`, tagged.
+    fn words(&self, a: u64) -> Option<Vec<u64>> {
+        let b = self.bytes_of(a, 8)?;
+        Some(
+            b.chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+                .collect(),
+        )
+    }
+
+    /// The bytes of `ByteArray` `a`.
+    fn bytes(&self, a: u64) -> Option<Vec<u8>> {
+        self.bytes_of(a, 1)
+    }
+
+    /// The data of array `a`, whose length counts elements of `each`
+    /// bytes.
+    fn bytes_of(&self, a: u64, each: usize) -> Option<Vec<u8>> {
+        if !self.is_heap(a) {
+            return None;
+        }
+        let n = self
+            .word(a, self.l.array_length)
+            .and_then(|w| self.smi(w))
+            .and_then(|n| usize::try_from(n).ok())?
+            .checked_mul(each)
+            .filter(|&n| n <= MAX_TABLE)?;
+        self.mem.read(self.untag(a) + self.l.array_data, n)
     }
 
     fn is_heap(&self, w: u64) -> bool {
@@ -1752,6 +2233,101 @@ process.stdin.resume();
         eprintln!("symbols {blob_low:#x}-{blob_high:#x}, gap {low:#x}-{high:#x}");
         assert!(low <= blob_low && blob_high <= high);
         assert!(high - low < (blob_high - blob_low) + 0x10000, "little more");
+    }
+
+    /// Encodes a source position table as V8's builder does (each entry a
+    /// zigzag variable-length delta of its pc offset, negative for an
+    /// expression position, then of its position).
+    fn encode_positions(entries: &[(u32, u64, bool)]) -> Vec<u8> {
+        fn int(out: &mut Vec<u8>, v: i64) {
+            let mut z = ((v << 1) ^ (v >> 63)) as u64;
+            loop {
+                let more = z > 0x7f;
+                out.push((z & 0x7f) as u8 | if more { 0x80 } else { 0 });
+                z >>= 7;
+                if !more {
+                    break;
+                }
+            }
+        }
+        let (mut out, mut off, mut pos) = (Vec::new(), 0i64, 0i64);
+        for &(o, p, statement) in entries {
+            let d = i64::from(o) - off;
+            int(&mut out, if statement { d } else { -d - 1 });
+            int(&mut out, p as i64 - pos);
+            (off, pos) = (i64::from(o), p as i64);
+        }
+        out
+    }
+
+    /// A TurboFan code's tables as read from node 20 (a loop in `f` that
+    /// calls `leaf`, inlined): pc offsets 143 to 164 are `leaf`'s, at
+    /// script offsets 26 and 28, called from script offset 82 of `f`.
+    #[test]
+    fn inlined_functions_are_expanded_innermost_first() {
+        let measured = [
+            (1, 0x5a, false),
+            (40, 0x90, false),
+            (100, 0x90, true),
+            (143, 0x8000_0036, false),
+            (155, 0x8000_003a, false),
+            (165, 0xa6, false),
+        ];
+        let positions = decode_positions(&encode_positions(&measured)).unwrap();
+        assert_eq!(
+            positions,
+            measured.iter().map(|&(o, p, _)| (o, p)).collect::<Vec<_>>()
+        );
+        let leaf = 0x2e82_cb1e_2ba1;
+        let code = CodeInfo {
+            start: 0x7f06_4c00_5b80,
+            size: 384,
+            sfi: 0x2e82_cb1e_2bf0,
+            positions,
+            inlining: vec![(0xa6, 0)],
+            literals: vec![leaf, 0],
+        };
+        // A return address right after a call at 150: the call is leaf's.
+        assert_eq!(code.at(151), [(leaf, Some(26)), (0, Some(82))]);
+        assert_eq!(code.at(160), [(leaf, Some(28)), (0, Some(82))]);
+        // f's own code.
+        assert_eq!(code.at(120), [(0, Some(71))]);
+        assert_eq!(code.at(170), [(0, Some(82))]);
+        // Before the first entry: f, at no known place.
+        assert_eq!(code.at(1), [(0, None)]);
+        // An inlining that is not in the table, or a literal cleared: f
+        // alone, never a wrong name.
+        let broken = CodeInfo {
+            inlining: vec![],
+            ..code
+        };
+        assert_eq!(broken.at(151), [(0, None)]);
+        let cleared = CodeInfo {
+            inlining: vec![(0xa6, 1)],
+            ..broken
+        };
+        assert_eq!(cleared.at(151), [(0, None)]);
+    }
+
+    /// A compiled frame's pc, of which the walk writes the low 32 bits,
+    /// is found again in the JIT range that holds it.
+    #[test]
+    fn a_pc_is_found_from_its_low_half_in_its_range() {
+        let jit = [
+            V8Range {
+                low: 0x7ff3_667c_0000,
+                high: 0x7ff3_8660_0000,
+            },
+            V8Range {
+                low: 0x7ff2_fff0_0000,
+                high: 0x7ff3_0010_0000,
+            },
+        ];
+        assert_eq!(pc_in(&jit, 0x7000_1234), Some(0x7ff3_7000_1234));
+        // A range across a 4 GiB boundary.
+        assert_eq!(pc_in(&jit, 0x0000_0040), Some(0x7ff3_0000_0040));
+        assert_eq!(pc_in(&jit, 0xfff8_0000), Some(0x7ff2_fff8_0000));
+        assert_eq!(pc_in(&jit, 0x1000_0000), None);
     }
 
     #[test]
