@@ -229,7 +229,7 @@ fn node_functions_are_named_with_no_flag_and_split_as_measured() {
 /// A node in a Debian root of its own (`cargo xtask setup` makes it),
 /// through `chroot`: V8 in Debian's stripped `libnode.so.N`, its builtins
 /// without symbols, found from its exported metadata alone.
-fn in_root(var: &str, what: &str, expanded: bool) {
+fn in_root(var: &str, what: &str, min_inlined: u64) {
     if in_guest() {
         eprintln!("skipped: the VM guests have no Node.js; the host runs it");
         return;
@@ -241,43 +241,29 @@ fn in_root(var: &str, what: &str, expanded: bool) {
         root.display()
     );
     std::fs::copy(script(), root.join("tmp/hot.js")).unwrap();
-    // Where the inlined functions are not expanded, the fixture keeps
-    // each in its own frame.
-    let node: &[&OsStr] = if expanded {
-        &["node".as_ref()]
-    } else {
-        &[
-            "env".as_ref(),
-            "HOT_NO_INLINING=1".as_ref(),
-            "node".as_ref(),
-        ]
-    };
-    let cmd: Vec<&OsStr> = ["chroot".as_ref(), root.as_os_str()]
-        .into_iter()
-        .chain(node.iter().copied())
-        .collect();
-    let (stderr, s) = profile_split(what, &["-v", "-a"], &cmd, "/tmp/hot.js");
-    if expanded {
-        assert!(stderr.contains("inlined functions expanded"), "{stderr}");
-        assert!(s.inlined >= 20, "{what}: {s:?}");
-    } else {
-        assert!(
-            stderr.contains("inlined functions not expanded: its v8dbg metadata lacks"),
-            "{stderr}"
-        );
-    }
+    let (stderr, s) = profile_split(
+        what,
+        &["-v", "-a"],
+        &["chroot".as_ref(), root.as_os_str(), "node".as_ref()],
+        "/tmp/hot.js",
+    );
+    assert!(stderr.contains("inlined functions expanded"), "{stderr}");
+    assert!(s.inlined >= min_inlined, "{what}: {s:?}");
 }
 
 /// Debian bookworm's node 18 (V8 10) in a root of its own.
 #[test]
 fn debian_bookworm_node_18_in_a_chroot_is_named() {
-    in_root("RTRACE_NODE18_ROOT", "bookworm's node 18", false);
+    // V8 10's TurboFan keeps hot and warm in frames of their own here
+    // but for a moment (14 of 1400 samples inlined in one run): what it
+    // inlines is checked, not how much.
+    in_root("RTRACE_NODE18_ROOT", "bookworm's node 18", 0);
 }
 
 /// Debian trixie's node 20 in a root of its own.
 #[test]
 fn debian_trixie_node_20_in_a_chroot_is_named() {
-    in_root("RTRACE_NODE20_ROOT", "trixie's node 20", true);
+    in_root("RTRACE_NODE20_ROOT", "trixie's node 20", 20);
 }
 
 /// Debian sid's node 24 in a root of its own: V8 13, whose functions
@@ -285,7 +271,7 @@ fn debian_trixie_node_20_in_a_chroot_is_named() {
 /// read: it names a frame by its function's SharedFunctionInfo).
 #[test]
 fn debian_sid_node_24_in_a_chroot_is_named() {
-    in_root("RTRACE_NODE24_ROOT", "sid's node 24", false);
+    in_root("RTRACE_NODE24_ROOT", "sid's node 24", 20);
 }
 
 /// Worker threads: each is an isolate of its own, with its own JIT code

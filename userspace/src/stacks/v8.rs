@@ -309,24 +309,30 @@ struct Layout {
 }
 
 /// Where one V8 build keeps what expanding the functions inlined in
-/// compiled code reads, from its metadata. V8 11.3 (node 20) and later
-/// keep a function's machine code in an `InstructionStream` in the code
-/// range, its header right before the instructions and pointing at its
-/// `Code`, which holds the code's tables: the source positions (by pc
-/// offset, each with the inlining it is in) and the deoptimization data
-/// (the inlined functions and where each was called).
+/// compiled code reads, from its metadata and, where it lacks a field,
+/// from the build's version as measured (`%DebugPrint` of a TurboFan
+/// function's code, and its words read from the process). A piece of
+/// compiled code is, up to V8 10 (node 18), one `Code` object in the code
+/// range, its header (with its tables) right before its instructions;
+/// from V8 11.3 (node 20 and 24), an `InstructionStream` there, its
+/// header pointing at its `Code` beside the other objects, which holds
+/// the tables. The tables: the source positions (by pc offset, each with
+/// the inlining it is in) and the deoptimization data (the inlined
+/// functions and where each was called). Every guess is checked against
+/// the code found (the stream and its `Code` point at each other, the
+/// instructions hold the pc, the code is the frame's function's), so a
+/// wrong one finds nothing rather than something wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct CodeLayout {
-    istream_type: u16,
-    /// `InstructionStream`'s pointer to its `Code`: its first field.
-    istream_code: u64,
-    /// Where its instructions start, from it.
-    istream_start: u64,
-    code_type: u16,
+    /// How the instructions are kept.
+    stream: Stream,
+    /// The instance type of the object right before the instructions (an
+    /// `InstructionStream`, or up to V8 10 the `Code` itself).
+    head_type: u16,
+    /// How far before the instructions that object starts.
+    head_size: u64,
     code_deopt: u64,
     code_positions: u64,
-    code_istream: u64,
-    code_start: u64,
     code_flags: u64,
     code_size: u64,
     kind_mask: u32,
@@ -337,69 +343,121 @@ struct CodeLayout {
     deopt_literals: u64,
     deopt_sfi: u64,
     deopt_inlining: u64,
+    /// Where the compiled function is kept in a `SharedFunctionInfoWrapper`
+    /// at `deopt_sfi` (V8 12.9 and later), or `None`: there itself.
+    sfi_wrapped: Option<u64>,
+}
+
+/// How a build keeps compiled code's instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    /// In its `Code` (V8 10 and before).
+    InCode,
+    /// In an `InstructionStream` apart from its `Code`: the stream's
+    /// pointer to it, and the `Code`'s to the stream and to its first
+    /// instruction.
+    Apart {
+        code: u64,
+        code_type: u16,
+        code_istream: u64,
+        code_start: u64,
+    },
 }
 
 impl CodeLayout {
-    /// From V8 file `f`'s metadata, with the `Code` fields 11.3 does not
-    /// export (it exports their neighbour, `source_position_table`) where
-    /// they are in 11.3 [measured, node 20.20.2: a TurboFan `Code` read
-    /// with `%DebugPrint`]; every one is checked against the code found
-    /// (the `Code` points back at its `InstructionStream`, and its
-    /// instruction start is where that stream's are), so a wrong guess
-    /// finds nothing rather than something wrong.
     fn new(f: &V8File) -> Result<Self, String> {
-        let need = |v: Option<i64>, what: &str| -> Result<u64, String> {
-            v.and_then(|v| u64::try_from(v).ok())
-                .ok_or_else(|| format!("its v8dbg metadata lacks {what}"))
-        };
-        let ty = |v: Option<i64>, what: &str| -> Result<u16, String> {
-            v.and_then(|v| u16::try_from(v).ok())
-                .ok_or_else(|| format!("its v8dbg metadata lacks {what}"))
-        };
-        let positions = need(
-            f.field("Code", "source_position_table"),
-            "Code::source_position_table",
-        )?;
-        let or = |class: &str, field: &str, d: u64| {
-            f.field(class, field)
-                .and_then(|v| u64::try_from(v).ok())
-                .unwrap_or(d)
+        let lacks = |what: &str| format!("its v8dbg metadata lacks {what}");
+        let off =
+            |class: &str, field: &str| f.field(class, field).and_then(|v| u64::try_from(v).ok());
+        let get = |name: &str| f.get(name).and_then(|v| u64::try_from(v).ok());
+        let code_type = f
+            .ty("CODE_TYPE")
+            .and_then(|v| u16::try_from(v).ok())
+            .ok_or_else(|| lacks("CODE_TYPE"))?;
+        let size = off("Code", "instruction_size");
+        let flags = off("Code", "flags");
+        let wrapper = off("Code", "wrapper");
+        let positions = off("Code", "source_position_table");
+        let deopt = off("Code", "deoptimization_data");
+        let (stream, head_type, head_size, code_positions, code_deopt, code_flags, code_size) =
+            match f
+                .ty("INSTRUCTION_STREAM_TYPE")
+                .and_then(|v| u16::try_from(v).ok())
+            {
+                Some(ty) => {
+                    // 11.3 exports the tables' offsets and not the rest,
+                    // which follow them [measured, node 20.20.2]; 13.6
+                    // the rest and not the tables, which come before its
+                    // wrapper [measured, node 24.11.1].
+                    let (positions, deopt) = match (positions, deopt, wrapper) {
+                        (Some(p), Some(d), _) => (p, d),
+                        (_, _, Some(w)) if w >= 16 => (w - 8, w - 16),
+                        _ => return Err(lacks("Code::source_position_table")),
+                    };
+                    let stream = Stream::Apart {
+                        code: 8,
+                        code_type,
+                        code_istream: off("Code", "instruction_stream").unwrap_or(positions + 8),
+                        code_start: off("Code", "instruction_start").unwrap_or(positions + 16),
+                    };
+                    let head = off("InstructionStream", "instruction_start")
+                        .ok_or_else(|| lacks("InstructionStream::instruction_start"))?;
+                    let flags = flags.unwrap_or(positions + 24);
+                    let size = size.unwrap_or(positions + 32);
+                    (stream, ty, head, positions, deopt, flags, size)
+                }
+                None => {
+                    // One object: its tables right before its instruction
+                    // count, its header's size its instructions' offset
+                    // [measured, node 18.20.4].
+                    let size = size.ok_or_else(|| lacks("Code::instruction_size"))?;
+                    let head = off("Code", "instruction_start")
+                        .ok_or_else(|| lacks("Code::instruction_start"))?;
+                    let positions = positions.unwrap_or(size.saturating_sub(16));
+                    let deopt = deopt.unwrap_or(size.saturating_sub(24));
+                    let flags = flags.ok_or_else(|| lacks("Code::flags"))?;
+                    (
+                        Stream::InCode,
+                        code_type,
+                        head,
+                        positions,
+                        deopt,
+                        flags,
+                        size,
+                    )
+                }
+            };
+        // Their indices in V8 10 to 12.8, where the metadata lacks them
+        // (node 18) [measured, node 18.20.4 and 20.20.2].
+        let (deopt_sfi, sfi_wrapped) = match get("DeoptimizationDataWrappedSharedFunctionInfoIndex")
+        {
+            Some(i) => (
+                i,
+                Some(
+                    off("SharedFunctionInfoWrapper", "shared_info")
+                        .ok_or_else(|| lacks("SharedFunctionInfoWrapper::shared_info"))?,
+                ),
+            ),
+            None => (
+                get("DeoptimizationDataSharedFunctionInfoIndex").unwrap_or(6),
+                None,
+            ),
         };
         Ok(Self {
-            istream_type: ty(
-                f.ty("INSTRUCTION_STREAM_TYPE"),
-                "INSTRUCTION_STREAM_TYPE (code kept apart from its tables)",
-            )?,
-            istream_code: 8,
-            istream_start: need(
-                f.field("InstructionStream", "instruction_start"),
-                "InstructionStream::instruction_start",
-            )?,
-            code_type: ty(f.ty("CODE_TYPE"), "CODE_TYPE")?,
-            code_deopt: need(
-                f.field("Code", "deoptimization_data"),
-                "Code::deoptimization_data",
-            )?,
-            code_positions: positions,
-            code_istream: or("Code", "instruction_stream", positions + 8),
-            code_start: or("Code", "instruction_start", positions + 16),
-            code_flags: or("Code", "flags", positions + 24),
-            code_size: or("Code", "instruction_size", positions + 32),
-            kind_mask: need(f.get("CodeKindFieldMask"), "CodeKindFieldMask")? as u32,
-            kind_shift: need(f.get("CodeKindFieldShift"), "CodeKindFieldShift")? as u32,
-            kind_baseline: need(f.get("CodeKindBaseline"), "CodeKindBaseline")? as u32,
-            deopt_literals: need(
-                f.get("DeoptimizationDataLiteralArrayIndex"),
-                "DeoptimizationDataLiteralArrayIndex",
-            )?,
-            deopt_sfi: need(
-                f.get("DeoptimizationDataSharedFunctionInfoIndex"),
-                "DeoptimizationDataSharedFunctionInfoIndex",
-            )?,
-            deopt_inlining: need(
-                f.get("DeoptimizationDataInliningPositionsIndex"),
-                "DeoptimizationDataInliningPositionsIndex",
-            )?,
+            stream,
+            head_type,
+            head_size,
+            code_deopt,
+            code_positions,
+            code_flags,
+            code_size,
+            kind_mask: get("CodeKindFieldMask").ok_or_else(|| lacks("CodeKindFieldMask"))? as u32,
+            kind_shift: get("CodeKindFieldShift").unwrap_or(0) as u32,
+            kind_baseline: get("CodeKindBaseline").ok_or_else(|| lacks("CodeKindBaseline"))? as u32,
+            deopt_literals: get("DeoptimizationDataLiteralArrayIndex").unwrap_or(2),
+            deopt_sfi,
+            deopt_inlining: get("DeoptimizationDataInliningPositionsIndex").unwrap_or(7),
+            sfi_wrapped,
         })
     }
 }
@@ -572,8 +630,9 @@ struct V8Process {
     /// Its JIT code ranges the kernel was given: a compiled frame's pc
     /// (its low 32 bits, as the walk writes it) is in one of them.
     jit: Vec<V8Range>,
-    /// The map of its `InstructionStream`s, once one is found.
-    istream_map: std::cell::Cell<u64>,
+    /// The map of the objects right before compiled code's instructions
+    /// (`CodeLayout::head_type`) found last.
+    head_map: std::cell::Cell<u64>,
 }
 
 /// The pc whose low 32 bits are `low`, in one of JIT ranges `jit` (each
@@ -952,7 +1011,7 @@ impl V8 {
                 layout,
                 mem,
                 jit,
-                istream_map: std::cell::Cell::new(0),
+                head_map: std::cell::Cell::new(0),
             }),
             Box::new(record),
             line,
@@ -1163,7 +1222,7 @@ struct Scope {
 struct Reader<'a> {
     mem: &'a Mem,
     l: &'a Layout,
-    istream_map: &'a std::cell::Cell<u64>,
+    head_map: &'a std::cell::Cell<u64>,
 }
 
 impl<'a> Reader<'a> {
@@ -1171,14 +1230,14 @@ impl<'a> Reader<'a> {
         Self {
             mem: &p.mem,
             l: &p.layout,
-            istream_map: &p.istream_map,
+            head_map: &p.head_map,
         }
     }
 
     /// The compiled code whose instructions hold `pc`: searched back from
-    /// it, no lower than `floor`, for the header of its
-    /// `InstructionStream` (instructions start aligned, right after it),
-    /// a word that is the streams' map; then checked with its `Code`.
+    /// it, no lower than `floor`, for the object right before its
+    /// instructions (which start aligned), a word that is that object's
+    /// map; then checked.
     fn find_code(&self, pc: u64, floor: u64) -> Option<CodeInfo> {
         let c = self.l.code.as_ref().ok()?;
         let align = CODE_ALIGNMENT;
@@ -1189,14 +1248,14 @@ impl<'a> Reader<'a> {
             let lo = hi.saturating_sub(4096).max(floor);
             let b = self
                 .mem
-                .read(lo.checked_sub(c.istream_start)?, (hi - lo) as usize)?;
+                .read(lo.checked_sub(c.head_size)?, (hi - lo) as usize)?;
             let mut start = hi;
             while start > lo {
                 start -= align;
                 let i = (start - lo) as usize;
                 let map = u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?);
-                if self.is_istream_map(map, c)
-                    && let Some(found) = self.code_at(start - c.istream_start, pc, c)
+                if self.is_head_map(map, c)
+                    && let Some(found) = self.code_at(start, pc, c)
                 {
                     return found;
                 }
@@ -1206,10 +1265,11 @@ impl<'a> Reader<'a> {
         None
     }
 
-    /// Whether `map` is a map of `InstructionStream`s: the one found last
-    /// (each isolate may have its own), or another of their type.
-    fn is_istream_map(&self, map: u64, c: &CodeLayout) -> bool {
-        let known = self.istream_map.get();
+    /// Whether `map` is a map of the objects right before instructions:
+    /// the one found last (each isolate may have its own), or another of
+    /// their type.
+    fn is_head_map(&self, map: u64, c: &CodeLayout) -> bool {
+        let known = self.head_map.get();
         if known != 0 && map == known {
             return true;
         }
@@ -1219,41 +1279,56 @@ impl<'a> Reader<'a> {
         let ty = self
             .mem
             .u16(self.untag(map) + u64::from(self.l.record.map_instance_type));
-        let is = ty == Some(c.istream_type);
+        let is = ty == Some(c.head_type);
         if is {
-            self.istream_map.set(map);
+            self.head_map.set(map);
         }
         is
     }
 
-    /// Whether `istream` (untagged) is an `InstructionStream`, its `Code`
-    /// pointing back at it (`None` if not: a word of code that looked like
-    /// its map), and then its code if its instructions hold `pc`, with
-    /// its tables if it is optimized.
-    fn code_at(&self, istream: u64, pc: u64, c: &CodeLayout) -> Option<Option<CodeInfo>> {
+    /// Whether instructions start at `start` (their object checked: its
+    /// `Code` and stream point at each other; `None` if not, a word of
+    /// code that looked like a map), and then their code if they hold
+    /// `pc`, with its tables if it is optimized.
+    fn code_at(&self, start: u64, pc: u64, c: &CodeLayout) -> Option<Option<CodeInfo>> {
         let tag = u64::from(self.l.record.heap_object_tag);
-        let code = self.mem.u64(istream + c.istream_code)?;
-        if self.itype(code)? != c.code_type {
-            return None;
-        }
-        let end = [
-            c.code_istream,
-            c.code_start,
-            c.code_flags,
-            c.code_size,
-            c.code_deopt,
-            c.code_positions,
-        ]
-        .into_iter()
-        .max()?;
-        let head = self.mem.read(self.untag(code), end as usize + 8)?;
+        let head = start - c.head_size;
+        let code = match c.stream {
+            Stream::InCode => head + tag,
+            Stream::Apart {
+                code, code_type, ..
+            } => {
+                let code = self.mem.u64(head + code)?;
+                if self.itype(code)? != code_type {
+                    return None;
+                }
+                code
+            }
+        };
+        let end = [c.code_flags, c.code_size, c.code_deopt, c.code_positions]
+            .into_iter()
+            .chain(match c.stream {
+                Stream::InCode => None,
+                Stream::Apart {
+                    code_istream,
+                    code_start,
+                    ..
+                } => Some(code_istream.max(code_start)),
+            })
+            .max()?;
+        let words = self.mem.read(self.untag(code), end as usize + 8)?;
         let at = |o: u64| -> Option<u64> {
             Some(u64::from_le_bytes(
-                head.get(o as usize..o as usize + 8)?.try_into().ok()?,
+                words.get(o as usize..o as usize + 8)?.try_into().ok()?,
             ))
         };
-        let start = istream + c.istream_start;
-        if at(c.code_istream)? != istream + tag || at(c.code_start)? != start {
+        if let Stream::Apart {
+            code_istream,
+            code_start,
+            ..
+        } = c.stream
+            && (at(code_istream)? != head + tag || at(code_start)? != start)
+        {
             return None;
         }
         let size = u64::from(at(c.code_size)? as u32);
@@ -1282,10 +1357,13 @@ impl<'a> Reader<'a> {
         if kind <= c.kind_baseline {
             return Some(info);
         }
-        let deopt = at(c.code_deopt)?;
-        let elements = self.words(deopt)?;
+        let elements = self.words(at(c.code_deopt)?)?;
         let elem = |i: u64| elements.get(usize::try_from(i).ok()?).copied();
-        info.sfi = self.untag(elem(c.deopt_sfi)?);
+        let mut sfi = elem(c.deopt_sfi)?;
+        if let Some(shared) = c.sfi_wrapped {
+            sfi = self.word(sfi, shared)?;
+        }
+        info.sfi = self.untag(sfi);
         info.literals = self
             .words(elem(c.deopt_literals)?)?
             .into_iter()
