@@ -380,8 +380,9 @@ fn started_before(what: &str, nobody: bool) {
 }
 
 /// `profile -- node shapes.js`: an async function resumed from the
-/// microtask queue, a closure, a class method, a function optimized then
-/// deoptimized mid-run, and one under 300 recursive calls, each named
+/// microtask queue, a closure, a class method (the last two inlined by
+/// TurboFan into their callers), a function optimized then deoptimized
+/// mid-run, and one under 300 recursive calls, each named
 /// `name (file:line)` with the line it starts on; the deep one whole
 /// from its leaf through every `deep` to `main` with `--max-stack 512`
 /// (a JavaScript frame takes two of the stack's slots, and counts once).
@@ -393,7 +394,7 @@ fn every_shape_of_function_is_named() {
     }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/shapes.js");
     let (stdout, stderr, text) = profile_folded(
-        &["--max-stack", "512"],
+        &["--max-stack", "512", "-a"],
         &["node".as_ref(), script.as_os_str(), "600".as_ref()],
         None,
     );
@@ -417,7 +418,15 @@ fn every_shape_of_function_is_named() {
     let main = named("main", "async function main(");
     let mut at_leaf = vec![0u64; leaves.len()];
     let (mut deep_samples, mut deep_whole, mut gone, mut js) = (0u64, 0u64, 0u64, 0u64);
-    for (stack, n) in parse_folded(&text) {
+    let mut inlined = 0u64;
+    for (marked, n) in parse_folded(&text) {
+        if marked
+            .iter()
+            .any(|f| f.ends_with("_[i]") && leaves.iter().any(|l| plain(f) == l))
+        {
+            inlined += n;
+        }
+        let stack: Vec<String> = marked.iter().map(|f| plain(f).to_owned()).collect();
         if stack.first().is_none_or(|c| c != "node") {
             continue;
         }
@@ -455,6 +464,13 @@ fn every_shape_of_function_is_named() {
         deep_whole as f64 >= 0.95 * deep_samples as f64,
         "{deep_whole} of {deep_samples} samples of deepLeaf have 301 calls of deep under it and \
          main under them\n{text}"
+    );
+    // TurboFan inlines the class method into the arrow function that
+    // calls it, and the closure into `forCpu`: those are named as the
+    // others, from the code's tables.
+    assert!(
+        inlined >= 20,
+        "{inlined} samples in the fixture's functions inlined:\n{text}"
     );
     // The collector may move a function between a sample and its name
     // being read: rare, and never named as another.
