@@ -226,6 +226,79 @@ fn node_functions_are_named_with_no_flag_and_split_as_measured() {
     assert!(!stderr.contains("program profile_v8 (the walk"), "{stderr}");
 }
 
+/// `profile --lines -a -- node hot.js`: a compiled frame is at the line
+/// its pc was on, from its code's source positions, and an inlined one
+/// too, the frame below it (`main`) at the line of the call: checked
+/// against the fixture's source. Interpreted frames keep their function's
+/// first line.
+#[test]
+fn compiled_frames_are_at_their_lines_under_lines() {
+    if in_guest() {
+        eprintln!("skipped: the VM guests have no Node.js; the host runs it");
+        return;
+    }
+    let script = script();
+    let shown = script.display().to_string();
+    let (_, stderr, text) = profile_folded(
+        &["--lines", "-a"],
+        &["node".as_ref(), shown.as_ref(), "3".as_ref()],
+        None,
+    );
+    let at = |start: &str| line_of(&script, start);
+    // Each function's body: the lines after its first, before the next.
+    let bodies = [
+        ("hot", at("function hot(") + 1..at("function warm(")),
+        ("warm", at("function warm(") + 1..at("function main(")),
+    ];
+    let calls = [("hot", at("x = hot(n, x)")), ("warm", at("x = warm(n, x)"))];
+    let line = |f: &str| -> Option<usize> {
+        let inner = plain(f).strip_suffix(')')?;
+        inner.rsplit_once(':')?.1.parse().ok()
+    };
+    let (mut compiled, mut in_body, mut inlined, mut at_call) = (0u64, 0u64, 0u64, 0u64);
+    for (stack, n) in parse_folded(&text) {
+        let Some(leaf) = stack.iter().rposition(|f| f.contains(".js:")) else {
+            continue;
+        };
+        let f = &stack[leaf];
+        let Some((name, body)) = bodies
+            .iter()
+            .find(|(name, _)| f.starts_with(&format!("{name} ({shown}:")))
+        else {
+            continue;
+        };
+        if !f.ends_with("_[j]") && !f.ends_with("_[i]") {
+            continue;
+        }
+        compiled += n;
+        if line(f).is_some_and(|l| body.contains(&l)) {
+            in_body += n;
+        }
+        if f.ends_with("_[i]") {
+            inlined += n;
+            let call = calls.iter().find(|(c, _)| c == name).map(|c| c.1);
+            let below = leaf.checked_sub(1).and_then(|b| line(&stack[b]));
+            if below.is_some() && below == call {
+                at_call += n;
+            }
+        }
+    }
+    assert!(
+        compiled >= 200,
+        "{compiled} compiled samples\n{text}\n{stderr}"
+    );
+    assert!(
+        in_body as f64 >= 0.95 * compiled as f64,
+        "{in_body} of {compiled} compiled samples of hot and warm at a line of their body \
+         ({bodies:?})\n{text}"
+    );
+    assert!(
+        inlined >= 20 && at_call as f64 >= 0.95 * inlined as f64,
+        "{at_call} of {inlined} inlined samples have main at the line of the call \
+         ({calls:?})\n{text}"
+    );
+}
+
 /// A node in a Debian root of its own (`cargo xtask setup` makes it),
 /// through `chroot`: V8 in Debian's stripped `libnode.so.N`, its builtins
 /// without symbols, found from its exported metadata alone.
