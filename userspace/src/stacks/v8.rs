@@ -5,11 +5,10 @@
 //! address ranges of its code (the embedded builtins, mapped once or
 //! twice, and the JIT code range), and the names of the frames the walk
 //! writes: a function's name as V8 reports it, its script and its first
-//! line, read from the process's memory while it lives. Facts and their
-//! sources: `v8.md`.
-
-// The tracer and the symbolizer call this module from their own
-// changes, made apart from it; until they do, its items are unused.
+//! line (under `--lines`, a compiled frame's own line), and the functions
+//! compiled code inlined at a frame's pc, from that code's tables, read
+//! from the process's memory while it lives. Facts and their sources:
+//! `v8.md`.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -388,7 +387,7 @@ impl CodeLayout {
                     // 11.3 exports the tables' offsets and not the rest,
                     // which follow them [measured, node 20.20.2]; 13.6
                     // the rest and not the tables, which come before its
-                    // wrapper [measured, node 24.11.1].
+                    // wrapper [measured, node 24.22.2].
                     let (positions, deopt) = match (positions, deopt, wrapper) {
                         (Some(p), Some(d), _) => (p, d),
                         (_, _, Some(w)) if w >= 16 => (w - 8, w - 16),
@@ -1018,10 +1017,11 @@ impl V8 {
         ))
     }
 
-    /// Names a JavaScript frame from its two slots (`first`: [`V8_JS`]
-    /// and the untagged address of its `SharedFunctionInfo`; `second`: the
-    /// SFI's [`sfi_check`] and the bytecode offset or [`NO_OFFSET`]), one
-    /// frame for now (a Vec, for the functions inlined at a pc later).
+    /// Names a JavaScript frame from its two slots (`first`: [`V8_JS`],
+    /// or [`V8_JS_PC`] for one in JIT code, and the untagged address of
+    /// its `SharedFunctionInfo`; `second`: the SFI's [`sfi_check`] and the
+    /// bytecode offset or [`NO_OFFSET`], or the low half of its pc): its
+    /// function, after the functions inlined at its pc, innermost first.
     /// Cached by (who, first, second). A frame whose `SharedFunctionInfo`
     /// no longer passes its check is `[js: gone]` (kind Unknown), never
     /// another function's name.
