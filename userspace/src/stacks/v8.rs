@@ -777,6 +777,18 @@ struct Named {
     ends: Option<Arc<[u32]>>,
 }
 
+impl Named {
+    /// A frame of this function, at `line`, run as `kind`.
+    fn frame(&self, line: Option<u32>, kind: V8Kind) -> V8Frame {
+        V8Frame {
+            name: Arc::clone(&self.name),
+            file: self.file.clone(),
+            line,
+            kind,
+        }
+    }
+}
+
 /// The V8 processes, and the names of their JavaScript frames.
 #[derive(Default)]
 pub struct V8 {
@@ -1038,16 +1050,14 @@ impl V8 {
         let frames: Arc<[V8Frame]> = match self.function(who, addr, check) {
             Some(n) => match jit.then(|| self.expand(who, addr, low, &n)).flatten() {
                 Some(f) => f.into(),
-                None => Arc::new([V8Frame {
-                    name: Arc::clone(&n.name),
-                    file: n.file.clone(),
-                    line: n.line,
-                    kind: if jit || low == NO_OFFSET {
+                None => Arc::new([n.frame(
+                    n.line,
+                    if jit || low == NO_OFFSET {
                         V8Kind::Compiled
                     } else {
                         V8Kind::Interpreted
                     },
-                }]),
+                )]),
             },
             None => {
                 self.unnamed += 1;
@@ -1126,11 +1136,11 @@ impl V8 {
             let (named, kind) = if f == 0 {
                 (Arc::clone(outer), V8Kind::Compiled)
             } else {
-                let p = self.procs.get(&who)?;
-                let r = Reader::of(p);
-                if r.itype(f) != Some(p.layout.record.sfi_type) {
+                let r = Reader::of(self.procs.get(&who)?);
+                if !r.is_heap(f) {
                     return None;
                 }
+                // Reads it as the kernel would, its type checked too.
                 let addr = r.untag(f);
                 let (check, _) = r.check(addr)?;
                 (self.function(who, addr, check)?, V8Kind::Inlined)
@@ -1139,12 +1149,7 @@ impl V8 {
                 (true, Some(at), Some(ends)) => Some(line_of(ends, at)),
                 _ => named.line,
             };
-            out.push(V8Frame {
-                name: Arc::clone(&named.name),
-                file: named.file.clone(),
-                line,
-                kind,
-            });
+            out.push(named.frame(line, kind));
         }
         Some(out)
     }
@@ -1273,13 +1278,7 @@ impl<'a> Reader<'a> {
         if known != 0 && map == known {
             return true;
         }
-        if !self.is_heap(map) {
-            return false;
-        }
-        let ty = self
-            .mem
-            .u16(self.untag(map) + u64::from(self.l.record.map_instance_type));
-        let is = ty == Some(c.head_type);
+        let is = self.map_type(map) == Some(c.head_type);
         if is {
             self.head_map.set(map);
         }
@@ -1357,7 +1356,7 @@ impl<'a> Reader<'a> {
         if kind <= c.kind_baseline {
             return Some(info);
         }
-        let elements = self.words(at(c.code_deopt)?)?;
+        let elements = self.words(at(c.code_deopt)?, MAX_TABLE / 8)?;
         let elem = |i: u64| elements.get(usize::try_from(i).ok()?).copied();
         let mut sfi = elem(c.deopt_sfi)?;
         if let Some(shared) = c.sfi_wrapped {
@@ -1365,7 +1364,7 @@ impl<'a> Reader<'a> {
         }
         info.sfi = self.untag(sfi);
         info.literals = self
-            .words(elem(c.deopt_literals)?)?
+            .words(elem(c.deopt_literals)?, MAX_TABLE / 8)?
             .into_iter()
             // A weak reference has bit 1 set too; a cleared one is 3.
             .map(|w| if w & 0xffff_ffff == 3 { 0 } else { w & !2 })
@@ -1383,9 +1382,10 @@ impl<'a> Reader<'a> {
         Some(info)
     }
 
-    /// The elements of `FixedArray` (or `WeakFixedArray`) `a`, tagged.
-    fn words(&self, a: u64) -> Option<Vec<u64>> {
-        let b = self.bytes_of(a, 8)?;
+    /// The elements of `FixedArray` (or `WeakFixedArray`) `a`, tagged;
+    /// `None` if it has more than `max`.
+    fn words(&self, a: u64, max: usize) -> Option<Vec<u64>> {
+        let b = self.array(a, 8, max)?;
         Some(
             b.chunks_exact(8)
                 .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
@@ -1395,22 +1395,21 @@ impl<'a> Reader<'a> {
 
     /// The bytes of `ByteArray` `a`.
     fn bytes(&self, a: u64) -> Option<Vec<u8>> {
-        self.bytes_of(a, 1)
+        self.array(a, 1, MAX_TABLE)
     }
 
     /// The data of array `a`, whose length counts elements of `each`
-    /// bytes.
-    fn bytes_of(&self, a: u64, each: usize) -> Option<Vec<u8>> {
+    /// bytes; `None` if it has more than `max`.
+    fn array(&self, a: u64, each: usize, max: usize) -> Option<Vec<u8>> {
         if !self.is_heap(a) {
             return None;
         }
         let n = self
             .word(a, self.l.array_length)
             .and_then(|w| self.smi(w))
-            .and_then(|n| usize::try_from(n).ok())?
-            .checked_mul(each)
-            .filter(|&n| n <= MAX_TABLE)?;
-        self.mem.read(self.untag(a) + self.l.array_data, n)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= max)?;
+        self.mem.read(self.untag(a) + self.l.array_data, n * each)
     }
 
     fn is_heap(&self, w: u64) -> bool {
@@ -1437,7 +1436,11 @@ impl<'a> Reader<'a> {
         if !self.is_heap(obj) {
             return None;
         }
-        let map = self.word(obj, u64::from(self.l.record.heap_object_map))?;
+        self.map_type(self.word(obj, u64::from(self.l.record.heap_object_map))?)
+    }
+
+    /// The instance type map `map` (tagged) describes.
+    fn map_type(&self, map: u64) -> Option<u16> {
         if !self.is_heap(map) {
             return None;
         }
@@ -1454,13 +1457,7 @@ impl<'a> Reader<'a> {
     fn check(&self, addr: u64) -> Option<(u32, Vec<u8>)> {
         let r = &self.l.record;
         let b = self.mem.read(addr, usize::from(r.sfi_read))?;
-        let map = u64_at(&b, r.heap_object_map)?;
-        if !self.is_heap(map)
-            || self
-                .mem
-                .u16(self.untag(map) + u64::from(r.map_instance_type))?
-                != r.sfi_type
-        {
+        if self.map_type(u64_at(&b, r.heap_object_map)?)? != r.sfi_type {
             return None;
         }
         let check = sfi_check(
@@ -1747,22 +1744,14 @@ impl<'a> Reader<'a> {
 
     /// `script`'s `line_ends`, a FixedArray of small integers, if set.
     fn line_ends_array(&self, script: u64) -> Option<Vec<u32>> {
-        let l = self.l;
-        let ends = self.word(script, l.script_line_ends)?;
-        if !self.is_heap(ends) {
+        let ends = self.word(script, self.l.script_line_ends)?;
+        let words = self.words(ends, MAX_LINE_ENDS)?;
+        if words.is_empty() {
             return None;
         }
-        let len = self
-            .word(ends, l.array_length)
-            .and_then(|w| self.smi(w))
-            .and_then(|n| usize::try_from(n).ok())
-            .filter(|&n| n > 0 && n <= MAX_LINE_ENDS)?;
-        let b = self.mem.read(self.untag(ends) + l.array_data, 8 * len)?;
-        b.chunks_exact(8)
-            .map(|c| {
-                let w = u64::from_le_bytes(c.try_into().ok()?);
-                u32::try_from(self.smi(w)?).ok()
-            })
+        words
+            .into_iter()
+            .map(|w| u32::try_from(self.smi(w)?).ok())
             .collect()
     }
 
