@@ -728,13 +728,13 @@ impl StackTool {
     /// kernel's walk what it needs of one found whose code cache is set
     /// up; one still starting is looked at again at its next new code.
     fn examine_java(&mut self, maps: &MapsOnce, fresh: bool) {
-        if self.java_map.is_none() {
+        let Some(map) = &mut self.java_map else {
             return;
-        }
+        };
         if let Some(record) = self.sym.java().examine(maps, fresh) {
             let bit = rtrace_common::unwind::RUNTIME_JAVA;
             give(
-                &mut self.java_map,
+                map,
                 maps.who().pid,
                 record,
                 bit,
@@ -749,13 +749,13 @@ impl StackTool {
     /// set up; one still starting is looked at again at its next new
     /// code.
     fn examine_v8(&mut self, maps: &MapsOnce, fresh: bool) {
-        if self.v8_map.is_none() {
+        let Some(map) = &mut self.v8_map else {
             return;
-        }
+        };
         if let Some(record) = self.sym.v8().examine(maps, fresh) {
             let bit = rtrace_common::unwind::RUNTIME_V8;
             give(
-                &mut self.v8_map,
+                map,
                 maps.who().pid,
                 record,
                 bit,
@@ -768,15 +768,17 @@ impl StackTool {
     /// Puts process `pid`'s Python walk in the kernel's table; one that
     /// does not fit is counted.
     fn give_python(&mut self, pid: u32, record: &PyProc) {
-        let bit = rtrace_common::unwind::RUNTIME_PYTHON;
-        give(
-            &mut self.py_map,
-            pid,
-            *record,
-            bit,
-            &mut self.runtimes,
-            &mut self.py_full,
-        );
+        if let Some(map) = &mut self.py_map {
+            let bit = rtrace_common::unwind::RUNTIME_PYTHON;
+            give(
+                map,
+                pid,
+                *record,
+                bit,
+                &mut self.runtimes,
+                &mut self.py_full,
+            );
+        }
     }
 
     /// The runtimes whose frames the walk must step through: those of
@@ -1364,22 +1366,19 @@ fn attach_raw(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> anyhow::Result<R
     Ok(prog.take_link(id)?)
 }
 
-/// Puts process `pid`'s record in a runtime's kernel table `map` (if the
-/// walk has one): the runtime's `bit` joins `runtimes`, the walks the
-/// sampling program steps through; a record that does not fit is counted
-/// in `full`.
+/// Puts process `pid`'s record in a runtime's kernel table `map`: the
+/// runtime's `bit` joins `runtimes`, the walks the sampling program steps
+/// through; a record that does not fit is counted in `full`.
 fn give<T: aya::Pod>(
-    map: &mut Option<BpfHashMap<MapData, u32, T>>,
+    map: &mut BpfHashMap<MapData, u32, T>,
     pid: u32,
     record: T,
     bit: rtrace_common::unwind::Runtimes,
     runtimes: &mut rtrace_common::unwind::Runtimes,
     full: &mut u64,
 ) {
-    if let Some(map) = map {
-        match map.insert(pid, record, 0) {
-            Ok(()) => *runtimes |= bit,
-            Err(_) => *full += 1,
-        }
+    match map.insert(pid, record, 0) {
+        Ok(()) => *runtimes |= bit,
+        Err(_) => *full += 1,
     }
 }
