@@ -5,10 +5,10 @@
 //! as its function's `SharedFunctionInfo` and that object's check, which
 //! user space reads back (with its pc, where it ran JIT code: user space
 //! finds there the functions inlined in it), and stepped by its frame
-//! pointer: every frame
-//! V8 lays out keeps the rbp chain. A frame of V8's own (entry, exit,
-//! stub: a type marker where a JavaScript frame has its context) is left
-//! to the native walk, which names it by its builtin's symbol.
+//! pointer: every frame V8 lays out keeps the rbp chain. A frame of V8's
+//! own (entry, exit, stub: a type marker where a JavaScript frame has its
+//! context) is left to the native walk, which names it by its builtin's
+//! symbol.
 //!
 //! The sampled frame is taken as its frame pointer says: one stopped in
 //! a function's prologue, before it set rbp up, is its caller's.

@@ -64,12 +64,21 @@ fn plain(f: &str) -> &str {
     }
 }
 
+/// The fixture's `hot`, `warm` and `main` frames as rtrace names them:
 /// `shown` is the script's path as node names it, `script` where its
 /// source is read here.
+fn names(shown: &str, script: &Path) -> [String; 3] {
+    ["hot", "warm", "main"].map(|f| {
+        format!(
+            "{f} ({shown}:{})",
+            line_of(script, &format!("function {f}("))
+        )
+    })
+}
+
+/// `shown` and `script` as in [`names`].
 fn split(folded: &str, shown: &str, script: &Path) -> Split {
-    let hot = format!("hot ({shown}:{})", line_of(script, "function hot("));
-    let warm = format!("warm ({shown}:{})", line_of(script, "function warm("));
-    let main = format!("main ({shown}:{})", line_of(script, "function main("));
+    let [hot, warm, main] = names(shown, script);
     let mut out = Split::default();
     for (stack, n) in parse_folded(folded) {
         // (Node 24 names its main thread `MainThread`: the process is
@@ -174,9 +183,7 @@ fn profile_split(what: &str, flags: &[&str], cmd: &[&OsStr], shown: &str) -> (St
 /// own (`node:`) functions it calls, and lies right above `main` or
 /// another inlined frame: an expansion read wrong would name another.
 fn inlined_named_right(what: &str, folded: &str, shown: &str, script: &Path) {
-    let hot = format!("hot ({shown}:{})", line_of(script, "function hot("));
-    let warm = format!("warm ({shown}:{})", line_of(script, "function warm("));
-    let main = format!("main ({shown}:{})", line_of(script, "function main("));
+    let [hot, warm, main] = names(shown, script);
     for (stack, _) in parse_folded(folded) {
         for (i, f) in stack.iter().enumerate() {
             if !f.ends_with("_[i]") || !f.contains(".js:") && !f.contains("(node:") {
@@ -373,7 +380,7 @@ fn worker_threads_functions_are_named_too() {
     let js = s.hot + s.warm;
     assert_share_within("workers", s.hot, s.warm, hot_ns / (hot_ns + warm_ns), 4.0);
     // Of the workers' samples, those in hot or warm with main below.
-    let main = format!("main ({shown}:{})", line_of(&script, "function main("));
+    let [_, _, main] = names(&shown, &script);
     let (mut in_workers, mut named) = (0, 0);
     for (stack, n) in parse_folded(&text) {
         if !stack
