@@ -20,6 +20,13 @@ pub const MAX_HEAPS: usize = 3;
 /// into the copy by a mask.
 pub const BLOB_BYTES: usize = 512;
 
+/// Bytes below an interpreted frame's frame pointer that the walk reads
+/// in one, with the saved rbp and return address above it: every slot
+/// it reads (`JavaProc::interp_method`, `interp_bcp`, `interp_sender_sp`)
+/// lies within them. The frame's lowest fixed slot (its initial sp,
+/// -72 on x86-64) is below them, so the read stays within the frame.
+pub const INTERP_WINDOW: usize = 64;
+
 /// The bits that tell a Java frame's first slot; user addresses are
 /// below `1 << 47`, so a first slot never reads as native code.
 pub const JAVA_MASK: u64 = 0xffff_0000_0000_0000;

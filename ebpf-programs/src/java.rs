@@ -20,8 +20,8 @@ use aya_ebpf::{
 };
 use rtrace_common::{
     java::{
-        JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_NATIVE, JAVA_NEW, JAVA_STUB,
-        JavaProc, MAX_HEAPS, method_check,
+        BLOB_BYTES, INTERP_WINDOW, JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_NATIVE,
+        JAVA_NEW, JAVA_STUB, JavaProc, MAX_HEAPS, method_check,
     },
     stacks::{ERR_JAVA_BAD, SEEN_JAVA},
 };
@@ -261,16 +261,24 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     if fp & 7 != 0 || fp < sp || fp - sp >= INTERP_SPAN {
         return None;
     }
-    // Each slot read apart: one read of them all needs an index into the
-    // copy that kernels before 6.13 could not bound.
-    let at = |off: i16| fp.wrapping_add(off as i64 as u64);
-    let method = read_user::<u64>(at(p.interp_method))?;
+    // The frame's slots in one read, from the lowest of them up to the
+    // saved rbp and the return address: a read costs far more than the
+    // bytes it copies. Into the blob's buffer (no blob is read for an
+    // interpreted frame), indexed by each slot's offset, which `word`
+    // masks so that the verifier bounds it.
+    let below = INTERP_WINDOW as u64;
+    if !read_into(&mut s.jv_buf, fp.wrapping_sub(below), INTERP_WINDOW + 16) {
+        return None;
+    }
+    let slot =
+        |buf: &[u64; BLOB_BYTES / 8], off: i16| word(buf, (off + INTERP_WINDOW as i16) as u16);
+    let method = slot(&s.jv_buf, p.interp_method);
     // The top frame's bcp is in r13: the slot is written only before
     // calls.
     let bcp = if s.jv.top != 0 {
         s.jv.r13
     } else {
-        read_user::<u64>(at(p.interp_bcp))?
+        slot(&s.jv_buf, p.interp_bcp)
     };
     let cm = read_user::<u64>(method.wrapping_add(u64::from(p.method_const)))?;
     let code = cm.wrapping_add(u64::from(p.const_method_size));
@@ -292,8 +300,10 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     ) {
         return Some(1);
     }
-    let sender = read_user::<u64>(at(p.interp_sender_sp))?;
-    let [bp, ret] = read_user::<[u64; 2]>(fp)?;
+    // Taken from the copy only now, which nothing since wrote: held
+    // across the calls above, they would be spilled to the stack.
+    let sender = slot(&s.jv_buf, p.interp_sender_sp);
+    let (bp, ret) = (slot(&s.jv_buf, 0), slot(&s.jv_buf, 8));
     to_caller(s, ret, sender, bp)
 }
 

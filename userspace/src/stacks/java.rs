@@ -15,8 +15,8 @@ use std::{
 };
 
 use rtrace_common::java::{
-    BLOB_BYTES, JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_MASK, JAVA_NATIVE, JAVA_STUB,
-    JavaHeap, JavaProc, MAX_HEAPS, method_check,
+    BLOB_BYTES, INTERP_WINDOW, JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_MASK,
+    JAVA_NATIVE, JAVA_STUB, JavaHeap, JavaProc, MAX_HEAPS, method_check,
 };
 
 use crate::kernel::procmaps::{MapsOnce, Proc};
@@ -335,6 +335,17 @@ impl Layout {
             .ints
             .get("frame::interpreter_frame_sender_sp_offset")
             .map_or(-8, |w| w * 8);
+        // The kernel reads an interpreted frame's slots in one read of
+        // `INTERP_WINDOW` bytes below its frame pointer.
+        let refused = refused.or_else(|| {
+            let window = -(INTERP_WINDOW as i64)..0;
+            (!window.contains(&sender_sp) || sender_sp % 8 != 0).then(|| {
+                format!(
+                    "its interpreted frames keep their sender's sp at {sender_sp}, \
+                     outside the {INTERP_WINDOW} bytes below the frame pointer the kernel reads"
+                )
+            })
+        });
         let method_const = need(&["Method"], "_constMethod")?;
         let cm_size = size("ConstMethod")?;
         let cm_constants = need(&["ConstMethod"], "_constants")?;
