@@ -20,6 +20,17 @@ pub const MAX_HEAPS: usize = 3;
 /// into the copy by a mask.
 pub const BLOB_BYTES: usize = 512;
 
+/// Slots of [`JavaProc::names`].
+pub const LEARNED_NAMES: usize = 4;
+/// [`JavaProc::names`]' slot for a compiled method's name (`nmethod`).
+pub const LEARNED_NMETHOD: usize = 0;
+/// The slot for a native method wrapper's (`native nmethod`).
+pub const LEARNED_NATIVE: usize = 1;
+/// The slot for vtable and itable stubs' (`vtable chunks`).
+pub const LEARNED_VTABLE: usize = 2;
+/// The slot for the last other stub's (the call stub's, most often).
+pub const LEARNED_STUB: usize = 3;
+
 /// Bytes below an interpreted frame's frame pointer that the walk reads
 /// in one, with the saved rbp and return address above it: every slot
 /// it reads (`JavaProc::interp_method`, `interp_bcp`, `interp_sender_sp`)
@@ -105,6 +116,12 @@ pub struct JavaProc {
     pub interp_low: u64,
     /// See [`JavaProc::interp_low`].
     pub interp_high: u64,
+    /// Blob names the kernel learned, by the kind of blob they name (see
+    /// [`LEARNED_NMETHOD`] and the others): each a `CodeBlob::_name`
+    /// (a `const char*` to a literal in libjvm) that it read once, so
+    /// that a blob whose name is one of them needs no read of it. 0 until
+    /// met; user space writes zeros.
+    pub names: [u64; LEARNED_NAMES],
     /// How many of `heaps` there are.
     pub nheaps: u32,
     /// Differs between processes that had one pid (from the process's

@@ -21,7 +21,8 @@ use aya_ebpf::{
 use rtrace_common::{
     java::{
         BLOB_BYTES, INTERP_WINDOW, JAVA_ADDR_MASK, JAVA_COMPILED, JAVA_INTERPRETED, JAVA_NATIVE,
-        JAVA_NEW, JAVA_STUB, JavaProc, MAX_HEAPS, method_check,
+        JAVA_NEW, JAVA_STUB, JavaProc, LEARNED_NATIVE, LEARNED_NMETHOD, LEARNED_STUB,
+        LEARNED_VTABLE, MAX_HEAPS, method_check,
     },
     stacks::{ERR_JAVA_BAD, SEEN_JAVA},
 };
@@ -121,7 +122,17 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32) -> i64 {
             count_error(ERR_JAVA_BAD);
             return 1;
         }
-        read_user::<u32>(word(&s.jv_buf, p.blob_name)).unwrap_or(0)
+        let name = word(&s.jv_buf, p.blob_name);
+        match learned(p, name) {
+            Some(kind) => kind,
+            None => {
+                let kind = read_user::<u32>(name);
+                if let Some(kind) = kind {
+                    learn(tgid, name, kind);
+                }
+                kind.unwrap_or(0)
+            }
+        }
     };
     let done = match kind {
         NAME_INTERPRETER => interpreted(s, tgid),
@@ -134,6 +145,49 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32) -> i64 {
             count_error(ERR_JAVA_BAD);
             1
         }
+    }
+}
+
+/// The kind of a blob whose name (`CodeBlob::_name`) is `name`, if the
+/// walk learned that name before ([`JavaProc::names`]): as the first
+/// four bytes it points at, which are a literal's in libjvm, read only.
+#[inline(always)]
+fn learned(p: &JavaProc, name: u64) -> Option<u32> {
+    let n = &p.names;
+    if name == 0 {
+        None
+    } else if name == n[LEARNED_NMETHOD] {
+        Some(NAME_NMETHOD)
+    } else if name == n[LEARNED_NATIVE] {
+        Some(NAME_NATIVE)
+    } else if name == n[LEARNED_VTABLE] {
+        Some(NAME_VTABLE)
+    } else if name == n[LEARNED_STUB] {
+        // Any other stub: no name the step tells apart.
+        Some(0)
+    } else {
+        None
+    }
+}
+
+/// Keeps the name `name` of a blob of `kind` (its first four bytes) in
+/// process `tgid`'s record, for the next walks (a race between CPUs
+/// writes the same pointer, or another of the same kind). The
+/// interpreter is known by its range, or, where that is unknown, read.
+#[inline(always)]
+fn learn(tgid: u32, name: u64, kind: u32) {
+    let slot = match kind {
+        NAME_NMETHOD => LEARNED_NMETHOD,
+        NAME_NATIVE => LEARNED_NATIVE,
+        NAME_VTABLE => LEARNED_VTABLE,
+        NAME_INTERPRETER => return,
+        _ => LEARNED_STUB,
+    };
+    if let Some(p) = JAVA_PROCS.get_ptr_mut(tgid)
+        // SAFETY: a map value; `slot` is below the array's length.
+        && let Some(n) = unsafe { (*p).names.get_mut(slot) }
+    {
+        *n = name;
     }
 }
 
