@@ -202,12 +202,15 @@ fn walks_verified(stderr: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// A run with no Python or Java process in scope loads the sampling
+/// A run with no Python, Java or Node process in scope loads the sampling
 /// program's native walk alone, and `--preload-runtime-walks` the walk
 /// through every runtime's frames, which loads on every kernel the VM
 /// matrix runs (6.1's verifier is the strictest) under the verifier's
 /// limit. (The walks through one runtime's frames are loaded by the
-/// Python and Java tests, on the host.)
+/// Python and Java tests, on the host.) Over the whole system, a
+/// runtime's process running then is in scope: the run's `-v` names
+/// those runtimes, and its walk is the one loaded (another test's node
+/// may run beside this one on the host).
 #[test]
 fn the_native_walk_alone_then_every_runtimes_walk_on_demand() {
     let (code, _, stderr) = run(&["profile", "-v", "-F", "99", "1"]);
@@ -215,7 +218,16 @@ fn the_native_walk_alone_then_every_runtimes_walk_on_demand() {
     // Every kernel here and in the VM matrix has the CFI walk (5.17+).
     let walks = walks_verified(&stderr);
     let names: Vec<&str> = walks.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["profile_native"], "{stderr}");
+    let running = stderr
+        .lines()
+        .find(|l| l.contains(" processes are running: "));
+    match running {
+        None => assert_eq!(names, ["profile_native"], "{stderr}"),
+        Some(l) => assert!(
+            names.len() == 1 && names[0] != "profile_native",
+            "{l}: {names:?}\n{stderr}"
+        ),
+    }
     let (code, _, stderr) = run(&["profile", "-v", "--preload-runtime-walks", "-F", "99", "1"]);
     assert_eq!(code, 0, "{stderr}");
     let walks = walks_verified(&stderr);
@@ -225,4 +237,83 @@ fn the_native_walk_alone_then_every_runtimes_walk_on_demand() {
         "{walks:?}:\n{stderr}"
     );
     eprintln!("every runtime's walk: {walks:?}");
+}
+
+/// Over the whole system, a Python process running when the run starts
+/// has the walk through Python's frames loaded before the first sample:
+/// its samples have their Python frames, none taken while the verifier
+/// works.
+#[test]
+fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_sample() {
+    if rtrace_integration_tests::in_guest() {
+        eprintln!("skipped: the guests carry no Python (the host runs this test)");
+        return;
+    }
+    // Started, and said so, before rtrace starts: `python3` may be a
+    // launcher's shim that runs the interpreter only later.
+    let mut busy = Command::new("python3")
+        .args([
+            "-c",
+            "import time\ndef spin_here():\n    t = time.time()\n    while time.time() - t < 20: pass\nprint('ready', flush=True)\nspin_here()",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 (cargo xtask setup installs it)");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(busy.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = busy.id();
+    let rows = std::env::temp_dir().join(format!("rtrace-running-{pid}.jsonl"));
+    let rows_arg = rows.to_str().unwrap();
+    let (code, _, stderr) = run(&["profile", "-v", "-F", "199", "--samples", rows_arg, "2"]);
+    let _ = busy.kill();
+    let _ = busy.wait();
+    let text = std::fs::read_to_string(&rows).unwrap_or_default();
+    let _ = std::fs::remove_file(&rows);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("Python")
+            && l.contains(
+                " processes are running: the walk through their frames loaded before sampling"
+            )),
+        "{stderr}"
+    );
+    let walks = walks_verified(&stderr);
+    assert!(
+        walks.len() == 1 && ["profile_python", "profile_runtimes"].contains(&walks[0].0.as_str()),
+        "{walks:?}\n{stderr}"
+    );
+    // Its samples, by its pid: each with its Python function.
+    let mine: Vec<Vec<String>> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["pid"].as_u64() == Some(u64::from(pid)))
+        .map(|v| {
+            v["stack"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|f| f.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    let all = mine.len();
+    let named = mine
+        .iter()
+        .filter(|s| s.iter().any(|f| f.contains("spin_here")))
+        .count();
+    assert!(all >= 100, "{all} samples of PID {pid}:\n{stderr}");
+    // Not every one: a sample in the vDSO, say, is cut short above its
+    // Python frames. Those taken while the walk loaded would be a
+    // twentieth (it loads in about a tenth of a second).
+    assert!(
+        named * 100 >= all * 97,
+        "PID {pid}: {named} of {all} samples with spin_here:\n{stderr}"
+    );
 }

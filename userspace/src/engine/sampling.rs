@@ -257,6 +257,9 @@ pub struct Sampler {
     /// The runtimes whose walk was loaded at the start because the
     /// command runs them, for `-v`.
     command_runtimes: Runtimes,
+    /// The runtimes whose walk was loaded at the start of a run over the
+    /// whole system because processes of theirs were running, for `-v`.
+    running_runtimes: Runtimes,
 }
 
 /// The variants of the sampling program with the CFI walk
@@ -601,6 +604,7 @@ impl Sampler {
             stream: None,
             walkers: None,
             command_runtimes: 0,
+            running_runtimes: 0,
         })
     }
 
@@ -790,10 +794,21 @@ impl Sampler {
                 }
                 _ => 0,
             };
+            // Over the whole system, the runtimes whose programs run now:
+            // their processes' first samples are walked whole, not taken
+            // while the verifier works, at the cost of a later start.
+            // (Named processes are read above; a cgroup's are found at
+            // their first samples.)
+            let whole_system = !self.scope.tasks_named() && self.scope.cgroup.is_none();
+            self.running_runtimes = if whole_system && !self.cfg.preload_runtime_walks {
+                crate::stacks::runtimes::of_running()
+            } else {
+                0
+            };
             let now = if self.cfg.preload_runtime_walks {
                 RUNTIMES_ALL
             } else {
-                self.stacks.runtimes() | self.command_runtimes
+                self.stacks.runtimes() | self.command_runtimes | self.running_runtimes
             };
             w.settle(ebpf, now, Duration::ZERO)?;
         }
@@ -867,6 +882,12 @@ impl Sampler {
             notes.push(format!(
                 "the command runs {}: the walk through its frames loaded before it starts",
                 Walkers::named(self.command_runtimes)
+            ));
+        }
+        if self.running_runtimes != 0 {
+            notes.push(format!(
+                "{} processes are running: the walk through their frames loaded before sampling",
+                Walkers::named(self.running_runtimes)
             ));
         }
         if let Some((n, took)) = self.preloaded {

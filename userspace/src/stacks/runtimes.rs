@@ -52,6 +52,24 @@ pub fn of_command(argv0: &OsStr, path_var: &OsStr) -> Runtimes {
     0
 }
 
+/// The runtimes of the processes running now, each known by its
+/// program's name (`/proc/PID/exe`, as [`of_command`] knows a command's),
+/// rtrace's own left out: for a run over the whole system, whose walk
+/// through those runtimes' frames is then loaded before it samples. A
+/// program that embeds a runtime under another name is found at its
+/// first sample, as any process started later is.
+pub fn of_running() -> Runtimes {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter_map(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).ok())
+        .fold(0, |found, exe| found | by_name(&exe))
+}
+
 /// The file `argv0` names: a path if it has a slash, else the first
 /// executable of that name in `path_var`'s directories.
 fn lookup(argv0: &OsStr, path_var: &OsStr) -> Option<PathBuf> {
@@ -211,5 +229,30 @@ mod tests {
         let real = std::fs::canonicalize(sh).unwrap();
         assert!(needed(&real).iter().any(|l| l.starts_with("libc.so")));
         assert_eq!(by_libraries(&real), 0);
+    }
+
+    /// A running process is known by its program: a python3 started here
+    /// is among the runtimes running now.
+    #[test]
+    fn a_running_process_is_known_by_its_program() {
+        let p = path_var();
+        let python = lookup(OsStr::new("python3"), &p).expect("no python3 on PATH");
+        // Waited for: `python3` may be a shim that runs the interpreter
+        // only later.
+        let mut child = std::process::Command::new(python)
+            .args([
+                "-c",
+                "import time; print('ready', flush=True); time.sleep(30)",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = [0u8; 5];
+        child.stdout.take().unwrap().read_exact(&mut ready).unwrap();
+        assert_eq!(&ready, b"ready");
+        let found = of_running();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_ne!(found & RUNTIME_PYTHON, 0, "{found:#x}");
     }
 }
