@@ -810,7 +810,18 @@ impl Sampler {
             } else {
                 self.stacks.runtimes() | self.command_runtimes | self.running_runtimes
             };
-            w.settle(ebpf, now, Duration::ZERO)?;
+            let want = w.pending(now);
+            if let Err(e) = w.settle(ebpf, now, Duration::ZERO) {
+                // The running processes' runtimes are a guess: the run
+                // starts without them, as it would have, and says why
+                // with the other walk that failed to load.
+                let Some(want) = want.filter(|_| self.running_runtimes != 0) else {
+                    return Err(e);
+                };
+                w.failed = Some((want, format!("{e:#}")));
+                self.running_runtimes = 0;
+                w.settle(ebpf, now & !want, Duration::ZERO)?;
+            }
         }
         self.set_window(ebpf)?;
         let prog: &mut PerfEvent = ebpf
