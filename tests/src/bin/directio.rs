@@ -11,9 +11,14 @@
 use std::{fs::OpenOptions, os::unix::fs::FileExt as _, os::unix::fs::OpenOptionsExt as _};
 
 const BLOCK: usize = 4096;
-/// Offsets cycle through this many blocks, 8 apart, so that neighbours
-/// never sit next to each other and cannot merge.
-const SPAN: u64 = 2048;
+/// Offsets cycle through this many blocks (16 MiB), 16 apart, each round
+/// two blocks on from the last (up to 14): no two requests sit next to
+/// each other, neither this program's nor those of two copies of it
+/// running at once on one device (biolatency's test runs one beside the
+/// command), so none can merge. With 8 apart and each round one block on,
+/// a copy's second round sat right after the other's first, and one of
+/// its reads merged into the other's request now and then.
+const SPAN: u64 = 4096;
 
 /// A block-aligned buffer, as O_DIRECT needs.
 struct Aligned(*mut u8);
@@ -55,7 +60,7 @@ fn main() {
         std::io::stdin().read_line(&mut line).unwrap();
     }
     let mut buf = Aligned::new();
-    let offset = |i: u64| (i * 8 % SPAN) * BLOCK as u64 + (i * 8 / SPAN % 8) * BLOCK as u64;
+    let offset = |i: u64| ((i * 16 % SPAN) + (i * 16 / SPAN % 8) * 2) * BLOCK as u64;
     let start = std::time::Instant::now();
     for i in 0..reads {
         let n = file.read_at(buf.slice(), offset(i)).unwrap();
