@@ -8,7 +8,7 @@
 use std::process::{Command, Stdio};
 
 use rtrace_integration_tests::{
-    Rtrace, SIGINT, parse_folded,
+    Rtrace, SIGINT, json_lines, parse_folded,
     profile::{READY, count_with, run_fixture, start_fixture},
     run, warnings, workload_bin,
 };
@@ -288,9 +288,8 @@ fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_
         "{walks:?}\n{stderr}"
     );
     // Its samples, by its pid: each with its Python function.
-    let mine: Vec<Vec<String>> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let mine: Vec<Vec<String>> = json_lines(&text)
+        .into_iter()
         .filter(|v| v["pid"].as_u64() == Some(u64::from(pid)))
         .map(|v| {
             v["stack"]

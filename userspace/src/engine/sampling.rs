@@ -797,10 +797,10 @@ impl Sampler {
             // Over the whole system, the runtimes whose programs run now:
             // their processes' first samples are walked whole, not taken
             // while the verifier works, at the cost of a later start.
-            // (Named processes are read above; a cgroup's are found at
-            // their first samples.)
-            let whole_system = !self.scope.tasks_named() && self.scope.cgroup.is_none();
-            self.running_runtimes = if whole_system && !self.cfg.preload_runtime_walks {
+            // (Named processes are read above; a cgroup's, or those a bcc
+            // map chooses, are found at their first samples.)
+            self.running_runtimes = if self.scope.whole_system() && !self.cfg.preload_runtime_walks
+            {
                 crate::stacks::runtimes::of_running()
             } else {
                 0

@@ -63,8 +63,13 @@ impl Scope {
     /// whole system (or every CPU beside a command) that does not exclude
     /// it, where its own work shows as any process's does.
     pub fn covers_self(&self) -> bool {
-        !self.exclude_self
-            && self.pids.is_empty()
+        !self.exclude_self && self.whole_system()
+    }
+
+    /// Whether every task of the system may be traced: none named, and no
+    /// cgroup (`-c`, or the command's own) or bcc map narrowing them.
+    pub fn whole_system(&self) -> bool {
+        self.pids.is_empty()
             && self.tids.is_empty()
             && self.cgroup.is_none()
             && !self.command_cgroup()
