@@ -300,8 +300,14 @@ impl Symbolizer {
     /// (or was found gone): it wrote it as it exited, and what is at its
     /// path from now on is a later process's of its pid.
     pub fn exited(&mut self, p: Proc) {
+        self.exited_at(p, 0);
+    }
+
+    /// [`Symbolizer::exited`], with the moment of the exit where the
+    /// kernel told it (boot-time nanoseconds; 0: not known).
+    fn exited_at(&mut self, p: Proc, at: u64) {
         if let Some(proc) = self.procs.get_mut(&p) {
-            proc.perf_map.close(p);
+            proc.perf_map.close(p, at);
         }
         if let Some(d) = self.dumps.get_mut(&p) {
             d.read_more();
@@ -313,7 +319,7 @@ impl Symbolizer {
     /// at its path last written by then is not its pid's next process's,
     /// however close that one's start (file times lag by a tick or two).
     pub fn ended(&mut self, p: Proc, at: u64) {
-        self.exited(p);
+        self.exited_at(p, at);
         if at == 0 {
             return;
         }

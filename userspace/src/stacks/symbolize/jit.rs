@@ -49,6 +49,12 @@ impl PerfMap {
     /// nor is one last written by `earlier_exit` (boot-time nanoseconds,
     /// 0: none seen), when an earlier process of the pid was seen to exit.
     pub(super) fn read(&mut self, p: Proc, earlier_exit: u64) {
+        self.read_until(p, earlier_exit, 0);
+    }
+
+    /// [`PerfMap::read`], for process `p` that exited at `exit`
+    /// (boot-time nanoseconds; 0: not known, or still running).
+    fn read_until(&mut self, p: Proc, earlier_exit: u64, exit: u64) {
         if self.path.is_none() {
             let pid = p.pid;
             let alive = p.alive();
@@ -68,7 +74,7 @@ impl PerfMap {
         };
         if meta.len() == self.len
             || !written_by(&meta, p, earlier_exit)
-            || !p.alive() && successor_wrote(&meta, p)
+            || !p.alive() && written_since_gone(&meta, p, exit)
         {
             return;
         }
@@ -110,10 +116,11 @@ impl PerfMap {
         symbol_at(&self.syms, ip)
     }
 
-    /// Reads the map one last time, as its process has exited (or is
-    /// found gone): a later process given the pid writes its own there.
-    pub(super) fn close(&mut self, p: Proc) {
-        self.read(p, 0);
+    /// Reads the map one last time, as its process has exited (at `exit`,
+    /// boot-time nanoseconds, or found gone: 0): a later process given
+    /// the pid writes its own there.
+    pub(super) fn close(&mut self, p: Proc, exit: u64) {
+        self.read_until(p, 0, exit);
         self.closed = true;
     }
 
@@ -253,6 +260,22 @@ pub(super) fn written_after(at: u64, started: u64) -> bool {
 /// earlier one's exit is taken for the earlier one's.
 fn written_after_exit(at: u64, exit: u64) -> bool {
     exit == 0 || at > crate::kernel::procmaps::boot_wall_ns() + exit
+}
+
+/// Whether the file of `meta` (a perf map) was written after process `p`
+/// was gone, so by another: after its exit at `exit` (boot-time
+/// nanoseconds) where that is known, or else by the process that has its
+/// pid now. The exit, from the kernel's precise clock, decides alone
+/// where it is known: a process that wrote its map as it exited and was
+/// reaped at once may be followed on its pid by one that started less than
+/// the file times' slack after that write, which the starts alone would
+/// take for the writer (Mono's map, read as the earlier process's exit was
+/// handled, was once refused so, its names lost).
+fn written_since_gone(meta: &std::fs::Metadata, p: Proc, exit: u64) -> bool {
+    if exit != 0 {
+        return mtime_ns(meta).is_some_and(|at| written_after_exit(at, exit));
+    }
+    successor_wrote(meta, p)
 }
 
 /// Whether the file of `meta` (a perf map) was written by the process
@@ -517,6 +540,34 @@ mod tests {
         map.read(me, now - boot - 1);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(map.symbol(0x1000).map(|s| s.name.as_str()), Some("mine"));
+    }
+
+    /// The map of a process that exited is its own if last written by its
+    /// exit, though the process now on its pid started before that time
+    /// (within the file clock's slack): the exit, where the kernel told
+    /// it, decides; without it, the successor's start does.
+    #[test]
+    fn a_map_written_by_its_exit_is_the_exited_ones_whoever_has_the_pid_now() {
+        let me = Proc::now(std::process::id());
+        let boot = crate::kernel::procmaps::boot_wall_ns();
+        // An earlier process of this test's pid, which this one followed.
+        let gone = Proc::new(me.pid, me.born - 1_000_000);
+        let _ours = OUR_MAP.lock().unwrap_or_else(|e| e.into_inner());
+        let path = format!("/tmp/perf-{}.map", me.pid);
+        std::fs::write(&path, "2000 10 theirs\n").unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let written = mtime_ns(&meta).unwrap() - boot;
+        assert!(
+            successor_wrote(&meta, gone),
+            "this process wrote it, by its start"
+        );
+        assert!(!written_since_gone(&meta, gone, written));
+        assert!(written_since_gone(&meta, gone, written - 1));
+        assert!(written_since_gone(&meta, gone, 0), "no exit known");
+        let mut map = PerfMap::default();
+        map.close(gone, written);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(map.symbol(0x2000).map(|s| s.name.as_str()), Some("theirs"));
     }
 
     #[test]
