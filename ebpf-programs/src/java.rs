@@ -320,8 +320,11 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     // bytes it copies. Into the blob's buffer (no blob is read for an
     // interpreted frame), indexed by each slot's offset, which `word`
     // masks so that the verifier bounds it.
-    let below = INTERP_WINDOW as u64;
-    if !read_into(&mut s.jv_buf, fp.wrapping_sub(below), INTERP_WINDOW + 16) {
+    if !read_into(
+        &mut s.jv_buf,
+        fp.wrapping_sub(INTERP_WINDOW as u64),
+        INTERP_WINDOW + 16,
+    ) {
         return None;
     }
     let slot =

@@ -164,8 +164,9 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
     // A frame in JIT code carries its pc, by which user space finds the
     // code and the functions inlined in it; an interpreted one its
     // bytecode offset.
+    // (Its offset was left at `NO_OFFSET`: only the builtins set one.)
     let jit = range < MAX_V8_RANGES as u32 && p.builtins >> range & 1 == 0;
-    let (tag, low) = if jit && s.v8.offset == NO_OFFSET {
+    let (tag, low) = if jit {
         (V8_JS_PC, s.walk.ip & 0xffff_ffff)
     } else {
         (V8_JS, u64::from(s.v8.offset))
