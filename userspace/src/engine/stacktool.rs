@@ -702,11 +702,14 @@ impl StackTool {
         }
         // One read of the mappings for the three runtimes' finders.
         let maps = MapsOnce::new(who);
-        self.examine_python(&maps, exec || new_code);
+        // A new program's runtimes are found afresh: what was read of the
+        // old one's would be kept by a look again that finds none.
         if exec {
+            self.sym.python().forget(who);
             self.sym.java().forget(who);
             self.sym.v8().forget(who);
         }
+        self.examine_python(&maps, exec || new_code);
         self.examine_java(&maps, exec || new_code);
         self.examine_v8(&maps, exec || new_code);
         self.mark_timed();

@@ -785,16 +785,20 @@ impl Java {
         if self.disabled || pid == 0 {
             return None;
         }
+        let known = self.procs.contains_key(&who);
         if fresh {
             self.not.remove(&who);
-            if self.procs.remove(&who).is_some() {
-                self.found.remove(&who);
-            }
-        }
-        if self.not.contains_key(&who) || self.procs.contains_key(&who) {
+        } else if known || self.not.contains_key(&who) {
             return None;
         }
         match self.find(maps) {
+            // A JVM already read, looked at again for its new code, whose
+            // mappings are gone (it is exiting: a zombie's maps are empty)
+            // or cannot be read now keeps what was read and `-v`'s line:
+            // both stay true of it until its exit record. (A new program
+            // is forgotten before it is looked at, so it is never `known`
+            // here.)
+            Ok(Look::NotJvm | Look::Starting) | Err(_) if known => None,
             Ok(Look::NotJvm) => {
                 self.not.insert(who, None);
                 None
@@ -827,7 +831,10 @@ impl Java {
                 self.procs.insert(who, *j);
                 match refused {
                     Some(why) => {
-                        self.warn(who, why);
+                        // Told once, not at each look again.
+                        if !known {
+                            self.warn(who, why);
+                        }
                         None
                     }
                     None => {

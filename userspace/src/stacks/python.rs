@@ -397,16 +397,13 @@ impl Python {
         if self.disabled || pid == 0 {
             return None;
         }
+        let known = self.procs.contains_key(&who);
         if fresh {
             self.not.remove(&who);
-            if self.procs.remove(&who).is_some() {
-                self.found.remove(&who);
-            }
-        }
-        if self.not.contains_key(&who) {
+        } else if self.not.contains_key(&who) {
             return None;
         }
-        if let Some(p) = self.procs.get_mut(&who) {
+        if !fresh && let Some(p) = self.procs.get_mut(&who) {
             if p.checked {
                 return None;
             }
@@ -456,6 +453,12 @@ impl Python {
                 self.procs.insert(who, p);
                 Some(record)
             }
+            // An interpreter already read, looked at again for its new
+            // code, whose mappings are gone (it is exiting: a zombie's maps
+            // are empty) or cannot be read now keeps what was read and
+            // `-v`'s line: both stay true of it until its exit record. (A
+            // new program is forgotten before it is looked at.)
+            Ok(None) | Err(_) if known => None,
             Ok(None) => {
                 self.not.insert(who, None);
                 None

@@ -849,17 +849,21 @@ impl V8 {
         if self.disabled || pid == 0 {
             return None;
         }
+        let known = self.procs.contains_key(&who);
         if fresh {
             self.not.remove(&who);
-            if self.procs.remove(&who).is_some() {
-                self.found.remove(&who);
-            }
             self.codes.retain(|k, _| k.0 != who);
-        }
-        if self.not.contains_key(&who) || self.procs.contains_key(&who) {
+        } else if known || self.not.contains_key(&who) {
             return None;
         }
         match self.find(maps) {
+            // A V8 being walked, looked at again for its new code, whose
+            // mappings are gone (it is exiting: a zombie's maps are empty)
+            // or cannot be read now keeps its walk and `-v`'s line: both
+            // stay true of it until its exit record, and the kernel's
+            // table holds it until then. (A new program is forgotten
+            // before it is looked at, so it is never `known` here.)
+            Ok(Look::NotV8 | Look::Starting) | Err(_) if known => None,
             Ok(Look::NotV8) => {
                 self.not.insert(who, None);
                 None
@@ -2167,6 +2171,28 @@ process.stdin.resume();
         let f = v8.frames(who, V8_JS | (found[0].0 - 1), 0);
         assert_eq!(&*f[0].name, GONE);
         assert!(!v8.warnings().is_empty(), "frames left unnamed are told");
+
+        // Looked at again for new code as it exits (a zombie, its
+        // mappings gone, not yet reaped): still walked, still told.
+        // SAFETY: a signal to our own child, which `running` reaps.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        let stat = format!("/proc/{pid}/stat");
+        let zombie = || {
+            std::fs::read_to_string(&stat)
+                .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+        };
+        let began = std::time::Instant::now();
+        while !zombie() {
+            assert!(began.elapsed().as_secs() < 10, "node did not exit");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            matches!(v8.find(&MapsOnce::new(who)), Ok(Look::NotV8)),
+            "a zombie's mappings are gone"
+        );
+        assert_eq!(v8.examine(&MapsOnce::new(who), true), None);
+        assert_eq!(v8.summary().len(), 1, "-v still tells of it");
+        assert!(v8.procs.contains_key(&who), "its walk is kept");
 
         v8.forget(who);
         assert!(v8.procs.is_empty());
