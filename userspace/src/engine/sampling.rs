@@ -678,6 +678,9 @@ impl Sampler {
             }
         }
         self.stacks.configure(&self.cfg.stacks, kernel, load)?;
+        if self.scope.covers_self() {
+            self.stacks.prepare_self();
+        }
         self.stacks
             .names_later_in(self.cfg.outputs.pprof.as_deref());
         if self.exact_leaves() {

@@ -263,6 +263,9 @@ pub struct StackTool {
     /// (`rtrace_common::unwind::Runtimes`): the walk must step through
     /// their frames.
     runtimes: rtrace_common::unwind::Runtimes,
+    /// rtrace's own tables, being compiled beside the programs' load
+    /// ([`StackTool::prepare_self`]).
+    self_tables: Option<std::thread::JoinHandle<crate::stacks::unwind::Tables>>,
 }
 
 /// The kernel's table of stored stacks, by hash, and the stacks read
@@ -429,6 +432,10 @@ impl StackTool {
         // `event`.
         if self.cfi_loaded {
             let mut tables = KernelTables::new(ebpf, self.cfi_capacity)?;
+            if let Some(Ok(mine)) = self.self_tables.take().map(|h| h.join()) {
+                tables.absorb(mine);
+                tables.add_process(Proc::now(std::process::id()), false)?;
+            }
             for &pid in pids {
                 tables.add_process(Proc::now(pid), true)?;
             }
@@ -470,6 +477,17 @@ impl StackTool {
             self.loader = Some(attach_loader(ebpf).map_err(|e| format!("{e:#}")));
         }
         Ok(())
+    }
+
+    /// Begins compiling rtrace's own tables now, on a thread of their own,
+    /// for a run where rtrace is sampled too (over the whole system): they
+    /// are loaded at [`StackTool::attach`], so that its own first stacks
+    /// neither go by frame pointer nor hold up, while its large table is
+    /// compiled, the tables of the processes that start after.
+    pub fn prepare_self(&mut self) {
+        if self.cfi_loaded && self.self_tables.is_none() {
+            self.self_tables = crate::stacks::unwind::Tables::compile_self_beside();
+        }
     }
 
     /// Leaves the loader hook to [`StackTool::attach_later`], after the

@@ -220,6 +220,42 @@ impl Tables {
         made
     }
 
+    /// Compiles the tables of this process's own files on a thread of its
+    /// own, for [`Tables::absorb`]: rtrace's program is large, its table
+    /// takes a second to compile in an emulated guest, and compiled at
+    /// its first sample, in the loop that builds the tables of the
+    /// processes the walk asks for, it held up every other new process's
+    /// (whose first second of stacks then went by frame pointer). Begun
+    /// before the programs load, it is done by the time they are.
+    pub fn compile_self_beside() -> Option<std::thread::JoinHandle<Tables>> {
+        std::thread::Builder::new()
+            .spawn(|| {
+                let mut t = Tables {
+                    cache: crate::stacks::cficache::DiskCache::from_env(),
+                    ..Tables::default()
+                };
+                let _ = t.process(None);
+                t
+            })
+            .ok()
+    }
+
+    /// Takes the tables `other` compiled that this has not.
+    pub fn absorb(&mut self, other: Tables) {
+        for (key, table) in other.files {
+            self.files.entry(key).or_insert(table);
+        }
+        self.unreadable.extend(other.unreadable);
+        if self.vdso.is_none() {
+            self.vdso = other.vdso;
+        }
+        if let (Some(mine), Some(theirs)) = (self.cache.as_mut(), other.cache) {
+            mine.read += theirs.read;
+            mine.written += theirs.written;
+            mine.write_error = mine.write_error.take().or(theirs.write_error);
+        }
+    }
+
     /// The vDSO's table. The kernel maps one image into every process, so
     /// it is compiled once, from this process's own copy.
     fn vdso(&mut self) -> Option<Arc<FileTable>> {
@@ -552,6 +588,12 @@ impl KernelTables {
             }
         }
         Ok(true)
+    }
+
+    /// Takes the tables compiled on another thread
+    /// ([`Tables::compile_self_beside`]).
+    pub fn absorb(&mut self, other: Tables) {
+        self.tables.absorb(other);
     }
 
     /// Loads the rows of the file at `path` before any process maps it,
