@@ -181,6 +181,28 @@ fn forked_children_are_unwound_with_their_parents_tables() {
     check_chain(&stdout, C_LEAVES, C_CALLERS, (done[0], done[1]), 0.05, 0.98);
 }
 
+/// A process whose first thread has ended (`pthread_exit` in `main`) and
+/// whose work goes on in another: the kernel shows the ended thread's
+/// mappings, files and memory, which `/proc/PID` is, empty, so they are
+/// read through a live thread's (`/proc/PID/task/TID`). Before, the
+/// process's samples had neither tables nor names: `cfuncs_nofp;[unknown]`.
+#[test]
+fn a_process_whose_first_thread_ended_keeps_its_whole_chain() {
+    let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-U", "-f"], READY);
+    let fixture = start_fixture("cfuncs_nofp", &["orphan", "3"]);
+    let done = run_fixture(fixture);
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    check_chain(
+        &stdout,
+        C_LEAVES,
+        &["orphan_main", "mid"],
+        (done[0], done[1]),
+        0.05,
+        0.95,
+    );
+}
+
 /// C whose own functions have their CFI only in `.debug_frame` (built
 /// without unwind tables), while the C runtime's start code keeps its
 /// `.eh_frame`: both sections are read.

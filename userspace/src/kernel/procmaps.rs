@@ -271,6 +271,35 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
+/// The directory of process `pid`'s memory in `/proc`: `/proc/PID`, or,
+/// where its first thread has ended (`pthread_exit` in `main`) and its
+/// others run on, one of theirs, `/proc/PID/task/TID`: the kernel shows
+/// the ended thread's `maps`, `map_files`, `exe` and `mem` empty or
+/// closed, the process's memory through the live threads alone. (A
+/// process that has ended entirely has no other thread: `/proc/PID`.)
+pub fn proc_dir(pid: u32) -> String {
+    let dir = format!("/proc/{pid}");
+    let ended = |d: &str| {
+        std::fs::read_to_string(format!("{d}/stat"))
+            .ok()
+            .and_then(|s| Some(s.rsplit_once(')')?.1.trim_start().starts_with(['Z', 'X'])))
+            .unwrap_or(true)
+    };
+    if !ended(&dir) {
+        return dir;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("{dir}/task")) else {
+        return dir;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&tid| tid != pid)
+        .map(|tid| format!("{dir}/task/{tid}"))
+        .find(|d| !ended(d))
+        .unwrap_or(dir)
+}
+
 /// Whether task `id` (a process or a thread) still exists: `/proc/ID` is
 /// there for threads as well, though only processes are listed.
 pub fn alive(id: u32) -> bool {
@@ -311,10 +340,11 @@ impl MapsOnce {
     }
 }
 
-/// The mappings of process `pid` (`None` for this process).
+/// The mappings of process `pid` (`None` for this process), through
+/// [`proc_dir`].
 pub fn read(pid: Option<u32>) -> std::io::Result<Vec<Mapping>> {
     let path = match pid {
-        Some(p) => format!("/proc/{p}/maps"),
+        Some(p) => format!("{}/maps", proc_dir(p)),
         None => "/proc/self/maps".to_owned(),
     };
     Ok(std::fs::read_to_string(path)?

@@ -52,7 +52,7 @@ pub enum Mem {
 /// Opens process `who`'s memory while it lives: through
 /// `/proc/PID/mem`, else through the kernel.
 pub fn open_mem(who: Proc) -> Mem {
-    let path = format!("/proc/{}/mem", who.pid);
+    let path = format!("{}/mem", crate::kernel::procmaps::proc_dir(who.pid));
     match File::open(&path) {
         Ok(f) if who.alive() => Mem::Open(f),
         Ok(_) => Mem::None,

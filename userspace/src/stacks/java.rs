@@ -875,7 +875,7 @@ impl Java {
         let Some(maps) = maps.get() else {
             return Ok(Look::NotJvm);
         };
-        let proc_dir = format!("/proc/{pid}");
+        let proc_dir = crate::kernel::procmaps::proc_dir(pid);
         let Some(m) = maps
             .iter()
             .find(|m| m.offset == 0 && m.path().is_some_and(|p| p.ends_with("/libjvm.so")))

@@ -644,8 +644,8 @@ impl Python {
         let Some(maps) = maps.get() else {
             return Ok(None);
         };
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        let proc_dir = format!("/proc/{pid}");
+        let proc_dir = crate::kernel::procmaps::proc_dir(pid);
+        let exe = std::fs::read_link(format!("{proc_dir}/exe")).ok();
         let mut libc = None;
         let mut asyncio = None;
         let mut found = None;

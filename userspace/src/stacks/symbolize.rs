@@ -441,7 +441,8 @@ impl Symbolizer {
             proc.perf_map.read(p, exit);
             return;
         }
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"));
+        let maps =
+            std::fs::read_to_string(format!("{}/maps", crate::kernel::procmaps::proc_dir(pid)));
         // Read before the check: a process that took the pid after the
         // check would otherwise lend its mappings.
         let Some(maps) = maps.ok().filter(|_| p.alive()) else {

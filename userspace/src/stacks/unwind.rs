@@ -115,7 +115,7 @@ impl Tables {
     /// [`procmaps::Mapping::open`] does.
     pub fn process(&mut self, pid: Option<u32>) -> std::io::Result<Vec<Region>> {
         let proc_dir = match pid {
-            Some(p) => format!("/proc/{p}"),
+            Some(p) => procmaps::proc_dir(p),
             None => "/proc/self".to_owned(),
         };
         let mut regions = Vec::new();

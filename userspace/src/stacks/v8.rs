@@ -916,7 +916,7 @@ impl V8 {
         let Some(maps) = maps.get() else {
             return Ok(Look::NotV8);
         };
-        let proc_dir = format!("/proc/{pid}");
+        let proc_dir = crate::kernel::procmaps::proc_dir(pid);
         let exe = std::fs::read_link(format!("{proc_dir}/exe")).ok();
         let mut found = None;
         let mut looked = Vec::new();

@@ -332,14 +332,15 @@ fn user_entries(
 /// The files process `pid` maps executable: where to read each (through
 /// the process's root), and its path as the process sees it.
 fn mapped_files(pid: u32) -> anyhow::Result<Vec<(PathBuf, String)>> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+    let dir = crate::kernel::procmaps::proc_dir(pid);
+    let maps = std::fs::read_to_string(format!("{dir}/maps"))
         .with_context(|| format!("process {pid} does not exist or cannot be read"))?;
     let mut files: Vec<(PathBuf, String)> = maps
         .lines()
         .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
         .filter_map(|l| l.split_whitespace().nth(5))
         .filter(|p| p.starts_with('/'))
-        .map(|p| (PathBuf::from(format!("/proc/{pid}/root{p}")), p.to_owned()))
+        .map(|p| (PathBuf::from(format!("{dir}/root{p}")), p.to_owned()))
         .collect();
     files.sort();
     files.dedup();

@@ -43,12 +43,13 @@ impl OpenFile {
 
 /// Process `pid`'s root directory, opened, if it is not this process's.
 fn foreign_root(pid: u32) -> Option<File> {
-    let theirs = std::fs::metadata(format!("/proc/{pid}/root")).ok()?;
+    let root = format!("{}/root", crate::kernel::procmaps::proc_dir(pid));
+    let theirs = std::fs::metadata(&root).ok()?;
     let ours = std::fs::metadata("/").ok()?;
     if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
         return None;
     }
-    File::open(format!("/proc/{pid}/root")).ok()
+    File::open(root).ok()
 }
 
 /// Opens the file at `path` into `files` ahead of any process that maps
@@ -102,7 +103,7 @@ pub(super) fn open(
     m: &crate::kernel::procmaps::Mapping,
     path: &str,
 ) -> Result<FileId, String> {
-    match m.open(&format!("/proc/{pid}")) {
+    match m.open(&crate::kernel::procmaps::proc_dir(pid)) {
         Ok(file) => {
             let id = adopt(files, file, path).map_err(|e| format!("cannot open it: {e}"))?;
             if let Some(open) = files.get_mut(&id)
