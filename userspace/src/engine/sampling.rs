@@ -735,6 +735,7 @@ impl Sampler {
                 let n = self.stacks.preload_all()?;
                 self.preloaded = Some((n, started.elapsed()));
             }
+            self.stacks.absorb_self()?;
             self.set_window(ebpf)?;
             match found {
                 Found::Tracepoints(tracepoints) => {
@@ -827,6 +828,9 @@ impl Sampler {
             }
         }
         self.set_window(ebpf)?;
+        // The walks are loaded: rtrace's own tables, compiled beside them,
+        // go in before the first sample.
+        self.stacks.absorb_self()?;
         let prog: &mut PerfEvent = ebpf
             .program_mut(rtrace_common::profile::PROG_PROFILE)
             .context("program profile missing")?

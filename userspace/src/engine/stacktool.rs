@@ -432,10 +432,6 @@ impl StackTool {
         // `event`.
         if self.cfi_loaded {
             let mut tables = KernelTables::new(ebpf, self.cfi_capacity)?;
-            if let Some(Ok(mine)) = self.self_tables.take().map(|h| h.join()) {
-                tables.absorb(mine);
-                tables.add_process(Proc::now(std::process::id()), false)?;
-            }
             for &pid in pids {
                 tables.add_process(Proc::now(pid), true)?;
             }
@@ -481,13 +477,33 @@ impl StackTool {
 
     /// Begins compiling rtrace's own tables now, on a thread of their own,
     /// for a run where rtrace is sampled too (over the whole system): they
-    /// are loaded at [`StackTool::attach`], so that its own first stacks
-    /// neither go by frame pointer nor hold up, while its large table is
-    /// compiled, the tables of the processes that start after.
+    /// are loaded by [`StackTool::absorb_self`], so that its own first
+    /// stacks neither go by frame pointer nor hold up, while its large
+    /// table is compiled, the tables of the processes that start after.
     pub fn prepare_self(&mut self) {
-        if self.cfi_loaded && self.self_tables.is_none() {
+        if !self.cfi_loaded {
+            // A variant without the walk: nothing to wait for.
+            self.self_tables = None;
+        } else if self.self_tables.is_none() {
             self.self_tables = crate::stacks::unwind::Tables::compile_self_beside();
         }
+    }
+
+    /// Loads the tables [`StackTool::prepare_self`] compiled into the
+    /// walk's, for rtrace's own process, waiting for them if need be:
+    /// called once the programs are loaded (the verifier's work, which the
+    /// compile ran beside) and before sampling starts.
+    pub fn absorb_self(&mut self) -> anyhow::Result<()> {
+        let (Some(cfi), Some(handle)) = (&mut self.cfi, self.self_tables.take()) else {
+            return Ok(());
+        };
+        // A compile that panicked leaves rtrace's tables to its first
+        // sample, as for any process.
+        if let Ok(mine) = handle.join() {
+            cfi.absorb(mine);
+            cfi.add_process(Proc::now(std::process::id()), false)?;
+        }
+        Ok(())
     }
 
     /// Leaves the loader hook to [`StackTool::attach_later`], after the
