@@ -63,9 +63,13 @@ pub fn cgroup_of(pid: u32) -> Option<String> {
 }
 
 /// The path of process `pid`'s executable, `None` if it is gone or not
-/// ours to read (other users' processes without CAP_SYS_PTRACE).
+/// ours to read (other users' processes without CAP_SYS_PTRACE). One
+/// whose first thread has ended shows it through another's
+/// ([`procmaps::proc_dir`]), looked for only then.
 pub fn exe_of(pid: u32) -> Option<std::path::PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .or_else(|_| std::fs::read_link(format!("{}/exe", procmaps::proc_dir(pid))))
+        .ok()
 }
 
 /// This host's name (`uname -n`), `None` if it cannot be read.

@@ -273,31 +273,49 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 
 /// The directory of process `pid`'s memory in `/proc`: `/proc/PID`, or,
 /// where its first thread has ended (`pthread_exit` in `main`) and its
-/// others run on, one of theirs, `/proc/PID/task/TID`: the kernel shows
-/// the ended thread's `maps`, `map_files`, `exe` and `mem` empty or
-/// closed, the process's memory through the live threads alone. (A
+/// others run on, a live one's `/proc/TID` (not listed, but there, and
+/// with `map_files`, which `/proc/PID/task/TID` lacks): the kernel shows
+/// the ended thread's `maps`, `map_files`, `exe`, `root` and `mem` empty
+/// or closed, the process's memory through the live threads alone. (A
 /// process that has ended entirely has no other thread: `/proc/PID`.)
+///
+/// A thread has ended once it is a zombie, or from the start of its exit
+/// (`PF_EXITING`, set before its memory is let go). Each look reads one
+/// thread's own `stat`, never the process's, which sums every thread's
+/// times.
 pub fn proc_dir(pid: u32) -> String {
-    let dir = format!("/proc/{pid}");
-    let ended = |d: &str| {
-        std::fs::read_to_string(format!("{d}/stat"))
-            .ok()
-            .and_then(|s| Some(s.rsplit_once(')')?.1.trim_start().starts_with(['Z', 'X'])))
-            .unwrap_or(true)
+    // Fields from the third (state) on: the state, then flags is the 9th.
+    const PF_EXITING: u64 = 0x4;
+    let ended = |tid: u32| {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+            return true;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return true;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("X");
+        let flags: u64 = fields.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
+        state.starts_with(['Z', 'X']) || flags & PF_EXITING != 0
     };
-    if !ended(&dir) {
-        return dir;
+    if !ended(pid) {
+        return format!("/proc/{pid}");
     }
-    let Ok(tasks) = std::fs::read_dir(format!("{dir}/task")) else {
-        return dir;
-    };
-    tasks
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
         .flatten()
         .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&tid| tid != pid)
-        .map(|tid| format!("{dir}/task/{tid}"))
-        .find(|d| !ended(d))
-        .unwrap_or(dir)
+        .find(|&tid| tid != pid && !ended(tid))
+        .map_or_else(|| format!("/proc/{pid}"), |tid| format!("/proc/{tid}"))
+}
+
+/// The mappings in `dir` (a [`proc_dir`]).
+pub fn read_in(dir: &str) -> std::io::Result<Vec<Mapping>> {
+    Ok(std::fs::read_to_string(format!("{dir}/maps"))?
+        .lines()
+        .filter_map(Mapping::parse)
+        .collect())
 }
 
 /// Whether task `id` (a process or a thread) still exists: `/proc/ID` is
@@ -343,14 +361,10 @@ impl MapsOnce {
 /// The mappings of process `pid` (`None` for this process), through
 /// [`proc_dir`].
 pub fn read(pid: Option<u32>) -> std::io::Result<Vec<Mapping>> {
-    let path = match pid {
-        Some(p) => format!("{}/maps", proc_dir(p)),
-        None => "/proc/self/maps".to_owned(),
-    };
-    Ok(std::fs::read_to_string(path)?
-        .lines()
-        .filter_map(Mapping::parse)
-        .collect())
+    match pid {
+        Some(p) => read_in(&proc_dir(p)),
+        None => read_in("/proc/self"),
+    }
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ pub struct NotFound {
 /// executable on `PATH`. With `pid`, in that process's view.
 pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
     let root = match pid {
-        Some(p) => PathBuf::from(format!("/proc/{p}/root")),
+        Some(p) => PathBuf::from(format!("{}/root", crate::kernel::procmaps::proc_dir(p))),
         None => PathBuf::from("/"),
     };
     let not_found = |looked: String| NotFound {

@@ -66,7 +66,7 @@ pub fn of_running() -> Runtimes {
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me)
-        .filter_map(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).ok())
+        .filter_map(crate::kernel::exe_of)
         .fold(0, |found, exe| found | by_name(&exe))
 }
 

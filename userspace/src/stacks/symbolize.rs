@@ -441,8 +441,10 @@ impl Symbolizer {
             proc.perf_map.read(p, exit);
             return;
         }
-        let maps =
-            std::fs::read_to_string(format!("{}/maps", crate::kernel::procmaps::proc_dir(pid)));
+        // Once for the maps and every file they name: a look at a
+        // thread's state for each would add up in a JVM's hundreds.
+        let dir = crate::kernel::procmaps::proc_dir(pid);
+        let maps = std::fs::read_to_string(format!("{dir}/maps"));
         // Read before the check: a process that took the pid after the
         // check would otherwise lend its mappings.
         let Some(maps) = maps.ok().filter(|_| p.alive()) else {
@@ -454,7 +456,7 @@ impl Symbolizer {
         };
         let mut found = Vec::new();
         for line in maps.lines() {
-            if let Some(m) = self.parse_mapping(pid, line) {
+            if let Some(m) = self.parse_mapping(&dir, line) {
                 found.push(m);
             }
         }
@@ -748,16 +750,17 @@ impl Symbolizer {
         self.dumps.insert(p, Dump::open(file, name));
     }
 
-    /// Parses one line of `/proc/PID/maps`, keeping executable mappings and
-    /// opening their files.
-    fn parse_mapping(&mut self, pid: u32, line: &str) -> Option<Mapping> {
+    /// Parses one line of the `maps` in `dir` (a process's
+    /// [`proc_dir`](crate::kernel::procmaps::proc_dir)), keeping executable
+    /// mappings and opening their files.
+    fn parse_mapping(&mut self, dir: &str, line: &str) -> Option<Mapping> {
         let m = crate::kernel::procmaps::Mapping::parse(line)?;
         if !m.exec {
             return None;
         }
         let (file, unopened) = match m
             .path()
-            .map(|path| elf::open(&mut self.files, pid, &m, path))
+            .map(|path| elf::open(&mut self.files, dir, &m, path))
         {
             Some(Ok(id)) => (Some(id), None),
             Some(Err(why)) => (None, Some(Arc::from(why))),

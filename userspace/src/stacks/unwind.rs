@@ -119,7 +119,7 @@ impl Tables {
             None => "/proc/self".to_owned(),
         };
         let mut regions = Vec::new();
-        for m in procmaps::read(pid)?.into_iter().filter(|m| m.exec) {
+        for m in procmaps::read_in(&proc_dir)?.into_iter().filter(|m| m.exec) {
             // A jitdump is mapped executable only for profilers to find
             // it; it is data, never run, and has no CFI.
             let file = m

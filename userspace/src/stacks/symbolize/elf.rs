@@ -41,9 +41,11 @@ impl OpenFile {
     }
 }
 
-/// Process `pid`'s root directory, opened, if it is not this process's.
-fn foreign_root(pid: u32) -> Option<File> {
-    let root = format!("{}/root", crate::kernel::procmaps::proc_dir(pid));
+/// The root directory of the process in `dir` (its
+/// [`proc_dir`](crate::kernel::procmaps::proc_dir)), opened, if it is
+/// not this process's.
+fn foreign_root(dir: &str) -> Option<File> {
+    let root = format!("{dir}/root");
     let theirs = std::fs::metadata(&root).ok()?;
     let ours = std::fs::metadata("/").ok()?;
     if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
@@ -93,23 +95,24 @@ pub(super) fn adopt(
     Ok(id)
 }
 
-/// Opens into `files` a file process `pid` maps (`m`, at `path`) through
+/// Opens into `files` a file the process in `dir` (its
+/// [`proc_dir`](crate::kernel::procmaps::proc_dir)) maps (`m`, at `path`) through
 /// the process's own view of it, or by its path where that is the same
 /// file ([`crate::kernel::procmaps::Mapping::open`]), once per file
 /// across all processes.
 pub(super) fn open(
     files: &mut HashMap<FileId, OpenFile>,
-    pid: u32,
+    dir: &str,
     m: &crate::kernel::procmaps::Mapping,
     path: &str,
 ) -> Result<FileId, String> {
-    match m.open(&crate::kernel::procmaps::proc_dir(pid)) {
+    match m.open(dir) {
         Ok(file) => {
             let id = adopt(files, file, path).map_err(|e| format!("cannot open it: {e}"))?;
             if let Some(open) = files.get_mut(&id)
                 && open.root.is_none()
             {
-                open.root = foreign_root(pid);
+                open.root = foreign_root(dir);
             }
             Ok(id)
         }

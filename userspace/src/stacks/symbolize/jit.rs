@@ -302,7 +302,7 @@ fn perf_map_path(pid: u32, alive: bool) -> Option<JitPath> {
         .and_then(|l| l.split_whitespace().last()?.parse::<u32>().ok())
         .unwrap_or(pid);
     let shown = format!("/tmp/perf-{nspid}.map");
-    let root = match File::open(format!("/proc/{pid}/root")) {
+    let root = match File::open(format!("{}/root", crate::kernel::procmaps::proc_dir(pid))) {
         Ok(root) => root,
         // Another user's process, and rtrace without ptrace rights (as the
         // exporter's unit runs it, with CAP_BPF and CAP_PERFMON only): its
