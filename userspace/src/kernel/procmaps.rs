@@ -325,10 +325,13 @@ pub fn alive(id: u32) -> bool {
 }
 
 /// A process's mappings, read once for the several readers of one event
-/// (each runtime's finder), and only if one asks.
+/// (each runtime's finder), and only if one asks, with the directory
+/// they were read from, so that the readers' other files come from the
+/// same thread's view (one [`proc_dir`] look for the event, not one a
+/// reader).
 pub struct MapsOnce {
     who: Proc,
-    maps: std::cell::OnceCell<Option<Vec<Mapping>>>,
+    read: std::cell::OnceCell<Option<(String, Vec<Mapping>)>>,
 }
 
 impl MapsOnce {
@@ -336,7 +339,7 @@ impl MapsOnce {
     pub fn new(who: Proc) -> Self {
         Self {
             who,
-            maps: std::cell::OnceCell::new(),
+            read: std::cell::OnceCell::new(),
         }
     }
 
@@ -345,16 +348,30 @@ impl MapsOnce {
         self.who
     }
 
-    /// The mappings, read at the first call; `None` if they could not be
-    /// read or the process was gone by then (checked after the read, so
-    /// that the pid's next process never lends its mappings).
-    pub fn get(&self) -> Option<&[Mapping]> {
-        self.maps
+    /// The mappings and their directory, read at the first call; `None`
+    /// if they could not be read or the process was gone by then
+    /// (checked after the read, so that the pid's next process never
+    /// lends its mappings).
+    fn read(&self) -> Option<&(String, Vec<Mapping>)> {
+        self.read
             .get_or_init(|| {
-                let maps = read(Some(self.who.pid)).ok()?;
-                self.who.alive().then_some(maps)
+                let dir = proc_dir(self.who.pid);
+                let maps = read_in(&dir).ok()?;
+                self.who.alive().then_some((dir, maps))
             })
-            .as_deref()
+            .as_ref()
+    }
+
+    /// The mappings (see [`MapsOnce::dir`]).
+    pub fn get(&self) -> Option<&[Mapping]> {
+        self.read().map(|(_, maps)| maps.as_slice())
+    }
+
+    /// The [`proc_dir`] the mappings were read from, for the process's
+    /// other files (`exe`, `root`, `map_files`, `mem`); `None` as for
+    /// [`MapsOnce::get`].
+    pub fn dir(&self) -> Option<&str> {
+        self.read().map(|(dir, _)| dir.as_str())
     }
 }
 

@@ -872,10 +872,9 @@ impl Java {
     fn find(&mut self, maps: &MapsOnce) -> Result<Look, String> {
         let who = maps.who();
         let pid = who.pid;
-        let Some(maps) = maps.get() else {
+        let (Some(proc_dir), Some(maps)) = (maps.dir(), maps.get()) else {
             return Ok(Look::NotJvm);
         };
-        let proc_dir = crate::kernel::procmaps::proc_dir(pid);
         let Some(m) = maps
             .iter()
             .find(|m| m.offset == 0 && m.path().is_some_and(|p| p.ends_with("/libjvm.so")))
@@ -887,7 +886,7 @@ impl Java {
             Some(f) => f.clone(),
             None => {
                 let f = m
-                    .open(&proc_dir)
+                    .open(proc_dir)
                     .ok()
                     .and_then(|f| read_file(&f))
                     .map(Arc::new);

@@ -641,10 +641,9 @@ impl Python {
     fn find(&mut self, maps: &MapsOnce) -> Result<Option<PyProcess>, String> {
         let who = maps.who();
         let pid = who.pid;
-        let Some(maps) = maps.get() else {
+        let (Some(proc_dir), Some(maps)) = (maps.dir(), maps.get()) else {
             return Ok(None);
         };
-        let proc_dir = crate::kernel::procmaps::proc_dir(pid);
         let exe = std::fs::read_link(format!("{proc_dir}/exe")).ok();
         let mut libc = None;
         let mut asyncio = None;
@@ -671,7 +670,7 @@ impl Python {
                 Some(f) => f.clone(),
                 None => {
                     let f = m
-                        .open(&proc_dir)
+                        .open(proc_dir)
                         .ok()
                         .and_then(|f| read_file(&f, name).transpose())
                         .transpose()?
@@ -690,7 +689,7 @@ impl Python {
         // The candidates are mappings of offset 0.
         let bias = m.start.wrapping_sub(file.base);
         let key_block = match libc {
-            Some(l) => self.key_block(l, &proc_dir),
+            Some(l) => self.key_block(l, proc_dir),
             None => None,
         }
         .or_else(own_key_block)
@@ -714,7 +713,7 @@ impl Python {
         if let Some(m) = asyncio
             && record.gen_iframe != 0
             && !self.no_tasks
-            && let Some(a) = self.asyncio(m, &proc_dir)
+            && let Some(a) = self.asyncio(m, proc_dir)
         {
             record.ts_running_task = a.running_task;
             record.task_coro = a.task_coro;

@@ -913,10 +913,9 @@ impl V8 {
     fn find(&mut self, maps: &MapsOnce) -> Result<Look, String> {
         let who = maps.who();
         let pid = who.pid;
-        let Some(maps) = maps.get() else {
+        let (Some(proc_dir), Some(maps)) = (maps.dir(), maps.get()) else {
             return Ok(Look::NotV8);
         };
-        let proc_dir = crate::kernel::procmaps::proc_dir(pid);
         let exe = std::fs::read_link(format!("{proc_dir}/exe")).ok();
         let mut found = None;
         let mut looked = Vec::new();
@@ -942,7 +941,7 @@ impl V8 {
                 Some(f) => f.clone(),
                 None => {
                     let f = m
-                        .open(&proc_dir)
+                        .open(proc_dir)
                         .ok()
                         .and_then(|f| read_file(&f))
                         .map(Arc::new);
