@@ -605,6 +605,78 @@ fn descriptors_with_their_paths() {
     );
 }
 
+/// `-y` of a process whose first thread has ended (`pthread_exit` in
+/// `main`, the fixture's `orphan` mode), traced with `-p` from then on:
+/// the kernel shows the ended thread's descriptors and directory empty,
+/// so they are read through a live thread's. Before, the descriptors it
+/// had were unknown and its `write` to its stdout had no path.
+#[test]
+fn descriptors_of_a_process_whose_first_thread_ended() {
+    use std::io::BufRead as _;
+    use std::os::fd::AsRawFd as _;
+    let mut child = Command::new(workload_bin("cfuncs"))
+        .args(["orphan", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    // The fixture's stdout is this pipe: its other end is ours.
+    let pipe = std::fs::read_link(format!("/proc/self/fd/{}", out.get_ref().as_raw_fd()))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(pipe.starts_with("pipe:["), "{pipe}");
+    let pid = child.id();
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    // Traced only once the first thread is a zombie.
+    let zombie = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| Some(s.rsplit_once(')')?.1.trim_start().starts_with('Z')))
+            .unwrap_or(false)
+    };
+    for _ in 0..400 {
+        if zombie() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(zombie(), "the fixture's first thread did not end");
+    let file = temp("orphan-y.txt");
+    let pid_arg = pid.to_string();
+    let rtrace = Rtrace::start_until(
+        &[
+            "strace",
+            "-y",
+            "-e",
+            "trace=write",
+            "-o",
+            file.to_str().unwrap(),
+            "-p",
+            &pid_arg,
+        ],
+        "Tracing the syscalls",
+    );
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("done "), "{line:?}");
+    assert!(child.wait().unwrap().success());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (code, _, stderr) = rtrace.stop(SIGINT);
+    assert_eq!(code, 0, "{stderr}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let _ = std::fs::remove_file(&file);
+    let want = format!("write(1<{pipe}>, \"done ");
+    assert!(
+        text.lines().any(|l| l.contains(&want)),
+        "no {want:?} in:\n{text}"
+    );
+}
+
 /// `-f` with `-p`: the children the process forks after tracing began are
 /// traced from their fork; without `-f`, only the process.
 #[test]

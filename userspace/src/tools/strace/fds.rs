@@ -110,7 +110,7 @@ impl Fds {
             return None;
         }
         // Made before tracing began: what the process has there now.
-        let path = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+        let path = link_of(pid, &format!("fd/{fd}"))?;
         let path = path.to_string_lossy().into_owned();
         self.known.insert(
             (pid, fd),
@@ -197,18 +197,21 @@ impl Fds {
     /// descriptors were made before tracing, and which may exit before
     /// their lines are printed.
     pub fn read_all(&mut self, pid: u32) {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        // Through a live thread where the first one has ended, whose
+        // table the kernel shows empty.
+        let dir = crate::kernel::procmaps::proc_dir(pid);
+        let Ok(entries) = std::fs::read_dir(format!("{dir}/fd")) else {
             return;
         };
         self.whole.remove(&pid);
-        for entry in dir.flatten() {
+        for entry in entries.flatten() {
             let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
                 continue;
             };
             let _ = self.path(pid, fd);
             // A command waiting to exec holds rtrace's own descriptors
             // until then: close-on-exec, as the exec will show.
-            let flags = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+            let flags = std::fs::read_to_string(format!("{dir}/fdinfo/{fd}"))
                 .ok()
                 .and_then(|t| {
                     t.lines()
@@ -257,7 +260,7 @@ impl Fds {
         if let Some(d) = self.cwd.get(&pid) {
             return Some(d.clone());
         }
-        let d = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+        let d = link_of(pid, "cwd")?;
         self.cwd.insert(pid, d.clone());
         Some(d)
     }
@@ -290,4 +293,19 @@ impl Fds {
             .to_string_lossy()
             .into_owned()
     }
+}
+
+/// Where link `what` of process `pid`'s `/proc` directory points: read
+/// from `/proc/PID`, or, where that fails because the first thread has
+/// ended (its descriptors and directory are gone with it), from a live
+/// thread's ([`crate::kernel::procmaps::proc_dir`]), looked up only then.
+fn link_of(pid: u32, what: &str) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/{what}"))
+        .or_else(|_| {
+            std::fs::read_link(format!(
+                "{}/{what}",
+                crate::kernel::procmaps::proc_dir(pid)
+            ))
+        })
+        .ok()
 }
