@@ -466,6 +466,21 @@ pub fn warnings(stderr: &str) -> Vec<(&str, &str)> {
         .collect()
 }
 
+/// Events rtrace said the kernel skipped (`N events not counted: program
+/// P was skipped, ...`: a program was already running on their CPU), of
+/// the programs `programs` chooses by name.
+pub fn skipped_runs(stderr: &str, programs: impl Fn(&str) -> bool) -> u64 {
+    warnings(stderr)
+        .into_iter()
+        .filter(|(kind, _)| *kind == "lost")
+        .filter_map(|(_, text)| {
+            let (n, rest) = text.split_once(" events not counted: program ")?;
+            let program = rest.split_whitespace().next()?;
+            programs(program).then(|| n.parse::<u64>().ok()).flatten()
+        })
+        .sum()
+}
+
 /// Asserts that `rtrace ARGS` fails with one line on stderr containing
 /// `want`.
 pub fn assert_one_line_error(args: &[&str], want: &str) {

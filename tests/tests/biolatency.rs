@@ -2,8 +2,8 @@
 //! against the device's own completion counters.
 
 use rtrace_integration_tests::{
-    LoopDevice, Rtrace, SIGINT, json_lines, run, run_workload, text_hist_total, text_layout,
-    warnings,
+    LoopDevice, Rtrace, SIGINT, json_lines, run, run_workload, skipped_runs, text_hist_total,
+    text_layout,
 };
 
 const READS: u64 = 120;
@@ -60,12 +60,7 @@ fn traced(tag: &str, extra: &[&str]) -> Traced {
     // programs, so a warning may concern other devices; the callers judge
     // this device's histogram against its completions.
     assert_eq!(code, 0, "stderr: {stderr}");
-    let skipped = warnings(&stderr)
-        .into_iter()
-        .filter(|(kind, l)| *kind == "lost" && l.contains(" events not counted: program "))
-        .map(|(_, l)| l)
-        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
+    let skipped = skipped_runs(&stderr, |_| true);
     Traced {
         stdout,
         stderr,

@@ -280,6 +280,14 @@ fn cpythons_list_is_held_under_the_comprehension_and_freed_at_exit() {
     );
 }
 
+/// How many events of programs `programs` rtrace said the kernel skipped:
+/// a tracepoint's program is not run where another of its kind already
+/// runs on the CPU, which an emulated guest starved of its host's time
+/// makes common (interrupts land inside the programs).
+fn skipped(stderr: &str, programs: &[&str]) -> u64 {
+    rtrace_integration_tests::skipped_runs(stderr, |p| programs.contains(&p))
+}
+
 #[test]
 fn the_kernels_pipes_are_held_by_the_stack_that_made_them() {
     let pipes: u64 = 400;
@@ -295,6 +303,25 @@ fn the_kernels_pipes_are_held_by_the_stack_that_made_them() {
     let (code, stdout, stderr) = rt.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     let all = reports(&stdout);
+    // What the kernel skipped, as rtrace reported it, is all the bounds
+    // allow for: each skipped allocation may be one of the pipes' (held
+    // less), each skipped free one of their frees (held after closing).
+    // On a machine with time to spare there are none, and the bounds are
+    // the fixture's own counts.
+    let allocs = skipped(
+        &stderr,
+        &[
+            "kmalloc",
+            "kmalloc_node",
+            "kmem_cache_alloc",
+            "kmem_cache_alloc_node",
+        ],
+    );
+    let frees = skipped(&stderr, &["kfree", "kmem_cache_free"]);
+    let (page_allocs, page_frees) = (
+        skipped(&stderr, &["mm_page_alloc"]),
+        skipped(&stderr, &["mm_page_free"]),
+    );
     // Each pipe holds its pipe_inode_info and its buffers' array, both
     // from alloc_pipe_info.
     let held = |r: &serde_json::Value| -> u64 {
@@ -302,11 +329,14 @@ fn the_kernels_pipes_are_held_by_the_stack_that_made_them() {
     };
     let counts: Vec<u64> = all.iter().map(held).collect();
     let most = counts.iter().copied().max().unwrap_or(0);
-    assert!(most >= 2 * pipes, "{counts:?}: {stderr}");
+    assert!(
+        most + allocs >= 2 * pipes,
+        "{counts:?} ({allocs} allocations skipped): {stderr}"
+    );
     let last = *counts.last().unwrap();
     assert!(
-        most - last >= 2 * pipes * 9 / 10,
-        "closed pipes still held: {counts:?} ({:?} after closing)",
+        most - last + frees >= 2 * pipes * 9 / 10,
+        "closed pipes still held: {counts:?} ({:?} after closing, {frees} frees skipped)",
         opened_at.elapsed()
     );
     // The byte written into each took a page (kmem:mm_page_alloc), held
@@ -318,10 +348,13 @@ fn the_kernels_pipes_are_held_by_the_stack_that_made_them() {
     };
     let pages: Vec<u64> = all.iter().map(paged).collect();
     let most = pages.iter().copied().max().unwrap_or(0);
-    assert!(most >= pipes * 4096 * 9 / 10, "{pages:?}: {stderr}");
     assert!(
-        most - pages.last().unwrap() >= pipes * 4096 * 9 / 10,
-        "closed pipes' pages still held: {pages:?}"
+        most + page_allocs * 4096 >= pipes * 4096 * 9 / 10,
+        "{pages:?} ({page_allocs} page allocations skipped): {stderr}"
+    );
+    assert!(
+        most - pages.last().unwrap() + page_frees * 4096 >= pipes * 4096 * 9 / 10,
+        "closed pipes' pages still held: {pages:?} ({page_frees} page frees skipped)"
     );
     // The BPF allocator's refills of the table's own element caches are
     // left out: traced, each took an element and brought another refill,

@@ -452,8 +452,8 @@ fn report_errors<T: Tool>(ebpf: &Ebpf, perf_lost: u64, verbose: bool) -> anyhow:
     }
     for (program, n) in crate::kernel::load::skipped_runs(ebpf) {
         Warning::lost(format!(
-            "{n} events not counted: program {program} was already running on \
-             their CPU, and the kernel skips a program that would nest in itself"
+            "{n} events not counted: program {program} was skipped, as a BPF \
+             program was already running on their CPU (the kernel does not nest them)"
         ))
         .print();
     }
