@@ -178,18 +178,30 @@ fn a_binarys_usdt_probes_and_functions_are_listed() {
     // Of a running process: the functions of the files it maps, by the
     // paths it maps them at (the fixture waits for its go, with libc
     // mapped; the guests' own tools are static).
-    let (mut w, line) = Workload::start("hotfuncs_nofp", &["cpu".to_owned(), "0".to_owned()]);
+    // Run from a directory whose name has a space, which the mapping's
+    // path keeps.
+    let dir = std::env::temp_dir().join(format!("rtrace list {}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("hotfuncs_nofp");
+    std::fs::copy(workload_bin("hotfuncs_nofp"), &copy).unwrap();
+    let mut cmd = std::process::Command::new(&copy);
+    cmd.args(["cpu", "0"]);
+    let (mut w, line) = Workload::start_command(cmd);
     assert!(line.starts_with("ready"), "{line}");
     let pid = w.pid().to_string();
     let mapped = list(&["-p", &pid, "u:*:clock_gettime"]);
+    let own = list(&["-p", &pid, "u:*:main"]);
     w.go();
     assert!(w.wait().success());
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         mapped.iter().any(|e| e["kind"] == "user-function"
             && e["name"].as_str().unwrap().starts_with("u:/")
             && e["name"].as_str().unwrap().contains("libc")),
         "{mapped:?}"
     );
+    let want = format!("u:{}:main", copy.display());
+    assert!(names(&own).contains(&want), "no {want:?} in {own:?}");
 }
 
 #[test]

@@ -330,16 +330,17 @@ fn user_entries(
 }
 
 /// The files process `pid` maps executable: where to read each (through
-/// the process's root), and its path as the process sees it.
+/// the process's root), and its path as the process sees it (read as
+/// the walk reads mappings: a path may hold spaces, which splitting the
+/// line at them cut short).
 fn mapped_files(pid: u32) -> anyhow::Result<Vec<(PathBuf, String)>> {
     let dir = crate::kernel::procmaps::proc_dir(pid);
-    let maps = std::fs::read_to_string(format!("{dir}/maps"))
+    let maps = crate::kernel::procmaps::read_in(&dir)
         .with_context(|| format!("process {pid} does not exist or cannot be read"))?;
     let mut files: Vec<(PathBuf, String)> = maps
-        .lines()
-        .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| p.starts_with('/'))
+        .iter()
+        .filter(|m| m.exec)
+        .filter_map(|m| m.path())
         .map(|p| (PathBuf::from(format!("{dir}/root{p}")), p.to_owned()))
         .collect();
     files.sort();
