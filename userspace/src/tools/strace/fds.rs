@@ -302,10 +302,7 @@ impl Fds {
 fn link_of(pid: u32, what: &str) -> Option<PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/{what}"))
         .or_else(|_| {
-            std::fs::read_link(format!(
-                "{}/{what}",
-                crate::kernel::procmaps::proc_dir(pid)
-            ))
+            std::fs::read_link(format!("{}/{what}", crate::kernel::procmaps::proc_dir(pid)))
         })
         .ok()
 }
