@@ -182,6 +182,8 @@ fn a_binarys_usdt_probes_and_functions_are_listed() {
     // path keeps.
     let dir = std::env::temp_dir().join(format!("rtrace list {}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // As the process maps it, through any link in the temporary path.
+    let dir = std::fs::canonicalize(&dir).unwrap();
     let copy = dir.join("hotfuncs_nofp");
     std::fs::copy(workload_bin("hotfuncs_nofp"), &copy).unwrap();
     let mut cmd = std::process::Command::new(&copy);

@@ -615,7 +615,7 @@ fn descriptors_of_a_process_whose_first_thread_ended() {
     use std::io::BufRead as _;
     use std::os::fd::AsRawFd as _;
     let mut child = Command::new(workload_bin("cfuncs"))
-        .args(["orphan", "2"])
+        .args(["orphan", "3"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

@@ -49,10 +49,12 @@ pub enum Mem {
     None,
 }
 
-/// Opens process `who`'s memory while it lives: through
-/// `/proc/PID/mem`, else through the kernel.
-pub fn open_mem(who: Proc) -> Mem {
-    let path = format!("{}/mem", crate::kernel::procmaps::proc_dir(who.pid));
+/// Opens process `who`'s memory while it lives: through `DIR/mem`,
+/// where `dir` is the [`crate::kernel::procmaps::proc_dir`] the caller
+/// read the process's mappings from (`/proc/PID`, or a live thread's),
+/// else through the kernel.
+pub fn open_mem_in(who: Proc, dir: &str) -> Mem {
+    let path = format!("{dir}/mem");
     match File::open(&path) {
         Ok(f) if who.alive() => Mem::Open(f),
         Ok(_) => Mem::None,

@@ -41,8 +41,10 @@ pub struct NotFound {
 /// path; a library, bare (`c`) or with its prefix (`libc`); or an
 /// executable on `PATH`. With `pid`, in that process's view.
 pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
-    let root = match pid {
-        Some(p) => PathBuf::from(format!("{}/root", crate::kernel::procmaps::proc_dir(p))),
+    // One look for the process's directory, for its root and its maps.
+    let dir = pid.map(crate::kernel::procmaps::proc_dir);
+    let root = match &dir {
+        Some(d) => PathBuf::from(format!("{d}/root")),
         None => PathBuf::from("/"),
     };
     let not_found = |looked: String| NotFound {
@@ -66,9 +68,9 @@ pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
     } else {
         format!("lib{target}")
     };
-    if let Some(p) = pid {
-        let maps = crate::kernel::procmaps::read(Some(p))
-            .map_err(|e| not_found(format!("cannot read /proc/{p}/maps: {e}")))?;
+    if let Some(d) = &dir {
+        let maps = crate::kernel::procmaps::read_in(d)
+            .map_err(|e| not_found(format!("cannot read {d}/maps: {e}")))?;
         if let Some(path) = maps
             .iter()
             .filter_map(crate::kernel::procmaps::Mapping::path)

@@ -20,7 +20,7 @@ use rtrace_common::java::{
 };
 
 use crate::kernel::procmaps::{MapsOnce, Proc};
-use crate::kernel::procmem::{Mem, open_mem};
+use crate::kernel::procmem::{Mem, open_mem_in};
 use crate::kernel::warning::Warning;
 
 /// What kind of code a [`JavaFrame`] ran.
@@ -898,7 +898,7 @@ impl Java {
             return Err("its libjvm.so has no gHotSpotVMStructs (not HotSpot?)".to_owned());
         };
         let bias = m.start.wrapping_sub(file.base);
-        let mem = open_mem(who);
+        let mem = open_mem_in(who, proc_dir);
         if let Mem::Denied(why) = &mem {
             return Err(format!("its memory cannot be read: {why}"));
         }
@@ -1683,7 +1683,7 @@ mod tests {
             (j.record, Arc::clone(&j.layout), j.bias)
         };
         // The test's own reads.
-        let mem = open_mem(who);
+        let mem = open_mem_in(who, &crate::kernel::procmaps::proc_dir(who.pid));
         eprintln!("JDK {major} (PID {pid}): {r:#x?}");
         if usize::from(r.blob_read) <= BLOB_BYTES {
             assert_eq!(given, Some(r), "the kernel is given the record");

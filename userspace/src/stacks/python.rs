@@ -20,7 +20,7 @@ use rtrace_common::python::{
 use rtrace_common::stacks::SEEN_PY_TASK;
 
 use crate::kernel::procmaps::{Mapping, MapsOnce, Proc};
-use crate::kernel::procmem::{Mem, open_mem};
+use crate::kernel::procmem::{Mem, open_mem_in};
 use crate::kernel::warning::Warning;
 
 /// Where CPython keeps what the walk and the names need, in one version.
@@ -497,7 +497,7 @@ impl Python {
         };
         let file = Arc::clone(&p.file);
         let (bias, checked) = (p.bias, p.checked);
-        let mem = self.open_mem(child);
+        let mem = self.open_mem(child, &crate::kernel::procmaps::proc_dir(child.pid));
         self.procs.insert(
             child,
             PyProcess {
@@ -626,10 +626,12 @@ impl Python {
         out
     }
 
-    /// Opens process `who`'s memory while it lives; a process whose
-    /// memory rtrace may not read is kept, with why, for the warning.
-    fn open_mem(&mut self, who: Proc) -> Mem {
-        let mem = open_mem(who);
+    /// Opens process `who`'s memory while it lives, through `dir` (the
+    /// [`crate::kernel::procmaps::proc_dir`] its mappings were read
+    /// from); a process whose memory rtrace may not read is kept, with
+    /// why, for the warning.
+    fn open_mem(&mut self, who: Proc, dir: &str) -> Mem {
+        let mem = open_mem_in(who, dir);
         if let Mem::Denied(why) = &mem {
             let line = format!("PID {} ({}): {why}", who.pid, comm(who.pid));
             self.denied_procs.insert(who, line);
@@ -694,7 +696,7 @@ impl Python {
         }
         .or_else(own_key_block)
         .ok_or("cannot tell where glibc keeps a thread's pthread keys")?;
-        let mem = self.open_mem(who);
+        let mem = self.open_mem(who, proc_dir);
         let moved = |(a, b): (u64, u64)| if a == b { (0, 0) } else { (a + bias, b + bias) };
         let mut record = file.layout.record(
             [moved(file.eval[0]), moved(file.eval[1])],

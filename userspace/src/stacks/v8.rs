@@ -22,7 +22,7 @@ use rtrace_common::v8::{
 };
 
 use crate::kernel::procmaps::{Mapping, MapsOnce, Proc};
-use crate::kernel::procmem::{Mem, open_mem};
+use crate::kernel::procmem::{Mem, open_mem_in};
 use crate::kernel::warning::Warning;
 
 /// Which kind of code a JavaScript frame ran in.
@@ -978,7 +978,7 @@ impl V8 {
         record.nranges = ranges.len() as u32;
         record.builtins = plan.builtins;
         record.salt = who.salt();
-        let mem = open_mem(who);
+        let mem = open_mem_in(who, proc_dir);
         if let Mem::Denied(why) = &mem {
             return Err(format!("its memory cannot be read: {why}"));
         }

@@ -7,7 +7,9 @@
 //! close-on-exec: lines
 //! are printed after the calls, when the descriptor may be closed or
 //! reused, so a path read from `/proc/PID/fd` then could name another
-//! file. Only descriptors made before tracing began are read from there.
+//! file. Only descriptors made before tracing began are read from there
+//! (or from a live thread's `/proc/TID/fd`, where the first thread has
+//! ended and taken its view of them).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -208,7 +210,12 @@ impl Fds {
             let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
                 continue;
             };
-            let _ = self.path(pid, fd);
+            if let Ok(link) = std::fs::read_link(format!("{dir}/fd/{fd}")) {
+                self.known.entry((pid, fd)).or_insert_with(|| Known {
+                    path: link.to_string_lossy().into_owned(),
+                    cloexec: false,
+                });
+            }
             // A command waiting to exec holds rtrace's own descriptors
             // until then: close-on-exec, as the exec will show.
             let flags = std::fs::read_to_string(format!("{dir}/fdinfo/{fd}"))
@@ -223,7 +230,11 @@ impl Fds {
                 k.cloexec = flags & O_CLOEXEC != 0;
             }
         }
-        let _ = self.cwd_of(pid);
+        if !self.cwd.contains_key(&pid)
+            && let Ok(d) = std::fs::read_link(format!("{dir}/cwd"))
+        {
+            self.cwd.insert(pid, d);
+        }
         self.whole.insert(pid);
     }
 
