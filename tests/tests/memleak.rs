@@ -282,8 +282,9 @@ fn cpythons_list_is_held_under_the_comprehension_and_freed_at_exit() {
 
 /// How many events of programs `programs` rtrace said the kernel skipped:
 /// a tracepoint's program is not run where another of its kind already
-/// runs on the CPU, which an emulated guest starved of its host's time
-/// makes common (interrupts land inside the programs).
+/// runs on the CPU (or a map update from user space), which an emulated
+/// guest starved of its host's time makes common (interrupts land
+/// inside the programs).
 fn skipped(stderr: &str, programs: &[&str]) -> u64 {
     rtrace_integration_tests::skipped_runs(stderr, |p| programs.contains(&p))
 }
@@ -305,9 +306,12 @@ fn the_kernels_pipes_are_held_by_the_stack_that_made_them() {
     let all = reports(&stdout);
     // What the kernel skipped, as rtrace reported it, is all the bounds
     // allow for: each skipped allocation may be one of the pipes' (held
-    // less), each skipped free one of their frees (held after closing).
-    // On a machine with time to spare there are none, and the bounds are
-    // the fixture's own counts.
+    // less at the most, and so freed less by the end, as a free of what
+    // was not recorded changes nothing), each skipped free one of their
+    // frees (held after closing). On a machine with time to spare there
+    // are none, and the bounds are the fixture's own counts. (The counts
+    // are the whole system's, so with many skipped the bounds say little:
+    // the pipes must still be seen.)
     let allocs = skipped(
         &stderr,
         &[
@@ -329,14 +333,16 @@ fn the_kernels_pipes_are_held_by_the_stack_that_made_them() {
     };
     let counts: Vec<u64> = all.iter().map(held).collect();
     let most = counts.iter().copied().max().unwrap_or(0);
+    assert!(most > 0, "no pipe seen: {counts:?}: {stderr}");
     assert!(
         most + allocs >= 2 * pipes,
         "{counts:?} ({allocs} allocations skipped): {stderr}"
     );
     let last = *counts.last().unwrap();
     assert!(
-        most - last + frees >= 2 * pipes * 9 / 10,
-        "closed pipes still held: {counts:?} ({:?} after closing, {frees} frees skipped)",
+        most - last + allocs + frees >= 2 * pipes * 9 / 10,
+        "closed pipes still held: {counts:?} ({:?} after closing, {allocs} allocations \
+         and {frees} frees skipped)",
         opened_at.elapsed()
     );
     // The byte written into each took a page (kmem:mm_page_alloc), held
@@ -348,13 +354,15 @@ fn the_kernels_pipes_are_held_by_the_stack_that_made_them() {
     };
     let pages: Vec<u64> = all.iter().map(paged).collect();
     let most = pages.iter().copied().max().unwrap_or(0);
+    assert!(most > 0, "no pipe's page seen: {pages:?}: {stderr}");
     assert!(
         most + page_allocs * 4096 >= pipes * 4096 * 9 / 10,
         "{pages:?} ({page_allocs} page allocations skipped): {stderr}"
     );
     assert!(
-        most - pages.last().unwrap() + page_frees * 4096 >= pipes * 4096 * 9 / 10,
-        "closed pipes' pages still held: {pages:?} ({page_frees} page frees skipped)"
+        most - pages.last().unwrap() + (page_allocs + page_frees) * 4096 >= pipes * 4096 * 9 / 10,
+        "closed pipes' pages still held: {pages:?} ({page_allocs} page allocations and \
+         {page_frees} page frees skipped)"
     );
     // The BPF allocator's refills of the table's own element caches are
     // left out: traced, each took an element and brought another refill,

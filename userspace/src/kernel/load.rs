@@ -429,11 +429,14 @@ pub fn read_errors(ebpf: &Ebpf, slots: usize) -> anyhow::Result<Vec<u64>> {
 /// event that comes while a program runs on that CPU (an interrupt's
 /// I/O completion during a completion of another request's, say) does
 /// not run one that would nest, and the kernel only counts it
-/// (`recursion_misses` in the program's fdinfo, 5.12). The guard is the
-/// program's own for raw and BTF tracepoints, but one for the whole CPU
-/// for tracepoints, kprobes and perf events: any such program running
-/// there, rtrace's or another tool's, skips the next. Programs with none
-/// are left out, as is every program where the kernel keeps no count.
+/// (`recursion_misses` in the program's fdinfo). The guard is the
+/// program's own for raw and BTF tracepoints and fentry (counted since
+/// 6.1, fentry since 5.12), but one for the whole CPU for tracepoints
+/// and kprobes (counted since 6.7): any such program running there,
+/// rtrace's or another tool's, or a map update from user space, skips
+/// the next. Perf-event programs share that guard but their skips are
+/// not counted. Programs with none are left out, as is every program
+/// where the kernel keeps no count.
 pub fn skipped_runs(ebpf: &Ebpf) -> Vec<(String, u64)> {
     use std::os::fd::{AsFd as _, AsRawFd as _};
     ebpf.programs()

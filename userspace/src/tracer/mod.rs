@@ -452,8 +452,9 @@ fn report_errors<T: Tool>(ebpf: &Ebpf, perf_lost: u64, verbose: bool) -> anyhow:
     }
     for (program, n) in crate::kernel::load::skipped_runs(ebpf) {
         Warning::lost(format!(
-            "{n} events not counted: program {program} was skipped, as a BPF \
-             program was already running on their CPU (the kernel does not nest them)"
+            "{n} events not counted: program {program} was skipped, as their CPU \
+             was already in BPF (a program, or a map update from user space), and the \
+             kernel does not nest them"
         ))
         .print();
     }
