@@ -641,7 +641,7 @@ fn a_frozen_receiver_costs_bounded_memory_and_sending_resumes() {
     if skip() {
         return;
     }
-    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "8".into()]);
+    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "16".into()]);
     let collector = Collector::start("frozen", &[]);
     let (r, port) = profiling(
         &collector.endpoint(),
@@ -662,30 +662,45 @@ fn a_frozen_receiver_costs_bounded_memory_and_sending_resumes() {
     // Collector's own 40 MB binary among them) are read and their names
     // kept as the first profiles are named.
     std::thread::sleep(Duration::from_secs(2));
-    collector.signal(libc::SIGSTOP);
-    let frozen = sent(&Client::connect(port).metrics());
-    // rtrace's own memory: its heap, where the queue is. (Its resident
-    // total also counts the kernel's tables it maps, the CFI rows above
-    // all, which do not grow with the queue.)
-    let before = super::status_kib(r.pid(), "RssAnon");
-    let mut peak = 0;
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_millis(500));
-        peak = peak.max(super::status_kib(r.pid(), "RssAnon"));
+    // The receiver frozen twice, 5 s each, sending resumed after each.
+    // rtrace's heap, where the queue is, may grow in a window for another
+    // reason: the whole system is profiled, and a large program started
+    // then (a compiler beside the tests) has its tables and names read
+    // once. A queue that keeps what it should not grows in both windows;
+    // the smaller growth is judged.
+    let mut windows = Vec::new();
+    for _ in 0..2 {
+        collector.signal(libc::SIGSTOP);
+        let frozen = sent(&Client::connect(port).metrics());
+        // rtrace's own memory: its heap, where the queue is. (Its
+        // resident total also counts the kernel's tables it maps, the
+        // CFI rows above all, which do not grow with the queue.)
+        let before = super::status_kib(r.pid(), "RssAnon");
+        let mut peak = 0;
+        for _ in 0..10 {
+            std::thread::sleep(Duration::from_millis(500));
+            peak = peak.max(super::status_kib(r.pid(), "RssAnon"));
+        }
+        let m = Client::connect(port).metrics();
+        assert!(value(&m, "rtrace_otlp_send_failures_total") >= 2.0, "{m}");
+        assert!(value(&m, "rtrace_otlp_queued_bytes") > 0.0, "{m}");
+        let queued = value(&m, "rtrace_otlp_queued_bytes") as u64 / 1024;
+        assert!(
+            peak <= 64 * 1024,
+            "{peak} KiB of heap while the receiver was frozen"
+        );
+        windows.push((peak.saturating_sub(before + queued), before, peak, queued));
+        collector.signal(libc::SIGCONT);
+        until(15, "sending to resume", || {
+            sent(&Client::connect(port).metrics()) > frozen
+        });
     }
-    let m = Client::connect(port).metrics();
-    assert!(value(&m, "rtrace_otlp_send_failures_total") >= 2.0, "{m}");
-    assert!(value(&m, "rtrace_otlp_queued_bytes") > 0.0, "{m}");
-    let queued = value(&m, "rtrace_otlp_queued_bytes") as u64 / 1024;
+    let least = windows.iter().map(|w| w.0).min().unwrap_or(0);
     assert!(
-        peak <= 64 * 1024 && peak <= before + queued + 8 * 1024,
-        "{peak} KiB of heap while the receiver was frozen ({before} KiB before, {queued} KiB \
-         queued)"
+        least <= 8 * 1024,
+        "the heap grew past what was queued by {least} KiB in each window while the \
+         receiver was frozen (growth, before, peak, queued, in KiB): {windows:?}"
     );
-    collector.signal(libc::SIGCONT);
-    until(15, "sending to resume", || {
-        sent(&Client::connect(port).metrics()) > frozen
-    });
     go.join().unwrap();
     let (code, _, stderr) = r.stop(SIGTERM);
     assert_eq!(code, 0, "{stderr}");
