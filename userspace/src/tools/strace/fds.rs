@@ -112,16 +112,21 @@ impl Fds {
             return None;
         }
         // Made before tracing began: what the process has there now.
-        let path = link_of(pid, &format!("fd/{fd}"))?;
-        let path = path.to_string_lossy().into_owned();
-        self.known.insert(
-            (pid, fd),
-            Known {
-                path: path.clone(),
+        let link = link_of(pid, &format!("fd/{fd}"))?;
+        Some(self.learn_link(pid, fd, &link))
+    }
+
+    /// Keeps `link`, read from `/proc`, as the path of `pid`'s descriptor
+    /// `fd` unless one is known already; returns the path kept.
+    fn learn_link(&mut self, pid: u32, fd: i32, link: &std::path::Path) -> String {
+        self.known
+            .entry((pid, fd))
+            .or_insert_with(|| Known {
+                path: link.to_string_lossy().into_owned(),
                 cloexec: false,
-            },
-        );
-        Some(path)
+            })
+            .path
+            .clone()
     }
 
     /// Learns from a finished call of `pid`: `sys` with `args`, the path
@@ -211,10 +216,7 @@ impl Fds {
                 continue;
             };
             if let Ok(link) = std::fs::read_link(format!("{dir}/fd/{fd}")) {
-                self.known.entry((pid, fd)).or_insert_with(|| Known {
-                    path: link.to_string_lossy().into_owned(),
-                    cloexec: false,
-                });
+                self.learn_link(pid, fd, &link);
             }
             // A command waiting to exec holds rtrace's own descriptors
             // until then: close-on-exec, as the exec will show.
