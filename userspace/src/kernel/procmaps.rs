@@ -282,32 +282,112 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 /// A thread has ended once it is a zombie, or from the start of its exit
 /// (`PF_EXITING`, set before its memory is let go). Each look reads one
 /// thread's own `stat`, never the process's, which sums every thread's
-/// times.
-pub fn proc_dir(pid: u32) -> String {
-    // Fields from the third (state) on: the state, then flags is the 9th.
-    const PF_EXITING: u64 = 0x4;
-    let ended = |tid: u32| {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
-            return true;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            return true;
-        };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next().unwrap_or("X");
-        let flags: u64 = fields.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
-        state.starts_with(['Z', 'X']) || flags & PF_EXITING != 0
+/// times. A thread's directory is held open ([`ProcDir`]).
+pub fn proc_dir(pid: u32) -> ProcDir {
+    let own = || ProcDir {
+        path: format!("/proc/{pid}"),
+        numbered: format!("/proc/{pid}"),
+        _held: None,
     };
-    if !ended(pid) {
-        return format!("/proc/{pid}");
+    if !ended(&format!("/proc/{pid}/task/{pid}")) {
+        return own();
     }
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
-        .find(|&tid| tid != pid && !ended(tid))
-        .map_or_else(|| format!("/proc/{pid}"), |tid| format!("/proc/{tid}"))
+        .filter(|&tid| tid != pid)
+        .find_map(|tid| hold(pid, tid))
+        .unwrap_or_else(own)
+}
+
+/// Whether the thread whose directory is `dir` has ended (see
+/// [`proc_dir`]), or cannot be read.
+fn ended(dir: &str) -> bool {
+    // Fields from the third (state) on: the state, then flags is the 9th.
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(format!("{dir}/stat")) else {
+        return true;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return true;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next().unwrap_or("X");
+    let flags: u64 = fields.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
+    state.starts_with(['Z', 'X']) || flags & PF_EXITING != 0
+}
+
+/// Thread `tid`'s directory, held open, if it is a live thread of
+/// process `pid`: checked through the directory held, so that a thread id
+/// given to another process's thread between the listing and the opening
+/// is never taken for one of `pid`'s.
+fn hold(pid: u32, tid: u32) -> Option<ProcDir> {
+    let held = std::fs::File::open(format!("/proc/{tid}")).ok()?;
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&held));
+    let status = std::fs::read_to_string(format!("{path}/status")).ok()?;
+    let tgid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse::<u32>().ok())?;
+    (tgid == pid && !ended(&format!("/proc/{pid}/task/{tid}"))).then_some(ProcDir {
+        path,
+        numbered: format!("/proc/{tid}"),
+        _held: Some(held),
+    })
+}
+
+/// A process's directory in `/proc`, as [`proc_dir`] chose it, used as a
+/// path (`format!("{dir}/maps")`) while it lives. A thread's directory is
+/// held open and named through the descriptor (`/proc/self/fd/N`): the
+/// kernel ties an open `/proc` directory to its task, so that once the
+/// thread has ended its files fail to read, where `/proc/TID` would then
+/// be the files of whatever process is next given that id.
+#[derive(Debug)]
+pub struct ProcDir {
+    path: String,
+    /// The same directory by its id, for a path that must outlive this.
+    numbered: String,
+    _held: Option<std::fs::File>,
+}
+
+impl ProcDir {
+    /// This process's own, `/proc/self`.
+    pub fn this() -> Self {
+        Self {
+            path: "/proc/self".to_owned(),
+            numbered: "/proc/self".to_owned(),
+            _held: None,
+        }
+    }
+
+    /// The path, valid while `self` lives.
+    pub fn as_str(&self) -> &str {
+        &self.path
+    }
+
+    /// The directory by its id (`/proc/PID` or `/proc/TID`), for a path
+    /// handed on and used after `self` is gone (a uprobe's file, which the
+    /// kernel opens when it attaches): one that another process could
+    /// have by then, if the thread ended.
+    pub fn numbered(&self) -> &str {
+        &self.numbered
+    }
+}
+
+impl std::ops::Deref for ProcDir {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.path
+    }
+}
+
+impl std::fmt::Display for ProcDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.path)
+    }
 }
 
 /// The mappings in `dir` (a [`proc_dir`]).
@@ -331,7 +411,7 @@ pub fn alive(id: u32) -> bool {
 /// reader).
 pub struct MapsOnce {
     who: Proc,
-    read: std::cell::OnceCell<Option<(String, Vec<Mapping>)>>,
+    read: std::cell::OnceCell<Option<(ProcDir, Vec<Mapping>)>>,
 }
 
 impl MapsOnce {
@@ -352,7 +432,7 @@ impl MapsOnce {
     /// if they could not be read or the process was gone by then
     /// (checked after the read, so that the pid's next process never
     /// lends its mappings).
-    fn read(&self) -> Option<&(String, Vec<Mapping>)> {
+    fn read(&self) -> Option<&(ProcDir, Vec<Mapping>)> {
         self.read
             .get_or_init(|| {
                 let dir = proc_dir(self.who.pid);
@@ -399,6 +479,44 @@ mod tests {
         assert!(!later.alive());
         assert_ne!(later, me);
         assert!(Proc::new(me.pid, 0).alive());
+    }
+
+    /// A thread's directory is held: read while the thread lives, its
+    /// files fail once it has ended (where `/proc/TID` would be the next
+    /// holder's of the id), and a thread is never held for a process it
+    /// is not part of.
+    #[test]
+    fn a_threads_directory_is_held_and_reads_nothing_once_it_has_ended() {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: no preconditions.
+            tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = end_rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        let me = std::process::id();
+        assert!(super::hold(1, tid).is_none(), "held for process 1");
+        let dir = super::hold(me, tid).expect("a live thread of this process is held");
+        assert!(dir.as_str().starts_with("/proc/self/fd/"), "{dir}");
+        assert_eq!(dir.numbered(), format!("/proc/{tid}"));
+        let status = std::fs::read_to_string(format!("{dir}/status")).unwrap();
+        assert!(status.contains(&format!("\nPid:\t{tid}\n")), "{status}");
+        assert!(!super::read_in(&dir).unwrap().is_empty());
+        end_tx.send(()).unwrap();
+        thread.join().unwrap();
+        // Reaped at the join: gone from the process's threads, and its
+        // directory held reads nothing.
+        let gone = format!("/proc/{me}/task/{tid}");
+        for _ in 0..100 {
+            if !std::path::Path::new(&gone).exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!std::path::Path::new(&gone).exists());
+        assert!(super::read_in(&dir).is_err());
+        assert!(std::fs::read_to_string(format!("{dir}/status")).is_err());
     }
 
     #[test]

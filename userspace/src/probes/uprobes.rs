@@ -44,7 +44,9 @@ pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
     // One look for the process's directory, for its root and its maps.
     let dir = pid.map(crate::kernel::procmaps::proc_dir);
     let root = match &dir {
-        Some(d) => PathBuf::from(format!("{d}/root")),
+        // The file's path outlives the look: the kernel opens it when
+        // the probe is attached.
+        Some(d) => PathBuf::from(format!("{}/root", d.numbered())),
         None => PathBuf::from("/"),
     };
     let not_found = |looked: String| NotFound {
@@ -70,7 +72,7 @@ pub fn resolve(target: &str, pid: Option<u32>) -> Result<PathBuf, NotFound> {
     };
     if let Some(d) = &dir {
         let maps = crate::kernel::procmaps::read_in(d)
-            .map_err(|e| not_found(format!("cannot read {d}/maps: {e}")))?;
+            .map_err(|e| not_found(format!("cannot read {}/maps: {e}", d.numbered())))?;
         if let Some(path) = maps
             .iter()
             .filter_map(crate::kernel::procmaps::Mapping::path)

@@ -116,7 +116,7 @@ impl Tables {
     pub fn process(&mut self, pid: Option<u32>) -> std::io::Result<Vec<Region>> {
         let proc_dir = match pid {
             Some(p) => procmaps::proc_dir(p),
-            None => "/proc/self".to_owned(),
+            None => procmaps::ProcDir::this(),
         };
         let mut regions = Vec::new();
         for m in procmaps::read_in(&proc_dir)?.into_iter().filter(|m| m.exec) {

@@ -332,8 +332,11 @@ fn user_entries(
 /// The files process `pid` maps executable: where to read each (through
 /// the process's root), and its path as the process sees it (read as
 /// the walk reads mappings: a path may hold spaces, which splitting the
-/// line at them cut short).
-fn mapped_files(pid: u32) -> anyhow::Result<Vec<(PathBuf, String)>> {
+/// line at them cut short). The paths are in the directory returned,
+/// which must outlive them (a thread's is held open, `ProcDir`).
+fn mapped_files(
+    pid: u32,
+) -> anyhow::Result<(crate::kernel::procmaps::ProcDir, Vec<(PathBuf, String)>)> {
     let dir = crate::kernel::procmaps::proc_dir(pid);
     let maps = crate::kernel::procmaps::read_in(&dir)
         .with_context(|| format!("process {pid} does not exist or cannot be read"))?;
@@ -345,7 +348,7 @@ fn mapped_files(pid: u32) -> anyhow::Result<Vec<(PathBuf, String)>> {
         .collect();
     files.sort();
     files.dedup();
-    Ok(files)
+    Ok((dir, files))
 }
 
 /// What was listed, with the notes on what could not be.
@@ -403,9 +406,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         kinds.is_none_or(|k| k.contains(&kind)) && pattern.as_ref().is_none_or(|p| p.is_match(name))
     };
     let mut notes = Vec::new();
+    // Kept while the files are read: their paths are in it.
+    let mut _dir = None;
     let files = match (&args.binary, args.pid) {
         (Some(b), _) => Some(vec![(b.clone(), b.display().to_string())]),
-        (None, Some(pid)) => Some(mapped_files(pid)?),
+        (None, Some(pid)) => {
+            let (dir, files) = mapped_files(pid)?;
+            _dir = Some(dir);
+            Some(files)
+        }
         (None, None) => None,
     };
     let entries = match &files {
