@@ -338,6 +338,17 @@ fn hold(pid: u32, tid: u32) -> Option<ProcDir> {
     })
 }
 
+/// Directory `dir` (a [`ProcDir`]'s path) as users know it: a thread's
+/// held directory by its id (`/proc/TID`), for messages.
+pub fn shown(dir: &str) -> String {
+    if dir.starts_with("/proc/self/fd/")
+        && let Ok(target) = std::fs::read_link(dir)
+    {
+        return target.display().to_string();
+    }
+    dir.to_owned()
+}
+
 /// A process's directory in `/proc`, as [`proc_dir`] chose it, used as a
 /// path (`format!("{dir}/maps")`) while it lives. A thread's directory is
 /// held open and named through the descriptor (`/proc/self/fd/N`): the
@@ -500,6 +511,7 @@ mod tests {
         let dir = super::hold(me, tid).expect("a live thread of this process is held");
         assert!(dir.as_str().starts_with("/proc/self/fd/"), "{dir}");
         assert_eq!(dir.numbered(), format!("/proc/{tid}"));
+        assert_eq!(super::shown(&dir), format!("/proc/{tid}"));
         let status = std::fs::read_to_string(format!("{dir}/status")).unwrap();
         assert!(status.contains(&format!("\nPid:\t{tid}\n")), "{status}");
         assert!(!super::read_in(&dir).unwrap().is_empty());

@@ -62,8 +62,9 @@ pub fn open_mem_in(who: Proc, dir: &str) -> Mem {
             Ok(Some(k)) => Mem::Kernel(k),
             Ok(None) => Mem::None,
             Err(why) => Mem::Denied(format!(
-                "{path} needs ptrace rights over the process ({e}), and the kernel \
-                     cannot read it for rtrace: {why}"
+                "{}/mem needs ptrace rights over the process ({e}), and the kernel \
+                     cannot read it for rtrace: {why}",
+                crate::kernel::procmaps::shown(dir)
             )),
         },
         Err(_) => Mem::None,
