@@ -338,17 +338,6 @@ fn hold(pid: u32, tid: u32) -> Option<ProcDir> {
     })
 }
 
-/// Directory `dir` (a [`ProcDir`]'s path) as users know it: a thread's
-/// held directory by its id (`/proc/TID`), for messages.
-pub fn shown(dir: &str) -> String {
-    if dir.starts_with("/proc/self/fd/")
-        && let Ok(target) = std::fs::read_link(dir)
-    {
-        return target.display().to_string();
-    }
-    dir.to_owned()
-}
-
 /// A process's directory in `/proc`, as [`proc_dir`] chose it, used as a
 /// path (`format!("{dir}/maps")`) while it lives. A thread's directory is
 /// held open and named through the descriptor (`/proc/self/fd/N`): the
@@ -371,11 +360,6 @@ impl ProcDir {
             numbered: "/proc/self".to_owned(),
             _held: None,
         }
-    }
-
-    /// The path, valid while `self` lives.
-    pub fn as_str(&self) -> &str {
-        &self.path
     }
 
     /// The directory by its id (`/proc/PID` or `/proc/TID`), for a path
@@ -461,8 +445,8 @@ impl MapsOnce {
     /// The [`proc_dir`] the mappings were read from, for the process's
     /// other files (`exe`, `root`, `map_files`, `mem`); `None` as for
     /// [`MapsOnce::get`].
-    pub fn dir(&self) -> Option<&str> {
-        self.read().map(|(dir, _)| dir.as_str())
+    pub fn dir(&self) -> Option<&ProcDir> {
+        self.read().map(|(dir, _)| dir)
     }
 }
 
@@ -509,9 +493,8 @@ mod tests {
         let me = std::process::id();
         assert!(super::hold(1, tid).is_none(), "held for process 1");
         let dir = super::hold(me, tid).expect("a live thread of this process is held");
-        assert!(dir.as_str().starts_with("/proc/self/fd/"), "{dir}");
+        assert!(dir.starts_with("/proc/self/fd/"), "{dir}");
         assert_eq!(dir.numbered(), format!("/proc/{tid}"));
-        assert_eq!(super::shown(&dir), format!("/proc/{tid}"));
         let status = std::fs::read_to_string(format!("{dir}/status")).unwrap();
         assert!(status.contains(&format!("\nPid:\t{tid}\n")), "{status}");
         assert!(!super::read_in(&dir).unwrap().is_empty());

@@ -53,7 +53,7 @@ pub enum Mem {
 /// where `dir` is the [`crate::kernel::procmaps::proc_dir`] the caller
 /// read the process's mappings from (`/proc/PID`, or a live thread's),
 /// else through the kernel.
-pub fn open_mem_in(who: Proc, dir: &str) -> Mem {
+pub fn open_mem_in(who: Proc, dir: &crate::kernel::procmaps::ProcDir) -> Mem {
     let path = format!("{dir}/mem");
     match File::open(&path) {
         Ok(f) if who.alive() => Mem::Open(f),
@@ -64,7 +64,7 @@ pub fn open_mem_in(who: Proc, dir: &str) -> Mem {
             Err(why) => Mem::Denied(format!(
                 "{}/mem needs ptrace rights over the process ({e}), and the kernel \
                      cannot read it for rtrace: {why}",
-                crate::kernel::procmaps::shown(dir)
+                dir.numbered()
             )),
         },
         Err(_) => Mem::None,

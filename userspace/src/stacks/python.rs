@@ -630,7 +630,7 @@ impl Python {
     /// [`crate::kernel::procmaps::proc_dir`] its mappings were read
     /// from); a process whose memory rtrace may not read is kept, with
     /// why, for the warning.
-    fn open_mem(&mut self, who: Proc, dir: &str) -> Mem {
+    fn open_mem(&mut self, who: Proc, dir: &crate::kernel::procmaps::ProcDir) -> Mem {
         let mem = open_mem_in(who, dir);
         if let Mem::Denied(why) = &mem {
             let line = format!("PID {} ({}): {why}", who.pid, comm(who.pid));
