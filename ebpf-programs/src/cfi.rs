@@ -110,6 +110,36 @@ static CFI_NO_PROCS: Array<ProcRegions> = Array::with_max_entries(1, 0);
 pub(crate) static SEEN: aya_ebpf::maps::LruHashMap<u32, u32> =
     aya_ebpf::maps::LruHashMap::with_max_entries(8192, 0);
 
+/// A frame's rule, remembered: the pc it was found for, the walk's
+/// one-byte step back (a return address is looked up at its call), the
+/// process and its regions' version, which user space changes at every
+/// write of any process's regions. The rows a region points to never
+/// change once loaded, so the same four give the same rule.
+#[repr(C)]
+pub struct RuleMemo {
+    ip: u64,
+    bias: u64,
+    rule: CfiRule,
+    tgid: u32,
+    /// `ProcRegions::version`, of which 0 is never written: an empty
+    /// slot matches nothing.
+    version: u32,
+    back: u64,
+}
+
+/// Slots of [`RULES`]: a table without chains, where a pc whose slot
+/// another took is searched for again.
+const RULE_SLOTS: u32 = 1024;
+
+/// The rules each CPU found last, by a hash of the pc and the process
+/// ([`RuleMemo`]). The search of a frame's region and row reads a dozen
+/// cache lines of the process's regions and the file's index and rows,
+/// each a miss when samples are far apart; the frames below a program's
+/// busy code (its main loop, the runtime's entry, the thread's start)
+/// are the same sample after sample, and are one line here.
+#[map]
+static RULES: PerCpuArray<RuleMemo> = PerCpuArray::with_max_entries(RULE_SLOTS, 0);
+
 /// Steps of the binary search of a process's regions.
 const REGION_STEPS: usize = MAX_REGIONS.next_power_of_two().trailing_zeros() as usize + 1;
 
@@ -642,21 +672,53 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     // A return address is looked up at its call, one byte back.
     let back = u64::from(!sampled_frame(&scratch.py));
     let ip = st.ip;
-    let known = region(procs, st, ip) || {
-        if own != 0 {
-            st.new_code = 1;
-        }
-        // Not remembered: the regions found are no part of its version.
-        st.unremembered = 1;
-        found_region(tgid, st, ip)
-    };
-    let found = if known {
-        let bias = st.last.bias;
-        search_rows(&st.last.rows, ip.wrapping_sub(bias).wrapping_sub(back))
-            .filter(|r| r.cfa != 0)
-            .map(|r| (bias, r))
+    let version = procs.version;
+    let slot = (ip ^ u64::from(tgid) << 40 ^ back << 63).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let memo = RULES.get_ptr_mut((slot >> 40) as u32 & (RULE_SLOTS - 1));
+    // SAFETY: a per-CPU map value, which only this CPU's programs touch,
+    // one at a time.
+    let recalled = memo.and_then(|m| unsafe {
+        let m = &*m;
+        (m.ip == ip && m.back == back && m.tgid == tgid && m.version == version && version != 0)
+            .then_some((m.bias, m.rule))
+    });
+    let found = if recalled.is_some() {
+        recalled
     } else {
-        None
+        let own_region = region(procs, st, ip);
+        let known = own_region || {
+            if own != 0 {
+                st.new_code = 1;
+            }
+            // Not remembered: the regions found are no part of its
+            // version.
+            st.unremembered = 1;
+            found_region(tgid, st, ip)
+        };
+        let found = if known {
+            let bias = st.last.bias;
+            search_rows(&st.last.rows, ip.wrapping_sub(bias).wrapping_sub(back))
+                .filter(|r| r.cfa != 0)
+                .map(|r| (bias, r))
+        } else {
+            None
+        };
+        // Only what the process's own regions gave: those the walk found
+        // itself are no part of their version.
+        if let (true, Some((bias, rule)), Some(m)) = (own_region, found, memo) {
+            // SAFETY: as above.
+            unsafe {
+                *m = RuleMemo {
+                    ip,
+                    bias,
+                    rule,
+                    tgid,
+                    version,
+                    back,
+                }
+            };
+        }
+        found
     };
     let Some((bias, r)) = found else {
         // No CFI here: the frame pointer, counted.
