@@ -125,6 +125,23 @@ pub struct RuleMemo {
     /// slot matches nothing.
     version: u32,
     back: u64,
+    /// [`rule_sum`] of the rest, written last: an entry torn by a program
+    /// that interrupted its writer on this CPU (a perf event's NMI in a
+    /// switch's walk) does not match it, and is searched for again.
+    sum: u64,
+}
+
+/// The check of a [`RuleMemo`]'s fields.
+#[inline(always)]
+fn rule_sum(ip: u64, bias: u64, rule: &CfiRule, tgid: u32, version: u32, back: u64) -> u64 {
+    let r = (rule.cfa_offset as u32 as u64)
+        | u64::from(rule.rbp_slot as u8) << 32
+        | u64::from(rule.rbx_slot as u8) << 40
+        | u64::from(rule.cfa) << 48;
+    let h = (ip ^ back << 63).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ bias;
+    let h = h.wrapping_mul(0xff51_afd7_ed55_8ccd) ^ r;
+    (h.wrapping_mul(0xc4ce_b9fe_1a85_ec53) ^ (u64::from(tgid) << 32 | u64::from(version)))
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Slots of [`RULES`]: a table without chains, where a pc whose slot
@@ -136,7 +153,7 @@ const RULE_SLOTS: u32 = 1024;
 /// cache lines of the process's regions and the file's index and rows,
 /// each a miss when samples are far apart; the frames below a program's
 /// busy code (its main loop, the runtime's entry, the thread's start)
-/// are the same sample after sample, and are one line here.
+/// are the same sample after sample, and are one entry (one or two cache lines) here.
 #[map]
 static RULES: PerCpuArray<RuleMemo> = PerCpuArray::with_max_entries(RULE_SLOTS, 0);
 
@@ -576,6 +593,15 @@ fn keep_found(tgid: u32, r: &Region) {
     }
 }
 
+/// `State::find_tried`'s bit: the walk asked the kernel for a mapping
+/// (at most once a walk).
+const FIND_ASKED: u32 = 1;
+/// `State::find_tried`'s bit: a region the walk found itself became
+/// `State::last`, which the next frames' [`region`] tries first: their
+/// rules are then no part of the process's regions' version, and are not
+/// kept in [`RULES`].
+const FOUND_LAST: u32 = 2;
+
 /// The region holding `ip` among those the kernel found for process
 /// `tgid`, or found now, at most once a walk (`bpf_find_vma` succeeds
 /// about once per CPU with interrupts off, until its deferred unlock
@@ -594,19 +620,21 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
             };
             if r.start <= ip && ip < r.end && r.rows.row_len != 0 {
                 st.last = *r;
+                st.find_tried |= FOUND_LAST;
                 return true;
             }
         }
     }
-    if st.find_tried != 0 {
+    if st.find_tried & FIND_ASKED != 0 {
         return false;
     }
-    st.find_tried = 1;
+    st.find_tried |= FIND_ASKED;
     let Ok((r, found)) = find_region(tgid, ip) else {
         return false;
     };
     keep_found(tgid, &r);
     st.last = r;
+    st.find_tried |= FOUND_LAST;
     st.found = found;
     true
 }
@@ -672,15 +700,21 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     // A return address is looked up at its call, one byte back.
     let back = u64::from(!sampled_frame(&scratch.py));
     let ip = st.ip;
-    let version = procs.version;
+    // As the walk started: the regions' value may be rewritten under it.
+    let version = st.version;
     let slot = (ip ^ u64::from(tgid) << 40 ^ back << 63).wrapping_mul(0xff51_afd7_ed55_8ccd);
     let memo = RULES.get_ptr_mut((slot >> 40) as u32 & (RULE_SLOTS - 1));
-    // SAFETY: a per-CPU map value, which only this CPU's programs touch,
-    // one at a time.
+    // SAFETY: a per-CPU map value, which only this CPU's programs touch
+    // (one may interrupt another: the sum tells a torn entry).
     let recalled = memo.and_then(|m| unsafe {
-        let m = &*m;
-        (m.ip == ip && m.back == back && m.tgid == tgid && m.version == version && version != 0)
-            .then_some((m.bias, m.rule))
+        let (mb, mr, ms) = ((*m).bias, (*m).rule, (*m).sum);
+        (version != 0
+            && (*m).ip == ip
+            && (*m).back == back
+            && (*m).tgid == tgid
+            && (*m).version == version
+            && ms == rule_sum(ip, mb, &mr, tgid, version, back))
+        .then_some((mb, mr))
     });
     let found = if recalled.is_some() {
         recalled
@@ -704,18 +738,21 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
             None
         };
         // Only what the process's own regions gave: those the walk found
-        // itself are no part of their version.
-        if let (true, Some((bias, rule)), Some(m)) = (own_region, found, memo) {
+        // itself (this frame's, or an earlier frame's kept in `st.last`)
+        // are no part of their version, and a frame recalled would not
+        // tell user space of the new code they are.
+        if let (true, 0, Some((bias, rule)), Some(m)) =
+            (own_region, st.find_tried & FOUND_LAST, found, memo)
+        {
             // SAFETY: as above.
             unsafe {
-                *m = RuleMemo {
-                    ip,
-                    bias,
-                    rule,
-                    tgid,
-                    version,
-                    back,
-                }
+                (*m).ip = ip;
+                (*m).bias = bias;
+                (*m).rule = rule;
+                (*m).tgid = tgid;
+                (*m).version = version;
+                (*m).back = back;
+                (*m).sum = rule_sum(ip, bias, &rule, tgid, version, back);
             };
         }
         found

@@ -210,8 +210,9 @@ pub struct State {
     pub(crate) pairs: u32,
     /// Set when a frame's code is in no region of the process.
     pub(crate) new_code: u32,
-    /// Set once the walk has asked the kernel for a mapping
-    /// (`cfi::found_region`): at most once a walk.
+    /// Bits: the walk has asked the kernel for a mapping
+    /// (`cfi::found_region`, at most once a walk), and a region it found
+    /// itself became `last`.
     pub(crate) find_tried: u32,
     /// The region the last frame was in: callers are mostly in the
     /// same file, so it is tried before the search.
