@@ -133,7 +133,7 @@ pub struct RuleMemo {
 
 /// The check of a [`RuleMemo`]'s fields.
 #[inline(always)]
-fn rule_sum(ip: u64, bias: u64, rule: &CfiRule, tgid: u32, version: u32, back: u64) -> u64 {
+fn rule_sum(ip: u64, bias: u64, rule: CfiRule, tgid: u32, version: u32, back: u64) -> u64 {
     let r = (rule.cfa_offset as u32 as u64)
         | u64::from(rule.rbp_slot as u8) << 32
         | u64::from(rule.rbx_slot as u8) << 40
@@ -639,6 +639,65 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
     true
 }
 
+/// The slot of [`RULES`] for the frame at `ip` of process `tgid`.
+#[inline(always)]
+fn rule_slot(ip: u64, tgid: u32, back: u64) -> u32 {
+    let h = (ip ^ u64::from(tgid) << 40 ^ back << 63).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    (h >> 40) as u32 & (RULE_SLOTS - 1)
+}
+
+/// The rule [`RULES`] keeps for the frame at `scratch.walk.ip`, with its
+/// region's bias, into `scratch.rule`; false where it keeps none. `back`
+/// is 1 where the pc is a return address, looked up at its call. Not
+/// inlined into the step, as [`keep_rule`] is not: their values then take
+/// no room in the step's frame, which with its callers' must stay within
+/// 512 bytes.
+#[inline(never)]
+fn recall_rule(scratch: &mut Scratch, tgid: u32, back: u64) -> bool {
+    let (ip, version) = (scratch.walk.ip, scratch.walk.version);
+    let Some(m) = RULES.get_ptr(rule_slot(ip, tgid, back)) else {
+        return false;
+    };
+    // SAFETY: a per-CPU map value, which only this CPU's programs touch
+    // (one may interrupt another: the sum tells a torn entry).
+    let (m, mb, mr, ms) = unsafe { (&*m, (*m).bias, (*m).rule, (*m).sum) };
+    // As the walk started: the regions' value may be rewritten under it.
+    let hit = version != 0
+        && m.ip == ip
+        && m.back == back
+        && m.tgid == tgid
+        && m.version == version
+        && ms == rule_sum(ip, mb, mr, tgid, version, back);
+    if hit {
+        scratch.rule = (mb, mr);
+    }
+    hit
+}
+
+/// Keeps `scratch.rule`, found for the frame at `scratch.walk.ip`, in
+/// [`RULES`].
+#[inline(never)]
+fn keep_rule(scratch: &Scratch, tgid: u32, back: u64) {
+    if let Some(m) = RULES.get_ptr_mut(rule_slot(scratch.walk.ip, tgid, back)) {
+        // Read again after the lookup, rather than kept across it in
+        // slots of this function's stack.
+        // SAFETY: plain reads of a map value's fields; then as in
+        // [`recall_rule`].
+        unsafe {
+            let ip = core::ptr::read_volatile(&scratch.walk.ip);
+            let version = core::ptr::read_volatile(&scratch.walk.version);
+            let (bias, rule) = core::ptr::read_volatile(&scratch.rule);
+            (*m).ip = ip;
+            (*m).bias = bias;
+            (*m).rule = rule;
+            (*m).tgid = tgid;
+            (*m).version = version;
+            (*m).back = back;
+            (*m).sum = rule_sum(ip, bias, rule, tgid, version, back);
+        };
+    }
+}
+
 /// One frame of the walk, run by `bpf_loop`: records the frame's pc
 /// and steps to the caller; 1 ends the walk. `RT` says which runtimes'
 /// frames it steps through (`rtrace_common::unwind::Runtimes`); the
@@ -692,33 +751,14 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     if record && !crate::scratch::push(scratch, scratch.walk.ip) {
         return 1;
     }
-    let st = &mut scratch.walk;
-    let chunk = &scratch.chunk;
     // The sampled frame is the walk's first native one: Python frames
     // may have been written before it.
     scratch.py.native += 1;
     // A return address is looked up at its call, one byte back.
     let back = u64::from(!sampled_frame(&scratch.py));
-    let ip = st.ip;
-    // As the walk started: the regions' value may be rewritten under it.
-    let version = st.version;
-    let slot = (ip ^ u64::from(tgid) << 40 ^ back << 63).wrapping_mul(0xff51_afd7_ed55_8ccd);
-    let memo = RULES.get_ptr_mut((slot >> 40) as u32 & (RULE_SLOTS - 1));
-    // SAFETY: a per-CPU map value, which only this CPU's programs touch
-    // (one may interrupt another: the sum tells a torn entry).
-    let recalled = memo.and_then(|m| unsafe {
-        let (mb, mr, ms) = ((*m).bias, (*m).rule, (*m).sum);
-        (version != 0
-            && (*m).ip == ip
-            && (*m).back == back
-            && (*m).tgid == tgid
-            && (*m).version == version
-            && ms == rule_sum(ip, mb, &mr, tgid, version, back))
-        .then_some((mb, mr))
-    });
-    let found = if recalled.is_some() {
-        recalled
-    } else {
+    let found = recall_rule(scratch, tgid, back) || {
+        let st = &mut scratch.walk;
+        let ip = st.ip;
         let own_region = region(procs, st, ip);
         let known = own_region || {
             if own != 0 {
@@ -729,35 +769,34 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
             st.unremembered = 1;
             found_region(tgid, st, ip)
         };
-        let found = if known {
-            let bias = st.last.bias;
+        let bias = st.last.bias;
+        let rule = if known {
             search_rows(&st.last.rows, ip.wrapping_sub(bias).wrapping_sub(back))
-                .filter(|r| r.cfa != 0)
-                .map(|r| (bias, r))
         } else {
             None
         };
-        // Only what the process's own regions gave: those the walk found
-        // itself (this frame's, or an earlier frame's kept in `st.last`)
-        // are no part of their version, and a frame recalled would not
-        // tell user space of the new code they are.
-        if let (true, 0, Some((bias, rule)), Some(m)) =
-            (own_region, st.find_tried & FOUND_LAST, found, memo)
-        {
-            // SAFETY: as above.
-            unsafe {
-                (*m).ip = ip;
-                (*m).bias = bias;
-                (*m).rule = rule;
-                (*m).tgid = tgid;
-                (*m).version = version;
-                (*m).back = back;
-                (*m).sum = rule_sum(ip, bias, &rule, tgid, version, back);
-            };
+        match rule.filter(|r| r.cfa != 0) {
+            Some(rule) => {
+                // Kept only where the process's own regions gave it:
+                // those the walk found itself (this frame's, or an
+                // earlier frame's kept in `st.last`) are no part of their
+                // version, and a frame recalled would not tell user space
+                // of the new code they are.
+                let keep = own_region && st.find_tried & FOUND_LAST == 0;
+                scratch.rule = (bias, rule);
+                if keep {
+                    keep_rule(scratch, tgid, back);
+                }
+                true
+            }
+            None => false,
         }
-        found
     };
-    let Some((bias, r)) = found else {
+    let st = &mut scratch.walk;
+    let chunk = &scratch.chunk;
+    let (bias, r) = scratch.rule;
+    let ip = st.ip;
+    if !found {
         // No CFI here: the frame pointer, counted.
         if st.bp == 0 {
             return 1;
@@ -774,7 +813,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
         st.bp = bp;
         st.ip = ret;
         return i64::from(ret == 0);
-    };
+    }
     if r.cfa == CFA_RSP_RA_RDI {
         // rdi is known only in the sampled frame; a remembered walk is
         // recalled by ip, sp and bp, not rdi.

@@ -152,7 +152,9 @@ fn current() -> (u32, u32) {
 }
 
 /// Records an allocation held at `key` and adds it to its stack's totals.
-#[inline(always)]
+/// Not inlined: its values would otherwise count in the stack of the
+/// caller's frame, which the walk's frames add to (512 bytes in all).
+#[inline(never)]
 fn record<C: EbpfContext>(ctx: &C, key: &AllocKey, size: u64, weight: u64, stack: u64) {
     let cfg = global(&CONFIG);
     // SAFETY: the helper has no preconditions.

@@ -131,18 +131,27 @@ fn is_elf(path: &Path) -> bool {
         .is_ok_and(|()| magic == *b"\x7fELF")
 }
 
-/// Uprobe program `prog` of `ebpf`, loaded (once).
+/// A uprobe program the kernel would not load: the same for every
+/// function it would be attached to, so a caller going through several
+/// stops at the first (each try runs the verifier again).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot load program {prog}: {why}")]
+pub struct NotLoaded {
+    prog: String,
+    why: String,
+}
+
+/// Uprobe program `prog` of `ebpf`, loaded (once). A failed load is a
+/// [`NotLoaded`] in the error's chain.
 pub fn loaded<'a>(ebpf: &'a mut Ebpf, prog: &str) -> anyhow::Result<&'a mut UProbe> {
     let p: &mut UProbe = ebpf
         .program_mut(prog)
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
     if p.fd().is_err() {
-        p.load().map_err(|e| {
-            anyhow::anyhow!(
-                "cannot load program {prog}: {}",
-                crate::kernel::features::chain(&e)
-            )
+        p.load().map_err(|e| NotLoaded {
+            prog: prog.to_owned(),
+            why: crate::kernel::features::chain(&e),
         })?;
     }
     Ok(p)

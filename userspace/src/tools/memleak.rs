@@ -1330,6 +1330,11 @@ impl Memleak {
             });
             match both {
                 Ok(()) => self.attached.push(func.to_owned()),
+                // No other function would load it either.
+                Err(e) if e.downcast_ref::<uprobes::NotLoaded>().is_some() => {
+                    self.skipped.push(format!("{e:#}"));
+                    break;
+                }
                 Err(e) => self.skipped.push(format!("{e:#}")),
             }
         }
