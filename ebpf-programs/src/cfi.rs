@@ -134,14 +134,32 @@ pub struct RuleMemo {
 /// The check of a [`RuleMemo`]'s fields.
 #[inline(always)]
 fn rule_sum(ip: u64, bias: u64, rule: CfiRule, tgid: u32, version: u32, back: u64) -> u64 {
-    let r = (rule.cfa_offset as u32 as u64)
-        | u64::from(rule.rbp_slot as u8) << 32
-        | u64::from(rule.rbx_slot as u8) << 40
-        | u64::from(rule.cfa) << 48;
+    let r = rule_bits(rule);
     let h = (ip ^ back << 63).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ bias;
     let h = h.wrapping_mul(0xff51_afd7_ed55_8ccd) ^ r;
     (h.wrapping_mul(0xc4ce_b9fe_1a85_ec53) ^ (u64::from(tgid) << 32 | u64::from(version)))
         .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// A rule as one word (its padding left out), to pass in a register.
+#[inline(always)]
+fn rule_bits(rule: CfiRule) -> u64 {
+    (rule.cfa_offset as u32 as u64)
+        | u64::from(rule.rbp_slot as u8) << 32
+        | u64::from(rule.rbx_slot as u8) << 40
+        | u64::from(rule.cfa) << 48
+}
+
+/// The rule of [`rule_bits`]' word.
+#[inline(always)]
+fn rule_of_bits(bits: u64) -> CfiRule {
+    CfiRule {
+        cfa_offset: bits as u32 as i32,
+        rbp_slot: (bits >> 32) as u8 as i8,
+        rbx_slot: (bits >> 40) as u8 as i8,
+        cfa: (bits >> 48) as u8,
+        pad: 0,
+    }
 }
 
 /// Slots of [`RULES`]: a table without chains, where a pc whose slot
@@ -674,19 +692,18 @@ fn recall_rule(scratch: &mut Scratch, tgid: u32, back: u64) -> bool {
     hit
 }
 
-/// Keeps `scratch.rule`, found for the frame at `scratch.walk.ip`, in
-/// [`RULES`].
+/// Keeps rule `bits` ([`rule_bits`]) with its region's `bias`, found for
+/// the frame at `ip` (`back` as in [`recall_rule`]) of process and
+/// regions' version `who` (`tgid | version << 32`), in [`RULES`]. Given
+/// as arguments rather than read from the scratch map, where a program
+/// interrupting this one on its CPU would leave its own frame's values.
 #[inline(never)]
-fn keep_rule(scratch: &Scratch, tgid: u32, back: u64) {
-    if let Some(m) = RULES.get_ptr_mut(rule_slot(scratch.walk.ip, tgid, back)) {
-        // Read again after the lookup, rather than kept across it in
-        // slots of this function's stack.
-        // SAFETY: plain reads of a map value's fields; then as in
-        // [`recall_rule`].
+fn keep_rule(ip: u64, bias: u64, bits: u64, who: u64, back: u64) {
+    let (tgid, version) = (who as u32, (who >> 32) as u32);
+    if let Some(m) = RULES.get_ptr_mut(rule_slot(ip, tgid, back)) {
+        let rule = rule_of_bits(bits);
+        // SAFETY: as in [`recall_rule`].
         unsafe {
-            let ip = core::ptr::read_volatile(&scratch.walk.ip);
-            let version = core::ptr::read_volatile(&scratch.walk.version);
-            let (bias, rule) = core::ptr::read_volatile(&scratch.rule);
             (*m).ip = ip;
             (*m).bias = bias;
             (*m).rule = rule;
@@ -782,11 +799,11 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
                 // earlier frame's kept in `st.last`) are no part of their
                 // version, and a frame recalled would not tell user space
                 // of the new code they are.
-                let keep = own_region && st.find_tried & FOUND_LAST == 0;
-                scratch.rule = (bias, rule);
-                if keep {
-                    keep_rule(scratch, tgid, back);
+                if own_region && st.find_tried & FOUND_LAST == 0 {
+                    let who = u64::from(tgid) | u64::from(st.version) << 32;
+                    keep_rule(ip, bias, rule_bits(rule), who, back);
                 }
+                scratch.rule = (bias, rule);
                 true
             }
             None => false,

@@ -122,8 +122,8 @@ pub struct Scratch {
     #[cfg(feature = "cfi")]
     pub(crate) v8_buf: [u64; rtrace_common::v8::SFI_BYTES / 8],
     /// The rule of the frame being stepped and its region's bias, as
-    /// `cfi::rule_of` found them: out of the eBPF stack, where the step's
-    /// frame with its callers' must stay within 512 bytes.
+    /// `cfi::frame` found or recalled them: out of the eBPF stack, where
+    /// the step's frame with its callers' must stay within 512 bytes.
     #[cfg(feature = "cfi")]
     pub(crate) rule: (u64, rtrace_common::unwind::CfiRule),
 }

@@ -141,6 +141,13 @@ pub struct NotLoaded {
     why: String,
 }
 
+impl NotLoaded {
+    /// The program's name.
+    pub fn prog(&self) -> &str {
+        &self.prog
+    }
+}
+
 /// Uprobe program `prog` of `ebpf`, loaded (once). A failed load is a
 /// [`NotLoaded`] in the error's chain.
 pub fn loaded<'a>(ebpf: &'a mut Ebpf, prog: &str) -> anyhow::Result<&'a mut UProbe> {

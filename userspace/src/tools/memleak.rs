@@ -1299,9 +1299,24 @@ impl Memleak {
         } else {
             &[]
         });
+        // Programs the kernel would not load: each try runs the verifier
+        // again (seconds for the return probe's walk), to the same end.
+        let mut unloadable: Vec<String> = Vec::new();
         for &(func, role) in names {
             if let Some(s) = &symbols
                 && !s.contains_key(func)
+            {
+                continue;
+            }
+            let progs = [
+                Some(role.prog),
+                role.returns
+                    .then_some(rtrace_common::memleak::PROG_ALLOC_RETURN),
+            ];
+            if progs
+                .iter()
+                .flatten()
+                .any(|p| unloadable.iter().any(|u| u == p))
             {
                 continue;
             }
@@ -1330,12 +1345,12 @@ impl Memleak {
             });
             match both {
                 Ok(()) => self.attached.push(func.to_owned()),
-                // No other function would load it either.
-                Err(e) if e.downcast_ref::<uprobes::NotLoaded>().is_some() => {
+                Err(e) => {
+                    if let Some(n) = e.downcast_ref::<uprobes::NotLoaded>() {
+                        unloadable.push(n.prog().to_owned());
+                    }
                     self.skipped.push(format!("{e:#}"));
-                    break;
                 }
-                Err(e) => self.skipped.push(format!("{e:#}")),
             }
         }
         if !self
