@@ -110,71 +110,6 @@ static CFI_NO_PROCS: Array<ProcRegions> = Array::with_max_entries(1, 0);
 pub(crate) static SEEN: aya_ebpf::maps::LruHashMap<u32, u32> =
     aya_ebpf::maps::LruHashMap::with_max_entries(8192, 0);
 
-/// A frame's rule, remembered: the pc it was found for, the walk's
-/// one-byte step back (a return address is looked up at its call), the
-/// process and its regions' version, which user space changes at every
-/// write of any process's regions. The rows a region points to never
-/// change once loaded, so the same four give the same rule.
-#[repr(C)]
-pub struct RuleMemo {
-    ip: u64,
-    bias: u64,
-    rule: CfiRule,
-    tgid: u32,
-    /// `ProcRegions::version`, of which 0 is never written: an empty
-    /// slot matches nothing.
-    version: u32,
-    back: u64,
-    /// [`rule_sum`] of the rest, written last: an entry torn by a program
-    /// that interrupted its writer on this CPU (a perf event's NMI in a
-    /// switch's walk) does not match it, and is searched for again.
-    sum: u64,
-}
-
-/// The check of a [`RuleMemo`]'s fields.
-#[inline(always)]
-fn rule_sum(ip: u64, bias: u64, rule: CfiRule, tgid: u32, version: u32, back: u64) -> u64 {
-    let r = rule_bits(rule);
-    let h = (ip ^ back << 63).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ bias;
-    let h = h.wrapping_mul(0xff51_afd7_ed55_8ccd) ^ r;
-    (h.wrapping_mul(0xc4ce_b9fe_1a85_ec53) ^ (u64::from(tgid) << 32 | u64::from(version)))
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// A rule as one word (its padding left out), to pass in a register.
-#[inline(always)]
-fn rule_bits(rule: CfiRule) -> u64 {
-    (rule.cfa_offset as u32 as u64)
-        | u64::from(rule.rbp_slot as u8) << 32
-        | u64::from(rule.rbx_slot as u8) << 40
-        | u64::from(rule.cfa) << 48
-}
-
-/// The rule of [`rule_bits`]' word.
-#[inline(always)]
-fn rule_of_bits(bits: u64) -> CfiRule {
-    CfiRule {
-        cfa_offset: bits as u32 as i32,
-        rbp_slot: (bits >> 32) as u8 as i8,
-        rbx_slot: (bits >> 40) as u8 as i8,
-        cfa: (bits >> 48) as u8,
-        pad: 0,
-    }
-}
-
-/// Slots of [`RULES`]: a table without chains, where a pc whose slot
-/// another took is searched for again.
-const RULE_SLOTS: u32 = 1024;
-
-/// The rules each CPU found last, by a hash of the pc and the process
-/// ([`RuleMemo`]). The search of a frame's region and row reads a dozen
-/// cache lines of the process's regions and the file's index and rows,
-/// each a miss when samples are far apart; the frames below a program's
-/// busy code (its main loop, the runtime's entry, the thread's start)
-/// are the same sample after sample, and are one entry (one or two cache lines) here.
-#[map]
-static RULES: PerCpuArray<RuleMemo> = PerCpuArray::with_max_entries(RULE_SLOTS, 0);
-
 /// Steps of the binary search of a process's regions.
 const REGION_STEPS: usize = MAX_REGIONS.next_power_of_two().trailing_zeros() as usize + 1;
 
@@ -611,15 +546,6 @@ fn keep_found(tgid: u32, r: &Region) {
     }
 }
 
-/// `State::find_tried`'s bit: the walk asked the kernel for a mapping
-/// (at most once a walk).
-const FIND_ASKED: u32 = 1;
-/// `State::find_tried`'s bit: a region the walk found itself became
-/// `State::last`, which the next frames' [`region`] tries first: their
-/// rules are then no part of the process's regions' version, and are not
-/// kept in [`RULES`].
-const FOUND_LAST: u32 = 2;
-
 /// The region holding `ip` among those the kernel found for process
 /// `tgid`, or found now, at most once a walk (`bpf_find_vma` succeeds
 /// about once per CPU with interrupts off, until its deferred unlock
@@ -638,81 +564,21 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
             };
             if r.start <= ip && ip < r.end && r.rows.row_len != 0 {
                 st.last = *r;
-                st.find_tried |= FOUND_LAST;
                 return true;
             }
         }
     }
-    if st.find_tried & FIND_ASKED != 0 {
+    if st.find_tried != 0 {
         return false;
     }
-    st.find_tried |= FIND_ASKED;
+    st.find_tried = 1;
     let Ok((r, found)) = find_region(tgid, ip) else {
         return false;
     };
     keep_found(tgid, &r);
     st.last = r;
-    st.find_tried |= FOUND_LAST;
     st.found = found;
     true
-}
-
-/// The slot of [`RULES`] for the frame at `ip` of process `tgid`.
-#[inline(always)]
-fn rule_slot(ip: u64, tgid: u32, back: u64) -> u32 {
-    let h = (ip ^ u64::from(tgid) << 40 ^ back << 63).wrapping_mul(0xff51_afd7_ed55_8ccd);
-    (h >> 40) as u32 & (RULE_SLOTS - 1)
-}
-
-/// The rule [`RULES`] keeps for the frame at `scratch.walk.ip`, with its
-/// region's bias, into `scratch.rule`; false where it keeps none. `back`
-/// is 1 where the pc is a return address, looked up at its call. Not
-/// inlined into the step, as [`keep_rule`] is not: their values then take
-/// no room in the step's frame, which with its callers' must stay within
-/// 512 bytes.
-#[inline(never)]
-fn recall_rule(scratch: &mut Scratch, tgid: u32, back: u64) -> bool {
-    let (ip, version) = (scratch.walk.ip, scratch.walk.version);
-    let Some(m) = RULES.get_ptr(rule_slot(ip, tgid, back)) else {
-        return false;
-    };
-    // SAFETY: a per-CPU map value, which only this CPU's programs touch
-    // (one may interrupt another: the sum tells a torn entry).
-    let (m, mb, mr, ms) = unsafe { (&*m, (*m).bias, (*m).rule, (*m).sum) };
-    // As the walk started: the regions' value may be rewritten under it.
-    let hit = version != 0
-        && m.ip == ip
-        && m.back == back
-        && m.tgid == tgid
-        && m.version == version
-        && ms == rule_sum(ip, mb, mr, tgid, version, back);
-    if hit {
-        scratch.rule = (mb, mr);
-    }
-    hit
-}
-
-/// Keeps rule `bits` ([`rule_bits`]) with its region's `bias`, found for
-/// the frame at `ip` (`back` as in [`recall_rule`]) of process and
-/// regions' version `who` (`tgid | version << 32`), in [`RULES`]. Given
-/// as arguments rather than read from the scratch map, where a program
-/// interrupting this one on its CPU would leave its own frame's values.
-#[inline(never)]
-fn keep_rule(ip: u64, bias: u64, bits: u64, who: u64, back: u64) {
-    let (tgid, version) = (who as u32, (who >> 32) as u32);
-    if let Some(m) = RULES.get_ptr_mut(rule_slot(ip, tgid, back)) {
-        let rule = rule_of_bits(bits);
-        // SAFETY: as in [`recall_rule`].
-        unsafe {
-            (*m).ip = ip;
-            (*m).bias = bias;
-            (*m).rule = rule;
-            (*m).tgid = tgid;
-            (*m).version = version;
-            (*m).back = back;
-            (*m).sum = rule_sum(ip, bias, rule, tgid, version, back);
-        };
-    }
 }
 
 /// One frame of the walk, run by `bpf_loop`: records the frame's pc
@@ -768,52 +634,31 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     if record && !crate::scratch::push(scratch, scratch.walk.ip) {
         return 1;
     }
+    let st = &mut scratch.walk;
+    let chunk = &scratch.chunk;
     // The sampled frame is the walk's first native one: Python frames
     // may have been written before it.
     scratch.py.native += 1;
     // A return address is looked up at its call, one byte back.
     let back = u64::from(!sampled_frame(&scratch.py));
-    let found = recall_rule(scratch, tgid, back) || {
-        let st = &mut scratch.walk;
-        let ip = st.ip;
-        let own_region = region(procs, st, ip);
-        let known = own_region || {
-            if own != 0 {
-                st.new_code = 1;
-            }
-            // Not remembered: the regions found are no part of its
-            // version.
-            st.unremembered = 1;
-            found_region(tgid, st, ip)
-        };
-        let bias = st.last.bias;
-        let rule = if known {
-            search_rows(&st.last.rows, ip.wrapping_sub(bias).wrapping_sub(back))
-        } else {
-            None
-        };
-        match rule.filter(|r| r.cfa != 0) {
-            Some(rule) => {
-                // Kept only where the process's own regions gave it:
-                // those the walk found itself (this frame's, or an
-                // earlier frame's kept in `st.last`) are no part of their
-                // version, and a frame recalled would not tell user space
-                // of the new code they are.
-                if own_region && st.find_tried & FOUND_LAST == 0 {
-                    let who = u64::from(tgid) | u64::from(st.version) << 32;
-                    keep_rule(ip, bias, rule_bits(rule), who, back);
-                }
-                scratch.rule = (bias, rule);
-                true
-            }
-            None => false,
-        }
-    };
-    let st = &mut scratch.walk;
-    let chunk = &scratch.chunk;
-    let (bias, r) = scratch.rule;
     let ip = st.ip;
-    if !found {
+    let known = region(procs, st, ip) || {
+        if own != 0 {
+            st.new_code = 1;
+        }
+        // Not remembered: the regions found are no part of its version.
+        st.unremembered = 1;
+        found_region(tgid, st, ip)
+    };
+    let found = if known {
+        let bias = st.last.bias;
+        search_rows(&st.last.rows, ip.wrapping_sub(bias).wrapping_sub(back))
+            .filter(|r| r.cfa != 0)
+            .map(|r| (bias, r))
+    } else {
+        None
+    };
+    let Some((bias, r)) = found else {
         // No CFI here: the frame pointer, counted.
         if st.bp == 0 {
             return 1;
@@ -830,7 +675,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
         st.bp = bp;
         st.ip = ret;
         return i64::from(ret == 0);
-    }
+    };
     if r.cfa == CFA_RSP_RA_RDI {
         // rdi is known only in the sampled frame; a remembered walk is
         // recalled by ip, sp and bp, not rdi.

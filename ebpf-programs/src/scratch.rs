@@ -121,11 +121,6 @@ pub struct Scratch {
     /// (`crate::v8`).
     #[cfg(feature = "cfi")]
     pub(crate) v8_buf: [u64; rtrace_common::v8::SFI_BYTES / 8],
-    /// The rule of the frame being stepped and its region's bias, as
-    /// `cfi::frame` found or recalled them: out of the eBPF stack, where
-    /// the step's frame with its callers' must stay within 512 bytes.
-    #[cfg(feature = "cfi")]
-    pub(crate) rule: (u64, rtrace_common::unwind::CfiRule),
 }
 
 /// The V8 part of a walk (`crate::v8`), written field by field as
@@ -215,9 +210,8 @@ pub struct State {
     pub(crate) pairs: u32,
     /// Set when a frame's code is in no region of the process.
     pub(crate) new_code: u32,
-    /// Bits: the walk has asked the kernel for a mapping
-    /// (`cfi::found_region`, at most once a walk), and a region it found
-    /// itself became `last`.
+    /// Set once the walk has asked the kernel for a mapping
+    /// (`cfi::found_region`): at most once a walk.
     pub(crate) find_tried: u32,
     /// The region the last frame was in: callers are mostly in the
     /// same file, so it is tried before the search.
