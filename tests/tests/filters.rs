@@ -166,7 +166,7 @@ fn off_cpu_and_on_cpu_time_split_as_measured() {
     let seen = (on_us + off_us) as f64;
     assert!(
         (seen - wall_ns / 1000.0).abs() <= 0.1 * wall_ns / 1000.0,
-        "{seen} us in mid_mixed; it took {} us:\n{stdout}",
+        "{seen} us in mid_mixed; it took {} us:\n{stdout}\n{stderr}",
         wall_ns / 1000.0
     );
     let share = on_us as f64 / seen;
