@@ -133,7 +133,7 @@ fn is_elf(path: &Path) -> bool {
 
 /// A uprobe program the kernel would not load: the same for every
 /// function it would be attached to, so a caller going through several
-/// stops at the first (each try runs the verifier again).
+/// skips those that need it (each try runs the verifier again).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot load program {prog}: {why}")]
 pub struct NotLoaded {

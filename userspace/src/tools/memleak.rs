@@ -1308,16 +1308,9 @@ impl Memleak {
             {
                 continue;
             }
-            let progs = [
-                Some(role.prog),
-                role.returns
-                    .then_some(rtrace_common::memleak::PROG_ALLOC_RETURN),
-            ];
-            if progs
-                .iter()
-                .flatten()
-                .any(|p| unloadable.iter().any(|u| u == p))
-            {
+            if unloadable.iter().any(|u| {
+                u == role.prog || (role.returns && u == rtrace_common::memleak::PROG_ALLOC_RETURN)
+            }) {
                 continue;
             }
             // An entry-only probe traps where the kernel emulates the
