@@ -117,7 +117,10 @@ struct Named {
 /// (in the counts' unit: samples, or nanoseconds off the CPU).
 #[derive(Clone, Debug, Default)]
 pub struct CutShort {
-    /// The process's command.
+    /// The process's command: its first thread's where a count of that
+    /// thread was met, else the one most of its counts were taken in. Not
+    /// the first thread counted, which may be a helper (Mono's
+    /// `Finalizer`) named nothing like the program.
     pub comm: String,
     /// Counts of cut-short stacks.
     pub cut: u64,
@@ -127,6 +130,32 @@ pub struct CutShort {
     /// short: counts off the CPU are times, and a few long waits with one
     /// stack would weigh as much as a JIT's every sample.
     pub stacks: u64,
+    /// Counts by thread command, of which `comm` is the largest.
+    comms: HashMap<[u8; 16], u64>,
+    /// What `comm`'s command counted, or `u64::MAX` once it is the first
+    /// thread's.
+    comm_count: u64,
+}
+
+impl CutShort {
+    /// Counts `count` of thread `tid` (0: not counted by thread) of
+    /// process `pid`, whose command is `comm`, towards the process's name.
+    fn name(&mut self, comm: &[u8; 16], tid: u32, pid: u32, count: u64) {
+        if self.comm_count == u64::MAX {
+            return;
+        }
+        let n = if tid == pid {
+            u64::MAX
+        } else {
+            let n = self.comms.entry(*comm).or_default();
+            *n = n.saturating_add(count);
+            *n
+        };
+        if self.comm.is_empty() || n > self.comm_count {
+            self.comm = crate::kernel::c_string(comm);
+            self.comm_count = n;
+        }
+    }
 }
 
 /// Moves the counts of generation `old` (all with `all`) out of `map`
@@ -618,9 +647,7 @@ impl StackStore {
                 names.insert(*key, (thread, waker));
             }
             let short = self.short.entry(thread.proc).or_default();
-            if short.comm.is_empty() {
-                short.comm = crate::kernel::c_string(&thread.comm);
-            }
+            short.name(&thread.comm, thread.tid, thread.proc.pid, count);
             short.all += count;
             if thread.cut {
                 short.cut += count;
@@ -858,6 +885,31 @@ fn tgids(k: &WakeKey) -> impl Iterator<Item = Proc> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process is named by its first thread where that was counted,
+    /// else by the command most of its counts were taken in, whichever
+    /// thread came first.
+    #[test]
+    fn a_process_is_named_by_its_first_thread_or_its_busiest_command() {
+        let comm = |s: &str| {
+            let mut c = [0u8; 16];
+            c[..s.len()].copy_from_slice(s.as_bytes());
+            c
+        };
+        let mut by_count = CutShort::default();
+        by_count.name(&comm("Finalizer"), 0, 40, 1);
+        assert_eq!(by_count.comm, "Finalizer");
+        by_count.name(&comm("mono"), 0, 40, 1);
+        assert_eq!(by_count.comm, "Finalizer", "a tie keeps the first");
+        by_count.name(&comm("mono"), 0, 40, 5);
+        by_count.name(&comm("Finalizer"), 0, 40, 2);
+        assert_eq!(by_count.comm, "mono");
+        let mut leader = CutShort::default();
+        leader.name(&comm("worker"), 41, 40, 100);
+        leader.name(&comm("server"), 40, 40, 1);
+        leader.name(&comm("worker"), 41, 40, 100);
+        assert_eq!(leader.comm, "server");
+    }
 
     #[test]
     fn the_tracing_machinery_is_trimmed_with_or_without_addresses() {
