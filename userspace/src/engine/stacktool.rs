@@ -1183,7 +1183,7 @@ impl StackTool {
                 format!(
                     "PID {} ({}) {:.0} %",
                     p.pid,
-                    s.comm,
+                    s.comm(),
                     100.0 * s.cut as f64 / s.all as f64
                 )
             })

@@ -117,11 +117,6 @@ struct Named {
 /// (in the counts' unit: samples, or nanoseconds off the CPU).
 #[derive(Clone, Debug, Default)]
 pub struct CutShort {
-    /// The process's command: its first thread's where a count of that
-    /// thread was met, else the one most of its counts were taken in. Not
-    /// the first thread counted, which may be a helper (Mono's
-    /// `Finalizer`) named nothing like the program.
-    pub comm: String,
     /// Counts of cut-short stacks.
     pub cut: u64,
     /// All its counts.
@@ -130,31 +125,46 @@ pub struct CutShort {
     /// short: counts off the CPU are times, and a few long waits with one
     /// stack would weigh as much as a JIT's every sample.
     pub stacks: u64,
-    /// Counts by thread command, of which `comm` is the largest.
-    comms: HashMap<[u8; 16], u64>,
-    /// What `comm`'s command counted, or `u64::MAX` once it is the first
-    /// thread's.
-    comm_count: u64,
+    /// Its counts by thread command, in the order the commands were met.
+    comms: Vec<([u8; 16], u64)>,
+    /// Its first thread's command, once a count of that thread is met.
+    first: Option<[u8; 16]>,
 }
 
 impl CutShort {
     /// Counts `count` of thread `tid` (0: not counted by thread) of
     /// process `pid`, whose command is `comm`, towards the process's name.
     fn name(&mut self, comm: &[u8; 16], tid: u32, pid: u32, count: u64) {
-        if self.comm_count == u64::MAX {
+        if self.first.is_some() {
             return;
         }
-        let n = if tid == pid {
-            u64::MAX
-        } else {
-            let n = self.comms.entry(*comm).or_default();
-            *n = n.saturating_add(count);
-            *n
-        };
-        if self.comm.is_empty() || n > self.comm_count {
-            self.comm = crate::kernel::c_string(comm);
-            self.comm_count = n;
+        if tid == pid {
+            self.first = Some(*comm);
+            return;
         }
+        match self.comms.iter_mut().find(|(c, _)| c == comm) {
+            Some((_, n)) => *n = n.saturating_add(count),
+            None => self.comms.push((*comm, count)),
+        }
+    }
+
+    /// The process's command: its first thread's where a count of that
+    /// thread was met, else the one most of its counts were taken in (of
+    /// equals, the first met). Not the first thread counted, which may be
+    /// a helper (Mono's `Finalizer`) named nothing like the program.
+    pub fn comm(&self) -> String {
+        let busiest =
+            self.comms
+                .iter()
+                .fold(None, |best: Option<&([u8; 16], u64)>, c| match best {
+                    Some(b) if b.1 >= c.1 => Some(b),
+                    _ => Some(c),
+                });
+        self.first
+            .as_ref()
+            .or(busiest.map(|(c, _)| c))
+            .map(|c| crate::kernel::c_string(c))
+            .unwrap_or_default()
     }
 }
 
@@ -898,17 +908,17 @@ mod tests {
         };
         let mut by_count = CutShort::default();
         by_count.name(&comm("Finalizer"), 0, 40, 1);
-        assert_eq!(by_count.comm, "Finalizer");
+        assert_eq!(by_count.comm(), "Finalizer");
         by_count.name(&comm("mono"), 0, 40, 1);
-        assert_eq!(by_count.comm, "Finalizer", "a tie keeps the first");
+        assert_eq!(by_count.comm(), "Finalizer", "a tie keeps the first");
         by_count.name(&comm("mono"), 0, 40, 5);
         by_count.name(&comm("Finalizer"), 0, 40, 2);
-        assert_eq!(by_count.comm, "mono");
+        assert_eq!(by_count.comm(), "mono");
         let mut leader = CutShort::default();
         leader.name(&comm("worker"), 41, 40, 100);
         leader.name(&comm("server"), 40, 40, 1);
         leader.name(&comm("worker"), 41, 40, 100);
-        assert_eq!(leader.comm, "server");
+        assert_eq!(leader.comm(), "server");
     }
 
     #[test]
