@@ -396,6 +396,58 @@ impl TestCgroup {
     }
 }
 
+/// A shell that joins cgroup directory `dir` and then execs `program`
+/// with `args`: the program's own exec is the first thing the cgroup sees.
+pub fn in_cgroup(dir: &str, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "echo 0 > \"$0/cgroup.procs\" && exec \"$@\"", dir])
+        .arg(program)
+        .args(args);
+    cmd
+}
+
+/// A fresh cgroup whose memory, the kernel's own for the BPF maps its
+/// members create included, is held to a limit; removed on drop. Under
+/// cgroup v2 where the memory controller is there, else under v1's
+/// `memory` hierarchy (this host's hybrid mount); `None` where neither is.
+pub struct MemoryCgroup {
+    /// The directory.
+    pub path: String,
+}
+
+impl MemoryCgroup {
+    /// Creates `rtrace-<tag>-<pid>` with at most `bytes` of memory.
+    pub fn new(tag: &str, bytes: u64) -> Option<Self> {
+        let v2 = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .find(|root| {
+                std::fs::read_to_string(format!("{root}/cgroup.subtree_control"))
+                    .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+            })
+            .map(|root| (root, "memory.max"));
+        let v1 = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+            .exists()
+            .then_some(("/sys/fs/cgroup/memory", "memory.limit_in_bytes"));
+        let (root, limit) = v2.or(v1)?;
+        let path = format!("{root}/rtrace-{tag}-{}", std::process::id());
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(format!("{path}/{limit}"), bytes.to_string()).unwrap();
+        Some(Self { path })
+    }
+
+    /// `program` with `args`, joined to the cgroup from its first
+    /// instruction ([`in_cgroup`]).
+    pub fn command(&self, program: &std::path::Path, args: &[&str]) -> Command {
+        in_cgroup(&self.path, program, args)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         // Fails while members live; they are the tests' children, gone by now.

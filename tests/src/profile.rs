@@ -64,6 +64,8 @@ pub fn profile_fixture(name: &str, extra: &[&str]) -> (String, i64, i64) {
     let (code, stdout, stderr) = rtrace.stop(SIGINT);
     assert_eq!(code, 0, "{stderr}");
     assert!(!stderr.contains("are [unknown]"), "{stderr}");
+    // A walk the verifier refuses must not pass for frame pointers' stacks.
+    assert!(!stderr.contains("refused the CFI walk"), "{stderr}");
     (stdout, done[0], done[1])
 }
 

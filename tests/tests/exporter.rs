@@ -11,7 +11,7 @@ use std::{
 
 use rtrace_integration_tests::{
     LoopDevice, Paranoid, Rtrace, SIGHUP, SIGTERM, TestCgroup, as_nobody, assert_one_line_error,
-    in_guest, json_lines, run, run_workload, unprivileged_copy, workload_bin,
+    in_cgroup, in_guest, json_lines, run, run_workload, unprivileged_copy, workload_bin,
 };
 
 #[path = "exporter/otlp.rs"]
@@ -171,23 +171,9 @@ fn true_bin() -> &'static str {
         .unwrap()
 }
 
-/// A shell that joins `cgroup` and then execs `program` with `args`: the
-/// program's own exec is the first thing the cgroup sees.
-fn in_cgroup(cgroup: &TestCgroup, program: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new("sh");
-    cmd.args([
-        "-c",
-        "echo 0 > \"$0/cgroup.procs\" && exec \"$@\"",
-        &cgroup.path,
-        program,
-    ])
-    .args(args);
-    cmd
-}
-
 /// Runs workload `name` with `args` in `cgroup` from its first instruction.
 fn run_in(cgroup: &TestCgroup, name: &str, args: &[&str]) -> String {
-    let out = in_cgroup(cgroup, workload_bin(name).to_str().unwrap(), args)
+    let out = in_cgroup(&cgroup.path, workload_bin(name), args)
         .output()
         .unwrap();
     assert!(
@@ -466,7 +452,7 @@ fn prometheus_reads_what_runqlat_and_the_workload_say() {
     let spin = "for t in 1 2 3 4; do (i=0; while [ $i -lt 2000000 ]; do i=$((i+1)); done) & \
                 done; wait";
     assert!(
-        in_cgroup(&cgroup, "sh", &["-c", spin])
+        in_cgroup(&cgroup.path, "sh", &["-c", spin])
             .status()
             .unwrap()
             .success()

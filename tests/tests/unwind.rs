@@ -13,12 +13,12 @@ use std::{
 };
 
 use rtrace_integration_tests::{
-    Rtrace, SIGINT, UniqueProgram, parse_folded,
+    MemoryCgroup, Rtrace, SIGINT, UniqueProgram, parse_folded,
     profile::{
         READY, count_under, count_with, hot_reaching_main, profile_execkids, profile_fixture,
         profile_hotfuncs, run_fixture, start_fixture, temp, too_slow_here,
     },
-    run, workload_bin,
+    rtrace_bin, run, workload_bin,
 };
 
 #[test]
@@ -165,6 +165,84 @@ fn check_c_chain(stdout: &str, alpha_ns: i64, beta_ns: i64) {
 fn c_without_frame_pointers_keeps_its_whole_chain() {
     let (stdout, alpha_ns, beta_ns) = profile_fixture("cfuncs_nofp", &["-f", "-U"]);
     check_c_chain(&stdout, alpha_ns, beta_ns);
+}
+
+/// A CFI walk the kernel refuses leaves `--unwind auto` with frame
+/// pointers, and the run says so in a warning, not only under `-v`: a
+/// stack cut short for a reason nobody was told is a wrong profile. The
+/// refusal is real: the walk's tables (`--cfi-budget 2048`) do not fit a
+/// memory cgroup of 512 MiB, which the frame-pointer walk does. Without
+/// frame pointers the fixture's leaves then lose `main;mid`, as the
+/// warning says; `--unwind cfi` makes the refusal the run's error.
+#[test]
+fn a_cfi_walk_the_kernel_refuses_is_warned_of() {
+    let Some(cgroup) = MemoryCgroup::new("refused-cfi", 512 << 20) else {
+        eprintln!("skipped: no memory cgroup to hold rtrace's maps to a limit");
+        return;
+    };
+    let out = temp("refused.folded");
+    let fixture = workload_bin("cfuncs_nofp");
+    let run_in = |unwind: &str| {
+        let mut child = cgroup
+            .command(
+                &rtrace_bin(),
+                &[
+                    "profile",
+                    "-U",
+                    "-F",
+                    "999",
+                    "-f",
+                    "--unwind",
+                    unwind,
+                    "--cfi-budget",
+                    "2048",
+                    "-o",
+                    out.to_str().unwrap(),
+                    "--",
+                    fixture.to_str().unwrap(),
+                    "cpu",
+                    "1",
+                ],
+            )
+            // The fixture works once it reads a line.
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let auto = run_in("auto");
+    let stderr = String::from_utf8_lossy(&auto.stderr);
+    assert!(auto.status.success(), "{stderr}");
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("refused the CFI walk"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{stderr}");
+    assert!(
+        warned[0].starts_with("rtrace: warning[unwalked]: "),
+        "{stderr}"
+    );
+    let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
+    let _ = std::fs::remove_file(&out);
+    let (first, second, chained) = leaf_chain(&folded, C_LEAVES, C_CALLERS);
+    // A second of two leaves at 999 Hz: some 1,000 samples.
+    assert!(first + second >= 300, "{folded:?}");
+    assert!(
+        chained * 2 < first + second,
+        "{chained} of {} leaf samples kept main;mid by frame pointers alone: is the \
+         walk CFI's after all?\n{stderr}",
+        first + second
+    );
+
+    let cfi = run_in("cfi");
+    let stderr = String::from_utf8_lossy(&cfi.stderr);
+    assert!(!cfi.status.success(), "{stderr}");
+    assert!(stderr.contains("Cannot allocate memory"), "{stderr}");
+    let _ = std::fs::remove_file(&out);
 }
 
 /// Children forked one after another run their parent's code without

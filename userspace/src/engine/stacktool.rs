@@ -209,6 +209,13 @@ pub struct StackTool {
     cfi: Option<KernelTables>,
     /// Whether the `cfi` object was loaded.
     cfi_loaded: bool,
+    /// Whether a variant with the CFI walk was tried in this attach
+    /// chain: kept across attempts, unlike what each attempt sets up.
+    cfi_tried: bool,
+    /// Whether the variant in use lost the CFI walk to the kernel's
+    /// refusal of one tried before it (`--unwind auto`), so that the run
+    /// says so: `-v` alone would leave stacks cut short unexplained.
+    cfi_lost: bool,
     /// What its tables hold (`--cfi-budget`).
     cfi_capacity: Capacity,
     /// Whether the walk looks up mappings itself ([`find_vma`]).
@@ -318,6 +325,10 @@ impl StackTool {
         self.marked.clear();
         self.unmarked.clear();
         self.cfi_loaded = crate::kernel::load::walks_cfi(load.variant());
+        // The last attempt configured is the one in use: a CFI variant
+        // refused under one mechanism and loaded under the next is no loss.
+        self.cfi_tried |= self.cfi_loaded;
+        self.cfi_lost = self.cfi_tried && !self.cfi_loaded;
         self.cfi_capacity = Capacity::of_budget(u64::from(args.cfi_budget) << 20);
         if self.cfi_loaded {
             let btf = kernel.btf()?;
@@ -1208,6 +1219,13 @@ impl StackTool {
     /// could not be named, and the like.
     pub fn warnings(&self) -> Vec<Warning> {
         let mut out = self.cfi.as_ref().map(|c| c.warnings()).unwrap_or_default();
+        if self.cfi_lost {
+            out.push(Warning::unwalked(
+                "the kernel refused the CFI walk (-v says why): user stacks were walked by \
+                 frame pointers alone, and code built without them is cut short; \
+                 --unwind cfi makes this an error",
+            ));
+        }
         out.extend(self.sym.warnings());
         if self.py_full > 0 {
             out.push(Warning::unwalked(format!(
