@@ -242,6 +242,13 @@ fn a_cfi_walk_the_kernel_refuses_is_warned_of() {
     let stderr = String::from_utf8_lossy(&cfi.stderr);
     assert!(!cfi.status.success(), "{stderr}");
     assert!(stderr.contains("Cannot allocate memory"), "{stderr}");
+    // Once, with the flag that sized the map the kernel refused.
+    assert_eq!(
+        stderr.matches("failed to create map").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("--cfi-budget, 2048 MiB"), "{stderr}");
     let _ = std::fs::remove_file(&out);
 }
 

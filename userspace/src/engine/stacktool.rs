@@ -364,6 +364,18 @@ impl StackTool {
             // The walks remembered per thread are in task storage, for
             // which aya has no user-space type: only the programs use it.
             load.allow_unsupported_maps();
+            let budget = format!(
+                "the CFI walk's tables take --cfi-budget, {} MiB of kernel memory here: a \
+                 smaller budget fits where a memory cgroup or RLIMIT_MEMLOCK allows less",
+                args.cfi_budget
+            );
+            for table in [
+                rtrace_common::unwind::CFI_ROWS,
+                rtrace_common::unwind::CFI_INDEX,
+                rtrace_common::unwind::CFI_RULES,
+            ] {
+                load.hint(table, budget.clone());
+            }
             load.global(rtrace_common::unwind::CFI_OFFSETS, &offsets)
                 .size(rtrace_common::unwind::CFI_ROWS, self.cfi_capacity.rows / 2)
                 .size(rtrace_common::unwind::CFI_INDEX, self.cfi_capacity.buckets)

@@ -30,6 +30,8 @@ pub struct Load {
     sizes: Vec<(&'static str, u32)>,
     unsupported_maps: bool,
     pins: Vec<(&'static str, PathBuf)>,
+    /// What to say where the kernel will not create a map, by map.
+    hints: Vec<(&'static str, String)>,
 }
 
 impl Load {
@@ -69,6 +71,15 @@ impl Load {
         self
     }
 
+    /// Says `hint` (what sized map `name`, and the cure) where the kernel
+    /// will not create it: the error alone names a map the user never
+    /// sized by that name.
+    pub fn hint(&mut self, name: &'static str, hint: String) -> &mut Self {
+        self.hints.retain(|(n, _)| *n != name);
+        self.hints.push((name, hint));
+        self
+    }
+
     /// Uses the map pinned at `path` for the object's map `name`.
     pub fn pinned(&mut self, name: &'static str, path: PathBuf) -> &mut Self {
         self.pins.retain(|(n, _)| *n != name);
@@ -100,8 +111,21 @@ impl Load {
         for (n, path) in &self.pins {
             loader.map_pin_path(n, path.as_path());
         }
+        // Flattened: aya's error both prints its cause and names it as
+        // its source, so anyhow's chain would say the cause twice.
         loader
             .load(object)
+            .map_err(|e| {
+                let hint = match &e {
+                    aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, .. }) => self
+                        .hints
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, h)| format!(" ({h})")),
+                    _ => None,
+                };
+                anyhow::anyhow!("{}{}", features::chain(&e), hint.unwrap_or_default())
+            })
             .with_context(|| format!("cannot load the {name} programs"))
     }
 }
