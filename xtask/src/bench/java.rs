@@ -23,7 +23,8 @@ use anyhow::{Context as _, bail};
 use super::{
     Ready, Tracer, bpf_run_ns, cpu_ns,
     helpers::{
-        Fixtures, bpf_cell, done_ns, perf_lost, rtrace_lost, trials_from_env, unmarked, us_ranged,
+        Fixtures, bpf_cell, done_ns, paired_text, perf_lost, rtrace_lost, trials_from_env,
+        unmarked, us_ranged,
     },
     measured_on, median, spread,
 };
@@ -548,9 +549,16 @@ pub fn run() -> anyhow::Result<String> {
                 hi / 1e3
             )
         };
+        let per_trial = |c: Config| {
+            got[c as usize]
+                .iter()
+                .map(|t| t.bpf_per_sample)
+                .collect::<Vec<_>>()
+        };
+        let paired = paired_text(&per_trial(Config::Java), &per_trial(Config::Fp));
         verdicts.push(format!(
             "{hz} Hz: the Java walk takes {:.2}x the frame-pointer walk's BPF time per sample \
-             ({:.1} us against {:.1} us; goal: at most 1.50x); with {frames:.2} Java frames a \
+             ({:.1} us against {:.1} us{paired}; goal: at most 1.50x); with {frames:.2} Java frames a \
              sample, {:.0} ns a Java frame, {:.0} ns of it above the frame-pointer walk's time \
              per sample; {cost}",
             java_bpf / fp_bpf.max(1e-9),

@@ -26,7 +26,9 @@ use anyhow::Context as _;
 
 use super::{
     Ready, Tracer, bpf_run_ns, cpu_ns,
-    helpers::{Fixtures, bpf_cell, done_ns, perf_lost, rtrace_lost, trials_from_env, unmarked},
+    helpers::{
+        Fixtures, bpf_cell, done_ns, paired_text, perf_lost, rtrace_lost, trials_from_env, unmarked,
+    },
     measured_on, median, spread,
 };
 
@@ -593,9 +595,16 @@ pub fn run() -> anyhow::Result<String> {
         };
         let (cpu_text, cpu_met) = against(&added_cpu);
         let (wall_text, _) = against(&added);
+        let per_trial = |c: Config| {
+            got[c as usize]
+                .iter()
+                .map(|t| t.bpf_per_sample)
+                .collect::<Vec<_>>()
+        };
+        let paired = paired_text(&per_trial(Config::Js), &per_trial(Config::NoJs));
         verdicts.push(format!(
             "{hz} Hz: the V8 walk takes {bpf_ratio:.2}x the native walk's BPF time per sample \
-             ({:.1} us against {:.1} us with `--no-javascript`; goal: at most 1.50x): {}; \
+             ({:.1} us against {:.1} us with `--no-javascript`{paired}; goal: at most 1.50x): {}; \
              rtrace's added CPU per run is {cpu_text} (goal: rtrace's at most the flag's): {} \
              (wall-clock: {wall_text})",
             js_bpf / 1e3,

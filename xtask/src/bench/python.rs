@@ -20,7 +20,7 @@ use anyhow::{Context as _, bail};
 
 use super::{
     bpf_run_ns,
-    helpers::{bpf_cell, rtrace_lost, us_ranged},
+    helpers::{bpf_cell, paired_text, rtrace_lost, us_ranged},
     measured_on, median,
 };
 
@@ -412,11 +412,16 @@ pub fn run() -> anyhow::Result<String> {
         }
         let walk = median(bpf[2].clone()) / median(bpf[1].clone()).max(1e-9);
         let cost = median(added[2].clone()).max(0.0) / median(added[3].clone()).max(1e-9);
+        let per_trial = |i: usize| got[i].iter().map(|t| t.bpf_per_sample).collect::<Vec<_>>();
+        let paired = paired_text(&per_trial(2), &per_trial(1));
         verdicts.push(format!(
             "{v} at {hz} Hz: the Python walk takes {:.2}x the native walk's BPF time per sample \
-             (goal: at most 1.30x), and rtrace's added time per round is {:.2}x py-spy's (goal: \
-             at most 0.25x)",
-            walk, cost
+             ({:.1} us against {:.1} us{paired}; goal: at most 1.30x), and rtrace's added time per \
+             round is {:.2}x py-spy's (goal: at most 0.25x)",
+            walk,
+            median(bpf[2].clone()) / 1e3,
+            median(bpf[1].clone()) / 1e3,
+            cost
         ));
     }
     table.push('\n');
