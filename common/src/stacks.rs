@@ -320,7 +320,8 @@ pub const ERR_FP_FRAMES: u32 = 6;
 /// code, the vDSO, hand-written assembly). Stacks cut short are kept with
 /// the frames read: the stack tools warn of them by process, where they
 /// are common (`CUT_USER`), and `-v` counts them all.
-pub const ERR_EXPECTED: [u32; 8] = [
+pub const ERR_EXPECTED: [u32; 9] = [
+    ERR_TAIL_RECALLED,
     ERR_CUT_SHORT,
     ERR_NO_TABLES,
     ERR_EXITING,
@@ -382,9 +383,14 @@ pub const ERR_RUNTIME_UNLOADED: u32 = 18;
 /// frame half set up, or moved by the collector): walked as native
 /// frames, by their frame pointer.
 pub const ERR_V8_BAD: u32 = 19;
+/// `ERRORS` slot: no error, a count `-v` gives: walks that took the
+/// native frames under their last runtime frame from what the thread
+/// kept of its last walk, which read the same words there, instead of
+/// walking them again (the CFI walk's).
+pub const ERR_TAIL_RECALLED: u32 = 20;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 20] = [
+pub const ERR_NAMES: [&str; 21] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -405,6 +411,7 @@ pub const ERR_NAMES: [&str; 20] = [
     "Java frames that could not be read or stepped past: the stack ends there",
     "samples of Python, Java or Node processes taken while their runtime's walk was being loaded (native frames only)",
     "JavaScript frames whose function could not be read (native frames from there)",
+    "walks that took the native frames under their runtime's from the thread's last walk, the stack there unchanged",
 ];
 
 /// The `ERRORS` names of an event tool that walks user stacks with the

@@ -18,7 +18,8 @@ use aya_ebpf::{
 use rtrace_common::{
     stacks::{
         ERR_CUT_SHORT, ERR_DEEP, ERR_EXECING, ERR_EXITING, ERR_FIND_BUSY, ERR_FIND_NO_FILE,
-        ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, ERR_RUNTIME_UNLOADED, Found, MAX_DEPTH, MAX_STACK,
+        ERR_FOUND, ERR_FP_FRAMES, ERR_NO_TABLES, ERR_RUNTIME_UNLOADED, ERR_TAIL_RECALLED, Found,
+        MAX_DEPTH, MAX_STACK,
         SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_FOUND, SEEN_NEW_CODE, Seen,
     },
     unwind::{
@@ -36,7 +37,10 @@ use crate::{
     global,
     process::{born, born_of},
     read_kernel, read_user,
-    scratch::{CHUNK_SLOTS, CHUNK_WORDS, MAX_READS, Scratch, State},
+    scratch::{
+        CHUNK_SLOTS, CHUNK_WORDS, MAX_READS, NO_TAIL, Scratch, State, TAIL_READS, TAIL_WORDS,
+        TailWalk,
+    },
 };
 
 /// Offsets into `struct pt_regs` and `struct task_struct`, from BTF.
@@ -153,6 +157,48 @@ pub struct Remembered {
 #[unsafe(no_mangle)]
 static WALKS: crate::task_storage::TaskStorage<Remembered> =
     crate::task_storage::TaskStorage::new();
+
+/// A thread's tail, kept (`TailWalk`): the native frames its last walk
+/// took under its last runtime frame, from registers `ip`, `sp` and `bp`.
+/// As a remembered walk is, they are a function of those registers, the
+/// words read from the stack above `sp` and the process's regions: a
+/// walk that comes to the same registers, with the same words there and
+/// the same regions, takes the same frames. The runtime frames above
+/// them (the thread's Python frames, its interpreted Java methods) change
+/// from sample to sample; the thread's start, its runtime's entry and
+/// `main` below them do not.
+#[repr(C)]
+pub struct Tail {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    /// The hash of the words read, in order.
+    words: u64,
+    tgid: u32,
+    /// The regions' version (`ProcRegions::version`).
+    version: u32,
+    /// Its frames.
+    n: u32,
+    nreads: u32,
+    /// Bytes from `sp` to the end of the last word read.
+    span: u32,
+    _pad: u32,
+    frames: [u64; TAIL_FRAMES],
+    /// The words' indexes from `sp`.
+    reads: [u16; TAIL_READS],
+}
+
+/// `TailWalk::pairs` at a frame of V8's code walked as native code: the
+/// next native frame starts the tail.
+const HELD_TAIL: u32 = NO_TAIL - 1;
+
+/// Most frames a kept tail holds.
+const TAIL_FRAMES: usize = 32;
+
+/// Each thread's tail, kept.
+#[unsafe(link_section = ".maps")]
+#[unsafe(no_mangle)]
+static TAILS: crate::task_storage::TaskStorage<Tail> = crate::task_storage::TaskStorage::new();
 
 /// What every frame of one walk works on, handed to `bpf_loop`'s
 /// callback; it does not change during the walk.
@@ -296,6 +342,49 @@ fn copy_top(chunk: &mut [u64; CHUNK_SLOTS], sp: u64) -> u64 {
 /// it holds them, else read.
 #[inline(always)]
 fn stack_words<const N: usize>(
+    chunk: &[u64; CHUNK_SLOTS],
+    st: &mut State,
+    tail: &mut TailWalk,
+    addr: u64,
+) -> Option<[u64; N]> {
+    let words = chunk_words::<N>(chunk, st, addr)?;
+    if tail.ok != 0 {
+        note_tail(tail, addr, &words);
+    }
+    Some(words)
+}
+
+/// A tail's reads, `words` at `addr`: by index from its stack pointer,
+/// and hashed; past what it may hold, it can no longer be kept.
+#[inline(always)]
+fn note_tail<const N: usize>(tail: &mut TailWalk, addr: u64, words: &[u64; N]) {
+    let off = addr.wrapping_sub(tail.regs[1]);
+    let end = off.wrapping_add(8 * N as u64);
+    if off & 7 != 0 || end > (TAIL_WORDS * 8) as u64 || end < off {
+        tail.ok = 0;
+        return;
+    }
+    for (k, w) in words.iter().enumerate() {
+        match tail.reads.get_mut(tail.nreads as usize) {
+            Some(r) => {
+                *r = (off / 8) as u16 + k as u16;
+                tail.nreads += 1;
+                tail.words = mix(tail.words, *w);
+            }
+            None => {
+                tail.ok = 0;
+                return;
+            }
+        }
+    }
+    if end as u32 > tail.span {
+        tail.span = end as u32;
+    }
+}
+
+/// `N` words of the user stack at `addr`, as [`stack_words`] gives them.
+#[inline(always)]
+fn chunk_words<const N: usize>(
     chunk: &[u64; CHUNK_SLOTS],
     st: &mut State,
     addr: u64,
@@ -610,6 +699,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
         if scratch.walk.depth == 0 {
             scratch.jv.r13 = task_reg(global(&CFI_OFFSETS).r13);
         }
+        scratch.tail.pairs = NO_TAIL;
         return crate::java::step(scratch, tgid);
     }
     // A pc in V8's code: a JavaScript frame if its slots say so, else V8's
@@ -617,6 +707,9 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     if RT & RUNTIME_V8 != 0 {
         let range = crate::v8::range_of(scratch);
         if range < MAX_V8_RANGES as u32 {
+            // V8's own frames, walked as native ones below, are no
+            // tail's: the frame after them starts it.
+            scratch.tail.pairs = HELD_TAIL;
             scratch.v8.max_depth = max_depth();
             if let Some(end) = crate::v8::step(scratch, tgid, range) {
                 return end;
@@ -630,12 +723,35 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
             }
             crate::python::Next::Native { record: r } => record = r,
         }
+        // Python frames still to write: what follows depends on them.
+        if scratch.py.frame != 0 {
+            scratch.tail.pairs = NO_TAIL;
+        }
+    }
+    // The first native frame under a runtime's (not the sampled one,
+    // whose pc is looked up as it is, and whose rules may read registers
+    // the tail is not recalled by) starts a tail, recalled if the thread
+    // kept it.
+    if RT != 0
+        && record
+        && scratch.tail.pairs == NO_TAIL
+        && scratch.walk.pairs != 0
+        && scratch.py.native != 0
+    {
+        start_tail(scratch);
+        if recall_tail(scratch, tgid) {
+            return 1;
+        }
+    }
+    if RT & RUNTIME_V8 != 0 && scratch.tail.pairs == HELD_TAIL {
+        scratch.tail.pairs = NO_TAIL;
     }
     if record && !crate::scratch::push(scratch, scratch.walk.ip) {
         return 1;
     }
     let st = &mut scratch.walk;
     let chunk = &scratch.chunk;
+    let tail = &mut scratch.tail;
     // The sampled frame is the walk's first native one: Python frames
     // may have been written before it.
     scratch.py.native += 1;
@@ -648,6 +764,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
         }
         // Not remembered: the regions found are no part of its version.
         st.unremembered = 1;
+        tail.ok = 0;
         found_region(tgid, st, ip)
     };
     let found = if known {
@@ -661,13 +778,15 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     let Some((bias, r)) = found else {
         // No CFI here: the frame pointer, counted.
         if st.bp == 0 {
+            tail.ended = 1;
             return 1;
         }
         count_error(ERR_FP_FRAMES);
         // Remembered, it would no longer be counted.
         st.unremembered = 1;
+        tail.ok = 0;
         let bp = st.bp;
-        let Some([bp, ret]) = stack_words::<2>(chunk, st, bp) else {
+        let Some([bp, ret]) = stack_words::<2>(chunk, st, tail, bp) else {
             cut_short(st);
             return 1;
         };
@@ -683,6 +802,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
             return 1;
         }
         st.unremembered = 1;
+        tail.ok = 0;
         st.sp = st.sp.wrapping_add(r.cfa_offset as i64 as u64);
         st.ip = task_reg(global(&CFI_OFFSETS).di);
         return i64::from(st.ip == 0);
@@ -695,6 +815,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
             return 1;
         }
         st.unremembered = 1;
+        tail.ok = 0;
         CfiRule { cfa: CFA_RSP, ..r }
     } else {
         r
@@ -706,6 +827,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
             // rbx is not among the registers a remembered walk is
             // recalled by.
             st.unremembered = 1;
+            tail.ok = 0;
             st.bx.wrapping_add(r.cfa_offset as i64 as u64)
         }
         CFA_PLT => {
@@ -718,25 +840,28 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
                     0
                 }
         }
-        CFA_END => return 1,
+        CFA_END => {
+            tail.ended = 1;
+            return 1;
+        }
         _ => return 1,
     };
     // The return address is at CFA - 8; rbp, where saved, is nearly
     // always just below it, and then one read fetches both.
     let ret = if r.rbp_slot == -2 {
-        let Some([bp, ret]) = stack_words::<2>(chunk, st, cfa.wrapping_sub(16)) else {
+        let Some([bp, ret]) = stack_words::<2>(chunk, st, tail, cfa.wrapping_sub(16)) else {
             cut_short(st);
             return 1;
         };
         st.bp = bp;
         ret
     } else {
-        let Some([ret]) = stack_words::<1>(chunk, st, cfa.wrapping_sub(8)) else {
+        let Some([ret]) = stack_words::<1>(chunk, st, tail, cfa.wrapping_sub(8)) else {
             cut_short(st);
             return 1;
         };
         if r.rbp_slot != 0 {
-            match stack_words::<1>(chunk, st, saved_at(cfa, r.rbp_slot)) {
+            match stack_words::<1>(chunk, st, tail, saved_at(cfa, r.rbp_slot)) {
                 Some([v]) => st.bp = v,
                 None => {
                     cut_short(st);
@@ -749,7 +874,7 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     // rbx is followed only as far as a frame needs it: ld.so's
     // trampolines are the only code that finds its frame from it.
     if r.rbx_slot != 0 {
-        match stack_words::<1>(chunk, st, saved_at(cfa, r.rbx_slot)) {
+        match stack_words::<1>(chunk, st, tail, saved_at(cfa, r.rbx_slot)) {
             Some([v]) => st.bx = v,
             None => {
                 cut_short(st);
@@ -764,7 +889,125 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
         // leaf-most frames and is counted.
         count_error(ERR_DEEP);
     }
+    if ret == 0 {
+        tail.ended = 1;
+    }
     i64::from(ret == 0)
+}
+
+/// Starts following a tail at the walk's registers.
+#[inline(always)]
+fn start_tail(s: &mut Scratch) {
+    let t = &mut s.tail;
+    t.pairs = s.walk.pairs;
+    t.ok = 1;
+    t.ended = 0;
+    t.depth = s.walk.depth;
+    t.nreads = 0;
+    t.span = 0;
+    t.words = WORDS_SEED;
+    t.regs = [s.walk.ip, s.walk.sp, s.walk.bp];
+}
+
+/// Writes the thread's kept tail, if it is the one the walk has come to
+/// (`start_tail` just started it): the same process and regions, the
+/// same registers, the same words where it read them (the stack above
+/// `sp` read again in one copy), and room for its frames under
+/// `--max-stack`. Then the walk is done, and no longer its own to
+/// remember or keep.
+#[inline(always)]
+fn recall_tail(s: &mut Scratch, tgid: u32) -> bool {
+    let m = TAILS.get(crate::task_storage::current_task(), false);
+    if m.is_null() {
+        return false;
+    }
+    // SAFETY: the thread's value, which only its own walks write.
+    let m = unsafe { &*m };
+    let st = &s.walk;
+    if !(m.tgid == tgid
+        && m.n != 0
+        && m.version == st.version
+        && m.ip == st.ip
+        && m.sp == st.sp
+        && m.bp == st.bp
+        && crate::scratch::kept(st).saturating_add(m.n) <= max_depth())
+    {
+        return false;
+    }
+    let span = m.span.min((TAIL_WORDS * 8) as u32);
+    if span != 0 {
+        let dst = s.tail_chunk.as_mut_ptr().cast::<core::ffi::c_void>();
+        // SAFETY: `tail_chunk` has room for `TAIL_WORDS` words, and
+        // `span` is at most that; the helper copes with any source.
+        if unsafe { generated::bpf_probe_read_user(dst, span, m.sp as *const _) } != 0 {
+            return false;
+        }
+    }
+    let mut h = WORDS_SEED;
+    for k in 0..TAIL_READS {
+        if k as u32 >= m.nreads {
+            break;
+        }
+        let i = usize::from(m.reads[k]) & (TAIL_WORDS - 1);
+        h = mix(h, s.tail_chunk[i]);
+    }
+    if h != m.words {
+        return false;
+    }
+    for k in 0..TAIL_FRAMES {
+        if k as u32 >= m.n || !crate::scratch::push(s, m.frames[k]) {
+            break;
+        }
+    }
+    s.tail.ok = 0;
+    // Its words are none of the remembered walk's.
+    s.walk.unremembered = 1;
+    count_error(ERR_TAIL_RECALLED);
+    true
+}
+
+/// Keeps the walk's tail for the thread ([`TAILS`]), if the walk ended
+/// in it, at the stack's end, with nothing in it that a recall would not
+/// see again. Called once the stack is stored.
+#[inline(always)]
+pub(crate) fn keep_tail(s: *const Scratch, tgid: u32) {
+    // SAFETY: a map value.
+    let s = unsafe { &*s };
+    let t = &s.tail;
+    if t.ok == 0 || t.ended == 0 || t.pairs == NO_TAIL || t.pairs != s.walk.pairs {
+        return;
+    }
+    let n = s.walk.depth.wrapping_sub(t.depth);
+    if n == 0 || n as usize > TAIL_FRAMES {
+        return;
+    }
+    let m = TAILS.get(crate::task_storage::current_task(), true);
+    if m.is_null() {
+        return;
+    }
+    // SAFETY: the thread's value.
+    let m = unsafe { &mut *m };
+    m.ip = t.regs[0];
+    m.sp = t.regs[1];
+    m.bp = t.regs[2];
+    m.words = t.words;
+    m.tgid = tgid;
+    m.version = s.walk.version;
+    m.nreads = t.nreads;
+    m.span = t.span;
+    m.reads = t.reads;
+    let mut kept = 0;
+    for k in 0..TAIL_FRAMES {
+        if k as u32 >= n {
+            break;
+        }
+        let Some(&f) = s.frames.ips.get(t.depth as usize + k) else {
+            break;
+        };
+        m.frames[k] = f;
+        kept += 1;
+    }
+    m.n = kept;
 }
 
 /// Counts a sample of process `tgid` walked without its runtime's frames
@@ -1231,6 +1474,8 @@ pub(crate) fn walk<const RT: u32>(
     unsafe {
         (*scratch).py.native = 0;
         (*scratch).py.mode = crate::python::NOT_STARTED;
+        (*scratch).tail.pairs = NO_TAIL;
+        (*scratch).tail.ok = 0;
     }
     let mut w = Walk {
         scratch,

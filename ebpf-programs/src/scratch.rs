@@ -121,7 +121,63 @@ pub struct Scratch {
     /// (`crate::v8`).
     #[cfg(feature = "cfi")]
     pub(crate) v8_buf: [u64; rtrace_common::v8::SFI_BYTES / 8],
+    /// The native frames under the walk's last runtime frame, followed
+    /// to be kept for the thread (`cfi::keep_tail`).
+    #[cfg(feature = "cfi")]
+    pub(crate) tail: TailWalk,
+    /// The stack a kept tail read, read again to recall it.
+    #[cfg(feature = "cfi")]
+    pub(crate) tail_chunk: [u64; TAIL_WORDS],
 }
+
+/// The native frames a walk takes under the last Python, Java or
+/// JavaScript frame of a stack (the runtime's entry, the thread's start,
+/// `main`): the same sample after sample while the thread runs in the
+/// runtime, and each a search of its file's CFI. Followed from the first
+/// native frame after a runtime's frame, written field by field as
+/// [`PyWalk`] is, and kept for the thread if the walk ends in it
+/// (`cfi::keep_tail`), to be recalled at the same registers over the same
+/// words (`cfi::recall_tail`).
+#[cfg(feature = "cfi")]
+#[repr(C)]
+pub struct TailWalk {
+    /// `State::pairs` when it started; [`NO_TAIL`] where none is being
+    /// followed (the next native frame after a runtime's starts one).
+    pub(crate) pairs: u32,
+    /// Set while what it read and did can be recalled: cleared by a
+    /// frame the kernel found the mapping of, a frame walked by its frame
+    /// pointer, a rule of rbx or of the sampled frame, a word read too
+    /// far from its start or past [`TAIL_READS`], and a recall.
+    pub(crate) ok: u32,
+    /// Set where the walk ended in it at the stack's end (not cut short,
+    /// and not at `--max-stack`).
+    pub(crate) ended: u32,
+    /// `State::depth` when it started: its first slot.
+    pub(crate) depth: u32,
+    /// Words it read, by index from its stack pointer, in order.
+    pub(crate) nreads: u32,
+    /// The bytes from its stack pointer to the end of the last word read.
+    pub(crate) span: u32,
+    /// The words' hash, in order (`cfi::mix`).
+    pub(crate) words: u64,
+    /// The registers it started from: ip, sp, bp.
+    pub(crate) regs: [u64; 3],
+    /// The words' indexes.
+    pub(crate) reads: [u16; TAIL_READS],
+}
+
+/// `TailWalk::pairs` where no tail is being followed.
+#[cfg(feature = "cfi")]
+pub(crate) const NO_TAIL: u32 = u32::MAX;
+
+/// Stack words a kept tail may have read.
+#[cfg(feature = "cfi")]
+pub(crate) const TAIL_READS: usize = 48;
+
+/// Words of stack a kept tail's reads may span, from its stack pointer
+/// (a power of two).
+#[cfg(feature = "cfi")]
+pub(crate) const TAIL_WORDS: usize = 512;
 
 /// The V8 part of a walk (`crate::v8`), written field by field as
 /// [`PyWalk`] is: what a step needs after a helper call lives here, not

@@ -529,6 +529,7 @@ pub fn after_walk<S: Sink>(events: &S, packed: u64, who: u64) -> u64 {
     if packed & (1 << REMEMBER_BIT) != 0 {
         crate::cfi::remember_current(s, tgid, stack, generation);
     }
+    crate::cfi::keep_tail(s, tgid);
     // Last, where little else is live across the call.
     // SAFETY: a map value.
     crate::python::send_new(&ctx, events, unsafe { &mut *s });

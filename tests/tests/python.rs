@@ -278,6 +278,77 @@ fn python_in_a_shared_libpython_is_walked_and_named() {
     split_under(Python::Embedded, "3.11");
 }
 
+/// A walk keeps, per thread, the native frames under its last Python
+/// frame, and takes them from there while the stack there is unchanged.
+/// The `pytails` fixture enters Python from two C functions, `path_a` and
+/// `path_b`, alike but for the return address the stack holds below
+/// Python's frames: every sample of `spin_a` (run only under `path_a`)
+/// must have `path_a` under it and never `path_b`, and the other way
+/// round, though most walks took that part from the thread's last one
+/// (`-v` counts them); the split is the fixture's own.
+#[test]
+fn native_frames_kept_under_python_are_never_another_paths() {
+    if skip_in_guest() {
+        return;
+    }
+    let bin = rtrace_integration_tests::workload_bin("pytails_nofp");
+    let (mut w, line) = Workload::start_command({
+        let mut c = Command::new(bin);
+        c.arg("3");
+        c
+    });
+    assert!(line.starts_with("ready"), "{line:?}");
+    let pid = w.pid().to_string();
+    let rtrace = Rtrace::start_until(&["profile", "-F", "999", "-p", &pid, "-f", "-v"], READY);
+    let done = w.go();
+    let (code, stdout, stderr) = rtrace.stop(SIGINT);
+    assert!(w.wait().success());
+    assert_eq!(code, 0, "{stderr}");
+    let folded = parse_folded(&stdout);
+    let has = |s: &[String], name: &str| {
+        s.iter()
+            .any(|f| f == name || f.ends_with(&format!(".{name}")))
+    };
+    let (mut a, mut b) = (0, 0);
+    for (stack, &n) in &folded {
+        let (in_a, in_b) = (has(stack, "spin_a"), has(stack, "spin_b"));
+        if in_a || in_b {
+            assert!(
+                has(stack, "main") && has(stack, "path_a") == in_a && has(stack, "path_b") == in_b,
+                "{n} samples of {} under the other path, or not whole:\n{}",
+                if in_a { "spin_a" } else { "spin_b" },
+                stack.join(";")
+            );
+        }
+        a += u64::from(in_a) * n;
+        b += u64::from(in_b) * n;
+    }
+    assert!(
+        a + b >= 1000,
+        "too few samples of spin_a and spin_b ({a}, {b}):\n{}",
+        show(&folded)
+    );
+    let recalled: u64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rtrace: profile: ")?
+                .strip_suffix(" walks that took the native frames under their runtime's from the thread's last walk, the stack there unchanged")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert!(
+        recalled * 2 >= a + b,
+        "{recalled} walks of {} took the kept frames: the test tests nothing\n{stderr}",
+        a + b
+    );
+    let nums: Vec<f64> = done
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_share("spin_a", a, b, nums[0] / (nums[0] + nums[1]));
+}
+
 /// Interpreters no reachable registry has (3.10 and 3.12 are in none of
 /// Debian's releases), given by path in `RTRACE_EXTRA_PYTHONS` (colon-
 /// separated, `VERSION=PATH`, such as `3.12=/opt/py312/bin/python3.12`).
