@@ -242,7 +242,7 @@ fn the_native_walk_alone_then_every_runtimes_walk_on_demand() {
 /// Over the whole system, a Python process running when the run starts
 /// has the walk through Python's frames loaded before the first sample:
 /// its samples have their Python frames, none taken while the verifier
-/// works.
+/// works. Under `--no-python` it is not loaded.
 #[test]
 fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_sample() {
     if rtrace_integration_tests::in_guest() {
@@ -270,6 +270,10 @@ fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_
     let rows = std::env::temp_dir().join(format!("rtrace-running-{pid}.jsonl"));
     let rows_arg = rows.to_str().unwrap();
     let (code, _, stderr) = run(&["profile", "-v", "-F", "199", "--samples", rows_arg, "2"]);
+    // With Python's frames turned off, its walk is not loaded for it:
+    // the verifier's time (and a walk that would only step over its
+    // frames) spent for nothing.
+    let (off_code, _, off_stderr) = run(&["profile", "-v", "--no-python", "-F", "99", "1"]);
     let _ = busy.kill();
     let _ = busy.wait();
     let text = std::fs::read_to_string(&rows).unwrap_or_default();
@@ -286,6 +290,16 @@ fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_
     assert!(
         walks.len() == 1 && ["profile_python", "profile_runtimes"].contains(&walks[0].0.as_str()),
         "{walks:?}\n{stderr}"
+    );
+    assert_eq!(off_code, 0, "{off_stderr}");
+    let off_walks = walks_verified(&off_stderr);
+    assert!(
+        !off_stderr
+            .lines()
+            .any(|l| l.contains("Python") && l.contains(" processes are running: "))
+            && off_walks.len() == 1
+            && !["profile_python", "profile_runtimes"].contains(&off_walks[0].0.as_str()),
+        "--no-python loaded the walk through Python's frames: {off_walks:?}\n{off_stderr}"
     );
     // Its samples, by its pid: each with its Python function.
     let mine: Vec<Vec<String>> = json_lines(&text)

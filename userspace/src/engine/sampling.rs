@@ -791,10 +791,13 @@ impl Sampler {
             // A command that runs a runtime (`-- node app.js`, a script
             // whose `#!` names python3) is in scope before it starts: its
             // walk is loaded now, so its first samples are walked whole.
+            // Neither for a runtime turned off (`--no-javascript`): its
+            // processes are walked as native ones, by the native walk.
+            let walkable = self.stacks.walkable();
             self.command_runtimes = match self.scope.command.first() {
                 Some(argv0) if !self.cfg.preload_runtime_walks => {
                     let path = std::env::var_os("PATH").unwrap_or_default();
-                    crate::stacks::runtimes::of_command(argv0, &path)
+                    crate::stacks::runtimes::of_command(argv0, &path) & walkable
                 }
                 _ => 0,
             };
@@ -805,7 +808,7 @@ impl Sampler {
             // map chooses, are found at their first samples.)
             self.running_runtimes = if self.scope.whole_system() && !self.cfg.preload_runtime_walks
             {
-                crate::stacks::runtimes::of_running()
+                crate::stacks::runtimes::of_running() & walkable
             } else {
                 0
             };

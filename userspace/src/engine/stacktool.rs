@@ -270,6 +270,9 @@ pub struct StackTool {
     /// (`rtrace_common::unwind::Runtimes`): the walk must step through
     /// their frames.
     runtimes: rtrace_common::unwind::Runtimes,
+    /// The runtimes whose frames the run may walk: all but those turned
+    /// off (`--no-python`, `--no-java`, `--no-javascript`).
+    walkable: rtrace_common::unwind::Runtimes,
     /// rtrace's own tables, being compiled beside the programs' load
     /// ([`StackTool::prepare_self`]).
     self_tables: Option<std::thread::JoinHandle<crate::stacks::unwind::Tables>>,
@@ -390,6 +393,14 @@ impl StackTool {
                 )
                 .size(rtrace_common::v8::V8_PROCS, rtrace_common::v8::MAX_V8_PROCS);
         }
+        self.walkable = [
+            (args.no_python, rtrace_common::unwind::RUNTIME_PYTHON),
+            (args.no_java, rtrace_common::unwind::RUNTIME_JAVA),
+            (args.no_javascript, rtrace_common::unwind::RUNTIME_V8),
+        ]
+        .into_iter()
+        .filter(|&(off, _)| !off)
+        .fold(0, |all, (_, bit)| all | bit);
         self.sym
             .java()
             .configure(self.cfi_loaded && !args.no_java, args.lines);
@@ -845,6 +856,12 @@ impl StackTool {
     /// the processes given to the kernel's tables so far.
     pub fn runtimes(&self) -> rtrace_common::unwind::Runtimes {
         self.runtimes
+    }
+
+    /// The runtimes whose frames the run may walk: those not turned off
+    /// by their `--no-*` flag.
+    pub fn walkable(&self) -> rtrace_common::unwind::Runtimes {
+        self.walkable
     }
 
     /// Notes that counting has begun, of kernel stacks too if `kernel`.
