@@ -116,6 +116,13 @@ pub struct JavaProc {
     pub interp_low: u64,
     /// See [`JavaProc::interp_low`].
     pub interp_high: u64,
+    /// Where the JVM counts its collections (`Universe::_collectedHeap`'s
+    /// `CollectedHeap::_total_collections`, an `unsigned int`), 0 where
+    /// unknown. No class is unloaded, and so no `Method*` freed, in a
+    /// collection that did not count itself first, so an interpreted
+    /// frame's check the kernel worked out stands while the count does
+    /// (the kernel keeps such checks per CPU).
+    pub gc_count: u64,
     /// Blob names the kernel learned, by the kind of blob they name (see
     /// [`LEARNED_NMETHOD`] and the others): each a `CodeBlob::_name`
     /// (a `const char*` to a literal in libjvm) that it read once, so

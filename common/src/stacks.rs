@@ -320,8 +320,9 @@ pub const ERR_FP_FRAMES: u32 = 6;
 /// code, the vDSO, hand-written assembly). Stacks cut short are kept with
 /// the frames read: the stack tools warn of them by process, where they
 /// are common (`CUT_USER`), and `-v` counts them all.
-pub const ERR_EXPECTED: [u32; 9] = [
+pub const ERR_EXPECTED: [u32; 10] = [
     ERR_TAIL_RECALLED,
+    ERR_JAVA_CHECK_KEPT,
     ERR_CUT_SHORT,
     ERR_NO_TABLES,
     ERR_EXITING,
@@ -388,9 +389,14 @@ pub const ERR_V8_BAD: u32 = 19;
 /// kept of its last walk, which read the same words there, instead of
 /// walking them again (the CFI walk's).
 pub const ERR_TAIL_RECALLED: u32 = 20;
+/// `ERRORS` slot: no error, a count `-v` gives: interpreted Java frames
+/// whose check the walk took from what its CPU kept of an earlier frame
+/// of the same method, the JVM having collected nothing since, instead of
+/// reading the method's class and its name again.
+pub const ERR_JAVA_CHECK_KEPT: u32 = 21;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 21] = [
+pub const ERR_NAMES: [&str; 22] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -412,6 +418,7 @@ pub const ERR_NAMES: [&str; 21] = [
     "samples of Python, Java or Node processes taken while their runtime's walk was being loaded (native frames only)",
     "JavaScript frames whose function could not be read (native frames from there)",
     "walks that took the native frames under their runtime's from the thread's last walk, the stack there unchanged",
+    "interpreted Java frames checked by what the CPU kept of the method, the JVM having collected nothing since",
 ];
 
 /// The `ERRORS` names of an event tool that walks user stacks with the

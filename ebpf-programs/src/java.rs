@@ -24,7 +24,7 @@ use rtrace_common::{
         JAVA_NEW, JAVA_STUB, JavaProc, LEARNED_NATIVE, LEARNED_NMETHOD, LEARNED_STUB,
         LEARNED_VTABLE, MAX_HEAPS, method_check,
     },
-    stacks::{ERR_JAVA_BAD, SEEN_JAVA},
+    stacks::{ERR_JAVA_BAD, ERR_JAVA_CHECK_KEPT, SEEN_JAVA},
 };
 
 use crate::{
@@ -67,6 +67,7 @@ const INTERP_SPAN: u64 = 0x1000;
 pub(crate) fn start(s: &mut Scratch, tgid: u32, walked: bool) {
     s.jv.on = 0;
     s.jv.nnew = 0;
+    s.jv.epoch = 0;
     // A constant: a walk without Java's part never looks.
     if !walked {
         return;
@@ -341,13 +342,20 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     let code = cm.wrapping_add(u64::from(p.const_method_size));
     let bci = bcp.wrapping_sub(code);
     let bci = if bci < 1 << 16 { bci } else { 0xffff_ffff };
-    // The class's name, for the check: the method's own addresses are
-    // another class's once its class is unloaded.
-    let cp = read_user::<u64>(cm.wrapping_add(u64::from(p.cm_constants)))?;
-    let holder = read_user::<u64>(cp.wrapping_add(u64::from(p.cp_holder)))?;
-    let name = read_user::<u64>(holder.wrapping_add(u64::from(p.klass_name)))?;
-    let hash = read_user::<u16>(name.wrapping_add(u64::from(p.sym_hash)))?;
-    let check = method_check(cm, name, hash);
+    let check = match checked(s, tgid, method, cm) {
+        Some(check) => check,
+        None => {
+            // The class's name, for the check: the method's own addresses
+            // are another class's once its class is unloaded.
+            let cp = read_user::<u64>(cm.wrapping_add(u64::from(p.cm_constants)))?;
+            let holder = read_user::<u64>(cp.wrapping_add(u64::from(p.cp_holder)))?;
+            let name = read_user::<u64>(holder.wrapping_add(u64::from(p.klass_name)))?;
+            let hash = read_user::<u16>(name.wrapping_add(u64::from(p.sym_hash)))?;
+            let check = method_check(cm, name, hash);
+            keep_check(s, tgid, method, cm, check);
+            check
+        }
+    };
     if !write(
         s,
         tgid,
@@ -362,6 +370,108 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     let sender = slot(&s.jv_buf, p.interp_sender_sp);
     let (bp, ret) = (slot(&s.jv_buf, 0), slot(&s.jv_buf, 8));
     to_caller(s, ret, sender, bp)
+}
+
+/// An interpreted frame's check ([`method_check`]) as the kernel worked
+/// it out at an earlier frame of the same `Method*` and `ConstMethod*`,
+/// while the JVM's count of collections stood where it stands: four reads
+/// of the JVM's metadata, one after another and seldom in the CPU's
+/// caches, saved at every interpreted frame but a method's first. One
+/// slot a `Method*` (by a hash of it and the process), no chain: a slot
+/// another method took is read again.
+///
+/// Sound because the check's other parts (the class and its name) change
+/// under a `Method*` and `ConstMethod*` only where the class is unloaded
+/// and another loaded into its memory, and a class is unloaded only by a
+/// collection that counted itself (`CollectedHeap::_total_collections`)
+/// at or before the start of its marking: a method running when its slot
+/// was written kept its class alive through any collection already
+/// started then. (A redefinition keeps the class, and its name.)
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub(crate) struct JavaCheck {
+    /// The frame's `Method*`.
+    method: u64,
+    /// Its `ConstMethod*` then.
+    const_method: u64,
+    /// The process, and its salt (`JavaProc::salt`).
+    tgid: u32,
+    /// See [`JavaCheck::tgid`].
+    salt: u32,
+    /// The JVM's count of collections before the check was worked out.
+    epoch: u32,
+    /// The check.
+    check: u32,
+}
+
+/// Slots of [`JAVA_CHECKS`], a power of two.
+const CHECK_SLOTS: u32 = 1024;
+
+/// Each CPU's interpreted frames' checks ([`JavaCheck`]).
+#[map]
+static JAVA_CHECKS: PerCpuArray<JavaCheck> = PerCpuArray::with_max_entries(CHECK_SLOTS, 0);
+
+/// The slot of [`JAVA_CHECKS`] for `method` of process `tgid`.
+#[inline(always)]
+fn check_slot(method: u64, tgid: u32) -> u32 {
+    (((method >> 3) ^ (u64::from(tgid) << 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as u32
+        & (CHECK_SLOTS - 1)
+}
+
+/// The JVM's count of collections, read once a walk, at its first
+/// interpreted frame; `None` where the JVM's is unknown or unreadable.
+#[inline(always)]
+fn epoch(s: &mut Scratch) -> Option<u32> {
+    if s.jv.epoch == 0 {
+        let at = s.jv.proc.gc_count;
+        s.jv.epoch = match if at == 0 { None } else { read_user::<u32>(at) } {
+            Some(n) => 1 << 32 | u64::from(n),
+            None => u64::MAX,
+        };
+    }
+    (s.jv.epoch >> 32 == 1).then_some(s.jv.epoch as u32)
+}
+
+/// The check kept for interpreted frame `method` (with `const_method`) of
+/// process `tgid`, if it still stands ([`JavaCheck`]).
+#[inline(always)]
+fn checked(s: &mut Scratch, tgid: u32, method: u64, const_method: u64) -> Option<u32> {
+    let epoch = epoch(s)?;
+    let c = JAVA_CHECKS.get_ptr(check_slot(method, tgid))?;
+    // SAFETY: this CPU's slot; a walk does not nest in another on one CPU.
+    let c = unsafe { &*c };
+    (c.method == method
+        && c.const_method == const_method
+        && c.tgid == tgid
+        && c.salt == s.jv.proc.salt
+        && c.epoch == epoch)
+        .then(|| {
+            count_error(ERR_JAVA_CHECK_KEPT);
+            c.check
+        })
+}
+
+/// Keeps `check`, just worked out for interpreted frame `method` (with
+/// `const_method`) of process `tgid`, under the count of collections read
+/// before it ([`JavaCheck`]).
+#[inline(always)]
+fn keep_check(s: &Scratch, tgid: u32, method: u64, const_method: u64, check: u32) {
+    if s.jv.epoch >> 32 != 1 {
+        return;
+    }
+    if let Some(c) = JAVA_CHECKS.get_ptr_mut(check_slot(method, tgid)) {
+        // SAFETY: as in `checked`.
+        unsafe {
+            *c = JavaCheck {
+                method,
+                const_method,
+                tgid,
+                salt: s.jv.proc.salt,
+                epoch: s.jv.epoch as u32,
+                check,
+            }
+        };
+    }
 }
 
 /// Where the code of the blob read into `s.jv_buf` starts.

@@ -223,6 +223,10 @@ pub struct JavaWalk {
     /// The sampled frame's r13 (an interpreted frame's bytecode
     /// pointer), set by the walk for a Java step of its first frame.
     pub(crate) r13: u64,
+    /// The JVM's count of collections (`JavaProc::gc_count`), read at
+    /// the walk's first interpreted frame: 0 before, `1 << 32` with the
+    /// count in the low half once read, `u64::MAX` where it cannot be.
+    pub(crate) epoch: u64,
     /// The process's JVM, copied from `JAVA_PROCS`.
     pub(crate) proc: rtrace_common::java::JavaProc,
 }

@@ -218,6 +218,11 @@ struct Layout {
     /// `_buffer_limit` and `_queue_end`: the interpreter's code
     /// ([`interpreter`]), where the tables have all four.
     interp: Option<(u64, u64, u64, u64)>,
+    /// `Universe::_collectedHeap` (static) and
+    /// `CollectedHeap::_total_collections`: where the kernel reads the
+    /// JVM's count of collections ([`gc_count`]), where the tables have
+    /// both.
+    gc_count: Option<(u64, u64)>,
     sym_length: u64,
     sym_body: u64,
     /// The kernel's record, without the process's heaps and salt.
@@ -428,6 +433,9 @@ impl Layout {
                     t.off(q, "_queue_end")?,
                 ))
             })(),
+            gc_count: t
+                .stat("Universe", "_collectedHeap")
+                .zip(t.off(&["CollectedHeap"], "_total_collections")),
             sym_length,
             sym_body,
             record,
@@ -950,6 +958,7 @@ impl Java {
             None if knows => return Ok(Look::Starting),
             None => {}
         }
+        record.gc_count = gc_count(&mem, &layout, bias).unwrap_or(0);
         record.salt = who.salt();
         Ok(Look::Jvm(Box::new(Jvm {
             layout,
@@ -1161,6 +1170,14 @@ fn interpreter(mem: &Mem, l: &Layout, bias: u64) -> Option<(u64, u64)> {
     }
     let len = u64::try_from(len).ok()?;
     (low != 0 && len > 0).then_some((low, low + len))
+}
+
+/// Where the JVM counts its collections (`JavaProc::gc_count`): its
+/// heap, made before the interpreter, is there for the JVM's life.
+fn gc_count(mem: &Mem, l: &Layout, bias: u64) -> Option<u64> {
+    let (heap, count) = l.gc_count?;
+    let heap = mem.u64(heap + bias).filter(|&h| h != 0)?;
+    Some(heap + count)
 }
 
 /// `Method*` `method`'s [`method_check`], as it is now: what the kernel
@@ -1742,6 +1759,24 @@ mod tests {
         assert_eq!(
             names(&java.frames(who, JAVA_STUB | first, 0)),
             ["[Interpreter]"]
+        );
+
+        // The count of collections the kernel reads (its checks of
+        // interpreted frames stand while it does): one more after each
+        // collection, here one the test asks for.
+        assert!(r.gc_count != 0, "{r:?}");
+        let collections = || mem.i32(r.gc_count).expect("the count of collections") as u32;
+        let before = collections();
+        let out = jdk
+            .command("jcmd")
+            .args([pid.to_string().as_str(), "GC.run"])
+            .output()
+            .expect("jcmd runs");
+        assert!(out.status.success(), "jcmd GC.run: {out:?}");
+        assert!(
+            collections() > before,
+            "JDK {major}: the count at {:#x} stayed at {before} over a collection",
+            r.gc_count
         );
 
         // Until C2 has compiled work and main.
