@@ -533,6 +533,19 @@ pub fn skipped_runs(stderr: &str, programs: impl Fn(&str) -> bool) -> u64 {
         .sum()
 }
 
+/// A count `-v` gave at exit (`rtrace: TOOL: N WHAT`, one of the
+/// `ERRORS` slots' names), `None` where the run gave none.
+pub fn verbose_count(stderr: &str, tool: &str, what: &str) -> Option<u64> {
+    let prefix = format!("rtrace: {tool}: ");
+    let suffix = format!(" {what}");
+    stderr.lines().find_map(|l| {
+        l.strip_prefix(prefix.as_str())?
+            .strip_suffix(suffix.as_str())?
+            .parse()
+            .ok()
+    })
+}
+
 /// Asserts that `rtrace ARGS` fails with one line on stderr containing
 /// `want`.
 pub fn assert_one_line_error(args: &[&str], want: &str) {

@@ -22,6 +22,7 @@ use std::{
 use rtrace_integration_tests::{
     Rtrace, SIGINT, Workload, assert_share, in_guest, parse_folded,
     profile::{READY, perf_script_folded},
+    verbose_count,
 };
 
 type Folded = BTreeMap<Vec<String>, u64>;
@@ -962,15 +963,12 @@ fn classes_unloaded_and_loaded_again_at_the_same_addresses_are_named_as_sampled(
         if !jvm.is_empty() {
             // Most of the classes' frames are checked by what the kernel
             // kept: else this tests nothing of it.
-            let kept: u64 = stderr
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("rtrace: profile: ")?
-                        .strip_suffix(" interpreted Java frames checked by what the CPU kept of the method, the JVM having collected nothing since")?
-                        .parse()
-                        .ok()
-                })
-                .unwrap_or(0);
+            let kept = verbose_count(
+                &stderr,
+                "profile",
+                "interpreted Java frames checked by what the CPU kept of the method, the JVM having collected nothing since",
+            )
+            .unwrap_or(0);
             assert!(
                 kept >= all,
                 "{what}: {kept} interpreted frames checked by what was kept, of {all} \

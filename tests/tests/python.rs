@@ -15,7 +15,7 @@ use std::{
 use rtrace_integration_tests::{
     Rtrace, SIGINT, Workload, assert_share, in_guest, parse_folded,
     profile::{READY, count_with},
-    run,
+    run, verbose_count,
 };
 
 /// Debian bookworm's interpreter: statically linked with libpython, no
@@ -328,15 +328,12 @@ fn native_frames_kept_under_python_are_never_another_paths() {
         "too few samples of spin_a and spin_b ({a}, {b}):\n{}",
         show(&folded)
     );
-    let recalled: u64 = stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("rtrace: profile: ")?
-                .strip_suffix(" walks that took the native frames under their runtime's from the thread's last walk, the stack there unchanged")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0);
+    let recalled = verbose_count(
+        &stderr,
+        "profile",
+        "walks that took the native frames under their runtime's from the thread's last walk, the stack there unchanged",
+    )
+    .unwrap_or(0);
     assert!(
         recalled * 2 >= a + b,
         "{recalled} walks of {} took the kept frames: the test tests nothing\n{stderr}",

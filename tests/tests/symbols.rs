@@ -18,7 +18,7 @@ use rtrace_integration_tests::{
         READY, count_under, count_with, hot_reaching_main, marked_lines, perf_script_folded,
         profile_execkids, run_fixture, start_fixture, svg_frames, temp, too_slow_here,
     },
-    run, unprivileged_copy, warnings, workload_bin,
+    run, unprivileged_copy, verbose_count, warnings, workload_bin,
 };
 
 /// As `nobody` with only CAP_BPF and CAP_PERFMON, rtrace can neither open
@@ -231,15 +231,12 @@ fn jit_symbol_resolves_in_a_live_process() {
                 .any(|(_, w)| w.contains("frame pointer")),
             "an expected fallback warned:\n{stderr}"
         );
-        let fp: u64 = stderr
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("rtrace: profile: ")?
-                    .strip_suffix(" user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)")?
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("frame-pointer fallback not reported:\n{stderr}"));
+        let fp = verbose_count(
+            &stderr,
+            "profile",
+            "user frames walked by frame pointer, where no CFI covers the code (JIT, assembly)",
+        )
+        .unwrap_or_else(|| panic!("frame-pointer fallback not reported:\n{stderr}"));
         assert!(
             fp >= hits,
             "{fp} frame-pointer frames for {hits} JIT samples:\n{stderr}"
