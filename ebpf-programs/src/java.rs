@@ -342,7 +342,8 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     let code = cm.wrapping_add(u64::from(p.const_method_size));
     let bci = bcp.wrapping_sub(code);
     let bci = if bci < 1 << 16 { bci } else { 0xffff_ffff };
-    let check = match checked(s, tgid, method, cm) {
+    let at = check_slot(method, tgid);
+    let check = match checked(s, at, tgid, method, cm) {
         Some(check) => check,
         None => {
             // The class's name, for the check: the method's own addresses
@@ -352,7 +353,7 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
             let name = read_user::<u64>(holder.wrapping_add(u64::from(p.klass_name)))?;
             let hash = read_user::<u16>(name.wrapping_add(u64::from(p.sym_hash)))?;
             let check = method_check(cm, name, hash);
-            keep_check(s, tgid, method, cm, check);
+            keep_check(s, at, tgid, method, cm, check);
             check
         }
     };
@@ -432,12 +433,13 @@ fn epoch(s: &mut Scratch) -> Option<u32> {
     (s.jv.epoch >> 32 == 1).then_some(s.jv.epoch as u32)
 }
 
-/// The check kept for interpreted frame `method` (with `const_method`) of
-/// process `tgid`, if it still stands ([`JavaCheck`]).
+/// The check kept in `slot` ([`check_slot`]) for interpreted frame
+/// `method` (with `const_method`) of process `tgid`, if it still stands
+/// ([`JavaCheck`]).
 #[inline(always)]
-fn checked(s: &mut Scratch, tgid: u32, method: u64, const_method: u64) -> Option<u32> {
+fn checked(s: &mut Scratch, slot: u32, tgid: u32, method: u64, const_method: u64) -> Option<u32> {
     let epoch = epoch(s)?;
-    let c = JAVA_CHECKS.get_ptr(check_slot(method, tgid))?;
+    let c = JAVA_CHECKS.get_ptr(slot)?;
     // SAFETY: this CPU's slot; a walk does not nest in another on one CPU.
     let c = unsafe { &*c };
     (c.method == method
@@ -452,14 +454,14 @@ fn checked(s: &mut Scratch, tgid: u32, method: u64, const_method: u64) -> Option
 }
 
 /// Keeps `check`, just worked out for interpreted frame `method` (with
-/// `const_method`) of process `tgid`, under the count of collections read
-/// before it ([`JavaCheck`]).
+/// `const_method`) of process `tgid`, in `slot` under the count of
+/// collections read before it ([`JavaCheck`]).
 #[inline(always)]
-fn keep_check(s: &Scratch, tgid: u32, method: u64, const_method: u64, check: u32) {
+fn keep_check(s: &Scratch, slot: u32, tgid: u32, method: u64, const_method: u64, check: u32) {
     if s.jv.epoch >> 32 != 1 {
         return;
     }
-    if let Some(c) = JAVA_CHECKS.get_ptr_mut(check_slot(method, tgid)) {
+    if let Some(c) = JAVA_CHECKS.get_ptr_mut(slot) {
         // SAFETY: as in `checked`.
         unsafe {
             *c = JavaCheck {
