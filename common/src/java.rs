@@ -123,6 +123,15 @@ pub struct JavaProc {
     /// frame's check the kernel worked out stands while the count does
     /// (the kernel keeps such checks per CPU).
     pub gc_count: u64,
+    /// Where the call stub's call into Java returns
+    /// (`StubRoutines::_call_stub_return_address`), and the stub's blob
+    /// (`StubRoutines (1)`, made at the JVM's start and never freed); 0
+    /// and 0 where unknown. Every Java stack's outermost Java frame
+    /// returns there, so the kernel steps the stub's frame, by its frame
+    /// pointer, with no lookup of its blob nor read of it.
+    pub call_stub_ret: u64,
+    /// See [`JavaProc::call_stub_ret`].
+    pub call_stub_blob: u64,
     /// Blob names the kernel learned, by the kind of blob they name (see
     /// [`LEARNED_NMETHOD`] and the others): each a `CodeBlob::_name`
     /// (a `const char*` to a literal in libjvm) that it read once, so

@@ -934,7 +934,12 @@ fn recall_tail(s: &mut Scratch, tgid: u32) -> bool {
         return false;
     }
     let span = m.span.min((TAIL_WORDS * 8) as u32);
-    if span != 0 {
+    // The words are in the copy of the stack's top the walk took where
+    // that holds them all (a runtime's frames above them took little of
+    // it): hashed from there, with no read of the stack again.
+    let off = m.sp.wrapping_sub(st.chunk_base);
+    let in_chunk = off & 7 == 0 && off.saturating_add(u64::from(span)) <= st.chunk_len;
+    if span != 0 && !in_chunk {
         let dst = s.tail_chunk.as_mut_ptr().cast::<core::ffi::c_void>();
         // SAFETY: `tail_chunk` has room for `TAIL_WORDS` words, and
         // `span` is at most that; the helper copes with any source.
@@ -942,13 +947,20 @@ fn recall_tail(s: &mut Scratch, tgid: u32) -> bool {
             return false;
         }
     }
+    let first = (off / 8) as usize;
     let mut h = WORDS_SEED;
     for k in 0..TAIL_READS {
         if k as u32 >= m.nreads {
             break;
         }
-        let i = usize::from(m.reads[k]) & (TAIL_WORDS - 1);
-        h = mix(h, s.tail_chunk[i]);
+        let i = usize::from(m.reads[k]);
+        let w = if in_chunk {
+            // Below `chunk_len` (checked above), masked for the verifier.
+            s.chunk[first.wrapping_add(i) & (CHUNK_WORDS - 1)]
+        } else {
+            s.tail_chunk[i & (TAIL_WORDS - 1)]
+        };
+        h = mix(h, w);
     }
     if h != m.words {
         return false;

@@ -29,7 +29,9 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_user,
-    runtime::{TOLD_SLOTS, half, newly_told, quarter, read_into, word},
+    runtime::{
+        TOLD_SLOTS, byte, half, newly_told, quarter, read_into, stack_into, stack_words, word,
+    },
     scratch::{Scratch, kept, push2},
 };
 
@@ -49,11 +51,19 @@ static JAVA_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0
 /// few; OTel's walk takes at most 12).
 const SEGMAP_HOPS: usize = 16;
 
+/// Bytes of a segment map read at once ([`find_blob`]): one more than
+/// the longest hop, and within the blob's buffer, which the blob's read
+/// then overwrites.
+const SEGMAP_WINDOW: u64 = 256;
+const _: () = assert!(SEGMAP_WINDOW as usize <= BLOB_BYTES);
+
 /// The first four bytes of a blob's name, as a little-endian `u32`.
 const NAME_NMETHOD: u32 = u32::from_le_bytes(*b"nmet");
 const NAME_NATIVE: u32 = u32::from_le_bytes(*b"nati");
 const NAME_INTERPRETER: u32 = u32::from_le_bytes(*b"Inte");
 const NAME_VTABLE: u32 = u32::from_le_bytes(*b"vtab");
+/// The call stub, known by its return address (no name's bytes).
+const KIND_CALL_STUB: u32 = u32::MAX;
 
 /// Largest distance from an interpreted frame's sp to its frame pointer
 /// taken as plausible (OTel's and async-profiler's bound): past it, the
@@ -118,6 +128,11 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32) -> i64 {
     // known by its range: no lookup of its blob, nor a read of it.
     let kind = if s.walk.ip >= p.interp_low && s.walk.ip < p.interp_high {
         NAME_INTERPRETER
+    } else if s.walk.ip == p.call_stub_ret && p.call_stub_blob != 0 {
+        // Every stack's outermost Java frame returns here: the stub's
+        // blob is known, and lives as long as the JVM.
+        s.jv.blob = p.call_stub_blob;
+        KIND_CALL_STUB
     } else {
         if !find_blob(s) || !read_into(&mut s.jv_buf, s.jv.blob, usize::from(p.blob_read)) {
             count_error(ERR_JAVA_BAD);
@@ -138,6 +153,7 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32) -> i64 {
     let done = match kind {
         NAME_INTERPRETER => interpreted(s, tgid),
         NAME_NMETHOD | NAME_NATIVE => compiled(s, tgid, kind == NAME_NATIVE),
+        KIND_CALL_STUB => call_stub(s, tgid),
         _ => stub(s, tgid, kind == NAME_VTABLE),
     };
     match done {
@@ -215,10 +231,20 @@ fn find_blob(s: &mut Scratch) -> bool {
         return false;
     };
     let mut seg = (ip - low) >> log2;
+    // The map's bytes up to `seg`, from `from`, read in one copy: a hop
+    // goes back at most 0xfe, so a block's start within 255 segments of
+    // the pc (16 KiB of code at HotSpot's 64-byte segments: most blobs
+    // whole) is found with one read, not one a hop.
+    let mut from = u64::MAX;
     for _ in 0..SEGMAP_HOPS {
-        let Some(b) = read_user::<u8>(segmap.wrapping_add(seg)) else {
-            return false;
-        };
+        if seg < from {
+            from = seg.saturating_sub(SEGMAP_WINDOW - 1);
+            let len = (seg - from + 1) as usize;
+            if !read_into(&mut s.jv_buf, segmap.wrapping_add(from), len) {
+                return false;
+            }
+        }
+        let b = byte(&s.jv_buf, (seg - from) as u16);
         if b == 0 {
             s.jv.blob = low
                 .wrapping_add(seg << log2)
@@ -321,10 +347,11 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     // bytes it copies. Into the blob's buffer (no blob is read for an
     // interpreted frame), indexed by each slot's offset, which `word`
     // masks so that the verifier bounds it.
-    if !read_into(
+    if !stack_into::<{ (INTERP_WINDOW + 16) / 8 }, _>(
         &mut s.jv_buf,
+        &s.chunk,
+        (s.walk.chunk_base, s.walk.chunk_len),
         fp.wrapping_sub(INTERP_WINDOW as u64),
-        INTERP_WINDOW + 16,
     ) {
         return None;
     }
@@ -510,7 +537,8 @@ fn compiled(s: &mut Scratch, tgid: u32, native: bool) -> Option<i64> {
                 .walk
                 .sp
                 .wrapping_add((half(&s.jv_buf, p.nm_orig_pc) as i32) as i64 as u64);
-            pc = read_user::<u64>(at)?;
+            let [real] = stack::<1>(s, at)?;
+            pc = real;
         }
     }
     let off = pc.wrapping_sub(begin) & 0xffff_ffff;
@@ -535,12 +563,20 @@ fn compiled(s: &mut Scratch, tgid: u32, native: bool) -> Option<i64> {
     by_frame_size(s, frame)
 }
 
+/// `W` words of the stack at `addr` (`runtime::stack_words`): a Java
+/// frame's slots are read from the copy of the stack's top where it
+/// holds them.
+#[inline(always)]
+fn stack<const W: usize>(s: &Scratch, addr: u64) -> Option<[u64; W]> {
+    stack_words::<W>(&s.chunk, (s.walk.chunk_base, s.walk.chunk_len), addr)
+}
+
 /// A frame of known size: the caller's sp is past it, its return address
 /// and saved rbp just below.
 #[inline(always)]
 fn by_frame_size(s: &mut Scratch, words: u64) -> Option<i64> {
     let csp = s.walk.sp.wrapping_add(words.wrapping_mul(8));
-    let [bp, ret] = read_user::<[u64; 2]>(csp.wrapping_sub(16))?;
+    let [bp, ret] = stack::<2>(s, csp.wrapping_sub(16))?;
     to_caller(s, ret, csp, bp)
 }
 
@@ -551,7 +587,7 @@ fn by_frame_pointer(s: &mut Scratch) -> Option<i64> {
     if fp & 7 != 0 || fp < s.walk.sp {
         return None;
     }
-    let [bp, ret] = read_user::<[u64; 2]>(fp)?;
+    let [bp, ret] = stack::<2>(s, fp)?;
     to_caller(s, ret, fp.wrapping_add(16), bp)
 }
 
@@ -559,7 +595,7 @@ fn by_frame_pointer(s: &mut Scratch) -> Option<i64> {
 #[inline(always)]
 fn by_return_address(s: &mut Scratch) -> Option<i64> {
     let sp = s.walk.sp;
-    let ret = read_user::<u64>(sp)?;
+    let [ret] = stack::<1>(s, sp)?;
     let bp = s.walk.bp;
     to_caller(s, ret, sp.wrapping_add(8), bp)
 }
@@ -568,7 +604,7 @@ fn by_return_address(s: &mut Scratch) -> Option<i64> {
 #[inline(always)]
 fn by_pushed_rbp(s: &mut Scratch) -> Option<i64> {
     let sp = s.walk.sp;
-    let [bp, ret] = read_user::<[u64; 2]>(sp)?;
+    let [bp, ret] = stack::<2>(s, sp)?;
     to_caller(s, ret, sp.wrapping_add(16), bp)
 }
 
@@ -599,7 +635,7 @@ fn compiled_top(s: &mut Scratch, begin: u64, complete: u64, words: u64) -> Optio
         if mov_rbp {
             // The caller's rbp is still in the register.
             let csp = s.walk.sp.wrapping_add(words.wrapping_mul(8));
-            let ret = read_user::<u64>(csp.wrapping_sub(8))?;
+            let [ret] = stack::<1>(s, csp.wrapping_sub(8))?;
             let bp = s.walk.bp;
             return to_caller(s, ret, csp, bp);
         }
@@ -643,6 +679,19 @@ fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
     let words = u64::from(half(&s.jv_buf, p.blob_frame_size));
     if words != 0 && words < 1 << 16 {
         return by_frame_size(s, words);
+    }
+    by_frame_pointer(s)
+}
+
+/// The call stub at its return address ([`JavaProc::call_stub_ret`]):
+/// written as [`stub`] writes it, and stepped as `stub` steps a blob of
+/// no frame size (the stub's `BufferBlob`), by its frame pointer.
+#[inline(always)]
+fn call_stub(s: &mut Scratch, tgid: u32) -> Option<i64> {
+    let blob = s.jv.blob;
+    let off = s.walk.ip.wrapping_sub(blob) & 0xffff_ffff;
+    if !write(s, tgid, JAVA_STUB, blob, off) {
+        return Some(1);
     }
     by_frame_pointer(s)
 }

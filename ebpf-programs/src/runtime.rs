@@ -5,6 +5,8 @@
 
 use aya_ebpf::{helpers::generated, maps::PerCpuArray};
 
+use crate::scratch::{CHUNK_SLOTS, CHUNK_WORDS};
+
 /// Reads `len` bytes (at most the buffer's) of the current task's user
 /// memory at `addr` into `buf`.
 #[inline(always)]
@@ -26,6 +28,56 @@ pub(crate) fn read_into<const N: usize>(buf: &mut [u64; N], addr: u64, len: usiz
 #[inline(always)]
 pub(crate) fn word<const N: usize>(buf: &[u64; N], off: u16) -> u64 {
     buf.get(usize::from(off / 8) % N).copied().unwrap_or(0)
+}
+
+/// Copies `W` words of the current task's user stack at `addr` into the
+/// start of `buf`: from the copy of the stack's top the walk took at its
+/// start (`Scratch::chunk`, `len` bytes from user address `base`) where
+/// that holds them, else read. The task is stopped in its sample or its
+/// switch, so the copy is its stack now; a copy between map values costs
+/// a fraction of a read of user memory, which the frames near the top,
+/// a runtime's most of all, would each take.
+#[inline(always)]
+pub(crate) fn stack_into<const W: usize, const N: usize>(
+    buf: &mut [u64; N],
+    chunk: &[u64; CHUNK_SLOTS],
+    (base, len): (u64, u64),
+    addr: u64,
+) -> bool {
+    let off = addr.wrapping_sub(base);
+    if off & 7 == 0 && off.saturating_add(8 * W as u64) <= len {
+        // Masked, so that the verifier sees the bound (`off` was checked
+        // against the length already).
+        let i = (off / 8) as usize & (CHUNK_WORDS - 1);
+        for k in 0..W {
+            match (chunk.get(i + k), buf.get_mut(k)) {
+                (Some(c), Some(b)) => *b = *c,
+                _ => return false,
+            }
+        }
+        return true;
+    }
+    read_into(buf, addr, W * 8)
+}
+
+/// `W` words of the current task's user stack at `addr`, as
+/// [`stack_into`] gives them.
+#[inline(always)]
+pub(crate) fn stack_words<const W: usize>(
+    chunk: &[u64; CHUNK_SLOTS],
+    (base, len): (u64, u64),
+    addr: u64,
+) -> Option<[u64; W]> {
+    let off = addr.wrapping_sub(base);
+    if off & 7 == 0 && off.saturating_add(8 * W as u64) <= len {
+        let i = (off / 8) as usize & (CHUNK_WORDS - 1);
+        let mut out = [0u64; W];
+        for (k, w) in out.iter_mut().enumerate() {
+            *w = *chunk.get(i + k)?;
+        }
+        return Some(out);
+    }
+    crate::read_user::<[u64; W]>(addr)
 }
 
 /// The `u32` at byte `off` (a multiple of 4) of `buf`.

@@ -27,7 +27,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_user,
-    runtime::{TOLD_SLOTS, newly_told, read_into, word},
+    runtime::{TOLD_SLOTS, newly_told, read_into, stack_into, word},
     scratch::{Scratch, kept, push2},
 };
 
@@ -120,7 +120,12 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
     if fp & 7 != 0 || fp < s.walk.sp || fp < BELOW {
         return None;
     }
-    if !read_into(&mut s.v8_buf, fp - BELOW, (BELOW + 16) as usize) {
+    if !stack_into::<{ (BELOW as usize + 16) / 8 }, _>(
+        &mut s.v8_buf,
+        &s.chunk,
+        (s.walk.chunk_base, s.walk.chunk_len),
+        fp - BELOW,
+    ) {
         return None;
     }
     let p: *const V8Proc = &raw const s.v8.proc;

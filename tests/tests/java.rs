@@ -198,6 +198,17 @@ fn assert_most(whole: u64, all: u64, what: &str, folded: &Folded) {
     );
 }
 
+/// The fixture in `mode` (one that counts its rounds) under `jvm` flags,
+/// profiled at 999 Hz: its folded stacks, once it ran rounds.
+fn profile_rounds(jvm: &[&str], mode: &str) -> Folded {
+    let (folded, _, done) = trace_fixture(jvm, mode, &["profile", "-F", "999", "-f"], READY);
+    assert!(
+        done.parse::<u64>().is_ok_and(|r| r > 0),
+        "the fixture ran no rounds: {done:?}"
+    );
+    folded
+}
+
 /// Of the samples (or time) whose stack has frame `leaf`, how much has,
 /// root first, every frame of `chain` in order below it.
 fn under_chain(folded: &Folded, leaf: &str, chain: &[&str]) -> (u64, u64) {
@@ -268,6 +279,7 @@ fn whole(s: &[String], leaf: &str) -> bool {
         .collect();
     let root = s.iter().position(|&f| f == "start_thread");
     let launcher = s.iter().position(|&f| f == "JavaMain");
+    let stub = s.iter().position(|&f| f.starts_with("[StubRoutines"));
     let first = s.iter().position(|&f| f == "Hot.main");
     let ends_right = match java.get(4) {
         None => true,
@@ -275,7 +287,8 @@ fn whole(s: &[String], leaf: &str) -> bool {
     };
     root.is_some()
         && launcher > root
-        && first > launcher
+        && stub > launcher
+        && first > stub
         && java.len() >= 4
         && java[..4] == ["Hot.main", "Hot.mid", "Hot.pick", leaf]
         && ends_right
@@ -421,11 +434,7 @@ fn a_jni_chain_goes_from_java_to_c_and_back_into_java() {
     if skip_in_guest() {
         return;
     }
-    let (folded, _, done) = trace_fixture(&[], "jni", &["profile", "-F", "999", "-f"], READY);
-    assert!(
-        done.parse::<u64>().is_ok_and(|r| r > 0),
-        "the fixture ran no rounds: {done:?}"
-    );
+    let folded = profile_rounds(&[], "jni");
     // The C loop, called by the native method, called by Java.
     let java_then_c = [
         "start_thread",
@@ -454,6 +463,45 @@ fn a_jni_chain_goes_from_java_to_c_and_back_into_java() {
         whole,
         all,
         "samples in Hot.back are under C's call",
+        &folded,
+    );
+}
+
+/// A stub far into its blob: JDK 17's MD5 stub, where the fixture's
+/// digest spends its time, lies some 16 KiB into `StubRoutines (2)`;
+/// with the JVM's segments at 32 bytes that is more than 500 of them
+/// from the blob's start, past the 256 bytes of the segment map the
+/// kernel reads at once (`find_blob`), so the lookup of its blob reads
+/// the map again where a hop leaves what it read. The samples in the
+/// stub are each under the whole chain of the fixture's methods.
+#[test]
+fn a_stub_far_into_its_blob_is_found_and_walked_past() {
+    if skip_in_guest() {
+        return;
+    }
+    let jvm = [
+        "-XX:+UnlockExperimentalVMOptions",
+        "-XX:CodeCacheSegmentSize=32",
+    ];
+    let folded = profile_rounds(&jvm, "digest");
+    let chain = [
+        "start_thread",
+        "JavaMain",
+        "[StubRoutines (1)]",
+        "Hot.main",
+        "Hot.digestMode",
+        "Hot.digestRound",
+    ];
+    let (whole, all) = under_chain(&folded, "[StubRoutines (2)]", &chain);
+    assert!(
+        all >= 500,
+        "{all} samples in the MD5 stub:\n{}",
+        show(&folded)
+    );
+    assert_most(
+        whole,
+        all,
+        "samples in the MD5 stub are under the fixture's chain",
         &folded,
     );
 }

@@ -61,7 +61,6 @@ pub struct JavaFrame {
 /// The name of a frame whose code was freed or reused since the walk.
 const GONE: &str = "[java: gone]";
 
-#[cfg(test)]
 /// Hops of the segment map a lookup takes at most (a hop goes back at
 /// most 254 segments; 4096 of them span far more than any blob).
 const MAX_HOPS: usize = 4096;
@@ -188,7 +187,6 @@ struct Layout {
     heap_log2: u64,
     vs_low: u64,
     vs_high: u64,
-    #[cfg(test)]
     /// `HeapBlock::Header::_used`, if told.
     block_used: Option<u64>,
     blob_name: u64,
@@ -223,6 +221,9 @@ struct Layout {
     /// JVM's count of collections ([`gc_count`]), where the tables have
     /// both.
     gc_count: Option<(u64, u64)>,
+    /// `StubRoutines::_call_stub_return_address` (static), where the
+    /// tables have it (`JavaProc::call_stub_ret`).
+    call_stub: Option<u64>,
     sym_length: u64,
     sym_body: u64,
     /// The kernel's record, without the process's heaps and salt.
@@ -402,7 +403,6 @@ impl Layout {
             heap_log2: need(&["CodeHeap"], "_log2_segment_size")?,
             vs_low: need(&["VirtualSpace"], "_low_boundary")?,
             vs_high: need(&["VirtualSpace"], "_high_boundary")?,
-            #[cfg(test)]
             block_used: t.off(&["HeapBlock::Header"], "_used"),
             blob_name,
             nm_size: size("nmethod")?,
@@ -436,6 +436,7 @@ impl Layout {
             gc_count: t
                 .stat("Universe", "_collectedHeap")
                 .zip(t.off(&["CollectedHeap"], "_total_collections")),
+            call_stub: t.stat("StubRoutines", "_call_stub_return_address"),
             sym_length,
             sym_body,
             record,
@@ -630,7 +631,6 @@ impl Jvm {
         u32::from(self.major >= 20)
     }
 
-    #[cfg(test)]
     /// The `CodeBlob*` holding `pc`, by its heap's segment map, as the
     /// kernel finds it.
     fn blob_at(&self, pc: u64) -> Option<u64> {
@@ -960,14 +960,21 @@ impl Java {
         }
         record.gc_count = gc_count(&mem, &layout, bias).unwrap_or(0);
         record.salt = who.salt();
-        Ok(Look::Jvm(Box::new(Jvm {
+        let mut jvm = Jvm {
             layout,
             bias,
             mem,
             record,
             major,
             comm: comm(pid),
-        })))
+        };
+        // Made with the first stubs, before the interpreter: there now.
+        if let Some(ret) = jvm.layout.call_stub.and_then(|a| jvm.mem.u64(a + bias))
+            && let Some(blob) = jvm.blob_at(ret)
+        {
+            (jvm.record.call_stub_ret, jvm.record.call_stub_blob) = (ret, blob);
+        }
+        Ok(Look::Jvm(Box::new(jvm)))
     }
 
     #[cfg(test)]
@@ -1745,6 +1752,8 @@ mod tests {
             .and_then(|a| mem.u64(a + bias))
             .expect("StubRoutines::_call_stub_return_address");
         let stub = java.blob_at(who, ret).expect("the call stub's blob");
+        // The kernel steps the stub's frame by these, with no lookup.
+        assert_eq!((r.call_stub_ret, r.call_stub_blob), (ret, stub));
         let f = java.frames(who, JAVA_STUB | stub, 0);
         assert!(f[0].name.starts_with("[StubRoutines"), "{f:?}");
         assert_eq!(f[0].kind, JavaKind::Stub);
