@@ -233,8 +233,8 @@ fn find_blob(s: &mut Scratch) -> bool {
     let mut seg = (ip - low) >> log2;
     // The map's bytes up to `seg`, from `from`, read in one copy: a hop
     // goes back at most 0xfe, so a block's start within 255 segments of
-    // the pc (16 KiB of code at HotSpot's 64-byte segments: most blobs
-    // whole) is found with one read, not one a hop.
+    // the pc (16 or 32 KiB of code at HotSpot's 64- or 128-byte
+    // segments: most blobs whole) is found with one read, not one a hop.
     let mut from = u64::MAX;
     for _ in 0..SEGMAP_HOPS {
         if seg < from {
@@ -342,9 +342,10 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     if fp & 7 != 0 || fp < sp || fp - sp >= INTERP_SPAN {
         return None;
     }
-    // The frame's slots in one read, from the lowest of them up to the
-    // saved rbp and the return address: a read costs far more than the
-    // bytes it copies. Into the blob's buffer (no blob is read for an
+    // The frame's slots in one copy (from the stack's top the walk
+    // copied, or one read), from the lowest of them up to the saved rbp
+    // and the return address: a read costs far more than the bytes it
+    // copies. Into the blob's buffer (no blob is read for an
     // interpreted frame), indexed by each slot's offset, which `word`
     // masks so that the verifier bounds it.
     if !stack_into::<{ (INTERP_WINDOW + 16) / 8 }, _>(
