@@ -38,7 +38,7 @@ use crate::{
     read_kernel, read_user,
     scratch::{
         CHUNK_SLOTS, CHUNK_WORDS, MAX_READS, NO_TAIL, Scratch, State, TAIL_READS, TAIL_WORDS,
-        TailWalk,
+        TailWalk, chunk_index,
     },
 };
 
@@ -388,11 +388,7 @@ fn chunk_words<const N: usize>(
     st: &mut State,
     addr: u64,
 ) -> Option<[u64; N]> {
-    let off = addr.wrapping_sub(st.chunk_base);
-    if off & 7 == 0 && off.saturating_add(8 * N as u64) <= st.chunk_len {
-        // Masked, so that the verifier sees the bound (`off` was checked
-        // against the length already).
-        let i = (off / 8) as usize & (CHUNK_WORDS - 1);
+    if let Some(i) = chunk_index(st.chunk_base, st.chunk_len, addr, 8 * N as u64) {
         let mut out = [0u64; N];
         for (k, w) in out.iter_mut().enumerate() {
             *w = *chunk.get(i + k)?;
@@ -937,8 +933,11 @@ fn recall_tail(s: &mut Scratch, tgid: u32) -> bool {
     // The words are in the copy of the stack's top the walk took where
     // that holds them all (a runtime's frames above them took little of
     // it): hashed from there, with no read of the stack again.
-    let off = m.sp.wrapping_sub(st.chunk_base);
-    let in_chunk = off & 7 == 0 && off.saturating_add(u64::from(span)) <= st.chunk_len;
+    // Held as a flag and an index, both set on every path: an `Option`
+    // left its index undefined where the copy does not hold the words,
+    // which the verifier refuses to read.
+    let at = chunk_index(st.chunk_base, st.chunk_len, m.sp, u64::from(span));
+    let (in_chunk, first) = (at.is_some(), at.unwrap_or(0));
     if span != 0 && !in_chunk {
         let dst = s.tail_chunk.as_mut_ptr().cast::<core::ffi::c_void>();
         // SAFETY: `tail_chunk` has room for `TAIL_WORDS` words, and
@@ -947,7 +946,6 @@ fn recall_tail(s: &mut Scratch, tgid: u32) -> bool {
             return false;
         }
     }
-    let first = (off / 8) as usize;
     let mut h = WORDS_SEED;
     for k in 0..TAIL_READS {
         if k as u32 >= m.nreads {

@@ -669,9 +669,7 @@ fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
     let p: *const JavaProc = &raw const s.jv.proc;
     // SAFETY: as in `step`.
     let p = unsafe { &*p };
-    let blob = s.jv.blob;
-    let off = s.walk.ip.wrapping_sub(blob) & 0xffff_ffff;
-    if !write(s, tgid, JAVA_STUB, blob, off) {
+    if !write_stub(s, tgid) {
         return Some(1);
     }
     if vtable {
@@ -685,16 +683,23 @@ fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
 }
 
 /// The call stub at its return address ([`JavaProc::call_stub_ret`]):
-/// written as [`stub`] writes it, and stepped as `stub` steps a blob of
+/// written as [`stub`] writes a blob, and stepped as `stub` steps one of
 /// no frame size (the stub's `BufferBlob`), by its frame pointer.
 #[inline(always)]
 fn call_stub(s: &mut Scratch, tgid: u32) -> Option<i64> {
-    let blob = s.jv.blob;
-    let off = s.walk.ip.wrapping_sub(blob) & 0xffff_ffff;
-    if !write(s, tgid, JAVA_STUB, blob, off) {
+    if !write_stub(s, tgid) {
         return Some(1);
     }
     by_frame_pointer(s)
+}
+
+/// Writes the stub frame of blob `s.jv.blob` at the walk's pc (its
+/// offset into the blob); `false` if the stack is full.
+#[inline(always)]
+fn write_stub(s: &mut Scratch, tgid: u32) -> bool {
+    let blob = s.jv.blob;
+    let off = s.walk.ip.wrapping_sub(blob) & 0xffff_ffff;
+    write(s, tgid, JAVA_STUB, blob, off)
 }
 
 /// Forgets a process's JVM: it ran a new program or exited.

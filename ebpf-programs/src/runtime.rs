@@ -5,7 +5,7 @@
 
 use aya_ebpf::{helpers::generated, maps::PerCpuArray};
 
-use crate::scratch::{CHUNK_SLOTS, CHUNK_WORDS};
+use crate::scratch::{CHUNK_SLOTS, chunk_index};
 
 /// Reads `len` bytes (at most the buffer's) of the current task's user
 /// memory at `addr` into `buf`.
@@ -44,11 +44,7 @@ pub(crate) fn stack_into<const W: usize, const N: usize>(
     (base, len): (u64, u64),
     addr: u64,
 ) -> bool {
-    let off = addr.wrapping_sub(base);
-    if off & 7 == 0 && off.saturating_add(8 * W as u64) <= len {
-        // Masked, so that the verifier sees the bound (`off` was checked
-        // against the length already).
-        let i = (off / 8) as usize & (CHUNK_WORDS - 1);
+    if let Some(i) = chunk_index(base, len, addr, 8 * W as u64) {
         for k in 0..W {
             match (chunk.get(i + k), buf.get_mut(k)) {
                 (Some(c), Some(b)) => *b = *c,
@@ -68,9 +64,7 @@ pub(crate) fn stack_words<const W: usize>(
     (base, len): (u64, u64),
     addr: u64,
 ) -> Option<[u64; W]> {
-    let off = addr.wrapping_sub(base);
-    if off & 7 == 0 && off.saturating_add(8 * W as u64) <= len {
-        let i = (off / 8) as usize & (CHUNK_WORDS - 1);
+    if let Some(i) = chunk_index(base, len, addr, 8 * W as u64) {
         let mut out = [0u64; W];
         for (k, w) in out.iter_mut().enumerate() {
             *w = *chunk.get(i + k)?;

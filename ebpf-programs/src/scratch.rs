@@ -360,3 +360,15 @@ pub const CHUNK_WORDS: usize = 256;
 /// an index masked to `CHUNK_WORDS`, which the verifier then bounds.
 #[cfg(feature = "cfi")]
 pub const CHUNK_SLOTS: usize = CHUNK_WORDS + 1;
+
+/// Where `bytes` of the user stack at `addr` start in the copy of its
+/// top (`Scratch::chunk`, `len` bytes from user address `base`), as an
+/// index of its words, if the copy holds them all; masked, so that the
+/// verifier sees the bound (the range was checked already).
+#[cfg(feature = "cfi")]
+#[inline(always)]
+pub(crate) fn chunk_index(base: u64, len: u64, addr: u64, bytes: u64) -> Option<usize> {
+    let off = addr.wrapping_sub(base);
+    (off & 7 == 0 && off.saturating_add(bytes) <= len)
+        .then_some((off / 8) as usize & (CHUNK_WORDS - 1))
+}
