@@ -377,6 +377,13 @@ fn compiled_java_methods_split_as_measured_with_whole_chains_and_inlined_frames(
         !stderr.contains("[java: gone]"),
         "frames of freed code:\n{stderr}"
     );
+    // A JVM the walk reads needs no perf map: code-cache frames of its
+    // samples from before the walk had it are said to be that, not sent
+    // to perf-map advice.
+    assert!(
+        !stderr.contains("JIT frames unnamed"),
+        "perf map advice for a walked JVM:\n{stderr}"
+    );
 }
 
 /// Profiled by `nobody` with only CAP_BPF and CAP_PERFMON (as the

@@ -859,6 +859,12 @@ impl Java {
         }
     }
 
+    /// Whether the walk was given process `who`'s JVM in this run (it may
+    /// have exited since).
+    pub fn walked(&self, who: Proc) -> bool {
+        self.found.contains_key(&who)
+    }
+
     fn warn(&mut self, who: Proc, why: String) {
         let pid = who.pid;
         eprintln!(

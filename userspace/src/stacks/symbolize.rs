@@ -262,20 +262,34 @@ impl Symbolizer {
             )));
         }
         for (p, u) in self.unnamed.iter().take(SHOWN) {
-            // A process whose JavaScript frames the walk named needs no
-            // perf map: what is left is V8's code that is no JavaScript
-            // frame, or samples from before the walk was loaded.
-            if self.v8.walked(*p) {
+            // A process whose JavaScript or Java frames the walk named
+            // needs no perf map: what is left is the runtime's code that is
+            // no frame of its language, or samples from before the walk
+            // was loaded or given the process.
+            let runtime = if self.v8.walked(*p) {
+                Some((
+                    "V8's JIT code",
+                    "code that is no JavaScript function's (regular expressions, stubs) or a \
+                     function in its prologue, or samples taken before the walk through \
+                     JavaScript frames was loaded",
+                ))
+            } else if self.java.walked(*p) {
+                Some((
+                    "the JVM's code cache",
+                    "samples taken before the walk through Java frames was loaded or had \
+                     read this JVM (its later samples name them)",
+                ))
+            } else {
+                None
+            };
+            if let Some((code, why)) = runtime {
                 let comm = u
                     .comm
                     .as_deref()
                     .map(|c| format!(" ({c})"))
                     .unwrap_or_default();
                 out.push(Warning::unnamed(format!(
-                    "PID {}{comm}: {} frames in V8's JIT code unnamed: code that is no \
-                     JavaScript function's (regular expressions, stubs) or a function in its \
-                     prologue, or samples taken before the walk through JavaScript frames was \
-                     loaded",
+                    "PID {}{comm}: {} frames in {code} unnamed: {why}",
                     p.pid, u.frames
                 )));
                 continue;
