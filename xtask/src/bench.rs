@@ -662,6 +662,17 @@ fn bpf_run_ns() -> u64 {
         .sum()
 }
 
+/// Runs so far of the loaded BPF programs named `name` (while run-time
+/// statistics are on): for a sampling program, its samples, each counted
+/// once however many programs it tail-calls.
+fn bpf_runs_of(name: &str) -> u64 {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str() == Some(name))
+        .map(|p| p.run_count())
+        .sum()
+}
+
 /// One setup's results: the median cost per operation, the median time its
 /// BPF programs ran per operation, and what its tracer said each trial.
 struct Outcome {

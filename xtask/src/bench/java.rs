@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    Ready, Tracer, bpf_run_ns, cpu_ns,
+    Ready, Tracer, bpf_run_ns, bpf_runs_of, cpu_ns,
     helpers::{
         Fixtures, bpf_cell, done_ns, paired_text, perf_lost, rtrace_lost, trials_from_env,
         unmarked, us_ranged,
@@ -31,6 +31,12 @@ use super::{
 
 /// Rounds of the fixture's work per JVM and trial: about 3 s bare.
 const ROUNDS: u64 = 5500;
+
+/// How long after rtrace starts sampling its BPF time per sample is
+/// measured again ([`Trial::bpf_settled`]): what a run does once (user
+/// space reading each process, the kernel's first walk of each thread,
+/// frame and method) is mostly behind it by then.
+const SETTLED: Duration = Duration::from_secs(1);
 /// The sampling rates measured.
 const RATES: [u64; 2] = [99, 999];
 /// The frame the fixtures' work runs under: the JVM launcher's thread
@@ -337,6 +343,11 @@ struct Trial {
     round_ns: f64,
     /// BPF nanoseconds per sample (rtrace only).
     bpf_per_sample: Option<f64>,
+    /// BPF nanoseconds per sample from `SETTLED` after rtrace samples to
+    /// its stop (rtrace only): the walk's cost a sample once what it
+    /// does once a run (its first walks of each thread, frame and method,
+    /// while user space still reads the processes) is done.
+    bpf_settled: Option<f64>,
     /// The profiler's own CPU time over the work, in nanoseconds.
     own_ns: Option<u64>,
     /// Samples lost, or without their stack.
@@ -379,6 +390,13 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
     // BPF time from when rtrace samples to the signal to stop: the
     // stretch its samples come from. Its CPU time over the work alone.
     let before = bpf_run_ns();
+    // Read from a thread, `SETTLED` into the work, which blocks this one.
+    let settled = pid.map(|_| {
+        std::thread::spawn(|| {
+            std::thread::sleep(SETTLED);
+            (bpf_run_ns(), bpf_runs_of("profile"))
+        })
+    });
     let cpu_before = pid.map(cpu_ns);
     let measured = (|| -> anyhow::Result<_> {
         let round_ns = jvms.work()?;
@@ -393,7 +411,12 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
         }
         Ok((round_ns, own_ns, comm))
     })();
-    let bpf = bpf_run_ns().saturating_sub(before) as f64;
+    let end = (bpf_run_ns(), bpf_runs_of("profile"));
+    let bpf = end.0.saturating_sub(before) as f64;
+    let bpf_settled = settled.and_then(|h| h.join().ok()).and_then(|(ns, runs)| {
+        let samples = end.1.checked_sub(runs).filter(|&n| n > 0)?;
+        Some(end.0.saturating_sub(ns) as f64 / samples as f64)
+    });
     let pids = jvms.0.pids();
     // Stopped whatever became of the work: a profiler left running
     // would sample every later trial.
@@ -403,6 +426,7 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
     let mut t = Trial {
         round_ns,
         bpf_per_sample: None,
+        bpf_settled,
         own_ns,
         lost: 0,
         counts: Counts::default(),
@@ -556,14 +580,32 @@ pub fn run() -> anyhow::Result<String> {
                 .collect::<Vec<_>>()
         };
         let paired = paired_text(&per_trial(Config::Java), &per_trial(Config::Fp));
+        let settled = |c: Config| {
+            got[c as usize]
+                .iter()
+                .map(|t| t.bpf_settled)
+                .collect::<Vec<_>>()
+        };
+        // NaN (printed so) where no trial measured it.
+        let settled_median = |c: Config| {
+            let v: Vec<f64> = settled(c).into_iter().flatten().collect();
+            if v.is_empty() { f64::NAN } else { median(v) }
+        };
+        let (java_settled, fp_settled) = (settled_median(Config::Java), settled_median(Config::Fp));
+        let paired_settled = paired_text(&settled(Config::Java), &settled(Config::Fp));
         verdicts.push(format!(
             "{hz} Hz: the Java walk takes {:.2}x the frame-pointer walk's BPF time per sample \
-             ({:.1} us against {:.1} us{paired}; goal: at most 1.50x); with {frames:.2} Java frames a \
-             sample, {:.0} ns a Java frame, {:.0} ns of it above the frame-pointer walk's time \
-             per sample; {cost}",
+             ({:.1} us against {:.1} us{paired}; goal: at most 1.50x); from {} s after each \
+             starts sampling, {:.2}x ({:.1} us against {:.1} us{paired_settled}); with \
+             {frames:.2} Java frames a sample, {:.0} ns a Java frame, {:.0} ns of it above the \
+             frame-pointer walk's time per sample; {cost}",
             java_bpf / fp_bpf.max(1e-9),
             java_bpf / 1e3,
             fp_bpf / 1e3,
+            SETTLED.as_secs(),
+            java_settled / fp_settled.max(1e-9),
+            java_settled / 1e3,
+            fp_settled / 1e3,
             java_bpf / frames.max(1e-9),
             (java_bpf - fp_bpf) / frames.max(1e-9),
         ));
