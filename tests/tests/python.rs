@@ -703,6 +703,115 @@ fn a_command_gets_the_python_walk_loaded_once_its_interpreter_is_read() {
     check_split_excusing(&folded, &done, "split as a command", unloaded);
 }
 
+/// `perf` (Debian's links libpython3.11 for `perf script`, and `perf
+/// record` never starts an interpreter) is a program that embeds Python
+/// without running it: it is found and held, and the walk through
+/// Python's frames, which would cost every sample of the run, is not
+/// loaded for it.
+#[test]
+fn a_program_that_links_python_without_starting_it_loads_no_python_walk() {
+    if skip_in_guest() {
+        return;
+    }
+    let data = std::env::temp_dir().join(format!("rtrace-pyheld-{}.data", std::process::id()));
+    let mut perf = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-o"])
+        .arg(&data)
+        .args(["--", "sleep", "4"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("perf (Debian package linux-perf; cargo xtask setup installs it)");
+    // Until perf has opened its events: its libraries are mapped by then.
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = perf.id().to_string();
+    let (code, _, stderr) = run(&["profile", "-F", "99", "-f", "-v", "-p", &pid, "1"]);
+    let _ = perf.wait();
+    let _ = std::fs::remove_file(&data);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(&format!("PID {pid} (perf): Python 3.11"))
+            && stderr.contains("linked but not started (not walked until it starts)"),
+        "-v says perf's Python is held:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("program profile_python"),
+        "no Python walk loaded for perf:\n{stderr}"
+    );
+}
+
+/// A program that embeds Python and starts its interpreter a second
+/// after it loaded libpython (`pyembed` with `PYEMBED_DELAY_MS`) is held
+/// until then, and given to the kernel once it has: the walk through
+/// Python's frames is loaded after the interpreter started, not when
+/// libpython was mapped, and the work after names the split with whole
+/// chains.
+#[test]
+fn an_embedded_interpreter_is_walked_once_it_starts() {
+    if skip_in_guest() {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("rtrace-pyembed-{}", std::process::id()));
+    // The work waits for its two lines until the walk has had time to
+    // load (the verifier takes a fraction of a second).
+    let script = format!(
+        "(sleep 3; printf '\\n\\n') | PYEMBED_DELAY_MS=1000 {} {} split 3 > {}",
+        rtrace_integration_tests::workload_bin("pyembed_nofp").display(),
+        fixture_source().display(),
+        out.display()
+    );
+    let report = out.with_extension("folded");
+    let (code, _, stderr) = run(&[
+        "profile",
+        "-F",
+        "999",
+        "-f",
+        "-v",
+        "-o",
+        report.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let printed = std::fs::read_to_string(&out).unwrap_or_default();
+    let stacks = std::fs::read_to_string(&report).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_file(&report);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("linked by the program and held until it started"),
+        "-v says the interpreter was held until it started:\n{stderr}"
+    );
+    let loaded: f64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.split("program profile_python (the walk through Python frames) loaded ")
+                .nth(1)?
+                .split(" s in")
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("-v says when the Python walk was loaded:\n{stderr}"));
+    assert!(
+        loaded >= 0.9,
+        "the Python walk was loaded {loaded} s in, before the interpreter started:\n{stderr}"
+    );
+    let done: Vec<i64> = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("done"))
+        .unwrap_or_else(|| panic!("no done line: {printed:?}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let folded: Folded = parse_folded(&stacks)
+        .into_iter()
+        .filter(|(s, _)| s.first().is_some_and(|c| c.starts_with("pyembed")))
+        .collect();
+    check_split(&folded, &done, "split in an embedding program");
+}
+
 #[test]
 fn a_python_process_that_exits_mid_profile_keeps_its_names() {
     if skip_in_guest() {

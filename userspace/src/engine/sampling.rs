@@ -941,6 +941,12 @@ impl Sampler {
             stream.read();
         }
         self.stacks.tick(ebpf, last)?;
+        if !last {
+            // The tick may have given the kernel a process of a runtime
+            // new to the run: its walk is loaded now, not at the next
+            // event.
+            self.after_events(ebpf)?;
+        }
         if let Some(every) = self.cfg.interval
             && !last
         {

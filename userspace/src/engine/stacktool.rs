@@ -883,14 +883,22 @@ impl StackTool {
     }
 
     /// Moves what the kernel counted out when its tables fill, so that
-    /// they never do, and settles the processes that have gone; not at the
-    /// `last` tick, which is `finish`'s once counting has stopped.
+    /// they never do, settles the processes that have gone, and gives the
+    /// kernel the held Python processes that have started theirs; not at
+    /// the `last` tick, which is `finish`'s once counting has stopped.
     pub fn tick(&mut self, ebpf: &mut Ebpf, last: bool) -> anyhow::Result<()> {
         if last {
             return Ok(());
         }
         if let Some(cfi) = &mut self.cfi {
             cfi.forget_exited();
+        }
+        // A program that embeds Python may start its interpreter with no
+        // new code to tell of: its held record is given once it has.
+        if self.py_map.is_some() {
+            for (who, record) in self.sym.python().started_since() {
+                self.give_python(who.pid, &record);
+            }
         }
         // Processes with a timed jitdump are counted by time slot, which
         // fills the kernel's table faster: it is moved out every tick.

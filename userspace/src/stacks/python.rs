@@ -305,9 +305,16 @@ struct PyProcess {
     mem: Mem,
     /// Whether the offsets were checked against a live frame.
     checked: bool,
-    /// What the kernel was given.
+    /// What the kernel was given, or will be.
     record: PyProc,
     comm: String,
+    /// Held back from the kernel: a program that links libpython without
+    /// being Python's own (`perf`, an editor, a debugger) and had not
+    /// started an interpreter when found. Many never do (`perf record`
+    /// does not), and one given to the kernel has the walk through
+    /// Python's frames loaded for every sample of the run; it is given
+    /// once its interpreter is seen to start ([`Python::started_since`]).
+    held: bool,
 }
 
 /// A code object, named.
@@ -404,6 +411,9 @@ impl Python {
             return None;
         }
         if !fresh && let Some(p) = self.procs.get_mut(&who) {
+            if p.held {
+                return self.release(who);
+            }
             if p.checked {
                 return None;
             }
@@ -431,6 +441,10 @@ impl Python {
                     }
                 };
                 p.checked = checked;
+                // Only a program that is not Python's own is held: an
+                // interpreter is started within moments of its exec, and
+                // one whose program cannot be told is given at once.
+                p.held = !checked && !started(&p) && maps.dir().is_some_and(|d| embeds_python(d));
                 let record = p.record;
                 let how = match (&p.mem, checked) {
                     (Mem::Denied(why), _) => {
@@ -450,6 +464,20 @@ impl Python {
                         p.mem.how()
                     ),
                 );
+                if p.held {
+                    self.found.insert(
+                        who,
+                        format!(
+                            "PID {pid} ({}): Python {} linked but not started (not walked \
+                             until it starts{})",
+                            p.comm,
+                            p.file.version,
+                            p.mem.how()
+                        ),
+                    );
+                    self.procs.insert(who, p);
+                    return None;
+                }
                 self.procs.insert(who, p);
                 Some(record)
             }
@@ -468,6 +496,55 @@ impl Python {
                 None
             }
         }
+    }
+
+    /// The records of the held processes ([`PyProcess::held`]) whose
+    /// interpreter has started since, for the kernel: looked at on every
+    /// tick, as such a program may start it with no new code to tell.
+    pub fn started_since(&mut self) -> Vec<(Proc, PyProc)> {
+        let held: Vec<Proc> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.held)
+            .map(|(w, _)| *w)
+            .collect();
+        held.into_iter()
+            .filter_map(|who| Some((who, self.release(who)?)))
+            .collect()
+    }
+
+    /// Gives held process `who` to the kernel if its interpreter has
+    /// started: its record, its offsets checked now and `-v`'s line said
+    /// so; `None` while it has not.
+    fn release(&mut self, who: Proc) -> Option<PyProc> {
+        let p = self.procs.get_mut(&who)?;
+        if !p.held || !started(p) {
+            return None;
+        }
+        p.held = false;
+        match check(p) {
+            Ok(checked) => p.checked = checked,
+            Err(why) => {
+                self.fail(who, why);
+                return None;
+            }
+        }
+        let how = if p.checked {
+            "offsets checked against a live frame"
+        } else {
+            "started: offsets checked by type in the kernel"
+        };
+        let line = format!(
+            "PID {} ({}): Python {} ({how}{}; linked by the program and held until it \
+             started)",
+            who.pid,
+            p.comm,
+            p.file.version,
+            p.mem.how()
+        );
+        let record = p.record;
+        self.found.insert(who, line);
+        Some(record)
     }
 
     fn fail(&mut self, who: Proc, why: String) {
@@ -496,7 +573,7 @@ impl Python {
             ..p.record
         };
         let file = Arc::clone(&p.file);
-        let (bias, checked) = (p.bias, p.checked);
+        let (bias, checked, held) = (p.bias, p.checked, p.held);
         let mem = self.open_mem(child, &crate::kernel::procmaps::proc_dir(child.pid));
         self.procs.insert(
             child,
@@ -507,9 +584,10 @@ impl Python {
                 checked,
                 record,
                 comm: comm(child.pid),
+                held,
             },
         );
-        Some(record)
+        (!held).then_some(record)
     }
 
     /// Names code object `c.addr` of process `who`, which a walk met, by
@@ -728,6 +806,7 @@ impl Python {
             checked: false,
             record,
             comm: comm(pid),
+            held: false,
         }))
     }
 
@@ -1163,6 +1242,22 @@ fn read_mem(p: &PyProcess, addr: u64, len: usize) -> Option<Vec<u8>> {
 fn read_u64(p: &PyProcess, addr: u64) -> Option<u64> {
     let b = read_mem(p, addr, 8)?;
     Some(u64::from_le_bytes(b.try_into().ok()?))
+}
+
+/// Whether the process's interpreter has started (its runtime lists an
+/// interpreter); `false` where its memory cannot be read.
+fn started(p: &PyProcess) -> bool {
+    let runtime = p.file.runtime + p.bias;
+    read_u64(p, runtime + p.file.layout.rt_interp_head).is_some_and(|i| i != 0)
+}
+
+/// Whether the program of the process whose `/proc` directory is
+/// `proc_dir` is some other than Python's own, which then links or loads
+/// libpython to embed it; `false` where it cannot be told.
+fn embeds_python(proc_dir: &str) -> bool {
+    std::fs::read_link(format!("{proc_dir}/exe")).is_ok_and(|exe| {
+        super::runtimes::by_name(&exe) & rtrace_common::unwind::RUNTIME_PYTHON == 0
+    })
 }
 
 /// Checks the offsets against the live interpreter: a thread state whose

@@ -103,7 +103,7 @@ fn interpreter(head: &[u8], path_var: &OsStr) -> Option<PathBuf> {
 }
 
 /// By the file's name, as the finders know their runtimes' programs.
-fn by_name(file: &Path) -> Runtimes {
+pub(crate) fn by_name(file: &Path) -> Runtimes {
     let Some(name) = file.file_name().and_then(OsStr::to_str) else {
         return 0;
     };
