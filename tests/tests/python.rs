@@ -615,23 +615,13 @@ fn codes(python: Python) {
     );
 }
 
-/// Python run as rtrace's own command (`-- CMD`): no runtime is in scope
-/// as sampling starts, so the sampling program walks native frames only
-/// (the one walk the verifier goes through then), and the walk through
-/// Python frames is loaded, and swapped in, once user space has read the
-/// interpreter. The split is then named with whole chains as under `-p`:
-/// the samples walked before the swap are the interpreter's start.
-#[test]
-fn a_command_gets_the_python_walk_loaded_once_its_interpreter_is_read() {
-    if skip_in_guest() {
-        return;
-    }
-    let out = std::env::temp_dir().join(format!("rtrace-pycmd-{}", std::process::id()));
-    let script = format!(
-        "printf '\\n\\n' | {HOST_PYTHON} {} split 3 > {}",
-        fixture_source().display(),
-        out.display()
-    );
+/// Profiles `sh -c` of `command`, the fixture's split run as rtrace's
+/// own command with its output to a file (`> OUT` appended), at 999 Hz
+/// with `-v`; returns rtrace's stderr, the fixture's `done` numbers and
+/// the folded stacks of processes whose command starts with `comm`.
+fn profile_command(command: &str, name: &str, comm: &str) -> (String, Vec<i64>, Folded) {
+    let out = std::env::temp_dir().join(format!("rtrace-{name}-{}", std::process::id()));
+    let script = format!("{command} > {}", out.display());
     let report = out.with_extension("folded");
     let (code, _, stderr) = run(&[
         "profile",
@@ -651,6 +641,39 @@ fn a_command_gets_the_python_walk_loaded_once_its_interpreter_is_read() {
     let _ = std::fs::remove_file(&out);
     let _ = std::fs::remove_file(&report);
     assert_eq!(code, 0, "{stderr}");
+    let done: Vec<i64> = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("done"))
+        .unwrap_or_else(|| panic!("no done line: {printed:?}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let folded: Folded = parse_folded(&stacks)
+        .into_iter()
+        .filter(|(s, _)| s.first().is_some_and(|c| c.starts_with(comm)))
+        .collect();
+    (stderr, done, folded)
+}
+
+/// Python run as rtrace's own command (`-- CMD`): no runtime is in scope
+/// as sampling starts, so the sampling program walks native frames only
+/// (the one walk the verifier goes through then), and the walk through
+/// Python frames is loaded, and swapped in, once user space has read the
+/// interpreter. The split is then named with whole chains as under `-p`:
+/// the samples walked before the swap are the interpreter's start.
+#[test]
+fn a_command_gets_the_python_walk_loaded_once_its_interpreter_is_read() {
+    if skip_in_guest() {
+        return;
+    }
+    let (stderr, done, folded) = profile_command(
+        &format!(
+            "printf '\\n\\n' | {HOST_PYTHON} {} split 3",
+            fixture_source().display()
+        ),
+        "pycmd",
+        "python",
+    );
     // Only the native walk was loaded with the sampling program.
     let verified: Vec<&str> = stderr
         .lines()
@@ -669,17 +692,6 @@ fn a_command_gets_the_python_walk_loaded_once_its_interpreter_is_read() {
         stderr.contains("program profile_python (the walk through Python frames) loaded"),
         "-v says when the Python walk was loaded:\n{stderr}"
     );
-    let done: Vec<i64> = printed
-        .lines()
-        .find_map(|l| l.strip_prefix("done"))
-        .unwrap_or_else(|| panic!("no done line: {printed:?}"))
-        .split_whitespace()
-        .map(|n| n.parse().unwrap())
-        .collect();
-    let folded: Folded = parse_folded(&stacks)
-        .into_iter()
-        .filter(|(s, _)| s.first().is_some_and(|c| c.starts_with("python")))
-        .collect();
     // The samples between the interpreter's first read and the swap are
     // counted, and said; they are not judged as whole chains. They are few
     // (the load takes a fraction of a second), and must be.
@@ -751,34 +763,17 @@ fn an_embedded_interpreter_is_walked_once_it_starts() {
     if skip_in_guest() {
         return;
     }
-    let out = std::env::temp_dir().join(format!("rtrace-pyembed-{}", std::process::id()));
     // The work waits for its two lines until the walk has had time to
     // load (the verifier takes a fraction of a second).
-    let script = format!(
-        "(sleep 3; printf '\\n\\n') | PYEMBED_DELAY_MS=1000 {} {} split 3 > {}",
-        rtrace_integration_tests::workload_bin("pyembed_nofp").display(),
-        fixture_source().display(),
-        out.display()
+    let (stderr, done, folded) = profile_command(
+        &format!(
+            "(sleep 3; printf '\\n\\n') | PYEMBED_DELAY_MS=1000 {} {} split 3",
+            rtrace_integration_tests::workload_bin("pyembed_nofp").display(),
+            fixture_source().display()
+        ),
+        "pyembed",
+        "pyembed",
     );
-    let report = out.with_extension("folded");
-    let (code, _, stderr) = run(&[
-        "profile",
-        "-F",
-        "999",
-        "-f",
-        "-v",
-        "-o",
-        report.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let printed = std::fs::read_to_string(&out).unwrap_or_default();
-    let stacks = std::fs::read_to_string(&report).unwrap_or_default();
-    let _ = std::fs::remove_file(&out);
-    let _ = std::fs::remove_file(&report);
-    assert_eq!(code, 0, "{stderr}");
     assert!(
         stderr.contains("linked by the program and held until it started"),
         "-v says the interpreter was held until it started:\n{stderr}"
@@ -798,17 +793,6 @@ fn an_embedded_interpreter_is_walked_once_it_starts() {
         loaded >= 0.9,
         "the Python walk was loaded {loaded} s in, before the interpreter started:\n{stderr}"
     );
-    let done: Vec<i64> = printed
-        .lines()
-        .find_map(|l| l.strip_prefix("done"))
-        .unwrap_or_else(|| panic!("no done line: {printed:?}"))
-        .split_whitespace()
-        .map(|n| n.parse().unwrap())
-        .collect();
-    let folded: Folded = parse_folded(&stacks)
-        .into_iter()
-        .filter(|(s, _)| s.first().is_some_and(|c| c.starts_with("pyembed")))
-        .collect();
     check_split(&folded, &done, "split in an embedding program");
 }
 
