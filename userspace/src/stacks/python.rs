@@ -441,10 +441,14 @@ impl Python {
                     }
                 };
                 p.checked = checked;
-                // Only a program that is not Python's own is held: an
+                // Only a program that is not Python's own is held (an
                 // interpreter is started within moments of its exec, and
-                // one whose program cannot be told is given at once.
-                p.held = !checked && !started(&p) && maps.dir().is_some_and(|d| embeds_python(d));
+                // one whose program cannot be told is given at once), and
+                // only where it is known not to have started: one whose
+                // memory cannot be read could never be seen to.
+                p.held = !checked
+                    && started(&p) == Some(false)
+                    && maps.dir().is_some_and(|d| embeds_python(d));
                 let record = p.record;
                 let how = match (&p.mem, checked) {
                     (Mem::Denied(why), _) => {
@@ -518,7 +522,7 @@ impl Python {
     /// so; `None` while it has not.
     fn release(&mut self, who: Proc) -> Option<PyProc> {
         let p = self.procs.get_mut(&who)?;
-        if !p.held || !started(p) {
+        if !p.held || started(p) != Some(true) {
             return None;
         }
         p.held = false;
@@ -1245,10 +1249,10 @@ fn read_u64(p: &PyProcess, addr: u64) -> Option<u64> {
 }
 
 /// Whether the process's interpreter has started (its runtime lists an
-/// interpreter); `false` where its memory cannot be read.
-fn started(p: &PyProcess) -> bool {
+/// interpreter); `None` where its memory cannot be read.
+fn started(p: &PyProcess) -> Option<bool> {
     let runtime = p.file.runtime + p.bias;
-    read_u64(p, runtime + p.file.layout.rt_interp_head).is_some_and(|i| i != 0)
+    read_u64(p, runtime + p.file.layout.rt_interp_head).map(|i| i != 0)
 }
 
 /// Whether the program of the process whose `/proc` directory is
