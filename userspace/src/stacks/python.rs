@@ -450,40 +450,21 @@ impl Python {
                     && started(&p) == Some(false)
                     && maps.dir().is_some_and(|d| embeds_python(d));
                 let record = p.record;
-                let how = match (&p.mem, checked) {
-                    (Mem::Denied(why), _) => {
-                        format!("offsets checked by type in the kernel; {why}")
-                    }
-                    (_, true) => "offsets checked against a live frame".to_owned(),
-                    (_, false) => {
-                        "not yet started: offsets checked by type in the kernel".to_owned()
-                    }
+                let line = if p.held {
+                    found_line(
+                        pid,
+                        &p,
+                        " linked but not started",
+                        "not walked until it starts",
+                        "",
+                    )
+                } else {
+                    found_line(pid, &p, "", &offsets_checked(&p, "not yet started"), "")
                 };
-                self.found.insert(
-                    who,
-                    format!(
-                        "PID {pid} ({}): Python {} ({how}{})",
-                        p.comm,
-                        p.file.version,
-                        p.mem.how()
-                    ),
-                );
-                if p.held {
-                    self.found.insert(
-                        who,
-                        format!(
-                            "PID {pid} ({}): Python {} linked but not started (not walked \
-                             until it starts{})",
-                            p.comm,
-                            p.file.version,
-                            p.mem.how()
-                        ),
-                    );
-                    self.procs.insert(who, p);
-                    return None;
-                }
+                self.found.insert(who, line);
+                let held = p.held;
                 self.procs.insert(who, p);
-                Some(record)
+                (!held).then_some(record)
             }
             // An interpreter already read, looked at again for its new
             // code, whose mappings are gone (it is exiting: a zombie's maps
@@ -533,18 +514,12 @@ impl Python {
                 return None;
             }
         }
-        let how = if p.checked {
-            "offsets checked against a live frame"
-        } else {
-            "started: offsets checked by type in the kernel"
-        };
-        let line = format!(
-            "PID {} ({}): Python {} ({how}{}; linked by the program and held until it \
-             started)",
+        let line = found_line(
             who.pid,
-            p.comm,
-            p.file.version,
-            p.mem.how()
+            p,
+            "",
+            &offsets_checked(p, "started"),
+            "; linked by the program and held until it started",
         );
         let record = p.record;
         self.found.insert(who, line);
@@ -1246,6 +1221,27 @@ fn read_mem(p: &PyProcess, addr: u64, len: usize) -> Option<Vec<u8>> {
 fn read_u64(p: &PyProcess, addr: u64) -> Option<u64> {
     let b = read_mem(p, addr, 8)?;
     Some(u64::from_le_bytes(b.try_into().ok()?))
+}
+
+/// `-v`'s line for process `pid`'s interpreter: `lead` after its version,
+/// then `how` and `tail` in parentheses, around how its memory is read.
+fn found_line(pid: u32, p: &PyProcess, lead: &str, how: &str, tail: &str) -> String {
+    format!(
+        "PID {pid} ({}): Python {}{lead} ({how}{}{tail})",
+        p.comm,
+        p.file.version,
+        p.mem.how()
+    )
+}
+
+/// How the process's offsets were checked, for [`found_line`]; `state`
+/// says where the interpreter was when no live frame could check them.
+fn offsets_checked(p: &PyProcess, state: &str) -> String {
+    match &p.mem {
+        Mem::Denied(why) => format!("offsets checked by type in the kernel; {why}"),
+        _ if p.checked => "offsets checked against a live frame".to_owned(),
+        _ => format!("{state}: offsets checked by type in the kernel"),
+    }
 }
 
 /// Whether the process's interpreter has started (its runtime lists an
