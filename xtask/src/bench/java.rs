@@ -511,12 +511,15 @@ pub fn run() -> anyhow::Result<String> {
             let bare = median(rounds(c.bare()));
             rounds(c).iter().map(|r| r - bare).collect()
         };
-        let bpf = |c: Config| -> Vec<f64> {
-            got[c as usize]
-                .iter()
-                .filter_map(|t| t.bpf_per_sample)
-                .collect()
+        // A trial's figure (`None` where it measured none), trial by
+        // trial, for the pairs; and the measured ones alone.
+        let per_trial = |c: Config, f: fn(&Trial) -> Option<f64>| {
+            got[c as usize].iter().map(f).collect::<Vec<_>>()
         };
+        let measured = |c: Config, f: fn(&Trial) -> Option<f64>| -> Vec<f64> {
+            per_trial(c, f).into_iter().flatten().collect()
+        };
+        let bpf = |c: Config| measured(c, |t| t.bpf_per_sample);
         for config in Config::ALL.into_iter().filter(|c| c.bare() != *c) {
             let ts = &got[config as usize];
             let bpf_cell = bpf_cell(&bpf(config));
@@ -573,26 +576,23 @@ pub fn run() -> anyhow::Result<String> {
                 hi / 1e3
             )
         };
-        let per_trial = |c: Config| {
-            got[c as usize]
-                .iter()
-                .map(|t| t.bpf_per_sample)
-                .collect::<Vec<_>>()
-        };
-        let paired = paired_text(&per_trial(Config::Java), &per_trial(Config::Fp));
-        let settled = |c: Config| {
-            got[c as usize]
-                .iter()
-                .map(|t| t.bpf_settled)
-                .collect::<Vec<_>>()
-        };
+        // Over the whole run, and from `SETTLED` on.
+        let whole = |t: &Trial| t.bpf_per_sample;
+        let settled = |t: &Trial| t.bpf_settled;
+        let paired = paired_text(
+            &per_trial(Config::Java, whole),
+            &per_trial(Config::Fp, whole),
+        );
         // NaN (printed so) where no trial measured it.
         let settled_median = |c: Config| {
-            let v: Vec<f64> = settled(c).into_iter().flatten().collect();
+            let v = measured(c, settled);
             if v.is_empty() { f64::NAN } else { median(v) }
         };
         let (java_settled, fp_settled) = (settled_median(Config::Java), settled_median(Config::Fp));
-        let paired_settled = paired_text(&settled(Config::Java), &settled(Config::Fp));
+        let paired_settled = paired_text(
+            &per_trial(Config::Java, settled),
+            &per_trial(Config::Fp, settled),
+        );
         verdicts.push(format!(
             "{hz} Hz: the Java walk takes {:.2}x the frame-pointer walk's BPF time per sample \
              ({:.1} us against {:.1} us{paired}; goal: at most 1.50x); from {} s after each \
