@@ -643,12 +643,22 @@ fn wakeuptime_blocks_are_the_wakers_stacks_in_the_woken_thread() {
         done,
         pid,
     } = run;
-    // No record lost. (A waker's user stack deeper than --max-stack is
-    // another loss, of frames: a timer's wake is in whatever process it
-    // interrupted, such as a deep recursion running beside the test.)
+    // No record lost. Losses of frames are another matter: a timer's
+    // wake is walked in whatever process it interrupted, such as a deep
+    // recursion or the Python, Java and node fixtures of the tests running
+    // beside this one, and the kernel counts those for the whole run. The
+    // waker's own stack is judged whole below.
+    const FRAME_LOSSES: [&str; 6] = [
+        "deeper than --max-stack",
+        "Python threads whose",
+        "Python frames that",
+        "Java frames that",
+        "JavaScript frames whose",
+        "runtime's walk was being loaded",
+    ];
     let lost: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.contains("lost") && !l.contains("deeper than --max-stack"))
+        .filter(|l| l.contains("lost") && !FRAME_LOSSES.iter().any(|f| l.contains(f)))
         .collect();
     assert!(lost.is_empty(), "records lost: {lost:?}\n{stderr}");
     let folded = rtrace_integration_tests::parse_folded(&stdout);
