@@ -23,8 +23,14 @@ pub const V8_PROCS: &str = "V8_PROCS";
 /// builtins in its file, and for each isolate (the main thread's and
 /// each worker thread's) its JIT code range and the copy of the builtins
 /// V8 maps right after it (`v8.md` §2, "blob remap"): the main isolate
-/// and six workers'.
-pub const MAX_V8_RANGES: usize = 16;
+/// and 30 workers'. The walk finds a pc's range by a binary search
+/// ([`V8_RANGE_STEPS`]) and copies in only the ranges a process has, so
+/// more room costs a sample nothing.
+pub const MAX_V8_RANGES: usize = 64;
+
+/// Steps of [`range_index`]'s binary search: enough to narrow
+/// [`MAX_V8_RANGES`] down to one.
+pub const V8_RANGE_STEPS: usize = MAX_V8_RANGES.ilog2() as usize;
 
 /// Bytes of a `SharedFunctionInfo` (from its start) the walk reads at
 /// most: every field of [`V8Proc`]'s `sfi_*` lies within.
@@ -83,18 +89,13 @@ pub struct V8Range {
 /// What the kernel needs to walk one process's JavaScript frames; user
 /// space fills it from V8's `v8dbg_*` metadata and the process's maps.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct V8Proc {
-    /// V8's code: a pc in none of them is no JavaScript frame's.
-    pub ranges: [V8Range; MAX_V8_RANGES],
     /// The ranges of `ranges` that hold the embedded builtins an
     /// interpreted frame runs in (the interpreter's trampoline and its
     /// bytecode handlers), a bit each (bit `i` for `ranges[i]`): those
     /// frames' bytecode offsets are read. The others are JIT code.
-    pub builtins: u32,
-    /// Unused: keeps the fields after it where they were (the word of
-    /// the two indices `builtins` replaced) and the size a multiple of 8.
-    pub _pad_builtins: u32,
+    pub builtins: u64,
     /// How many of `ranges` there are.
     pub nranges: u32,
     /// Differs between processes that had one pid (from the process's
@@ -146,6 +147,53 @@ pub struct V8Proc {
     pub smi_shift: u8,
     /// Keeps the size a multiple of 8.
     pub _pad: [u8; 5],
+    /// V8's code, sorted by address (they do not overlap): a pc in none
+    /// of them is no JavaScript frame's. Last, so that the walk copies
+    /// the fields above whole and only the first `nranges` of these.
+    pub ranges: [V8Range; MAX_V8_RANGES],
+}
+
+/// The index of the range of the first `n` of `ranges` (sorted by
+/// address, apart) that holds `pc`, or [`MAX_V8_RANGES`] where none does:
+/// what the walk asks of every frame of a process that runs V8.
+///
+/// The search counts the ranges that end at or below the pc, halving
+/// without a branch: each step's outcome is arithmetic (a sign bit), so
+/// the verifier follows one path, where a search that branched would be
+/// followed down each of its 2^steps paths with all the walk after it.
+/// The ranges past `n` (stale in the walk's scratch value) count as above
+/// the pc. Every address of a range is a user one, below `1 << 63`; a pc
+/// at or above it is in none.
+#[inline(always)]
+pub fn range_index(ranges: &[V8Range; MAX_V8_RANGES], n: u32, pc: u64) -> u32 {
+    let n = u64::from(n);
+    let mut below = 0u64;
+    let mut step = MAX_V8_RANGES as u64 / 2;
+    for _ in 0..V8_RANGE_STEPS {
+        let i = below + step - 1;
+        let high = ranges[(i % MAX_V8_RANGES as u64) as usize].high;
+        let at_or_past = 1 - (pc.wrapping_sub(high) >> 63);
+        let counted = i.wrapping_sub(n) >> 63;
+        below += (at_or_past & counted).wrapping_neg() & step;
+        step /= 2;
+    }
+    let r = &ranges[(below % MAX_V8_RANGES as u64) as usize];
+    if below < n && r.low <= pc && pc < r.high {
+        below as u32
+    } else {
+        MAX_V8_RANGES as u32
+    }
+}
+
+/// The bytes of a [`V8Proc`] before its ranges.
+pub const V8_PROC_HEAD: usize = core::mem::offset_of!(V8Proc, ranges);
+
+impl Default for V8Proc {
+    fn default() -> Self {
+        // SAFETY: integers only, for which all zeroes is a value (the
+        // standard library derives `Default` for arrays of at most 32).
+        unsafe { core::mem::zeroed() }
+    }
 }
 
 /// A JavaScript frame the walk wrote, told to user space the first time a
@@ -173,3 +221,59 @@ pub const V8_NEW: usize = 4;
 crate::pod!(V8Proc, V8Seen);
 
 const _: () = assert!(core::mem::size_of::<V8Proc>().is_multiple_of(8));
+const _: () = assert!(V8_PROC_HEAD.is_multiple_of(8));
+const _: () = assert!(1 << V8_RANGE_STEPS == MAX_V8_RANGES);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The branchless search finds what a scan of the first `n` ranges
+    /// finds, for every count of ranges, with stale ranges past `n`, and
+    /// for pcs at each edge, between the ranges, below and above them all,
+    /// and past `1 << 63`.
+    #[test]
+    fn range_index_finds_what_a_scan_finds() {
+        let mut ranges = [V8Range::default(); MAX_V8_RANGES];
+        for n in 0..=MAX_V8_RANGES {
+            for (i, r) in ranges.iter_mut().enumerate() {
+                let low = 0x7f00_0000_0000 + i as u64 * 0x10_0000;
+                // Past `n`: what another process left, overlapping.
+                *r = if i < n {
+                    V8Range {
+                        low,
+                        high: low + 0x8000,
+                    }
+                } else {
+                    V8Range {
+                        low: 0x1000,
+                        high: u64::MAX >> 1,
+                    }
+                };
+            }
+            let edges = |r: &V8Range| {
+                [
+                    r.low - 1,
+                    r.low,
+                    r.low + 1,
+                    r.high - 1,
+                    r.high,
+                    r.high + 0x1000,
+                ]
+            };
+            let fixed = [0, 0x1000, 0x7eff_ffff_ffff, u64::MAX, 1 << 63];
+            let pcs = ranges[..n].iter().flat_map(edges).chain(fixed);
+            for pc in pcs {
+                let scan = ranges[..n]
+                    .iter()
+                    .position(|r| r.low <= pc && pc < r.high)
+                    .map_or(MAX_V8_RANGES as u32, |i| i as u32);
+                assert_eq!(
+                    range_index(&ranges, n as u32, pc),
+                    scan,
+                    "n {n}, pc {pc:#x}"
+                );
+            }
+        }
+    }
+}

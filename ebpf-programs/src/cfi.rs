@@ -27,7 +27,6 @@ use rtrace_common::{
         MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8,
         Region, SEARCH_STEPS,
     },
-    v8::MAX_V8_RANGES,
 };
 
 use crate::{
@@ -700,13 +699,13 @@ extern "C" fn frame<const RT: u32>(_index: u64, ctx: *mut core::ffi::c_void) -> 
     // A pc in V8's code: a JavaScript frame if its slots say so, else V8's
     // own frame, walked as native code.
     if RT & RUNTIME_V8 != 0 {
-        let range = crate::v8::range_of(scratch);
-        if range < MAX_V8_RANGES as u32 {
+        let code = crate::v8::code_at(scratch);
+        if code != crate::v8::NOT_V8 {
             // V8's own frames, walked as native ones below, are no
             // tail's: the frame after them starts it.
             scratch.tail.pairs = HELD_TAIL;
             scratch.v8.max_depth = max_depth();
-            if let Some(end) = crate::v8::step(scratch, tgid, range) {
+            if let Some(end) = crate::v8::step(scratch, tgid, code) {
                 return end;
             }
         }

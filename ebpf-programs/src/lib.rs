@@ -115,6 +115,16 @@ macro_rules! cfi_programs {
             $crate::stacks::after_walk(&EVENTS, packed, who)
         }
 
+        /// Which of V8's code holds `pc` in the walk's process
+        /// (`v8::code_at`): a global function, verified once rather than
+        /// for each state a walk reaches a frame in.
+        #[cfg(feature = "cfi")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_v8_code(pc: u64) -> u64 {
+            $crate::v8::code_in_scratch(pc)
+        }
+
         #[cfg(feature = "cfi")]
         #[aya_ebpf::macros::uprobe]
         pub fn cfi_loaded(ctx: aya_ebpf::programs::ProbeContext) -> u32 {

@@ -14,14 +14,15 @@
 //! a function's prologue, before it set rbp up, is its caller's.
 
 use aya_ebpf::{
+    helpers::generated::bpf_probe_read_kernel,
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
 use rtrace_common::{
     stacks::{ERR_V8_BAD, SEEN_V8},
     v8::{
-        MAX_V8_RANGES, NO_OFFSET, SFI_BYTES, V8_ADDR_MASK, V8_JS, V8_JS_PC, V8_NEW, V8Proc,
-        sfi_check,
+        MAX_V8_RANGES, NO_OFFSET, SFI_BYTES, V8_ADDR_MASK, V8_JS, V8_JS_PC, V8_NEW, V8_PROC_HEAD,
+        V8Proc, V8Range, range_index, sfi_check,
     },
 };
 
@@ -59,8 +60,24 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32, walked: bool) {
     let Some(p) = V8_PROCS.get_ptr(tgid) else {
         return;
     };
-    // SAFETY: a map value, copied into another.
-    s.v8.proc = unsafe { *p };
+    let dst = &raw mut s.v8.proc;
+    // SAFETY: map values, of one type: the fields before the ranges are
+    // copied as words (a fixed length, which the compiler lays out as
+    // loads and stores), and then the ranges the process has, by a
+    // helper that takes a length the verifier bounds (at most the array).
+    unsafe {
+        core::ptr::copy_nonoverlapping(p.cast::<u64>(), dst.cast::<u64>(), V8_PROC_HEAD / 8);
+        let n = (*p).nranges.min(MAX_V8_RANGES as u32);
+        let size = n * core::mem::size_of::<V8Range>() as u32;
+        if bpf_probe_read_kernel(
+            (&raw mut (*dst).ranges).cast(),
+            size,
+            (&raw const (*p).ranges).cast(),
+        ) != 0
+        {
+            return;
+        }
+    }
     s.v8.on = 1;
 }
 
@@ -70,27 +87,51 @@ pub(crate) fn known(tgid: u32) -> bool {
     V8_PROCS.get_ptr(tgid).is_some()
 }
 
-/// The range of V8's code that holds the walk's pc, or `MAX_V8_RANGES`
-/// where none does (or the process runs no V8 the walk reads).
+/// A pc in none of V8's code (or in a process whose V8 the walk does not
+/// read): [`code_at`]'s answer.
+pub(crate) const NOT_V8: u32 = 0;
+/// A pc in V8's JIT code.
+pub(crate) const V8_JIT: u32 = 1;
+/// A pc in a copy of V8's embedded builtins, where interpreted frames run.
+pub(crate) const V8_BUILTINS: u32 = 2;
+
+/// Which of V8's code holds the walk's pc: [`NOT_V8`], [`V8_JIT`] or
+/// [`V8_BUILTINS`].
+///
+/// The search is a global function of the object's (defined by
+/// `cfi_programs!`), verified once: inlined, it was verified again for
+/// every state the walk reaches a frame in, which cost more than the
+/// rest of the JavaScript walk (130k instructions on 6.18).
 #[inline(always)]
-pub(crate) fn range_of(s: &Scratch) -> u32 {
+pub(crate) fn code_at(s: &Scratch) -> u32 {
     if s.v8.on == 0 {
-        return MAX_V8_RANGES as u32;
+        return NOT_V8;
     }
-    let ip = s.walk.ip;
+    // SAFETY: a global function of this object, of scalars.
+    match unsafe { crate::stacks::rtrace_global_v8_code(s.walk.ip) } {
+        1 => V8_JIT,
+        2 => V8_BUILTINS,
+        _ => NOT_V8,
+    }
+}
+
+/// [`code_at`]'s search, over the CPU's scratch value's ranges: the body
+/// of the global function `rtrace_global_v8_code`.
+#[inline(always)]
+pub fn code_in_scratch(pc: u64) -> u64 {
+    let Some(s) = crate::stacks::scratch() else {
+        return u64::from(NOT_V8);
+    };
     let p = &s.v8.proc;
-    for i in 0..MAX_V8_RANGES {
-        if i as u32 >= p.nranges {
-            break;
-        }
-        if let Some(r) = p.ranges.get(i)
-            && r.low <= ip
-            && ip < r.high
-        {
-            return i as u32;
-        }
-    }
-    MAX_V8_RANGES as u32
+    let i = range_index(&p.ranges, p.nranges, pc);
+    let kind = if i >= MAX_V8_RANGES as u32 {
+        NOT_V8
+    } else if p.builtins >> i & 1 != 0 {
+        V8_BUILTINS
+    } else {
+        V8_JIT
+    };
+    u64::from(kind)
 }
 
 /// Whether tagged value `v` points at a heap object.
@@ -110,12 +151,12 @@ fn instance_type(p: &V8Proc, obj: u64) -> Option<u16> {
     read_user::<u16>(untagged.wrapping_add(u64::from(p.map_instance_type)))
 }
 
-/// The JavaScript step of the walk, at a pc in range `range` of V8's
-/// code: `None` where the frame is no JavaScript one (the native walk
+/// The JavaScript step of the walk, at a pc in V8's code of kind `code`
+/// ([`V8_JIT`] or [`V8_BUILTINS`]): `None` where the frame is no JavaScript one (the native walk
 /// takes it), else what `bpf_loop`'s callback returns, the frame
 /// written (two slots) and the walk's registers stepped to its caller.
 #[inline(always)]
-pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
+pub(crate) fn step(s: &mut Scratch, tgid: u32, code: u32) -> Option<i64> {
     let fp = s.walk.bp;
     if fp & 7 != 0 || fp < s.walk.sp || fp < BELOW {
         return None;
@@ -143,7 +184,7 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
     s.v8.offset = NO_OFFSET;
     // An interpreted frame runs in the builtins: the bytecode offset,
     // a small integer, is in its slot.
-    if range < MAX_V8_RANGES as u32 && p.builtins >> range & 1 != 0 {
+    if code == V8_BUILTINS {
         let array = word(&s.v8_buf, slot(p.fp_bytecode_array));
         let off = word(&s.v8_buf, slot(p.fp_bytecode_offset));
         let shift = u64::from(p.smi_shift & 63);
@@ -170,7 +211,7 @@ pub(crate) fn step(s: &mut Scratch, tgid: u32, range: u32) -> Option<i64> {
     // code and the functions inlined in it; an interpreted one its
     // bytecode offset.
     // (Its offset was left at `NO_OFFSET`: only the builtins set one.)
-    let jit = range < MAX_V8_RANGES as u32 && p.builtins >> range & 1 == 0;
+    let jit = code == V8_JIT;
     let (tag, low) = if jit {
         (V8_JS_PC, s.walk.ip & 0xffff_ffff)
     } else {

@@ -1797,7 +1797,7 @@ fn line_of(ends: &[u32], pos: i64) -> u32 {
 struct Plan {
     ranges: Vec<V8Range>,
     /// Bit `i`: `ranges[i]` holds the builtins ([`V8Proc::builtins`]).
-    builtins: u32,
+    builtins: u64,
     /// Ranges found that did not fit.
     left_out: usize,
 }
@@ -1812,7 +1812,8 @@ struct Plan {
 /// code ranges, each followed by its copy]. Where more are found than
 /// fit ([`MAX_V8_RANGES`]): the file's own copy first, then each isolate's
 /// code range and its copy, highest first (mappings are placed top-down,
-/// and the main isolate is made first), then any other copy.
+/// and the main isolate is made first), then any other copy. Those kept
+/// are given sorted by address, as the kernel's binary search needs.
 fn plan_ranges(maps: &[Mapping], key: (u64, u64), blob: Option<(u64, u64)>) -> Option<Plan> {
     let mut jits = jit_ranges(maps);
     if jits.is_empty() {
@@ -1865,6 +1866,14 @@ fn plan_ranges(maps: &[Mapping], key: (u64, u64), blob: Option<(u64, u64)>) -> O
         add(&mut plan, *c, true);
     }
     plan.left_out = found - plan.ranges.len();
+    let mut kept: Vec<(V8Range, bool)> = (plan.ranges.iter().enumerate())
+        .map(|(i, r)| (*r, plan.builtins >> i & 1 != 0))
+        .collect();
+    kept.sort_unstable_by_key(|(r, _)| r.low);
+    plan.ranges = kept.iter().map(|(r, _)| *r).collect();
+    plan.builtins = (kept.iter().enumerate())
+        .filter(|(_, (_, builtins))| *builtins)
+        .fold(0, |bits, (i, _)| bits | 1 << i);
     Some(plan)
 }
 
@@ -2089,8 +2098,17 @@ process.stdin.resume();
         let n = record.nranges as usize;
         assert!((2..=MAX_V8_RANGES).contains(&n));
         let ranges = &record.ranges[..n];
-        assert_ne!(record.builtins & 1, 0, "the file's builtins first");
-        let blob = ranges[0];
+        assert!(
+            ranges.windows(2).all(|w| w[0].high <= w[1].low),
+            "sorted, apart (the kernel's binary search): {ranges:x?}"
+        );
+        // The file's own builtins: the copy not right after a JIT code
+        // range.
+        let (own, blob) = (0..n)
+            .filter(|&i| record.builtins >> i & 1 != 0)
+            .map(|i| (i, ranges[i]))
+            .find(|(_, r)| !ranges.iter().any(|j| j.high == r.low))
+            .expect("the file's builtins are a range");
         let node = maps
             .iter()
             .find(|m| m.exec && m.start <= blob.low && blob.high <= m.end)
@@ -2100,7 +2118,7 @@ process.stdin.resume();
             .iter()
             .filter(|m| m.exec && m.file_key() == node.file_key())
             .count();
-        for (i, b2) in ranges.iter().enumerate().skip(1) {
+        for (i, b2) in ranges.iter().enumerate().filter(|(i, _)| *i != own) {
             if record.builtins >> i & 1 != 0 {
                 assert_eq!(b2.high - b2.low, blob.high - blob.low, "both copies whole");
                 assert!(remap >= 2);
@@ -2227,7 +2245,7 @@ process.stdin.resume();
     }
 
     #[test]
-    fn ranges_are_planned_main_isolate_first() {
+    fn ranges_are_planned_main_isolate_first_and_given_sorted() {
         // node 20 with two worker threads [measured], sizes shortened.
         let maps: Vec<Mapping> = [
             "00b72000-025fe000 r-xp 00772000 08:01 100 /usr/bin/node",
@@ -2257,27 +2275,32 @@ process.stdin.resume();
             Some(Plan {
                 ranges: vec![
                     r(0x18c4000, 0x18c4000 + 0x191ac0),
-                    r(0x7f8762fc0000, 0x7f8782e00000),
-                    r(0x7f8782e00000, 0x7f8782e00000 + 0x191ac0),
-                    r(0x7f873c000000, 0x7f875be40000),
-                    r(0x7f875be40000, 0x7f875be40000 + 0x191ac0),
                     r(0x7f8714000000, 0x7f8733e40000),
                     r(0x7f8733e40000, 0x7f8733e40000 + 0x191ac0),
+                    r(0x7f873c000000, 0x7f875be40000),
+                    r(0x7f875be40000, 0x7f875be40000 + 0x191ac0),
+                    r(0x7f8762fc0000, 0x7f8782e00000),
+                    r(0x7f8782e00000, 0x7f8782e00000 + 0x191ac0),
                 ],
                 builtins: 0b101_0101,
                 left_out: 0,
             })
         );
         // Of more isolates than fit, the highest.
-        let mut many: Vec<Mapping> = (0..10u64)
+        let isolates = MAX_V8_RANGES as u64 / 2 + 8;
+        let base = |i: u64| 0x7f00_0000_0000 + i * 0x1000_0000;
+        let mut many: Vec<Mapping> = (0..isolates)
             .flat_map(|i| {
-                let base = 0x7f00_0000_0000 + i * 0x1000_0000;
                 [
-                    format!("{:x}-{:x} rwxp 00000000 00:00 0 ", base, base + 0x3000),
+                    format!(
+                        "{:x}-{:x} rwxp 00000000 00:00 0 ",
+                        base(i),
+                        base(i) + 0x3000
+                    ),
                     format!(
                         "{:x}-{:x} r-xp 014c4000 08:01 100 /usr/bin/node",
-                        base + 0x3000,
-                        base + 0x3000 + 0x191ac0
+                        base(i) + 0x3000,
+                        base(i) + 0x3000 + 0x191ac0
                     ),
                 ]
             })
@@ -2287,16 +2310,27 @@ process.stdin.resume();
         many.sort_by_key(|m| m.start);
         let plan = plan_ranges(&many, key, blob).unwrap();
         assert_eq!(plan.ranges.len(), MAX_V8_RANGES, "{plan:?}");
-        assert_eq!(plan.left_out, 21 - MAX_V8_RANGES);
-        assert_eq!(plan.ranges[0], r(0x18c4000, 0x18c4000 + 0x191ac0));
-        assert_eq!(
-            plan.ranges[1].low, 0x7f00_9000_0000,
-            "the highest isolate first"
+        assert_eq!(plan.left_out, 2 * isolates as usize + 1 - MAX_V8_RANGES);
+        assert!(
+            plan.ranges.windows(2).all(|w| w[0].high <= w[1].low),
+            "sorted, apart: {plan:?}"
         );
-        // The file's, seven isolates' own, and one more copy in the last
-        // slot (an isolate's code with no room left for its builtins is
+        // The file's, then (one slot being left after the isolates that
+        // fit both their code and its builtins) the first copy left out,
+        // then the highest isolates, each with its builtins.
+        let kept = (MAX_V8_RANGES as u64 - 1) / 2;
+        assert_eq!(plan.ranges[0], r(0x18c4000, 0x18c4000 + 0x191ac0));
+        assert_eq!(plan.ranges[1].low, base(0) + 0x3000);
+        assert_eq!(
+            plan.ranges[2].low,
+            base(isolates - kept),
+            "the highest isolates kept"
+        );
+        // The builtins: the file's, each isolate's, and that one more
+        // copy (an isolate's code with no room left for its builtins is
         // not taken; the builtins alone still name its interpreted frames).
-        assert_eq!(plan.builtins.count_ones(), 9, "{plan:?}");
+        assert_eq!(plan.builtins.count_ones() as u64, kept + 2, "{plan:?}");
+        assert_eq!(plan.builtins & 0b111, 0b011, "{plan:?}");
         // No JIT code range yet: still starting.
         assert_eq!(plan_ranges(&maps[..2], key, blob), None);
     }
