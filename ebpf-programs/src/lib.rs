@@ -122,7 +122,7 @@ macro_rules! cfi_programs {
         #[unsafe(no_mangle)]
         #[inline(never)]
         pub extern "C" fn rtrace_global_v8_code(pc: u64) -> u64 {
-            $crate::v8::code_in_scratch(pc)
+            $crate::stacks::v8_code(pc)
         }
 
         #[cfg(feature = "cfi")]

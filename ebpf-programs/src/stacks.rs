@@ -405,18 +405,21 @@ unsafe extern "C" {
     /// [`after_walk`] on the object's `EVENTS`, likewise, in every
     /// variant that walks.
     fn rtrace_global_after_walk(packed: u64, who: u64) -> u64;
-    /// [`crate::v8::code_in_scratch`], likewise.
-    pub(crate) fn rtrace_global_v8_code(pc: u64) -> u64;
 }
 
-/// The CPU's scratch value of the walk, for a global function: it takes
-/// scalars only, and finds the walk's state here.
+/// Which of V8's code holds `pc` in the process being walked
+/// ([`crate::v8::code_in`]), over the CPU's scratch value of the walk:
+/// the body of the global function `rtrace_global_v8_code`, which takes
+/// scalars only and finds the walk's state here.
 #[cfg(feature = "cfi")]
 #[inline(always)]
-pub(crate) fn scratch() -> Option<&'static Scratch> {
-    // SAFETY: a per-CPU map value, which outlives the program's run; only
-    // this CPU's program uses it, and the caller only reads it.
-    STACK_SCRATCH.get_ptr(0).map(|p| unsafe { &*p })
+pub fn v8_code(pc: u64) -> u64 {
+    match STACK_SCRATCH.get_ptr(0) {
+        // SAFETY: a per-CPU map value, which outlives the program's run;
+        // only this CPU's program uses it, and this only reads it.
+        Some(s) => crate::v8::code_in(unsafe { &*s }, pc),
+        None => u64::from(crate::v8::NOT_V8),
+    }
 }
 
 /// [`walk_user`]'s result for a process whose CFI maps are missing: the

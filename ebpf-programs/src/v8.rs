@@ -108,20 +108,22 @@ pub(crate) fn code_at(s: &Scratch) -> u32 {
         return NOT_V8;
     }
     // SAFETY: a global function of this object, of scalars.
-    match unsafe { crate::stacks::rtrace_global_v8_code(s.walk.ip) } {
+    match unsafe { rtrace_global_v8_code(s.walk.ip) } {
         1 => V8_JIT,
         2 => V8_BUILTINS,
         _ => NOT_V8,
     }
 }
 
-/// [`code_at`]'s search, over the CPU's scratch value's ranges: the body
-/// of the global function `rtrace_global_v8_code`.
+unsafe extern "C" {
+    /// [`crate::stacks::v8_code`]: a global function that
+    /// `cfi_programs!` defines in each object.
+    fn rtrace_global_v8_code(pc: u64) -> u64;
+}
+
+/// [`code_at`]'s search, over the walk's scratch value `s`.
 #[inline(always)]
-pub fn code_in_scratch(pc: u64) -> u64 {
-    let Some(s) = crate::stacks::scratch() else {
-        return u64::from(NOT_V8);
-    };
+pub fn code_in(s: &Scratch, pc: u64) -> u64 {
     let p = &s.v8.proc;
     let i = range_index(&p.ranges, p.nranges, pc);
     let kind = if i >= MAX_V8_RANGES as u32 {
