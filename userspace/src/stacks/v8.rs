@@ -627,22 +627,27 @@ struct V8Process {
     layout: Arc<Layout>,
     mem: Mem,
     /// Its JIT code ranges the kernel was given: a compiled frame's pc
-    /// (its low 32 bits, as the walk writes it) is in one of them.
+    /// (its low 32 bits, as the walk writes it) is in one of them
+    /// ([`pcs_in`]).
     jit: Vec<V8Range>,
     /// The map of the objects right before compiled code's instructions
     /// (`CodeLayout::head_type`) found last.
     head_map: std::cell::Cell<u64>,
 }
 
-/// The pc whose low 32 bits are `low`, in one of JIT ranges `jit` (each
-/// smaller than 4 GiB: at most one address of a range has them).
-fn pc_in(jit: &[V8Range], low: u32) -> Option<u64> {
-    jit.iter().find_map(|r| {
-        let at = (r.low & !0xffff_ffff) | u64::from(low);
-        [at, at + (1 << 32)]
-            .into_iter()
-            .find(|&pc| r.low <= pc && pc < r.high)
-    })
+/// The pcs whose low 32 bits are `low` in JIT ranges `jit`: each range is
+/// smaller than 4 GiB, so at most one address of a range has them, but
+/// with several isolates (a range each, about 512 MiB apart) more than one
+/// range may, and the code there tells which.
+fn pcs_in(jit: &[V8Range], low: u32) -> Vec<u64> {
+    jit.iter()
+        .filter_map(|r| {
+            let at = (r.low & !0xffff_ffff) | u64::from(low);
+            [at, at + (1 << 32)]
+                .into_iter()
+                .find(|&pc| r.low <= pc && pc < r.high)
+        })
+        .collect()
 }
 
 /// One piece of compiled code's tables, as expanding its inlined
@@ -758,8 +763,8 @@ enum Look {
     NotV8,
     /// V8, but no JIT code range yet: looked at again next time.
     Starting,
-    /// V8, with the kernel's record of it (boxed: it holds sixteen
-    /// ranges) and the `-v` line.
+    /// V8, with the kernel's record of it (boxed: it holds 64 ranges)
+    /// and the `-v` line.
     V8(Box<V8Process>, Box<V8Proc>, String),
 }
 
@@ -1132,8 +1137,14 @@ impl V8 {
         low: u32,
         outer: &Arc<Named>,
     ) -> Option<Vec<V8Frame>> {
-        let pc = pc_in(&self.procs.get(&who)?.jit, low)?;
-        let code = self.code_for(who, pc, sfi)?;
+        // Of the isolates' ranges that have an address with these low
+        // bits, the one whose code there is this function's; code that
+        // names no function (Sparkplug's) only where there is no choice.
+        let pcs = pcs_in(&self.procs.get(&who)?.jit, low);
+        let (pc, code) = pcs.iter().find_map(|&pc| {
+            let c = self.code_for(who, pc, sfi)?;
+            (c.sfi == sfi || pcs.len() == 1).then_some((pc, c))
+        })?;
         let mut out = Vec::new();
         for (f, script) in code.at(pc - code.start) {
             let (named, kind) = if f == 0 {
@@ -2449,11 +2460,39 @@ process.stdin.resume();
                 high: 0x7ff3_0010_0000,
             },
         ];
-        assert_eq!(pc_in(&jit, 0x7000_1234), Some(0x7ff3_7000_1234));
+        assert_eq!(pcs_in(&jit, 0x7000_1234), [0x7ff3_7000_1234]);
         // A range across a 4 GiB boundary.
-        assert_eq!(pc_in(&jit, 0x0000_0040), Some(0x7ff3_0000_0040));
-        assert_eq!(pc_in(&jit, 0xfff8_0000), Some(0x7ff2_fff8_0000));
-        assert_eq!(pc_in(&jit, 0x1000_0000), None);
+        assert_eq!(pcs_in(&jit, 0x0000_0040), [0x7ff3_0000_0040]);
+        assert_eq!(pcs_in(&jit, 0xfff8_0000), [0x7ff2_fff8_0000]);
+        assert_eq!(pcs_in(&jit, 0x1000_0000), [0u64; 0]);
+        // Two isolates' ranges, 640 MiB apart, share low halves: both.
+        let two = [
+            V8Range {
+                low: 0x7f87_1400_0000,
+                high: 0x7f87_33e4_0000,
+            },
+            V8Range {
+                low: 0x7f87_3c00_0000,
+                high: 0x7f87_5be4_0000,
+            },
+        ];
+        assert_eq!(pcs_in(&two, 0x2000_0000), [0x7f87_2000_0000]);
+        assert_eq!(
+            pcs_in(&two, 0x4000_0000),
+            [0x7f87_4000_0000],
+            "in the second alone"
+        );
+        let wide = [
+            two[0],
+            V8Range {
+                low: 0x7f88_1000_0000,
+                high: 0x7f88_2fe4_0000,
+            },
+        ];
+        assert_eq!(
+            pcs_in(&wide, 0x2000_0000),
+            [0x7f87_2000_0000, 0x7f88_2000_0000]
+        );
     }
 
     #[test]
