@@ -135,6 +135,9 @@ pub struct V8Proc {
     pub sfi_ints: u16,
     /// Bytes of the `SharedFunctionInfo` read (at most [`SFI_BYTES`]).
     pub sfi_read: u16,
+    /// Unused: the padding before the next field made explicit, so that
+    /// every byte the kernel is given is set.
+    pub _pad_sfi: u32,
     /// The bits of the word at `sfi_ints` that the check keeps.
     pub sfi_ints_mask: u64,
     /// Bits a tagged heap object's pointer has set in its low bits

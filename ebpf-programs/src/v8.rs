@@ -67,7 +67,9 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32, walked: bool) {
     // helper that takes a length the verifier bounds (at most the array).
     unsafe {
         core::ptr::copy_nonoverlapping(p.cast::<u64>(), dst.cast::<u64>(), V8_PROC_HEAD / 8);
-        let n = (*p).nranges.min(MAX_V8_RANGES as u32);
+        // The count just copied (user space may rewrite the record in
+        // between), so that it and the ranges copied agree.
+        let n = (*dst).nranges.min(MAX_V8_RANGES as u32);
         let size = n * core::mem::size_of::<V8Range>() as u32;
         if bpf_probe_read_kernel(
             (&raw mut (*dst).ranges).cast(),
