@@ -1844,48 +1844,41 @@ fn plan_ranges(maps: &[Mapping], key: (u64, u64), blob: Option<(u64, u64)>) -> O
         }
     }
     let found = jits.len() + copies.len();
-    let mut plan = Plan {
-        ranges: Vec::new(),
-        builtins: 0,
-        left_out: 0,
-    };
-    let add = |plan: &mut Plan, r: V8Range, builtins: bool| {
-        if plan.ranges.len() < MAX_V8_RANGES && !plan.ranges.contains(&r) {
-            if builtins {
-                plan.builtins |= 1 << plan.ranges.len();
-            }
-            plan.ranges.push(r);
+    // Chosen in order of priority, each marked whether it holds the
+    // builtins; given sorted by address.
+    let mut kept: Vec<(V8Range, bool)> = Vec::new();
+    let add = |kept: &mut Vec<(V8Range, bool)>, r: V8Range, builtins: bool| {
+        if kept.len() < MAX_V8_RANGES && !kept.iter().any(|(k, _)| *k == r) {
+            kept.push((r, builtins));
         }
     };
     let is_remap = |c: &V8Range| jits.iter().any(|j| j.high == c.low);
     if let Some(own) = copies.iter().find(|c| !is_remap(c)).or(copies.first()) {
-        add(&mut plan, *own, true);
+        add(&mut kept, *own, true);
     }
     for j in &jits {
         // An isolate's code without its builtins would leave its
         // interpreted frames unnamed: both, or neither.
         let copy = copies.iter().find(|c| c.low == j.high);
-        if plan.ranges.len() + 1 + usize::from(copy.is_some()) > MAX_V8_RANGES {
+        if kept.len() + 1 + usize::from(copy.is_some()) > MAX_V8_RANGES {
             break;
         }
-        add(&mut plan, *j, false);
+        add(&mut kept, *j, false);
         if let Some(c) = copy {
-            add(&mut plan, *c, true);
+            add(&mut kept, *c, true);
         }
     }
     for c in &copies {
-        add(&mut plan, *c, true);
+        add(&mut kept, *c, true);
     }
-    plan.left_out = found - plan.ranges.len();
-    let mut kept: Vec<(V8Range, bool)> = (plan.ranges.iter().enumerate())
-        .map(|(i, r)| (*r, plan.builtins >> i & 1 != 0))
-        .collect();
     kept.sort_unstable_by_key(|(r, _)| r.low);
-    plan.ranges = kept.iter().map(|(r, _)| *r).collect();
-    plan.builtins = (kept.iter().enumerate())
-        .filter(|(_, (_, builtins))| *builtins)
-        .fold(0, |bits, (i, _)| bits | 1 << i);
-    Some(plan)
+    Some(Plan {
+        ranges: kept.iter().map(|(r, _)| *r).collect(),
+        builtins: (kept.iter().enumerate())
+            .filter(|(_, (_, builtins))| *builtins)
+            .fold(0, |bits, (i, _)| bits | 1 << i),
+        left_out: found - kept.len(),
+    })
 }
 
 /// V8's JIT code: each anonymous executable mapping, with the anonymous
@@ -2465,7 +2458,8 @@ process.stdin.resume();
         assert_eq!(pcs_in(&jit, 0x0000_0040), [0x7ff3_0000_0040]);
         assert_eq!(pcs_in(&jit, 0xfff8_0000), [0x7ff2_fff8_0000]);
         assert_eq!(pcs_in(&jit, 0x1000_0000), [0u64; 0]);
-        // Two isolates' ranges, 640 MiB apart, share low halves: both.
+        // Two isolates' ranges 640 MiB apart, in one 4 GiB stretch: a low
+        // half is in one of them alone; ranges 4 GiB apart share it.
         let two = [
             V8Range {
                 low: 0x7f87_1400_0000,
