@@ -519,7 +519,10 @@ pub fn run() -> anyhow::Result<String> {
         let measured = |c: Config, f: fn(&Trial) -> Option<f64>| -> Vec<f64> {
             per_trial(c, f).into_iter().flatten().collect()
         };
-        let bpf = |c: Config| measured(c, |t| t.bpf_per_sample);
+        // Over the whole run, and from `SETTLED` on.
+        let whole = |t: &Trial| t.bpf_per_sample;
+        let settled = |t: &Trial| t.bpf_settled;
+        let bpf = |c: Config| measured(c, whole);
         for config in Config::ALL.into_iter().filter(|c| c.bare() != *c) {
             let ts = &got[config as usize];
             let bpf_cell = bpf_cell(&bpf(config));
@@ -576,9 +579,6 @@ pub fn run() -> anyhow::Result<String> {
                 hi / 1e3
             )
         };
-        // Over the whole run, and from `SETTLED` on.
-        let whole = |t: &Trial| t.bpf_per_sample;
-        let settled = |t: &Trial| t.bpf_settled;
         let paired = paired_text(
             &per_trial(Config::Java, whole),
             &per_trial(Config::Fp, whole),
