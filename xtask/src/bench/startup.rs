@@ -657,9 +657,10 @@ fn verified_line(line: &str) -> Option<(String, String, u64)> {
     Some((run.to_owned(), program.to_owned(), n))
 }
 
-/// What inflating the embedded objects costs a tool's start: each object
-/// of the build just made, inflated as rtrace inflates it (zlib, flate2),
-/// the median of [`ROUNDS`]; the largest, and the objects' sizes.
+/// What taking the embedded objects out costs a tool's start: each object
+/// of the build just made, decompressed as rtrace does it (ruzstd, its
+/// bin's frame up to the object's end; `kernel/objects.rs`), the median of
+/// [`ROUNDS`]; the slowest, and the objects' sizes.
 fn inflate_times() -> anyhow::Result<String> {
     use std::io::Read as _;
     let table = std::fs::read_dir(crate::root().join("target/release/build"))?
@@ -668,48 +669,79 @@ fn inflate_times() -> anyhow::Result<String> {
         .filter(|p| p.exists())
         .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
         .context("no objects.rs in target/release/build: build rtrace first")?;
-    let dir = table.parent().context("objects.rs has no directory")?;
-    let mut rows: Vec<(String, usize, usize, f64)> = Vec::new();
-    for name in variants_in(&std::fs::read_to_string(&table)?) {
-        let deflated = std::fs::read(dir.join(&name))?;
+    let (groups, objects) = objects_in(&std::fs::read_to_string(&table)?);
+    let mut frames = Vec::new();
+    for path in &groups {
+        frames.push(std::fs::read(path).with_context(|| path.clone())?);
+    }
+    let mut rows: Vec<(String, usize, f64)> = Vec::new();
+    for (name, group, offset, len) in objects {
+        let frame = frames
+            .get(group)
+            .context("objects.rs names a group it lacks")?;
         let mut times = Vec::new();
-        let mut size = 0;
         for _ in 0..ROUNDS {
             let start = Instant::now();
-            let mut out = Vec::with_capacity(deflated.len() * 8);
-            flate2::read::ZlibDecoder::new(&deflated[..]).read_to_end(&mut out)?;
+            let mut decoder = ruzstd::decoding::StreamingDecoder::new(&frame[..])
+                .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+            std::io::copy(
+                &mut (&mut decoder).take(offset as u64),
+                &mut std::io::sink(),
+            )?;
+            let mut out = vec![0u8; len];
+            decoder.read_exact(&mut out)?;
             times.push(start.elapsed().as_secs_f64() * 1e3);
-            size = out.len();
         }
-        rows.push((name, deflated.len(), size, median(times)));
+        rows.push((name, len, median(times)));
     }
-    rows.sort_by(|a, b| b.3.total_cmp(&a.3));
-    let (all_in, all_out) = rows.iter().fold((0, 0), |(i, o), r| (i + r.1, o + r.2));
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let all_out: usize = rows.iter().map(|r| r.1).sum();
+    let all_in: usize = frames.iter().map(Vec::len).sum();
     let mut text = format!(
-        "embedded objects: {} deflated to {} ({} objects); inflating one when a tool loads it, \
-         the slowest:\n",
+        "embedded objects: {} compressed to {} ({} objects in {} groups); taking one out \
+         when a tool loads it, the slowest:\n",
         size(all_out as u64),
         size(all_in as u64),
-        rows.len()
+        rows.len(),
+        frames.len()
     );
-    for (name, deflated, inflated, ms) in rows.iter().take(5) {
-        text.push_str(&format!(
-            "  {name:<24} {} from {}: {ms:.2} ms\n",
-            size(*inflated as u64),
-            size(*deflated as u64)
-        ));
+    for (name, len, ms) in rows.iter().take(5) {
+        text.push_str(&format!("  {name:<24} {}: {ms:.2} ms\n", size(*len as u64)));
     }
     Ok(text)
 }
 
-/// The object names of an `objects.rs` table: its `("NAME", ...)` rows.
-fn variants_in(table: &str) -> Vec<String> {
-    table
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("(\""))
-        .filter_map(|l| l.split('"').next())
-        .map(str::to_owned)
-        .collect()
+/// An object of `objects.rs`: its name, its group's index, and its offset
+/// and length in the group.
+type ObjectRow = (String, usize, usize, usize);
+
+/// The tables of an `objects.rs`: its groups' files (`GROUPS`, rows
+/// `("BIN", include_bytes!("PATH")),`) in order, and its objects
+/// (`OBJECTS`, rows `("NAME", GROUP, OFFSET, LEN),`).
+fn objects_in(table: &str) -> (Vec<String>, Vec<ObjectRow>) {
+    let mut groups = Vec::new();
+    let mut objects = Vec::new();
+    for line in table.lines() {
+        let Some(row) = line.trim().strip_prefix("(\"") else {
+            continue;
+        };
+        let Some((name, rest)) = row.split_once('"') else {
+            continue;
+        };
+        if let Some(path) = rest.strip_prefix(", include_bytes!(\"") {
+            groups.push(path.split('"').next().unwrap_or_default().to_owned());
+            continue;
+        }
+        let n: Vec<usize> = rest
+            .trim_matches(|c: char| c == ',' || c == ')' || c == ' ')
+            .split(", ")
+            .filter_map(|f| f.trim().parse().ok())
+            .collect();
+        if let [group, offset, len] = n[..] {
+            objects.push((name.to_owned(), group, offset, len));
+        }
+    }
+    (groups, objects)
 }
 
 /// `OK` or `OVER` the resident goal.
@@ -850,6 +882,31 @@ fn banner(tool: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bench reads the tables `ebpf_build::build` writes: this is one
+    /// as it writes them.
+    #[test]
+    fn the_objects_tables_are_read_as_the_build_writes_them() {
+        let dir = std::env::temp_dir().join(format!("rtrace-objects-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = ([1u8; 20], [2u8; 3]);
+        let (frame, offsets) = ebpf_build::compress_group(&[&a, &b]).unwrap();
+        std::fs::write(dir.join("x.zst"), frame).unwrap();
+        let path = dir.join("x.zst").display().to_string();
+        let table = format!(
+            "pub static GROUPS: &[(&str, &[u8])] = &[\n    (\"x\", include_bytes!({path:?})),\n];\n\
+             pub static OBJECTS: &[(&str, usize, usize, usize)] = &[\n\
+             \x20   (\"x\", 0, {}, 20),\n    (\"x_perf\", 0, {}, 3),\n];\n",
+            offsets[0], offsets[1]
+        );
+        let (groups, objects) = objects_in(&table);
+        assert_eq!(groups, [path]);
+        assert_eq!(
+            objects,
+            [("x".to_owned(), 0, 0, 20), ("x_perf".to_owned(), 0, 24, 3)]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn proc_fields_are_read_in_bytes() {
