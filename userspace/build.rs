@@ -16,6 +16,7 @@ fn main() {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     build_info(root);
+    packed_relocations();
     proto_types(&manifest, &out);
     // One shared target directory keeps check, clippy and build from each
     // compiling the eBPF crate from scratch.
@@ -23,6 +24,47 @@ fn main() {
     if let Err(e) = ebpf_build::build(root, &target, &out) {
         panic!("{e}; `cargo xtask setup` installs the pinned nightly, rust-src and bpf-linker");
     }
+}
+
+/// Links the binary with its relative relocations packed (`DT_RELR`): a
+/// position-independent binary keeps one relocation a pointer in its data,
+/// 24 bytes each in `.rela.dyn` (0.7 MB of rtrace), where the packed table
+/// takes a bit or so each. The loader must know the table: musl's static
+/// start-up does (1.2.4+, the `dist` build), glibc from 2.36; a binary
+/// for glibc is built so only where the building machine's own glibc is
+/// that new, since that is where it runs (`dist` ships the static one).
+/// A linker that does not know the option warns and ignores it.
+fn packed_relocations() {
+    let linux = env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
+    let libc = env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    let loader_knows = match libc.as_str() {
+        "musl" => true,
+        "gnu" => glibc_at_least(2, 36),
+        _ => false,
+    };
+    if linux && loader_knows {
+        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    }
+}
+
+/// Whether this machine's glibc (`getconf GNU_LIBC_VERSION`: `glibc 2.36`)
+/// is at least `major.minor`.
+fn glibc_at_least(major: u32, minor: u32) -> bool {
+    let Ok(out) = std::process::Command::new("getconf")
+        .arg("GNU_LIBC_VERSION")
+        .output()
+    else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut version = text
+        .trim()
+        .strip_prefix("glibc ")
+        .unwrap_or_default()
+        .split('.')
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let have = (version.next().unwrap_or(0), version.next().unwrap_or(0));
+    have >= (major, minor)
 }
 
 /// The git commit and the aya version, for `--version` and the exporter's
