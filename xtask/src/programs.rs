@@ -91,6 +91,11 @@ pub const PROGRAMS: &[Program] = &[
     ),
     deb("git", "git", "userspace's build script names the commit"),
     deb(
+        "getconf",
+        "libc-bin",
+        "userspace's build script packs the relocations where glibc is 2.36 or newer",
+    ),
+    deb(
         "cc",
         "gcc",
         "the tests crate's build script compiles the C fixtures",
