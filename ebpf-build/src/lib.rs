@@ -314,15 +314,67 @@ pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
 /// once; each object alone, deflated, was 1.9 MB of the binary in all,
 /// and grouped it is 0.8. Returns the frame and each object's offset.
 pub fn compress_group(objects: &[&[u8]]) -> Result<(Vec<u8>, Vec<usize>), String> {
+    let offsets = group_offsets(objects);
     let mut whole = Vec::new();
-    let mut offsets = Vec::new();
-    for o in objects {
-        whole.resize(whole.len().next_multiple_of(8), 0);
-        offsets.push(whole.len());
+    for (o, at) in objects.iter().zip(&offsets) {
+        whole.resize(*at, 0);
         whole.extend_from_slice(o);
     }
-    let frame = zstd::bulk::compress(&whole, 19)
+    let frame = zstd::bulk::compress(&whole, GROUP_LEVEL)
         .map_err(|e| format!("cannot compress the objects: {e}"))?;
+    Ok((frame, offsets))
+}
+
+/// The zstd level of [`compress_group`].
+const GROUP_LEVEL: i32 = 19;
+
+/// Where each object starts in its group: one after another, each at the
+/// next multiple of 8.
+fn group_offsets(objects: &[&[u8]]) -> Vec<usize> {
+    let mut end: usize = 0;
+    objects
+        .iter()
+        .map(|o| {
+            let at = end.next_multiple_of(8);
+            end = at + o.len();
+            at
+        })
+        .collect()
+}
+
+/// [`compress_group`], kept in `dir` by a hash of the objects: lints,
+/// build, tests and the static build each run the build script, and
+/// compressing every group takes about five seconds; an unchanged group is
+/// read back instead. Another group of the same bin kept there goes.
+fn compress_group_kept(
+    dir: &Path,
+    bin: &str,
+    objects: &[&[u8]],
+) -> Result<(Vec<u8>, Vec<usize>), String> {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::hash::DefaultHasher::new();
+    GROUP_LEVEL.hash(&mut hasher);
+    objects.hash(&mut hasher);
+    let name = format!("{bin}-{:016x}.zst", hasher.finish());
+    let kept = dir.join(&name);
+    if let Ok(frame) = fs::read(&kept) {
+        return Ok((frame, group_offsets(objects)));
+    }
+    let (frame, offsets) = compress_group(objects)?;
+    // Keeping is only a saving: a directory that cannot be written to
+    // leaves the build as it was.
+    if fs::create_dir_all(dir).is_ok() {
+        for old in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let n = old.file_name().to_string_lossy().into_owned();
+            if n.strip_prefix(bin)
+                .and_then(|r| r.strip_prefix('-'))
+                .is_some_and(|r| r.len() == 20 && r.ends_with(".zst"))
+            {
+                let _ = fs::remove_file(old.path());
+            }
+        }
+        let _ = fs::write(&kept, &frame);
+    }
     Ok((frame, offsets))
 }
 
@@ -427,7 +479,7 @@ pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Objec
     for (i, group) in stripped.chunk_by(|a, b| a.0 == b.0).enumerate() {
         let bin = &group[0].0;
         let bytes: Vec<&[u8]> = group.iter().map(|(_, _, b)| b.as_slice()).collect();
-        let (frame, offsets) = compress_group(&bytes)?;
+        let (frame, offsets) = compress_group_kept(&target_dir.join("compressed"), bin, &bytes)?;
         let path = out_dir.join(format!("{bin}.zst"));
         fs::write(&path, frame).map_err(|e| format!("{}: {e}", path.display()))?;
         let _ = writeln!(
@@ -557,6 +609,34 @@ mod tests {
             frame.len(),
             alone.len()
         );
+    }
+
+    /// A group kept is read back as it was made, and a changed group of
+    /// the same bin takes the place of the old one, beside other bins'.
+    #[test]
+    fn a_kept_group_is_reused_until_it_changes() {
+        let dir = std::env::temp_dir().join(format!("rtrace-kept-{}", std::process::id()));
+        let (a, b) = (vec![1u8; 100], vec![2u8; 50]);
+        let made = compress_group_kept(&dir, "tr", &[&a, &b]).unwrap();
+        compress_group_kept(&dir, "trace", &[&a]).unwrap();
+        assert_eq!(compress_group_kept(&dir, "tr", &[&a, &b]).unwrap(), made);
+        let files = || {
+            let mut n: Vec<String> = fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        let before = files();
+        assert_eq!(before.len(), 2);
+        let changed = compress_group_kept(&dir, "tr", &[&b, &a]).unwrap();
+        assert_eq!(changed.1, [0, 56]);
+        let after = files();
+        assert_eq!(after.len(), 2);
+        assert_ne!(after, before);
+        assert!(after.iter().any(|n| n.starts_with("trace-")));
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
