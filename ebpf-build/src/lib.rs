@@ -110,7 +110,7 @@ pub fn cargo(root: &Path) -> Result<Command, String> {
 }
 
 /// One built object: its name (`<bin>` or `<bin>_<feature>`) and where
-/// its bytes are in its bin's group ([`GROUP_ORDER`]).
+/// its bytes are in its group ([`group_of`], [`GROUP_ORDER`]).
 #[derive(Debug, Clone)]
 pub struct Object {
     /// The name user space looks it up by.
@@ -124,17 +124,29 @@ pub struct Object {
 }
 
 /// The order of a bin's objects in its group, by variant (`""` for the
-/// plain object): what current kernels load comes first, since taking an
-/// object out decompresses the group up to its end, and the per-CPU
-/// buffers of kernels before 5.8 come last.
-pub const GROUP_ORDER: [&str; 6] = [
-    rtrace_common::variants::CFI_GLOBAL,
-    rtrace_common::variants::CFI,
+/// plain object), the CFI walk's variants aside ([`group_of`]): taking an
+/// object out decompresses its group up to the object's end, so the plain
+/// object, which `trace` and `strace` load unless asked for stacks, comes
+/// first, and the per-CPU buffers of kernels before 5.8 last.
+pub const GROUP_ORDER: [&str; 4] = [
+    "",
     rtrace_common::variants::TASK_STORAGE,
     rtrace_common::variants::ATOMICS,
-    "",
     rtrace_common::variants::PERF,
 ];
+
+/// The group a bin's variant is compressed in: each variant that walks by
+/// CFI alone (`<bin>_<variant>`), the rest together under the bin's name.
+/// The CFI variants are the largest (up to 1.5 MB) and a kernel loads one
+/// of the two, the same one every run: in one group, the second would
+/// cost every run the first's decoding (5 to 10 ms), for 0.2 MB of binary.
+pub fn group_of(bin: &str, variant: &str) -> String {
+    if rtrace_common::variants::walks_cfi(variant) {
+        format!("{bin}_{variant}")
+    } else {
+        bin.to_owned()
+    }
+}
 
 /// An object without its DWARF: the `.debug*` sections, the relocation
 /// sections that apply to them, and the symbols they define go; every
@@ -308,11 +320,12 @@ pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
     Ok(made)
 }
 
-/// A bin's objects, each at an 8-aligned offset, compressed as one zstd
-/// frame at level 19. The variants of one program share most of their
-/// code, which a frame this large (its window holds the whole group) sees
-/// once; each object alone, deflated, was 1.9 MB of the binary in all,
-/// and grouped it is 0.8. Returns the frame and each object's offset.
+/// A group's objects ([`group_of`]), each at an 8-aligned offset,
+/// compressed as one zstd frame at level 19. The variants of one program
+/// share most of their code, which a frame this large (its window holds
+/// the whole group) sees once; each object alone, deflated, was 1.9 MB of
+/// the binary in all, and so grouped it is 0.9. Returns the frame and
+/// each object's offset.
 pub fn compress_group(objects: &[&[u8]]) -> Result<(Vec<u8>, Vec<usize>), String> {
     let offsets = group_offsets(objects);
     let mut whole = Vec::new();
@@ -345,17 +358,17 @@ fn group_offsets(objects: &[&[u8]]) -> Vec<usize> {
 /// [`compress_group`], kept in `dir` by a hash of the objects: lints,
 /// build, tests and the static build each run the build script, and
 /// compressing every group takes about five seconds; an unchanged group is
-/// read back instead. Another group of the same bin kept there goes.
+/// read back instead. An older frame of the same group kept there goes.
 fn compress_group_kept(
     dir: &Path,
-    bin: &str,
+    group: &str,
     objects: &[&[u8]],
 ) -> Result<(Vec<u8>, Vec<usize>), String> {
     use std::hash::{Hash as _, Hasher as _};
     let mut hasher = std::hash::DefaultHasher::new();
     GROUP_LEVEL.hash(&mut hasher);
     objects.hash(&mut hasher);
-    let name = format!("{bin}-{:016x}.zst", hasher.finish());
+    let name = format!("{group}-{:016x}.zst", hasher.finish());
     let kept = dir.join(&name);
     if let Ok(frame) = fs::read(&kept) {
         return Ok((frame, group_offsets(objects)));
@@ -366,7 +379,7 @@ fn compress_group_kept(
     if fs::create_dir_all(dir).is_ok() {
         for old in fs::read_dir(dir).into_iter().flatten().flatten() {
             let n = old.file_name().to_string_lossy().into_owned();
-            if n.strip_prefix(bin)
+            if n.strip_prefix(group)
                 .and_then(|r| r.strip_prefix('-'))
                 .is_some_and(|r| r.len() == 20 && r.ends_with(".zst"))
             {
@@ -463,28 +476,34 @@ pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Objec
             stripped.push((bin.to_owned(), feature.clone().unwrap_or_default(), bytes));
         }
     }
-    let rank = |variant: &str| GROUP_ORDER.iter().position(|v| *v == variant);
+    let rank = |variant: &str| {
+        (rtrace_common::variants::walks_cfi(variant))
+            .then_some(0)
+            .or_else(|| GROUP_ORDER.iter().position(|v| *v == variant))
+    };
     if let Some((bin, variant, _)) = stripped.iter().find(|(_, v, _)| rank(v).is_none()) {
         return Err(format!(
             "variant {variant} of {bin} has no place in ebpf_build::GROUP_ORDER"
         ));
     }
-    stripped.sort_by_key(|(bin, variant, _)| (bin.clone(), rank(variant)));
+    stripped.sort_by_key(|(bin, variant, _)| (group_of(bin, variant), rank(variant)));
     let mut groups = String::from(
-        "/// Each bin's objects, by bin, compressed together as one zstd frame\n\
-         /// (`ebpf_build::compress_group`).\n\
+        "/// Each group of objects (`ebpf_build::group_of`), by name, compressed\n\
+         /// together as one zstd frame (`ebpf_build::compress_group`).\n\
          pub static GROUPS: &[(&str, &[u8])] = &[\n",
     );
     let mut objects = Vec::new();
-    for (i, group) in stripped.chunk_by(|a, b| a.0 == b.0).enumerate() {
+    let chunks = stripped.chunk_by(|a, b| group_of(&a.0, &a.1) == group_of(&b.0, &b.1));
+    for (i, group) in chunks.enumerate() {
         let bin = &group[0].0;
+        let name = group_of(bin, &group[0].1);
         let bytes: Vec<&[u8]> = group.iter().map(|(_, _, b)| b.as_slice()).collect();
-        let (frame, offsets) = compress_group_kept(&target_dir.join("compressed"), bin, &bytes)?;
-        let path = out_dir.join(format!("{bin}.zst"));
+        let (frame, offsets) = compress_group_kept(&target_dir.join("compressed"), &name, &bytes)?;
+        let path = out_dir.join(format!("{name}.zst"));
         fs::write(&path, frame).map_err(|e| format!("{}: {e}", path.display()))?;
         let _ = writeln!(
             groups,
-            "    ({bin:?}, include_bytes!({:?})),",
+            "    ({name:?}, include_bytes!({:?})),",
             path.display().to_string()
         );
         for ((_, variant, b), offset) in group.iter().zip(offsets) {
