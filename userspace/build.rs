@@ -30,16 +30,23 @@ fn main() {
 /// position-independent binary keeps one relocation a pointer in its data,
 /// 24 bytes each in `.rela.dyn` (0.7 MB of rtrace), where the packed table
 /// takes a bit or so each. The loader must know the table: musl's static
-/// start-up does (1.2.4+, the `dist` build), glibc from 2.36; a binary
+/// start-up does (1.2.4+, the static `dist` build), glibc from 2.36; a binary
 /// for glibc is built so only where the building machine's own glibc is
 /// that new, since that is where it runs (`dist` ships the static one).
 /// A linker that does not know the option warns and ignores it.
 fn packed_relocations() {
     let linux = env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
     let libc = env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    let static_link =
+        env::var("CARGO_CFG_TARGET_FEATURE").is_ok_and(|f| f.split(',').any(|f| f == "crt-static"));
+    // The building machine's glibc says nothing of a target built for
+    // another machine.
+    let built_for_here = env::var("HOST").ok() == env::var("TARGET").ok();
     let loader_knows = match libc.as_str() {
-        "musl" => true,
-        "gnu" => glibc_at_least(2, 36),
+        // musl's static start-up (Rust's own musl, 1.2.5); a dynamic
+        // musl's loader may be older than 1.2.4.
+        "musl" => static_link,
+        "gnu" => built_for_here && glibc_at_least(2, 36),
         _ => false,
     };
     if linux && loader_knows {

@@ -125,13 +125,15 @@ pub struct Object {
 
 /// The order of a bin's objects in its group, by variant (`""` for the
 /// plain object), the CFI walk's variants aside ([`group_of`]): taking an
-/// object out decompresses its group up to the object's end, so the plain
-/// object, which `trace` and `strace` load unless asked for stacks, comes
-/// first, and the per-CPU buffers of kernels before 5.8 last.
+/// object out decompresses its group up to the object's end, so what the
+/// loaders try first on current kernels comes first (task storage,
+/// atomics; then the plain object, which `trace` and `strace`, with
+/// neither, load unless asked for stacks), and the per-CPU buffers of
+/// kernels before 5.8 last.
 pub const GROUP_ORDER: [&str; 4] = [
-    "",
     rtrace_common::variants::TASK_STORAGE,
     rtrace_common::variants::ATOMICS,
+    "",
     rtrace_common::variants::PERF,
 ];
 
@@ -324,7 +326,7 @@ pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
 /// compressed as one zstd frame at level 19. The variants of one program
 /// share most of their code, which a frame this large (its window holds
 /// the whole group) sees once; each object alone, deflated, was 1.9 MB of
-/// the binary in all, and so grouped it is 0.9. Returns the frame and
+/// the binary in all, and so grouped it is 1.1. Returns the frame and
 /// each object's offset.
 pub fn compress_group(objects: &[&[u8]]) -> Result<(Vec<u8>, Vec<usize>), String> {
     let offsets = group_offsets(objects);
@@ -366,7 +368,10 @@ fn compress_group_kept(
 ) -> Result<(Vec<u8>, Vec<usize>), String> {
     use std::hash::{Hash as _, Hasher as _};
     let mut hasher = std::hash::DefaultHasher::new();
+    // The layout too: a frame kept by an older build of this file must
+    // not be read back with offsets this one computes differently.
     GROUP_LEVEL.hash(&mut hasher);
+    group_offsets(objects).hash(&mut hasher);
     objects.hash(&mut hasher);
     let name = format!("{group}-{:016x}.zst", hasher.finish());
     let kept = dir.join(&name);
@@ -386,16 +391,22 @@ fn compress_group_kept(
                 let _ = fs::remove_file(old.path());
             }
         }
-        let _ = fs::write(&kept, &frame);
+        // Written whole then renamed: a build killed mid-write leaves no
+        // cut frame to be read back.
+        let part = dir.join(format!("{name}.part{}", std::process::id()));
+        if fs::write(&part, &frame).is_ok() && fs::rename(&part, &kept).is_err() {
+            let _ = fs::remove_file(&part);
+        }
     }
     Ok((frame, offsets))
 }
 
 /// Builds every object and its variants into `target_dir`, and writes to
-/// `out_dir` each bin's objects without their DWARF ([`strip_debug`]),
-/// compressed together ([`compress_group`]) as `<bin>.zst`, and
-/// `out_dir/objects.rs`: the tables `GROUPS` of `(bin, compressed bytes)`
-/// and `OBJECTS` of `(name, group, offset, length)`, for `include!`.
+/// `out_dir` the objects without their DWARF ([`strip_debug`]), each
+/// group ([`group_of`]) compressed together ([`compress_group`]) as
+/// `<group>.zst`, and `out_dir/objects.rs`: the tables `GROUPS` of
+/// `(group, compressed bytes)` and `OBJECTS` of `(name, group's index,
+/// offset, length)`, for `include!`.
 pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Object>, String> {
     let bins_dir = root.join(CRATE_DIR).join("src").join("bin");
     let mut bins: Vec<(String, Vec<String>)> = Vec::new();
