@@ -21,6 +21,8 @@ pub mod hist;
 pub mod java;
 pub mod memleak;
 pub mod names;
+#[cfg(feature = "objects")]
+pub mod objects;
 pub mod offcputime;
 pub mod offsets;
 pub mod probes;

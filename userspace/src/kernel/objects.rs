@@ -32,25 +32,15 @@ pub fn get(name: &str) -> Option<&'static [u8]> {
     Some(bytes)
 }
 
-/// The `len` bytes at `offset` of a zstd frame's content, in an 8-aligned
-/// buffer kept for the run. The frame is decompressed only up to them,
-/// through the decoder's window, so only the object stays in memory.
+/// The `len` bytes at `offset` of a zstd frame's content
+/// ([`rtrace_common::objects::take_out`]), in an 8-aligned buffer kept for
+/// the run.
 fn take_out(frame: &[u8], offset: usize, len: usize) -> Option<&'static [u8]> {
-    use std::io::Read as _;
-    let mut decoder = ruzstd::decoding::StreamingDecoder::new(frame).ok()?;
-    let skipped = std::io::copy(
-        &mut (&mut decoder).take(offset as u64),
-        &mut std::io::sink(),
-    )
-    .ok()?;
-    if skipped != offset as u64 {
-        return None;
-    }
     let words: &'static mut [u64] = Vec::leak(vec![0u64; len.div_ceil(8)]);
     // SAFETY: the words live for the run and hold at least `len` bytes;
     // u8 has no alignment or invalid values.
     let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) };
-    decoder.read_exact(bytes).ok()?;
+    rtrace_common::objects::take_out(frame, offset, bytes).ok()?;
     Some(bytes)
 }
 
@@ -69,7 +59,8 @@ mod tests {
     fn objects_carry_btf_and_no_dwarf() {
         assert!(!super::OBJECTS.is_empty());
         for (name, ..) in super::OBJECTS {
-            let bytes = super::get(name).unwrap_or_else(|| panic!("{name} does not inflate"));
+            let bytes = super::get(name)
+                .unwrap_or_else(|| panic!("{name} cannot be taken out of its group"));
             let file = object::File::parse(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
             let sections: Vec<&str> = file.sections().filter_map(|s| s.name().ok()).collect();
             let debug: Vec<&&str> = sections

@@ -36,8 +36,8 @@ const RELEASE_GOAL: u64 = 12_000_000;
 /// The goal for the static, stripped `target/dist/rtrace`: at most 11 MB.
 const STATIC_GOAL: u64 = 11_000_000;
 /// The most a tool may start slower than the baseline build
-/// (`RTRACE_BENCH_BASELINE`), in milliseconds: the price of inflating its
-/// objects, judged on the medians.
+/// (`RTRACE_BENCH_BASELINE`), in milliseconds: the price of taking its
+/// objects out, judged on the medians.
 const BASELINE_SLOWER_MS: f64 = 5.0;
 /// libbpf-tools' binaries of the tools rtrace has, for the size table.
 const PEER_BINARIES: [&str; 7] = [
@@ -443,7 +443,7 @@ pub fn run() -> anyhow::Result<String> {
         for (tool, now, then, spread, noise) in &against {
             // A difference inside the rounds' own spread (profile's
             // verifier varies by a quarter second) is noise, not a cost:
-            // the inflating of the objects, timed below, is the cost.
+            // taking the objects out, timed below, is the cost.
             let verdict = if now - then <= BASELINE_SLOWER_MS {
                 "OK"
             } else if now - then <= *noise {
@@ -491,8 +491,8 @@ pub fn run() -> anyhow::Result<String> {
     println!();
     let verified = verifier(&rtrace)?;
     println!();
-    let inflating = inflate_times()?;
-    print!("{inflating}");
+    let taking_out = take_out_times()?;
+    print!("{taking_out}");
     println!();
     let (sizes_text, sizes_table, size_over) = sizes(&rtrace)?;
     print!("{sizes_text}");
@@ -532,7 +532,7 @@ pub fn run() -> anyhow::Result<String> {
          loads it) adds {added:.0} ms: goal at most {RUNTIME_ADDED_GOAL_MS} ms a runtime, \
          {runtimes_verdict}.\n\n\
          {verified}\n\
-         ```text\n{inflating}```\n\n\
+         ```text\n{taking_out}```\n\n\
          Binary sizes, in the same run:\n\n{sizes_table}{}",
         measured_on("startup"),
         if profile_ms <= PROFILE_ATTACH_GOAL_MS {
@@ -675,11 +675,11 @@ fn verified_line(line: &str) -> Option<(String, String, u64)> {
 }
 
 /// What taking the embedded objects out costs a tool's start: each object
-/// of the build just made, decompressed as rtrace does it (ruzstd, its
-/// bin's frame up to the object's end; `kernel/objects.rs`), the median of
+/// of the build just made, taken out by rtrace's own function
+/// (`rtrace_common::objects::take_out`: its group's frame decoded up to the
+/// object's end), the median of
 /// [`ROUNDS`]; the slowest, and the objects' sizes.
-fn inflate_times() -> anyhow::Result<String> {
-    use std::io::Read as _;
+fn take_out_times() -> anyhow::Result<String> {
     let table = std::fs::read_dir(crate::root().join("target/release/build"))?
         .flatten()
         .map(|e| e.path().join("out/objects.rs"))
@@ -699,14 +699,9 @@ fn inflate_times() -> anyhow::Result<String> {
         let mut times = Vec::new();
         for _ in 0..ROUNDS {
             let start = Instant::now();
-            let mut decoder = ruzstd::decoding::StreamingDecoder::new(&frame[..])
-                .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-            std::io::copy(
-                &mut (&mut decoder).take(offset as u64),
-                &mut std::io::sink(),
-            )?;
             let mut out = vec![0u8; len];
-            decoder.read_exact(&mut out)?;
+            rtrace_common::objects::take_out(frame, offset, &mut out)
+                .with_context(|| format!("{name}: cannot be taken out of its group"))?;
             times.push(start.elapsed().as_secs_f64() * 1e3);
         }
         rows.push((name, len, median(times)));
