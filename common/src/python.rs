@@ -239,16 +239,18 @@ pub const fn code_check(firstlineno: u32, name: u64, file: u64) -> u32 {
 /// do not change while it lives. The kernel computes it, as it walks and
 /// again as it copies the string; without a comparison, which eBPF turns
 /// into a branch (the verifiers before 6.13 followed each apart).
-pub const fn str_check(w: &[u64; 16], data: u64, bytes: u64) -> u32 {
+pub fn str_check(w: &[u64; 16], data: u64, bytes: u64) -> u32 {
     let base = (data / 8) as usize;
-    // All ones where the characters reach past the first 8 or 16 bytes.
-    let m1 = 0u64.wrapping_sub(8u64.wrapping_sub(bytes) >> 63);
-    let m2 = 0u64.wrapping_sub(16u64.wrapping_sub(bytes) >> 63);
+    // 1 where the characters reach past the first 8 or 16 bytes: a
+    // product, not a mask, which newer verifiers split in two
+    // ([`crate::sign_bit`]).
+    let past8 = crate::sign_bit(8u64.wrapping_sub(bytes));
+    let past16 = crate::sign_bit(16u64.wrapping_sub(bytes));
     let last = w[(data.wrapping_add(bytes) / 8) as usize & 15];
     let h = bytes
         ^ w[base & 15].rotate_left(7)
-        ^ (w[(base + 1) & 15] & m1).rotate_left(23)
-        ^ (w[(base + 2) & 15] & m2).rotate_left(41)
+        ^ w[(base + 1) & 15].wrapping_mul(past8).rotate_left(23)
+        ^ w[(base + 2) & 15].wrapping_mul(past16).rotate_left(41)
         ^ last.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (h.wrapping_mul(0xff51_afd7_ed55_8ccd) >> 32) as u32 | 1
 }

@@ -14,6 +14,48 @@ pub const NEW_CODE_EVERY_NS: u64 = 100_000_000;
 /// Steps of one binary search: enough for a bucket's rows, which hold at
 /// most `1 << MAX_INDEX_SHIFT` bytes of code, each row at least a byte.
 pub const SEARCH_STEPS: usize = MAX_INDEX_SHIFT as usize + 1;
+/// How many of a bucket's rows after its first lie at or before `want`
+/// bytes past the bucket's `start`: the walk's search for the row whose
+/// rules hold at a pc. The rows are sorted; `pc_at(k)` gives the 16 low
+/// bits of the address of the bucket's row `k` (0 its first, `1..=n` the
+/// rows searched), and the answer's row is `first + count`.
+///
+/// It counts by halves without a branch, as [`crate::v8::range_index`]
+/// does: each step's outcome is arithmetic (a sign bit), and a step past
+/// the `n` rows reads the first row again and counts nothing, so the
+/// verifier follows one path through the search. A search that branched
+/// on each comparison was followed down each of its paths with all the
+/// walk after it: on a kernel whose verifier prunes less (Linux 6.18 as
+/// built for this project's hosts in December 2026), every program with the
+/// CFI walk went over the million instructions. `None` where `pc_at` is.
+#[inline(always)]
+pub fn rows_at_or_before(
+    n: u64,
+    start: u16,
+    want: u16,
+    mut pc_at: impl FnMut(u64) -> Option<u16>,
+) -> Option<u64> {
+    // What each step needs after its row's lookup, packed, so that with
+    // `below`, `step` and `pc_at`'s own value it fits the four registers
+    // a call keeps: a spill would grow the walk's stack, which has 512
+    // bytes for all its calls (6.1 refused `profile --off-cpu` at 8 more).
+    let bounds = (u64::from(start) << 16 | u64::from(want)) << 32 | (n & 0xffff_ffff);
+    let mut below = 0u64;
+    let mut step = 1u64 << (SEARCH_STEPS - 1);
+    for _ in 0..SEARCH_STEPS {
+        let i = below + step - 1;
+        // 1 while row `i + 1` is one of the `n`.
+        let counted = crate::sign_bit(i.wrapping_sub(bounds & 0xffff_ffff));
+        let pc = pc_at(counted * (i + 1))?;
+        let (start, want) = ((bounds >> 48) as u16, (bounds >> 32) as u16);
+        let after =
+            crate::sign_bit(u64::from(want).wrapping_sub(u64::from(pc.wrapping_sub(start))));
+        below += (1 - after) * counted * step;
+        step >>= 1;
+    }
+    Some(below)
+}
+
 /// A file's index has at most one bucket for this many rows, so that it
 /// takes at most an eighth of the rows' memory.
 pub const ROWS_PER_BUCKET: u32 = 4;
@@ -337,3 +379,57 @@ pub const PROG_FORK: &str = "cfi_fork";
 /// The uprobe on the dynamic loader's `_dl_debug_state`, which a process
 /// calls when it has loaded or unloaded a library.
 pub const PROG_LOADED: &str = "cfi_loaded";
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::{vec, vec::Vec};
+
+    /// The branchless count is what a scan counts, for buckets of every
+    /// size up to the most a search covers, rows at and between the
+    /// wanted offsets, rows whose 16 bits wrap past the bucket's start,
+    /// and a `pc_at` that fails.
+    #[test]
+    fn rows_at_or_before_counts_what_a_scan_counts() {
+        let most = (1u64 << SEARCH_STEPS) - 1;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..400u64 {
+            let n = match round {
+                0..=40 => round,
+                41..=50 => most - (round - 41),
+                _ => next() % (most + 1),
+            };
+            let start = (next() & 0xffff) as u16;
+            // Offsets from the start, sorted: the first row at or before
+            // the start (offset 0 here), the others after it.
+            let mut offsets: Vec<u16> = (0..n).map(|_| (next() % 0xffff) as u16 + 1).collect();
+            offsets.sort_unstable();
+            offsets.insert(0, 0);
+            let pcs: Vec<u16> = offsets.iter().map(|o| start.wrapping_add(*o)).collect();
+            let mut wants: Vec<u16> = vec![0, 0xffff, (next() & 0xffff) as u16];
+            for k in [1usize, (n as usize) / 2, n as usize] {
+                if let Some(o) = offsets.get(k) {
+                    wants.extend([*o, o.wrapping_sub(1), o.saturating_add(1)]);
+                }
+            }
+            for want in wants {
+                let scan = offsets[1..].iter().filter(|o| **o <= want).count() as u64;
+                let mut read_past = false;
+                let got = rows_at_or_before(n, start, want, |k| {
+                    read_past |= k > n;
+                    pcs.get(k as usize).copied()
+                });
+                assert_eq!(got, Some(scan), "n {n} start {start} want {want}");
+                assert!(!read_past, "a row past the bucket was read");
+            }
+        }
+        assert_eq!(rows_at_or_before(5, 0, 9, |_| None), None);
+    }
+}

@@ -161,7 +161,8 @@ pub struct V8Proc {
 /// what the walk asks of every frame of a process that runs V8.
 ///
 /// The search counts the ranges that end at or below the pc, halving
-/// without a branch: each step's outcome is arithmetic (a sign bit), so
+/// without a branch: each step's outcome is arithmetic (a sign bit,
+/// [`crate::sign_bit`]), so
 /// the verifier follows one path, where a search that branched would be
 /// followed down each of its 2^steps paths with all the walk after it.
 /// The ranges past `n` (stale in the walk's scratch value) count as above
@@ -175,9 +176,9 @@ pub fn range_index(ranges: &[V8Range; MAX_V8_RANGES], n: u32, pc: u64) -> u32 {
     for _ in 0..V8_RANGE_STEPS {
         let i = below + step - 1;
         let high = ranges[(i % MAX_V8_RANGES as u64) as usize].high;
-        let at_or_past = 1 - (pc.wrapping_sub(high) >> 63);
-        let counted = i.wrapping_sub(n) >> 63;
-        below += (at_or_past & counted).wrapping_neg() & step;
+        let at_or_past = 1 - crate::sign_bit(pc.wrapping_sub(high));
+        let counted = crate::sign_bit(i.wrapping_sub(n));
+        below += at_or_past * counted * step;
         step /= 2;
     }
     let r = &ranges[(below % MAX_V8_RANGES as u64) as usize];

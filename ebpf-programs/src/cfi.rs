@@ -25,7 +25,7 @@ use rtrace_common::{
         Bucket, CFA_END, CFA_PLT, CFA_RBP, CFA_RBX, CFA_RSP, CFA_RSP_IN_PARENT, CFA_RSP_RA_RDI,
         CfiOffsets, CfiRow, CfiRule, FileKey, FileRegion, FileRows, FoundRegions, MAX_FOUND,
         MAX_REGIONS, NEW_CODE_EVERY_NS, ProcRegions, RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8,
-        Region, SEARCH_STEPS,
+        Region, rows_at_or_before,
     },
 };
 
@@ -466,24 +466,17 @@ fn search_rows(r: &FileRows, pc: u64) -> Option<CfiRule> {
     let want = off - start;
     let want = if want > 0xffff { 0xffff } else { want as u16 };
     let start = start as u16;
-    let Bucket { first, end: mut hi } = *CFI_INDEX.get(r.index_start + b)?;
-    if hi > r.row_len {
-        hi = r.row_len;
-    }
-    // The answer is at least the bucket's first row: `lo` ends above it.
-    let mut lo = first + 1;
-    for _ in 0..SEARCH_STEPS {
-        if lo >= hi {
-            break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if row(r.row_start + mid)?.pc.wrapping_sub(start) <= want {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    let found = row(r.row_start + lo - 1)?;
+    let Bucket { first, end } = *CFI_INDEX.get(r.index_start + b)?;
+    let hi = if end > r.row_len { r.row_len } else { end };
+    // The rows searched are those after the bucket's first, up to `hi`:
+    // none where the bucket is empty (a sign bit, not a branch).
+    let n = (i64::from(hi) - i64::from(first) - 1) as u64;
+    let n = n * (1 - rtrace_common::sign_bit(n));
+    let base = r.row_start.wrapping_add(first);
+    let below = rows_at_or_before(n, start, want, |k| {
+        Some(row(base.wrapping_add(k as u32))?.pc)
+    })?;
+    let found = row(base.wrapping_add(below as u32))?;
     CFI_RULES.get(r.rule_start + u32::from(found.rule)).copied()
 }
 
