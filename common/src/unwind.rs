@@ -26,8 +26,10 @@ pub const SEARCH_STEPS: usize = MAX_INDEX_SHIFT as usize + 1;
 /// verifier follows one path through the search. A search that branched
 /// on each comparison was followed down each of its paths with all the
 /// walk after it: on a kernel whose verifier prunes less (Linux 6.18 as
-/// built for this project's hosts in December 2026), every program with the
-/// CFI walk went over the million instructions. `None` where `pc_at` is.
+/// built for this project's hosts in December 2026), every program with
+/// the CFI walk went over the million instructions, this search and the
+/// step's byte-wise copies (`rtrace_ebpf::copy_value`) the most of it.
+/// `None` where `pc_at` is.
 #[inline(always)]
 pub fn rows_at_or_before(
     n: u64,

@@ -112,8 +112,9 @@ static CFI_NO_PROCS: Array<ProcRegions> = Array::with_max_entries(1, 0);
 pub(crate) static SEEN: aya_ebpf::maps::LruHashMap<u32, u32> =
     aya_ebpf::maps::LruHashMap::with_max_entries(8192, 0);
 
-/// Steps of the binary search of a process's regions.
-const REGION_STEPS: usize = MAX_REGIONS.next_power_of_two().trailing_zeros() as usize + 1;
+/// Steps of the count of a process's regions by halves: enough to count
+/// them all.
+const REGION_STEPS: usize = (MAX_REGIONS + 1).next_power_of_two().trailing_zeros() as usize;
 
 /// A thread's last walk, remembered: the walk is a function of the
 /// registers it starts from, the stack words it reads (whose addresses
@@ -419,32 +420,45 @@ fn cut_short(st: &mut State) {
     st.unremembered = crate::scratch::CUT;
 }
 
-/// The region of `procs` that holds `ip`, by halves (user space lists
-/// them in address order); the last frame's region first.
+/// The region of `procs` that holds `ip`, into `st.last`: the last frame's
+/// region first, else the last region that starts at or before `ip`
+/// (user space lists them in address order), counted by halves without
+/// a branch as [`rows_at_or_before`] counts rows; a search that branched
+/// three ways at each step, with a copy of the region on each way out,
+/// was followed down each by the verifier with the rest of the step.
 #[inline(always)]
 fn region(procs: &ProcRegions, st: &mut State, ip: u64) -> bool {
     if st.last.start <= ip && ip < st.last.end {
         return true;
     }
-    let (mut lo, mut hi) = (0u32, procs.n);
+    let n = u64::from(procs.n);
+    if n > MAX_REGIONS as u64 {
+        return false;
+    }
+    let mut below = 0u64;
+    let mut step = 1u64 << (REGION_STEPS - 1);
     for _ in 0..REGION_STEPS {
-        if lo >= hi {
-            return false;
-        }
-        let mid = lo + (hi - lo) / 2;
-        let Some(r) = procs.regions.get(mid as usize) else {
+        let i = below + step - 1;
+        // 1 while region `i` is one of the `n`; past them, the first is
+        // read again and nothing counted. User addresses are below
+        // 1 << 63, so that a difference's sign bit compares them.
+        let inside = rtrace_common::sign_bit(i.wrapping_sub(n));
+        let Some(r) = procs.regions.get((inside * i) as usize) else {
             return false;
         };
-        if ip < r.start {
-            hi = mid;
-        } else if ip >= r.end {
-            lo = mid + 1;
-        } else {
-            st.last = *r;
-            return true;
-        }
+        let after = rtrace_common::sign_bit(ip.wrapping_sub(r.start));
+        below += (1 - after) * inside * step;
+        step >>= 1;
     }
-    false
+    let Some(r) = procs.regions.get((below as usize).wrapping_sub(1)) else {
+        return false;
+    };
+    if ip >= r.end {
+        return false;
+    }
+    // SAFETY: a map value into another; a region is of words.
+    unsafe { crate::copy_value(&mut st.last, r) };
+    true
 }
 
 /// The rules of file `r` at file address `pc`, if any CFI covers it:
@@ -482,7 +496,6 @@ fn search_rows(r: &FileRows, pc: u64) -> Option<CfiRule> {
 
 /// The mapping `bpf_find_vma` found, as [`vma_found`] reads it.
 #[repr(C)]
-#[derive(Default)]
 struct Vma {
     start: u64,
     end: u64,
@@ -549,17 +562,21 @@ fn find_region(tgid: u32, addr: u64) -> Result<(Region, Found), ()> {
     if global(&CFI_OFFSETS).find_vma == 0 {
         return Err(());
     }
-    let mut vma = Vma::default();
+    // Zeroed a word at a time: `Vma::default()` is a call of `memset`
+    // (see `copy_value`).
+    let mut vma = core::mem::MaybeUninit::<Vma>::uninit();
     // SAFETY: `vma_found` is a callback of the helper's signature and
-    // `vma` lives across the call.
-    let ret = unsafe {
-        bpf_find_vma(
+    // `vma` lives across the call; zeros are a `Vma`.
+    let (ret, vma) = unsafe {
+        crate::zero_value(vma.as_mut_ptr());
+        let ret = bpf_find_vma(
             bpf_get_current_task_btf(),
             addr,
             vma_found as *mut core::ffi::c_void,
-            (&raw mut vma).cast(),
+            vma.as_mut_ptr().cast(),
             0,
-        )
+        );
+        (ret, vma.assume_init_ref())
     };
     if ret == EBUSY {
         count_error(ERR_FIND_BUSY);
@@ -613,7 +630,7 @@ fn keep_found(tgid: u32, r: &Region) {
     unsafe {
         let next = (*found).next as usize % MAX_FOUND;
         if let Some(slot) = (*found).regions.get_mut(next) {
-            *slot = *r;
+            crate::copy_value(slot, r);
         }
         (*found).next = (next + 1) as u32;
         if ((*found).n as usize) < MAX_FOUND {
@@ -639,7 +656,8 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
                 break;
             };
             if r.start <= ip && ip < r.end && r.rows.row_len != 0 {
-                st.last = *r;
+                // SAFETY: a map value into another; a region is of words.
+                unsafe { crate::copy_value(&mut st.last, r) };
                 return true;
             }
         }

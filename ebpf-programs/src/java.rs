@@ -85,8 +85,9 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32, walked: bool) {
     let Some(p) = JAVA_PROCS.get_ptr(tgid) else {
         return;
     };
-    // SAFETY: a map value, copied into another.
-    s.jv.proc = unsafe { *p };
+    // SAFETY: a map value, copied into another (`copy_value`: a plain
+    // assignment would call `memmove`).
+    unsafe { crate::copy_value(&mut s.jv.proc, p) };
     s.jv.on = 1;
 }
 

@@ -332,6 +332,40 @@ pub fn global<T: Copy>(g: &'static aya_ebpf::Global<T>) -> &'static T {
     unsafe { &*core::ptr::read_volatile(&raw const p) }
 }
 
+/// Copies `*src` to `*dst`, word by word in line.
+///
+/// A plain `*dst = *src` between two places that may be one (map values
+/// both) becomes a call of `memmove`, and a struct zeroed or built with
+/// many zeros one of `memset`: the eBPF target expands only `memcpy`
+/// itself, and aya-ebpf's `memmove` and `memset` go byte by byte, with a
+/// branch, which the verifier follows for each byte on each path (the
+/// step of the CFI walk copied a region, 56 bytes, on every path out of
+/// its search). A non-overlapping copy of a type with 8-byte alignment
+/// is a `memcpy`, expanded as a load and a store a word.
+///
+/// # Safety
+/// `dst` and `src` must be valid, aligned and not overlap.
+#[inline(always)]
+pub unsafe fn copy_value<T: Copy>(dst: *mut T, src: *const T) {
+    const { assert!(core::mem::align_of::<T>() >= 8) };
+    // SAFETY: per the contract.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, 1) }
+}
+
+/// Zeroes `*dst` a word at a time, stores the compiler cannot merge into
+/// a call of `memset` (see [`copy_value`]).
+///
+/// # Safety
+/// `dst` must be valid and aligned, and zero bytes a valid `T`.
+#[inline(always)]
+pub unsafe fn zero_value<T>(dst: *mut T) {
+    const { assert!(core::mem::align_of::<T>() >= 8 && core::mem::size_of::<T>().is_multiple_of(8)) };
+    let words = dst.cast::<u64>();
+    for k in 0..core::mem::size_of::<T>() / 8 {
+        // SAFETY: per the contract, word `k` lies in `*dst`.
+        unsafe { core::ptr::write_volatile(words.add(k), 0) };
+    }
+}
 /// `-EEXIST`: the entry was there already (another CPU created it first).
 pub const EEXIST: i32 = -17;
 

@@ -566,11 +566,16 @@ pub(crate) const NOT_STARTED: u32 = 2;
 /// add its own frame to that chain (on 6.1 the walk then did not load).
 #[inline(always)]
 pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32, walked: bool) {
-    s.py.frame = 0;
-    s.py.on = 0;
-    s.py.mode = 0;
-    s.py.emitted = 0;
-    s.py.nnew = 0;
+    // Volatile: plain stores of zeros side by side are merged into a call
+    // of `memset` (see `crate::copy_value`).
+    // SAFETY: fields of a map value.
+    unsafe {
+        core::ptr::write_volatile(&mut s.py.frame, 0);
+        core::ptr::write_volatile(&mut s.py.on, 0);
+        core::ptr::write_volatile(&mut s.py.mode, 0);
+        core::ptr::write_volatile(&mut s.py.emitted, 0);
+        core::ptr::write_volatile(&mut s.py.nnew, 0);
+    }
     // A constant: a walk without Python's part never looks.
     if !walked {
         return;
@@ -578,8 +583,9 @@ pub(crate) fn start(s: &mut Scratch, tgid: u32, fsbase_off: u32, walked: bool) {
     let Some(p) = PY_PROCS.get_ptr(tgid) else {
         return;
     };
-    // SAFETY: a map value, copied into another.
-    s.py.proc = unsafe { *p };
+    // SAFETY: a map value, copied into another (`copy_value`: a plain
+    // assignment would call `memmove`).
+    unsafe { crate::copy_value(&mut s.py.proc, p) };
     s.py.on = 1;
     s.py.tstate = 0;
     s.py.task_frame = 0;
