@@ -1014,7 +1014,9 @@ pub(crate) fn keep_tail(s: *const Scratch, tgid: u32) {
     m.version = s.walk.version;
     m.nreads = t.nreads;
     m.span = t.span;
-    m.reads = t.reads;
+    // SAFETY: two map values' fields (a plain assignment would call
+    // `memmove`).
+    unsafe { crate::copy_value(&mut m.reads, &t.reads) };
     let mut kept = 0;
     for k in 0..TAIL_FRAMES {
         if k as u32 >= n {

@@ -340,14 +340,15 @@ pub fn global<T: Copy>(g: &'static aya_ebpf::Global<T>) -> &'static T {
 /// itself, and aya-ebpf's `memmove` and `memset` go byte by byte, with a
 /// branch, which the verifier follows for each byte on each path (the
 /// step of the CFI walk copied a region, 56 bytes, on every path out of
-/// its search). A non-overlapping copy of a type with 8-byte alignment
-/// is a `memcpy`, expanded as a load and a store a word.
+/// its search). A non-overlapping copy is a `memcpy`, which the target
+/// expands as a load and a store for each unit of the type's alignment,
+/// up to 128 of them.
 ///
 /// # Safety
 /// `dst` and `src` must be valid, aligned and not overlap.
 #[inline(always)]
 pub unsafe fn copy_value<T: Copy>(dst: *mut T, src: *const T) {
-    const { assert!(core::mem::align_of::<T>() >= 8) };
+    const { assert!(core::mem::size_of::<T>() / core::mem::align_of::<T>() <= 128) };
     // SAFETY: per the contract.
     unsafe { core::ptr::copy_nonoverlapping(src, dst, 1) }
 }
