@@ -1208,13 +1208,18 @@ impl StackTool {
     /// were cut short (and at least [`CUT_SHORT_MIN`] distinct ones), most first,
     /// in one warning with the likely cause and the cure. A few cut short
     /// in a process are normal (a stack page not in memory): the samples
-    /// keep the frames read, and `-v` counts them.
+    /// keep the frames read, and `-v` counts them. A process that mapped a
+    /// file whose rows did not fit the budget is left to that warning.
     fn cut_short_warning(&self) -> Option<Warning> {
         let mut many: Vec<(Proc, &crate::stacks::stackstore::CutShort)> = self
             .store
             .cut_short()
-            .filter(|(_, s)| {
-                s.stacks >= CUT_SHORT_MIN && s.cut as f64 > CUT_SHORT_SHARE * s.all as f64
+            .filter(|(p, s)| {
+                s.stacks >= CUT_SHORT_MIN
+                    && s.cut as f64 > CUT_SHORT_SHARE * s.all as f64
+                    // Walked by frame pointer for the budget, which its own
+                    // warning names with the cure.
+                    && !self.cfi.as_ref().is_some_and(|c| c.short_of_budget(p))
             })
             .collect();
         if many.is_empty() {

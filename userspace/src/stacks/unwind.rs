@@ -298,6 +298,10 @@ impl Tables {
     }
 }
 
+/// Most processes [`KernelTables::short_of_budget`] remembers: a day's
+/// build at a few hundred bytes each.
+const SHORT_OF_BUDGET_MOST: usize = 1 << 16;
+
 /// The kernel's copy of the tables: the rows and index arrays and each
 /// process's regions, filled as processes show up and refreshed as they
 /// map more (`dlopen`), each file's rows loaded once.
@@ -333,6 +337,10 @@ pub struct KernelTables {
     /// rules it needed and when it was last tried: their code is walked by
     /// frame pointer. A process mapping one tries it again.
     files_not_loaded: HashMap<usize, (Capacity, std::time::Instant)>,
+    /// Processes (by id and start tick) that mapped such a file when their
+    /// regions were read, kept after they exit (a build's compilers are
+    /// gone by the report), up to [`SHORT_OF_BUDGET_MOST`].
+    short_of_budget: std::collections::HashSet<(u32, u64)>,
     /// What the arrays hold.
     capacity: Capacity,
     /// Files evicted to make room, and their rows.
@@ -518,6 +526,7 @@ impl KernelTables {
             free_rules: Free::new(capacity.rules),
             captured: HashMap::new(),
             files_not_loaded: HashMap::new(),
+            short_of_budget: std::collections::HashSet::new(),
             capacity,
             evicted: (0, 0),
             processes_not_loaded: 0,
@@ -561,10 +570,16 @@ impl KernelTables {
             let Some(slot) = out.regions.get_mut(out.n as usize) else {
                 break;
             };
+            let mut unloaded = false;
             let rows = r.table.filter(|t| !t.table.rows.is_empty()).and_then(|t| {
                 files.push(Arc::as_ptr(&t) as usize);
-                self.load_file(&t, &files)
+                let rows = self.load_file(&t, &files);
+                unloaded = rows.is_none();
+                rows
             });
+            if unloaded && self.short_of_budget.len() < SHORT_OF_BUDGET_MOST {
+                self.short_of_budget.insert((pid, who.start_ticks()));
+            }
             *slot = KRegion {
                 start: r.start,
                 end: r.end,
@@ -588,6 +603,14 @@ impl KernelTables {
             }
         }
         Ok(true)
+    }
+
+    /// Whether process `who` mapped a file whose rows did not fit the
+    /// budget: its frames there were walked by frame pointer, which the
+    /// budget's warning names with its cure, so stacks it cut short need
+    /// no warning of their own that blames code without frame pointers.
+    pub fn short_of_budget(&self, who: &Proc) -> bool {
+        self.short_of_budget.contains(&(who.pid, who.start_ticks()))
     }
 
     /// Takes the tables compiled on another thread
