@@ -440,13 +440,18 @@ fn region(procs: &ProcRegions, st: &mut State, ip: u64) -> bool {
     for _ in 0..REGION_STEPS {
         let i = below + step - 1;
         // 1 while region `i` is one of the `n`; past them, the first is
-        // read again and nothing counted. User addresses are below
-        // 1 << 63, so that a difference's sign bit compares them.
+        // read again and nothing counted.
         let inside = rtrace_common::sign_bit(i.wrapping_sub(n));
         let Some(r) = procs.regions.get((inside * i) as usize) else {
             return false;
         };
-        let after = rtrace_common::sign_bit(ip.wrapping_sub(r.start));
+        // A difference's sign bit compares addresses below 1 << 63. The
+        // one region above them, the last, is `[vsyscall]` (no code runs
+        // there: a call into it traps and the kernel emulates it), taken
+        // to lie after every pc; counted as before them, it once sent
+        // every search past the region it was for.
+        let after = rtrace_common::sign_bit(ip.wrapping_sub(r.start))
+            | rtrace_common::sign_bit(r.start);
         below += (1 - after) * inside * step;
         step >>= 1;
     }
