@@ -450,8 +450,8 @@ fn region(procs: &ProcRegions, st: &mut State, ip: u64) -> bool {
         // there: a call into it traps and the kernel emulates it), taken
         // to lie after every pc; counted as before them, it once sent
         // every search past the region it was for.
-        let after = rtrace_common::sign_bit(ip.wrapping_sub(r.start))
-            | rtrace_common::sign_bit(r.start);
+        let after =
+            rtrace_common::sign_bit(ip.wrapping_sub(r.start)) | rtrace_common::sign_bit(r.start);
         below += (1 - after) * inside * step;
         step >>= 1;
     }
@@ -501,6 +501,7 @@ fn search_rows(r: &FileRows, pc: u64) -> Option<CfiRule> {
 
 /// The mapping `bpf_find_vma` found, as [`vma_found`] reads it.
 #[repr(C)]
+#[derive(Default)]
 struct Vma {
     start: u64,
     end: u64,
@@ -567,21 +568,17 @@ fn find_region(tgid: u32, addr: u64) -> Result<(Region, Found), ()> {
     if global(&CFI_OFFSETS).find_vma == 0 {
         return Err(());
     }
-    // Zeroed a word at a time: `Vma::default()` is a call of `memset`
-    // (see `copy_value`).
-    let mut vma = core::mem::MaybeUninit::<Vma>::uninit();
+    let mut vma = Vma::default();
     // SAFETY: `vma_found` is a callback of the helper's signature and
-    // `vma` lives across the call; zeros are a `Vma`.
-    let (ret, vma) = unsafe {
-        crate::zero_value(vma.as_mut_ptr());
-        let ret = bpf_find_vma(
+    // `vma` lives across the call.
+    let ret = unsafe {
+        bpf_find_vma(
             bpf_get_current_task_btf(),
             addr,
             vma_found as *mut core::ffi::c_void,
-            vma.as_mut_ptr().cast(),
+            (&raw mut vma).cast(),
             0,
-        );
-        (ret, vma.assume_init_ref())
+        )
     };
     if ret == EBUSY {
         count_error(ERR_FIND_BUSY);

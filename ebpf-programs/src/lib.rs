@@ -332,7 +332,7 @@ pub fn global<T: Copy>(g: &'static aya_ebpf::Global<T>) -> &'static T {
     unsafe { &*core::ptr::read_volatile(&raw const p) }
 }
 
-/// Copies `*src` to `*dst`, word by word in line.
+/// Copies `*src` to `*dst` in line, a load and a store a word.
 ///
 /// A plain `*dst = *src` between two places that may be one (map values
 /// both) becomes a call of `memmove`, and a struct zeroed or built with
@@ -353,20 +353,6 @@ pub unsafe fn copy_value<T: Copy>(dst: *mut T, src: *const T) {
     unsafe { core::ptr::copy_nonoverlapping(src, dst, 1) }
 }
 
-/// Zeroes `*dst` a word at a time, stores the compiler cannot merge into
-/// a call of `memset` (see [`copy_value`]).
-///
-/// # Safety
-/// `dst` must be valid and aligned, and zero bytes a valid `T`.
-#[inline(always)]
-pub unsafe fn zero_value<T>(dst: *mut T) {
-    const { assert!(core::mem::align_of::<T>() >= 8 && core::mem::size_of::<T>().is_multiple_of(8)) };
-    let words = dst.cast::<u64>();
-    for k in 0..core::mem::size_of::<T>() / 8 {
-        // SAFETY: per the contract, word `k` lies in `*dst`.
-        unsafe { core::ptr::write_volatile(words.add(k), 0) };
-    }
-}
 /// `-EEXIST`: the entry was there already (another CPU created it first).
 pub const EEXIST: i32 = -17;
 
