@@ -265,10 +265,23 @@ pub fn mtime_slack_ns() -> u64 {
 /// `/proc/PID/stat`, after the command, which may hold spaces and
 /// parentheses); `None` if it is gone.
 pub fn start_ticks(pid: u32) -> Option<u64> {
+    stat_fields(pid, [22]).map(|[t]| t)
+}
+
+/// Numeric fields of `/proc/PID/stat`, numbered from 1 as proc(5) numbers
+/// them (22 the start, 14 and 15 the user and system time in clock
+/// ticks); `None` if the process is gone or a field is not a number.
+pub fn stat_fields<const N: usize>(pid: u32, fields: [usize; N]) -> Option<[u64; N]> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command, which may hold spaces and parentheses: fields
+    // from the third (state) on.
     let (_, rest) = stat.rsplit_once(')')?;
-    // Fields from the third (state) on: the start is the 22nd field.
-    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+    let rest: Vec<&str> = rest.split_whitespace().collect();
+    let mut out = [0; N];
+    for (o, f) in out.iter_mut().zip(fields) {
+        *o = rest.get(f.checked_sub(3)?)?.parse().ok()?;
+    }
+    Some(out)
 }
 
 /// The directory of process `pid`'s memory in `/proc`: `/proc/PID`, or,

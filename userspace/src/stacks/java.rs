@@ -1641,20 +1641,9 @@ mod tests {
     /// get little of the CPU, and a wall-clock limit failed them on a
     /// busy machine.
     fn waited_out(pid: u32, started: Instant, cpu: f64) -> bool {
-        let used = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                // utime and stime, in clock ticks: the 12th and 13th
-                // fields after the command's closing parenthesis.
-                let after = &stat[stat.rfind(')')? + 1..];
-                let f: Vec<f64> = after
-                    .split_whitespace()
-                    .skip(11)
-                    .take(2)
-                    .filter_map(|v| v.parse().ok())
-                    .collect();
-                (f.len() == 2).then(|| (f[0] + f[1]) / 100.0)
-            });
+        use crate::kernel::procmaps::{stat_fields, tick_ns};
+        let used = stat_fields(pid, [14, 15])
+            .map(|[user, system]| ((user + system) * tick_ns()) as f64 / 1e9);
         used.is_some_and(|u| u > cpu) || started.elapsed() > Duration::from_secs(600)
     }
 
