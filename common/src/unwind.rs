@@ -339,6 +339,27 @@ pub const RUNTIME_V8: u32 = 4;
 /// `profile`'s sampling one step through.
 pub const RUNTIMES_ALL: u32 = RUNTIME_PYTHON | RUNTIME_JAVA | RUNTIME_V8;
 
+/// Slots of each CPU's share of a runtime's table of the things its walk
+/// told user space of (`PY_TOLD`, `JAVA_TOLD`, `V8_TOLD`), a power of
+/// two.
+pub const TOLD_SLOTS: u32 = 4096;
+
+/// Slots of each CPU's share of `JAVA_CHECKS`, the checks of
+/// interpreted Java frames worked out, a power of two.
+pub const JAVA_CHECK_SLOTS: u32 = 1024;
+
+/// The walks' tables of slots for each CPU, with the slots a CPU has:
+/// arrays that user space sizes to that many a possible CPU, each CPU
+/// using its own. An array is made in one allocation; a per-CPU array of
+/// as many slots took one per-CPU allocation a slot, 2.5 ms of each
+/// start for each of the 4096-slot tables.
+pub const CPU_TABLES: [(&str, u32); 4] = [
+    ("PY_TOLD", TOLD_SLOTS),
+    ("JAVA_TOLD", TOLD_SLOTS),
+    ("V8_TOLD", TOLD_SLOTS),
+    ("JAVA_CHECKS", JAVA_CHECK_SLOTS),
+];
+
 /// The runtimes a variant of the walk steps through, as bits
 /// ([`RUNTIME_PYTHON`], [`RUNTIME_JAVA`]). A walk without a runtime's
 /// part is compiled without it, so the verifier does not go through it:

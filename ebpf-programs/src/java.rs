@@ -16,7 +16,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap},
 };
 use rtrace_common::{
     java::{
@@ -25,12 +25,14 @@ use rtrace_common::{
         LEARNED_VTABLE, MAX_HEAPS, method_check,
     },
     stacks::{ERR_JAVA_BAD, ERR_JAVA_CHECK_KEPT, SEEN_JAVA},
+    unwind::JAVA_CHECK_SLOTS,
 };
 
 use crate::{
     count_error, read_user,
     runtime::{
-        TOLD_SLOTS, byte, half, newly_told, quarter, read_into, stack_into, stack_words, word,
+        Told, byte, cpu_slot, half, newly_told, quarter, read_into, stack_into, stack_words,
+        told_table, word,
     },
     scratch::{Scratch, kept, push2},
 };
@@ -43,7 +45,7 @@ pub(crate) static JAVA_PROCS: HashMap<u32, JavaProc> = HashMap::with_max_entries
 /// its salt and the frame's slots (`runtime::newly_told`), as Python's
 /// code objects are told.
 #[map]
-static JAVA_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0);
+static JAVA_TOLD: Told = told_table();
 
 /// Hops of a segment map's walk back to its block's start: HotSpot
 /// writes at most 0xfe a byte, and a block's segments count down to
@@ -434,18 +436,16 @@ pub(crate) struct JavaCheck {
     check: u32,
 }
 
-/// Slots of [`JAVA_CHECKS`], a power of two.
-const CHECK_SLOTS: u32 = 1024;
-
-/// Each CPU's interpreted frames' checks ([`JavaCheck`]).
+/// Each CPU's interpreted frames' checks ([`JavaCheck`]), in slots of
+/// its own ([`cpu_slot`]); user space sizes it.
 #[map]
-static JAVA_CHECKS: PerCpuArray<JavaCheck> = PerCpuArray::with_max_entries(CHECK_SLOTS, 0);
+static JAVA_CHECKS: Array<JavaCheck> = Array::with_max_entries(1, 0);
 
 /// The slot of [`JAVA_CHECKS`] for `method` of process `tgid`.
 #[inline(always)]
 fn check_slot(method: u64, tgid: u32) -> u32 {
     (((method >> 3) ^ (u64::from(tgid) << 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as u32
-        & (CHECK_SLOTS - 1)
+        & (JAVA_CHECK_SLOTS - 1)
 }
 
 /// The JVM's count of collections, read once a walk, at its first
@@ -468,7 +468,7 @@ fn epoch(s: &mut Scratch) -> Option<u32> {
 #[inline(always)]
 fn checked(s: &mut Scratch, slot: u32, tgid: u32, method: u64, const_method: u64) -> Option<u32> {
     let epoch = epoch(s)?;
-    let c = JAVA_CHECKS.get_ptr(slot)?;
+    let c = JAVA_CHECKS.get_ptr(cpu_slot(JAVA_CHECK_SLOTS, slot))?;
     // SAFETY: this CPU's slot; a walk does not nest in another on one CPU.
     let c = unsafe { &*c };
     (c.method == method
@@ -490,7 +490,7 @@ fn keep_check(s: &Scratch, slot: u32, tgid: u32, method: u64, const_method: u64,
     if s.jv.epoch >> 32 != 1 {
         return;
     }
-    if let Some(c) = JAVA_CHECKS.get_ptr_mut(slot) {
+    if let Some(c) = JAVA_CHECKS.get_ptr_mut(cpu_slot(JAVA_CHECK_SLOTS, slot)) {
         // SAFETY: as in `checked`.
         unsafe {
             *c = JavaCheck {

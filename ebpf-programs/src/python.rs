@@ -13,7 +13,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_task_btf, generated},
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::HashMap,
 };
 use rtrace_common::{
     python::{
@@ -25,7 +25,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_kernel, read_user,
-    runtime::{TOLD_SLOTS, byte, half, newly_told, read_into, word},
+    runtime::{Told, byte, half, newly_told, read_into, told_table, word},
     scratch::{PY_NEW, Scratch, push2},
 };
 
@@ -36,7 +36,7 @@ pub(crate) static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(1, 
 /// Code objects each CPU has told user space of, by a hash of process,
 /// address and check (`runtime::newly_told`).
 #[map]
-static PY_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0);
+static PY_TOLD: Told = told_table();
 
 /// A thread's state, as the walk last found it ([`PY_THREADS`]).
 #[repr(C)]

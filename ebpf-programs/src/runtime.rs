@@ -3,7 +3,8 @@
 //! words, the fields of such a copy, and the per-CPU tables that say
 //! whether a thing the walk met was told to user space already.
 
-use aya_ebpf::{helpers::generated, maps::PerCpuArray};
+use aya_ebpf::{helpers::generated, maps::Array};
+use rtrace_common::unwind::TOLD_SLOTS;
 
 use crate::scratch::{CHUNK_SLOTS, chunk_index};
 
@@ -92,19 +93,37 @@ pub(crate) fn byte<const N: usize>(buf: &[u64; N], off: u16) -> u8 {
     (word(buf, off) >> ((off & 7) * 8)) as u8
 }
 
-/// Slots of a table of things told ([`newly_told`]), a power of two.
-pub(crate) const TOLD_SLOTS: u32 = 4096;
+/// A table of things told: [`TOLD_SLOTS`] slots for each CPU, in
+/// one array that user space sizes (`rtrace_common::unwind::CPU_TABLES`).
+pub(crate) type Told = Array<u64>;
 
-/// Whether the thing hashed to `h` is new to this CPU's `table` (a
-/// table without chains, of [`TOLD_SLOTS`]), which then holds it: one
-/// whose slot another took is told again, which costs user space a
-/// lookup.
+/// A [`Told`] table, sized by user space.
+pub(crate) const fn told_table() -> Told {
+    Array::with_max_entries(1, 0)
+}
+
+/// The index of this CPU's slot `i` (masked to `slots`, a power of two)
+/// of a table of `slots` for each CPU (`rtrace_common::unwind::CPU_TABLES`):
+/// each CPU reads and writes its own alone, as it would a per-CPU map's.
 #[inline(always)]
-pub(crate) fn newly_told(table: &PerCpuArray<u64>, h: u64) -> bool {
-    let Some(told) = table.get_ptr_mut((h >> 40) as u32 & (TOLD_SLOTS - 1)) else {
+pub(crate) fn cpu_slot(slots: u32, i: u32) -> u32 {
+    // SAFETY: a helper without arguments.
+    let cpu = unsafe { generated::bpf_get_smp_processor_id() };
+    cpu.wrapping_mul(slots) | (i & (slots - 1))
+}
+
+/// Whether the thing hashed to `h` is new to this CPU's slots of
+/// `table` (without chains), which then hold it: one whose slot another
+/// took is told again, which costs user space a lookup. Each CPU has
+/// slots of its own, so that a thing is told on the CPU whose samples
+/// name it, before them. (User space sizes every such table; one not
+/// sized tells nothing.)
+#[inline(always)]
+pub(crate) fn newly_told(table: &Told, h: u64) -> bool {
+    let Some(told) = table.get_ptr_mut(cpu_slot(TOLD_SLOTS, (h >> 40) as u32)) else {
         return false;
     };
-    // SAFETY: a per-CPU map value.
+    // SAFETY: a map value, written by this CPU alone.
     unsafe {
         if *told == h {
             return false;

@@ -13,11 +13,7 @@
 //! The sampled frame is taken as its frame pointer says: one stopped in
 //! a function's prologue, before it set rbp up, is its caller's.
 
-use aya_ebpf::{
-    helpers::generated::bpf_probe_read_kernel,
-    macros::map,
-    maps::{HashMap, PerCpuArray},
-};
+use aya_ebpf::{helpers::generated::bpf_probe_read_kernel, macros::map, maps::HashMap};
 use rtrace_common::{
     stacks::{ERR_V8_BAD, SEEN_V8},
     v8::{
@@ -28,7 +24,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_user,
-    runtime::{TOLD_SLOTS, newly_told, read_into, stack_into, word},
+    runtime::{Told, newly_told, read_into, stack_into, told_table, word},
     scratch::{Scratch, kept, push2},
 };
 
@@ -39,7 +35,7 @@ pub(crate) static V8_PROCS: HashMap<u32, V8Proc> = HashMap::with_max_entries(1, 
 /// JavaScript frames each CPU has told user space of, by a hash of
 /// process, its salt and the frame's slots (`runtime::newly_told`).
 #[map]
-static V8_TOLD: PerCpuArray<u64> = PerCpuArray::with_max_entries(TOLD_SLOTS, 0);
+static V8_TOLD: Told = told_table();
 
 /// Bytes below the frame pointer read in one copy: the slots down to
 /// the bytecode offset's (−40), and the saved rbp and return address

@@ -392,6 +392,12 @@ impl StackTool {
                     rtrace_common::java::MAX_JAVA_PROCS,
                 )
                 .size(rtrace_common::v8::V8_PROCS, rtrace_common::v8::MAX_V8_PROCS);
+            let cpus = aya::util::nr_cpus()
+                .map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?
+                as u32;
+            for (table, slots) in rtrace_common::unwind::CPU_TABLES {
+                load.size(table, slots * cpus);
+            }
         }
         self.walkable = [
             (args.no_python, rtrace_common::unwind::RUNTIME_PYTHON),

@@ -32,6 +32,21 @@ pub fn get(name: &str) -> Option<&'static [u8]> {
     Some(bytes)
 }
 
+/// Takes object `name` out of its group on a thread of its own, while the
+/// caller goes on: the decoding (5 to 10 ms for the largest) runs beside
+/// what a tool does before it loads the object (the kernel's BTF read and
+/// indexed, the tables sized), and [`get`] then finds it done, or waits
+/// for the rest.
+pub fn prefetch(name: &str) {
+    if !OBJECTS.iter().any(|(n, ..)| *n == name) {
+        return;
+    }
+    let name = name.to_owned();
+    let _ = std::thread::Builder::new()
+        .name("rtrace-object".into())
+        .spawn(move || get(&name));
+}
+
 /// The `len` bytes at `offset` of a zstd frame's content
 /// ([`rtrace_common::objects::take_out`]), in an 8-aligned buffer kept for
 /// the run.
@@ -165,6 +180,12 @@ mod tests {
     }
 
     /// Names user space looks up in some objects.
+    /// The names of [`unwind::CPU_TABLES`].
+    const CPU_TABLE_NAMES: [&str; 4] = {
+        let t = unwind::CPU_TABLES;
+        [t[0].0, t[1].0, t[2].0, t[3].0]
+    };
+
     struct Uses {
         objects: Vec<String>,
         maps: &'static [&'static str],
@@ -304,6 +325,13 @@ mod tests {
                     unwind::PROG_LOADED,
                 ]),
                 globals: &[unwind::CFI_OFFSETS, unwind::MAX_STACK_DEPTH],
+            },
+            // Sized by name for each possible CPU (`StackTool::configure`).
+            Uses {
+                objects: with(CFI).into_iter().chain(with(CFI_GLOBAL)).collect(),
+                maps: &CPU_TABLE_NAMES,
+                programs: vec![],
+                globals: &[],
             },
             Uses {
                 objects: all_of("procmem"),
