@@ -115,8 +115,10 @@ fn attach_chain<T: Tool>(
                     (_, Some(t), Some(args)) => t.size(&mut load, args.bytes(spec.event_buffer)),
                     _ => {}
                 }
+                let name = object_name(spec.object, variant, transport);
+                crate::kernel::objects::prefetch(&name);
                 tool.configure(m, kernel, &mut load)?;
-                let mut ebpf = load.load(&object_name(spec.object, variant, transport))?;
+                let mut ebpf = load.load(&name)?;
                 targets.apply(&mut ebpf)?;
                 tool.attach(m, kernel, &mut ebpf)?;
                 anyhow::Ok(ebpf)
