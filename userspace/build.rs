@@ -15,6 +15,7 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
+    println!("cargo:rerun-if-env-changed={}", ebpf_build::KEEP_LINES);
     build_info(root);
     packed_relocations();
     proto_types(&manifest, &out);

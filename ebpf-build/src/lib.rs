@@ -162,10 +162,11 @@ pub fn group_of(bin: &str, variant: &str) -> String {
 /// A kept relocation that refers to a symbol of a deleted section is an
 /// error rather than silently dropped.
 ///
-/// One change is made besides: the functions named `rtrace_global_*` are
-/// made global in `.BTF` ([`globalize`]), and one that cannot be is an
-/// error.
-pub fn strip_debug(data: &[u8]) -> Result<Vec<u8>, String> {
+/// Two changes are made besides: the functions named `rtrace_global_*`
+/// are made global in `.BTF` ([`globalize`]), and one that cannot be is
+/// an error; and unless `keep_lines`, `.BTF.ext` loses its lines
+/// ([`drop_line_info`]) and `.rel.BTF.ext` goes.
+pub fn strip_debug(data: &[u8], keep_lines: bool) -> Result<Vec<u8>, String> {
     use object::build::elf::{Builder, SectionData};
 
     let mut builder = Builder::read(data).map_err(|e| format!("not an ELF object: {e}"))?;
@@ -203,6 +204,32 @@ pub fn strip_debug(data: &[u8]) -> Result<Vec<u8>, String> {
             "{} holds symbol indices, which stripping would leave wrong",
             String::from_utf8_lossy(&s.name)
         ));
+    }
+    // The line information goes from `.BTF.ext`, and the relocations of
+    // its records' instruction offsets (`.rel.BTF.ext`, which aya does not
+    // read: the offsets are the sections' own) with it.
+    if let Some(ext) = builder
+        .sections
+        .iter_mut()
+        .find(|s| &*s.name == b".BTF.ext")
+        .filter(|_| !keep_lines)
+    {
+        let SectionData::Data(bytes) = &mut ext.data else {
+            return Err(".BTF.ext holds no bytes".into());
+        };
+        *bytes = drop_line_info(bytes)?.into();
+        let ext = ext.id();
+        let applying: Vec<_> = builder
+            .sections
+            .iter()
+            .filter(|s| {
+                matches!(s.data, SectionData::Relocation(_)) && s.sh_info_section == Some(ext)
+            })
+            .map(|s| s.id())
+            .collect();
+        for id in applying {
+            builder.sections.get_mut(id).delete = true;
+        }
     }
     builder.delete_orphan_symbols();
     let defined: Vec<String> = builder
@@ -263,6 +290,65 @@ pub fn strip_debug(data: &[u8]) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("cannot write the stripped object: {e}"))?;
     Ok(out)
 }
+
+/// `.BTF.ext`'s bytes `ext` without their line information: the
+/// functions' records (which the kernel needs for the BTF of each
+/// function) and any CO-RE relocations are kept, the lines' records go,
+/// and the header says so.
+///
+/// The lines are half of an object's bytes with their relocations: each
+/// instruction's source line, which the kernel checks and keeps, aya
+/// parses, and the start decodes from the object's group at every run.
+/// They serve the verifier's log alone, where they name the source line
+/// of each instruction; a build with [`KEEP_LINES`] set keeps them.
+pub fn drop_line_info(ext: &[u8]) -> Result<Vec<u8>, String> {
+    let word = |at: usize| -> Result<u32, String> {
+        ext.get(at..at + 4)
+            .map(|w| u32::from_le_bytes(w.try_into().expect("four bytes")))
+            .ok_or_else(|| format!(".BTF.ext ends inside its header, at {at}"))
+    };
+    if ext.get(..2) != Some(&rtrace_common::btf::MAGIC.to_le_bytes()[..]) {
+        return Err(".BTF.ext is not little-endian BTF".into());
+    }
+    let header = word(4)? as usize;
+    if header < 24 {
+        return Err(format!(
+            ".BTF.ext's header is {header} bytes, fewer than 24"
+        ));
+    }
+    let part = |off_at: usize| -> Result<&[u8], String> {
+        if off_at + 8 > header {
+            return Ok(&[]);
+        }
+        let (off, len) = (word(off_at)? as usize, word(off_at + 4)? as usize);
+        ext.get(header + off..header + off + len)
+            .ok_or_else(|| format!(".BTF.ext's part at {off} of {len} bytes runs past its end"))
+    };
+    // The header's pairs of offset and length: functions, lines, CO-RE.
+    let (funcs, lines, relos) = (part(8)?, part(16)?, part(24)?);
+    if lines.is_empty() {
+        return Ok(ext.to_vec());
+    }
+    let mut out = ext[..header].to_vec();
+    let mut set = |at: usize, value: usize| {
+        if at + 4 <= header {
+            out[at..at + 4].copy_from_slice(&(value as u32).to_le_bytes());
+        }
+    };
+    set(8, 0);
+    set(12, funcs.len());
+    set(16, funcs.len());
+    set(20, 0);
+    set(24, funcs.len());
+    set(28, relos.len());
+    out.extend_from_slice(funcs);
+    out.extend_from_slice(relos);
+    Ok(out)
+}
+
+/// The variable whose presence at the build keeps the objects' lines
+/// ([`drop_line_info`]), for verifier logs with source lines.
+pub const KEEP_LINES: &str = "RTRACE_EBPF_LINES";
 
 /// The prefix of the functions [`globalize`] makes global.
 pub const GLOBAL_PREFIX: &[u8] = b"rtrace_global_";
@@ -449,6 +535,9 @@ pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Objec
             }
         }
     }
+    // Source lines in the verifier's logs, for whoever debugs a refusal
+    // (`userspace/build.rs` rebuilds when it changes).
+    let keep_lines = std::env::var_os(KEEP_LINES).is_some();
     // (bin, variant, bytes): each pass relinks into the same directory.
     let mut stripped: Vec<(String, String, Vec<u8>)> = Vec::new();
     for (feature, only) in &passes {
@@ -483,7 +572,8 @@ pub fn build(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Objec
             let from = built.join(bin);
             let data = fs::read(&from)
                 .map_err(|e| format!("eBPF object {bin} missing after the build: {e}"))?;
-            let bytes = strip_debug(&data).map_err(|e| format!("{}: {e}", from.display()))?;
+            let bytes =
+                strip_debug(&data, keep_lines).map_err(|e| format!("{}: {e}", from.display()))?;
             stripped.push((bin.to_owned(), feature.clone().unwrap_or_default(), bytes));
         }
     }
@@ -727,6 +817,10 @@ mod tests {
         obj.add_relocation(info, reloc(8, label)).unwrap();
         let btf = obj.add_section(Vec::new(), b".BTF".to_vec(), SectionKind::Metadata);
         obj.append_section_data(btf, b"\x9f\xeb\x01\x00btf", 4);
+        let ext = obj.add_section(Vec::new(), b".BTF.ext".to_vec(), SectionKind::Metadata);
+        obj.append_section_data(ext, &btf_ext(), 4);
+        obj.add_relocation(ext, reloc(32 + 8, func)).unwrap();
+        obj.add_relocation(ext, reloc(32 + 12 + 8, func)).unwrap();
         let target = if code_relocates_against_dwarf {
             label
         } else {
@@ -748,7 +842,7 @@ mod tests {
                 .is_ok_and(|n| n.starts_with(".rel") && n.contains("debug"))
         }));
 
-        let stripped = strip_debug(&data).unwrap();
+        let stripped = strip_debug(&data, false).unwrap();
         let after = object::File::parse(&*stripped).unwrap();
         let names: Vec<&str> = after.sections().filter_map(|s| s.name().ok()).collect();
         assert!(
@@ -757,6 +851,14 @@ mod tests {
                 .any(|n| n.starts_with(".debug") || (n.starts_with(".rel") && n.contains(".debug"))),
             "{names:?}"
         );
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.starts_with(".rel") && n.contains("BTF")),
+            "{names:?}"
+        );
+        let ext = after.section_by_name(".BTF.ext").unwrap();
+        assert_eq!(ext.data().unwrap(), drop_line_info(&btf_ext()).unwrap());
         for kept in [".text", ".rodata", ".BTF"] {
             let was = before.section_by_name(kept).unwrap();
             let is = after.section_by_name(kept).unwrap();
@@ -775,6 +877,48 @@ mod tests {
         assert!(symbols.contains(&"func"), "{symbols:?}");
         assert!(!symbols.contains(&"debug_label"), "{symbols:?}");
         assert!(stripped.len() < data.len());
+    }
+
+    /// A `.BTF.ext` of a 32-byte header, then 12 bytes of functions'
+    /// records, 20 of lines' and 8 of CO-RE relocations', each byte its
+    /// part's number.
+    fn btf_ext() -> Vec<u8> {
+        let mut ext = rtrace_common::btf::MAGIC.to_le_bytes().to_vec();
+        ext.extend([1, 0]);
+        for w in [32u32, 0, 12, 12, 20, 32, 8] {
+            ext.extend(w.to_le_bytes());
+        }
+        ext.extend([1; 12]);
+        ext.extend([2; 20]);
+        ext.extend([3; 8]);
+        ext
+    }
+
+    #[test]
+    fn line_information_goes_and_the_functions_and_relocations_stay() {
+        let ext = btf_ext();
+        let out = drop_line_info(&ext).unwrap();
+        let word = |at: usize| u32::from_le_bytes(out[at..at + 4].try_into().unwrap());
+        assert_eq!(out[..8], ext[..8]);
+        // Functions at 0 (12 bytes), no lines, CO-RE after the functions.
+        assert_eq!(
+            [word(8), word(12), word(16), word(20), word(24), word(28)],
+            [0, 12, 12, 0, 12, 8]
+        );
+        assert_eq!(out[32..], [[1u8; 12].as_slice(), &[3; 8]].concat());
+        // A header of 24 bytes (no CO-RE) and an older one's parts.
+        let mut short = ext[..24].to_vec();
+        short[4..8].copy_from_slice(&24u32.to_le_bytes());
+        short.extend([1; 12]);
+        short.extend([2; 20]);
+        let out = drop_line_info(&short).unwrap();
+        assert_eq!(out.len(), 24 + 12);
+        assert_eq!(u32::from_le_bytes(out[20..24].try_into().unwrap()), 0);
+        // A part past the end, and no BTF, are errors.
+        let mut long = ext.clone();
+        long[20..24].copy_from_slice(&200u32.to_le_bytes());
+        assert!(drop_line_info(&long).is_err());
+        assert!(drop_line_info(b"\0\0\0\0").is_err());
     }
 
     /// BTF of a `u64`, a prototype taking one, and `funcs` of that
@@ -844,8 +988,8 @@ mod tests {
 
     #[test]
     fn code_that_refers_to_dwarf_is_not_silently_changed() {
-        let err = strip_debug(&object_with_dwarf(true)).unwrap_err();
+        let err = strip_debug(&object_with_dwarf(true), false).unwrap_err();
         assert!(err.contains("debug_label"), "{err}");
-        assert!(strip_debug(b"not an object").is_err());
+        assert!(strip_debug(b"not an object", false).is_err());
     }
 }

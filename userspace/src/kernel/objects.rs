@@ -69,7 +69,8 @@ mod tests {
     };
 
     /// The build strips DWARF (`ebpf_build::strip_debug`), which the kernel
-    /// and aya never read and which was most of the binary; BTF stays.
+    /// and aya never read and which was most of the binary, and the lines
+    /// of `.BTF.ext`; BTF and the functions' records stay.
     #[test]
     fn objects_carry_btf_and_no_dwarf() {
         assert!(!super::OBJECTS.is_empty());
@@ -88,6 +89,19 @@ mod tests {
                 "{name}: no .BTF in {sections:?}"
             );
             assert!(sections.contains(&".BTF.ext"), "{name}: no .BTF.ext");
+            // Functions' records, and no lines' (`ebpf_build::drop_line_info`),
+            // nor the relocations of their instruction offsets.
+            let ext = file.section_by_name(".BTF.ext").unwrap().data().unwrap();
+            let word = |at: usize| u32::from_le_bytes(ext[at..at + 4].try_into().unwrap());
+            assert!(word(12) > 0, "{name}: no functions in .BTF.ext");
+            // (A build with RTRACE_EBPF_LINES set keeps them.)
+            if option_env!("RTRACE_EBPF_LINES").is_none() {
+                assert_eq!(word(20), 0, "{name}: lines in .BTF.ext");
+                assert!(
+                    !sections.contains(&".rel.BTF.ext"),
+                    "{name}: .rel.BTF.ext kept"
+                );
+            }
         }
     }
 
