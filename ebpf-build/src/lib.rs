@@ -303,9 +303,7 @@ pub fn strip_debug(data: &[u8], keep_lines: bool) -> Result<Vec<u8>, String> {
 /// of each instruction; a build with [`KEEP_LINES`] set keeps them.
 pub fn drop_line_info(ext: &[u8]) -> Result<Vec<u8>, String> {
     let word = |at: usize| -> Result<u32, String> {
-        ext.get(at..at + 4)
-            .map(|w| u32::from_le_bytes(w.try_into().expect("four bytes")))
-            .ok_or_else(|| format!(".BTF.ext ends inside its header, at {at}"))
+        le_u32(ext, at).ok_or_else(|| format!(".BTF.ext ends inside its header, at {at}"))
     };
     if ext.get(..2) != Some(&rtrace_common::btf::MAGIC.to_le_bytes()[..]) {
         return Err(".BTF.ext is not little-endian BTF".into());
@@ -346,6 +344,13 @@ pub fn drop_line_info(ext: &[u8]) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// The little-endian `u32` at byte `at` of `bytes`, if they hold it.
+fn le_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    bytes
+        .get(at..at.checked_add(4)?)
+        .map(|w| u32::from_le_bytes(w.try_into().expect("four bytes")))
+}
+
 /// The variable whose presence at the build keeps the objects' lines
 /// ([`drop_line_info`]), for verifier logs with source lines.
 pub const KEEP_LINES: &str = "RTRACE_EBPF_LINES";
@@ -369,9 +374,7 @@ pub fn globalize(btf: &mut [u8]) -> Result<Vec<String>, String> {
         FUNC_GLOBAL, KIND_FUNC, KIND_MAX, MAGIC, TYPE_HEADER_BYTES, extra_len,
     };
     let word = |b: &[u8], at: usize| -> Result<u32, String> {
-        b.get(at..at + 4)
-            .map(|w| u32::from_le_bytes(w.try_into().expect("four bytes")))
-            .ok_or_else(|| format!(".BTF ends inside its header or types, at {at}"))
+        le_u32(b, at).ok_or_else(|| format!(".BTF ends inside its header or types, at {at}"))
     };
     if btf.get(..2) != Some(&MAGIC.to_le_bytes()[..]) {
         return Err(".BTF is not little-endian BTF".into());

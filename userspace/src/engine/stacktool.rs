@@ -392,9 +392,7 @@ impl StackTool {
                     rtrace_common::java::MAX_JAVA_PROCS,
                 )
                 .size(rtrace_common::v8::V8_PROCS, rtrace_common::v8::MAX_V8_PROCS);
-            let cpus = aya::util::nr_cpus()
-                .map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?
-                as u32;
+            let cpus = crate::kernel::load::possible_cpus()?;
             for (table, slots) in rtrace_common::unwind::CPU_TABLES {
                 load.size(table, slots * cpus);
             }

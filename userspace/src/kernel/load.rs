@@ -581,6 +581,14 @@ pub fn pid_max() -> u32 {
         .unwrap_or(4_194_304)
 }
 
+/// The possible CPUs' count (`/sys/devices/system/cpu/possible`): the
+/// CPU numbers the kernel can give a program are below it.
+pub fn possible_cpus() -> anyhow::Result<u32> {
+    aya::util::nr_cpus()
+        .map(|n| n as u32)
+        .map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))
+}
+
 /// A link being detached on a thread of its own. Detaching a tracepoint
 /// waits for RCU grace periods (tens of milliseconds): a tool that stops a
 /// helper program before its report lets that wait overlap the report's

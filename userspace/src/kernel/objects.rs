@@ -193,13 +193,13 @@ mod tests {
         out
     }
 
-    /// Names user space looks up in some objects.
     /// The names of [`unwind::CPU_TABLES`].
     const CPU_TABLE_NAMES: [&str; 4] = {
         let t = unwind::CPU_TABLES;
         [t[0].0, t[1].0, t[2].0, t[3].0]
     };
 
+    /// Names user space looks up in some objects.
     struct Uses {
         objects: Vec<String>,
         maps: &'static [&'static str],

@@ -102,9 +102,7 @@ impl Targets {
             sets |= targets::SET_MNTNS;
             pins.push((targets::MNTNS_SET_MAP, path.clone()));
         }
-        let possible = aya::util::nr_cpus()
-            .map_err(|(what, e)| anyhow::anyhow!("cannot read {what}: {e}"))?
-            as u32;
+        let possible = crate::kernel::load::possible_cpus()?;
         if let Some(&cpu) = scope.cpus.iter().find(|&&c| c >= possible) {
             anyhow::bail!("no CPU {cpu}: this machine has CPUs 0 to {}", possible - 1);
         }
