@@ -114,26 +114,21 @@ pub const HEAT: &str = "HEAT";
 /// The program perf events (timers and counters) run. In the objects
 /// that walk by CFI it only tail-calls the walk variant in
 /// [`WALKERS`]: the one for the runtimes in scope
-/// ([`PROG_PROFILE_WALKS`]).
+/// ([`PROG_PROFILE_NATIVE`], [`PROG_PROFILE_RUNTIMES`]).
 pub const PROG_PROFILE: &str = "profile";
 /// The programs [`PROG_PROFILE`] tail-calls in the objects that walk by
-/// CFI, each the same sampling with the walk of other runtimes: indexed
-/// by `rtrace_common::unwind::Runtimes` (none, Python, Java, V8; any two
-/// or more walk every runtime's frames). Each is loaded, and verified,
-/// only once a process of its runtimes is in scope.
-pub const PROG_PROFILE_WALKS: [&str; 8] = [
-    "profile_native",
-    "profile_python",
-    "profile_java",
-    "profile_runtimes",
-    "profile_v8",
-    "profile_runtimes",
-    "profile_runtimes",
-    "profile_runtimes",
-];
+/// CFI: the same sampling with a walk through native frames only, and
+/// with one through every runtime's frames too. The second is loaded,
+/// and verified, only once a process of a runtime is in scope: on 6.18
+/// it costs the verifier twice the first's instructions, where one
+/// program for each runtime cost as much for Python's and more for
+/// Java's and V8's (see `cfi::STEPS_APART` on the kernel side).
+pub const PROG_PROFILE_NATIVE: &str = "profile_native";
+/// See [`PROG_PROFILE_NATIVE`].
+pub const PROG_PROFILE_RUNTIMES: &str = "profile_runtimes";
 /// The program array of one slot that [`PROG_PROFILE`] tail-calls: the
-/// loaded variant of [`PROG_PROFILE_WALKS`], replaced as runtimes come
-/// into scope.
+/// loaded variant ([`PROG_PROFILE_NATIVE`] or [`PROG_PROFILE_RUNTIMES`]),
+/// replaced once a runtime comes into scope.
 pub const WALKERS: &str = "WALKERS";
 /// The program of a tracepoint event (`-e t:...`).
 pub const PROG_TRACEPOINT: &str = "profile_tracepoint";

@@ -49,28 +49,25 @@ macro_rules! cfi_programs {
             $crate::stacks::walk_user::<0>(who, regs)
         }
 
-        /// The CFI walk through native and Python frames.
+        /// The CFI walk through native and every runtime's frames, Java's
+        /// and V8's steps apart (`cfi::STEPS_APART`).
         #[cfg(feature = "cfi_global")]
         #[unsafe(no_mangle)]
         #[inline(never)]
-        pub extern "C" fn rtrace_global_user_stack_python(who: u64, regs: u64) -> u64 {
-            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIME_PYTHON }>(who, regs)
+        pub extern "C" fn rtrace_global_user_stack_runtimes(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user::<
+                { rtrace_common::unwind::RUNTIMES_ALL | $crate::cfi::STEPS_APART },
+            >(who, regs)
         }
 
-        /// The CFI walk through native and Java frames.
+        /// One runtime's step of the walk (`stacks::runtime_step`): a
+        /// global function, verified once rather than for each state a
+        /// walk reaches a frame in.
         #[cfg(feature = "cfi_global")]
         #[unsafe(no_mangle)]
         #[inline(never)]
-        pub extern "C" fn rtrace_global_user_stack_java(who: u64, regs: u64) -> u64 {
-            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIME_JAVA }>(who, regs)
-        }
-
-        /// The CFI walk through native and JavaScript frames.
-        #[cfg(feature = "cfi_global")]
-        #[unsafe(no_mangle)]
-        #[inline(never)]
-        pub extern "C" fn rtrace_global_user_stack_v8(who: u64, regs: u64) -> u64 {
-            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIME_V8 }>(who, regs)
+        pub extern "C" fn rtrace_global_runtime_step(which: u64, tgid: u64) -> u64 {
+            $crate::stacks::runtime_step(which, tgid)
         }
     };
     () => {

@@ -25,8 +25,6 @@ use rtrace_common::stacks::{
     MAX_TIMED, NEW_COUNTS, NEW_STACKS, SEGMENT_FRAMES, SLOT_SHIFT, Seen, Stack, WakeKey,
 };
 use rtrace_common::unwind::RUNTIMES_ALL;
-#[cfg(feature = "cfi_global")]
-use rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8};
 
 #[cfg(feature = "cfi")]
 use crate::scratch::Storing;
@@ -359,9 +357,9 @@ fn user_stack_cut_walking<C: EbpfContext, S: Sink, const RT: u32>(
         let walked = unsafe {
             match RT {
                 0 => rtrace_global_user_stack_native(who, regs),
-                RUNTIME_PYTHON => rtrace_global_user_stack_python(who, regs),
-                RUNTIME_JAVA => rtrace_global_user_stack_java(who, regs),
-                RUNTIME_V8 => rtrace_global_user_stack_v8(who, regs),
+                _ if RT & crate::cfi::STEPS_APART != 0 => {
+                    rtrace_global_user_stack_runtimes(who, regs)
+                }
                 _ => rtrace_global_user_stack(who, regs),
             }
         };
@@ -390,18 +388,13 @@ unsafe extern "C" {
     #[cfg(feature = "cfi_global")]
     fn rtrace_global_user_stack(who: u64, regs: u64) -> u64;
     /// [`walk_user`] through native frames only, likewise
-    /// (`cfi_programs!(walk_variants)` defines it, and the next two).
+    /// (`cfi_programs!(walk_variants)` defines it, and the next).
     #[cfg(feature = "cfi_global")]
     fn rtrace_global_user_stack_native(who: u64, regs: u64) -> u64;
-    /// [`walk_user`] through native and Python frames.
+    /// [`walk_user`] through every runtime's frames, Java's and V8's
+    /// steps apart (`cfi::STEPS_APART`).
     #[cfg(feature = "cfi_global")]
-    fn rtrace_global_user_stack_python(who: u64, regs: u64) -> u64;
-    /// [`walk_user`] through native and Java frames.
-    #[cfg(feature = "cfi_global")]
-    fn rtrace_global_user_stack_java(who: u64, regs: u64) -> u64;
-    /// [`walk_user`] through native and JavaScript frames.
-    #[cfg(feature = "cfi_global")]
-    fn rtrace_global_user_stack_v8(who: u64, regs: u64) -> u64;
+    fn rtrace_global_user_stack_runtimes(who: u64, regs: u64) -> u64;
     /// [`after_walk`] on the object's `EVENTS`, likewise, in every
     /// variant that walks.
     fn rtrace_global_after_walk(packed: u64, who: u64) -> u64;
@@ -419,6 +412,31 @@ pub fn v8_code(pc: u64) -> u64 {
         // only this CPU's program uses it, and this only reads it.
         Some(s) => crate::v8::code_in(unsafe { &*s }, pc),
         None => u64::from(crate::v8::NOT_V8),
+    }
+}
+
+/// Java's or V8's step of the walk over the CPU's scratch value, as the
+/// walk's frame callback takes them with `cfi::STEPS_APART`: the body of
+/// the global function `rtrace_global_runtime_step`, which the kernel
+/// verifies once, on its own. `which` is `cfi::STEP_JAVA` or
+/// `cfi::STEP_V8`, `tgid` the process. Returns what the callback returns
+/// (0 or 1), or `cfi::STEP_NATIVE`.
+#[cfg(feature = "cfi")]
+#[inline(always)]
+pub fn runtime_step(which: u64, tgid: u64) -> u64 {
+    let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: a per-CPU map value, which outlives the program's run;
+    // only this CPU's program uses it.
+    let s = unsafe { &mut *s };
+    let tgid = tgid as u32;
+    if which == crate::cfi::STEP_JAVA {
+        return crate::java::step(s, tgid) as u64;
+    }
+    match crate::v8::step(s, tgid, (which >> 32) as u32) {
+        Some(end) => end as u64,
+        None => crate::cfi::STEP_NATIVE,
     }
 }
 

@@ -230,7 +230,10 @@ fn node_functions_are_named_with_no_flag_and_split_as_measured() {
         !stderr.contains("taken while their runtime's walk was being loaded"),
         "{stderr}"
     );
-    assert!(!stderr.contains("program profile_v8 (the walk"), "{stderr}");
+    assert!(
+        !stderr.contains("program profile_runtimes (the walk"),
+        "{stderr}"
+    );
 }
 
 /// `profile --lines -a -- node hot.js`: a compiled frame is at the line

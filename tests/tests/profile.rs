@@ -288,7 +288,7 @@ fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_
     );
     let walks = walks_verified(&stderr);
     assert!(
-        walks.len() == 1 && ["profile_python", "profile_runtimes"].contains(&walks[0].0.as_str()),
+        walks.len() == 1 && walks[0].0 == "profile_runtimes",
         "{walks:?}\n{stderr}"
     );
     assert_eq!(off_code, 0, "{off_stderr}");
@@ -298,7 +298,7 @@ fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_
             .lines()
             .any(|l| l.contains("Python") && l.contains(" processes are running: "))
             && off_walks.len() == 1
-            && !["profile_python", "profile_runtimes"].contains(&off_walks[0].0.as_str()),
+            && off_walks[0].0 == "profile_native",
         "--no-python loaded the walk through Python's frames: {off_walks:?}\n{off_stderr}"
     );
     // Its samples, by its pid: each with its Python function.

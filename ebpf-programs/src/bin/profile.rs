@@ -7,6 +7,8 @@
 #![no_std]
 #![no_main]
 
+#[cfg(feature = "cfi")]
+use aya_ebpf::maps::ProgramArray;
 use aya_ebpf::{
     EbpfContext, Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
@@ -27,11 +29,6 @@ use rtrace_ebpf::{
     global,
     stacks::{self, WINDOW},
     targets,
-};
-#[cfg(feature = "cfi")]
-use {
-    aya_ebpf::maps::ProgramArray,
-    rtrace_common::unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8},
 };
 
 rtrace_ebpf::event_map!();
@@ -59,15 +56,16 @@ static LAST_BUSY: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 static HEAT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// The sampling program with the CFI walk that user space loaded for
-/// the runtimes in scope (`PROG_PROFILE_WALKS`), in slot 0.
+/// the runtimes in scope (`profile_native` or `profile_runtimes`), in
+/// slot 0.
 #[cfg(feature = "cfi")]
 #[map]
 static WALKERS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Every sample of a perf event. With the CFI walk, only a tail call to
-/// the variant in `WALKERS`: the variants that walk a runtime's frames
-/// take the verifier far longer to load, so each is loaded once a
-/// process of its runtime is in scope, and swapped in here.
+/// the variant in `WALKERS`: the one that walks the runtimes' frames
+/// takes the verifier twice as long to load, so it is loaded once a
+/// process of a runtime is in scope, and swapped in here.
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
     #[cfg(feature = "cfi")]
@@ -89,35 +87,11 @@ pub fn profile_native(ctx: PerfEventContext) -> u32 {
     0
 }
 
-/// The sampling with a walk through native and Python frames.
-#[cfg(feature = "cfi")]
-#[perf_event]
-pub fn profile_python(ctx: PerfEventContext) -> u32 {
-    sample::<RUNTIME_PYTHON>(&ctx);
-    0
-}
-
-/// The sampling with a walk through native and Java frames.
-#[cfg(feature = "cfi")]
-#[perf_event]
-pub fn profile_java(ctx: PerfEventContext) -> u32 {
-    sample::<RUNTIME_JAVA>(&ctx);
-    0
-}
-
-/// The sampling with a walk through native and JavaScript frames.
-#[cfg(feature = "cfi")]
-#[perf_event]
-pub fn profile_v8(ctx: PerfEventContext) -> u32 {
-    sample::<RUNTIME_V8>(&ctx);
-    0
-}
-
 /// The sampling with a walk through every runtime's frames.
 #[cfg(feature = "cfi")]
 #[perf_event]
 pub fn profile_runtimes(ctx: PerfEventContext) -> u32 {
-    sample::<RUNTIMES_ALL>(&ctx);
+    sample::<{ RUNTIMES_ALL | rtrace_ebpf::cfi::STEPS_APART }>(&ctx);
     0
 }
 

@@ -19,7 +19,7 @@ use aya::{
 };
 use rtrace_common::{
     offcputime::{STATE_ANY, THREADS_USER},
-    profile::{Config, ERR_NAMES, HEAT_SLOT_NS, PROG_PROFILE_WALKS},
+    profile::{Config, ERR_NAMES, HEAT_SLOT_NS, PROG_PROFILE_NATIVE, PROG_PROFILE_RUNTIMES},
     unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8, RUNTIMES_ALL, Runtimes},
 };
 
@@ -262,26 +262,25 @@ pub struct Sampler {
     running_runtimes: Runtimes,
 }
 
-/// The variants of the sampling program with the CFI walk
-/// (`PROG_PROFILE_WALKS`), one per set of runtimes whose frames it steps
-/// through, and the one in the slot the sampling program tail-calls
-/// (`WALKERS`).
+/// The two variants of the sampling program with the CFI walk, through
+/// native frames only (`PROG_PROFILE_NATIVE`) and through every
+/// runtime's frames too (`PROG_PROFILE_RUNTIMES`), and the one in the
+/// slot the sampling program tail-calls (`WALKERS`).
 ///
-/// The walk through a runtime's frames is most of what the verifier goes
-/// through (the native walk alone loads in a fraction of the time), so a
-/// run starts with the variant for the runtimes in scope then, and loads
-/// a wider one, swapped in whole, when a process of another runtime is
-/// first given to the kernel's tables. The samples taken in between walk
-/// that process's native frames only, as its samples before user space
-/// had read it always did.
+/// The walk through the runtimes' frames is half of what the verifier
+/// goes through, so a run starts with the native walk unless a runtime is
+/// in scope then, and loads the other, swapped in whole, when a process
+/// of a runtime is first given to the kernel's tables. The samples taken
+/// in between walk that process's native frames only, as its samples
+/// before user space had read it always did.
 struct Walkers {
     /// The one-slot program array.
     array: ProgramArray<MapData>,
-    /// The runtimes of the variant in the slot.
+    /// The runtimes of the variant in the slot: none, or all.
     loaded: Option<Runtimes>,
-    /// Each variant loaded after the start, for `-v`: its runtimes, when
-    /// (since the start), how long its load took and the instructions
-    /// the verifier went through.
+    /// Each variant loaded after the start, for `-v`: the runtimes that
+    /// asked for it, when (since the start), how long its load took and
+    /// the instructions the verifier went through.
     later: Vec<(Runtimes, Duration, Duration, Option<u32>)>,
     /// A wider variant that could not be loaded, and why: not tried again.
     failed: Option<(Runtimes, String)>,
@@ -305,13 +304,8 @@ impl Walkers {
     /// The variant to load for `wanted` and the runtimes already walked,
     /// if it is neither in the slot nor failed already.
     fn pending(&self, wanted: Runtimes) -> Option<Runtimes> {
-        let want = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL;
-        // Two runtimes or more: the walk through them all.
-        let want = if want.count_ones() > 1 {
-            RUNTIMES_ALL
-        } else {
-            want
-        };
+        let any = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL != 0;
+        let want = if any { RUNTIMES_ALL } else { 0 };
         let done = self.loaded == Some(want) || self.failed.as_ref().is_some_and(|f| f.0 == want);
         (!done).then_some(want)
     }
@@ -323,7 +317,8 @@ impl Walkers {
         let Some(want) = self.pending(wanted) else {
             return Ok(());
         };
-        let name = PROG_PROFILE_WALKS[want as usize];
+        let name = Self::program(want);
+        let asked = wanted & RUNTIMES_ALL & !self.loaded.unwrap_or(0);
         let started = std::time::Instant::now();
         match self.swap_in(ebpf, name) {
             Ok(()) => {}
@@ -335,11 +330,11 @@ impl Walkers {
         }
         if let Some(old) = self.loaded.replace(want) {
             let verified = crate::kernel::load::verified_insns_of(ebpf, name);
-            self.later.push((want, at, started.elapsed(), verified));
+            self.later.push((asked, at, started.elapsed(), verified));
             // No sample can reach it any more; one under way keeps it
             // until it returns.
             let prog: &mut PerfEvent = ebpf
-                .program_mut(PROG_PROFILE_WALKS[old as usize])
+                .program_mut(Self::program(old))
                 .context("walk variant missing")?
                 .try_into()?;
             prog.unload().context("cannot unload the walk replaced")?;
@@ -359,6 +354,15 @@ impl Walkers {
         self.array
             .set(0, fd, 0)
             .with_context(|| format!("cannot put {name} in the sampling program's slot"))
+    }
+
+    /// The variant that walks runtimes `rt`' frames.
+    fn program(rt: Runtimes) -> &'static str {
+        if rt == 0 {
+            PROG_PROFILE_NATIVE
+        } else {
+            PROG_PROFILE_RUNTIMES
+        }
     }
 
     /// The runtimes' names in `rt`, for messages ("Python and Java").
@@ -383,14 +387,13 @@ impl Walkers {
     fn summary(&self) -> Vec<String> {
         self.later
             .iter()
-            .map(|&(rt, at, took, verified)| {
+            .map(|&(asked, at, took, verified)| {
                 let verified = verified
                     .map(|n| format!(", {n} instructions verified"))
                     .unwrap_or_default();
                 format!(
-                    "program {} (the walk through {} frames) loaded {:.2} s in, in {} ms{verified}",
-                    PROG_PROFILE_WALKS[rt as usize],
-                    Self::named(rt),
+                    "program {PROG_PROFILE_RUNTIMES} (the walk through the runtimes' frames, for {}) loaded {:.2} s in, in {} ms{verified}",
+                    Self::named(asked),
                     at.as_secs_f64(),
                     took.as_millis()
                 )

@@ -460,7 +460,7 @@ mod tests {
             Uses {
                 objects: vec![format!("profile_{CFI}"), format!("profile_{CFI_GLOBAL}")],
                 maps: &[profile::WALKERS],
-                programs: strs(&profile::PROG_PROFILE_WALKS),
+                programs: strs(&[profile::PROG_PROFILE_NATIVE, profile::PROG_PROFILE_RUNTIMES]),
                 globals: &[],
             },
             Uses {

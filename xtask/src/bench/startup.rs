@@ -472,21 +472,23 @@ pub fn run() -> anyhow::Result<String> {
             "NOT met"
         }
     );
-    // The run with every runtime's walk: two runtimes' worth.
+    // The run with the walk through the runtimes' frames, which one
+    // runtime in scope loads as well as three: judged as one runtime's.
     let runtimes_ms = CASES
         .iter()
         .position(|c| c.tool == NO_RESIDENT_GOAL && !c.args.is_empty())
         .and_then(|i| profile_attach.get(i).copied())
         .unwrap_or(f64::NAN);
     let added = runtimes_ms - profile_ms;
-    let runtimes_verdict = if added <= 2.0 * RUNTIME_ADDED_GOAL_MS {
+    let runtimes_verdict = if added <= RUNTIME_ADDED_GOAL_MS {
         "met"
     } else {
         "NOT met"
     };
     println!(
-        "profile: the walk through Python's and Java's frames adds {added:.0} ms to the start \
-         ({runtimes_ms:.0} ms), goal at most {RUNTIME_ADDED_GOAL_MS} ms a runtime: {runtimes_verdict}"
+        "profile: the walk through the runtimes' frames adds {added:.0} ms to the start \
+         ({runtimes_ms:.0} ms), goal at most {RUNTIME_ADDED_GOAL_MS} ms for one runtime in scope: \
+         {runtimes_verdict}"
     );
     println!();
     let verified = verifier(&rtrace)?;
@@ -527,10 +529,10 @@ pub fn run() -> anyhow::Result<String> {
          rounds; MB are 10^6 bytes; - where libbpf-tools has no such tool that runs here:\n\n\
          {table}\n\
          profile's launch to attached with no runtime in scope: goal at most \
-         {PROFILE_ATTACH_GOAL_MS} ms, {}. The walk through both runtimes' frames \
-         (`--preload-runtime-walks`, as a run with a Python and a Java process in scope \
-         loads it) adds {added:.0} ms: goal at most {RUNTIME_ADDED_GOAL_MS} ms a runtime, \
-         {runtimes_verdict}.\n\n\
+         {PROFILE_ATTACH_GOAL_MS} ms, {}. The walk through the runtimes' frames \
+         (`--preload-runtime-walks`, as a run with a process of any one runtime or more in \
+         scope loads it, `profile_runtimes`) adds {added:.0} ms: goal at most \
+         {RUNTIME_ADDED_GOAL_MS} ms a runtime, judged for one, {runtimes_verdict}.\n\n\
          {verified}\n\
          ```text\n{taking_out}```\n\n\
          Binary sizes, in the same run:\n\n{sizes_table}{}",
