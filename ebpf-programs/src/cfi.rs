@@ -685,11 +685,13 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
 /// runtime's frames from 288k instructions to 157k. Python's step stays
 /// inlined: apart, it cost more (229k for Python's walk, against 154k).
 ///
-/// Only the sampling programs of `profile` set it, in the `cfi_global`
-/// variant: the step's frame is one more in the chain of calls down to
-/// it, which even on 6.18 must stay within 512 bytes together (`combined
-/// stack size`), and which the off-CPU, `trace`, `strace` and `memleak`
-/// programs, with larger frames of their own, would pass.
+/// Only the sampling programs of `profile` and `offcputime`'s object
+/// (`cfi_programs!(steps_apart)`; its switch program 280k to 155k) set
+/// it, in the `cfi_global` variant: the step's frame is one more in the
+/// chain of calls down to it, which even on 6.18 must stay within 512
+/// bytes together (`combined stack size`), and which `profile`'s off-CPU
+/// program and `trace`'s, `strace`'s and `memleak`'s, with larger frames
+/// of their own, would pass.
 pub const STEPS_APART: u32 = 1 << 8;
 
 /// [`crate::stacks::runtime_step`]'s `which` for Java's step ([`crate::java::step`]).

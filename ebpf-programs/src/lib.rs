@@ -60,6 +60,19 @@ macro_rules! cfi_programs {
             >(who, regs)
         }
 
+        $crate::cfi_programs!(@runtime_step);
+    };
+    // With the walk through every runtime's frames, Java's and V8's steps
+    // apart, for an object none of whose programs' frames with the walk's
+    // pass the 512 bytes the kernel holds a chain of calls to
+    // (`cfi::STEPS_APART`).
+    (steps_apart) => {
+        $crate::cfi_programs!(
+            @with { rtrace_common::unwind::RUNTIMES_ALL | $crate::cfi::STEPS_APART }
+        );
+        $crate::cfi_programs!(@runtime_step);
+    };
+    (@runtime_step) => {
         /// One runtime's step of the walk (`stacks::runtime_step`): a
         /// global function, verified once rather than for each state a
         /// walk reaches a frame in.
@@ -71,6 +84,9 @@ macro_rules! cfi_programs {
         }
     };
     () => {
+        $crate::cfi_programs!(@with { rtrace_common::unwind::RUNTIMES_ALL });
+    };
+    (@with $rt:block) => {
         #[cfg(feature = "cfi")]
         #[aya_ebpf::macros::raw_tracepoint(tracepoint = "sched_process_exec")]
         pub fn cfi_exec(ctx: aya_ebpf::programs::RawTracePointContext) -> i32 {
@@ -99,7 +115,7 @@ macro_rules! cfi_programs {
         #[unsafe(no_mangle)]
         #[inline(never)]
         pub extern "C" fn rtrace_global_user_stack(who: u64, regs: u64) -> u64 {
-            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIMES_ALL }>(who, regs)
+            $crate::stacks::walk_user::<$rt>(who, regs)
         }
 
         /// The work after a CFI walk, on this object's `EVENTS`: a
