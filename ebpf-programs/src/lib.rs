@@ -34,11 +34,11 @@ pub mod v8;
 /// (`event_map!`). Only with the `cfi` feature.
 #[macro_export]
 macro_rules! cfi_programs {
-    // With the walk's variants by runtime, as global functions, for an
-    // object whose programs walk through some runtimes only
-    // (`stacks::describe_current_walking`).
+    // As `steps_apart`, with the walk through native frames only beside
+    // it, for an object whose programs walk through no runtime's frames
+    // until a runtime is in scope (`stacks::describe_current_walking`).
     (walk_variants) => {
-        $crate::cfi_programs!();
+        $crate::cfi_programs!(steps_apart);
 
         /// The CFI walk through native frames only, as
         /// `rtrace_global_user_stack` is through every runtime's.
@@ -48,19 +48,6 @@ macro_rules! cfi_programs {
         pub extern "C" fn rtrace_global_user_stack_native(who: u64, regs: u64) -> u64 {
             $crate::stacks::walk_user::<0>(who, regs)
         }
-
-        /// The CFI walk through native and every runtime's frames, Java's
-        /// and V8's steps apart (`cfi::STEPS_APART`).
-        #[cfg(feature = "cfi_global")]
-        #[unsafe(no_mangle)]
-        #[inline(never)]
-        pub extern "C" fn rtrace_global_user_stack_runtimes(who: u64, regs: u64) -> u64 {
-            $crate::stacks::walk_user::<
-                { rtrace_common::unwind::RUNTIMES_ALL | $crate::cfi::STEPS_APART },
-            >(who, regs)
-        }
-
-        $crate::cfi_programs!(@runtime_step);
     };
     // With the walk through every runtime's frames, Java's and V8's steps
     // apart, for an object none of whose programs' frames with the walk's

@@ -114,12 +114,13 @@ macro_rules! offcpu_programs {
 /// A key off-CPU time is counted by, made from what a thread left the CPU
 /// with.
 pub trait OffCpuKey: Counted + Sized {
-    /// Adds `ns` off the CPU under `key` to `counts`.
+    /// Adds `ns` off the CPU under `key` to `counts`; `key` (the thread's
+    /// entry's, a map value) is as it was after.
     fn add<C: EbpfContext, S: Sink>(
         ctx: &C,
         events: &S,
         counts: &HashMap<Self, u64>,
-        key: &WakeKey,
+        key: &mut WakeKey,
         ns: u64,
     );
 }
@@ -130,7 +131,7 @@ impl OffCpuKey for WakeKey {
         ctx: &C,
         events: &S,
         counts: &HashMap<Self, u64>,
-        key: &WakeKey,
+        key: &mut WakeKey,
         ns: u64,
     ) {
         stacks::add(ctx, events, counts, key, ns);
@@ -144,12 +145,17 @@ impl OffCpuKey for Key {
         ctx: &C,
         events: &S,
         counts: &HashMap<Self, u64>,
-        key: &WakeKey,
+        key: &mut WakeKey,
         ns: u64,
     ) {
-        let mut k = key.key;
-        k.flags |= OFF_CPU;
-        stacks::add(ctx, events, counts, &k, ns);
+        // Marked in place, not in a copy: the copy took the switch
+        // program's frame to 216 bytes, where the walk's global step
+        // has no room in the chain of calls down to it (`combined stack
+        // size`, `cfi::STEPS_APART`).
+        let flags = key.key.flags;
+        key.key.flags = flags | OFF_CPU;
+        stacks::add(ctx, events, counts, &key.key, ns);
+        key.key.flags = flags;
     }
 }
 
@@ -418,7 +424,7 @@ fn returns<C: EbpfContext, K: OffCpuKey, S: Sink, const DIRECT: bool>(
             if cfg.kernel != 0 && kernel_at_switch_in::<DIRECT>(cfg) {
                 (*start).key.key.set_kernel(stacks::task_kernel_stack(next));
             }
-            K::add(ctx, t.events, t.counts, &(*start).key, off);
+            K::add(ctx, t.events, t.counts, &mut (*start).key, off);
             // A load-time constant: with it 0 the verifier drops the
             // branch, and a run without the stream pays nothing for it.
             if cfg.samples != 0 {

@@ -357,9 +357,6 @@ fn user_stack_cut_walking<C: EbpfContext, S: Sink, const RT: u32>(
         let walked = unsafe {
             match RT {
                 0 => rtrace_global_user_stack_native(who, regs),
-                _ if RT & crate::cfi::STEPS_APART != 0 => {
-                    rtrace_global_user_stack_runtimes(who, regs)
-                }
                 _ => rtrace_global_user_stack(who, regs),
             }
         };
@@ -388,13 +385,9 @@ unsafe extern "C" {
     #[cfg(feature = "cfi_global")]
     fn rtrace_global_user_stack(who: u64, regs: u64) -> u64;
     /// [`walk_user`] through native frames only, likewise
-    /// (`cfi_programs!(walk_variants)` defines it, and the next).
+    /// (`cfi_programs!(walk_variants)` defines it).
     #[cfg(feature = "cfi_global")]
     fn rtrace_global_user_stack_native(who: u64, regs: u64) -> u64;
-    /// [`walk_user`] through every runtime's frames, Java's and V8's
-    /// steps apart (`cfi::STEPS_APART`).
-    #[cfg(feature = "cfi_global")]
-    fn rtrace_global_user_stack_runtimes(who: u64, regs: u64) -> u64;
     /// [`after_walk`] on the object's `EVENTS`, likewise, in every
     /// variant that walks.
     fn rtrace_global_after_walk(packed: u64, who: u64) -> u64;

@@ -91,7 +91,7 @@ pub fn profile_native(ctx: PerfEventContext) -> u32 {
 #[cfg(feature = "cfi")]
 #[perf_event]
 pub fn profile_runtimes(ctx: PerfEventContext) -> u32 {
-    sample::<{ RUNTIMES_ALL | rtrace_ebpf::cfi::STEPS_APART }>(&ctx);
+    sample::<RUNTIMES_ALL>(&ctx);
     0
 }
 
