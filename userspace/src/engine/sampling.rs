@@ -356,7 +356,8 @@ impl Walkers {
             .with_context(|| format!("cannot put {name} in the sampling program's slot"))
     }
 
-    /// The variant that walks runtimes `rt`' frames.
+    /// The variant that walks the frames of runtimes `rt`: the native
+    /// walk for none, the walk through every runtime's for any.
     fn program(rt: Runtimes) -> &'static str {
         if rt == 0 {
             PROG_PROFILE_NATIVE
