@@ -2198,9 +2198,14 @@ process.stdin.resume();
         // SAFETY: a signal to our own child, which `running` reaps.
         assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
         let stat = format!("/proc/{pid}/stat");
+        let maps = format!("/proc/{pid}/maps");
+        // The leader shows `Z` as soon as it has exited, while node's other
+        // threads may still hold the memory map: a zombie whose mappings
+        // are gone is one whose `maps` reads empty too.
         let zombie = || {
             std::fs::read_to_string(&stat)
                 .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+                && std::fs::read_to_string(&maps).is_ok_and(|m| m.is_empty())
         };
         let began = std::time::Instant::now();
         while !zombie() {
