@@ -2198,14 +2198,15 @@ process.stdin.resume();
         // SAFETY: a signal to our own child, which `running` reaps.
         assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
         let stat = format!("/proc/{pid}/stat");
-        let maps = format!("/proc/{pid}/maps");
+        let task = format!("/proc/{pid}/task");
         // The leader shows `Z` as soon as it has exited, while node's other
-        // threads may still hold the memory map: a zombie whose mappings
-        // are gone is one whose `maps` reads empty too.
+        // threads may not have yet: `procmaps::proc_dir` then reads a live
+        // one's mappings, as it should. The process has ended once its
+        // other threads are gone from `task` too.
         let zombie = || {
             std::fs::read_to_string(&stat)
                 .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
-                && std::fs::read_to_string(&maps).is_ok_and(|m| m.is_empty())
+                && std::fs::read_dir(&task).is_ok_and(|d| d.count() == 1)
         };
         let began = std::time::Instant::now();
         while !zombie() {
