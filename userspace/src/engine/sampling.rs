@@ -282,7 +282,8 @@ struct Walkers {
     /// asked for it, when (since the start), how long its load took and
     /// the instructions the verifier went through.
     later: Vec<(Runtimes, Duration, Duration, Option<u32>)>,
-    /// A wider variant that could not be loaded, and why: not tried again.
+    /// The runtimes in scope whose walk could not be loaded, and why: not
+    /// tried again.
     failed: Option<(Runtimes, String)>,
 }
 
@@ -306,7 +307,7 @@ impl Walkers {
     fn pending(&self, wanted: Runtimes) -> Option<Runtimes> {
         let any = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL != 0;
         let want = if any { RUNTIMES_ALL } else { 0 };
-        let done = self.loaded == Some(want) || self.failed.as_ref().is_some_and(|f| f.0 == want);
+        let done = self.loaded == Some(want) || (want != 0 && self.failed.is_some());
         (!done).then_some(want)
     }
 
@@ -314,16 +315,20 @@ impl Walkers {
     /// the slot, loading it first; a variant that cannot be loaded after
     /// the start is said once, and the one in the slot kept.
     fn settle(&mut self, ebpf: &mut Ebpf, wanted: Runtimes, at: Duration) -> anyhow::Result<()> {
+        let asked = wanted & RUNTIMES_ALL & !self.loaded.unwrap_or(0);
+        // Runtimes come into scope after a failed load: said with it.
+        if let Some((unwalked, _)) = &mut self.failed {
+            *unwalked |= asked;
+        }
         let Some(want) = self.pending(wanted) else {
             return Ok(());
         };
         let name = Self::program(want);
-        let asked = wanted & RUNTIMES_ALL & !self.loaded.unwrap_or(0);
         let started = std::time::Instant::now();
         match self.swap_in(ebpf, name) {
             Ok(()) => {}
             Err(e) if self.loaded.is_some() => {
-                self.failed = Some((want, format!("{e:#}")));
+                self.failed = Some((asked, format!("{e:#}")));
                 return Ok(());
             }
             Err(e) => return Err(e),
@@ -409,7 +414,7 @@ impl Walkers {
             .map(|(rt, why)| {
                 Warning::unwalked(format!(
                     "{} frames are not walked: the walk through them could not be loaded ({why})",
-                    Self::named(*rt & !self.loaded.unwrap_or(0))
+                    Self::named(*rt)
                 ))
             })
             .collect()
@@ -458,7 +463,7 @@ pub struct Sampling {
     /// (0: every wait).
     pub off_cpu_min_us: u64,
     /// Load the walk through every runtime's frames at the start, not
-    /// each when a process of its runtime is first met.
+    /// when a process of a runtime is first met.
     pub preload_runtime_walks: bool,
     /// perf annotate's output.
     pub annotate: AnnotateArgs,
@@ -829,7 +834,7 @@ impl Sampler {
                 let Some(want) = want.filter(|_| self.running_runtimes != 0) else {
                     return Err(e);
                 };
-                w.failed = Some((want, format!("{e:#}")));
+                w.failed = Some((now & RUNTIMES_ALL, format!("{e:#}")));
                 self.running_runtimes = 0;
                 w.settle(ebpf, now & !want, Duration::ZERO)?;
             }
