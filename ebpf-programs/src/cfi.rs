@@ -682,7 +682,7 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
 /// ([`crate::stacks::runtime_step`]), which the kernel verifies once, on
 /// its own; inlined, each was verified again for every state the walk
 /// reaches a frame in. On 6.18 that takes the walk through every
-/// runtime's frames from 288k instructions to 157k. Python's step stays
+/// runtime's frames from 288k instructions to 163k. Python's step stays
 /// inlined: apart, it cost more (229k for Python's walk, against 154k).
 ///
 /// The objects that walk through every runtime's frames with it are
@@ -710,7 +710,7 @@ pub const STEP_NATIVE: u64 = 2;
 #[cfg(feature = "cfi_global")]
 unsafe extern "C" {
     /// [`crate::stacks::runtime_step`]: a global function that
-    /// `cfi_programs!(walk_variants)` defines.
+    /// `cfi_programs!(steps_apart)` defines.
     fn rtrace_global_runtime_step(which: u64, tgid: u64) -> u64;
 }
 

@@ -115,10 +115,10 @@ pub struct Args {
     /// `on_cpu` and `off_cpu` sample types.
     #[arg(long, conflicts_with = "period")]
     off_cpu: bool,
-    /// Load the walk through every runtime's frames (Python's and Java's)
-    /// as sampling starts, rather than each when a process of its runtime
-    /// is first met: a slower start, but the first samples of a Python or
-    /// Java process started later are walked whole too.
+    /// Load the walk through every runtime's frames (Python's, Java's and
+    /// JavaScript's) as sampling starts, rather than when a process of a
+    /// runtime is first met: a slower start, but the first samples of a
+    /// Python, Java or Node process started later are walked whole too.
     #[arg(long)]
     preload_runtime_walks: bool,
     #[command(flatten)]

@@ -118,9 +118,9 @@ const CASES: [Case; 9] = [
         peer: None,
         event: None,
     },
-    // The same with the walk through Python's and Java's frames loaded
-    // at the start, as a run with both runtimes in scope loads it: what
-    // they add to the start.
+    // The same with the walk through the runtimes' frames loaded at the
+    // start, as a run with any runtime in scope loads it: what it adds to
+    // the start.
     Case {
         tool: "profile",
         args: &["--preload-runtime-walks"],
@@ -560,7 +560,7 @@ pub fn run() -> anyhow::Result<String> {
 /// The goal for profile's launch to attached, with no runtime's program
 /// in scope: at most 150 ms.
 const PROFILE_ATTACH_GOAL_MS: f64 = 150.0;
-/// The goal for what each runtime's walk adds to profile's launch to
+/// The goal for what a runtime in scope adds to profile's launch to
 /// attached: at most 100 ms.
 const RUNTIME_ADDED_GOAL_MS: f64 = 100.0;
 /// The verifier's limit of instructions it goes through for one program.
