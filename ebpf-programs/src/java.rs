@@ -310,7 +310,7 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     if s.jv.nnew == 0 {
         return;
     }
-    let born = crate::process::born();
+    let born = crate::process::born_seldom();
     for i in 0..JAVA_NEW {
         if i as u32 >= s.jv.nnew {
             break;

@@ -51,3 +51,19 @@ pub fn born() -> u64 {
         core::ptr::read_volatile(leader.wrapping_add(o.start_boottime as usize) as *const u64)
     }
 }
+
+/// [`born`] read by the helper, for what runs seldom: a process's first
+/// record, its exec, fork and exit, new code, the runtimes' new frames.
+/// [`born`]'s load of the leader is a pointer member of a BTF-typed
+/// task, whose trust the verifier looks up by name through every type of
+/// the kernel's BTF, again at each state it reaches the load in: a
+/// millisecond or so on 6.18, several times over in a program. The
+/// helper's two calls cost their hundreds of nanoseconds only where
+/// they run. The stack key's [`born`], read every sample, keeps the
+/// loads, once, before the walk.
+#[inline(always)]
+pub fn born_seldom() -> u64 {
+    // SAFETY: the helper has no preconditions; its result is only read
+    // through the probe helper.
+    born_of(unsafe { aya_ebpf::helpers::generated::bpf_get_current_task() } as *const u8)
+}

@@ -539,7 +539,7 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
         return;
     }
     // Read only where there is a record to send: this runs every walk.
-    let born = crate::process::born();
+    let born = crate::process::born_seldom();
     for i in 0..PY_NEW {
         if i as u32 >= s.py.nnew {
             break;

@@ -164,7 +164,11 @@ pub fn add<C: EbpfContext, S: Sink, K: Counted>(
 pub fn tell_first<C: EbpfContext, S: Sink>(ctx: &C, events: &S, tgid: u32) {
     #[cfg(feature = "cfi")]
     if first_in_generation(tgid, generation()) {
-        crate::events::emit_now(events, ctx, &Seen::new(tgid, crate::process::born(), 0));
+        crate::events::emit_now(
+            events,
+            ctx,
+            &Seen::new(tgid, crate::process::born_seldom(), 0),
+        );
     }
     let _ = (ctx, events, tgid);
 }
@@ -230,6 +234,10 @@ pub fn describe_current_walking<C: EbpfContext, S: Sink, const RT: u32>(
     key: &mut Key,
 ) {
     *key = Key::new(tgid, bpf_get_current_comm().unwrap_or([0; 16]));
+    // Before the walk: its states branch, and the verifier would check
+    // the leader's load (a pointer member, whose trust it looks up by name
+    // through the kernel's BTF) again for each way the walk ends.
+    key.born = crate::process::born();
     // SAFETY: the value is only tested for presence.
     if unsafe { TIMED_JIT.get(tgid) }.is_some() {
         // SAFETY: a helper without arguments.
@@ -252,7 +260,6 @@ pub fn describe_current_walking<C: EbpfContext, S: Sink, const RT: u32>(
     if kernel {
         key.set_kernel(kernel_stack(ctx));
     }
-    key.born = crate::process::born();
 }
 
 /// The kernel stack of the current task, stored: its hash (0 for none),
@@ -532,21 +539,25 @@ pub fn after_walk<S: Sink>(events: &S, packed: u64, who: u64) -> u64 {
     let generation = (who >> 32) as u32;
     let depth = packed & u64::from(u32::MAX);
     let ctx = NoContext;
+    // Read once, for both records, and only where one is sent.
+    // SAFETY: a map value.
+    let found_flags = unsafe { (*s).walk.found.flags };
+    let born = if packed & (1 << TELL_BIT) != 0 || found_flags != 0 {
+        crate::process::born_seldom()
+    } else {
+        0
+    };
     if packed & (1 << TELL_BIT) != 0 {
         crate::events::emit_now(
             events,
             &ctx,
-            &Seen::new(
-                tgid,
-                crate::process::born(),
-                rtrace_common::stacks::SEEN_NEW_CODE,
-            ),
+            &Seen::new(tgid, born, rtrace_common::stacks::SEEN_NEW_CODE),
         );
     }
     // SAFETY: a map value.
     let found = unsafe { &mut (*s).walk.found };
     if found.flags != 0 {
-        found.born = crate::process::born();
+        found.born = born;
         crate::events::emit(events, &ctx, found);
     }
     let Some(stack) = store_walked(s, depth) else {

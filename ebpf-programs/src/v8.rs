@@ -295,7 +295,7 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     if s.v8.nnew == 0 {
         return;
     }
-    let born = crate::process::born();
+    let born = crate::process::born_seldom();
     for i in 0..V8_NEW {
         if i as u32 >= s.v8.nnew {
             break;
