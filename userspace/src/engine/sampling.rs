@@ -353,8 +353,11 @@ impl Walkers {
             .program_mut(name)
             .with_context(|| format!("program {name} missing"))?
             .try_into()?;
-        prog.load()
-            .with_context(|| format!("cannot load the {name} program"))?;
+        // Loaded at the start beside the process programs, perhaps.
+        if prog.fd().is_err() {
+            prog.load()
+                .with_context(|| format!("cannot load the {name} program"))?;
+        }
         let fd = prog.fd()?;
         self.array
             .set(0, fd, 0)
@@ -706,6 +709,11 @@ impl Sampler {
         if self.scope.command.is_empty() && !self.event.at_events() {
             self.stacks.hook_loader_later();
         }
+        if !self.event.at_events() {
+            self.walkers = Walkers::take(ebpf)?;
+            self.find_runtimes();
+            self.load_walk_beside(ebpf);
+        }
         self.stacks.attach(ebpf, &self.scope.pids)?;
         if self.cfg.outputs.per_sample() {
             let mut stream = SampleStream::take(ebpf)?;
@@ -795,37 +803,8 @@ impl Sampler {
         // With the CFI walk, that program tail-calls the walk for the
         // runtimes in scope now: the processes given (`-p`) have been
         // read; the others are read at their first samples.
-        self.walkers = Walkers::take(ebpf)?;
+        let now = self.runtimes_now();
         if let Some(w) = &mut self.walkers {
-            // A command that runs a runtime (`-- node app.js`, a script
-            // whose `#!` names python3) is in scope before it starts: its
-            // walk is loaded now, so its first samples are walked whole.
-            // Neither for a runtime turned off (`--no-javascript`): its
-            // processes are walked as native ones, by the native walk.
-            let walkable = self.stacks.walkable();
-            self.command_runtimes = match self.scope.command.first() {
-                Some(argv0) if !self.cfg.preload_runtime_walks => {
-                    let path = std::env::var_os("PATH").unwrap_or_default();
-                    crate::stacks::runtimes::of_command(argv0, &path) & walkable
-                }
-                _ => 0,
-            };
-            // Over the whole system, the runtimes whose programs run now:
-            // their processes' first samples are walked whole, not taken
-            // while the verifier works, at the cost of a later start.
-            // (Named processes are read above; a cgroup's, or those a bcc
-            // map chooses, are found at their first samples.)
-            self.running_runtimes = if self.scope.whole_system() && !self.cfg.preload_runtime_walks
-            {
-                crate::stacks::runtimes::of_running() & walkable
-            } else {
-                0
-            };
-            let now = if self.cfg.preload_runtime_walks {
-                RUNTIMES_ALL
-            } else {
-                self.stacks.runtimes() | self.command_runtimes | self.running_runtimes
-            };
             let want = w.pending(now);
             if let Err(e) = w.settle(ebpf, now, Duration::ZERO) {
                 // The running processes' runtimes are a guess: the run
@@ -878,6 +857,64 @@ impl Sampler {
             self.event = clock;
         }
         Ok(())
+    }
+
+    /// The runtimes whose processes are in scope before any is sampled:
+    /// a command's (`-- node app.js`, a script whose `#!` names python3),
+    /// whose first samples are then walked whole; over the whole system,
+    /// those whose programs run now, not to take their first samples
+    /// while the verifier works, at the cost of a later start. Neither
+    /// for a runtime turned off (`--no-javascript`): its processes are
+    /// walked as native ones, by the native walk. (Named processes are
+    /// read by [`StackTool::attach`]; a cgroup's, or those a bcc map
+    /// chooses, are found at their first samples.)
+    fn find_runtimes(&mut self) {
+        if self.walkers.is_none() || self.cfg.preload_runtime_walks {
+            return;
+        }
+        let walkable = self.stacks.walkable();
+        self.command_runtimes = match self.scope.command.first() {
+            Some(argv0) => {
+                let path = std::env::var_os("PATH").unwrap_or_default();
+                crate::stacks::runtimes::of_command(argv0, &path) & walkable
+            }
+            None => 0,
+        };
+        self.running_runtimes = if self.scope.whole_system() {
+            crate::stacks::runtimes::of_running() & walkable
+        } else {
+            0
+        };
+    }
+
+    /// The runtimes whose walk the sampling program needs now.
+    fn runtimes_now(&self) -> Runtimes {
+        if self.cfg.preload_runtime_walks {
+            RUNTIMES_ALL
+        } else {
+            self.stacks.runtimes() | self.command_runtimes | self.running_runtimes
+        }
+    }
+
+    /// Loads the walk at once with the exec, fork and exit programs
+    /// (`kernel::load::load_beside`): its verifier's time, most of the
+    /// start, then goes by beside theirs. Only where the walk is known
+    /// before any process is read: a `-p` run's runtimes are known once
+    /// [`StackTool::attach`] has read its processes, and its walk is
+    /// loaded after, as before.
+    fn load_walk_beside(&mut self, ebpf: &mut Ebpf) {
+        let Some(w) = &self.walkers else {
+            return;
+        };
+        if !self.scope.pids.is_empty() {
+            return;
+        }
+        let Some(want) = w.pending(self.runtimes_now()) else {
+            return;
+        };
+        let mut names = vec![Walkers::program(want)];
+        names.extend_from_slice(self.stacks.process_programs());
+        crate::kernel::load::load_beside(ebpf, &names);
     }
 
     /// What was attached, for `-v`.

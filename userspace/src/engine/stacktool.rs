@@ -513,6 +513,21 @@ impl StackTool {
         Ok(())
     }
 
+    /// The programs [`StackTool::attach`] attaches to exec, fork and exit,
+    /// for loading beside others (`kernel::load::load_beside`): none
+    /// without the CFI walk.
+    pub fn process_programs(&self) -> &'static [&'static str] {
+        if self.cfi_loaded {
+            &[
+                rtrace_common::unwind::PROG_EXEC,
+                rtrace_common::unwind::PROG_FORK,
+                rtrace_common::unwind::PROG_EXIT,
+            ]
+        } else {
+            &[]
+        }
+    }
+
     /// Begins compiling rtrace's own tables now, on a thread of their own,
     /// for a run where rtrace is sampled too (over the whole system): they
     /// are loaded by [`StackTool::absorb_self`], so that its own first
@@ -1459,8 +1474,11 @@ fn attach_raw(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> anyhow::Result<R
         .program_mut(name)
         .with_context(|| format!("program {name} missing"))?
         .try_into()?;
-    prog.load()
-        .with_context(|| format!("cannot load program {name}"))?;
+    // It may have been loaded beside the walk already.
+    if prog.fd().is_err() {
+        prog.load()
+            .with_context(|| format!("cannot load program {name}"))?;
+    }
     let id = prog
         .attach(tracepoint)
         .with_context(|| format!("cannot attach to raw tracepoint {tracepoint}"))?;

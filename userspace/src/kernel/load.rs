@@ -403,6 +403,46 @@ impl<'a> Hooks<'a> {
     }
 }
 
+/// Loads programs `names` of `ebpf` at once, each on a thread of its own,
+/// leaving them to be attached by their usual paths (which load a
+/// program only if it is not loaded yet). The kernel verifies a program
+/// within its load call, on the caller's CPU: a walk's hundred
+/// milliseconds or more then go by beside the small programs' few,
+/// rather than after them. Only raw tracepoint and perf event programs
+/// are loaded here; a program that fails is left unloaded, for its own
+/// path to load again and report. Returns the names loaded.
+pub fn load_beside(ebpf: &mut Ebpf, names: &[&str]) -> Vec<String> {
+    use aya::programs::{PerfEvent, Program};
+    let mut progs: Vec<(&str, &mut Program)> = ebpf
+        .programs_mut()
+        .filter(|(name, p)| names.contains(name) && p.fd().is_err())
+        .collect();
+    if progs.len() < 2 {
+        // One alone goes by its own path: no thread needed.
+        return Vec::new();
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = progs
+            .iter_mut()
+            .map(|(name, prog)| {
+                let name = *name;
+                scope.spawn(move || {
+                    let loaded = match &mut **prog {
+                        Program::RawTracePoint(p) => RawTracePoint::load(p).is_ok(),
+                        Program::PerfEvent(p) => PerfEvent::load(p).is_ok(),
+                        _ => false,
+                    };
+                    loaded.then(|| name.to_owned())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().ok().flatten())
+            .collect()
+    })
+}
+
 /// Loads program `name` of `ebpf` and attaches it to kernel function
 /// `func` with `mech` (fentry, fexit, kprobe or kretprobe). A kprobe
 /// program may be attached to several functions; it is loaded once.
