@@ -29,6 +29,7 @@ use crate::{
         stacktool::{SampleStream, StackArgs, StackTool},
     },
     kernel::{
+        btf::AttachTarget,
         features::Mechanism,
         load::{Hooks, Kernel, Load},
         scope::Scope,
@@ -712,7 +713,7 @@ impl Sampler {
         if !self.event.at_events() {
             self.walkers = Walkers::take(ebpf)?;
             self.find_runtimes();
-            self.load_walk_beside(ebpf);
+            self.load_walk_beside(kernel, ebpf)?;
         }
         self.stacks.attach(ebpf, &self.scope.pids)?;
         if self.cfg.outputs.per_sample() {
@@ -896,25 +897,49 @@ impl Sampler {
         }
     }
 
-    /// Loads the walk at once with the exec, fork and exit programs
-    /// (`kernel::load::load_beside`): its verifier's time, most of the
-    /// start, then goes by beside theirs. Only where the walk is known
-    /// before any process is read: a `-p` run's runtimes are known once
-    /// [`StackTool::attach`] has read its processes, and its walk is
-    /// loaded after, as before.
-    fn load_walk_beside(&mut self, ebpf: &mut Ebpf) {
+    /// Loads the walk at once with the exec, fork and exit programs, and
+    /// with `--off-cpu` the context switch's (`kernel::load::load_beside`):
+    /// the walk's verifier time, most of the start, then goes by beside
+    /// theirs. Only where the walk is known before any process is read: a
+    /// `-p` run's runtimes are known once [`StackTool::attach`] has read
+    /// its processes, and its programs are loaded one by one, as before.
+    fn load_walk_beside(&mut self, kernel: &mut Kernel, ebpf: &mut Ebpf) -> anyhow::Result<()> {
         let Some(w) = &self.walkers else {
-            return;
+            return Ok(());
         };
         if !self.scope.pids.is_empty() {
-            return;
+            return Ok(());
         }
         let Some(want) = w.pending(self.runtimes_now()) else {
-            return;
+            return Ok(());
         };
-        let mut names = vec![Walkers::program(want)];
-        names.extend_from_slice(self.stacks.process_programs());
-        crate::kernel::load::load_beside(ebpf, &names);
+        let mut names: Vec<(String, Option<&'static str>)> =
+            vec![(Walkers::program(want).to_owned(), None)];
+        names.extend(
+            self.stacks
+                .process_programs()
+                .iter()
+                .map(|n| ((*n).to_owned(), None)),
+        );
+        let mut btf = None;
+        if let Some(off) = &self.off_cpu {
+            let m = OffCpu::mechanism(kernel)?;
+            let programs = off.programs(m);
+            // The type ids cover every event asked for so far: those of the
+            // last call cover them all.
+            let typed: Vec<&str> = programs.iter().filter_map(|(_, e)| *e).collect();
+            for e in &typed {
+                kernel.attach_ids(AttachTarget::Tracepoint(e))?;
+            }
+            names.extend(programs);
+            if let Some(e) = typed.last() {
+                btf = Some(kernel.attach_ids(AttachTarget::Tracepoint(e))?);
+            }
+        }
+        let names: Vec<(&str, Option<&str>)> =
+            names.iter().map(|(n, e)| (n.as_str(), *e)).collect();
+        crate::kernel::load::load_beside(ebpf, &names, btf);
+        Ok(())
     }
 
     /// What was attached, for `-v`.

@@ -315,6 +315,16 @@ pub struct Hooks<'a> {
     kernel: &'a mut Kernel,
 }
 
+/// The name prefix of the programs written for tracepoint mechanism
+/// `mech`, by convention: `btf_`, `raw_` or `tp_` before the event's name.
+pub fn hook_prefix(mech: Mechanism) -> &'static str {
+    match mech {
+        Mechanism::TpBtf => "btf",
+        Mechanism::RawTracepoint => "raw",
+        _ => "tp",
+    }
+}
+
 impl<'a> Hooks<'a> {
     /// Prepares to attach with `mech`; tp_btf takes the kernel's type ids
     /// from `kernel`.
@@ -325,11 +335,7 @@ impl<'a> Hooks<'a> {
     /// The name prefix of the programs written for this mechanism, by
     /// convention: `btf_`, `raw_` or `tp_` before the event's name.
     pub fn prefix(&self) -> &'static str {
-        match self.mech {
-            Mechanism::TpBtf => "btf",
-            Mechanism::RawTracepoint => "raw",
-            _ => "tp",
-        }
+        hook_prefix(self.mech)
     }
 
     /// Loads program `name` of `ebpf` and attaches it to tracepoint
@@ -349,12 +355,17 @@ impl<'a> Hooks<'a> {
                 Mechanism::TpBtf => {
                     let btf = self.kernel.attach_ids(AttachTarget::Tracepoint(event))?;
                     let p: &mut BtfTracePoint = prog.try_into()?;
-                    p.load(event, btf)?;
+                    // It may have been loaded beside others already.
+                    if p.fd().is_err() {
+                        p.load(event, btf)?;
+                    }
                     p.attach()?;
                 }
                 Mechanism::RawTracepoint => {
                     let p: &mut RawTracePoint = prog.try_into()?;
-                    p.load()?;
+                    if p.fd().is_err() {
+                        p.load()?;
+                    }
                     p.attach(event)?;
                 }
                 Mechanism::Tracepoint => {
@@ -407,15 +418,26 @@ impl<'a> Hooks<'a> {
 /// leaving them to be attached by their usual paths (which load a
 /// program only if it is not loaded yet). The kernel verifies a program
 /// within its load call, on the caller's CPU: a walk's hundred
-/// milliseconds or more then go by beside the small programs' few,
-/// rather than after them. Only raw tracepoint and perf event programs
-/// are loaded here; a program that fails is left unloaded, for its own
-/// path to load again and report. Returns the names loaded.
-pub fn load_beside(ebpf: &mut Ebpf, names: &[&str]) -> Vec<String> {
+/// milliseconds or more then go by beside the other programs' time,
+/// rather than before or after it. A name comes with its tracepoint for
+/// a tp_btf program, loaded against `btf` (the kernel's type ids,
+/// [`Kernel::attach_ids`]); raw tracepoint and perf event programs need
+/// none, and other kinds are not loaded here. A program that fails is
+/// left unloaded, for its own path to load again and report. Returns
+/// the names loaded.
+pub fn load_beside(
+    ebpf: &mut Ebpf,
+    names: &[(&str, Option<&str>)],
+    btf: Option<&aya::Btf>,
+) -> Vec<String> {
     use aya::programs::{PerfEvent, Program};
-    let mut progs: Vec<(&str, &mut Program)> = ebpf
+    let mut progs: Vec<(&str, Option<&str>, &mut Program)> = ebpf
         .programs_mut()
-        .filter(|(name, p)| names.contains(name) && p.fd().is_err())
+        .filter(|(_, p)| p.fd().is_err())
+        .filter_map(|(name, p)| {
+            let (_, event) = names.iter().find(|(n, _)| *n == name)?;
+            Some((name, *event, p))
+        })
         .collect();
     if progs.len() < 2 {
         // One alone goes by its own path: no thread needed.
@@ -424,12 +446,13 @@ pub fn load_beside(ebpf: &mut Ebpf, names: &[&str]) -> Vec<String> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = progs
             .iter_mut()
-            .map(|(name, prog)| {
-                let name = *name;
+            .map(|(name, event, prog)| {
+                let (name, event) = (*name, *event);
                 scope.spawn(move || {
-                    let loaded = match &mut **prog {
-                        Program::RawTracePoint(p) => RawTracePoint::load(p).is_ok(),
-                        Program::PerfEvent(p) => PerfEvent::load(p).is_ok(),
+                    let loaded = match (&mut **prog, event, btf) {
+                        (Program::RawTracePoint(p), None, _) => RawTracePoint::load(p).is_ok(),
+                        (Program::PerfEvent(p), None, _) => PerfEvent::load(p).is_ok(),
+                        (Program::BtfTracePoint(p), Some(e), Some(btf)) => p.load(e, btf).is_ok(),
                         _ => false,
                     };
                     loaded.then(|| name.to_owned())
