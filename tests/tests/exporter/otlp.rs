@@ -575,8 +575,10 @@ fn a_receivers_gap_is_delivered_after_it_up_to_the_buffer() {
     if skip() {
         return;
     }
-    // Something to sample on the whole while: the C fixture spinning.
-    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "9".into()]);
+    // Something to sample on the whole while, the gap included (a full
+    // run once saw 9 s end within it, and the gap's profiles of an idle
+    // host fit the small buffer): the C fixture spinning.
+    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "15".into()]);
     let mut big = Collector::start("gap", &[]);
     let mut small = Collector::start("gap-small", &[]);
     let (a, a_port) = profiling(&big.endpoint(), 49, 1, &[], &[]);
@@ -586,8 +588,12 @@ fn a_receivers_gap_is_delivered_after_it_up_to_the_buffer() {
     });
     until(10, "a first profile", || big.received().len() >= 2);
     // The other's buffer holds two or three profiles of this host, as
-    // the first ones measured.
-    let size = std::fs::metadata(&big.out).unwrap().len() / big.received().len() as u64;
+    // those after the first measured (the first, with every process's
+    // first stacks, is the larger): the gap's five do not fit.
+    let bytes = || std::fs::metadata(&big.out).unwrap().len();
+    let (n0, b0) = (big.received().len(), bytes());
+    until(10, "two more profiles", || big.received().len() >= n0 + 2);
+    let size = (bytes() - b0) / (big.received().len() - n0) as u64;
     let buffer = format!("{}", size * 5 / 2);
     let (b, b_port) = profiling(&small.endpoint(), 49, 1, &["--otlp-buffer", &buffer], &[]);
     until(10, "a first profile", || !small.received().is_empty());
