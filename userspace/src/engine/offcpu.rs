@@ -177,36 +177,26 @@ impl OffCpu {
     ) -> anyhow::Result<()> {
         let mut hooks = Hooks::new(m, kernel)?;
         self.typed = m == Mechanism::TpBtf;
-        for event in self.events() {
-            let program = format!("{}_{event}", hooks.prefix());
+        for (program, event) in self.programs_with(m) {
             hooks.attach(ebpf, &program, "sched", event)?;
             self.programs.push(program);
         }
         Ok(())
     }
 
-    /// The scheduler's events it attaches to.
-    fn events(&self) -> &'static [&'static str] {
-        if self.filter.is_some_and(|f| f.waker) {
+    /// Its programs with mechanism `m` and the scheduler's events they
+    /// attach to, also for loading beside others
+    /// (`kernel::load::load_beside`).
+    pub fn programs_with(&self, m: Mechanism) -> Vec<(String, &'static str)> {
+        let events: &[&'static str] = if self.filter.is_some_and(|f| f.waker) {
             &["sched_switch", "sched_waking"]
         } else {
             &["sched_switch"]
-        }
-    }
-
-    /// Its programs with `m` and their events, for loading beside others
-    /// (`kernel::load::load_beside`): the tracepoint goes with a tp_btf
-    /// program only, whose load takes it.
-    pub fn programs(&self, m: Mechanism) -> Vec<(String, Option<&'static str>)> {
+        };
         let prefix = crate::kernel::load::hook_prefix(m);
-        self.events()
+        events
             .iter()
-            .map(|e| {
-                (
-                    format!("{prefix}_{e}"),
-                    (m == Mechanism::TpBtf).then_some(*e),
-                )
-            })
+            .map(|e| (format!("{prefix}_{e}"), *e))
             .collect()
     }
 

@@ -924,20 +924,19 @@ impl Sampler {
         let mut btf = None;
         if let Some(off) = &self.off_cpu {
             let m = OffCpu::mechanism(kernel)?;
-            let programs = off.programs(m);
-            // The type ids cover every event asked for so far: those of the
-            // last call cover them all.
-            let typed: Vec<&str> = programs.iter().filter_map(|(_, e)| *e).collect();
-            for e in &typed {
-                kernel.attach_ids(AttachTarget::Tracepoint(e))?;
+            let programs = off.programs_with(m);
+            // A tp_btf program's load takes its tracepoint and the type
+            // ids, which cover every event asked for so far: the last
+            // call's cover them all.
+            if m == Mechanism::TpBtf {
+                for (_, event) in &programs {
+                    kernel.attach_ids(AttachTarget::Tracepoint(event))?;
+                }
+                btf = Some(kernel.attach_ids(AttachTarget::Tracepoint(programs[0].1))?);
             }
-            names.extend(programs);
-            if let Some(e) = typed.last() {
-                btf = Some(kernel.attach_ids(AttachTarget::Tracepoint(e))?);
-            }
+            let typed = btf.is_some();
+            names.extend(programs.into_iter().map(|(n, e)| (n, typed.then_some(e))));
         }
-        let names: Vec<(&str, Option<&str>)> =
-            names.iter().map(|(n, e)| (n.as_str(), *e)).collect();
         crate::kernel::load::load_beside(ebpf, &names, btf);
         Ok(())
     }

@@ -423,47 +423,35 @@ impl<'a> Hooks<'a> {
 /// a tp_btf program, loaded against `btf` (the kernel's type ids,
 /// [`Kernel::attach_ids`]); raw tracepoint and perf event programs need
 /// none, and other kinds are not loaded here. A program that fails is
-/// left unloaded, for its own path to load again and report. Returns
-/// the names loaded.
-pub fn load_beside(
-    ebpf: &mut Ebpf,
-    names: &[(&str, Option<&str>)],
-    btf: Option<&aya::Btf>,
-) -> Vec<String> {
+/// left unloaded, for its own path to load again and report.
+pub fn load_beside(ebpf: &mut Ebpf, names: &[(String, Option<&str>)], btf: Option<&aya::Btf>) {
     use aya::programs::{PerfEvent, Program};
-    let mut progs: Vec<(&str, Option<&str>, &mut Program)> = ebpf
+    let mut progs: Vec<(Option<&str>, &mut Program)> = ebpf
         .programs_mut()
         .filter(|(_, p)| p.fd().is_err())
         .filter_map(|(name, p)| {
-            let (_, event) = names.iter().find(|(n, _)| *n == name)?;
-            Some((name, *event, p))
+            let (_, event) = names.iter().find(|(n, _)| n == name)?;
+            Some((*event, p))
         })
         .collect();
     if progs.len() < 2 {
         // One alone goes by its own path: no thread needed.
-        return Vec::new();
+        return;
     }
+    // Failures are left to each program's own path: the results go.
     std::thread::scope(|scope| {
-        let handles: Vec<_> = progs
-            .iter_mut()
-            .map(|(name, event, prog)| {
-                let (name, event) = (*name, *event);
-                scope.spawn(move || {
-                    let loaded = match (&mut **prog, event, btf) {
-                        (Program::RawTracePoint(p), None, _) => RawTracePoint::load(p).is_ok(),
-                        (Program::PerfEvent(p), None, _) => PerfEvent::load(p).is_ok(),
-                        (Program::BtfTracePoint(p), Some(e), Some(btf)) => p.load(e, btf).is_ok(),
-                        _ => false,
-                    };
-                    loaded.then(|| name.to_owned())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().ok().flatten())
-            .collect()
-    })
+        for (event, prog) in &mut progs {
+            let event = *event;
+            scope.spawn(move || {
+                let _ = match (&mut **prog, event, btf) {
+                    (Program::RawTracePoint(p), None, _) => RawTracePoint::load(p),
+                    (Program::PerfEvent(p), None, _) => PerfEvent::load(p),
+                    (Program::BtfTracePoint(p), Some(e), Some(btf)) => p.load(e, btf),
+                    _ => Ok(()),
+                };
+            });
+        }
+    });
 }
 
 /// Loads program `name` of `ebpf` and attaches it to kernel function
