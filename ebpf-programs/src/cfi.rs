@@ -524,9 +524,10 @@ const EBUSY: i64 = -16;
 /// it). The chain from its file to the device is read by the helper: a
 /// plain load of a pointer member has the verifier look up, at each
 /// state it reaches the load in, whether the pointer is trusted, by name
-/// through every type of the kernel's BTF, which was a tenth of the
-/// native walk's load time; the helper's three calls come once per
-/// lookup of a mapping, not per sample. A missing file reads as zeros.
+/// through every type of the kernel's BTF (with `born`'s, 8 % of the
+/// native walk's load on 6.18; these alone about 6 ms of its 121); the
+/// helper's calls come once per lookup of a mapping, not per sample. A
+/// missing file reads as zeros.
 #[inline(never)]
 extern "C" fn vma_found(
     _task: *mut core::ffi::c_void,

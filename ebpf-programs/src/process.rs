@@ -56,8 +56,8 @@ pub fn born() -> u64 {
 /// record, its exec, fork and exit, new code, the runtimes' new frames.
 /// [`born`]'s load of the leader is a pointer member of a BTF-typed
 /// task, whose trust the verifier looks up by name through every type of
-/// the kernel's BTF, again at each state it reaches the load in: a
-/// millisecond or so on 6.18, several times over in a program. The
+/// the kernel's BTF, again at each state it reaches the load in (with the
+/// mapping lookup's, 8 % of the native walk's load on 6.18). The
 /// helper's two calls cost their hundreds of nanoseconds only where
 /// they run. The stack key's [`born`], read every sample, keeps the
 /// loads, once, before the walk.
