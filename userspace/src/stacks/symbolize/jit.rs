@@ -40,6 +40,9 @@ pub(super) struct PerfMap {
     /// Read for the last time, as its process exited: what is at its
     /// path later is another process's.
     closed: bool,
+    /// At its process's exit, the map had already been rewritten by the
+    /// pid's next process: what it wrote as it exited was lost.
+    rewritten: bool,
 }
 
 impl PerfMap {
@@ -72,10 +75,11 @@ impl PerfMap {
         let Ok(meta) = std::fs::metadata(&jit.path) else {
             return;
         };
-        if meta.len() == self.len
-            || !written_by(&meta, p, earlier_exit)
-            || !p.alive() && written_since_gone(&meta, p, exit)
-        {
+        if meta.len() == self.len || !written_by(&meta, p, earlier_exit) {
+            return;
+        }
+        if !p.alive() && written_since_gone(&meta, p, exit) {
+            self.rewritten = true;
             return;
         }
         let Ok(text) = std::fs::read_to_string(&jit.path) else {
@@ -133,6 +137,7 @@ impl PerfMap {
             path: perf_map_path(child.pid, child.alive()),
             comm: self.comm.clone(),
             closed: false,
+            rewritten: false,
         }
     }
 
@@ -143,14 +148,16 @@ impl PerfMap {
         self.len = 0;
         self.path = None;
         self.closed = false;
+        self.rewritten = false;
     }
 
     /// Why JIT frames of process `pid` that it did not name are unnamed
-    /// (`missing`, `empty` or `partial`), and the
+    /// (`missing`, `empty`, `rewritten` or `partial`), and the
     /// map's path as the process names it.
     pub(super) fn why_unnamed(&self, pid: u32) -> (&'static str, String) {
         match &self.path {
             None => ("missing", format!("/tmp/perf-{pid}.map")),
+            Some(j) if self.rewritten => ("rewritten", j.shown.clone()),
             Some(j) if std::fs::metadata(&j.path).is_err() => ("missing", j.shown.clone()),
             Some(j) if self.len == 0 => ("empty", j.shown.clone()),
             Some(j) => ("partial", j.shown.clone()),
@@ -416,7 +423,8 @@ impl Dump {
 pub(super) struct Unnamed {
     pub(super) comm: Option<Arc<str>>,
     pub(super) frames: u64,
-    /// Why: the perf map was missing, empty, or did not name them, or
+    /// Why: the perf map was missing, empty, rewritten by the pid's next
+    /// process before it was read at the exit, or did not name them, or
     /// the jitdump did not (`dump`).
     pub(super) map: &'static str,
     /// The perf map's or jitdump's path, as the process names it.
@@ -467,6 +475,11 @@ impl Unnamed {
                 self.shown
             ),
             "dump" => format!("its {} did not name them", self.shown),
+            "rewritten" => format!(
+                "the next process given its pid had rewritten its {} before rtrace, told of \
+                 its exit, could read what it wrote as it exited",
+                self.shown
+            ),
             "empty" => format!(
                 "its {} was empty; Mono and the JVM write it at exit: \
                  run the program under `rtrace profile -- CMD`",
@@ -566,8 +579,26 @@ mod tests {
         assert!(written_since_gone(&meta, gone, 0), "no exit known");
         let mut map = PerfMap::default();
         map.close(gone, written);
+        // Told of the exit only after the next process rewrote the map:
+        // nothing of it is taken, and the warning says why.
+        let mut late = PerfMap::default();
+        late.close(gone, written - 1);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(map.symbol(0x2000).map(|s| s.name.as_str()), Some("theirs"));
+        assert!(late.symbol(0x2000).is_none());
+        let (why, shown) = late.why_unnamed(gone.pid);
+        assert_eq!((why, shown.as_str()), ("rewritten", path.as_str()));
+        let unnamed = Unnamed {
+            comm: None,
+            frames: 3,
+            map: why,
+            shown,
+        };
+        let text = unnamed.warning(gone, None).to_string();
+        assert!(
+            text.contains("next process given its pid had rewritten"),
+            "{text}"
+        );
     }
 
     #[test]
