@@ -305,6 +305,79 @@ pub(super) fn us_ranged(v: &[f64]) -> String {
     )
 }
 
+/// A cgroup (v2) of its own for a profiler, whose CPU time it keeps to
+/// the microsecond, every thread's, those ended too (a sum over
+/// `/proc/PID/task` loses ended threads, and `/proc/PID/stat` counts in
+/// ticks of 10 ms). Removed on drop.
+pub(super) struct CpuGroup {
+    dir: std::path::PathBuf,
+}
+
+impl CpuGroup {
+    /// A new group named `name` under the cgroup2 hierarchy's root.
+    pub(super) fn new(name: &str) -> anyhow::Result<Self> {
+        let mounts = std::fs::read_to_string("/proc/mounts")?;
+        let root = mounts
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(2) == Some(&"cgroup2"))
+            .and_then(|f| f.get(1).map(|m| std::path::PathBuf::from(*m)))
+            .context("no cgroup2 hierarchy is mounted")?;
+        let dir = root.join(name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).with_context(|| format!("cannot make {}", dir.display()))?;
+        Ok(Self { dir })
+    }
+
+    /// Moves process `pid`, all its threads, into the group.
+    pub(super) fn add(&self, pid: u32) -> anyhow::Result<()> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("cannot move {pid} into {}", self.dir.display()))
+    }
+
+    /// The group's CPU time so far, in nanoseconds.
+    pub(super) fn cpu_ns(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(self.dir.join("cpu.stat")).ok()?;
+        let usec: f64 = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(usec * 1e3)
+    }
+}
+
+impl Drop for CpuGroup {
+    fn drop(&mut self) {
+        // Its processes have exited by now; one still there keeps the
+        // group, which the next run's `new` tries to remove first.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// `v` resampled with replacement (a bootstrap), from `state`, a
+/// xorshift generator's state: a run resamples from a fixed seed, so
+/// that its bounds are the same for the same trials.
+pub(super) fn resample(v: &[f64], state: &mut u64) -> Vec<f64> {
+    (0..v.len())
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            v[(*state % v.len() as u64) as usize]
+        })
+        .collect()
+}
+
+/// The value `share` of the way up `v` once sorted (nearest rank).
+pub(super) fn percentile(v: &[f64], share: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 * share).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
 /// BPF nanoseconds per sample, one a trial, as a table cell: the median
 /// in microseconds and the range in nanoseconds, `-` for a profiler
 /// that runs no BPF.
@@ -349,6 +422,17 @@ pub(super) fn paired_text(a: &[Option<f64>], b: &[Option<f64>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resamples_draw_from_the_values_and_percentiles_take_the_nearest_rank() {
+        let mut state = 0x9e37_79b9_7f4a_7c15;
+        let v = [1.0, 2.0, 3.0];
+        let draws: Vec<f64> = (0..100).flat_map(|_| resample(&v, &mut state)).collect();
+        assert!(draws.iter().all(|d| v.contains(d)));
+        assert!(v.iter().all(|x| draws.contains(x)), "every value drawn");
+        assert_eq!(percentile(&[5.0, 1.0, 4.0, 2.0, 3.0], 0.9), 5.0);
+        assert_eq!(percentile(&[5.0, 1.0, 4.0, 2.0, 3.0], 0.5), 3.0);
+    }
 
     #[test]
     fn paired_ratios_are_taken_within_each_trial() {
