@@ -765,6 +765,9 @@ pub struct Java {
     frames: HashMap<(Proc, u64, u64), Arc<[JavaFrame]>>,
     /// Methods, by process, `Method*` and its `method_check`.
     methods: HashMap<(Proc, u64, u32), Option<Arc<Method>>>,
+    /// Compiled methods read, by process, nmethod and compile id (`None`:
+    /// not that nmethod, or unreadable).
+    nmethods: HashMap<(Proc, u64, u32), Option<Nm>>,
     /// What `-v` says of the JVMs found.
     found: BTreeMap<Proc, String>,
     /// JVMs that cannot be walked, and why.
@@ -880,6 +883,7 @@ impl Java {
         self.procs.remove(&who);
         self.not.remove(&who);
         self.methods.retain(|k, _| k.0 != who);
+        self.nmethods.retain(|k, _| k.0 != who);
     }
 
     /// Finds libjvm in `who`'s mappings and reads its tables and heaps.
@@ -1070,15 +1074,31 @@ impl Java {
         second: u64,
         native: bool,
     ) -> Option<Vec<JavaFrame>> {
-        let j = self.procs.get(&who)?;
-        let l = Arc::clone(&j.layout);
-        let head = j.mem.read(nm, l.nm_size as usize)?;
-        if int_at(&head, l.nm_compile_id)? as u32 != (second >> 32) as u32 {
-            return None;
-        }
-        let own = u64_at(&head, l.nm_method)?;
+        let key = (who, nm, (second >> 32) as u32);
+        let mut n = match self.nmethods.remove(&key) {
+            Some(n) => n,
+            None => Nm::read(self.procs.get(&who)?, nm, key.2, native),
+        };
+        let named = n
+            .as_mut()
+            .and_then(|n| self.named(who, n, second as u32, native));
+        self.nmethods.insert(key, n);
+        named
+    }
+
+    /// The frames of compiled method `n` of process `who` at pc offset
+    /// `offset`: the methods inlined there, innermost first, then its
+    /// own.
+    fn named(
+        &mut self,
+        who: Proc,
+        n: &mut Nm,
+        offset: u32,
+        native: bool,
+    ) -> Option<Vec<JavaFrame>> {
+        let own = n.own;
         if native {
-            let m = self.method(who, own)?;
+            let m = n.method(self, who, own)?;
             return Some(vec![JavaFrame {
                 name: Arc::clone(&m.name),
                 kind: JavaKind::Native,
@@ -1086,27 +1106,28 @@ impl Java {
                 line: None,
             }]);
         }
-        let scopes = scopes(j, nm, &head, second as u32)
+        let scopes = n
+            .scopes(self.procs.get(&who)?, offset)
             .filter(|s| s.last().is_some_and(|&(m, _)| m == own))
             .unwrap_or_else(|| vec![(own, -1)]);
         let named: Option<Vec<(Arc<Method>, i64)>> = scopes
             .iter()
-            .map(|&(method, bci)| Some((self.method(who, method)?, bci)))
+            .map(|&(method, bci)| Some((n.method(self, who, method)?, bci)))
             .collect();
         // An inlined method that cannot be named: the compiled one alone,
         // which the check vouches for.
         let named = match named {
             Some(n) => n,
-            None => vec![(self.method(who, own)?, -1)],
+            None => vec![(n.method(self, who, own)?, -1)],
         };
-        let n = named.len();
+        let count = named.len();
         Some(
             named
                 .into_iter()
                 .enumerate()
                 .map(|(i, (m, bci))| JavaFrame {
                     name: Arc::clone(&m.name),
-                    kind: if i + 1 == n {
+                    kind: if i + 1 == count {
                         JavaKind::Compiled
                     } else {
                         JavaKind::Inlined
@@ -1359,96 +1380,183 @@ fn unsigned5(t: &[u8], i: &mut usize, x: u32) -> Option<u32> {
     None
 }
 
-/// The (`Method*`, bci) of each scope at pc offset `offset` of nmethod
-/// `nm` (whose first bytes are `head`), innermost first: from the PcDesc
-/// at exactly `offset` (a return pc), else the first after it (HotSpot's
-/// rule for any other pc).
-fn scopes(j: &Jvm, nm: u64, head: &[u8], offset: u32) -> Option<Vec<(u64, i64)>> {
-    let l = &j.layout;
-    let x = j.x();
-    let at = |off: u64| int_at(head, off).and_then(|v| u64::try_from(v).ok());
-    // PcDescs, scopes and metadata (bounded).
-    let (pcs, pcs_end, scopes, meta, meta_end) = match l.debug {
-        DebugInfo::InBlob {
-            pcs,
-            pcs_end,
-            scopes_begin,
-            metadata,
-        } => {
-            let scopes = u64_at(head, scopes_begin)?;
-            let pcs = nm + at(pcs)?;
-            (pcs, nm + at(pcs_end)?, scopes, nm + at(metadata)?, scopes)
+/// A compiled method as its frames are named from, read once: a compile
+/// id names one nmethod for the JVM's life, and what names its frames
+/// (its PcDescs, scopes and metadata) is fixed when it is installed, so
+/// a pc new to a known nmethod reads nothing more of the process. Its
+/// frames were each read anew before: about 13 reads of `/proc/PID/mem`
+/// for three scopes, and each pc of a hot loop is a frame of its own.
+struct Nm {
+    /// Its own `Method*`.
+    own: u64,
+    /// Where its debug information is; `None` if it could not be read
+    /// (its frames are then its own method's).
+    debug: Option<NmDebug>,
+    /// Scopes decoded, by decode offset: `Method*`, bci and the sender's
+    /// decode offset (0: none); `None` if unreadable.
+    decoded: HashMap<u64, Option<(u64, i64, u64)>>,
+    /// The methods it names, checked once (an nmethod keeps the methods
+    /// it inlined, so they stay what they were while it lives).
+    methods: HashMap<u64, Option<Arc<Method>>>,
+}
+
+/// An nmethod's PcDescs (pc offset, scope decode offset) and where its
+/// scopes and metadata are.
+struct NmDebug {
+    descs: Vec<(i32, i32)>,
+    scopes: u64,
+    meta: u64,
+    meta_end: u64,
+}
+
+impl Nm {
+    /// Nmethod `nm` of JVM `j`, if it is still the one with compile id
+    /// `id`; a native wrapper's debug information is not read.
+    fn read(j: &Jvm, nm: u64, id: u32, native: bool) -> Option<Self> {
+        let l = &j.layout;
+        let head = j.mem.read(nm, l.nm_size as usize)?;
+        if int_at(&head, l.nm_compile_id)? as u32 != id {
+            return None;
         }
-        DebugInfo::Immutable {
-            immutable,
-            pcs,
-            scopes,
-            data,
-            metadata,
-        } => {
-            let im = u64_at(head, immutable)?;
-            let scopes = im + at(scopes)?;
-            let meta = nm + at(data)? + u64::from(u16_at(head, metadata)?);
-            // Its end is not told: indexes are bounded by reads.
-            (im + at(pcs)?, scopes, scopes, meta, meta + (1 << 16))
-        }
-        DebugInfo::Mutable {
-            immutable,
-            pcs,
-            scopes,
-            mutable,
-            mutable_size,
-            relocation_size,
-        } => {
-            let im = u64_at(head, immutable)?;
-            let scopes = im + at(scopes)?;
-            let m = u64_at(head, mutable)?;
-            let meta = m + at(relocation_size)?;
-            (im + at(pcs)?, scopes, scopes, meta, m + at(mutable_size)?)
-        }
-    };
-    let len = pcs_end.checked_sub(pcs)?;
-    if len > MAX_DEBUG_BYTES || !len.is_multiple_of(16) {
-        return None;
+        Some(Self {
+            own: u64_at(&head, l.nm_method)?,
+            debug: if native {
+                None
+            } else {
+                NmDebug::read(j, nm, &head)
+            },
+            decoded: HashMap::new(),
+            methods: HashMap::new(),
+        })
     }
-    let descs = j.mem.read(pcs, len as usize)?;
-    let descs: Vec<(i32, i32)> = descs
-        .chunks_exact(16)
-        .filter_map(|d| Some((int_at(d, 0)?, int_at(d, 4)?)))
-        .collect();
-    let offset = i64::from(offset);
-    let desc = descs
-        .iter()
-        .find(|d| i64::from(d.0) == offset)
-        .or_else(|| descs.iter().find(|d| i64::from(d.0) >= offset))?;
-    let mut decode = u64::try_from(desc.1).ok().filter(|&d| d != 0)?;
-    // Scopes are read one at a time: their end is not always told.
-    let mut out = Vec::new();
-    for _ in 0..MAX_SCOPES {
-        let b = j.mem.read(scopes + decode, 15).or_else(|| {
+
+    /// `Method*` `method`, named, as [`Java::method`] names it, once.
+    fn method(&mut self, java: &mut Java, who: Proc, method: u64) -> Option<Arc<Method>> {
+        self.methods
+            .entry(method)
+            .or_insert_with(|| java.method(who, method))
+            .clone()
+    }
+
+    /// The (`Method*`, bci) of each scope at pc offset `offset`,
+    /// innermost first: from the PcDesc at exactly `offset` (a return
+    /// pc), else the first after it (HotSpot's rule for any other pc).
+    fn scopes(&mut self, j: &Jvm, offset: u32) -> Option<Vec<(u64, i64)>> {
+        let d = self.debug.as_ref()?;
+        let offset = i64::from(offset);
+        let desc = d
+            .descs
+            .iter()
+            .find(|d| i64::from(d.0) == offset)
+            .or_else(|| d.descs.iter().find(|d| i64::from(d.0) >= offset))?;
+        let mut decode = u64::try_from(desc.1).ok().filter(|&d| d != 0)?;
+        let mut out = Vec::new();
+        for _ in 0..MAX_SCOPES {
+            let own = self.own;
+            let (method, bci, sender) = *self
+                .decoded
+                .entry(decode)
+                .or_insert_with(|| d.scope(j, own, decode))
+                .as_ref()?;
+            out.push((method, bci));
+            if sender == 0 {
+                return Some(out);
+            }
+            decode = sender;
+        }
+        None
+    }
+}
+
+impl NmDebug {
+    /// Where nmethod `nm`'s (whose first bytes are `head`) debug
+    /// information is, and its PcDescs, read.
+    fn read(j: &Jvm, nm: u64, head: &[u8]) -> Option<Self> {
+        let l = &j.layout;
+        let at = |off: u64| int_at(head, off).and_then(|v| u64::try_from(v).ok());
+        // PcDescs, scopes and metadata (bounded).
+        let (pcs, pcs_end, scopes, meta, meta_end) = match l.debug {
+            DebugInfo::InBlob {
+                pcs,
+                pcs_end,
+                scopes_begin,
+                metadata,
+            } => {
+                let scopes = u64_at(head, scopes_begin)?;
+                let pcs = nm + at(pcs)?;
+                (pcs, nm + at(pcs_end)?, scopes, nm + at(metadata)?, scopes)
+            }
+            DebugInfo::Immutable {
+                immutable,
+                pcs,
+                scopes,
+                data,
+                metadata,
+            } => {
+                let im = u64_at(head, immutable)?;
+                let scopes = im + at(scopes)?;
+                let meta = nm + at(data)? + u64::from(u16_at(head, metadata)?);
+                // Its end is not told: indexes are bounded by reads.
+                (im + at(pcs)?, scopes, scopes, meta, meta + (1 << 16))
+            }
+            DebugInfo::Mutable {
+                immutable,
+                pcs,
+                scopes,
+                mutable,
+                mutable_size,
+                relocation_size,
+            } => {
+                let im = u64_at(head, immutable)?;
+                let scopes = im + at(scopes)?;
+                let m = u64_at(head, mutable)?;
+                let meta = m + at(relocation_size)?;
+                (im + at(pcs)?, scopes, scopes, meta, m + at(mutable_size)?)
+            }
+        };
+        let len = pcs_end.checked_sub(pcs)?;
+        if len > MAX_DEBUG_BYTES || !len.is_multiple_of(16) {
+            return None;
+        }
+        let descs = j.mem.read(pcs, len as usize)?;
+        let descs = descs
+            .chunks_exact(16)
+            .filter_map(|d| Some((int_at(d, 0)?, int_at(d, 4)?)))
+            .collect();
+        Some(Self {
+            descs,
+            scopes,
+            meta,
+            meta_end,
+        })
+    }
+
+    /// The scope at decode offset `decode`: its `Method*` (index 0 is
+    /// the nmethod's own, `own`), bci, and the sender's decode offset.
+    /// Scopes are read one at a time: their end is not always told.
+    fn scope(&self, j: &Jvm, own: u64, decode: u64) -> Option<(u64, i64, u64)> {
+        let b = j.mem.read(self.scopes + decode, 15).or_else(|| {
             // Near the end of its mapping: what there is.
-            (1..15).rev().find_map(|n| j.mem.read(scopes + decode, n))
+            (1..15)
+                .rev()
+                .find_map(|n| j.mem.read(self.scopes + decode, n))
         })?;
+        let x = j.x();
         let mut i = 0;
         let sender = unsigned5(&b, &mut i, x)?;
         let index = unsigned5(&b, &mut i, x)?;
         let bci = i64::from(unsigned5(&b, &mut i, x)?) - 1;
         let method = if index == 0 {
-            u64_at(head, l.nm_method)?
+            own
         } else {
-            let a = meta + 8 * u64::from(index - 1);
-            if a + 8 > meta_end {
+            let a = self.meta + 8 * u64::from(index - 1);
+            if a + 8 > self.meta_end {
                 return None;
             }
             j.mem.u64(a)?
         };
-        out.push((method, bci));
-        if sender == 0 {
-            return Some(out);
-        }
-        decode = u64::from(sender);
+        Some((method, bci, u64::from(sender)))
     }
-    None
 }
 
 #[cfg(test)]
