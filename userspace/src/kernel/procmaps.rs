@@ -221,10 +221,10 @@ pub fn tick_ns() -> u64 {
 /// The realtime read is taken between two boot-time reads, and of a few
 /// tries the one whose boot-time reads lie closest together is kept: a
 /// thread preempted between two plain reads (up to 4 ms apart in 20
-/// million tries beside two busy loops) would put every exit converted with it early by as much,
-/// and a perf map written 25 us before its process's exit (a file time
-/// from the fine clock, as tmpfs gives one looked at since) would be
-/// taken for the pid's next process's.
+/// million tries beside two busy loops) would put every exit converted
+/// with it early by as much, and a perf map written 25 us before its
+/// process's exit (a file time from the fine clock, as tmpfs gives one
+/// looked at since) would be taken for the pid's next process's.
 pub fn boot_wall_ns() -> u64 {
     static BOOT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *BOOT.get_or_init(|| {

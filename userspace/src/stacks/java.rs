@@ -1450,9 +1450,9 @@ impl Nm {
             .find(|d| i64::from(d.0) == offset)
             .or_else(|| d.descs.iter().find(|d| i64::from(d.0) >= offset))?;
         let mut decode = u64::try_from(desc.1).ok().filter(|&d| d != 0)?;
+        let own = self.own;
         let mut out = Vec::new();
         for _ in 0..MAX_SCOPES {
-            let own = self.own;
             let (method, bci, sender) = *self
                 .decoded
                 .entry(decode)

@@ -84,6 +84,11 @@ enum Tool {
     PySpy,
 }
 
+/// The configurations of each trial, in the order of the tables: the
+/// verdicts take them by index (1 the native walk, 2 the Python walk, 3
+/// py-spy).
+const TOOLS: [Tool; 4] = [Tool::Bare, Tool::NoPython, Tool::Python, Tool::PySpy];
+
 impl Tool {
     fn label(self) -> &'static str {
         match self {
@@ -124,6 +129,14 @@ struct Trial {
     /// milliseconds, from when it samples to the signal to stop: it is
     /// taken from the two fixtures, which keep both CPUs busy.
     cpu_ms: Option<(f64, f64)>,
+}
+
+impl Trial {
+    /// Nanoseconds of BPF time its samples ran in the sampled process:
+    /// the time per sample, times half the two fixtures' samples.
+    fn bpf_in_sampled_ns(&self) -> f64 {
+        self.bpf_per_sample.unwrap_or(0.0) * self.fixture as f64 / 2.0
+    }
 }
 
 /// Milliseconds process `pid` (all its threads) has run in user and in
@@ -393,7 +406,7 @@ const BOUND: f64 = 0.9;
 /// after the work's first moments (the two fixtures keep both CPUs busy,
 /// so it runs in their place), and the BPF time its samples ran in the
 /// process (the time per sample, times half the two fixtures' samples).
-/// py-spy's (configuration 3): the time it held the process stopped, a
+/// py-spy's: the time it held the process stopped, a
 /// bound below its cost, as its own CPU runs in part on the CPU the
 /// stopped process left and is not counted. rtrace stops nothing: in its
 /// runs, as in bare ones, that measure is the time the host took the CPU
@@ -411,8 +424,7 @@ fn taken(got: &[Vec<Trial>], i: usize) -> Vec<f64> {
     got[i]
         .iter()
         .map(|t| {
-            let bpf = t.bpf_per_sample.unwrap_or(0.0) * t.fixture as f64 / 2.0;
-            if i == 3 {
+            if TOOLS[i] == Tool::PySpy {
                 return t.stopped_ns;
             }
             // The rounds after the first moments, over which the rest of
@@ -420,7 +432,7 @@ fn taken(got: &[Vec<Trial>], i: usize) -> Vec<f64> {
             let elapsed = t.round_ns * ROUNDS as f64;
             let later = ROUNDS as f64 * (1.0 - FIRST.as_nanos() as f64 / elapsed).max(0.1);
             let own = t.own_ns.unwrap_or(0.0) - t.own_first_ns.unwrap_or(0.0);
-            own / 2.0 / later + bpf / ROUNDS as f64
+            own / 2.0 / later + t.bpf_in_sampled_ns() / ROUNDS as f64
         })
         .collect()
 }
@@ -497,14 +509,8 @@ fn against_native(got: &[Vec<Trial>]) -> String {
 /// The BPF time a round of the sampled process the Python walk adds over
 /// the native walk, by the medians, in nanoseconds.
 fn extra_bpf(got: &[Vec<Trial>]) -> f64 {
-    let per_round = |i: usize| {
-        median(
-            got[i]
-                .iter()
-                .map(|t| t.bpf_per_sample.unwrap_or(0.0) * t.fixture as f64 / 2.0)
-                .collect(),
-        ) / ROUNDS as f64
-    };
+    let per_round =
+        |i: usize| median(got[i].iter().map(Trial::bpf_in_sampled_ns).collect()) / ROUNDS as f64;
     (per_round(2) - per_round(1)).max(0.0)
 }
 
@@ -524,7 +530,7 @@ pub fn run() -> anyhow::Result<String> {
     let py_spy = crate::setup::py_spy().to_string_lossy().into_owned();
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .context("cannot turn on BPF run-time statistics")?;
-    let tools = [Tool::Bare, Tool::NoPython, Tool::Python, Tool::PySpy];
+    let tools = TOOLS;
     let mut table = format!(
         "{} (two Python processes, each doing {ROUNDS} rounds of the \
          fixture's work, about 1.5 s bare; rtrace samples the whole system, py-spy the first \
