@@ -576,20 +576,17 @@ fn a_receivers_gap_is_delivered_after_it_up_to_the_buffer() {
         return;
     }
     // Something to sample on the whole while, the gap included (a full
-    // run once saw 9 s end within it, and the gap's profiles of an idle
-    // host fit the small buffer): the C fixture spinning.
-    let (mut c, _) = Workload::start("cfuncs_nofp", &["cpu".into(), "15".into()]);
+    // run once saw a fixture's 9 s end within it, and the gap's profiles
+    // of an idle host fit the small buffer): a shell spinning until the
+    // test ends, however it ends.
+    let _spin = Spinning::start();
     let mut big = Collector::start("gap", &[]);
     let mut small = Collector::start("gap-small", &[]);
     let (a, a_port) = profiling(&big.endpoint(), 49, 1, &[], &[]);
-    let go = std::thread::spawn(move || {
-        c.go();
-        c.wait();
-    });
     until(10, "a first profile", || big.received().len() >= 2);
     // The other's buffer holds two or three profiles of this host, as
     // those after the first measured (the first, with every process's
-    // first stacks, is the larger): the gap's five do not fit.
+    // first stacks, is the larger, and must fit).
     let bytes = || std::fs::metadata(&big.out).unwrap().len();
     let (n0, b0) = (big.received().len(), bytes());
     until(10, "two more profiles", || big.received().len() >= n0 + 2);
@@ -599,23 +596,29 @@ fn a_receivers_gap_is_delivered_after_it_up_to_the_buffer() {
     until(10, "a first profile", || !small.received().is_empty());
     big.stop();
     small.stop();
-    let gap = (now_ns(), Duration::from_secs(5));
-    std::thread::sleep(gap.1);
+    // The gap lasts 5 s, and then until the small buffer has dropped:
+    // a host busier while the size was measured than in the gap (a full
+    // run saw its five profiles fit in two and a half measured ones)
+    // makes the gap's profiles smaller.
+    let gap_start = now_ns();
+    std::thread::sleep(Duration::from_secs(5));
+    until(20, "the small buffer to drop", || {
+        dropped(&Client::connect(b_port).metrics(), "buffer_full") > 0.0
+    });
+    let gap_end = now_ns();
     big.restart();
     small.restart();
-    let gap_end = gap.0 + gap.1.as_nanos() as u64;
     // The profiles of the gap arrive after it.
     until(20, "the gap's profiles", || {
         big.received().iter().any(|r| {
             r.resource_profiles.iter().any(|rp| {
                 let t = rp.scope_profiles[0].profiles[0].time_unix_nano;
-                t > gap.0 + 1_000_000_000 && t < gap_end - 1_000_000_000
+                t > gap_start + 1_000_000_000 && t < gap_end - 1_000_000_000
             })
         })
     });
     let ma = Client::connect(a_port).metrics();
     let mb = Client::connect(b_port).metrics();
-    go.join().unwrap();
     for (r, m) in [(a, &ma), (b, &mb)] {
         let (code, _, stderr) = r.stop(SIGTERM);
         assert_eq!(code, 0, "{stderr}");
@@ -633,6 +636,27 @@ fn a_receivers_gap_is_delivered_after_it_up_to_the_buffer() {
         sent as f64 >= value(&mb, "rtrace_otlp_samples_sent_total"),
         "{sent}\n{mb}"
     );
+}
+
+/// A shell spinning until dropped.
+struct Spinning(Child);
+
+impl Spinning {
+    fn start() -> Self {
+        Self(
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Spinning {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn now_ns() -> u64 {
