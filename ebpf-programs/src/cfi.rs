@@ -536,12 +536,13 @@ extern "C" fn vma_found(
 ) -> i64 {
     let o = global(&CFI_OFFSETS);
     let vma = vma as *const u8;
+    // SAFETY: `ctx` is the caller's `Vma`.
+    let out = unsafe { &mut *ctx.cast::<Vma>() };
     // SAFETY: `vma` is a BTF-typed kernel pointer, whose loads the
-    // verifier guards; `ctx` is the caller's `Vma`.
+    // verifier guards.
     unsafe {
         let load =
             |p: *const u8, off: u32| core::ptr::read_volatile(p.add(off as usize).cast::<u64>());
-        let out = &mut *ctx.cast::<Vma>();
         out.start = load(vma, o.vma_start);
         out.end = load(vma, o.vma_end);
         out.pgoff = load(vma, o.vma_pgoff);
@@ -555,8 +556,6 @@ extern "C" fn vma_found(
     let Ok(dev) = read_kernel::<u32>(crate::read_ptr(inode, o.inode_sb), o.sb_dev) else {
         return 0;
     };
-    // SAFETY: `ctx` is the caller's `Vma`.
-    let out = unsafe { &mut *ctx.cast::<Vma>() };
     out.ino = ino;
     out.dev = dev;
     0

@@ -539,24 +539,24 @@ pub fn after_walk<S: Sink>(events: &S, packed: u64, who: u64) -> u64 {
     let generation = (who >> 32) as u32;
     let depth = packed & u64::from(u32::MAX);
     let ctx = NoContext;
-    // Read once, for both records, and only where one is sent.
+    let tell = packed & (1 << TELL_BIT) != 0;
     // SAFETY: a map value.
-    let found_flags = unsafe { (*s).walk.found.flags };
-    let born = if packed & (1 << TELL_BIT) != 0 || found_flags != 0 {
+    let found = unsafe { &mut (*s).walk.found };
+    let found_any = found.flags != 0;
+    // Read once, for both records, and only where one is sent.
+    let born = if tell || found_any {
         crate::process::born_seldom()
     } else {
         0
     };
-    if packed & (1 << TELL_BIT) != 0 {
+    if tell {
         crate::events::emit_now(
             events,
             &ctx,
             &Seen::new(tgid, born, rtrace_common::stacks::SEEN_NEW_CODE),
         );
     }
-    // SAFETY: a map value.
-    let found = unsafe { &mut (*s).walk.found };
-    if found.flags != 0 {
+    if found_any {
         found.born = born;
         crate::events::emit(events, &ctx, found);
     }
