@@ -114,21 +114,29 @@ pub const HEAT: &str = "HEAT";
 /// The program perf events (timers and counters) run. In the objects
 /// that walk by CFI it only tail-calls the walk variant in
 /// [`WALKERS`]: the one for the runtimes in scope
-/// ([`PROG_PROFILE_NATIVE`], [`PROG_PROFILE_RUNTIMES`]).
+/// ([`PROG_PROFILE_NATIVE`], [`PROG_PROFILE_RUNTIMES`] or one runtime's).
 pub const PROG_PROFILE: &str = "profile";
 /// The programs [`PROG_PROFILE`] tail-calls in the objects that walk by
-/// CFI: the same sampling with a walk through native frames only, and
-/// with one through every runtime's frames too. The second is loaded,
-/// and verified, only once a process of a runtime is in scope: on 6.18
-/// it costs the verifier twice the first's instructions, where one
-/// program for each runtime cost as much for Python's and more for
-/// Java's and V8's (see `cfi::STEPS_APART` on the kernel side).
+/// CFI: the same sampling with a walk through native frames only, with
+/// one through a single runtime's frames too ([`PROG_PROFILE_PYTHON`],
+/// [`PROG_PROFILE_JAVA`], [`PROG_PROFILE_V8`]), and with one through
+/// every runtime's ([`PROG_PROFILE_RUNTIMES`]). A runtime's walk is
+/// loaded, and verified, only once a process of that runtime is in
+/// scope, and every runtime's once two are: each runtime's step is most
+/// of what the verifier goes through (see `cfi::STEPS_APART` on the
+/// kernel side).
 pub const PROG_PROFILE_NATIVE: &str = "profile_native";
 /// See [`PROG_PROFILE_NATIVE`].
 pub const PROG_PROFILE_RUNTIMES: &str = "profile_runtimes";
+/// See [`PROG_PROFILE_NATIVE`].
+pub const PROG_PROFILE_PYTHON: &str = "profile_python";
+/// See [`PROG_PROFILE_NATIVE`].
+pub const PROG_PROFILE_JAVA: &str = "profile_java";
+/// See [`PROG_PROFILE_NATIVE`].
+pub const PROG_PROFILE_V8: &str = "profile_v8";
 /// The program array of one slot that [`PROG_PROFILE`] tail-calls: the
-/// loaded variant ([`PROG_PROFILE_NATIVE`] or [`PROG_PROFILE_RUNTIMES`]),
-/// replaced once a runtime comes into scope.
+/// loaded variant ([`PROG_PROFILE_NATIVE`], a runtime's, or
+/// [`PROG_PROFILE_RUNTIMES`]), replaced as runtimes come into scope.
 pub const WALKERS: &str = "WALKERS";
 /// The program of a tracepoint event (`-e t:...`).
 pub const PROG_TRACEPOINT: &str = "profile_tracepoint";

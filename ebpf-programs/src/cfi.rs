@@ -681,9 +681,10 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
 }
 
 /// Or'ed into a walk's runtimes (`RT`): Java's and V8's steps are taken
-/// by the global function `rtrace_global_runtime_step`
-/// ([`crate::stacks::runtime_step`]), which the kernel verifies once, on
-/// its own; inlined, each was verified again for every state the walk
+/// by the global functions `rtrace_global_java_step` and
+/// `rtrace_global_v8_step` ([`crate::stacks::java_step`]), which the
+/// kernel verifies once each, on their own, and only in the programs
+/// whose walk takes them; inlined, each was verified again for every state the walk
 /// reaches a frame in. On 6.18 that takes the walk through every
 /// runtime's frames from 288k instructions to 163k. Python's step stays
 /// inlined: apart, it cost more (229k for Python's walk, against 154k).
@@ -701,20 +702,17 @@ fn found_region(tgid: u32, st: &mut State, ip: u64) -> bool {
 /// keep the steps inlined.
 pub const STEPS_APART: u32 = 1 << 8;
 
-/// [`crate::stacks::runtime_step`]'s `which` for Java's step ([`crate::java::step`]).
-pub const STEP_JAVA: u64 = 0;
-/// [`crate::stacks::runtime_step`]'s `which` for V8's step ([`crate::v8::step`]), the
-/// kind of code in bits 32 up.
-pub const STEP_V8: u64 = 1;
-/// [`crate::stacks::runtime_step`]'s result where V8's step leaves the frame to the
+/// [`crate::stacks::v8_step`]'s result where V8's step leaves the frame to the
 /// native walk (its `None`).
 pub const STEP_NATIVE: u64 = 2;
 
 #[cfg(feature = "cfi_global")]
 unsafe extern "C" {
-    /// [`crate::stacks::runtime_step`]: a global function that
+    /// [`crate::stacks::java_step`]: a global function that
     /// `cfi_programs!(steps_apart)` defines.
-    fn rtrace_global_runtime_step(which: u64, tgid: u64) -> u64;
+    fn rtrace_global_java_step(tgid: u64) -> u64;
+    /// [`crate::stacks::v8_step`], likewise.
+    fn rtrace_global_v8_step(code: u64, tgid: u64) -> u64;
 }
 
 /// `end`, a global function's 0 or 1, as a `bpf_loop` callback's result,
@@ -737,7 +735,7 @@ fn java_step<const RT: u32>(scratch: &mut Scratch, tgid: u32) -> i64 {
         // SAFETY: a global function of this object, of scalars; it works
         // on this CPU's scratch value, which the walk does not hold
         // across the call.
-        let end = unsafe { rtrace_global_runtime_step(STEP_JAVA, u64::from(tgid)) };
+        let end = unsafe { rtrace_global_java_step(u64::from(tgid)) };
         return callback_end(end);
     }
     crate::java::step(scratch, tgid)
@@ -748,9 +746,8 @@ fn java_step<const RT: u32>(scratch: &mut Scratch, tgid: u32) -> i64 {
 fn v8_step<const RT: u32>(scratch: &mut Scratch, tgid: u32, code: u32) -> Option<i64> {
     #[cfg(feature = "cfi_global")]
     if RT & STEPS_APART != 0 {
-        let which = STEP_V8 | u64::from(code) << 32;
         // SAFETY: as in `java_step`.
-        return match unsafe { rtrace_global_runtime_step(which, u64::from(tgid)) } {
+        return match unsafe { rtrace_global_v8_step(u64::from(code), u64::from(tgid)) } {
             STEP_NATIVE => None,
             end => Some(callback_end(end)),
         };

@@ -48,6 +48,35 @@ macro_rules! cfi_programs {
         pub extern "C" fn rtrace_global_user_stack_native(who: u64, regs: u64) -> u64 {
             $crate::stacks::walk_user::<0>(who, regs)
         }
+
+        /// The CFI walk through Python's frames and native ones only:
+        /// what a run with no other runtime in scope loads.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_user_stack_python(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user::<{ rtrace_common::unwind::RUNTIME_PYTHON }>(who, regs)
+        }
+
+        /// The CFI walk through Java's frames and native ones only.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_user_stack_java(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user::<
+                { rtrace_common::unwind::RUNTIME_JAVA | $crate::cfi::STEPS_APART },
+            >(who, regs)
+        }
+
+        /// The CFI walk through V8's frames and native ones only.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_user_stack_v8(who: u64, regs: u64) -> u64 {
+            $crate::stacks::walk_user::<
+                { rtrace_common::unwind::RUNTIME_V8 | $crate::cfi::STEPS_APART },
+            >(who, regs)
+        }
     };
     // With the walk through every runtime's frames, Java's and V8's steps
     // apart, for an object none of whose programs' frames with the walk's
@@ -60,14 +89,23 @@ macro_rules! cfi_programs {
         $crate::cfi_programs!(@runtime_step);
     };
     (@runtime_step) => {
-        /// One runtime's step of the walk (`stacks::runtime_step`): a
-        /// global function, verified once rather than for each state a
-        /// walk reaches a frame in.
+        /// Java's step of the walk (`stacks::java_step`): a global
+        /// function, verified once rather than for each state a walk
+        /// reaches a frame in, and only by the programs that walk
+        /// through Java's frames.
         #[cfg(feature = "cfi_global")]
         #[unsafe(no_mangle)]
         #[inline(never)]
-        pub extern "C" fn rtrace_global_runtime_step(which: u64, tgid: u64) -> u64 {
-            $crate::stacks::runtime_step(which, tgid)
+        pub extern "C" fn rtrace_global_java_step(tgid: u64) -> u64 {
+            $crate::stacks::java_step(tgid)
+        }
+
+        /// V8's step of the walk (`stacks::v8_step`), likewise.
+        #[cfg(feature = "cfi_global")]
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn rtrace_global_v8_step(code: u64, tgid: u64) -> u64 {
+            $crate::stacks::v8_step(code, tgid)
         }
     };
     () => {

@@ -364,6 +364,9 @@ fn user_stack_cut_walking<C: EbpfContext, S: Sink, const RT: u32>(
         let walked = unsafe {
             match RT {
                 0 => rtrace_global_user_stack_native(who, regs),
+                rtrace_common::unwind::RUNTIME_PYTHON => rtrace_global_user_stack_python(who, regs),
+                rtrace_common::unwind::RUNTIME_JAVA => rtrace_global_user_stack_java(who, regs),
+                rtrace_common::unwind::RUNTIME_V8 => rtrace_global_user_stack_v8(who, regs),
                 _ => rtrace_global_user_stack(who, regs),
             }
         };
@@ -395,6 +398,16 @@ unsafe extern "C" {
     /// (`cfi_programs!(walk_variants)` defines it).
     #[cfg(feature = "cfi_global")]
     fn rtrace_global_user_stack_native(who: u64, regs: u64) -> u64;
+    /// [`walk_user`] through one runtime's frames and native ones,
+    /// likewise (`cfi_programs!(walk_variants)` defines them).
+    #[cfg(feature = "cfi_global")]
+    fn rtrace_global_user_stack_python(who: u64, regs: u64) -> u64;
+    /// See `rtrace_global_user_stack_python`.
+    #[cfg(feature = "cfi_global")]
+    fn rtrace_global_user_stack_java(who: u64, regs: u64) -> u64;
+    /// See `rtrace_global_user_stack_python`.
+    #[cfg(feature = "cfi_global")]
+    fn rtrace_global_user_stack_v8(who: u64, regs: u64) -> u64;
     /// [`after_walk`] on the object's `EVENTS`, likewise, in every
     /// variant that walks.
     fn rtrace_global_after_walk(packed: u64, who: u64) -> u64;
@@ -415,26 +428,33 @@ pub fn v8_code(pc: u64) -> u64 {
     }
 }
 
-/// Java's or V8's step of the walk over the CPU's scratch value, as the
-/// walk's frame callback takes them with `cfi::STEPS_APART`: the body of
-/// the global function `rtrace_global_runtime_step`, which the kernel
-/// verifies once, on its own. `which` is `cfi::STEP_JAVA` or
-/// `cfi::STEP_V8`, `tgid` the process. Returns what the callback returns
-/// (0 or 1), or `cfi::STEP_NATIVE`.
+/// Java's step of the walk over the CPU's scratch value, as the walk's
+/// frame callback takes it with `cfi::STEPS_APART`: the body of the
+/// global function `rtrace_global_java_step`, which the kernel verifies
+/// once, on its own. `tgid` is the process. Returns what the callback
+/// returns (0 or 1).
 #[cfg(feature = "cfi")]
 #[inline(always)]
-pub fn runtime_step(which: u64, tgid: u64) -> u64 {
+pub fn java_step(tgid: u64) -> u64 {
+    match STACK_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: a per-CPU map value, which outlives the program's run;
+        // only this CPU's program uses it.
+        Some(s) => crate::java::step(unsafe { &mut *s }, tgid as u32) as u64,
+        None => 1,
+    }
+}
+
+/// V8's step, likewise (`rtrace_global_v8_step`), of code of kind
+/// `code`: what the callback returns, or `cfi::STEP_NATIVE` where the
+/// frame is left to the native walk.
+#[cfg(feature = "cfi")]
+#[inline(always)]
+pub fn v8_step(code: u64, tgid: u64) -> u64 {
     let Some(s) = STACK_SCRATCH.get_ptr_mut(0) else {
         return 1;
     };
-    // SAFETY: a per-CPU map value, which outlives the program's run;
-    // only this CPU's program uses it.
-    let s = unsafe { &mut *s };
-    let tgid = tgid as u32;
-    if which == crate::cfi::STEP_JAVA {
-        return crate::java::step(s, tgid) as u64;
-    }
-    match crate::v8::step(s, tgid, (which >> 32) as u32) {
+    // SAFETY: as in `java_step`.
+    match crate::v8::step(unsafe { &mut *s }, tgid as u32, code as u32) {
         Some(end) => end as u64,
         None => crate::cfi::STEP_NATIVE,
     }

@@ -231,7 +231,7 @@ fn node_functions_are_named_with_no_flag_and_split_as_measured() {
         "{stderr}"
     );
     assert!(
-        !stderr.contains("program profile_runtimes (the walk"),
+        !stderr.contains("(the walk through the runtimes' frames, for"),
         "{stderr}"
     );
 }

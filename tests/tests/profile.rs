@@ -203,11 +203,14 @@ fn walks_verified(stderr: &str) -> Vec<(String, u64)> {
 }
 
 /// A run with no Python, Java or Node process in scope loads the sampling
-/// program's native walk alone, and `--preload-runtime-walks` the walk
-/// through every runtime's frames, which loads on every kernel the VM
-/// matrix runs (6.1's verifier is the strictest) under the verifier's
-/// limit. (It is loaded after the start by the Python, Java and
-/// JavaScript tests, on the host.) Over the whole system, a runtime's
+/// program's native walk alone, `--preload-runtime-walks` the walk
+/// through every runtime's frames, and `--preload-runtime-walks=java`
+/// (or `python`, `javascript`) that runtime's walk alone: each loads on
+/// every kernel the VM matrix runs (6.1's verifier is the strictest)
+/// under the verifier's limit, and a runtime's alone takes it through
+/// fewer instructions than every runtime's. (They are loaded after the
+/// start by the Python, Java and JavaScript tests, on the host.) Over
+/// the whole system, a runtime's
 /// process running then is in scope: the run's `-v` names those
 /// runtimes, and the walk through the runtimes' frames is loaded
 /// (another test's node may run beside this one on the host: then the
@@ -232,12 +235,115 @@ fn the_native_walk_alone_then_every_runtimes_walk_on_demand() {
     let (code, _, stderr) = run(&["profile", "-v", "--preload-runtime-walks", "-F", "99", "1"]);
     assert_eq!(code, 0, "{stderr}");
     let walks = walks_verified(&stderr);
-    let all = walks.iter().find(|(n, _)| n == "profile_runtimes");
-    assert!(
-        all.is_some_and(|&(_, n)| n > 0 && n < 1_000_000) && walks.len() == 1,
-        "{walks:?}:\n{stderr}"
-    );
+    let all = match walks.as_slice() {
+        [(name, n)] if name == "profile_runtimes" && *n > 0 && *n < 1_000_000 => *n,
+        _ => panic!("{walks:?}:\n{stderr}"),
+    };
     eprintln!("every runtime's walk: {walks:?}");
+    for (runtime, program) in [
+        ("python", "profile_python"),
+        ("java", "profile_java"),
+        ("javascript", "profile_v8"),
+    ] {
+        let flag = format!("--preload-runtime-walks={runtime}");
+        let (code, _, stderr) = run(&["profile", "-v", &flag, "-F", "99", "1"]);
+        assert_eq!(code, 0, "{stderr}");
+        let walks = walks_verified(&stderr);
+        assert!(
+            matches!(walks.as_slice(), [(name, n)] if name == program && *n > 0 && *n < all),
+            "{flag}: {walks:?} (every runtime's: {all}):\n{stderr}"
+        );
+        eprintln!("{runtime}'s walk: {walks:?}");
+    }
+}
+
+/// Over the whole system, a Python process started after the run began
+/// has Python's walk alone loaded for it, and a node started after that
+/// has the walk through every runtime's frames swapped in for both: each
+/// process's samples name its own function, the Python one's through the
+/// swap too.
+#[test]
+fn a_second_runtime_swaps_one_runtimes_walk_for_every_runtimes() {
+    if rtrace_integration_tests::in_guest() {
+        eprintln!("skipped: the guests carry no Python or Node.js (the host runs this test)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rtrace-two-runtimes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rows = dir.join("samples.jsonl");
+    let script = dir.join("spin.js");
+    std::fs::write(
+        &script,
+        "function spinHere() {\n  const t = Date.now();\n  while (Date.now() - t < 3000) {}\n}\nspinHere();\n",
+    )
+    .unwrap();
+    let rtrace = Rtrace::start_until(
+        &[
+            "profile",
+            "-v",
+            "-F",
+            "199",
+            "--samples",
+            rows.to_str().unwrap(),
+            "10",
+        ],
+        "Sampling",
+    );
+    let mut python = Command::new("python3")
+        .args([
+            "-c",
+            "import time\ndef spin_here():\n    t = time.time()\n    while time.time() - t < 5: pass\nspin_here()",
+        ])
+        .spawn()
+        .expect("python3 (cargo xtask setup installs it)");
+    // `-v` says what was loaded when at the end: the Python process has
+    // been read (in a tenth of a second) well before node starts.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut node = Command::new("node")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("node (cargo xtask setup installs it)");
+    let _ = node.wait();
+    let _ = python.wait();
+    let (code, _, stderr) = rtrace.stop(SIGINT);
+    let text = std::fs::read_to_string(&rows).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{stderr}");
+    let loaded: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("rtrace: profile: program "))
+        .filter(|l| l.contains(" (the walk through the runtimes' frames, for "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    // Another test's runtime process running at the start has its
+    // runtime's walk loaded then: the Python one's comes with every
+    // runtime's.
+    let running = stderr.contains(" processes are running: ");
+    let want: &[&str] = if running {
+        &["profile_runtimes"]
+    } else {
+        &["profile_python", "profile_runtimes"]
+    };
+    assert_eq!(
+        loaded, want,
+        "Python's walk, then every runtime's:\n{stderr}"
+    );
+    for (pid, function) in [(python.id(), "spin_here"), (node.id(), "spinHere")] {
+        let stacks: Vec<String> = json_lines(&text)
+            .into_iter()
+            .filter(|v| v["pid"].as_u64() == Some(u64::from(pid)))
+            .map(|v| v["stack"].to_string())
+            .collect();
+        let named = stacks.iter().filter(|s| s.contains(function)).count();
+        // Those taken before the process was read, and while its walk
+        // loaded, have native frames only: a tenth of a second or so.
+        assert!(
+            stacks.len() >= 200 && named * 10 >= stacks.len() * 8,
+            "PID {pid}: {named} of {} samples with {function}:\n{stderr}",
+            stacks.len()
+        );
+    }
 }
 
 /// Over the whole system, a Python process running when the run starts
@@ -288,8 +394,20 @@ fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_
         "{stderr}"
     );
     let walks = walks_verified(&stderr);
+    // Python's walk alone, or every runtime's if another runtime's
+    // processes run too (the line names them all).
+    let running = stderr
+        .lines()
+        .find(|l| l.contains(" processes are running: "))
+        .unwrap_or_default();
+    let others = ["Java", "JavaScript"].iter().any(|r| running.contains(r));
+    let want = if others {
+        "profile_runtimes"
+    } else {
+        "profile_python"
+    };
     assert!(
-        walks.len() == 1 && walks[0].0 == "profile_runtimes",
+        walks.len() == 1 && walks[0].0 == want,
         "{walks:?}\n{stderr}"
     );
     assert_eq!(off_code, 0, "{off_stderr}");
@@ -304,7 +422,7 @@ fn a_runtime_running_at_the_start_of_a_system_wide_run_is_walked_from_its_first_
             .any(|l| l.contains("Python") && l.contains(" processes are running: "))
             && off_walks.len() == 1
             && (off_walks[0].0 == "profile_native"
-                || (others_running && off_walks[0].0 == "profile_runtimes")),
+                || (others_running && off_walks[0].0 != "profile_python")),
         "--no-python loaded the walk through Python's frames: {off_walks:?}\n{off_stderr}"
     );
     // Its samples, by its pid: each with its Python function.

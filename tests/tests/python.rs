@@ -685,12 +685,12 @@ fn a_command_gets_the_python_walk_loaded_once_its_interpreter_is_read() {
             .any(|l| l.contains("program profile_native:"))
             && !verified
                 .iter()
-                .any(|l| l.contains("program profile_runtimes:")),
+                .any(|l| l.contains("program profile_python:")),
         "the start loads the native walk alone:\n{stderr}"
     );
     assert!(
         stderr.contains(
-            "program profile_runtimes (the walk through the runtimes' frames, for Python) loaded"
+            "program profile_python (the walk through the runtimes' frames, for Python) loaded"
         ),
         "-v says when the Python walk was loaded:\n{stderr}"
     );
@@ -749,7 +749,7 @@ fn a_program_that_links_python_without_starting_it_loads_no_python_walk() {
         "-v says perf's Python is held:\n{stderr}"
     );
     assert!(
-        !stderr.contains("program profile_runtimes"),
+        !stderr.contains("program profile_python") && !stderr.contains("program profile_runtimes"),
         "no Python walk loaded for perf:\n{stderr}"
     );
 }
@@ -783,7 +783,7 @@ fn an_embedded_interpreter_is_walked_once_it_starts() {
     let loaded: f64 = stderr
         .lines()
         .find_map(|l| {
-            l.split("program profile_runtimes (the walk through the runtimes' frames, for Python) loaded ")
+            l.split("program profile_python (the walk through the runtimes' frames, for Python) loaded ")
                 .nth(1)?
                 .split(" s in")
                 .next()?

@@ -56,8 +56,8 @@ static LAST_BUSY: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 static HEAT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// The sampling program with the CFI walk that user space loaded for
-/// the runtimes in scope (`profile_native` or `profile_runtimes`), in
-/// slot 0.
+/// the runtimes in scope (`profile_native`, `profile_runtimes`, or one
+/// runtime's: `profile_python`, `profile_java`, `profile_v8`), in slot 0.
 #[cfg(feature = "cfi")]
 #[map]
 static WALKERS: ProgramArray = ProgramArray::with_max_entries(1, 0);
@@ -92,6 +92,32 @@ pub fn profile_native(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn profile_runtimes(ctx: PerfEventContext) -> u32 {
     sample::<RUNTIMES_ALL>(&ctx);
+    0
+}
+
+/// The sampling with a walk through Python's frames and native ones: of
+/// every runtime's, the one whose walk the verifier goes through alone
+/// when no other runtime is in scope.
+#[cfg(feature = "cfi")]
+#[perf_event]
+pub fn profile_python(ctx: PerfEventContext) -> u32 {
+    sample::<{ rtrace_common::unwind::RUNTIME_PYTHON }>(&ctx);
+    0
+}
+
+/// The sampling with a walk through Java's frames and native ones.
+#[cfg(feature = "cfi")]
+#[perf_event]
+pub fn profile_java(ctx: PerfEventContext) -> u32 {
+    sample::<{ rtrace_common::unwind::RUNTIME_JAVA }>(&ctx);
+    0
+}
+
+/// The sampling with a walk through V8's frames and native ones.
+#[cfg(feature = "cfi")]
+#[perf_event]
+pub fn profile_v8(ctx: PerfEventContext) -> u32 {
+    sample::<{ rtrace_common::unwind::RUNTIME_V8 }>(&ctx);
     0
 }
 

@@ -19,7 +19,10 @@ use aya::{
 };
 use rtrace_common::{
     offcputime::{STATE_ANY, THREADS_USER},
-    profile::{Config, ERR_NAMES, HEAT_SLOT_NS, PROG_PROFILE_NATIVE, PROG_PROFILE_RUNTIMES},
+    profile::{
+        Config, ERR_NAMES, HEAT_SLOT_NS, PROG_PROFILE_JAVA, PROG_PROFILE_NATIVE,
+        PROG_PROFILE_PYTHON, PROG_PROFILE_RUNTIMES, PROG_PROFILE_V8,
+    },
     unwind::{RUNTIME_JAVA, RUNTIME_PYTHON, RUNTIME_V8, RUNTIMES_ALL, Runtimes},
 };
 
@@ -263,26 +266,28 @@ pub struct Sampler {
     running_runtimes: Runtimes,
 }
 
-/// The two variants of the sampling program with the CFI walk, through
-/// native frames only (`PROG_PROFILE_NATIVE`) and through every
-/// runtime's frames too (`PROG_PROFILE_RUNTIMES`), and the one in the
-/// slot the sampling program tail-calls (`WALKERS`).
+/// The variants of the sampling program with the CFI walk, through
+/// native frames only (`PROG_PROFILE_NATIVE`), through one runtime's
+/// frames too (`PROG_PROFILE_PYTHON`, `_JAVA`, `_V8`) and through every
+/// runtime's (`PROG_PROFILE_RUNTIMES`), and the one in the slot the
+/// sampling program tail-calls (`WALKERS`).
 ///
-/// The walk through the runtimes' frames is half of what the verifier
-/// goes through, so a run starts with the native walk unless a runtime is
-/// in scope then, and loads the other, swapped in whole, when a process
-/// of a runtime is first given to the kernel's tables. The samples taken
-/// in between walk that process's native frames only, as its samples
-/// before user space had read it always did.
+/// A runtime's walk is most of what the verifier goes through, so a run
+/// starts with the native walk unless a runtime is in scope then, and
+/// loads the walk through the runtimes in scope, swapped in whole, when a
+/// process of a runtime is first given to the kernel's tables: the one
+/// runtime's, or every runtime's once a second one comes. The samples
+/// taken in between walk that process's native frames only, as its
+/// samples before user space had read it always did.
 struct Walkers {
     /// The one-slot program array.
     array: ProgramArray<MapData>,
-    /// The runtimes of the variant in the slot: none, or all.
+    /// The runtimes of the variant in the slot: none, one, or all.
     loaded: Option<Runtimes>,
     /// Each variant loaded after the start, for `-v`: the runtimes that
-    /// asked for it, when (since the start), how long its load took and
+    /// asked for it, those it walks, when (since the start), how long its load took and
     /// the instructions the verifier went through.
-    later: Vec<(Runtimes, Duration, Duration, Option<u32>)>,
+    later: Vec<(Runtimes, Runtimes, Duration, Duration, Option<u32>)>,
     /// The runtimes in scope whose walk could not be loaded, and why: not
     /// tried again.
     failed: Option<(Runtimes, String)>,
@@ -304,10 +309,15 @@ impl Walkers {
     }
 
     /// The variant to load for `wanted` and the runtimes already walked,
-    /// if it is neither in the slot nor failed already.
+    /// if it is neither in the slot nor failed already: one runtime's
+    /// walk while only one is in scope, every runtime's after.
     fn pending(&self, wanted: Runtimes) -> Option<Runtimes> {
-        let any = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL != 0;
-        let want = if any { RUNTIMES_ALL } else { 0 };
+        let all = (wanted | self.loaded.unwrap_or(0)) & RUNTIMES_ALL;
+        let want = if all.count_ones() > 1 {
+            RUNTIMES_ALL
+        } else {
+            all
+        };
         let done = self.loaded == Some(want) || (want != 0 && self.failed.is_some());
         (!done).then_some(want)
     }
@@ -336,7 +346,8 @@ impl Walkers {
         }
         if let Some(old) = self.loaded.replace(want) {
             let verified = crate::kernel::load::verified_insns_of(ebpf, name);
-            self.later.push((asked, at, started.elapsed(), verified));
+            self.later
+                .push((asked, want, at, started.elapsed(), verified));
             // No sample can reach it any more; one under way keeps it
             // until it returns.
             let prog: &mut PerfEvent = ebpf
@@ -366,12 +377,15 @@ impl Walkers {
     }
 
     /// The variant that walks the frames of runtimes `rt`: the native
-    /// walk for none, the walk through every runtime's for any.
+    /// walk for none, a runtime's own for one, the walk through every
+    /// runtime's for more.
     fn program(rt: Runtimes) -> &'static str {
-        if rt == 0 {
-            PROG_PROFILE_NATIVE
-        } else {
-            PROG_PROFILE_RUNTIMES
+        match rt {
+            0 => PROG_PROFILE_NATIVE,
+            RUNTIME_PYTHON => PROG_PROFILE_PYTHON,
+            RUNTIME_JAVA => PROG_PROFILE_JAVA,
+            RUNTIME_V8 => PROG_PROFILE_V8,
+            _ => PROG_PROFILE_RUNTIMES,
         }
     }
 
@@ -397,12 +411,13 @@ impl Walkers {
     fn summary(&self) -> Vec<String> {
         self.later
             .iter()
-            .map(|&(asked, at, took, verified)| {
+            .map(|&(asked, loaded, at, took, verified)| {
                 let verified = verified
                     .map(|n| format!(", {n} instructions verified"))
                     .unwrap_or_default();
                 format!(
-                    "program {PROG_PROFILE_RUNTIMES} (the walk through the runtimes' frames, for {}) loaded {:.2} s in, in {} ms{verified}",
+                    "program {} (the walk through the runtimes' frames, for {}) loaded {:.2} s in, in {} ms{verified}",
+                    Self::program(loaded),
                     Self::named(asked),
                     at.as_secs_f64(),
                     took.as_millis()
@@ -422,6 +437,33 @@ impl Walkers {
                 ))
             })
             .collect()
+    }
+}
+
+/// A runtime whose walk `--preload-runtime-walks` loads at the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeWalk {
+    /// CPython's frames.
+    Python,
+    /// HotSpot's Java frames.
+    Java,
+    /// V8's JavaScript frames.
+    Javascript,
+}
+
+impl RuntimeWalk {
+    /// The runtimes of `list`, every one for an empty list.
+    pub fn runtimes(list: &[Self]) -> Runtimes {
+        if list.is_empty() {
+            return RUNTIMES_ALL;
+        }
+        list.iter()
+            .map(|r| match r {
+                Self::Python => RUNTIME_PYTHON,
+                Self::Java => RUNTIME_JAVA,
+                Self::Javascript => RUNTIME_V8,
+            })
+            .fold(0, |a, b| a | b)
     }
 }
 
@@ -466,9 +508,9 @@ pub struct Sampling {
     /// Off the CPU, count only waits of at least this many microseconds
     /// (0: every wait).
     pub off_cpu_min_us: u64,
-    /// Load the walk through every runtime's frames at the start, not
-    /// when a process of a runtime is first met.
-    pub preload_runtime_walks: bool,
+    /// The runtimes whose walk is loaded at the start, not when a
+    /// process of theirs is first met (0 for none).
+    pub preload_runtime_walks: Runtimes,
     /// perf annotate's output.
     pub annotate: AnnotateArgs,
     /// The walk, the store and the names.
@@ -870,7 +912,7 @@ impl Sampler {
     /// read by [`StackTool::attach`]; a cgroup's, or those a bcc map
     /// chooses, are found at their first samples.)
     fn find_runtimes(&mut self) {
-        if self.walkers.is_none() || self.cfg.preload_runtime_walks {
+        if self.walkers.is_none() || self.cfg.preload_runtime_walks == RUNTIMES_ALL {
             return;
         }
         let walkable = self.stacks.walkable();
@@ -890,11 +932,10 @@ impl Sampler {
 
     /// The runtimes whose walk the sampling program needs now.
     fn runtimes_now(&self) -> Runtimes {
-        if self.cfg.preload_runtime_walks {
-            RUNTIMES_ALL
-        } else {
-            self.stacks.runtimes() | self.command_runtimes | self.running_runtimes
-        }
+        self.cfg.preload_runtime_walks
+            | self.stacks.runtimes()
+            | self.command_runtimes
+            | self.running_runtimes
     }
 
     /// Loads the walk at once with the exec, fork and exit programs, and

@@ -460,7 +460,13 @@ mod tests {
             Uses {
                 objects: vec![format!("profile_{CFI}"), format!("profile_{CFI_GLOBAL}")],
                 maps: &[profile::WALKERS],
-                programs: strs(&[profile::PROG_PROFILE_NATIVE, profile::PROG_PROFILE_RUNTIMES]),
+                programs: strs(&[
+                    profile::PROG_PROFILE_NATIVE,
+                    profile::PROG_PROFILE_RUNTIMES,
+                    profile::PROG_PROFILE_PYTHON,
+                    profile::PROG_PROFILE_JAVA,
+                    profile::PROG_PROFILE_V8,
+                ]),
                 globals: &[],
             },
             Uses {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::{
     engine::{
-        sampling::{self, Event, Sampler, Sampling},
+        sampling::{self, Event, RuntimeWalk, Sampler, Sampling},
         stacktool::StackArgs,
     },
     kernel::transport::BufferArgs,
@@ -115,12 +115,20 @@ pub struct Args {
     /// `on_cpu` and `off_cpu` sample types.
     #[arg(long, conflicts_with = "period")]
     off_cpu: bool,
-    /// Load the walk through every runtime's frames (Python's, Java's and
-    /// JavaScript's) as sampling starts, rather than when a process of a
-    /// runtime is first met: a slower start, but the first samples of a
-    /// Python, Java or Node process started later are walked whole too.
-    #[arg(long)]
-    preload_runtime_walks: bool,
+    /// Load the walk through runtimes' frames as sampling starts, rather
+    /// than when a process of a runtime is first met: a slower start, but
+    /// the first samples of a Python, Java or Node process started later
+    /// are walked whole too. Alone, every runtime's walk; with a list
+    /// (`--preload-runtime-walks=java`), the walk through those named.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        num_args = 0..,
+        require_equals = true,
+        value_name = "RUNTIMES"
+    )]
+    preload_runtime_walks: Option<Vec<RuntimeWalk>>,
     #[command(flatten)]
     annotate_opts: AnnotateArgs,
     #[command(flatten)]
@@ -183,7 +191,10 @@ impl Args {
             range: self.range,
             off_cpu: self.off_cpu,
             off_cpu_min_us: 0,
-            preload_runtime_walks: self.preload_runtime_walks,
+            preload_runtime_walks: self
+                .preload_runtime_walks
+                .as_deref()
+                .map_or(0, RuntimeWalk::runtimes),
             annotate: self.annotate_opts,
             stacks: self.stacks,
             buffer: self.buffer,

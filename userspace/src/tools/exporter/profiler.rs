@@ -150,7 +150,7 @@ impl Tool for Profiler {
             frequency: Some(args.profile_frequency),
             off_cpu: args.profile_off_cpu,
             off_cpu_min_us: args.profile_min_block,
-            preload_runtime_walks: false,
+            preload_runtime_walks: 0,
             ..Sampling::default()
         };
         Ok(Self {
