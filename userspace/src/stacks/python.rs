@@ -877,6 +877,11 @@ fn read_file(f: &File, name: &str) -> Result<Option<PyFile>, String> {
     let Ok(elf) = object::File::parse(&*data) else {
         return Ok(None);
     };
+    // Most files looked at are other programs' (every process's own is):
+    // a search of their string table passes over those at once.
+    if !crate::kernel::elf::dynstr_holds(&elf, "_PyRuntime") {
+        return Ok(None);
+    }
     let mut syms: HashMap<&str, (u64, u64)> = HashMap::new();
     for s in elf.dynamic_symbols() {
         if s.is_undefined() {

@@ -97,6 +97,8 @@ const VERSION_SYMBOLS: [&str; 4] = [
 
 /// The start of V8's embedded builtins' code, and (a `uint32_t`) its size.
 const BLOB_SYMBOL: &str = "v8_Default_embedded_blob_code_";
+/// What every name of [`VERSION_SYMBOLS`] begins with.
+const VERSION_PREFIX: &str = "_ZN2v88internal7Version";
 const BLOB_SIZE_SYMBOL: &str = "v8_Default_embedded_blob_code_size_";
 
 /// What one file holding V8 says, read once per file: its `v8dbg_*`
@@ -151,31 +153,27 @@ impl V8File {
 /// Reads ELF file `f`'s `v8dbg_*` values (from `.dynsym` and `.symtab`),
 /// version and embedded builtins: `None` if it has no `v8dbg_*`.
 fn read_file(f: &File) -> Option<V8File> {
-    use object::{Object as _, ObjectSymbol as _};
     let data = crate::kernel::memory::Mapped::of(f).ok()?;
     let elf = object::File::parse(&*data).ok()?;
+    // Only the symbols named so are read: node has 185 thousand.
+    let symbols =
+        crate::kernel::elf::symbols_with_prefixes(&data, &["v8dbg_", VERSION_PREFIX, BLOB_SYMBOL])?;
     let mut dbg = HashMap::new();
     let mut version = [0; 4];
     let (mut blob_at, mut blob_size) = (None, None);
-    for s in elf.dynamic_symbols().chain(elf.symbols()) {
-        if s.is_undefined() {
-            continue;
-        }
-        let Ok(name) = s.name() else {
-            continue;
-        };
+    for (name, address) in symbols {
         if let Some(rest) = name.strip_prefix("v8dbg_") {
             if !dbg.contains_key(rest)
-                && let Some(v) = int_of(&elf, &data, s.address())
+                && let Some(v) = int_of(&elf, &data, address)
             {
                 dbg.insert(rest.to_owned(), i64::from(v));
             }
         } else if let Some(i) = VERSION_SYMBOLS.iter().position(|&v| v == name) {
-            version[i] = int_of(&elf, &data, s.address()).map_or(0, i64::from);
+            version[i] = int_of(&elf, &data, address).map_or(0, i64::from);
         } else if name == BLOB_SYMBOL {
-            blob_at = crate::kernel::elf::vaddr_to_offset(&elf, s.address());
+            blob_at = crate::kernel::elf::vaddr_to_offset(&elf, address);
         } else if name == BLOB_SIZE_SYMBOL {
-            blob_size = int_of(&elf, &data, s.address()).map(|v| u64::from(v as u32));
+            blob_size = int_of(&elf, &data, address).map(|v| u64::from(v as u32));
         }
     }
     if dbg.is_empty() {
