@@ -55,37 +55,35 @@ pub fn symbol_offsets(file: &Path) -> anyhow::Result<HashMap<String, u64>> {
 /// their symbols (node's own dynamic symbols are 75 thousand, ten
 /// milliseconds to walk by name).
 pub fn dynstr_holds(elf: &object::File<'_>, name: &str) -> bool {
+    use object::{Object as _, ObjectSection as _};
+    let Some(table) = elf.section_by_name(".dynstr").and_then(|s| s.data().ok()) else {
+        return true;
+    };
     // Each name ends with a NUL; a table may keep a name as the tail of
     // a longer one, so what comes before it is not looked at.
     let mut whole = Vec::with_capacity(name.len() + 1);
     whole.extend_from_slice(name.as_bytes());
     whole.push(0);
-    tables_hold(elf, &[".dynstr"], &whole)
+    memchr::memmem::find(table, &whole).is_some()
 }
 
-/// Whether one of the file's string tables `sections` holds the bytes
-/// `needle`, or the file has none of them to tell by.
-fn tables_hold(elf: &object::File<'_>, sections: &[&str], needle: &[u8]) -> bool {
-    use object::{Object as _, ObjectSection as _};
-    let mut tables = sections
-        .iter()
-        .filter_map(|name| elf.section_by_name(name)?.data().ok())
-        .peekable();
-    tables.peek().is_none() || tables.any(|data| memchr::memmem::find(data, needle).is_some())
-}
-
-/// The defined symbols of the 64-bit ELF file `data` (`.dynsym`, then
-/// `.symtab`) whose names start with one of `prefixes`, as (name,
+/// The defined symbols of `elf`, a 64-bit ELF file (`.dynsym`, then
+/// `.symtab`), whose names start with one of `prefixes`, as (name,
 /// address); `None` if it is no such file. Each string table is searched
 /// for the prefixes first, and only the symbols whose names begin where
 /// one was found are read: a walk of every symbol by name reads every
 /// name (node's 185 thousand, about 20 ms). A prefix found in the middle
 /// of a longer string (tables may share tails) is a start it is checked
 /// at too.
-pub fn symbols_with_prefixes<'d>(data: &'d [u8], prefixes: &[&str]) -> Option<Vec<(&'d str, u64)>> {
+pub fn symbols_with_prefixes<'d>(
+    elf: &object::File<'d>,
+    prefixes: &[&str],
+) -> Option<Vec<(&'d str, u64)>> {
     use object::Object as _;
-    use object::read::elf::{ElfFile64, Sym as _};
-    let elf = ElfFile64::<object::Endianness>::parse(data).ok()?;
+    use object::read::elf::Sym as _;
+    let object::File::Elf64(elf) = elf else {
+        return None;
+    };
     let endian = elf.endian();
     let mut out = Vec::new();
     for table in [elf.elf_dynamic_symbol_table(), elf.elf_symbol_table()] {

@@ -157,7 +157,7 @@ fn read_file(f: &File) -> Option<V8File> {
     let elf = object::File::parse(&*data).ok()?;
     // Only the symbols named so are read: node has 185 thousand.
     let symbols =
-        crate::kernel::elf::symbols_with_prefixes(&data, &["v8dbg_", VERSION_PREFIX, BLOB_SYMBOL])?;
+        crate::kernel::elf::symbols_with_prefixes(&elf, &["v8dbg_", VERSION_PREFIX, BLOB_SYMBOL])?;
     let mut dbg = HashMap::new();
     let mut version = [0; 4];
     let (mut blob_at, mut blob_size) = (None, None);
