@@ -6,8 +6,10 @@
 //! `--no-java`, rtrace's frame-pointer walk (`--unwind fp`) of JVMs run
 //! with `-XX:+PreserveFramePointer` (the cheapest walk that goes through
 //! Java's frames), and `perf record -g -a` of such JVMs, which write the
-//! perf map perf names JIT code by. Reported: the time added to each
-//! round of the fixtures' work, the BPF time per sample (the kernel's own
+//! perf map perf names JIT code by, and `perf record -a` without stacks
+//! (what the samples alone cost). Reported: the time and the working
+//! thread's CPU added to each round of the fixtures' work, the BPF time
+//! per sample (the kernel's own
 //! statistics) and per Java frame, the profiler's own CPU, samples lost,
 //! and the share of the fixtures' samples with the whole chain.
 //! Interleaved trials, medians and ranges.
@@ -65,18 +67,23 @@ enum Config {
     Java,
     Fp,
     Perf,
+    /// `perf record -a` without `-g`: what taking the samples costs
+    /// before any walk, the floor under every sampling profiler's cost
+    /// at that rate.
+    PerfNoStacks,
 }
 
 impl Config {
     /// Every configuration, in the order each trial runs them; a
     /// configuration's place is its number (`as usize`).
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 7] = [
         Self::Bare,
         Self::BareFp,
         Self::NoJava,
         Self::Java,
         Self::Fp,
         Self::Perf,
+        Self::PerfNoStacks,
     ];
 
     fn label(self) -> &'static str {
@@ -87,12 +94,16 @@ impl Config {
             Self::Java => "rtrace profile (Java frames)",
             Self::Fp => "rtrace profile --unwind fp, -XX:+PreserveFramePointer",
             Self::Perf => "perf record -g -a, -XX:+PreserveFramePointer",
+            Self::PerfNoStacks => "perf record -a (no stacks), -XX:+PreserveFramePointer",
         }
     }
 
     /// Whether its JVMs run with `-XX:+PreserveFramePointer`.
     fn preserve_fp(self) -> bool {
-        matches!(self, Self::BareFp | Self::Fp | Self::Perf)
+        matches!(
+            self,
+            Self::BareFp | Self::Fp | Self::Perf | Self::PerfNoStacks
+        )
     }
 
     /// The bare run its added time is measured from: the same JVM flags.
@@ -158,13 +169,21 @@ impl Jvms {
         )?))
     }
 
-    /// Lets both work; returns their mean nanoseconds per round.
-    fn work(&mut self) -> anyhow::Result<f64> {
-        let mut ns = 0.0;
+    /// Lets both work; returns their mean wall-clock and working
+    /// thread's CPU nanoseconds per round.
+    fn work(&mut self) -> anyhow::Result<(f64, f64)> {
+        let (mut wall, mut cpu) = (0.0, 0.0);
         for line in self.0.work()? {
-            ns += done_ns(&line).with_context(|| format!("the fixture said {line:?}"))?;
+            let said = || format!("the fixture said {line:?}");
+            wall += done_ns(&line).with_context(said)?;
+            cpu += line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|n| n.parse::<f64>().ok())
+                .with_context(said)?;
         }
-        Ok(ns / (self.0.len() as u64 * ROUNDS) as f64)
+        let rounds = (self.0.len() as u64 * ROUNDS) as f64;
+        Ok((wall / rounds, cpu / rounds))
     }
 
     /// Has each JVM write its perf map (`/tmp/perf-PID.map`), which is
@@ -341,6 +360,9 @@ fn count_perf_script(script: &str, comm: &str) -> (Counts, u64) {
 struct Trial {
     /// Nanoseconds a round took, the mean of both JVMs.
     round_ns: f64,
+    /// The working thread's CPU nanoseconds a round, the mean of both
+    /// JVMs: what the sampling interrupts took on it included.
+    round_cpu_ns: f64,
     /// BPF nanoseconds per sample (rtrace only).
     bpf_per_sample: Option<f64>,
     /// BPF nanoseconds per sample from `SETTLED` after rtrace samples to
@@ -375,10 +397,13 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
             }
             Some(Tracer::start_keeping(c, Ready::Stderr("Sampling"))?)
         }
-        Config::Perf => {
+        Config::Perf | Config::PerfNoStacks => {
             let mut c = Command::new("perf");
-            c.args(["record", "-q", "-g", "-a", "-F", &hz_s, "-o"])
-                .arg(&data);
+            c.args(["record", "-q", "-a", "-F", &hz_s]);
+            if config == Config::Perf {
+                c.arg("-g");
+            }
+            c.arg("-o").arg(&data);
             Some(Tracer::start(
                 c,
                 Ready::After(Duration::from_secs(1)),
@@ -399,7 +424,7 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
     });
     let cpu_before = pid.map(cpu_ns);
     let measured = (|| -> anyhow::Result<_> {
-        let round_ns = jvms.work()?;
+        let (round_ns, round_cpu_ns) = jvms.work()?;
         let own_ns = pid
             .zip(cpu_before)
             .map(|(p, b)| cpu_ns(p).saturating_sub(b));
@@ -409,7 +434,7 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
             // own samples with the rest).
             jvms.write_perf_maps()?;
         }
-        Ok((round_ns, own_ns, comm))
+        Ok((round_ns, round_cpu_ns, own_ns, comm))
     })();
     let end = (bpf_run_ns(), bpf_runs_of("profile"));
     let bpf = end.0.saturating_sub(before) as f64;
@@ -421,10 +446,11 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
     // Stopped whatever became of the work: a profiler left running
     // would sample every later trial.
     let stopped = profiler.map(Tracer::stop).transpose()?;
-    let (round_ns, own_ns, comm) = measured?;
+    let (round_ns, round_cpu_ns, own_ns, comm) = measured?;
     jvms.finish()?;
     let mut t = Trial {
         round_ns,
+        round_cpu_ns,
         bpf_per_sample: None,
         bpf_settled,
         own_ns,
@@ -434,18 +460,29 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
     let Some(stopped) = stopped else {
         return Ok(t);
     };
-    if config == Config::Perf {
+    if matches!(config, Config::Perf | Config::PerfNoStacks) {
         let data_s = data.to_string_lossy();
         let out = Command::new("perf")
             .args(["script", "--no-inline", "-i", &data_s])
             .stderr(Stdio::null())
             .output()
             .context("cannot run perf script")?;
-        let (counts, named) = count_perf_script(&String::from_utf8_lossy(&out.stdout), &comm);
-        eprintln!(
-            "    perf named a fixture method from the perf map in {named} of {} samples of {comm}",
-            counts.fixture
-        );
+        let script = String::from_utf8_lossy(&out.stdout);
+        let counts = if config == Config::Perf {
+            let (counts, named) = count_perf_script(&script, &comm);
+            eprintln!(
+                "    perf named a fixture method from the perf map in {named} of {} samples of \
+                 {comm}",
+                counts.fixture
+            );
+            counts
+        } else {
+            // A line a sample, without stacks.
+            Counts {
+                samples: script.lines().filter(|l| !l.trim().is_empty()).count() as u64,
+                ..Counts::default()
+            }
+        };
         t.lost = perf_lost(&data_s);
         t.counts = counts;
         let _ = std::fs::remove_file(&data);
@@ -478,8 +515,9 @@ pub fn run() -> anyhow::Result<String> {
         .context("cannot turn on BPF run-time statistics")?;
     let trials = trials_from_env(5);
     let mut rows = String::from(
-        "| rate | profiler | added per round | BPF per sample | own CPU | samples (lost) | Java \
-         frames a sample | whole chains |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| rate | profiler | added per round | added CPU per round | BPF per sample | own CPU | \
+         samples (lost) | Java frames a sample | whole chains |\n| --- | --- | --- | --- | --- | \
+         --- | --- | --- | --- |\n",
     );
     let mut verdicts = Vec::new();
     let mut bare_s = Vec::new();
@@ -493,9 +531,11 @@ pub fn run() -> anyhow::Result<String> {
             for config in Config::ALL {
                 let t = trial(config, hz, &rtrace, &classes)?;
                 eprintln!(
-                    "  trial {n}: {:<54} {:>8.1} us/round, {} samples, {} lost, {} of {} whole",
+                    "  trial {n}: {:<54} {:>8.1} us/round ({:.1} CPU), {} samples, {} lost, {} \
+                     of {} whole",
                     config.label(),
                     t.round_ns / 1e3,
+                    t.round_cpu_ns / 1e3,
                     t.counts.samples,
                     t.lost,
                     t.counts.whole,
@@ -504,12 +544,26 @@ pub fn run() -> anyhow::Result<String> {
                 got[config as usize].push(t);
             }
         }
-        let rounds =
-            |c: Config| -> Vec<f64> { got[c as usize].iter().map(|t| t.round_ns).collect() };
-        bare_s.push(median(rounds(Config::Bare)) * ROUNDS as f64 / 1e9);
-        let added = |c: Config| -> Vec<f64> {
-            let bare = median(rounds(c.bare()));
-            rounds(c).iter().map(|r| r - bare).collect()
+        let of = |c: Config, f: fn(&Trial) -> f64| -> Vec<f64> {
+            got[c as usize].iter().map(f).collect()
+        };
+        let wall = |t: &Trial| t.round_ns;
+        let cpu = |t: &Trial| t.round_cpu_ns;
+        bare_s.push(median(of(Config::Bare, wall)) * ROUNDS as f64 / 1e9);
+        // Each trial's figure over the median of `base`'s.
+        let over = |c: Config, base: Config, f: fn(&Trial) -> f64| -> Vec<f64> {
+            let bare = median(of(base, f));
+            of(c, f).iter().map(|r| r - bare).collect()
+        };
+        // A row's added time: over the bare run with the same JVM flags,
+        // and the flag's own row over the plain bare run (what the flag
+        // alone costs).
+        let row_base = |c: Config| {
+            if c == Config::BareFp {
+                Config::Bare
+            } else {
+                c.bare()
+            }
         };
         // A trial's figure (`None` where it measured none), trial by
         // trial, for the pairs; and the measured ones alone.
@@ -523,8 +577,19 @@ pub fn run() -> anyhow::Result<String> {
         let whole = |t: &Trial| t.bpf_per_sample;
         let settled = |t: &Trial| t.bpf_settled;
         let bpf = |c: Config| measured(c, whole);
-        for config in Config::ALL.into_iter().filter(|c| c.bare() != *c) {
+        for config in Config::ALL.into_iter().filter(|&c| c != Config::Bare) {
             let ts = &got[config as usize];
+            let (added, added_cpu) = (
+                us_ranged(&over(config, row_base(config), wall)),
+                us_ranged(&over(config, row_base(config), cpu)),
+            );
+            if config == Config::BareFp {
+                rows.push_str(&format!(
+                    "| {hz} Hz | {} | {added} | {added_cpu} | - | - | - | - | - |\n",
+                    config.label()
+                ));
+                continue;
+            }
             let bpf_cell = bpf_cell(&bpf(config));
             let own: Vec<f64> = ts
                 .iter()
@@ -546,13 +611,21 @@ pub fn run() -> anyhow::Result<String> {
             } else {
                 "-".to_owned()
             };
+            let whole_cell = if config == Config::PerfNoStacks {
+                "-".to_owned()
+            } else {
+                format!(
+                    "{:.1}%",
+                    sum(|t| t.counts.whole) as f64 * 100.0
+                        / sum(|t| t.counts.fixture).max(1) as f64
+                )
+            };
             rows.push_str(&format!(
-                "| {hz} Hz | {} | {} | {bpf_cell} | {own_cell} | {} ({}) | {frames_cell} | {:.1}% |\n",
+                "| {hz} Hz | {} | {added} | {added_cpu} | {bpf_cell} | {own_cell} | {} ({}) | \
+                 {frames_cell} | {whole_cell} |\n",
                 config.label(),
-                us_ranged(&added(config)),
                 samples / trials as u64,
                 sum(|t| t.lost) / trials as u64,
-                sum(|t| t.counts.whole) as f64 * 100.0 / sum(|t| t.counts.fixture).max(1) as f64,
             ));
         }
         let java_bpf = median(bpf(Config::Java));
@@ -560,25 +633,43 @@ pub fn run() -> anyhow::Result<String> {
         let java = &got[Config::Java as usize];
         let frames = java.iter().map(|t| t.counts.java_frames).sum::<u64>() as f64
             / java.iter().map(|t| t.counts.samples).sum::<u64>().max(1) as f64;
-        let (ours, perf) = (median(added(Config::Java)), added(Config::Perf));
-        // As `bench all` has it: against a peer whose added time the
-        // trials cannot tell from nothing, a ratio would be noise over
-        // noise.
-        let cost = if spread(&perf).0 > 0.0 {
-            format!(
-                "rtrace's added time per round is {:.2}x perf's (goal: at most 0.25x)",
-                ours.max(0.0) / median(perf)
-            )
-        } else {
+        // What each profiler adds to the JVMs it samples, each over the
+        // bare run with the same flags (the flag perf needs costs this
+        // fixture nothing: the table's row of it), and what perf's
+        // samples cost without their stacks: the floor under any
+        // profiler sampling at this rate.
+        let cost = |what: &str, f: fn(&Trial) -> f64| {
+            let ours = over(Config::Java, Config::Bare, f);
+            let perf = over(Config::Perf, Config::BareFp, f);
+            let floor = median(over(Config::PerfNoStacks, Config::BareFp, f));
             let (lo, hi) = spread(&perf);
-            format!(
-                "perf's added time per round ({:.1} us, {:.1} to {:.1}) is not above zero in every \
-                 trial, so no ratio is given (goal: rtrace's at most 0.25x perf's)",
-                median(perf.clone()) / 1e3,
-                lo / 1e3,
-                hi / 1e3
-            )
+            // As `bench all` has it: against a peer whose added time the
+            // trials cannot tell from nothing, a ratio would be noise over
+            // noise.
+            if lo > 0.0 {
+                let perf_median = median(perf.clone());
+                format!(
+                    "rtrace's added {what} per round is {:.2}x perf's ({} against {}; goal: at \
+                     most 0.25x); perf's samples without their stacks add {:.1} us, {:.2}x \
+                     perf's with them",
+                    median(ours.clone()).max(0.0) / perf_median,
+                    us_ranged(&ours),
+                    us_ranged(&perf),
+                    floor / 1e3,
+                    floor / perf_median
+                )
+            } else {
+                format!(
+                    "perf's added {what} per round ({:.1} us, {:.1} to {:.1}) is not above zero \
+                     in every trial, so no ratio is given (rtrace's {}; goal: at most 0.25x)",
+                    median(perf.clone()) / 1e3,
+                    lo / 1e3,
+                    hi / 1e3,
+                    us_ranged(&ours)
+                )
+            }
         };
+        let cost = format!("{}; {}", cost("time", wall), cost("CPU", cpu));
         let paired = paired_text(
             &per_trial(Config::Java, whole),
             &per_trial(Config::Fp, whole),
@@ -614,7 +705,9 @@ pub fn run() -> anyhow::Result<String> {
         "{} (two JVMs, Debian's OpenJDK 17, each doing {ROUNDS} rounds of the fixture's work \
          (`Hot rounds`: main -> rounds -> pick -> hot or warm), about {:.1} s bare; every \
          profiler samples the whole system; added time per round over bare (the rows with \
-         `-XX:+PreserveFramePointer` over bare with it), the mean of both JVMs' wall-clock time; \
+         `-XX:+PreserveFramePointer` over bare with it, and bare with it over bare), the mean of \
+         both JVMs' wall-clock time; added CPU per round likewise, the working thread's CPU time \
+         (which holds what the sampling interrupts, and the walks in them, took on it); \
          BPF time per sample from the kernel's statistics, from when rtrace samples to its stop; \
          the profiler's own CPU over the work; Java frames a sample: the compiled and \
          interpreted frames the kernel walked, over all samples (inlined methods are named in \
@@ -624,7 +717,8 @@ pub fn run() -> anyhow::Result<String> {
          `{LAUNCHER}` with the {PHYSICAL} frames the Java walk shows above the JVM's call \
          into Java (the call stub, `main` and `rounds` interpreted, `pick` compiled); perf's \
          JVMs write their perf maps (`jcmd PID Compiler.perfmap`) after the work, outside the \
-         timed rounds; medians of {trials} interleaved trials, ranges in parentheses):\n\n",
+         timed rounds; `perf record -a` without `-g` takes the same samples without their \
+         stacks, the floor under any profiler's cost at that rate; medians of {trials} interleaved trials, ranges in parentheses):\n\n",
         measured_on("java"),
         median(bare_s.clone()),
     );
