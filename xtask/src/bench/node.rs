@@ -14,7 +14,10 @@
 //! the fixtures' samples with the whole chain; then the V8 walk's BPF
 //! time per sample against the native walk's (goal: at most 1.5x), and
 //! rtrace's added CPU against what `--perf-basic-prof` alone adds (goal:
-//! at most as much). Interleaved trials, medians and ranges.
+//! at most as much). Then what a deep walk costs: nodes whose work runs
+//! 300 calls deep, sampled with `--max-stack 512` (whole) and with the
+//! default 127, the BPF time a sample of each and of each frame more.
+//! Interleaved trials, medians and ranges.
 
 use std::{
     path::{Path, PathBuf},
@@ -140,11 +143,12 @@ impl Drop for Workdir {
 struct Nodes(Fixtures);
 
 impl Nodes {
-    /// Starts both, with `--perf-basic-prof` if `perf_map`, and waits
-    /// until both are warm.
-    fn start(dir: &Workdir, perf_map: bool) -> anyhow::Result<Self> {
+    /// Starts both, with `--perf-basic-prof` if `perf_map`, their work
+    /// `depth` calls deep, and waits until both are warm.
+    fn start(dir: &Workdir, perf_map: bool, depth: u32) -> anyhow::Result<Self> {
         let cmds = (0..2).map(|_| {
             let mut cmd = Command::new("node");
+            cmd.env("NODE_WORK_DEPTH", depth.to_string());
             if perf_map {
                 cmd.arg("--perf-basic-prof");
             }
@@ -329,7 +333,7 @@ struct Trial {
 
 /// One trial of `config` at `hz`.
 fn trial(config: Config, hz: u64, rtrace: &Path, dir: &Workdir) -> anyhow::Result<Trial> {
-    let mut nodes = Nodes::start(dir, config.perf_map())?;
+    let mut nodes = Nodes::start(dir, config.perf_map(), 0)?;
     let hz_s = hz.to_string();
     let data = dir.0.join("perf.data");
     let profiler = match config {
@@ -670,8 +674,104 @@ pub fn run() -> anyhow::Result<String> {
     for v in &verdicts {
         table.push_str(&format!("- {v}.\n"));
     }
+    let deep_hz = part().unwrap_or(DEEP_HZ);
+    table.push_str(&format!(
+        "- {}.\n",
+        deep_walks(deep_hz, trials, &rtrace, &dir)?
+    ));
     println!("\n{table}");
     Ok(table)
+}
+
+/// How deep the deep walks' work runs: 300 calls of `deep`, as the
+/// shapes test's recursion.
+const DEPTH: u32 = 300;
+/// The rate the deep walks are measured at.
+const DEEP_HZ: u64 = 999;
+/// `--max-stack` for the deep walks kept whole: room for [`DEPTH`] and
+/// what is under and over it.
+const DEEP_MAX_STACK: u32 = 512;
+
+/// What a deep walk costs: nodes whose work runs [`DEPTH`] calls deep,
+/// sampled at `hz` with `--max-stack` [`DEEP_MAX_STACK`] (each stack
+/// whole) and with the default 127 (cut to its leaf-most frames),
+/// `trials` interleaved trials of each; the BPF time a sample of each,
+/// the frames a sample of the fixtures' main threads, and the BPF time of
+/// each frame the deep walks add.
+fn deep_walks(hz: u64, trials: usize, rtrace: &Path, dir: &Workdir) -> anyhow::Result<String> {
+    eprintln!("bench node: deep stacks, {hz} Hz, {trials} interleaved trials");
+    // Per trial, for each `--max-stack`: BPF ns a sample, frames a
+    // sample of the fixture's threads.
+    let mut got: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    let hz_s = hz.to_string();
+    for n in 1..=trials {
+        for (i, max) in [DEEP_MAX_STACK, 127].into_iter().enumerate() {
+            let mut nodes = Nodes::start(dir, false, DEPTH)?;
+            let mut c = Command::new(rtrace);
+            c.args([
+                "profile",
+                "-F",
+                &hz_s,
+                "-f",
+                "--max-stack",
+                &max.to_string(),
+            ]);
+            let tracer = Tracer::start_keeping(c, Ready::Stderr("Sampling"))?;
+            let before = bpf_run_ns();
+            let worked = nodes.work();
+            let bpf = bpf_run_ns().saturating_sub(before) as f64;
+            let stopped = tracer.stop();
+            nodes.finish()?;
+            worked?;
+            let folded = stopped?.stdout;
+            let (mut samples, mut fixture, mut frames) = (0u64, 0u64, 0u64);
+            for (stack, count) in folded.lines().filter_map(|l| l.rsplit_once(' ')) {
+                let Ok(count) = count.parse::<u64>() else {
+                    continue;
+                };
+                samples += count;
+                let mut names = stack.split(';');
+                if names.next() == Some(COMM) {
+                    fixture += count;
+                    frames += names.count() as u64 * count;
+                }
+            }
+            let per_sample = bpf / samples.max(1) as f64;
+            let depth = frames as f64 / fixture.max(1) as f64;
+            eprintln!(
+                "  trial {n}: --max-stack {max:<4} {:>7.1} us a sample, {depth:.0} frames a \
+                 sample of {COMM} ({fixture} of {samples} samples)",
+                per_sample / 1e3
+            );
+            got[i].push((per_sample, depth));
+        }
+    }
+    let of = |i: usize, f: fn(&(f64, f64)) -> f64| median(got[i].iter().map(f).collect());
+    let (whole_ns, cut_ns) = (of(0, |t| t.0), of(1, |t| t.0));
+    let (whole_frames, cut_frames) = (of(0, |t| t.1), of(1, |t| t.1));
+    let paired = paired_text(
+        &got[0].iter().map(|t| Some(t.0)).collect::<Vec<_>>(),
+        &got[1].iter().map(|t| Some(t.0)).collect::<Vec<_>>(),
+    );
+    Ok(format!(
+        "Deep stacks ({hz} Hz, two nodes whose work runs {DEPTH} calls deep, medians of {trials} \
+         interleaved trials): with `--max-stack {DEEP_MAX_STACK}` each sample of their main \
+         threads has {whole_frames:.0} frames and the walk takes {:.1} us of BPF time a sample \
+         ({}); with the default 127, {cut_frames:.0} frames and {:.1} us ({}); the whole walk \
+         {:.2}x the cut one{paired}, {:.0} ns for each frame more",
+        whole_ns / 1e3,
+        bpf_range(&got[0]),
+        cut_ns / 1e3,
+        bpf_range(&got[1]),
+        whole_ns / cut_ns.max(1e-9),
+        (whole_ns - cut_ns) / (whole_frames - cut_frames).max(1e-9),
+    ))
+}
+
+/// The range of a set of trials' BPF time a sample, in microseconds.
+fn bpf_range(trials: &[(f64, f64)]) -> String {
+    let (lo, hi) = spread(&trials.iter().map(|t| t.0).collect::<Vec<_>>());
+    format!("{:.1} to {:.1}", lo / 1e3, hi / 1e3)
 }
 
 #[cfg(test)]

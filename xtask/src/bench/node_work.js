@@ -54,6 +54,19 @@ function main(rounds, x) {
   return x;
 }
 
+// With NODE_WORK_DEPTH=N, main runs N calls deep (a recursion as a
+// framework's or a parser's stack is deep): what a deep walk costs.
+const DEPTH = Number(process.env.NODE_WORK_DEPTH || 0);
+
+function deep(n, rounds, x) {
+  if (n === 0) {
+    return main(rounds, x);
+  }
+  // Not a tail call V8 could drop, and kept in its own frame: inlining
+  // is off.
+  return deep(n - 1, rounds, x) | 0;
+}
+
 // Blocks until stdin has a line (or is closed); false once it is closed.
 // Synchronous, so that the work runs from the script's top level and not
 // from a callback of the event loop.
@@ -75,12 +88,13 @@ if (!(rounds >= 0)) {
   throw new Error(`not a number of rounds: ${process.argv[2]}`);
 }
 // Warm up: enough calls for TurboFan to compile all three.
-let x = main(200, 2463534242);
+// Without a depth, main is called from the top, as before there was one.
+let x = DEPTH > 0 ? deep(DEPTH, 200, 2463534242) : main(200, 2463534242);
 console.log('ready');
 line();
 const cpu = process.cpuUsage();
 const start = process.hrtime.bigint();
-x = main(rounds, x);
+x = DEPTH > 0 ? deep(DEPTH, rounds, x) : main(rounds, x);
 const wall = process.hrtime.bigint() - start;
 const used = process.cpuUsage(cpu);
 console.log(`done ${(used.user + used.system) * 1000} ${wall}`);
