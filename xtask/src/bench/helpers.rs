@@ -65,7 +65,7 @@ pub(super) fn timed(cmd: &mut Command) -> anyhow::Result<f64> {
 }
 
 /// The time a workload reports in its last line, `done [...] NS`.
-pub(super) fn done_ns(text: &str) -> Option<f64> {
+fn done_ns(text: &str) -> Option<f64> {
     text.lines()
         .last()?
         .strip_prefix("done ")?
@@ -125,6 +125,23 @@ impl Fixtures {
             .iter_mut()
             .map(|(_, out)| next_line(out))
             .collect()
+    }
+
+    /// Lets all work, each saying `done CPU_NS WALL_NS`; returns the
+    /// mean of their wall-clock and CPU nanoseconds.
+    pub(super) fn work_timed(&mut self) -> anyhow::Result<(f64, f64)> {
+        let (mut wall, mut cpu) = (0.0, 0.0);
+        for line in self.work()? {
+            let said = || format!("the fixture {} said {line:?}", self.what);
+            wall += done_ns(&line).with_context(said)?;
+            cpu += line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|n| n.parse::<f64>().ok())
+                .with_context(said)?;
+        }
+        let n = self.len() as f64;
+        Ok((wall / n, cpu / n))
     }
 
     /// Their processes.

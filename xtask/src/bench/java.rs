@@ -25,8 +25,8 @@ use anyhow::{Context as _, bail};
 use super::{
     Ready, Tracer, bpf_run_ns, bpf_runs_of, cpu_ns,
     helpers::{
-        Fixtures, bpf_cell, done_ns, paired_text, perf_lost, rtrace_lost, trials_from_env,
-        unmarked, us_ranged,
+        Fixtures, bpf_cell, paired_text, perf_lost, rtrace_lost, trials_from_env, unmarked,
+        us_ranged,
     },
     measured_on, median, spread,
 };
@@ -172,18 +172,8 @@ impl Jvms {
     /// Lets both work; returns their mean wall-clock and working
     /// thread's CPU nanoseconds per round.
     fn work(&mut self) -> anyhow::Result<(f64, f64)> {
-        let (mut wall, mut cpu) = (0.0, 0.0);
-        for line in self.0.work()? {
-            let said = || format!("the fixture said {line:?}");
-            wall += done_ns(&line).with_context(said)?;
-            cpu += line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|n| n.parse::<f64>().ok())
-                .with_context(said)?;
-        }
-        let rounds = (self.0.len() as u64 * ROUNDS) as f64;
-        Ok((wall / rounds, cpu / rounds))
+        let (wall, cpu) = self.0.work_timed()?;
+        Ok((wall / ROUNDS as f64, cpu / ROUNDS as f64))
     }
 
     /// Has each JVM write its perf map (`/tmp/perf-PID.map`), which is

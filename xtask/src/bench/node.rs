@@ -29,9 +29,7 @@ use anyhow::Context as _;
 
 use super::{
     Ready, Tracer, bpf_run_ns, cpu_ns,
-    helpers::{
-        Fixtures, bpf_cell, done_ns, paired_text, perf_lost, rtrace_lost, trials_from_env, unmarked,
-    },
+    helpers::{Fixtures, bpf_cell, paired_text, perf_lost, rtrace_lost, trials_from_env, unmarked},
     measured_on, median, spread,
 };
 
@@ -163,18 +161,7 @@ impl Nodes {
     /// Lets both work; returns their mean wall-clock and CPU nanoseconds
     /// per run.
     fn work(&mut self) -> anyhow::Result<(f64, f64)> {
-        let (mut wall, mut cpu) = (0.0, 0.0);
-        for line in self.0.work()? {
-            let said = || format!("the fixture said {line:?}");
-            wall += done_ns(&line).with_context(said)?;
-            cpu += line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|n| n.parse::<f64>().ok())
-                .with_context(said)?;
-        }
-        let n = self.0.len() as f64;
-        Ok((wall / n, cpu / n))
+        self.0.work_timed()
     }
 
     /// Their process ids.
