@@ -656,3 +656,93 @@ fn the_split_agrees_with_perf_on_the_same_run() {
         4.0 * sd
     );
 }
+
+/// Under `offcputime`, a JavaScript function blocked in a C++ builtin
+/// (`Atomics.wait`, as node's bindings are C++ too) is named: the walk
+/// steps past the builtin's exit frame to the function that called it
+/// and on to its caller. Until 6 December rows worked out from V8's
+/// builtins' code read an argument slot for the exit frame's caller, and
+/// `waitHere` was `[unknown]`.
+#[test]
+fn a_javascript_caller_of_a_cpp_builtin_is_named_off_cpu() {
+    if in_guest() {
+        eprintln!("skipped: the VM guests have no Node.js; the host runs it");
+        return;
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/waits.js");
+    let folded =
+        std::env::temp_dir().join(format!("rtrace-js-waits-{}.folded", std::process::id()));
+    // Started first: its threads' walks while rtrace runs are all made
+    // with V8 known (see the note on samples before the walk loads).
+    let node = Command::new("node")
+        .arg(&script)
+        .arg("4")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("node (cargo xtask setup installs it)");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let out = Command::new(rtrace_bin())
+        .args(["offcputime", "-f", "-p", &node.id().to_string(), "-o"])
+        .arg(&folded)
+        .arg("2")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let node = node.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&node.stdout);
+    let waits: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("waits "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no waits in {stdout:?}"));
+    assert!(waits >= 50, "the fixture waited {waits} times");
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let _ = std::fs::remove_file(&folded);
+    let path = script.display();
+    let wait_here = format!(
+        "waitHere ({path}:{})",
+        line_of(&script, "function waitHere(")
+    );
+    let main = format!("main ({path}:{})", line_of(&script, "function main("));
+    // Microseconds blocked in the builtin, and of them those whose
+    // nearest script frames above it are waitHere, then main, with
+    // nothing unnamed between waitHere and the builtin.
+    let (mut all, mut whole) = (0u64, 0u64);
+    for (frames, us) in parse_folded(&text) {
+        let Some(builtin) = frames
+            .iter()
+            .position(|f| f.starts_with("v8::internal::Builtin_AtomicsWait"))
+        else {
+            continue;
+        };
+        all += us;
+        let scripts: Vec<(usize, &String)> = frames[..builtin]
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.contains(&format!("({path}:")))
+            .collect();
+        if let [.., (_, caller), (at, callee)] = scripts.as_slice()
+            && **callee == wait_here
+            && **caller == main
+            && !frames[*at..builtin].iter().any(|f| f == "[unknown]")
+        {
+            whole += us;
+        }
+    }
+    let show = || {
+        text.lines()
+            .filter(|l| l.contains("AtomicsWait"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // It waited nearly all of the 2 s traced.
+    assert!(all >= 1_000_000, "{all} us in Atomics.wait:\n{}", show());
+    assert!(
+        whole as f64 >= 0.95 * all as f64,
+        "{whole} of {all} us in Atomics.wait are under {wait_here} under {main}:\n{}",
+        show()
+    );
+}

@@ -528,7 +528,15 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
                 .is_ok_and(|d| d == Some(&[0x0f, 0x05][..]))
         })
     };
-    add_gap_rows(&code, file.entry(), &mut rows, &mut functions, syscall_at);
+    let builtins = super::v8::builtins_in(&file, data);
+    add_gap_rows(
+        &code,
+        file.entry(),
+        builtins,
+        &mut rows,
+        &mut functions,
+        syscall_at,
+    );
     Ok((assemble(&rows, functions, syscall_at), unsupported))
 }
 
@@ -537,15 +545,26 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
 /// function of `functions`. A stretch from a system call on is glibc's
 /// `clone` after its CFI ends, which [`assemble`] gives the parent's
 /// rule. The function at `entry`, the file's entry point, ends the stack.
+///
+/// V8's embedded builtins (`builtins`, as [`super::v8::builtins_in`]
+/// says: where the symbols place them, else the largest stretch) get no
+/// rows: V8's generated code tail-calls with arguments it pushed, moving
+/// the return address down (`AdaptorWithBuiltinExitFrame` pushes a copy
+/// of it and jumps to `CEntry`), so a height carried along a jump is
+/// wrong there. Every frame V8 builds keeps rbp, which the walk follows
+/// where a stretch has no rows.
 fn add_gap_rows(
     code: &[object::Section],
     entry: u64,
+    builtins: Option<Option<(u64, u64)>>,
     rows: &mut Vec<Row>,
     functions: &mut Vec<Function>,
     syscall_at: impl Fn(u64) -> bool,
 ) {
     let mut covered: Vec<(u64, u64)> = functions.iter().map(|f| (f.start, f.end)).collect();
     covered.sort_unstable();
+    // Each section's gaps, as (section's data, its address, gap).
+    let mut all = Vec::new();
     for section in code {
         let Ok(data) = section.data() else {
             continue;
@@ -565,23 +584,33 @@ fn add_gap_rows(
         if at < end {
             gaps.push((at, end));
         }
-        for (s, e) in gaps.into_iter().filter(|&(s, _)| !syscall_at(s)) {
-            let bytes = &data[(s - start) as usize..(e - start) as usize];
-            let mut found = gaps::rows(bytes, s);
-            if (s..e).contains(&entry) {
-                gaps::outermost(&mut found, entry);
-            }
-            if found.iter().all(|r| r.cfa == CFA_NONE) {
-                continue;
-            }
-            let first = rows.len() as u32;
-            rows.extend(found);
-            functions.push(Function {
-                start: s,
-                end: e,
-                rows: first..rows.len() as u32,
-            });
+        all.extend(gaps.into_iter().map(|g| (data, start, g)));
+    }
+    let left_out = match builtins {
+        None => None,
+        Some(Some(range)) => Some(range),
+        Some(None) => all.iter().map(|&(_, _, g)| g).max_by_key(|&(s, e)| e - s),
+    };
+    let v8 = |(s, e): (u64, u64)| left_out.is_some_and(|(low, high)| s < high && low < e);
+    for (data, start, (s, e)) in all {
+        if syscall_at(s) || v8((s, e)) {
+            continue;
         }
+        let bytes = &data[(s - start) as usize..(e - start) as usize];
+        let mut found = gaps::rows(bytes, s);
+        if (s..e).contains(&entry) {
+            gaps::outermost(&mut found, entry);
+        }
+        if found.iter().all(|r| r.cfa == CFA_NONE) {
+            continue;
+        }
+        let first = rows.len() as u32;
+        rows.extend(found);
+        functions.push(Function {
+            start: s,
+            end: e,
+            rows: first..rows.len() as u32,
+        });
     }
 }
 

@@ -36,7 +36,7 @@ use crate::{
 pub const BUDGET: u64 = 256 << 20;
 /// The first bytes of a cached table; the last one is the format's
 /// version, raised whenever the compiler's rules change.
-const MAGIC: [u8; 8] = *b"RTCFI\0\0\x08";
+const MAGIC: [u8; 8] = *b"RTCFI\0\0\x09";
 /// Magic, rows, unsupported rows, index shift, buckets, the first row's
 /// address, rules and four bytes of padding.
 const HEADER: usize = 8 + 8 + 8 + 4 + 4 + 8 + 4 + 4;

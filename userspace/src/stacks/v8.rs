@@ -203,6 +203,30 @@ fn int_of(elf: &object::File, data: &[u8], addr: u64) -> Option<i32> {
     Some(i32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
 }
 
+/// Whether ELF file `elf` (its bytes `data`) holds V8, by the postmortem
+/// metadata it exports: `None` if not; else where its embedded builtins
+/// are, as virtual addresses, where its symbols say (`Some(None)` where
+/// they do not, as in Debian's stripped `libnode.so`). The CFI compiler
+/// leaves the builtins to the frame pointer ([`super::cfi`]).
+pub(crate) fn builtins_in(elf: &object::File, data: &[u8]) -> Option<Option<(u64, u64)>> {
+    // Most files are no V8: their string table says so at once.
+    if !crate::kernel::elf::dynstr_holds(elf, "v8dbg_HeapObjectTag") {
+        return None;
+    }
+    let symbols = crate::kernel::elf::symbols_with_prefixes(elf, &["v8dbg_", BLOB_SYMBOL])?;
+    if !symbols.iter().any(|(n, _)| n.starts_with("v8dbg_")) {
+        return None;
+    }
+    let at = |name: &str| symbols.iter().find(|(n, _)| *n == name).map(|&(_, a)| a);
+    let size = at(BLOB_SIZE_SYMBOL)
+        .and_then(|a| int_of(elf, data, a))
+        .map(|v| u64::from(v as u32));
+    Some(match (at(BLOB_SYMBOL), size) {
+        (Some(low), Some(size)) if size > 0 => Some((low, low + size)),
+        _ => None,
+    })
+}
+
 /// The embedded builtins of a file whose symbols do not say where they
 /// are (Debian's stripped `libnode.so`): the largest stretch of `.text`
 /// no `.eh_frame` FDE covers (the builtins have no CFI; compiled code
@@ -2341,6 +2365,89 @@ process.stdin.resume();
         assert_eq!(plan.builtins & 0b111, 0b011, "{plan:?}");
         // No JIT code range yet: still starting.
         assert_eq!(plan_ranges(&maps[..2], key, blob), None);
+    }
+
+    #[test]
+    fn the_embedded_builtins_get_no_rows_worked_out_from_their_code() {
+        // V8's generated code moves its return addresses as compilers
+        // never do: `AdaptorWithBuiltinExitFrame` pushes the call's
+        // arguments and a copy of its return address, then jumps to
+        // `CEntry`. Rows worked out from the code carried the pushes'
+        // height along that jump, and the walk took an argument slot for
+        // `CEntry`'s caller: the JavaScript function that called a C++
+        // builtin was lost. The builtins keep rbp frames; the walk follows
+        // them where no row is.
+        let Some(path) = std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("node"))
+                .find(|n| n.is_file())
+        }) else {
+            eprintln!("skipped: no `node` on PATH");
+            return;
+        };
+        let data = std::fs::read(&path).unwrap();
+        let elf = object::File::parse(&*data).unwrap();
+        let Some(found) = builtins_in(&elf, &data) else {
+            eprintln!("skipped: {} has no v8dbg metadata", path.display());
+            return;
+        };
+        let table = super::super::cfi::compile(&data).unwrap();
+        let (low, high) = match found {
+            Some(range) => range,
+            // A stripped build: where the FDEs leave the largest gap.
+            None => {
+                let (off_low, off_high) = largest_fde_gap(&elf).unwrap();
+                let at = |off| {
+                    use object::{Object as _, ObjectSegment as _};
+                    elf.segments()
+                        .find_map(|s| {
+                            let (start, size) = s.file_range();
+                            (start <= off && off < start + size)
+                                .then(|| s.address() + (off - start))
+                        })
+                        .unwrap()
+                };
+                (at(off_low), at(off_low) + (off_high - off_low))
+            }
+        };
+        assert!(high - low > 0x10000, "{low:#x}-{high:#x}");
+        let ruled: Vec<u64> = (low..high)
+            .step_by(61)
+            .filter(|&pc| {
+                table
+                    .lookup(pc)
+                    .is_some_and(|r| r.cfa != rtrace_common::unwind::CFA_NONE)
+            })
+            .collect();
+        assert!(
+            ruled.is_empty(),
+            "{} of the builtins' addresses have rows, the first {:#x?}",
+            ruled.len(),
+            &ruled[..ruled.len().min(4)]
+        );
+        // The compiled code elsewhere keeps its rows.
+        let text = {
+            use object::{Object as _, ObjectSection as _};
+            let t = elf.section_by_name(".text").unwrap();
+            t.address()..t.address() + t.size()
+        };
+        let outside: Vec<u64> = text
+            .step_by(4093)
+            .filter(|pc| !(low..high).contains(pc))
+            .collect();
+        let with_rows = outside
+            .iter()
+            .filter(|&&pc| {
+                table
+                    .lookup(pc)
+                    .is_some_and(|r| r.cfa != rtrace_common::unwind::CFA_NONE)
+            })
+            .count();
+        assert!(
+            with_rows * 2 > outside.len(),
+            "{with_rows} of {} addresses of the compiled code have rows",
+            outside.len()
+        );
     }
 
     #[test]
