@@ -2367,6 +2367,15 @@ process.stdin.resume();
         assert_eq!(plan_ranges(&maps[..2], key, blob), None);
     }
 
+    /// The `node` that `PATH` finds, if any.
+    fn node_on_path() -> Option<std::path::PathBuf> {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("node"))
+                .find(|n| n.is_file())
+        })
+    }
+
     #[test]
     fn the_embedded_builtins_get_no_rows_worked_out_from_their_code() {
         // V8's generated code moves its return addresses as compilers
@@ -2377,11 +2386,7 @@ process.stdin.resume();
         // `CEntry`'s caller: the JavaScript function that called a C++
         // builtin was lost. The builtins keep rbp frames; the walk follows
         // them where no row is.
-        let Some(path) = std::env::var_os("PATH").and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("node"))
-                .find(|n| n.is_file())
-        }) else {
+        let Some(path) = node_on_path() else {
             eprintln!("skipped: no `node` on PATH");
             return;
         };
@@ -2454,11 +2459,7 @@ process.stdin.resume();
     fn the_builtins_are_the_largest_stretch_of_code_without_cfi() {
         // The fallback for stripped builds, checked against the symbols
         // of a node that has them.
-        let Some(path) = std::env::var_os("PATH").and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("node"))
-                .find(|n| n.is_file())
-        }) else {
+        let Some(path) = node_on_path() else {
             eprintln!("skipped: no `node` on PATH");
             return;
         };
