@@ -100,6 +100,8 @@ const BLOB_SYMBOL: &str = "v8_Default_embedded_blob_code_";
 /// What every name of [`VERSION_SYMBOLS`] begins with.
 const VERSION_PREFIX: &str = "_ZN2v88internal7Version";
 const BLOB_SIZE_SYMBOL: &str = "v8_Default_embedded_blob_code_size_";
+/// A symbol of V8's postmortem metadata that every version exports.
+const HEAP_OBJECT_TAG: &str = "v8dbg_HeapObjectTag";
 
 /// What one file holding V8 says, read once per file: its `v8dbg_*`
 /// values, its version, and where its embedded builtins are.
@@ -210,11 +212,12 @@ fn int_of(elf: &object::File, data: &[u8], addr: u64) -> Option<i32> {
 /// leaves the builtins to the frame pointer ([`super::cfi`]).
 pub(crate) fn builtins_in(elf: &object::File, data: &[u8]) -> Option<Option<(u64, u64)>> {
     // Most files are no V8: their string table says so at once.
-    if !crate::kernel::elf::dynstr_holds(elf, "v8dbg_HeapObjectTag") {
+    if !crate::kernel::elf::dynstr_holds(elf, HEAP_OBJECT_TAG) {
         return None;
     }
-    let symbols = crate::kernel::elf::symbols_with_prefixes(elf, &["v8dbg_", BLOB_SYMBOL])?;
-    if !symbols.iter().any(|(n, _)| n.starts_with("v8dbg_")) {
+    // One of the metadata's symbols says it is V8, not all 500 read.
+    let symbols = crate::kernel::elf::symbols_with_prefixes(elf, &[HEAP_OBJECT_TAG, BLOB_SYMBOL])?;
+    if !symbols.iter().any(|(n, _)| *n == HEAP_OBJECT_TAG) {
         return None;
     }
     let at = |name: &str| symbols.iter().find(|(n, _)| *n == name).map(|&(_, a)| a);
