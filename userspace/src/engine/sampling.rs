@@ -1088,6 +1088,7 @@ impl Sampler {
     /// and swapped in.
     pub fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
         self.stacks.attach_later(ebpf);
+        self.stacks.look_again();
         let Some(w) = &mut self.walkers else {
             return Ok(());
         };

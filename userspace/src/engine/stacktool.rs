@@ -276,7 +276,14 @@ pub struct StackTool {
     /// rtrace's own tables, being compiled beside the programs' load
     /// ([`StackTool::prepare_self`]).
     self_tables: Option<std::thread::JoinHandle<crate::stacks::unwind::Tables>>,
+    /// When the runtimes found starting were last looked at again
+    /// ([`StackTool::look_again`]).
+    looked_again: Option<Instant>,
 }
+
+/// How often the JVMs and V8s found starting are looked at again: each
+/// look reads the process's mappings (and a JVM's tables).
+const LOOK_AGAIN_EVERY: Duration = Duration::from_millis(100);
 
 /// The kernel's table of stored stacks, by hash, and the stacks read
 /// from it.
@@ -919,6 +926,7 @@ impl StackTool {
                 self.give_python(who.pid, &record);
             }
         }
+        self.look_again();
         // Processes with a timed jitdump are counted by time slot, which
         // fills the kernel's table faster: it is moved out every tick.
         self.mark_timed();
@@ -929,6 +937,36 @@ impl StackTool {
         self.store.settle_timed(&mut self.sym, &self.marked);
         self.store.settle_gone(&mut self.sym);
         Ok(())
+    }
+
+    /// Looks again at the JVMs and V8s found still starting, at most
+    /// every [`LOOK_AGAIN_EVERY`]; called after each batch of events (the
+    /// loop wakes at least every 100 ms) and on each tick.
+    ///
+    /// Such a process was to be looked at again at its next new code. But
+    /// the walk tells of new code only for a pc in no region it was
+    /// given, and V8 runs an interpreted function in the builtins of its
+    /// own binary, a region given at the exec: a thread that blocks from
+    /// its start (a node that waits, under `offcputime -- node`) runs no
+    /// new code, and its stacks kept no JavaScript frames to the end.
+    pub fn look_again(&mut self) {
+        let now = Instant::now();
+        if self
+            .looked_again
+            .is_some_and(|at| now.duration_since(at) < LOOK_AGAIN_EVERY)
+        {
+            return;
+        }
+        self.looked_again = Some(now);
+        let mut starting = self.sym.java().starting();
+        starting.extend(self.sym.v8().starting());
+        starting.sort_unstable_by_key(|p| (p.pid, p.start_ticks()));
+        starting.dedup();
+        for who in starting {
+            let maps = MapsOnce::new(who);
+            self.examine_java(&maps, false);
+            self.examine_v8(&maps, false);
+        }
     }
 
     /// Tells the kernel which processes' stacks to count by time slot:

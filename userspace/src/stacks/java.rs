@@ -758,6 +758,11 @@ pub struct Java {
     layouts: HashMap<(u64, u64), Arc<Layout>>,
     /// By process, not pid: a later process of the pid is looked at anew.
     procs: HashMap<Proc, Jvm>,
+    /// Processes whose JVM was found still starting (its code not set up
+    /// yet): looked at again every 100 ms (`StackTool::look_again`), as a
+    /// thread blocked from its start may run no new code that would have
+    /// it looked at again.
+    starting: std::collections::HashSet<Proc>,
     /// Processes found to run no JVM the walk can read, and why (`None`:
     /// none at all).
     not: HashMap<Proc, Option<String>>,
@@ -802,6 +807,7 @@ impl Java {
         } else if known || self.not.contains_key(&who) {
             return None;
         }
+        self.starting.remove(&who);
         match self.find(maps) {
             // A JVM already read, looked at again for its new code, whose
             // mappings are gone (it is exiting: a zombie's maps are empty)
@@ -814,7 +820,10 @@ impl Java {
                 self.not.insert(who, None);
                 None
             }
-            Ok(Look::Starting) => None,
+            Ok(Look::Starting) => {
+                self.starting.insert(who);
+                None
+            }
             Ok(Look::Jvm(j)) => {
                 let refused = j.layout.refused.clone();
                 let record = j.record;
@@ -877,11 +886,18 @@ impl Java {
         self.failed.insert(pid, why);
     }
 
+    /// The processes whose JVM was found still starting, to be looked
+    /// at again ([`Self::examine`]).
+    pub fn starting(&self) -> Vec<Proc> {
+        self.starting.iter().copied().collect()
+    }
+
     /// Forgets process `who` (it exited or ran a new program). The names
     /// of its frames stay, for its samples not named yet.
     pub fn forget(&mut self, who: Proc) {
         self.procs.remove(&who);
         self.not.remove(&who);
+        self.starting.remove(&who);
         self.methods.retain(|k, _| k.0 != who);
         self.nmethods.retain(|k, _| k.0 != who);
     }

@@ -833,6 +833,11 @@ pub struct V8 {
     layouts: HashMap<(u64, u64), Result<Arc<Layout>, String>>,
     /// By process, not pid: a later process of the pid is looked at anew.
     procs: HashMap<Proc, V8Process>,
+    /// Processes whose V8 was found still starting (its code not set up
+    /// yet): looked at again every 100 ms (`StackTool::look_again`), as a
+    /// thread blocked from its start may run no new code that would have
+    /// it looked at again.
+    starting: std::collections::HashSet<Proc>,
     /// Processes found to run no V8 the walk can read, and why (`None`:
     /// none at all).
     not: HashMap<Proc, Option<String>>,
@@ -886,6 +891,7 @@ impl V8 {
         } else if known || self.not.contains_key(&who) {
             return None;
         }
+        self.starting.remove(&who);
         match self.find(maps) {
             // A V8 being walked, looked at again for its new code, whose
             // mappings are gone (it is exiting: a zombie's maps are empty)
@@ -898,7 +904,10 @@ impl V8 {
                 self.not.insert(who, None);
                 None
             }
-            Ok(Look::Starting) => None,
+            Ok(Look::Starting) => {
+                self.starting.insert(who);
+                None
+            }
             Ok(Look::V8(p, record, line)) => {
                 self.procs.insert(who, *p);
                 self.found.insert(who, line);
@@ -928,11 +937,18 @@ impl V8 {
         self.given.contains(&who)
     }
 
+    /// The processes whose V8 was found still starting, to be looked
+    /// at again ([`Self::examine`]).
+    pub fn starting(&self) -> Vec<Proc> {
+        self.starting.iter().copied().collect()
+    }
+
     /// Forgets process `who` (it exited or ran a new program). The names
     /// of its frames stay, for its samples not named yet.
     pub fn forget(&mut self, who: Proc) {
         self.procs.remove(&who);
         self.not.remove(&who);
+        self.starting.remove(&who);
         self.functions.retain(|k, _| k.0 != who);
         self.scripts.retain(|k, _| k.0 != who);
         self.codes.retain(|k, _| k.0 != who);

@@ -1238,6 +1238,11 @@ impl Tool for Memleak {
         self.stacks.event(record)
     }
 
+    fn after_events(&mut self, _ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        self.stacks.look_again();
+        Ok(())
+    }
+
     fn tick(&mut self, _ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
         self.report(sink, last)
     }

@@ -147,6 +147,11 @@ macro_rules! off_cpu_tool {
             self.run.stacks.event(record)
         }
 
+        fn after_events(&mut self, _ebpf: &mut aya::Ebpf) -> anyhow::Result<()> {
+            self.run.stacks.look_again();
+            Ok(())
+        }
+
         fn tick(
             &mut self,
             ebpf: &mut aya::Ebpf,

@@ -380,6 +380,13 @@ impl Tool for Trace {
         self.realtime_offset = real - i128::from(self.started_ns);
     }
 
+    fn after_events(&mut self, _ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        if let Some(stacks) = &mut self.stacks {
+            stacks.look_again();
+        }
+        Ok(())
+    }
+
     fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
         if record.len() < HEADER_SIZE {
             // The stack walk's news of processes (exec, fork, new code).
