@@ -528,7 +528,7 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
                 .is_ok_and(|d| d == Some(&[0x0f, 0x05][..]))
         })
     };
-    let builtins = super::v8::builtins_in(&file, data);
+    let builtins = super::v8::builtins_in(&file, data).flatten();
     add_gap_rows(
         &code,
         file.entry(),
@@ -546,9 +546,8 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
 /// `clone` after its CFI ends, which [`assemble`] gives the parent's
 /// rule. The function at `entry`, the file's entry point, ends the stack.
 ///
-/// V8's embedded builtins (`builtins`, as [`super::v8::builtins_in`]
-/// says: where the symbols place them, else the largest stretch) get no
-/// rows: V8's generated code tail-calls with arguments it pushed, moving
+/// V8's embedded builtins (`builtins`, where [`super::v8::builtins_in`]
+/// places them) get no rows: V8's generated code tail-calls with arguments it pushed, moving
 /// the return address down (`AdaptorWithBuiltinExitFrame` pushes a copy
 /// of it and jumps to `CEntry`), so a height carried along a jump is
 /// wrong there. Every frame V8 builds keeps rbp, which the walk follows
@@ -556,7 +555,7 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
 fn add_gap_rows(
     code: &[object::Section],
     entry: u64,
-    builtins: Option<Option<(u64, u64)>>,
+    builtins: Option<(u64, u64)>,
     rows: &mut Vec<Row>,
     functions: &mut Vec<Function>,
     syscall_at: impl Fn(u64) -> bool,
@@ -586,12 +585,7 @@ fn add_gap_rows(
         }
         all.extend(gaps.into_iter().map(|g| (data, start, g)));
     }
-    let left_out = match builtins {
-        None => None,
-        Some(Some(range)) => Some(range),
-        Some(None) => all.iter().map(|&(_, _, g)| g).max_by_key(|&(s, e)| e - s),
-    };
-    let v8 = |(s, e): (u64, u64)| left_out.is_some_and(|(low, high)| s < high && low < e);
+    let v8 = |(s, e): (u64, u64)| builtins.is_some_and(|(low, high)| s < high && low < e);
     for (data, start, (s, e)) in all {
         if syscall_at(s) || v8((s, e)) {
             continue;

@@ -183,7 +183,10 @@ fn read_file(f: &File) -> Option<V8File> {
     }
     let blob = match (blob_at, blob_size) {
         (Some(at), Some(size)) if size > 0 => Some((at, at + size)),
-        _ => largest_fde_gap(&elf),
+        _ => largest_fde_gap(&elf).and_then(|(low, high)| {
+            let at = crate::kernel::elf::vaddr_to_offset(&elf, low)?;
+            Some((at, at + (high - low)))
+        }),
     };
     Some(V8File { dbg, version, blob })
 }
@@ -207,9 +210,10 @@ fn int_of(elf: &object::File, data: &[u8], addr: u64) -> Option<i32> {
 
 /// Whether ELF file `elf` (its bytes `data`) holds V8, by the postmortem
 /// metadata it exports: `None` if not; else where its embedded builtins
-/// are, as virtual addresses, where its symbols say (`Some(None)` where
-/// they do not, as in Debian's stripped `libnode.so`). The CFI compiler
-/// leaves the builtins to the frame pointer ([`super::cfi`]).
+/// are, as virtual addresses: where its symbols say, else (Debian's
+/// stripped `libnode.so`) the largest stretch of its `.text` without CFI
+/// ([`largest_fde_gap`]), or `Some(None)` if it has none. The CFI
+/// compiler leaves the builtins to the frame pointer ([`super::cfi`]).
 pub(crate) fn builtins_in(elf: &object::File, data: &[u8]) -> Option<Option<(u64, u64)>> {
     // Most files are no V8: their string table says so at once.
     if !crate::kernel::elf::dynstr_holds(elf, HEAP_OBJECT_TAG) {
@@ -226,14 +230,14 @@ pub(crate) fn builtins_in(elf: &object::File, data: &[u8]) -> Option<Option<(u64
         .map(|v| u64::from(v as u32));
     Some(match (at(BLOB_SYMBOL), size) {
         (Some(low), Some(size)) if size > 0 => Some((low, low + size)),
-        _ => None,
+        _ => largest_fde_gap(elf),
     })
 }
 
 /// The embedded builtins of a file whose symbols do not say where they
 /// are (Debian's stripped `libnode.so`): the largest stretch of `.text`
 /// no `.eh_frame` FDE covers (the builtins have no CFI; compiled code
-/// does), as file offsets.
+/// does), as virtual addresses.
 fn largest_fde_gap(elf: &object::File) -> Option<(u64, u64)> {
     use gimli::UnwindSection as _;
     use object::{Object as _, ObjectSection as _};
@@ -264,11 +268,7 @@ fn largest_fde_gap(elf: &object::File) -> Option<(u64, u64)> {
         }
         at = at.max(e.min(high));
     }
-    if best.1 <= best.0 {
-        return None;
-    }
-    let off = crate::kernel::elf::vaddr_to_offset(elf, best.0)?;
-    Some((off, off + (best.1 - best.0)))
+    (best.1 > best.0).then_some(best)
 }
 
 /// Where a `ScopeInfo` keeps the function's position.
@@ -2416,24 +2416,9 @@ process.stdin.resume();
             return;
         };
         let table = super::super::cfi::compile(&data).unwrap();
-        let (low, high) = match found {
-            Some(range) => range,
-            // A stripped build: where the FDEs leave the largest gap.
-            None => {
-                let (off_low, off_high) = largest_fde_gap(&elf).unwrap();
-                let at = |off| {
-                    use object::{Object as _, ObjectSegment as _};
-                    elf.segments()
-                        .find_map(|s| {
-                            let (start, size) = s.file_range();
-                            (start <= off && off < start + size)
-                                .then(|| s.address() + (off - start))
-                        })
-                        .unwrap()
-                };
-                (at(off_low), at(off_low) + (off_high - off_low))
-            }
-        };
+        // Where the symbols say, or, in a stripped build, where the FDEs
+        // leave the largest gap.
+        let (low, high) = found.unwrap();
         assert!(high - low > 0x10000, "{low:#x}-{high:#x}");
         let ruled: Vec<u64> = (low..high)
             .step_by(61)
@@ -2490,6 +2475,8 @@ process.stdin.resume();
         let data = crate::kernel::memory::Mapped::of(&f).unwrap();
         let elf = object::File::parse(&*data).unwrap();
         let (low, high) = largest_fde_gap(&elf).unwrap();
+        let at = crate::kernel::elf::vaddr_to_offset(&elf, low).unwrap();
+        let (low, high) = (at, at + (high - low));
         let (blob_low, blob_high) = v8.blob.unwrap();
         eprintln!("symbols {blob_low:#x}-{blob_high:#x}, gap {low:#x}-{high:#x}");
         assert!(low <= blob_low && blob_high <= high);
