@@ -281,8 +281,9 @@ pub struct StackTool {
     looked_again: Option<Instant>,
 }
 
-/// How often the JVMs and V8s found starting are looked at again: each
-/// look reads the process's mappings (and a JVM's tables).
+/// How often the runtimes found not started are looked at again: each
+/// look reads the process's mappings (and a JVM's tables, or a word of
+/// Python's runtime).
 const LOOK_AGAIN_EVERY: Duration = Duration::from_millis(100);
 
 /// The kernel's table of stored stacks, by hash, and the stacks read
@@ -919,13 +920,6 @@ impl StackTool {
         if let Some(cfi) = &mut self.cfi {
             cfi.forget_exited();
         }
-        // A program that embeds Python may start its interpreter with no
-        // new code to tell of: its held record is given once it has.
-        if self.py_map.is_some() {
-            for (who, record) in self.sym.python().started_since() {
-                self.give_python(who.pid, &record);
-            }
-        }
         self.look_again();
         // Processes with a timed jitdump are counted by time slot, which
         // fills the kernel's table faster: it is moved out every tick.
@@ -939,16 +933,19 @@ impl StackTool {
         Ok(())
     }
 
-    /// Looks again at the JVMs and V8s found still starting, at most
-    /// every [`LOOK_AGAIN_EVERY`]; called after each batch of events (the
-    /// loop wakes at least every 100 ms) and on each tick.
+    /// Looks again at the runtimes found not started yet, at most every
+    /// [`LOOK_AGAIN_EVERY`]: the programs that link Python held until
+    /// their interpreter starts, and the JVMs and V8s found still
+    /// starting. Called after each batch of events (the loop wakes at
+    /// least every 100 ms) and on each tick.
     ///
-    /// Such a process was to be looked at again at its next new code. But
-    /// the walk tells of new code only for a pc in no region it was
-    /// given, and V8 runs an interpreted function in the builtins of its
-    /// own binary, a region given at the exec: a thread that blocks from
-    /// its start (a node that waits, under `offcputime -- node`) runs no
-    /// new code, and its stacks kept no JavaScript frames to the end.
+    /// None of them need run new code once started: a program that embeds
+    /// Python may start its interpreter with none, and V8 runs an
+    /// interpreted function in the builtins of its own binary, a region
+    /// the walk was given at the exec. A thread that blocks from its start
+    /// (a node that waits, under `offcputime -- node`) runs no new code at
+    /// all, and its stacks kept no JavaScript frames to the end when a V8
+    /// was looked at again only at its next new code.
     pub fn look_again(&mut self) {
         let now = Instant::now();
         if self
@@ -958,6 +955,11 @@ impl StackTool {
             return;
         }
         self.looked_again = Some(now);
+        if self.py_map.is_some() {
+            for (who, record) in self.sym.python().started_since() {
+                self.give_python(who.pid, &record);
+            }
+        }
         let mut starting = self.sym.java().starting();
         starting.extend(self.sym.v8().starting());
         starting.sort_unstable_by_key(|p| (p.pid, p.start_ticks()));
