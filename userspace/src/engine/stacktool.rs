@@ -936,8 +936,8 @@ impl StackTool {
     /// Looks again at the runtimes found not started yet, at most every
     /// [`LOOK_AGAIN_EVERY`]: the programs that link Python held until
     /// their interpreter starts, and the JVMs and V8s found still
-    /// starting. Called after each batch of events (the loop wakes at
-    /// least every 100 ms) and on each tick.
+    /// starting. Called after each batch of events (with a ring buffer
+    /// the loop wakes at least every 100 ms) and on each tick.
     ///
     /// None of them need run new code once started: a program that embeds
     /// Python may start its interpreter with none, and V8 runs an

@@ -547,11 +547,12 @@ fn rows_of(data: &[u8]) -> Result<(Vec<Row>, usize), CfiError> {
 /// rule. The function at `entry`, the file's entry point, ends the stack.
 ///
 /// V8's embedded builtins (`builtins`, where [`super::v8::builtins_in`]
-/// places them) get no rows: V8's generated code tail-calls with arguments it pushed, moving
-/// the return address down (`AdaptorWithBuiltinExitFrame` pushes a copy
-/// of it and jumps to `CEntry`), so a height carried along a jump is
-/// wrong there. Every frame V8 builds keeps rbp, which the walk follows
-/// where a stretch has no rows.
+/// places them) get no rows: V8's generated code tail-calls with
+/// arguments it pushed, moving the return address down
+/// (`AdaptorWithBuiltinExitFrame` pushes a copy of it and jumps to
+/// `CEntry`), so a height carried along a jump is wrong there. Every
+/// frame V8 builds keeps rbp, which the walk follows where a stretch has
+/// no rows.
 fn add_gap_rows(
     code: &[object::Section],
     entry: u64,
