@@ -563,8 +563,7 @@ fn add_gap_rows(
 ) {
     let mut covered: Vec<(u64, u64)> = functions.iter().map(|f| (f.start, f.end)).collect();
     covered.sort_unstable();
-    // Each section's gaps, as (section's data, its address, gap).
-    let mut all = Vec::new();
+    let in_builtins = |s: u64, e: u64| builtins.is_some_and(|(low, high)| s < high && low < e);
     for section in code {
         let Ok(data) = section.data() else {
             continue;
@@ -584,28 +583,26 @@ fn add_gap_rows(
         if at < end {
             gaps.push((at, end));
         }
-        all.extend(gaps.into_iter().map(|g| (data, start, g)));
-    }
-    let v8 = |(s, e): (u64, u64)| builtins.is_some_and(|(low, high)| s < high && low < e);
-    for (data, start, (s, e)) in all {
-        if syscall_at(s) || v8((s, e)) {
-            continue;
+        let worked_out = gaps
+            .into_iter()
+            .filter(|&(s, e)| !syscall_at(s) && !in_builtins(s, e));
+        for (s, e) in worked_out {
+            let bytes = &data[(s - start) as usize..(e - start) as usize];
+            let mut found = gaps::rows(bytes, s);
+            if (s..e).contains(&entry) {
+                gaps::outermost(&mut found, entry);
+            }
+            if found.iter().all(|r| r.cfa == CFA_NONE) {
+                continue;
+            }
+            let first = rows.len() as u32;
+            rows.extend(found);
+            functions.push(Function {
+                start: s,
+                end: e,
+                rows: first..rows.len() as u32,
+            });
         }
-        let bytes = &data[(s - start) as usize..(e - start) as usize];
-        let mut found = gaps::rows(bytes, s);
-        if (s..e).contains(&entry) {
-            gaps::outermost(&mut found, entry);
-        }
-        if found.iter().all(|r| r.cfa == CFA_NONE) {
-            continue;
-        }
-        let first = rows.len() as u32;
-        rows.extend(found);
-        functions.push(Function {
-            start: s,
-            end: e,
-            rows: first..rows.len() as u32,
-        });
     }
 }
 

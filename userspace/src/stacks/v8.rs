@@ -162,7 +162,7 @@ fn read_file(f: &File) -> Option<V8File> {
         crate::kernel::elf::symbols_with_prefixes(&elf, &["v8dbg_", VERSION_PREFIX, BLOB_SYMBOL])?;
     let mut dbg = HashMap::new();
     let mut version = [0; 4];
-    let (mut blob_at, mut blob_size) = (None, None);
+    let (mut blob_at, mut blob_size_at) = (None, None);
     for (name, address) in symbols {
         if let Some(rest) = name.strip_prefix("v8dbg_") {
             if !dbg.contains_key(rest)
@@ -173,21 +173,18 @@ fn read_file(f: &File) -> Option<V8File> {
         } else if let Some(i) = VERSION_SYMBOLS.iter().position(|&v| v == name) {
             version[i] = int_of(&elf, &data, address).map_or(0, i64::from);
         } else if name == BLOB_SYMBOL {
-            blob_at = crate::kernel::elf::vaddr_to_offset(&elf, address);
+            blob_at = Some(address);
         } else if name == BLOB_SIZE_SYMBOL {
-            blob_size = int_of(&elf, &data, address).map(|v| u64::from(v as u32));
+            blob_size_at = Some(address);
         }
     }
     if dbg.is_empty() {
         return None;
     }
-    let blob = match (blob_at, blob_size) {
-        (Some(at), Some(size)) if size > 0 => Some((at, at + size)),
-        _ => largest_fde_gap(&elf).and_then(|(low, high)| {
-            let at = crate::kernel::elf::vaddr_to_offset(&elf, low)?;
-            Some((at, at + (high - low)))
-        }),
-    };
+    let blob = builtins_range(&elf, &data, blob_at, blob_size_at).and_then(|(low, high)| {
+        let at = crate::kernel::elf::vaddr_to_offset(&elf, low)?;
+        Some((at, at + (high - low)))
+    });
     Some(V8File { dbg, version, blob })
 }
 
@@ -225,13 +222,32 @@ pub(crate) fn builtins_in(elf: &object::File, data: &[u8]) -> Option<Option<(u64
         return None;
     }
     let at = |name: &str| symbols.iter().find(|(n, _)| *n == name).map(|&(_, a)| a);
-    let size = at(BLOB_SIZE_SYMBOL)
+    Some(builtins_range(
+        elf,
+        data,
+        at(BLOB_SYMBOL),
+        at(BLOB_SIZE_SYMBOL),
+    ))
+}
+
+/// Where the embedded builtins of V8 file `elf` (its bytes `data`) are,
+/// as virtual addresses: from `code`, the address of [`BLOB_SYMBOL`], for
+/// the size held at `size_at`, that of [`BLOB_SIZE_SYMBOL`]; else, where
+/// the symbols are not there, the largest stretch of `.text` without
+/// CFI ([`largest_fde_gap`]).
+fn builtins_range(
+    elf: &object::File,
+    data: &[u8],
+    code: Option<u64>,
+    size_at: Option<u64>,
+) -> Option<(u64, u64)> {
+    let size = size_at
         .and_then(|a| int_of(elf, data, a))
         .map(|v| u64::from(v as u32));
-    Some(match (at(BLOB_SYMBOL), size) {
+    match (code, size) {
         (Some(low), Some(size)) if size > 0 => Some((low, low + size)),
         _ => largest_fde_gap(elf),
-    })
+    }
 }
 
 /// The embedded builtins of a file whose symbols do not say where they
