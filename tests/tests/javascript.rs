@@ -437,6 +437,21 @@ fn without_ptrace_rights_node_functions_are_named() {
     started_before("profile -p by nobody", true);
 }
 
+/// A node running `script` for 4 s (its output piped), 0.7 s into its
+/// run: past its start, V8's code range is mapped and the script's loop
+/// runs.
+fn node_running(script: &Path) -> std::process::Child {
+    let node = Command::new("node")
+        .arg(script)
+        .arg("4")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("node (cargo xtask setup installs it)");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    node
+}
+
 /// Profiles a node running the fixture from 0.7 s into its run, by root
 /// or (`nobody`) by user `nobody` with only CAP_BPF and CAP_PERFMON, and
 /// checks the split.
@@ -446,15 +461,7 @@ fn started_before(what: &str, nobody: bool) {
         return;
     }
     let script = script();
-    let node = Command::new("node")
-        .arg(&script)
-        .arg("4")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Past its start: V8's code range is mapped and main's loop runs.
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    let node = node_running(&script);
     let pid = node.id().to_string();
     let args = ["profile", "-F", "499", "-f", "-v", "-p", &pid];
     let (rtrace, copy) = rtrace_integration_tests::start_as(&args, "Sampling", nobody);
@@ -665,23 +672,12 @@ fn the_split_agrees_with_perf_on_the_same_run() {
 /// `waitHere` was `[unknown]`.
 #[test]
 fn a_javascript_caller_of_a_cpp_builtin_is_named_off_cpu() {
-    if in_guest() {
-        eprintln!("skipped: the VM guests have no Node.js; the host runs it");
+    let Some((script, folded)) = waits_fixture("waits") else {
         return;
-    }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/waits.js");
-    let folded =
-        std::env::temp_dir().join(format!("rtrace-js-waits-{}.folded", std::process::id()));
+    };
     // Started first: its threads' walks while rtrace runs are all made
     // with V8 known.
-    let node = Command::new("node")
-        .arg(&script)
-        .arg("4")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("node (cargo xtask setup installs it)");
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    let node = node_running(&script);
     let out = Command::new(rtrace_bin())
         .args(["offcputime", "-f", "-p", &node.id().to_string(), "-o"])
         .arg(&folded)
@@ -704,15 +700,10 @@ fn a_javascript_caller_of_a_cpp_builtin_is_named_off_cpu() {
 /// unnamed, about a tenth of the 3 s at most.
 #[test]
 fn a_node_blocked_from_its_start_is_named_under_offcputime_command() {
-    if in_guest() {
-        eprintln!("skipped: the VM guests have no Node.js; the host runs it");
+    let Some((script, folded)) = waits_fixture("waits-cmd") else {
         return;
-    }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/waits.js");
-    let folded =
-        std::env::temp_dir().join(format!("rtrace-js-waits-cmd-{}.folded", std::process::id()));
-    let stdout =
-        std::env::temp_dir().join(format!("rtrace-js-waits-cmd-{}.out", std::process::id()));
+    };
+    let stdout = folded.with_extension("out");
     // The command's output goes to a file of its own, apart from rtrace's.
     let out = Command::new(rtrace_bin())
         .args(["offcputime", "-f", "-o"])
@@ -726,6 +717,19 @@ fn a_node_blocked_from_its_start_is_named_under_offcputime_command() {
     let printed = std::fs::read(&stdout).unwrap_or_default();
     let _ = std::fs::remove_file(&stdout);
     check_waits(&script, &folded, &out, &printed, 2_000_000, 0.85);
+}
+
+/// The off-CPU fixture `waits.js` and a file for run `tag`'s folded
+/// stacks; `None`, said, in the VM guests, which have no Node.js.
+fn waits_fixture(tag: &str) -> Option<(PathBuf, PathBuf)> {
+    if in_guest() {
+        eprintln!("skipped: the VM guests have no Node.js; the host runs it");
+        return None;
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/waits.js");
+    let folded =
+        std::env::temp_dir().join(format!("rtrace-js-{tag}-{}.folded", std::process::id()));
+    Some((script, folded))
 }
 
 /// Checks an `offcputime -f` run over `waits.js` (`out`, its folded
