@@ -249,6 +249,29 @@ pub const SEEN_JAVA: u32 = 128;
 /// `Seen::flags`: a [`crate::v8::V8Seen`] record, a JavaScript frame the
 /// walk wrote, for user space to name while its process lives.
 pub const SEEN_V8: u32 = 256;
+/// `Seen::flags`: an [`UntoldStack`] record, a stack with more Java or
+/// JavaScript frames new to its CPU than one walk tells of.
+pub const SEEN_UNTOLD: u32 = 512;
+
+/// A stack just stored whose walk met more runtime frames new to its CPU
+/// than it could tell of (`JAVA_NEW`, `V8_NEW`): user space reads it from
+/// the stack table and names all of them while the process lives and its
+/// code is where the walk found it. Without it, the rest were named only
+/// when a later walk met them again, or at the end: a stack seen once (a
+/// program's start, a burst of new code) kept frames of code freed or of a
+/// process gone by then.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UntoldStack {
+    /// Process (thread group) id.
+    pub tgid: u32,
+    /// Always [`SEEN_UNTOLD`].
+    pub flags: u32,
+    /// When the process started ([`Key::born`]).
+    pub born: u64,
+    /// The stack's key in the stack table.
+    pub stack: u64,
+}
 
 /// A mapping of a loaded file that the kernel found for a process itself
 /// (`bpf_find_vma`), told to user space once, as it is kept: the record
@@ -445,7 +468,16 @@ pub const fn names_with_walk<const N: usize>(
     out
 }
 
-crate::pod!(Key, WakeKey, Stack, Seen, SeenHeader, Found, BornOffsets);
+crate::pod!(
+    Key,
+    WakeKey,
+    Stack,
+    Seen,
+    SeenHeader,
+    Found,
+    BornOffsets,
+    UntoldStack
+);
 
 /// The stacks by hash ([`Stack`]); user space sizes it
 /// (`--stack-storage-size`) and moves them out as the tool runs.

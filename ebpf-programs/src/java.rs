@@ -32,7 +32,7 @@ use crate::{
     count_error, read_user,
     runtime::{
         Told, byte, cpu_slot, half, newly_told, quarter, read_into, stack_into, stack_words,
-        told_table, word,
+        told_table, untold, word,
     },
     scratch::{Scratch, kept, push2},
 };
@@ -278,11 +278,15 @@ fn write(s: &mut Scratch, tgid: u32, tag: u64, addr: u64, second: u64) -> bool {
 /// CPU meets it (see [`JAVA_TOLD`]); a walk queues at most `JAVA_NEW`.
 #[inline(always)]
 fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
-    if s.jv.nnew as usize >= JAVA_NEW {
-        return;
-    }
     let h = (first ^ second.rotate_left(23) ^ (u64::from(tgid) << 40) ^ u64::from(s.jv.proc.salt))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    if s.jv.nnew as usize >= JAVA_NEW {
+        // One more, untold: the stack is told of whole (`send_new`).
+        if s.jv.nnew as usize == JAVA_NEW && untold(&JAVA_TOLD, h) {
+            s.jv.nnew += 1;
+        }
+        return;
+    }
     if !newly_told(&JAVA_TOLD, h) {
         return;
     }
@@ -300,15 +304,16 @@ fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
 }
 
 /// The Java frames a walk queued, sent, and the queue emptied (a walk
-/// recalled, not walked, sends nothing again).
+/// recalled, not walked, sends nothing again). Returns whether the walk
+/// met more new frames than it queued.
 #[inline(always)]
 pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     ctx: &C,
     events: &S,
     s: &mut Scratch,
-) {
+) -> bool {
     if s.jv.nnew == 0 {
-        return;
+        return false;
     }
     let born = crate::process::born_seldom();
     for i in 0..JAVA_NEW {
@@ -320,7 +325,9 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
             crate::events::emit_now(events, ctx, q);
         }
     }
+    let more = s.jv.nnew as usize > JAVA_NEW;
     s.jv.nnew = 0;
+    more
 }
 
 /// Moves the walk to the caller: `ret` its pc, `sp` and `bp` its
@@ -548,11 +555,17 @@ fn compiled(s: &mut Scratch, tgid: u32, native: bool) -> Option<i64> {
     if !write(s, tgid, tag, s.jv.blob, u64::from(id) << 32 | off) {
         return Some(1);
     }
-    if native {
-        // Wrappers build a frame with `enter`: the frame pointer is theirs.
-        return by_frame_pointer(s);
-    }
     let frame = u64::from(half(&s.jv_buf, p.blob_frame_size));
+    if native {
+        // A method handle's intrinsic (`invokeBasic`, `linkToStatic`, ...)
+        // has no frame: it jumps to its target, and is only ever the
+        // sampled frame. Other wrappers build one with `enter`: the frame
+        // pointer is theirs.
+        if frame == 0 {
+            return by_return_address(s);
+        }
+        return by_frame_pointer_top(s);
+    }
     if s.jv.top != 0 {
         // An `int16_t` in JDK 25.
         let complete = if p.frame_complete_short != 0 {
@@ -679,6 +692,24 @@ fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
     let words = u64::from(half(&s.jv_buf, p.blob_frame_size));
     if words != 0 && words < 1 << 16 {
         return by_frame_size(s, words);
+    }
+    by_frame_pointer_top(s)
+}
+
+/// A frame built with `push rbp; mov rbp, rsp` (or `enter`, undone by
+/// `leave`), which the sampled frame may be at the first of, between the
+/// two, or at the `ret` after: its frame not (or no longer) built.
+#[inline(always)]
+fn by_frame_pointer_top(s: &mut Scratch) -> Option<i64> {
+    if s.jv.top != 0 {
+        let code = read_user::<[u8; 8]>(s.walk.ip.wrapping_sub(1))?;
+        let at = |i: usize| code.get(i).copied().unwrap_or(0);
+        if at(1) == 0x55 || at(1) == 0xc3 {
+            return by_return_address(s);
+        }
+        if at(0) == 0x55 && at(1) == 0x48 && at(2) == 0x89 && at(3) == 0xe5 {
+            return by_pushed_rbp(s);
+        }
     }
     by_frame_pointer(s)
 }

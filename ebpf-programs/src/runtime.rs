@@ -112,6 +112,15 @@ pub(crate) fn cpu_slot(slots: u32, i: u32) -> u32 {
     cpu.wrapping_mul(slots) | (i & (slots - 1))
 }
 
+/// Whether the thing hashed to `h` is not in this CPU's slot of `table`:
+/// [`newly_told`] without taking the slot.
+#[inline(always)]
+pub(crate) fn untold(table: &Told, h: u64) -> bool {
+    table
+        .get(cpu_slot(TOLD_SLOTS, (h >> 40) as u32))
+        .is_some_and(|told| *told != h)
+}
+
 /// Whether the thing hashed to `h` is new to this CPU's slots of
 /// `table` (without chains), which then hold it: one whose slot another
 /// took is told again, which costs user space a lookup. Each CPU has

@@ -591,9 +591,18 @@ pub fn after_walk<S: Sink>(events: &S, packed: u64, who: u64) -> u64 {
     // SAFETY: a map value.
     crate::python::send_new(&ctx, events, unsafe { &mut *s });
     // SAFETY: a map value.
-    crate::java::send_new(&ctx, events, unsafe { &mut *s });
+    let more = crate::java::send_new(&ctx, events, unsafe { &mut *s });
     // SAFETY: a map value.
-    crate::v8::send_new(&ctx, events, unsafe { &mut *s });
+    let more = crate::v8::send_new(&ctx, events, unsafe { &mut *s }) | more;
+    if more && stack != 0 {
+        let untold = rtrace_common::stacks::UntoldStack {
+            tgid,
+            flags: rtrace_common::stacks::SEEN_UNTOLD,
+            born: crate::process::born_seldom(),
+            stack,
+        };
+        crate::events::emit_now(events, &ctx, &untold);
+    }
     stack
 }
 

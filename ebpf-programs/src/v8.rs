@@ -24,7 +24,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_user,
-    runtime::{Told, newly_told, read_into, stack_into, told_table, word},
+    runtime::{Told, newly_told, read_into, stack_into, told_table, untold, word},
     scratch::{Scratch, kept, push2},
 };
 
@@ -264,11 +264,15 @@ fn function_sfi(s: &mut Scratch, function: u64) -> Option<()> {
 /// CPU meets it (see [`V8_TOLD`]); a walk queues at most `V8_NEW`.
 #[inline(always)]
 fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
-    if s.v8.nnew as usize >= V8_NEW {
-        return;
-    }
     let h = (first ^ second.rotate_left(23) ^ (u64::from(tgid) << 40) ^ u64::from(s.v8.proc.salt))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    if s.v8.nnew as usize >= V8_NEW {
+        // One more, untold: the stack is told of whole (`send_new`).
+        if s.v8.nnew as usize == V8_NEW && untold(&V8_TOLD, h) {
+            s.v8.nnew += 1;
+        }
+        return;
+    }
     if !newly_told(&V8_TOLD, h) {
         return;
     }
@@ -286,14 +290,15 @@ fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
 }
 
 /// The JavaScript frames a walk queued, sent, and the queue emptied.
+/// Returns whether the walk met more new frames than it queued.
 #[inline(always)]
 pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     ctx: &C,
     events: &S,
     s: &mut Scratch,
-) {
+) -> bool {
     if s.v8.nnew == 0 {
-        return;
+        return false;
     }
     let born = crate::process::born_seldom();
     for i in 0..V8_NEW {
@@ -305,7 +310,9 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
             crate::events::emit_now(events, ctx, q);
         }
     }
+    let more = s.v8.nnew as usize > V8_NEW;
     s.v8.nnew = 0;
+    more
 }
 
 /// Forgets a process's V8: it ran a new program or exited.

@@ -24,7 +24,9 @@ use rtrace_common::{
     offcputime::Interval,
     profile::{SEEN_EXEC, SEEN_EXIT, SEEN_FORK, SEEN_NEW_CODE, Seen, TimedSample},
     python::{MAX_PY_PROCS, PyCode, PyProc},
-    stacks::{BORN_OFFSETS, BornOffsets, Found, SEEN_FOUND, SEEN_PY_CODE, SeenHeader, Stack},
+    stacks::{
+        BORN_OFFSETS, BornOffsets, Found, SEEN_FOUND, SEEN_PY_CODE, SeenHeader, Stack, UntoldStack,
+    },
     unwind::CfiOffsets,
 };
 
@@ -279,6 +281,14 @@ pub struct StackTool {
     /// When the runtimes found starting were last looked at again
     /// ([`StackTool::look_again`]).
     looked_again: Option<Instant>,
+    /// A second handle on the kernel's stack table, with the `cfi`
+    /// object: the stacks whose walk met more runtime frames than it told
+    /// of are read from it as they are told of ([`UntoldStack`]).
+    peek: Option<BpfHashMap<MapData, u64, Stack>>,
+    /// The stacks whose runtime frames were named whole, by process: a
+    /// stack told of again (its frames new to another CPU) is not read
+    /// again.
+    untold_named: HashSet<(Proc, u64)>,
 }
 
 /// How often the runtimes found not started are looked at again: each
@@ -289,6 +299,35 @@ const LOOK_AGAIN_EVERY: Duration = Duration::from_millis(100);
 /// The kernel's table of stored stacks, by hash, and the stacks read
 /// from it.
 type Walked = (BpfHashMap<MapData, u64, Stack>, HashMap<u64, Arc<[u64]>>);
+
+/// The frames of the stack stored as `hash` in the kernel's table `map`,
+/// its entries joined; `None` if it is not there.
+fn read_stack(map: &BpfHashMap<MapData, u64, Stack>, hash: u64) -> Option<Vec<u64>> {
+    let mut ips = Vec::new();
+    let mut next = Some(hash);
+    for _ in 0..rtrace_common::stacks::MAX_SEGMENTS {
+        let Some(h) = next else { break };
+        let entry = map.get(&h, 0).ok()?;
+        let (frames, link) = entry.frames();
+        ips.extend_from_slice(frames);
+        next = link;
+    }
+    Some(ips)
+}
+
+/// A handle of its own on hash map `map`, which stays with the object:
+/// its entries read from both. A copy of its descriptor, not one got by
+/// the map's id, which takes CAP_SYS_ADMIN.
+fn second_handle(map: &aya::maps::Map) -> anyhow::Result<BpfHashMap<MapData, u64, Stack>> {
+    use std::os::fd::AsFd as _;
+    let (aya::maps::Map::HashMap(data) | aya::maps::Map::LruHashMap(data)) = map else {
+        anyhow::bail!("the stack table is no hash map");
+    };
+    let fd = data.fd().as_fd().try_clone_to_owned()?;
+    Ok(BpfHashMap::try_from(aya::maps::Map::HashMap(
+        MapData::from_fd(fd)?,
+    ))?)
+}
 
 impl StackTool {
     /// A tool whose kernel side counts by `WakeKey` (`wakers`), not `Key`.
@@ -502,6 +541,10 @@ impl StackTool {
             ebpf,
             rtrace_common::v8::V8_PROCS,
         )?)?);
+        self.peek = Some(second_handle(crate::kernel::load::map(
+            ebpf,
+            rtrace_common::stacks::STACKS,
+        )?)?);
         for &pid in pids {
             let maps = MapsOnce::new(Proc::now(pid));
             self.examine_python(&maps, false);
@@ -671,18 +714,27 @@ impl StackTool {
         if let Some(s) = cache.get(&hash) {
             return Some(Arc::clone(s));
         }
-        let mut ips = Vec::new();
-        let mut next = Some(hash);
-        for _ in 0..rtrace_common::stacks::MAX_SEGMENTS {
-            let Some(h) = next else { break };
-            let entry = map.get(&h, 0).ok()?;
-            let (frames, link) = entry.frames();
-            ips.extend_from_slice(frames);
-            next = link;
-        }
-        let ips: Arc<[u64]> = ips.into();
+        let ips: Arc<[u64]> = read_stack(map, hash)?.into();
         cache.insert(hash, Arc::clone(&ips));
         Some(ips)
+    }
+
+    /// Names every Java and JavaScript frame of stack `hash` of process
+    /// `who` now, while it lives and its code is where the walk found it:
+    /// the walk met more new ones than it told of ([`UntoldStack`]). The
+    /// stack is in the kernel's table, or moved out of it already.
+    fn name_untold(&mut self, who: Proc, hash: u64) {
+        if !self.untold_named.insert((who, hash)) {
+            return;
+        }
+        let ips = match self.store.held(hash) {
+            Some(ips) => ips.to_vec(),
+            None => match self.peek.as_ref().and_then(|map| read_stack(map, hash)) {
+                Some(ips) => ips,
+                None => return,
+            },
+        };
+        self.sym.name_runtime_frames(who, &ips);
     }
 
     /// Notes the pprof file the run writes (`--pprof`), which `rtrace
@@ -723,6 +775,12 @@ impl StackTool {
             }
             return Ok(());
         }
+        if head.flags & rtrace_common::stacks::SEEN_UNTOLD != 0 {
+            if let Some(u) = events::record::<UntoldStack>(record) {
+                self.name_untold(Proc::new(u.tgid, u.born), u.stack);
+            }
+            return Ok(());
+        }
         if head.flags & rtrace_common::stacks::SEEN_JAVA != 0 {
             if let Some(j) = events::record::<rtrace_common::java::JavaSeen>(record) {
                 // Named now, while the process lives: the name is kept
@@ -753,6 +811,7 @@ impl StackTool {
             self.sym.java().forget(who);
             self.sym.v8().forget(who);
             self.execed.remove(&who);
+            self.untold_named.retain(|(p, _)| *p != who);
             // `newest` keeps it: the stacks of a tool that names them one
             // at a time (memleak's, after the command exited) are its own
             // until a later process of the pid is told of.

@@ -346,6 +346,11 @@ impl StackStore {
         }
     }
 
+    /// The frames of stack `hash`, if it was moved out of the kernel.
+    pub fn held(&self, hash: u64) -> Option<&[u64]> {
+        self.stacks.get(&hash).map(|h| &h.ips[..])
+    }
+
     /// Notes how many entries `STACKS` and `STACK_COUNTS` hold, as they
     /// are made empty.
     pub fn size(&mut self, stacks: u32, counts: u32) {

@@ -823,44 +823,10 @@ impl Symbolizer {
                 let mut i = 0;
                 while i < ips.len() {
                     let ip = ips[i];
-                    // A Python frame: two slots (`rtrace_common::python`).
                     if let Some(pid) = pid
-                        && rtrace_common::python::is_py_frame(ip)
-                        && let Some(&more) = ips.get(i + 1)
+                        && let Some((loc, addr)) = runtime_frame(*pid, ips, i)
                     {
-                        let addr = ip & rtrace_common::python::PY_ADDR_MASK;
-                        let loc = Loc::Python(*pid, addr, (more >> 32) as u32, more as u32);
                         out.push((loc, addr, None));
-                        i += 2;
-                        continue;
-                    }
-                    // A Java frame: two slots too.
-                    if let Some(pid) = pid
-                        && rtrace_common::java::is_java_frame(ip)
-                        && let Some(&more) = ips.get(i + 1)
-                    {
-                        let addr = ip & rtrace_common::java::JAVA_ADDR_MASK;
-                        out.push((Loc::Java(*pid, ip, more), addr, None));
-                        i += 2;
-                        continue;
-                    }
-                    // A JavaScript frame: two slots too.
-                    if let Some(pid) = pid
-                        && rtrace_common::v8::is_v8_frame(ip)
-                        && let Some(&more) = ips.get(i + 1)
-                    {
-                        let addr = ip & rtrace_common::v8::V8_ADDR_MASK;
-                        out.push((Loc::V8(*pid, ip, more), addr, None));
-                        i += 2;
-                        continue;
-                    }
-                    // An asyncio task's frame: two slots too.
-                    if let Some(pid) = pid
-                        && rtrace_common::python::is_py_task(ip)
-                        && let Some(&more) = ips.get(i + 1)
-                    {
-                        let v = ip & rtrace_common::python::PY_ADDR_MASK;
-                        out.push((Loc::PyTask(*pid, v, (more >> 32) as u32), 0, None));
                         i += 2;
                         continue;
                     }
@@ -1112,6 +1078,29 @@ impl Symbolizer {
         frame
     }
 
+    /// Names now the Java and JavaScript frames of user stack `ips` of
+    /// process `who`, while it lives and their code is where its walk
+    /// found it: the names are kept for its stacks, symbolized later.
+    pub fn name_runtime_frames(&mut self, who: Proc, ips: &[u64]) {
+        let mut i = 0;
+        while i < ips.len() {
+            match runtime_frame(who, ips, i) {
+                Some((Loc::Java(p, first, second), _)) => {
+                    self.java.frames(p, first, second);
+                }
+                Some((Loc::V8(p, first, second), _)) => {
+                    self.v8.frames(p, first, second);
+                }
+                Some(_) => {}
+                None => {
+                    i += 1;
+                    continue;
+                }
+            }
+            i += 2;
+        }
+    }
+
     /// A Java frame: its method (and those inlined at its pc, first),
     /// named as Java users read them, in its source file, with its line
     /// under `--lines`.
@@ -1224,6 +1213,35 @@ impl Symbolizer {
 /// instruction.
 fn call_site(i: usize, ip: u64) -> u64 {
     if i == 0 { ip } else { ip.saturating_sub(1) }
+}
+
+/// The frame of a runtime (Python, Java, JavaScript, an asyncio task)
+/// that starts at `ips[i]` of a user stack of process `pid`, which takes
+/// two slots, and the address it is at; `None` for a native frame.
+fn runtime_frame(pid: Proc, ips: &[u64], i: usize) -> Option<(Loc, u64)> {
+    let ip = *ips.get(i)?;
+    let more = *ips.get(i + 1)?;
+    if rtrace_common::python::is_py_frame(ip) {
+        let addr = ip & rtrace_common::python::PY_ADDR_MASK;
+        return Some((
+            Loc::Python(pid, addr, (more >> 32) as u32, more as u32),
+            addr,
+        ));
+    }
+    if rtrace_common::java::is_java_frame(ip) {
+        return Some((
+            Loc::Java(pid, ip, more),
+            ip & rtrace_common::java::JAVA_ADDR_MASK,
+        ));
+    }
+    if rtrace_common::v8::is_v8_frame(ip) {
+        return Some((Loc::V8(pid, ip, more), ip & rtrace_common::v8::V8_ADDR_MASK));
+    }
+    if rtrace_common::python::is_py_task(ip) {
+        let v = ip & rtrace_common::python::PY_ADDR_MASK;
+        return Some((Loc::PyTask(pid, v, (more >> 32) as u32), 0));
+    }
+    None
 }
 
 #[cfg(test)]
