@@ -343,9 +343,10 @@ pub const ERR_FP_FRAMES: u32 = 6;
 /// code, the vDSO, hand-written assembly). Stacks cut short are kept with
 /// the frames read: the stack tools warn of them by process, where they
 /// are common (`CUT_USER`), and `-v` counts them all.
-pub const ERR_EXPECTED: [u32; 10] = [
+pub const ERR_EXPECTED: [u32; 11] = [
     ERR_TAIL_RECALLED,
     ERR_JAVA_CHECK_KEPT,
+    ERR_JAVA_BUILDING,
     ERR_CUT_SHORT,
     ERR_NO_TABLES,
     ERR_EXITING,
@@ -417,9 +418,14 @@ pub const ERR_TAIL_RECALLED: u32 = 20;
 /// of the same method, the JVM having collected nothing since, instead of
 /// reading the method's class and its name again.
 pub const ERR_JAVA_CHECK_KEPT: u32 = 21;
+/// `ERRORS` slot: no error, a count `-v` gives: interpreted Java frames
+/// sampled as the interpreter built them (`enter` run, their `Method*`
+/// not yet pushed, so that its slot still held an earlier frame's): the
+/// caller is the sampled frame.
+pub const ERR_JAVA_BUILDING: u32 = 22;
 
 /// What each `ERRORS` slot counts, for the report at exit.
-pub const ERR_NAMES: [&str; 22] = [
+pub const ERR_NAMES: [&str; 23] = [
     crate::events::LOST_NAMES[0],
     "samples lost (count table full; raise --hash-storage-size)",
     "stacks lost (stack table full; raise --stack-storage-size)",
@@ -442,6 +448,7 @@ pub const ERR_NAMES: [&str; 22] = [
     "JavaScript frames whose function could not be read (native frames from there)",
     "walks that took the native frames under their runtime's from the thread's last walk, the stack there unchanged",
     "interpreted Java frames checked by what the CPU kept of the method, the JVM having collected nothing since",
+    "interpreted Java frames sampled as the interpreter built them, their caller taken as the sampled frame",
 ];
 
 /// The `ERRORS` names of an event tool that walks user stacks with the

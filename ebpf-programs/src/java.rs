@@ -24,7 +24,7 @@ use rtrace_common::{
         JAVA_NEW, JAVA_STUB, JavaProc, LEARNED_NATIVE, LEARNED_NMETHOD, LEARNED_STUB,
         LEARNED_VTABLE, MAX_HEAPS, method_check,
     },
-    stacks::{ERR_JAVA_BAD, ERR_JAVA_CHECK_KEPT, SEEN_JAVA},
+    stacks::{ERR_JAVA_BAD, ERR_JAVA_BUILDING, ERR_JAVA_CHECK_KEPT, SEEN_JAVA},
     unwind::JAVA_CHECK_SLOTS,
 };
 
@@ -351,6 +351,24 @@ fn interpreted(s: &mut Scratch, tgid: u32) -> Option<i64> {
     let (sp, fp) = (s.walk.sp, s.walk.bp);
     if fp & 7 != 0 || fp < sp || fp - sp >= INTERP_SPAN {
         return None;
+    }
+    // Once the interpreter has pushed the frame's `Method*` (after its
+    // sender sp and last sp), the stack pointer is at its slot or below.
+    if s.jv.top != 0 && fp - sp < (-i64::from(p.interp_method)) as u64 {
+        // The sampled frame being built: `enter` run, its sender sp pushed
+        // or still in r13, its `Method*` not pushed yet (HotSpot's
+        // `generate_fixed_frame`), so that the slot holds whatever an
+        // earlier frame left there, another method's as likely as not.
+        // Its caller is taken as the sampled frame: unnamed, never named
+        // wrong.
+        count_error(ERR_JAVA_BUILDING);
+        let sender = if fp - sp >= 8 {
+            stack::<1>(s, fp - 8)?[0]
+        } else {
+            s.jv.r13
+        };
+        let [bp, ret] = stack::<2>(s, fp)?;
+        return to_caller(s, ret, sender, bp);
     }
     // The frame's slots in one copy (from the stack's top the walk
     // copied, or one read), from the lowest of them up to the saved rbp
