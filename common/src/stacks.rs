@@ -249,12 +249,12 @@ pub const SEEN_JAVA: u32 = 128;
 /// `Seen::flags`: a [`crate::v8::V8Seen`] record, a JavaScript frame the
 /// walk wrote, for user space to name while its process lives.
 pub const SEEN_V8: u32 = 256;
-/// `Seen::flags`: an [`UntoldStack`] record, a stack with more Java or
-/// JavaScript frames new to its CPU than one walk tells of.
+/// `Seen::flags`: an [`UntoldStack`] record, a stack with more Python,
+/// Java or JavaScript frames new to its CPU than one walk tells of.
 pub const SEEN_UNTOLD: u32 = 512;
 
 /// A stack just stored whose walk met more runtime frames new to its CPU
-/// than it could tell of (`JAVA_NEW`, `V8_NEW`): user space reads it from
+/// than it could tell of (`PY_NEW`, `JAVA_NEW`, `V8_NEW`): user space reads it from
 /// the stack table and names all of them while the process lives and its
 /// code is where the walk found it. Without it, the rest were named only
 /// when a later walk met them again, or at the end: a stack seen once (a

@@ -25,7 +25,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_kernel, read_user,
-    runtime::{Told, byte, half, newly_told, read_into, told_table, word},
+    runtime::{Told, byte, half, newly_told, read_into, told_table, untold, word},
     scratch::{PY_NEW, Scratch, push2},
 };
 
@@ -314,18 +314,22 @@ fn give_up(s: &mut Scratch) -> Next {
 
 /// Queues the code object for user space the first time this CPU meets
 /// it (see [`PY_TOLD`]); a walk queues at most `PY_NEW`, the rest are
-/// told by a later one.
+/// told by a later one, or with their stack (`send_new`).
 #[inline(always)]
 fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32, flags: u32) {
-    if s.py.nnew as usize >= PY_NEW {
-        return;
-    }
     // The salt tells a pid's processes apart (`PyProc::salt`).
     let h = (code
         ^ (u64::from(check) << 17)
         ^ (u64::from(tgid) << 40)
         ^ (u64::from(s.py.proc.salt) << 7))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    if s.py.nnew as usize >= PY_NEW {
+        // One more, untold: the stack is told of whole (`send_new`).
+        if s.py.nnew as usize == PY_NEW && untold(&PY_TOLD, h) {
+            s.py.nnew += 1;
+        }
+        return;
+    }
     if !newly_told(&PY_TOLD, h) {
         return;
     }
@@ -528,15 +532,16 @@ fn read_user_bytes<const N: usize>(dst: &mut [u8; N], len: u32, addr: u64) -> bo
 }
 
 /// The code objects a walk queued, sent. A function of its own: inlined,
-/// its locals would grow the frame of every program that walks.
+/// its locals would grow the frame of every program that walks. Returns
+/// whether the walk met more new code objects than it queued.
 #[inline(never)]
 pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
     ctx: &C,
     events: &S,
     s: &mut Scratch,
-) {
+) -> bool {
     if s.py.nnew == 0 {
-        return;
+        return false;
     }
     // Read only where there is a record to send: this runs every walk.
     let born = crate::process::born_seldom();
@@ -550,6 +555,7 @@ pub(crate) fn send_new<C: aya_ebpf::EbpfContext, S: crate::events::Sink>(
             crate::events::emit_now(events, ctx, q);
         }
     }
+    s.py.nnew as usize > PY_NEW
 }
 
 /// `PyWalk::mode` of a walk whose Python part is not set up yet: the

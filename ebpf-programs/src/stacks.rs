@@ -589,9 +589,9 @@ pub fn after_walk<S: Sink>(events: &S, packed: u64, who: u64) -> u64 {
     crate::cfi::keep_tail(s, tgid);
     // Last, where little else is live across the call.
     // SAFETY: a map value.
-    crate::python::send_new(&ctx, events, unsafe { &mut *s });
+    let more = crate::python::send_new(&ctx, events, unsafe { &mut *s });
     // SAFETY: a map value.
-    let more = crate::java::send_new(&ctx, events, unsafe { &mut *s });
+    let more = crate::java::send_new(&ctx, events, unsafe { &mut *s }) | more;
     // SAFETY: a map value.
     let more = crate::v8::send_new(&ctx, events, unsafe { &mut *s }) | more;
     if more && stack != 0 {

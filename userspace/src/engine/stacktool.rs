@@ -719,7 +719,7 @@ impl StackTool {
         Some(ips)
     }
 
-    /// Names every Java and JavaScript frame of stack `hash` of process
+    /// Names every Python, Java and JavaScript frame of stack `hash` of process
     /// `who` now, while it lives and its code is where the walk found it:
     /// the walk met more new ones than it told of ([`UntoldStack`]). The
     /// stack is in the kernel's table, or moved out of it already.

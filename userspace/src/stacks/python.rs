@@ -599,11 +599,12 @@ impl Python {
             .insert((who, c.addr, c.check), name.map(Arc::new));
     }
 
-    /// The name of a code object the walk met, if it could be read.
-    pub fn name(&mut self, who: Proc, addr: u64, check: u32) -> Option<Arc<PyName>> {
-        // Met by a walk whose record was lost: read now, if it still can be.
-        // Its memory was opened while it lived: an earlier process's
-        // memory is never read for a later one of the pid.
+    /// Reads code object `addr` (with `check`) of process `who` now, if
+    /// it is not known yet, for [`Python::name`]: met by a walk whose
+    /// record was lost or never sent (more new ones than a walk tells
+    /// of). Its memory was opened while it lived: an earlier process's
+    /// memory is never read for a later one of the pid.
+    pub fn read_now(&mut self, who: Proc, addr: u64, check: u32) {
         if !self.codes.contains_key(&(who, addr, check)) {
             let name = self
                 .procs
@@ -612,6 +613,11 @@ impl Python {
                 .map(Arc::new);
             self.codes.insert((who, addr, check), name);
         }
+    }
+
+    /// The name of a code object the walk met, if it could be read.
+    pub fn name(&mut self, who: Proc, addr: u64, check: u32) -> Option<Arc<PyName>> {
+        self.read_now(who, addr, check);
         let name = self.codes.get(&(who, addr, check)).cloned().flatten();
         if name.is_none() {
             // Asked of processes that may have exited since: what was

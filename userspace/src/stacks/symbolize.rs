@@ -1078,9 +1078,11 @@ impl Symbolizer {
         frame
     }
 
-    /// Names now the Java and JavaScript frames of user stack `ips` of
-    /// process `who`, while it lives and their code is where its walk
-    /// found it: the names are kept for its stacks, symbolized later.
+    /// Names now the Python, Java and JavaScript frames of user stack
+    /// `ips` of process `who`, while it lives and their code is where its
+    /// walk found it: the names are kept for its stacks, symbolized later.
+    /// (A Python code object is read by user space, which needs the right
+    /// to read the process's memory; the kernel copies those it tells of.)
     pub fn name_runtime_frames(&mut self, who: Proc, ips: &[u64]) {
         let mut i = 0;
         while i < ips.len() {
@@ -1090,6 +1092,9 @@ impl Symbolizer {
                 }
                 Some((Loc::V8(p, first, second), _)) => {
                     self.v8.frames(p, first, second);
+                }
+                Some((Loc::Python(p, addr, check, _), _)) => {
+                    self.python.read_now(p, addr, check);
                 }
                 Some(_) => {}
                 None => {
