@@ -83,8 +83,13 @@ fn stacks_beyond_the_stack_table_are_counted_not_lost() {
                 "-p",
                 &pid,
                 "-f",
+                // Room for one stack: alpha's and beta's, which the
+                // fixture takes turns in many times a second, cannot both
+                // fit between two moves of the table. With room for two,
+                // a run whose samples each fell on one pc of each loop
+                // (CI had one) missed none.
                 "--stack-storage-size",
-                "2",
+                "1",
             ],
             READY,
         );
@@ -104,7 +109,7 @@ fn stacks_beyond_the_stack_table_are_counted_not_lost() {
         total >= 50 && total as f64 >= 0.5 * due,
         "too few samples: {total} for {due:.0} due"
     );
-    assert!(missed > 0, "no missed stacks with room for two:\n{stdout}");
+    assert!(missed > 0, "no missed stacks with room for one:\n{stdout}");
     let lost_line = stderr
         .lines()
         .find(|l| l.contains("stacks lost (stack table full"))
