@@ -315,12 +315,12 @@ fn read_stack(map: &BpfHashMap<MapData, u64, Stack>, hash: u64) -> Option<Vec<u6
     Some(ips)
 }
 
-/// A handle of its own on hash map `map`, which stays with the object:
-/// its entries read from both. A copy of its descriptor, not one got by
-/// the map's id, which takes CAP_SYS_ADMIN.
+/// A handle of its own on the stack table `map` (a plain hash map), which
+/// stays with the object: its entries read from both. A copy of its
+/// descriptor, not one got by the map's id, which takes CAP_SYS_ADMIN.
 fn second_handle(map: &aya::maps::Map) -> anyhow::Result<BpfHashMap<MapData, u64, Stack>> {
     use std::os::fd::AsFd as _;
-    let (aya::maps::Map::HashMap(data) | aya::maps::Map::LruHashMap(data)) = map else {
+    let aya::maps::Map::HashMap(data) = map else {
         anyhow::bail!("the stack table is no hash map");
     };
     let fd = data.fd().as_fd().try_clone_to_owned()?;
