@@ -219,7 +219,7 @@ fn show(folded: &Folded) -> String {
     let mut v: Vec<(&Vec<String>, &u64)> = folded.iter().collect();
     v.sort_by(|a, b| b.1.cmp(a.1));
     v.iter()
-        .take(12)
+        .take(24)
         .map(|(s, c)| format!("{} {c}", s.join(";")))
         .collect::<Vec<_>>()
         .join("\n")
@@ -903,6 +903,9 @@ fn unprivileged(python: Python) {
         *plain.entry(stack).or_default() += c;
     }
     assert!(with_frame(&plain, "[python]") == 0, "{}", show(&plain));
+    // Shown only if the test fails (the harness keeps a passing test's
+    // output): what the split's samples were, with their lines.
+    eprintln!("done {done:?}; the stacks, most samples first:\n{}\n{stderr}", show(&folded));
     check_split(&plain, &done, "split by nobody");
 }
 
