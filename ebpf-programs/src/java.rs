@@ -31,8 +31,8 @@ use rtrace_common::{
 use crate::{
     count_error, read_user,
     runtime::{
-        Told, byte, cpu_slot, half, newly_told, quarter, read_into, stack_into, stack_words,
-        told_table, untold, word,
+        Told, byte, cpu_slot, half, quarter, queue_slot, read_into, stack_into, stack_words,
+        told_table, word,
     },
     scratch::{Scratch, kept, push2},
 };
@@ -280,26 +280,14 @@ fn write(s: &mut Scratch, tgid: u32, tag: u64, addr: u64, second: u64) -> bool {
 fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
     let h = (first ^ second.rotate_left(23) ^ (u64::from(tgid) << 40) ^ u64::from(s.jv.proc.salt))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
-    if s.jv.nnew as usize >= JAVA_NEW {
-        // One more, untold: the stack is told of whole (`send_new`).
-        if s.jv.nnew as usize == JAVA_NEW && untold(&JAVA_TOLD, h) {
-            s.jv.nnew += 1;
-        }
+    let Some(i) = queue_slot::<JAVA_NEW>(&JAVA_TOLD, h, &mut s.jv.nnew) else {
         return;
-    }
-    if !newly_told(&JAVA_TOLD, h) {
-        return;
-    }
-    // Read back and masked, so that the verifier bounds the index
-    // however the compiler checked it.
-    // SAFETY: a plain read of a field.
-    let i = unsafe { core::ptr::read_volatile(&s.jv.nnew) } as usize & (JAVA_NEW - 1);
+    };
     if let Some(q) = s.jv_new.get_mut(i) {
         q.tgid = tgid;
         q.flags = SEEN_JAVA;
         q.first = first;
         q.second = second;
-        s.jv.nnew += 1;
     }
 }
 

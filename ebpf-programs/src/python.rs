@@ -25,7 +25,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_kernel, read_user,
-    runtime::{Told, byte, half, newly_told, read_into, told_table, untold, word},
+    runtime::{Told, byte, half, queue_slot, read_into, told_table, word},
     scratch::{PY_NEW, Scratch, push2},
 };
 
@@ -323,27 +323,15 @@ fn tell(s: &mut Scratch, tgid: u32, code: u64, check: u32, flags: u32) {
         ^ (u64::from(tgid) << 40)
         ^ (u64::from(s.py.proc.salt) << 7))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
-    if s.py.nnew as usize >= PY_NEW {
-        // One more, untold: the stack is told of whole (`send_new`).
-        if s.py.nnew as usize == PY_NEW && untold(&PY_TOLD, h) {
-            s.py.nnew += 1;
-        }
+    let Some(i) = queue_slot::<PY_NEW>(&PY_TOLD, h, &mut s.py.nnew) else {
         return;
-    }
-    if !newly_told(&PY_TOLD, h) {
-        return;
-    }
-    // Read back and masked, so that the verifier bounds the index however
-    // the compiler checked it (6.1's lost the bound of a reloaded one).
-    // SAFETY: a plain read of a field.
-    let i = unsafe { core::ptr::read_volatile(&s.py.nnew) } as usize & (PY_NEW - 1);
+    };
     if let Some(q) = s.py_new.get_mut(i) {
         // Field by field: the record is too big to be built on the stack.
         q.tgid = tgid;
         q.flags = flags;
         q.addr = code;
         q.check = check;
-        s.py.nnew += 1;
     }
 }
 

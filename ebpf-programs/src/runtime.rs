@@ -141,3 +141,29 @@ pub(crate) fn newly_told(table: &Told, h: u64) -> bool {
     }
     true
 }
+
+/// The slot of a walk's queue of things to tell user space of (`CAP`
+/// slots, `nnew` of them taken) for the thing hashed to `h`, if it is
+/// new to this CPU ([`newly_told`]) and the queue has room; the slot is
+/// then counted taken. The first new thing past a full queue sets
+/// `nnew` to `CAP + 1`, which has the walk tell of its stack whole
+/// (`UntoldStack`); it is looked at without taking its slot
+/// ([`untold`]), so that a later walk tells it.
+#[inline(always)]
+pub(crate) fn queue_slot<const CAP: usize>(table: &Told, h: u64, nnew: &mut u32) -> Option<usize> {
+    if *nnew as usize >= CAP {
+        if *nnew as usize == CAP && untold(table, h) {
+            *nnew += 1;
+        }
+        return None;
+    }
+    if !newly_told(table, h) {
+        return None;
+    }
+    // Read back and masked, so that the verifier bounds the index however
+    // the compiler checked it (6.1's lost the bound of a reloaded one).
+    // SAFETY: a plain read of a value the caller holds.
+    let i = unsafe { core::ptr::read_volatile(nnew) } as usize & (CAP - 1);
+    *nnew += 1;
+    Some(i)
+}

@@ -24,7 +24,7 @@ use rtrace_common::{
 
 use crate::{
     count_error, read_user,
-    runtime::{Told, newly_told, read_into, stack_into, told_table, untold, word},
+    runtime::{Told, queue_slot, read_into, stack_into, told_table, word},
     scratch::{Scratch, kept, push2},
 };
 
@@ -266,26 +266,14 @@ fn function_sfi(s: &mut Scratch, function: u64) -> Option<()> {
 fn tell(s: &mut Scratch, tgid: u32, first: u64, second: u64) {
     let h = (first ^ second.rotate_left(23) ^ (u64::from(tgid) << 40) ^ u64::from(s.v8.proc.salt))
         .wrapping_mul(0xff51_afd7_ed55_8ccd);
-    if s.v8.nnew as usize >= V8_NEW {
-        // One more, untold: the stack is told of whole (`send_new`).
-        if s.v8.nnew as usize == V8_NEW && untold(&V8_TOLD, h) {
-            s.v8.nnew += 1;
-        }
+    let Some(i) = queue_slot::<V8_NEW>(&V8_TOLD, h, &mut s.v8.nnew) else {
         return;
-    }
-    if !newly_told(&V8_TOLD, h) {
-        return;
-    }
-    // Read back and masked, so that the verifier bounds the index
-    // however the compiler checked it.
-    // SAFETY: a plain read of a field.
-    let i = unsafe { core::ptr::read_volatile(&s.v8.nnew) } as usize & (V8_NEW - 1);
+    };
     if let Some(q) = s.v8_new.get_mut(i) {
         q.tgid = tgid;
         q.flags = SEEN_V8;
         q.first = first;
         q.second = second;
-        s.v8.nnew += 1;
     }
 }
 

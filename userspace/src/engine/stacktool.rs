@@ -727,14 +727,13 @@ impl StackTool {
         if !self.untold_named.insert((who, hash)) {
             return;
         }
-        let ips = match self.store.held(hash) {
-            Some(ips) => ips.to_vec(),
-            None => match self.peek.as_ref().and_then(|map| read_stack(map, hash)) {
-                Some(ips) => ips,
-                None => return,
-            },
-        };
-        self.sym.name_runtime_frames(who, &ips);
+        // The store and the symbolizer are separate fields: a held stack
+        // is named where it lies.
+        if let Some(ips) = self.store.held(hash) {
+            self.sym.name_runtime_frames(who, ips);
+        } else if let Some(ips) = self.peek.as_ref().and_then(|map| read_stack(map, hash)) {
+            self.sym.name_runtime_frames(who, &ips);
+        }
     }
 
     /// Notes the pprof file the run writes (`--pprof`), which `rtrace
