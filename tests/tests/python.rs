@@ -905,7 +905,10 @@ fn unprivileged(python: Python) {
     assert!(with_frame(&plain, "[python]") == 0, "{}", show(&plain));
     // Shown only if the test fails (the harness keeps a passing test's
     // output): what the split's samples were, with their lines.
-    eprintln!("done {done:?}; the stacks, most samples first:\n{}\n{stderr}", show(&folded));
+    eprintln!(
+        "done {done:?}; the stacks, most samples first:\n{}\n{stderr}",
+        show(&folded)
+    );
     check_split(&plain, &done, "split by nobody");
 }
 
