@@ -570,18 +570,61 @@ fn compiled(s: &mut Scratch, tgid: u32, native: bool) -> Option<i64> {
         if frame == 0 {
             return by_return_address(s);
         }
+        if s.jv.top != 0 && pc < begin.wrapping_add(frame_complete(s)) {
+            return wrapper_prologue(s, frame);
+        }
         return by_frame_pointer_top(s);
     }
     if s.jv.top != 0 {
-        // An `int16_t` in JDK 25.
-        let complete = if p.frame_complete_short != 0 {
-            i64::from(quarter(&s.jv_buf, p.blob_frame_complete) as i16)
-        } else {
-            i64::from(half(&s.jv_buf, p.blob_frame_complete) as i32)
-        } as u64;
+        let complete = frame_complete(s);
         return compiled_top(s, begin, complete, frame);
     }
     by_frame_size(s, frame)
+}
+
+/// The blob's `_frame_complete_offset`: where, from its code's start,
+/// its frame is built.
+#[inline(always)]
+fn frame_complete(s: &Scratch) -> u64 {
+    let p = &s.jv.proc;
+    // An `int16_t` in JDK 25.
+    (if p.frame_complete_short != 0 {
+        i64::from(quarter(&s.jv_buf, p.blob_frame_complete) as i16)
+    } else {
+        i64::from(half(&s.jv_buf, p.blob_frame_complete) as i32)
+    }) as u64
+}
+
+/// The sampled frame of a native method's wrapper (of `words` words) in
+/// its prologue, before `_frame_complete_offset`. Between `push rbp` and
+/// `mov rbp, rsp`, rbp is pushed. Past them (`sub rsp`, the entry
+/// barrier), rbp is the wrapper's frame pointer: `sp` itself, or once
+/// `sub rsp` ran, its frame's size less the return address and saved
+/// rbp above it. Before them (the inline cache's check, the stack bang,
+/// `push rbp` itself), nothing is pushed and rbp is the caller's, which
+/// is neither but by a chance no caller's rbp meets. Told apart by the
+/// registers rather than by finding the `push rbp` ahead, which would
+/// take a loop over the bytes that older kernels' verifiers cannot
+/// afford in the walk.
+#[inline(always)]
+fn wrapper_prologue(s: &mut Scratch, words: u64) -> Option<i64> {
+    let code = read_user::<[u8; 4]>(s.walk.ip.wrapping_sub(1))?;
+    let at = |i: usize| code.get(i).copied().unwrap_or(0);
+    if at(0) == 0x55 && is_mov_rbp_rsp(at(1), at(2), at(3)) {
+        return by_pushed_rbp(s);
+    }
+    let (sp, bp) = (s.walk.sp, s.walk.bp);
+    if bp == sp || bp == sp.wrapping_add(words.wrapping_mul(8)).wrapping_sub(16) {
+        return by_frame_pointer(s);
+    }
+    by_return_address(s)
+}
+
+/// Whether the three bytes are `mov rbp, rsp`: HotSpot's assembler
+/// writes `48 8b ec`; a C compiler's, `48 89 e5`.
+#[inline(always)]
+fn is_mov_rbp_rsp(b0: u8, b1: u8, b2: u8) -> bool {
+    b0 == 0x48 && ((b1 == 0x8b && b2 == 0xec) || (b1 == 0x89 && b2 == 0xe5))
 }
 
 /// `W` words of the stack at `addr` (`runtime::stack_words`): a Java
@@ -704,16 +747,25 @@ fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
 
 /// A frame built with `push rbp; mov rbp, rsp` (or `enter`, undone by
 /// `leave`), which the sampled frame may be at the first of, between the
-/// two, or at the `ret` after: its frame not (or no longer) built.
+/// two, or after `leave`: its frame not (or no longer) built.
 #[inline(always)]
 fn by_frame_pointer_top(s: &mut Scratch) -> Option<i64> {
     if s.jv.top != 0 {
-        let code = read_user::<[u8; 8]>(s.walk.ip.wrapping_sub(1))?;
+        // Ten bytes before the pc (`at(10)` is the pc's), six from it.
+        let code = read_user::<[u8; 16]>(s.walk.ip.wrapping_sub(10))?;
         let at = |i: usize| code.get(i).copied().unwrap_or(0);
-        if at(1) == 0x55 || at(1) == 0xc3 {
+        // At `push rbp` or `ret`, or in a wrapper's `leave; cmp
+        // qword [r15+8], 0; jne; ret` (its check for a pending exception)
+        // at the `cmp` or the `jne`: nothing of the frame on the stack.
+        // Each matched whole, so that no displacement's byte before the
+        // pc is taken for a `leave`.
+        let cmp_at = |i: usize| at(i) == 0x49 && at(i + 1) == 0x81 && at(i + 2) == 0x7f;
+        let at_cmp = at(9) == 0xc9 && cmp_at(10);
+        let at_jne = at(0) == 0xc9 && cmp_at(1) && at(10) == 0x0f && at(11) == 0x85;
+        if at(10) == 0x55 || at(10) == 0xc3 || at_cmp || at_jne {
             return by_return_address(s);
         }
-        if at(0) == 0x55 && at(1) == 0x48 && at(2) == 0x89 && at(3) == 0xe5 {
+        if at(9) == 0x55 && is_mov_rbp_rsp(at(10), at(11), at(12)) {
             return by_pushed_rbp(s);
         }
     }
