@@ -38,8 +38,14 @@ fn main() {
 fn packed_relocations() {
     let linux = env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
     let libc = env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
-    let static_link =
-        env::var("CARGO_CFG_TARGET_FEATURE").is_ok_and(|f| f.split(',').any(|f| f == "crt-static"));
+    // Cargo leaves `crt-static` out of `CARGO_CFG_TARGET_FEATURE` (1.95
+    // does; the static musl build lost its packed table so, 0.8 MB), so
+    // the target's default is taken, static for musl, unless the flags
+    // turn it off.
+    let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let static_link = env::var("CARGO_CFG_TARGET_FEATURE")
+        .is_ok_and(|f| f.split(',').any(|f| f == "crt-static"))
+        || (libc == "musl" && !flags.contains("-crt-static"));
     // The building machine's glibc says nothing of a target built for
     // another machine.
     let built_for_here = env::var("HOST").ok() == env::var("TARGET").ok();
