@@ -170,7 +170,7 @@ async fn run_once<T: Tool>(
     let (interval, duration, json) = (plan.interval, plan.duration, plan.json);
     let header = plan.header.clone();
     let mut scope = plan.scope.clone();
-    let mut command = start_command(&mut scope, duration, interval)?;
+    let command = start_command(&mut scope, duration, interval)?;
     tool.scoped(&scope);
     // Made (a file created) on the first round only; the sink keeps it.
     let destination = if sink_slot.is_none() {
@@ -184,83 +184,188 @@ async fn run_once<T: Tool>(
     }
     let Session {
         mut tool,
-        mut ebpf,
+        ebpf,
         transport,
         events,
         ..
     } = session;
-    signals.stop_after(duration);
-    let open_stream = |ebpf: &mut Ebpf| match (&transport, &events) {
-        (Some((t, _)), Some(args)) => {
-            EventStream::new(ebpf, *t, args.bytes(T::SPEC.event_buffer)).map(Some)
-        }
-        _ => Ok(None),
-    };
-    // Perf buffers must be open before anything is traced, or the events
-    // find no buffer; a ring buffer keeps them from the moment it exists,
-    // so mapping it (hundreds of pages, thousands with --buffer-size)
-    // need not delay saying that tracing has started.
-    let ring = matches!(transport, Some((Transport::Ring, _)));
-    let mut stream = if ring { None } else { open_stream(&mut ebpf)? };
-    let mut banner = tool.banner();
-    if command.is_some() {
-        // bcc's banners end in how to stop; in command mode the command's
-        // exit does.
-        banner = banner.replace("Hit Ctrl-C to end.", "Ends when the command exits.");
-    }
-    if round == 0 {
-        eprintln!("{banner}");
-    }
-    if ring {
-        stream = open_stream(&mut ebpf)?;
-    }
-    if sink_slot.is_none() {
-        let mut sink = Sink::new(T::SPEC.name, global.json || json)
-            .to(destination.unwrap_or(Destination::Stdout));
-        if let Some(header) = header {
-            sink.header(&header)?;
-        }
-        *sink_slot = Some(sink);
-    }
-    let sink = sink_slot.as_mut().context("no output")?;
-    tool.start();
-    if let Some(c) = &mut command {
-        c.release()?;
-    }
-
-    let stopped_by = run_loop(
-        &mut tool,
+    let buffer = events.as_ref().map(|args| args.bytes(T::SPEC.event_buffer));
+    let run = Drive {
+        spec: &T::SPEC,
+        ebpf,
+        transport: transport.map(|(t, _)| t).filter(|_| buffer.is_some()),
+        buffer: buffer.unwrap_or(0),
         interval,
-        &mut ebpf,
-        stream.as_mut(),
-        signals,
-        sink,
-        command.as_mut(),
-    )
-    .await?;
-    tool.finish(&mut ebpf, sink)?;
-    sink.flush()?;
-    let outcome = tool.outcome();
-    if global.verbose {
-        for line in outcome.summary {
-            eprintln!("rtrace: {}: {line}", T::SPEC.name);
-        }
-    }
-    for warning in outcome.warnings {
-        warning.print();
-    }
-    report_errors::<T>(
-        &ebpf,
-        stream.as_ref().map_or(0, EventStream::perf_lost),
-        global.verbose,
-    )?;
-    let status = match command.as_ref().and_then(Corked::status) {
-        Some(status) => status,
-        // Stopped by a second signal while the command still ran.
-        None if command.is_some() && stopped_by > 0 => 128u8.wrapping_add(stopped_by as u8),
-        None => 0,
+        duration,
+        json,
+        header,
+        command,
+        destination,
+        round,
     };
+    let (status, stopped_by) = run.drive(&mut tool, global, signals, sink_slot).await?;
     Ok((tool, status, stopped_by))
+}
+
+/// What a run needs once its tool is attached: [`Drive::drive`] runs it
+/// to the end for every tool alike, one function where, generic, it was
+/// a copy of 26 kB for each tool.
+struct Drive<'a> {
+    spec: &'a Spec,
+    ebpf: Ebpf,
+    /// The event transport, where the tool streams events.
+    transport: Option<Transport>,
+    /// The bytes of the event buffers, per CPU or shared.
+    buffer: u32,
+    interval: Schedule,
+    duration: Option<u64>,
+    json: bool,
+    header: Option<String>,
+    command: Option<Corked>,
+    /// Where the output goes, on the first round.
+    destination: Option<Destination>,
+    round: u32,
+}
+
+impl Drive<'_> {
+    /// The banner, the loop, the tool's finish and the report of what
+    /// was lost; returns the exit status and the signal that stopped the
+    /// run (0 for none).
+    async fn drive(
+        self,
+        tool: &mut dyn Running,
+        global: &GlobalArgs,
+        signals: &mut Signals,
+        sink_slot: &mut Option<Sink>,
+    ) -> anyhow::Result<(u8, i32)> {
+        let Drive {
+            spec,
+            mut ebpf,
+            transport,
+            buffer,
+            interval,
+            duration,
+            json,
+            header,
+            mut command,
+            destination,
+            round,
+        } = self;
+        signals.stop_after(duration);
+        let open_stream = |ebpf: &mut Ebpf| match transport {
+            Some(t) => EventStream::new(ebpf, t, buffer).map(Some),
+            None => Ok(None),
+        };
+        // Perf buffers must be open before anything is traced, or the
+        // events find no buffer; a ring buffer keeps them from the moment
+        // it exists, so mapping it (hundreds of pages, thousands with
+        // --buffer-size) need not delay saying that tracing has started.
+        let ring = transport == Some(Transport::Ring);
+        let mut stream = if ring { None } else { open_stream(&mut ebpf)? };
+        let mut banner = tool.banner();
+        if command.is_some() {
+            // bcc's banners end in how to stop; in command mode the
+            // command's exit does.
+            banner = banner.replace("Hit Ctrl-C to end.", "Ends when the command exits.");
+        }
+        if round == 0 {
+            eprintln!("{banner}");
+        }
+        if ring {
+            stream = open_stream(&mut ebpf)?;
+        }
+        if sink_slot.is_none() {
+            let mut sink = Sink::new(spec.name, global.json || json)
+                .to(destination.unwrap_or(Destination::Stdout));
+            if let Some(header) = header {
+                sink.header(&header)?;
+            }
+            *sink_slot = Some(sink);
+        }
+        let sink = sink_slot.as_mut().context("no output")?;
+        tool.start();
+        if let Some(c) = &mut command {
+            c.release()?;
+        }
+
+        let stopped_by = run_loop(
+            tool,
+            interval,
+            &mut ebpf,
+            stream.as_mut(),
+            signals,
+            sink,
+            command.as_mut(),
+        )
+        .await?;
+        tool.finish(&mut ebpf, sink)?;
+        sink.flush()?;
+        let outcome = tool.outcome();
+        if global.verbose {
+            for line in outcome.summary {
+                eprintln!("rtrace: {}: {line}", spec.name);
+            }
+        }
+        for warning in outcome.warnings {
+            warning.print();
+        }
+        report_errors(
+            spec,
+            &ebpf,
+            stream.as_ref().map_or(0, EventStream::perf_lost),
+            global.verbose,
+        )?;
+        let status = match command.as_ref().and_then(Corked::status) {
+            Some(status) => status,
+            // Stopped by a second signal while the command still ran.
+            None if command.is_some() && stopped_by > 0 => 128u8.wrapping_add(stopped_by as u8),
+            None => 0,
+        };
+        Ok((status, stopped_by))
+    }
+}
+
+/// What the loop asks of a tool, as a trait object: [`run_loop`] is one
+/// function for every tool rather than one copy each (its async state
+/// machine, inlined into each tool's run, was 14 copies of 26 kB). The
+/// call per event through a pointer costs nothing beside the event.
+/// Each method is the [`Tool`] method of its name.
+trait Running {
+    fn banner(&self) -> String;
+    fn start(&mut self);
+    fn done(&self) -> bool;
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()>;
+    fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()>;
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()>;
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()>;
+    fn outcome(&self) -> Outcome;
+}
+
+impl<T: Tool> Running for T {
+    fn banner(&self) -> String {
+        Tool::banner(self)
+    }
+    fn start(&mut self) {
+        Tool::start(self);
+    }
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        Tool::finish(self, ebpf, sink)
+    }
+    fn outcome(&self) -> Outcome {
+        Tool::outcome(self)
+    }
+    fn done(&self) -> bool {
+        Tool::done(self)
+    }
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        Tool::event(self, record, sink)
+    }
+    fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        Tool::after_events(self, ebpf)
+    }
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        Tool::tick(self, ebpf, sink, last)
+    }
 }
 
 /// Whether a SIGINT came from the terminal, which sent it to the command
@@ -285,8 +390,8 @@ enum Wake {
 /// command mode a first signal is passed on to the command (unless the
 /// terminal sent it to both), whose exit then ends the loop; a second ends
 /// it at once.
-async fn run_loop<T: Tool>(
-    tool: &mut T,
+async fn run_loop(
+    tool: &mut dyn Running,
     interval: Schedule,
     ebpf: &mut Ebpf,
     mut stream: Option<&mut EventStream>,
@@ -434,8 +539,7 @@ async fn run_loop<T: Tool>(
 /// [`Tool::EXPECTED`] slots are no warning: `-v` shows them. Events the
 /// kernel kept from a program that was already running are reported
 /// too.
-fn report_errors<T: Tool>(ebpf: &Ebpf, perf_lost: u64, verbose: bool) -> anyhow::Result<()> {
-    let spec = T::SPEC;
+fn report_errors(spec: &Spec, ebpf: &Ebpf, perf_lost: u64, verbose: bool) -> anyhow::Result<()> {
     let counts = read_errors(ebpf, spec.errors.len())?;
     for (i, (name, mut n)) in spec.errors.iter().zip(counts).enumerate() {
         if i == LOST_EVENT as usize {
