@@ -18,8 +18,18 @@ pub fn static_binary() -> anyhow::Result<PathBuf> {
     // Rust's musl target links musl statically, with its own start files;
     // the one C in the tree, ring's (TLS for the exporter's OTLP), is
     // compiled against musl's headers by Debian's musl-gcc wrapper.
+    //
+    // Its own code carries no unwind tables: it aborts on a panic, and
+    // prints one line for it, so nothing in it unwinds, and the tables
+    // were 0.47 MB of it (those of the prebuilt standard library stay).
+    // Only the static build: the host's builds it shares its flags with
+    // include the tests' workloads, whose tables the tests walk.
     run(cargo()
         .env("CC_x86_64_unknown_linux_musl", "musl-gcc")
+        .env(
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS",
+            "-C force-unwind-tables=no",
+        )
         .args([
             "build",
             "--release",
