@@ -751,18 +751,29 @@ fn stub(s: &mut Scratch, tgid: u32, vtable: bool) -> Option<i64> {
 #[inline(always)]
 fn by_frame_pointer_top(s: &mut Scratch) -> Option<i64> {
     if s.jv.top != 0 {
-        // Ten bytes before the pc (`at(10)` is the pc's), six from it.
-        let code = read_user::<[u8; 16]>(s.walk.ip.wrapping_sub(10))?;
+        // Ten bytes before the pc (`at(10)` is the pc's), 22 from it.
+        let code = read_user::<[u8; 32]>(s.walk.ip.wrapping_sub(10))?;
         let at = |i: usize| code.get(i).copied().unwrap_or(0);
-        // At `push rbp` or `ret`, or in a wrapper's `leave; cmp
-        // qword [r15+8], 0; jne; ret` (its check for a pending exception)
-        // at the `cmp` or the `jne`: nothing of the frame on the stack.
-        // Each matched whole, so that no displacement's byte before the
-        // pc is taken for a `leave`.
-        let cmp_at = |i: usize| at(i) == 0x49 && at(i + 1) == 0x81 && at(i + 2) == 0x7f;
-        let at_cmp = at(9) == 0xc9 && cmp_at(10);
-        let at_jne = at(0) == 0xc9 && cmp_at(1) && at(10) == 0x0f && at(11) == 0x85;
-        if at(10) == 0x55 || at(10) == 0xc3 || at_cmp || at_jne {
+        // A native wrapper's end, after its `leave`: its check for a
+        // pending exception, `cmp qword [r15+8], 0` (an imm32 in JDK 17,
+        // an imm8 in 21 and 25), then `jne +1; ret`; in 25 a safepoint
+        // poll before it, `test byte [r15+X], 1; je`, right after the
+        // `leave`. From the `cmp` on, nothing but `ret` comes before the
+        // return, so the return address is at sp, whatever came before.
+        let jne_ret = |i: usize| {
+            at(i) == 0x0f
+                && at(i + 1) == 0x85
+                && at(i + 2) == 1
+                && at(i + 3) | at(i + 4) | at(i + 5) == 0
+                && at(i + 6) == 0xc3
+        };
+        let cmp = at(10) == 0x49 && at(12) == 0x7f && at(13) == 8;
+        let at_cmp = cmp && ((at(11) == 0x83 && jne_ret(15)) || (at(11) == 0x81 && jne_ret(18)));
+        let test_at =
+            |i: usize| at(i) == 0xc9 && at(i + 1) == 0x41 && at(i + 2) == 0xf6 && at(i + 3) == 0x47;
+        let at_poll = test_at(9) || (test_at(4) && at(10) == 0x74);
+        // At `push rbp` or `ret`.
+        if at(10) == 0x55 || at(10) == 0xc3 || at_cmp || jne_ret(10) || at_poll {
             return by_return_address(s);
         }
         if at(9) == 0x55 && is_mov_rbp_rsp(at(10), at(11), at(12)) {

@@ -689,10 +689,14 @@ fn java_in_root(major: u32, args: &[&str]) -> (Command, InRoot) {
     let copy = root.join(&inside[1..]);
     std::fs::create_dir_all(&copy).unwrap();
     for e in std::fs::read_dir(classes()).unwrap().flatten() {
-        if e.path().extension().is_some_and(|x| x == "class") {
+        if e.path()
+            .extension()
+            .is_some_and(|x| x == "class" || x == "so")
+        {
             std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
         }
     }
+    let library = format!("-Djava.library.path={inside}");
     let mut c = Command::new("unshare");
     c.args([
         "--mount",
@@ -701,7 +705,7 @@ fn java_in_root(major: u32, args: &[&str]) -> (Command, InRoot) {
         r#"mount -t proc proc "$0/proc" && exec chroot "$0" "$@""#,
     ])
     .arg(&root)
-    .args([java.as_str(), "-cp", &inside, "Hot"])
+    .args([java.as_str(), &library, "-cp", &inside, "Hot"])
     .args(args);
     (c, InRoot(copy))
 }
@@ -981,44 +985,58 @@ fn deoptimized_and_recompiled_code_is_never_named_wrong() {
 type Rows = Vec<(u64, Vec<String>)>;
 
 /// `rtrace profile -F 999 --samples` of the fixture in `mode` for three
-/// seconds, run as a command: its rows and rtrace's stderr, once rtrace
-/// exited 0 and the fixture said it was done.
+/// seconds, run as a command: its rows in time order and rtrace's
+/// stderr, once rtrace exited 0 and the fixture said it was done.
 fn command_rows(mode: &str) -> (Rows, String) {
-    let rows =
-        std::env::temp_dir().join(format!("rtrace-java-{mode}-{}.jsonl", std::process::id()));
-    let rows_arg = rows.to_str().unwrap();
     let dir = classes();
     let library = format!("-Djava.library.path={}", dir.display());
-    let classes = dir.to_str().unwrap().to_owned();
-    let (code, stdout, stderr) = rtrace_integration_tests::run(&[
-        "profile",
-        "-F",
-        "999",
-        "--samples",
-        rows_arg,
-        "--",
-        "java",
-        &library,
-        "-cp",
-        &classes,
-        "Hot",
+    let classes = dir.to_str().unwrap();
+    command_rows_of(
+        &["java", &library, "-cp", classes, "Hot", mode, "3"],
         mode,
-        "3",
-    ]);
+        &[],
+    )
+}
+
+/// [`command_rows`] of the fixture in `mode` run by OpenJDK `major` in
+/// the JDK root, as a container's, with rtrace's flags `flags`.
+fn command_rows_in_root(major: u32, mode: &str, flags: &[&str]) -> (Rows, String) {
+    let (cmd, _copy) = java_in_root(major, &[mode, "3"]);
+    let argv: Vec<String> = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_str().unwrap().to_owned())
+        .collect();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    command_rows_of(&argv, &format!("{mode}-{major}"), flags)
+}
+
+/// [`command_rows`] of command `argv`, with rtrace's flags `flags`; `tag`
+/// names its rows' file.
+fn command_rows_of(argv: &[&str], tag: &str, flags: &[&str]) -> (Rows, String) {
+    let rows = std::env::temp_dir().join(format!("rtrace-java-{tag}-{}.jsonl", std::process::id()));
+    let rows_arg = rows.to_str().unwrap();
+    let mut args = vec!["profile", "-F", "999", "--samples", rows_arg];
+    args.extend_from_slice(flags);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let (code, stdout, stderr) = rtrace_integration_tests::run(&args);
     let text = std::fs::read_to_string(&rows).unwrap_or_default();
     let _ = std::fs::remove_file(&rows);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("done "), "{stdout}\n{stderr}");
-    let rows = text
+    let mut rows: Vec<(u64, u64, Vec<String>)> = text
         .lines()
         .map(|line| {
             let row: serde_json::Value = serde_json::from_str(line).unwrap();
             let stack = row["stack"].as_array().unwrap().iter();
             let stack = stack.map(|f| f.as_str().unwrap().to_owned()).collect();
-            (row["tid"].as_u64().unwrap(), stack)
+            let time = row["time"].as_u64().unwrap();
+            (time, row["tid"].as_u64().unwrap(), stack)
         })
         .collect();
-    (rows, stderr)
+    rows.sort_by_key(|r| r.0);
+    let rows = rows.into_iter().map(|(_, tid, stack)| (tid, stack));
+    (rows.collect(), stderr)
 }
 
 /// The stacks of the thread with the most samples in `method`: the main
@@ -1108,7 +1126,41 @@ fn a_native_methods_wrapper_sampled_in_its_prologue_or_epilogue_keeps_its_caller
         return;
     }
     let (rows, stderr) = command_rows("natives");
-    let main = main_thread_stacks(&rows, "Hot.nativesMode");
+    assert_native_wrappers_walked(&rows, &stderr);
+}
+
+/// As [`a_native_methods_wrapper_sampled_in_its_prologue_or_epilogue_keeps_its_callers`],
+/// on OpenJDK 21 and 25, whose wrappers end otherwise: the check for a
+/// pending exception compares an imm8, not an imm32, and 25 polls for a
+/// safepoint before it. Matched only as 17's, the wrapper's end cut
+/// about 4 % of the main thread's stacks on each (113 of 2,994 on 21).
+#[test]
+fn a_native_methods_wrapper_on_jdk_21_and_25_keeps_its_callers() {
+    if skip_in_guest() {
+        return;
+    }
+    for major in [21, 25] {
+        // The walk through Java frames loaded from the start: a JVM in a
+        // root of its own is seen later in its start than the host's,
+        // and its first 0.1 s of stacks (the VM's own start) were cut
+        // while the walk was loaded (`lost`, with the count).
+        let preload = ["--preload-runtime-walks=java"];
+        let (rows, stderr) = command_rows_in_root(major, "natives", &preload);
+        assert_native_wrappers_walked(&rows, &format!("JDK {major}:\n{stderr}"));
+    }
+}
+
+/// The checks of `Hot natives`' rows: many samples in the wrapper, and
+/// the main thread's stacks whole from its first in the fixture's method
+/// on (before, the VM starts, and its first stacks may be cut: the walk
+/// through Java frames reads a JVM once it has started).
+fn assert_native_wrappers_walked(rows: &Rows, stderr: &str) {
+    let main = main_thread_stacks(rows, "Hot.nativesMode");
+    let first = main
+        .iter()
+        .position(|s| s.iter().any(|f| f == "Hot.nativesMode"))
+        .unwrap_or(0);
+    let main = &main[first..];
     // The wrapper is the sampled frame, named for its method.
     let in_wrapper = main
         .iter()
@@ -1116,10 +1168,10 @@ fn a_native_methods_wrapper_sampled_in_its_prologue_or_epilogue_keeps_its_caller
         .count();
     assert!(
         in_wrapper >= 100,
-        "{in_wrapper} of {} samples of the main thread in Hot.nudge's wrapper",
+        "{in_wrapper} of {} samples of the main thread in Hot.nudge's wrapper: {stderr}",
         main.len()
     );
-    assert_whole_down_to_java_main(&main, 2, &stderr);
+    assert_whole_down_to_java_main(&main, 2, stderr);
 }
 
 #[test]
