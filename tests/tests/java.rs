@@ -1171,7 +1171,7 @@ fn assert_native_wrappers_walked(rows: &Rows, stderr: &str) {
         "{in_wrapper} of {} samples of the main thread in Hot.nudge's wrapper: {stderr}",
         main.len()
     );
-    assert_whole_down_to_java_main(&main, 2, stderr);
+    assert_whole_down_to_java_main(main, 2, stderr);
 }
 
 #[test]
