@@ -1,5 +1,6 @@
 //! `rtrace doctor` probes every mechanism for real.
 
+use object::read::elf::{ElfFile64, ProgramHeader as _, SectionHeader as _};
 use rtrace_integration_tests::run;
 
 #[test]
@@ -37,31 +38,35 @@ fn doctor_reports_every_mechanism() {
     );
 }
 
+/// Calls `f` with the 64-bit ELF file at `path`, parsed.
+fn with_elf<R>(path: &std::path::Path, f: impl FnOnce(&ElfFile64) -> R) -> R {
+    let data = std::fs::read(path).unwrap();
+    let elf = ElfFile64::parse(&*data)
+        .unwrap_or_else(|e| panic!("{} is no 64-bit ELF file: {e}", path.display()));
+    f(&elf)
+}
+
 /// Whether the ELF file at `path` asks for a dynamic loader (`PT_INTERP`).
 fn has_interpreter(path: &std::path::Path) -> bool {
-    let elf = std::fs::read(path).unwrap();
-    assert_eq!(&elf[..4], b"\x7fELF", "{} is no ELF file", path.display());
-    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
-    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
-    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
-    (0..phnum).any(|i| {
-        let p = phoff + i * phentsize;
-        u32::from_le_bytes(elf[p..p + 4].try_into().unwrap()) == 3
+    with_elf(path, |elf| {
+        let endian = elf.endian();
+        elf.elf_program_headers()
+            .iter()
+            .any(|p| p.p_type(endian) == object::elf::PT_INTERP)
     })
 }
 
 /// The bytes the ELF file at `path` gives its sections of type `sh_type`
-/// (`SHT_RELA` 4, `SHT_RELR` 19), from its section headers.
+/// (`SHT_RELA`, `SHT_RELR`), from its section headers.
 fn section_bytes(path: &std::path::Path, sh_type: u32) -> u64 {
-    let elf = std::fs::read(path).unwrap();
-    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
-    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
-    let (shoff, shentsize, shnum) = (u64_at(0x28) as usize, u16_at(0x3a), u16_at(0x3c));
-    (0..shnum)
-        .map(|i| shoff + i * shentsize)
-        .filter(|&h| u32::from_le_bytes(elf[h + 4..h + 8].try_into().unwrap()) == sh_type)
-        .map(|h| u64_at(h + 0x20))
-        .sum()
+    with_elf(path, |elf| {
+        let endian = elf.endian();
+        elf.elf_section_table()
+            .iter()
+            .filter(|h| h.sh_type(endian) == sh_type)
+            .map(|h| h.sh_size(endian))
+            .sum()
+    })
 }
 
 #[test]
@@ -82,7 +87,10 @@ fn the_static_build_runs_doctor_and_agrees_with_the_dynamic_one() {
     // a bit or so a pointer where `.rela.dyn` takes 24 bytes: 0.8 MB of
     // the binary once a cargo no longer told the build script it was
     // static. What is left unpacked is a handful.
-    let (packed, unpacked) = (section_bytes(&path, 19), section_bytes(&path, 4));
+    let (packed, unpacked) = (
+        section_bytes(&path, object::elf::SHT_RELR),
+        section_bytes(&path, object::elf::SHT_RELA),
+    );
     assert!(
         packed > 0 && unpacked < 4096,
         "{}: {packed} bytes of packed relocations, {unpacked} unpacked",

@@ -1024,19 +1024,17 @@ fn command_rows_of(argv: &[&str], tag: &str, flags: &[&str]) -> (Rows, String) {
     let _ = std::fs::remove_file(&rows);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("done "), "{stdout}\n{stderr}");
-    let mut rows: Vec<(u64, u64, Vec<String>)> = text
+    // In time order, as `--samples` writes them.
+    let rows = text
         .lines()
         .map(|line| {
             let row: serde_json::Value = serde_json::from_str(line).unwrap();
             let stack = row["stack"].as_array().unwrap().iter();
             let stack = stack.map(|f| f.as_str().unwrap().to_owned()).collect();
-            let time = row["time"].as_u64().unwrap();
-            (time, row["tid"].as_u64().unwrap(), stack)
+            (row["tid"].as_u64().unwrap(), stack)
         })
         .collect();
-    rows.sort_by_key(|r| r.0);
-    let rows = rows.into_iter().map(|(_, tid, stack)| (tid, stack));
-    (rows.collect(), stderr)
+    (rows, stderr)
 }
 
 /// The stacks of the thread with the most samples in `method`: the main

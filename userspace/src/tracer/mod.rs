@@ -35,6 +35,7 @@ pub use scope::{PinnedSets, ScopeArgs, own};
 pub use session::Session;
 pub use signals::Signals;
 pub use targets::check_task;
+use tool::DynTool;
 pub(crate) use tool::WithGlobal;
 pub use tool::{Collect, Collector, GlobalArgs, Outcome, Plan, Spec, Tool};
 
@@ -189,12 +190,12 @@ async fn run_once<T: Tool>(
         events,
         ..
     } = session;
-    let buffer = events.as_ref().map(|args| args.bytes(T::SPEC.event_buffer));
     let run = Drive {
         spec: &T::SPEC,
         ebpf,
-        transport: transport.map(|(t, _)| t).filter(|_| buffer.is_some()),
-        buffer: buffer.unwrap_or(0),
+        stream: transport
+            .zip(events)
+            .map(|((t, _), args)| (t, args.bytes(T::SPEC.event_buffer))),
         interval,
         duration,
         json,
@@ -213,10 +214,9 @@ async fn run_once<T: Tool>(
 struct Drive<'a> {
     spec: &'a Spec,
     ebpf: Ebpf,
-    /// The event transport, where the tool streams events.
-    transport: Option<Transport>,
-    /// The bytes of the event buffers, per CPU or shared.
-    buffer: u32,
+    /// The event transport and its buffers' bytes (per CPU or shared),
+    /// where the tool streams events.
+    stream: Option<(Transport, u32)>,
     interval: Schedule,
     duration: Option<u64>,
     json: bool,
@@ -233,7 +233,7 @@ impl Drive<'_> {
     /// run (0 for none).
     async fn drive(
         self,
-        tool: &mut dyn Running,
+        tool: &mut dyn DynTool,
         global: &GlobalArgs,
         signals: &mut Signals,
         sink_slot: &mut Option<Sink>,
@@ -241,8 +241,7 @@ impl Drive<'_> {
         let Drive {
             spec,
             mut ebpf,
-            transport,
-            buffer,
+            stream: events,
             interval,
             duration,
             json,
@@ -252,15 +251,15 @@ impl Drive<'_> {
             round,
         } = self;
         signals.stop_after(duration);
-        let open_stream = |ebpf: &mut Ebpf| match transport {
-            Some(t) => EventStream::new(ebpf, t, buffer).map(Some),
+        let open_stream = |ebpf: &mut Ebpf| match events {
+            Some((t, bytes)) => EventStream::new(ebpf, t, bytes).map(Some),
             None => Ok(None),
         };
         // Perf buffers must be open before anything is traced, or the
         // events find no buffer; a ring buffer keeps them from the moment
         // it exists, so mapping it (hundreds of pages, thousands with
         // --buffer-size) need not delay saying that tracing has started.
-        let ring = transport == Some(Transport::Ring);
+        let ring = matches!(events, Some((Transport::Ring, _)));
         let mut stream = if ring { None } else { open_stream(&mut ebpf)? };
         let mut banner = tool.banner();
         if command.is_some() {
@@ -325,49 +324,6 @@ impl Drive<'_> {
     }
 }
 
-/// What the loop asks of a tool, as a trait object: [`run_loop`] is one
-/// function for every tool rather than one copy each (its async state
-/// machine, inlined into each tool's run, was 14 copies of 26 kB). The
-/// call per event through a pointer costs nothing beside the event.
-/// Each method is the [`Tool`] method of its name.
-trait Running {
-    fn banner(&self) -> String;
-    fn start(&mut self);
-    fn done(&self) -> bool;
-    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()>;
-    fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()>;
-    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()>;
-    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()>;
-    fn outcome(&self) -> Outcome;
-}
-
-impl<T: Tool> Running for T {
-    fn banner(&self) -> String {
-        Tool::banner(self)
-    }
-    fn start(&mut self) {
-        Tool::start(self);
-    }
-    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
-        Tool::finish(self, ebpf, sink)
-    }
-    fn outcome(&self) -> Outcome {
-        Tool::outcome(self)
-    }
-    fn done(&self) -> bool {
-        Tool::done(self)
-    }
-    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
-        Tool::event(self, record, sink)
-    }
-    fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
-        Tool::after_events(self, ebpf)
-    }
-    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
-        Tool::tick(self, ebpf, sink, last)
-    }
-}
-
 /// Whether a SIGINT came from the terminal, which sent it to the command
 /// too: rtrace and the command share the foreground process group.
 fn from_terminal(sig: i32) -> bool {
@@ -391,7 +347,7 @@ enum Wake {
 /// terminal sent it to both), whose exit then ends the loop; a second ends
 /// it at once.
 async fn run_loop(
-    tool: &mut dyn Running,
+    tool: &mut dyn DynTool,
     interval: Schedule,
     ebpf: &mut Ebpf,
     mut stream: Option<&mut EventStream>,

@@ -7,7 +7,7 @@ use rtrace_common::{
     targets,
 };
 
-use super::{GlobalArgs, Plan, Scope, Spec, Tool, targets::Targets};
+use super::{GlobalArgs, Plan, Scope, Tool, targets::Targets, tool::DynTool};
 use crate::kernel::{
     features::{Mechanism, trim_verifier_log},
     load::{Kernel, Load, TASK_STORAGE},
@@ -57,56 +57,10 @@ struct Attached {
     skipped: Vec<(String, String)>,
 }
 
-/// What the attach chain asks of a tool, as a trait object: one
-/// [`attach_chain`] for every tool, where a copy each was inlined into
-/// each tool's run. Each method is the [`Tool`] method of its name.
-trait Attaching {
-    /// [`Tool::SPEC`].
-    fn spec(&self) -> Spec;
-    fn variants(&self, m: Option<Mechanism>, kernel: &mut Kernel) -> Vec<&'static str>;
-    fn configure(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        load: &mut Load,
-    ) -> anyhow::Result<()>;
-    fn attach(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        ebpf: &mut Ebpf,
-    ) -> anyhow::Result<()>;
-}
-
-impl<T: Tool> Attaching for T {
-    fn spec(&self) -> Spec {
-        T::SPEC
-    }
-    fn variants(&self, m: Option<Mechanism>, kernel: &mut Kernel) -> Vec<&'static str> {
-        Tool::variants(self, m, kernel)
-    }
-    fn configure(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        load: &mut Load,
-    ) -> anyhow::Result<()> {
-        Tool::configure(self, m, kernel, load)
-    }
-    fn attach(
-        &mut self,
-        m: Option<Mechanism>,
-        kernel: &mut Kernel,
-        ebpf: &mut Ebpf,
-    ) -> anyhow::Result<()> {
-        Tool::attach(self, m, kernel, ebpf)
-    }
-}
-
 /// Walks the chain: each mechanism the kernel has, each variant the tool
 /// asks for, until one loads and attaches.
 fn attach_chain(
-    tool: &mut dyn Attaching,
+    tool: &mut dyn DynTool,
     kernel: &mut Kernel,
     targets: &Targets,
     plan: &Plan,

@@ -245,6 +245,88 @@ pub trait Tool: Sized {
     }
 }
 
+/// What the lifecycle asks of a tool once it is made, as a trait
+/// object: the attach chain and the run's loop are one function each for
+/// every tool, where, generic over [`Tool`] (which no trait object can
+/// be: its `Args`, `SPEC` and `new`), each was a copy per tool (the run's
+/// async state machine 14 copies of 26 kB). A call through a pointer per
+/// event costs nothing beside the event. Each method is the [`Tool`]
+/// method of its name.
+pub(super) trait DynTool {
+    /// [`Tool::SPEC`].
+    fn spec(&self) -> Spec;
+    fn variants(&self, m: Option<Mechanism>, kernel: &mut Kernel) -> Vec<&'static str>;
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()>;
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()>;
+    fn banner(&self) -> String;
+    fn start(&mut self);
+    fn done(&self) -> bool;
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()>;
+    fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()>;
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()>;
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()>;
+    fn outcome(&self) -> Outcome;
+}
+
+impl<T: Tool> DynTool for T {
+    fn spec(&self) -> Spec {
+        T::SPEC
+    }
+    fn variants(&self, m: Option<Mechanism>, kernel: &mut Kernel) -> Vec<&'static str> {
+        Tool::variants(self, m, kernel)
+    }
+    fn configure(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        load: &mut Load,
+    ) -> anyhow::Result<()> {
+        Tool::configure(self, m, kernel, load)
+    }
+    fn attach(
+        &mut self,
+        m: Option<Mechanism>,
+        kernel: &mut Kernel,
+        ebpf: &mut Ebpf,
+    ) -> anyhow::Result<()> {
+        Tool::attach(self, m, kernel, ebpf)
+    }
+    fn banner(&self) -> String {
+        Tool::banner(self)
+    }
+    fn start(&mut self) {
+        Tool::start(self);
+    }
+    fn done(&self) -> bool {
+        Tool::done(self)
+    }
+    fn event(&mut self, record: &[u8], sink: &mut Sink) -> anyhow::Result<()> {
+        Tool::event(self, record, sink)
+    }
+    fn after_events(&mut self, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        Tool::after_events(self, ebpf)
+    }
+    fn tick(&mut self, ebpf: &mut Ebpf, sink: &mut Sink, last: bool) -> anyhow::Result<()> {
+        Tool::tick(self, ebpf, sink, last)
+    }
+    fn finish(&mut self, ebpf: &mut Ebpf, sink: &mut Sink) -> anyhow::Result<()> {
+        Tool::finish(self, ebpf, sink)
+    }
+    fn outcome(&self) -> Outcome {
+        Tool::outcome(self)
+    }
+}
+
 /// A tool that can run as a collector of `rtrace exporter`.
 pub trait Collect: Tool {
     /// How the exporter runs it.
