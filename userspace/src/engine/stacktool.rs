@@ -807,7 +807,7 @@ impl StackTool {
             // is its own: the pid's next process starts with nothing of it.
             self.sym.ended(who, seen.parent_born);
             self.sym.python().forget(who);
-            self.sym.java().forget(who);
+            self.sym.java().exited(who);
             self.sym.v8().forget(who);
             self.execed.remove(&who);
             self.untold_named.retain(|(p, _)| *p != who);

@@ -902,6 +902,17 @@ impl Java {
         self.nmethods.retain(|k, _| k.0 != who);
     }
 
+    /// Forgets process `who`, which exited, but for what names its frames:
+    /// its compiled methods' and its methods' names serve its samples not
+    /// named yet, whose pcs and indexes the kernel told only the first of.
+    /// (A new program in the process, [`Java::forget`], is not the same
+    /// code at the same addresses.)
+    pub fn exited(&mut self, who: Proc) {
+        self.procs.remove(&who);
+        self.not.remove(&who);
+        self.starting.remove(&who);
+    }
+
     /// Finds libjvm in `who`'s mappings and reads its tables and heaps.
     fn find(&mut self, maps: &MapsOnce) -> Result<Look, String> {
         let who = maps.who();
@@ -1016,6 +1027,13 @@ impl Java {
     /// compiled method itself. A frame whose code no longer passes its
     /// slot's check is `[java: gone]`, never another method's name.
     pub fn frames(&mut self, who: Proc, first: u64, second: u64) -> Vec<JavaFrame> {
+        // A stub is named by its blob alone, whatever its pc (which the
+        // kernel tells only the first of).
+        let second = if first & JAVA_MASK == JAVA_STUB {
+            0
+        } else {
+            second
+        };
         if let Some(f) = self.frames.get(&(who, first, second)) {
             return f.to_vec();
         }
@@ -1062,13 +1080,21 @@ impl Java {
     /// An interpreted frame: `Method*` `method`, whose `ConstMethod*`
     /// must match the check in `second`'s high half.
     fn interpreted(&mut self, who: Proc, method: u64, second: u64) -> Option<Vec<JavaFrame>> {
-        let j = self.procs.get(&who)?;
-        let check = check_of(j, method)?;
-        if check != (second >> 32) as u32 {
-            return None;
-        }
+        let check = (second >> 32) as u32;
         let bci = second as u32;
-        let m = self.checked_method(who, method, check)?;
+        // Named before with this check, which the kernel took from the
+        // method as it was sampled: the same `ConstMethod`, so the same
+        // method, whatever the process has done since (exited, even). The
+        // kernel tells of a method once, not of each of its indexes.
+        let m = match self.methods.get(&(who, method, check)) {
+            Some(m) => m.clone()?,
+            None => {
+                if check_of(self.procs.get(&who)?, method)? != check {
+                    return None;
+                }
+                self.checked_method(who, method, check)?
+            }
+        };
         Some(vec![JavaFrame {
             name: Arc::clone(&m.name),
             kind: JavaKind::Interpreted,
@@ -1093,7 +1119,13 @@ impl Java {
         let key = (who, nm, (second >> 32) as u32);
         let mut n = match self.nmethods.remove(&key) {
             Some(n) => n,
-            None => Nm::read(self.procs.get(&who)?, nm, key.2, native),
+            None => {
+                let mut n = Nm::read(self.procs.get(&who)?, nm, key.2, native);
+                if let Some(n) = &mut n {
+                    n.complete(self, who);
+                }
+                n
+            }
         };
         let named = n
             .as_mut()
@@ -1123,7 +1155,7 @@ impl Java {
             }]);
         }
         let scopes = n
-            .scopes(self.procs.get(&who)?, offset)
+            .scopes(self.procs.get(&who), offset)
             .filter(|s| s.last().is_some_and(|&(m, _)| m == own))
             .unwrap_or_else(|| vec![(own, -1)]);
         let named: Option<Vec<(Arc<Method>, i64)>> = scopes
@@ -1446,6 +1478,89 @@ impl Nm {
         })
     }
 
+    /// Decodes the scopes of each of its PcDescs now, from one read of
+    /// its scopes and one of its metadata, and names the methods they
+    /// name: every pc of it is then named from what is kept here, without
+    /// the process, which may have freed the nmethod, or exited, by the
+    /// time a stack through another pc of it is named. The kernel tells
+    /// user space of an nmethod once, at the first of its pcs it meets,
+    /// not of each pc (a hot loop's every instruction). A scope left out
+    /// (past what one read took) is decoded from the process when named.
+    fn complete(&mut self, java: &mut Java, who: Proc) {
+        // Its own, a native wrapper's whole name, first.
+        self.method(java, who, self.own);
+        let (Some(d), Some(j)) = (self.debug.as_ref(), java.procs.get(&who)) else {
+            return;
+        };
+        let Some(last) = d
+            .descs
+            .iter()
+            .filter_map(|&(_, decode)| u64::try_from(decode).ok())
+            .max()
+            .filter(|&m| m > 0)
+        else {
+            return;
+        };
+        // A scope is at most 15 bytes (three UNSIGNED5 values), and a
+        // sender lies before the scopes it sends (HotSpot writes it
+        // first); near the end of its mapping, up to the last one's
+        // first byte.
+        let Some(bytes) = [last + 15, last + 1]
+            .into_iter()
+            .filter(|&n| n <= MAX_DEBUG_BYTES)
+            .find_map(|n| j.mem.read(d.scopes, n as usize))
+        else {
+            return;
+        };
+        let x = j.x();
+        let mut parsed: HashMap<u64, (u64, u32, i64)> = HashMap::new();
+        for &(_, decode) in &d.descs {
+            let mut decode = u64::try_from(decode).unwrap_or(0);
+            for _ in 0..MAX_SCOPES {
+                if decode == 0 || parsed.contains_key(&decode) {
+                    break;
+                }
+                let Some(scope) = bytes.get(decode as usize..).and_then(|b| parse_scope(b, x))
+                else {
+                    break;
+                };
+                parsed.insert(decode, scope);
+                decode = scope.0;
+            }
+        }
+        let most = parsed
+            .values()
+            .map(|&(_, index, _)| index)
+            .max()
+            .unwrap_or(0);
+        let meta = match u64::from(most) * 8 {
+            0 => Vec::new(),
+            n if d.meta + n <= d.meta_end && n <= MAX_DEBUG_BYTES => {
+                j.mem.read(d.meta, n as usize).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        for (decode, (sender, index, bci)) in parsed {
+            let method = if index == 0 {
+                Some(self.own)
+            } else {
+                u64_at(&meta, 8 * u64::from(index - 1))
+            };
+            if let Some(method) = method {
+                self.decoded.insert(decode, Some((method, bci, sender)));
+            }
+        }
+        let methods: std::collections::BTreeSet<u64> = self
+            .decoded
+            .values()
+            .flatten()
+            .map(|&(m, _, _)| m)
+            .collect();
+        for m in methods {
+            self.method(java, who, m);
+        }
+    }
+
     /// `Method*` `method`, named, as [`Java::method`] names it, once.
     fn method(&mut self, java: &mut Java, who: Proc, method: u64) -> Option<Arc<Method>> {
         self.methods
@@ -1457,7 +1572,7 @@ impl Nm {
     /// The (`Method*`, bci) of each scope at pc offset `offset`,
     /// innermost first: from the PcDesc at exactly `offset` (a return
     /// pc), else the first after it (HotSpot's rule for any other pc).
-    fn scopes(&mut self, j: &Jvm, offset: u32) -> Option<Vec<(u64, i64)>> {
+    fn scopes(&mut self, j: Option<&Jvm>, offset: u32) -> Option<Vec<(u64, i64)>> {
         let d = self.debug.as_ref()?;
         let offset = i64::from(offset);
         let desc = d
@@ -1469,11 +1584,16 @@ impl Nm {
         let own = self.own;
         let mut out = Vec::new();
         for _ in 0..MAX_SCOPES {
-            let (method, bci, sender) = *self
-                .decoded
-                .entry(decode)
-                .or_insert_with(|| d.scope(j, own, decode))
-                .as_ref()?;
+            let (method, bci, sender) = match self.decoded.get(&decode) {
+                Some(known) => (*known)?,
+                // Not decoded when it was read: from the process, if it
+                // is still there.
+                None => *self
+                    .decoded
+                    .entry(decode)
+                    .or_insert(d.scope(j?, own, decode))
+                    .as_ref()?,
+            };
             out.push((method, bci));
             if sender == 0 {
                 return Some(out);
@@ -1557,11 +1677,7 @@ impl NmDebug {
                 .rev()
                 .find_map(|n| j.mem.read(self.scopes + decode, n))
         })?;
-        let x = j.x();
-        let mut i = 0;
-        let sender = unsigned5(&b, &mut i, x)?;
-        let index = unsigned5(&b, &mut i, x)?;
-        let bci = i64::from(unsigned5(&b, &mut i, x)?) - 1;
+        let (sender, index, bci) = parse_scope(&b, j.x())?;
         let method = if index == 0 {
             own
         } else {
@@ -1571,8 +1687,18 @@ impl NmDebug {
             }
             j.mem.u64(a)?
         };
-        Some((method, bci, u64::from(sender)))
+        Some((method, bci, sender))
     }
+}
+
+/// A scope's sender (its decode offset, 0 for none), index of its method
+/// in the metadata (0: the nmethod's own) and bci, from its bytes `b`.
+fn parse_scope(b: &[u8], x: u32) -> Option<(u64, u32, i64)> {
+    let mut i = 0;
+    let sender = unsigned5(b, &mut i, x)?;
+    let index = unsigned5(b, &mut i, x)?;
+    let bci = i64::from(unsigned5(b, &mut i, x)?) - 1;
+    Some((u64::from(sender), index, bci))
 }
 
 #[cfg(test)]
@@ -1949,6 +2075,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(200));
         }
         let mut inlined = false;
+        let mut work = None;
         for n in listed
             .iter()
             .filter(|l| l.method.starts_with("Graph.") && l.state == 0)
@@ -1989,6 +2116,7 @@ mod tests {
                 assert_eq!((names(&f), f[0].line), (vec!["Graph.work"], None));
                 let f = java.frames(who, JAVA_INTERPRETED | method, check ^ (1 << 40));
                 assert_eq!(names(&f), [GONE]);
+                work = Some((method, check));
             }
             if n.method == "Graph.main" && n.level == 4 {
                 // Some pc (the call of work) has inl in outer in main.
@@ -2011,7 +2139,46 @@ mod tests {
         assert!(inlined, "no pc of main's C2 code has inl in outer in main");
         assert_eq!(java.summary().len(), usize::from(given.is_some()));
         eprintln!("{:?}", java.summary());
+
+        // The kernel tells of an nmethod at the first of its pcs it meets,
+        // and of a method at the first of its bytecode indexes: each other
+        // pc and index is named from what that read, once the JVM has
+        // exited too, as it is named while the JVM runs.
+        let main = listed
+            .iter()
+            .find(|l| l.method == "Graph.main" && l.level == 4 && l.state == 0)
+            .expect("main's C2 code");
+        let (work, check) = work.expect("work's C2 code");
+        let mut told = Java::default();
+        told.configure(true, true);
+        assert_eq!(told.examine(&MapsOnce::new(who), false), given);
+        let first = JAVA_COMPILED | main.blob;
+        let id = u64::from(main.id) << 32;
+        let interpreted = JAVA_INTERPRETED | work;
+        told.frames(who, first, id);
+        told.frames(who, interpreted, check);
+        told.frames(who, JAVA_STUB | stub, 0);
+        let pcs: Vec<Vec<JavaFrame>> = (0..main.end - main.begin)
+            .map(|off| java.frames(who, first, id | off))
+            .collect();
+        let bcis = [1, 4, u64::from(u32::MAX)];
+        let indexes: Vec<Vec<JavaFrame>> = bcis
+            .iter()
+            .map(|&bci| java.frames(who, interpreted, check | bci))
+            .collect();
         drop(jvm);
+        assert_eq!(mem.u64(main.blob), None, "the JVM is gone");
+        told.exited(who);
+        for (off, live) in pcs.iter().enumerate() {
+            let f = told.frames(who, first, id | off as u64);
+            assert_eq!(&f, live, "main's pc {off:#x} named once the JVM exited");
+        }
+        for (bci, live) in bcis.iter().zip(&indexes) {
+            let f = told.frames(who, interpreted, check | bci);
+            assert_eq!(&f, live, "work's bci {bci} named once the JVM exited");
+        }
+        let f = told.frames(who, JAVA_STUB | stub, 8);
+        assert!(f[0].name.starts_with("[StubRoutines"), "{f:?}");
     }
 
     #[test]
