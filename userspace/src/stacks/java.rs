@@ -892,12 +892,11 @@ impl Java {
         self.starting.iter().copied().collect()
     }
 
-    /// Forgets process `who` (it exited or ran a new program). The names
-    /// of its frames stay, for its samples not named yet.
+    /// Forgets process `who`, which ran a new program: its methods and
+    /// compiled methods too ([`Java::exited`] keeps them). The names of
+    /// its frames stay, for its samples not named yet.
     pub fn forget(&mut self, who: Proc) {
-        self.procs.remove(&who);
-        self.not.remove(&who);
-        self.starting.remove(&who);
+        self.exited(who);
         self.methods.retain(|k, _| k.0 != who);
         self.nmethods.retain(|k, _| k.0 != who);
     }
@@ -1086,15 +1085,12 @@ impl Java {
         // method as it was sampled: the same `ConstMethod`, so the same
         // method, whatever the process has done since (exited, even). The
         // kernel tells of a method once, not of each of its indexes.
-        let m = match self.methods.get(&(who, method, check)) {
-            Some(m) => m.clone()?,
-            None => {
-                if check_of(self.procs.get(&who)?, method)? != check {
-                    return None;
-                }
-                self.checked_method(who, method, check)?
-            }
-        };
+        if !self.methods.contains_key(&(who, method, check))
+            && check_of(self.procs.get(&who)?, method)? != check
+        {
+            return None;
+        }
+        let m = self.checked_method(who, method, check)?;
         Some(vec![JavaFrame {
             name: Arc::clone(&m.name),
             kind: JavaKind::Interpreted,
@@ -1195,12 +1191,14 @@ impl Java {
         self.checked_method(who, method, check)
     }
 
-    /// [`Java::method`], given the method's check as just read.
+    /// [`Java::method`], given the method's check as just read (or as
+    /// the kernel read it); one named before with that check is named
+    /// from what was read then, without the process.
     fn checked_method(&mut self, who: Proc, method: u64, check: u32) -> Option<Arc<Method>> {
-        let j = self.procs.get(&who)?;
         if let Some(m) = self.methods.get(&(who, method, check)) {
             return m.clone();
         }
+        let j = self.procs.get(&who)?;
         let cm = j.mem.u64(method + j.layout.method_const)?;
         let m = read_method(j, cm, self.lines).map(Arc::new);
         self.methods.insert((who, method, check), m.clone());
