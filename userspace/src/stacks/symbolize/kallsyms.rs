@@ -1,9 +1,18 @@
 //! Names of kernel frames, from `/proc/kallsyms`: a copy of it, made
-//! once (on another thread when a tool asks ahead) and made again when
-//! modules or BPF programs come, and the kernel's place as pprof shows
-//! it.
+//! once (on another thread, at idle priority, when a tool asks ahead) and
+//! made again when modules or BPF programs come, and the kernel's place
+//! as pprof shows it.
 
-use std::{fs::File, os::fd::AsRawFd as _, path::PathBuf, sync::Arc};
+use std::{
+    fs::File,
+    io::{Read as _, Write as _},
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicI32, Ordering},
+    },
+};
 
 use blazesym::{
     MaybeDefault,
@@ -23,7 +32,72 @@ pub(super) struct Kallsyms {
     /// What kallsyms' changes looked like when the copy began.
     state: Option<KernelState>,
     /// A copy being made on another thread (see [`Kallsyms::prefetch`]).
-    prefetch: Option<std::thread::JoinHandle<std::io::Result<File>>>,
+    prefetch: Option<Prefetch>,
+}
+
+/// The thread copying `/proc/kallsyms` ahead, at idle priority.
+struct Prefetch {
+    copying: std::thread::JoinHandle<std::io::Result<File>>,
+    /// The thread's id, once it has one (0 before).
+    tid: Arc<AtomicI32>,
+    /// Set when the copy is no longer wanted: the thread stops at its next
+    /// read.
+    abandon: Arc<AtomicBool>,
+}
+
+impl Prefetch {
+    /// `None` if no thread could be made: the copy is then made when
+    /// first needed.
+    fn start() -> Option<Self> {
+        let tid = Arc::new(AtomicI32::new(0));
+        let abandon = Arc::new(AtomicBool::new(false));
+        let (t, a) = (tid.clone(), abandon.clone());
+        let spawned = std::thread::Builder::new()
+            .name("rtrace-kallsyms".into())
+            .spawn(move || {
+                // Idle priority: the kernel's 50 ms of formatting kallsyms run
+                // only on a CPU nothing else wants, never in the time of the
+                // work being profiled (which on a busy machine lost that much,
+                // spread over the run's first seconds). If it fails, the copy
+                // runs at the priority it has.
+                let idle = libc::sched_param { sched_priority: 0 };
+                // SAFETY: this thread, a valid policy and parameter.
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &raw const idle) };
+                // After the change: a thread with its id known is idle.
+                // SAFETY: gettid has no arguments and cannot fail.
+                t.store(unsafe { libc::gettid() }, Ordering::Release);
+                snapshot_kallsyms(&a)
+            });
+        Some(Self {
+            copying: spawned.ok()?,
+            tid,
+            abandon,
+        })
+    }
+
+    /// The copy: the thread's, made at normal priority from now on if it
+    /// can be (with CAP_SYS_NICE), or else a new one made on this thread,
+    /// the idle one left to stop on its own (without CAP_SYS_NICE a thread
+    /// cannot leave idle priority, where on a busy machine it would take
+    /// seconds more).
+    fn finish(self) -> std::io::Result<File> {
+        if !self.copying.is_finished() {
+            let tid = self.tid.load(Ordering::Acquire);
+            let normal = libc::sched_param { sched_priority: 0 };
+            // SAFETY: a thread of this process, a valid policy and
+            // parameter.
+            let raised = tid != 0
+                && unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &raw const normal) }
+                    == 0;
+            if !raised && !self.copying.is_finished() {
+                self.abandon.store(true, Ordering::Relaxed);
+                return snapshot_kallsyms(&AtomicBool::new(false));
+            }
+        }
+        self.copying
+            .join()
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::Other.into()))
+    }
 }
 
 impl Kallsyms {
@@ -33,11 +107,11 @@ impl Kallsyms {
     /// its 2 MB every second.
     fn path(&mut self) -> MaybeDefault<PathBuf> {
         if let Some(copying) = self.prefetch.take() {
-            self.file = copying.join().ok().and_then(Result::ok);
+            self.file = copying.finish().ok();
         }
         if self.file.is_none() {
             self.state = Some(KernelState::now());
-            self.file = snapshot_kallsyms().ok();
+            self.file = snapshot_kallsyms(&AtomicBool::new(false)).ok();
         }
         match &self.file {
             Some(f) => {
@@ -47,13 +121,13 @@ impl Kallsyms {
         }
     }
 
-    /// Starts copying `/proc/kallsyms` on another thread. Reading it takes
-    /// the kernel about 50 ms, which the report would otherwise wait for;
-    /// a tool calls this once its own programs are loaded, as their names
-    /// are in it.
+    /// Starts copying `/proc/kallsyms` on another thread, at idle
+    /// priority. Reading it takes the kernel about 50 ms, which the report
+    /// would otherwise wait for; a tool calls this once its own programs
+    /// are loaded, as their names are in it.
     pub(super) fn prefetch(&mut self) {
         self.state = Some(KernelState::now());
-        self.prefetch = Some(std::thread::spawn(snapshot_kallsyms));
+        self.prefetch = Prefetch::start();
     }
 
     /// Takes a new copy of `/proc/kallsyms` at the next kernel lookup if
@@ -66,7 +140,7 @@ impl Kallsyms {
             return;
         }
         if let Some(copying) = self.prefetch.take() {
-            let _ = copying.join();
+            copying.abandon.store(true, Ordering::Relaxed);
         }
         self.file = None;
     }
@@ -133,8 +207,9 @@ pub(super) fn kernel_mapping() -> Arc<CodeMapping> {
         .clone()
 }
 
-/// `/proc/kallsyms` copied into an anonymous memory file.
-fn snapshot_kallsyms() -> std::io::Result<File> {
+/// `/proc/kallsyms` copied into an anonymous memory file; given up
+/// (`Interrupted`) once `abandon` is set.
+fn snapshot_kallsyms(abandon: &AtomicBool) -> std::io::Result<File> {
     // SAFETY: a constant C string; the flags are valid.
     let fd = unsafe { libc::memfd_create(c"rtrace-kallsyms".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -142,6 +217,71 @@ fn snapshot_kallsyms() -> std::io::Result<File> {
     }
     // SAFETY: a descriptor just created and owned by nothing else.
     let mut copy = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    std::io::copy(&mut File::open("/proc/kallsyms")?, &mut copy)?;
-    Ok(copy)
+    let mut kallsyms = File::open("/proc/kallsyms")?;
+    // A page at a time is what the kernel formats a read anyway.
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        if abandon.load(Ordering::Relaxed) {
+            return Err(std::io::ErrorKind::Interrupted.into());
+        }
+        match kallsyms.read(&mut buf) {
+            Ok(0) => return Ok(copy),
+            Ok(n) => copy.write_all(&buf[..n])?,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lines of a copy of kallsyms.
+    fn lines(mut f: File) -> usize {
+        use std::io::Seek as _;
+        let mut text = String::new();
+        f.seek(std::io::SeekFrom::Start(0)).unwrap();
+        f.read_to_string(&mut text).unwrap();
+        text.lines().count()
+    }
+
+    #[test]
+    fn prefetch_copies_at_idle_priority_and_whole() {
+        let whole = lines(snapshot_kallsyms(&AtomicBool::new(false)).unwrap());
+        assert!(whole > 10_000, "kallsyms has {whole} lines");
+        // The copy takes the kernel tens of milliseconds; the policy is
+        // read as soon as the thread has its id, while it copies.
+        let mut seen_idle = false;
+        for _ in 0..10 {
+            let p = Prefetch::start().unwrap();
+            while p.tid.load(Ordering::Acquire) == 0 && !p.copying.is_finished() {
+                std::thread::yield_now();
+            }
+            let tid = p.tid.load(Ordering::Acquire);
+            // SAFETY: a query of a thread of this process, or of none.
+            let policy = unsafe { libc::sched_getscheduler(tid) };
+            if !p.copying.is_finished() {
+                assert_eq!(policy, libc::SCHED_IDLE, "the copying thread's policy");
+                seen_idle = true;
+            }
+            // Asked for at once: raised to normal priority, it finishes
+            // the copy whole.
+            let copied = lines(p.finish().unwrap());
+            assert!(
+                copied.abs_diff(whole) < 100,
+                "{copied} lines copied ahead, {whole} read at once"
+            );
+            if seen_idle {
+                break;
+            }
+        }
+        assert!(seen_idle, "the copy was never seen under way");
+    }
+
+    #[test]
+    fn an_abandoned_copy_stops() {
+        let err = snapshot_kallsyms(&AtomicBool::new(true)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::Interrupted);
+    }
 }
