@@ -23,10 +23,10 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    Ready, Tracer, bpf_run_ns, bpf_runs_of, cpu_ns,
+    Ready, Tracer, bpf_run_ns, bpf_runs_of,
     helpers::{
-        Fixtures, bpf_cell, paired_text, perf_lost, rtrace_lost, trials_from_env, unmarked,
-        us_ranged,
+        CpuGroup, Fixtures, bpf_cell, paired_text, perf_lost, rtrace_lost, trials_from_env,
+        unmarked, us_ranged,
     },
     measured_on, median, spread,
 };
@@ -412,12 +412,24 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
             (bpf_run_ns(), bpf_runs_of("profile"))
         })
     });
-    let cpu_before = pid.map(cpu_ns);
+    // Every thread's CPU time, those that end during the work too (rtrace's
+    // copy of kallsyms, made on a thread of its own).
+    let group = match pid {
+        Some(p) => {
+            let g = CpuGroup::new("rtrace-bench-profiler")?;
+            g.add(p)?;
+            Some(g)
+        }
+        None => None,
+    };
+    let cpu_before = group.as_ref().and_then(CpuGroup::cpu_ns);
     let measured = (|| -> anyhow::Result<_> {
         let (round_ns, round_cpu_ns) = jvms.work()?;
-        let own_ns = pid
+        let own_ns = group
+            .as_ref()
+            .and_then(CpuGroup::cpu_ns)
             .zip(cpu_before)
-            .map(|(p, b)| cpu_ns(p).saturating_sub(b));
+            .map(|(now, then)| (now - then).max(0.0) as u64);
         let comm = jvms.worker_comm()?;
         if config == Config::Perf {
             // Outside the timed work, while perf still records (jcmd's
