@@ -11,7 +11,9 @@
 //! thread's CPU added to each round of the fixtures' work, the BPF time
 //! per sample (the kernel's own
 //! statistics) and per Java frame, the profiler's own CPU, samples lost,
-//! and the share of the fixtures' samples with the whole chain.
+//! and the share of the fixtures' samples with the whole chain; then, with
+//! the fixture's `gaps` mode, what each sample takes from the thread it
+//! interrupts, as the thread sees it in its reading of the clock.
 //! Interleaved trials, medians and ranges.
 
 use std::{
@@ -149,17 +151,16 @@ impl Drop for Classes {
 struct Jvms(Fixtures);
 
 impl Jvms {
-    /// Starts both, with `-XX:+PreserveFramePointer` if `preserve_fp`,
-    /// and waits until both are warm.
-    fn start(classes: &Path, preserve_fp: bool) -> anyhow::Result<Self> {
+    /// Starts both in the fixture's `mode` (its arguments), with
+    /// `-XX:+PreserveFramePointer` if `preserve_fp`, and waits until both
+    /// are warm.
+    fn start(classes: &Path, preserve_fp: bool, mode: [&str; 2]) -> anyhow::Result<Self> {
         let cmds = (0..2).map(|_| {
             let mut cmd = Command::new("java");
             if preserve_fp {
                 cmd.arg("-XX:+PreserveFramePointer");
             }
-            cmd.arg("-cp")
-                .arg(classes)
-                .args(["Hot", "rounds", &ROUNDS.to_string()]);
+            cmd.arg("-cp").arg(classes).arg("Hot").args(mode);
             cmd
         });
         Ok(Self(Fixtures::start(
@@ -367,12 +368,16 @@ struct Trial {
     counts: Counts,
 }
 
-/// One trial of `config` at `hz`.
-fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::Result<Trial> {
-    let mut jvms = Jvms::start(&classes.0, config.preserve_fp())?;
+/// Starts `config`'s profiler sampling at `hz` (none for the bare
+/// runs), perf writing its data to `data`; returns once it samples.
+fn start_profiler(
+    config: Config,
+    hz: u64,
+    rtrace: &Path,
+    data: &Path,
+) -> anyhow::Result<Option<Tracer>> {
     let hz_s = hz.to_string();
-    let data = classes.0.join("perf.data");
-    let profiler = match config {
+    Ok(match config {
         Config::Bare | Config::BareFp => None,
         Config::NoJava | Config::Java | Config::Fp => {
             let mut c = Command::new(rtrace);
@@ -393,14 +398,147 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
             if config == Config::Perf {
                 c.arg("-g");
             }
-            c.arg("-o").arg(&data);
+            c.arg("-o").arg(data);
             Some(Tracer::start(
                 c,
                 Ready::After(Duration::from_secs(1)),
                 None,
             )?)
         }
+    })
+}
+
+/// Seconds each JVM reads the clock for in a trial of the fixture's `gaps`
+/// mode.
+const GAP_SECONDS: u64 = 3;
+
+/// What the fixture's `gaps` mode saw in one trial, the mean of both JVMs:
+/// the time taken from its thread, as gaps between two reads of the clock.
+struct Gaps {
+    /// Gaps under 50 us (an interrupt, and what ran in it).
+    short_n: f64,
+    /// Their nanoseconds.
+    short_ns: f64,
+    /// Nanoseconds of the longer gaps (the thread made to wait for another
+    /// task).
+    long_ns: f64,
+}
+
+/// One trial of `config` at `hz` with the fixture's `gaps` mode: both
+/// JVMs read the clock for [`GAP_SECONDS`], from a second after the
+/// profiler samples (as perf is given, a second after its start), when
+/// what it does once a run is behind it.
+fn gap_trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::Result<Gaps> {
+    let mode = ["gaps", &GAP_SECONDS.to_string()];
+    let mut jvms = Jvms::start(&classes.0, config.preserve_fp(), mode)?;
+    let data = classes.0.join("perf.data");
+    let profiler = start_profiler(config, hz, rtrace, &data)?;
+    if matches!(config, Config::NoJava | Config::Java | Config::Fp) {
+        std::thread::sleep(SETTLED);
+    }
+    let lines = jvms.0.work();
+    // Stopped whatever became of the work.
+    let stopped = profiler.map(Tracer::stop).transpose();
+    let _ = std::fs::remove_file(&data);
+    let lines = lines?;
+    stopped?;
+    jvms.finish()?;
+    let mut g = Gaps {
+        short_n: 0.0,
+        short_ns: 0.0,
+        long_ns: 0.0,
     };
+    for line in &lines {
+        let f: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let [short_n, short_ns, _, long_ns] = f[..] else {
+            bail!("the fixture JVM said {line:?}, not done SHORT_N SHORT_NS LONG_N LONG_NS");
+        };
+        g.short_n += short_n / lines.len() as f64;
+        g.short_ns += short_ns / lines.len() as f64;
+        g.long_ns += long_ns / lines.len() as f64;
+    }
+    Ok(g)
+}
+
+/// The gap trials at `hz`: their table rows, and what they say of a
+/// sample's cost against perf's and the floor under both.
+fn gap_rows(hz: u64, got: &[Vec<Gaps>]) -> (String, String) {
+    let of = |c: Config| &got[c as usize];
+    // Per trial, over the median of the bare runs with the same flags:
+    // each added short gap is a sample on the thread.
+    let bare = |c: Config, f: fn(&Gaps) -> f64| median(of(c.bare()).iter().map(f).collect());
+    let per_sample = |c: Config| -> Vec<f64> {
+        let (n0, ns0) = (bare(c, |g| g.short_n), bare(c, |g| g.short_ns));
+        of(c)
+            .iter()
+            .filter(|g| g.short_n > n0)
+            .map(|g| (g.short_ns - ns0) / (g.short_n - n0))
+            .collect()
+    };
+    let mut rows = String::new();
+    for c in Config::ALL
+        .into_iter()
+        .filter(|&c| !matches!(c, Config::Bare | Config::BareFp))
+    {
+        let n0 = bare(c, |g| g.short_n);
+        let long0 = bare(c, |g| g.long_ns);
+        let samples: Vec<f64> = of(c)
+            .iter()
+            .map(|g| (g.short_n - n0) / GAP_SECONDS as f64)
+            .collect();
+        let waited: Vec<f64> = of(c)
+            .iter()
+            .map(|g| (g.long_ns - long0) / GAP_SECONDS as f64)
+            .collect();
+        let (lo, hi) = spread(&waited);
+        rows.push_str(&format!(
+            "| {hz} Hz | {} | {} | {:.0} | {:.2} ms ({:.2} to {:.2}) |\n",
+            c.label(),
+            us_ranged(&per_sample(c)),
+            median(samples),
+            median(waited.clone()) / 1e6,
+            lo / 1e6,
+            hi / 1e6,
+        ));
+    }
+    let m = |c: Config| median(per_sample(c));
+    let (floor, perf, java, fp) = (
+        m(Config::PerfNoStacks),
+        m(Config::Perf),
+        m(Config::Java),
+        m(Config::Fp),
+    );
+    let verdict = format!(
+        "{hz} Hz, a sample's time from the thread it interrupts: rtrace's with Java frames \
+         {:.1} us, {:.2}x perf's with `-g` ({:.1} us; rtrace's frame-pointer walk {:.1} us); \
+         above the floor of perf's samples without their stacks ({:.1} us), {:.1} us against \
+         perf's {:.1} us; a quarter of perf's, {:.1} us, is {:.2}x that floor",
+        java / 1e3,
+        java / perf,
+        perf / 1e3,
+        fp / 1e3,
+        floor / 1e3,
+        (java - floor) / 1e3,
+        (perf - floor) / 1e3,
+        perf / 4e3,
+        perf / 4.0 / floor,
+    );
+    (rows, verdict)
+}
+
+/// One trial of `config` at `hz`.
+fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::Result<Trial> {
+    let mut jvms = Jvms::start(
+        &classes.0,
+        config.preserve_fp(),
+        ["rounds", &ROUNDS.to_string()],
+    )?;
+    let data = classes.0.join("perf.data");
+    let profiler = start_profiler(config, hz, rtrace, &data)?;
     let pid = profiler.as_ref().map(|t| t.child.id());
     // BPF time from when rtrace samples to the signal to stop: the
     // stretch its samples come from. Its CPU time over the work alone.
@@ -523,6 +661,11 @@ pub fn run() -> anyhow::Result<String> {
     );
     let mut verdicts = Vec::new();
     let mut bare_s = Vec::new();
+    let mut gap_table = String::from(
+        "| rate | profiler | a sample's time from the thread | samples a second on it | waited \
+         a second |\n| --- | --- | --- | --- | --- |\n",
+    );
+    let mut gap_verdicts = Vec::new();
     let rates = RATES
         .into_iter()
         .filter(|&hz| part().is_none_or(|p| p == hz));
@@ -546,6 +689,23 @@ pub fn run() -> anyhow::Result<String> {
                 got[config as usize].push(t);
             }
         }
+        let mut gaps: Vec<Vec<Gaps>> = Config::ALL.iter().map(|_| Vec::new()).collect();
+        for n in 1..=trials {
+            for config in Config::ALL {
+                let g = gap_trial(config, hz, &rtrace, &classes)?;
+                eprintln!(
+                    "  gaps {n}: {:<54} {:>6.0} short gaps, {:.1} us each, {:.2} ms waited",
+                    config.label(),
+                    g.short_n,
+                    g.short_ns / g.short_n.max(1.0) / 1e3,
+                    g.long_ns / 1e6
+                );
+                gaps[config as usize].push(g);
+            }
+        }
+        let (gap_rows, verdict) = gap_rows(hz, &gaps);
+        gap_table.push_str(&gap_rows);
+        gap_verdicts.push(verdict);
         let of = |c: Config, f: fn(&Trial) -> f64| -> Vec<f64> {
             got[c as usize].iter().map(f).collect()
         };
@@ -727,6 +887,19 @@ pub fn run() -> anyhow::Result<String> {
     table.push_str(&rows);
     table.push('\n');
     for v in &verdicts {
+        table.push_str(&format!("- {v}.\n"));
+    }
+    table.push_str(&format!(
+        "\nWhat a sample takes from the thread it interrupts, measured by the thread itself: \
+         both JVMs (`Hot gaps`: main -> gapsMode -> gaps) read the clock in a loop for {GAP_SECONDS} \
+         s, from a second after the profiler samples, and count every gap of 1 us or more \
+         between two reads; a sample's time: the gaps under 50 us (an interrupt and what ran \
+         in it) added over bare, in nanoseconds, over the gaps added (the samples on the \
+         thread), the rows with `-XX:+PreserveFramePointer` over bare with it; waited: the \
+         longer gaps (the thread made to wait for another task, as the profiler's own) added \
+         a second; medians of {trials} interleaved trials, ranges in parentheses:\n\n{gap_table}\n"
+    ));
+    for v in &gap_verdicts {
         table.push_str(&format!("- {v}.\n"));
     }
     println!("\n{table}");
