@@ -495,23 +495,35 @@ fn gap_rows(hz: u64, got: &[Vec<Gaps>]) -> (String, String) {
             .map(|g| (g.long_ns - long0) / GAP_SECONDS as f64)
             .collect();
         let (lo, hi) = spread(&waited);
+        let sample = per_sample(c);
+        let sample_cell = if sample.is_empty() {
+            "-".to_owned()
+        } else {
+            us_ranged(&sample)
+        };
         rows.push_str(&format!(
-            "| {hz} Hz | {} | {} | {:.0} | {:.2} ms ({:.2} to {:.2}) |\n",
+            "| {hz} Hz | {} | {sample_cell} | {:.0} | {:.2} ms ({:.2} to {:.2}) |\n",
             c.label(),
-            us_ranged(&per_sample(c)),
             median(samples),
             median(waited.clone()) / 1e6,
             lo / 1e6,
             hi / 1e6,
         ));
     }
-    let m = |c: Config| median(per_sample(c));
-    let (floor, perf, java, fp) = (
+    // None where no trial had more short gaps than the bare runs.
+    let m = |c: Config| Some(per_sample(c)).filter(|v| !v.is_empty()).map(median);
+    let (Some(floor), Some(perf), Some(java), Some(fp)) = (
         m(Config::PerfNoStacks),
         m(Config::Perf),
         m(Config::Java),
         m(Config::Fp),
-    );
+    ) else {
+        let verdict = format!(
+            "{hz} Hz: some profiler's samples could not be told from the bare runs' other gaps \
+             in any trial, so no sample's time is given"
+        );
+        return (rows, verdict);
+    };
     let verdict = format!(
         "{hz} Hz, a sample's time from the thread it interrupts: rtrace's with Java frames \
          {:.1} us, {:.2}x perf's with `-g` ({:.1} us; rtrace's frame-pointer walk {:.1} us); \
