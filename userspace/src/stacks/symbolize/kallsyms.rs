@@ -60,7 +60,7 @@ impl Prefetch {
                 // work being profiled (which on a busy machine lost that much,
                 // spread over the run's first seconds). If it fails, the copy
                 // runs at the priority it has.
-                let idle = libc::sched_param { sched_priority: 0 };
+                let idle = no_priority();
                 // SAFETY: this thread, a valid policy and parameter.
                 unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &raw const idle) };
                 // After the change: a thread with its id known is idle.
@@ -83,7 +83,7 @@ impl Prefetch {
     fn finish(self) -> std::io::Result<File> {
         if !self.copying.is_finished() {
             let tid = self.tid.load(Ordering::Acquire);
-            let normal = libc::sched_param { sched_priority: 0 };
+            let normal = no_priority();
             // SAFETY: a thread of this process, a valid policy and
             // parameter.
             let raised = tid != 0
@@ -98,6 +98,13 @@ impl Prefetch {
             .join()
             .unwrap_or_else(|_| Err(std::io::ErrorKind::Other.into()))
     }
+}
+
+/// The parameter of the policies without a static priority (idle, normal):
+/// 0. musl's `sched_param` has fields glibc's lacks, all 0 here too.
+fn no_priority() -> libc::sched_param {
+    // SAFETY: integers only, for which zero is a value.
+    unsafe { std::mem::zeroed() }
 }
 
 impl Kallsyms {
@@ -277,6 +284,72 @@ mod tests {
             }
         }
         assert!(seen_idle, "the copy was never seen under way");
+    }
+
+    /// Gives up CAP_SYS_NICE on the calling thread alone (capabilities
+    /// are a thread's own), as a service run with CAP_BPF and
+    /// CAP_PERFMON alone has it.
+    fn drop_sys_nice() {
+        const CAP_SYS_NICE: u32 = 23;
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let mut header = Header {
+            version: 0x2008_0522,
+            pid: 0,
+        };
+        let mut data = [Data::default(); 2];
+        // SAFETY: a version 3 header and the two words it fills.
+        let got = unsafe { libc::syscall(libc::SYS_capget, &raw mut header, data.as_mut_ptr()) };
+        assert_eq!(got, 0, "capget");
+        data[0].effective &= !(1 << CAP_SYS_NICE);
+        data[0].permitted &= !(1 << CAP_SYS_NICE);
+        // SAFETY: as above; the sets only lose a capability.
+        let set = unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) };
+        assert_eq!(set, 0, "capset");
+    }
+
+    #[test]
+    fn without_cap_sys_nice_the_copy_is_made_at_once() {
+        let whole = lines(snapshot_kallsyms(&AtomicBool::new(false)).unwrap());
+        // On a thread of its own, which gives the capability up.
+        std::thread::spawn(move || {
+            drop_sys_nice();
+            for _ in 0..10 {
+                let p = Prefetch::start().unwrap();
+                while p.tid.load(Ordering::Acquire) == 0 && !p.copying.is_finished() {
+                    std::thread::yield_now();
+                }
+                let abandon = p.abandon.clone();
+                let under_way = !p.copying.is_finished();
+                let copied = lines(p.finish().unwrap());
+                assert!(
+                    copied.abs_diff(whole) < 100,
+                    "{copied} lines copied, {whole} read at once"
+                );
+                if under_way {
+                    // The idle thread could not be raised: it was told to
+                    // stop, and the copy was made here.
+                    assert!(
+                        abandon.load(Ordering::Relaxed),
+                        "the idle copy left running"
+                    );
+                    return;
+                }
+            }
+            panic!("the copy was never seen under way");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
