@@ -920,7 +920,67 @@ pub fn run() -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Counts, count_folded, count_perf_script};
+    use super::{Config, Counts, Gaps, count_folded, count_perf_script, gap_rows};
+
+    #[test]
+    fn a_samples_time_is_the_short_gaps_added_over_bare() {
+        // Bare: 1000 short gaps of 10 us, and 2 ms waited. Each profiler
+        // adds 900 samples; the floor's take 17 us, perf's 19, rtrace's
+        // 19.5, the other rows 20.
+        let us = |n: f64, each: f64| n * each * 1e3;
+        let gaps = |c: Config| {
+            let each = match c {
+                Config::Bare | Config::BareFp => return (1000.0, us(1000.0, 10.0)),
+                Config::PerfNoStacks => 17.0,
+                Config::Perf => 19.0,
+                Config::Java => 19.5,
+                _ => 20.0,
+            };
+            (1900.0, us(1000.0, 10.0) + us(900.0, each))
+        };
+        let got: Vec<Vec<Gaps>> = Config::ALL
+            .iter()
+            .map(|&c| {
+                (0..3)
+                    .map(|_| Gaps {
+                        short_n: gaps(c).0,
+                        short_ns: gaps(c).1,
+                        long_ns: 2e6 * super::GAP_SECONDS as f64,
+                    })
+                    .collect()
+            })
+            .collect();
+        let (rows, verdict) = gap_rows(999, &got);
+        assert!(
+            rows.contains(
+                "| 999 Hz | rtrace profile (Java frames) | 19.5 us (19.5 to 19.5) | 300 |"
+            ),
+            "{rows}"
+        );
+        assert!(
+            verdict.contains("19.5 us, 1.03x perf's with `-g` (19.0 us"),
+            "{verdict}"
+        );
+        assert!(
+            verdict.contains("(17.0 us), 2.5 us against perf's 2.0 us"),
+            "{verdict}"
+        );
+        assert!(
+            verdict.contains("a quarter of perf's, 4.8 us, is 0.28x that floor"),
+            "{verdict}"
+        );
+        // No sample told from the bare runs' gaps: no figure, no panic.
+        let mut none = got;
+        for g in &mut none[Config::Perf as usize] {
+            g.short_n = 900.0;
+        }
+        let (rows, verdict) = gap_rows(99, &none);
+        assert!(
+            rows.contains("| 99 Hz | perf record -g -a, -XX:+PreserveFramePointer | - |"),
+            "{rows}"
+        );
+        assert!(verdict.contains("no sample's time is given"), "{verdict}");
+    }
 
     #[test]
     fn folded_stacks_are_counted() {
