@@ -331,8 +331,16 @@ pub(super) struct CpuGroup {
 }
 
 impl CpuGroup {
+    /// A group of the profiler `pid` (a process, all its threads) alone:
+    /// a trial's, dropped once the profiler has exited.
+    pub(super) fn of_profiler(pid: u32) -> anyhow::Result<Self> {
+        let group = Self::new("rtrace-bench-profiler")?;
+        group.add(pid)?;
+        Ok(group)
+    }
+
     /// A new group named `name` under the cgroup2 hierarchy's root.
-    pub(super) fn new(name: &str) -> anyhow::Result<Self> {
+    fn new(name: &str) -> anyhow::Result<Self> {
         let mounts = std::fs::read_to_string("/proc/mounts")?;
         let root = mounts
             .lines()
@@ -347,7 +355,7 @@ impl CpuGroup {
     }
 
     /// Moves process `pid`, all its threads, into the group.
-    pub(super) fn add(&self, pid: u32) -> anyhow::Result<()> {
+    fn add(&self, pid: u32) -> anyhow::Result<()> {
         std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
             .with_context(|| format!("cannot move {pid} into {}", self.dir.display()))
     }

@@ -564,14 +564,7 @@ fn trial(config: Config, hz: u64, rtrace: &Path, classes: &Classes) -> anyhow::R
     });
     // Every thread's CPU time, those that end during the work too (rtrace's
     // copy of kallsyms, made on a thread of its own).
-    let group = match pid {
-        Some(p) => {
-            let g = CpuGroup::new("rtrace-bench-profiler")?;
-            g.add(p)?;
-            Some(g)
-        }
-        None => None,
-    };
+    let group = pid.map(CpuGroup::of_profiler).transpose()?;
     let cpu_before = group.as_ref().and_then(CpuGroup::cpu_ns);
     let measured = (|| -> anyhow::Result<_> {
         let (round_ns, round_cpu_ns) = jvms.work()?;

@@ -302,14 +302,10 @@ fn trial(py: &Interp, tool: Tool, hz: u64, rtrace: &str, py_spy: &str) -> anyhow
     // its system time) takes nothing from the work.
     let cpu_at_start = profiler.as_ref().and_then(|(c, _)| user_sys_ms(c.id()));
     // Dropped after the profiler has exited, at the end of the trial.
-    let group = match &profiler {
-        Some((c, _)) => {
-            let g = CpuGroup::new("rtrace-bench-profiler")?;
-            g.add(c.id())?;
-            Some(g)
-        }
-        None => None,
-    };
+    let group = profiler
+        .as_ref()
+        .map(|(c, _)| CpuGroup::of_profiler(c.id()))
+        .transpose()?;
     let own_at_start = group.as_ref().and_then(CpuGroup::cpu_ns);
     let before = bpf_run_ns();
     let (rounds, own_at_first) = std::thread::scope(|s| {
