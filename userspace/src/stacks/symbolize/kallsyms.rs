@@ -76,10 +76,10 @@ impl Prefetch {
     }
 
     /// The copy: the thread's, made at normal priority from now on if it
-    /// can be (with CAP_SYS_NICE), or else a new one made on this thread,
-    /// the idle one left to stop on its own (without CAP_SYS_NICE a thread
-    /// cannot leave idle priority, where on a busy machine it would take
-    /// seconds more).
+    /// can be (with CAP_SYS_NICE); or else `Interrupted`, the idle one told
+    /// to stop, for the caller to make the copy itself at once (without
+    /// CAP_SYS_NICE a thread cannot leave idle priority, where on a busy
+    /// machine it would take seconds more).
     fn finish(self) -> std::io::Result<File> {
         if !self.copying.is_finished() {
             let tid = self.tid.load(Ordering::Acquire);
@@ -91,7 +91,7 @@ impl Prefetch {
                     == 0;
             if !raised && !self.copying.is_finished() {
                 self.abandon.store(true, Ordering::Relaxed);
-                return snapshot_kallsyms(&AtomicBool::new(false));
+                return Err(std::io::ErrorKind::Interrupted.into());
             }
         }
         self.copying
@@ -111,7 +111,8 @@ impl Kallsyms {
     /// A copy of `/proc/kallsyms`, made once: blazesym keeps a parsed file
     /// until its modification time changes, which for a proc file is
     /// every time it is looked at, so symbolizing every second would parse
-    /// its 2 MB every second.
+    /// its 2 MB every second. Made here, now, when the copy made ahead
+    /// failed or could not be hurried.
     fn path(&mut self) -> MaybeDefault<PathBuf> {
         if let Some(copying) = self.prefetch.take() {
             self.file = copying.finish().ok();
@@ -331,14 +332,19 @@ mod tests {
                 }
                 let abandon = p.abandon.clone();
                 let under_way = !p.copying.is_finished();
-                let copied = lines(p.finish().unwrap());
+                let mut k = Kallsyms {
+                    prefetch: Some(p),
+                    ..Kallsyms::default()
+                };
+                let _ = k.path();
+                let copied = lines(k.file.take().unwrap());
                 assert!(
                     copied.abs_diff(whole) < 100,
                     "{copied} lines copied, {whole} read at once"
                 );
                 if under_way {
                     // The idle thread could not be raised: it was told to
-                    // stop, and the copy was made here.
+                    // stop, and the copy was made at once.
                     assert!(
                         abandon.load(Ordering::Relaxed),
                         "the idle copy left running"
