@@ -1586,11 +1586,11 @@ impl Nm {
                 Some(known) => (*known)?,
                 // Not decoded when it was read: from the process, if it
                 // is still there.
-                None => *self
-                    .decoded
-                    .entry(decode)
-                    .or_insert(d.scope(j?, own, decode))
-                    .as_ref()?,
+                None => {
+                    let scope = d.scope(j?, own, decode);
+                    self.decoded.insert(decode, scope);
+                    scope?
+                }
             };
             out.push((method, bci));
             if sender == 0 {
